@@ -1,0 +1,76 @@
+# mhaserve: `make serve` and `make test` are all a fresh clone needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+REPOSITORY ?= models
+MODEL ?= all-minilm-l6-v2
+PYTEST_ARGS ?=
+
+.PHONY: help install install-dev serve export test lint format typecheck pytest proto gpu-check clean
+
+help:
+	@echo "make serve      set up .venv, export $(MODEL) into $(REPOSITORY)/ if missing, start the server"
+	@echo "make test       set up .venv with the dev extras, run lint, type checks and the whole test suite"
+	@echo "make export     (re)export the default model as a new version"
+	@echo "make proto      regenerate the gRPC stubs from proto/**/*.proto"
+	@echo "make gpu-check  parity and a short throughput run on CUDAExecutionProvider (needs a GPU)"
+
+# One environment; each stamp records which extras are installed and is redone when pyproject.toml changes.
+$(VENV)/.stamp-serve: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[export,loadtest]'
+	@$(MAKE) --no-print-directory check-ort
+	@touch $@
+
+$(VENV)/.stamp-dev: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@$(MAKE) --no-print-directory check-ort
+	@touch $@ $(VENV)/.stamp-serve
+
+install: $(VENV)/.stamp-serve
+install-dev: $(VENV)/.stamp-dev
+
+# onnxruntime and onnxruntime-gpu install the same module and overwrite each other: refuse a mixed venv.
+.PHONY: check-ort
+check-ort:
+	@if $(PY) -m pip show -q onnxruntime >/dev/null 2>&1; then \
+	  echo "error: the CPU 'onnxruntime' package is installed beside onnxruntime-gpu (something pulled it in);" \
+	       "remove .venv and run make again" >&2; exit 1; fi
+
+# The default model is exported once; `make export` adds a new version on demand.
+$(REPOSITORY)/$(MODEL)/1/manifest.json: | $(VENV)/.stamp-serve
+	$(BIN)/mhaserve export --repository $(REPOSITORY) --name $(MODEL) --version 1 --optimize
+
+export: $(VENV)/.stamp-serve
+	$(BIN)/mhaserve export --repository $(REPOSITORY) --name $(MODEL) --optimize
+
+serve: $(VENV)/.stamp-serve $(REPOSITORY)/$(MODEL)/1/manifest.json
+	@echo "model exported to $(REPOSITORY)/$(MODEL)/; the gRPC server arrives with the service (issue 3)."
+
+test: lint typecheck pytest
+
+lint: $(VENV)/.stamp-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(VENV)/.stamp-dev
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+typecheck: $(VENV)/.stamp-dev
+	$(BIN)/mypy model export service loadtest tests
+
+pytest: $(VENV)/.stamp-dev
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Stubs are committed; tests/proto checks they match what this recipe generates from the .proto files.
+proto: $(VENV)/.stamp-dev
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. $$(find proto -name '*.proto' | sort)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

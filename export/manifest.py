@@ -1,0 +1,143 @@
+"""The model repository's contract: `<repository>/<name>/<version>/manifest.json` and its graphs.
+
+This module imports neither torch nor onnx: the server reads manifests with it, the exporter writes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+TOKENIZER = "tokenizer.json"
+FORMAT = 1
+INPUT_NAMES = ("input_ids", "attention_mask")
+OUTPUT_NAME = "embeddings"
+# Lower-case letters, digits, '.', '_' and '-', not starting with a dot: a name never names a path.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+
+
+class ManifestError(ValueError):
+    """A repository entry is missing, malformed, or its graph does not match its checksum."""
+
+
+@dataclass(frozen=True)
+class GraphEntry:
+    """One ONNX graph of an entry: the plain fp32 export, or a fused or fp16 variant of it."""
+
+    file: str
+    sha256: str
+    precision: str  # "fp32" or "fp16"
+    optimized: bool  # ONNX Runtime fusions applied (attention, skip-layernorm, bias-gelu)
+    parity: dict[str, Any]  # what the gate measured against the eager model, and its tolerance
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a server needs to serve an entry, and what a user audits about how it was made."""
+
+    name: str
+    version: int
+    source: str
+    architecture: str
+    hidden_size: int
+    layers: int
+    heads: int
+    ffn: int
+    max_seq_len: int
+    max_positions: int
+    pooling: str
+    normalize: bool
+    vocab_size: int
+    pad_id: int
+    opset: int
+    graphs: dict[str, GraphEntry]
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    tokenizer: str = TOKENIZER
+    exporter: dict[str, str] = field(default_factory=dict)
+    created: str = ""
+    format: int = FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        d = dict(d)
+        if d.get("format") != FORMAT:
+            raise ManifestError(f"unsupported manifest format {d.get('format')!r} (expected {FORMAT})")
+        try:
+            d["graphs"] = {k: GraphEntry(**v) for k, v in d["graphs"].items()}
+            return cls(**d)
+        except (TypeError, KeyError, AttributeError) as e:
+            raise ManifestError(f"malformed manifest: {e}") from None
+
+    def graph(self, variant: str) -> GraphEntry:
+        try:
+            return self.graphs[variant]
+        except KeyError:
+            raise ManifestError(
+                f"model {self.name} version {self.version} has no {variant!r} graph (has: {', '.join(self.graphs)})"
+            ) from None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(entry_dir: Path) -> Manifest:
+    path = entry_dir / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ManifestError(f"{entry_dir} has no {MANIFEST}") from None
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path} is not valid JSON: {e}") from None
+    return Manifest.from_dict(data)
+
+
+def verify_graph(entry_dir: Path, entry: GraphEntry) -> Path:
+    """The graph's path, after checking that its bytes are the ones the manifest vouches for."""
+    path = entry_dir / entry.file
+    if Path(entry.file).name != entry.file:
+        raise ManifestError(f"graph file {entry.file!r} must be a plain file name inside {entry_dir}")
+    if not path.is_file():
+        raise ManifestError(f"graph {path} is missing")
+    actual = sha256_file(path)
+    if actual != entry.sha256:
+        raise ManifestError(f"graph {path} fails its checksum: sha256 {actual[:12]}…, manifest says {entry.sha256[:12]}…")
+    return path
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise ManifestError(f"invalid model name {name!r}: use lower-case letters, digits, '.', '_' and '-'")
+    return name
+
+
+def versions(repository: Path, name: str) -> list[int]:
+    """The published versions of a model, ascending (directories named by a positive integer)."""
+    base = repository / check_name(name)
+    if not base.is_dir():
+        return []
+    return sorted(int(p.name) for p in base.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
+
+
+def models(repository: Path) -> list[str]:
+    """The model names in a repository that have at least one version."""
+    if not repository.is_dir():
+        return []
+    return sorted(p.name for p in repository.iterdir() if NAME_RE.match(p.name) and versions(repository, p.name))
+
+
+def entry_dir(repository: Path, name: str, version: int) -> Path:
+    return repository / check_name(name) / str(int(version))

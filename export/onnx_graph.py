@@ -1,0 +1,117 @@
+"""Writing the encoder as an ONNX graph with symbolic batch and sequence dimensions, and its variants."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+import torch
+
+from export.manifest import INPUT_NAMES, OUTPUT_NAME
+from model.encoder import Encoder
+
+# Past this the protobuf limit (2 GiB) forces weights into an external-data file beside the graph.
+_EXTERNAL_DATA_BYTES = 1_500_000_000
+
+
+class GraphError(RuntimeError):
+    """The exported graph does not have the contract the server relies on."""
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The dynamo exporter logs every step and warns about optional packages; the CLI has its own display."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "onnx_ir")]
+    levels = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def export_graph(model: Encoder, path: Path) -> None:
+    """Export `model` to `path` with torch.export (the dynamo exporter).
+
+    The example batch is 2 x 3: an example dimension of 1 is specialised by the tracer and frozen into
+    the graph, so both dimensions get example sizes >= 2 and are declared dynamic.
+    """
+    cfg = model.cfg
+    ids = torch.full((2, 3), 1, dtype=torch.long)
+    mask = torch.ones((2, 3), dtype=torch.long)
+    batch = torch.export.Dim("batch", min=1)
+    seq = torch.export.Dim("sequence", min=1, max=cfg.max_positions)
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    with _quiet(), torch.no_grad():
+        program = torch.onnx.export(
+            model.eval(),
+            (ids, mask),
+            dynamo=True,
+            input_names=list(INPUT_NAMES),
+            output_names=[OUTPUT_NAME],
+            dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}),
+            verbose=False,
+        )
+        if program is None:
+            raise GraphError("torch.onnx.export returned no program")
+        program.save(str(path), external_data=n_bytes > _EXTERNAL_DATA_BYTES)
+    check_graph(path, cfg.d_model)
+
+
+def _dims(value_info: onnx.ValueInfoProto) -> list[str | int]:
+    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+def check_graph(path: Path, hidden: int) -> int:
+    """Assert the saved graph's contract (names, dtypes, symbolic dims); return its opset."""
+    g = onnx.load(str(path), load_external_data=False)
+    inputs = {i.name: i for i in g.graph.input}
+    if tuple(inputs) != INPUT_NAMES:
+        raise GraphError(f"graph inputs are {list(inputs)}, expected {list(INPUT_NAMES)}")
+    for name, vi in inputs.items():
+        if vi.type.tensor_type.elem_type != onnx.TensorProto.INT64:
+            raise GraphError(f"graph input {name} is not int64")
+        dims = _dims(vi)
+        # A dim_value (an int) here means the tracer froze the dimension: the graph would refuse other sizes.
+        if len(dims) != 2 or not all(isinstance(d, str) and d for d in dims):
+            raise GraphError(f"graph input {name} has dims {dims}; both must be symbolic")
+    outputs = list(g.graph.output)
+    if [o.name for o in outputs] != [OUTPUT_NAME]:
+        raise GraphError(f"graph outputs are {[o.name for o in outputs]}, expected [{OUTPUT_NAME!r}]")
+    out_dims = _dims(outputs[0])
+    if outputs[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT or len(out_dims) != 2 or out_dims[1] != hidden:
+        raise GraphError(f"graph output must be float32 [batch, {hidden}], got dims {out_dims}")
+    return next(o.version for o in g.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def optimize(src: Path, dst: Path) -> dict[str, int]:
+    """ONNX Runtime fusions for a dynamo graph (attention, skip-layernorm, bias-gelu), via onnxscript.
+
+    ORT's own BERT optimizer only recognises the legacy TorchScript exporter's patterns.
+    """
+    import onnx_ir as ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    with _quiet():
+        model = ir.load(str(src))
+        model, counts = optimize_for_ort(model)
+        ir.save(model, str(dst))
+    return {k: int(v) for k, v in counts.items() if v}
+
+
+def to_fp16(src: Path, dst: Path) -> None:
+    """Weights and compute in fp16, inputs and output kept int64 / float32 so the contract holds."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    with _quiet():
+        model = onnx.load(str(src))
+        half = convert_float_to_float16(model, keep_io_types=True)
+        onnx.save(half, str(dst))

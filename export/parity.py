@@ -1,0 +1,118 @@
+"""The parity gate: an exported graph is published only if it computes what the eager model computes.
+
+It runs a grid of batch sizes x sequence lengths, with rows that are partly padding, through the eager
+model and through the graph under ONNX Runtime (the server's own engine), and compares the pooled,
+unnormalised embeddings. It also checks that padding never changes a row: one sentence alone and the
+same sentence padded inside a batch of longer ones must embed the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from model.encoder import Encoder
+from service.engine import Engine
+
+BATCHES = (1, 2, 3, 32)
+SEQ_LENS = (1, 2, 7, 128)  # and the model's maximum, added per model
+FP32_TOLERANCE = 1e-5
+# fp16 keeps ~3 decimal digits; pooled MiniLM values are O(1), so absolute errors of a few 1e-3 are normal.
+FP16_TOLERANCE = 2e-2
+
+
+class ParityError(RuntimeError):
+    """The graph failed the gate; the message says by how much and where."""
+
+
+@dataclass
+class ParityReport:
+    tolerance: float
+    max_abs_diff: float = 0.0
+    worst_case: tuple[int, int] = (0, 0)
+    padding_max_abs_diff: float = 0.0
+    min_cosine: float = 1.0
+    cases: list[tuple[int, int, float]] = field(default_factory=list)
+    provider: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.tolerance and self.padding_max_abs_diff <= self.tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["passed"] = self.passed
+        d["cases"] = [{"batch": b, "seq": s, "max_abs_diff": x} for b, s, x in self.cases]
+        return d
+
+
+def grid(max_seq_len: int) -> list[tuple[int, int]]:
+    seqs = sorted({s for s in SEQ_LENS if s <= max_seq_len} | {max_seq_len})
+    return [(b, s) for b in BATCHES for s in seqs]
+
+
+def make_batch(
+    batch: int, seq: int, vocab_size: int, pad_id: int, rng: np.random.Generator
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Random ids; row 0 is full length, later rows are shorter (the rest padding), never empty."""
+    ids = rng.integers(0, vocab_size, size=(batch, seq), dtype=np.int64)
+    mask = np.ones((batch, seq), dtype=np.int64)
+    for r in range(1, batch):
+        length = max(1, seq - (r * seq) // batch)
+        mask[r, length:] = 0
+        ids[r, length:] = pad_id
+    return ids, mask
+
+
+def _eager(model: Encoder, ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+    with torch.no_grad():
+        return model(torch.from_numpy(ids), torch.from_numpy(mask)).float().numpy()
+
+
+def _min_cosine(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float:
+    na = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+    nb = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+    return float((na * nb).sum(axis=1).min())
+
+
+def check(model: Encoder, engine: Engine, *, tolerance: float = FP32_TOLERANCE, seed: int = 0) -> ParityReport:
+    """Run the gate and return its report (the caller decides what a failure means)."""
+    cfg = model.cfg
+    rng = np.random.default_rng(seed)
+    report = ParityReport(tolerance=tolerance, provider=engine.providers[0])
+    for batch, seq in grid(cfg.max_seq_len):
+        ids, mask = make_batch(batch, seq, cfg.vocab_size, cfg.pad_token_id, rng)
+        want, got = _eager(model, ids, mask), engine.run(ids, mask)
+        diff = float(np.abs(want - got).max())
+        report.cases.append((batch, seq, diff))
+        report.min_cosine = min(report.min_cosine, _min_cosine(want, got))
+        if diff >= report.max_abs_diff:
+            report.max_abs_diff, report.worst_case = diff, (batch, seq)
+
+    # The same short row alone, and padded inside a batch whose other rows are full length.
+    short = min(5, cfg.max_seq_len)
+    long = min(64, cfg.max_seq_len)
+    ids, mask = make_batch(3, long, cfg.vocab_size, cfg.pad_token_id, rng)
+    ids[1, short:], mask[1, short:] = cfg.pad_token_id, 0
+    mask[2] = 1
+    alone = engine.run(np.ascontiguousarray(ids[1:2, :short]), np.ascontiguousarray(mask[1:2, :short]))
+    padded = engine.run(ids, mask)[1:2]
+    report.padding_max_abs_diff = float(np.abs(alone - padded).max())
+    return report
+
+
+def gate(model: Encoder, engine: Engine, *, variant: str, tolerance: float = FP32_TOLERANCE) -> ParityReport:
+    """`check`, raising ParityError with the figures when the graph is not faithful."""
+    report = check(model, engine, tolerance=tolerance)
+    if not report.passed:
+        b, s = report.worst_case
+        raise ParityError(
+            f"parity gate failed for the {variant} graph: max abs diff {report.max_abs_diff:.3g} "
+            f"(worst at batch {b}, seq {s}), padding diff {report.padding_max_abs_diff:.3g}, "
+            f"tolerance {tolerance:g}"
+        )
+    return report

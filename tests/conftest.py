@@ -1,0 +1,71 @@
+"""Shared fixtures: small random models for most tests, one real MiniLM export per session."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from model.config import EncoderConfig
+
+# Small enough to export in seconds, big enough to have several heads, layers and padding to get wrong.
+TINY = {
+    "vocab_size": 256,
+    "d_model": 32,
+    "n_layers": 2,
+    "n_heads": 4,
+    "d_ff": 64,
+    "max_positions": 160,
+    "max_seq_len": 160,
+}
+
+
+@pytest.fixture
+def tiny_cfg() -> EncoderConfig:
+    return EncoderConfig(**TINY)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def tiny_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny model exported (with its fused and fp16 variants) into a session repository."""
+    from export.publish import ExportOptions, export_entry
+
+    repo = tmp_path_factory.mktemp("repo")
+    opts = ExportOptions(source="random", repository=repo, name="tiny", random_config=dict(TINY), seed=7,
+                         optimize=True, fp16=True)
+    return export_entry(opts, out=io.StringIO())
+
+
+@pytest.fixture(scope="session")
+def minilm_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """all-MiniLM-L6-v2 exported once per session, exactly as `mhaserve export` does by default."""
+    from export.publish import ExportOptions, export_entry
+
+    repo = tmp_path_factory.mktemp("models")
+    return export_entry(ExportOptions(repository=repo), out=io.StringIO())
+
+
+@pytest.fixture(scope="session")
+def sentence_transformer():  # type: ignore[no-untyped-def]
+    """The reference implementation, loaded offline from the same checkpoint directory."""
+    from sentence_transformers import SentenceTransformer
+
+    from model.checkpoint import default_source
+
+    return SentenceTransformer(str(default_source()), device="cpu")
+
+
+# Inputs that exercise the tokenizer and the model: scripts, emoji, empty, and past 256 tokens.
+VARIED_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Une phrase en français, avec des accents: éàç.",
+    "Пример текста на русском языке.",
+    "これは日本語の文です。",
+    "مرحبا بالعالم",
+    "emoji 🤖🚀 and symbols ∑∞ ≠ ≤",
+    "",
+    "   ",
+    "a",
+    "Transformers " * 300,  # ~600 tokens: must be truncated to 256
+]
