@@ -114,7 +114,9 @@ def verify_graph(entry_dir: Path, entry: GraphEntry) -> Path:
         raise ManifestError(f"graph {path} is missing")
     actual = sha256_file(path)
     if actual != entry.sha256:
-        raise ManifestError(f"graph {path} fails its checksum: sha256 {actual[:12]}…, manifest says {entry.sha256[:12]}…")
+        raise ManifestError(
+            f"graph {path} fails its checksum: sha256 {actual[:12]}…, manifest says {entry.sha256[:12]}…"
+        )
     return path
 
 

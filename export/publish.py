@@ -126,7 +126,11 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
         with progress.step(f"loading {label}"):
             try:
                 if ckpt_dir is None:
-                    cfg = EncoderConfig(**opts.random_config)  # type: ignore[arg-type]
+                    sizes = dict(opts.random_config)
+                    if "max_positions" in sizes and "max_seq_len" not in sizes:
+                        # a smaller position table than the default max length: serve all of it
+                        sizes["max_seq_len"] = min(EncoderConfig.max_seq_len, int(sizes["max_positions"]))  # type: ignore[call-overload]
+                    cfg = EncoderConfig(**sizes)  # type: ignore[arg-type]
                     model = random_encoder(cfg, seed=opts.seed)
                     tokenizer = tk.synthetic(cfg.vocab_size)
                 else:

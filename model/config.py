@@ -37,9 +37,7 @@ class EncoderConfig:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
         if not 0 < self.max_seq_len <= self.max_positions:
-            raise ValueError(
-                f"max_seq_len {self.max_seq_len} must be in 1..max_positions ({self.max_positions})"
-            )
+            raise ValueError(f"max_seq_len {self.max_seq_len} must be in 1..max_positions ({self.max_positions})")
         if self.positional not in ("learned", "sinusoidal"):
             raise ValueError(f"unknown positional encoding {self.positional!r}")
         if self.pooling not in ("mean", "cls"):

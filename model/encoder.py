@@ -30,6 +30,8 @@ def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
 class Embeddings(nn.Module):
     """Token embedding + positional information + token type 0, then LayerNorm (BERT's order)."""
 
+    sinusoid: Tensor
+
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -47,10 +49,8 @@ class Embeddings(nn.Module):
     def forward(self, input_ids: Tensor) -> Tensor:
         T = input_ids.shape[1]
         x = self.tokens(input_ids)  # (B, T, d)
-        if self.positions is not None:
-            x = x + self.positions.weight[:T]  # (T, d) broadcast over B
-        else:
-            x = x + self.sinusoid[:T]
+        table = self.positions.weight if self.positions is not None else self.sinusoid  # (P, d)
+        x = x + table[:T]  # (T, d) broadcast over B
         x = x + self.token_type.weight[0]
         return self.norm(x)
 
@@ -121,6 +121,10 @@ class Encoder(nn.Module):
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
         self.pool = Pooling(cfg.pooling)
+
+    def blocks(self) -> list[EncoderLayer]:
+        """The layers, typed (ModuleList items are plain Modules to a type checker)."""
+        return [layer for layer in self.layers if isinstance(layer, EncoderLayer)]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """input_ids, attention_mask: (B, T) int64 -> embeddings (B, d) float32."""

@@ -30,7 +30,9 @@ class Engine(Protocol):
     @property
     def providers(self) -> list[str]: ...
 
-    def run(self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]: ...
+    def run(
+        self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.float32]: ...
 
 
 def check_batch(

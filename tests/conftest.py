@@ -32,22 +32,23 @@ def tiny_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from export.publish import ExportOptions, export_entry
 
     repo = tmp_path_factory.mktemp("repo")
-    opts = ExportOptions(source="random", repository=repo, name="tiny", random_config=dict(TINY), seed=7,
-                         optimize=True, fp16=True)
+    opts = ExportOptions(
+        source="random", repository=repo, name="tiny", random_config=dict(TINY), seed=7, optimize=True, fp16=True
+    )
     return export_entry(opts, out=io.StringIO())
 
 
 @pytest.fixture(scope="session")
 def minilm_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """all-MiniLM-L6-v2 exported once per session, exactly as `mhaserve export` does by default."""
+    """all-MiniLM-L6-v2 exported once per session, as `make serve` does (fp32 and fused graphs)."""
     from export.publish import ExportOptions, export_entry
 
     repo = tmp_path_factory.mktemp("models")
-    return export_entry(ExportOptions(repository=repo), out=io.StringIO())
+    return export_entry(ExportOptions(repository=repo, optimize=True), out=io.StringIO())
 
 
 @pytest.fixture(scope="session")
-def sentence_transformer():  # type: ignore[no-untyped-def]
+def sentence_transformer():
     """The reference implementation, loaded offline from the same checkpoint directory."""
     from sentence_transformers import SentenceTransformer
 

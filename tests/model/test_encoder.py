@@ -70,7 +70,7 @@ def test_random_models_are_reproducible_from_the_seed(tiny_cfg: EncoderConfig) -
 def test_random_models_of_any_size() -> None:
     cfg = EncoderConfig(vocab_size=1000, d_model=96, n_layers=3, n_heads=6, d_ff=200, max_positions=40, max_seq_len=32)
     model = random_encoder(cfg)
-    assert len(model.layers) == 3 and model.layers[0].attn.d_k == 16
+    assert len(model.layers) == 3 and model.blocks()[0].attn.d_k == 16
     ids, mask = _batch([32, 1], 1000)
     with torch.no_grad():
         assert model(ids, mask).shape == (2, 96)

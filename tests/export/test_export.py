@@ -1,0 +1,180 @@
+"""Exporting a small random model: the entry's files, the graph's contract, the gate, the CLI's errors."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from export import onnx_graph
+from export.manifest import ManifestError, read_manifest, verify_graph
+from export.publish import ExportError, ExportOptions, export_entry
+from model.config import EncoderConfig
+from model.encoder import Encoder, random_encoder
+from service.cli import main
+from service.engine import OnnxEngine
+from service.errors import InvalidArgument
+from tests.conftest import TINY
+
+GRID = [(b, s) for b in (1, 2, 3, 32) for s in (1, 2, 7, 128, TINY["max_seq_len"])]
+
+
+def _padded_batch(batch: int, seq: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, seq + 1, size=batch)
+    lengths[0] = seq
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = rng.integers(0, TINY["vocab_size"], size=(batch, seq)) * mask
+    return ids.astype(np.int64), mask
+
+
+def test_entry_layout_and_manifest(tiny_entry: Path) -> None:
+    assert tiny_entry.name == "1" and tiny_entry.parent.name == "tiny"
+    m = read_manifest(tiny_entry)
+    assert (m.name, m.version, m.hidden_size, m.layers, m.heads, m.ffn) == ("tiny", 1, 32, 2, 4, 64)
+    assert (m.max_seq_len, m.vocab_size, m.pad_id, m.pooling, m.normalize) == (160, 256, 0, "mean", True)
+    assert [i["name"] for i in m.inputs] == ["input_ids", "attention_mask"]
+    assert m.outputs == [{"name": "embeddings", "dtype": "float32", "shape": ["batch", 32]}]
+    assert set(m.graphs) == {"fp32", "optimized", "fp16"}
+    assert m.graphs["optimized"].optimized and m.graphs["fp16"].precision == "fp16"
+    assert m.exporter["torch"].startswith("2.13.0")
+    for g in m.graphs.values():
+        assert g.parity["passed"] and g.parity["max_abs_diff"] <= g.parity["tolerance"]
+        assert len(g.parity["cases"]) == len(GRID)
+        verify_graph(tiny_entry, g)
+    # no stray external-data file and no scratch directory left behind
+    assert sorted(p.name for p in tiny_entry.iterdir()) == sorted(
+        ["manifest.json", "tokenizer.json", "model.onnx", "model.optimized.onnx", "model.fp16.onnx"]
+    )
+    assert [p.name for p in tiny_entry.parent.parent.iterdir()] == ["tiny"]
+
+
+@pytest.mark.parametrize("variant", ["model.onnx", "model.optimized.onnx", "model.fp16.onnx"])
+def test_graph_dims_are_symbolic_and_match_the_manifest(tiny_entry: Path, variant: str) -> None:
+    g = onnx.load(str(tiny_entry / variant))
+    m = read_manifest(tiny_entry)
+    for vi in g.graph.input:
+        dims = [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+        assert all(isinstance(d, str) and d for d in dims), (vi.name, dims)
+        assert vi.type.tensor_type.elem_type == onnx.TensorProto.INT64
+    out = g.graph.output[0]
+    assert out.name == "embeddings" and out.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert out.type.tensor_type.shape.dim[1].dim_value == m.hidden_size
+    assert next(o.version for o in g.opset_import if o.domain == "") == m.opset
+
+
+@pytest.mark.parametrize(("batch", "seq"), GRID)
+def test_parity_eager_vs_onnx_runtime(tiny_entry: Path, batch: int, seq: int) -> None:
+    """fp32 graph and fused graph under plain ONNX Runtime vs the eager model: max abs diff <= 1e-5."""
+    model = random_encoder(EncoderConfig(**TINY), seed=7)  # type: ignore[arg-type]
+    ids, mask = _padded_batch(batch, seq, seed=batch * 1000 + seq)
+    with torch.no_grad():
+        want = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    for graph in ("model.onnx", "model.optimized.onnx"):
+        sess = ort.InferenceSession(str(tiny_entry / graph), providers=["CPUExecutionProvider"])
+        got = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        assert got.shape == (batch, TINY["d_model"])
+        assert np.abs(got - want).max() <= 1e-5, (graph, np.abs(got - want).max())
+
+
+def test_padding_does_not_change_a_row_in_the_graph(tiny_entry: Path) -> None:
+    sess = ort.InferenceSession(str(tiny_entry / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids, mask = _padded_batch(3, 50, seed=1)
+    ids[1, 6:], mask[1, 6:] = 0, 0
+    batched = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    alone = sess.run(None, {"input_ids": ids[1:2, :6], "attention_mask": mask[1:2, :6]})[0]
+    assert np.abs(batched[1] - alone[0]).max() <= 1e-6
+
+
+def test_engine_refuses_what_the_graph_must_not_see(tiny_entry: Path) -> None:
+    engine = OnnxEngine(tiny_entry / "model.onnx", max_seq_len=160, vocab_size=256, device="cpu")
+    ok = np.ones((1, 160), dtype=np.int64)
+    assert engine.run(ok, ok).shape == (1, 32)
+    long = np.ones((1, 161), dtype=np.int64)
+    with pytest.raises(InvalidArgument, match="161 exceeds the model's maximum of 160"):
+        engine.run(long, long)
+    with pytest.raises(InvalidArgument, match="token id 256 is outside"):
+        engine.run(np.array([[1, 256]]), np.ones((1, 2), dtype=np.int64))
+    with pytest.raises(InvalidArgument, match="token id -1"):
+        engine.run(np.array([[1, -1]]), np.ones((1, 2), dtype=np.int64))
+    with pytest.raises(InvalidArgument, match="one shape"):
+        engine.run(np.ones((2, 3), dtype=np.int64), np.ones((2, 4), dtype=np.int64))
+
+
+def test_tokenizer_is_configured_for_serving(tiny_entry: Path) -> None:
+    spec = json.loads((tiny_entry / "tokenizer.json").read_text())
+    assert spec["padding"] is None
+    assert spec["truncation"]["max_length"] == 160
+
+
+def test_corrupted_graph_fails_the_checksum(tiny_entry: Path, tmp_path: Path) -> None:
+    m = read_manifest(tiny_entry)
+    bad = tmp_path / "model.onnx"
+    data = bytearray((tiny_entry / "model.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match="fails its checksum"):
+        verify_graph(tmp_path, m.graphs["fp32"])
+
+
+def _tiny_opts(repo: Path, **kw: object) -> ExportOptions:
+    return ExportOptions(source="random", repository=repo, name="t", random_config=dict(TINY), **kw)  # type: ignore[arg-type]
+
+
+def test_a_graph_that_fails_parity_is_not_published(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph whose attention is scaled by sqrt(d_model) (the classic bug) must fail the gate."""
+    real_export = onnx_graph.export_graph
+
+    def wrongly_scaled(model: Encoder, path: Path) -> None:
+        for layer in model.blocks():
+            layer.attn.scale = 1.0 / model.cfg.d_model**0.5
+        try:
+            real_export(model, path)
+        finally:
+            for layer in model.blocks():
+                layer.attn.scale = 1.0 / model.cfg.d_k**0.5
+
+    monkeypatch.setattr(onnx_graph, "export_graph", wrongly_scaled)
+    # larger weights than BERT's init, so that the scale matters well beyond the tolerance
+    monkeypatch.setattr("model.encoder.init_weights.__defaults__", (0.2,))
+    with pytest.raises(ExportError, match=r"parity gate failed for the fp32 graph: max abs diff .* tolerance 1e-05"):
+        export_entry(_tiny_opts(tmp_path), out=io.StringIO())
+    assert list(tmp_path.iterdir()) == []  # no entry, no scratch directory
+
+
+def test_versions_increment_and_existing_ones_are_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
+    args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
+    assert main(args) == 0
+    assert main(args) == 0
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["1", "2"]
+    assert main([*args, "--version", "1"]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert main([*args, "--version", "1", "--overwrite"]) == 0
+    assert read_manifest(tmp_path / "t" / "2").max_seq_len == 16
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("/does/not/exist", "is neither 'minilm', 'random', nor an existing checkpoint directory"),
+        (".", "has no config.json"),
+    ],
+)
+def test_cli_bad_source_is_one_clear_line(
+    source: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", "--source", source, "--repository", str(tmp_path), "--name", "x"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("mhaserve export: error:") and message in err[-1]
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_cli_refuses_size_options_without_random_source(tmp_path: Path) -> None:
+    assert main(["export", "--repository", str(tmp_path), "--layers", "2"]) == 2

@@ -1,0 +1,78 @@
+"""The real default model, exported once per session: parity on the full grid and fidelity to the reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from export.manifest import read_manifest
+from export.tokenizer import load_for_serving
+from model.checkpoint import default_source, load_encoder
+from tests.conftest import VARIED_TEXTS
+
+pytestmark = pytest.mark.slow
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_manifest(minilm_entry: Path) -> None:
+    m = read_manifest(minilm_entry)
+    assert (m.name, m.version) == ("all-minilm-l6-v2", 1)
+    assert (m.hidden_size, m.layers, m.heads, m.max_seq_len, m.vocab_size) == (384, 6, 12, 256, 30522)
+    assert m.pooling == "mean" and m.normalize
+    assert set(m.graphs) == {"fp32", "optimized"}
+    assert m.graphs["optimized"].parity["fusions"]["skip_layer_normalization"] == 12
+
+
+def test_parity_on_the_grid(minilm_entry: Path) -> None:
+    """batch {1,2,3,32} x seq {1,2,7,128,256}, rows partly padding, eager vs ONNX Runtime: <= 1e-5."""
+    model, _ = load_encoder(default_source())
+    sessions = [
+        ort.InferenceSession(str(minilm_entry / f), providers=["CPUExecutionProvider"])
+        for f in ("model.onnx", "model.optimized.onnx")
+    ]
+    rng = np.random.default_rng(42)
+    worst = 0.0
+    for batch in (1, 2, 3, 32):
+        for seq in (1, 2, 7, 128, 256):
+            lengths = np.maximum(1, (seq * rng.uniform(0.2, 1.0, size=batch)).astype(int))
+            lengths[0] = seq
+            mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
+            ids = rng.integers(1000, 30522, size=(batch, seq)).astype(np.int64) * mask
+            with torch.no_grad():
+                want = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+            for sess in sessions:
+                got = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+                worst = max(worst, float(np.abs(got - want).max()))
+    assert worst <= 1e-5, worst
+
+
+def test_exported_tokenizer_matches_sentence_transformers(minilm_entry: Path, sentence_transformer) -> None:
+    tok = load_for_serving(minilm_entry / "tokenizer.json", 256)
+    ref = sentence_transformer.tokenize(VARIED_TEXTS)
+    for i, enc in enumerate(tok.encode_batch(VARIED_TEXTS)):
+        n = int(ref["attention_mask"][i].sum())
+        assert enc.ids == ref["input_ids"][i][:n].tolist(), VARIED_TEXTS[i][:40]
+    assert len(tok.encode(VARIED_TEXTS[-1]).ids) == 256
+
+
+@pytest.mark.parametrize("graph", ["model.onnx", "model.optimized.onnx"])
+def test_exported_graph_matches_sentence_transformers(minilm_entry: Path, sentence_transformer, graph: str) -> None:
+    """Exported tokenizer + graph + L2 normalisation vs sentence-transformers' encode."""
+    tok = load_for_serving(minilm_entry / "tokenizer.json", 256)
+    sess = ort.InferenceSession(str(minilm_entry / graph), providers=["CPUExecutionProvider"])
+    want = sentence_transformer.encode(VARIED_TEXTS, convert_to_numpy=True, normalize_embeddings=True)
+    encs = tok.encode_batch(VARIED_TEXTS)
+    T = max(len(e.ids) for e in encs)
+    ids = np.array([e.ids + [0] * (T - len(e.ids)) for e in encs], dtype=np.int64)
+    mask = np.array([e.attention_mask + [0] * (T - len(e.ids)) for e in encs], dtype=np.int64)
+    got = _normalize(sess.run(None, {"input_ids": ids, "attention_mask": mask})[0])
+    cos = (got * want).sum(axis=1)
+    assert cos.min() >= 0.99999, dict(zip(VARIED_TEXTS, cos, strict=True))
+    assert np.abs(got - want).max() <= 1e-5
