@@ -51,3 +51,13 @@ class Internal(ServiceError):
     """A bug or an engine failure; the message stays short and the details go to the log."""
 
     code = grpc.StatusCode.INTERNAL
+
+
+def to_status(error: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The one map from an exception to what a client sees: a ServiceError's own status, INTERNAL else.
+
+    Anything that is not a ServiceError is a bug; its text may hold internals, so it never leaves.
+    """
+    if isinstance(error, ServiceError):
+        return error.code, error.message
+    return grpc.StatusCode.INTERNAL, "internal error"

@@ -1,0 +1,202 @@
+"""The server's settings: one frozen object, built once from CLI flags, `MHASERVE_*` variables and defaults.
+
+Every option is a field of `Settings`; its flag (`--max-wait-ms`), its environment variable
+(`MHASERVE_MAX_WAIT_MS`), its parser and its help text are derived from the field, so defaults live
+here and nowhere else. A flag beats its variable, which beats the default. Nothing here reads argv or
+the environment at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+ENV_PREFIX = "MHASERVE_"
+DEVICES = ("auto", "cuda", "cpu")
+GRAPHS = ("auto", "fp32", "optimized", "fp16")
+BATCHING = ("length", "arrival")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+Device = Literal["auto", "cuda", "cpu"]
+GraphChoice = Literal["auto", "fp32", "optimized", "fp16"]
+Batching = Literal["length", "arrival"]
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names the flag and the variable."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The batcher's and the API's limits, once the device is known."""
+
+    max_batch_tokens: int
+    max_wait_ms: float
+    max_queue_size: int
+    max_client_batch_size: int
+
+
+# A GPU turns a wide batch into throughput; a CPU gains little past a few thousand tokens and pays in
+# latency, so it gets a smaller budget and a shorter wait.
+CPU_LIMITS = Limits(max_batch_tokens=8192, max_wait_ms=2.0, max_queue_size=2048, max_client_batch_size=64)
+CUDA_LIMITS = Limits(max_batch_tokens=32768, max_wait_ms=5.0, max_queue_size=8192, max_client_batch_size=256)
+
+
+def _opt(help: str, parse: Callable[[str], Any] = str, choices: tuple[str, ...] | None = None) -> dict[str, Any]:
+    return {"help": help, "parse": parse, "choices": choices}
+
+
+def _int_or_none(s: str) -> int | None:
+    return None if s.strip().lower() in ("", "none", "auto") else int(s)
+
+
+def _float_or_none(s: str) -> float | None:
+    return None if s.strip().lower() in ("", "none", "auto") else float(s)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything `mhaserve serve` can be told. Limits left as None take the device's defaults."""
+
+    repository: Path = field(default=Path("models"), metadata=_opt("model repository directory", Path))
+    model: str | None = field(
+        default=None,
+        metadata=_opt("model to serve (default: all-minilm-l6-v2 if present, else the first in the repository)"),
+    )
+    host: str = field(default="127.0.0.1", metadata=_opt("address to listen on"))
+    port: int = field(default=50051, metadata=_opt("gRPC port (0 picks a free one)", int))
+    metrics_port: int = field(default=8000, metadata=_opt("Prometheus metrics port (0 disables)", int))
+    device: Device = field(default="auto", metadata=_opt("where to run the model", str, DEVICES))
+    graph: GraphChoice = field(
+        default="auto", metadata=_opt("graph variant (auto: optimized if the entry has it, else fp32)", str, GRAPHS)
+    )
+    max_batch_tokens: int | None = field(
+        default=None,
+        metadata=_opt(
+            f"token budget of one batch, padding included (default {CPU_LIMITS.max_batch_tokens} on CPU, "
+            f"{CUDA_LIMITS.max_batch_tokens} on CUDA)",
+            _int_or_none,
+        ),
+    )
+    max_wait_ms: float | None = field(
+        default=None,
+        metadata=_opt(
+            f"longest a request waits for a batch to fill (default {CPU_LIMITS.max_wait_ms} on CPU, "
+            f"{CUDA_LIMITS.max_wait_ms} on CUDA)",
+            _float_or_none,
+        ),
+    )
+    max_queue_size: int | None = field(
+        default=None,
+        metadata=_opt(
+            "inputs that may wait for the model; past it RESOURCE_EXHAUSTED "
+            f"(default {CPU_LIMITS.max_queue_size} on CPU, {CUDA_LIMITS.max_queue_size} on CUDA)",
+            _int_or_none,
+        ),
+    )
+    max_client_batch_size: int | None = field(
+        default=None,
+        metadata=_opt(
+            f"most inputs in one request (default {CPU_LIMITS.max_client_batch_size} on CPU, "
+            f"{CUDA_LIMITS.max_client_batch_size} on CUDA)",
+            _int_or_none,
+        ),
+    )
+    max_message_bytes: int = field(
+        default=4 * 1024 * 1024, metadata=_opt("largest request message; past it RESOURCE_EXHAUSTED", int)
+    )
+    batching: Batching = field(
+        default="length",
+        metadata=_opt("batch by similar length (less padding) or strictly in arrival order", str, BATCHING),
+    )
+    grace_period: float = field(
+        default=30.0, metadata=_opt("seconds in-flight requests get to finish on SIGTERM/SIGINT", float)
+    )
+    intra_op_threads: int | None = field(
+        default=None, metadata=_opt("ONNX Runtime threads per inference (default: all cores)", _int_or_none)
+    )
+    log_level: str = field(default="info", metadata=_opt("log level", str.lower, LOG_LEVELS))
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value: float | None, *, zero: bool = False) -> None:
+            if value is not None and (value < 0 or (value == 0 and not zero)):
+                raise SettingsError(f"{flag(name)} must be {'>= 0' if zero else '> 0'}, got {value}")
+
+        for name in ("max_batch_tokens", "max_queue_size", "max_client_batch_size", "max_message_bytes"):
+            positive(name, getattr(self, name))
+        for name in ("max_wait_ms", "grace_period"):
+            positive(name, getattr(self, name), zero=True)
+        positive("intra_op_threads", self.intra_op_threads)
+        for name in ("port", "metrics_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise SettingsError(f"{flag(name)} must be a port number in [0, 65535], got {getattr(self, name)}")
+        for name, choices in (
+            ("device", DEVICES),
+            ("graph", GRAPHS),
+            ("batching", BATCHING),
+            ("log_level", LOG_LEVELS),
+        ):
+            if getattr(self, name) not in choices:
+                raise SettingsError(f"{flag(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+
+    def limits(self, *, on_cuda: bool) -> Limits:
+        """The limits in force: those set explicitly, the device's defaults for the rest."""
+        base = CUDA_LIMITS if on_cuda else CPU_LIMITS
+        limits = Limits(
+            max_batch_tokens=self.max_batch_tokens or base.max_batch_tokens,
+            max_wait_ms=base.max_wait_ms if self.max_wait_ms is None else self.max_wait_ms,
+            max_queue_size=self.max_queue_size or base.max_queue_size,
+            max_client_batch_size=self.max_client_batch_size or base.max_client_batch_size,
+        )
+        if limits.max_client_batch_size > limits.max_queue_size:
+            raise SettingsError(
+                f"--max-client-batch-size ({limits.max_client_batch_size}) exceeds --max-queue-size "
+                f"({limits.max_queue_size}): such a request could never be queued"
+            )
+        return limits
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env_var(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field; argparse keeps None for flags not given, so the environment can fill them."""
+    for f in dataclasses.fields(Settings):
+        meta = f.metadata
+        default = "device default" if f.default is None and f.name.startswith("max_") else f.default
+        parser.add_argument(
+            flag(f.name),
+            dest=f.name,
+            default=None,
+            type=meta["parse"],
+            choices=meta["choices"],
+            metavar=None if meta["choices"] else f.name.split("_")[-1].upper(),
+            help=f"{meta['help']} [env {env_var(f.name)}; default: {default}]",
+        )
+
+
+def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from parsed flags (None where not given), then `MHASERVE_*` variables, then the defaults."""
+    given = dict(vars(cli) if isinstance(cli, argparse.Namespace) else (cli or {}))
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        if given.get(f.name) is not None:
+            values[f.name] = given[f.name]
+        elif env.get(env_var(f.name), "") != "":
+            raw = env[env_var(f.name)]
+            try:
+                values[f.name] = f.metadata["parse"](raw)
+            except ValueError:
+                raise SettingsError(f"{env_var(f.name)}={raw!r} is not a valid {flag(f.name)}") from None
+    return Settings(**values)
