@@ -1,0 +1,161 @@
+"""One internal request type and the stages every API shares: encode_pre -> batcher -> encode_post.
+
+Each API (encoder.v1 here; the Open Inference Protocol later) converts its messages into `EncodeInput`
+at its boundary and `EncodeOutput` back; validation, tokenisation, limits and normalisation live here
+once, so the APIs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from tokenizers import Encoding, Tokenizer
+
+from service.batcher import Batcher, Embeddings, Ids
+from service.errors import InvalidArgument, NotFound
+from service.interceptors import request_id
+from service.metrics import Metrics
+from service.repository import LoadedModel
+from service.settings import Limits
+
+
+@dataclass(frozen=True)
+class EncodeInput:
+    """What a client asks for, whatever API it used. Exactly one of `texts` and `token_ids` is set."""
+
+    texts: Sequence[str] = ()
+    token_ids: Sequence[Sequence[int] | npt.NDArray[np.int64]] = ()
+    model: str = ""  # empty: the default model
+    truncate: bool = False
+    normalize: bool | None = None  # None: the model's default
+
+
+@dataclass(frozen=True)
+class EncodeOutput:
+    """One embedding per input, in input order."""
+
+    embeddings: Embeddings  # (n, d) float32
+    model: str
+    version: int
+    input_tokens: int
+
+
+def l2_normalize(x: Embeddings) -> Embeddings:
+    # The same epsilon as torch.nn.functional.normalize, so an all-zero row stays zero as it does there.
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+
+
+class Pipeline:
+    """Validates and tokenises requests, queues them on the batcher, post-processes the embeddings."""
+
+    def __init__(self, model: LoadedModel, batcher: Batcher, limits: Limits, metrics: Metrics) -> None:
+        self.model = model
+        self.batcher = batcher
+        self.limits = limits
+        self.metrics = metrics
+        self.max_tokens = model.entry.manifest.max_seq_len
+        self.vocab_size = model.entry.manifest.vocab_size
+        # Tokenisation is CPU work: off the event loop. tokenizers releases the GIL and parallelises a
+        # batch itself, so two threads are enough to overlap requests.
+        self._tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        self._untruncated: Tokenizer | None = None
+
+    def close(self) -> None:
+        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+
+    def resolve(self, name: str) -> LoadedModel:
+        """The model a request names; empty names the default. NOT_FOUND for any other."""
+        if name and name != self.model.name:
+            raise NotFound(f"model {name!r} is not served here (this server serves {self.model.name!r})")
+        return self.model
+
+    async def encode(self, req: EncodeInput, *, time_left: float | None = None) -> EncodeOutput:
+        """The whole pipeline for one request; `time_left` is the seconds until the client's deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = None if time_left is None else loop.time() + time_left
+        model = self.resolve(req.model)
+        seqs = await self.encode_pre(req)
+        embeddings = await self.batcher.submit(seqs, deadline=deadline, request_id=request_id.get())
+        return self.encode_post(req, model, seqs, embeddings)
+
+    def validate(self, req: EncodeInput) -> None:
+        """The checks that need no tokenisation: which inputs, how many."""
+        if req.texts and req.token_ids:
+            raise InvalidArgument("set either texts or token_ids, not both")
+        n = len(req.texts) or len(req.token_ids)
+        if n == 0:
+            raise InvalidArgument("no inputs: set texts or token_ids")
+        if n > self.limits.max_client_batch_size:
+            raise InvalidArgument(
+                f"{n} inputs in one request; the limit is {self.limits.max_client_batch_size} (split the request)"
+            )
+
+    async def encode_pre(self, req: EncodeInput) -> list[Ids]:
+        """Validate and tokenise: one int64 array per input, within the model's length and vocabulary."""
+        self.validate(req)
+        if req.texts:
+            t0 = time.perf_counter()
+            loop = asyncio.get_running_loop()
+            encodings = await loop.run_in_executor(self._tokenize_pool, self._tokenize, list(req.texts))
+            self.metrics.tokenize.observe(time.perf_counter() - t0)
+            if not req.truncate:
+                for i, enc in enumerate(encodings):
+                    if enc.overflowing:
+                        raise InvalidArgument(self._too_long(i, self._length(req.texts[i])))
+            return [np.asarray(enc.ids, dtype=np.int64) for enc in encodings]
+        return self._check_ids(req.token_ids, truncate=req.truncate)
+
+    def encode_post(
+        self, req: EncodeInput, model: LoadedModel, seqs: list[Ids], embeddings: Embeddings
+    ) -> EncodeOutput:
+        normalize = model.entry.manifest.normalize if req.normalize is None else req.normalize
+        return EncodeOutput(
+            embeddings=l2_normalize(embeddings) if normalize else embeddings,
+            model=model.name,
+            version=model.version,
+            input_tokens=sum(len(s) for s in seqs),
+        )
+
+    # ---- helpers ----------------------------------------------------------------------------------
+
+    def _tokenize(self, texts: list[str]) -> list[Encoding]:
+        tokenizer = self.model.tokenizer
+        return [tokenizer.encode(texts[0])] if len(texts) == 1 else tokenizer.encode_batch(texts)
+
+    def _length(self, text: str) -> int:
+        """The untruncated length of a text, for the error message (rare: only on that error)."""
+        if self._untruncated is None:
+            self._untruncated = Tokenizer.from_str(self.model.tokenizer.to_str())
+            self._untruncated.no_truncation()
+        return len(self._untruncated.encode(text).ids)
+
+    def _too_long(self, index: int, length: int) -> str:
+        return (
+            f"input {index} is {length} tokens long, more than the model's maximum of {self.max_tokens} "
+            "(special tokens included); shorten it or set truncate"
+        )
+
+    def _check_ids(self, token_ids: Sequence[Sequence[int] | npt.NDArray[np.int64]], *, truncate: bool) -> list[Ids]:
+        seqs = []
+        for i, ids in enumerate(token_ids):
+            arr = np.asarray(ids, dtype=np.int64)
+            if arr.ndim != 1 or arr.size == 0:
+                raise InvalidArgument(f"input {i} is an empty token list")
+            if arr.size > self.max_tokens:
+                if not truncate:
+                    raise InvalidArgument(self._too_long(i, arr.size))
+                arr = arr[: self.max_tokens]
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < 0 or hi >= self.vocab_size:
+                raise InvalidArgument(
+                    f"input {i} has token id {lo if lo < 0 else hi}, outside the vocabulary [0, {self.vocab_size})"
+                )
+            seqs.append(arr)
+        return seqs

@@ -1,0 +1,154 @@
+"""The model registry: finds entries in a repository by name and version, verifies them, loads them.
+
+The server serves what this returns and nothing else: a graph whose sha256 differs from its manifest,
+a tokenizer file that is missing, or a model that is not there stops the server at start-up with a
+message that says which.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from export import manifest as mf
+from export.tokenizer import load_for_serving
+from service.engine import CUDA, Engine
+from service.errors import NotFound
+from service.settings import GraphChoice, Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "all-minilm-l6-v2"
+
+
+class RepositoryError(RuntimeError):
+    """An entry that cannot be served (malformed, tampered with, incomplete)."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One verified version of a model: its manifest and the files the server reads."""
+
+    manifest: mf.Manifest
+    directory: Path
+    graph: str  # the variant served: fp32, optimized or fp16
+    graph_path: Path
+    tokenizer_path: Path
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    @property
+    def sha256(self) -> str:
+        return self.manifest.graphs[self.graph].sha256
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to serve: its entry, its tokenizer and its engine."""
+
+    entry: ModelEntry
+    tokenizer: Tokenizer
+    engine: Engine
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def version(self) -> int:
+        return self.entry.version
+
+    @property
+    def provider(self) -> str:
+        return self.engine.providers[0]
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.provider == CUDA
+
+
+EngineFactory = Callable[[ModelEntry, Settings], Engine]
+
+
+def onnx_engine(entry: ModelEntry, settings: Settings) -> Engine:
+    """The production engine: ONNX Runtime on the device the settings ask for."""
+    from service.engine import OnnxEngine
+
+    m = entry.manifest
+    return OnnxEngine(
+        entry.graph_path,
+        max_seq_len=m.max_seq_len,
+        vocab_size=m.vocab_size,
+        device=settings.device,
+        intra_op_threads=settings.intra_op_threads,
+    )
+
+
+class ModelRepository:
+    """A directory of `<name>/<version>/` entries, as `mhaserve export` writes them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def names(self) -> list[str]:
+        return mf.models(self.root)
+
+    def default_name(self) -> str:
+        """all-minilm-l6-v2 if the repository has it, else its first model by name."""
+        names = self.names()
+        if not names:
+            raise NotFound(
+                f"the model repository {self.root} has no models; "
+                f"create one with `mhaserve export --repository {self.root}`"
+            )
+        return DEFAULT_MODEL if DEFAULT_MODEL in names else names[0]
+
+    def entry(self, name: str | None = None, version: int | None = None, graph: GraphChoice = "auto") -> ModelEntry:
+        """The entry for a model (default: `default_name()`) at a version (default: the latest), verified."""
+        name = name or self.default_name()
+        try:
+            published = mf.versions(self.root, name)
+        except mf.ManifestError as e:
+            raise NotFound(str(e)) from None
+        if not published:
+            raise NotFound(
+                f"model {name!r} is not in the repository {self.root} (it has: {', '.join(self.names()) or 'nothing'})"
+            )
+        version = published[-1] if version is None else version
+        if version not in published:
+            raise NotFound(f"model {name!r} has no version {version} (it has: {', '.join(map(str, published))})")
+        directory = mf.entry_dir(self.root, name, version)
+        try:
+            manifest = mf.read_manifest(directory)
+            variant = graph if graph != "auto" else ("optimized" if "optimized" in manifest.graphs else "fp32")
+            graph_path = mf.verify_graph(directory, manifest.graph(variant))
+        except mf.ManifestError as e:
+            raise RepositoryError(str(e)) from None
+        tokenizer_path = directory / manifest.tokenizer
+        if Path(manifest.tokenizer).name != manifest.tokenizer or not tokenizer_path.is_file():
+            raise RepositoryError(f"{directory} has no tokenizer file {manifest.tokenizer!r}")
+        return ModelEntry(manifest, directory, variant, graph_path, tokenizer_path)
+
+    def load(self, entry: ModelEntry, settings: Settings, engine_factory: EngineFactory = onnx_engine) -> LoadedModel:
+        """Open the tokenizer and the engine of a verified entry (slow: seconds for a real model)."""
+        tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
+        engine = engine_factory(entry, settings)
+        log.info(
+            "loaded %s version %d (%s graph, sha256 %s…) on %s",
+            entry.name,
+            entry.version,
+            entry.graph,
+            entry.sha256[:12],
+            engine.providers,
+        )
+        return LoadedModel(entry, tokenizer, engine)
