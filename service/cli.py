@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import grpc
+
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -88,11 +90,116 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(handler=_export)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from service import settings as st
+    from service.interceptors import RequestIdFilter
+    from service.server import serve
+
+    try:
+        settings = st.build(args)
+    except st.SettingsError as e:
+        print(f"mhaserve serve: error: {e}", file=sys.stderr)
+        return 2
+    handler = logging.StreamHandler()
+    handler.addFilter(RequestIdFilter())
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"))
+    level = "DEBUG" if args.verbose else settings.log_level.upper()
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    return asyncio.run(serve(settings))
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from service import settings as st
+
+    p = sub.add_parser(
+        "serve",
+        help="serve a model of the repository over gRPC (encoder.v1, health, reflection) with Prometheus metrics",
+        description="Serve one model over gRPC on ONNX Runtime with a dynamic batcher. Every option can also be "
+        "set by an MHASERVE_* environment variable; a flag beats its variable, which beats the default.",
+    )
+    st.add_arguments(p)
+    p.set_defaults(handler=_serve)
+
+
+def _rpc_error(command: str, e: grpc.RpcError) -> int:
+    code = e.code()
+    print(f"mhaserve {command}: error: {code.name}: {e.details()}", file=sys.stderr)
+    return 1
+
+
+def _encode(args: argparse.Namespace) -> int:
+    from service import client
+
+    try:
+        response = client.encode(
+            args.address,
+            args.texts,
+            model=args.model,
+            normalize=args.normalize,
+            truncate=args.truncate,
+            timeout=args.timeout,
+            request_id=args.request_id,
+        )
+    except grpc.RpcError as e:
+        return _rpc_error("encode", e)
+    print(client.summary(args.texts, response) if args.summary else client.embeddings_json(response))
+    return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    from service import client
+
+    try:
+        status = client.health(args.address, service=args.service, timeout=args.timeout)
+    except grpc.RpcError as e:
+        return _rpc_error("health", e)
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from service.client import DEFAULT_ADDRESS
+
+    p = sub.add_parser(
+        "encode",
+        help="embed texts with a running server and print the embeddings",
+        description="Embed texts with a running server: one JSON array per text, one per line, or a summary.",
+    )
+    p.add_argument("texts", nargs="+", metavar="TEXT")
+    p.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server HOST:PORT (default: {DEFAULT_ADDRESS})")
+    p.add_argument("--model", default="", help="model name (default: the server's)")
+    p.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="L2-normalise the embeddings (default: the model's own default)",
+    )
+    p.add_argument("--truncate", action="store_true", help="cut texts longer than the model's maximum")
+    p.add_argument("--summary", action="store_true", help="print a short summary instead of the vectors")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds (default: 30)")
+    p.add_argument("--request-id", help="sent as x-request-id; the server logs it")
+    p.set_defaults(handler=_encode)
+
+    p = sub.add_parser(
+        "health",
+        help="exit 0 if the server reports SERVING (for container health checks)",
+        description="Ask a server's grpc.health.v1 service; print the status; exit 0 only for SERVING.",
+    )
+    p.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server HOST:PORT (default: {DEFAULT_ADDRESS})")
+    p.add_argument("--service", default="", help="service name (default: the whole server)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds (default: 5)")
+    p.set_defaults(handler=_health)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mhaserve", description="Serve Transformer encoders over gRPC.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_export(sub)
+    _add_serve(sub)
+    _add_clients(sub)
     return parser
 
 

@@ -1,0 +1,68 @@
+"""Small synchronous clients behind `mhaserve encode` and `mhaserve health`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from proto.encoder.v1 import encoder_pb2 as pb
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from service.interceptors import REQUEST_ID_HEADER
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+# Responses grow with inputs x dimensions; the client should never be the one to refuse them.
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+
+
+def encode(
+    address: str,
+    texts: Sequence[str],
+    *,
+    model: str = "",
+    normalize: bool | None = None,
+    truncate: bool = False,
+    timeout: float = 30.0,
+    request_id: str | None = None,
+) -> pb.EncodeResponse:
+    """One Encode call; raises grpc.RpcError with the server's status."""
+    request = pb.EncodeRequest(texts=list(texts), model=model, truncate=truncate)
+    if normalize is not None:
+        request.normalize = normalize
+    metadata = ((REQUEST_ID_HEADER, request_id),) if request_id else None
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        response: pb.EncodeResponse = pb_grpc.EncoderServiceStub(channel).Encode(
+            request, timeout=timeout, metadata=metadata
+        )
+        return response
+
+
+def health(address: str, *, service: str = "", timeout: float = 5.0) -> str:
+    """The serving status name (SERVING, NOT_SERVING, ...); raises grpc.RpcError if the server cannot answer."""
+    with grpc.insecure_channel(address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout
+        )
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def embeddings_json(response: pb.EncodeResponse) -> str:
+    """One JSON array per input, one per line, in input order."""
+    return "\n".join(json.dumps([round(v, 7) for v in e.values]) for e in response.embeddings)
+
+
+def summary(texts: Sequence[str], response: pb.EncodeResponse) -> str:
+    dims = len(response.embeddings[0].values) if response.embeddings else 0
+    lines = [
+        f"{response.model} version {response.model_version}: {len(response.embeddings)} embeddings of {dims} "
+        f"dimensions, {response.usage.input_tokens} input tokens"
+    ]
+    for i, (text, e) in enumerate(zip(texts, response.embeddings, strict=True)):
+        v = np.asarray(e.values, dtype=np.float32)
+        head = ", ".join(f"{x:+.4f}" for x in v[:4])
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        lines.append(f"[{i}] norm {np.linalg.norm(v):.4f} [{head}, ...] {shown!r}")
+    return "\n".join(lines)

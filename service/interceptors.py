@@ -1,0 +1,160 @@
+"""The one place where RPCs meet errors, request ids, readiness and metrics.
+
+`ServiceInterceptor` wraps every method of the model APIs (not health, not reflection):
+- sets the request id (the client's `x-request-id`, or a new one) in a ContextVar and sends it back;
+- refuses calls with UNAVAILABLE while the model loads or the server drains;
+- turns a raised ServiceError into its status, and anything else into INTERNAL with a short message
+  (the stack trace goes to the log with the request id, never to the client);
+- counts the call by method and status code, times it, and logs one line per call at debug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from service.errors import ServiceError, to_status
+from service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER = "x-request-id"
+# Health checks and reflection must answer while the model loads and while the server drains.
+EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+request_id: ContextVar[str] = ContextVar("request_id", default="-")
+
+Gate = Callable[[], ServiceError | None]
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+
+
+class RequestIdFilter(logging.Filter):
+    """Puts the current request id on every log record as `%(request_id)s`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id.get()
+        return True
+
+
+def _request_id(details: grpc.HandlerCallDetails) -> str:
+    for key, value in details.invocation_metadata or ():
+        if key == REQUEST_ID_HEADER and isinstance(value, str) and 0 < len(value) <= 128 and value.isprintable():
+            return value
+    return uuid.uuid4().hex[:16]
+
+
+class _Call:
+    """The bookkeeping of one RPC: request id, gate, error map, metrics, log line."""
+
+    def __init__(
+        self, interceptor: ServiceInterceptor, method: str, rid: str, context: grpc.aio.ServicerContext
+    ) -> None:
+        self.interceptor = interceptor
+        self.method = method
+        self.rid = rid
+        self.context = context
+        self.code = grpc.StatusCode.OK
+        self.start = time.perf_counter()
+
+    def begin(self) -> None:
+        request_id.set(self.rid)  # each RPC runs in its own task, hence its own context
+        self.interceptor.metrics.in_flight.inc()
+        self.context.set_trailing_metadata(((REQUEST_ID_HEADER, self.rid),))
+        refusal = self.interceptor.gate()
+        if refusal is not None:
+            raise refusal
+
+    async def fail(self, error: Exception) -> None:
+        code, message = to_status(error)
+        if code == grpc.StatusCode.INTERNAL:
+            log.error("%s failed", self.method, exc_info=error)
+            message = f"{message} (request id {self.rid}; details are in the server log)"
+        self.code = code
+        await self.context.abort(code, message, trailing_metadata=((REQUEST_ID_HEADER, self.rid),))
+
+    def cancelled(self) -> None:
+        remaining = self.context.time_remaining()
+        expired = remaining is not None and remaining <= 0
+        self.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+
+    def end(self) -> None:
+        m = self.interceptor.metrics
+        elapsed = time.perf_counter() - self.start
+        m.in_flight.dec()
+        m.requests.labels(self.method, self.code.name).inc()
+        m.request_duration.labels(self.method).observe(elapsed)
+        log.debug("%s %s %.1f ms", self.method, self.code.name, elapsed * 1000)
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    """See the module docstring. `gate` returns the error to refuse calls with, or None to let them in."""
+
+    def __init__(self, metrics: Metrics, gate: Gate) -> None:
+        self.metrics = metrics
+        self.gate = gate
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        full = handler_call_details.method
+        if handler is None or full.startswith(EXEMPT_PREFIXES):
+            return handler
+        method = full.lstrip("/")
+        rid = _request_id(handler_call_details)
+        codec = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method, rid), **codec)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(self._unary(handler.stream_unary, method, rid), **codec)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, method, rid), **codec)
+        return grpc.stream_stream_rpc_method_handler(self._stream(handler.stream_stream, method, rid), **codec)
+
+    def _unary(self, behaviour: Any, method: str, rid: str) -> Any:
+        async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            call = _Call(self, method, rid, context)
+            try:
+                call.begin()
+                return await behaviour(request, context)
+            except grpc.aio.AbortError:
+                raise
+            except asyncio.CancelledError:
+                call.cancelled()
+                raise
+            except Exception as e:
+                await call.fail(e)
+            finally:
+                call.end()
+
+        return wrapper
+
+    def _stream(self, behaviour: Any, method: str, rid: str) -> Any:
+        async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            call = _Call(self, method, rid, context)
+            try:
+                call.begin()
+                async for response in behaviour(request, context):
+                    yield response
+            except grpc.aio.AbortError:
+                raise
+            except asyncio.CancelledError:
+                call.cancelled()
+                raise
+            except Exception as e:
+                await call.fail(e)
+            finally:
+                call.end()
+
+        return wrapper

@@ -1,0 +1,222 @@
+"""The gRPC server's lifecycle: bind, load and warm up, serve, drain, stop.
+
+Start-up binds the port first and reports NOT_SERVING while the model loads and warms up, so an
+orchestrator sees a live process that is not ready yet; then SERVING. Shutdown (SIGTERM or SIGINT):
+health goes NOT_SERVING and new calls are refused with UNAVAILABLE, the batcher stops waiting for
+batches to fill, in-flight and queued requests get the grace period to finish, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import signal
+from typing import Literal
+
+import grpc
+import grpc.aio
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from proto.encoder.v1 import encoder_pb2 as pb
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from service.batcher import Batcher
+from service.errors import NotFound, ServiceError, Unavailable
+from service.interceptors import ServiceInterceptor
+from service.metrics import Metrics
+from service.pipeline import Pipeline
+from service.repository import EngineFactory, LoadedModel, ModelEntry, ModelRepository, RepositoryError, onnx_engine
+from service.servicer import EncoderServicer
+from service.settings import Limits, Settings
+
+log = logging.getLogger(__name__)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class StartupError(RuntimeError):
+    """The server cannot start: the message says why and what to do."""
+
+
+def warm_up(model: LoadedModel, limits: Limits) -> int:
+    """Run the graph over the shapes the batcher will make, before health says SERVING.
+
+    Powers of two up to the model's maximum length, one row each, then the widest batch the token
+    budget allows at that length: ONNX Runtime plans its memory arena (and on CUDA picks its kernels)
+    on first sight of a shape, and no client should pay for that. Returns the number of runs.
+    """
+    longest = model.entry.manifest.max_seq_len
+    lengths = sorted({min(2**i, longest) for i in range(math.ceil(math.log2(longest)) + 1)})
+    shapes = [(1, n) for n in lengths] + [(max(1, limits.max_batch_tokens // longest), longest)]
+    for rows, n in shapes:
+        ones = np.ones((rows, n), dtype=np.int64)
+        model.engine.run(ones, ones)
+    return len(shapes)
+
+
+class EncoderServer:
+    """One model served over gRPC (encoder.v1, health, reflection) with Prometheus metrics on the side."""
+
+    def __init__(
+        self, settings: Settings, *, engine_factory: EngineFactory = onnx_engine, metrics: Metrics | None = None
+    ) -> None:
+        self.settings = settings
+        self.engine_factory = engine_factory
+        self.metrics = metrics or Metrics()
+        self.repository = ModelRepository(settings.repository)
+        self.health = health_aio.HealthServicer()
+        self.port = 0
+        self.metrics_port: int | None = None
+        self.model: LoadedModel | None = None
+        self.batcher: Batcher | None = None
+        self.pipeline: Pipeline | None = None
+        self.state: Literal["new", "loading", "serving", "draining", "stopped"] = "new"
+        self._server: grpc.aio.Server | None = None
+        self._loading: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Find and verify the model, bind the ports, and start loading; `ready()` waits for the rest."""
+        s = self.settings
+        try:
+            entry = self.repository.entry(s.model, graph=s.graph)
+        except (NotFound, RepositoryError) as e:
+            raise StartupError(e.message if isinstance(e, ServiceError) else str(e)) from None
+        for service in ("", SERVICE):
+            await self.health.set(service, NOT_SERVING)
+        server = grpc.aio.server(
+            interceptors=[ServiceInterceptor(self.metrics, self._gate)],
+            options=[
+                ("grpc.max_receive_message_length", s.max_message_bytes),
+                ("grpc.so_reuseport", 0),  # a port in use is an error, not a silent share
+            ],
+        )
+        servicer = EncoderServicer(lambda: self.pipeline, max_message_bytes=s.max_message_bytes)
+        pb_grpc.add_EncoderServiceServicer_to_server(servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+        )
+        try:
+            self.port = server.add_insecure_port(f"{s.host}:{s.port}")
+        except RuntimeError:
+            raise StartupError(f"cannot listen on {s.host}:{s.port} (in use, or not an address of this host)") from None
+        await server.start()
+        self._server = server
+        log.info("listening on %s:%d (NOT_SERVING until %s is loaded and warmed up)", s.host, self.port, entry.name)
+        if s.metrics_port:
+            try:
+                self.metrics_port = self.metrics.serve(s.host, s.metrics_port)
+            except OSError as e:
+                await server.stop(0)
+                raise StartupError(f"cannot serve metrics on {s.host}:{s.metrics_port}: {e.strerror}") from None
+        self.state = "loading"
+        self._loading = asyncio.get_running_loop().create_task(self._load(entry), name="load-model")
+
+    async def ready(self) -> None:
+        """Wait until the model serves; raises what made loading fail."""
+        if self._loading is None:
+            raise RuntimeError("start() first")
+        await asyncio.shield(self._loading)
+
+    async def _load(self, entry: ModelEntry) -> None:
+        s = self.settings
+        model = await asyncio.to_thread(self.repository.load, entry, s, self.engine_factory)
+        limits = s.limits(on_cuda=model.on_cuda)
+        runs = await asyncio.to_thread(warm_up, model, limits)
+        self.model = model
+        self.batcher = Batcher(
+            model.engine, limits=limits, batching=s.batching, pad_id=entry.manifest.pad_id, metrics=self.metrics
+        )
+        self.batcher.start()
+        self.pipeline = Pipeline(model, self.batcher, limits, self.metrics)
+        self.metrics.provider.labels(model.provider).set(1)
+        log.info(
+            "serving %s version %d (%s graph) on %s after %d warm-up runs; batching %s, max batch tokens %d, "
+            "max wait %g ms, max queue %d inputs, max %d inputs per request, max message %d bytes",
+            model.name,
+            model.version,
+            entry.graph,
+            model.provider,
+            runs,
+            s.batching,
+            limits.max_batch_tokens,
+            limits.max_wait_ms,
+            limits.max_queue_size,
+            limits.max_client_batch_size,
+            s.max_message_bytes,
+        )
+        if self.state == "loading":
+            self.state = "serving"
+            for service in ("", SERVICE):
+                await self.health.set(service, SERVING)
+
+    def _gate(self) -> ServiceError | None:
+        if self.state in ("draining", "stopped"):
+            return Unavailable("the server is shutting down; retry on another replica")
+        if self.state != "serving":
+            return Unavailable("the model is still loading; retry when health reports SERVING")
+        return None
+
+    async def drain(self) -> None:
+        """Refuse new calls and report NOT_SERVING; queued work goes to the model without waiting."""
+        if self.state in ("draining", "stopped"):
+            return
+        self.state = "draining"
+        await self.health.enter_graceful_shutdown()
+        if self.batcher is not None:
+            self.batcher.drain()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain, give in-flight calls `grace` seconds (default: the settings'), then release everything."""
+        await self.drain()
+        if self._loading is not None and not self._loading.done():
+            self._loading.cancel()
+        if self._server is not None:
+            await self._server.stop(self.settings.grace_period if grace is None else grace)
+            self._server = None
+        if self.batcher is not None:
+            await self.batcher.close()
+        if self.pipeline is not None:
+            self.pipeline.close()
+        self.metrics.close()
+        self.state = "stopped"
+
+
+async def serve(settings: Settings, *, engine_factory: EngineFactory = onnx_engine) -> int:
+    """`mhaserve serve`: run until SIGTERM or SIGINT, drain, and return the exit status."""
+    server = EncoderServer(settings, engine_factory=engine_factory)
+    try:
+        await server.start()
+    except StartupError as e:
+        log.error("cannot start: %s", e)
+        return 1
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        ready = asyncio.ensure_future(server.ready())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait((ready, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if ready.done() and ready.exception() is not None:
+            error = ready.exception()
+            log.error("cannot serve %s: %s", settings.model or "the model", getattr(error, "message", error))
+            stopping.cancel()
+            await server.stop(0)
+            return 1
+        await stopping
+        log.info("shutting down: draining for up to %g s", settings.grace_period)
+        await server.stop()
+        with contextlib.suppress(BaseException):
+            await ready
+        log.info("stopped")
+        return 0
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
