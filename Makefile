@@ -74,3 +74,30 @@ proto: $(VENV)/.stamp-dev
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+
+# Load test a running server (`make serve` in another shell) with loadtest/locustfile.py, headless.
+# Reports (CSV, JSON, HTML) go to $(LOADTEST_RESULTS)/loadtest-<timestamp>/; the exit status is 1 only
+# when more than MAX_FAIL_RATIO of the requests failed. WORKLOAD: short, long, mixed, batch, ids,
+# stream, bad, or several separated by commas. PROCESSES > 1 runs Locust distributed on this machine.
+LOADTEST_HOST ?= 127.0.0.1:50051
+USERS ?= 32
+SPAWN_RATE ?= 8
+RUN_TIME ?= 60s
+WORKLOAD ?= mixed
+BATCH_SIZE ?= 8
+MAX_FAIL_RATIO ?= 0.01
+PROCESSES ?= 1
+LOADTEST_RESULTS ?= results
+LOCUST_ARGS ?=
+
+.PHONY: loadtest
+loadtest: $(VENV)/.stamp-serve
+	@out=$(LOADTEST_RESULTS)/loadtest-$$(date +%Y%m%d-%H%M%S); mkdir -p $$out; \
+	echo "locust: $(USERS) users, workload $(WORKLOAD), against $(LOADTEST_HOST) for $(RUN_TIME)"; \
+	$(BIN)/locust -f loadtest/locustfile.py --headless --host $(LOADTEST_HOST) \
+	  --users $(USERS) --spawn-rate $(SPAWN_RATE) --run-time $(RUN_TIME) \
+	  $(if $(filter-out 0 1,$(PROCESSES)),--processes $(PROCESSES)) \
+	  --workload $(WORKLOAD) --batch-size $(BATCH_SIZE) --max-fail-ratio $(MAX_FAIL_RATIO) \
+	  --csv $$out/stats --csv-full-history --json-file $$out/stats --html $$out/report.html \
+	  --only-summary $(LOCUST_ARGS); \
+	rc=$$?; echo "report: $$out/report.html (csv and json beside it); exit status $$rc"; exit $$rc

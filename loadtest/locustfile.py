@@ -1,0 +1,319 @@
+"""Locust load test for mhaserve's encoder.v1 gRPC API.
+
+Locust has no gRPC user of its own: `EncoderUser` makes the calls with grpcio (made gevent-friendly, so
+hundreds of users share one process) and reports each one through Locust's request event, with the
+gRPC status name as the failure reason.
+
+    locust -f loadtest/locustfile.py --headless -H 127.0.0.1:50051 -u 32 -r 8 -t 60s --workload mixed
+
+Options this file adds (also settable as LOCUST_* variables, and sent by a master to its workers):
+
+    --workload W[,W...]   short | long | mixed | batch | ids | stream | bad (several: picked at random per task)
+    --batch-size N        texts per request for `batch` (default 8)
+    --stream-requests N   requests per EncodeStream call for `stream` (default 8)
+    --corpus PATH         one text per line (default: loadtest/corpus.txt)
+    --tokenizer PATH      tokenizer.json for `ids` (default: random ids inside the served model's vocabulary)
+    --model NAME          model to ask for (default: the server's default)
+    --rpc-timeout S       deadline of each call in seconds (default 30)
+    --think-time S        pause between a user's calls, uniform in [0, S] (default 0: closed loop)
+    --max-fail-ratio F    exit 1 when more than this fraction of requests failed (default 0.01)
+
+`make loadtest` runs it headless and keeps the CSV, JSON and HTML reports; distributed mode works
+from the same file (`--master` / `--worker`, or `--processes N`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from locust import User, events, task  # imports gevent and patches the standard library first
+
+import grpc  # isort: skip
+import grpc.experimental.gevent as grpc_gevent  # isort: skip
+
+# Before any channel exists: without it every gRPC call blocks the whole process and users run one at a time.
+grpc_gevent.init_gevent()
+
+try:
+    from proto.encoder.v1 import encoder_pb2 as pb
+    from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+except ImportError:  # run from a checkout without mhaserve installed: the stubs are beside this folder
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from proto.encoder.v1 import encoder_pb2 as pb
+    from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1:50051"
+DEFAULT_CORPUS = Path(__file__).resolve().parent / "corpus.txt"
+WORKLOADS = ("short", "long", "mixed", "batch", "ids", "stream", "bad")
+# Word counts that split the corpus: a "short" text is a query, a "long" one a paragraph.
+SHORT_MAX_WORDS = 8
+LONG_MIN_WORDS = 60
+STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+
+
+@events.init_command_line_parser.add_listener
+def _add_arguments(parser: Any) -> None:
+    g = parser.add_argument_group("mhaserve", "options of loadtest/locustfile.py")
+    g.add_argument(
+        "--workload",
+        default="mixed",
+        env_var="LOCUST_WORKLOAD",
+        help=f"comma-separated task sets, one picked at random per task: {', '.join(WORKLOADS)} (default: mixed)",
+    )
+    g.add_argument("--batch-size", type=int, default=8, env_var="LOCUST_BATCH_SIZE", help="texts per `batch` request")
+    g.add_argument(
+        "--stream-requests", type=int, default=8, env_var="LOCUST_STREAM_REQUESTS", help="requests per `stream` call"
+    )
+    g.add_argument("--corpus", default=str(DEFAULT_CORPUS), env_var="LOCUST_CORPUS", help="one text per line")
+    g.add_argument("--tokenizer", default="", env_var="LOCUST_TOKENIZER", help="tokenizer.json for the `ids` task")
+    g.add_argument("--model", default="", env_var="LOCUST_MODEL", help="model name (default: the server's)")
+    g.add_argument("--rpc-timeout", type=float, default=30.0, env_var="LOCUST_RPC_TIMEOUT", help="seconds per call")
+    g.add_argument("--think-time", type=float, default=0.0, env_var="LOCUST_THINK_TIME", help="max pause, seconds")
+    g.add_argument(
+        "--max-fail-ratio",
+        type=float,
+        default=0.01,
+        env_var="LOCUST_MAX_FAIL_RATIO",
+        help="exit 1 only when more than this fraction of requests failed (default 0.01)",
+    )
+
+
+class GrpcError(Exception):
+    """A failed call as Locust records it: its repr, the failure's key, starts with the status name."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(code, details)
+        self.code, self.details = code, details
+
+    def __repr__(self) -> str:
+        # Locust groups failures by repr(): keep it free of per-request noise (ids, addresses).
+        return f"{self.code}: {self.details[:200]}"
+
+    __str__ = __repr__
+
+    @classmethod
+    def from_rpc(cls, e: grpc.RpcError) -> GrpcError:
+        code = e.code() if isinstance(e, grpc.Call) else None
+        details = e.details() if isinstance(e, grpc.Call) else str(e)
+        return cls(code.name if code is not None else "UNKNOWN", details or "")
+
+
+class Corpus:
+    """The texts the users send, split by length once per process."""
+
+    _cache: dict[str, Corpus] = {}
+
+    def __init__(self, lines: list[str]) -> None:
+        if not lines:
+            raise ValueError("the corpus is empty")
+        self.all = lines
+        self.short = [t for t in lines if len(t.split()) <= SHORT_MAX_WORDS] or lines
+        self.long = [t for t in lines if len(t.split()) >= LONG_MIN_WORDS] or lines
+
+    @classmethod
+    def load(cls, path: str) -> Corpus:
+        if path not in cls._cache:
+            text = Path(path).read_text(encoding="utf-8")
+            cls._cache[path] = cls([line.strip() for line in text.splitlines() if line.strip()])
+        return cls._cache[path]
+
+
+def _token_ids(corpus: Corpus, tokenizer_path: str, vocab_size: int, max_tokens: int) -> list[list[int]]:
+    """Pre-tokenised inputs: the corpus through the model's tokenizer, or random ids of similar lengths."""
+    if tokenizer_path:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(tokenizer_path)
+        tok.enable_truncation(max_length=max_tokens)
+        return [e.ids for e in tok.encode_batch(corpus.all)]
+    rng = random.Random(0)
+    # ~1.3 word pieces per word plus two special tokens, inside the vocabulary the server reported.
+    lengths = [min(max_tokens, 2 + int(1.3 * len(t.split()))) for t in corpus.all]
+    return [[rng.randrange(1, vocab_size) for _ in range(n)] for n in lengths]
+
+
+_ids_cache: dict[tuple[str, str, int, int], list[list[int]]] = {}
+
+
+class EncoderUser(User):
+    """One client of encoder.v1 with its own channel; its task set comes from --workload."""
+
+    host = DEFAULT_HOST
+
+    def __init__(self, environment: Any) -> None:
+        super().__init__(environment)
+        self.channel: grpc.Channel | None = None
+        self.stub: pb_grpc.EncoderServiceStub | None = None
+        self.workloads: list[Callable[[], None]] = []
+
+    @staticmethod
+    def _target(host: str) -> str:
+        for scheme in ("grpc://", "http://", "dns:///"):
+            host = host.removeprefix(scheme)
+        return host.rstrip("/")
+
+    def wait_time(self) -> float:
+        opts = self.environment.parsed_options
+        think = getattr(opts, "think_time", 0.0) if opts else 0.0
+        return random.uniform(0, think) if think > 0 else 0.0
+
+    def on_start(self) -> None:
+        opts = self.environment.parsed_options
+        self.opt: dict[str, Any] = {
+            "workload": "mixed",
+            "batch_size": 8,
+            "stream_requests": 8,
+            "corpus": str(DEFAULT_CORPUS),
+            "tokenizer": "",
+            "model": "",
+            "rpc_timeout": 30.0,
+        }
+        if opts is not None:
+            self.opt.update({k: getattr(opts, k) for k in self.opt if getattr(opts, k, None) is not None})
+        names = [w.strip() for w in str(self.opt["workload"]).split(",") if w.strip()]
+        unknown = sorted(set(names) - set(WORKLOADS))
+        if unknown or not names:
+            raise ValueError(f"--workload {self.opt['workload']!r}: unknown {unknown}; choose from {WORKLOADS}")
+        self.corpus = Corpus.load(self.opt["corpus"])
+        self.channel = grpc.insecure_channel(self._target(self.host or DEFAULT_HOST), options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.EncoderServiceStub(self.channel)
+        self.workloads = [getattr(self, f"task_{n}") for n in names]
+        if "ids" in names:
+            self.ids = self._load_ids()
+
+    def on_stop(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+
+    def _load_ids(self) -> list[list[int]]:
+        vocab, max_tokens = 30522, 256
+        if not self.opt["tokenizer"]:
+            assert self.stub is not None
+            info = self.stub.GetModelInfo(
+                pb.GetModelInfoRequest(model=self.opt["model"]), timeout=self.opt["rpc_timeout"]
+            )
+            vocab, max_tokens = info.vocab_size, info.max_tokens_per_input
+        key = (self.opt["corpus"], self.opt["tokenizer"], vocab, max_tokens)
+        if key not in _ids_cache:
+            _ids_cache[key] = _token_ids(self.corpus, self.opt["tokenizer"], vocab, max_tokens)
+        return _ids_cache[key]
+
+    @task
+    def work(self) -> None:
+        random.choice(self.workloads)()
+
+    # ---- reporting ----------------------------------------------------------------------------------
+
+    def _fire(self, rpc: str, name: str, started: float, length: int, error: Exception | None) -> None:
+        self.environment.events.request.fire(
+            request_type=rpc,
+            name=name,
+            response_time=(time.perf_counter() - started) * 1000,
+            response_length=length,
+            exception=error,
+            context={},
+        )
+
+    def _encode(self, name: str, request: pb.EncodeRequest) -> None:
+        assert self.stub is not None
+        request.model = self.opt["model"]
+        started = time.perf_counter()
+        try:
+            response = self.stub.Encode(request, timeout=self.opt["rpc_timeout"])
+        except grpc.RpcError as e:
+            self._fire("Encode", name, started, 0, GrpcError.from_rpc(e))
+            return
+        n = len(request.texts) or len(request.token_ids)
+        error = None
+        if len(response.embeddings) != n:
+            error = GrpcError("BAD_RESPONSE", f"{len(response.embeddings)} embeddings for {n} inputs")
+        self._fire("Encode", name, started, response.ByteSize(), error)
+
+    # ---- the task sets --------------------------------------------------------------------------------
+
+    def task_short(self) -> None:
+        """One query-length text per request: the per-request overhead dominates."""
+        self._encode("short", pb.EncodeRequest(texts=[random.choice(self.corpus.short)], truncate=True))
+
+    def task_long(self) -> None:
+        """One paragraph per request (truncated at the model's maximum): the model dominates."""
+        self._encode("long", pb.EncodeRequest(texts=[random.choice(self.corpus.long)], truncate=True))
+
+    def task_mixed(self) -> None:
+        """One text drawn from the whole corpus: mostly short, a long tail, as real traffic."""
+        self._encode("mixed", pb.EncodeRequest(texts=[random.choice(self.corpus.all)], truncate=True))
+
+    def task_batch(self) -> None:
+        """N texts in one request, as an indexing job sends them."""
+        n = int(self.opt["batch_size"])
+        self._encode(f"batch{n}", pb.EncodeRequest(texts=random.choices(self.corpus.all, k=n), truncate=True))
+
+    def task_ids(self) -> None:
+        """One pre-tokenised input: no tokenisation on the server."""
+        ids = random.choice(self.ids)
+        self._encode("ids", pb.EncodeRequest(token_ids=[pb.TokenIds(ids=ids)], truncate=True))
+
+    def task_bad(self) -> None:
+        """A request the server must refuse (texts and token ids both set): INVALID_ARGUMENT each time."""
+        request = pb.EncodeRequest(texts=[random.choice(self.corpus.short)], token_ids=[pb.TokenIds(ids=[1, 2])])
+        self._encode("bad", request)
+
+    def task_stream(self) -> None:
+        """Several requests pipelined on one EncodeStream; each response is one Locust request."""
+        assert self.stub is not None
+        n = int(self.opt["stream_requests"])
+        sent: deque[float] = deque()
+        model = self.opt["model"]
+
+        def requests() -> Iterator[pb.EncodeRequest]:
+            for _ in range(n):
+                sent.append(time.perf_counter())
+                yield pb.EncodeRequest(texts=[random.choice(self.corpus.all)], model=model, truncate=True)
+
+        started = time.perf_counter()
+        received = 0
+        try:
+            for response in self.stub.EncodeStream(requests(), timeout=self.opt["rpc_timeout"]):
+                t0 = sent.popleft() if sent else started
+                received += 1
+                error = None
+                if response.HasField("error"):
+                    code = STATUS_NAMES.get(response.error.code, f"STATUS_{response.error.code}")
+                    error = GrpcError(code, response.error.message)
+                self._fire("EncodeStream", "stream", t0, response.ByteSize(), error)
+        except grpc.RpcError as e:
+            # The stream itself failed: the requests without a response fail with its status.
+            failure = GrpcError.from_rpc(e)
+            for _ in range(n - received):
+                self._fire("EncodeStream", "stream", sent.popleft() if sent else started, 0, failure)
+
+
+@events.quitting.add_listener
+def _exit_code(environment: Any, **_: Any) -> None:
+    """Exit 1 only past the failure threshold (Locust's default fails the run on a single failure)."""
+    from locust.runners import WorkerRunner
+
+    if isinstance(environment.runner, WorkerRunner):
+        return  # the master decides, on the aggregated stats
+    opts = environment.parsed_options
+    threshold = getattr(opts, "max_fail_ratio", 0.01) if opts else 0.01
+    total = environment.stats.total
+    if total.num_requests == 0:
+        log.error("no requests were made: is the server at %s up?", environment.host)
+        environment.process_exit_code = 1
+    elif total.fail_ratio > threshold:
+        log.error("%.2f%% of requests failed, more than the allowed %.2f%%", total.fail_ratio * 100, threshold * 100)
+        environment.process_exit_code = 1
+    else:
+        environment.process_exit_code = 0
