@@ -193,6 +193,27 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(handler=_health)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from loadtest.bench.run import main as bench_main
+
+    return bench_main(args)
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from loadtest.bench.options import add_arguments  # argparse only: no torch, no onnxruntime
+
+    p = sub.add_parser(
+        "bench",
+        help="measure the server against ONNX Runtime in-process (its ceiling) and PyTorch eager",
+        description="Measure, in one run on this machine and model: ONNX Runtime in-process at its best batch "
+        "size (the ceiling) and one request at a time, PyTorch eager, and `mhaserve serve` over gRPC at a sweep "
+        "of concurrent clients with each batching policy, on a fixed-length and a mixed-length workload. "
+        "Writes report.md, report.json, throughput.png and latency.png.",
+    )
+    add_arguments(p)
+    p.set_defaults(handler=_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mhaserve", description="Serve Transformer encoders over gRPC.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -200,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_serve(sub)
     _add_clients(sub)
+    _add_bench(sub)
     return parser
 
 

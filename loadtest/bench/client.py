@@ -1,0 +1,290 @@
+"""The server side of the benchmark: a real `mhaserve serve` subprocess and a cheap load generator.
+
+The load generator is one asyncio loop of grpc.aio coroutines, one per simulated client, each sending
+its next request as soon as the previous one returns (a closed loop). Its own CPU time is measured,
+with the server's and the whole machine's, because on a small machine they share the same cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+import grpc.aio
+
+from loadtest.bench.stats import latency_summary
+from loadtest.bench.workloads import Workload
+from proto.encoder.v1 import encoder_pb2 as pb
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot go on; the message says why."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process and its threads (Linux /proc; None elsewhere)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def self_cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def machine_cpu() -> tuple[float, float] | None:
+    """(busy, total) CPU seconds of the whole machine, all cores (Linux /proc/stat; None elsewhere)."""
+    try:
+        first = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return None
+    values = [int(v) for v in first[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    total = sum(values[:8])  # guest time is already counted in user
+    return (total - idle) / TICKS, total / TICKS
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The batcher's histograms from the server's /metrics, summed over labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    wanted = ("mhaserve_batch_size", "mhaserve_batch_tokens", "mhaserve_padding_fraction")
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in wanted:
+            for s in family.samples:
+                if s.name.endswith(("_sum", "_count")):
+                    out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
+
+
+class Server:
+    """`mhaserve serve` on free ports, its log in a file; stopped with SIGTERM, as a deployment stops it."""
+
+    def __init__(
+        self,
+        repository: Path,
+        *,
+        model: str | None,
+        batching: str,
+        graph: str,
+        device: str,
+        threads: int | None,
+        extra: Sequence[str],
+        log_path: Path,
+    ) -> None:
+        self.port, self.metrics_port = free_port(), free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        self.args = [
+            sys.executable, "-m", "service.cli", "serve",
+            "--repository", str(repository),
+            "--port", str(self.port),
+            "--metrics-port", str(self.metrics_port),
+            "--batching", batching,
+            "--graph", graph,
+            "--device", device,
+            "--grace-period", "5",
+            *(["--model", model] if model else []),
+            *(["--intra-op-threads", str(threads)] if threads else []),
+            *extra,
+        ]  # fmt: skip
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self, timeout: float = 180.0) -> pb.GetModelInfoResponse:
+        """Start it and wait for SERVING; its model info."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        self._log = self.log_path.open("wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if self.proc.poll() is not None:
+                    raise BenchError(f"the server exited with status {self.proc.returncode}: see {self.log_path}")
+                try:
+                    status = health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise BenchError(f"the server was not SERVING after {timeout:.0f} s: see {self.log_path}")
+                time.sleep(0.2)
+            info: pb.GetModelInfoResponse = pb_grpc.EncoderServiceStub(channel).GetModelInfo(
+                pb.GetModelInfoRequest(), timeout=10
+            )
+        return info
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+        return self.proc.returncode
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[pb.GetModelInfoResponse]:
+        try:
+            yield self.start()
+        finally:
+            self.stop()
+
+
+def requests_for(workload: Workload) -> list[pb.EncodeRequest]:
+    if workload.payload == "ids":
+        return [pb.EncodeRequest(token_ids=[pb.TokenIds(ids=s)], truncate=True) for s in workload.ids]
+    return [pb.EncodeRequest(texts=[t], truncate=True) for t in workload.texts]
+
+
+async def _closed_loop(
+    address: str,
+    requests: list[pb.EncodeRequest],
+    concurrency: int,
+    duration: float,
+    warmup_max: float,
+    server_pid: int,
+) -> dict[str, Any]:
+    """`concurrency` clients on one channel; measure a window once every client has had a response."""
+    records: list[tuple[float, float, int]] = []  # (sent, received, tokens)
+    errors: dict[str, int] = {}
+    warmed: set[int] = set()
+    all_warm = asyncio.Event()
+    stop = False
+    counter = iter(range(1 << 62))
+
+    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        await channel.channel_ready()
+
+        async def client(k: int) -> None:
+            while not stop:
+                request = requests[next(counter) % len(requests)]
+                t0 = time.perf_counter()
+                try:
+                    response = await stub.Encode(request, timeout=120)
+                except grpc.aio.AioRpcError as e:
+                    errors[e.code().name] = errors.get(e.code().name, 0) + 1
+                    await asyncio.sleep(0.01)  # a refusal (queue full) must not turn into a busy loop
+                    continue
+                records.append((t0, time.perf_counter(), response.usage.input_tokens))
+                if k not in warmed:
+                    warmed.add(k)
+                    if len(warmed) == concurrency:
+                        all_warm.set()
+
+        tasks = [asyncio.create_task(client(k)) for k in range(concurrency)]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_warm.wait(), timeout=warmup_max)
+        cpu0, server0, machine0 = self_cpu_seconds(), process_cpu_seconds(server_pid), machine_cpu()
+        t_start = time.perf_counter()
+        await asyncio.sleep(duration)
+        t_end = time.perf_counter()
+        cpu1, server1, machine1 = self_cpu_seconds(), process_cpu_seconds(server_pid), machine_cpu()
+        stop = True
+        # Let in-flight requests finish, so the next point starts on an idle server.
+        _, pending = await asyncio.wait(tasks, timeout=120)
+        for t in pending:
+            t.cancel()
+    window = [r for r in records if t_start <= r[1] <= t_end]
+    return {
+        "window": (t_start, t_end),
+        "warm_clients": len(warmed),
+        "completed": len(window),
+        "tokens": sum(r[2] for r in window),
+        "latencies": [(r[1] - r[0]) * 1000 for r in window],
+        "errors": errors,
+        "all_tokens": sum(r[2] for r in records),
+        "client_cpu_s": cpu1 - cpu0,
+        "server_cpu_s": server1 - server0 if server0 is not None and server1 is not None else None,
+        "machine": (machine0, machine1),
+    }
+
+
+def run_point(
+    server: Server, workload: Workload, concurrency: int, *, duration: float, warmup_max: float
+) -> dict[str, Any]:
+    """One point of the sweep: throughput, latency, padding and CPU shares of `concurrency` clients."""
+    requests = requests_for(workload)
+    before: dict[str, float] = {}
+    # The batcher's counters are read around the whole run, warm-up included, against every token the
+    # clients got back: padding and batch sizes are properties of the load, steady from the first batches.
+    with contextlib.suppress(OSError):
+        before = scrape(server.metrics_url)
+    raw = asyncio.run(_closed_loop(server.address, requests, concurrency, duration, warmup_max, server.pid))
+    after: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        after = scrape(server.metrics_url)
+    seconds = raw["window"][1] - raw["window"][0]
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    batches, padded = delta("mhaserve_batch_size_count"), delta("mhaserve_batch_tokens_sum")
+    machine0, machine1 = raw["machine"]
+    cores = os.cpu_count() or 1
+    return {
+        "concurrency": concurrency,
+        "seconds": seconds,
+        "completed": raw["completed"],
+        "seq_per_s": raw["completed"] / seconds,
+        "tok_per_s": raw["tokens"] / seconds,
+        "latency_ms": latency_summary(raw["latencies"]),
+        "errors": raw["errors"],
+        "warm_clients": raw["warm_clients"],
+        "batches": batches,
+        "mean_batch_size": delta("mhaserve_batch_size_sum") / batches if batches else None,
+        # Token-weighted: the share of the tokens the model computed that were padding.
+        "padding_fraction": max(0.0, 1 - raw["all_tokens"] / padded) if padded else None,
+        # CPU in cores (1.0 = one core busy for the whole window), measured over the window.
+        "client_cpu_cores": raw["client_cpu_s"] / seconds,
+        "server_cpu_cores": raw["server_cpu_s"] / seconds if raw["server_cpu_s"] is not None else None,
+        "machine_cpu_cores": (
+            (machine1[0] - machine0[0]) / (machine1[1] - machine0[1]) * cores if machine0 and machine1 else None
+        ),
+        "cores": cores,
+    }

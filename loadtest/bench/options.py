@@ -1,0 +1,127 @@
+"""The options of `mhaserve bench`: argparse only, so building the CLI parser imports nothing heavy."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+WORKLOADS = ("fixed", "mixed")
+BATCHING = ("arrival", "length")
+
+# --quick: a tiny random model, two client counts, a second per point: the whole pipeline in seconds.
+QUICK = {
+    "concurrency": (1, 4),
+    "batch_sizes": (1, 8),
+    "duration": 1.0,
+    "min_time": 0.3,
+    "fixed_tokens": 32,
+    "fixed_pool": 16,
+    "mixed_pool": 32,
+    "torch_batch_size": 8,
+}
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _choices(allowed: tuple[str, ...]) -> Any:
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"expected some of {', '.join(allowed)}, got {text!r}")
+        return values
+
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `mhaserve bench`; None means "the default, or --quick's"."""
+    p.add_argument("--repository", help="model repository (default: models; with --quick, a fresh tiny random model)")
+    p.add_argument("--model", help="model name (default: the server's default model)")
+    p.add_argument("--graph", default="auto", choices=["auto", "fp32", "optimized", "fp16"], help="graph variant")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"], help="where the model runs")
+    p.add_argument(
+        "--threads", type=int, help="ONNX Runtime (and PyTorch) intra-op threads (default: the server's, all cores)"
+    )
+    p.add_argument(
+        "--concurrency", type=_ints, help=f"client counts to sweep (default {','.join(map(str, DEFAULT_CONCURRENCY))})"
+    )
+    p.add_argument(
+        "--batch-sizes",
+        type=_ints,
+        help=f"in-process batch sizes to sweep for the ceiling (default {','.join(map(str, DEFAULT_BATCH_SIZES))})",
+    )
+    p.add_argument("--duration", type=float, help="measured seconds per server point (default 8)")
+    p.add_argument("--min-time", type=float, help="least seconds per in-process measurement (default 3)")
+    p.add_argument("--fixed-tokens", type=int, help="tokens per input of the fixed workload (default 128)")
+    p.add_argument("--fixed-pool", type=int, help="distinct inputs of the fixed workload (default 64)")
+    p.add_argument("--mixed-pool", type=int, help="inputs of the mixed workload, drawn from the corpus (default 256)")
+    p.add_argument("--torch-batch-size", type=int, help="PyTorch eager batch size (default 32, sentence-transformers')")
+    p.add_argument("--workloads", type=_choices(WORKLOADS), default=WORKLOADS, help="fixed, mixed, or both")
+    p.add_argument("--batching", type=_choices(BATCHING), default=BATCHING, help="server batching policies to run")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra flag for `mhaserve serve`, e.g. --server-arg=--max-wait-ms=5 (repeatable)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the workloads' draws")
+    p.add_argument(
+        "--quick", action="store_true", help="a tiny random model and few short points: seconds, not minutes"
+    )
+    p.add_argument("--output", help="results directory (default: results/bench-<timestamp>)")
+
+
+FULL = {
+    "concurrency": DEFAULT_CONCURRENCY,
+    "batch_sizes": DEFAULT_BATCH_SIZES,
+    "duration": 8.0,
+    "min_time": 3.0,
+    "fixed_tokens": 128,
+    "fixed_pool": 64,
+    "mixed_pool": 256,
+    "torch_batch_size": 32,
+}
+
+
+def resolve(args: argparse.Namespace) -> dict[str, Any]:
+    """The options in force: those given, then --quick's or the full run's defaults."""
+    base = QUICK if args.quick else FULL
+    out = dict(vars(args))
+    out.pop("handler", None)
+    for key, default in base.items():
+        if out.get(key) is None:
+            out[key] = default
+    return out
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The `mhaserve bench` command that reproduces a run (the options that were given)."""
+    parts = ["mhaserve", "bench"]
+    defaults = {"graph": "auto", "device": "auto", "workloads": WORKLOADS, "batching": BATCHING, "seed": 0}
+    for key, value in vars(args).items():
+        if key in ("handler", "command", "verbose", "output") or value in (None, False, [], defaults.get(key)):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif isinstance(value, tuple):
+            parts += [flag, ",".join(map(str, value))]
+        elif isinstance(value, list):
+            parts += [f"{flag}={v}" for v in value]
+        else:
+            parts += [flag, str(value)]
+    return shlex.join(parts)

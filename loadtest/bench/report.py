@@ -1,0 +1,216 @@
+"""The benchmark's outputs: report.json (everything), report.md (the tables), throughput.png and latency.png."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+HEADLINE_CLIENTS = 32
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.0f}%"
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures: ratio to the ceiling at 32 clients (or the nearest), length vs arrival on mixed."""
+    out: dict[str, Any] = {}
+    for wname, inproc in report["inprocess"].items():
+        ceiling = inproc["ceiling"]["seq_per_s"]
+        w: dict[str, Any] = {"ceiling_seq_per_s": ceiling, "ceiling_batch_size": inproc["ceiling"]["batch_size"]}
+        for batching, runs in report["server"].items():
+            points = runs.get(wname, [])
+            if not points:
+                continue
+            at = min(points, key=lambda p: abs(p["concurrency"] - HEADLINE_CLIENTS))
+            best = max(points, key=lambda p: p["seq_per_s"])
+            w[batching] = {
+                "clients": at["concurrency"],
+                "seq_per_s": at["seq_per_s"],
+                "ratio": at["seq_per_s"] / ceiling,
+                "padding_fraction": at["padding_fraction"],
+                "p99_ms": at["latency_ms"]["p99"],
+                "best_seq_per_s": best["seq_per_s"],
+                "best_clients": best["concurrency"],
+                "best_ratio": best["seq_per_s"] / ceiling,
+            }
+        if "length" in w and "arrival" in w:
+            w["length_over_arrival"] = w["length"]["seq_per_s"] / w["arrival"]["seq_per_s"]
+        out[wname] = w
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m, s, machine = report["model"], report["settings"], report["machine"]
+    lines = [
+        "# mhaserve bench",
+        "",
+        f"- **When**: {report['created']} ({report['elapsed_s']:.0f} s)",
+        f"- **Command**: `{report['command']}`",
+        f"- **Machine**: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']:.0f} GiB; "
+        f"{machine['platform']}; load average {machine['load_before']} before, {machine['load_after']} after",
+        f"- **Software**: python {machine['python']}, " + ", ".join(f"{k} {v}" for k, v in machine["packages"].items()),
+        f"- **Model**: {m['name']} v{m['version']} ({m['layers']} layers, {m['dimensions']} dims), "
+        f"`{m['graph']}` graph on {m['provider']} (sha256 {m['sha256'][:12]}…)",
+        f"- **Threads**: ONNX Runtime intra-op {s['threads'] or 'all cores (server default)'}; "
+        f"server limits: max batch tokens {m['max_batch_tokens']}, max wait {s['server_max_wait_ms']}, "
+        f"extra server flags {' '.join(s['server_args']) or 'none'}",
+        "",
+    ]
+    for wname, w in report["workloads"].items():
+        lines.append(
+            f"- **{wname}** workload: {w['description']}; {w['inputs']} inputs, tokens mean {w['mean_tokens']:.1f}, "
+            f"median {w['median_tokens']}, max {w['max_tokens']}"
+        )
+    lines += ["", "## Summary", ""]
+    for wname, w in report["summary"].items():
+        parts = [
+            f"ceiling {_f(w['ceiling_seq_per_s'])} seq/s (ONNX Runtime in-process, batch {w['ceiling_batch_size']})"
+        ]
+        for batching in ("length", "arrival"):
+            if batching in w:
+                b = w[batching]
+                parts.append(
+                    f"server ({batching}) at {b['clients']} clients {_f(b['seq_per_s'])} seq/s = "
+                    f"**{b['ratio']:.2f}** of the ceiling (best {b['best_ratio']:.2f} at {b['best_clients']})"
+                )
+        if "length_over_arrival" in w:
+            parts.append(f"length-aware / arrival-order = **{w['length_over_arrival']:.2f}x**")
+        lines.append(f"- **{wname}**: " + "; ".join(parts))
+    lines += ["", "## In-process", ""]
+    lines += [
+        "| workload | what | batch | seq/s | tok/s | p50 ms | p95 ms | p99 ms | padding | / ceiling |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for wname, inproc in report["inprocess"].items():
+        ceiling = inproc["ceiling"]["seq_per_s"]
+        rows = [("ONNX Runtime, best batch (ceiling)", inproc["ceiling"])]
+        rows.append(("ONNX Runtime, one request at a time", inproc["one_at_a_time"]))
+        torch = inproc.get("pytorch")
+        if torch and "skipped" not in torch:
+            rows.append((f"PyTorch eager ({torch['device']}, {torch['threads']} threads)", torch))
+        for label, r in rows:
+            lat = r["latency_ms"]
+            lines.append(
+                f"| {wname} | {label} | {r['batch_size']} | {_f(r['seq_per_s'])} | {_f(r['tok_per_s'], 0)} | "
+                f"{_f(lat['p50'])} | {_f(lat['p95'])} | {_f(lat['p99'])} | {_pct(r['padding_fraction'])} | "
+                f"{r['seq_per_s'] / ceiling:.2f} |"
+            )
+        if torch and "skipped" in torch:
+            lines.append(f"| {wname} | PyTorch eager: skipped ({torch['skipped']}) | | | | | | | | |")
+    lines += ["", "In-process latencies are per call (one batch). Text workloads include tokenisation.", ""]
+    lines += ["### Ceiling sweep (ONNX Runtime in-process, seq/s by batch size)", ""]
+    sizes = sorted({r["batch_size"] for inproc in report["inprocess"].values() for r in inproc["sweep"]})
+    lines += ["| workload | " + " | ".join(f"b={b}" for b in sizes) + " |", "| --- |" + " ---: |" * len(sizes)]
+    for wname, inproc in report["inprocess"].items():
+        by = {r["batch_size"]: r["seq_per_s"] for r in inproc["sweep"]}
+        lines.append(f"| {wname} | " + " | ".join(_f(by.get(b)) for b in sizes) + " |")
+    lines += ["", "## Server over gRPC", ""]
+    lines += [
+        "| workload | batching | clients | seq/s | tok/s | p50 ms | p95 ms | p99 ms | / ceiling | padding "
+        "| mean batch | server CPU | client CPU | machine CPU | errors |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for wname, inproc in report["inprocess"].items():
+        ceiling = inproc["ceiling"]["seq_per_s"]
+        for batching, runs in report["server"].items():
+            for p in runs.get(wname, []):
+                lat = p["latency_ms"]
+                errors = ", ".join(f"{k} {v}" for k, v in p["errors"].items()) or "0"
+                lines.append(
+                    f"| {wname} | {batching} | {p['concurrency']} | {_f(p['seq_per_s'])} | {_f(p['tok_per_s'], 0)} | "
+                    f"{_f(lat['p50'])} | {_f(lat['p95'])} | {_f(lat['p99'])} | {p['seq_per_s'] / ceiling:.2f} | "
+                    f"{_pct(p['padding_fraction'])} | {_f(p['mean_batch_size'])} | {_f(p['server_cpu_cores'], 2)} | "
+                    f"{_f(p['client_cpu_cores'], 2)} | {_f(p['machine_cpu_cores'], 2)} | {errors} |"
+                )
+    lines += [
+        "",
+        "CPU columns are in cores busy over the measured window (the machine has "
+        f"{machine['cores']}): the server process, this load generator, and the whole machine "
+        "(anything beyond the first two is other work on the machine). Latency is client-side, per request.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plots(report: dict[str, Any], out: Path) -> list[Path]:
+    """throughput.png and latency.png: one panel per workload, one line per batching policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(report["inprocess"])
+    colours = {"arrival": "tab:orange", "length": "tab:blue"}
+    paths = []
+
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
+    for ax, wname in zip(axes[0], workloads, strict=True):
+        inproc = report["inprocess"][wname]
+        for batching, runs in report["server"].items():
+            pts = runs.get(wname, [])
+            ax.plot(
+                [p["concurrency"] for p in pts],
+                [p["seq_per_s"] for p in pts],
+                "o-",
+                color=colours.get(batching),
+                label=f"server, {batching} batching",
+            )
+        ax.axhline(
+            inproc["ceiling"]["seq_per_s"],
+            color="k",
+            ls="--",
+            label=f"ceiling (ORT, batch {inproc['ceiling']['batch_size']})",
+        )
+        ax.axhline(inproc["one_at_a_time"]["seq_per_s"], color="grey", ls=":", label="ORT, one at a time")
+        torch = inproc.get("pytorch")
+        if torch and "skipped" not in torch:
+            ax.axhline(
+                torch["seq_per_s"], color="tab:red", ls="-.", label=f"PyTorch eager, batch {torch['batch_size']}"
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel("sequences / s")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{wname} workload: throughput")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{report['model']['name']} on {report['machine']['cores']} cores ({report['model']['provider']})")
+    fig.tight_layout()
+    paths.append(out / "throughput.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
+    for ax, wname in zip(axes[0], workloads, strict=True):
+        for batching, runs in report["server"].items():
+            pts = runs.get(wname, [])
+            xs = [p["concurrency"] for p in pts]
+            c = colours.get(batching)
+            ax.plot(xs, [p["latency_ms"]["p50"] for p in pts], "o-", color=c, label=f"{batching} p50")
+            ax.plot(xs, [p["latency_ms"]["p99"] for p in pts], "s--", color=c, label=f"{batching} p99")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel("latency per request, ms")
+        ax.set_title(f"{wname} workload: latency")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "latency.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def write(report: dict[str, Any], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    report["summary"] = summarize(report)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(markdown(report))
+    return [out / "report.md", out / "report.json", *plots(report, out)]

@@ -1,0 +1,257 @@
+"""`mhaserve bench`: the server against its ceiling, side by side, in one run on one machine and model.
+
+1. the ceiling: ONNX Runtime in-process over a sweep of batch sizes, the best of them;
+2. ONNX Runtime in-process, one request at a time;
+3. PyTorch eager in-process (what a user without a server would run);
+4. `mhaserve serve` over gRPC, for each batching policy, at a sweep of concurrent clients;
+each for the fixed-length and the mixed-length workload. Outputs: report.md, report.json, throughput.png,
+latency.png and the servers' logs, in results/bench-<timestamp>/ or --output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import io
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, TextIO
+
+from loadtest.bench import options, report
+from loadtest.bench.client import BenchError, Server, run_point
+from loadtest.bench.workloads import fixed, load_corpus, mixed
+
+TINY = {
+    "vocab_size": 256,
+    "d_model": 32,
+    "n_layers": 2,
+    "n_heads": 4,
+    "d_ff": 64,
+    "max_positions": 160,
+    "max_seq_len": 160,
+}
+
+
+class Progress:
+    """Numbered steps on stderr with their durations, so a long run shows where it is."""
+
+    def __init__(self, total: int, out: TextIO | None = None) -> None:
+        self.total, self.n, self.out, self.t0 = total, 0, out or sys.stderr, time.perf_counter()
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    @contextlib.contextmanager
+    def step(self, what: str) -> Iterator[dict[str, str]]:
+        self.n += 1
+        note: dict[str, str] = {"result": ""}
+        print(f"[{self.n}/{self.total}] {what} ...", end="", file=self.out, flush=True)
+        t = time.perf_counter()
+        yield note
+        elapsed = time.perf_counter() - t
+        total = time.perf_counter() - self.t0
+        print(f" {note['result']} ({elapsed:.1f} s, {total:.0f} s in all)", file=self.out, flush=True)
+
+
+def _machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    memory = 0.0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                memory = int(line.split()[1]) / 2**20
+    packages = {}
+    for name in ("onnxruntime-gpu", "onnxruntime", "torch", "grpcio", "numpy", "tokenizers"):
+        with contextlib.suppress(PackageNotFoundError):
+            packages[name] = version(name)
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count() or 1,
+        "memory_gib": memory,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "packages": packages,
+        "load_before": _load(),
+    }
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "-"
+
+
+def _quick_repository(tmp: Path) -> Path:
+    """A tiny random model exported (with the parity gate) into a scratch repository."""
+    from export.publish import ExportOptions, export_entry
+
+    export_entry(
+        ExportOptions(source="random", repository=tmp, name="bench-tiny", random_config=dict(TINY), optimize=True),
+        out=io.StringIO(),
+    )
+    return tmp
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
+    """The whole benchmark; returns the results directory."""
+    opt = options.resolve(args)
+    started = time.perf_counter()
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    output = Path(opt["output"] or f"results/bench-{stamp}")
+    output.mkdir(parents=True, exist_ok=True)
+    n_points = len(opt["batching"]) * len(opt["workloads"]) * len(opt["concurrency"])
+    progress = Progress(2 + 2 * len(opt["batching"]) + n_points + 1, out)
+    machine = _machine()
+
+    with contextlib.ExitStack() as stack:
+        with progress.step("model and workloads") as note:
+            repository = Path(opt["repository"] or "models")
+            model_name = opt["model"]
+            if opt["quick"] and not opt["repository"]:
+                tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mhaserve-bench-")))
+                repository, model_name = _quick_repository(tmp), "bench-tiny"
+            from export.tokenizer import load_for_serving
+            from service.repository import ModelRepository
+
+            entry = ModelRepository(repository).entry(model_name, graph=opt["graph"])
+            model_name = entry.name
+            tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
+            corpus = load_corpus()
+            tokens = min(opt["fixed_tokens"], entry.manifest.max_seq_len)
+            built = {
+                "fixed": lambda: fixed(tokenizer, corpus, tokens=tokens, pool=opt["fixed_pool"], seed=opt["seed"]),
+                "mixed": lambda: mixed(tokenizer, corpus, pool=opt["mixed_pool"], seed=opt["seed"]),
+            }
+            workloads = {name: built[name]() for name in opt["workloads"]}
+            note["result"] = f"{entry.name} v{entry.version} ({entry.graph}), " + ", ".join(
+                f"{w.name}: {len(w.ids)} inputs" for w in workloads.values()
+            )
+
+        with progress.step("in-process: ONNX Runtime batch sweep, one at a time, PyTorch eager (child process)"):
+            progress.say("")
+            spec = {
+                "repository": str(repository),
+                "model": model_name,
+                "graph": opt["graph"],
+                "device": opt["device"],
+                "threads": opt["threads"],
+                "batch_sizes": opt["batch_sizes"],
+                "min_time": opt["min_time"],
+                "torch": not opt["no_torch"],
+                "torch_batch_size": opt["torch_batch_size"],
+                "workloads": [w.to_dict() for w in workloads.values()],
+            }
+            from loadtest.bench.inprocess import measure_in_child
+
+            inprocess = measure_in_child(spec)
+
+        servers: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        model_info: dict[str, Any] = {}
+        for batching in opt["batching"]:
+            server = Server(
+                repository,
+                model=model_name,
+                batching=batching,
+                graph=opt["graph"],
+                device=opt["device"],
+                threads=opt["threads"],
+                extra=opt["server_arg"],
+                log_path=output / f"server-{batching}.log",
+            )
+            try:
+                with progress.step(f"start `mhaserve serve --batching {batching}`") as note:
+                    info = server.start()
+                    note["result"] = f"SERVING on {server.address}, {info.graph} graph on {info.execution_provider}"
+                if info.sha256 != entry.sha256:
+                    raise BenchError(
+                        f"the server serves graph {info.sha256[:12]}…, in-process ran {entry.sha256[:12]}…"
+                    )
+                model_info = {
+                    "name": info.name,
+                    "version": info.version,
+                    "graph": info.graph,
+                    "provider": info.execution_provider,
+                    "sha256": info.sha256,
+                    "layers": info.layers,
+                    "dimensions": info.dimensions,
+                    "max_tokens_per_input": info.max_tokens_per_input,
+                    "max_batch_tokens": info.max_batch_tokens,
+                    "max_queue_size": info.max_queue_size,
+                }
+                runs: dict[str, list[dict[str, Any]]] = {}
+                for wname, workload in workloads.items():
+                    ceiling = inprocess[wname]["ceiling"]["seq_per_s"]
+                    for c in opt["concurrency"]:
+                        with progress.step(f"server {batching:7} {wname:5} {c:3} clients") as note:
+                            point = run_point(
+                                server, workload, c, duration=opt["duration"], warmup_max=max(5.0, 3 * opt["duration"])
+                            )
+                            runs.setdefault(wname, []).append(point)
+                            note["result"] = (
+                                f"{point['seq_per_s']:.1f} seq/s ({point['seq_per_s'] / ceiling:.2f} of ceiling), "
+                                f"p99 {point['latency_ms']['p99']:.0f} ms"
+                                + (f", errors {point['errors']}" if point["errors"] else "")
+                            )
+                servers[batching] = runs
+            finally:
+                with progress.step(f"stop the {batching} server (SIGTERM)") as note:
+                    rc = server.stop()
+                    note["result"] = f"exit status {rc}"
+
+        machine["load_after"] = _load()
+        result = {
+            "format": 1,
+            "created": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "elapsed_s": time.perf_counter() - started,
+            "command": options.command_line(args),
+            "machine": machine,
+            "model": model_info,
+            "settings": {
+                "threads": opt["threads"],
+                "device": opt["device"],
+                "graph": opt["graph"],
+                "concurrency": list(opt["concurrency"]),
+                "batch_sizes": list(opt["batch_sizes"]),
+                "duration_s": opt["duration"],
+                "min_time_s": opt["min_time"],
+                "server_args": list(opt["server_arg"]),
+                "server_max_wait_ms": next(
+                    (a.split("=", 1)[1] for a in opt["server_arg"] if a.startswith("--max-wait-ms=")), "device default"
+                ),
+                "quick": opt["quick"],
+            },
+            "workloads": {name: w.summary() for name, w in workloads.items()},
+            "inprocess": inprocess,
+            "server": servers,
+        }
+        with progress.step("report and plots") as note:
+            files = report.write(result, output)
+            note["result"] = ", ".join(str(f) for f in files)
+    return output
+
+
+def main(args: argparse.Namespace) -> int:
+    from service.errors import ServiceError
+    from service.repository import RepositoryError
+
+    try:
+        output = run(args)
+    except (BenchError, RepositoryError, ServiceError) as e:
+        print(f"mhaserve bench: error: {e}", file=sys.stderr)
+        return 1
+    print((output / "report.md").read_text())
+    print(f"results in {output}/", file=sys.stderr)
+    return 0

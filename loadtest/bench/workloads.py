@@ -1,0 +1,96 @@
+"""The benchmark's workloads, built once and measured identically in-process and through the server.
+
+- fixed: every input exactly N tokens (corpus text, pre-tokenised, [CLS] ... [SEP]), sent as token ids:
+  no padding anywhere and no tokenisation on the server, so the server is compared with ONNX Runtime
+  on exactly the work ONNX Runtime does.
+- mixed: texts drawn from the corpus (queries to paragraphs, truncated at the model's maximum), sent
+  as text: the server tokenises, and batching policy decides how much padding the model computes.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tokenizers import Tokenizer
+
+CORPUS = Path(__file__).resolve().parent.parent / "corpus.txt"
+
+Payload = Literal["ids", "texts"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Inputs in the order clients send them; `ids` is what the model sees (after truncation)."""
+
+    name: str
+    description: str
+    payload: Payload
+    ids: list[list[int]]
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(s) for s in self.ids]
+
+    def summary(self) -> dict[str, Any]:
+        lengths = sorted(self.lengths)
+        n = len(lengths)
+        return {
+            "name": self.name,
+            "description": self.description,
+            "payload": self.payload,
+            "inputs": n,
+            "mean_tokens": sum(lengths) / n,
+            "min_tokens": lengths[0],
+            "median_tokens": lengths[n // 2],
+            "max_tokens": lengths[-1],
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "payload": self.payload,
+            "ids": self.ids,
+            "texts": self.texts,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Workload:
+        return cls(d["name"], d["description"], d["payload"], d["ids"], d["texts"])
+
+
+def load_corpus(path: Path = CORPUS) -> list[str]:
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        raise ValueError(f"the corpus {path} is empty")
+    return lines
+
+
+def fixed(tokenizer: Tokenizer, corpus: list[str], *, tokens: int, pool: int, seed: int = 0) -> Workload:
+    """`pool` inputs of exactly `tokens` tokens: the corpus as one stream of word pieces, cut into pieces."""
+    wrapper = tokenizer.encode("").ids  # the special tokens the model expects around a sequence
+    body = tokens - len(wrapper)
+    if body < 1:
+        raise ValueError(f"--fixed-tokens {tokens} leaves no room between the special tokens")
+    lines = list(corpus)
+    random.Random(seed).shuffle(lines)
+    stream = [i for e in tokenizer.encode_batch(lines, add_special_tokens=False) for i in e.ids]
+    while len(stream) < body * pool:
+        stream += stream
+    head, tail = wrapper[: len(wrapper) // 2], wrapper[len(wrapper) // 2 :]
+    ids = [head + stream[k * body : (k + 1) * body] + tail for k in range(pool)]
+    return Workload("fixed", f"one input of {tokens} tokens per request, sent as token ids", "ids", ids)
+
+
+def mixed(tokenizer: Tokenizer, corpus: list[str], *, pool: int, seed: int = 0) -> Workload:
+    """`pool` texts drawn from the corpus with replacement, in a fixed random order."""
+    texts = random.Random(seed + 1).choices(corpus, k=pool)
+    ids = [e.ids for e in tokenizer.encode_batch(texts)]
+    return Workload(
+        "mixed", "one corpus text per request (queries to paragraphs), sent as text, truncated", "texts", ids, texts
+    )
