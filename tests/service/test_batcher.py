@@ -1,0 +1,202 @@
+"""The batcher alone: against a plain loop, its policies' batches, splitting, expiry, drain and close."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+
+from export.manifest import read_manifest
+from service.batcher import Batcher, pad
+from service.engine import OnnxEngine
+from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from service.settings import Limits
+from tests.service.conftest import WAIT, FakeEngine
+
+T = TypeVar("T")
+
+
+def limits(**kw: Any) -> Limits:
+    base = {"max_batch_tokens": 400, "max_wait_ms": 60_000.0, "max_queue_size": 1000, "max_client_batch_size": 64}
+    return Limits(**(base | kw))
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, WAIT)
+
+    return asyncio.run(bounded())
+
+
+def seq(*ids: int) -> np.ndarray:
+    return np.array(ids, dtype=np.int64)
+
+
+def padding(batches: list[list[list[int]]]) -> float:
+    total = sum(len(b) * max(map(len, b)) for b in batches)
+    return 1 - sum(len(r) for b in batches for r in b) / total
+
+
+@pytest.mark.parametrize("batching", ["length", "arrival"])
+def test_batched_results_equal_a_plain_loop(tiny_entry: Path, batching: str) -> None:
+    """The honest check: many requests of random lengths, batched, against each input run alone."""
+    m = read_manifest(tiny_entry)
+    engine = OnnxEngine(tiny_entry / "model.onnx", max_seq_len=m.max_seq_len, vocab_size=m.vocab_size, device="cpu")
+    rng = np.random.default_rng(0)
+    requests = [
+        [rng.integers(0, m.vocab_size, size=rng.integers(1, m.max_seq_len + 1)).astype(np.int64) for _ in range(k)]
+        for k in rng.integers(1, 6, size=40)
+    ]
+
+    async def main() -> tuple[list[np.ndarray], float]:
+        b = Batcher(engine, limits=limits(max_batch_tokens=1024, max_wait_ms=5.0), batching=batching)  # type: ignore[arg-type]
+        b.start()
+        try:
+            out = await asyncio.gather(*(b.submit(r) for r in requests))
+        finally:
+            await b.close()
+        sizes = b.metrics.registry
+        mean = (sizes.get_sample_value("mhaserve_batch_size_sum") or 0) / (
+            sizes.get_sample_value("mhaserve_batch_size_count") or 1
+        )
+        return out, mean
+
+    results, mean_batch = run(main())
+    assert mean_batch > 1  # it did batch
+    for request, got in zip(requests, results, strict=True):
+        alone = np.stack([engine.run(s[None, :], np.ones((1, len(s)), dtype=np.int64))[0] for s in request])
+        assert np.abs(got - alone).max() <= 1e-5
+
+
+def _batches(batching: str, lengths: list[int]) -> list[list[list[int]]]:
+    """The batches formed when all of `lengths` (one request each, first id = request number) wait together."""
+    engine = FakeEngine()
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_batch_tokens=400), batching=batching)  # type: ignore[arg-type]
+        calls = [asyncio.ensure_future(b.submit([seq(i, *[7] * (n - 1))])) for i, n in enumerate(lengths)]
+        await asyncio.sleep(0)  # every request queued before the worker looks
+        b.drain()  # no waiting for a full batch: the tail goes out as it is
+        b.start()
+        await asyncio.gather(*calls)
+        await b.close()
+
+    run(main())
+    return engine.batches
+
+
+def test_length_aware_groups_similar_lengths_and_serves_the_oldest_first() -> None:
+    lengths = [100, 3] * 10
+    by_length, by_arrival = _batches("length", lengths), _batches("arrival", lengths)
+    assert [r[0] for r in by_arrival[0]] == [0, 1, 2, 3]  # arrival order: 100, 3, 100, 3
+    assert [r[0] for r in by_length[0]] == [0, 2, 4, 6]  # the oldest, with the other 100s
+    assert [len(r) for r in by_length[1]] == [3] * 10  # then the next oldest, a short one, with all its kind
+    assert padding(by_length) < 0.05 < padding(by_arrival)
+    assert sorted(r[0] for b in by_length for r in b) == list(range(20))
+
+
+def test_a_request_wider_than_the_budget_spreads_over_batches_in_order() -> None:
+    engine = FakeEngine()
+
+    async def main() -> np.ndarray:
+        b = Batcher(engine, limits=limits(max_batch_tokens=20, max_wait_ms=0.0))
+        b.start()
+        try:
+            return await b.submit([seq(i, *[1] * i) for i in range(1, 11)])
+        finally:
+            await b.close()
+
+    out = run(main())
+    assert out[:, 0].tolist() == list(range(2, 12))  # lengths, in input order
+    assert out[:, 1].tolist() == list(range(1, 11))  # first ids
+    assert len(engine.batches) > 1
+    assert all(len(b) * max(map(len, b)) <= 20 for b in engine.batches)
+
+
+def test_an_expired_request_is_dropped_before_inference() -> None:
+    engine = FakeEngine()
+
+    async def main() -> np.ndarray:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0))
+        loop = asyncio.get_running_loop()
+        expired = asyncio.ensure_future(b.submit([seq(55)], deadline=loop.time() - 1))
+        fine = asyncio.ensure_future(b.submit([seq(56)]))
+        await asyncio.sleep(0)
+        b.start()
+        with pytest.raises(DeadlineExceeded):
+            await expired
+        try:
+            return await fine
+        finally:
+            assert b.depth == 0
+            await b.close()
+
+    assert run(main())[0, 1] == 56
+    assert engine.batches == [[[56]]]
+
+
+def test_queue_limit_and_cancellation_free_slots() -> None:
+    async def main() -> None:
+        b = Batcher(FakeEngine(), limits=limits(max_queue_size=3))  # worker not started: nothing leaves
+        first = asyncio.ensure_future(b.submit([seq(1), seq(2)]))
+        await asyncio.sleep(0)
+        with pytest.raises(ResourceExhausted):
+            await b.submit([seq(3), seq(4)])
+        first.cancel()
+        await asyncio.sleep(0)
+        assert b.depth == 0
+        b.start()
+        b.drain()
+        assert (await b.submit([seq(3), seq(4), seq(5)])).shape == (3, 4)
+        await b.close()
+
+    run(main())
+
+
+def test_drain_sends_queued_work_without_waiting_for_a_full_batch() -> None:
+    async def main() -> np.ndarray:
+        b = Batcher(FakeEngine(), limits=limits(max_wait_ms=60_000.0))
+        b.start()
+        call = asyncio.ensure_future(b.submit([seq(5, 6)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not call.done()  # waiting for the batch to fill, as configured
+        b.drain()
+        try:
+            return await call
+        finally:
+            await b.close()
+
+    assert run(main())[0, 0] == 2
+
+
+def test_close_fails_running_and_queued_requests_and_refuses_new_ones() -> None:
+    engine = FakeEngine(hold_on=99)
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0, max_batch_tokens=2))
+        b.start()
+        running = asyncio.ensure_future(b.submit([seq(99)]))
+        queued = asyncio.ensure_future(b.submit([seq(5, 5)]))
+        await asyncio.to_thread(engine.held.wait, WAIT)
+        await b.close()
+        for call in (running, queued):
+            with pytest.raises(Unavailable):
+                await call
+        with pytest.raises(Unavailable):
+            await b.submit([seq(1)])
+
+    try:
+        run(main())
+    finally:
+        engine.release.set()
+
+
+def test_pad() -> None:
+    ids, mask = pad([seq(5, 6, 7), seq(8)], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]

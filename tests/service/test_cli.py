@@ -1,0 +1,166 @@
+"""`mhaserve serve` as a real process (start-up errors, drain on SIGTERM/SIGINT), `encode` and `health`."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from proto.encoder.v1 import encoder_pb2 as pb
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from service import client
+from service.cli import main
+from service.settings import Settings
+from tests.service.conftest import WAIT, ServerThread, free_port, scrape, wait_until
+
+MHASERVE = str(Path(sys.executable).parent / "mhaserve")
+
+
+class Process:
+    """`mhaserve serve ...` in a subprocess; its stderr collected line by line."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([MHASERVE, "serve", *args], stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def port(self) -> int:
+        found: list[int] = []
+
+        def listening() -> bool:
+            found.extend(int(m.group(1)) for m in re.finditer(r"listening on 127\.0\.0\.1:(\d+)", self.log))
+            return bool(found) or self.proc.poll() is not None
+
+        wait_until(listening, "the server to listen")
+        assert found, self.log
+        return found[0]
+
+    def wait(self) -> int:
+        code = self.proc.wait(WAIT)
+        self.reader.join(WAIT)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(WAIT)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[Process]]:
+    started: list[Process] = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+def _serving(address: str) -> bool:
+    try:
+        return client.health(address, timeout=1.0) == "SERVING"
+    except grpc.RpcError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_drains_every_queued_request_then_exits_0(
+    tiny_repo: Path, processes: list[Process], sig: signal.Signals
+) -> None:
+    metrics = free_port()
+    # A batch waits a minute to fill and the budget is never reached: every request stays queued
+    # until the signal, and only the drain can answer them.
+    p = Process(
+        *("--repository", str(tiny_repo), "--model", "tiny", "--port", "0", "--metrics-port", str(metrics)),
+        *("--device", "cpu", "--intra-op-threads", "1", "--max-wait-ms", "60000", "--max-batch-tokens", "100000"),
+    )
+    processes.append(p)
+    address = f"127.0.0.1:{p.port()}"
+    wait_until(lambda: _serving(address), "SERVING")
+    texts = [[f"request {i}", "x " * i] for i in range(16)]
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        calls = [stub.Encode.future(pb.EncodeRequest(texts=t), timeout=WAIT) for t in texts]
+        wait_until(lambda: scrape(metrics).get("mhaserve_queue_depth") == 32, "all 32 inputs queued")
+        p.proc.send_signal(sig)
+        responses = [c.result(timeout=WAIT) for c in calls]
+    assert [len(r.embeddings) for r in responses] == [2] * 16
+    norms = np.linalg.norm([e.values for r in responses for e in r.embeddings], axis=1)
+    np.testing.assert_allclose(norms, 1.0, atol=1e-5)
+    assert p.wait() == 0, p.log
+    assert "shutting down: draining" in p.log and "stopped" in p.log and "Traceback" not in p.log
+
+
+@pytest.mark.slow
+def test_serve_refuses_to_start_without_the_model(tmp_path: Path, tiny_repo: Path, processes: list[Process]) -> None:
+    p = Process("--repository", str(tmp_path), "--port", "0", "--metrics-port", "0")
+    processes.append(p)
+    assert p.wait() == 1
+    assert f"the model repository {tmp_path} has no models" in p.log
+
+    p = Process("--repository", str(tiny_repo), "--model", "nope", "--port", "0", "--metrics-port", "0")
+    processes.append(p)
+    assert p.wait() == 1
+    assert "model 'nope' is not in the repository" in p.log and "Traceback" not in p.log
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repo: Path) -> Iterator[ServerThread]:
+    srv = ServerThread(Settings(repository=tiny_repo, port=0, metrics_port=0, device="cpu", intra_op_threads=1))
+    yield srv.ready()
+    srv.stop()
+
+
+def test_encode_prints_one_json_array_per_text(server: ServerThread, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["encode", "hello", "second text", "--address", server.address, "--no-normalize"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    vectors = np.array([json.loads(line) for line in lines])
+    assert vectors.shape == (2, 32)
+    expected = client.encode(server.address, ["hello", "second text"], normalize=False)
+    np.testing.assert_allclose(vectors, [e.values for e in expected.embeddings], atol=1e-6)
+
+
+def test_encode_summary_and_errors(server: ServerThread, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["encode", "hello", "--address", server.address, "--summary"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tiny version 1: 1 embeddings of 32 dimensions")
+    assert "norm 1.0000" in out and "'hello'" in out
+    assert main(["encode", "a " * 200, "--address", server.address]) == 1
+    assert "INVALID_ARGUMENT: input 0 is 202 tokens long" in capsys.readouterr().err
+    assert main(["encode", "a " * 200, "--truncate", "--summary", "--address", server.address]) == 0
+    assert "160 input tokens" in capsys.readouterr().out
+
+
+def test_health_exit_status(tiny_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    srv = ServerThread(Settings(repository=tiny_repo, port=0, metrics_port=0, device="cpu", intra_op_threads=1))
+    try:
+        srv.ready()
+        assert main(["health", "--address", srv.address]) == 0
+        assert capsys.readouterr().out.strip() == "SERVING"
+        srv.call(srv.server.drain())
+        assert main(["health", "--address", srv.address]) == 1
+        assert capsys.readouterr().out.strip() == "NOT_SERVING"
+        address = srv.address
+    finally:
+        srv.stop()
+    assert main(["health", "--address", address, "--timeout", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "UNAVAILABLE" in err or "DEADLINE_EXCEEDED" in err

@@ -1,0 +1,100 @@
+"""The interceptor on a bare grpc.aio server: a bug becomes a short INTERNAL, a ServiceError its own code."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from service.errors import NotFound, ServiceError, to_status
+from service.interceptors import ServiceInterceptor, request_id
+from service.metrics import Metrics
+from tests.service.conftest import WAIT
+
+
+class Raw:
+    """A server whose methods raise what the test asks, behind the real interceptor."""
+
+    def __init__(self) -> None:
+        self.metrics = Metrics()
+        self.seen_ids: list[str] = []
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(WAIT)
+
+    async def _start(self) -> int:
+        async def bug(request: bytes, context: Any) -> bytes:
+            self.seen_ids.append(request_id.get())
+            raise KeyError("secret internals /etc/passwd")
+
+        async def missing(request: bytes, context: Any) -> bytes:
+            raise NotFound("no such thing")
+
+        async def fine(request: bytes, context: Any) -> bytes:
+            self.seen_ids.append(request_id.get())
+            return request
+
+        handlers = {
+            name: grpc.unary_unary_rpc_method_handler(f)
+            for name, f in (("Bug", bug), ("Missing", missing), ("Fine", fine))
+        }
+        self.server = grpc.aio.server(interceptors=[ServiceInterceptor(self.metrics, lambda: None)])
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Raw", handlers),))
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        return int(port)
+
+    def call(self, method: str, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[grpc.StatusCode, str]:
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+            try:
+                channel.unary_unary(f"/test.Raw/{method}")(b"x", timeout=WAIT, metadata=metadata)
+            except grpc.RpcError as e:
+                return e.code(), e.details()
+        return grpc.StatusCode.OK, ""
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(0), self.loop).result(WAIT)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(WAIT)
+
+
+@pytest.fixture(scope="module")
+def raw() -> Iterator[Raw]:
+    server = Raw()
+    yield server
+    server.close()
+
+
+def test_a_bug_is_internal_without_its_internals(raw: Raw, caplog: pytest.LogCaptureFixture) -> None:
+    code, details = raw.call("Bug", metadata=(("x-request-id", "req-42"),))
+    assert code == grpc.StatusCode.INTERNAL
+    assert details == "internal error (request id req-42; details are in the server log)"
+    assert raw.seen_ids[-1] == "req-42"
+    logged = [r for r in caplog.records if r.name == "service.interceptors"]
+    assert logged and logged[-1].exc_info is not None  # the traceback is in the log, with the id
+
+
+def test_a_service_error_keeps_its_code(raw: Raw) -> None:
+    assert raw.call("Missing") == (grpc.StatusCode.NOT_FOUND, "no such thing")
+    assert raw.call("Fine") == (grpc.StatusCode.OK, "")
+    counts = {
+        code: raw.metrics.registry.get_sample_value(
+            "mhaserve_requests_total", {"method": f"test.Raw/{m}", "code": code}
+        )
+        for m, code in (("Missing", "NOT_FOUND"), ("Fine", "OK"))
+    }
+    assert counts == {"NOT_FOUND": 1.0, "OK": 1.0}
+
+
+def test_to_status_is_the_one_map() -> None:
+    class Odd(ServiceError):
+        code = grpc.StatusCode.FAILED_PRECONDITION
+
+    assert to_status(Odd("because")) == (grpc.StatusCode.FAILED_PRECONDITION, "because")
+    assert to_status(ValueError("x")) == (grpc.StatusCode.INTERNAL, "internal error")

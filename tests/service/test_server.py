@@ -1,0 +1,413 @@
+"""The encoder.v1 API against a real server on a loopback port: results, status codes, limits, faults."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from export.manifest import read_manifest
+from export.tokenizer import load_for_serving
+from proto.encoder.v1 import encoder_pb2 as pb
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from service.engine import OnnxEngine
+from service.settings import BATCHING, Batching, Settings
+from tests.conftest import TINY
+from tests.service.conftest import WAIT, FakeEngine, ServerThread, free_port, scrape, wait_until
+
+Start = Callable[..., ServerThread]
+ENCODE = "encoder.v1.EncoderService/Encode"
+MAX = TINY["max_seq_len"]
+# Varied lengths, so batches of them are padded: the results must not notice.
+TEXTS = [
+    "a",
+    "hello world",
+    "the quick brown fox jumps over the lazy dog",
+    "x " * 60,
+    "",
+    "numbers 0123456789 and punctuation !?",
+    "z" * 150,
+    "short",
+]
+
+
+def ids(*rows: list[int]) -> pb.EncodeRequest:
+    return pb.EncodeRequest(token_ids=[pb.TokenIds(ids=r) for r in rows])
+
+
+def vectors(response: pb.EncodeResponse) -> npt.NDArray[np.float32]:
+    return np.array([e.values for e in response.embeddings], dtype=np.float32)
+
+
+def code_of(call: grpc.Future) -> grpc.StatusCode:
+    """The call's final status (cancelled calls included), waiting at most WAIT for it."""
+    wait_until(call.done, "the call to end")
+    return call.code()
+
+
+def counted(srv: ServerThread, code: str, method: str = ENCODE) -> float:
+    value = srv.server.metrics.registry.get_sample_value("mhaserve_requests_total", {"method": method, "code": code})
+    return value or 0.0
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repo: Path) -> Iterator[ServerThread]:
+    """One real server for the tests that only read; max 8 inputs per request."""
+    settings = Settings(
+        repository=tiny_repo,
+        port=0,
+        metrics_port=free_port(),
+        device="cpu",
+        intra_op_threads=1,
+        max_client_batch_size=8,
+    )
+    srv = ServerThread(settings).ready()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def stub(server: ServerThread) -> Iterator[pb_grpc.EncoderServiceStub]:
+    with server.channel() as channel:
+        yield pb_grpc.EncoderServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_entry: Path) -> dict[str, npt.NDArray[np.float32]]:
+    """Each text alone through the graph in-process, unnormalised: what the server must return."""
+    m = read_manifest(tiny_entry)
+    tok = load_for_serving(tiny_entry / "tokenizer.json", m.max_seq_len)
+    engine = OnnxEngine(tiny_entry / "model.onnx", max_seq_len=m.max_seq_len, vocab_size=m.vocab_size, device="cpu")
+    out = {}
+    for text in TEXTS + [f"client {i} says {'ab ' * (i % 37)}" for i in range(200)]:
+        seq = np.array([tok.encode(text).ids], dtype=np.int64)
+        out[text] = engine.run(seq, np.ones_like(seq))[0]
+    return out
+
+
+# ---- results -------------------------------------------------------------------------------------
+
+
+def test_encode_matches_the_graph_run_in_process(
+    stub: pb_grpc.EncoderServiceStub, reference: dict, tiny_entry: Path
+) -> None:
+    r = stub.Encode(pb.EncodeRequest(texts=TEXTS, normalize=False), timeout=WAIT)
+    np.testing.assert_allclose(vectors(r), np.stack([reference[t] for t in TEXTS]), atol=1e-5, rtol=0)
+    assert (r.model, r.model_version) == ("tiny", 1)
+    tokenizer = load_for_serving(tiny_entry / "tokenizer.json", MAX)
+    assert r.usage.input_tokens == sum(len(tokenizer.encode(t).ids) for t in TEXTS)
+
+
+@pytest.mark.parametrize("batching", BATCHING)
+def test_results_do_not_depend_on_batch_composition(
+    start: Start,
+    settings: Settings,
+    batching: Batching,
+    reference: dict,
+) -> None:
+    srv = start(dataclasses.replace(settings, batching=batching, max_wait_ms=20.0))
+    with srv.channel() as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        alone = np.stack([vectors(stub.Encode(pb.EncodeRequest(texts=[t]), timeout=WAIT))[0] for t in TEXTS])
+        together = vectors(stub.Encode(pb.EncodeRequest(texts=TEXTS), timeout=WAIT))
+        reversed_ = vectors(stub.Encode(pb.EncodeRequest(texts=TEXTS[::-1]), timeout=WAIT))[::-1]
+        calls = [stub.Encode.future(pb.EncodeRequest(texts=[t]), timeout=WAIT) for t in TEXTS]
+        concurrent = np.stack([vectors(c.result(timeout=WAIT))[0] for c in calls])
+    for other in (together, reversed_, concurrent):
+        assert np.abs(other - alone).max() <= 1e-5
+    norms = np.linalg.norm(np.stack([reference[t] for t in TEXTS]), axis=1, keepdims=True)
+    assert np.abs(alone - np.stack([reference[t] for t in TEXTS]) / norms).max() <= 1e-5  # the manifest normalises
+
+
+def test_two_hundred_concurrent_clients_all_get_their_own_answer(server: ServerThread, reference: dict) -> None:
+    texts = [f"client {i} says {'ab ' * (i % 37)}" for i in range(200)]
+    channels = [server.channel() for _ in texts]
+    try:
+        calls = [
+            pb_grpc.EncoderServiceStub(ch).Encode.future(pb.EncodeRequest(texts=[t], normalize=False), timeout=WAIT)
+            for ch, t in zip(channels, texts, strict=True)
+        ]
+        got = np.stack([vectors(c.result(timeout=WAIT))[0] for c in calls])
+    finally:
+        for ch in channels:
+            ch.close()
+    assert np.abs(got - np.stack([reference[t] for t in texts])).max() <= 1e-5
+
+
+def test_normalize_and_truncate(stub: pb_grpc.EncoderServiceStub) -> None:
+    raw = vectors(stub.Encode(pb.EncodeRequest(texts=["hello"], normalize=False), timeout=WAIT))
+    unit = vectors(stub.Encode(pb.EncodeRequest(texts=["hello"], normalize=True), timeout=WAIT))
+    default = vectors(stub.Encode(pb.EncodeRequest(texts=["hello"]), timeout=WAIT))
+    assert abs(np.linalg.norm(raw) - 1) > 1e-3
+    np.testing.assert_allclose(unit, raw / np.linalg.norm(raw), atol=1e-6)
+    np.testing.assert_array_equal(default, unit)  # the tiny manifest says normalize
+
+    long = stub.Encode(pb.EncodeRequest(texts=["a " * 200], truncate=True), timeout=WAIT)
+    assert long.usage.input_tokens == MAX
+    r = stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7] * (MAX + 40))], truncate=True), timeout=WAIT)
+    same = stub.Encode(ids([7] * MAX), timeout=WAIT)
+    assert r.usage.input_tokens == MAX
+    np.testing.assert_array_equal(vectors(r), vectors(same))
+
+
+def test_encode_stream_answers_in_order_and_survives_a_bad_request(stub: pb_grpc.EncoderServiceStub) -> None:
+    requests = [
+        pb.EncodeRequest(texts=["first"]),
+        pb.EncodeRequest(texts=["a " * 200]),  # too long: an error response, not the end of the stream
+        pb.EncodeRequest(texts=["third", "fourth"]),
+        pb.EncodeRequest(model="nope", texts=["x"]),
+        ids([2, 5, 3]),
+    ]
+    responses = list(stub.EncodeStream(iter(requests), timeout=WAIT))
+    assert len(responses) == len(requests)
+    assert responses[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "202 tokens" in responses[1].error.message and not responses[1].embeddings
+    assert responses[3].error.code == grpc.StatusCode.NOT_FOUND.value[0]
+    for i in (0, 2, 4):
+        assert not responses[i].HasField("error")
+        expected = stub.Encode(requests[i], timeout=WAIT)
+        np.testing.assert_allclose(vectors(responses[i]), vectors(expected), atol=1e-5)
+
+
+def test_model_info(stub: pb_grpc.EncoderServiceStub, tiny_entry: Path) -> None:
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT)
+    m = read_manifest(tiny_entry)
+    assert (info.name, info.version, info.dimensions, info.max_tokens_per_input) == ("tiny", 1, 32, MAX)
+    assert (info.vocab_size, info.layers, info.heads, info.pooling) == (256, 2, 4, m.pooling)
+    assert info.graph == "optimized" and info.sha256 == m.graphs["optimized"].sha256
+    assert info.execution_provider == "CPUExecutionProvider"
+    assert (info.max_client_batch_size, info.max_batch_tokens, info.max_queue_size) == (8, 8192, 2048)
+    assert info.max_message_bytes == 4 * 1024 * 1024
+    assert stub.GetModelInfo(pb.GetModelInfoRequest(model="tiny"), timeout=WAIT).name == "tiny"
+
+
+# ---- status codes --------------------------------------------------------------------------------
+
+INVALID = {
+    "no inputs": (pb.EncodeRequest(), "no inputs"),
+    "texts and token_ids": (
+        pb.EncodeRequest(texts=["a"], token_ids=[pb.TokenIds(ids=[2, 3])]),
+        "either texts or token_ids",
+    ),
+    "too many inputs": (pb.EncodeRequest(texts=["a"] * 9), "9 inputs in one request; the limit is 8"),
+    "text too long": (
+        pb.EncodeRequest(texts=["ok", "a " * 200]),
+        f"input 1 is 202 tokens long, more than the model's maximum of {MAX}",
+    ),
+    "token ids too long": (ids([5] * (MAX + 1)), f"input 0 is {MAX + 1} tokens long"),
+    "token id past the vocabulary": (
+        ids([2, 3], [2, 256, 3]),
+        "input 1 has token id 256, outside the vocabulary [0, 256)",
+    ),
+    "negative token id": (ids([-1, 3]), "token id -1"),
+    "empty token list": (ids([2, 3], []), "input 1 is an empty token list"),
+}
+
+
+@pytest.mark.parametrize("case", INVALID)
+def test_invalid_argument(stub: pb_grpc.EncoderServiceStub, case: str) -> None:
+    request, message = INVALID[case]
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Encode(request, timeout=WAIT)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in e.value.details()
+
+
+def test_not_found(stub: pb_grpc.EncoderServiceStub) -> None:
+    for call, request in (
+        (stub.Encode, pb.EncodeRequest(model="nope", texts=["a"])),
+        (stub.GetModelInfo, pb.GetModelInfoRequest(model="nope")),
+    ):
+        with pytest.raises(grpc.RpcError) as e:
+            call(request, timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "'nope' is not served here" in e.value.details()
+
+
+def test_message_too_large_is_resource_exhausted(start: Start, settings: Settings) -> None:
+    srv = start(dataclasses.replace(settings, max_message_bytes=2048))
+    with srv.channel() as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        assert stub.Encode(pb.EncodeRequest(texts=["a" * 1000]), timeout=WAIT).embeddings
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Encode(pb.EncodeRequest(texts=["a" * 1000] * 3), timeout=WAIT)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_full_queue_is_resource_exhausted_and_a_cancelled_call_frees_its_slot(start: Start, settings: Settings) -> None:
+    engine = FakeEngine(hold_on=99)
+    srv = start(
+        dataclasses.replace(settings, max_queue_size=4, max_client_batch_size=4, max_wait_ms=0.0), engine.factory()
+    )
+    try:
+        with srv.channel() as channel:
+            stub = pb_grpc.EncoderServiceStub(channel)
+            running = stub.Encode.future(ids([99]), timeout=WAIT)  # in the engine, holding it
+            assert engine.held.wait(WAIT)
+            three = stub.Encode.future(ids([5], [5], [5]), timeout=WAIT)
+            doomed = stub.Encode.future(ids([66]), timeout=WAIT)
+            wait_until(lambda: srv.depth() == 4, "4 inputs queued")
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Encode(ids([7]), timeout=WAIT)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "queue is full (4 inputs waiting, limit 4)" in e.value.details()
+
+            doomed.cancel()
+            assert code_of(doomed) == grpc.StatusCode.CANCELLED
+            wait_until(lambda: srv.depth() == 3, "the cancelled call's slot to be freed")
+            wait_until(lambda: counted(srv, "CANCELLED") == 1, "the server to count the cancellation")
+            late = stub.Encode.future(ids([8]), timeout=WAIT)  # fits again
+            wait_until(lambda: srv.depth() == 4, "the late call queued")
+            engine.release.set()
+            assert [code_of(c) for c in (running, three, late)] == [grpc.StatusCode.OK] * 3
+            assert len(three.result().embeddings) == 3
+    finally:
+        engine.release.set()
+    assert not any(66 in row for batch in engine.batches for row in batch), "a cancelled request reached the model"
+    assert counted(srv, "RESOURCE_EXHAUSTED") == 1
+
+
+def test_deadline_exceeded_while_queued_never_reaches_the_model(start: Start, settings: Settings) -> None:
+    engine = FakeEngine(hold_on=99)
+    srv = start(dataclasses.replace(settings, max_wait_ms=0.0), engine.factory())
+    try:
+        with srv.channel() as channel:
+            stub = pb_grpc.EncoderServiceStub(channel)
+            running = stub.Encode.future(ids([99]), timeout=WAIT)
+            assert engine.held.wait(WAIT)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Encode(ids([55]), timeout=0.3)
+            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            wait_until(lambda: srv.depth() == 0, "the expired call's slot to be freed")
+            wait_until(lambda: counted(srv, "DEADLINE_EXCEEDED") == 1, "the server to count the deadline")
+            engine.release.set()
+            assert code_of(running) == grpc.StatusCode.OK
+            assert stub.Encode(ids([56]), timeout=WAIT).embeddings
+    finally:
+        engine.release.set()
+    assert not any(55 in row for batch in engine.batches for row in batch)
+
+
+def test_a_failing_batch_fails_only_its_own_requests(start: Start, settings: Settings) -> None:
+    engine = FakeEngine(fail_on=13, hold_on=99)
+    srv = start(dataclasses.replace(settings, max_wait_ms=0.0), engine.factory())
+    try:
+        with srv.channel() as channel:
+            stub = pb_grpc.EncoderServiceStub(channel)
+            before = stub.Encode.future(ids([99, 5]), timeout=WAIT)  # batch 1, held
+            assert engine.held.wait(WAIT)
+            poisoned = stub.Encode.future(ids([13, 5]), timeout=WAIT)
+            neighbour = stub.Encode.future(ids([6, 5]), timeout=WAIT)
+            wait_until(lambda: srv.depth() == 2, "both queued behind the held batch")
+            engine.release.set()
+            assert code_of(before) == grpc.StatusCode.OK
+            for call in (poisoned, neighbour):  # batch 2: both in it, both fail, with a clear message
+                with pytest.raises(grpc.RpcError) as e:
+                    call.result(timeout=WAIT)
+                assert e.value.code() == grpc.StatusCode.INTERNAL
+                details = e.value.details()
+                assert "inference failed on the batch holding this request (RuntimeError)" in details
+                assert "Traceback" not in details and "injected" not in details and "\n" not in details
+            assert sorted(engine.batches[-1]) == [[6, 5], [13, 5]]
+            request = ids([7, 5])
+            request.normalize = False
+            after = stub.Encode(request, timeout=WAIT)  # the batcher goes on
+            assert vectors(after)[0].tolist() == [2, 7, 12, 1]
+    finally:
+        engine.release.set()
+
+
+def test_health_and_unavailable_while_loading_and_draining(start: Start, settings: Settings) -> None:
+    loaded = threading.Event()
+    engine = FakeEngine()
+
+    def slow_factory(entry, s):
+        assert loaded.wait(WAIT)
+        return engine
+
+    srv = start(settings, slow_factory, ready=False)
+    with srv.channel() as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        stub = pb_grpc.EncoderServiceStub(channel)
+
+        def status(service: str = "") -> str:
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=WAIT)
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+        def refused(call) -> str:
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            return e.value.details()
+
+        assert status() == status("encoder.v1.EncoderService") == "NOT_SERVING"
+        assert "still loading" in refused(lambda: stub.Encode(ids([5]), timeout=WAIT))
+        loaded.set()
+        srv.ready()
+        assert status() == status("encoder.v1.EncoderService") == "SERVING"
+        assert stub.Encode(ids([5]), timeout=WAIT).embeddings
+
+        srv.call(srv.server.drain())
+        assert status() == status("encoder.v1.EncoderService") == "NOT_SERVING"
+        assert "shutting down" in refused(lambda: stub.Encode(ids([5]), timeout=WAIT))
+        assert "shutting down" in refused(lambda: stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT))
+    assert counted(srv, "UNAVAILABLE") == 2
+
+
+def test_reflection_lists_the_services(server: ServerThread) -> None:
+    with server.channel() as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        [reply] = list(
+            stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=WAIT)
+        )
+    names = {s.name for s in reply.list_services_response.service}
+    assert {"encoder.v1.EncoderService", "grpc.health.v1.Health"} <= names
+
+
+def test_request_id_is_echoed(stub: pb_grpc.EncoderServiceStub) -> None:
+    _, call = stub.Encode.with_call(
+        pb.EncodeRequest(texts=["a"]), metadata=(("x-request-id", "abc-123"),), timeout=WAIT
+    )
+    assert ("x-request-id", "abc-123") in call.trailing_metadata()
+    _, call = stub.Encode.with_call(pb.EncodeRequest(texts=["a"]), timeout=WAIT)
+    generated = dict(call.trailing_metadata())["x-request-id"]
+    assert len(generated) == 16
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Encode(pb.EncodeRequest(), metadata=(("x-request-id", "bad-1"),), timeout=WAIT)
+    assert ("x-request-id", "bad-1") in e.value.trailing_metadata()
+
+
+def test_metrics_move_as_requests_are_served(server: ServerThread) -> None:
+    port = server.server.metrics_port
+    assert port
+    before = scrape(port)
+    with server.channel() as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        stub.Encode(pb.EncodeRequest(texts=["one", "two words", "three words here"]), timeout=WAIT)
+        with pytest.raises(grpc.RpcError):
+            stub.Encode(pb.EncodeRequest(), timeout=WAIT)
+    after = scrape(port)
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta(f'mhaserve_requests_total{{code="OK",method="{ENCODE}"}}') == 1
+    assert delta(f'mhaserve_requests_total{{code="INVALID_ARGUMENT",method="{ENCODE}"}}') == 1
+    assert delta(f'mhaserve_request_duration_seconds_count{{method="{ENCODE}"}}') == 2
+    assert delta("mhaserve_inputs_total") == 3
+    assert delta("mhaserve_tokenize_duration_seconds_count") == 1
+    assert delta("mhaserve_queue_wait_seconds_count") == 1
+    for name in ("inference_duration_seconds", "batch_size", "batch_tokens", "padding_fraction"):
+        assert delta(f"mhaserve_{name}_count") >= 1, name
+    assert delta("mhaserve_batch_size_sum") == 3
+    assert after["mhaserve_queue_depth"] == 0
+    assert after["mhaserve_requests_in_flight"] == 0
+    assert after['mhaserve_execution_provider_info{provider="CPUExecutionProvider"}'] == 1

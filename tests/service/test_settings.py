@@ -1,0 +1,98 @@
+"""Settings: one source of defaults; flag beats variable beats default; bad values named clearly."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from service import settings as st
+from service.cli import build_parser, main
+from service.settings import CPU_LIMITS, CUDA_LIMITS, Settings, SettingsError, build
+
+
+def parse(*argv: str) -> dict[str, object]:
+    return vars(build_parser().parse_args(["serve", *argv]))
+
+
+def test_defaults() -> None:
+    s = build({}, env={})
+    assert s == Settings()
+    assert (s.repository, s.model, s.host, s.port, s.metrics_port) == (Path("models"), None, "127.0.0.1", 50051, 8000)
+    assert (s.device, s.graph, s.batching, s.grace_period, s.log_level) == ("auto", "auto", "length", 30.0, "info")
+    assert s.limits(on_cuda=False) == CPU_LIMITS
+    assert s.limits(on_cuda=True) == CUDA_LIMITS
+
+
+def test_every_field_has_a_flag_and_a_variable_named_after_it() -> None:
+    args = build_parser().parse_args(["serve"])
+    for f in dataclasses.fields(Settings):
+        assert hasattr(args, f.name)
+        assert st.env_var(f.name) == "MHASERVE_" + st.flag(f.name)[2:].upper().replace("-", "_")
+
+
+def test_flag_beats_variable_beats_default() -> None:
+    env = {"MHASERVE_PORT": "6000", "MHASERVE_MAX_WAIT_MS": "7.5", "MHASERVE_BATCHING": "arrival"}
+    s = build(parse("--port", "7000"), env=env)
+    assert (s.port, s.max_wait_ms, s.batching) == (7000, 7.5, "arrival")
+    s = build(parse(), env={"MHASERVE_REPOSITORY": "/srv/models", "MHASERVE_MODEL": "tiny", "MHASERVE_DEVICE": "cpu"})
+    assert (s.repository, s.model, s.device) == (Path("/srv/models"), "tiny", "cpu")
+    s = build(
+        parse(
+            "--max-batch-tokens",
+            "100",
+            "--max-queue-size",
+            "50",
+            "--max-client-batch-size",
+            "5",
+            "--max-message-bytes",
+            "1000",
+            "--grace-period",
+            "2",
+            "--intra-op-threads",
+            "3",
+            "--graph",
+            "fp32",
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "DEBUG",
+        ),
+        env={"MHASERVE_MAX_BATCH_TOKENS": "999"},
+    )
+    assert (s.max_batch_tokens, s.max_queue_size, s.max_client_batch_size, s.max_message_bytes) == (100, 50, 5, 1000)
+    assert (s.grace_period, s.intra_op_threads, s.graph, s.metrics_port, s.log_level) == (2.0, 3, "fp32", 0, "debug")
+    assert s.limits(on_cuda=True) == st.Limits(100, CUDA_LIMITS.max_wait_ms, 50, 5)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MHASERVE_PORT": "fifty"}, "MHASERVE_PORT='fifty' is not a valid --port"),
+        ({"MHASERVE_PORT": "70000"}, "--port must be a port number"),
+        ({"MHASERVE_DEVICE": "tpu"}, "--device must be one of auto, cuda, cpu"),
+        ({"MHASERVE_MAX_BATCH_TOKENS": "0"}, "--max-batch-tokens must be > 0"),
+        ({"MHASERVE_MAX_WAIT_MS": "-1"}, "--max-wait-ms must be >= 0"),
+    ],
+)
+def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace("?", r"\?")):
+        build({}, env=env)
+
+
+def test_client_batch_larger_than_the_queue_is_refused() -> None:
+    with pytest.raises(SettingsError, match="could never be queued"):
+        Settings(max_queue_size=10, max_client_batch_size=20).limits(on_cuda=False)
+
+
+def test_argparse_refuses_bad_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("--batching", "random")
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_serve_exits_2_on_a_bad_variable(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("MHASERVE_GRACE_PERIOD", "soon")
+    assert main(["serve"]) == 2
+    assert "MHASERVE_GRACE_PERIOD='soon' is not a valid --grace-period" in capsys.readouterr().err
