@@ -75,7 +75,10 @@ class _Call:
     async def fail(self, error: Exception) -> None:
         code, message = to_status(error)
         if code == grpc.StatusCode.INTERNAL:
-            log.error("%s failed", self.method, exc_info=error)
+            # A ServiceError was logged where it arose; anything else is a bug and needs its traceback.
+            log.error(
+                "%s failed: %s", self.method, message, exc_info=None if isinstance(error, ServiceError) else error
+            )
             message = f"{message} (request id {self.rid}; details are in the server log)"
         self.code = code
         await self.context.abort(code, message, trailing_metadata=((REQUEST_ID_HEADER, self.rid),))
