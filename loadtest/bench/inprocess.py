@@ -193,6 +193,14 @@ def measure_torch(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Everything in-process, per workload: the child process's entry point (plain data in and out)."""
+    import logging
+
+    import onnxruntime as ort
+
+    # With --device auto on a host without CUDA libraries, ONNX Runtime and the engine say so at length
+    # for every session; the provider each measurement used is in the report.
+    ort.set_default_logger_severity(4)
+    logging.getLogger("service.engine").setLevel(logging.ERROR)
     out: dict[str, Any] = {}
     for w in spec["workloads"]:
         workload = Workload.from_dict(w)

@@ -1,0 +1,75 @@
+"""`mhaserve bench --quick` end to end on a tiny random model: the report's structure and that figures are
+positive. No timings are asserted: they depend on the machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtest.bench import options
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    cmd = [
+        sys.executable, "-m", "service.cli", "bench", "--quick",
+        "--repository", str(tiny_entry.parent.parent), "--model", "tiny", "--output", str(out),
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-4000:]
+
+    for name in ("report.md", "report.json", "throughput.png", "latency.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((out / "report.json").read_text())
+
+    assert report["model"]["name"] == "tiny"
+    assert report["settings"]["quick"] is True
+    concurrency = list(options.QUICK["concurrency"])
+    assert report["settings"]["concurrency"] == concurrency
+    for workload in ("fixed", "mixed"):
+        inproc = report["inprocess"][workload]
+        for part in ("ceiling", "one_at_a_time", "pytorch"):
+            r = inproc[part]
+            assert r["seq_per_s"] > 0 and r["tok_per_s"] > 0, (workload, part)
+            assert r["latency_ms"]["p50"] > 0
+        assert inproc["one_at_a_time"]["batch_size"] == 1
+        assert inproc["ceiling"]["seq_per_s"] == max(r["seq_per_s"] for r in inproc["sweep"])
+        for batching in ("arrival", "length"):
+            points = report["server"][batching][workload]
+            assert [p["concurrency"] for p in points] == concurrency
+            for p in points:
+                assert p["completed"] > 0 and p["seq_per_s"] > 0 and p["tok_per_s"] > 0
+                assert 0 < p["latency_ms"]["p50"] <= p["latency_ms"]["p99"]
+                assert p["errors"] == {}
+                assert p["mean_batch_size"] >= 1 and 0 <= p["padding_fraction"] < 1
+                assert p["client_cpu_cores"] > 0
+        summary = report["summary"][workload]
+        assert summary["ceiling_seq_per_s"] > 0
+        assert summary["length"]["ratio"] > 0 and summary["length_over_arrival"] > 0
+    assert report["workloads"]["fixed"]["min_tokens"] == report["workloads"]["fixed"]["max_tokens"] == 32
+
+    md = (out / "report.md").read_text()
+    for heading in ("## Summary", "## In-process", "## Server over gRPC", "Ceiling sweep"):
+        assert heading in md
+    assert report["command"].startswith("mhaserve bench ") and "--quick" in report["command"]
+
+
+def test_command_line_reproduces_the_options() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser()
+    options.add_arguments(p)
+    args = p.parse_args(["--concurrency", "1,32", "--server-arg=--max-wait-ms=5", "--no-torch"])
+    assert options.command_line(args) == "mhaserve bench --concurrency 1,32 --no-torch --server-arg=--max-wait-ms=5"
+    resolved = options.resolve(args)
+    assert resolved["concurrency"] == (1, 32) and resolved["duration"] == options.FULL["duration"]
+    with pytest.raises(SystemExit):
+        p.parse_args(["--concurrency", "0"])
