@@ -12,7 +12,7 @@ WORKLOADS = ("fixed", "mixed")
 BATCHING = ("arrival", "length")
 
 # --quick: a tiny random model, two client counts, a second per point: the whole pipeline in seconds.
-QUICK = {
+QUICK: dict[str, Any] = {
     "concurrency": (1, 4),
     "batch_sizes": (1, 8),
     "duration": 1.0,
@@ -85,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", help="results directory (default: results/bench-<timestamp>)")
 
 
-FULL = {
+FULL: dict[str, Any] = {
     "concurrency": DEFAULT_CONCURRENCY,
     "batch_sizes": DEFAULT_BATCH_SIZES,
     "duration": 8.0,
