@@ -50,7 +50,13 @@ export: $(VENV)/.stamp-serve
 	$(BIN)/mhaserve export --repository $(REPOSITORY) --name $(MODEL) --optimize
 
 serve: $(VENV)/.stamp-serve $(REPOSITORY)/$(MODEL)/1/manifest.json
-	@echo "model exported to $(REPOSITORY)/$(MODEL)/; the gRPC server arrives with the service (issue 3)."
+	$(BIN)/mhaserve serve --repository $(REPOSITORY) --model $(MODEL)
+
+# On a GPU host: the session must really get CUDAExecutionProvider; parity against the CPU, then a short
+# throughput run through the server (service/gpu_check.py), then the tests marked gpu.
+gpu-check: $(VENV)/.stamp-dev $(REPOSITORY)/$(MODEL)/1/manifest.json
+	$(PY) -m service.gpu_check --repository $(REPOSITORY) --model $(MODEL)
+	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 

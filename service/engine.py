@@ -105,7 +105,8 @@ class OnnxEngine:
         if device == "cuda" and not self.on_cuda:
             raise Unavailable(
                 f"--device cuda was asked for but ONNX Runtime could not load CUDA (session got {got}); "
-                "check the driver, CUDA 12 and cuDNN 9 libraries, or use --device cpu"
+                "check the driver and the CUDA and cuDNN libraries this onnxruntime-gpu build needs (ONNX Runtime's "
+                "own error above names the one missing), or use --device cpu"
             )
         if want_cuda and not self.on_cuda:
             log.warning("CUDA is available to ONNX Runtime but the session did not load it; running on %s", got)

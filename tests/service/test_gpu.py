@@ -1,0 +1,46 @@
+"""The CUDA path: `service.gpu_check` on the tiny model where ONNX Runtime can load CUDA, a clear failure where not."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from export.manifest import read_manifest
+from service import gpu_check
+from service.engine import OnnxEngine
+from service.errors import Unavailable
+
+
+@cache
+def _cuda_loads(graph: Path, max_seq_len: int, vocab_size: int) -> bool:
+    try:
+        OnnxEngine(graph, max_seq_len=max_seq_len, vocab_size=vocab_size, device="cuda")
+    except Unavailable:
+        return False
+    return True
+
+
+def cuda_loads(entry: Path) -> bool:
+    m = read_manifest(entry)
+    return _cuda_loads(entry / "model.onnx", m.max_seq_len, m.vocab_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", ["fp32", "optimized", "fp16"])
+def test_gpu_check_passes_on_cuda(tiny_entry: Path, graph: str, capsys: pytest.CaptureFixture[str]) -> None:
+    if not cuda_loads(tiny_entry):
+        pytest.skip("ONNX Runtime cannot load CUDA on this host")
+    argv = ["--repository", str(tiny_entry.parent.parent), "--model", "tiny", "--graph", graph, "--seconds", "1"]
+    assert gpu_check.main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "CUDAExecutionProvider" in out and "gpu-check: passed" in out
+
+
+def test_gpu_check_fails_clearly_without_cuda(tiny_entry: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if cuda_loads(tiny_entry):
+        pytest.skip("CUDA loads here: test_gpu_check_passes_on_cuda covers this host")
+    assert gpu_check.main(["--repository", str(tiny_entry.parent.parent), "--model", "tiny", "--seconds", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "gpu-check: FAILED: --device cuda was asked for but ONNX Runtime could not load CUDA" in err
