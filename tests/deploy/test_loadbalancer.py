@@ -1,0 +1,224 @@
+"""The nginx configuration from the repo, in front of two real replicas on this machine.
+
+deploy/nginx/mhaserve.conf.template is rendered as the nginx image renders it in compose, with the
+compose file's own upstream line pointed at loopback replicas instead of `encoder:50051 resolve`
+(`resolve` needs nginx >= 1.27.3 and Docker's DNS; Debian 12 has 1.22).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from tests.deploy.helpers import (
+    DEPLOY,
+    WAIT,
+    Process,
+    Replica,
+    compose_file,
+    encode,
+    find_binary,
+    free_port,
+    health,
+    needs,
+    render_envsubst,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("nginx"), pytest.mark.timeout(180)]
+
+TEMPLATE = DEPLOY / "nginx" / "mhaserve.conf.template"
+SERVICE_CONFIG = DEPLOY / "clients" / "grpc-service-config.json"
+
+
+def lb_env(replicas: list[Replica], listen: str) -> dict[str, str]:
+    """The lb service's environment from docker-compose.yml, for loopback."""
+    env = dict(compose_file()["services"]["lb"]["environment"])
+    compose_line = env["NGINX_UPSTREAM_SERVERS"]
+    assert compose_line.startswith("server encoder:50051 resolve"), compose_line
+    params = compose_line.removeprefix("server encoder:50051 resolve").strip().rstrip(";")
+    env["NGINX_UPSTREAM_SERVERS"] = " ".join(f"server {r.address} {params};" for r in replicas)
+    env["NGINX_LISTEN"] = listen
+    return env
+
+
+class Nginx(Process):
+    """nginx in the foreground with a private prefix: config, pid, logs and temp files in `workdir`."""
+
+    def __init__(self, replicas: list[Replica], workdir: Path) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        site = render_envsubst(TEMPLATE.read_text(), lb_env(replicas, self.address))
+        assert "${NGINX_" not in site, "a template variable was left unrendered"
+        (workdir / "site.conf").write_text(site)
+        # What the official image's nginx.conf does around conf.d/, with everything inside workdir.
+        user = f"user {pwd.getpwuid(os.getuid()).pw_name};" if os.getuid() == 0 else ""
+        (workdir / "nginx.conf").write_text(
+            f"""{user}
+worker_processes 1;
+error_log {workdir}/error.log info;
+pid {workdir}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+    log_format upstream '$remote_addr "$request" $status upstream=$upstream_addr '
+                        'upstream_status=$upstream_status grpc_status=$sent_http_grpc_status,$sent_trailer_grpc_status';
+    access_log {workdir}/access.log upstream;
+    client_body_temp_path {workdir}/client_body;
+    proxy_temp_path {workdir}/proxy;
+    fastcgi_temp_path {workdir}/fastcgi;
+    uwsgi_temp_path {workdir}/uwsgi;
+    scgi_temp_path {workdir}/scgi;
+    include {workdir}/site.conf;
+}}
+"""
+        )
+        nginx = find_binary("nginx")
+        assert nginx is not None
+        test = [nginx, "-t", "-p", str(workdir), "-c", str(workdir / "nginx.conf"), "-g", "daemon off;"]
+        check = Process(test, workdir / "nginx-t.log")
+        assert check.wait(WAIT) == 0, f"nginx -t rejected the rendered config:\n{check.log()}"
+        check.stop()
+        super().__init__(
+            [nginx, "-p", str(workdir), "-c", str(workdir / "nginx.conf"), "-g", "daemon off;"], workdir / "nginx.log"
+        )
+        try:
+            wait_until(lambda: not self.alive() or health(self.address) == "SERVING", "nginx to pass calls through")
+            assert self.alive(), f"nginx exited:\n{self.log()}\n{self.error_log()}"
+        except BaseException:
+            self.stop()
+            raise
+
+    def error_log(self) -> str:
+        path = self.log_path.parent / "error.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+@pytest.fixture
+def lb(tmp_path: Path) -> Iterator[Callable[[list[Replica]], Nginx]]:
+    started: list[Nginx] = []
+
+    def start(replicas: list[Replica]) -> Nginx:
+        workdir = tmp_path / "nginx"
+        workdir.mkdir()
+        started.append(Nginx(replicas, workdir))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for n in started:
+            n.stop()
+
+
+def test_calls_on_one_connection_are_spread_over_replicas(
+    replicas: Callable[[int], list[Replica]], lb: Callable[[list[Replica]], Nginx]
+) -> None:
+    a, b = replicas(2)
+    nginx = lb([a, b])
+    before = a.encode_ok() + b.encode_ok()
+    n_seq, n_par = 30, 60
+    # One channel is one HTTP/2 connection: an L4 balancer would send all of it to one replica.
+    with grpc.insecure_channel(nginx.address) as ch:
+        stub = pb_grpc.EncoderServiceStub(ch)
+        for i in range(n_seq):
+            assert len(encode(stub, f"sequential call {i}").embeddings) == 1
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda i: encode(stub, f"concurrent call {i}"), range(n_par)))
+        assert all(len(r.embeddings) == 1 for r in results)
+
+    got_a, got_b = a.encode_ok(), b.encode_ok()
+    assert got_a + got_b - before == n_seq + n_par, "every call is answered by exactly one replica"
+    # Round-robin among equally idle replicas: close to half each; a third each way is a wide margin.
+    for got, name in ((got_a, "a"), (got_b, "b")):
+        assert got >= (n_seq + n_par) / 3, f"replica {name} got {got:.0f} of {n_seq + n_par} calls: not balanced"
+
+
+def lb_failures(nginx: Nginx) -> list[str]:
+    """Calls nginx answered with an error: an HTTP status other than 200 (its own gRPC errors are 204s)
+    or a gRPC status other than OK (e.g. a draining replica's UNAVAILABLE)."""
+    failed = []
+    for line in (nginx.log_path.parent / "access.log").read_text().splitlines():
+        m = re.search(r'" (\d{3}) .*grpc_status=(\S*),(\S*)$', line)
+        assert m, f"unexpected access log line: {line}"
+        status, *grpc_status = m.groups()
+        if status != "200" or any(g not in ("", "-", "0") for g in grpc_status):
+            failed.append(line)
+    return failed
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["drain", "crash"])
+def test_clients_keep_getting_answers_when_a_replica_stops(
+    replicas: Callable[[int], list[Replica]], lb: Callable[[list[Replica]], Nginx], sig: int
+) -> None:
+    """Clients with the retry policy from deploy/clients/ see no error while a replica drains or dies.
+
+    nginx moves every call that had not reached the stopped replica to the other one. A call that was
+    already sent to it cannot be replayed by nginx (it streams request bodies) and comes back
+    UNAVAILABLE; only those, at most one per client in flight, may need the client's retry.
+    """
+    a, b = replicas(2)
+    nginx = lb([a, b])
+    done = threading.Event()
+    ok: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    options = [("grpc.enable_retries", 1), ("grpc.service_config", SERVICE_CONFIG.read_text())]
+    n_clients = 4
+
+    def client(k: int) -> None:
+        with grpc.insecure_channel(nginx.address, options=options) as ch:
+            stub = pb_grpc.EncoderServiceStub(ch)
+            for i in range(400):  # bounded: at most 400 calls per client
+                if done.is_set():
+                    return
+                try:
+                    encode(stub, f"client {k} call {i}")
+                    with lock:
+                        ok.append(time.monotonic())
+                except grpc.RpcError as e:
+                    with lock:
+                        errors.append(f"{e.code().name}: {e.details()}")
+                time.sleep(0.005)
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(n_clients)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: len(ok) >= 40 or not any(t.is_alive() for t in threads), "calls before the stop")
+        assert b.encode_ok() > 0, "replica b took no calls before it was stopped: nothing was tested"
+        b.signal(sig)
+        code = b.wait(WAIT)
+        a_before = a.encode_ok()
+        stopped_at = time.monotonic()
+        if sig == signal.SIGTERM:
+            assert code == 0, f"SIGTERM should drain and exit 0, got {code}:\n{b.log()}"
+        wait_until(
+            lambda: sum(t > stopped_at for t in ok) >= 60 or not any(t.is_alive() for t in threads),
+            "calls after the stop",
+        )
+    finally:
+        done.set()
+        for t in threads:
+            t.join(WAIT)
+
+    after = sum(t > stopped_at for t in ok)
+    failed_at_lb = lb_failures(nginx)
+    assert not errors, f"{len(errors)} calls failed while a replica stopped: {errors[:5]}\n{nginx.error_log()}"
+    assert after >= 60, f"only {after} calls after the stop"
+    # Less those in flight when the counter was read: they count on `a` before the clock was read.
+    assert a.encode_ok() - a_before >= after - n_clients, "calls after the stop must all go to the other replica"
+    assert len(failed_at_lb) <= 2 * n_clients, (
+        f"nginx answered {len(failed_at_lb)} calls with an error: more than those in flight at the stop\n"
+        + "\n".join(failed_at_lb[:10])
+    )
