@@ -47,8 +47,10 @@ CPU_LIMITS = Limits(max_batch_tokens=8192, max_wait_ms=2.0, max_queue_size=2048,
 CUDA_LIMITS = Limits(max_batch_tokens=32768, max_wait_ms=5.0, max_queue_size=8192, max_client_batch_size=256)
 
 
-def _opt(help: str, parse: Callable[[str], Any] = str, choices: tuple[str, ...] | None = None) -> dict[str, Any]:
-    return {"help": help, "parse": parse, "choices": choices}
+def _opt(
+    help: str, parse: Callable[[str], Any] = str, choices: tuple[str, ...] | None = None, metavar: str | None = None
+) -> dict[str, Any]:
+    return {"help": help, "parse": parse, "choices": choices, "metavar": metavar}
 
 
 def _int_or_none(s: str) -> int | None:
@@ -115,10 +117,12 @@ class Settings:
         metadata=_opt("batch by similar length (less padding) or strictly in arrival order", str, BATCHING),
     )
     grace_period: float = field(
-        default=30.0, metadata=_opt("seconds in-flight requests get to finish on SIGTERM/SIGINT", float)
+        default=30.0,
+        metadata=_opt("seconds in-flight requests get to finish on SIGTERM/SIGINT", float, metavar="SECONDS"),
     )
     intra_op_threads: int | None = field(
-        default=None, metadata=_opt("ONNX Runtime threads per inference (default: all cores)", _int_or_none)
+        default=None,
+        metadata=_opt("ONNX Runtime threads per inference (default: all cores)", _int_or_none, metavar="N"),
     )
     log_level: str = field(default="info", metadata=_opt("log level", str.lower, LOG_LEVELS))
 
@@ -173,15 +177,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field; argparse keeps None for flags not given, so the environment can fill them."""
     for f in dataclasses.fields(Settings):
         meta = f.metadata
-        default = "device default" if f.default is None and f.name.startswith("max_") else f.default
+        # Fields whose default depends on the device or the repository say so in their help.
+        default = "" if "(default" in meta["help"] else f"; default: {f.default}"
         parser.add_argument(
             flag(f.name),
             dest=f.name,
             default=None,
             type=meta["parse"],
             choices=meta["choices"],
-            metavar=None if meta["choices"] else f.name.split("_")[-1].upper(),
-            help=f"{meta['help']} [env {env_var(f.name)}; default: {default}]",
+            metavar=None if meta["choices"] else meta.get("metavar") or f.name.split("_")[-1].upper(),
+            help=f"{meta['help']} [env {env_var(f.name)}{default}]",
         )
 
 

@@ -11,6 +11,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 import pytest
+from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -283,6 +284,10 @@ def test_deadline_exceeded_while_queued_never_reaches_the_model(start: Start, se
             stub = pb_grpc.EncoderServiceStub(channel)
             running = stub.Encode.future(ids([99]), timeout=WAIT)
             assert engine.held.wait(WAIT)
+            # The batch computes off the event loop: health and model info still answer meanwhile.
+            check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
+            assert check.status == health_pb2.HealthCheckResponse.SERVING
+            assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT).name == "tiny"
             with pytest.raises(grpc.RpcError) as e:
                 stub.Encode(ids([55]), timeout=0.3)
             assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -365,11 +370,17 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
 def test_reflection_lists_the_services(server: ServerThread) -> None:
     with server.channel() as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        [reply] = list(
-            stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=WAIT)
-        )
-    names = {s.name for s in reply.list_services_response.service}
-    assert {"encoder.v1.EncoderService", "grpc.health.v1.Health"} <= names
+        requests = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="encoder.v1.EncoderService"),
+        ]
+        listed, described = list(stub.ServerReflectionInfo(iter(requests), timeout=WAIT))
+    names = {s.name for s in listed.list_services_response.service}
+    assert {"encoder.v1.EncoderService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+    # What grpcurl needs to build requests without the .proto: the file descriptor of the service.
+    files = [FileDescriptorProto.FromString(b) for b in described.file_descriptor_response.file_descriptor_proto]
+    encoder = next(f for f in files if f.package == "encoder.v1")
+    assert {m.name for m in encoder.service[0].method} == {"Encode", "EncodeStream", "GetModelInfo"}
 
 
 def test_request_id_is_echoed(stub: pb_grpc.EncoderServiceStub) -> None:
