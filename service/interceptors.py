@@ -27,8 +27,15 @@ from service.metrics import Metrics
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "x-request-id"
-# Health checks and reflection must answer while the model loads and while the server drains.
-EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+# Health checks and reflection must answer while the model loads and while the server drains; so must
+# the Open Inference Protocol's health methods (service/kserve.py), which answer false then.
+EXEMPT_PREFIXES = (
+    "/grpc.health.v1.",
+    "/grpc.reflection.",
+    "/inference.GRPCInferenceService/ServerLive",
+    "/inference.GRPCInferenceService/ServerReady",
+    "/inference.GRPCInferenceService/ModelReady",
+)
 
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
 

@@ -23,6 +23,7 @@ from service.interceptors import request_id
 from service.metrics import Metrics
 from service.repository import LoadedModel
 from service.settings import Limits
+from service.stats import ModelStats
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Pipeline:
         self.batcher = batcher
         self.limits = limits
         self.metrics = metrics
+        self.stats = ModelStats(metrics)  # per-model statistics for both APIs (the v2 ModelStatistics)
         self.max_tokens = model.entry.manifest.max_seq_len
         self.vocab_size = model.entry.manifest.vocab_size
         # Tokenisation is CPU work: off the event loop. tokenizers releases the GIL and parallelises a
@@ -81,9 +83,19 @@ class Pipeline:
         loop = asyncio.get_running_loop()
         deadline = None if time_left is None else loop.time() + time_left
         model = self.resolve(req.model)
-        seqs = await self.encode_pre(req)
-        embeddings = await self.batcher.submit(seqs, deadline=deadline, request_id=request_id.get())
-        return self.encode_post(req, model, seqs, embeddings)
+        t0 = time.perf_counter_ns()
+        try:
+            seqs = await self.encode_pre(req)
+            t1 = time.perf_counter_ns()
+            embeddings = await self.batcher.submit(seqs, deadline=deadline, request_id=request_id.get())
+            t2 = time.perf_counter_ns()
+            output = self.encode_post(req, model, seqs, embeddings)
+        except BaseException:  # cancellation included: the request failed either way
+            self.stats.failed(time.perf_counter_ns() - t0)
+            raise
+        t3 = time.perf_counter_ns()
+        self.stats.succeeded(inputs=len(seqs), total_ns=t3 - t0, input_ns=t1 - t0, output_ns=t3 - t2)
+        return output
 
     def validate(self, req: EncodeInput) -> None:
         """The checks that need no tokenisation: which inputs, how many."""

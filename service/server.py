@@ -24,9 +24,12 @@ from grpc_reflection.v1alpha import reflection
 
 from proto.encoder.v1 import encoder_pb2 as pb
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from proto.inference.v2 import grpc_service_pb2_grpc as kserve_grpc
 from service.batcher import Batcher
 from service.errors import NotFound, ServiceError, Unavailable
 from service.interceptors import ServiceInterceptor
+from service.kserve import SERVICE as KSERVE_SERVICE
+from service.kserve import InferenceServicer
 from service.metrics import Metrics
 from service.pipeline import Pipeline
 from service.repository import EngineFactory, LoadedModel, ModelEntry, ModelRepository, RepositoryError, onnx_engine
@@ -61,7 +64,7 @@ def warm_up(model: LoadedModel, limits: Limits) -> int:
 
 
 class EncoderServer:
-    """One model served over gRPC (encoder.v1, health, reflection) with Prometheus metrics on the side."""
+    """One model served over gRPC (encoder.v1, Open Inference Protocol, health, reflection) and Prometheus metrics."""
 
     def __init__(
         self, settings: Settings, *, engine_factory: EngineFactory = onnx_engine, metrics: Metrics | None = None
@@ -87,7 +90,7 @@ class EncoderServer:
             entry = self.repository.entry(s.model, graph=s.graph)
         except (NotFound, RepositoryError) as e:
             raise StartupError(e.message if isinstance(e, ServiceError) else str(e)) from None
-        for service in ("", SERVICE):
+        for service in ("", SERVICE, KSERVE_SERVICE):
             await self.health.set(service, NOT_SERVING)
         server = grpc.aio.server(
             interceptors=[ServiceInterceptor(self.metrics, self._gate)],
@@ -98,9 +101,18 @@ class EncoderServer:
         )
         servicer = EncoderServicer(lambda: self.pipeline, max_message_bytes=s.max_message_bytes)
         pb_grpc.add_EncoderServiceServicer_to_server(servicer, server)
+        # The Open Inference Protocol (KServe v2 / Triton clients) on the same port, through the same pipeline.
+        kserve = InferenceServicer(lambda: self.pipeline, ready=lambda: self.state == "serving")
+        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+            (
+                SERVICE,
+                KSERVE_SERVICE,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
         )
         try:
             self.port = server.add_insecure_port(f"{s.host}:{s.port}")
@@ -153,7 +165,7 @@ class EncoderServer:
         )
         if self.state == "loading":
             self.state = "serving"
-            for service in ("", SERVICE):
+            for service in ("", SERVICE, KSERVE_SERVICE):
                 await self.health.set(service, SERVING)
 
     def _gate(self) -> ServiceError | None:
