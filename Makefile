@@ -71,8 +71,17 @@ format: $(VENV)/.stamp-dev
 typecheck: $(VENV)/.stamp-dev
 	$(BIN)/mypy model export service loadtest tests
 
-pytest: $(VENV)/.stamp-dev
+pytest: $(VENV)/.stamp-dev .venv-triton/.stamp
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Triton's client for the Open Inference Protocol interop tests (tests/service/test_kserve_triton.py), in a
+# venv of its own: tritonclient pins protobuf < 7 and mhaserve's stubs need protobuf >= 7. Nothing of
+# mhaserve is installed there; the tests run tests/kserve/triton_client.py with its python.
+.venv-triton/.stamp: tests/kserve/requirements.txt
+	@test -x .venv-triton/bin/python || $(PYTHON) -m venv .venv-triton
+	.venv-triton/bin/python -m pip install -q --upgrade pip
+	.venv-triton/bin/python -m pip install -q -r tests/kserve/requirements.txt
+	@touch $@
 
 # Stubs are committed; tests/proto checks they match what this recipe generates from the .proto files.
 proto: $(VENV)/.stamp-dev

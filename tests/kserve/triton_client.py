@@ -1,0 +1,192 @@
+"""Drive a running mhaserve with Triton's own Python client (tritonclient[grpc]) and print JSON.
+
+Runs under .venv-triton (tritonclient needs protobuf < 7, mhaserve protobuf >= 7), never in the
+project's venv, and imports nothing from mhaserve. The interop tests start a server, run this script
+and compare what it prints with what encoder.v1's Encode returns.
+
+    .venv-triton/bin/python tests/kserve/triton_client.py run < spec.json   # spec: see `run`
+    .venv-triton/bin/python tests/kserve/triton_client.py describe          # tritonclient's message definitions
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+from typing import Any
+
+import numpy as np
+
+TIMEOUT = 30.0  # seconds, for every call
+
+
+def _client() -> Any:
+    # Imported here, so the test suite can import `describe_file` from this module without tritonclient.
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient
+
+
+def embeddings(result: Any) -> dict[str, Any]:
+    response = result.get_response()
+    out = response.outputs[0]
+    return {
+        "embeddings": result.as_numpy("embeddings").tolist(),
+        "datatype": out.datatype,
+        "shape": list(out.shape),
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "id": response.id,
+        "input_tokens": response.parameters["input_tokens"].int64_param,
+    }
+
+
+def text_input(texts: list[str], name: str = "text") -> Any:
+    tensor = _client().InferInput(name, [len(texts)], "BYTES")
+    tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
+    return tensor
+
+
+def ids_inputs(ids: list[list[int]], mask: list[list[int]]) -> list[Any]:
+    tensors = []
+    for name, rows in (("input_ids", ids), ("attention_mask", mask)):
+        array = np.array(rows, dtype=np.int64)
+        tensor = _client().InferInput(name, list(array.shape), "INT64")
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors
+
+
+def status_of(call: Any) -> dict[str, str]:
+    """The status a call failed with (or OK)."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        call()
+    except InferenceServerException as e:
+        return {"status": str(e.status()), "message": str(e.message())}
+    return {"status": "OK", "message": ""}
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """spec: url, model, texts (list of str), ids and mask (padded rows of the same shape)."""
+    model, texts = spec["model"], spec["texts"]
+    grpcclient = _client()
+    client = grpcclient.InferenceServerClient(url=spec["url"])
+    out: dict[str, Any] = {}
+    try:
+        out["live"] = client.is_server_live(client_timeout=TIMEOUT)
+        out["ready"] = client.is_server_ready(client_timeout=TIMEOUT)
+        out["model_ready"] = client.is_model_ready(model, client_timeout=TIMEOUT)
+        out["model_ready_missing"] = client.is_model_ready("no-such-model", client_timeout=TIMEOUT)
+        out["server_metadata"] = client.get_server_metadata(as_json=True, client_timeout=TIMEOUT)
+        out["model_metadata"] = client.get_model_metadata(model, as_json=True, client_timeout=TIMEOUT)
+        out["model_config"] = client.get_model_config(model, as_json=True, client_timeout=TIMEOUT)
+        out["statistics_before"] = client.get_inference_statistics(model, as_json=True, client_timeout=TIMEOUT)
+
+        requested = [grpcclient.InferRequestedOutput("embeddings")]
+        result = client.infer(
+            model, [text_input(texts)], outputs=requested, request_id="text-1", client_timeout=TIMEOUT
+        )
+        out["infer_text"] = embeddings(result)
+        result = client.infer(
+            model, [text_input(texts)], parameters={"normalize": False}, model_version="", client_timeout=TIMEOUT
+        )
+        out["infer_text_raw"] = embeddings(result)
+        result = client.infer(model, ids_inputs(spec["ids"], spec["mask"]), client_timeout=TIMEOUT)
+        out["infer_ids"] = embeddings(result)
+
+        # The streaming API: one request per text, answers matched by id.
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)), stream_timeout=TIMEOUT)
+        for i, text in enumerate(texts):
+            client.async_stream_infer(model, [text_input([text])], request_id=f"stream-{i}")
+        client.async_stream_infer(model, [text_input(["x"], name="nope")], request_id="stream-bad")
+        stream: dict[str, Any] = {}
+        for _ in range(len(texts) + 1):
+            result, error = answers.get(timeout=TIMEOUT)
+            if error is not None:
+                stream["error"] = str(error)
+            else:
+                answer = embeddings(result)
+                stream[answer["id"]] = answer
+        client.stop_stream()
+        out["stream"] = stream
+
+        bad_dtype = grpcclient.InferInput("input_ids", [1, 2], "INT32")
+        bad_dtype.set_data_from_numpy(np.array([[2, 3]], dtype=np.int32))
+        out["errors"] = {
+            "wrong_datatype": status_of(lambda: client.infer(model, [bad_dtype], client_timeout=TIMEOUT)),
+            "missing_input": status_of(
+                lambda: client.infer(model, ids_inputs(spec["ids"], spec["mask"])[:1], client_timeout=TIMEOUT)
+            ),
+            "unknown_model": status_of(
+                lambda: client.infer("no-such-model", [text_input(texts)], client_timeout=TIMEOUT)
+            ),
+            "unknown_version": status_of(
+                lambda: client.infer(model, [text_input(texts)], model_version="999", client_timeout=TIMEOUT)
+            ),
+            "metadata_unknown_model": status_of(
+                lambda: client.get_model_metadata("no-such-model", client_timeout=TIMEOUT)
+            ),
+        }
+        # Still serving after the errors.
+        out["infer_after_errors"] = embeddings(client.infer(model, [text_input(texts)], client_timeout=TIMEOUT))
+        out["statistics_after"] = client.get_inference_statistics(model, as_json=True, client_timeout=TIMEOUT)
+    finally:
+        client.close()
+    return out
+
+
+def describe_file(file: Any) -> dict[str, Any]:
+    """Every message field (number, type, repeated, message or enum type), enum value and method of a .proto file."""
+    table: dict[str, Any] = {}
+
+    def message(m: Any) -> None:
+        table[m.full_name] = {
+            f.name: [
+                f.number,
+                f.type,
+                f.is_repeated,
+                (f.message_type or f.enum_type).full_name if (f.message_type or f.enum_type) else "",
+            ]
+            for f in m.fields
+        }
+        for e in m.enum_types:
+            table[e.full_name] = {v.name: v.number for v in e.values}
+        for n in m.nested_types:
+            message(n)
+
+    for m in file.message_types_by_name.values():
+        message(m)
+    for e in file.enum_types_by_name.values():
+        table[e.full_name] = {v.name: v.number for v in e.values}
+    for s in file.services_by_name.values():
+        table[s.full_name] = {
+            x.name: [x.input_type.full_name, x.output_type.full_name, x.client_streaming, x.server_streaming]
+            for x in s.methods
+        }
+    return table
+
+
+def describe() -> dict[str, Any]:
+    """tritonclient's own copy of the protocol: the reference for wire compatibility."""
+    from tritonclient.grpc import model_config_pb2, service_pb2
+
+    return {**describe_file(service_pb2.DESCRIPTOR), **describe_file(model_config_pb2.DESCRIPTOR)}
+
+
+def main() -> int:
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command == "run":
+        print(json.dumps(run(json.load(sys.stdin))))
+    elif command == "describe":
+        print(json.dumps(describe()))
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
