@@ -1,0 +1,521 @@
+"""The Open Inference Protocol (inference.GRPCInferenceService) with our own stubs: conversion, status codes,
+health, statistics, and that it shares encoder.v1's pipeline and batcher. Triton's own client is in
+test_kserve_triton.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+import pytest
+from google.protobuf.descriptor_pb2 import FileDescriptorProto
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from proto.encoder.v1 import encoder_pb2 as epb
+from proto.encoder.v1 import encoder_pb2_grpc as epb_grpc
+from proto.inference.v2 import grpc_service_pb2 as pb
+from proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
+from proto.inference.v2 import model_config_pb2 as mc
+from service.errors import InvalidArgument
+from service.interceptors import EXEMPT_PREFIXES
+from service.kserve import HEALTH_METHODS, SERVICE, from_pb, pack_bytes, strip_padding, unpack_bytes
+from service.settings import Settings
+from tests.conftest import TINY
+from tests.service.conftest import WAIT, FakeEngine, ServerThread, free_port, wait_until
+
+Start = Callable[..., ServerThread]
+Tensor = pb.ModelInferRequest.InferInputTensor
+MAX = TINY["max_seq_len"]
+INFER = "inference.GRPCInferenceService/ModelInfer"
+TEXTS = ["a", "hello world", "héllo wörld 🤖", "", "the quick brown fox jumps over the lazy dog"]
+
+
+# ---- building requests -----------------------------------------------------------------------------
+
+
+def text_request(texts: Sequence[str | bytes], *, raw: bool = True, shape: list[int] | None = None) -> Any:
+    items = [t.encode() if isinstance(t, str) else t for t in texts]
+    tensor = Tensor(name="text", datatype="BYTES", shape=[len(items)] if shape is None else shape)
+    if raw:
+        return pb.ModelInferRequest(model_name="tiny", inputs=[tensor], raw_input_contents=[pack_bytes(items)])
+    tensor.contents.bytes_contents.extend(items)
+    return pb.ModelInferRequest(model_name="tiny", inputs=[tensor])
+
+
+def ids_request(ids: list[list[int]], mask: list[list[int]] | None = None, *, raw: bool = True) -> Any:
+    """input_ids and attention_mask (all ones unless given) as INT64 tensors."""
+    mask = [[1] * len(r) for r in ids] if mask is None else mask
+    request = pb.ModelInferRequest(model_name="tiny")
+    for name, rows in (("input_ids", ids), ("attention_mask", mask)):
+        array = np.array(rows, dtype=np.int64).reshape(len(rows), -1)
+        tensor = Tensor(name=name, datatype="INT64", shape=array.shape)
+        if raw:
+            request.raw_input_contents.append(array.astype("<i8").tobytes())
+        else:
+            tensor.contents.int64_contents.extend(array.ravel().tolist())
+        request.inputs.append(tensor)
+    return request
+
+
+def embeddings(response: pb.ModelInferResponse) -> npt.NDArray[np.float32]:
+    (out,) = response.outputs
+    assert (out.name, out.datatype) == ("embeddings", "FP32")
+    return np.frombuffer(response.raw_output_contents[0], dtype="<f4").reshape(tuple(out.shape))
+
+
+def vectors(response: epb.EncodeResponse) -> npt.NDArray[np.float32]:
+    return np.array([e.values for e in response.embeddings], dtype=np.float32)
+
+
+def bool_param(value: bool) -> pb.InferParameter:
+    return pb.InferParameter(bool_param=value)
+
+
+# ---- conversion, without a server ------------------------------------------------------------------
+
+
+def test_bytes_serialisation_round_trips() -> None:
+    items = [b"", b"a", "héllo 🤖".encode(), bytes(range(256))]
+    packed = pack_bytes(items)
+    assert packed[:4] == b"\x00\x00\x00\x00" and packed[4:8] == b"\x01\x00\x00\x00"  # 4-byte little-endian lengths
+    assert unpack_bytes(packed) == items
+    assert unpack_bytes(b"") == []
+
+
+def test_raw_and_typed_contents_convert_alike() -> None:
+    for raw in (True, False):
+        assert list(from_pb(text_request(TEXTS, raw=raw)).texts) == TEXTS
+        converted = from_pb(ids_request([[2, 5, 7, 0], [2, 9, 0, 0]], [[1, 1, 1, 0], [1, 1, 0, 0]], raw=raw))
+        assert [list(map(int, r)) for r in converted.token_ids] == [[2, 5, 7], [2, 9]]  # padding stripped by the mask
+    # [n, 1], as Triton's string-input examples send it
+    assert list(from_pb(text_request(["x", "y"], shape=[2, 1])).texts) == ["x", "y"]
+
+
+def test_parameters_become_the_request_options() -> None:
+    request = text_request(["x"])
+    assert (from_pb(request).normalize, from_pb(request).truncate) == (None, False)
+    request.parameters["normalize"].CopyFrom(bool_param(False))
+    request.parameters["truncate"].CopyFrom(bool_param(True))
+    request.parameters["priority"].CopyFrom(pb.InferParameter(int64_param=1))  # Triton's: ignored
+    converted = from_pb(request)
+    assert (converted.normalize, converted.truncate) == (False, True)
+
+
+def test_strip_padding_wants_ones_then_zeros() -> None:
+    ids = np.arange(8, dtype=np.int64).reshape(2, 4)
+    rows = strip_padding(ids, np.array([[1, 1, 1, 1], [1, 0, 0, 0]]))
+    assert [r.tolist() for r in rows] == [[0, 1, 2, 3], [4]]
+    for mask, message in (
+        ([[1, 0, 1, 0], [1, 1, 1, 1]], "row 0 is not ones then zeros"),
+        ([[0, 1, 1, 1], [1, 1, 1, 1]], "row 0 is not ones then zeros"),
+        ([[1, 1, 1, 1], [0, 0, 0, 0]], "row 1 is all zeros"),
+        ([[1, 1, 2, 1], [1, 1, 1, 1]], "holds 2; it must hold only 0 and 1"),
+    ):
+        with pytest.raises(InvalidArgument, match=message):
+            strip_padding(ids, np.array(mask))
+
+
+def test_the_v2_health_methods_pass_the_readiness_gate() -> None:
+    assert set(HEALTH_METHODS) <= set(EXEMPT_PREFIXES)
+
+
+# ---- a real server -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repo: Path) -> Iterator[ServerThread]:
+    """One server for the tests that only read; max 8 inputs per request."""
+    settings = Settings(
+        repository=tiny_repo,
+        port=0,
+        metrics_port=free_port(),
+        device="cpu",
+        intra_op_threads=1,
+        max_client_batch_size=8,
+    )
+    srv = ServerThread(settings).ready()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def stubs(server: ServerThread) -> Iterator[tuple[pb_grpc.GRPCInferenceServiceStub, epb_grpc.EncoderServiceStub]]:
+    with server.channel() as channel:
+        yield pb_grpc.GRPCInferenceServiceStub(channel), epb_grpc.EncoderServiceStub(channel)
+
+
+@pytest.fixture
+def stub(stubs: tuple[pb_grpc.GRPCInferenceServiceStub, Any]) -> pb_grpc.GRPCInferenceServiceStub:
+    return stubs[0]
+
+
+def test_infer_equals_encode_for_every_encoding(stubs: tuple[Any, Any]) -> None:
+    v2, v1 = stubs
+    expected = vectors(v1.Encode(epb.EncodeRequest(texts=TEXTS), timeout=WAIT))
+    for raw in (True, False):
+        response = v2.ModelInfer(text_request(TEXTS, raw=raw), timeout=WAIT)
+        assert (response.model_name, response.model_version) == ("tiny", "1")
+        assert list(response.outputs[0].shape) == [len(TEXTS), 32]
+        assert np.abs(embeddings(response) - expected).max() <= 1e-5
+
+    rows = [[2, 17, 40, 3], [2, 9, 3], [5]]
+    expected = vectors(v1.Encode(epb.EncodeRequest(token_ids=[epb.TokenIds(ids=r) for r in rows]), timeout=WAIT))
+    padded = [r + [0] * (4 - len(r)) for r in rows]
+    mask = [[1] * len(r) + [0] * (4 - len(r)) for r in rows]
+    for raw in (True, False):
+        got = embeddings(v2.ModelInfer(ids_request(padded, mask, raw=raw), timeout=WAIT))
+        assert np.abs(got - expected).max() <= 1e-5
+
+
+def test_normalize_and_truncate_parameters(stubs: tuple[Any, Any]) -> None:
+    v2, v1 = stubs
+    request = text_request(["hello"])
+    request.parameters["normalize"].CopyFrom(bool_param(False))
+    raw = embeddings(v2.ModelInfer(request, timeout=WAIT))
+    expected = vectors(v1.Encode(epb.EncodeRequest(texts=["hello"], normalize=False), timeout=WAIT))
+    assert np.abs(raw - expected).max() <= 1e-6 and abs(np.linalg.norm(raw) - 1) > 1e-3
+
+    long = text_request(["a " * 200])
+    with pytest.raises(grpc.RpcError) as e:
+        v2.ModelInfer(long, timeout=WAIT)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "202 tokens long" in e.value.details()
+    long.parameters["truncate"].CopyFrom(bool_param(True))
+    response = v2.ModelInfer(long, timeout=WAIT)
+    assert response.parameters["input_tokens"].int64_param == MAX
+
+
+def test_request_id_and_version(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    request = text_request(["x"])
+    request.id, request.model_version = "my-id-7", "1"
+    response, call = stub.ModelInfer.with_call(request, metadata=(("x-request-id", "rid-9"),), timeout=WAIT)
+    assert response.id == "my-id-7"
+    assert ("x-request-id", "rid-9") in call.trailing_metadata()
+
+
+def ok_afterwards(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """The server keeps serving after a refused request."""
+    assert embeddings(stub.ModelInfer(text_request(["still here"]), timeout=WAIT)).shape[0] == 1
+
+
+def _both_contents() -> Any:
+    request = text_request(["a"])
+    request.inputs[0].contents.bytes_contents.append(b"a")
+    return request
+
+
+def _param(name: str, value: pb.InferParameter) -> Any:
+    request = text_request(["a"])
+    request.parameters[name].CopyFrom(value)
+    return request
+
+
+def _output(name: str) -> Any:
+    request = text_request(["a"])
+    request.outputs.add(name=name)
+    return request
+
+
+def _retyped(request: Any, index: int, datatype: str) -> Any:
+    request.inputs[index].datatype = datatype
+    return request
+
+
+def _reshaped(request: Any, index: int, shape: list[int]) -> Any:
+    del request.inputs[index].shape[:]
+    request.inputs[index].shape.extend(shape)
+    return request
+
+
+def _int_contents() -> Any:
+    request = ids_request([[2, 3]], raw=False)
+    request.inputs[0].contents.ClearField("int64_contents")
+    request.inputs[0].contents.int_contents.extend([2, 3])
+    return request
+
+
+def _text_and_ids() -> Any:
+    request = ids_request([[2, 3]])
+    request.inputs.append(Tensor(name="text", datatype="BYTES", shape=[1]))
+    request.raw_input_contents.append(pack_bytes([b"a"]))
+    return request
+
+
+BAD: dict[str, tuple[Callable[[], Any], str]] = {
+    "no inputs": (lambda: pb.ModelInferRequest(model_name="tiny"), "missing input: set 'text'"),
+    "missing attention_mask": (
+        lambda: pb.ModelInferRequest(
+            model_name="tiny",
+            inputs=[Tensor(name="input_ids", datatype="INT64", shape=[1, 2])],
+            raw_input_contents=[np.array([2, 3], dtype="<i8").tobytes()],
+        ),
+        "missing input 'attention_mask'",
+    ),
+    "unknown input": (
+        lambda: pb.ModelInferRequest(model_name="tiny", inputs=[Tensor(name="INPUT0", datatype="BYTES", shape=[1])]),
+        "unknown input 'INPUT0'",
+    ),
+    "ids as INT32": (lambda: _retyped(ids_request([[2, 3]]), 0, "INT32"), "datatype INT32; expected INT64"),
+    "text as FP32": (lambda: _retyped(text_request(["a"]), 0, "FP32"), "'text' has datatype FP32; expected BYTES"),
+    "raw ids shorter than the shape": (
+        lambda: _reshaped(ids_request([[2, 3, 4], [2, 3, 4]]), 0, [2, 4]),
+        "'input_ids' has shape [2, 4] (8 elements) but its contents hold 48 bytes (expected 64",
+    ),
+    "typed ids longer than the shape": (
+        lambda: _reshaped(ids_request([[2, 3, 4]], raw=False), 0, [1, 2]),
+        "'input_ids' has shape [1, 2] (2 elements) but its contents hold 3 values",
+    ),
+    "text count differs from the shape": (
+        lambda: text_request(["a", "b", "c"], shape=[2]),
+        "'text' has shape [2] (2 elements) but its contents hold 3 elements",
+    ),
+    "ids of rank 1": (lambda: _reshaped(ids_request([[2, 3]]), 0, [2]), "has shape [2]; expected [rows, tokens]"),
+    "text of rank 3": (lambda: text_request(["a"], shape=[1, 1, 1]), "has shape [1, 1, 1]; expected [n] (or [n, 1])"),
+    "negative dimension": (lambda: text_request([], shape=[-1]), "has shape [-1]"),
+    "raw and typed both set": (_both_contents, "sets contents and the request sets raw_input_contents"),
+    "raw contents per input": (
+        lambda: pb.ModelInferRequest(
+            model_name="tiny",
+            inputs=[Tensor(name="text", datatype="BYTES", shape=[1])],
+            raw_input_contents=[pack_bytes([b"a"]), pack_bytes([b"b"])],
+        ),
+        "2 raw_input_contents for 1 inputs",
+    ),
+    "raw BYTES not UTF-8": (lambda: text_request([b"ok", b"caf\xe9"]), "'text' element 1 is not UTF-8 (byte 3"),
+    "typed BYTES not UTF-8": (lambda: text_request([b"\xff"], raw=False), "'text' element 0 is not UTF-8"),
+    "raw BYTES cut inside a length": (
+        lambda: pb.ModelInferRequest(
+            model_name="tiny",
+            inputs=[Tensor(name="text", datatype="BYTES", shape=[1])],
+            raw_input_contents=[pack_bytes([b"a"]) + b"\x01\x00"],
+        ),
+        "end inside the 4-byte length of element 1",
+    ),
+    "raw BYTES element past the end": (
+        lambda: pb.ModelInferRequest(
+            model_name="tiny",
+            inputs=[Tensor(name="text", datatype="BYTES", shape=[1])],
+            raw_input_contents=[b"\x09\x00\x00\x00abc"],
+        ),
+        "element 0 claims 9 bytes but 3 remain",
+    ),
+    "INT64 values in int_contents": (_int_contents, "values go in contents.int64_contents, not contents.int_contents"),
+    "mask not 0 or 1": (lambda: ids_request([[2, 3]], [[1, 2]]), "'attention_mask' holds 2"),
+    "mask padding on the left": (lambda: ids_request([[0, 3]], [[0, 1]]), "row 0 is not ones then zeros"),
+    "mask row of zeros": (lambda: ids_request([[2, 3], [0, 0]], [[1, 1], [0, 0]]), "row 1 is all zeros"),
+    "mask of another shape": (
+        lambda: _reshaped(ids_request([[2, 3, 4, 5]], [[1, 1, 1, 1]]), 1, [2, 2]),
+        "'input_ids' has shape [1, 4] and 'attention_mask' has shape [2, 2]",
+    ),
+    "text and ids": (_text_and_ids, "set either 'text' or 'input_ids' and 'attention_mask', not both"),
+    "given twice": (
+        lambda: pb.ModelInferRequest(
+            model_name="tiny",
+            inputs=[Tensor(name="text", datatype="BYTES", shape=[1])] * 2,
+            raw_input_contents=[pack_bytes([b"a"])] * 2,
+        ),
+        "input 'text' is given twice",
+    ),
+    "unknown output": (lambda: _output("logits"), "unknown output 'logits': this model has one output, 'embeddings'"),
+    "normalize as a string": (
+        lambda: _param("normalize", pb.InferParameter(string_param="false")),
+        "parameter 'normalize' must be a bool (bool_param), got string_param",
+    ),
+    # The pipeline's own checks, the same as Encode's.
+    "too many inputs": (lambda: text_request(["a"] * 9), "9 inputs in one request; the limit is 8"),
+    "token id past the vocabulary": (lambda: ids_request([[2, 256]]), "token id 256, outside the vocabulary [0, 256)"),
+    "ids too long": (lambda: ids_request([[5] * (MAX + 1)]), f"input 0 is {MAX + 1} tokens long"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_tensors_are_invalid_argument_and_the_server_goes_on(
+    stub: pb_grpc.GRPCInferenceServiceStub, case: str
+) -> None:
+    build, message = BAD[case]
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(build(), timeout=WAIT)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert message in e.value.details()
+    ok_afterwards(stub)
+
+
+def test_unknown_models_and_versions_are_not_found(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    def other(model: str = "tiny", version: str = "") -> list[tuple[Callable[..., Any], Any]]:
+        infer = text_request(["a"])
+        infer.model_name, infer.model_version = model, version
+        return [
+            (stub.ModelInfer, infer),
+            (stub.ModelMetadata, pb.ModelMetadataRequest(name=model, version=version)),
+            (stub.ModelConfig, pb.ModelConfigRequest(name=model, version=version)),
+            (stub.ModelStatistics, pb.ModelStatisticsRequest(name=model, version=version)),
+        ]
+
+    for (call, request), message in [(c, "'nope' is not served here") for c in other("nope")] + [
+        (c, "version '2' is not served here (serving version 1)") for c in other(version="2")
+    ]:
+        with pytest.raises(grpc.RpcError) as e:
+            call(request, timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert message in e.value.details()
+    ok_afterwards(stub)
+
+
+def test_model_ready_answers_for_the_served_model_and_version_only(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    def ready(name: str, version: str = "") -> bool:
+        return bool(stub.ModelReady(pb.ModelReadyRequest(name=name, version=version), timeout=WAIT).ready)
+
+    assert ready("tiny") and ready("tiny", "1")
+    assert not ready("nope") and not ready("tiny", "2") and not ready("tiny", "latest")
+    assert stub.ServerLive(pb.ServerLiveRequest(), timeout=WAIT).live
+    assert stub.ServerReady(pb.ServerReadyRequest(), timeout=WAIT).ready
+
+
+def test_metadata_and_config(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    server = stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=WAIT)
+    assert server.name == "mhaserve" and server.version
+    assert set(server.extensions) == {"model_configuration", "parameters", "statistics"}
+
+    meta = stub.ModelMetadata(pb.ModelMetadataRequest(name="tiny"), timeout=WAIT)
+    assert (meta.name, list(meta.versions), meta.platform) == ("tiny", ["1"], "onnxruntime_onnx")
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
+        ("text", "BYTES", [-1]),
+        ("input_ids", "INT64", [-1, -1]),
+        ("attention_mask", "INT64", [-1, -1]),
+    ]
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [("embeddings", "FP32", [-1, 32])]
+
+    config = stub.ModelConfig(pb.ModelConfigRequest(name="tiny", version="1"), timeout=WAIT).config
+    assert (config.name, config.max_batch_size, config.version_policy.latest.num_versions) == ("tiny", 8, 1)
+    assert [(i.name, i.data_type, list(i.dims), i.optional) for i in config.input] == [
+        ("text", mc.TYPE_STRING, [], True),
+        ("input_ids", mc.TYPE_INT64, [-1], True),
+        ("attention_mask", mc.TYPE_INT64, [-1], True),
+    ]
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [("embeddings", mc.TYPE_FP32, [32])]
+    assert config.WhichOneof("scheduling_choice") == "dynamic_batching"
+    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 2048
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+    assert config.default_model_filename == "model.optimized.onnx"
+    assert config.parameters["max_batch_tokens"].string_value == "8192"
+
+
+def test_stream_answers_in_order_and_survives_bad_requests(stubs: tuple[Any, Any]) -> None:
+    v2, v1 = stubs
+    requests = [text_request([t]) for t in ("first", "second", "third")]
+    requests.insert(1, text_request([b"\xff"]))  # not UTF-8: an error response, the stream goes on
+    unknown = text_request(["x"])
+    unknown.model_name = "nope"
+    requests.insert(3, unknown)
+    for i, r in enumerate(requests):
+        r.id = f"r{i}"
+    responses = list(v2.ModelStreamInfer(iter(requests), timeout=WAIT))
+    assert [r.infer_response.id for r in responses] == [f"r{i}" for i in range(5)]
+    assert responses[1].error_message.startswith("INVALID_ARGUMENT: input 'text' element 0 is not UTF-8")
+    assert responses[3].error_message.startswith("NOT_FOUND: model 'nope' is not served here")
+    expected = vectors(v1.Encode(epb.EncodeRequest(texts=["first", "second", "third"]), timeout=WAIT))
+    got = np.concatenate([embeddings(responses[i].infer_response) for i in (0, 2, 4)])
+    assert not any(responses[i].error_message for i in (0, 2, 4))
+    assert np.abs(got - expected).max() <= 1e-5
+
+
+def test_reflection_lists_the_v2_service(server: ServerThread) -> None:
+    with server.channel() as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        requests = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol=SERVICE),
+        ]
+        listed, described = list(stub.ServerReflectionInfo(iter(requests), timeout=WAIT))
+    assert SERVICE in {s.name for s in listed.list_services_response.service}
+    files = [FileDescriptorProto.FromString(b) for b in described.file_descriptor_response.file_descriptor_proto]
+    service = next(f for f in files if f.service)
+    assert service.package == "inference"
+    assert {m.name for m in service.service[0].method} >= {"ModelInfer", "ModelStreamInfer", "ModelConfig"}
+
+
+def counted(srv: ServerThread, code: str) -> float:
+    value = srv.server.metrics.registry.get_sample_value("mhaserve_requests_total", {"method": INFER, "code": code})
+    return value or 0.0
+
+
+def test_both_apis_share_the_batcher_statistics_and_metrics(start: Start, settings: Settings) -> None:
+    engine = FakeEngine(hold_on=99)
+    srv = start(dataclasses.replace(settings, max_wait_ms=0.0), engine.factory())
+    try:
+        with srv.channel() as channel:
+            v2, v1 = pb_grpc.GRPCInferenceServiceStub(channel), epb_grpc.EncoderServiceStub(channel)
+            held = v1.Encode.future(epb.EncodeRequest(token_ids=[epb.TokenIds(ids=[99])]), timeout=WAIT)
+            assert engine.held.wait(WAIT)
+            by_v2 = v2.ModelInfer.future(ids_request([[5, 6, 0]], [[1, 1, 0]]), timeout=WAIT)
+            by_v1 = v1.Encode.future(epb.EncodeRequest(token_ids=[epb.TokenIds(ids=[7, 8])]), timeout=WAIT)
+            wait_until(lambda: srv.depth() == 2, "one request of each API queued behind the held batch")
+            engine.release.set()
+            held.result(timeout=WAIT)
+            by_v1.result(timeout=WAIT)
+            assert embeddings(by_v2.result(timeout=WAIT)).shape == (1, 4)
+            assert sorted(engine.batches[-1]) == [[5, 6], [7, 8]]  # one batch, padding stripped
+            with pytest.raises(grpc.RpcError):
+                v2.ModelInfer(ids_request([[5]], [[2]]), timeout=WAIT)
+
+            stats = v2.ModelStatistics(pb.ModelStatisticsRequest(), timeout=WAIT)
+    finally:
+        engine.release.set()
+    (model,) = stats.model_stats
+    s = model.inference_stats
+    assert (model.name, model.version) == ("tiny", "1")
+    assert (s.success.count, s.fail.count, model.inference_count) == (3, 1, 3)  # both APIs
+    assert model.execution_count == 2 and s.compute_infer.count == 2  # batches: [99], then [5, 6] + [7, 8]
+    assert s.queue.count == 3 and s.compute_input.count == s.compute_output.count == 3
+    assert all(d.ns > 0 for d in (s.success, s.fail, s.queue, s.compute_input, s.compute_infer, s.compute_output))
+    assert model.last_inference > 0
+    wait_until(lambda: counted(srv, "OK") == 1 and counted(srv, "INVALID_ARGUMENT") == 1, "ModelInfer counted")
+
+
+def test_health_follows_loading_and_draining(start: Start, settings: Settings) -> None:
+    loaded = threading.Event()
+    engine = FakeEngine()
+
+    def slow_factory(entry: Any, s: Any) -> FakeEngine:
+        assert loaded.wait(WAIT)
+        return engine
+
+    srv = start(settings, slow_factory, ready=False)
+    try:
+        with srv.channel() as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            health = health_pb2_grpc.HealthStub(channel)
+
+            def state() -> tuple[bool, bool, bool, str]:
+                reply = health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=WAIT)
+                return (
+                    stub.ServerLive(pb.ServerLiveRequest(), timeout=WAIT).live,
+                    stub.ServerReady(pb.ServerReadyRequest(), timeout=WAIT).ready,
+                    stub.ModelReady(pb.ModelReadyRequest(name="tiny"), timeout=WAIT).ready,
+                    health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status),
+                )
+
+            def refused() -> str:
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.ModelInfer(text_request(["a"]), timeout=WAIT)
+                assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+                return e.value.details()
+
+            assert state() == (True, False, False, "NOT_SERVING")
+            assert "still loading" in refused()
+            loaded.set()
+            srv.ready()
+            assert state() == (True, True, True, "SERVING")
+            ok_afterwards(stub)
+            srv.call(srv.server.drain())
+            assert state() == (True, False, False, "NOT_SERVING")
+            assert "shutting down" in refused()
+    finally:
+        loaded.set()
