@@ -1,0 +1,318 @@
+"""Offline checks of the Dockerfile, the Kubernetes manifests, the dashboard and the docs.
+
+No Docker engine or cluster here: the files are parsed, and what they say about ports, probes, users
+and grace periods is compared with the server's own defaults (service/settings.py) and metric names
+(service/metrics.py), so that a change on one side that the other does not follow fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.deploy.helpers import DEPLOY, ROOT, load_yaml_all, metric_samples, server_defaults
+
+K8S = DEPLOY / "k8s"
+
+
+# ---- Dockerfile -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [args for kw, args in self.instructions if kw == keyword]
+
+
+def dockerfile_stages() -> dict[str, Stage]:
+    """Stages in order, each with its instructions (continuations joined, comments dropped)."""
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, args = line.partition(" ")
+        keyword = keyword.upper()
+        if keyword == "FROM":
+            m = re.fullmatch(r"(\S+)(?:\s+AS\s+(\S+))?", args.strip(), re.I)
+            assert m, line
+            current = Stage(m.group(2) or f"stage{len(stages)}", m.group(1))
+            stages[current.name] = current
+        elif current is not None:
+            current.instructions.append((keyword, " ".join(args.split())))
+    return stages
+
+
+def lineage(stages: dict[str, Stage], name: str) -> list[Stage]:
+    """A stage and the stages it is built FROM, base first."""
+    chain = [stages[name]]
+    while chain[0].base in stages:
+        chain.insert(0, stages[chain[0].base])
+    return chain
+
+
+def sources(stages: dict[str, Stage], name: str) -> set[str]:
+    """Every stage whose files can reach `name`: its lineage and what it copies or mounts from."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        stage = stages[todo.pop()]
+        if stage.name in seen:
+            continue
+        seen.add(stage.name)
+        if stage.base in stages:
+            todo.append(stage.base)
+        for _, args in stage.instructions:
+            todo += [s for s in re.findall(r"from=([\w-]+)", args) if s in stages]
+    return seen
+
+
+SERVING = ["cpu", "gpu"]
+
+
+def test_dockerfile_stages() -> None:
+    stages = dockerfile_stages()
+    assert {"export", "cpu", "gpu", "loadtest"} <= set(stages)
+    assert list(stages)[-1] == "gpu", "a plain `docker build .` must give the GPU image"
+    assert all(s.base in stages or s.base == "${PYTHON_IMAGE}" for s in stages.values())
+    assert re.search(r"ARG PYTHON_IMAGE=python:3\.11-slim\b", (ROOT / "Dockerfile").read_text())
+
+
+def test_export_stage_installs_cpu_torch_first_and_exports() -> None:
+    runs = dockerfile_stages()["export"].all("RUN")
+    torch = next(i for i, r in enumerate(runs) if "torch==" in r)
+    export_extra = next(i for i, r in enumerate(runs) if "'.[export]'" in r or '".[export]"' in r)
+    assert torch < export_extra
+    assert "--index-url https://download.pytorch.org/whl/cpu" in runs[torch]
+    assert any(re.search(r"\bmhaserve export\b.*--repository /models", r) for r in runs)
+
+
+@pytest.mark.parametrize("target", SERVING)
+def test_serving_image_has_no_torch_and_only_models_from_the_export(target: str) -> None:
+    stages = dockerfile_stages()
+    reach = sources(stages, target)
+    for name in reach - {"export"}:
+        for kw, args in stages[name].instructions:
+            assert "torch" not in args and "[export]" not in args, f"{name}: {kw} {args}"
+    for stage in lineage(stages, target):
+        for args in stage.all("COPY"):
+            if "--from=export" in args:
+                assert args.endswith("/models /models"), f"only the model repository comes from the export: {args}"
+
+
+@pytest.mark.parametrize("target", SERVING)
+def test_serving_image_runtime_contract(target: str) -> None:
+    defaults = server_defaults()
+    chain = lineage(dockerfile_stages(), target)
+    instructions = [i for stage in chain for i in stage.instructions]
+
+    def last(keyword: str) -> str:
+        return [args for kw, args in instructions if kw == keyword][-1]
+
+    user = last("USER").split(":")[0]
+    assert user not in ("root", "0"), "the server must not run as root"
+    healthcheck = last("HEALTHCHECK")
+    assert re.search(r"CMD mhaserve health --address \S*127\.0\.0\.1:\$\{MHASERVE_PORT:-(\d+)\}", healthcheck)
+    assert f":-{defaults.port}}}" in healthcheck
+    exposed = {int(p) for args in (a for kw, a in instructions if kw == "EXPOSE") for p in args.split()}
+    assert exposed == {defaults.port, defaults.metrics_port}
+    env = " ".join(a for kw, a in instructions if kw == "ENV")
+    assert "MHASERVE_HOST=0.0.0.0" in env
+    assert f"MHASERVE_PORT={defaults.port}" in env and f"MHASERVE_METRICS_PORT={defaults.metrics_port}" in env
+    assert "MHASERVE_REPOSITORY=/models" in env
+    assert last("ENTRYPOINT") == '["mhaserve", "serve"]'
+
+
+def test_gpu_image_has_cuda_from_pip_and_cpu_image_does_not() -> None:
+    stages = dockerfile_stages()
+    gpu_runs = " ".join(r for s in sources(stages, "gpu") for r in stages[s].all("RUN"))
+    cpu_runs = " ".join(r for s in sources(stages, "cpu") for r in stages[s].all("RUN"))
+    assert "onnxruntime-gpu[cuda,cudnn]" in gpu_runs
+    assert "[cuda" not in cpu_runs and "cudnn" not in cpu_runs
+    assert "ldconfig" in " ".join(stages["gpu"].all("RUN")), "the CUDA libraries from pip must be found"
+    # Never the CPU `onnxruntime` package beside onnxruntime-gpu: both install the same module.
+    text = (ROOT / "Dockerfile").read_text()
+    assert not re.search(r"pip install[^\n]*\bonnxruntime(?!-gpu)(?![\w/.-])", text)
+
+
+def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
+    patterns = {ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".venv", "models", "results", ".git"} <= patterns
+    # What the build needs must not be ignored.
+    for needed in ("pyproject.toml", "README.md", "service", "model", "export", "proto", "loadtest"):
+        assert needed not in patterns
+
+
+# ---- Kubernetes -------------------------------------------------------------------------------------
+
+
+def k8s(kind: str, path: str) -> list[dict[str, Any]]:
+    docs = [d for d in load_yaml_all(K8S / path) if d.get("kind") == kind]
+    assert docs, f"no {kind} in {path}"
+    for d in docs:
+        assert d.get("apiVersion") and d.get("metadata", {}).get("name"), d
+    return docs
+
+
+def container_ports(container: dict[str, Any]) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container["ports"]}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", [])}
+
+
+def check_pod(pod: dict[str, Any], container: dict[str, Any], grpc_port_name: str) -> None:
+    """What every pod spec running the server must get right."""
+    defaults = server_defaults()
+    env = env_of(container)
+    assert env["MHASERVE_HOST"] == "0.0.0.0"
+    port = int(env.get("MHASERVE_PORT", defaults.port))
+    assert container_ports(container)[grpc_port_name] == port == defaults.port
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"]["port"] == port, f"{probe} must ask the gRPC health service"
+    # A liveness failure while draining would kill the drain: it must take longer than the whole drain.
+    live = container["livenessProbe"]
+    grace = float(env.get("MHASERVE_GRACE_PERIOD", defaults.grace_period))
+    prestop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert prestop[0] == "sleep"
+    drain = float(prestop[1]) + grace
+    assert pod["terminationGracePeriodSeconds"] > drain, "SIGKILL would cut the drain short"
+    assert live["periodSeconds"] * live["failureThreshold"] > drain
+    limits = container["resources"]["limits"]
+    assert int(limits["nvidia.com/gpu"]) == 1
+    assert env["MHASERVE_DEVICE"] == "cuda"
+
+
+def test_deployment() -> None:
+    (deploy,) = k8s("Deployment", "deployment.yaml")
+    spec = deploy["spec"]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    check_pod(pod, container, "grpc")
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert container_ports(container)["metrics"] == server_defaults().metrics_port
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(server_defaults().metrics_port)
+    # The image's user: the Dockerfile's USER.
+    assert pod["securityContext"]["runAsUser"] == 10001 and pod["securityContext"]["runAsNonRoot"] is True
+    assert "USER 10001:10001" in (ROOT / "Dockerfile").read_text()
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_services_name_the_grpc_port_for_h2c() -> None:
+    (deploy,) = k8s("Deployment", "deployment.yaml")
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    ports = container_ports(deploy["spec"]["template"]["spec"]["containers"][0])
+    services = k8s("Service", "service.yaml")
+    assert {s["metadata"]["name"] for s in services} == {"mhaserve", "mhaserve-headless"}
+    for svc in services:
+        assert svc["spec"]["selector"].items() <= labels.items()
+        grpc = next(p for p in svc["spec"]["ports"] if p["name"] == "grpc")
+        assert grpc["appProtocol"] == "kubernetes.io/h2c"
+        assert grpc["port"] == server_defaults().port and grpc["targetPort"] in ports
+    headless = next(s for s in services if s["metadata"]["name"] == "mhaserve-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+
+
+def test_hpa_scales_the_deployment_on_a_metric_the_server_exports() -> None:
+    (hpa,) = k8s("HorizontalPodAutoscaler", "hpa.yaml")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "mhaserve"}
+    assert 1 <= spec["minReplicas"] <= spec["maxReplicas"]
+    pods_metrics = [m["pods"]["metric"]["name"] for m in spec["metrics"] if m["type"] == "Pods"]
+    assert pods_metrics and set(pods_metrics) <= metric_samples()
+    (pdb,) = k8s("PodDisruptionBudget", "pdb.yaml")
+    assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "mhaserve"
+
+
+def test_kustomization_lists_existing_manifests() -> None:
+    (kustomization,) = load_yaml_all(K8S / "kustomization.yaml")
+    for resource in kustomization["resources"]:
+        assert (K8S / resource).is_file(), resource
+    assert "kserve-inferenceservice.yaml" not in kustomization["resources"], "it needs KServe's CRDs"
+
+
+def test_kserve_inference_service_runs_the_image_as_a_grpc_custom_predictor() -> None:
+    (isvc,) = k8s("InferenceService", "kserve-inferenceservice.yaml")
+    assert isvc["apiVersion"] == "serving.kserve.io/v1beta1"
+    predictor = isvc["spec"]["predictor"]
+    (container,) = predictor["containers"]
+    assert container["name"] == "kserve-container"
+    # KServe sends HTTP/2 cleartext to the port named h2c: the one the server (and the OIP API) is on.
+    assert [p["name"] for p in container["ports"]] == ["h2c"]
+    check_pod(predictor, container, "h2c")
+    assert container["image"].startswith("mhaserve")
+
+
+# ---- Grafana ----------------------------------------------------------------------------------------
+
+
+def test_dashboard_queries_only_metrics_the_server_exports() -> None:
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/mhaserve.json").read_text())
+    assert dashboard["uid"] and dashboard["title"]
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    titles = {p["title"] for p in dashboard["panels"]}
+    for wanted in ("Throughput by status", "Request latency", "Queue depth", "Batch size", "Padding"):
+        assert wanted in titles
+    known = metric_samples()
+    used = {m for e in exprs for m in re.findall(r"\bmhaserve_\w+", e)}
+    assert used and used <= known, f"the server exports none of {used - known}"
+    alert_exprs = (DEPLOY / "prometheus/alerts.yml").read_text()
+    assert set(re.findall(r"\bmhaserve_\w+", alert_exprs)) <= known
+
+
+# ---- docs -------------------------------------------------------------------------------------------
+
+PATH_RE = re.compile(
+    r"(?<![\w/.-])((?:deploy|tests/deploy|loadtest|docs)/[\w./-]+\w|Dockerfile|\.dockerignore|docker-compose[\w.-]*\.yml)"
+)
+
+
+def deploy_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"^## Deploy\n(.*?)(?=^## |\Z)", readme, re.S | re.M)
+    assert m, "README.md has no '## Deploy' section"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("doc", ["README.md#Deploy", "docs/deploy.md"])
+def test_every_file_the_docs_name_exists(doc: str) -> None:
+    text = deploy_section() if doc == "README.md#Deploy" else (ROOT / doc).read_text()
+    named = set(PATH_RE.findall(text))
+    assert named, "the docs name no files?"
+    missing = sorted(p for p in named if not (ROOT / p).exists() and not any(ROOT.glob(p)))
+    assert not missing, f"{doc} names files that do not exist: {missing}"
+
+
+def test_readme_deploy_section_covers_the_user_path() -> None:
+    text = deploy_section()
+    for needed in (
+        "docker compose up",
+        "--profile loadtest",
+        "--profile monitoring",
+        "--scale encoder=",
+        "docs/deploy.md",
+    ):
+        assert needed in text, f"README's Deploy section should show {needed!r}"
+
+
+def test_docs_commands_use_real_profiles_and_services() -> None:
+    from tests.deploy.helpers import compose_file
+
+    services = compose_file()["services"]
+    profiles = {p for s in services.values() for p in s.get("profiles", [])}
+    text = deploy_section() + (ROOT / "docs/deploy.md").read_text()
+    assert set(re.findall(r"--profile (\w+)", text)) <= profiles
+    assert set(re.findall(r"--scale ([\w-]+)=", text)) <= set(services)

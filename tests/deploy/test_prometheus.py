@@ -1,0 +1,201 @@
+"""deploy/prometheus/ checked by promtool, and Prometheus scraping a real server with the repo's config.
+
+The live test keeps the repo's prometheus.yml and alerts.yml and changes only what must differ outside
+Docker: the replica's address (a static loopback target instead of Docker's DNS) and the intervals.
+Every Grafana panel query and every alert expression is then run against it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import urllib.error
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from tests.deploy.helpers import (
+    DEPLOY,
+    WAIT,
+    Process,
+    Replica,
+    encode,
+    find_binary,
+    free_port,
+    http_get,
+    needs,
+    wait_until,
+)
+
+PROMETHEUS_DIR = DEPLOY / "prometheus"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "mhaserve.json"
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = find_binary("promtool")
+    assert exe is not None
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=WAIT, cwd=PROMETHEUS_DIR)
+
+
+@pytest.mark.integration
+@needs("promtool", "prometheus")
+def test_promtool_accepts_config_and_rules() -> None:
+    result = promtool("check", "config", "prometheus.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.integration
+@needs("promtool", "prometheus")
+def test_alert_rules_fire_as_their_unit_tests_say() -> None:
+    result = promtool("test", "rules", "alerts_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def loopback_config(workdir: Path, metrics_port: int, prometheus_port: int) -> Path:
+    """The repo's config with the replica at a loopback address and 1 s intervals."""
+    config: dict[str, Any] = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
+    config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    job = jobs["mhaserve"]
+    assert job.pop("dns_sd_configs"), "the mhaserve job discovers replicas through Docker's DNS"
+    job["static_configs"] = [{"targets": [f"127.0.0.1:{metrics_port}"]}]
+    jobs["prometheus"]["static_configs"] = [{"targets": [f"127.0.0.1:{prometheus_port}"]}]
+    for rule_file in config["rule_files"]:
+        shutil.copy(PROMETHEUS_DIR / rule_file, workdir / rule_file)
+    path = workdir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class Prometheus(Process):
+    def __init__(self, replica: Replica, workdir: Path) -> None:
+        self.port = free_port()
+        config = loopback_config(workdir, replica.metrics_port, self.port)
+        exe = find_binary("prometheus")
+        assert exe is not None
+        args = [exe, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}"]
+        args += [f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
+        super().__init__(args, workdir / "prometheus.log", cwd=workdir)
+        try:
+            wait_until(lambda: not self.alive() or self.ready(), "Prometheus to be ready", interval=0.2)
+            assert self.alive(), f"prometheus exited:\n{self.log()}"
+        except BaseException:
+            self.stop()
+            raise
+
+    def ready(self) -> bool:
+        try:
+            http_get(f"http://127.0.0.1:{self.port}/-/ready", timeout=1)
+            return True
+        except OSError:
+            return False
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            body = http_get(url)
+        except urllib.error.HTTPError as e:  # 400 for a bad query: its body says why
+            body = e.read()
+        return json.loads(body)
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        answer = self.api("query", query=expr)
+        assert answer["status"] == "success", f"{expr!r}: {answer.get('error')}"
+        result: list[dict[str, Any]] = answer["data"]["result"]
+        return result
+
+    def value(self, expr: str) -> float | None:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if result else None
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Callable[[Replica], Prometheus]]:
+    started: list[Prometheus] = []
+
+    def start(replica: Replica) -> Prometheus:
+        workdir = tmp_path / "prometheus"
+        workdir.mkdir()
+        started.append(Prometheus(replica, workdir))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for p in started:
+            p.stop()
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, expr) for every query of the dashboard, with Grafana's variables filled in."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    fill = {"$__rate_interval": "10s", "$__interval": "1s", "$instance": ".*", "$method": ".*"}
+    queries = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for var, value in fill.items():
+                expr = expr.replace(var, value)
+            assert "$" not in expr, f"unfilled variable in {panel['title']!r}: {expr}"
+            queries.append((panel["title"], expr))
+    return queries
+
+
+def alert_exprs() -> list[tuple[str, str]]:
+    rules = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
+    return [(r["alert"], r["expr"]) for group in rules["groups"] for r in group["rules"]]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@needs("prometheus")
+@pytest.mark.timeout(180)
+def test_prometheus_scrapes_a_replica_and_sees_requests_counted(
+    replicas: Callable[[int], list[Replica]], prometheus: Callable[[Replica], Prometheus]
+) -> None:
+    (replica,) = replicas(1)
+    prom = prometheus(replica)
+    wait_until(lambda: prom.value('up{job="mhaserve"}') == 1.0, "the replica's target to be up")
+
+    counted = 'sum(mhaserve_requests_total{job="mhaserve", code="OK"})'
+    with grpc.insecure_channel(replica.address) as ch:
+        stub = pb_grpc.EncoderServiceStub(ch)
+        for total in (10, 25):
+            while (replica.encode_ok()) < total:
+                encode(stub, "count me")
+            wait_until(lambda t=total: (prom.value(counted) or 0) >= t, f"Prometheus to count {total} requests")  # type: ignore[misc]
+    assert prom.value(counted) == 25.0
+
+    # The rules loaded and evaluate without error.
+    def rules_healthy() -> bool:
+        groups = prom.api("rules")["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        return len(rules) == len(alert_exprs()) and all(r["health"] == "ok" for r in rules)
+
+    wait_until(rules_healthy, "the alert rules to evaluate")
+    firing = [a["labels"]["alertname"] for a in prom.api("alerts")["data"]["alerts"]]
+    assert not firing, f"alerts fire against a healthy replica: {firing}"
+
+    # Every query the alerts and the dashboard make is valid PromQL over the server's real series, and
+    # every panel has data (rates and percentiles need traffic between two scrapes in their window).
+    for _alert, expr in alert_exprs():
+        prom.query(expr)
+    with grpc.insecure_channel(replica.address) as ch:
+        stub = pb_grpc.EncoderServiceStub(ch)
+        for _ in range(20):
+            encode(stub, "keep the rates up")
+
+    def empty_panels() -> list[str]:
+        return [title for title, expr in dashboard_queries() if not prom.query(expr)]
+
+    try:
+        wait_until(lambda: not empty_panels(), "every dashboard panel to show data", timeout=15)
+    except AssertionError:
+        raise AssertionError(f"dashboard panels without data: {empty_panels()}") from None
