@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.helpers import DEPLOY, ROOT, load_yaml_all, metric_samples, server_defaults
+from tests.deploy.helpers import DEPLOY, ROOT, compose_file, load_yaml_all, metric_samples, server_defaults
 
 K8S = DEPLOY / "k8s"
 
@@ -309,8 +309,6 @@ def test_readme_deploy_section_covers_the_user_path() -> None:
 
 
 def test_docs_commands_use_real_profiles_and_services() -> None:
-    from tests.deploy.helpers import compose_file
-
     services = compose_file()["services"]
     profiles = {p for s in services.values() for p in s.get("profiles", [])}
     text = deploy_section() + (ROOT / "docs/deploy.md").read_text()
