@@ -15,6 +15,8 @@ SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 def test_there_are_protos() -> None:
     assert Path("proto/encoder/v1/encoder.proto") in PROTOS
+    assert Path("proto/inference/v2/grpc_service.proto") in PROTOS
+    assert Path("proto/inference/v2/model_config.proto") in PROTOS
 
 
 @pytest.mark.parametrize("proto", PROTOS, ids=str)
