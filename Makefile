@@ -88,7 +88,7 @@ proto: $(VENV)/.stamp-dev
 	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. $$(find proto -name '*.proto' | sort)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .venv-triton .pytest_cache .mypy_cache .ruff_cache build *.egg-info
 
 # Load test a running server (`make serve` in another shell) with loadtest/locustfile.py, headless.
 # Reports (CSV, JSON, HTML) go to $(LOADTEST_RESULTS)/loadtest-<timestamp>/; the exit status is 1 only
