@@ -7,6 +7,8 @@ runs graphs through `OnnxEngine` too, so the gate checks the path the server ser
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import os
 from pathlib import Path
@@ -61,6 +63,24 @@ def check_batch(
         raise InvalidArgument("attention_mask must hold only 0 and 1")
 
 
+@functools.cache
+def cuda_device_visible() -> bool:
+    """Whether this host shows a CUDA device: a /dev/nvidia<N> node, or a driver that counts one (WSL).
+
+    onnxruntime-gpu lists CUDAExecutionProvider whether or not a GPU or the CUDA libraries are there,
+    and logs a red error when it then fails to load them; `--device auto` asks this first, so a
+    CPU-only host starts quietly.
+    """
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return True
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int(0)
+        return bool(cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0)
+    except (OSError, AttributeError):
+        return False
+
+
 def _session_options(intra_op_threads: int | None, inter_op_threads: int) -> object:
     import onnxruntime as ort
 
@@ -91,7 +111,9 @@ class OnnxEngine:
 
         self.max_seq_len = max_seq_len
         self.vocab_size = vocab_size
-        want_cuda = device == "cuda" or (device == "auto" and CUDA in ort.get_available_providers())
+        want_cuda = device == "cuda" or (
+            device == "auto" and CUDA in ort.get_available_providers() and cuda_device_visible()
+        )
         providers: list[str | tuple[str, dict[str, str]]] = [CPU]
         if want_cuda:
             # CPU only for the nodes CUDA cannot run; ORT assigns those itself.
