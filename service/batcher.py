@@ -11,7 +11,10 @@ What Infinity's batch worker got wrong, and what this one does instead:
 - waiting is event-driven: an `asyncio.Event` set on arrival, and one timed wait for `max_wait_ms`;
 - a request whose client cancelled, or whose deadline passed, frees its queue slots at once and its
   sequences are skipped before inference;
-- inference runs on one worker thread (ONNX Runtime releases the GIL), never on the event loop.
+- inference runs on one worker thread (ONNX Runtime releases the GIL), never on the event loop;
+- a watchdog bounds each batch (`inference_timeout`): a batch past it fails its requests with
+  UNAVAILABLE, the queue is failed and new work refused, and `on_stall` tells the server (which reports
+  NOT_SERVING); if the engine ever returns, `on_recover` does, and batches run again.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from operator import attrgetter
 from typing import Protocol
@@ -81,6 +84,7 @@ class _Seq:
 
 
 Live = Callable[[_Seq], bool]
+Hook = Callable[[], Awaitable[None]]
 
 
 class _Policy(Protocol):
@@ -215,6 +219,9 @@ class Batcher:
         batching: Batching = "length",
         pad_id: int = 0,
         metrics: Metrics | None = None,
+        inference_timeout: float | None = None,
+        on_stall: Hook | None = None,
+        on_recover: Hook | None = None,
     ) -> None:
         self.engine = engine
         self.limits = limits
@@ -229,6 +236,10 @@ class Batcher:
         self._draining = False
         self._closed = False
         self._worker: asyncio.Task[None] | None = None
+        self.inference_timeout = inference_timeout or None  # 0: no watchdog
+        self.on_stall = on_stall
+        self.on_recover = on_recover
+        self.stalled = False  # a batch overran inference_timeout and its engine call has not returned
         # One thread: concurrent ORT runs on one session only fight over the same cores.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
 
@@ -266,6 +277,8 @@ class Batcher:
         """
         if self._closed:
             raise Unavailable("the server is shutting down")
+        if self.stalled:
+            raise Unavailable(self._stalled_message())
         n = len(seqs)
         if self._depth + n > self.limits.max_queue_size:
             raise ResourceExhausted(
@@ -359,10 +372,17 @@ class Batcher:
                 self.metrics.queue_wait.observe(now - job.enqueued)
         self._depth -= len(batch)
         self.metrics.queue_depth.set(self._depth)
+        run = asyncio.wrap_future(self._executor.submit(self._infer, batch))
         try:
-            embeddings = await asyncio.get_running_loop().run_in_executor(self._executor, self._infer, batch)
+            if self.inference_timeout is not None:
+                done, _ = await asyncio.wait((run,), timeout=self.inference_timeout)
+                if not done:
+                    await self._stall(run, list(jobs.values()), len(batch))
+                    return
+            embeddings = await run
             self._resolve(batch, embeddings)
         except asyncio.CancelledError:
+            run.cancel()
             for job in jobs.values():
                 self._fail(job, Unavailable("the server stopped while this request was computing"))
             raise
@@ -375,6 +395,45 @@ class Batcher:
             error = Internal(f"inference failed on the batch holding this request ({type(e).__name__}); retry")
             for job in jobs.values():
                 self._fail(job, error)
+
+    def _stalled_message(self) -> str:
+        return (
+            f"the model has not answered for more than {self.inference_timeout:g} s (--inference-timeout); "
+            "this server reports NOT_SERVING: retry on another replica"
+        )
+
+    async def _stall(self, run: asyncio.Future[Embeddings], jobs: list[_Job], size: int) -> None:
+        """A batch overran the watchdog: fail it and the queue, tell the server, wait for the engine to return.
+
+        A thread cannot be stopped from outside, so the batch keeps the inference thread until the
+        engine returns (if ever); meanwhile nothing else can run, and nothing is accepted.
+        """
+        ids = ", ".join(sorted({j.request_id for j in jobs if j.request_id}))
+        log.error(
+            "inference on a batch of %d inputs has run for more than %g s (--inference-timeout); failing its "
+            "requests (%s) and the queue, reporting NOT_SERVING until the engine returns",
+            size,
+            self.inference_timeout,
+            ids or "-",
+        )
+        self.stalled = True
+        run.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, so never logged as lost
+        error = Unavailable(self._stalled_message())
+        for job in jobs:
+            self._fail(job, error)
+        self._fail_queued(error)
+        started = time.perf_counter()
+        if self.on_stall is not None:
+            await self.on_stall()
+        await asyncio.wait((run,))
+        self.stalled = False
+        log.warning(
+            "the stalled batch returned after %.1f s (%s); accepting requests again",
+            time.perf_counter() - started + (self.inference_timeout or 0),
+            "failed" if run.exception() is not None else "its results were discarded",
+        )
+        if self.on_recover is not None:
+            await self.on_recover()
 
     def _infer(self, batch: list[_Seq]) -> Embeddings:
         """On the inference thread: pad, run, check the shape."""

@@ -10,8 +10,12 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
+
+if TYPE_CHECKING:
+    from service.client import Connection
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -129,8 +133,31 @@ def _rpc_error(command: str, e: grpc.RpcError) -> int:
     return 1
 
 
+def _connection(args: argparse.Namespace) -> Connection:
+    from service.client import Connection
+
+    return Connection(tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, api_key=args.api_key or None)
+
+
+def _add_connection(p: argparse.ArgumentParser) -> None:
+    import os
+
+    g = p.add_argument_group("security (a server with --tls-cert or API keys)")
+    g.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CA certificates")
+    g.add_argument("--tls-ca", type=Path, metavar="FILE", help="use TLS, trusting the CA certificates in FILE (PEM)")
+    g.add_argument("--tls-cert", type=Path, metavar="FILE", help="client certificate for mutual TLS (PEM)")
+    g.add_argument("--tls-key", type=Path, metavar="FILE", help="its private key (PEM)")
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("MHASERVE_API_KEY"),
+        metavar="KEY",
+        help="sent as 'authorization: Bearer KEY' [env MHASERVE_API_KEY, which keeps it out of ps]",
+    )
+
+
 def _encode(args: argparse.Namespace) -> int:
     from service import client
+    from service.tls import TlsError
 
     try:
         response = client.encode(
@@ -141,20 +168,33 @@ def _encode(args: argparse.Namespace) -> int:
             truncate=args.truncate,
             timeout=args.timeout,
             request_id=args.request_id,
+            connection=_connection(args),
         )
     except grpc.RpcError as e:
         return _rpc_error("encode", e)
+    except TlsError as e:
+        print(f"mhaserve encode: error: {e}", file=sys.stderr)
+        return 2
     print(client.summary(args.texts, response) if args.summary else client.embeddings_json(response))
     return 0
 
 
 def _health(args: argparse.Namespace) -> int:
     from service import client
+    from service.tls import TlsError
 
     try:
-        status = client.health(args.address, service=args.service, timeout=args.timeout)
+        status = client.health(
+            args.address,
+            service=args.service,
+            timeout=args.timeout,
+            connection=_connection(args),
+        )
     except grpc.RpcError as e:
         return _rpc_error("health", e)
+    except TlsError as e:
+        print(f"mhaserve health: error: {e}", file=sys.stderr)
+        return 2
     print(status)
     return 0 if status == "SERVING" else 1
 
@@ -180,6 +220,7 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--summary", action="store_true", help="print a short summary instead of the vectors")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds (default: 30)")
     p.add_argument("--request-id", help="sent as x-request-id; the server logs it")
+    _add_connection(p)
     p.set_defaults(handler=_encode)
 
     p = sub.add_parser(
@@ -190,6 +231,7 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server HOST:PORT (default: {DEFAULT_ADDRESS})")
     p.add_argument("--service", default="", help="service name (default: the whole server)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds (default: 5)")
+    _add_connection(p)
     p.set_defaults(handler=_health)
 
 

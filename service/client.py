@@ -1,9 +1,15 @@
-"""Small synchronous clients behind `mhaserve encode` and `mhaserve health`."""
+"""Small synchronous clients behind `mhaserve encode` and `mhaserve health`.
+
+Both speak plaintext by default; `Connection` adds TLS (a CA to trust, and a client certificate for
+mutual TLS) and an API key, sent as `authorization: Bearer <key>` metadata.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -12,10 +18,34 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from proto.encoder.v1 import encoder_pb2 as pb
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from service.interceptors import REQUEST_ID_HEADER
+from service.tls import channel_credentials
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 # Responses grow with inputs x dimensions; the client should never be the one to refuse them.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How to reach a server: TLS when `tls` or any file is set, and an optional API key (never shown)."""
+
+    tls: bool = False
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    api_key: str | None = field(default=None, repr=False)
+
+    def channel(self, address: str, options: Sequence[tuple[str, int]] = ()) -> grpc.Channel:
+        if self.tls or self.ca is not None or self.cert is not None:
+            return grpc.secure_channel(address, channel_credentials(self.ca, self.cert, self.key), options=options)
+        return grpc.insecure_channel(address, options=options)
+
+    def metadata(self, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...] | None:
+        items = (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+        return (*items, *extra) or None
+
+
+PLAINTEXT = Connection()
 
 
 def encode(
@@ -27,24 +57,25 @@ def encode(
     truncate: bool = False,
     timeout: float = 30.0,
     request_id: str | None = None,
+    connection: Connection = PLAINTEXT,
 ) -> pb.EncodeResponse:
     """One Encode call; raises grpc.RpcError with the server's status."""
     request = pb.EncodeRequest(texts=list(texts), model=model, truncate=truncate)
     if normalize is not None:
         request.normalize = normalize
-    metadata = ((REQUEST_ID_HEADER, request_id),) if request_id else None
-    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+    metadata = connection.metadata(*(((REQUEST_ID_HEADER, request_id),) if request_id else ()))
+    with connection.channel(address, CHANNEL_OPTIONS) as channel:
         response: pb.EncodeResponse = pb_grpc.EncoderServiceStub(channel).Encode(
             request, timeout=timeout, metadata=metadata
         )
         return response
 
 
-def health(address: str, *, service: str = "", timeout: float = 5.0) -> str:
+def health(address: str, *, service: str = "", timeout: float = 5.0, connection: Connection = PLAINTEXT) -> str:
     """The serving status name (SERVING, NOT_SERVING, ...); raises grpc.RpcError if the server cannot answer."""
-    with grpc.insecure_channel(address) as channel:
+    with connection.channel(address) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout, metadata=connection.metadata()
         )
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 

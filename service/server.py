@@ -3,7 +3,12 @@
 Start-up binds the port first and reports NOT_SERVING while the model loads and warms up, so an
 orchestrator sees a live process that is not ready yet; then SERVING. Shutdown (SIGTERM or SIGINT):
 health goes NOT_SERVING and new calls are refused with UNAVAILABLE, the batcher stops waiting for
-batches to fill, in-flight and queued requests get the grace period to finish, then the process exits 0.
+batches to fill, streams waiting for their client's next message are closed (service/drain.py), in-flight
+and queued requests get the grace period to finish, then the process exits 0. A second signal during the
+drain exits at once with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM).
+
+Security (service/auth.py, service/tls.py): TLS or mutual TLS on the gRPC port, and API keys checked
+before any handler; a batch past --inference-timeout makes the server report NOT_SERVING (batcher.py).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import signal
 from typing import Literal
 
@@ -25,7 +31,10 @@ from grpc_reflection.v1alpha import reflection
 from proto.encoder.v1 import encoder_pb2 as pb
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from proto.inference.v2 import grpc_service_pb2_grpc as kserve_grpc
+from service import tls
+from service.auth import AuthError, AuthInterceptor, KeyRing, load_keys
 from service.batcher import Batcher
+from service.drain import Drain, DrainInterceptor
 from service.errors import NotFound, ServiceError, Unavailable
 from service.interceptors import ServiceInterceptor
 from service.kserve import SERVICE as KSERVE_SERVICE
@@ -79,9 +88,10 @@ class EncoderServer:
         self.model: LoadedModel | None = None
         self.batcher: Batcher | None = None
         self.pipeline: Pipeline | None = None
-        self.state: Literal["new", "loading", "serving", "draining", "stopped"] = "new"
+        self.state: Literal["new", "loading", "serving", "stalled", "draining", "stopped"] = "new"
         self._server: grpc.aio.Server | None = None
         self._loading: asyncio.Task[None] | None = None
+        self._drain = Drain()
 
     async def start(self) -> None:
         """Find and verify the model, bind the ports, and start loading; `ready()` waits for the rest."""
@@ -90,10 +100,18 @@ class EncoderServer:
             entry = self.repository.entry(s.model, graph=s.graph)
         except (NotFound, RepositoryError) as e:
             raise StartupError(e.message if isinstance(e, ServiceError) else str(e)) from None
+        try:
+            keys = KeyRing(load_keys(s))
+            credentials = tls.server_credentials(s)
+        except (AuthError, tls.TlsError) as e:
+            raise StartupError(str(e)) from None
         for service in ("", SERVICE, KSERVE_SERVICE):
             await self.health.set(service, NOT_SERVING)
+        # Order matters: authentication first (a refused call touches nothing else), then the error map,
+        # then the drain wrapper right around the handlers.
+        auth = [AuthInterceptor(keys, s.open_methods, self.metrics)] if len(keys) else []
         server = grpc.aio.server(
-            interceptors=[ServiceInterceptor(self.metrics, self._gate)],
+            interceptors=[*auth, ServiceInterceptor(self.metrics, self._gate), DrainInterceptor(self._drain)],
             options=[
                 ("grpc.max_receive_message_length", s.max_message_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use is an error, not a silent share
@@ -114,13 +132,27 @@ class EncoderServer:
             ),
             server,
         )
+        address = f"{s.host}:{s.port}"
         try:
-            self.port = server.add_insecure_port(f"{s.host}:{s.port}")
+            if credentials is None:
+                self.port = server.add_insecure_port(address)
+            else:
+                self.port = server.add_secure_port(address, credentials)
         except RuntimeError:
-            raise StartupError(f"cannot listen on {s.host}:{s.port} (in use, or not an address of this host)") from None
+            raise StartupError(
+                f"cannot listen on {address} (in use, not an address of this host, or a TLS key that does not "
+                "match its certificate)"
+            ) from None
         await server.start()
         self._server = server
-        log.info("listening on %s:%d (NOT_SERVING until %s is loaded and warmed up)", s.host, self.port, entry.name)
+        log.info(
+            "listening on %s:%d, %s (NOT_SERVING until %s is loaded and warmed up)",
+            s.host,
+            self.port,
+            tls.mode(s),
+            entry.name,
+        )
+        self._log_security(len(keys))
         if s.metrics_port:
             try:
                 self.metrics_port = self.metrics.serve(s.host, s.metrics_port)
@@ -129,6 +161,20 @@ class EncoderServer:
                 raise StartupError(f"cannot serve metrics on {s.host}:{s.metrics_port}: {e.strerror}") from None
         self.state = "loading"
         self._loading = asyncio.get_running_loop().create_task(self._load(entry), name="load-model")
+
+    def _log_security(self, keys: int) -> None:
+        s = self.settings
+        if keys:
+            log.info(
+                "API keys required (%d configured); open without a key: %s", keys, ", ".join(s.open_methods) or "none"
+            )
+        if s.tls_cert is None and not tls.is_loopback(s.host):
+            log.warning(
+                "serving plaintext gRPC on %s, which is not a loopback address: traffic%s can be read on the "
+                "network; set --tls-cert and --tls-key",
+                s.host,
+                " and API keys" if keys else "",
+            )
 
     async def ready(self) -> None:
         """Wait until the model serves; raises what made loading fail."""
@@ -143,7 +189,14 @@ class EncoderServer:
         runs = await asyncio.to_thread(warm_up, model, limits)
         self.model = model
         self.batcher = Batcher(
-            model.engine, limits=limits, batching=s.batching, pad_id=entry.manifest.pad_id, metrics=self.metrics
+            model.engine,
+            limits=limits,
+            batching=s.batching,
+            pad_id=entry.manifest.pad_id,
+            metrics=self.metrics,
+            inference_timeout=s.inference_timeout,
+            on_stall=self._stalled,
+            on_recover=self._recovered,
         )
         self.batcher.start()
         self.pipeline = Pipeline(model, self.batcher, limits, self.metrics)
@@ -168,9 +221,23 @@ class EncoderServer:
             for service in ("", SERVICE, KSERVE_SERVICE):
                 await self.health.set(service, SERVING)
 
+    async def _stalled(self) -> None:
+        if self.state == "serving":
+            self.state = "stalled"
+            for service in ("", SERVICE, KSERVE_SERVICE):
+                await self.health.set(service, NOT_SERVING)
+
+    async def _recovered(self) -> None:
+        if self.state == "stalled":
+            self.state = "serving"
+            for service in ("", SERVICE, KSERVE_SERVICE):
+                await self.health.set(service, SERVING)
+
     def _gate(self) -> ServiceError | None:
         if self.state in ("draining", "stopped"):
             return Unavailable("the server is shutting down; retry on another replica")
+        if self.state == "stalled":
+            return Unavailable("the model is not responding (--inference-timeout passed); retry on another replica")
         if self.state != "serving":
             return Unavailable("the model is still loading; retry when health reports SERVING")
         return None
@@ -181,6 +248,7 @@ class EncoderServer:
             return
         self.state = "draining"
         await self.health.enter_graceful_shutdown()
+        self._drain.begin()  # after NOT_SERVING is set, so health watchers get it before their stream ends
         if self.batcher is not None:
             self.batcher.drain()
 
@@ -223,12 +291,26 @@ async def serve(settings: Settings, *, engine_factory: EngineFactory = onnx_engi
             await server.stop(0)
             return 1
         await stopping
-        log.info("shutting down: draining for up to %g s", settings.grace_period)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, _exit_now, sig)
+        log.info("shutting down: draining for up to %g s (a second signal exits at once)", settings.grace_period)
         await server.stop()
         with contextlib.suppress(BaseException):
             await ready
+        if server.batcher is not None and server.batcher.stalled:
+            # The stuck inference thread would hold the interpreter's exit forever (it joins its threads).
+            log.error("stopped with an inference call still stuck; exiting without waiting for it")
+            logging.shutdown()
+            os._exit(1)
         log.info("stopped")
         return 0
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def _exit_now(sig: signal.Signals) -> None:
+    """A second SIGTERM or SIGINT while draining: exit now, as a shell reports a process killed by it."""
+    log.warning("second %s while draining: exiting now, without waiting for in-flight requests", sig.name)
+    logging.shutdown()
+    os._exit(128 + sig.value)

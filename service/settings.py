@@ -61,6 +61,41 @@ def _float_or_none(s: str) -> float | None:
     return None if s.strip().lower() in ("", "none", "auto") else float(s)
 
 
+# Callable without an API key: orchestrators' health probes, and reflection (it lists methods, answers none).
+OPEN_METHODS = (
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+)
+
+
+@dataclass(frozen=True, repr=False)
+class ApiKeys:
+    """API keys from the environment. repr and str show how many, never the keys (settings get logged)."""
+
+    keys: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, s: str) -> ApiKeys:
+        return cls(tuple(k.strip() for k in s.split(",") if k.strip()))
+
+    def __repr__(self) -> str:
+        return f"ApiKeys(<{len(self.keys)} masked>)"
+
+    __str__ = __repr__
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+
+def _path_or_none(s: str) -> Path | None:
+    return Path(s) if s.strip() else None
+
+
+def _methods(s: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in s.split(",") if m.strip())
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything `mhaserve serve` can be told. Limits left as None take the device's defaults."""
@@ -125,6 +160,59 @@ class Settings:
         metadata=_opt("ONNX Runtime threads per inference (default: all cores)", _int_or_none, metavar="N"),
     )
     log_level: str = field(default="info", metadata=_opt("log level", str.lower, LOG_LEVELS))
+    inference_timeout: float = field(
+        default=60.0,
+        metadata=_opt(
+            "seconds one batch may compute; past it its requests fail with UNAVAILABLE and health reports "
+            "NOT_SERVING until the engine returns (0: no limit)",
+            float,
+            metavar="SECONDS",
+        ),
+    )
+    tls_cert: Path | None = field(
+        default=None,
+        metadata=_opt(
+            "PEM certificate chain: serve gRPC over TLS, with --tls-key (default: plaintext)",
+            _path_or_none,
+            metavar="FILE",
+        ),
+    )
+    tls_key: Path | None = field(
+        default=None, metadata=_opt("PEM private key of --tls-cert (default: none)", _path_or_none, metavar="FILE")
+    )
+    tls_client_ca: Path | None = field(
+        default=None,
+        metadata=_opt(
+            "PEM CA certificates: require client certificates signed by them, mutual TLS (default: none)",
+            _path_or_none,
+            metavar="FILE",
+        ),
+    )
+    api_keys_file: Path | None = field(
+        default=None,
+        metadata=_opt(
+            "file of API keys, one per line ('#' comments, blank lines ignored); calls must send "
+            "'authorization: Bearer KEY'; MHASERVE_API_KEYS adds comma-separated keys (default: no keys, no "
+            "authentication)",
+            _path_or_none,
+            metavar="FILE",
+        ),
+    )
+    # No flag: a key on the command line shows in `ps` and in shell history.
+    api_keys: ApiKeys = field(
+        default=ApiKeys(),
+        metadata=_opt("API keys, comma-separated, besides those of --api-keys-file", ApiKeys.parse)
+        | {"env_only": True},
+    )
+    open_methods: tuple[str, ...] = field(
+        default=OPEN_METHODS,
+        metadata=_opt(
+            "methods callable without an API key: comma-separated full names, '/pkg.Service/*' for a whole "
+            f"service, '' for none (default: {','.join(OPEN_METHODS)})",
+            _methods,
+            metavar="METHODS",
+        ),
+    )
 
     def __post_init__(self) -> None:
         def positive(name: str, value: float | None, *, zero: bool = False) -> None:
@@ -147,6 +235,18 @@ class Settings:
         ):
             if getattr(self, name) not in choices:
                 raise SettingsError(f"{flag(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        positive("inference_timeout", self.inference_timeout, zero=True)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise SettingsError("--tls-cert and --tls-key go together: set both to serve TLS, or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise SettingsError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+        for method in self.open_methods:
+            service, _, name = method[1:].partition("/")
+            if not method.startswith("/") or not service or not name or "/" in name:
+                raise SettingsError(
+                    f"--open-methods: {method!r} is not a full method name like /grpc.health.v1.Health/Check "
+                    "or /grpc.health.v1.Health/*"
+                )
 
     def limits(self, *, on_cuda: bool) -> Limits:
         """The limits in force: those set explicitly, the device's defaults for the rest."""
@@ -177,6 +277,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field; argparse keeps None for flags not given, so the environment can fill them."""
     for f in dataclasses.fields(Settings):
         meta = f.metadata
+        if meta.get("env_only"):
+            parser.set_defaults(**{f.name: None})  # no flag; build() reads the variable
+            continue
         # Fields whose default depends on the device or the repository say so in their help.
         default = "" if "(default" in meta["help"] else f"; default: {f.default}"
         parser.add_argument(

@@ -1,0 +1,163 @@
+"""Ending idle streams when the server drains, so they do not hold shutdown for the whole grace period.
+
+`server.stop(grace)` waits for every open RPC, and a stream ends only when its handler returns. Two
+kinds of stream would never return on their own:
+- a client stream waiting for the client's next message (`EncodeStream`, `ModelStreamInfer`, reflection):
+  once draining begins, the wait for the next message ends as if the client had half-closed; the
+  requests already read are computed and answered in order, then the stream ends with UNAVAILABLE, so
+  the client knows that whatever it sent after the last response was not read and goes elsewhere;
+- a subscription (`grpc.health.v1.Health/Watch`): it gets `LAST_WORD` seconds to send NOT_SERVING,
+  then ends with UNAVAILABLE.
+Unary calls and requests being computed are untouched: they finish within the grace period as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from service.errors import Unavailable
+from service.interceptors import EXEMPT_PREFIXES
+
+T = TypeVar("T")
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+
+SUBSCRIPTIONS = frozenset({"/grpc.health.v1.Health/Watch"})
+LAST_WORD = 0.5  # seconds a subscription gets, once draining begins, to send its last status
+STREAM_CLOSED = (
+    "the server is shutting down: this stream was closed after its last response; "
+    "send what was not answered to another replica"
+)
+
+
+class Drain:
+    """The moment draining begins, as a future streams can wait on (made on first use, on the server's loop)."""
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[None] | None = None
+
+    def future(self) -> asyncio.Future[None]:
+        if self._future is None:
+            self._future = asyncio.get_running_loop().create_future()
+        return self._future
+
+    def begin(self) -> None:
+        if not self.future().done():
+            self.future().set_result(None)
+
+    @property
+    def started(self) -> bool:
+        return self._future is not None and self._future.done()
+
+
+async def _next(iterator: AsyncIterator[T]) -> T:
+    return await iterator.__anext__()
+
+
+class _UntilDrain(AsyncIterator[T]):
+    """A stream's requests, ending (with `cut` set) when draining begins while waiting for the next one."""
+
+    def __init__(self, iterator: AsyncIterator[T], drain: Drain) -> None:
+        self._iterator = iterator.__aiter__()
+        self._drain = drain
+        self.cut = False
+
+    def __aiter__(self) -> _UntilDrain[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self.cut:
+            raise StopAsyncIteration
+        if not self._drain.started:
+            following = asyncio.ensure_future(_next(self._iterator))
+            try:
+                await asyncio.wait((following, self._drain.future()), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                following.cancel()
+                raise
+            if following.done():  # a message that arrived wins over the drain
+                return following.result()
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await following
+        self.cut = True
+        raise StopAsyncIteration
+
+
+class DrainInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps client-streaming-and-server-streaming methods and subscriptions as the module docstring says.
+
+    It must come after `ServiceInterceptor` in the server's list (so it wraps the handler directly):
+    for the methods that interceptor wraps, the end of a cut stream is raised as Unavailable and
+    counted there; for the exempt ones (health, reflection) it aborts with UNAVAILABLE itself.
+    """
+
+    def __init__(self, drain: Drain) -> None:
+        self.drain = drain
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        counted = not method.startswith(EXEMPT_PREFIXES)
+        codec = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.stream_stream is not None and inspect.isasyncgenfunction(handler.stream_stream):
+            return grpc.stream_stream_rpc_method_handler(self._client_stream(handler.stream_stream, counted), **codec)
+        if handler.unary_stream is not None and method in SUBSCRIPTIONS:
+            return grpc.unary_stream_rpc_method_handler(self._subscription(handler.unary_stream), **codec)
+        return handler
+
+    def _client_stream(self, behaviour: Any, counted: bool) -> Any:
+        drain = self.drain
+
+        async def wrapper(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            requests = _UntilDrain(request_iterator, drain)
+            async for response in behaviour(requests, context):
+                yield response
+            if requests.cut:
+                if counted:
+                    raise Unavailable(STREAM_CLOSED)  # ServiceInterceptor maps and counts it
+                await context.abort(grpc.StatusCode.UNAVAILABLE, STREAM_CLOSED)
+
+        return wrapper
+
+    def _subscription(self, behaviour: Any) -> Any:
+        drain = self.drain
+
+        async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            result = behaviour(request, context)
+            if inspect.isasyncgen(result):
+                async for response in result:
+                    await context.write(response)
+            else:
+                await result
+
+        async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            task = asyncio.ensure_future(run(request, context))
+            try:
+                await asyncio.wait((task, drain.future()), return_when=asyncio.FIRST_COMPLETED)
+                if not task.done():
+                    await asyncio.wait((task,), timeout=LAST_WORD)
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+            if not task.cancelled():
+                task.result()  # the handler's own end: its status, or its error
+                return
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; watch another replica")
+
+        return wrapper

@@ -1,0 +1,71 @@
+"""TLS for the gRPC port: server credentials from PEM files, mutual TLS with a client CA, and the client side.
+
+Plaintext stays the default, for loopback development; a server listening in plaintext on any other
+address says so in its log, once, at start-up.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import grpc
+
+from service.settings import Settings
+
+
+class TlsError(ValueError):
+    """A certificate or key that cannot be read; the message names the file and the flag."""
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise TlsError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if b"-----BEGIN " not in data:
+        raise TlsError(f"{what} {path} is not PEM (no '-----BEGIN' line)")
+    return data
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS credentials for the gRPC port, or None for plaintext. With --tls-client-ca, clients must
+    present a certificate that CA signed (the handshake fails otherwise, before any RPC)."""
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    cert = _read(settings.tls_cert, "--tls-cert")
+    key = _read(settings.tls_key, "--tls-key")
+    client_ca = _read(settings.tls_client_ca, "--tls-client-ca") if settings.tls_client_ca is not None else None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def mode(settings: Settings) -> str:
+    """How the port is served, for the log: plaintext, TLS or mutual TLS."""
+    if settings.tls_cert is None:
+        return "plaintext"
+    return "mutual TLS" if settings.tls_client_ca is not None else "TLS"
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def channel_credentials(
+    ca: Path | None = None, cert: Path | None = None, key: Path | None = None
+) -> grpc.ChannelCredentials:
+    """Client-side TLS: trust `ca` (default: the system's roots); present `cert`/`key` for mutual TLS."""
+    if (cert is None) != (key is None):
+        raise TlsError("--tls-cert and --tls-key go together (the client certificate and its key)")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(ca, "--tls-ca") if ca is not None else None,
+        private_key=_read(key, "--tls-key") if key is not None else None,
+        certificate_chain=_read(cert, "--tls-cert") if cert is not None else None,
+    )

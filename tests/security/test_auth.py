@@ -1,0 +1,234 @@
+"""API keys: every method but the open ones wants `authorization: Bearer <key>`; keys never show anywhere."""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from loadtest.reliability.harness import WAIT, ServerThread
+from proto.encoder.v1 import encoder_pb2 as pb
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from proto.inference.v2 import grpc_service_pb2 as kpb
+from proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
+from service import auth
+from service.cli import main
+from service.server import StartupError
+from service.settings import ApiKeys, Settings, SettingsError, build
+
+FILE_KEY = "file-key-6f1c2b9e"
+ENV_KEY = "env-key-0d4a7c31"
+KEYS = (FILE_KEY, ENV_KEY)
+
+
+def bearer(key: str) -> tuple[tuple[str, str]]:
+    return (("authorization", f"Bearer {key}"),)
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("keys") / "api-keys"
+    path.write_text(f"# mhaserve API keys\n\n  {FILE_KEY}  \n# retired: old-key-123\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def secured(tiny_repo: Path, keys_file: Path) -> Settings:
+    return Settings(
+        repository=tiny_repo,
+        model="tiny",
+        port=0,
+        metrics_port=0,
+        device="cpu",
+        intra_op_threads=1,
+        api_keys_file=keys_file,
+        api_keys=ApiKeys((ENV_KEY,)),
+    )
+
+
+@pytest.fixture(scope="module")
+def server(secured: Settings) -> Iterator[ServerThread]:
+    with ServerThread(secured) as srv:
+        yield srv.ready()
+
+
+@pytest.fixture
+def channel(server: ServerThread) -> Iterator[grpc.Channel]:
+    with server.channel() as ch:
+        yield ch
+
+
+def calls(channel: grpc.Channel) -> dict[str, Callable[[Any], Any]]:
+    """One call of every kind the model APIs have, each taking the metadata to send."""
+    enc = pb_grpc.EncoderServiceStub(channel)
+    inf = kpb_grpc.GRPCInferenceServiceStub(channel)
+    return {
+        "Encode": lambda md: enc.Encode(pb.EncodeRequest(texts=["hi"]), metadata=md, timeout=WAIT),
+        "EncodeStream": lambda md: list(
+            enc.EncodeStream(iter([pb.EncodeRequest(texts=["hi"])]), metadata=md, timeout=WAIT)
+        ),
+        "GetModelInfo": lambda md: enc.GetModelInfo(pb.GetModelInfoRequest(), metadata=md, timeout=WAIT),
+        "ServerLive": lambda md: inf.ServerLive(kpb.ServerLiveRequest(), metadata=md, timeout=WAIT),
+        "ModelMetadata": lambda md: inf.ModelMetadata(kpb.ModelMetadataRequest(name="tiny"), metadata=md, timeout=WAIT),
+        "ModelStreamInfer": lambda md: list(
+            inf.ModelStreamInfer(iter([kpb.ModelInferRequest(model_name="tiny")]), metadata=md, timeout=WAIT)
+        ),
+    }
+
+
+WRONG = {
+    "none": None,
+    "unknown key": bearer("not-a-key"),
+    "a prefix of a key": bearer(FILE_KEY[:-1]),
+    "a key and more": bearer(FILE_KEY + "x"),
+    "basic scheme": (("authorization", f"Basic {FILE_KEY}"),),
+    "no scheme": (("authorization", FILE_KEY),),
+    "empty bearer": (("authorization", "Bearer "),),
+    "two headers": (("authorization", f"Bearer {FILE_KEY}"), ("authorization", "Bearer x")),
+}
+
+
+@pytest.mark.parametrize("wrong", WRONG)
+def test_missing_or_wrong_keys_are_unauthenticated_for_every_kind_of_call(
+    server: ServerThread, channel: grpc.Channel, wrong: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = server.counted_all("UNAUTHENTICATED")
+    with caplog.at_level(logging.DEBUG):
+        for name, call in calls(channel).items():
+            with pytest.raises(grpc.RpcError) as e:
+                call(WRONG[wrong])
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, name
+            assert "missing or invalid API key" in e.value.details()
+            assert not any(k in e.value.details() for k in KEYS)
+    assert server.counted_all("UNAUTHENTICATED") - before == len(calls(channel))
+    assert not any(k[:8] in record.getMessage() for record in caplog.records for k in KEYS)
+    assert server.depth() == 0
+
+
+def test_every_configured_key_is_let_in(server: ServerThread, channel: grpc.Channel) -> None:
+    for key in KEYS:
+        for header in (f"Bearer {key}", f"bearer   {key} "):
+            results = {name: call((("authorization", header),)) for name, call in calls(channel).items()}
+            assert len(results["Encode"].embeddings) == 1
+            assert results["GetModelInfo"].name == "tiny"
+            assert results["ServerLive"].live
+
+
+def test_health_and_reflection_stay_open(channel: grpc.Channel) -> None:
+    health = health_pb2_grpc.HealthStub(channel)
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT).status == health_pb2.HealthCheckResponse.SERVING
+    watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=WAIT)
+    assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+    watch.cancel()
+    reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+    (listed,) = reflection.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=WAIT
+    )
+    assert "encoder.v1.EncoderService" in {s.name for s in listed.list_services_response.service}
+
+
+def test_open_methods_are_configurable(secured: Settings) -> None:
+    settings = dataclasses.replace(secured, open_methods=("/inference.GRPCInferenceService/*",))
+    with ServerThread(settings) as srv, srv.channel() as channel:
+        srv.ready()
+        inf = kpb_grpc.GRPCInferenceServiceStub(channel)
+        assert inf.ServerLive(kpb.ServerLiveRequest(), timeout=WAIT).live
+        assert inf.ModelMetadata(kpb.ModelMetadataRequest(name="tiny"), timeout=WAIT).name == "tiny"
+        with pytest.raises(grpc.RpcError) as e:  # no longer open
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as e:
+            pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["x"]), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_without_keys_nothing_is_asked(tiny_repo: Path) -> None:
+    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, device="cpu", intra_op_threads=1)
+    with ServerThread(settings) as srv, srv.channel() as channel:
+        srv.ready()
+        assert pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["x"]), timeout=WAIT).embeddings
+
+
+def test_keys_never_show_in_settings_or_the_log(
+    secured: Settings, keys_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shown = repr(secured) + str(secured) + repr(build({}, env={"MHASERVE_API_KEYS": f"{ENV_KEY}, second-key"}))
+    assert ENV_KEY not in shown and "second-key" not in shown and "<2 masked>" in shown
+    with caplog.at_level(logging.DEBUG):
+        srv = ServerThread(secured)
+        try:
+            srv.ready()
+        finally:
+            srv.stop()
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "API keys required (2 configured)" in text
+    assert not any(k in text for k in KEYS)
+
+
+def test_every_key_is_compared_whichever_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    ring = auth.KeyRing(["a-key", "b-key", "c-key"])
+    compared: list[bool] = []
+    real = hmac.compare_digest
+
+    def counting(a: Any, b: Any) -> bool:
+        compared.append(real(a, b))
+        return compared[-1]
+
+    monkeypatch.setattr(auth.hmac, "compare_digest", counting)
+    for presented, expected in (("a-key", True), ("c-key", True), ("nope", False), ("", False), ("a" * 10000, False)):
+        compared.clear()
+        assert ring.accepts(presented) is expected
+        assert len(compared) == 3  # no early exit on the first match
+    assert "a-key" not in repr(ring)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("# only a comment\n\n", "holds no key"),
+        ("good-key\nbad key with spaces\n", "line 2: an API key must be printable ASCII"),
+        ("ключ\n", "line 1: an API key must be printable ASCII"),
+    ],
+)
+def test_a_bad_keys_file_stops_the_server_without_showing_keys(
+    tiny_repo: Path, tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "keys"
+    path.write_text(content)
+    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, device="cpu", api_keys_file=path)
+    with pytest.raises(StartupError, match=message) as e:
+        ServerThread(settings)
+    assert "bad key" not in str(e.value) and "ключ" not in str(e.value) and "good-key" not in str(e.value)
+
+
+def test_a_missing_keys_file_stops_the_server(tiny_repo: Path, tmp_path: Path) -> None:
+    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, api_keys_file=tmp_path / "nope")
+    with pytest.raises(StartupError, match="cannot read --api-keys-file"):
+        ServerThread(settings)
+
+
+def test_bad_open_methods_are_refused_by_name() -> None:
+    with pytest.raises(SettingsError, match="--open-methods: 'Check' is not a full method name"):
+        build({}, env={"MHASERVE_OPEN_METHODS": "Check"})
+    assert build({"open_methods": ()}, env={}).open_methods == ()
+
+
+def test_the_cli_sends_the_key_from_its_flag_or_its_variable(
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["encode", "hello", "--address", server.address]) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    assert main(["encode", "hello", "--summary", "--address", server.address, "--api-key", FILE_KEY]) == 0
+    assert "1 embeddings" in capsys.readouterr().out
+    monkeypatch.setenv("MHASERVE_API_KEY", ENV_KEY)
+    assert main(["encode", "hello", "--summary", "--address", server.address]) == 0
+    assert main(["health", "--address", server.address]) == 0
+    assert capsys.readouterr().out.strip().endswith("SERVING")

@@ -1,0 +1,227 @@
+"""What a request or a model file can make the server touch: no path from a request's model name, no
+graph whose sha256 differs from its manifest, nothing unpickled or evaluated."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from export import manifest as mf
+from loadtest.reliability.harness import WAIT, ServerProcess, ServerThread
+from proto.encoder.v1 import encoder_pb2 as pb
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from proto.inference.v2 import grpc_service_pb2 as kpb
+from proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
+from service.errors import NotFound
+from service.repository import ModelRepository
+from service.server import StartupError
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+# Names that would walk out of a repository if they were ever joined to a path.
+HOSTILE = [
+    "../tiny",
+    "..",
+    "../../../../etc/passwd",
+    "/etc/passwd",
+    "tiny/../../secrets",
+    "tiny/1/../../../x",
+    "tiny\x00",
+    "\x00../etc",
+    "\u2024\u2024/etc",  # one-dot leaders: not dots, but a normaliser might make them so
+    "\uff0e\uff0e/etc",  # fullwidth full stops
+    "%2e%2e%2fetc",
+    "..\\..\\windows",
+    "~root/.ssh",
+    "TINY",
+    "tiny ",
+    "t" * 10_000,
+]
+
+
+class Watch:
+    """Records every file the process opens or lists, and every repository function called, while on."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.touched: list[str] = []
+        self.lock = threading.Lock()
+
+    def record(self, what: str) -> None:
+        if self.on:
+            with self.lock:
+                self.touched.append(what)
+
+    def audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if self.on and event in ("open", "os.listdir", "os.scandir") and args and isinstance(args[0], str | Path):
+            self.record(f"{event} {args[0]}")
+
+
+@pytest.fixture(scope="module")
+def watch() -> Iterator[Watch]:
+    w = Watch()
+    sys.addaudithook(w.audit)  # audit hooks cannot be removed; `on` keeps it quiet outside these tests
+    yield w
+    w.on = False
+
+
+@pytest.fixture
+def spied(watch: Watch, monkeypatch: pytest.MonkeyPatch) -> Watch:
+    def spy(owner: Any, name: str) -> None:
+        real: Callable[..., Any] = getattr(owner, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            watch.record(f"{name}{args!r}")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapper)
+
+    for name in ("versions", "models", "entry_dir", "read_manifest", "verify_graph", "check_name"):
+        spy(mf, name)
+    spy(ModelRepository, "entry")
+    spy(Path, "stat")
+    watch.touched.clear()
+    return watch
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repo: Path) -> Iterator[ServerThread]:
+    with ServerThread(Settings(repository=tiny_repo, port=0, metrics_port=0, device="cpu", intra_op_threads=1)) as s:
+        yield s.ready()
+
+
+def model_calls(channel: grpc.Channel, name: str) -> dict[str, Callable[[], Any]]:
+    enc = pb_grpc.EncoderServiceStub(channel)
+    inf = kpb_grpc.GRPCInferenceServiceStub(channel)
+    text = kpb.ModelInferRequest.InferInputTensor(name="text", datatype="BYTES", shape=[1])
+    text.contents.bytes_contents.append(b"hi")
+    return {
+        "Encode": lambda: enc.Encode(pb.EncodeRequest(model=name, texts=["hi"]), timeout=WAIT),
+        "EncodeStream": lambda: list(enc.EncodeStream(iter([pb.EncodeRequest(model=name, texts=["hi"])]))),
+        "GetModelInfo": lambda: enc.GetModelInfo(pb.GetModelInfoRequest(model=name), timeout=WAIT),
+        "ModelInfer": lambda: inf.ModelInfer(kpb.ModelInferRequest(model_name=name, inputs=[text]), timeout=WAIT),
+        "ModelStreamInfer": lambda: list(
+            inf.ModelStreamInfer(iter([kpb.ModelInferRequest(model_name=name, inputs=[text])]), timeout=WAIT)
+        ),
+        "ModelMetadata": lambda: inf.ModelMetadata(kpb.ModelMetadataRequest(name=name), timeout=WAIT),
+        "ModelConfig": lambda: inf.ModelConfig(kpb.ModelConfigRequest(name=name), timeout=WAIT),
+        "ModelStatistics": lambda: inf.ModelStatistics(kpb.ModelStatisticsRequest(name=name), timeout=WAIT),
+        "ModelReady": lambda: inf.ModelReady(kpb.ModelReadyRequest(name=name), timeout=WAIT),
+    }
+
+
+def outcome(call: Callable[[], Any]) -> str:
+    try:
+        result = call()
+    except grpc.RpcError as e:
+        return str(e.code().name)
+    if isinstance(result, list):  # a stream: its one response's error
+        (response,) = result
+        if isinstance(response, pb.EncodeResponse):
+            return grpc.StatusCode.NOT_FOUND.name if response.error.code == 5 else f"code {response.error.code}"
+        return response.error_message.split(":")[0] or "OK"
+    if isinstance(result, kpb.ModelReadyResponse):
+        return "ready" if result.ready else "not ready"
+    return "OK"
+
+
+@pytest.mark.parametrize("name", HOSTILE, ids=[ascii(n)[:24] for n in HOSTILE])
+def test_a_model_name_from_a_request_never_reaches_the_filesystem(
+    server: ServerThread, spied: Watch, name: str
+) -> None:
+    with server.channel() as channel:
+        calls = model_calls(channel, name)
+        spied.on = True
+        try:
+            outcomes = {method: outcome(call) for method, call in calls.items()}
+        finally:
+            spied.on = False
+    expected = {method: "NOT_FOUND" for method in calls} | {"ModelReady": "not ready"}
+    assert outcomes == expected
+    assert spied.touched == [], "a request's model name led to file access"
+    with server.channel() as channel:  # and the server goes on
+        assert pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["hi"]), timeout=WAIT).embeddings
+
+
+@pytest.mark.parametrize("name", HOSTILE[:12])
+def test_a_hostile_model_name_at_start_up_is_refused_before_any_path_is_built(
+    tiny_repo: Path, spied: Watch, name: str
+) -> None:
+    repository = ModelRepository(tiny_repo)
+    spied.on = True
+    try:
+        with pytest.raises(NotFound, match="invalid model name"):
+            repository.entry(name)
+    finally:
+        spied.on = False
+    assert any(t.startswith("check_name") for t in spied.touched)  # the watch does see calls
+    assert all(not t.startswith(("open", "os.", "stat", "entry_dir", "read_manifest")) for t in spied.touched)
+
+
+@pytest.fixture
+def tampered(tiny_entry: Path, tmp_path: Path) -> Path:
+    """A copy of the tiny model whose graphs were changed after the manifest vouched for them."""
+    entry = tmp_path / "repo" / "tiny" / "1"
+    shutil.copytree(tiny_entry, entry)
+    for graph in entry.glob("*.onnx"):
+        with graph.open("ab") as f:
+            f.write(b"\x00")
+    return tmp_path / "repo"
+
+
+def test_a_graph_that_fails_its_sha256_is_never_loaded(tampered: Path) -> None:
+    loaded: list[object] = []
+
+    def factory(entry: Any, settings: Any) -> Any:
+        loaded.append(entry)
+        raise AssertionError("the engine was built for a tampered graph")
+
+    settings = Settings(repository=tampered, port=0, metrics_port=0, device="cpu")
+    for graph in ("auto", "fp32", "fp16"):
+        with pytest.raises(StartupError, match="fails its checksum"):
+            ServerThread(Settings(**{**settings.__dict__, "graph": graph}), factory)
+    assert loaded == []
+
+
+@pytest.mark.slow
+def test_serve_exits_1_on_a_tampered_graph(tampered: Path, tmp_path: Path) -> None:
+    flags = ["--repository", str(tampered), "--port", "0", "--metrics-port", "0", "--device", "cpu"]
+    with ServerProcess(flags, tmp_path / "serve.log") as proc:
+        assert proc.wait(WAIT) == 1
+        assert "fails its checksum" in proc.log and "Traceback" not in proc.log
+
+
+# Modules the server runs, and what they must never call on bytes from a request or a model file.
+SERVING_CODE = sorted((ROOT / "service").glob("*.py")) + [
+    ROOT / "export" / "manifest.py",
+    ROOT / "export" / "tokenizer.py",
+]
+FORBIDDEN_MODULES = {"pickle", "cPickle", "dill", "joblib", "marshal", "shelve", "cloudpickle", "torch"}
+FORBIDDEN_BUILTINS = {"eval", "exec", "compile", "__import__"}
+FORBIDDEN_METHODS = {"register_custom_ops_library", "loads"}  # custom ORT ops are native code; loads: pickle & co
+
+
+@pytest.mark.parametrize("path", SERVING_CODE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_serving_code_never_unpickles_or_evaluates(path: Path) -> None:
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert not {a.name.split(".")[0] for a in node.names} & FORBIDDEN_MODULES, ast.dump(node)
+        elif isinstance(node, ast.ImportFrom):
+            assert (node.module or "").split(".")[0] not in FORBIDDEN_MODULES, ast.dump(node)
+        elif isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Name):
+                assert node.func.id not in FORBIDDEN_BUILTINS, f"{path.name}:{node.lineno} calls {node.func.id}"
+            elif isinstance(node.func, ast.Attribute) and node.func.attr in {"load", *FORBIDDEN_METHODS}:
+                owner = ast.unparse(node.func.value)  # np.load, yaml.load, pickle.loads...: only json may
+                assert owner == "json", f"{path.name}:{node.lineno} calls {owner}.{node.func.attr}"
+            for kw in node.keywords:
+                assert not (kw.arg == "allow_pickle" and ast.unparse(kw.value) != "False"), f"{path.name}:{node.lineno}"

@@ -1,0 +1,129 @@
+"""TLS and mutual TLS on the gRPC port, with certificates made for the test; plaintext stays the default."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from loadtest.reliability.harness import WAIT, ServerThread, health_status
+from proto.encoder.v1 import encoder_pb2 as pb
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from service import tls
+from service.cli import main
+from service.client import Connection
+from service.server import EncoderServer, StartupError
+from service.settings import ApiKeys, Settings, SettingsError, build
+from tests.security.conftest import Pki
+
+TEXT = pb.EncodeRequest(texts=["over TLS"])
+
+
+def encode(address: str, connection: Connection, timeout: float = WAIT) -> grpc.StatusCode:
+    with connection.channel(address) as channel:
+        try:
+            pb_grpc.EncoderServiceStub(channel).Encode(TEXT, timeout=timeout, metadata=connection.metadata())
+        except grpc.RpcError as e:
+            return e.code()
+    return grpc.StatusCode.OK
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_repo: Path) -> Settings:
+    return Settings(repository=tiny_repo, model="tiny", port=0, metrics_port=0, device="cpu", intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def tls_server(plain: Settings, pki: Pki) -> Iterator[ServerThread]:
+    with ServerThread(dataclasses.replace(plain, tls_cert=pki.server_cert, tls_key=pki.server_key)) as srv:
+        yield srv.ready()
+
+
+@pytest.fixture(scope="module")
+def mtls_server(plain: Settings, pki: Pki) -> Iterator[ServerThread]:
+    settings = dataclasses.replace(
+        plain, tls_cert=pki.server_cert, tls_key=pki.server_key, tls_client_ca=pki.ca, api_keys=ApiKeys(("k-1",))
+    )
+    with ServerThread(settings) as srv:
+        yield srv.ready()
+
+
+def test_tls_serves_clients_that_trust_its_ca_only(tls_server: ServerThread, pki: Pki) -> None:
+    address = tls_server.address
+    assert encode(address, Connection(ca=pki.ca)) == grpc.StatusCode.OK
+    assert encode(f"localhost:{tls_server.server.port}", Connection(ca=pki.ca)) == grpc.StatusCode.OK
+    with Connection(ca=pki.ca).channel(address) as channel:
+        assert health_status(channel) == "SERVING"
+    # A client that does not trust the CA, and a plaintext client, never get an answer.
+    assert encode(address, Connection(ca=pki.other_ca), timeout=5) == grpc.StatusCode.UNAVAILABLE
+    assert encode(address, Connection(), timeout=5) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mutual_tls_wants_a_client_certificate_from_its_ca(mtls_server: ServerThread, pki: Pki) -> None:
+    address = mtls_server.address
+    good = Connection(ca=pki.ca, cert=pki.client_cert, key=pki.client_key, api_key="k-1")
+    assert encode(address, good) == grpc.StatusCode.OK
+    # The key is still asked for: mutual TLS and API keys combine.
+    assert encode(address, dataclasses.replace(good, api_key=None)) == grpc.StatusCode.UNAUTHENTICATED
+    for refused in (
+        Connection(ca=pki.ca, api_key="k-1"),  # no certificate
+        Connection(ca=pki.ca, cert=pki.stranger_cert, key=pki.stranger_key, api_key="k-1"),  # another CA's
+        Connection(ca=pki.ca, cert=pki.server_cert, key=pki.server_key, api_key="k-1"),  # not for clients
+    ):
+        assert encode(address, refused, timeout=5) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_cli_speaks_tls_and_mutual_tls(
+    tls_server: ServerThread, mtls_server: ServerThread, pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["encode", "hello", "--summary", "--address", tls_server.address, "--tls-ca", str(pki.ca)]) == 0
+    assert main(["health", "--address", tls_server.address, "--tls-ca", str(pki.ca)]) == 0
+    mtls = ["--address", mtls_server.address, "--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert)]
+    mtls += ["--tls-key", str(pki.client_key)]
+    assert main(["encode", "hello", "--summary", "--api-key", "k-1", *mtls]) == 0
+    assert main(["health", *mtls]) == 0
+    capsys.readouterr()
+    assert main(["health", "--address", mtls_server.address, "--tls-ca", str(pki.ca), "--timeout", "3"]) == 1
+    assert "UNAVAILABLE" in capsys.readouterr().err
+    assert main(["health", "--address", tls_server.address, "--tls-cert", str(pki.client_cert)]) == 2
+    assert "--tls-cert and --tls-key go together" in capsys.readouterr().err
+
+
+def test_start_up_refuses_unusable_certificates(plain: Settings, pki: Pki, tmp_path: Path) -> None:
+    not_pem = tmp_path / "cert.der"
+    not_pem.write_bytes(b"\x30\x82garbage")
+    for settings, message in (
+        (dataclasses.replace(plain, tls_cert=tmp_path / "nope.pem", tls_key=pki.server_key), "cannot read --tls-cert"),
+        (dataclasses.replace(plain, tls_cert=not_pem, tls_key=pki.server_key), "is not PEM"),
+        (
+            dataclasses.replace(plain, tls_cert=pki.server_cert, tls_key=pki.client_key),
+            "a TLS key that does not match its certificate",
+        ),
+    ):
+        with pytest.raises(StartupError, match=message):
+            ServerThread(settings)
+
+
+def test_tls_settings_go_together() -> None:
+    with pytest.raises(SettingsError, match="--tls-cert and --tls-key go together"):
+        build({}, env={"MHASERVE_TLS_CERT": "server.pem"})
+    with pytest.raises(SettingsError, match="--tls-client-ca .* needs --tls-cert"):
+        build({}, env={"MHASERVE_TLS_CLIENT_CA": "ca.pem"})
+    s = build({}, env={"MHASERVE_TLS_CERT": "s.pem", "MHASERVE_TLS_KEY": "s.key", "MHASERVE_TLS_CLIENT_CA": "ca.pem"})
+    assert (s.tls_cert, s.tls_key, s.tls_client_ca) == (Path("s.pem"), Path("s.key"), Path("ca.pem"))
+    assert (tls.mode(Settings()), tls.mode(s)) == ("plaintext", "mutual TLS")
+
+
+def test_plaintext_off_loopback_is_logged(plain: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    assert all(tls.is_loopback(h) for h in ("127.0.0.1", "127.8.9.1", "::1", "[::1]", "localhost"))
+    assert not any(tls.is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "encoder.internal"))
+    with caplog.at_level(logging.INFO):
+        EncoderServer(plain)._log_security(0)  # loopback: quiet
+        assert not caplog.records
+        EncoderServer(dataclasses.replace(plain, host="0.0.0.0"))._log_security(2)
+    (record,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "plaintext gRPC on 0.0.0.0" in record.getMessage() and "API keys" in record.getMessage()
