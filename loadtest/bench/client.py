@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -24,13 +23,13 @@ from typing import IO, Any
 import grpc
 import grpc.aio
 
+from loadtest.bench.quiet import busy_cores, machine_cpu, process_cpu_seconds, self_cpu_seconds
 from loadtest.bench.stats import latency_summary
 from loadtest.bench.workloads import Workload
 from proto.encoder.v1 import encoder_pb2 as pb
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
-TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class BenchError(RuntimeError):
@@ -41,33 +40,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process and its threads (Linux /proc; None elsewhere)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
-
-
-def self_cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def machine_cpu() -> tuple[float, float] | None:
-    """(busy, total) CPU seconds of the whole machine, all cores (Linux /proc/stat; None elsewhere)."""
-    try:
-        first = Path("/proc/stat").read_text().splitlines()[0].split()
-    except OSError:
-        return None
-    values = [int(v) for v in first[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    total = sum(values[:8])  # guest time is already counted in user
-    return (total - idle) / TICKS, total / TICKS
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -265,8 +237,9 @@ def run_point(
         return after.get(name, 0.0) - before.get(name, 0.0)
 
     batches, padded = delta("mhaserve_batch_size_count"), delta("mhaserve_batch_tokens_sum")
-    machine0, machine1 = raw["machine"]
-    cores = os.cpu_count() or 1
+    machine = busy_cores(*raw["machine"])
+    server_cores = raw["server_cpu_s"] / seconds if raw["server_cpu_s"] is not None else None
+    client_cores = raw["client_cpu_s"] / seconds
     return {
         "concurrency": concurrency,
         "seconds": seconds,
@@ -281,10 +254,11 @@ def run_point(
         # Token-weighted: the share of the tokens the model computed that were padding.
         "padding_fraction": max(0.0, 1 - raw["all_tokens"] / padded) if padded else None,
         # CPU in cores (1.0 = one core busy for the whole window), measured over the window.
-        "client_cpu_cores": raw["client_cpu_s"] / seconds,
-        "server_cpu_cores": raw["server_cpu_s"] / seconds if raw["server_cpu_s"] is not None else None,
-        "machine_cpu_cores": (
-            (machine1[0] - machine0[0]) / (machine1[1] - machine0[1]) * cores if machine0 and machine1 else None
+        "client_cpu_cores": client_cores,
+        "server_cpu_cores": server_cores,
+        "machine_cpu_cores": machine,
+        "other_cpu_cores": (
+            None if machine is None or server_cores is None else max(0.0, machine - server_cores - client_cores)
         ),
-        "cores": cores,
+        "cores": os.cpu_count() or 1,
     }

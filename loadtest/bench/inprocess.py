@@ -8,6 +8,7 @@ Every measurement runs whole passes over the workload, so a short one cannot see
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from loadtest.bench.quiet import Guard, busy_cores, machine_cpu, self_cpu_seconds
 from loadtest.bench.stats import latency_summary
 from loadtest.bench.workloads import Workload
 
@@ -40,6 +42,7 @@ def timed_passes(run: RunBatch, plan: Sequence[list[int]], min_time: float) -> d
     run(plan[0])
     latencies: list[float] = []
     sequences = padded = passes = 0
+    machine0, own0 = machine_cpu(), self_cpu_seconds()
     start = time.perf_counter()
     while True:
         for batch in plan:
@@ -51,7 +54,10 @@ def timed_passes(run: RunBatch, plan: Sequence[list[int]], min_time: float) -> d
         elapsed = time.perf_counter() - start
         if elapsed >= min_time:
             break
+    machine = busy_cores(machine0, machine_cpu())
+    own = (self_cpu_seconds() - own0) / elapsed
     return {
+        "other_cpu_cores": None if machine is None else max(0.0, machine - own),
         "sequences": sequences,
         "padded_tokens": padded,
         "seconds": elapsed,
@@ -73,6 +79,7 @@ def _result(label: str, engine: str, batch_size: int, workload: Workload, timing
         "tok_per_s": real / seconds,
         "padding_fraction": 1 - real / timing["padded_tokens"] if timing["padded_tokens"] else 0.0,
         "latency_ms": latency_summary(timing["latencies"]),
+        "other_cpu_cores": timing["other_cpu_cores"],
     }
 
 
@@ -109,11 +116,15 @@ def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
         engine.run(ids, mask)
         return int(ids.size)
 
+    def at(b: int) -> dict[str, Any]:
+        return _result("batch", "onnxruntime", b, workload, timed_passes(run, batches(workload, b), spec["min_time"]))
+
+    guard = Guard(**spec["guard"])
     sweep = []
-    for b in spec["batch_sizes"]:
+    for b in spec.get("batch_sizes_by_workload", {}).get(workload.name, spec["batch_sizes"]):
         if b > len(workload.ids):
             continue
-        r = _result("batch", "onnxruntime", b, workload, timed_passes(run, batches(workload, b), spec["min_time"]))
+        r = guard.measure(functools.partial(at, b), _say)
         sweep.append(r)
         _say(
             f"onnxruntime {workload.name:5} batch {b:3}: {r['seq_per_s']:9.1f} seq/s "
@@ -122,7 +133,7 @@ def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
     best = max(sweep, key=lambda r: r["seq_per_s"])
     one = next((r for r in sweep if r["batch_size"] == 1), None)
     if one is None:
-        one = _result("batch", "onnxruntime", 1, workload, timed_passes(run, batches(workload, 1), spec["min_time"]))
+        one = guard.measure(functools.partial(at, 1), _say)
     return {
         "ceiling": {**best, "label": "ceiling"},
         "one_at_a_time": {**one, "label": "one_at_a_time"},
@@ -183,7 +194,10 @@ def measure_torch(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
 
     b = min(spec["torch_batch_size"], len(workload.ids))
     # Sorted by length, as sentence-transformers' encode() batches.
-    r = _result("pytorch", "pytorch", b, workload, timed_passes(run, batches(workload, b), spec["min_time"]))
+    plan = batches(workload, b)
+    r = Guard(**spec["guard"]).measure(
+        lambda: _result("pytorch", "pytorch", b, workload, timed_passes(run, plan, spec["min_time"])), _say
+    )
     r["model"] = origin
     r["threads"] = torch.get_num_threads()
     r["device"] = device

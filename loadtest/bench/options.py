@@ -21,6 +21,7 @@ QUICK: dict[str, Any] = {
     "fixed_pool": 16,
     "mixed_pool": 32,
     "torch_batch_size": 8,
+    "retries": 0,
 }
 
 
@@ -78,6 +79,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FLAG",
         help="extra flag for `mhaserve serve`, e.g. --server-arg=--max-wait-ms=5 (repeatable)",
     )
+    g = p.add_argument_group("on a shared machine")
+    g.add_argument(
+        "--max-other-cpu",
+        type=float,
+        default=0.25,
+        metavar="CORES",
+        help="a measurement during which other processes took more CPU than this is taken again (default 0.25)",
+    )
+    g.add_argument("--retries", type=int, help="how many times to measure a disturbed figure again (default 2)")
+    g.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="longest wait for the machine to calm down before a measurement (default 30)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the workloads' draws")
     p.add_argument(
         "--quick", action="store_true", help="a tiny random model and few short points: seconds, not minutes"
@@ -94,6 +111,7 @@ FULL: dict[str, Any] = {
     "fixed_pool": 64,
     "mixed_pool": 256,
     "torch_batch_size": 32,
+    "retries": 2,
 }
 
 
@@ -111,7 +129,15 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 def command_line(args: argparse.Namespace) -> str:
     """The `mhaserve bench` command that reproduces a run (the options that were given)."""
     parts = ["mhaserve", "bench"]
-    defaults = {"graph": "auto", "device": "auto", "workloads": WORKLOADS, "batching": BATCHING, "seed": 0}
+    defaults = {
+        "graph": "auto",
+        "device": "auto",
+        "workloads": WORKLOADS,
+        "batching": BATCHING,
+        "seed": 0,
+        "max_other_cpu": 0.25,
+        "quiet_wait": 30.0,
+    }
     for key, value in vars(args).items():
         if key in ("handler", "command", "verbose", "output") or value in (None, False, [], defaults.get(key)):
             continue

@@ -17,6 +17,24 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.0f}%"
 
 
+def _mark(r: dict[str, Any]) -> str:
+    return " *" if r.get("disturbed") else ""
+
+
+def _disturbed(report: dict[str, Any]) -> list[str]:
+    """The figures taken beside more other work than the guard allows."""
+    out = []
+    for wname, inproc in report["inprocess"].items():
+        out += [f"{wname} ORT batch {r['batch_size']}" for r in inproc["sweep"] if r.get("disturbed")]
+        torch = inproc.get("pytorch") or {}
+        if torch.get("disturbed"):
+            out.append(f"{wname} PyTorch")
+    for batching, runs in report["server"].items():
+        for wname, points in runs.items():
+            out += [f"{wname} {batching} {p['concurrency']} clients" for p in points if p.get("disturbed")]
+    return out
+
+
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
     """The headline figures: ratio to the ceiling at 32 clients (or the nearest), length vs arrival on mixed."""
     out: dict[str, Any] = {}
@@ -38,6 +56,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
                 "best_seq_per_s": best["seq_per_s"],
                 "best_clients": best["concurrency"],
                 "best_ratio": best["seq_per_s"] / ceiling,
+                "other_cpu_cores": at.get("other_cpu_cores"),
             }
         if "length" in w and "arrival" in w:
             w["length_over_arrival"] = w["length"]["seq_per_s"] / w["arrival"]["seq_per_s"]
@@ -84,8 +103,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"- **{wname}**: " + "; ".join(parts))
     lines += ["", "## In-process", ""]
     lines += [
-        "| workload | what | batch | seq/s | tok/s | p50 ms | p95 ms | p99 ms | padding | / ceiling |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| workload | what | batch | seq/s | tok/s | p50 ms | p95 ms | p99 ms | padding | / ceiling | other CPU |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for wname, inproc in report["inprocess"].items():
         ceiling = inproc["ceiling"]["seq_per_s"]
@@ -99,11 +118,19 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {wname} | {label} | {r['batch_size']} | {_f(r['seq_per_s'])} | {_f(r['tok_per_s'], 0)} | "
                 f"{_f(lat['p50'])} | {_f(lat['p95'])} | {_f(lat['p99'])} | {_pct(r['padding_fraction'])} | "
-                f"{r['seq_per_s'] / ceiling:.2f} |"
+                f"{r['seq_per_s'] / ceiling:.2f} | {_f(r.get('other_cpu_cores'), 2)}{_mark(r)} |"
             )
         if torch and "skipped" in torch:
-            lines.append(f"| {wname} | PyTorch eager: skipped ({torch['skipped']}) | | | | | | | | |")
+            lines.append(f"| {wname} | PyTorch eager: skipped ({torch['skipped']}) | | | | | | | | | |")
     lines += ["", "In-process latencies are per call (one batch). Text workloads include tokenisation.", ""]
+    for wname, inproc in report["inprocess"].items():
+        after = inproc.get("ceiling_after")
+        if after:
+            lines.append(
+                f"- {wname}: the ceiling measured again after the server runs: {_f(after['seq_per_s'])} seq/s "
+                f"at batch {after['batch_size']} ({after['drift']:+.0%} against the first measurement)"
+            )
+    lines.append("")
     lines += ["### Ceiling sweep (ONNX Runtime in-process, seq/s by batch size)", ""]
     sizes = sorted({r["batch_size"] for inproc in report["inprocess"].values() for r in inproc["sweep"]})
     lines += ["| workload | " + " | ".join(f"b={b}" for b in sizes) + " |", "| --- |" + " ---: |" * len(sizes)]
@@ -113,7 +140,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Server over gRPC", ""]
     lines += [
         "| workload | batching | clients | seq/s | tok/s | p50 ms | p95 ms | p99 ms | / ceiling | padding "
-        "| mean batch | server CPU | client CPU | machine CPU | errors |",
+        "| mean batch | server CPU | client CPU | other CPU | errors |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for wname, inproc in report["inprocess"].items():
@@ -126,15 +153,29 @@ def markdown(report: dict[str, Any]) -> str:
                     f"| {wname} | {batching} | {p['concurrency']} | {_f(p['seq_per_s'])} | {_f(p['tok_per_s'], 0)} | "
                     f"{_f(lat['p50'])} | {_f(lat['p95'])} | {_f(lat['p99'])} | {p['seq_per_s'] / ceiling:.2f} | "
                     f"{_pct(p['padding_fraction'])} | {_f(p['mean_batch_size'])} | {_f(p['server_cpu_cores'], 2)} | "
-                    f"{_f(p['client_cpu_cores'], 2)} | {_f(p['machine_cpu_cores'], 2)} | {errors} |"
+                    f"{_f(p['client_cpu_cores'], 2)} | {_f(p.get('other_cpu_cores'), 2)}{_mark(p)} | {errors} |"
                 )
     lines += [
         "",
         "CPU columns are in cores busy over the measured window (the machine has "
-        f"{machine['cores']}): the server process, this load generator, and the whole machine "
-        "(anything beyond the first two is other work on the machine). Latency is client-side, per request.",
+        f"{machine['cores']}): the server process, this load generator, and everything else on the machine "
+        "(other processes: noise the figures carry). Latency is client-side, per request.",
         "",
     ]
+    guard = s.get("guard")
+    if guard and guard["retries"]:
+        disturbed = _disturbed(report)
+        lines += [
+            f"A figure measured while other processes took more than {guard['max_other_cores']} cores was measured "
+            f"again (up to {guard['retries']} times, after waiting up to {guard['quiet_wait_s']:.0f} s for quiet) and "
+            "the least disturbed attempt kept; "
+            + (
+                f"{len(disturbed)} figures stayed above it, marked `*`: {', '.join(disturbed)}."
+                if disturbed
+                else "every figure above is within it."
+            ),
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -179,7 +220,7 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
         ax.set_ylim(bottom=0)
         ax.set_title(f"{wname} workload: throughput")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower right")
     fig.suptitle(f"{report['model']['name']} on {report['machine']['cores']} cores ({report['model']['provider']})")
     fig.tight_layout()
     paths.append(out / "throughput.png")

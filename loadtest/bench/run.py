@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
+import functools
 import io
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -26,6 +29,8 @@ from typing import Any, TextIO
 
 from loadtest.bench import options, report
 from loadtest.bench.client import BenchError, Server, run_point
+from loadtest.bench.inprocess import measure_in_child
+from loadtest.bench.quiet import Guard
 from loadtest.bench.workloads import fixed, load_corpus, mixed
 
 TINY = {
@@ -113,8 +118,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     output = Path(opt["output"] or f"results/bench-{stamp}")
     output.mkdir(parents=True, exist_ok=True)
     n_points = len(opt["batching"]) * len(opt["workloads"]) * len(opt["concurrency"])
-    progress = Progress(2 + 2 * len(opt["batching"]) + n_points + 1, out)
+    progress = Progress(2 + 2 * len(opt["batching"]) + n_points + 2, out)
     machine = _machine()
+    guard = Guard(max_other_cores=opt["max_other_cpu"], retries=opt["retries"], quiet_wait_s=opt["quiet_wait"])
 
     with contextlib.ExitStack() as stack:
         with progress.step("model and workloads") as note:
@@ -153,9 +159,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 "torch": not opt["no_torch"],
                 "torch_batch_size": opt["torch_batch_size"],
                 "workloads": [w.to_dict() for w in workloads.values()],
+                "guard": dataclasses.asdict(guard),
             }
-            from loadtest.bench.inprocess import measure_in_child
-
             inprocess = measure_in_child(spec)
 
         servers: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -196,20 +201,51 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                     ceiling = inprocess[wname]["ceiling"]["seq_per_s"]
                     for c in opt["concurrency"]:
                         with progress.step(f"server {batching:7} {wname:5} {c:3} clients") as note:
-                            point = run_point(
-                                server, workload, c, duration=opt["duration"], warmup_max=max(5.0, 3 * opt["duration"])
+                            point = guard.measure(
+                                functools.partial(
+                                    run_point,
+                                    server,
+                                    workload,
+                                    c,
+                                    duration=opt["duration"],
+                                    warmup_max=max(5.0, 3 * opt["duration"]),
+                                ),
+                                progress.say,
                             )
                             runs.setdefault(wname, []).append(point)
                             note["result"] = (
                                 f"{point['seq_per_s']:.1f} seq/s ({point['seq_per_s'] / ceiling:.2f} of ceiling), "
                                 f"p99 {point['latency_ms']['p99']:.0f} ms"
                                 + (f", errors {point['errors']}" if point["errors"] else "")
+                                + (
+                                    f", other processes {point['other_cpu_cores']:.2f} cores"
+                                    if point["disturbed"]
+                                    else ""
+                                )
                             )
                 servers[batching] = runs
             finally:
                 with progress.step(f"stop the {batching} server (SIGTERM)") as note:
                     rc = server.stop()
                     note["result"] = f"exit status {rc}"
+
+        with progress.step("the ceiling again, to see how much the machine drifted during the run") as note:
+            progress.say("")
+            again = measure_in_child(
+                dict(
+                    spec,
+                    torch=False,
+                    batch_sizes_by_workload={w: [r["ceiling"]["batch_size"]] for w, r in inprocess.items()},
+                )
+            )
+            for wname, r in again.items():
+                before = inprocess[wname]["ceiling"]["seq_per_s"]
+                inprocess[wname]["ceiling_after"] = {
+                    "seq_per_s": r["ceiling"]["seq_per_s"],
+                    "batch_size": r["ceiling"]["batch_size"],
+                    "drift": r["ceiling"]["seq_per_s"] / before - 1,
+                }
+            note["result"] = ", ".join(f"{w}: {inprocess[w]['ceiling_after']['drift']:+.0%}" for w in inprocess)
 
         machine["load_after"] = _load()
         result = {
@@ -232,6 +268,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                     (a.split("=", 1)[1] for a in opt["server_arg"] if a.startswith("--max-wait-ms=")), "device default"
                 ),
                 "quick": opt["quick"],
+                "guard": dataclasses.asdict(guard),
             },
             "workloads": {name: w.summary() for name, w in workloads.items()},
             "inprocess": inprocess,
@@ -247,8 +284,15 @@ def main(args: argparse.Namespace) -> int:
     from service.errors import ServiceError
     from service.repository import RepositoryError
 
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # so that the servers this run started are stopped on the way out
+
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         output = run(args)
+    except KeyboardInterrupt:
+        print("mhaserve bench: interrupted", file=sys.stderr)
+        return 130
     except (BenchError, RepositoryError, ServiceError) as e:
         print(f"mhaserve bench: error: {e}", file=sys.stderr)
         return 1

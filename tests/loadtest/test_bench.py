@@ -41,6 +41,7 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
             assert r["seq_per_s"] > 0 and r["tok_per_s"] > 0, (workload, part)
             assert r["latency_ms"]["p50"] > 0
         assert inproc["one_at_a_time"]["batch_size"] == 1
+        assert inproc["ceiling_after"]["seq_per_s"] > 0
         assert inproc["ceiling"]["seq_per_s"] == max(r["seq_per_s"] for r in inproc["sweep"])
         for batching in ("arrival", "length"):
             points = report["server"][batching][workload]
