@@ -7,6 +7,7 @@ runs graphs through `OnnxEngine` too, so the gate checks the path the server ser
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -116,6 +117,11 @@ class OnnxEngine:
         )
         providers: list[str | tuple[str, dict[str, str]]] = [CPU]
         if want_cuda:
+            # onnxruntime-gpu[cuda,cudnn] installs CUDA and cuDNN as pip packages that the dynamic loader
+            # does not search; preloading them lets a plain venv on a GPU host find them (a system CUDA
+            # on the default paths still works: those are searched after the pip packages).
+            with contextlib.suppress(Exception):
+                ort.preload_dlls()
             # CPU only for the nodes CUDA cannot run; ORT assigns those itself.
             providers = [(CUDA, {"cudnn_conv_algo_search": "DEFAULT"}), CPU]
         self.session = ort.InferenceSession(
