@@ -83,9 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-other-cpu",
         type=float,
-        default=0.25,
+        default=0.1,
         metavar="CORES",
-        help="a measurement during which other processes took more CPU than this is taken again (default 0.25)",
+        help="a measurement during which other processes took more CPU than this is taken again (default 0.1)",
     )
     g.add_argument("--retries", type=int, help="how many times to measure a disturbed figure again (default 2)")
     g.add_argument(
@@ -135,7 +135,7 @@ def command_line(args: argparse.Namespace) -> str:
         "workloads": WORKLOADS,
         "batching": BATCHING,
         "seed": 0,
-        "max_other_cpu": 0.25,
+        "max_other_cpu": 0.1,
         "quiet_wait": 30.0,
     }
     for key, value in vars(args).items():

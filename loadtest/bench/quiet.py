@@ -57,7 +57,7 @@ def busy_cores(before: tuple[float, float] | None, after: tuple[float, float] | 
 class Guard:
     """How much other work a measurement tolerates, and how hard to try for a quiet one."""
 
-    max_other_cores: float = 0.25
+    max_other_cores: float = 0.1
     retries: int = 2
     quiet_wait_s: float = 30.0
 
@@ -65,7 +65,7 @@ class Guard:
     def enabled(self) -> bool:
         return self.retries > 0
 
-    def wait_for_quiet(self, sample_s: float = 0.5) -> float | None:
+    def wait_for_quiet(self, sample_s: float = 1.0) -> float | None:
         """Wait (up to `quiet_wait_s`) until the machine is idle but for `max_other_cores`; the last reading."""
         deadline = time.monotonic() + self.quiet_wait_s
         busy = None

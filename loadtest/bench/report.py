@@ -128,7 +128,8 @@ def markdown(report: dict[str, Any]) -> str:
         if after:
             lines.append(
                 f"- {wname}: the ceiling measured again after the server runs: {_f(after['seq_per_s'])} seq/s "
-                f"at batch {after['batch_size']} ({after['drift']:+.0%} against the first measurement)"
+                f"at batch {after['batch_size']} ({after['drift']:+.0%} against the first measurement"
+                + (f"; other processes took {after['other_cpu_cores']:.2f} cores *)" if after.get("disturbed") else ")")
             )
     lines.append("")
     lines += ["### Ceiling sweep (ONNX Runtime in-process, seq/s by batch size)", ""]

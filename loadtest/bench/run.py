@@ -244,6 +244,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                     "seq_per_s": r["ceiling"]["seq_per_s"],
                     "batch_size": r["ceiling"]["batch_size"],
                     "drift": r["ceiling"]["seq_per_s"] / before - 1,
+                    "other_cpu_cores": r["ceiling"].get("other_cpu_cores"),
+                    "disturbed": r["ceiling"].get("disturbed", False),
                 }
             note["result"] = ", ".join(f"{w}: {inprocess[w]['ceiling_after']['drift']:+.0%}" for w in inprocess)
 
