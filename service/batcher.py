@@ -11,6 +11,8 @@ What Infinity's batch worker got wrong, and what this one does instead:
 - waiting is event-driven: an `asyncio.Event` set on arrival, and one timed wait for `max_wait_ms`;
 - a request whose client cancelled, or whose deadline passed, frees its queue slots at once and its
   sequences are skipped before inference;
+- a request takes its queue slots before it is tokenised (`admit`), so past the limit it is refused at
+  once, before any costly work, and inputs waiting to be tokenised count against the limit too;
 - inference runs on one worker thread (ONNX Runtime releases the GIL), never on the event loop;
 - a watchdog bounds each batch (`inference_timeout`): a batch past it fails its requests with
   UNAVAILABLE, the queue is failed and new work refused, and `on_stall` tells the server (which reports
@@ -84,6 +86,17 @@ class _Seq:
 
 
 Live = Callable[[_Seq], bool]
+
+
+class Ticket:
+    """Queue slots held for one request between admission and queueing (while it is tokenised)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
 Hook = Callable[[], Awaitable[None]]
 
 
@@ -230,6 +243,7 @@ class Batcher:
         self.metrics = metrics or Metrics()
         self._policy = _policy(batching)
         self._depth = 0  # live sequences waiting
+        self._reserved = 0  # slots admitted requests hold while they are tokenised
         self._tokens = 0  # their tokens, unpadded
         self._order = 0
         self._arrived = asyncio.Event()
@@ -245,8 +259,33 @@ class Batcher:
 
     @property
     def depth(self) -> int:
-        """Inputs waiting for the model."""
-        return self._depth
+        """Inputs waiting for the model: queued, or admitted and being tokenised."""
+        return self._depth + self._reserved
+
+    def admit(self, n: int) -> Ticket:
+        """Hold `n` queue slots for a request about to be tokenised; ResourceExhausted at once if they would
+        pass the limit. `submit(ticket=)` turns them into queued inputs; `release` gives back the rest."""
+        self._refuse(n)
+        self._reserved += n
+        self.metrics.queue_depth.set(self.depth)
+        return Ticket(n)
+
+    def release(self, ticket: Ticket) -> None:
+        """Give back what a ticket still holds (its request failed or was cancelled before queueing)."""
+        if ticket.n:
+            self._reserved -= ticket.n
+            ticket.n = 0
+            self.metrics.queue_depth.set(self.depth)
+
+    def _refuse(self, n: int) -> None:
+        if self._closed:
+            raise Unavailable("the server is shutting down")
+        if self.stalled:
+            raise Unavailable(self._stalled_message())
+        if self.depth + n > self.limits.max_queue_size:
+            raise ResourceExhausted(
+                f"the queue is full ({self.depth} inputs waiting, limit {self.limits.max_queue_size}); retry later"
+            )
 
     def start(self) -> None:
         if self._worker is None:
@@ -269,21 +308,26 @@ class Batcher:
         self._fail_queued(Unavailable("the server stopped before this request reached the model"))
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def submit(self, seqs: Sequence[Ids], *, deadline: float | None = None, request_id: str = "") -> Embeddings:
+    async def submit(
+        self,
+        seqs: Sequence[Ids],
+        *,
+        deadline: float | None = None,
+        request_id: str = "",
+        ticket: Ticket | None = None,
+    ) -> Embeddings:
         """Embed one request's sequences: (len(seqs), d) float32, in order.
 
-        Raises ResourceExhausted at once when the queue is full, Unavailable once closed, and the
-        batch's error when the batch holding one of these sequences fails.
+        Raises ResourceExhausted at once when the queue is full (unless `ticket` holds the slots already),
+        Unavailable once closed, and the batch's error when the batch holding one of these sequences fails.
         """
-        if self._closed:
-            raise Unavailable("the server is shutting down")
-        if self.stalled:
-            raise Unavailable(self._stalled_message())
         n = len(seqs)
-        if self._depth + n > self.limits.max_queue_size:
-            raise ResourceExhausted(
-                f"the queue is full ({self._depth} inputs waiting, limit {self.limits.max_queue_size}); retry later"
-            )
+        if ticket is not None:
+            self.release(ticket)  # its slots become the queued inputs below
+            if self._closed or self.stalled:
+                self._refuse(0)
+        else:
+            self._refuse(n)
         loop = asyncio.get_running_loop()
         job = _Job(loop.create_future(), n, deadline, request_id)
         items = []
@@ -294,7 +338,7 @@ class Batcher:
         self._policy.push(items)
         self._depth += n
         self._tokens += job.queued_tokens
-        self.metrics.queue_depth.set(self._depth)
+        self.metrics.queue_depth.set(self.depth)
         self._arrived.set()
         try:
             return await job.future
@@ -309,7 +353,7 @@ class Batcher:
         self._depth -= job.queued
         self._tokens -= job.queued_tokens
         job.queued = job.queued_tokens = 0
-        self.metrics.queue_depth.set(self._depth)
+        self.metrics.queue_depth.set(self.depth)
 
     def _fail(self, job: _Job, error: BaseException) -> None:
         if not job.future.done():
@@ -336,6 +380,9 @@ class Batcher:
             self._arrived.clear()
             oldest = self._policy.oldest(self._live)
             if oldest is None:
+                # Only cancelled or expired entries can be left: drop them now, not when the next batch's
+                # window happens to pass over them (an idle server would hold them, and their ids, forever).
+                self._policy.clear()
                 await self._arrived.wait()
                 continue
             if self._draining or self._tokens >= self.limits.max_batch_tokens:
@@ -357,6 +404,7 @@ class Batcher:
             batch = [s for s in batch if not s.job.future.done()]
             if batch:
                 await self._execute(batch)
+            del batch  # while idle, keep nothing of the last batch's requests alive
 
     async def _execute(self, batch: list[_Seq]) -> None:
         now = time.perf_counter()
@@ -371,7 +419,7 @@ class Batcher:
                 job.started = True
                 self.metrics.queue_wait.observe(now - job.enqueued)
         self._depth -= len(batch)
-        self.metrics.queue_depth.set(self._depth)
+        self.metrics.queue_depth.set(self.depth)
         run = asyncio.wrap_future(self._executor.submit(self._infer, batch))
         try:
             if self.inference_timeout is not None:

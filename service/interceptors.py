@@ -74,6 +74,8 @@ class _Call:
     def begin(self) -> None:
         request_id.set(self.rid)  # each RPC runs in its own task, hence its own context
         self.interceptor.metrics.in_flight.inc()
+        self.interceptor.calls += 1
+        self.interceptor.idle.clear()
         self.context.set_trailing_metadata(((REQUEST_ID_HEADER, self.rid),))
         refusal = self.interceptor.gate()
         if refusal is not None:
@@ -99,6 +101,9 @@ class _Call:
         m = self.interceptor.metrics
         elapsed = time.perf_counter() - self.start
         m.in_flight.dec()
+        self.interceptor.calls -= 1
+        if self.interceptor.calls == 0:
+            self.interceptor.idle.set()
         m.requests.labels(self.method, self.code.name).inc()
         m.request_duration.labels(self.method).observe(elapsed)
         log.debug("%s %s %.1f ms", self.method, self.code.name, elapsed * 1000)
@@ -110,6 +115,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, metrics: Metrics, gate: Gate) -> None:
         self.metrics = metrics
         self.gate = gate
+        self.calls = 0  # in flight now; `idle` is set whenever that is none (the drain waits on it)
+        self.idle = asyncio.Event()
+        self.idle.set()
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails

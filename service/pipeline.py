@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Encoding, Tokenizer
 
-from service.batcher import Batcher, Embeddings, Ids
+from service.batcher import Batcher, Embeddings, Ids, Ticket
 from service.errors import InvalidArgument, NotFound
 from service.interceptors import request_id
 from service.metrics import Metrics
@@ -84,15 +84,22 @@ class Pipeline:
         deadline = None if time_left is None else loop.time() + time_left
         model = self.resolve(req.model)
         t0 = time.perf_counter_ns()
+        ticket: Ticket | None = None
         try:
+            # Queue slots first: past the limit a request is refused before its (costly) tokenisation.
+            self.validate(req)
+            ticket = self.batcher.admit(len(req.texts) or len(req.token_ids))
             seqs = await self.encode_pre(req)
             t1 = time.perf_counter_ns()
-            embeddings = await self.batcher.submit(seqs, deadline=deadline, request_id=request_id.get())
+            embeddings = await self.batcher.submit(seqs, deadline=deadline, request_id=request_id.get(), ticket=ticket)
             t2 = time.perf_counter_ns()
             output = self.encode_post(req, model, seqs, embeddings)
         except BaseException:  # cancellation included: the request failed either way
             self.stats.failed(time.perf_counter_ns() - t0)
             raise
+        finally:
+            if ticket is not None:
+                self.batcher.release(ticket)  # what submit did not take (a failure before queueing)
         t3 = time.perf_counter_ns()
         self.stats.succeeded(inputs=len(seqs), total_ns=t3 - t0, input_ns=t1 - t0, output_ns=t3 - t2)
         return output

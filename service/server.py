@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import signal
+import time
 from typing import Literal
 
 import grpc
@@ -110,8 +111,9 @@ class EncoderServer:
         # Order matters: authentication first (a refused call touches nothing else), then the error map,
         # then the drain wrapper right around the handlers.
         auth = [AuthInterceptor(keys, s.open_methods, self.metrics)] if len(keys) else []
+        self._calls = ServiceInterceptor(self.metrics, self._gate)
         server = grpc.aio.server(
-            interceptors=[*auth, ServiceInterceptor(self.metrics, self._gate), DrainInterceptor(self._drain)],
+            interceptors=[*auth, self._calls, DrainInterceptor(self._drain)],
             options=[
                 ("grpc.max_receive_message_length", s.max_message_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use is an error, not a silent share
@@ -252,13 +254,27 @@ class EncoderServer:
         if self.batcher is not None:
             self.batcher.drain()
 
+    async def _quiesce(self, grace: float) -> float:
+        """Wait (at most `grace` s) until no model call is in flight; return the grace left.
+
+        When gRPC stops, it fails the calls it has received but not yet handed to the service with
+        CANCELLED (grpc/grpc#41785). Until the work in flight is done the server keeps taking calls, and
+        the gate answers the new ones UNAVAILABLE, so a call sent before the drain is answered, not cancelled.
+        """
+        deadline = time.monotonic() + grace
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._calls.idle.wait(), timeout=grace)
+        await asyncio.sleep(max(0.0, min(0.05, deadline - time.monotonic())))  # calls already received get their turn
+        return max(0.0, deadline - time.monotonic())
+
     async def stop(self, grace: float | None = None) -> None:
         """Drain, give in-flight calls `grace` seconds (default: the settings'), then release everything."""
         await self.drain()
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
         if self._server is not None:
-            await self._server.stop(self.settings.grace_period if grace is None else grace)
+            left = await self._quiesce(self.settings.grace_period if grace is None else grace)
+            await self._server.stop(left)
             self._server = None
         if self.batcher is not None:
             await self.batcher.close()
