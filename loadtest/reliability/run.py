@@ -1,0 +1,416 @@
+"""`make reliability`: the long versions of the reliability scenarios, and docs/reliability.md.
+
+Runs against a real model of the repository (all-MiniLM-L6-v2 by default): in this process where a
+scenario must look inside the server (deadlines, faults), as a real `mhaserve serve` process where it
+measures the process or signals it (overload, soak, shutdown). Every check is also judged here: the
+exit status is 1 if any failed, and the report says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from export.manifest import read_manifest
+from loadtest.reliability import scenarios as sc
+from loadtest.reliability.engines import ScriptedEngine
+from loadtest.reliability.harness import ServerProcess, ServerThread, free_port
+from loadtest.reliability.report import render
+from loadtest.reliability.strategies import Model
+from service.repository import ModelRepository
+from service.settings import Settings
+
+log = logging.getLogger("reliability")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How long each scenario runs; `quick` is for trying the driver itself."""
+
+    fuzz_examples: int = 1500
+    overload_burst: float = 10.0
+    overload_measure: float = 5.0
+    deadline_cycles: int = 20
+    fault_requests: int = 3000
+    hang_cycles: int = 5
+    soak_seconds: float = 180.0
+    shutdown_load: float = 5.0
+
+
+QUICK = Sizes(
+    fuzz_examples=30,
+    overload_burst=2.0,
+    overload_measure=1.5,
+    deadline_cycles=2,
+    fault_requests=200,
+    hang_cycles=1,
+    soak_seconds=12.0,
+    shutdown_load=1.5,
+)
+# The soak's bound on resident-memory growth after warm-up: 1 MiB a minute would be 1.4 GiB a day.
+SOAK_BOUND_KIB_PER_MIN = 256.0
+
+
+@dataclass
+class Check:
+    """One criterion the issue sets, and whether this run met it."""
+
+    scenario: str
+    what: str
+    passed: bool
+
+
+@dataclass
+class Run:
+    """Everything the report shows."""
+
+    command: str
+    started: str
+    machine: dict[str, str]
+    model: str
+    sizes: Sizes
+    results: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+
+    def check(self, scenario: str, what: str, passed: bool) -> None:
+        self.checks.append(Check(scenario, what, bool(passed)))
+        log.info("%s %s: %s", "PASS" if passed else "FAIL", scenario, what)
+
+
+def machine() -> dict[str, str]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        kib = int(Path("/proc/meminfo").read_text().split()[1])
+        memory = f"{kib / 1024**2:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        memory = "unknown"
+    import os
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    return {
+        "CPU": f"{cpu}, {os.cpu_count()} cores",
+        "memory": memory,
+        "OS": platform.platform(),
+        "Python": platform.python_version(),
+        "grpcio": version("grpcio"),
+        "onnxruntime": version("onnxruntime-gpu") if _installed("onnxruntime-gpu") else version("onnxruntime"),
+        "hypothesis": version("hypothesis"),
+        "commit": commit,
+    }
+
+
+def _installed(name: str) -> bool:
+    try:
+        version(name)
+    except Exception:
+        return False
+    return True
+
+
+def _timed(run: Run, name: str, scenario: Callable[[], Any]) -> Any:
+    log.info("running %s", name)
+    t0 = time.perf_counter()
+    result = scenario()
+    run.seconds[name] = time.perf_counter() - t0
+    run.results[name] = result
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.reliability", description=__doc__)
+    parser.add_argument("--repository", type=Path, default=Path("models"))
+    parser.add_argument("--model", default="all-minilm-l6-v2")
+    parser.add_argument("--output", type=Path, default=Path("docs/reliability.md"))
+    parser.add_argument("--json", type=Path, help="also write the raw figures as JSON")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, to try the driver (figures mean little)")
+    parser.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("service", "grpc"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)  # in-process servers: faults are the point here
+
+    sizes = QUICK if args.quick else Sizes()
+    entry = ModelRepository(args.repository).entry(args.model)
+    manifest = read_manifest(entry.directory)
+    command = "python -m loadtest.reliability " + " ".join(argv if argv is not None else sys.argv[1:])
+    run = Run(
+        command=command.strip(),
+        started=time.strftime("%Y-%m-%d %H:%M %Z"),
+        machine=machine(),
+        model=f"{manifest.name} version {manifest.version} ({manifest.layers} layers, {manifest.hidden_size} "
+        f"dimensions, up to {manifest.max_seq_len} tokens)",
+        sizes=sizes,
+    )
+    base = Settings(
+        repository=args.repository, model=args.model, port=0, metrics_port=0, device="cpu", intra_op_threads=2
+    )
+    model = Model(args.model, manifest.vocab_size, manifest.max_seq_len, max_inputs=16)
+    with tempfile.TemporaryDirectory(prefix="mhaserve-reliability-") as tmp:
+        workdir = Path(tmp)
+        _bad_input(run, base, model, sizes, args.seed)
+        _overload(run, args, sizes, workdir)
+        _deadlines(run, base, sizes)
+        _faults(run, base, args, sizes, workdir)
+        _soak(run, args, sizes, workdir)
+        _shutdown(run, args, sizes, workdir)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(render(run))
+    if args.json:
+        args.json.write_text(json.dumps(_plain(run), indent=2, default=str) + "\n")
+    failed = [c for c in run.checks if not c.passed]
+    log.info("wrote %s: %d checks, %d failed", args.output, len(run.checks), len(failed))
+    return 1 if failed else 0
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _flags(args: argparse.Namespace, *extra: str, metrics_port: int = 0) -> list[str]:
+    return [
+        *("--repository", str(args.repository), "--model", args.model, "--port", "0"),
+        *("--metrics-port", str(metrics_port), "--device", "cpu", *extra),
+    ]
+
+
+# ---- the scenarios, sized and judged ----------------------------------------------------------------
+
+
+def _bad_input(run: Run, base: Settings, model: Model, sizes: Sizes, seed: int | None) -> None:
+    with ServerThread(dataclasses.replace(base, max_client_batch_size=model.max_inputs)) as srv:
+        srv.ready()
+        result = _timed(run, "bad input", lambda: sc.fuzz(srv.address, model, examples=sizes.fuzz_examples, seed=seed))
+        internal = srv.counted_all("INTERNAL") + srv.counted_all("UNKNOWN")
+    cases = sum(result.cases.values())
+    run.check("bad input", f"{cases} cases: no failure found", not result.failures)
+    codes = set().union(*(set(c) for c in result.codes.values()))
+    run.check("bad input", "only OK, INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED", codes <= sc.CLIENT_CODES)
+    run.check("bad input", "the server counted no INTERNAL or UNKNOWN", internal == 0)
+    run.check(
+        "bad input",
+        "SERVING and the same good answer after every case",
+        result.checks_after == cases and not result.failures,
+    )
+
+
+def _overload(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -> None:
+    queue = 64
+    metrics = free_port()
+    flags = _flags(args, "--max-queue-size", str(queue), "--max-client-batch-size", "8", metrics_port=metrics)
+    with ServerProcess(flags, workdir / "overload.log") as proc:
+        address = proc.wait_serving()
+        requests = sc.text_requests(address, sc.queue_texts(200))
+
+        def server_codes() -> dict[str, int]:
+            return {code: int(_scrape_code(metrics, code)) for code in ("OK", "RESOURCE_EXHAUSTED")}
+
+        result = _timed(
+            run,
+            "overload",
+            lambda: sc.overload(
+                address,
+                requests,
+                max_queue_size=queue,
+                factor=5.0,
+                burst_seconds=sizes.overload_burst,
+                measure_seconds=sizes.overload_measure,
+                clients=8,
+                server_codes=server_codes,
+            ),
+        )
+    run.check("overload", f"every one of {result.sent} requests answered (none lost)", result.lost == 0)
+    run.check("overload", "only OK or RESOURCE_EXHAUSTED", set(result.codes) <= {"OK", "RESOURCE_EXHAUSTED"})
+    run.check("overload", "the excess refused with RESOURCE_EXHAUSTED", result.codes["RESOURCE_EXHAUSTED"] > 0)
+    run.check("overload", "every admitted request got its own right answer", result.wrong == 0)
+    run.check("overload", "admitted p99 latency within the queue bound", result.admitted.p99 <= result.bound)
+    run.check(
+        "overload", "refusals answered faster than admitted requests (p99)", result.refused.p99 < result.admitted.p50
+    )
+    run.check(
+        "overload",
+        "throughput back to 80% of capacity within 5 s",
+        result.recovery is not None and result.recovery <= 5,
+    )
+
+
+def _scrape_code(port: int, code: str) -> float:
+    import urllib.request
+
+    total = 0.0
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("mhaserve_requests_total{") and f'code="{code}"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _deadlines(run: Run, base: Settings, sizes: Sizes) -> None:
+    engine = ScriptedEngine(hang_on=sc.HOLD)
+    with ServerThread(dataclasses.replace(base, max_wait_ms=0.0), engine.factory()) as srv:
+        srv.ready()
+        try:
+            result = _timed(
+                run,
+                "deadlines",
+                lambda: sc.deadlines(srv, engine, cycles=sizes.deadline_cycles, per_cycle=50, streams=8),
+            )
+        finally:
+            engine.release.set()
+    before, after = result.before, result.after
+    run.check(
+        "deadlines",
+        f"{result.expired_sent} expired while queued: all DEADLINE_EXCEEDED and counted",
+        result.expired_codes == {"DEADLINE_EXCEEDED": result.expired_sent}
+        and result.server_deadline_exceeded == result.expired_sent,
+    )
+    run.check(
+        "deadlines",
+        f"{result.cancelled_sent} cancelled while queued and {result.streams_cancelled} streams cancelled: all counted",
+        result.cancelled_codes == {"CANCELLED": result.cancelled_sent}
+        and result.server_cancelled == result.cancelled_sent + result.streams_cancelled,
+    )
+    run.check("deadlines", "none of them reached the model", result.reached_model == 0)
+    run.check(
+        "deadlines",
+        "nothing left behind: tasks, jobs, sequences, RPCs in flight, queue",
+        after is not None
+        and before is not None
+        and (after.jobs, after.seqs, after.in_flight, after.depth) == (0, 0, 0, 0)
+        and after.tasks <= before.tasks,
+    )
+
+
+def _faults(run: Run, base: Settings, args: argparse.Namespace, sizes: Sizes, workdir: Path) -> None:
+    engine = ScriptedEngine(fail_on=sc.POISON, seconds_per_batch=0.002)
+    with ServerThread(dataclasses.replace(base, max_wait_ms=2.0), engine.factory()) as srv:
+        srv.ready()
+        faults = _timed(run, "engine errors", lambda: sc.engine_faults(srv, engine, requests=sizes.fault_requests))
+    run.check(
+        "faults",
+        f"{faults.poisoned} poisoned requests: all INTERNAL",
+        faults.poisoned_codes == {"INTERNAL": faults.poisoned},
+    )
+    run.check(
+        "faults", "no other request failed unless its batch held poison", faults.failed_without_poison_in_batch == 0
+    )
+    run.check("faults", "every other answer right; SERVING after", faults.wrong == 0 and faults.serving_after)
+
+    hang_engine = ScriptedEngine(hang_on=sc.HOLD)
+    settings = dataclasses.replace(base, inference_timeout=0.5, max_wait_ms=0.0)
+    with ServerThread(settings, hang_engine.factory()) as srv:
+        srv.ready()
+        try:
+            hangs = _timed(run, "engine hangs", lambda: sc.engine_hangs(srv, hang_engine, cycles=sizes.hang_cycles))
+        finally:
+            hang_engine.release.set()
+    n = hangs.hangs
+    run.check(
+        "faults",
+        f"{n} hangs past --inference-timeout: the stuck and queued requests UNAVAILABLE",
+        hangs.hung_codes == {"UNAVAILABLE": n} and set(hangs.queued_codes) == {"UNAVAILABLE"},
+    )
+    run.check(
+        "faults",
+        "health NOT_SERVING (and answering) while stuck, new requests refused",
+        hangs.health_while_stuck["NOT_SERVING"] == n and hangs.refused_codes == {"UNAVAILABLE": n},
+    )
+    run.check("faults", "SERVING again when the engine returned", hangs.recovered == n)
+
+    proc = ServerProcess(
+        _flags(args, "--inference-timeout", "1", "--grace-period", "5"), workdir / "stuck.log", engine="hang:99"
+    )
+    with proc:
+        stuck = _timed(run, "stuck engine exit", lambda: sc.stuck_engine_exit(proc))
+    run.check("faults", "a process with a stuck engine exits on SIGTERM (status 1)", stuck.exit_code == 1)
+
+
+def _soak(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -> None:
+    with ServerProcess(_flags(args, "--max-wait-ms", "2"), workdir / "soak.log") as proc:
+        address = proc.wait_serving()
+        requests = sc.text_requests(address, sc.queue_texts(200, seed=1))
+        result = _timed(
+            run,
+            "soak",
+            lambda: sc.soak(
+                proc,
+                requests,
+                seconds=sizes.soak_seconds,
+                clients=4,
+                interval=2.0 if sizes.soak_seconds > 60 else 0.5,
+                bound_kib_per_min=SOAK_BOUND_KIB_PER_MIN,
+            ),
+        )
+    steady = result.steady()
+    run.check("soak", f"{result.requests} requests, all OK", set(result.codes) == {"OK"})
+    run.check(
+        "soak",
+        f"resident memory slope after warm-up <= {SOAK_BOUND_KIB_PER_MIN:g} KiB/min",
+        result.rss_slope_kib_per_min <= SOAK_BOUND_KIB_PER_MIN,
+    )
+    run.check("soak", "open descriptors do not grow", max(s.fds for s in steady) <= steady[0].fds + 4)
+    run.check("soak", "threads do not grow", max(s.threads for s in steady) <= steady[0].threads + 2)
+
+
+def _shutdown(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -> None:
+    flags = _flags(args, "--max-wait-ms", "5", "--grace-period", "30", "--log-level", "debug")
+    with ServerProcess(flags, workdir / "shutdown.log") as proc:
+        address = proc.wait_serving()
+        requests = sc.text_requests(address, sc.queue_texts(100, seed=2))
+        result = _timed(
+            run, "shutdown", lambda: sc.shutdown_under_load(proc, requests, clients=8, load_seconds=sizes.shutdown_load)
+        )
+    run.check("shutdown", "exit status 0 after SIGTERM under load", result.exit_code == 0)
+    run.check(
+        "shutdown",
+        f"the {result.in_flight_at_signal} requests in flight at the signal: answered OK, or refused at the door",
+        result.in_flight_ok > 0 and result.in_flight_ok + result.in_flight_refused == result.in_flight_at_signal,
+    )
+    run.check(
+        "shutdown",
+        "no accepted request lost: the server's OK count equals the clients', no CANCELLED sent before the signal",
+        result.server_ok == result.codes["OK"]
+        and result.cancelled_sent_before_signal == 0
+        and result.server_cancelled == 0,
+    )
+    forced = []
+    for sig in (15, 2):
+        metrics = free_port()
+        flags = _flags(args, "--grace-period", "120", "--inference-timeout", "0", metrics_port=metrics)
+        with ServerProcess(flags, workdir / f"second-{sig}.log", engine="hang:99") as proc:
+            forced.append(sc.second_signal(proc, metrics, sig=sig))
+    run.results["second signal"] = forced
+    for f, code in zip(forced, (143, 130), strict=True):
+        run.check(
+            "shutdown", f"{f.signals}: exits at once with {code}", f.after_first_still_running and f.exit_code == code
+        )

@@ -1,0 +1,146 @@
+"""Shutdown: idle streams end promptly when draining; SIGTERM under load loses no accepted request and
+exits 0; a second signal exits at once with 128 + its number; a stuck engine cannot hold the exit."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import signal
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from loadtest.reliability.engines import ScriptedEngine, expected_row
+from loadtest.reliability.harness import WAIT, ServerThread, free_port, wait_until
+from loadtest.reliability.scenarios import scripted_requests, second_signal, shutdown_under_load
+from proto.encoder.v1 import encoder_pb2 as pb
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
+from service.drain import STREAM_CLOSED
+from service.settings import Settings
+from tests.reliability.conftest import Spawn
+
+
+def ids(*tokens: int) -> pb.EncodeRequest:
+    return pb.EncodeRequest(token_ids=[pb.TokenIds(ids=list(tokens))], normalize=False)
+
+
+class Feed:
+    """A client stream the test writes to; it stays open until closed."""
+
+    def __init__(self) -> None:
+        self.items: queue.Queue[object] = queue.Queue()
+
+    def send(self, item: object) -> None:
+        self.items.put(item)
+
+    def close(self) -> None:
+        self.items.put(None)
+
+    def __iter__(self) -> Iterator[object]:
+        while (item := self.items.get(timeout=2 * WAIT)) is not None:
+            yield item
+
+
+def ending(stream: Iterator[object]) -> tuple[list[object], grpc.StatusCode, str]:
+    """Everything a streaming call answers, and how it ends."""
+    got: list[object] = []
+    try:
+        for item in stream:
+            got.append(item)
+    except grpc.RpcError as e:
+        return got, e.code(), e.details() or ""
+    return got, grpc.StatusCode.OK, ""
+
+
+def test_draining_ends_idle_streams_and_watchers_but_finishes_work_in_flight(settings: Settings) -> None:
+    engine = ScriptedEngine(hang_on=99)
+    grace = 120.0  # far longer than the test waits: only promptly ended streams let stop() return
+    srv = ServerThread(dataclasses.replace(settings, max_wait_ms=0.0, grace_period=grace), engine.factory()).ready()
+    feeds = [Feed() for _ in range(5)]
+    try:
+        with srv.channel() as channel:
+            stub = pb_grpc.EncoderServiceStub(channel)
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=2 * WAIT)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            idle = stub.EncodeStream(iter(feeds[0]), timeout=2 * WAIT)  # opened, nothing sent
+            answered = stub.EncodeStream(iter(feeds[1]), timeout=2 * WAIT)  # one answer, then idle
+            feeds[1].send(ids(7, 5))
+            assert list(next(answered).embeddings[0].values) == expected_row([7, 5])
+            busy = stub.EncodeStream(iter(feeds[2]), timeout=2 * WAIT)  # a request held in the engine
+            feeds[2].send(ids(99, 5))
+            v2 = kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter(feeds[3]), timeout=2 * WAIT)
+            reflection = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+                iter(feeds[4]), timeout=2 * WAIT
+            )
+            feeds[4].send(reflection_pb2.ServerReflectionRequest(list_services=""))
+            assert next(reflection).list_services_response.service  # then idle
+            unary = stub.Encode.future(ids(98, 5), timeout=2 * WAIT)  # queued behind the held batch
+            wait_until(engine.hanging.is_set, "the engine to hold the busy stream's request")
+            wait_until(lambda: srv.depth() == 1, "the unary call to be queued")
+
+            stopping = threading.Thread(target=srv.call, args=(srv.server.stop(),), kwargs={"timeout": 2 * WAIT})
+            stopping.start()
+            wait_until(lambda: srv.server.state == "draining", "the drain to begin")
+
+            watched, watch_code, _ = ending(watch)
+            assert [w.status for w in watched] == [health_pb2.HealthCheckResponse.NOT_SERVING]  # type: ignore[attr-defined]
+            assert watch_code == grpc.StatusCode.UNAVAILABLE
+            for stream in (idle, answered, v2):
+                got, code, details = ending(stream)
+                assert (got, code) == ([], grpc.StatusCode.UNAVAILABLE)
+                assert "closed after its last response" in details
+            assert ending(reflection)[1:] == (grpc.StatusCode.UNAVAILABLE, STREAM_CLOSED)
+
+            engine.release.set()  # the work in flight still completes, then its stream ends
+            got, code, _ = ending(busy)
+            assert [list(r.embeddings[0].values) for r in got] == [expected_row([99, 5])]  # type: ignore[attr-defined]
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert list(unary.result(timeout=WAIT).embeddings[0].values) == expected_row([98, 5])
+            stopping.join(WAIT)
+            assert not stopping.is_alive(), f"stop() waited for the {grace:g} s grace period"
+            assert srv.server.state == "stopped"
+        assert srv.counted("UNAVAILABLE", "encoder.v1.EncoderService/EncodeStream") == 3
+        assert srv.counted("UNAVAILABLE", "inference.GRPCInferenceService/ModelStreamInfer") == 1
+    finally:
+        engine.release.set()
+        for f in feeds:
+            f.close()
+        srv.stop()
+
+
+@pytest.mark.slow
+def test_sigterm_under_load_answers_every_accepted_request_and_exits_0(spawn: Spawn) -> None:
+    # --log-level debug: the server logs every call it answers, to compare with what the clients got.
+    proc = spawn("--max-wait-ms", "20", "--grace-period", "20", "--log-level", "debug", engine="slow:0.02")
+    proc.wait_serving()
+    result = shutdown_under_load(proc, scripted_requests(), clients=8, load_seconds=1.5)
+    assert result.exit_code == 0, proc.log
+    assert result.sent > 0 and result.in_flight_ok > 0
+    # In flight at the signal: answered, or (sent in the instant before it) refused at the door, never lost.
+    assert result.in_flight_ok + result.in_flight_refused == result.in_flight_at_signal
+    # UNAVAILABLE: refused while draining, or no server left. CANCELLED: gRPC's own answer to a call that
+    # arrived as the server stopped accepting (grpc/grpc#41785), never one the service accepted:
+    assert set(result.codes) <= {"OK", "UNAVAILABLE", "CANCELLED"}, result.codes
+    assert result.cancelled_sent_before_signal == 0
+    assert result.server_cancelled == 0
+    assert result.server_ok == result.codes["OK"], "the server answered OK a request whose client did not get it"
+    assert "Traceback" not in proc.log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_exits_at_once(spawn: Spawn, sig: signal.Signals) -> None:
+    metrics = free_port()
+    proc = spawn(
+        "--grace-period", "120", "--inference-timeout", "0", "--max-wait-ms", "0",
+        engine="hang:99", metrics_port=metrics,
+    )  # fmt: skip
+    result = second_signal(proc, metrics, sig=sig)
+    assert result.after_first_still_running, "the first signal did not wait for the request in flight"
+    assert result.exit_code == 128 + sig.value, proc.log
+    assert f"second {sig.name} while draining: exiting now" in proc.log
