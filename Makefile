@@ -16,6 +16,7 @@ help:
 	@echo "make export     (re)export the default model as a new version"
 	@echo "make proto      regenerate the gRPC stubs from proto/**/*.proto"
 	@echo "make gpu-check  parity and a short throughput run on CUDAExecutionProvider (needs a GPU)"
+	@echo "make reliability  the long reliability runs (bad input, overload, faults, soak, shutdown); writes docs/reliability.md"
 
 # One environment; each stamp records which extras are installed and is redone when pyproject.toml changes.
 $(VENV)/.stamp-serve: pyproject.toml
@@ -116,3 +117,14 @@ loadtest: $(VENV)/.stamp-serve
 	  --csv $$out/stats --csv-full-history --json-file $$out/stats --html $$out/report.html \
 	  --only-summary $(LOCUST_ARGS); \
 	rc=$$?; echo "report: $$out/report.html (csv and json beside it); exit status $$rc"; exit $$rc
+
+# The long versions of tests/reliability (loadtest/reliability/): hypothesis over both APIs, a 5x overload
+# burst, deadlines and cancellation, engine faults, a 3-minute soak and SIGTERM under load, against $(MODEL)
+# on the CPU. Writes docs/reliability.md with the figures; exit status 1 if any check failed. About 10 minutes
+# on 2 cores. RELIABILITY_ARGS: e.g. --seed 1, --json results/reliability.json, --quick (a try of the driver).
+RELIABILITY_ARGS ?=
+
+.PHONY: reliability
+reliability: $(VENV)/.stamp-dev $(REPOSITORY)/$(MODEL)/1/manifest.json
+	$(PY) -m loadtest.reliability --repository $(REPOSITORY) --model $(MODEL) --output docs/reliability.md \
+	  $(RELIABILITY_ARGS)
