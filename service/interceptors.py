@@ -38,6 +38,7 @@ EXEMPT_PREFIXES = (
 )
 
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
+DEADLINE_SLACK = 0.1  # seconds: a call cancelled this close to its deadline counts as DEADLINE_EXCEEDED
 
 Gate = Callable[[], ServiceError | None]
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
@@ -94,7 +95,9 @@ class _Call:
 
     def cancelled(self) -> None:
         remaining = self.context.time_remaining()
-        expired = remaining is not None and remaining <= 0
+        # The client's deadline fires first and cancels the call; the server's copy of it starts when the
+        # headers arrive, a little later (milliseconds on a busy machine), so "just before" means expired.
+        expired = remaining is not None and remaining <= DEADLINE_SLACK
         self.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
 
     def end(self) -> None:

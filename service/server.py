@@ -49,6 +49,7 @@ from service.settings import Limits, Settings
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
+MAX_PENDING_CALLS = 20_000
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -117,6 +118,11 @@ class EncoderServer:
             options=[
                 ("grpc.max_receive_message_length", s.max_message_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use is an error, not a silent share
+                # gRPC sheds calls the service has not picked up yet past 1000 (at random) and 3000, with
+                # CANCELLED, a code clients read as their own doing. Let the queue limit decide instead
+                # (RESOURCE_EXHAUSTED, at once); these only bound a flood faster than the event loop.
+                ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
             ],
         )
         servicer = EncoderServicer(lambda: self.pipeline, max_message_bytes=s.max_message_bytes)
