@@ -19,6 +19,10 @@ def _codes(codes: Counter[str] | dict[str, int]) -> str:
     return ", ".join(f"{code} {n}" for code, n in sorted(codes.items(), key=lambda kv: -kv[1])) or "none"
 
 
+def _ok_re(codes: Counter[str] | dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in codes.items() if k in ("OK", "RESOURCE_EXHAUSTED")}
+
+
 def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> list[str]:
     header = list(header)
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
@@ -74,50 +78,47 @@ def render(run: Run) -> str:
             "",
         ]
     if "overload" in r:
-        o = r["overload"]
+        runs = r["overload"]
+        first = runs[0]
         out += [
             "## Overload",
             "",
-            f"A real `mhaserve serve` with `--max-queue-size {o.max_queue_size}` (inputs). Capacity was measured first",
-            "with 8 closed-loop clients; then an open-loop burst sent requests (one text each) at "
-            f"{o.factor:g} times that rate for {o.burst_seconds:g} s, whatever the answers, while closed-loop clients "
-            "measured the throughput right after it. Every OK answer was compared with that text's embedding.",
+            f"A real `mhaserve serve` with `--max-queue-size {first.max_queue_size}` (inputs). For each factor: the",
+            "capacity measured with 8 closed-loop clients; then an open-loop burst of requests (one text each) at",
+            f"that factor times the capacity for {first.burst_seconds:g} s, whatever the answers; then closed-loop",
+            "clients again, measuring how soon the throughput is back. Every OK answer was compared with that",
+            "text's embedding; the server's own counts (its metrics) with what the clients received.",
             "",
-            "The queue limit bounds what an admitted request waits for: the batch computing when it came (at most",
-            "a queue's worth of inputs) and the queue ahead of it, so its latency stays under twice the queue over",
-            "the throughput, whatever the offered load; to bound latency to L seconds, set `--max-queue-size` to",
-            "about L x throughput / 2. Refusals are answered before tokenisation, so they cost little.",
+            "The queue limit bounds what an admitted request waits for: the batch computing when it came, the",
+            "inputs queued ahead of it and its own batch, each at most a queue's worth, so 3 x queue / throughput",
+            "(plus the rest of its path, the closed-loop p99) whatever the offered load. To keep admitted latency",
+            "under L seconds, set `--max-queue-size` to about L x throughput / 3. Refusals are answered before",
+            "tokenisation, so they cost little and come at once.",
             "",
             *_table(
-                ["figure", "value"],
+                ["", *[f"{o.factor:g}x capacity" for o in runs]],
                 [
-                    ("capacity before the burst", f"{o.capacity:.0f} requests/s"),
-                    ("burst offered / really sent", f"{o.offered_rate:.0f} / {o.sent_rate:.0f} requests/s"),
-                    ("requests sent in the burst", o.sent),
-                    ("codes received", _codes(o.codes)),
-                    ("answers lost / wrong", f"{o.lost} / {o.wrong}"),
-                    ("server's own count", _codes(o.server_codes) if o.server_codes else "–"),
+                    ("capacity before (requests/s)", *[f"{o.capacity:.0f}" for o in runs]),
                     (
-                        "admitted latency p50 / p99 / max",
-                        f"{_ms(o.admitted.p50)} / {_ms(o.admitted.p99)} / {_ms(o.admitted.max)}",
+                        "offered / really sent (requests/s)",
+                        *[f"{o.offered_rate:.0f} / {o.sent_rate:.0f}" for o in runs],
                     ),
-                    ("throughput during the burst", f"{o.burst_throughput:.0f} requests/s answered OK"),
+                    ("requests in the burst", *[o.sent for o in runs]),
+                    ("codes received in the burst", *[_codes(o.codes) for o in runs]),
+                    ("answers lost / wrong", *[f"{o.lost} / {o.wrong}" for o in runs]),
+                    ("whole run: clients received", *[_codes(_ok_re(o.client_codes)) for o in runs]),
+                    ("whole run: server counted", *[_codes(_ok_re(o.server_codes)) for o in runs]),
                     (
-                        "bound: 2 x queue / burst throughput + closed-loop p99",
-                        f"{_ms(o.bound)} (2 x {o.max_queue_size} / {o.burst_throughput:.0f} s "
-                        f"+ {_ms(o.closed_loop_p99)})",
+                        "admitted p50 / p99 / max",
+                        *[f"{_ms(o.admitted.p50)} / {_ms(o.admitted.p99)} / {_ms(o.admitted.max)}" for o in runs],
                     ),
-                    (
-                        "refused (RESOURCE_EXHAUSTED) latency p50 / p99",
-                        f"{_ms(o.refused.p50)} / {_ms(o.refused.p99)}",
-                    ),
-                    (
-                        "throughput after the burst, per 0.5 s",
-                        ", ".join(f"{v:.0f}" for v in o.after[:10]) + " requests/s",
-                    ),
+                    ("throughput in the burst (OK/s)", *[f"{o.burst_throughput:.0f}" for o in runs]),
+                    ("bound: 3 x queue / throughput + closed-loop p99", *[_ms(o.bound) for o in runs]),
+                    ("refused p50 / p99", *[f"{_ms(o.refused.p50)} / {_ms(o.refused.p99)}" for o in runs]),
+                    ("after the burst, OK/s per 0.5 s", *[", ".join(f"{v:.0f}" for v in o.after[:8]) for o in runs]),
                     (
                         "back to 80% of capacity after",
-                        "never" if o.recovery is None else f"{o.recovery:g} s",
+                        *["never" if o.recovery is None else f"{o.recovery:g} s" for o in runs],
                     ),
                 ],
             ),
@@ -229,7 +230,7 @@ def render(run: Run) -> str:
                 ],
             ),
             "",
-            "Resident memory, MiB, every sample (after the warm-up mark `|`):",
+            "Resident memory after warm-up, MiB (lowest and highest at the ends):",
             "",
             "```",
             _sparkline(s),
@@ -279,26 +280,21 @@ def render(run: Run) -> str:
         "  arriving as the server stops) are not in `mhaserve_requests_total`.",
         "- A stuck inference thread cannot be killed from inside the process: the server fails its requests,",
         "  reports NOT_SERVING and waits for it; only a restart (the orchestrator's, on NOT_SERVING) frees it.",
+        "- The queue limit bounds latency when the model is the bottleneck, as here. When the request path",
+        "  itself is (a tiny model, a fast GPU, few cores), calls wait in gRPC before the service sees them;",
+        "  past 20000 of them gRPC sheds the excess itself (CANCELLED). Add replicas, or cores per replica.",
         "",
     ]
     return "\n".join(out)
 
 
 def _sparkline(soak: Any, width: int = 60) -> str:
-    samples = soak.samples
+    samples = soak.steady()
     if not samples:
         return ""
-    step = max(1, math.ceil(len(samples) / width))
-    picked = samples[::step]
+    picked = samples[:: max(1, math.ceil(len(samples) / width))]
     lo = min(s.rss_kib for s in picked)
     hi = max(s.rss_kib for s in picked)
-    bars = " ▁▂▃▄▅▆▇█"
-    line = ""
-    marked = False
-    for s in picked:
-        if not marked and s.t >= soak.warmup:
-            line += "|"
-            marked = True
-        level = 0 if hi == lo else round((s.rss_kib - lo) / (hi - lo) * (len(bars) - 1))
-        line += bars[level]
+    bars = "▁▂▃▄▅▆▇█"
+    line = "".join(bars[0 if hi == lo else round((s.rss_kib - lo) / (hi - lo) * (len(bars) - 1))] for s in picked)
     return f"{lo / 1024:.1f} {line} {hi / 1024:.1f}"

@@ -9,12 +9,14 @@ the queue bound.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import pytest
 
 from loadtest.reliability.engines import ScriptedEngine
-from loadtest.reliability.harness import ServerThread, wait_until
-from loadtest.reliability.scenarios import overload, scripted_requests
+from loadtest.reliability.harness import WAIT, ServerThread, wait_until
+from loadtest.reliability.scenarios import code_of, overload, scripted_requests
+from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from service.settings import Settings
 
 ENCODE = "encoder.v1.EncoderService/Encode"
@@ -61,3 +63,22 @@ def test_a_burst_past_capacity_is_refused_not_queued_and_nothing_admitted_is_los
     assert result.wrong == 0, "an admitted request got another request's answer"
     # Afterwards the server serves again: the closed loop after the burst got answers.
     assert sum(result.after) > 0
+
+
+def test_a_flood_of_concurrent_calls_gets_meaningful_codes_never_cancelled(settings: Settings) -> None:
+    # 5000 calls at once, faster than the event loop takes them: gRPC's own backlog limit would answer
+    # part of them CANCELLED; the server leaves the decision to its queue limit instead.
+    engine = ScriptedEngine(seconds_per_batch=0.002, record=False)
+    with ServerThread(dataclasses.replace(settings, max_queue_size=256), engine.factory()) as srv:
+        srv.ready()
+        request = scripted_requests()
+        with srv.channel() as channel:
+            stub = pb_grpc.EncoderServiceStub(channel)
+            calls = [request(i) for i in range(5000)]
+            futures = [(stub.Encode.future(req, timeout=2 * WAIT), check) for req, check in calls]
+            codes: Counter[str] = Counter()
+            for future, check in futures:
+                code, response = code_of(lambda f=future: f.result())  # type: ignore[misc]
+                codes[code if code != "OK" or check(response) else "wrong"] += 1
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, codes
+    assert sum(codes.values()) == 5000
