@@ -553,9 +553,14 @@ def deadlines(
         with contextlib.suppress(TimeoutError):
             wait_until(lambda: srv.counted("DEADLINE_EXCEEDED") >= result.expired_sent, "deadlines counted", 5)
         result.server_deadline_exceeded = srv.counted("DEADLINE_EXCEEDED")
-        result.server_cancelled = srv.counted("CANCELLED") + srv.counted(
-            "CANCELLED", "encoder.v1.EncoderService/EncodeStream"
-        )
+
+        def cancelled() -> int:
+            return srv.counted("CANCELLED") + srv.counted("CANCELLED", "encoder.v1.EncoderService/EncodeStream")
+
+        with contextlib.suppress(TimeoutError):
+            expected = result.cancelled_sent + result.streams_cancelled
+            wait_until(lambda: cancelled() >= expected, "cancellations counted", 5)
+        result.server_cancelled = cancelled()
         result.after = Footprint.of(srv)
     return result
 
