@@ -554,13 +554,13 @@ def deadlines(
             wait_until(lambda: srv.counted("DEADLINE_EXCEEDED") >= result.expired_sent, "deadlines counted", 5)
         result.server_deadline_exceeded = srv.counted("DEADLINE_EXCEEDED")
 
-        def cancelled() -> int:
+        def cancels() -> int:
             return srv.counted("CANCELLED") + srv.counted("CANCELLED", "encoder.v1.EncoderService/EncodeStream")
 
         with contextlib.suppress(TimeoutError):
             expected = result.cancelled_sent + result.streams_cancelled
-            wait_until(lambda: cancelled() >= expected, "cancellations counted", 5)
-        result.server_cancelled = cancelled()
+            wait_until(lambda: cancels() >= expected, "cancellations counted", 5)
+        result.server_cancelled = cancels()
         result.after = Footprint.of(srv)
     return result
 
