@@ -135,6 +135,22 @@ def tiny_repo(tiny_entry: Path) -> Path:
     return tiny_entry.parent.parent
 
 
+@pytest.fixture(scope="module")
+def server(tiny_repo: Path) -> Iterator[ServerThread]:
+    """One real server per test module, for the tests that only read; max 8 inputs per request."""
+    settings = Settings(
+        repository=tiny_repo,
+        port=0,
+        metrics_port=free_port(),
+        device="cpu",
+        intra_op_threads=1,
+        max_client_batch_size=8,
+    )
+    srv = ServerThread(settings).ready()
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture
 def settings(tiny_repo: Path) -> Settings:
     """Settings for a test server: the tiny model, a free port, no metrics port unless asked."""

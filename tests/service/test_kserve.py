@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,7 +27,7 @@ from service.interceptors import EXEMPT_PREFIXES
 from service.kserve import HEALTH_METHODS, SERVICE, from_pb, pack_bytes, strip_padding, unpack_bytes
 from service.settings import Settings
 from tests.conftest import TINY
-from tests.service.conftest import WAIT, FakeEngine, ServerThread, free_port, wait_until
+from tests.service.conftest import WAIT, FakeEngine, ServerThread, wait_until
 
 Start = Callable[..., ServerThread]
 Tensor = pb.ModelInferRequest.InferInputTensor
@@ -127,22 +126,6 @@ def test_the_v2_health_methods_pass_the_readiness_gate() -> None:
 
 
 # ---- a real server -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server(tiny_repo: Path) -> Iterator[ServerThread]:
-    """One server for the tests that only read; max 8 inputs per request."""
-    settings = Settings(
-        repository=tiny_repo,
-        port=0,
-        metrics_port=free_port(),
-        device="cpu",
-        intra_op_threads=1,
-        max_client_batch_size=8,
-    )
-    srv = ServerThread(settings).ready()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from service.engine import OnnxEngine
 from service.settings import BATCHING, Batching, Settings
 from tests.conftest import TINY
-from tests.service.conftest import WAIT, FakeEngine, ServerThread, free_port, scrape, wait_until
+from tests.service.conftest import WAIT, FakeEngine, ServerThread, scrape, wait_until
 
 Start = Callable[..., ServerThread]
 ENCODE = "encoder.v1.EncoderService/Encode"
@@ -57,22 +57,6 @@ def code_of(call: grpc.Future) -> grpc.StatusCode:
 def counted(srv: ServerThread, code: str, method: str = ENCODE) -> float:
     value = srv.server.metrics.registry.get_sample_value("mhaserve_requests_total", {"method": method, "code": code})
     return value or 0.0
-
-
-@pytest.fixture(scope="module")
-def server(tiny_repo: Path) -> Iterator[ServerThread]:
-    """One real server for the tests that only read; max 8 inputs per request."""
-    settings = Settings(
-        repository=tiny_repo,
-        port=0,
-        metrics_port=free_port(),
-        device="cpu",
-        intra_op_threads=1,
-        max_client_batch_size=8,
-    )
-    srv = ServerThread(settings).ready()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture
