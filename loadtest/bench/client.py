@@ -73,6 +73,7 @@ class Server:
         extra: Sequence[str],
         log_path: Path,
     ) -> None:
+        self.batching = batching
         self.port, self.metrics_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"

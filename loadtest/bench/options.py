@@ -22,6 +22,7 @@ QUICK: dict[str, Any] = {
     "mixed_pool": 32,
     "torch_batch_size": 8,
     "retries": 0,
+    "paired": 1,
 }
 
 
@@ -73,6 +74,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batching", type=_choices(BATCHING), default=BATCHING, help="server batching policies to run")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
     p.add_argument(
+        "--paired",
+        type=int,
+        help="times to measure the ceiling and the server at 32 clients in turns, fixed workload (default 3)",
+    )
+    p.add_argument(
         "--server-arg",
         action="append",
         default=[],
@@ -112,6 +118,7 @@ FULL: dict[str, Any] = {
     "mixed_pool": 256,
     "torch_batch_size": 32,
     "retries": 2,
+    "paired": 3,
 }
 
 

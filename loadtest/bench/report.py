@@ -32,6 +32,8 @@ def _disturbed(report: dict[str, Any]) -> list[str]:
     for batching, runs in report["server"].items():
         for wname, points in runs.items():
             out += [f"{wname} {batching} {p['concurrency']} clients" for p in points if p.get("disturbed")]
+    paired = report.get("paired") or {"pairs": []}
+    out += [f"paired check {k + 1}" for k, p in enumerate(paired["pairs"]) if p["disturbed"]]
     return out
 
 
@@ -60,6 +62,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             }
         if "length" in w and "arrival" in w:
             w["length_over_arrival"] = w["length"]["seq_per_s"] / w["arrival"]["seq_per_s"]
+        if wname == "fixed" and report.get("paired"):
+            w["paired_median_ratio"] = report["paired"]["median_ratio"]
         out[wname] = w
     return out
 
@@ -101,6 +105,14 @@ def markdown(report: dict[str, Any]) -> str:
         if "length_over_arrival" in w:
             parts.append(f"length-aware / arrival-order = **{w['length_over_arrival']:.2f}x**")
         lines.append(f"- **{wname}**: " + "; ".join(parts))
+    paired = report.get("paired")
+    if paired:
+        ratios = ", ".join(f"{p['ratio']:.2f}{_mark(p)}" for p in paired["pairs"])
+        lines.append(
+            f"- **paired check** (fixed workload, {paired['batching']} batching, {paired['clients']} clients, the "
+            f"ceiling at batch {paired['batch_size']} measured just before each server run): ratios {ratios}; "
+            f"median **{paired['median_ratio']:.2f}**"
+        )
     lines += ["", "## In-process", ""]
     lines += [
         "| workload | what | batch | seq/s | tok/s | p50 ms | p95 ms | p99 ms | padding | / ceiling | other CPU |",

@@ -19,6 +19,7 @@ import io
 import os
 import platform
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -31,7 +32,7 @@ from loadtest.bench import options, report
 from loadtest.bench.client import BenchError, Server, run_point
 from loadtest.bench.inprocess import measure_in_child
 from loadtest.bench.quiet import Guard
-from loadtest.bench.workloads import fixed, load_corpus, mixed
+from loadtest.bench.workloads import Workload, fixed, load_corpus, mixed
 
 TINY = {
     "vocab_size": 256,
@@ -110,6 +111,50 @@ def _quick_repository(tmp: Path) -> Path:
     return tmp
 
 
+def _paired(
+    opt: dict[str, Any],
+    spec: dict[str, Any],
+    server: Server,
+    workload: Workload,
+    inprocess: dict[str, Any],
+    guard: Guard,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Ceiling and server at the headline client count, in turns: each ratio from measurements minutes apart."""
+    clients = report.HEADLINE_CLIENTS
+    best = inprocess["fixed"]["ceiling"]["batch_size"]
+    one = dict(spec, torch=False, workloads=[workload.to_dict()], batch_sizes_by_workload={"fixed": [best]})
+    pairs = []
+    for k in range(opt["paired"]):
+        with progress.step(f"paired {k + 1}/{opt['paired']}: ceiling, then the server at {clients} clients") as note:
+            progress.say("")
+            ceiling = measure_in_child(one)["fixed"]["ceiling"]
+            point = guard.measure(
+                functools.partial(
+                    run_point, server, workload, clients, duration=opt["duration"], warmup_max=3 * opt["duration"]
+                ),
+                progress.say,
+            )
+            pairs.append(
+                {
+                    "ceiling_seq_per_s": ceiling["seq_per_s"],
+                    "server_seq_per_s": point["seq_per_s"],
+                    "ratio": point["seq_per_s"] / ceiling["seq_per_s"],
+                    "ceiling_other_cpu_cores": ceiling.get("other_cpu_cores"),
+                    "server_other_cpu_cores": point.get("other_cpu_cores"),
+                    "disturbed": bool(ceiling.get("disturbed") or point.get("disturbed")),
+                }
+            )
+            note["result"] = f"{ceiling['seq_per_s']:.1f} vs {point['seq_per_s']:.1f} seq/s: {pairs[-1]['ratio']:.2f}"
+    return {
+        "batching": server.batching,
+        "clients": clients,
+        "batch_size": best,
+        "pairs": pairs,
+        "median_ratio": statistics.median(p["ratio"] for p in pairs),
+    }
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     """The whole benchmark; returns the results directory."""
     opt = options.resolve(args)
@@ -118,7 +163,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     output = Path(opt["output"] or f"results/bench-{stamp}")
     output.mkdir(parents=True, exist_ok=True)
     n_points = len(opt["batching"]) * len(opt["workloads"]) * len(opt["concurrency"])
-    progress = Progress(2 + 2 * len(opt["batching"]) + n_points + 2, out)
+    paired_steps = opt["paired"] if "fixed" in opt["workloads"] else 0
+    progress = Progress(2 + 2 * len(opt["batching"]) + n_points + paired_steps + 2, out)
     machine = _machine()
     guard = Guard(max_other_cores=opt["max_other_cpu"], retries=opt["retries"], quiet_wait_s=opt["quiet_wait"])
 
@@ -164,6 +210,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             inprocess = measure_in_child(spec)
 
         servers: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        # The headline (fixed workload, 32 clients) once more, alternating with the ceiling: slow drift of a
+        # shared machine then moves both sides of each ratio alike.
+        paired_batching = next((b for b in ("length", "arrival") if b in opt["batching"]), None)
+        if opt["paired"] < 1 or "fixed" not in workloads:
+            paired_batching = None
+        paired: dict[str, Any] | None = None
         model_info: dict[str, Any] = {}
         for batching in opt["batching"]:
             server = Server(
@@ -224,6 +276,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                                 )
                             )
                 servers[batching] = runs
+                if batching == paired_batching:
+                    paired = _paired(opt, spec, server, workloads["fixed"], inprocess, guard, progress)
             finally:
                 with progress.step(f"stop the {batching} server (SIGTERM)") as note:
                     rc = server.stop()
@@ -275,6 +329,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             "workloads": {name: w.summary() for name, w in workloads.items()},
             "inprocess": inprocess,
             "server": servers,
+            "paired": paired,
         }
         with progress.step("report and plots") as note:
             files = report.write(result, output)

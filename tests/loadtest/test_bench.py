@@ -55,6 +55,10 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         summary = report["summary"][workload]
         assert summary["ceiling_seq_per_s"] > 0
         assert summary["length"]["ratio"] > 0 and summary["length_over_arrival"] > 0
+    paired = report["paired"]
+    assert paired["clients"] == 32 and len(paired["pairs"]) == options.QUICK["paired"]
+    assert all(p["ceiling_seq_per_s"] > 0 and p["server_seq_per_s"] > 0 for p in paired["pairs"])
+    assert report["summary"]["fixed"]["paired_median_ratio"] == paired["median_ratio"] > 0
     assert report["workloads"]["fixed"]["min_tokens"] == report["workloads"]["fixed"]["max_tokens"] == 32
 
     md = (out / "report.md").read_text()
