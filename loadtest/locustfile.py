@@ -307,6 +307,13 @@ def _exit_code(environment: Any, **_: Any) -> None:
     if isinstance(environment.runner, WorkerRunner):
         return  # the master decides, on the aggregated stats
     opts = environment.parsed_options
+    if opts is not None and getattr(opts, "json_file", None):
+        # Locust skips its closing summary when it writes --json-file; `make loadtest` wants both.
+        from locust.stats import print_error_report, print_percentile_stats, print_stats
+
+        print_stats(environment.stats, current=False)
+        print_percentile_stats(environment.stats)
+        print_error_report(environment.stats)
     threshold = getattr(opts, "max_fail_ratio", 0.01) if opts else 0.01
     total = environment.stats.total
     if total.num_requests == 0:

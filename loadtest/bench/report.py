@@ -236,7 +236,7 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
         ax.set_ylim(bottom=0)
         ax.set_title(f"{wname} workload: throughput")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="best")
     fig.suptitle(f"{report['model']['name']} on {report['machine']['cores']} cores ({report['model']['provider']})")
     fig.tight_layout()
     paths.append(out / "throughput.png")
