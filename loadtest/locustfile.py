@@ -18,7 +18,8 @@ Options this file adds (also settable as LOCUST_* variables, and sent by a maste
     --think-time S        pause between a user's calls, uniform in [0, S] (default 0: closed loop)
     --max-fail-ratio F    exit 1 when more than this fraction of requests failed (default 0.01)
 
-`make loadtest` runs it headless and keeps the CSV, JSON and HTML reports; distributed mode works
+A user pauses 0.1 s after UNAVAILABLE or RESOURCE_EXHAUSTED, as a client should, instead of spinning on
+instant failures. `make loadtest` runs it headless and keeps the CSV, JSON and HTML reports; distributed mode works
 from the same file (`--master` / `--worker`, or `--processes N`).
 """
 
@@ -58,6 +59,10 @@ WORKLOADS = ("short", "long", "mixed", "batch", "ids", "stream", "bad")
 SHORT_MAX_WORDS = 8
 LONG_MIN_WORDS = 60
 STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+# After these a real client backs off rather than retrying at once: the server is unreachable or
+# draining, or its queue is full. Without a pause a user would spin on instant failures.
+BACKOFF_CODES = {"UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+BACKOFF_S = 0.1
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
 
 
@@ -155,6 +160,7 @@ class EncoderUser(User):
         self.channel: grpc.Channel | None = None
         self.stub: pb_grpc.EncoderServiceStub | None = None
         self.workloads: list[Callable[[], None]] = []
+        self.backoff = 0.0
 
     @staticmethod
     def _target(host: str) -> str:
@@ -165,7 +171,8 @@ class EncoderUser(User):
     def wait_time(self) -> float:
         opts = self.environment.parsed_options
         think = getattr(opts, "think_time", 0.0) if opts else 0.0
-        return random.uniform(0, think) if think > 0 else 0.0
+        pause, self.backoff = self.backoff, 0.0
+        return max(pause, random.uniform(0, think) if think > 0 else 0.0)
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
@@ -216,6 +223,8 @@ class EncoderUser(User):
     # ---- reporting ----------------------------------------------------------------------------------
 
     def _fire(self, rpc: str, name: str, started: float, length: int, error: Exception | None) -> None:
+        if isinstance(error, GrpcError) and error.code in BACKOFF_CODES:
+            self.backoff = BACKOFF_S
         self.environment.events.request.fire(
             request_type=rpc,
             name=name,
