@@ -61,3 +61,16 @@ class EncoderConfig:
         if unknown:
             raise ValueError(f"unknown encoder config keys: {sorted(unknown)}")
         return cls(**d)
+
+
+# A model small enough to export in seconds, big enough to have several heads, layers and padding to
+# get wrong: the tests' and `mhaserve bench --quick`'s random model.
+TINY: dict[str, int] = {
+    "vocab_size": 256,
+    "d_model": 32,
+    "n_layers": 2,
+    "n_heads": 4,
+    "d_ff": 64,
+    "max_positions": 160,
+    "max_seq_len": 160,
+}

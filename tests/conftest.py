@@ -7,18 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from model.config import EncoderConfig
-
-# Small enough to export in seconds, big enough to have several heads, layers and padding to get wrong.
-TINY = {
-    "vocab_size": 256,
-    "d_model": 32,
-    "n_layers": 2,
-    "n_heads": 4,
-    "d_ff": 64,
-    "max_positions": 160,
-    "max_seq_len": 160,
-}
+from model.config import TINY, EncoderConfig
 
 
 @pytest.fixture

@@ -33,16 +33,7 @@ from loadtest.bench.client import BenchError, Server, run_point
 from loadtest.bench.inprocess import measure_in_child
 from loadtest.bench.quiet import Guard
 from loadtest.bench.workloads import Workload, fixed, load_corpus, mixed
-
-TINY = {
-    "vocab_size": 256,
-    "d_model": 32,
-    "n_layers": 2,
-    "n_heads": 4,
-    "d_ff": 64,
-    "max_positions": 160,
-    "max_seq_len": 160,
-}
+from model.config import TINY
 
 
 class Progress:
