@@ -2,8 +2,9 @@
 
 Requests are split into their sequences (one per input); a batch is a set of sequences, so one large
 request can share a batch with others and spread over several. The "length" policy anchors each batch
-on the oldest waiting sequence (nothing starves) and grows it with the sequences nearest in length, so
-padding stays small; "arrival" takes sequences strictly in order (the baseline to compare against).
+on the oldest waiting sequence (nothing starves) and grows it with the sequences nearest in length
+while its padding stays under a cap (`max_padding`); "arrival" takes sequences strictly in order (the
+baseline to compare against).
 
 What Infinity's batch worker got wrong, and what this one does instead:
 - a failed batch fails the futures of exactly the requests that had a sequence in it, then the worker
@@ -150,10 +151,14 @@ class LengthAware:
     """The oldest waiting sequence, plus the waiting sequences nearest to it in length.
 
     A list kept sorted by length holds every waiting sequence; the batch is a contiguous window of it
-    around the anchor, grown one sequence at a time on the side that adds the least padding.
+    around the anchor, grown one sequence at a time on the side that adds the least padding, while the
+    batch fits the token budget and its padding stays within `max_padding` (a fraction of its tokens).
+    The budget alone is not enough: when it is larger than the queue, every waiting sequence fits, and
+    a batch of ten-token queries is padded to the one 256-token paragraph among them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_padding: float = 1.0) -> None:
+        self.max_padding = max_padding
         self._arrivals: deque[_Seq] = deque()  # oldest first; taken or dead ones are dropped lazily
         self._sorted: list[_Seq] = []
 
@@ -168,6 +173,11 @@ class LengthAware:
             q.popleft()
         return q[0] if q else None
 
+    def _fits(self, rows: int, width: int, real: int, budget: int) -> bool:
+        """Would a batch of `rows` sequences, padded to `width`, holding `real` tokens, be allowed?"""
+        padded = rows * width
+        return padded <= budget and padded - real <= self.max_padding * padded
+
     def take(self, budget: int, live: Live) -> list[_Seq]:
         anchor = self.oldest(live)
         if anchor is None:
@@ -176,7 +186,7 @@ class LengthAware:
         self._arrivals.popleft()
         srt = self._sorted
         i = bisect.bisect_left(srt, anchor.key, key=_key)
-        batch, longest = [anchor], anchor.length
+        batch, longest, real = [anchor], anchor.length, anchor.length
         left, right = i - 1, i + 1
         while True:
             while left >= 0 and not live(srt[left]):
@@ -185,16 +195,18 @@ class LengthAware:
                 right += 1
             rows = len(batch) + 1
             # Sorted by length: a left neighbour never widens the batch, a right one may.
-            fit_left = left >= 0 and rows * longest <= budget
-            fit_right = right < len(srt) and rows * srt[right].length <= budget
+            fit_left = left >= 0 and self._fits(rows, longest, real + srt[left].length, budget)
+            fit_right = right < len(srt) and self._fits(rows, srt[right].length, real + srt[right].length, budget)
             if not (fit_left or fit_right):
                 break
             if fit_left and (not fit_right or longest - srt[left].length <= (srt[right].length - longest) * len(batch)):
                 batch.append(srt[left])
+                real += srt[left].length
                 left -= 1
             else:
                 batch.append(srt[right])
                 longest = srt[right].length
+                real += longest
                 right += 1
         for s in batch:
             s.taken = True
@@ -206,8 +218,8 @@ class LengthAware:
         self._sorted.clear()
 
 
-def _policy(batching: Batching) -> _Policy:
-    return LengthAware() if batching == "length" else ArrivalOrder()
+def _policy(batching: Batching, limits: Limits) -> _Policy:
+    return LengthAware(limits.max_padding) if batching == "length" else ArrivalOrder()
 
 
 def pad(seqs: Sequence[Ids], pad_id: int) -> tuple[Ids, Ids]:
@@ -241,7 +253,7 @@ class Batcher:
         self.batching = batching
         self.pad_id = pad_id
         self.metrics = metrics or Metrics()
-        self._policy = _policy(batching)
+        self._policy = _policy(batching, limits)
         self._depth = 0  # live sequences waiting
         self._reserved = 0  # slots admitted requests hold while they are tokenised
         self._tokens = 0  # their tokens, unpadded

@@ -334,6 +334,7 @@ def model_config(model: LoadedModel, pipeline: Pipeline) -> mc.ModelConfig:
             key: mc.ModelParameter(string_value=str(value))
             for key, value in {
                 "max_batch_tokens": limits.max_batch_tokens,
+                "max_padding": limits.max_padding,
                 "max_tokens_per_input": m.max_seq_len,
                 "vocab_size": m.vocab_size,
                 "pooling": m.pooling,

@@ -210,14 +210,15 @@ class EncoderServer:
         self.pipeline = Pipeline(model, self.batcher, limits, self.metrics)
         self.metrics.provider.labels(model.provider).set(1)
         log.info(
-            "serving %s version %d (%s graph) on %s after %d warm-up runs; batching %s, max batch tokens %d, "
-            "max wait %g ms, max queue %d inputs, max %d inputs per request, max message %d bytes",
+            "serving %s version %d (%s graph) on %s after %d warm-up runs; batching %s (max padding %g), "
+            "max batch tokens %d, max wait %g ms, max queue %d inputs, max %d inputs per request, max message %d bytes",
             model.name,
             model.version,
             entry.graph,
             model.provider,
             runs,
             s.batching,
+            limits.max_padding,
             limits.max_batch_tokens,
             limits.max_wait_ms,
             limits.max_queue_size,

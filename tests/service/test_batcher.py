@@ -21,7 +21,13 @@ T = TypeVar("T")
 
 
 def limits(**kw: Any) -> Limits:
-    base = {"max_batch_tokens": 400, "max_wait_ms": 60_000.0, "max_queue_size": 1000, "max_client_batch_size": 64}
+    base = {
+        "max_batch_tokens": 400,
+        "max_wait_ms": 60_000.0,
+        "max_queue_size": 1000,
+        "max_client_batch_size": 64,
+        "max_padding": 1.0,  # no cap unless a test asks for one
+    }
     return Limits(**(base | kw))
 
 
@@ -72,12 +78,12 @@ def test_batched_results_equal_a_plain_loop(tiny_entry: Path, batching: str) -> 
         assert np.abs(got - alone).max() <= 1e-5
 
 
-def _batches(batching: str, lengths: list[int]) -> list[list[list[int]]]:
+def _batches(batching: str, lengths: list[int], **kw: Any) -> list[list[list[int]]]:
     """The batches formed when all of `lengths` (one request each, first id = request number) wait together."""
     engine = FakeEngine()
 
     async def main() -> None:
-        b = Batcher(engine, limits=limits(max_batch_tokens=400), batching=batching)  # type: ignore[arg-type]
+        b = Batcher(engine, limits=limits(**({"max_batch_tokens": 400} | kw)), batching=batching)  # type: ignore[arg-type]
         calls = [asyncio.ensure_future(b.submit([seq(i, *[7] * (n - 1))])) for i, n in enumerate(lengths)]
         await asyncio.sleep(0)  # every request queued before the worker looks
         b.drain()  # no waiting for a full batch: the tail goes out as it is
@@ -97,6 +103,24 @@ def test_length_aware_groups_similar_lengths_and_serves_the_oldest_first() -> No
     assert [len(r) for r in by_length[1]] == [3] * 10  # then the next oldest, a short one, with all its kind
     assert padding(by_length) < 0.05 < padding(by_arrival)
     assert sorted(r[0] for b in by_length for r in b) == list(range(20))
+
+
+def test_the_padding_cap_bounds_every_batch_even_when_the_budget_would_take_everything() -> None:
+    """Queries and a few long paragraphs, all fitting the budget at once: uncapped, the window takes them all
+    and pads the queries to the paragraphs; capped, no batch passes the cap, and nothing is lost or starved."""
+    rng = np.random.default_rng(1)
+    lengths = [int(n) for n in rng.choice([5, 6, 8, 9, 12, 14, 40, 44, 120, 128], size=40)]
+    uncapped = _batches("length", lengths, max_batch_tokens=100_000)
+    assert len(uncapped) == 1 and padding(uncapped) > 0.5
+    for cap in (0.0, 0.2, 0.5):
+        capped = _batches("length", lengths, max_batch_tokens=100_000, max_padding=cap)
+        assert max(padding([b]) for b in capped) <= cap + 1e-9
+        assert sorted(r[0] for b in capped for r in b) == list(range(40))  # every request, once
+        assert capped[0][0][0] == 0  # the oldest anchors the first batch
+    capped = _batches("length", lengths, max_batch_tokens=100_000, max_padding=0.2)
+    assert len(capped) <= 8  # still batches: a handful of length groups, not one input at a time
+    arrival = _batches("arrival", lengths, max_batch_tokens=100_000, max_padding=0.0)  # the cap is the length policy's
+    assert [[r[0] for r in b] for b in arrival] == [list(range(40))]
 
 
 def test_a_request_wider_than_the_budget_spreads_over_batches_in_order() -> None:

@@ -63,7 +63,9 @@ def test_flag_beats_variable_beats_default() -> None:
     )
     assert (s.max_batch_tokens, s.max_queue_size, s.max_client_batch_size, s.max_message_bytes) == (100, 50, 5, 1000)
     assert (s.grace_period, s.intra_op_threads, s.graph, s.metrics_port, s.log_level) == (2.0, 3, "fp32", 0, "debug")
-    assert s.limits(on_cuda=True) == st.Limits(100, CUDA_LIMITS.max_wait_ms, 50, 5)
+    assert s.limits(on_cuda=True) == st.Limits(100, CUDA_LIMITS.max_wait_ms, 50, 5, CUDA_LIMITS.max_padding)
+    # 0 is a real choice (only equal lengths share a batch), not "unset".
+    assert build(parse(), env={"MHASERVE_MAX_PADDING": "0"}).limits(on_cuda=False).max_padding == 0.0
 
 
 @pytest.mark.parametrize(
@@ -74,6 +76,7 @@ def test_flag_beats_variable_beats_default() -> None:
         ({"MHASERVE_DEVICE": "tpu"}, "--device must be one of auto, cuda, cpu"),
         ({"MHASERVE_MAX_BATCH_TOKENS": "0"}, "--max-batch-tokens must be > 0"),
         ({"MHASERVE_MAX_WAIT_MS": "-1"}, "--max-wait-ms must be >= 0"),
+        ({"MHASERVE_MAX_PADDING": "1.5"}, "--max-padding must be a fraction in .0, 1., got 1.5"),
     ],
 )
 def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> None:
