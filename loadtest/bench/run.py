@@ -3,7 +3,8 @@
 1. the ceiling: ONNX Runtime in-process over a sweep of batch sizes, the best of them;
 2. ONNX Runtime in-process, one request at a time;
 3. PyTorch eager in-process (what a user without a server would run);
-4. `mhaserve serve` over gRPC, for each batching policy, at a sweep of concurrent clients;
+4. `mhaserve serve` over gRPC, for each batching policy, at a sweep of concurrent clients (the policies'
+   servers take turns at each point);
 each for the fixed-length and the mixed-length workload. Outputs: report.md, report.json, throughput.png,
 latency.png and the servers' logs, in results/bench-<timestamp>/ or --output.
 """
@@ -208,18 +209,23 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             paired_batching = None
         paired: dict[str, Any] | None = None
         model_info: dict[str, Any] = {}
-        for batching in opt["batching"]:
-            server = Server(
-                repository,
-                model=model_name,
-                batching=batching,
-                graph=opt["graph"],
-                device=opt["device"],
-                threads=opt["threads"],
-                extra=opt["server_arg"],
-                log_path=output / f"server-{batching}.log",
-            )
-            try:
+        # Every policy's server runs for the whole sweep, and the policies take turns at each point: on a
+        # shared machine, whose speed drifts by 10-20 % over minutes, a policy measured in a slow minute
+        # would otherwise lose to one measured in a fast one. The server not being measured sits idle.
+        live: dict[str, Server] = {}
+        try:
+            for batching in opt["batching"]:
+                server = Server(
+                    repository,
+                    model=model_name,
+                    batching=batching,
+                    graph=opt["graph"],
+                    device=opt["device"],
+                    threads=opt["threads"],
+                    extra=opt["server_arg"],
+                    log_path=output / f"server-{batching}.log",
+                )
+                live[batching] = server
                 with progress.step(f"start `mhaserve serve --batching {batching}`") as note:
                     info = server.start()
                     note["result"] = f"SERVING on {server.address}, {info.graph} graph on {info.execution_provider}"
@@ -239,10 +245,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                     "max_batch_tokens": info.max_batch_tokens,
                     "max_queue_size": info.max_queue_size,
                 }
-                runs: dict[str, list[dict[str, Any]]] = {}
-                for wname, workload in workloads.items():
-                    ceiling = inprocess[wname]["ceiling"]["seq_per_s"]
-                    for c in opt["concurrency"]:
+            for wname, workload in workloads.items():
+                ceiling = inprocess[wname]["ceiling"]["seq_per_s"]
+                for c in opt["concurrency"]:
+                    for batching, server in live.items():
                         with progress.step(f"server {batching:7} {wname:5} {c:3} clients") as note:
                             point = guard.measure(
                                 functools.partial(
@@ -255,7 +261,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                                 ),
                                 progress.say,
                             )
-                            runs.setdefault(wname, []).append(point)
+                            servers.setdefault(batching, {}).setdefault(wname, []).append(point)
                             note["result"] = (
                                 f"{point['seq_per_s']:.1f} seq/s ({point['seq_per_s'] / ceiling:.2f} of ceiling), "
                                 f"p99 {point['latency_ms']['p99']:.0f} ms"
@@ -266,10 +272,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                                     else ""
                                 )
                             )
-                servers[batching] = runs
-                if batching == paired_batching:
-                    paired = _paired(opt, spec, server, workloads["fixed"], inprocess, guard, progress)
-            finally:
+            if paired_batching is not None:
+                paired = _paired(opt, spec, live[paired_batching], workloads["fixed"], inprocess, guard, progress)
+        finally:
+            for batching, server in live.items():
                 with progress.step(f"stop the {batching} server (SIGTERM)") as note:
                     rc = server.stop()
                     note["result"] = f"exit status {rc}"
