@@ -46,11 +46,11 @@ class Limits:
 # latency, so it gets a smaller budget and a shorter wait.
 #
 # Padding is computed like real tokens. On a CPU, batching buys little (MiniLM on 2 cores: 1.3x from
-# batch 1 to its best batch), so a batch more than about a quarter padding is slower than no batching:
-# the cap is tight. A GPU gains more from wide batches, so it may trade a little more padding for them
-# (an estimate: not yet measured on a GPU).
+# batch 1 to its best batch), so padding soon costs more than batching gains: on the mixed workload of
+# docs/benchmarks.md a cap of 0.1 served about 10 % more than 0.2, and 0.35 about 25 % less. A GPU gains
+# more from wide batches, so it may trade more padding for them (an estimate: not yet measured on a GPU).
 CPU_LIMITS = Limits(
-    max_batch_tokens=8192, max_wait_ms=2.0, max_queue_size=2048, max_client_batch_size=64, max_padding=0.2
+    max_batch_tokens=8192, max_wait_ms=2.0, max_queue_size=2048, max_client_batch_size=64, max_padding=0.1
 )
 CUDA_LIMITS = Limits(
     max_batch_tokens=32768, max_wait_ms=5.0, max_queue_size=8192, max_client_batch_size=256, max_padding=0.3
