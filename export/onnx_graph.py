@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 import torch
 
 from export.manifest import INPUT_NAMES, OUTPUT_NAME
 from model.encoder import Encoder
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 # Past this the protobuf limit (2 GiB) forces weights into an external-data file beside the graph.
 _EXTERNAL_DATA_BYTES = 1_500_000_000
@@ -62,8 +67,21 @@ def export_graph(model: Encoder, path: Path) -> None:
         )
         if program is None:
             raise GraphError("torch.onnx.export returned no program")
+        _drop_stack_traces(program.model)
         program.save(str(path), external_data=n_bytes > _EXTERNAL_DATA_BYTES)
     check_graph(path, cfg.d_model)
+
+
+def _drop_stack_traces(model: ir.Model) -> None:
+    """Remove the Python stack trace the exporter records on every node.
+
+    They hold absolute paths of the checkout that exported (and of its virtualenv): the published graph,
+    and so its sha256, would differ between two checkouts of the same code and weights, and it would
+    carry the build machine's paths. The node's module path (`namespace`) stays, for debugging.
+    """
+    nodes = itertools.chain(model.graph.all_nodes(), *(f.all_nodes() for f in model.functions.values()))
+    for node in nodes:
+        node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
 
 
 def _dims(value_info: onnx.ValueInfoProto) -> list[str | int]:
