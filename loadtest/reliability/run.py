@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from export.manifest import read_manifest
+from loadtest.loopback import free_port
 from loadtest.reliability import scenarios as sc
 from loadtest.reliability.engines import ScriptedEngine
-from loadtest.reliability.harness import ServerProcess, ServerThread, free_port
+from loadtest.reliability.harness import ServerProcess, ServerThread
 from loadtest.reliability.report import render
 from loadtest.reliability.strategies import Model
 from service.repository import ModelRepository

@@ -10,10 +10,8 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +22,8 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from loadtest import loopback
+from loadtest.loopback import free_port
 from proto.encoder.v1 import encoder_pb2 as pb
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 
@@ -50,18 +50,9 @@ def needs(name: str, package: str | None = None) -> pytest.MarkDecorator:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT, interval: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+    """Polls at 0.1 s by default: the conditions here are HTTP probes of nginx, Prometheus and servers."""
+    loopback.wait_until(condition, what, timeout, interval)
 
 
 def load_yaml_all(path: Path) -> list[Any]:

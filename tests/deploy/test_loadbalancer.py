@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from loadtest.loopback import free_port
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from tests.deploy.helpers import (
     DEPLOY,
@@ -29,7 +30,6 @@ from tests.deploy.helpers import (
     compose_file,
     encode,
     find_binary,
-    free_port,
     health,
     needs,
     render_envsubst,

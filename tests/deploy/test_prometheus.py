@@ -20,6 +20,7 @@ import grpc
 import pytest
 import yaml
 
+from loadtest.loopback import free_port
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from tests.deploy.helpers import (
     DEPLOY,
@@ -28,7 +29,6 @@ from tests.deploy.helpers import (
     Replica,
     encode,
     find_binary,
-    free_port,
     http_get,
     needs,
     wait_until,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.reliability.harness import ServerProcess, free_port
+from loadtest.loopback import free_port
+from loadtest.reliability.harness import ServerProcess
 from service.settings import Settings
 
 Spawn = Callable[..., ServerProcess]

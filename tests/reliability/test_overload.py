@@ -13,8 +13,9 @@ from collections import Counter
 
 import pytest
 
+from loadtest.loopback import WAIT, wait_until
 from loadtest.reliability.engines import ScriptedEngine
-from loadtest.reliability.harness import WAIT, ServerThread, wait_until
+from loadtest.reliability.harness import ServerThread
 from loadtest.reliability.scenarios import code_of, overload, scripted_requests
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from service.settings import Settings

@@ -14,8 +14,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from loadtest.loopback import WAIT, free_port, wait_until
 from loadtest.reliability.engines import ScriptedEngine, expected_row
-from loadtest.reliability.harness import WAIT, ServerThread, free_port, wait_until
+from loadtest.reliability.harness import ServerThread
 from loadtest.reliability.scenarios import scripted_requests, second_signal, shutdown_under_load
 from proto.encoder.v1 import encoder_pb2 as pb
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc

@@ -6,42 +6,19 @@ real concurrency without a second asyncio loop in the test thread).
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import threading
-import time
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
-import grpc
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from loadtest.loopback import WAIT, free_port
+from loadtest.reliability.harness import ServerThread
 from service.repository import EngineFactory, onnx_engine
-from service.server import EncoderServer
 from service.settings import Settings
-
-T = TypeVar("T")
-WAIT = 30.0  # seconds any test waits for anything before failing
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    """Poll a condition the test cannot await (state in another thread or process), with a deadline."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -86,48 +63,6 @@ class FakeEngine:
 
     def factory(self) -> EngineFactory:
         return lambda entry, settings: self
-
-
-class ServerThread:
-    """An EncoderServer on its own event loop in a daemon thread."""
-
-    def __init__(self, settings: Settings, engine_factory: EngineFactory = onnx_engine) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="server-loop")
-        self.thread.start()
-        self.server = EncoderServer(settings, engine_factory=engine_factory)
-        self.call(self.server.start())
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float = WAIT) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def ready(self) -> ServerThread:
-        self.call(self.server.ready())
-        return self
-
-    def depth(self) -> int:
-        """Inputs waiting in the batcher's queue."""
-        assert self.server.batcher is not None
-        return self.server.batcher.depth
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.server.port}"
-
-    def channel(self) -> grpc.Channel:
-        return grpc.insecure_channel(self.address)
-
-    def stub(self, channel: grpc.Channel) -> pb_grpc.EncoderServiceStub:
-        return pb_grpc.EncoderServiceStub(channel)
-
-    def stop(self, grace: float = 5.0) -> None:
-        try:
-            if self.server.state != "stopped":
-                self.call(self.server.stop(grace), timeout=grace + WAIT)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(WAIT)
-            self.loop.close()
 
 
 @pytest.fixture(scope="session")

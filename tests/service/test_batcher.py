@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from export.manifest import read_manifest
+from loadtest.loopback import WAIT
 from service.batcher import Batcher, pad
 from service.engine import OnnxEngine
 from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from service.settings import Limits
-from tests.service.conftest import WAIT, FakeEngine
+from tests.service.conftest import FakeEngine
 
 T = TypeVar("T")
 

@@ -15,12 +15,14 @@ import grpc
 import numpy as np
 import pytest
 
+from loadtest.loopback import WAIT, free_port, wait_until
+from loadtest.reliability.harness import ServerThread
 from proto.encoder.v1 import encoder_pb2 as pb
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from service import client
 from service.cli import main
 from service.settings import Settings
-from tests.service.conftest import WAIT, ServerThread, free_port, scrape, wait_until
+from tests.service.conftest import scrape
 
 MHASERVE = str(Path(sys.executable).parent / "mhaserve")
 

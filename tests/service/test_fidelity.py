@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from loadtest.loopback import WAIT
+from loadtest.reliability.harness import ServerThread
 from proto.encoder.v1 import encoder_pb2 as pb
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from service.settings import Settings
 from tests.conftest import VARIED_TEXTS
-from tests.service.conftest import WAIT, ServerThread
 
 
 @pytest.mark.slow

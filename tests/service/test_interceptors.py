@@ -11,10 +11,10 @@ import grpc
 import grpc.aio
 import pytest
 
+from loadtest.loopback import WAIT
 from service.errors import NotFound, ServiceError, to_status
 from service.interceptors import ServiceInterceptor, request_id
 from service.metrics import Metrics
-from tests.service.conftest import WAIT
 
 
 class Raw:

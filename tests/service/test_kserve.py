@@ -17,6 +17,8 @@ from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from loadtest.loopback import WAIT, wait_until
+from loadtest.reliability.harness import ServerThread
 from proto.encoder.v1 import encoder_pb2 as epb
 from proto.encoder.v1 import encoder_pb2_grpc as epb_grpc
 from proto.inference.v2 import grpc_service_pb2 as pb
@@ -27,7 +29,7 @@ from service.interceptors import EXEMPT_PREFIXES
 from service.kserve import HEALTH_METHODS, SERVICE, from_pb, pack_bytes, strip_padding, unpack_bytes
 from service.settings import Settings
 from tests.conftest import TINY
-from tests.service.conftest import WAIT, FakeEngine, ServerThread, wait_until
+from tests.service.conftest import FakeEngine
 
 Start = Callable[..., ServerThread]
 Tensor = pb.ModelInferRequest.InferInputTensor

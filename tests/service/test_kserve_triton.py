@@ -22,12 +22,12 @@ import pytest
 
 from export.manifest import read_manifest
 from export.tokenizer import load_for_serving
+from loadtest.reliability.harness import ServerThread
 from proto.encoder.v1 import encoder_pb2 as pb
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from proto.inference.v2 import grpc_service_pb2, model_config_pb2
 from service.settings import Settings
 from tests.kserve.triton_client import describe_file
-from tests.service.conftest import ServerThread
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON_VENV = ROOT / ".venv-triton"

@@ -17,12 +17,14 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from export.manifest import read_manifest
 from export.tokenizer import load_for_serving
+from loadtest.loopback import WAIT, wait_until
+from loadtest.reliability.harness import ServerThread
 from proto.encoder.v1 import encoder_pb2 as pb
 from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from service.engine import OnnxEngine
 from service.settings import BATCHING, Batching, Settings
 from tests.conftest import TINY
-from tests.service.conftest import WAIT, FakeEngine, ServerThread, scrape, wait_until
+from tests.service.conftest import FakeEngine, scrape
 
 Start = Callable[..., ServerThread]
 ENCODE = "encoder.v1.EncoderService/Encode"

@@ -1,0 +1,25 @@
+"""Running things on this machine's loopback: a free port, and waiting for another process or thread."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+WAIT = 30.0  # seconds anything is waited for before giving up
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT, interval: float = 0.01) -> None:
+    """Poll a condition that cannot be awaited (state in another thread or process), with a deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
