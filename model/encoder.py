@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.config import EncoderConfig
-from model.pooling import Pooling
+from mhaserve.model.config import EncoderConfig
+from mhaserve.model.pooling import Pooling
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:

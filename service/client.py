@@ -15,10 +15,10 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from service.interceptors import REQUEST_ID_HEADER
-from service.tls import channel_credentials
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.context import REQUEST_ID_HEADER
+from mhaserve.service.tls import channel_credentials
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 # Responses grow with inputs x dimensions; the client should never be the one to refuse them.

@@ -1,12 +1,31 @@
-"""Errors that carry their gRPC status. Raise these anywhere; one interceptor turns them into statuses.
+"""The one map from an error to what a client sees: a gRPC status, or an HTTP status and error type.
 
-Every class has the same attributes (code, message), so the mapper can never crash on the error it
-should report (kserve's trap).
+The errors themselves are protocol-neutral (`mhaserve.runtime.errors`); adapters never choose a status
+of their own. Anything that is not a ServiceError is a bug: its text may hold internals, so it never
+leaves the server (the interceptor or middleware logs it with the request id).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import grpc
+
+from mhaserve.runtime.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    InferenceTimeout,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    QueueFull,
+    ResourceExhausted,
+    ServiceError,
+    TooLarge,
+    Unauthenticated,
+    Unavailable,
+)
 
 # Messages may quote what a client sent (a model name, a tensor name). A status travels in trailing
 # metadata, percent-encoded (3 bytes for each byte outside printable ASCII), and clients refuse
@@ -14,58 +33,69 @@ import grpc
 MAX_MESSAGE_BYTES = 2048
 
 
-class ServiceError(Exception):
-    """Base of every error a client may see; `message` is safe to send (no stack traces, no secrets)."""
+@dataclass(frozen=True)
+class HttpStatus:
+    """An HTTP status and the OpenAI error `type` that goes with it (what the official clients read)."""
 
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    status: int
+    type: str
 
 
-class InvalidArgument(ServiceError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
+# Most specific first: a subclass must come before its base.
+_GRPC: tuple[tuple[type[ServiceError], grpc.StatusCode], ...] = (
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (Cancelled, grpc.StatusCode.CANCELLED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (Internal, grpc.StatusCode.INTERNAL),
+)
+
+# The statuses the official OpenAI clients map to their exception classes (BadRequestError 400,
+# AuthenticationError 401, PermissionDeniedError 403, NotFoundError 404, RateLimitError 429,
+# InternalServerError >= 500).
+_HTTP: tuple[tuple[type[ServiceError], HttpStatus], ...] = (
+    (InvalidArgument, HttpStatus(400, "invalid_request_error")),
+    (NotFound, HttpStatus(404, "invalid_request_error")),
+    (QueueFull, HttpStatus(429, "rate_limit_error")),
+    (TooLarge, HttpStatus(413, "invalid_request_error")),
+    (ResourceExhausted, HttpStatus(429, "rate_limit_error")),
+    (InferenceTimeout, HttpStatus(504, "server_error")),
+    (Unavailable, HttpStatus(503, "server_error")),
+    (DeadlineExceeded, HttpStatus(504, "server_error")),
+    (Cancelled, HttpStatus(499, "server_error")),
+    (Unauthenticated, HttpStatus(401, "authentication_error")),
+    (PermissionDenied, HttpStatus(403, "permission_error")),
+    (Internal, HttpStatus(500, "server_error")),
+)
+INTERNAL_HTTP = HttpStatus(500, "server_error")
 
 
-class NotFound(ServiceError):
-    code = grpc.StatusCode.NOT_FOUND
-
-
-class ResourceExhausted(ServiceError):
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class Unavailable(ServiceError):
-    code = grpc.StatusCode.UNAVAILABLE
-
-
-class DeadlineExceeded(ServiceError):
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-class Cancelled(ServiceError):
-    code = grpc.StatusCode.CANCELLED
-
-
-class Unauthenticated(ServiceError):
-    code = grpc.StatusCode.UNAUTHENTICATED
-
-
-class Internal(ServiceError):
-    """A bug or an engine failure; the message stays short and the details go to the log."""
-
-    code = grpc.StatusCode.INTERNAL
+def grpc_code(error: BaseException) -> grpc.StatusCode:
+    """The gRPC status code of an error: its class's, INTERNAL for anything else."""
+    for cls, code in _GRPC:
+        if isinstance(error, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
 
 
 def to_status(error: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The one map from an exception to what a client sees: a ServiceError's own status, INTERNAL else.
-
-    Anything that is not a ServiceError is a bug; its text may hold internals, so it never leaves.
-    """
+    """What a gRPC client sees: the error's status and message, or INTERNAL and "internal error" for a bug."""
     if isinstance(error, ServiceError):
-        return error.code, shorten(error.message)
+        return grpc_code(error), shorten(error.message)
     return grpc.StatusCode.INTERNAL, "internal error"
+
+
+def to_http(error: BaseException) -> tuple[HttpStatus, str]:
+    """What an HTTP client sees: the status and error type, and the message (the same one gRPC sends)."""
+    if isinstance(error, ServiceError):
+        for cls, status in _HTTP:
+            if isinstance(error, cls):
+                return status, shorten(error.message)
+    return INTERNAL_HTTP, "internal error"
 
 
 def shorten(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:

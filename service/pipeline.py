@@ -1,8 +1,9 @@
 """One internal request type and the stages every API shares: encode_pre -> batcher -> encode_post.
 
-Each API (encoder.v1 here; the Open Inference Protocol later) converts its messages into `EncodeInput`
-at its boundary and `EncodeOutput` back; validation, tokenisation, limits and normalisation live here
-once, so the APIs cannot drift apart.
+Each protocol adapter (encoder.v1, the Open Inference Protocol, ...) converts its messages into
+`EncodeInput` at its boundary and `EncodeOutput` back; validation, tokenisation, limits and
+normalisation live here once, so the APIs cannot drift apart. One Pipeline serves one model version;
+the data plane (dataplane.py) finds the one a request names.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Encoding, Tokenizer
 
-from service.batcher import Batcher, Embeddings, Ids, Ticket
-from service.errors import InvalidArgument, NotFound
-from service.interceptors import request_id
-from service.metrics import Metrics
-from service.repository import LoadedModel
-from service.settings import Limits
-from service.stats import ModelStats
+from mhaserve.runtime.errors import InvalidArgument
+from mhaserve.runtime.repository import LoadedModel
+from mhaserve.service.batching import Batcher, Embeddings, Ids, Limits, Ticket
+from mhaserve.service.context import request_id
+from mhaserve.service.metrics import Metrics
+from mhaserve.service.stats import ModelStats
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class EncodeInput:
     texts: Sequence[str] = ()
     token_ids: Sequence[Sequence[int] | npt.NDArray[np.int64]] = ()
     model: str = ""  # empty: the default model
+    version: int | str | None = None  # None or "": the latest served version (KServe sends versions as text)
     truncate: bool = False
     normalize: bool | None = None  # None: the model's default
 
@@ -72,17 +73,11 @@ class Pipeline:
     def close(self) -> None:
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
-    def resolve(self, name: str) -> LoadedModel:
-        """The model a request names; empty names the default. NOT_FOUND for any other."""
-        if name and name != self.model.name:
-            raise NotFound(f"model {name!r} is not served here (this server serves {self.model.name!r})")
-        return self.model
-
     async def encode(self, req: EncodeInput, *, time_left: float | None = None) -> EncodeOutput:
         """The whole pipeline for one request; `time_left` is the seconds until the client's deadline."""
         loop = asyncio.get_running_loop()
         deadline = None if time_left is None else loop.time() + time_left
-        model = self.resolve(req.model)
+        model = self.model
         t0 = time.perf_counter_ns()
         ticket: Ticket | None = None
         try:

@@ -1,14 +1,16 @@
-"""The gRPC server's lifecycle: bind, load and warm up, serve, drain, stop.
+"""The server process: composition (settings in, components out) and lifecycle (bind, load, serve, drain, stop).
+
+This and the CLI are the only code that reads `Settings`; every component gets plain values.
 
 Start-up binds the port first and reports NOT_SERVING while the model loads and warms up, so an
 orchestrator sees a live process that is not ready yet; then SERVING. Shutdown (SIGTERM or SIGINT):
 health goes NOT_SERVING and new calls are refused with UNAVAILABLE, the batcher stops waiting for
-batches to fill, streams waiting for their client's next message are closed (service/drain.py), in-flight
+batches to fill, streams waiting for their client's next message are closed (rpc/drain.py), in-flight
 and queued requests get the grace period to finish, then the process exits 0. A second signal during the
 drain exits at once with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM).
 
-Security (service/auth.py, service/tls.py): TLS or mutual TLS on the gRPC port, and API keys checked
-before any handler; a batch past --inference-timeout makes the server report NOT_SERVING (batcher.py).
+Security (auth.py, tls.py): TLS or mutual TLS on the gRPC port, and API keys checked before any handler;
+a batch past --inference-timeout makes the server report NOT_SERVING (batching/watchdog.py).
 """
 
 from __future__ import annotations
@@ -16,105 +18,119 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import signal
 import time
-from typing import Literal
 
 import grpc
 import grpc.aio
-import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from proto.inference.v2 import grpc_service_pb2_grpc as kserve_grpc
-from service import tls
-from service.auth import AuthError, AuthInterceptor, KeyRing, load_keys
-from service.batcher import Batcher
-from service.drain import Drain, DrainInterceptor
-from service.errors import NotFound, ServiceError, Unavailable
-from service.interceptors import ServiceInterceptor
-from service.kserve import SERVICE as KSERVE_SERVICE
-from service.kserve import InferenceServicer
-from service.metrics import Metrics
-from service.pipeline import Pipeline
-from service.repository import EngineFactory, LoadedModel, ModelEntry, ModelRepository, RepositoryError, onnx_engine
-from service.servicer import EncoderServicer
-from service.settings import Limits, Settings
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as encoder_grpc
+from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kserve_grpc
+from mhaserve.runtime.engine import warm_up
+from mhaserve.runtime.errors import ServiceError
+from mhaserve.runtime.repository import (
+    EngineFactory,
+    LoadedModel,
+    ModelEntry,
+    ModelRepository,
+    RepositoryError,
+    onnx_engine,
+)
+from mhaserve.service import tls
+from mhaserve.service.auth import AuthError, KeyRing, load_keys
+from mhaserve.service.batching import Batcher
+from mhaserve.service.dataplane import DataPlane, State
+from mhaserve.service.encoder_v1 import SERVICE as ENCODER_SERVICE
+from mhaserve.service.encoder_v1 import EncoderServicer
+from mhaserve.service.health import SERVICE_NAME as HEALTH_SERVICE
+from mhaserve.service.health import Health
+from mhaserve.service.kserve.servicer import HEALTH_METHODS as KSERVE_HEALTH_METHODS
+from mhaserve.service.kserve.servicer import SERVICE as KSERVE_SERVICE
+from mhaserve.service.kserve.servicer import InferenceServicer
+from mhaserve.service.metrics import Metrics
+from mhaserve.service.pipeline import Pipeline
+from mhaserve.service.rpc.auth import AuthInterceptor
+from mhaserve.service.rpc.drain import Drain, DrainInterceptor
+from mhaserve.service.rpc.interceptors import ServiceInterceptor
+from mhaserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SERVICE = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
 MAX_PENDING_CALLS = 20_000
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# Methods that answer while the model loads and while the server drains: health checks, reflection, and
+# the Open Inference Protocol's own health methods (which answer false then). The call interceptor
+# neither gates nor counts them.
+ALWAYS_ANSWERED = (f"/{HEALTH_SERVICE}/", "/grpc.reflection.", *KSERVE_HEALTH_METHODS)
 
 
 class StartupError(RuntimeError):
     """The server cannot start: the message says why and what to do."""
 
 
-def warm_up(model: LoadedModel, limits: Limits) -> int:
-    """Run the graph over the shapes the batcher will make, before health says SERVING.
-
-    Powers of two up to the model's maximum length, one row each, then the widest batch the token
-    budget allows at that length: ONNX Runtime plans its memory arena (and on CUDA picks its kernels)
-    on first sight of a shape, and no client should pay for that. Returns the number of runs.
-    """
-    longest = model.entry.manifest.max_seq_len
-    lengths = sorted({min(2**i, longest) for i in range(math.ceil(math.log2(longest)) + 1)})
-    shapes = [(1, n) for n in lengths] + [(max(1, limits.max_batch_tokens // longest), longest)]
-    for rows, n in shapes:
-        ones = np.ones((rows, n), dtype=np.int64)
-        model.engine.run(ones, ones)
-    return len(shapes)
-
-
 class EncoderServer:
     """One model served over gRPC (encoder.v1, Open Inference Protocol, health, reflection) and Prometheus metrics."""
 
     def __init__(
-        self, settings: Settings, *, engine_factory: EngineFactory = onnx_engine, metrics: Metrics | None = None
+        self, settings: Settings, *, engine_factory: EngineFactory | None = None, metrics: Metrics | None = None
     ) -> None:
         self.settings = settings
-        self.engine_factory = engine_factory
+        self.engine_factory = engine_factory or onnx_engine(settings.device, settings.intra_op_threads)
         self.metrics = metrics or Metrics()
         self.repository = ModelRepository(settings.repository)
-        self.health = health_aio.HealthServicer()
+        self.dataplane = DataPlane()
+        self.health = Health([ENCODER_SERVICE, KSERVE_SERVICE])
         self.port = 0
         self.metrics_port: int | None = None
-        self.model: LoadedModel | None = None
-        self.batcher: Batcher | None = None
-        self.pipeline: Pipeline | None = None
-        self.state: Literal["new", "loading", "serving", "stalled", "draining", "stopped"] = "new"
         self._server: grpc.aio.Server | None = None
         self._loading: asyncio.Task[None] | None = None
         self._drain = Drain()
+
+    @property
+    def state(self) -> State:
+        return self.dataplane.state
+
+    @state.setter
+    def state(self, value: State) -> None:
+        self.dataplane.state = value
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        """The default model's pipeline, once loaded."""
+        pipelines = self.dataplane.pipelines()
+        return self.dataplane.resolve() if pipelines else None
+
+    @property
+    def model(self) -> LoadedModel | None:
+        return None if self.pipeline is None else self.pipeline.model
+
+    @property
+    def batcher(self) -> Batcher | None:
+        return None if self.pipeline is None else self.pipeline.batcher
 
     async def start(self) -> None:
         """Find and verify the model, bind the ports, and start loading; `ready()` waits for the rest."""
         s = self.settings
         try:
             entry = self.repository.entry(s.model, graph=s.graph)
-        except (NotFound, RepositoryError) as e:
-            raise StartupError(e.message if isinstance(e, ServiceError) else str(e)) from None
+        except ServiceError as e:
+            raise StartupError(e.message) from None
+        except RepositoryError as e:  # malformed, tampered with, incomplete
+            raise StartupError(str(e)) from None
+        tls_files = tls.TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca)
         try:
-            keys = KeyRing(load_keys(s))
-            credentials = tls.server_credentials(s)
+            keys = KeyRing(load_keys(s.api_keys_file, s.api_keys.keys))
+            credentials = tls.server_credentials(tls.TlsMaterial.read(tls_files))
         except (AuthError, tls.TlsError) as e:
             raise StartupError(str(e)) from None
-        for service in ("", SERVICE, KSERVE_SERVICE):
-            await self.health.set(service, NOT_SERVING)
+        await self.health.set(False)
         # Order matters: authentication first (a refused call touches nothing else), then the error map,
         # then the drain wrapper right around the handlers.
         auth = [AuthInterceptor(keys, s.open_methods, self.metrics)] if len(keys) else []
-        self._calls = ServiceInterceptor(self.metrics, self._gate)
+        self._calls = ServiceInterceptor(self.metrics, self.dataplane.refusal, exempt=ALWAYS_ANSWERED)
         server = grpc.aio.server(
-            interceptors=[*auth, self._calls, DrainInterceptor(self._drain)],
+            interceptors=[*auth, self._calls, DrainInterceptor(self._drain, exempt=ALWAYS_ANSWERED)],
             options=[
                 ("grpc.max_receive_message_length", s.max_message_bytes),
                 ("grpc.so_reuseport", 0),  # a port in use is an error, not a silent share
@@ -125,20 +141,14 @@ class EncoderServer:
                 ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
             ],
         )
-        servicer = EncoderServicer(lambda: self.pipeline, max_message_bytes=s.max_message_bytes)
-        pb_grpc.add_EncoderServiceServicer_to_server(servicer, server)
-        # The Open Inference Protocol (KServe v2 / Triton clients) on the same port, through the same pipeline.
-        kserve = InferenceServicer(lambda: self.pipeline, ready=lambda: self.state == "serving")
-        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        encoder_grpc.add_EncoderServiceServicer_to_server(
+            EncoderServicer(self.dataplane, max_message_bytes=s.max_message_bytes), server
+        )
+        # The Open Inference Protocol (KServe v2 / Triton clients) on the same port, over the same data plane.
+        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dataplane), server)
+        self.health.add_to(server)
         reflection.enable_server_reflection(
-            (
-                SERVICE,
-                KSERVE_SERVICE,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            server,
+            (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server
         )
         address = f"{s.host}:{s.port}"
         try:
@@ -157,7 +167,7 @@ class EncoderServer:
             "listening on %s:%d, %s (NOT_SERVING until %s is loaded and warmed up)",
             s.host,
             self.port,
-            tls.mode(s),
+            tls_files.mode,
             entry.name,
         )
         self._log_security(len(keys))
@@ -192,22 +202,24 @@ class EncoderServer:
 
     async def _load(self, entry: ModelEntry) -> None:
         s = self.settings
-        model = await asyncio.to_thread(self.repository.load, entry, s, self.engine_factory)
+        model = await asyncio.to_thread(self.repository.load, entry, self.engine_factory)
         limits = s.limits(on_cuda=model.on_cuda)
-        runs = await asyncio.to_thread(warm_up, model, limits)
-        self.model = model
-        self.batcher = Batcher(
+        m = entry.manifest
+        runs = await asyncio.to_thread(
+            warm_up, model.engine, max_seq_len=m.max_seq_len, max_batch_tokens=limits.max_batch_tokens
+        )
+        batcher = Batcher(
             model.engine,
             limits=limits,
             batching=s.batching,
-            pad_id=entry.manifest.pad_id,
+            pad_id=m.pad_id,
             metrics=self.metrics,
             inference_timeout=s.inference_timeout,
             on_stall=self._stalled,
             on_recover=self._recovered,
         )
-        self.batcher.start()
-        self.pipeline = Pipeline(model, self.batcher, limits, self.metrics)
+        batcher.start()
+        self.dataplane.add(Pipeline(model, batcher, limits, self.metrics))
         self.metrics.provider.labels(model.provider).set(1)
         log.info(
             "serving %s version %d (%s graph) on %s after %d warm-up runs; batching %s (max padding %g), "
@@ -227,39 +239,27 @@ class EncoderServer:
         )
         if self.state == "loading":
             self.state = "serving"
-            for service in ("", SERVICE, KSERVE_SERVICE):
-                await self.health.set(service, SERVING)
+            await self.health.set(True)
 
     async def _stalled(self) -> None:
         if self.state == "serving":
             self.state = "stalled"
-            for service in ("", SERVICE, KSERVE_SERVICE):
-                await self.health.set(service, NOT_SERVING)
+            await self.health.set(False)
 
     async def _recovered(self) -> None:
         if self.state == "stalled":
             self.state = "serving"
-            for service in ("", SERVICE, KSERVE_SERVICE):
-                await self.health.set(service, SERVING)
-
-    def _gate(self) -> ServiceError | None:
-        if self.state in ("draining", "stopped"):
-            return Unavailable("the server is shutting down; retry on another replica")
-        if self.state == "stalled":
-            return Unavailable("the model is not responding (--inference-timeout passed); retry on another replica")
-        if self.state != "serving":
-            return Unavailable("the model is still loading; retry when health reports SERVING")
-        return None
+            await self.health.set(True)
 
     async def drain(self) -> None:
         """Refuse new calls and report NOT_SERVING; queued work goes to the model without waiting."""
         if self.state in ("draining", "stopped"):
             return
         self.state = "draining"
-        await self.health.enter_graceful_shutdown()
+        await self.health.shutdown()
         self._drain.begin()  # after NOT_SERVING is set, so health watchers get it before their stream ends
-        if self.batcher is not None:
-            self.batcher.drain()
+        for pipeline in self.dataplane.pipelines():
+            pipeline.batcher.drain()
 
     async def _quiesce(self, grace: float) -> float:
         """Wait (at most `grace` s) until no model call is in flight; return the grace left.
@@ -283,15 +283,19 @@ class EncoderServer:
             left = await self._quiesce(self.settings.grace_period if grace is None else grace)
             await self._server.stop(left)
             self._server = None
-        if self.batcher is not None:
-            await self.batcher.close()
-        if self.pipeline is not None:
-            self.pipeline.close()
+        for pipeline in self.dataplane.pipelines():
+            await pipeline.batcher.close()
+            pipeline.close()
         self.metrics.close()
         self.state = "stopped"
 
+    @property
+    def stuck(self) -> bool:
+        """An inference call is still stuck past the watchdog (its thread would hold the process's exit)."""
+        return any(p.batcher.stalled for p in self.dataplane.pipelines())
 
-async def serve(settings: Settings, *, engine_factory: EngineFactory = onnx_engine) -> int:
+
+async def serve(settings: Settings, *, engine_factory: EngineFactory | None = None) -> int:
     """`mhaserve serve`: run until SIGTERM or SIGINT, drain, and return the exit status."""
     server = EncoderServer(settings, engine_factory=engine_factory)
     try:
@@ -320,7 +324,7 @@ async def serve(settings: Settings, *, engine_factory: EngineFactory = onnx_engi
         await server.stop()
         with contextlib.suppress(BaseException):
             await ready
-        if server.batcher is not None and server.batcher.stalled:
+        if server.stuck:
             # The stuck inference thread would hold the interpreter's exit forever (it joins its threads).
             log.error("stopped with an inference call still stuck; exiting without waiting for it")
             logging.shutdown()

@@ -1,60 +1,29 @@
-"""The server's settings: one frozen object, built once from CLI flags, `MHASERVE_*` variables and defaults.
+"""The server's settings: the schema of everything `mhaserve serve` can be told, with its defaults and checks.
 
-Every option is a field of `Settings`; its flag (`--max-wait-ms`), its environment variable
-(`MHASERVE_MAX_WAIT_MS`), its parser and its help text are derived from the field, so defaults live
-here and nowhere else. A flag beats its variable, which beats the default. Nothing here reads argv or
-the environment at import.
+Every option is a field of `Settings` whose metadata holds its help text and its parser; the CLI
+(`mhaserve.cli.options`) derives each flag (`--max-wait-ms`) and environment variable
+(`MHASERVE_MAX_WAIT_MS`) from the field, so defaults live here and nowhere else. Only the CLI and the
+server's start-up (server.py) read a Settings: every component gets plain values (paths, Limits, keys).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+
+from mhaserve.runtime.engine import DEVICES, Device
+from mhaserve.runtime.repository import GRAPHS, GraphChoice
+from mhaserve.service.auth import OPEN_METHODS
+from mhaserve.service.batching import BATCHING, CPU_LIMITS, CUDA_LIMITS, Batching, Limits
 
 ENV_PREFIX = "MHASERVE_"
-DEVICES = ("auto", "cuda", "cpu")
-GRAPHS = ("auto", "fp32", "optimized", "fp16")
-BATCHING = ("length", "arrival")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-
-Device = Literal["auto", "cuda", "cpu"]
-GraphChoice = Literal["auto", "fp32", "optimized", "fp16"]
-Batching = Literal["length", "arrival"]
 
 
 class SettingsError(ValueError):
     """A setting that cannot be used; the message names the flag and the variable."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The batcher's and the API's limits, once the device is known."""
-
-    max_batch_tokens: int
-    max_wait_ms: float
-    max_queue_size: int
-    max_client_batch_size: int
-    max_padding: float  # the length policy's cap on a batch's padding, a fraction of its tokens
-
-
-# A GPU turns a wide batch into throughput; a CPU gains little past a few thousand tokens and pays in
-# latency, so it gets a smaller budget and a shorter wait.
-#
-# Padding is computed like real tokens. On a CPU, batching buys little (MiniLM on 2 cores: 1.3x from
-# batch 1 to its best batch), so padding soon costs more than batching gains: on the mixed workload of
-# docs/benchmarks.md a cap of 0.1 served about 10 % more than 0.2, and 0.35 about 25 % less. A GPU gains
-# more from wide batches, so it may trade more padding for them (an estimate: not yet measured on a GPU).
-CPU_LIMITS = Limits(
-    max_batch_tokens=8192, max_wait_ms=2.0, max_queue_size=2048, max_client_batch_size=64, max_padding=0.1
-)
-CUDA_LIMITS = Limits(
-    max_batch_tokens=32768, max_wait_ms=5.0, max_queue_size=8192, max_client_batch_size=256, max_padding=0.3
-)
 
 
 def _opt(
@@ -69,14 +38,6 @@ def _int_or_none(s: str) -> int | None:
 
 def _float_or_none(s: str) -> float | None:
     return None if s.strip().lower() in ("", "none", "auto") else float(s)
-
-
-# Callable without an API key: orchestrators' health probes, and reflection (it lists methods, answers none).
-OPEN_METHODS = (
-    "/grpc.health.v1.Health/Check",
-    "/grpc.health.v1.Health/Watch",
-    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-)
 
 
 @dataclass(frozen=True, repr=False)
@@ -293,40 +254,3 @@ def flag(name: str) -> str:
 
 def env_var(name: str) -> str:
     return ENV_PREFIX + name.upper()
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per field; argparse keeps None for flags not given, so the environment can fill them."""
-    for f in dataclasses.fields(Settings):
-        meta = f.metadata
-        if meta.get("env_only"):
-            parser.set_defaults(**{f.name: None})  # no flag; build() reads the variable
-            continue
-        # Fields whose default depends on the device or the repository say so in their help.
-        default = "" if "(default" in meta["help"] else f"; default: {f.default}"
-        parser.add_argument(
-            flag(f.name),
-            dest=f.name,
-            default=None,
-            type=meta["parse"],
-            choices=meta["choices"],
-            metavar=None if meta["choices"] else meta.get("metavar") or f.name.split("_")[-1].upper(),
-            help=f"{meta['help']} [env {env_var(f.name)}{default}]",
-        )
-
-
-def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Settings from parsed flags (None where not given), then `MHASERVE_*` variables, then the defaults."""
-    given = dict(vars(cli) if isinstance(cli, argparse.Namespace) else (cli or {}))
-    env = os.environ if env is None else env
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(Settings):
-        if given.get(f.name) is not None:
-            values[f.name] = given[f.name]
-        elif env.get(env_var(f.name), "") != "":
-            raw = env[env_var(f.name)]
-            try:
-                values[f.name] = f.metadata["parse"](raw)
-            except ValueError:
-                raise SettingsError(f"{env_var(f.name)}={raw!r} is not a valid {flag(f.name)}") from None
-    return Settings(**values)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Histogram
 
-from service.metrics import Metrics
+from mhaserve.service.metrics import Metrics
 
 
 @dataclass(frozen=True)

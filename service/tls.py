@@ -7,11 +7,10 @@ address says so in its log, once, at start-up.
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-
-from service.settings import Settings
 
 
 class TlsError(ValueError):
@@ -28,24 +27,52 @@ def _read(path: Path, what: str) -> bytes:
     return data
 
 
-def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    """TLS credentials for the gRPC port, or None for plaintext. With --tls-client-ca, clients must
-    present a certificate that CA signed (the handshake fails otherwise, before any RPC)."""
-    if settings.tls_cert is None or settings.tls_key is None:
+@dataclass(frozen=True)
+class TlsFiles:
+    """The server's PEM files: its certificate chain and key, and the CA that signs client certificates
+    (mutual TLS). No certificate: plaintext."""
+
+    cert: Path | None = None
+    key: Path | None = None
+    client_ca: Path | None = None
+
+    @property
+    def mode(self) -> str:
+        """How the port is served, for the log: plaintext, TLS or mutual TLS."""
+        if self.cert is None:
+            return "plaintext"
+        return "mutual TLS" if self.client_ca is not None else "TLS"
+
+
+@dataclass(frozen=True)
+class TlsMaterial:
+    """The PEM bytes of TlsFiles, read and checked once at start-up (every port uses the same)."""
+
+    cert: bytes
+    key: bytes
+    client_ca: bytes | None
+
+    @classmethod
+    def read(cls, files: TlsFiles) -> TlsMaterial | None:
+        if files.cert is None or files.key is None:
+            return None
+        return cls(
+            cert=_read(files.cert, "--tls-cert"),
+            key=_read(files.key, "--tls-key"),
+            client_ca=_read(files.client_ca, "--tls-client-ca") if files.client_ca is not None else None,
+        )
+
+
+def server_credentials(material: TlsMaterial | None) -> grpc.ServerCredentials | None:
+    """TLS credentials for the gRPC port, or None for plaintext. With a client CA, clients must present a
+    certificate that CA signed (the handshake fails otherwise, before any RPC)."""
+    if material is None:
         return None
-    cert = _read(settings.tls_cert, "--tls-cert")
-    key = _read(settings.tls_key, "--tls-key")
-    client_ca = _read(settings.tls_client_ca, "--tls-client-ca") if settings.tls_client_ca is not None else None
     return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+        [(material.key, material.cert)],
+        root_certificates=material.client_ca,
+        require_client_auth=material.client_ca is not None,
     )
-
-
-def mode(settings: Settings) -> str:
-    """How the port is served, for the log: plaintext, TLS or mutual TLS."""
-    if settings.tls_cert is None:
-        return "plaintext"
-    return "mutual TLS" if settings.tls_client_ca is not None else "TLS"
 
 
 def is_loopback(host: str) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from model.config import TINY, EncoderConfig
+from mhaserve.model.config import TINY, EncoderConfig
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def tiny_cfg() -> EncoderConfig:
 @pytest.fixture(scope="session")
 def tiny_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random tiny model exported (with its fused and fp16 variants) into a session repository."""
-    from export.publish import ExportOptions, export_entry
+    from mhaserve.export.publish import ExportOptions, export_entry
 
     repo = tmp_path_factory.mktemp("repo")
     opts = ExportOptions(
@@ -30,7 +30,7 @@ def tiny_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def minilm_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """all-MiniLM-L6-v2 exported once per session, as `make serve` does (fp32 and fused graphs)."""
-    from export.publish import ExportOptions, export_entry
+    from mhaserve.export.publish import ExportOptions, export_entry
 
     repo = tmp_path_factory.mktemp("models")
     return export_entry(ExportOptions(repository=repo, optimize=True), out=io.StringIO())
@@ -41,7 +41,7 @@ def sentence_transformer():
     """The reference implementation, loaded offline from the same checkpoint directory."""
     from sentence_transformers import SentenceTransformer
 
-    from model.checkpoint import default_source
+    from mhaserve.model.checkpoint import default_source
 
     return SentenceTransformer(str(default_source()), device="cpu")
 

@@ -22,12 +22,12 @@ from typing import IO, Any
 import grpc
 import grpc.aio
 
-from loadtest.bench.quiet import busy_cores, machine_cpu, process_cpu_seconds, self_cpu_seconds
-from loadtest.bench.stats import latency_summary
-from loadtest.bench.workloads import Workload
-from loadtest.loopback import free_port
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.loadtest.bench.quiet import busy_cores, machine_cpu, process_cpu_seconds, self_cpu_seconds
+from mhaserve.loadtest.bench.workloads import Workload
+from mhaserve.loadtest.stats import latency_summary
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.testing.loopback import free_port
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
 
@@ -72,7 +72,7 @@ class Server:
         self.address = f"127.0.0.1:{self.port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.args = [
-            sys.executable, "-m", "service.cli", "serve",
+            sys.executable, "-m", "mhaserve.cli", "serve",
             "--repository", str(repository),
             "--port", str(self.port),
             "--metrics-port", str(self.metrics_port),

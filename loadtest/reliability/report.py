@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from loadtest.reliability.run import Run
+from mhaserve.loadtest.reliability.results import Run
 
 
 def _ms(seconds: float) -> str:

@@ -18,37 +18,23 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from export.manifest import read_manifest
-from loadtest.loopback import free_port
-from loadtest.reliability import scenarios as sc
-from loadtest.reliability.engines import ScriptedEngine
-from loadtest.reliability.harness import ServerProcess, ServerThread
-from loadtest.reliability.report import render
-from loadtest.reliability.strategies import Model
-from service.repository import ModelRepository
-from service.settings import Settings
+from mhaserve.loadtest.reliability import scenarios as sc
+from mhaserve.loadtest.reliability.report import render
+from mhaserve.loadtest.reliability.results import Run, Sizes
+from mhaserve.loadtest.reliability.strategies import Model
+from mhaserve.runtime.manifest import read_manifest
+from mhaserve.runtime.repository import ModelRepository
+from mhaserve.service.settings import Settings
+from mhaserve.testing.engines import ScriptedEngine
+from mhaserve.testing.loopback import free_port
+from mhaserve.testing.process import ServerProcess
+from mhaserve.testing.server import ServerThread
 
 log = logging.getLogger("reliability")
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """How long each scenario runs; `quick` is for trying the driver itself."""
-
-    fuzz_examples: int = 1500
-    overload_factors: tuple[float, ...] = (2.5, 5.0, 10.0)
-    overload_burst: float = 8.0
-    overload_measure: float = 4.0
-    deadline_cycles: int = 20
-    fault_requests: int = 3000
-    hang_cycles: int = 5
-    soak_seconds: float = 180.0
-    shutdown_load: float = 5.0
 
 
 QUICK = Sizes(
@@ -64,33 +50,6 @@ QUICK = Sizes(
 )
 # The soak's bound on resident-memory growth after warm-up: 1 MiB a minute would be 1.4 GiB a day.
 SOAK_BOUND_KIB_PER_MIN = 256.0
-
-
-@dataclass
-class Check:
-    """One criterion the issue sets, and whether this run met it."""
-
-    scenario: str
-    what: str
-    passed: bool
-
-
-@dataclass
-class Run:
-    """Everything the report shows."""
-
-    command: str
-    started: str
-    machine: dict[str, str]
-    model: str
-    sizes: Sizes
-    results: dict[str, Any] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    checks: list[Check] = field(default_factory=list)
-
-    def check(self, scenario: str, what: str, passed: bool) -> None:
-        self.checks.append(Check(scenario, what, bool(passed)))
-        log.info("%s %s: %s", "PASS" if passed else "FAIL", scenario, what)
 
 
 def machine() -> dict[str, str]:
@@ -145,7 +104,7 @@ def _timed(run: Run, name: str, scenario: Callable[[], Any]) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.reliability", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m mhaserve.loadtest.reliability", description=__doc__)
     parser.add_argument("--repository", type=Path, default=Path("models"))
     parser.add_argument("--model", default="all-minilm-l6-v2")
     parser.add_argument("--output", type=Path, default=Path("docs/reliability.md"))
@@ -160,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = QUICK if args.quick else Sizes()
     entry = ModelRepository(args.repository).entry(args.model)
     manifest = read_manifest(entry.directory)
-    command = "python -m loadtest.reliability " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m mhaserve.loadtest.reliability " + " ".join(argv if argv is not None else sys.argv[1:])
     run = Run(
         command=command.strip(),
         started=time.strftime("%Y-%m-%d %H:%M %Z"),

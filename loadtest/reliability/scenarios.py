@@ -22,26 +22,18 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loadtest.reliability.engines import ScriptedEngine, expected_row
-from loadtest.reliability.harness import (
-    CHANNEL_OPTIONS,
-    WAIT,
-    Sample,
-    ServerProcess,
-    ServerThread,
-    health_status,
-    live_objects,
-    percentile,
-    sample,
-    slope,
-    wait_until,
-)
-from loadtest.reliability.strategies import Model, encode_requests, infer_requests, names, request_ids
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from proto.inference.v2 import grpc_service_pb2 as kpb
-from proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
-from service.kserve import pack_bytes
+from mhaserve.loadtest.reliability.strategies import Model, encode_requests, infer_requests, names, request_ids
+from mhaserve.loadtest.stats import percentile, slope
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
+from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
+from mhaserve.service.client import CHANNEL_OPTIONS
+from mhaserve.service.kserve.tensors import pack_bytes
+from mhaserve.testing.engines import ScriptedEngine, expected_row
+from mhaserve.testing.loopback import WAIT, wait_until
+from mhaserve.testing.process import Sample, ServerProcess, live_objects, sample
+from mhaserve.testing.server import ServerThread, health_status
 
 OK = grpc.StatusCode.OK.name
 CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
@@ -619,7 +611,7 @@ def engine_faults(
             if code == OK:
                 result.wrong += list(response.embeddings[0].values) != expected_row(ids)
             elif POISON not in ids:
-                row = tuple(ids)
+                row = list(ids)
                 if not any(row in batch and any(POISON in r for r in batch) for batch in batches):
                     result.failed_without_poison_in_batch += 1
         result.serving_after = health_status(channel) == "SERVING"

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.inference.v2 import grpc_service_pb2 as kpb
-from service.kserve import pack_bytes
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
+from mhaserve.service.kserve.tensors import pack_bytes
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 PRINTABLE_ASCII = st.characters(min_codepoint=0x20, max_codepoint=0x7E)

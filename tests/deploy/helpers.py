@@ -22,10 +22,10 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loadtest import loopback
-from loadtest.loopback import free_port
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.testing import loopback
+from mhaserve.testing.loopback import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -152,7 +152,7 @@ class Replica(Process):
     def __init__(self, repository: Path, workdir: Path, name: str, **settings: str) -> None:
         self.port, self.metrics_port = free_port(), free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("MHASERVE_")}
-        args = [sys.executable, "-m", "service.cli", "serve", "--repository", str(repository), "--host", "127.0.0.1"]
+        args = [sys.executable, "-m", "mhaserve.cli", "serve", "--repository", str(repository), "--host", "127.0.0.1"]
         args += ["--port", str(self.port), "--metrics-port", str(self.metrics_port), "--device", "cpu"]
         args += ["--intra-op-threads", "1", "--grace-period", "10"]
         for k, v in settings.items():
@@ -181,14 +181,14 @@ def compose_file() -> dict[str, Any]:
 
 
 def server_defaults() -> Any:
-    from service.settings import Settings
+    from mhaserve.service.settings import Settings
 
     return Settings()
 
 
 def metric_samples() -> set[str]:
     """Every sample name the server can export, from its metric definitions (no server needed)."""
-    from service.metrics import Metrics
+    from mhaserve.service.metrics import Metrics
 
     names: set[str] = set()
     for family in Metrics().registry.collect():

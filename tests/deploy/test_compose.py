@@ -146,7 +146,7 @@ def test_encoder_service_matches_the_server() -> None:
     assert int(env["MHASERVE_PORT"]) == defaults.port
     assert int(env["MHASERVE_METRICS_PORT"]) == defaults.metrics_port
     # Every variable is one the server reads (a typo would be silently ignored).
-    from service.settings import env_var
+    from mhaserve.service.settings import env_var
 
     known = {env_var(f.name) for f in dataclasses.fields(defaults)}
     assert set(env) <= known, f"unknown settings: {set(env) - known}"

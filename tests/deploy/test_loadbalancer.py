@@ -20,8 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from loadtest.loopback import free_port
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.testing.loopback import free_port
 from tests.deploy.helpers import (
     DEPLOY,
     WAIT,

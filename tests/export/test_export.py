@@ -12,14 +12,14 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export import onnx_graph
-from export.manifest import ManifestError, read_manifest, verify_graph
-from export.publish import ExportError, ExportOptions, export_entry
-from model.config import EncoderConfig
-from model.encoder import Encoder, random_encoder
-from service.cli import main
-from service.engine import OnnxEngine
-from service.errors import InvalidArgument
+from mhaserve.cli.main import main
+from mhaserve.export import onnx_graph
+from mhaserve.export.publish import ExportError, ExportOptions, export_entry
+from mhaserve.model.config import EncoderConfig
+from mhaserve.model.encoder import Encoder, random_encoder
+from mhaserve.runtime.engine import OnnxEngine
+from mhaserve.runtime.errors import InvalidArgument
+from mhaserve.runtime.manifest import ManifestError, read_manifest, verify_graph
 from tests.conftest import TINY
 
 GRID = [(b, s) for b in (1, 2, 3, 32) for s in (1, 2, 7, 128, TINY["max_seq_len"])]

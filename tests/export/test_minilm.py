@@ -9,9 +9,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export.manifest import read_manifest
-from export.tokenizer import load_for_serving
-from model.checkpoint import default_source, load_encoder
+from mhaserve.model.checkpoint import default_source, load_encoder
+from mhaserve.runtime.manifest import read_manifest
+from mhaserve.runtime.tokenizer import load_for_serving
 from tests.conftest import VARIED_TEXTS
 
 pytestmark = pytest.mark.slow

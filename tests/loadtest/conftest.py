@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench.client import Server
+from mhaserve.loadtest.bench.client import Server
 
 
 @pytest.fixture(scope="module")

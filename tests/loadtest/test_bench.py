@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench import options
+from mhaserve.loadtest.bench import options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     cmd = [
-        sys.executable, "-m", "service.cli", "bench", "--quick",
+        sys.executable, "-m", "mhaserve.cli", "bench", "--quick",
         "--repository", str(tiny_entry.parent.parent), "--model", "tiny", "--output", str(out),
     ]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)

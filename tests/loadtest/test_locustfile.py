@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench.client import Server
+from mhaserve.loadtest.bench.client import Server
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"

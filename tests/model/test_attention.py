@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.config import EncoderConfig
-from model.encoder import MultiHeadAttention, init_weights
+from mhaserve.model.config import EncoderConfig
+from mhaserve.model.encoder import MultiHeadAttention, init_weights
 
 
 def _ours_and_torch(cfg: EncoderConfig) -> tuple[MultiHeadAttention, torch.nn.MultiheadAttention]:

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from export.tokenizer import for_serving
-from model.checkpoint import CheckpointError, default_source, load_encoder, map_key
+from mhaserve.model.checkpoint import CheckpointError, default_source, load_encoder, map_key
+from mhaserve.runtime.tokenizer import for_serving
 from tests.conftest import VARIED_TEXTS
 
 

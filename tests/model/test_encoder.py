@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from model.config import EncoderConfig
-from model.encoder import random_encoder, sinusoidal_table
+from mhaserve.model.config import EncoderConfig
+from mhaserve.model.encoder import random_encoder, sinusoidal_table
 
 
 def _batch(lengths: list[int], vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.loopback import free_port
-from loadtest.reliability.harness import ServerProcess
-from service.settings import Settings
+from mhaserve.service.settings import Settings
+from mhaserve.testing.loopback import free_port
+from mhaserve.testing.process import ServerProcess
 
 Spawn = Callable[..., ServerProcess]
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.reliability.harness import ServerThread
-from loadtest.reliability.scenarios import CLIENT_CODES, fuzz
-from loadtest.reliability.strategies import Model
-from service.settings import Settings
+from mhaserve.loadtest.reliability.scenarios import CLIENT_CODES, fuzz
+from mhaserve.loadtest.reliability.strategies import Model
+from mhaserve.service.settings import Settings
+from mhaserve.testing.server import ServerThread
 from tests.conftest import TINY
 
 EXAMPLES = 150  # per API; `make reliability` runs thousands

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from loadtest.reliability.engines import ScriptedEngine
-from loadtest.reliability.harness import ServerThread
-from loadtest.reliability.scenarios import deadlines
-from service.settings import Settings
+from mhaserve.loadtest.reliability.scenarios import deadlines
+from mhaserve.service.settings import Settings
+from mhaserve.testing.engines import ScriptedEngine
+from mhaserve.testing.server import ServerThread
 
 
 def test_expired_and_cancelled_requests_are_dropped_before_inference_and_free_everything(

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from loadtest.reliability.engines import ScriptedEngine
-from loadtest.reliability.harness import ServerThread
-from loadtest.reliability.scenarios import POISON, engine_faults, engine_hangs, stuck_engine_exit
-from service.settings import Settings
+from mhaserve.loadtest.reliability.scenarios import POISON, engine_faults, engine_hangs, stuck_engine_exit
+from mhaserve.service.settings import Settings
+from mhaserve.testing.engines import ScriptedEngine
+from mhaserve.testing.server import ServerThread
 from tests.reliability.conftest import Spawn
 
 

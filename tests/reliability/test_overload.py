@@ -13,12 +13,12 @@ from collections import Counter
 
 import pytest
 
-from loadtest.loopback import WAIT, wait_until
-from loadtest.reliability.engines import ScriptedEngine
-from loadtest.reliability.harness import ServerThread
-from loadtest.reliability.scenarios import code_of, overload, scripted_requests
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from service.settings import Settings
+from mhaserve.loadtest.reliability.scenarios import code_of, overload, scripted_requests
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.settings import Settings
+from mhaserve.testing.engines import ScriptedEngine
+from mhaserve.testing.loopback import WAIT, wait_until
+from mhaserve.testing.server import ServerThread
 
 ENCODE = "encoder.v1.EncoderService/Encode"
 

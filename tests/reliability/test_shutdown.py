@@ -14,15 +14,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from loadtest.loopback import WAIT, free_port, wait_until
-from loadtest.reliability.engines import ScriptedEngine, expected_row
-from loadtest.reliability.harness import ServerThread
-from loadtest.reliability.scenarios import scripted_requests, second_signal, shutdown_under_load
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
-from service.drain import STREAM_CLOSED
-from service.settings import Settings
+from mhaserve.loadtest.reliability.scenarios import scripted_requests, second_signal, shutdown_under_load
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
+from mhaserve.service.rpc.drain import STREAM_CLOSED
+from mhaserve.service.settings import Settings
+from mhaserve.testing.engines import ScriptedEngine, expected_row
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.server import ServerThread
 from tests.reliability.conftest import Spawn
 
 

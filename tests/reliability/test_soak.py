@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.reliability.scenarios import queue_texts, soak, text_requests
+from mhaserve.loadtest.reliability.scenarios import queue_texts, soak, text_requests
 from tests.reliability.conftest import Spawn
 
 

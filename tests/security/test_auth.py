@@ -14,15 +14,17 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from loadtest.reliability.harness import WAIT, ServerThread
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from proto.inference.v2 import grpc_service_pb2 as kpb
-from proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
-from service import auth
-from service.cli import main
-from service.server import StartupError
-from service.settings import ApiKeys, Settings, SettingsError, build
+from mhaserve.cli.main import main
+from mhaserve.cli.options import build
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
+from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
+from mhaserve.service import auth
+from mhaserve.service.server import StartupError
+from mhaserve.service.settings import ApiKeys, Settings, SettingsError
+from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.server import ServerThread
 
 FILE_KEY = "file-key-6f1c2b9e"
 ENV_KEY = "env-key-0d4a7c31"

@@ -10,14 +10,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from loadtest.reliability.harness import WAIT, ServerThread, health_status
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from service import tls
-from service.cli import main
-from service.client import Connection
-from service.server import EncoderServer, StartupError
-from service.settings import ApiKeys, Settings, SettingsError, build
+from mhaserve.cli.main import main
+from mhaserve.cli.options import build
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service import tls
+from mhaserve.service.client import Connection
+from mhaserve.service.server import EncoderServer, StartupError
+from mhaserve.service.settings import ApiKeys, Settings, SettingsError
+from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.server import ServerThread, health_status
 from tests.security.conftest import Pki
 
 TEXT = pb.EncodeRequest(texts=["over TLS"])
@@ -115,7 +117,8 @@ def test_tls_settings_go_together() -> None:
         build({}, env={"MHASERVE_TLS_CLIENT_CA": "ca.pem"})
     s = build({}, env={"MHASERVE_TLS_CERT": "s.pem", "MHASERVE_TLS_KEY": "s.key", "MHASERVE_TLS_CLIENT_CA": "ca.pem"})
     assert (s.tls_cert, s.tls_key, s.tls_client_ca) == (Path("s.pem"), Path("s.key"), Path("ca.pem"))
-    assert (tls.mode(Settings()), tls.mode(s)) == ("plaintext", "mutual TLS")
+    files = tls.TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca)
+    assert (tls.TlsFiles().mode, files.mode) == ("plaintext", "mutual TLS")
 
 
 def test_plaintext_off_loopback_is_logged(plain: Settings, caplog: pytest.LogCaptureFixture) -> None:

@@ -10,13 +10,13 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from export.manifest import read_manifest
-from loadtest.loopback import WAIT
-from service.batcher import Batcher, pad
-from service.engine import OnnxEngine
-from service.errors import DeadlineExceeded, ResourceExhausted, Unavailable
-from service.settings import Limits
-from tests.service.conftest import FakeEngine
+from mhaserve.runtime.engine import OnnxEngine
+from mhaserve.runtime.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from mhaserve.runtime.manifest import read_manifest
+from mhaserve.service.batching import Batcher, Limits
+from mhaserve.service.batching.padding import pad
+from mhaserve.testing.engines import ScriptedEngine
+from mhaserve.testing.loopback import WAIT
 
 T = TypeVar("T")
 
@@ -81,7 +81,7 @@ def test_batched_results_equal_a_plain_loop(tiny_entry: Path, batching: str) -> 
 
 def _batches(batching: str, lengths: list[int], **kw: Any) -> list[list[list[int]]]:
     """The batches formed when all of `lengths` (one request each, first id = request number) wait together."""
-    engine = FakeEngine()
+    engine = ScriptedEngine()
 
     async def main() -> None:
         b = Batcher(engine, limits=limits(**({"max_batch_tokens": 400} | kw)), batching=batching)  # type: ignore[arg-type]
@@ -125,7 +125,7 @@ def test_the_padding_cap_bounds_every_batch_even_when_the_budget_would_take_ever
 
 
 def test_a_request_wider_than_the_budget_spreads_over_batches_in_order() -> None:
-    engine = FakeEngine()
+    engine = ScriptedEngine()
 
     async def main() -> np.ndarray:
         b = Batcher(engine, limits=limits(max_batch_tokens=20, max_wait_ms=0.0))
@@ -143,7 +143,7 @@ def test_a_request_wider_than_the_budget_spreads_over_batches_in_order() -> None
 
 
 def test_an_expired_request_is_dropped_before_inference() -> None:
-    engine = FakeEngine()
+    engine = ScriptedEngine()
 
     async def main() -> np.ndarray:
         b = Batcher(engine, limits=limits(max_wait_ms=0.0))
@@ -166,7 +166,7 @@ def test_an_expired_request_is_dropped_before_inference() -> None:
 
 def test_queue_limit_and_cancellation_free_slots() -> None:
     async def main() -> None:
-        b = Batcher(FakeEngine(), limits=limits(max_queue_size=3))  # worker not started: nothing leaves
+        b = Batcher(ScriptedEngine(), limits=limits(max_queue_size=3))  # worker not started: nothing leaves
         first = asyncio.ensure_future(b.submit([seq(1), seq(2)]))
         await asyncio.sleep(0)
         with pytest.raises(ResourceExhausted):
@@ -184,7 +184,7 @@ def test_queue_limit_and_cancellation_free_slots() -> None:
 
 def test_drain_sends_queued_work_without_waiting_for_a_full_batch() -> None:
     async def main() -> np.ndarray:
-        b = Batcher(FakeEngine(), limits=limits(max_wait_ms=60_000.0))
+        b = Batcher(ScriptedEngine(), limits=limits(max_wait_ms=60_000.0))
         b.start()
         call = asyncio.ensure_future(b.submit([seq(5, 6)]))
         for _ in range(10):
@@ -200,14 +200,14 @@ def test_drain_sends_queued_work_without_waiting_for_a_full_batch() -> None:
 
 
 def test_close_fails_running_and_queued_requests_and_refuses_new_ones() -> None:
-    engine = FakeEngine(hold_on=99)
+    engine = ScriptedEngine(hang_on=99)
 
     async def main() -> None:
         b = Batcher(engine, limits=limits(max_wait_ms=0.0, max_batch_tokens=2))
         b.start()
         running = asyncio.ensure_future(b.submit([seq(99)]))
         queued = asyncio.ensure_future(b.submit([seq(5, 5)]))
-        await asyncio.to_thread(engine.held.wait, WAIT)
+        await asyncio.to_thread(engine.hanging.wait, WAIT)
         await b.close()
         for call in (running, queued):
             with pytest.raises(Unavailable):

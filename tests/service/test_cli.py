@@ -15,14 +15,14 @@ import grpc
 import numpy as np
 import pytest
 
-from loadtest.loopback import WAIT, free_port, wait_until
-from loadtest.reliability.harness import ServerThread
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from service import client
-from service.cli import main
-from service.settings import Settings
-from tests.service.conftest import scrape
+from mhaserve.cli.main import main
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service import client
+from mhaserve.service.settings import Settings
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.metrics import scrape
+from mhaserve.testing.server import ServerThread
 
 MHASERVE = str(Path(sys.executable).parent / "mhaserve")
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadtest.loopback import WAIT
-from loadtest.reliability.harness import ServerThread
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from service.settings import Settings
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.settings import Settings
+from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.server import ServerThread
 from tests.conftest import VARIED_TEXTS
 
 

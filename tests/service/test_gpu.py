@@ -1,4 +1,4 @@
-"""The CUDA path: `service.gpu_check` on the tiny model where ONNX Runtime can load CUDA, a clear failure where not."""
+"""The CUDA path: `mhaserve.testing.gpu_check` on the tiny model where ONNX Runtime loads CUDA, a clear failure else."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from export.manifest import read_manifest
-from service import gpu_check
-from service.engine import OnnxEngine
-from service.errors import Unavailable
+from mhaserve.runtime.engine import OnnxEngine
+from mhaserve.runtime.errors import Unavailable
+from mhaserve.runtime.manifest import read_manifest
+from mhaserve.testing import gpu_check
 
 
 @cache

@@ -11,10 +11,11 @@ import grpc
 import grpc.aio
 import pytest
 
-from loadtest.loopback import WAIT
-from service.errors import NotFound, ServiceError, to_status
-from service.interceptors import ServiceInterceptor, request_id
-from service.metrics import Metrics
+from mhaserve.runtime.errors import NotFound
+from mhaserve.service.context import request_id
+from mhaserve.service.metrics import Metrics
+from mhaserve.service.rpc.interceptors import ServiceInterceptor
+from mhaserve.testing.loopback import WAIT
 
 
 class Raw:
@@ -76,7 +77,7 @@ def test_a_bug_is_internal_without_its_internals(raw: Raw, caplog: pytest.LogCap
     assert code == grpc.StatusCode.INTERNAL
     assert details == "internal error (request id req-42; details are in the server log)"
     assert raw.seen_ids[-1] == "req-42"
-    logged = [r for r in caplog.records if r.name == "service.interceptors"]
+    logged = [r for r in caplog.records if r.name == "mhaserve.service.rpc.interceptors"]
     assert logged and logged[-1].exc_info is not None  # the traceback is in the log, with the id
 
 
@@ -90,11 +91,3 @@ def test_a_service_error_keeps_its_code(raw: Raw) -> None:
         for m, code in (("Missing", "NOT_FOUND"), ("Fine", "OK"))
     }
     assert counts == {"NOT_FOUND": 1.0, "OK": 1.0}
-
-
-def test_to_status_is_the_one_map() -> None:
-    class Odd(ServiceError):
-        code = grpc.StatusCode.FAILED_PRECONDITION
-
-    assert to_status(Odd("because")) == (grpc.StatusCode.FAILED_PRECONDITION, "because")
-    assert to_status(ValueError("x")) == (grpc.StatusCode.INTERNAL, "internal error")

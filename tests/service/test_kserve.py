@@ -17,19 +17,22 @@ from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from loadtest.loopback import WAIT, wait_until
-from loadtest.reliability.harness import ServerThread
-from proto.encoder.v1 import encoder_pb2 as epb
-from proto.encoder.v1 import encoder_pb2_grpc as epb_grpc
-from proto.inference.v2 import grpc_service_pb2 as pb
-from proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
-from proto.inference.v2 import model_config_pb2 as mc
-from service.errors import InvalidArgument
-from service.interceptors import EXEMPT_PREFIXES
-from service.kserve import HEALTH_METHODS, SERVICE, from_pb, pack_bytes, strip_padding, unpack_bytes
-from service.settings import Settings
+from mhaserve.proto.encoder.v1 import encoder_pb2 as epb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as epb_grpc
+from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
+from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
+from mhaserve.proto.inference.v2 import model_config_pb2 as mc
+from mhaserve.runtime.errors import InvalidArgument
+from mhaserve.service.kserve.codec import from_pb
+from mhaserve.service.kserve.servicer import HEALTH_METHODS, SERVICE
+from mhaserve.service.kserve.tensors import pack_bytes, strip_padding, unpack_bytes
+from mhaserve.service.rpc.interceptors import is_exempt
+from mhaserve.service.server import ALWAYS_ANSWERED
+from mhaserve.service.settings import Settings
+from mhaserve.testing.engines import ScriptedEngine
+from mhaserve.testing.loopback import WAIT, wait_until
+from mhaserve.testing.server import ServerThread
 from tests.conftest import TINY
-from tests.service.conftest import FakeEngine
 
 Start = Callable[..., ServerThread]
 Tensor = pb.ModelInferRequest.InferInputTensor
@@ -124,7 +127,7 @@ def test_strip_padding_wants_ones_then_zeros() -> None:
 
 
 def test_the_v2_health_methods_pass_the_readiness_gate() -> None:
-    assert set(HEALTH_METHODS) <= set(EXEMPT_PREFIXES)
+    assert all(is_exempt(m, ALWAYS_ANSWERED) for m in HEALTH_METHODS)
 
 
 # ---- a real server -----------------------------------------------------------------------------------
@@ -432,13 +435,13 @@ def counted(srv: ServerThread, code: str) -> float:
 
 
 def test_both_apis_share_the_batcher_statistics_and_metrics(start: Start, settings: Settings) -> None:
-    engine = FakeEngine(hold_on=99)
+    engine = ScriptedEngine(hang_on=99)
     srv = start(dataclasses.replace(settings, max_wait_ms=0.0), engine.factory())
     try:
         with srv.channel() as channel:
             v2, v1 = pb_grpc.GRPCInferenceServiceStub(channel), epb_grpc.EncoderServiceStub(channel)
             held = v1.Encode.future(epb.EncodeRequest(token_ids=[epb.TokenIds(ids=[99])]), timeout=WAIT)
-            assert engine.held.wait(WAIT)
+            assert engine.hanging.wait(WAIT)
             by_v2 = v2.ModelInfer.future(ids_request([[5, 6, 0]], [[1, 1, 0]]), timeout=WAIT)
             by_v1 = v1.Encode.future(epb.EncodeRequest(token_ids=[epb.TokenIds(ids=[7, 8])]), timeout=WAIT)
             wait_until(lambda: srv.depth() == 2, "one request of each API queued behind the held batch")
@@ -466,9 +469,9 @@ def test_both_apis_share_the_batcher_statistics_and_metrics(start: Start, settin
 
 def test_health_follows_loading_and_draining(start: Start, settings: Settings) -> None:
     loaded = threading.Event()
-    engine = FakeEngine()
+    engine = ScriptedEngine()
 
-    def slow_factory(entry: Any, s: Any) -> FakeEngine:
+    def slow_factory(entry: Any) -> ScriptedEngine:
         assert loaded.wait(WAIT)
         return engine
 

@@ -20,13 +20,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from export.manifest import read_manifest
-from export.tokenizer import load_for_serving
-from loadtest.reliability.harness import ServerThread
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from proto.inference.v2 import grpc_service_pb2, model_config_pb2
-from service.settings import Settings
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.proto.inference.v2 import grpc_service_pb2, model_config_pb2
+from mhaserve.runtime.manifest import read_manifest
+from mhaserve.runtime.tokenizer import load_for_serving
+from mhaserve.service.settings import Settings
+from mhaserve.testing.server import ServerThread
 from tests.kserve.triton_client import describe_file
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,16 +15,17 @@ from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from export.manifest import read_manifest
-from export.tokenizer import load_for_serving
-from loadtest.loopback import WAIT, wait_until
-from loadtest.reliability.harness import ServerThread
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from service.engine import OnnxEngine
-from service.settings import BATCHING, Batching, Settings
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.runtime.engine import OnnxEngine
+from mhaserve.runtime.manifest import read_manifest
+from mhaserve.runtime.tokenizer import load_for_serving
+from mhaserve.service.settings import BATCHING, Batching, Settings
+from mhaserve.testing.engines import ScriptedEngine
+from mhaserve.testing.loopback import WAIT, wait_until
+from mhaserve.testing.metrics import scrape
+from mhaserve.testing.server import ServerThread
 from tests.conftest import TINY
-from tests.service.conftest import FakeEngine, scrape
 
 Start = Callable[..., ServerThread]
 ENCODE = "encoder.v1.EncoderService/Encode"
@@ -230,7 +231,7 @@ def test_message_too_large_is_resource_exhausted(start: Start, settings: Setting
 
 
 def test_full_queue_is_resource_exhausted_and_a_cancelled_call_frees_its_slot(start: Start, settings: Settings) -> None:
-    engine = FakeEngine(hold_on=99)
+    engine = ScriptedEngine(hang_on=99)
     srv = start(
         dataclasses.replace(settings, max_queue_size=4, max_client_batch_size=4, max_wait_ms=0.0), engine.factory()
     )
@@ -238,7 +239,7 @@ def test_full_queue_is_resource_exhausted_and_a_cancelled_call_frees_its_slot(st
         with srv.channel() as channel:
             stub = pb_grpc.EncoderServiceStub(channel)
             running = stub.Encode.future(ids([99]), timeout=WAIT)  # in the engine, holding it
-            assert engine.held.wait(WAIT)
+            assert engine.hanging.wait(WAIT)
             three = stub.Encode.future(ids([5], [5], [5]), timeout=WAIT)
             doomed = stub.Encode.future(ids([66]), timeout=WAIT)
             wait_until(lambda: srv.depth() == 4, "4 inputs queued")
@@ -263,13 +264,13 @@ def test_full_queue_is_resource_exhausted_and_a_cancelled_call_frees_its_slot(st
 
 
 def test_deadline_exceeded_while_queued_never_reaches_the_model(start: Start, settings: Settings) -> None:
-    engine = FakeEngine(hold_on=99)
+    engine = ScriptedEngine(hang_on=99)
     srv = start(dataclasses.replace(settings, max_wait_ms=0.0), engine.factory())
     try:
         with srv.channel() as channel:
             stub = pb_grpc.EncoderServiceStub(channel)
             running = stub.Encode.future(ids([99]), timeout=WAIT)
-            assert engine.held.wait(WAIT)
+            assert engine.hanging.wait(WAIT)
             # The batch computes off the event loop: health and model info still answer meanwhile.
             check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
             assert check.status == health_pb2.HealthCheckResponse.SERVING
@@ -288,13 +289,13 @@ def test_deadline_exceeded_while_queued_never_reaches_the_model(start: Start, se
 
 
 def test_a_failing_batch_fails_only_its_own_requests(start: Start, settings: Settings) -> None:
-    engine = FakeEngine(fail_on=13, hold_on=99)
+    engine = ScriptedEngine(fail_on=13, hang_on=99)
     srv = start(dataclasses.replace(settings, max_wait_ms=0.0), engine.factory())
     try:
         with srv.channel() as channel:
             stub = pb_grpc.EncoderServiceStub(channel)
             before = stub.Encode.future(ids([99, 5]), timeout=WAIT)  # batch 1, held
-            assert engine.held.wait(WAIT)
+            assert engine.hanging.wait(WAIT)
             poisoned = stub.Encode.future(ids([13, 5]), timeout=WAIT)
             neighbour = stub.Encode.future(ids([6, 5]), timeout=WAIT)
             wait_until(lambda: srv.depth() == 2, "both queued behind the held batch")
@@ -318,9 +319,9 @@ def test_a_failing_batch_fails_only_its_own_requests(start: Start, settings: Set
 
 def test_health_and_unavailable_while_loading_and_draining(start: Start, settings: Settings) -> None:
     loaded = threading.Event()
-    engine = FakeEngine()
+    engine = ScriptedEngine()
 
-    def slow_factory(entry, s):
+    def slow_factory(entry):
         assert loaded.wait(WAIT)
         return engine
 
@@ -392,22 +393,25 @@ def test_metrics_move_as_requests_are_served(server: ServerThread) -> None:
         with pytest.raises(grpc.RpcError):
             stub.Encode(pb.EncodeRequest(), timeout=WAIT)
     # The interceptor counts a call after its status is sent, so a scrape right away can miss the last one.
-    key = f'mhaserve_request_duration_seconds_count{{method="{ENCODE}"}}'
-    wait_until(lambda: scrape(port).get(key, 0.0) - before.get(key, 0.0) >= 2, "both calls to be counted")
+    duration = "mhaserve_request_duration_seconds_count"
+    wait_until(
+        lambda: scrape(port).get(duration, method=ENCODE) - before.get(duration, method=ENCODE) >= 2,
+        "both calls to be counted",
+    )
     after = scrape(port)
 
-    def delta(key: str) -> float:
-        return after.get(key, 0.0) - before.get(key, 0.0)
+    def delta(name: str, **labels: str) -> float:
+        return after.get(name, **labels) - before.get(name, **labels)
 
-    assert delta(f'mhaserve_requests_total{{code="OK",method="{ENCODE}"}}') == 1
-    assert delta(f'mhaserve_requests_total{{code="INVALID_ARGUMENT",method="{ENCODE}"}}') == 1
-    assert delta(f'mhaserve_request_duration_seconds_count{{method="{ENCODE}"}}') == 2
+    assert delta("mhaserve_requests_total", code="OK", method=ENCODE) == 1
+    assert delta("mhaserve_requests_total", code="INVALID_ARGUMENT", method=ENCODE) == 1
+    assert delta(duration, method=ENCODE) == 2
     assert delta("mhaserve_inputs_total") == 3
     assert delta("mhaserve_tokenize_duration_seconds_count") == 1
     assert delta("mhaserve_queue_wait_seconds_count") == 1
     for name in ("inference_duration_seconds", "batch_size", "batch_tokens", "padding_fraction"):
         assert delta(f"mhaserve_{name}_count") >= 1, name
     assert delta("mhaserve_batch_size_sum") == 3
-    assert after["mhaserve_queue_depth"] == 0
-    assert after["mhaserve_requests_in_flight"] == 0
-    assert after['mhaserve_execution_provider_info{provider="CPUExecutionProvider"}'] == 1
+    assert after.get("mhaserve_queue_depth") == 0
+    assert after.get("mhaserve_requests_in_flight") == 0
+    assert after.get("mhaserve_execution_provider_info", provider="CPUExecutionProvider") == 1

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from service import settings as st
-from service.cli import build_parser, main
-from service.settings import CPU_LIMITS, CUDA_LIMITS, Settings, SettingsError, build
+from mhaserve.cli.main import build_parser, main
+from mhaserve.cli.options import build
+from mhaserve.service import settings as st
+from mhaserve.service.batching import CPU_LIMITS, CUDA_LIMITS, Limits
+from mhaserve.service.settings import Settings, SettingsError
 
 
 def parse(*argv: str) -> dict[str, object]:
@@ -63,7 +65,7 @@ def test_flag_beats_variable_beats_default() -> None:
     )
     assert (s.max_batch_tokens, s.max_queue_size, s.max_client_batch_size, s.max_message_bytes) == (100, 50, 5, 1000)
     assert (s.grace_period, s.intra_op_threads, s.graph, s.metrics_port, s.log_level) == (2.0, 3, "fp32", 0, "debug")
-    assert s.limits(on_cuda=True) == st.Limits(100, CUDA_LIMITS.max_wait_ms, 50, 5, CUDA_LIMITS.max_padding)
+    assert s.limits(on_cuda=True) == Limits(100, CUDA_LIMITS.max_wait_ms, 50, 5, CUDA_LIMITS.max_padding)
     # 0 is a real choice (only equal lengths share a batch), not "unset".
     assert build(parse(), env={"MHASERVE_MAX_PADDING": "0"}).limits(on_cuda=False).max_padding == 0.0
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto.encoder.v1 import encoder_pb2 as proto_dot_encoder_dot_v1_dot_encoder__pb2
+from mhaserve.proto.encoder.v1 import encoder_pb2 as proto_dot_encoder_dot_v1_dot_encoder__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

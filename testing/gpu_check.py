@@ -7,7 +7,7 @@
 4. A short throughput run: concurrent clients through the server against the engine in-process on the
    same batch shapes (reported, not gated: the gate is parity and the provider).
 
-Run: python -m service.gpu_check --repository models --model all-minilm-l6-v2 [--graph fp16] [--seconds 10]
+Run: python -m mhaserve.testing.gpu_check --repository models --model all-minilm-l6-v2 [--graph fp16] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
-from proto.encoder.v1 import encoder_pb2 as pb
-from proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from service.batcher import pad
-from service.engine import CUDA, Device, OnnxEngine
-from service.errors import ServiceError
-from service.repository import ModelEntry, ModelRepository, RepositoryError
-from service.server import EncoderServer
-from service.settings import GraphChoice, Settings
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.runtime.engine import CUDA, Device, OnnxEngine
+from mhaserve.runtime.errors import ServiceError
+from mhaserve.runtime.repository import GraphChoice, ModelEntry, ModelRepository, RepositoryError
+from mhaserve.service.batching.padding import pad
+from mhaserve.service.server import EncoderServer
+from mhaserve.service.settings import Settings
 
 log = logging.getLogger("mhaserve.gpu_check")
 
@@ -156,7 +156,7 @@ def engine_throughput(engine: OnnxEngine, seconds: float, rows: int, width: int,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m service.gpu_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m mhaserve.testing.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--repository", type=Path, default=Path("models"))
     p.add_argument("--model", default=None)
     p.add_argument("--graph", default="auto", choices=["auto", "fp32", "optimized", "fp16"])

@@ -1,32 +1,35 @@
-"""Engines with faults on demand, for what a real model does only on a bad day.
+"""A scripted engine: deterministic answers, and faults on cue, for what a real model does only on a bad day.
 
-`ScriptedEngine` answers deterministically (row = real length, first id, sum of real ids, 1.0), so a
-client can check each answer without a reference model. It can cost a fixed time per batch (a known
-capacity), raise on batches holding a marker token id, or hang on them until released (or for a
-while). Every batch's token rows are recorded, to prove what did or did not reach the model.
+`ScriptedEngine` answers each input with (real length, first id, sum of real ids, 1.0) before
+normalisation (`expected_row`), so a client can check every answer without a reference model. It can
+cost a fixed time per batch (a known capacity), raise on batches holding a marker token id, or hang
+on them until released (or for a while). Every batch's token rows are recorded (`batches`), to prove
+what did or did not reach the model.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from service.repository import EngineFactory, ModelEntry
-from service.settings import Settings
+from mhaserve.runtime.repository import EngineFactory, ModelEntry
 
 DIMENSIONS = 4
+# What an engine fault looks like: several lines, as a real one's traceback would; none may reach a client.
+FAULT = "injected engine fault\nTraceback-looking detail that must not reach clients"
 
 
-def expected_row(ids: list[int]) -> list[float]:
+def expected_row(ids: Sequence[int]) -> list[float]:
     """What ScriptedEngine answers for one input (before normalisation)."""
     return [float(len(ids)), float(ids[0]), float(sum(ids)), 1.0]
 
 
 class ScriptedEngine:
-    """See the module docstring. `hang_for` None hangs until `release` is set."""
+    """See the module docstring. `hang_for` None hangs until `release` is set; `hanging` is set meanwhile."""
 
     providers = ["ScriptedExecutionProvider"]
 
@@ -46,12 +49,12 @@ class ScriptedEngine:
         self.release = threading.Event()
         self.hanging = threading.Event()
         self.record = record  # off for long runs, where the record would itself grow memory
-        self.batches: list[list[tuple[int, ...]]] = []
+        self.batches: list[list[list[int]]] = []
         self._lock = threading.Lock()
 
     def run(self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         if self.record:
-            rows = [tuple(int(i) for i in ids[m == 1]) for ids, m in zip(input_ids, attention_mask, strict=True)]
+            rows = [[int(i) for i in ids[m == 1]] for ids, m in zip(input_ids, attention_mask, strict=True)]
             with self._lock:
                 self.batches.append(rows)
         if self.seconds_per_batch:
@@ -61,7 +64,7 @@ class ScriptedEngine:
             self.release.wait(self.hang_for)
             self.hanging.clear()
         if self.fail_on is not None and (input_ids == self.fail_on).any():
-            raise RuntimeError("injected engine fault")
+            raise RuntimeError(FAULT)
         lengths = attention_mask.sum(1)
         real = input_ids * attention_mask
         out = np.stack([lengths, input_ids[:, 0], real.sum(1), np.ones(len(lengths))], 1)
@@ -73,7 +76,7 @@ class ScriptedEngine:
             return any(token in row for batch in self.batches for row in batch)
 
     def factory(self) -> EngineFactory:
-        def make(entry: ModelEntry, settings: Settings) -> ScriptedEngine:
+        def make(entry: ModelEntry) -> ScriptedEngine:
             return self
 
         return make

@@ -16,17 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 
-from service.errors import Unavailable
-from service.interceptors import EXEMPT_PREFIXES
+from mhaserve.runtime.errors import Unavailable
+from mhaserve.service.rpc.handlers import Behaviour, Continuation, behaviour, kind, rewrap
+from mhaserve.service.rpc.interceptors import is_exempt
 
 T = TypeVar("T")
-Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 
 SUBSCRIPTIONS = frozenset({"/grpc.health.v1.Health/Watch"})
 LAST_WORD = 0.5  # seconds a subscription gets, once draining begins, to send its last status
@@ -95,11 +95,12 @@ class DrainInterceptor(grpc.aio.ServerInterceptor):
 
     It must come after `ServiceInterceptor` in the server's list (so it wraps the handler directly):
     for the methods that interceptor wraps, the end of a cut stream is raised as Unavailable and
-    counted there; for the exempt ones (health, reflection) it aborts with UNAVAILABLE itself.
+    counted there; for the `exempt` ones (health, reflection) it aborts with UNAVAILABLE itself.
     """
 
-    def __init__(self, drain: Drain) -> None:
+    def __init__(self, drain: Drain, exempt: Sequence[str] = ()) -> None:
         self.drain = drain
+        self.exempt = tuple(exempt)
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -108,23 +109,20 @@ class DrainInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
-        counted = not method.startswith(EXEMPT_PREFIXES)
-        codec = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.stream_stream is not None and inspect.isasyncgenfunction(handler.stream_stream):
-            return grpc.stream_stream_rpc_method_handler(self._client_stream(handler.stream_stream, counted), **codec)
-        if handler.unary_stream is not None and method in SUBSCRIPTIONS:
-            return grpc.unary_stream_rpc_method_handler(self._subscription(handler.unary_stream), **codec)
+        counted = not is_exempt(method, self.exempt)
+        k = kind(handler)
+        if k == "stream_stream" and inspect.isasyncgenfunction(behaviour(handler)):
+            return rewrap(handler, self._client_stream(behaviour(handler), counted))
+        if k == "unary_stream" and method in SUBSCRIPTIONS:
+            return rewrap(handler, self._subscription(behaviour(handler)))
         return handler
 
-    def _client_stream(self, behaviour: Any, counted: bool) -> Any:
+    def _client_stream(self, handle: Behaviour, counted: bool) -> Behaviour:
         drain = self.drain
 
         async def wrapper(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             requests = _UntilDrain(request_iterator, drain)
-            async for response in behaviour(requests, context):
+            async for response in handle(requests, context):
                 yield response
             if requests.cut:
                 if counted:
@@ -133,11 +131,11 @@ class DrainInterceptor(grpc.aio.ServerInterceptor):
 
         return wrapper
 
-    def _subscription(self, behaviour: Any) -> Any:
+    def _subscription(self, handle: Behaviour) -> Behaviour:
         drain = self.drain
 
         async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            result = behaviour(request, context)
+            result = handle(request, context)
             if inspect.isasyncgen(result):
                 async for response in result:
                     await context.write(response)

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import functools
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Literal, Protocol
@@ -18,10 +19,11 @@ from typing import Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from service.errors import InvalidArgument, Unavailable
+from mhaserve.runtime.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
 
+DEVICES = ("auto", "cuda", "cpu")
 Device = Literal["auto", "cuda", "cpu"]
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
@@ -162,3 +164,18 @@ class OnnxEngine:
         binding.bind_output(self.output_name, "cpu")
         self.session.run_with_iobinding(binding)
         return np.asarray(binding.copy_outputs_to_cpu()[0], dtype=np.float32)
+
+
+def warm_up(engine: Engine, *, max_seq_len: int, max_batch_tokens: int) -> int:
+    """Run the graph over the shapes a batcher will make, before the model is reported ready.
+
+    Powers of two up to the model's maximum length, one row each, then the widest batch the token
+    budget allows at that length: ONNX Runtime plans its memory arena (and on CUDA picks its kernels)
+    on first sight of a shape, and no client should pay for that. Returns the number of runs.
+    """
+    lengths = sorted({min(2**i, max_seq_len) for i in range(math.ceil(math.log2(max_seq_len)) + 1)})
+    shapes = [(1, n) for n in lengths] + [(max(1, max_batch_tokens // max_seq_len), max_seq_len)]
+    for rows, n in shapes:
+        ones = np.ones((rows, n), dtype=np.int64)
+        engine.run(ones, ones)
+    return len(shapes)

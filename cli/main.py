@@ -1,28 +1,34 @@
-"""The `mhaserve` command: one entry point, one subcommand per job.
+"""The `mhaserve` command: one entry point, one subcommand per job, and the composition root.
 
-Nothing here runs at import; heavy imports (torch, onnxruntime) happen inside the subcommand that needs them.
+Only here are flags and environment variables read (options.py turns them into `Settings`). Nothing
+runs at import; heavy imports (torch, onnxruntime, Locust) happen inside the subcommand that needs them,
+and `mhaserve bench` finds the load-test tooling only where `mhaserve-loadtest` is installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 if TYPE_CHECKING:
-    from service.client import Connection
+    from mhaserve.service.client import Connection
 
 Handler = Callable[[argparse.Namespace], int]
 
 
+EXPORT_HINT = "the export extra (torch, onnx): pip install 'mhaserve[export]'"
+
+
 def _export(args: argparse.Namespace) -> int:
-    from export.manifest import ManifestError
-    from export.publish import ExportError, ExportOptions, export_entry
+    from mhaserve.export.publish import ExportError, ExportOptions, export_entry
+    from mhaserve.runtime.manifest import ManifestError
 
     random_config = {
         k: v
@@ -55,6 +61,8 @@ def _export(args: argparse.Namespace) -> int:
     )
     try:
         entry = export_entry(opts)
+    except ImportError as e:  # torch and onnx are imported by the export itself
+        return _missing("export", e, EXPORT_HINT)
     except (ExportError, ManifestError) as e:
         print(f"mhaserve export: error: {e}", file=sys.stderr)
         return 1
@@ -94,28 +102,32 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(handler=_export)
 
 
+def _missing(command: str, error: ImportError, what: str) -> int:
+    print(
+        f"mhaserve {command}: error: {error.name or error} is not installed; this command needs {what}", file=sys.stderr
+    )
+    return 2
+
+
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from service import settings as st
-    from service.interceptors import RequestIdFilter
-    from service.server import serve
+    from mhaserve.cli.options import build
+    from mhaserve.service.context import configure_logging
+    from mhaserve.service.server import serve
+    from mhaserve.service.settings import SettingsError
 
     try:
-        settings = st.build(args)
-    except st.SettingsError as e:
+        settings = build(args)
+    except SettingsError as e:
         print(f"mhaserve serve: error: {e}", file=sys.stderr)
         return 2
-    handler = logging.StreamHandler()
-    handler.addFilter(RequestIdFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"))
-    level = "DEBUG" if args.verbose else settings.log_level.upper()
-    logging.basicConfig(level=level, handlers=[handler], force=True)
+    configure_logging("debug" if args.verbose else settings.log_level)
     return asyncio.run(serve(settings))
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from service import settings as st
+    from mhaserve.cli.options import add_arguments
 
     p = sub.add_parser(
         "serve",
@@ -123,7 +135,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Serve one model over gRPC on ONNX Runtime with a dynamic batcher. Every option can also be "
         "set by an MHASERVE_* environment variable; a flag beats its variable, which beats the default.",
     )
-    st.add_arguments(p)
+    add_arguments(p)
     p.set_defaults(handler=_serve)
 
 
@@ -134,7 +146,7 @@ def _rpc_error(command: str, e: grpc.RpcError) -> int:
 
 
 def _connection(args: argparse.Namespace) -> Connection:
-    from service.client import Connection
+    from mhaserve.service.client import Connection
 
     return Connection(tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, api_key=args.api_key or None)
 
@@ -156,8 +168,8 @@ def _add_connection(p: argparse.ArgumentParser) -> None:
 
 
 def _encode(args: argparse.Namespace) -> int:
-    from service import client
-    from service.tls import TlsError
+    from mhaserve.service import client
+    from mhaserve.service.tls import TlsError
 
     try:
         response = client.encode(
@@ -180,8 +192,8 @@ def _encode(args: argparse.Namespace) -> int:
 
 
 def _health(args: argparse.Namespace) -> int:
-    from service import client
-    from service.tls import TlsError
+    from mhaserve.service import client
+    from mhaserve.service.tls import TlsError
 
     try:
         status = client.health(
@@ -200,7 +212,7 @@ def _health(args: argparse.Namespace) -> int:
 
 
 def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from service.client import DEFAULT_ADDRESS
+    from mhaserve.service.client import DEFAULT_ADDRESS
 
     p = sub.add_parser(
         "encode",
@@ -235,15 +247,35 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(handler=_health)
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from loadtest.bench.run import main as bench_main
+LOADTEST_HINT = "the load-test tooling: pip install ./loadtest (from a checkout of mhaserve)"
 
-    return bench_main(args)
+
+def _loadtest(module: str) -> Any:
+    """A module of the load-test tooling, looked up by name at run time: `mhaserve-loadtest` is a distribution
+    of its own that sits above the product (docs/architecture.md), so the CLI finds it like a plugin."""
+    return importlib.import_module(f"mhaserve.loadtest.{module}")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    try:
+        bench = _loadtest("bench.run")
+    except ImportError as e:
+        return _missing("bench", e, LOADTEST_HINT)
+    return int(bench.main(args))
+
+
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    """The bench's own flags where the tooling is installed; where not, any arguments, and a hint when run."""
+    try:
+        options = _loadtest("bench.options")  # argparse only: no torch, no onnxruntime
+    except ImportError:
+        p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        p.epilog = f"Not installed here: {LOADTEST_HINT}."
+        return
+    options.add_arguments(p)
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from loadtest.bench.options import add_arguments  # argparse only: no torch, no onnxruntime
-
     p = sub.add_parser(
         "bench",
         help="measure the server against ONNX Runtime in-process (its ceiling) and PyTorch eager",
@@ -252,7 +284,7 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "of concurrent clients with each batching policy, on a fixed-length and a mixed-length workload. "
         "Writes report.md, report.json, throughput.png and latency.png.",
     )
-    add_arguments(p)
+    _bench_arguments(p)
     p.set_defaults(handler=_bench)
 
 

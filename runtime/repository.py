@@ -1,8 +1,7 @@
-"""The model registry: finds entries in a repository by name and version, verifies them, loads them.
+"""The model repository: finds entries by name and version, verifies them, loads them.
 
 The server serves what this returns and nothing else: a graph whose sha256 differs from its manifest,
-a tokenizer file that is missing, or a model that is not there stops the server at start-up with a
-message that says which.
+a tokenizer file that is missing, or a model that is not there is refused with a message that says which.
 """
 
 from __future__ import annotations
@@ -11,18 +10,20 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from tokenizers import Tokenizer
 
-from export import manifest as mf
-from export.tokenizer import load_for_serving
-from service.engine import CUDA, Engine
-from service.errors import NotFound
-from service.settings import GraphChoice, Settings
+from mhaserve.runtime import manifest as mf
+from mhaserve.runtime.engine import CUDA, Device, Engine
+from mhaserve.runtime.errors import NotFound
+from mhaserve.runtime.tokenizer import load_for_serving
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
+GRAPHS = ("auto", "fp32", "optimized", "fp16")
+GraphChoice = Literal["auto", "fp32", "optimized", "fp16"]
 
 
 class RepositoryError(RuntimeError):
@@ -77,21 +78,27 @@ class LoadedModel:
         return self.provider == CUDA
 
 
-EngineFactory = Callable[[ModelEntry, Settings], Engine]
+# What turns a verified entry into something that runs it: ONNX Runtime in production, a scripted
+# engine in tests.
+EngineFactory = Callable[[ModelEntry], Engine]
 
 
-def onnx_engine(entry: ModelEntry, settings: Settings) -> Engine:
-    """The production engine: ONNX Runtime on the device the settings ask for."""
-    from service.engine import OnnxEngine
+def onnx_engine(device: Device = "auto", intra_op_threads: int | None = None) -> EngineFactory:
+    """The production engine factory: ONNX Runtime sessions on `device`."""
 
-    m = entry.manifest
-    return OnnxEngine(
-        entry.graph_path,
-        max_seq_len=m.max_seq_len,
-        vocab_size=m.vocab_size,
-        device=settings.device,
-        intra_op_threads=settings.intra_op_threads,
-    )
+    def make(entry: ModelEntry) -> Engine:
+        from mhaserve.runtime.engine import OnnxEngine
+
+        m = entry.manifest
+        return OnnxEngine(
+            entry.graph_path,
+            max_seq_len=m.max_seq_len,
+            vocab_size=m.vocab_size,
+            device=device,
+            intra_op_threads=intra_op_threads,
+        )
+
+    return make
 
 
 class ModelRepository:
@@ -139,10 +146,10 @@ class ModelRepository:
             raise RepositoryError(f"{directory} has no tokenizer file {manifest.tokenizer!r}")
         return ModelEntry(manifest, directory, variant, graph_path, tokenizer_path)
 
-    def load(self, entry: ModelEntry, settings: Settings, engine_factory: EngineFactory = onnx_engine) -> LoadedModel:
+    def load(self, entry: ModelEntry, engine_factory: EngineFactory) -> LoadedModel:
         """Open the tokenizer and the engine of a verified entry (slow: seconds for a real model)."""
         tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
-        engine = engine_factory(entry, settings)
+        engine = engine_factory(entry)
         log.info(
             "loaded %s version %d (%s graph, sha256 %s…) on %s",
             entry.name,

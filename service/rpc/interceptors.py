@@ -1,6 +1,7 @@
-"""The one place where RPCs meet errors, request ids, readiness and metrics.
+"""The one place where gRPC calls meet errors, request ids, readiness and metrics.
 
-`ServiceInterceptor` wraps every method of the model APIs (not health, not reflection):
+`ServiceInterceptor` wraps every method of the model APIs (not the `exempt` ones: health, reflection,
+and the Open Inference Protocol's own health methods, which answer while the model loads and drains):
 - sets the request id (the client's `x-request-id`, or a new one) in a ContextVar and sends it back;
 - refuses calls with UNAVAILABLE while the model loads or the server drains;
 - turns a raised ServiceError into its status, and anything else into INTERNAL with a short message
@@ -13,50 +14,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from service.errors import ServiceError, to_status
-from service.metrics import Metrics
+from mhaserve.runtime.errors import ServiceError
+from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
+from mhaserve.service.errors import to_status
+from mhaserve.service.metrics import Metrics
+from mhaserve.service.rpc.handlers import Behaviour, Continuation, behaviour, rewrap, streams_responses
 
 log = logging.getLogger(__name__)
 
-REQUEST_ID_HEADER = "x-request-id"
-# Health checks and reflection must answer while the model loads and while the server drains; so must
-# the Open Inference Protocol's health methods (service/kserve.py), which answer false then.
-EXEMPT_PREFIXES = (
-    "/grpc.health.v1.",
-    "/grpc.reflection.",
-    "/inference.GRPCInferenceService/ServerLive",
-    "/inference.GRPCInferenceService/ServerReady",
-    "/inference.GRPCInferenceService/ModelReady",
-)
-
-request_id: ContextVar[str] = ContextVar("request_id", default="-")
 DEADLINE_SLACK = 0.1  # seconds: a call cancelled this close to its deadline counts as DEADLINE_EXCEEDED
 
 Gate = Callable[[], ServiceError | None]
-Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 
 
-class RequestIdFilter(logging.Filter):
-    """Puts the current request id on every log record as `%(request_id)s`."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id.get()
-        return True
+def is_exempt(method: str, exempt: Sequence[str]) -> bool:
+    """Whether a full method name (`/pkg.Service/Method`) starts with one of the `exempt` prefixes."""
+    return method.startswith(tuple(exempt))
 
 
 def _request_id(details: grpc.HandlerCallDetails) -> str:
-    for key, value in details.invocation_metadata or ():
-        if key == REQUEST_ID_HEADER and isinstance(value, str) and 0 < len(value) <= 128 and value.isprintable():
-            return value
-    return uuid.uuid4().hex[:16]
+    sent = next((v for k, v in details.invocation_metadata or () if k == REQUEST_ID_HEADER), None)
+    return accept_request_id(sent)
 
 
 class _Call:
@@ -115,9 +99,10 @@ class _Call:
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
     """See the module docstring. `gate` returns the error to refuse calls with, or None to let them in."""
 
-    def __init__(self, metrics: Metrics, gate: Gate) -> None:
+    def __init__(self, metrics: Metrics, gate: Gate, exempt: Sequence[str] = ()) -> None:
         self.metrics = metrics
         self.gate = gate
+        self.exempt = tuple(exempt)
         self.calls = 0  # in flight now; `idle` is set whenever that is none (the drain waits on it)
         self.idle = asyncio.Event()
         self.idle.set()
@@ -127,28 +112,19 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         full = handler_call_details.method
-        if handler is None or full.startswith(EXEMPT_PREFIXES):
+        if handler is None or is_exempt(full, self.exempt):
             return handler
         method = full.lstrip("/")
         rid = _request_id(handler_call_details)
-        codec = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method, rid), **codec)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(self._unary(handler.stream_unary, method, rid), **codec)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, method, rid), **codec)
-        return grpc.stream_stream_rpc_method_handler(self._stream(handler.stream_stream, method, rid), **codec)
+        wrap = self._stream if streams_responses(handler) else self._unary
+        return rewrap(handler, wrap(behaviour(handler), method, rid))
 
-    def _unary(self, behaviour: Any, method: str, rid: str) -> Any:
+    def _unary(self, handle: Behaviour, method: str, rid: str) -> Behaviour:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
             call = _Call(self, method, rid, context)
             try:
                 call.begin()
-                return await behaviour(request, context)
+                return await handle(request, context)
             except grpc.aio.AbortError:
                 raise
             except asyncio.CancelledError:
@@ -161,12 +137,12 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 
         return wrapper
 
-    def _stream(self, behaviour: Any, method: str, rid: str) -> Any:
+    def _stream(self, handle: Behaviour, method: str, rid: str) -> Behaviour:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             call = _Call(self, method, rid, context)
             try:
                 call.begin()
-                async for response in behaviour(request, context):
+                async for response in handle(request, context):
                     yield response
             except grpc.aio.AbortError:
                 raise

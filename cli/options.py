@@ -1,0 +1,53 @@
+"""Flags and `MHASERVE_*` environment variables, bound to the fields of `Settings`: the only place that reads them.
+
+Each field of `mhaserve.service.settings.Settings` becomes a flag (`--max-wait-ms`) and a variable
+(`MHASERVE_MAX_WAIT_MS`) with the field's parser and help text. A flag beats its variable, which beats
+the default. Nothing here runs at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from mhaserve.service.settings import Settings, SettingsError, env_var, flag
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field; argparse keeps None for flags not given, so the environment can fill them."""
+    for f in dataclasses.fields(Settings):
+        meta = f.metadata
+        if meta.get("env_only"):
+            parser.set_defaults(**{f.name: None})  # no flag; build() reads the variable
+            continue
+        # Fields whose default depends on the device or the repository say so in their help.
+        default = "" if "(default" in meta["help"] else f"; default: {f.default}"
+        parser.add_argument(
+            flag(f.name),
+            dest=f.name,
+            default=None,
+            type=meta["parse"],
+            choices=meta["choices"],
+            metavar=None if meta["choices"] else meta.get("metavar") or f.name.split("_")[-1].upper(),
+            help=f"{meta['help']} [env {env_var(f.name)}{default}]",
+        )
+
+
+def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from parsed flags (None where not given), then `MHASERVE_*` variables, then the defaults."""
+    given = dict(vars(cli) if isinstance(cli, argparse.Namespace) else (cli or {}))
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        if given.get(f.name) is not None:
+            values[f.name] = given[f.name]
+        elif env.get(env_var(f.name), "") != "":
+            raw = env[env_var(f.name)]
+            try:
+                values[f.name] = f.metadata["parse"](raw)
+            except ValueError:
+                raise SettingsError(f"{env_var(f.name)}={raw!r} is not a valid {flag(f.name)}") from None
+    return Settings(**values)

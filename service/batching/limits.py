@@ -1,0 +1,31 @@
+"""The batcher's and the API's limits, and their defaults per device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The batcher's and the API's limits, once the device is known."""
+
+    max_batch_tokens: int
+    max_wait_ms: float
+    max_queue_size: int
+    max_client_batch_size: int
+    max_padding: float  # the length policy's cap on a batch's padding, a fraction of its tokens
+
+
+# A GPU turns a wide batch into throughput; a CPU gains little past a few thousand tokens and pays in
+# latency, so it gets a smaller budget and a shorter wait.
+#
+# Padding is computed like real tokens. On a CPU, batching buys little (MiniLM on 2 cores: 1.3x from
+# batch 1 to its best batch), so padding soon costs more than batching gains: on the mixed workload of
+# docs/benchmarks.md a cap of 0.1 served about 10 % more than 0.2, and 0.35 about 25 % less. A GPU gains
+# more from wide batches, so it may trade more padding for them (an estimate: not yet measured on a GPU).
+CPU_LIMITS = Limits(
+    max_batch_tokens=8192, max_wait_ms=2.0, max_queue_size=2048, max_client_batch_size=64, max_padding=0.1
+)
+CUDA_LIMITS = Limits(
+    max_batch_tokens=32768, max_wait_ms=5.0, max_queue_size=8192, max_client_batch_size=256, max_padding=0.3
+)

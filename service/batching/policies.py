@@ -1,0 +1,142 @@
+"""Batching policies: which waiting sequences form the next batch.
+
+"length" anchors each batch on the oldest waiting sequence (nothing starves) and grows it with the
+sequences nearest in length while its padding stays under a cap; "arrival" takes sequences strictly in
+order (the baseline to compare against).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import Literal, Protocol
+
+from mhaserve.service.batching.queue import Live, Seq
+
+Batching = Literal["length", "arrival"]
+BATCHING = ("length", "arrival")
+
+
+class Policy(Protocol):
+    """Holds the waiting sequences and hands out batches of them."""
+
+    def push(self, seqs: Sequence[Seq]) -> None: ...
+
+    def oldest(self, live: Live) -> Seq | None: ...
+
+    def take(self, budget: int, live: Live) -> list[Seq]: ...
+
+    def clear(self) -> None: ...
+
+
+class ArrivalOrder:
+    """Sequences in the order they came, while the padded batch fits the budget."""
+
+    def __init__(self) -> None:
+        self._queue: deque[Seq] = deque()
+
+    def push(self, seqs: Sequence[Seq]) -> None:
+        self._queue.extend(seqs)
+
+    def oldest(self, live: Live) -> Seq | None:
+        q = self._queue
+        while q and not live(q[0]):
+            q.popleft()
+        return q[0] if q else None
+
+    def take(self, budget: int, live: Live) -> list[Seq]:
+        q, batch, longest = self._queue, list[Seq](), 0
+        while q:
+            s = q[0]
+            if not live(s):
+                q.popleft()
+                continue
+            wider = max(longest, s.length)
+            if batch and (len(batch) + 1) * wider > budget:
+                break
+            batch.append(q.popleft())
+            longest = wider
+        return batch
+
+    def clear(self) -> None:
+        self._queue.clear()
+
+
+_key = attrgetter("key")
+
+
+class LengthAware:
+    """The oldest waiting sequence, plus the waiting sequences nearest to it in length.
+
+    A list kept sorted by length holds every waiting sequence; the batch is a contiguous window of it
+    around the anchor, grown one sequence at a time on the side that adds the least padding, while the
+    batch fits the token budget and its padding stays within `max_padding` (a fraction of its tokens).
+    The budget alone is not enough: when it is larger than the queue, every waiting sequence fits, and
+    a batch of ten-token queries is padded to the one 256-token paragraph among them.
+    """
+
+    def __init__(self, max_padding: float = 1.0) -> None:
+        self.max_padding = max_padding
+        self._arrivals: deque[Seq] = deque()  # oldest first; taken or dead ones are dropped lazily
+        self._sorted: list[Seq] = []
+
+    def push(self, seqs: Sequence[Seq]) -> None:
+        self._arrivals.extend(seqs)
+        for s in seqs:
+            bisect.insort(self._sorted, s, key=_key)
+
+    def oldest(self, live: Live) -> Seq | None:
+        q = self._arrivals
+        while q and not live(q[0]):
+            q.popleft()
+        return q[0] if q else None
+
+    def _fits(self, rows: int, width: int, real: int, budget: int) -> bool:
+        """Would a batch of `rows` sequences, padded to `width`, holding `real` tokens, be allowed?"""
+        padded = rows * width
+        return padded <= budget and padded - real <= self.max_padding * padded
+
+    def take(self, budget: int, live: Live) -> list[Seq]:
+        anchor = self.oldest(live)
+        if anchor is None:
+            self._sorted.clear()  # only dead entries can be left
+            return []
+        self._arrivals.popleft()
+        srt = self._sorted
+        i = bisect.bisect_left(srt, anchor.key, key=_key)
+        batch, longest, real = [anchor], anchor.length, anchor.length
+        left, right = i - 1, i + 1
+        while True:
+            while left >= 0 and not live(srt[left]):
+                left -= 1
+            while right < len(srt) and not live(srt[right]):
+                right += 1
+            rows = len(batch) + 1
+            # Sorted by length: a left neighbour never widens the batch, a right one may.
+            fit_left = left >= 0 and self._fits(rows, longest, real + srt[left].length, budget)
+            fit_right = right < len(srt) and self._fits(rows, srt[right].length, real + srt[right].length, budget)
+            if not (fit_left or fit_right):
+                break
+            if fit_left and (not fit_right or longest - srt[left].length <= (srt[right].length - longest) * len(batch)):
+                batch.append(srt[left])
+                real += srt[left].length
+                left -= 1
+            else:
+                batch.append(srt[right])
+                longest = srt[right].length
+                real += longest
+                right += 1
+        for s in batch:
+            s.taken = True
+        del srt[left + 1 : right]  # the window: the batch, and dead entries inside it
+        return batch
+
+    def clear(self) -> None:
+        self._arrivals.clear()
+        self._sorted.clear()
+
+
+def make_policy(batching: Batching, max_padding: float) -> Policy:
+    return LengthAware(max_padding) if batching == "length" else ArrivalOrder()

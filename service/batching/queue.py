@@ -1,0 +1,67 @@
+"""What waits in the batcher's queue: one job per request, one sequence per input, tickets for slots held."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+Ids = npt.NDArray[np.int64]
+Embeddings = npt.NDArray[np.float32]
+
+
+class Job:
+    """One request's sequences: resolved when all of them are embedded, or failed as a whole."""
+
+    __slots__ = (
+        "future",
+        "n",
+        "remaining",
+        "queued",
+        "queued_tokens",
+        "out",
+        "deadline",
+        "request_id",
+        "enqueued",
+        "started",
+    )
+
+    def __init__(self, future: asyncio.Future[Embeddings], n: int, deadline: float | None, request_id: str) -> None:
+        self.future = future
+        self.n = self.remaining = self.queued = n
+        self.queued_tokens = 0
+        self.out: Embeddings | None = None
+        self.deadline = deadline  # on the event loop's clock
+        self.request_id = request_id
+        self.enqueued = time.perf_counter()
+        self.started = False
+
+
+class Seq:
+    """One input of a request, as the policies see it: its ids, its length, whether a batch took it."""
+
+    __slots__ = ("job", "index", "ids", "length", "key", "taken")
+
+    def __init__(self, job: Job, index: int, ids: Ids, order: int) -> None:
+        self.job = job
+        self.index = index
+        self.ids = ids
+        self.length = int(ids.shape[0])
+        self.key = (self.length, order)  # order breaks ties, so keys are unique
+        self.taken = False
+
+
+# Whether a sequence still wants computing (its request neither answered nor cancelled nor expired).
+Live = Callable[[Seq], bool]
+
+
+class Ticket:
+    """Queue slots held for one request between admission and queueing (while it is tokenised)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n

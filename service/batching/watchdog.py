@@ -1,0 +1,71 @@
+"""The inference watchdog: a bound on how long one batch may compute (`--inference-timeout`).
+
+A batch past the bound fails its requests with UNAVAILABLE (HTTP 504), the queue is failed and new
+work refused, and `on_stall` tells the server, which reports NOT_SERVING. A thread cannot be stopped
+from outside, so the batch keeps the inference thread until the engine returns (if ever); when it
+does, `on_recover` tells the server, and batches run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from mhaserve.runtime.errors import InferenceTimeout, ServiceError
+from mhaserve.service.batching.queue import Embeddings
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[[], Awaitable[None]]
+
+
+class Watchdog:
+    """Guards each batch's engine call; `stalled` while one has overrun and not yet returned."""
+
+    def __init__(self, timeout: float | None, on_stall: Hook | None = None, on_recover: Hook | None = None) -> None:
+        self.timeout = timeout or None  # 0: no watchdog
+        self.on_stall = on_stall
+        self.on_recover = on_recover
+        self.stalled = False
+
+    def message(self) -> str:
+        return (
+            f"the model has not answered for more than {self.timeout:g} s (--inference-timeout); "
+            "this server reports NOT_SERVING: retry on another replica"
+        )
+
+    async def guard(
+        self, run: asyncio.Future[Embeddings], *, size: int, request_ids: str, fail: Callable[[ServiceError], None]
+    ) -> Embeddings | None:
+        """The batch's result, or None when it overran: then `fail` has failed its requests and the queue,
+        and this returns only once the engine call has (the batcher runs nothing meanwhile)."""
+        if self.timeout is None:
+            return await run
+        done, _ = await asyncio.wait((run,), timeout=self.timeout)
+        if done:
+            return await run
+        log.error(
+            "inference on a batch of %d inputs has run for more than %g s (--inference-timeout); failing its "
+            "requests (%s) and the queue, reporting NOT_SERVING until the engine returns",
+            size,
+            self.timeout,
+            request_ids or "-",
+        )
+        self.stalled = True
+        run.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, so never logged as lost
+        fail(InferenceTimeout(self.message()))
+        started = time.perf_counter()
+        if self.on_stall is not None:
+            await self.on_stall()
+        await asyncio.wait((run,))
+        self.stalled = False
+        log.warning(
+            "the stalled batch returned after %.1f s (%s); accepting requests again",
+            time.perf_counter() - started + self.timeout,
+            "failed" if run.exception() is not None else "its results were discarded",
+        )
+        if self.on_recover is not None:
+            await self.on_recover()
+        return None

@@ -1,0 +1,41 @@
+"""The request's context: its id, set once per request by whichever protocol received it, and in every log line.
+
+A client may send `x-request-id` (gRPC metadata or an HTTP header); the server makes one up otherwise
+and sends it back. The id lives in a ContextVar, so each request (its own task) sees its own, down to
+the batcher's log lines about the batch that held it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from contextvars import ContextVar
+
+REQUEST_ID_HEADER = "x-request-id"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+MAX_REQUEST_ID = 128
+
+request_id: ContextVar[str] = ContextVar("request_id", default="-")
+
+
+def accept_request_id(value: str | bytes | None) -> str:
+    """The client's id if it is a sane one (printable, at most 128 characters), else a new one."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_REQUEST_ID and value.isprintable():
+        return value
+    return uuid.uuid4().hex[:16]
+
+
+class RequestIdFilter(logging.Filter):
+    """Puts the current request id on every log record as `%(request_id)s`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id.get()
+        return True
+
+
+def configure_logging(level: str) -> None:
+    """The server's log lines: time, level, logger, request id, message, on stderr."""
+    handler = logging.StreamHandler()
+    handler.addFilter(RequestIdFilter())
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

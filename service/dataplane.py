@@ -1,0 +1,101 @@
+"""The data plane: what every protocol adapter calls, and nothing else.
+
+MLServer and KServe serve REST and gRPC from one `DataPlane` object; so does mhaserve. Adapters
+(encoder.v1, the Open Inference Protocol over gRPC and REST, OpenAI's HTTP API) only decode the wire
+into an `EncodeInput`, ask the data plane, and encode its answer back. The data plane knows which
+models are served (one Pipeline per model version), whether the server is ready, and why not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+from mhaserve.runtime.errors import NotFound, ServiceError, Unavailable
+from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
+
+State = Literal["new", "loading", "serving", "stalled", "draining", "stopped"]
+
+
+class DataPlane:
+    """The served models and the server's state. The server (server.py) changes them; adapters read them."""
+
+    def __init__(self) -> None:
+        self.state: State = "new"
+        self._pipelines: dict[str, dict[int, Pipeline]] = {}  # name -> version -> pipeline
+        self._default = ""
+
+    # ---- what the server does ----------------------------------------------------------------------
+
+    def add(self, pipeline: Pipeline) -> None:
+        """Serve a model version; the first model added is the default of requests that name none."""
+        name = pipeline.model.name
+        self._pipelines.setdefault(name, {})[pipeline.model.version] = pipeline
+        self._default = self._default or name
+
+    def pipelines(self) -> list[Pipeline]:
+        """Every model version served, by name then version."""
+        return [p for name in sorted(self._pipelines) for _, p in sorted(self._pipelines[name].items())]
+
+    # ---- what adapters ask --------------------------------------------------------------------------
+
+    def refusal(self) -> ServiceError | None:
+        """Why a model call would be refused now (loading, stalled, draining), or None when serving."""
+        if self.state in ("draining", "stopped"):
+            return Unavailable("the server is shutting down; retry on another replica")
+        if self.state == "stalled":
+            return Unavailable("the model is not responding (--inference-timeout passed); retry on another replica")
+        if self.state != "serving":
+            return Unavailable("the model is still loading; retry when health reports SERVING")
+        return None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "serving"
+
+    @property
+    def default_model(self) -> str:
+        return self._default
+
+    def model_names(self) -> list[str]:
+        return sorted(self._pipelines)
+
+    def versions(self, name: str) -> list[int]:
+        """The versions of a model that are served, ascending."""
+        return sorted(self._pipelines.get(name, {}))
+
+    def resolve(self, name: str = "", version: int | str | None = None) -> Pipeline:
+        """The pipeline of a model (empty: the default) at a version (None or "": its latest served one).
+
+        NOT_FOUND for a model or version not served; UNAVAILABLE while nothing is loaded yet.
+        """
+        if not self._pipelines:
+            raise self.refusal() or Unavailable("no model is loaded yet")
+        name = name or self._default
+        versions = self._pipelines.get(name)
+        if not versions:
+            raise NotFound(f"model {name!r} is not served here (this server serves {_listing(self._pipelines)})")
+        if version is None or version == "":
+            return versions[max(versions)]
+        number = _version_number(version)
+        if number not in versions:
+            raise NotFound(
+                f"model {name!r} version {version!r} is not served here "
+                f"(serving version{'s' if len(versions) > 1 else ''} {', '.join(map(str, sorted(versions)))})"
+            )
+        return versions[number]
+
+    async def encode(self, request: EncodeInput, *, time_left: float | None = None) -> EncodeOutput:
+        """Embed a request with the model version it names; `time_left` is the seconds until its deadline."""
+        return await self.resolve(request.model, request.version).encode(request, time_left=time_left)
+
+
+def _version_number(version: int | str) -> int | None:
+    if isinstance(version, int):
+        return version
+    return int(version) if version.isdigit() else None
+
+
+def _listing(pipelines: dict[str, dict[int, Pipeline]]) -> str:
+    names: Iterable[str] = sorted(pipelines)
+    return ", ".join(repr(n) for n in names) or "nothing yet"

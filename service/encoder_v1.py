@@ -1,0 +1,89 @@
+"""encoder.v1.EncoderService: protobuf in and out at the edge, the data plane in between."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TypeAlias
+
+import grpc
+import grpc.aio
+import numpy as np
+
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.runtime.errors import ServiceError
+from mhaserve.service.dataplane import DataPlane
+from mhaserve.service.errors import to_status
+from mhaserve.service.pipeline import EncodeInput, EncodeOutput
+from mhaserve.service.rpc.streaming import ordered
+
+Context: TypeAlias = "grpc.aio.ServicerContext[pb.EncodeRequest, pb.EncodeResponse]"
+SERVICE = pb.DESCRIPTOR.services_by_name["EncoderService"].full_name
+
+
+def from_pb(request: pb.EncodeRequest) -> EncodeInput:
+    return EncodeInput(
+        texts=list(request.texts),
+        token_ids=[np.asarray(t.ids, dtype=np.int64) for t in request.token_ids],
+        model=request.model,
+        truncate=request.truncate,
+        normalize=request.normalize if request.HasField("normalize") else None,
+    )
+
+
+def to_pb(output: EncodeOutput) -> pb.EncodeResponse:
+    return pb.EncodeResponse(
+        embeddings=[pb.Embedding(values=row) for row in output.embeddings.tolist()],
+        model=output.model,
+        model_version=output.version,
+        usage=pb.Usage(input_tokens=output.input_tokens),
+    )
+
+
+def error_pb(request: pb.EncodeRequest, error: ServiceError) -> pb.EncodeResponse:
+    code, message = to_status(error)
+    return pb.EncodeResponse(error=pb.Status(code=code.value[0], message=message))
+
+
+class EncoderServicer(pb_grpc.EncoderServiceServicer):
+    """The encoder.v1 API over the data plane."""
+
+    def __init__(self, dataplane: DataPlane, *, max_message_bytes: int) -> None:
+        self.dataplane = dataplane
+        self.max_message_bytes = max_message_bytes
+
+    async def Encode(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:
+        return to_pb(await self.dataplane.encode(from_pb(request), time_left=context.time_remaining()))
+
+    async def EncodeStream(
+        self, request_iterator: AsyncIterator[pb.EncodeRequest], context: Context
+    ) -> AsyncIterator[pb.EncodeResponse]:
+        async def encode(request: pb.EncodeRequest) -> pb.EncodeResponse:
+            return to_pb(await self.dataplane.encode(from_pb(request), time_left=context.time_remaining()))
+
+        async for response in ordered(request_iterator, encode, error_pb):
+            yield response
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.GetModelInfoResponse:
+        pipeline = self.dataplane.resolve(request.model)
+        model = pipeline.model
+        m = model.entry.manifest
+        return pb.GetModelInfoResponse(
+            name=m.name,
+            version=m.version,
+            source=m.source,
+            dimensions=m.hidden_size,
+            max_tokens_per_input=m.max_seq_len,
+            pooling=m.pooling,
+            normalize=m.normalize,
+            vocab_size=m.vocab_size,
+            layers=m.layers,
+            heads=m.heads,
+            graph=model.entry.graph,
+            execution_provider=model.provider,
+            sha256=model.entry.sha256,
+            max_client_batch_size=pipeline.limits.max_client_batch_size,
+            max_batch_tokens=pipeline.limits.max_batch_tokens,
+            max_queue_size=pipeline.limits.max_queue_size,
+            max_message_bytes=self.max_message_bytes,
+        )

@@ -1,0 +1,164 @@
+"""ModelInferRequest -> EncodeInput and EncodeOutput -> ModelInferResponse: the Open Inference Protocol's
+gRPC wire, decoded into the checks of tensors.py.
+
+Tensors are accepted in raw_input_contents or in typed contents (`int64_contents`, `bytes_contents`),
+not both. The output always goes in raw_output_contents (tritonclient decodes only raw or bytes outputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
+from mhaserve.runtime.errors import InvalidArgument, ServiceError
+from mhaserve.service.errors import to_status
+from mhaserve.service.kserve.tensors import (
+    BOOL_PARAMETERS,
+    EXPECTED_INPUTS,
+    IDS,
+    IDS_SHAPES,
+    INPUT_TYPES,
+    MASK,
+    OUTPUT,
+    TEXT,
+    TEXT_SHAPES,
+    check_shape,
+    count_error,
+    decode_texts,
+    strip_padding,
+    unpack_bytes,
+)
+from mhaserve.service.pipeline import EncodeInput, EncodeOutput
+
+InputTensor: TypeAlias = pb.ModelInferRequest.InferInputTensor
+TYPED_FIELD = {"BYTES": "bytes_contents", "INT64": "int64_contents"}
+
+
+def from_pb(request: pb.ModelInferRequest) -> EncodeInput:
+    """The internal request a ModelInferRequest asks for; INVALID_ARGUMENT for anything malformed."""
+    for out in request.outputs:
+        if out.name != OUTPUT:
+            raise InvalidArgument(f"unknown output {out.name!r}: this model has one output, {OUTPUT!r}")
+    truncate, normalize = _options(request.parameters)
+    tensors = _inputs(request)
+    common: dict[str, Any] = {
+        "model": request.model_name,
+        "version": request.model_version or None,
+        "truncate": truncate,
+        "normalize": normalize,
+    }
+    if TEXT in tensors:
+        if IDS in tensors or MASK in tensors:
+            raise InvalidArgument(f"set either {TEXT!r} or {IDS!r} and {MASK!r}, not both")
+        return EncodeInput(texts=_texts(*tensors[TEXT]), **common)
+    missing = [name for name in (IDS, MASK) if name not in tensors]
+    if len(missing) == 2:
+        raise InvalidArgument(f"missing input: set {EXPECTED_INPUTS}")
+    if missing:
+        raise InvalidArgument(f"missing input {missing[0]!r}: {IDS!r} and {MASK!r} go together")
+    ids, mask = _int64(*tensors[IDS]), _int64(*tensors[MASK])
+    if ids.shape != mask.shape:
+        raise InvalidArgument(
+            f"{IDS!r} has shape {list(ids.shape)} and {MASK!r} has shape {list(mask.shape)}: they must be the same"
+        )
+    return EncodeInput(token_ids=strip_padding(ids, mask), **common)
+
+
+def _options(parameters: Mapping[str, pb.InferParameter]) -> tuple[bool, bool | None]:
+    """(truncate, normalize) from the mhaserve parameters; other parameters are ignored, as Triton does."""
+    options: dict[str, bool] = {}
+    for key in BOOL_PARAMETERS:
+        if key in parameters:
+            kind = parameters[key].WhichOneof("parameter_choice")
+            if kind != "bool_param":
+                raise InvalidArgument(f"parameter {key!r} must be a bool (bool_param), got {kind or 'no value'}")
+            options[key] = parameters[key].bool_param
+    return options.get("truncate", False), options.get("normalize")
+
+
+def _inputs(request: pb.ModelInferRequest) -> dict[str, tuple[InputTensor, bytes | None]]:
+    """Each input by name, with its raw contents when the request uses raw_input_contents."""
+    raw = list(request.raw_input_contents)
+    if raw:
+        typed = [t.name for t in request.inputs if t.HasField("contents")]
+        if typed:
+            raise InvalidArgument(
+                f"input {typed[0]!r} sets contents and the request sets raw_input_contents: use one or the other"
+            )
+        if len(raw) != len(request.inputs):
+            raise InvalidArgument(
+                f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: give one per input, in input order"
+            )
+    tensors: dict[str, tuple[InputTensor, bytes | None]] = {}
+    for i, tensor in enumerate(request.inputs):
+        if tensor.name not in INPUT_TYPES:
+            raise InvalidArgument(f"unknown input {tensor.name!r}: this model takes {EXPECTED_INPUTS}")
+        if tensor.name in tensors:
+            raise InvalidArgument(f"input {tensor.name!r} is given twice")
+        expected = INPUT_TYPES[tensor.name]
+        if tensor.datatype != expected:
+            raise InvalidArgument(
+                f"input {tensor.name!r} has datatype {tensor.datatype or '(none)'}; expected {expected}"
+            )
+        tensors[tensor.name] = (tensor, raw[i] if raw else None)
+    return tensors
+
+
+def _typed(tensor: InputTensor) -> Any:
+    """The one typed-contents field of the tensor's datatype; INVALID_ARGUMENT if another is used."""
+    want = TYPED_FIELD[tensor.datatype]
+    others = [f.name for f, _ in tensor.contents.ListFields() if f.name != want]
+    if others:
+        raise InvalidArgument(
+            f"input {tensor.name!r} is {tensor.datatype}: its values go in contents.{want}, not contents.{others[0]}"
+        )
+    return getattr(tensor.contents, want)
+
+
+def _int64(tensor: InputTensor, raw: bytes | None) -> npt.NDArray[np.int64]:
+    n = check_shape(tensor.name, tensor.shape, IDS_SHAPES, "[rows, tokens]")
+    if raw is not None:
+        if len(raw) != 8 * n:
+            raise count_error(tensor.name, tensor.shape, n, f"{len(raw)} bytes (expected {8 * n}: 8 per INT64)")
+        values = np.frombuffer(raw, dtype="<i8")
+    else:
+        typed = _typed(tensor)
+        if len(typed) != n:
+            raise count_error(tensor.name, tensor.shape, n, f"{len(typed)} values")
+        values = np.asarray(typed, dtype=np.int64)
+    return values.astype(np.int64, copy=False).reshape(tuple(tensor.shape))
+
+
+def _texts(tensor: InputTensor, raw: bytes | None) -> list[str]:
+    n = check_shape(tensor.name, tensor.shape, TEXT_SHAPES, "[n] (or [n, 1])")
+    items = unpack_bytes(raw, tensor.name) if raw is not None else list(_typed(tensor))
+    if len(items) != n:
+        raise count_error(tensor.name, tensor.shape, n, f"{len(items)} elements")
+    return decode_texts(tensor.name, items)
+
+
+def to_pb(output: EncodeOutput, request_id: str = "") -> pb.ModelInferResponse:
+    embeddings = np.ascontiguousarray(output.embeddings, dtype="<f4")
+    return pb.ModelInferResponse(
+        model_name=output.model,
+        model_version=str(output.version),
+        id=request_id,
+        parameters={"input_tokens": pb.InferParameter(int64_param=output.input_tokens)},
+        outputs=[pb.ModelInferResponse.InferOutputTensor(name=OUTPUT, datatype="FP32", shape=embeddings.shape)],
+        raw_output_contents=[embeddings.tobytes()],
+    )
+
+
+def error_pb(request: pb.ModelInferRequest, error: ServiceError) -> pb.ModelStreamInferResponse:
+    """A failed request in a stream: its status code name and message, and its id to match it by."""
+    code, message = to_status(error)
+    return pb.ModelStreamInferResponse(
+        error_message=f"{code.name}: {message}",
+        infer_response=pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id
+        ),
+    )

@@ -1,0 +1,102 @@
+"""inference.GRPCInferenceService: the Open Inference Protocol (KServe v2) with Triton's extensions, over gRPC.
+
+Triton's clients, dashboards and perf tools speak this protocol; mhaserve answers it on the same port
+as encoder.v1. The codec (codec.py) turns a ModelInferRequest into the one internal request and the
+answer back; the data plane does the rest, and errors go through the same interceptor and map as
+every other method. Version "" means the latest served version; one not served is NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
+
+import grpc.aio
+
+from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
+from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
+from mhaserve.runtime.errors import NotFound, ServiceError
+from mhaserve.service.dataplane import DataPlane
+from mhaserve.service.kserve.codec import error_pb, from_pb, to_pb
+from mhaserve.service.kserve.model import (
+    EXTENSIONS,
+    SERVER_NAME,
+    model_config,
+    model_metadata,
+    model_statistics,
+    server_version,
+)
+from mhaserve.service.rpc.streaming import ordered
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+# Methods that answer while the model loads and while the server drains (with false), like grpc.health.v1.
+HEALTH_METHODS = tuple(f"/{SERVICE}/{m}" for m in ("ServerLive", "ServerReady", "ModelReady"))
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The Open Inference Protocol over the data plane."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.dataplane.ready)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
+        # A question, not a command: a model or version not served is simply not ready (as in Triton).
+        if not self.dataplane.ready:
+            return pb.ModelReadyResponse(ready=False)
+        try:
+            self.dataplane.resolve(request.name, request.version)
+        except NotFound:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=server_version(), extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> pb.ModelMetadataResponse:
+        pipeline = self.dataplane.resolve(request.name, request.version)
+        return model_metadata(pipeline.model, self.dataplane.versions(pipeline.model.name))
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=model_config(self.dataplane.resolve(request.name, request.version)))
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> pb.ModelStatisticsResponse:
+        # Empty name and version: every model served, as in Triton.
+        if not request.name and not request.version:
+            pipelines = self.dataplane.pipelines()
+        else:
+            pipelines = [self.dataplane.resolve(request.name, request.version)]
+        return pb.ModelStatisticsResponse(model_stats=[model_statistics(p) for p in pipelines])
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+        return await self._infer(request, context)
+
+    async def _infer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+        pipeline = self.dataplane.resolve(request.model_name, request.model_version)
+        t0 = time.perf_counter_ns()
+        try:
+            encode_input = from_pb(request)
+        except ServiceError:
+            # Refused at this boundary rather than in the pipeline: still a failed request for this model.
+            pipeline.stats.failed(time.perf_counter_ns() - t0)
+            raise
+        output = await pipeline.encode(encode_input, time_left=context.time_remaining())
+        return to_pb(output, request.id)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        # As encoder.v1's EncodeStream: a failed request gets error_message and the stream goes on.
+        async def infer(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+            return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+
+        async for response in ordered(request_iterator, infer, error_pb):
+            yield response

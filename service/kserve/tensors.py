@@ -1,0 +1,108 @@
+"""The model as the Open Inference Protocol sees it, and the checks on its tensors, whatever the wire.
+
+- inputs: `text` BYTES [-1] (UTF-8, tokenised by the server), or `input_ids` and `attention_mask`
+  INT64 [-1, -1] (rows padded on the right; the mask strips the padding so the batcher can re-pack
+  the rows with other requests');
+- output: `embeddings` FP32 [-1, dim];
+- request parameters (an mhaserve extension): `normalize` and `truncate`, both bools, as in encoder.v1's
+  EncodeRequest; the response carries `input_tokens`.
+
+The gRPC codec (codec.py) and the REST one (the HTTP API) decode their wire into these checks.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from mhaserve.runtime.errors import InvalidArgument
+
+TEXT, IDS, MASK, OUTPUT = "text", "input_ids", "attention_mask", "embeddings"
+INPUT_TYPES = {TEXT: "BYTES", IDS: "INT64", MASK: "INT64"}
+BOOL_PARAMETERS = ("normalize", "truncate")
+EXPECTED_INPUTS = f"{TEXT!r} (BYTES [-1]) or {IDS!r} and {MASK!r} (INT64 [-1, -1])"
+TEXT_SHAPES: list[tuple[int | None, ...]] = [(None,), (None, 1)]  # [n], or [n, 1] as Triton's examples send it
+IDS_SHAPES: list[tuple[int | None, ...]] = [(None, None)]
+
+
+def check_shape(name: str, shape: Sequence[int], forms: Sequence[tuple[int | None, ...]], expected: str) -> int:
+    """Check a tensor's shape against the allowed forms (None: any size) and return its element count."""
+    shape = list(shape)
+    fits = any(
+        len(shape) == len(form) and all(want is None or want == got for want, got in zip(form, shape, strict=True))
+        for form in forms
+    )
+    if not fits or any(d < 0 for d in shape):
+        raise InvalidArgument(f"input {name!r} has shape {shape}; expected {expected}")
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def count_error(name: str, shape: Sequence[int], elements: int, given: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"input {name!r} has shape {list(shape)} ({elements} elements) but its contents hold {given}"
+    )
+
+
+def unpack_bytes(raw: bytes, name: str = "") -> list[bytes]:
+    """Triton's BYTES serialisation: each element a 4-byte little-endian length, then that many bytes."""
+    out: list[bytes] = []
+    pos, view = 0, memoryview(raw)
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise InvalidArgument(
+                f"input {name!r}: raw BYTES contents end inside the 4-byte length of element {len(out)} "
+                f"(at byte {pos} of {len(raw)})"
+            )
+        (length,) = struct.unpack_from("<I", raw, pos)
+        pos += 4
+        if pos + length > len(raw):
+            raise InvalidArgument(
+                f"input {name!r}: raw BYTES element {len(out)} claims {length} bytes but {len(raw) - pos} remain"
+            )
+        out.append(bytes(view[pos : pos + length]))
+        pos += length
+    return out
+
+
+def pack_bytes(items: Sequence[bytes]) -> bytes:
+    """The inverse of `unpack_bytes`."""
+    return b"".join(struct.pack("<I", len(b)) + b for b in items)
+
+
+def decode_texts(name: str, items: Sequence[bytes]) -> list[str]:
+    """BYTES elements as text; INVALID_ARGUMENT naming the element and byte that is not UTF-8."""
+    texts = []
+    for i, item in enumerate(items):
+        try:
+            texts.append(item.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise InvalidArgument(
+                f"input {name!r} element {i} is not UTF-8 (byte {e.start}: {item[e.start : e.start + 1]!r}); "
+                "send text as UTF-8 bytes"
+            ) from None
+    return texts
+
+
+def strip_padding(ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]) -> list[npt.NDArray[np.int64]]:
+    """Each row's real tokens. The mask must hold only 0 and 1, ones first (padding on the right), one at least."""
+    bad = mask[(mask != 0) & (mask != 1)]
+    if bad.size:
+        raise InvalidArgument(f"{MASK!r} holds {int(bad[0])}; it must hold only 0 and 1")
+    lengths = mask.sum(axis=1)
+    aligned = (mask == (np.arange(mask.shape[1]) < lengths[:, None])).all(axis=1)
+    if not aligned.all():
+        row = int(np.flatnonzero(~aligned)[0])
+        raise InvalidArgument(
+            f"{MASK!r} row {row} is not ones then zeros: padding must be on the right (got {mask[row].tolist()[:16]}"
+            f"{' ...' if mask.shape[1] > 16 else ''})"
+        )
+    if (lengths == 0).any():
+        row = int(np.flatnonzero(lengths == 0)[0])
+        raise InvalidArgument(f"{MASK!r} row {row} is all zeros: every input needs at least one token")
+    return [ids[r, : int(lengths[r])] for r in range(ids.shape[0])]

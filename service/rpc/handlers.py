@@ -1,0 +1,51 @@
+"""Rewrapping a gRPC method handler: the one place that knows grpc's four kinds of handler.
+
+Interceptors (the call bookkeeping, authentication, the drain) each replace a handler's behaviour with
+a wrapper of their own and must build a handler of the same kind with the same codec. A unary-response
+kind (unary-unary, stream-unary) wraps a coroutine; a streaming-response kind (unary-stream,
+stream-stream) wraps an async generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import grpc
+
+Kind = Literal["unary_unary", "stream_unary", "unary_stream", "stream_stream"]
+KINDS: tuple[Kind, ...] = ("unary_unary", "stream_unary", "unary_stream", "stream_stream")
+Behaviour = Callable[..., Any]
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+
+_FACTORIES = {
+    "unary_unary": grpc.unary_unary_rpc_method_handler,
+    "stream_unary": grpc.stream_unary_rpc_method_handler,
+    "unary_stream": grpc.unary_stream_rpc_method_handler,
+    "stream_stream": grpc.stream_stream_rpc_method_handler,
+}
+
+
+def kind(handler: grpc.RpcMethodHandler) -> Kind:
+    """Which of the four kinds a handler is."""
+    for k in KINDS:
+        if getattr(handler, k) is not None:
+            return k
+    raise ValueError(f"a method handler with no behaviour: {handler!r}")
+
+
+def streams_responses(handler: grpc.RpcMethodHandler) -> bool:
+    """Whether the handler answers with a stream (an async generator) rather than one message."""
+    return kind(handler) in ("unary_stream", "stream_stream")
+
+
+def behaviour(handler: grpc.RpcMethodHandler) -> Behaviour:
+    """The function that handles the call."""
+    return getattr(handler, kind(handler))
+
+
+def rewrap(handler: grpc.RpcMethodHandler, new: Behaviour) -> grpc.RpcMethodHandler:
+    """A handler of the same kind and codec as `handler`, whose behaviour is `new`."""
+    return _FACTORIES[kind(handler)](
+        new, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )

@@ -1,0 +1,63 @@
+"""Bidirectional streams that answer in order: the one loop behind encoder.v1's EncodeStream and KServe's
+ModelStreamInfer.
+
+Up to `window` requests of a stream are computed at once (so they batch together, with each other and
+with other clients'), and their responses are sent in request order. A request that fails gets an
+error response (`on_error`) and the stream goes on, unless the failure concerns the whole stream
+(cancelled, past its deadline, or a server that is going away): then the stream ends with that status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from mhaserve.runtime.errors import Cancelled, DeadlineExceeded, ServiceError, Unavailable
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+
+WINDOW = 32
+# These end a stream with their status; any other failed request gets an error response.
+FATAL = (Cancelled, DeadlineExceeded, Unavailable)
+
+
+async def ordered(
+    requests: AsyncIterator[Request],
+    compute: Callable[[Request], Awaitable[Response]],
+    on_error: Callable[[Request, ServiceError], Response],
+    *,
+    window: int = WINDOW,
+) -> AsyncIterator[Response]:
+    """Each request's response, in request order; see the module docstring."""
+    pending: asyncio.Queue[tuple[Request, asyncio.Future[Response]] | None] = asyncio.Queue(maxsize=window)
+
+    async def read() -> None:
+        try:
+            async for request in requests:
+                await pending.put((request, asyncio.ensure_future(compute(request))))
+        finally:
+            await pending.put(None)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while (item := await pending.get()) is not None:
+            request, task = item
+            try:
+                response = await task
+            except ServiceError as e:
+                if isinstance(e, FATAL):
+                    raise
+                yield on_error(request, e)
+            else:
+                yield response
+        await reader  # re-raises a failure to read the stream
+    finally:
+        reader.cancel()
+        while not pending.empty():
+            if (left := pending.get_nowait()) is not None:
+                left[1].cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader

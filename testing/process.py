@@ -1,0 +1,123 @@
+"""`mhaserve serve` as a real process, and what to measure of it (memory, descriptors, threads, live objects).
+
+For what a thread cannot show: signals, exit statuses, a stuck engine, memory over a long run.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from mhaserve.testing.loopback import WAIT, wait_until
+from mhaserve.testing.server import health_status
+
+
+def live_objects(*type_names: str) -> dict[str, int]:
+    """How many objects of each named class are alive (after a collection): leaks show as growth."""
+    gc.collect()
+    counts = dict.fromkeys(type_names, 0)
+    for obj in gc.get_objects():
+        name = type(obj).__name__
+        if name in counts:
+            counts[name] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One look at a process: seconds since the first look, resident memory, open descriptors, threads."""
+
+    t: float
+    rss_kib: int
+    fds: int
+    threads: int
+
+
+def sample(pid: int, t0: float) -> Sample:
+    """From /proc (Linux)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss = int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))  # type: ignore[union-attr]
+    threads = int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    return Sample(time.monotonic() - t0, rss, fds, threads)
+
+
+class ServerProcess:
+    """`mhaserve serve` (or the fake-engine server, `engine=` a spec) as a child process, logging to a file."""
+
+    def __init__(self, flags: Sequence[str], log_path: Path, *, engine: str | None = None) -> None:
+        if engine is None:
+            command = [sys.executable, "-m", "mhaserve.cli", "serve", *flags]
+        else:
+            command = [sys.executable, "-m", "mhaserve.testing.fake_server", "--engine", engine, *flags]
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def port(self, timeout: float = 120.0) -> int:
+        found: list[int] = []
+
+        def listening() -> bool:
+            found.extend(int(m.group(1)) for m in re.finditer(r"listening on [\d.]+:(\d+)", self.log))
+            return bool(found) or self.proc.poll() is not None
+
+        wait_until(listening, "the server to listen", timeout)
+        if not found:
+            raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log}")
+        return found[0]
+
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port()}"
+
+    def wait_serving(self, timeout: float = 180.0) -> str:
+        address = self.address()
+
+        def serving() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log}")
+            with grpc.insecure_channel(address) as channel:
+                try:
+                    return health_status(channel, timeout=2.0) == "SERVING"
+                except grpc.RpcError:
+                    return False
+
+        wait_until(serving, "the server to report SERVING", timeout)
+        return address
+
+    def signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = WAIT) -> int:
+        code = self.proc.wait(timeout)
+        self._log.close()
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(WAIT)
+        self._log.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()

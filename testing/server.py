@@ -1,0 +1,103 @@
+"""A real server in this process, on its own event loop in a thread: what most tests and scenarios talk to.
+
+Every wait has a deadline; nothing here sends traffic anywhere but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from mhaserve.runtime.repository import EngineFactory
+from mhaserve.service.client import CHANNEL_OPTIONS
+from mhaserve.service.server import EncoderServer
+from mhaserve.service.settings import Settings
+from mhaserve.testing.loopback import WAIT
+
+T = TypeVar("T")
+
+
+def health_status(channel: grpc.Channel, timeout: float = WAIT) -> str:
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+class ServerThread:
+    """An EncoderServer on its own event loop in a daemon thread of this process."""
+
+    def __init__(self, settings: Settings, engine_factory: EngineFactory | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="server-loop")
+        self.thread.start()
+        self.server = EncoderServer(settings, engine_factory=engine_factory)
+        try:
+            self.call(self.server.start())
+        except BaseException:
+            self._close_loop()
+            raise
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = WAIT) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def ready(self) -> ServerThread:
+        self.call(self.server.ready(), timeout=120)
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+
+    def depth(self) -> int:
+        return 0 if self.server.batcher is None else self.server.batcher.depth
+
+    def counted(self, code: str, method: str = "encoder.v1.EncoderService/Encode") -> int:
+        value = self.server.metrics.registry.get_sample_value(
+            "mhaserve_requests_total", {"method": method, "code": code}
+        )
+        return int(value or 0)
+
+    def counted_all(self, code: str) -> int:
+        """Calls answered with `code`, all methods together."""
+        total = 0.0
+        for family in self.server.metrics.registry.collect():
+            for sample in family.samples:
+                if sample.name == "mhaserve_requests_total" and sample.labels.get("code") == code:
+                    total += sample.value
+        return int(total)
+
+    def gauge(self, name: str) -> float:
+        return float(self.server.metrics.registry.get_sample_value(name) or 0.0)
+
+    def tasks(self) -> int:
+        """asyncio tasks alive on the server's loop, not counting the one that asks."""
+
+        async def count() -> int:
+            return len(asyncio.all_tasks()) - 1
+
+        return self.call(count())
+
+    def stop(self, grace: float = 5.0) -> None:
+        try:
+            if self.server.state != "stopped":
+                self.call(self.server.stop(grace), timeout=grace + WAIT)
+        finally:
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(WAIT)
+        self.loop.close()
+
+    def __enter__(self) -> ServerThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
