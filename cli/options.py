@@ -25,6 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         # Fields whose default depends on the device or the repository say so in their help.
         default = "" if "(default" in meta["help"] else f"; default: {f.default}"
+        if f.type in (bool, "bool"):  # --auto-truncate / --no-auto-truncate
+            parser.add_argument(
+                flag(f.name),
+                dest=f.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=f"{meta['help']} [env {env_var(f.name)}{default}]",
+            )
+            continue
         parser.add_argument(
             flag(f.name),
             dest=f.name,

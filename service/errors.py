@@ -20,11 +20,13 @@ from mhaserve.runtime.errors import (
     NotFound,
     PermissionDenied,
     QueueFull,
+    RequestTimeout,
     ResourceExhausted,
     ServiceError,
     TooLarge,
     Unauthenticated,
     Unavailable,
+    UnsupportedMediaType,
 )
 
 # Messages may quote what a client sent (a model name, a tensor name). A status travels in trailing
@@ -58,6 +60,8 @@ _GRPC: tuple[tuple[type[ServiceError], grpc.StatusCode], ...] = (
 # AuthenticationError 401, PermissionDeniedError 403, NotFoundError 404, RateLimitError 429,
 # InternalServerError >= 500).
 _HTTP: tuple[tuple[type[ServiceError], HttpStatus], ...] = (
+    (RequestTimeout, HttpStatus(408, "invalid_request_error")),
+    (UnsupportedMediaType, HttpStatus(415, "invalid_request_error")),
     (InvalidArgument, HttpStatus(400, "invalid_request_error")),
     (NotFound, HttpStatus(404, "invalid_request_error")),
     (QueueFull, HttpStatus(429, "rate_limit_error")),

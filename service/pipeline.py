@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +37,8 @@ class EncodeInput:
     version: int | str | None = None  # None or "": the latest served version (KServe sends versions as text)
     truncate: bool = False
     normalize: bool | None = None  # None: the model's default
+    # Keep the first `dimensions` values and L2-normalise them (Matryoshka-trained models); None: all.
+    dimensions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,14 +60,18 @@ def l2_normalize(x: Embeddings) -> Embeddings:
 class Pipeline:
     """Validates and tokenises requests, queues them on the batcher, post-processes the embeddings."""
 
-    def __init__(self, model: LoadedModel, batcher: Batcher, limits: Limits, metrics: Metrics) -> None:
+    def __init__(
+        self, model: LoadedModel, batcher: Batcher, limits: Limits, metrics: Metrics, *, auto_truncate: bool = False
+    ) -> None:
         self.model = model
         self.batcher = batcher
         self.limits = limits
         self.metrics = metrics
+        self.auto_truncate = auto_truncate  # --auto-truncate: every request truncates, whatever it says
         self.stats = ModelStats(metrics)  # per-model statistics for both APIs (the v2 ModelStatistics)
         self.max_tokens = model.entry.manifest.max_seq_len
         self.vocab_size = model.entry.manifest.vocab_size
+        self.dimensions = model.entry.manifest.hidden_size
         # Tokenisation is CPU work: off the event loop. tokenizers releases the GIL and parallelises a
         # batch itself, so two threads are enough to overlap requests.
         self._tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
@@ -106,32 +113,59 @@ class Pipeline:
         n = len(req.texts) or len(req.token_ids)
         if n == 0:
             raise InvalidArgument("no inputs: set texts or token_ids")
+        self.validate_count(n)
+        if req.dimensions is not None and not 1 <= req.dimensions <= self.dimensions:
+            raise InvalidArgument(
+                f"dimensions is {req.dimensions}; this model's embeddings have {self.dimensions}: "
+                f"ask for 1 to {self.dimensions}"
+            )
+
+    def validate_count(self, n: int) -> None:
         if n > self.limits.max_client_batch_size:
             raise InvalidArgument(
                 f"{n} inputs in one request; the limit is {self.limits.max_client_batch_size} (split the request)"
             )
 
+    @property
+    def created(self) -> int:
+        """When the served version was exported, in seconds since the epoch (0 if the manifest does not say)."""
+        try:
+            return int(datetime.fromisoformat(self.model.entry.manifest.created).timestamp())
+        except ValueError:
+            return 0
+
+    async def tokenize(self, texts: Sequence[str], *, truncate: bool) -> list[Encoding]:
+        """Tokenise texts off the event loop; an input past the model's maximum is refused unless `truncate`
+        (or --auto-truncate), with a message that gives both lengths."""
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        encodings = await loop.run_in_executor(self._tokenize_pool, self._tokenize, list(texts))
+        self.metrics.tokenize.observe(time.perf_counter() - t0)
+        if not (truncate or self.auto_truncate):
+            for i, enc in enumerate(encodings):
+                if enc.overflowing:
+                    raise InvalidArgument(self._too_long(i, self._length(texts[i])))
+        return encodings
+
     async def encode_pre(self, req: EncodeInput) -> list[Ids]:
         """Validate and tokenise: one int64 array per input, within the model's length and vocabulary."""
         self.validate(req)
         if req.texts:
-            t0 = time.perf_counter()
-            loop = asyncio.get_running_loop()
-            encodings = await loop.run_in_executor(self._tokenize_pool, self._tokenize, list(req.texts))
-            self.metrics.tokenize.observe(time.perf_counter() - t0)
-            if not req.truncate:
-                for i, enc in enumerate(encodings):
-                    if enc.overflowing:
-                        raise InvalidArgument(self._too_long(i, self._length(req.texts[i])))
+            encodings = await self.tokenize(req.texts, truncate=req.truncate)
             return [np.asarray(enc.ids, dtype=np.int64) for enc in encodings]
-        return self._check_ids(req.token_ids, truncate=req.truncate)
+        return self._check_ids(req.token_ids, truncate=req.truncate or self.auto_truncate)
 
     def encode_post(
         self, req: EncodeInput, model: LoadedModel, seqs: list[Ids], embeddings: Embeddings
     ) -> EncodeOutput:
-        normalize = model.entry.manifest.normalize if req.normalize is None else req.normalize
+        if req.dimensions is not None:
+            # Matryoshka: the leading dimensions are an embedding of their own once renormalised.
+            embeddings = l2_normalize(np.ascontiguousarray(embeddings[:, : req.dimensions]))
+        else:
+            normalize = model.entry.manifest.normalize if req.normalize is None else req.normalize
+            embeddings = l2_normalize(embeddings) if normalize else embeddings
         return EncodeOutput(
-            embeddings=l2_normalize(embeddings) if normalize else embeddings,
+            embeddings=embeddings,
             model=model.name,
             version=model.version,
             input_tokens=sum(len(s) for s in seqs),

@@ -1,5 +1,9 @@
 """The server process: composition (settings in, components out) and lifecycle (bind, load, serve, drain, stop).
 
+One process, one event loop: gRPC (encoder.v1, the Open Inference Protocol, health, reflection) and
+HTTP (OpenAI embeddings, KServe v2 REST, utility routes) over the same data plane, pipeline, batcher,
+limits, keys, TLS material, metrics and drain.
+
 This and the CLI are the only code that reads `Settings`; every component gets plain values.
 
 Start-up binds the port first and reports NOT_SERVING while the model loads and warms up, so an
@@ -46,6 +50,9 @@ from mhaserve.service.encoder_v1 import SERVICE as ENCODER_SERVICE
 from mhaserve.service.encoder_v1 import EncoderServicer
 from mhaserve.service.health import SERVICE_NAME as HEALTH_SERVICE
 from mhaserve.service.health import Health
+from mhaserve.service.http import app as http_app
+from mhaserve.service.http.server import HttpServer
+from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve.servicer import HEALTH_METHODS as KSERVE_HEALTH_METHODS
 from mhaserve.service.kserve.servicer import SERVICE as KSERVE_SERVICE
 from mhaserve.service.kserve.servicer import InferenceServicer
@@ -83,7 +90,10 @@ class EncoderServer:
         self.health = Health([ENCODER_SERVICE, KSERVE_SERVICE])
         self.port = 0
         self.metrics_port: int | None = None
+        self.http_port: int | None = None
+        self.in_flight = InFlight()  # calls of both protocols: the drain waits for none
         self._server: grpc.aio.Server | None = None
+        self._http: HttpServer | None = None
         self._loading: asyncio.Task[None] | None = None
         self._drain = Drain()
 
@@ -128,7 +138,9 @@ class EncoderServer:
         # Order matters: authentication first (a refused call touches nothing else), then the error map,
         # then the drain wrapper right around the handlers.
         auth = [AuthInterceptor(keys, s.open_methods, self.metrics)] if len(keys) else []
-        self._calls = ServiceInterceptor(self.metrics, self.dataplane.refusal, exempt=ALWAYS_ANSWERED)
+        self._calls = ServiceInterceptor(
+            self.metrics, self.dataplane.refusal, exempt=ALWAYS_ANSWERED, in_flight=self.in_flight
+        )
         server = grpc.aio.server(
             interceptors=[*auth, self._calls, DrainInterceptor(self._drain, exempt=ALWAYS_ANSWERED)],
             options=[
@@ -171,14 +183,44 @@ class EncoderServer:
             entry.name,
         )
         self._log_security(len(keys))
+        if s.http_port:
+            await self._start_http(keys, tls_files)
         if s.metrics_port:
             try:
                 self.metrics_port = self.metrics.serve(s.host, s.metrics_port)
             except OSError as e:
-                await server.stop(0)
+                await self._stop_listeners(0)
                 raise StartupError(f"cannot serve metrics on {s.host}:{s.metrics_port}: {e.strerror}") from None
         self.state = "loading"
         self._loading = asyncio.get_running_loop().create_task(self._load(entry), name="load-model")
+
+    async def _start_http(self, keys: KeyRing, tls_files: tls.TlsFiles) -> None:
+        s = self.settings
+        app = http_app.build(
+            self.dataplane,
+            metrics=self.metrics,
+            in_flight=self.in_flight,
+            keys=keys,
+            max_body_bytes=s.max_message_bytes,
+            read_timeout=s.http_header_timeout,
+        )
+        self._http = HttpServer(app, host=s.host, port=s.http_port, tls=tls_files, read_timeout=s.http_header_timeout)
+        try:
+            self.http_port = self._http.bind()
+            await self._http.start()
+        except OSError as e:
+            self._http = None
+            await self._stop_listeners(0)
+            raise StartupError(f"cannot serve HTTP on {s.host}:{s.http_port}: {e.strerror or e}") from None
+        log.info("HTTP on %s:%d, %s: OpenAI /v1/embeddings, KServe /v2, /docs", s.host, self.http_port, tls_files.mode)
+
+    async def _stop_listeners(self, grace: float) -> None:
+        if self._http is not None:
+            await self._http.stop(grace)
+            self._http = None
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
 
     def _log_security(self, keys: int) -> None:
         s = self.settings
@@ -219,7 +261,7 @@ class EncoderServer:
             on_recover=self._recovered,
         )
         batcher.start()
-        self.dataplane.add(Pipeline(model, batcher, limits, self.metrics))
+        self.dataplane.add(Pipeline(model, batcher, limits, self.metrics, auto_truncate=s.auto_truncate))
         self.metrics.provider.labels(model.provider).set(1)
         log.info(
             "serving %s version %d (%s graph) on %s after %d warm-up runs; batching %s (max padding %g), "
@@ -270,7 +312,7 @@ class EncoderServer:
         """
         deadline = time.monotonic() + grace
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._calls.idle.wait(), timeout=grace)
+            await asyncio.wait_for(self.in_flight.idle.wait(), timeout=grace)
         await asyncio.sleep(max(0.0, min(0.05, deadline - time.monotonic())))  # calls already received get their turn
         return max(0.0, deadline - time.monotonic())
 
@@ -279,10 +321,9 @@ class EncoderServer:
         await self.drain()
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
-        if self._server is not None:
+        if self._server is not None or self._http is not None:
             left = await self._quiesce(self.settings.grace_period if grace is None else grace)
-            await self._server.stop(left)
-            self._server = None
+            await self._stop_listeners(left)
         for pipeline in self.dataplane.pipelines():
             await pipeline.batcher.close()
             pipeline.close()

@@ -36,6 +36,16 @@ def _int_or_none(s: str) -> int | None:
     return None if s.strip().lower() in ("", "none", "auto") else int(s)
 
 
+def parse_bool(s: str) -> bool:
+    """true/false, yes/no, on/off, 1/0 (case-insensitive): how a boolean is written in a variable."""
+    value = s.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {s!r}")
+
+
 def _float_or_none(s: str) -> float | None:
     return None if s.strip().lower() in ("", "none", "auto") else float(s)
 
@@ -79,6 +89,10 @@ class Settings:
     host: str = field(default="127.0.0.1", metadata=_opt("address to listen on"))
     port: int = field(default=50051, metadata=_opt("gRPC port (0 picks a free one)", int))
     metrics_port: int = field(default=8000, metadata=_opt("Prometheus metrics port (0 disables)", int))
+    http_port: int = field(
+        default=8080,
+        metadata=_opt("HTTP port: OpenAI embeddings, KServe v2 REST, /tokenize, /info, /health (0 disables)", int),
+    )
     device: Device = field(default="auto", metadata=_opt("where to run the model", str, DEVICES))
     graph: GraphChoice = field(
         default="auto", metadata=_opt("graph variant (auto: optimized if the entry has it, else fp32)", str, GRAPHS)
@@ -140,6 +154,21 @@ class Settings:
         metadata=_opt("ONNX Runtime threads per inference (default: all cores)", _int_or_none, metavar="N"),
     )
     log_level: str = field(default="info", metadata=_opt("log level", str.lower, LOG_LEVELS))
+    auto_truncate: bool = field(
+        default=False,
+        metadata=_opt(
+            "cut inputs longer than the model's maximum instead of refusing them, whatever the request says",
+            parse_bool,
+        ),
+    )
+    http_header_timeout: float = field(
+        default=10.0,
+        metadata=_opt(
+            "seconds an HTTP client gets to send a request's headers; a slower one is disconnected",
+            float,
+            metavar="SECONDS",
+        ),
+    )
     inference_timeout: float = field(
         default=60.0,
         metadata=_opt(
@@ -206,7 +235,7 @@ class Settings:
         positive("intra_op_threads", self.intra_op_threads)
         if self.max_padding is not None and not 0 <= self.max_padding <= 1:
             raise SettingsError(f"--max-padding must be a fraction in [0, 1], got {self.max_padding}")
-        for name in ("port", "metrics_port"):
+        for name in ("port", "metrics_port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{flag(name)} must be a port number in [0, 65535], got {getattr(self, name)}")
         for name, choices in (
@@ -218,6 +247,7 @@ class Settings:
             if getattr(self, name) not in choices:
                 raise SettingsError(f"{flag(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         positive("inference_timeout", self.inference_timeout, zero=True)
+        positive("http_header_timeout", self.http_header_timeout)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError("--tls-cert and --tls-key go together: set both to serve TLS, or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:

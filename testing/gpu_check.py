@@ -172,7 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in lines:
             print(f"  ok  {line}")
         settings = Settings(
-            repository=args.repository, model=entry.name, graph=graph, port=0, metrics_port=0, device="cuda"
+            repository=args.repository,
+            model=entry.name,
+            graph=graph,
+            port=0,
+            metrics_port=0,
+            http_port=0,
+            device="cuda",
         )
         for line in asyncio.run(check_server(settings, cpu, entry, args.seconds, args.clients)):
             print(f"  ok  {line}")

@@ -52,6 +52,12 @@ class ServerThread:
     def address(self) -> str:
         return f"127.0.0.1:{self.server.port}"
 
+    @property
+    def http_url(self) -> str:
+        """http://127.0.0.1:PORT of the HTTP API (the server must have been given an http_port)."""
+        assert self.server.http_port, "this server has no HTTP port (http_port=0)"
+        return f"http://127.0.0.1:{self.server.http_port}"
+
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
 

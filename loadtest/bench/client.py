@@ -68,14 +68,16 @@ class Server:
         log_path: Path,
     ) -> None:
         self.batching = batching
-        self.port, self.metrics_port = free_port(), free_port()
+        self.port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.args = [
             sys.executable, "-m", "mhaserve.cli", "serve",
             "--repository", str(repository),
             "--port", str(self.port),
             "--metrics-port", str(self.metrics_port),
+            "--http-port", str(self.http_port),
             "--batching", batching,
             "--graph", graph,
             "--device", device,

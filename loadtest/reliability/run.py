@@ -129,7 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes=sizes,
     )
     base = Settings(
-        repository=args.repository, model=args.model, port=0, metrics_port=0, device="cpu", intra_op_threads=2
+        repository=args.repository,
+        model=args.model,
+        port=0,
+        metrics_port=0,
+        http_port=0,
+        device="cpu",
+        intra_op_threads=2,
     )
     model = Model(args.model, manifest.vocab_size, manifest.max_seq_len, max_inputs=16)
     with tempfile.TemporaryDirectory(prefix="mhaserve-reliability-") as tmp:
@@ -162,7 +168,7 @@ def _plain(value: Any) -> Any:
 def _flags(args: argparse.Namespace, *extra: str, metrics_port: int = 0) -> list[str]:
     return [
         *("--repository", str(args.repository), "--model", args.model, "--port", "0"),
-        *("--metrics-port", str(metrics_port), "--device", "cpu", *extra),
+        *("--metrics-port", str(metrics_port), "--http-port", "0", "--device", "cpu", *extra),
     ]
 
 

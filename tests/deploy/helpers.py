@@ -153,7 +153,16 @@ class Replica(Process):
         self.port, self.metrics_port = free_port(), free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("MHASERVE_")}
         args = [sys.executable, "-m", "mhaserve.cli", "serve", "--repository", str(repository), "--host", "127.0.0.1"]
-        args += ["--port", str(self.port), "--metrics-port", str(self.metrics_port), "--device", "cpu"]
+        args += [
+            "--port",
+            str(self.port),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--http-port",
+            "0",
+            "--device",
+            "cpu",
+        ]
         args += ["--intra-op-threads", "1", "--grace-period", "10"]
         for k, v in settings.items():
             args += ["--" + k.replace("_", "-"), v]

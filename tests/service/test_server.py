@@ -21,8 +21,9 @@ from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.tokenizer import load_for_serving
 from mhaserve.service.settings import BATCHING, Batching, Settings
+from mhaserve.testing import http
 from mhaserve.testing.engines import ScriptedEngine
-from mhaserve.testing.loopback import WAIT, wait_until
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.metrics import scrape
 from mhaserve.testing.server import ServerThread
 from tests.conftest import TINY
@@ -325,7 +326,17 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
         assert loaded.wait(WAIT)
         return engine
 
-    srv = start(settings, slow_factory, ready=False)
+    srv = start(dataclasses.replace(settings, http_port=free_port()), slow_factory, ready=False)
+
+    def http_refused(reason: str) -> None:
+        reply = http.request("POST", srv.http_url + "/v1/embeddings", {"input": "a"})
+        assert reply.status == 503 and reply.headers["retry-after"] == "1"
+        assert reason in reply.json()["error"]["message"]
+        health = http.request("GET", srv.http_url + "/health")
+        assert health.status == 503 and health.json()["status"] == "NOT_SERVING"
+        assert http.request("GET", srv.http_url + "/v2/health/ready").status == 400
+        assert http.request("GET", srv.http_url + "/v2/health/live").status == 200
+
     with srv.channel() as channel:
         health = health_pb2_grpc.HealthStub(channel)
         stub = pb_grpc.EncoderServiceStub(channel)
@@ -342,15 +353,18 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
 
         assert status() == status("encoder.v1.EncoderService") == "NOT_SERVING"
         assert "still loading" in refused(lambda: stub.Encode(ids([5]), timeout=WAIT))
+        http_refused("still loading")
         loaded.set()
         srv.ready()
         assert status() == status("encoder.v1.EncoderService") == "SERVING"
         assert stub.Encode(ids([5]), timeout=WAIT).embeddings
+        assert http.request("GET", srv.http_url + "/health").status == 200
 
         srv.call(srv.server.drain())
         assert status() == status("encoder.v1.EncoderService") == "NOT_SERVING"
         assert "shutting down" in refused(lambda: stub.Encode(ids([5]), timeout=WAIT))
         assert "shutting down" in refused(lambda: stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT))
+        http_refused("shutting down")
     assert counted(srv, "UNAVAILABLE") == 2
 
 
