@@ -24,6 +24,7 @@ _PRINTABLE_ASCII = frozenset(chr(c) for c in range(0x21, 0x7F))
 OPEN_METHODS = (
     "/grpc.health.v1.Health/Check",
     "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 )
 MESSAGE = "missing or invalid API key: send 'authorization: Bearer <key>'"

@@ -28,7 +28,6 @@ import time
 
 import grpc
 import grpc.aio
-from grpc_reflection.v1alpha import reflection
 
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as encoder_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kserve_grpc
@@ -61,6 +60,7 @@ from mhaserve.service.pipeline import Pipeline
 from mhaserve.service.rpc.auth import AuthInterceptor
 from mhaserve.service.rpc.drain import Drain, DrainInterceptor
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
+from mhaserve.service.rpc.reflection import add_reflection
 from mhaserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -159,9 +159,7 @@ class EncoderServer:
         # The Open Inference Protocol (KServe v2 / Triton clients) on the same port, over the same data plane.
         kserve_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dataplane), server)
         self.health.add_to(server)
-        reflection.enable_server_reflection(
-            (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server
-        )
+        add_reflection(server, (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE))
         address = f"{s.host}:{s.port}"
         try:
             if credentials is None:

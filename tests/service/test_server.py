@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pytest
 from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
@@ -368,16 +368,29 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
     assert counted(srv, "UNAVAILABLE") == 2
 
 
-def test_reflection_lists_the_services(server: ServerThread) -> None:
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+def test_reflection_lists_the_services(server: ServerThread, version: str) -> None:
+    # v1's messages are v1alpha's under another package (same fields and numbers): a v1 client sends
+    # exactly these bytes to v1's method path.
     with server.channel() as channel:
-        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        info = channel.stream_stream(
+            f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
         requests = [
             reflection_pb2.ServerReflectionRequest(list_services=""),
             reflection_pb2.ServerReflectionRequest(file_containing_symbol="encoder.v1.EncoderService"),
         ]
-        listed, described = list(stub.ServerReflectionInfo(iter(requests), timeout=WAIT))
+        listed, described = list(info(iter(requests), timeout=WAIT))
     names = {s.name for s in listed.list_services_response.service}
-    assert {"encoder.v1.EncoderService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+    assert {
+        "encoder.v1.EncoderService",
+        "inference.GRPCInferenceService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= names
     # What grpcurl needs to build requests without the .proto: the file descriptor of the service.
     files = [FileDescriptorProto.FromString(b) for b in described.file_descriptor_response.file_descriptor_proto]
     encoder = next(f for f in files if f.package == "encoder.v1")
