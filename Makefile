@@ -103,7 +103,8 @@ proto-generate:
 	$(PY) -m grpc_tools.protoc -I . --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) --grpc_python_out=$(PROTO_OUT) \
 	  $$(find proto -name '*.proto' | sort)
 	find $(PROTO_OUT)/proto \( -name '*_pb2.py' -o -name '*_pb2.pyi' -o -name '*_pb2_grpc.py' \) \
-	  -exec sed -i -E 's/^(from|import) proto\./\1 mhaserve.proto./' {} +
+	  -exec sed -i -E -e 's/^(from|import) proto\./\1 mhaserve.proto./' \
+	  -e "s/(BuildTopDescriptorsAndMessages\(DESCRIPTOR, )'proto\./\1'mhaserve.proto./" {} +
 
 clean:
 	rm -rf $(VENV) .venv-triton .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -33,6 +33,10 @@ class UnsupportedMediaType(InvalidArgument):
     """A request body in a format the API does not read (HTTP 415)."""
 
 
+class FailedPrecondition(ServiceError):
+    """The server is not in a state that allows this (a repository call under another model control)."""
+
+
 class NotFound(ServiceError):
     """The request names a model or version that is not served."""
 

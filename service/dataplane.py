@@ -28,10 +28,22 @@ class DataPlane:
     # ---- what the server does ----------------------------------------------------------------------
 
     def add(self, pipeline: Pipeline) -> None:
-        """Serve a model version; the first model added is the default of requests that name none."""
+        """Serve a model version (at once: the next request that asks for its model's latest gets it)."""
         name = pipeline.model.name
         self._pipelines.setdefault(name, {})[pipeline.model.version] = pipeline
         self._default = self._default or name
+
+    def remove(self, name: str, version: int) -> Pipeline | None:
+        """Stop routing requests to a model version; requests it holds already finish on it."""
+        versions = self._pipelines.get(name, {})
+        pipeline = versions.pop(version, None)
+        if not versions:
+            self._pipelines.pop(name, None)
+        return pipeline
+
+    def set_default(self, name: str) -> None:
+        """The model of requests that name none (the first model the server was told to serve)."""
+        self._default = name
 
     def pipelines(self) -> list[Pipeline]:
         """Every model version served, by name then version."""
@@ -71,11 +83,13 @@ class DataPlane:
         """
         if not self._pipelines:
             raise self.refusal() or Unavailable("no model is loaded yet")
-        name = name or self._default
+        name, _, named_version = (name or self._default).partition(":")
+        if named_version and version in (None, "", 0):
+            version = named_version
         versions = self._pipelines.get(name)
         if not versions:
             raise NotFound(f"model {name!r} is not served here (this server serves {_listing(self._pipelines)})")
-        if version is None or version == "":
+        if version is None or version == "" or version == 0:
             return versions[max(versions)]
         number = _version_number(version)
         if number not in versions:
@@ -94,6 +108,12 @@ def _version_number(version: int | str) -> int | None:
     if isinstance(version, int):
         return version
     return int(version) if version.isdigit() else None
+
+
+def split_name(name: str) -> tuple[str, int | None]:
+    """`name:version` -> (name, version); a plain name -> (name, None)."""
+    base, _, version = name.partition(":")
+    return base, int(version) if version.isdigit() else None
 
 
 def _listing(pipelines: dict[str, dict[int, Pipeline]]) -> str:

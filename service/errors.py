@@ -14,6 +14,7 @@ import grpc
 from mhaserve.runtime.errors import (
     Cancelled,
     DeadlineExceeded,
+    FailedPrecondition,
     InferenceTimeout,
     Internal,
     InvalidArgument,
@@ -47,6 +48,7 @@ class HttpStatus:
 _GRPC: tuple[tuple[type[ServiceError], grpc.StatusCode], ...] = (
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFound, grpc.StatusCode.NOT_FOUND),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
@@ -64,6 +66,7 @@ _HTTP: tuple[tuple[type[ServiceError], HttpStatus], ...] = (
     (UnsupportedMediaType, HttpStatus(415, "invalid_request_error")),
     (InvalidArgument, HttpStatus(400, "invalid_request_error")),
     (NotFound, HttpStatus(404, "invalid_request_error")),
+    (FailedPrecondition, HttpStatus(400, "invalid_request_error")),
     (QueueFull, HttpStatus(429, "rate_limit_error")),
     (TooLarge, HttpStatus(413, "invalid_request_error")),
     (ResourceExhausted, HttpStatus(429, "rate_limit_error")),

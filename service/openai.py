@@ -40,11 +40,16 @@ class EmbeddingRequest(BaseModel):
     input: StrictStr | list[StrictStr] | TokenIds | list[TokenIds] = Field(
         description="a text, a list of texts, a list of token ids, or a list of lists of token ids"
     )
-    model: StrictStr = Field(default="", description="a served model's name (default: the first served)")
+    model: StrictStr = Field(
+        default="", description="a served model's name, or name:version (default: the server's default model)"
+    )
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(default=None, description="keep the leading dimensions, renormalised")
     user: StrictStr | None = Field(default=None, description="accepted and ignored")
     truncate: bool = Field(default=False, description="cut inputs past the model's maximum instead of refusing them")
+    prompt_name: StrictStr | None = Field(
+        default=None, description="a prompt of the model's serving config to put before each text (e.g. query)"
+    )
 
 
 class Embedding(BaseModel):
@@ -83,6 +88,7 @@ def from_request(req: EmbeddingRequest) -> EncodeInput:
         "truncate": req.truncate,
         "normalize": True,
         "dimensions": req.dimensions,
+        "prompt_name": req.prompt_name,
     }
     if isinstance(req.input, str):
         texts: list[str] = [req.input]
@@ -135,14 +141,23 @@ def router(dataplane: DataPlane) -> APIRouter:
 
     def listing(name: str) -> Model:
         pipeline = dataplane.resolve(name)
-        return Model(id=pipeline.model.name, created=pipeline.created)
+        return Model(id=name, created=pipeline.created)
 
-    @api.get("/models", summary="The models served (OpenAI's list shape)", response_model=ModelList)
+    @api.get(
+        "/models",
+        summary="The models served (OpenAI's list shape): each by its name (its latest version) and as name:version",
+        response_model=ModelList,
+    )
     async def models() -> Response:
-        data = [listing(name) for name in dataplane.model_names()]
-        return json_response(ModelList(data=data).model_dump())
+        ids = [
+            i
+            for name in [dataplane.default_model, *(n for n in dataplane.model_names() if n != dataplane.default_model)]
+            if dataplane.versions(name)
+            for i in [name, *(f"{name}:{v}" for v in dataplane.versions(name))]
+        ]
+        return json_response(ModelList(data=[listing(i) for i in ids]).model_dump())
 
-    @api.get("/models/{model}", summary="One served model", response_model=Model)
+    @api.get("/models/{model}", summary="One served model (name, or name:version)", response_model=Model)
     async def model(model: str) -> Response:
         return json_response(listing(model).model_dump())
 

@@ -25,24 +25,23 @@ import logging
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import grpc.aio
 
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as encoder_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kserve_grpc
-from mhaserve.runtime.engine import warm_up
 from mhaserve.runtime.errors import ServiceError
 from mhaserve.runtime.repository import (
     EngineFactory,
     LoadedModel,
-    ModelEntry,
     ModelRepository,
     RepositoryError,
     onnx_engine,
 )
 from mhaserve.service import tls
-from mhaserve.service.auth import AuthError, KeyRing, load_keys
+from mhaserve.service.auth import AuthError, KeyRing, Keys, load_keys
 from mhaserve.service.batching import Batcher
 from mhaserve.service.dataplane import DataPlane, State
 from mhaserve.service.encoder_v1 import SERVICE as ENCODER_SERVICE
@@ -53,9 +52,11 @@ from mhaserve.service.http import app as http_app
 from mhaserve.service.http.server import HttpServer
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve.servicer import HEALTH_METHODS as KSERVE_HEALTH_METHODS
+from mhaserve.service.kserve.servicer import REPOSITORY_METHODS as KSERVE_REPOSITORY_METHODS
 from mhaserve.service.kserve.servicer import SERVICE as KSERVE_SERVICE
 from mhaserve.service.kserve.servicer import InferenceServicer
-from mhaserve.service.metrics import Metrics
+from mhaserve.service.metrics import Metrics, ModelMetrics
+from mhaserve.service.models import ModelManager
 from mhaserve.service.pipeline import Pipeline
 from mhaserve.service.rpc.auth import AuthInterceptor
 from mhaserve.service.rpc.drain import Drain, DrainInterceptor
@@ -94,6 +95,19 @@ class EncoderServer:
         self.in_flight = InFlight()  # calls of both protocols: the drain waits for none
         self._server: grpc.aio.Server | None = None
         self._http: HttpServer | None = None
+        self.manager = ModelManager(
+            self.repository,
+            self.dataplane,
+            self.metrics,
+            models=settings.model,
+            graph=settings.graph,
+            engine_factory=self.engine_factory,
+            make_pipeline=self._pipeline,
+            control=settings.model_control,  # type: ignore[arg-type]
+        )
+        # The one inference thread every model's batches take turns on (see Batcher's executor).
+        self._inference = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._stalls = 0
         self._loading: asyncio.Task[None] | None = None
         self._drain = Drain()
 
@@ -107,9 +121,9 @@ class EncoderServer:
 
     @property
     def pipeline(self) -> Pipeline | None:
-        """The default model's pipeline, once loaded."""
-        pipelines = self.dataplane.pipelines()
-        return self.dataplane.resolve() if pipelines else None
+        """The default model's latest pipeline, once loaded."""
+        default = self.dataplane.default_model
+        return self.dataplane.resolve(default) if self.dataplane.versions(default) else None
 
     @property
     def model(self) -> LoadedModel | None:
@@ -120,24 +134,33 @@ class EncoderServer:
         return None if self.pipeline is None else self.pipeline.batcher
 
     async def start(self) -> None:
-        """Find and verify the model, bind the ports, and start loading; `ready()` waits for the rest."""
+        """Find and verify the models, bind the ports, and start loading; `ready()` waits for the rest."""
         s = self.settings
         try:
-            entry = self.repository.entry(s.model, graph=s.graph)
+            names = self.manager.names() or [self.manager.default_name()]
+            for name in names:  # every model named is there and its latest version verifies: fail fast
+                self.repository.entry(name, self.repository.to_serve(name)[-1], graph=s.graph)
         except ServiceError as e:
             raise StartupError(e.message) from None
         except RepositoryError as e:  # malformed, tampered with, incomplete
             raise StartupError(str(e)) from None
         tls_files = tls.TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca)
         try:
-            keys = KeyRing(load_keys(s.api_keys_file, s.api_keys.keys))
+            keys = Keys(
+                KeyRing(load_keys(s.api_keys_file, s.api_keys.keys)),
+                KeyRing(load_keys(s.admin_keys_file, s.admin_keys.keys, env="MHASERVE_ADMIN_KEYS")),
+            )
             credentials = tls.server_credentials(tls.TlsMaterial.read(tls_files))
         except (AuthError, tls.TlsError) as e:
             raise StartupError(str(e)) from None
         await self.health.set(False)
         # Order matters: authentication first (a refused call touches nothing else), then the error map,
         # then the drain wrapper right around the handlers.
-        auth = [AuthInterceptor(keys, s.open_methods, self.metrics)] if len(keys) else []
+        auth = (
+            [AuthInterceptor(keys, s.open_methods, self.metrics, admin_methods=KSERVE_REPOSITORY_METHODS)]
+            if keys.enabled
+            else []
+        )
         self._calls = ServiceInterceptor(
             self.metrics, self.dataplane.refusal, exempt=ALWAYS_ANSWERED, in_flight=self.in_flight
         )
@@ -157,7 +180,7 @@ class EncoderServer:
             EncoderServicer(self.dataplane, max_message_bytes=s.max_message_bytes), server
         )
         # The Open Inference Protocol (KServe v2 / Triton clients) on the same port, over the same data plane.
-        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dataplane), server)
+        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dataplane, self.manager), server)
         self.health.add_to(server)
         add_reflection(server, (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE))
         address = f"{s.host}:{s.port}"
@@ -174,13 +197,14 @@ class EncoderServer:
         await server.start()
         self._server = server
         log.info(
-            "listening on %s:%d, %s (NOT_SERVING until %s is loaded and warmed up)",
+            "listening on %s:%d, %s (NOT_SERVING until %s %s loaded and warmed up)",
             s.host,
             self.port,
             tls_files.mode,
-            entry.name,
+            ", ".join(names),
+            "is" if len(names) == 1 else "are",
         )
-        self._log_security(len(keys))
+        self._log_security(keys)
         if s.http_port:
             await self._start_http(keys, tls_files)
         if s.metrics_port:
@@ -190,15 +214,16 @@ class EncoderServer:
                 await self._stop_listeners(0)
                 raise StartupError(f"cannot serve metrics on {s.host}:{s.metrics_port}: {e.strerror}") from None
         self.state = "loading"
-        self._loading = asyncio.get_running_loop().create_task(self._load(entry), name="load-model")
+        self._loading = asyncio.get_running_loop().create_task(self._load(), name="load-models")
 
-    async def _start_http(self, keys: KeyRing, tls_files: tls.TlsFiles) -> None:
+    async def _start_http(self, keys: Keys, tls_files: tls.TlsFiles) -> None:
         s = self.settings
         app = http_app.build(
             self.dataplane,
             metrics=self.metrics,
             in_flight=self.in_flight,
             keys=keys,
+            manager=self.manager,
             max_body_bytes=s.max_message_bytes,
             read_timeout=s.http_header_timeout,
         )
@@ -220,18 +245,21 @@ class EncoderServer:
             await self._server.stop(grace)
             self._server = None
 
-    def _log_security(self, keys: int) -> None:
+    def _log_security(self, keys: Keys) -> None:
         s = self.settings
-        if keys:
+        if keys.enabled:
             log.info(
-                "API keys required (%d configured); open without a key: %s", keys, ", ".join(s.open_methods) or "none"
+                "API keys required (%d configured, %d admin); open without a key: %s",
+                len(keys.client),
+                len(keys.admin),
+                ", ".join(s.open_methods) or "none",
             )
         if s.tls_cert is None and not tls.is_loopback(s.host):
             log.warning(
                 "serving plaintext gRPC on %s, which is not a loopback address: traffic%s can be read on the "
                 "network; set --tls-cert and --tls-key",
                 s.host,
-                " and API keys" if keys else "",
+                " and API keys" if keys.enabled else "",
             )
 
     async def ready(self) -> None:
@@ -240,54 +268,50 @@ class EncoderServer:
             raise RuntimeError("start() first")
         await asyncio.shield(self._loading)
 
-    async def _load(self, entry: ModelEntry) -> None:
+    async def _load(self) -> None:
         s = self.settings
-        model = await asyncio.to_thread(self.repository.load, entry, self.engine_factory)
-        limits = s.limits(on_cuda=model.on_cuda)
-        m = entry.manifest
-        runs = await asyncio.to_thread(
-            warm_up, model.engine, max_seq_len=m.max_seq_len, max_batch_tokens=limits.max_batch_tokens
-        )
-        batcher = Batcher(
-            model.engine,
-            limits=limits,
-            batching=s.batching,
-            pad_id=m.pad_id,
-            metrics=self.metrics,
-            inference_timeout=s.inference_timeout,
-            on_stall=self._stalled,
-            on_recover=self._recovered,
-        )
-        batcher.start()
-        self.dataplane.add(Pipeline(model, batcher, limits, self.metrics, auto_truncate=s.auto_truncate))
-        self.metrics.provider.labels(model.provider).set(1)
+        await self.manager.start()
+        if s.model_control == "poll":
+            self.manager.start_polling(s.repository_poll_s)
         log.info(
-            "serving %s version %d (%s graph) on %s after %d warm-up runs; batching %s (max padding %g), "
-            "max batch tokens %d, max wait %g ms, max queue %d inputs, max %d inputs per request, max message %d bytes",
-            model.name,
-            model.version,
-            entry.graph,
-            model.provider,
-            runs,
+            "serving %s (requests that name no model get %s); batching %s, model control %s",
+            ", ".join(
+                f"{n} version {', '.join(map(str, self.dataplane.versions(n)))}" for n in self.dataplane.model_names()
+            ),
+            self.dataplane.default_model,
             s.batching,
-            limits.max_padding,
-            limits.max_batch_tokens,
-            limits.max_wait_ms,
-            limits.max_queue_size,
-            limits.max_client_batch_size,
-            s.max_message_bytes,
+            s.model_control,
         )
         if self.state == "loading":
             self.state = "serving"
             await self.health.set(True)
 
+    def _pipeline(self, model: LoadedModel, metrics: ModelMetrics) -> Pipeline:
+        """A model version's pipeline: its limits (its own, the server's, the device's), its batcher."""
+        s = self.settings
+        limits = s.limits(on_cuda=model.on_cuda, model=model.entry.config.limits)
+        batcher = Batcher(
+            model.engine,
+            limits=limits,
+            batching=s.batching,
+            pad_id=model.entry.manifest.pad_id,
+            metrics=metrics,
+            executor=self._inference,
+            inference_timeout=s.inference_timeout,
+            on_stall=self._stalled,
+            on_recover=self._recovered,
+        )
+        return Pipeline(model, batcher, limits, metrics, auto_truncate=s.auto_truncate)
+
     async def _stalled(self) -> None:
+        self._stalls += 1
         if self.state == "serving":
             self.state = "stalled"
             await self.health.set(False)
 
     async def _recovered(self) -> None:
-        if self.state == "stalled":
+        self._stalls -= 1
+        if self.state == "stalled" and self._stalls == 0:
             self.state = "serving"
             await self.health.set(True)
 
@@ -322,9 +346,8 @@ class EncoderServer:
         if self._server is not None or self._http is not None:
             left = await self._quiesce(self.settings.grace_period if grace is None else grace)
             await self._stop_listeners(left)
-        for pipeline in self.dataplane.pipelines():
-            await pipeline.batcher.close()
-            pipeline.close()
+        await self.manager.close()
+        self._inference.shutdown(wait=False, cancel_futures=True)
         self.metrics.close()
         self.state = "stopped"
 
@@ -352,7 +375,7 @@ async def serve(settings: Settings, *, engine_factory: EngineFactory | None = No
         await asyncio.wait((ready, stopping), return_when=asyncio.FIRST_COMPLETED)
         if ready.done() and ready.exception() is not None:
             error = ready.exception()
-            log.error("cannot serve %s: %s", settings.model or "the model", getattr(error, "message", error))
+            log.error("cannot serve %s: %s", ", ".join(settings.model) or "the model", getattr(error, "message", error))
             stopping.cancel()
             await server.stop(0)
             return 1

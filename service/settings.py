@@ -8,7 +8,8 @@ server's start-up (server.py) read a Settings: every component gets plain values
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from mhaserve.runtime.engine import DEVICES, Device
 from mhaserve.runtime.repository import GRAPHS, GraphChoice
 from mhaserve.service.auth import OPEN_METHODS
 from mhaserve.service.batching import BATCHING, CPU_LIMITS, CUDA_LIMITS, Batching, Limits
+from mhaserve.service.models import CONTROLS
 
 ENV_PREFIX = "MHASERVE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -69,6 +71,10 @@ class ApiKeys:
         return bool(self.keys)
 
 
+def _names(s: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in s.split(",") if n.strip())
+
+
 def _path_or_none(s: str) -> Path | None:
     return Path(s) if s.strip() else None
 
@@ -82,9 +88,31 @@ class Settings:
     """Everything `mhaserve serve` can be told. Limits left as None take the device's defaults."""
 
     repository: Path = field(default=Path("models"), metadata=_opt("model repository directory", Path))
-    model: str | None = field(
-        default=None,
-        metadata=_opt("model to serve (default: all-minilm-l6-v2 if present, else the first in the repository)"),
+    model: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "a model to serve, repeatable (the variable takes a comma-separated list); '*' serves every model "
+            "of the repository; requests that name no model get the first (default: all-minilm-l6-v2 if "
+            "present, else the first in the repository)",
+            _names,
+            metavar="NAME",
+        )
+        | {"repeatable": True},
+    )
+    model_control: str = field(
+        default="none",
+        metadata=_opt(
+            "how the served versions change while serving: none (the models named, at start-up), poll (read the "
+            "repository every --repository-poll-s), explicit (the KServe repository API loads and unloads)",
+            str,
+            CONTROLS,
+        ),
+    )
+    repository_poll_s: float = field(
+        default=5.0,
+        metadata=_opt(
+            "with --model-control poll, seconds between readings of the repository", float, metavar="SECONDS"
+        ),
     )
     host: str = field(default="127.0.0.1", metadata=_opt("address to listen on"))
     port: int = field(default=50051, metadata=_opt("gRPC port (0 picks a free one)", int))
@@ -213,6 +241,22 @@ class Settings:
         metadata=_opt("API keys, comma-separated, besides those of --api-keys-file", ApiKeys.parse)
         | {"env_only": True},
     )
+    admin_keys_file: Path | None = field(
+        default=None,
+        metadata=_opt(
+            "file of admin keys, one per line: with API keys configured, the repository API (load, unload, "
+            "index) wants one of these; MHASERVE_ADMIN_KEYS adds comma-separated keys (default: none, so the "
+            "repository API is closed whenever API keys are configured)",
+            _path_or_none,
+            metavar="FILE",
+        ),
+    )
+    # No flag, as for api_keys.
+    admin_keys: ApiKeys = field(
+        default=ApiKeys(),
+        metadata=_opt("admin keys, comma-separated, besides those of --admin-keys-file", ApiKeys.parse)
+        | {"env_only": True},
+    )
     open_methods: tuple[str, ...] = field(
         default=OPEN_METHODS,
         metadata=_opt(
@@ -224,6 +268,9 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, str):  # Settings(model="tiny"): one model
+            object.__setattr__(self, "model", _names(self.model))
+
         def positive(name: str, value: float | None, *, zero: bool = False) -> None:
             if value is not None and (value < 0 or (value == 0 and not zero)):
                 raise SettingsError(f"{flag(name)} must be {'>= 0' if zero else '> 0'}, got {value}")
@@ -238,7 +285,9 @@ class Settings:
         for name in ("port", "metrics_port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{flag(name)} must be a port number in [0, 65535], got {getattr(self, name)}")
+        positive("repository_poll_s", self.repository_poll_s)
         for name, choices in (
+            ("model_control", CONTROLS),
             ("device", DEVICES),
             ("graph", GRAPHS),
             ("batching", BATCHING),
@@ -260,8 +309,9 @@ class Settings:
                     "or /grpc.health.v1.Health/*"
                 )
 
-    def limits(self, *, on_cuda: bool) -> Limits:
-        """The limits in force: those set explicitly, the device's defaults for the rest."""
+    def limits(self, *, on_cuda: bool, model: Mapping[str, float] | None = None) -> Limits:
+        """The limits in force: a model's own (its serving.json `limits`), then those set here, then the
+        device's defaults."""
         base = CUDA_LIMITS if on_cuda else CPU_LIMITS
         limits = Limits(
             max_batch_tokens=self.max_batch_tokens or base.max_batch_tokens,
@@ -270,6 +320,8 @@ class Settings:
             max_client_batch_size=self.max_client_batch_size or base.max_client_batch_size,
             max_padding=base.max_padding if self.max_padding is None else self.max_padding,
         )
+        if model:
+            limits = dataclasses.replace(limits, **{k: type(getattr(limits, k))(v) for k, v in model.items()})
         if limits.max_client_batch_size > limits.max_queue_size:
             raise SettingsError(
                 f"--max-client-batch-size ({limits.max_client_batch_size}) exceeds --max-queue-size "

@@ -20,7 +20,7 @@ from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.kserve.model import server_version
-from mhaserve.service.pipeline import Pipeline
+from mhaserve.service.pipeline import EncodeInput, Pipeline
 
 HEALTH_PATH = "/health"
 
@@ -33,6 +33,7 @@ class TokenizeRequest(BaseModel):
     inputs: StrictStr | list[StrictStr] = Field(description="a text or a list of texts")
     model: StrictStr = Field(default="", description="a served model's name (default: the first served)")
     truncate: bool = Field(default=False, description="cut inputs past the model's maximum instead of refusing them")
+    prompt_name: StrictStr | None = Field(default=None, description="a prompt of the model's serving config")
 
 
 class Token(BaseModel):
@@ -47,14 +48,18 @@ def describe(pipeline: Pipeline, max_message_bytes: int) -> dict[str, Any]:
     """One served model version, as /info shows it."""
     model, limits = pipeline.model, pipeline.limits
     m = model.entry.manifest
+    entry = model.entry
     return {
         "model": model.name,
         "version": model.version,
         "source": m.source,
         "dimensions": m.hidden_size,
-        "max_input_length": m.max_seq_len,
-        "pooling": m.pooling,
-        "normalize": m.normalize,
+        "max_input_length": entry.max_tokens,
+        "pooling": entry.pooling,
+        "normalize": entry.normalize,
+        "prompts": entry.config.prompts,
+        "default_prompt_name": entry.config.default_prompt_name,
+        "version_policy": entry.config.version_policy.describe(),
         "vocab_size": m.vocab_size,
         "graph": model.entry.graph,
         "sha256": model.entry.sha256,
@@ -86,8 +91,9 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
         if not texts:
             raise InvalidArgument("inputs is empty: send a text or a list of texts", param="inputs")
         pipeline = dataplane.resolve(req.model)
-        pipeline.validate_count(len(texts))
-        encodings = await pipeline.tokenize(texts, truncate=req.truncate)
+        asked = EncodeInput(texts=texts, model=req.model, truncate=req.truncate, prompt_name=req.prompt_name)
+        pipeline.validate(asked)
+        encodings = await pipeline.tokenize(pipeline.prompted(asked), truncate=req.truncate)
         return json_response(
             [
                 [

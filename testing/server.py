@@ -18,6 +18,7 @@ from mhaserve.service.client import CHANNEL_OPTIONS
 from mhaserve.service.server import EncoderServer
 from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.metrics import Samples, from_registry
 
 T = TypeVar("T")
 
@@ -62,25 +63,22 @@ class ServerThread:
         return grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
 
     def depth(self) -> int:
-        return 0 if self.server.batcher is None else self.server.batcher.depth
+        """Inputs waiting, every model version together."""
+        return sum(p.batcher.depth for p in self.server.dataplane.pipelines())
+
+    def samples(self) -> Samples:
+        return from_registry(self.server.metrics.registry)
 
     def counted(self, code: str, method: str = "encoder.v1.EncoderService/Encode") -> int:
-        value = self.server.metrics.registry.get_sample_value(
-            "mhaserve_requests_total", {"method": method, "code": code}
-        )
-        return int(value or 0)
+        return int(self.samples().get("mhaserve_requests_total", method=method, code=code))
 
     def counted_all(self, code: str) -> int:
         """Calls answered with `code`, all methods together."""
-        total = 0.0
-        for family in self.server.metrics.registry.collect():
-            for sample in family.samples:
-                if sample.name == "mhaserve_requests_total" and sample.labels.get("code") == code:
-                    total += sample.value
-        return int(total)
+        return int(self.samples().get("mhaserve_requests_total", code=code))
 
-    def gauge(self, name: str) -> float:
-        return float(self.server.metrics.registry.get_sample_value(name) or 0.0)
+    def gauge(self, name: str, **labels: str) -> float:
+        """A gauge's value, summed over the label sets that include `labels` (every model, by default)."""
+        return self.samples().get(name, **labels)
 
     def tasks(self) -> int:
         """asyncio tasks alive on the server's loop, not counting the one that asks."""

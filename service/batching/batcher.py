@@ -38,7 +38,7 @@ from mhaserve.service.batching.padding import pad
 from mhaserve.service.batching.policies import Batching, make_policy
 from mhaserve.service.batching.queue import Embeddings, Ids, Job, Seq, Ticket
 from mhaserve.service.batching.watchdog import Hook, Watchdog
-from mhaserve.service.metrics import Metrics
+from mhaserve.service.metrics import Metrics, ModelMetrics
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,8 @@ class Batcher:
         limits: Limits,
         batching: Batching = "length",
         pad_id: int = 0,
-        metrics: Metrics | None = None,
+        metrics: ModelMetrics | None = None,
+        executor: ThreadPoolExecutor | None = None,
         inference_timeout: float | None = None,
         on_stall: Hook | None = None,
         on_recover: Hook | None = None,
@@ -62,7 +63,7 @@ class Batcher:
         self.limits = limits
         self.batching = batching
         self.pad_id = pad_id
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or ModelMetrics(Metrics(), "-", 0)
         self._policy = make_policy(batching, limits.max_padding)
         self._depth = 0  # live sequences waiting
         self._reserved = 0  # slots admitted requests hold while they are tokenised
@@ -73,8 +74,11 @@ class Batcher:
         self._closed = False
         self._worker: asyncio.Task[None] | None = None
         self.watchdog = Watchdog(inference_timeout, on_stall, on_recover)
-        # One thread: concurrent ORT runs on one session only fight over the same cores.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        # One thread: concurrent ORT runs on one session only fight over the same cores. Several models share
+        # the server's one inference thread (`executor`) for the same reason: their batches take turns,
+        # each with every core, instead of two sessions' thread pools oversubscribing the machine.
+        self._own_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
 
     @property
     def stalled(self) -> bool:
@@ -130,7 +134,8 @@ class Batcher:
                 await self._worker
             self._worker = None
         self._fail_queued(Unavailable("the server stopped before this request reached the model"))
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._own_executor:
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def submit(
         self,

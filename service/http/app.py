@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mhaserve.runtime.errors import NotFound, ServiceError
 from mhaserve.service import openai, utility
-from mhaserve.service.auth import KeyRing
+from mhaserve.service.auth import Keys
 from mhaserve.service.context import request_id
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.errors import CODE_KEY, error_body, render
@@ -26,6 +26,7 @@ from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve import rest as kserve_rest
 from mhaserve.service.kserve.model import server_version
 from mhaserve.service.metrics import Metrics
+from mhaserve.service.models import ModelManager
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,10 @@ def build(
     *,
     metrics: Metrics,
     in_flight: InFlight,
-    keys: KeyRing,
+    keys: Keys,
     max_body_bytes: int,
     read_timeout: float,
+    manager: ModelManager,
 ) -> ASGIApp:
     app = FastAPI(
         title="mhaserve",
@@ -57,7 +59,7 @@ def build(
         redoc_url="/redoc",
     )
     app.include_router(openai.router(dataplane))
-    app.include_router(kserve_rest.router(dataplane))
+    app.include_router(kserve_rest.router(dataplane, manager))
     app.include_router(utility.router(dataplane, max_message_bytes=max_body_bytes))
     add_schemas(app, [openai.EmbeddingRequest, kserve_rest.InferenceRequest, utility.TokenizeRequest])
 
@@ -95,4 +97,5 @@ def build(
         read_timeout=read_timeout,
         open_paths=OPEN_PATHS,
         always_answered=always_answered,
+        admin_prefix=kserve_rest.REPOSITORY_PREFIX,
     )

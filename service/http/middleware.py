@@ -31,11 +31,9 @@ from mhaserve.runtime.errors import (
     RequestTimeout,
     ServiceError,
     TooLarge,
-    Unauthenticated,
     UnsupportedMediaType,
 )
-from mhaserve.service.auth import MESSAGE as AUTH_MESSAGE
-from mhaserve.service.auth import KeyRing, bearer
+from mhaserve.service.auth import Keys, bearer
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
 from mhaserve.service.http.errors import CODE_KEY, render
 from mhaserve.service.inflight import InFlight
@@ -75,11 +73,12 @@ class CallMiddleware:
         metrics: Metrics,
         in_flight: InFlight,
         gate: Gate,
-        keys: KeyRing,
+        keys: Keys,
         max_body_bytes: int,
         read_timeout: float,
         open_paths: Sequence[str],
         always_answered: Callable[[str], bool],
+        admin_prefix: str = "",
     ) -> None:
         self.app = app
         self.metrics = metrics
@@ -90,6 +89,7 @@ class CallMiddleware:
         self.read_timeout = read_timeout
         self.open_paths = frozenset(open_paths)
         self.always_answered = always_answered
+        self.admin_prefix = admin_prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -130,11 +130,13 @@ class CallMiddleware:
             self._count(scope, response["status"], time.perf_counter() - started)
 
     def _refusal(self, scope: Scope, path: str) -> ServiceError | None:
-        if len(self.keys) and path not in self.open_paths:
+        admin = bool(self.admin_prefix) and path.startswith(self.admin_prefix)
+        if self.keys.enabled and (path not in self.open_paths or admin):
             token, reason = bearer([("authorization", v) for k, v in scope["headers"] if k == b"authorization"])
-            if token is None or not self.keys.accepts(token):
-                log.info("refused %s %s: %s", scope["method"], path, reason)
-                return Unauthenticated(AUTH_MESSAGE)
+            refusal = self.keys.refusal(token, admin=admin)
+            if refusal is not None:
+                log.info("refused %s %s: %s", scope["method"], path, reason if token is None else refusal.message)
+                return refusal
         if not self.always_answered(path):
             return self.gate()
         return None

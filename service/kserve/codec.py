@@ -20,6 +20,7 @@ from mhaserve.service.kserve.tensors import (
     BOOL_PARAMETERS,
     IDS_SHAPES,
     OUTPUT,
+    STRING_PARAMETERS,
     TEXT,
     TEXT_SHAPES,
     check_input,
@@ -39,7 +40,7 @@ TYPED_FIELD = {"BYTES": "bytes_contents", "INT64": "int64_contents"}
 def from_pb(request: pb.ModelInferRequest) -> EncodeInput:
     """The internal request a ModelInferRequest asks for; INVALID_ARGUMENT for anything malformed."""
     check_outputs([out.name for out in request.outputs])
-    truncate, normalize = _options(request.parameters)
+    truncate, normalize, prompt_name = _options(request.parameters)
     tensors = _inputs(request)
     decoders = {
         name: (lambda t=tensor, r=raw: _texts(t, r)) if name == TEXT else (lambda t=tensor, r=raw: _int64(t, r))
@@ -51,11 +52,12 @@ def from_pb(request: pb.ModelInferRequest) -> EncodeInput:
         version=request.model_version or None,
         truncate=truncate,
         normalize=normalize,
+        prompt_name=prompt_name,
     )
 
 
-def _options(parameters: Mapping[str, pb.InferParameter]) -> tuple[bool, bool | None]:
-    """(truncate, normalize) from the mhaserve parameters; other parameters are ignored, as Triton does."""
+def _options(parameters: Mapping[str, pb.InferParameter]) -> tuple[bool, bool | None, str | None]:
+    """(truncate, normalize, prompt_name) from the mhaserve parameters; others are ignored, as Triton does."""
     options: dict[str, bool] = {}
     for key in BOOL_PARAMETERS:
         if key in parameters:
@@ -63,7 +65,14 @@ def _options(parameters: Mapping[str, pb.InferParameter]) -> tuple[bool, bool | 
             if kind != "bool_param":
                 raise InvalidArgument(f"parameter {key!r} must be a bool (bool_param), got {kind or 'no value'}")
             options[key] = parameters[key].bool_param
-    return options.get("truncate", False), options.get("normalize")
+    prompt_name = None
+    for key in STRING_PARAMETERS:
+        if key in parameters:
+            kind = parameters[key].WhichOneof("parameter_choice")
+            if kind != "string_param":
+                raise InvalidArgument(f"parameter {key!r} must be a string (string_param), got {kind or 'no value'}")
+            prompt_name = parameters[key].string_param or None
+    return options.get("truncate", False), options.get("normalize"), prompt_name
 
 
 def _inputs(request: pb.ModelInferRequest) -> dict[str, tuple[InputTensor, bytes | None]]:

@@ -12,6 +12,7 @@ Readiness routes answer 200 for true and 400 for false, as the specification and
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import json_response, validate
+from mhaserve.service.http.bodies import json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.kserve.model import EXTENSIONS, SERVER_NAME, config, metadata, server_version, statistics
 from mhaserve.service.kserve.tensors import (
@@ -39,6 +40,7 @@ from mhaserve.service.kserve.tensors import (
     encode_input,
     unpack_bytes,
 )
+from mhaserve.service.models import ModelManager
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 
 PREFIX = "/v2"
@@ -170,6 +172,9 @@ def from_request(req: InferenceRequest, binary: _Binary, model: str, version: st
     """The internal request; INVALID_ARGUMENT for anything malformed (the same messages as over gRPC)."""
     check_outputs([out.name for out in req.outputs])
     truncate, normalize = _bool(req.parameters, "truncate"), _bool(req.parameters, "normalize")
+    prompt_name = req.parameters.get("prompt_name")
+    if prompt_name is not None and not isinstance(prompt_name, str):
+        raise InvalidArgument(f"parameter 'prompt_name' must be a string, got {type(prompt_name).__name__}")
     tensors: dict[str, tuple[InputTensor, bytes | None]] = {}
     for tensor in req.inputs:
         check_input(tensor.name, tensor.datatype, tensors)
@@ -182,7 +187,14 @@ def from_request(req: InferenceRequest, binary: _Binary, model: str, version: st
         name: (lambda t=tensor, r=raw: _texts(t, r)) if name == TEXT else (lambda t=tensor, r=raw: _int64(t, r))
         for name, (tensor, raw) in tensors.items()
     }
-    return encode_input(decoders, model=model, version=version, truncate=bool(truncate), normalize=normalize)
+    return encode_input(
+        decoders,
+        model=model,
+        version=version,
+        truncate=bool(truncate),
+        normalize=normalize,
+        prompt_name=prompt_name or None,
+    )
 
 
 def _wants_binary(req: InferenceRequest) -> bool:
@@ -215,7 +227,22 @@ def to_response(output: EncodeOutput, request_id: str, binary: bool) -> Response
     )
 
 
-def router(dataplane: DataPlane) -> APIRouter:
+class RepositoryIndexRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    ready: bool = False
+
+
+class RepositoryLoadRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+REPOSITORY_PREFIX = f"{PREFIX}/repository"
+
+
+def router(dataplane: DataPlane, manager: ModelManager) -> APIRouter:
     """The Open Inference Protocol's REST routes over the data plane."""
     api = APIRouter(prefix=PREFIX, tags=["Open Inference Protocol (KServe v2)"])
 
@@ -242,7 +269,45 @@ def router(dataplane: DataPlane) -> APIRouter:
     for versioned in (False, True):
         base = "/models/{model_name}" + ("/versions/{model_version}" if versioned else "")
         _model_routes(api, dataplane, base, ready_status)
+    _repository_routes(api, manager)
     return api
+
+
+async def _optional_json(request: Request) -> Any:
+    """A repository call's body: tritonclient sends none, or JSON."""
+    body = await request.body()
+    return parse_json(body, request.headers.get("content-type")) if body.strip() else {}
+
+
+def _repository_routes(api: APIRouter, manager: ModelManager) -> None:
+    """Triton's model repository extension over HTTP, as tritonclient.http calls it."""
+
+    @api.post(
+        "/repository/index",
+        summary="Every model of the repository and each version's state (READY, LOADING, UNAVAILABLE and why)",
+        openapi_extra=request_body(RepositoryIndexRequest),
+    )
+    async def repository_index(request: Request) -> Response:
+        req = validate(RepositoryIndexRequest, await _optional_json(request))
+        return json_response([dataclasses.asdict(e) for e in manager.index(ready_only=req.ready)])
+
+    @api.post(
+        "/repository/models/{model_name}/load",
+        summary="Load (or reload) a model by its version policy: --model-control explicit",
+        openapi_extra=request_body(RepositoryLoadRequest),
+    )
+    async def repository_load(request: Request, model_name: str) -> Response:
+        manager.check_control()
+        parameters = validate(RepositoryLoadRequest, await _optional_json(request)).parameters
+        await manager.load_model(model_name, parameters=list(parameters))
+        return Response(status_code=200)
+
+    @api.post("/repository/models/{model_name}/unload", summary="Unload every version of a model")
+    async def repository_unload(request: Request, model_name: str) -> Response:
+        manager.check_control()
+        await _optional_json(request)
+        await manager.unload_model(model_name)
+        return Response(status_code=200)
 
 
 def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status: Any) -> None:

@@ -25,6 +25,7 @@ from mhaserve.service.pipeline import EncodeInput
 TEXT, IDS, MASK, OUTPUT = "text", "input_ids", "attention_mask", "embeddings"
 INPUT_TYPES = {TEXT: "BYTES", IDS: "INT64", MASK: "INT64"}
 BOOL_PARAMETERS = ("normalize", "truncate")
+STRING_PARAMETERS = ("prompt_name",)
 EXPECTED_INPUTS = f"{TEXT!r} (BYTES [-1]) or {IDS!r} and {MASK!r} (INT64 [-1, -1])"
 TEXT_SHAPES: list[tuple[int | None, ...]] = [(None,), (None, 1)]  # [n], or [n, 1] as Triton's examples send it
 IDS_SHAPES: list[tuple[int | None, ...]] = [(None, None)]

@@ -47,7 +47,7 @@ def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def secured(tiny_repo: Path, keys_file: Path) -> Settings:
     return Settings(
         repository=tiny_repo,
-        model="tiny",
+        model=("tiny",),
         port=0,
         metrics_port=0,
         http_port=free_port(),
@@ -173,7 +173,7 @@ def test_keys_never_show_in_settings_or_the_log(
         finally:
             srv.stop()
     text = "\n".join(r.getMessage() for r in caplog.records)
-    assert "API keys required (2 configured)" in text
+    assert "API keys required (2 configured, 0 admin)" in text
     assert not any(k in text for k in KEYS)
 
 

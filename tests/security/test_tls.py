@@ -17,6 +17,7 @@ from mhaserve.cli.options import build
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service import tls
+from mhaserve.service.auth import KeyRing, Keys
 from mhaserve.service.client import Connection
 from mhaserve.service.server import EncoderServer, StartupError
 from mhaserve.service.settings import ApiKeys, Settings, SettingsError
@@ -40,7 +41,7 @@ def encode(address: str, connection: Connection, timeout: float = WAIT) -> grpc.
 @pytest.fixture(scope="module")
 def plain(tiny_repo: Path) -> Settings:
     return Settings(
-        repository=tiny_repo, model="tiny", port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
+        repository=tiny_repo, model=("tiny",), port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
     )
 
 
@@ -166,8 +167,8 @@ def test_plaintext_off_loopback_is_logged(plain: Settings, caplog: pytest.LogCap
     assert all(tls.is_loopback(h) for h in ("127.0.0.1", "127.8.9.1", "::1", "[::1]", "localhost"))
     assert not any(tls.is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "encoder.internal"))
     with caplog.at_level(logging.INFO):
-        EncoderServer(plain)._log_security(0)  # loopback: quiet
+        EncoderServer(plain)._log_security(Keys(KeyRing([])))  # loopback: quiet
         assert not caplog.records
-        EncoderServer(dataclasses.replace(plain, host="0.0.0.0"))._log_security(2)
+        EncoderServer(dataclasses.replace(plain, host="0.0.0.0"))._log_security(Keys(KeyRing(["a", "b"])))
     (record,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert "plaintext gRPC on 0.0.0.0" in record.getMessage() and "API keys" in record.getMessage()

@@ -43,7 +43,7 @@ def server(tiny_repo: Path) -> Iterator[ServerThread]:
 def settings(tiny_repo: Path) -> Settings:
     """Settings for a test server: the tiny model, a free port, no metrics port unless asked."""
     return Settings(
-        repository=tiny_repo, model="tiny", port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
+        repository=tiny_repo, model=("tiny",), port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
     )
 
 

@@ -66,9 +66,10 @@ def test_batched_results_equal_a_plain_loop(tiny_entry: Path, batching: str) -> 
             out = await asyncio.gather(*(b.submit(r) for r in requests))
         finally:
             await b.close()
-        sizes = b.metrics.registry
-        mean = (sizes.get_sample_value("mhaserve_batch_size_sum") or 0) / (
-            sizes.get_sample_value("mhaserve_batch_size_count") or 1
+        sizes = b.metrics.parent.registry
+        labels = {"model": "-", "version": "0"}
+        mean = (sizes.get_sample_value("mhaserve_batch_size_sum", labels) or 0) / (
+            sizes.get_sample_value("mhaserve_batch_size_count", labels) or 1
         )
         return out, mean
 

@@ -103,10 +103,11 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
     c = client(http_server)
     without = request("POST", http_server.http_url + "/v1/embeddings", {"input": "hello"}).json()
     assert without["model"] == "tiny"
-    (listed,) = c.models.list().data
-    assert (listed.id, listed.object, listed.owned_by) == ("tiny", "model", "mhaserve")
-    assert listed.created > 1_700_000_000
+    listed = c.models.list().data
+    assert [m.id for m in listed] == ["tiny", "tiny:1"]  # the latest version by name, and each version
+    assert all((m.object, m.owned_by) == ("model", "mhaserve") and m.created > 1_700_000_000 for m in listed)
     assert c.models.retrieve("tiny").id == "tiny"
+    assert c.models.retrieve("tiny:1").id == "tiny:1"
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("nope")
 

@@ -394,7 +394,7 @@ def test_reflection_lists_the_services(server: ServerThread, version: str) -> No
     # What grpcurl needs to build requests without the .proto: the file descriptor of the service.
     files = [FileDescriptorProto.FromString(b) for b in described.file_descriptor_response.file_descriptor_proto]
     encoder = next(f for f in files if f.package == "encoder.v1")
-    assert {m.name for m in encoder.service[0].method} == {"Encode", "EncodeStream", "GetModelInfo"}
+    assert {m.name for m in encoder.service[0].method} == {"Encode", "EncodeStream", "GetModelInfo", "ListModels"}
 
 
 def test_request_id_is_echoed(stub: pb_grpc.EncoderServiceStub) -> None:
