@@ -117,6 +117,7 @@ class OnnxEngine:
     ) -> None:
         import onnxruntime as ort
 
+        self.graph = graph
         self.max_seq_len = max_seq_len
         self.pooling = pooling  # for a graph that outputs token states; a pooled graph's own pooling stands
         self.vocab_size = vocab_size

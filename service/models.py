@@ -133,7 +133,7 @@ class ModelManager:
                 try:
                     await self._load(name, version)
                     loaded.append(version)
-                except (ServiceError, RepositoryError, OSError) as e:
+                except Exception as e:  # a graph ONNX Runtime cannot read fails in its own ways
                     self._report(name, version, e)
                     if strict:
                         raise
@@ -180,7 +180,7 @@ class ModelManager:
         )
 
     def _report(self, name: str, version: int, error: BaseException) -> None:
-        reason = getattr(error, "message", None) or str(error)
+        reason = getattr(error, "message", None) or str(error).strip().splitlines()[0] or type(error).__name__
         self.states[(name, version)] = VersionState("UNAVAILABLE", reason)
         self._failed[(name, version)] = self._mtime(name, version)
         self.metrics.load_failures.labels(name, str(version)).inc()
@@ -257,10 +257,13 @@ class ModelManager:
             raise InvalidArgument(f"{name!r} is not a model name")
         try:
             await self.sync(name, strict=True)
-        except RepositoryError as e:
+        except NotFound:
+            raise
+        except Exception as e:  # the reason is in the repository index and the log too
             serving = self.dataplane.versions(name)
             still = f"; still serving version {', '.join(map(str, serving))}" if serving else ""
-            raise FailedPrecondition(f"cannot load {name}: {e}{still}") from None
+            reason = getattr(e, "message", None) or str(e).strip().splitlines()[0]
+            raise FailedPrecondition(f"cannot load {name}: {reason}{still}") from None
         if name not in self.wanted:
             self.wanted.append(name)
 

@@ -218,6 +218,50 @@ def run_http(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def repository(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Triton's model repository extension: spec: url (gRPC), http (HTTP host:port), steps of
+    {"op": index|load|unload|index_http|load_http|unload_http, "model": ...}; each step's result or error."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    grpc_client = grpcclient.InferenceServerClient(url=spec["url"])
+    http_client = (
+        httpclient.InferenceServerClient(url=spec["http"], network_timeout=TIMEOUT) if spec.get("http") else None
+    )
+    out: list[dict[str, Any]] = []
+    try:
+        for step in spec["steps"]:
+            op, model = step["op"], step.get("model", "")
+            try:
+                if op == "index":
+                    index = grpc_client.get_model_repository_index(as_json=True, client_timeout=TIMEOUT)
+                    out.append({"index": index.get("models", [])})
+                elif op == "load":
+                    grpc_client.load_model(model, client_timeout=TIMEOUT)
+                    out.append({})
+                elif op == "unload":
+                    grpc_client.unload_model(model, client_timeout=TIMEOUT)
+                    out.append({})
+                elif op == "index_http":
+                    out.append({"index": http_client.get_model_repository_index()})
+                elif op == "load_http":
+                    http_client.load_model(model)
+                    out.append({})
+                elif op == "unload_http":
+                    http_client.unload_model(model)
+                    out.append({})
+                else:
+                    raise ValueError(f"unknown step {op!r}")
+            except InferenceServerException as e:
+                out.append({"error": f"{e.status()}: {e.message()}"})
+    finally:
+        grpc_client.close()
+        if http_client is not None:
+            http_client.close()
+    return out
+
+
 def describe_file(file: Any) -> dict[str, Any]:
     """Every message field (number, type, repeated, message or enum type), enum value and method of a .proto file."""
     table: dict[str, Any] = {}
@@ -262,6 +306,8 @@ def main() -> int:
         print(json.dumps(run(json.load(sys.stdin))))
     elif command == "run_http":
         print(json.dumps(run_http(json.load(sys.stdin))))
+    elif command == "repository":
+        print(json.dumps(repository(json.load(sys.stdin))))
     elif command == "describe":
         print(json.dumps(describe()))
     else:

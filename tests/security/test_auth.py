@@ -279,3 +279,55 @@ def test_http_health_probes_and_the_api_description_are_open(server: ServerThrea
     for path in ("/health", "/v2/health/live", "/v2/health/ready", "/openapi.json", "/docs"):
         assert request("GET", server.http_url + path).status == 200, path
     assert request("GET", server.http_url + "/v2/models/tiny/ready").status == 401  # as ModelReady on gRPC
+
+
+# ---- admin keys: the repository API ---------------------------------------------------------------------
+
+ADMIN_KEY = "admin-key-5e9b21d7"
+
+
+@pytest.fixture(scope="module")
+def admin_server(secured: Settings) -> Iterator[ServerThread]:
+    settings = dataclasses.replace(
+        secured, model_control="explicit", admin_keys=ApiKeys((ADMIN_KEY,)), http_port=free_port()
+    )
+    with ServerThread(settings) as srv:
+        yield srv.ready()
+
+
+def test_the_repository_api_wants_an_admin_key(admin_server: ServerThread) -> None:
+    with admin_server.channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        calls = {
+            "index": lambda md: kserve.RepositoryIndex(kpb.RepositoryIndexRequest(), metadata=md, timeout=WAIT),
+            "load": lambda md: kserve.RepositoryModelLoad(
+                kpb.RepositoryModelLoadRequest(model_name="tiny"), metadata=md, timeout=WAIT
+            ),
+        }
+        for name, call in calls.items():
+            for metadata, code in (
+                (None, grpc.StatusCode.UNAUTHENTICATED),
+                (bearer("not-a-key"), grpc.StatusCode.UNAUTHENTICATED),
+                (bearer(FILE_KEY), grpc.StatusCode.PERMISSION_DENIED),  # a client key: right, but not enough
+            ):
+                with pytest.raises(grpc.RpcError) as e:
+                    call(metadata)
+                assert e.value.code() == code, name
+            call(bearer(ADMIN_KEY))
+        # an admin key is a key: it may also embed
+        enc = pb_grpc.EncoderServiceStub(channel)
+        assert enc.Encode(pb.EncodeRequest(texts=["hi"]), metadata=bearer(ADMIN_KEY), timeout=WAIT).embeddings
+    url = admin_server.http_url + "/v2/repository/index"
+    assert request("POST", url, {}).status == 401
+    assert request("POST", url, {}, {"authorization": f"Bearer {FILE_KEY}"}).status == 403
+    reply = request("POST", url, {}, {"authorization": f"Bearer {ADMIN_KEY}"})
+    assert reply.status == 200 and reply.json()[0]["name"] == "tiny"
+
+
+def test_without_admin_keys_the_repository_api_is_closed_when_keys_are_on(server: ServerThread) -> None:
+    with server.channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as e:
+            kserve.RepositoryIndex(kpb.RepositoryIndexRequest(), metadata=bearer(FILE_KEY), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "needs an admin key" in str(e.value.details())
