@@ -337,9 +337,8 @@ def test_versions_published_while_clients_encode_are_swapped_in_without_a_failed
         # a version that cannot be served changes nothing that is served
         for version, how in ((5, "sha"), (6, "truncated")):
             corrupt(tmp_path, "live", 4, version, how)
-            wait_until(
-                lambda v=version: ("live", v) in srv.server.manager.states, f"version {version} tried", timeout=60
-            )
+            key = ("live", version)
+            wait_until(lambda: key in srv.server.manager.states, f"version {version} tried", timeout=60)
         load.wait_for(4, 200)
         answers = load.finish()
         assert set(answers) == {1, 2, 3, 4}
