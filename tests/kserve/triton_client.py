@@ -226,9 +226,9 @@ def repository(spec: dict[str, Any]) -> list[dict[str, Any]]:
     from tritonclient.utils import InferenceServerException
 
     grpc_client = grpcclient.InferenceServerClient(url=spec["url"])
-    http_client = (
-        httpclient.InferenceServerClient(url=spec["http"], network_timeout=TIMEOUT) if spec.get("http") else None
-    )
+    http_client: Any = None
+    if spec.get("http"):
+        http_client = httpclient.InferenceServerClient(url=spec["http"], network_timeout=TIMEOUT)
     out: list[dict[str, Any]] = []
     try:
         for step in spec["steps"]:
