@@ -136,8 +136,8 @@ class Settings:
     max_wait_ms: float | None = field(
         default=None,
         metadata=_opt(
-            f"longest a request waits for a batch to fill (default {CPU_LIMITS.max_wait_ms} on CPU, "
-            f"{CUDA_LIMITS.max_wait_ms} on CUDA)",
+            "longest the oldest input waits for requests still being tokenised to join its batch; a batch "
+            f"starts at once when none is (default {CPU_LIMITS.max_wait_ms} on CPU, {CUDA_LIMITS.max_wait_ms} on CUDA)",
             _float_or_none,
         ),
     )

@@ -9,7 +9,8 @@ baseline to compare against).
 What Infinity's batch worker got wrong, and what this one does instead:
 - a failed batch fails the futures of exactly the requests that had a sequence in it, then the worker
   goes on with the next batch;
-- waiting is event-driven: an `asyncio.Event` set on arrival, and one timed wait for `max_wait_ms`;
+- waiting is event-driven: an `asyncio.Event` set on arrival, and one timed wait for `max_wait_ms`,
+  only while admitted requests are still being tokenised (should_start): a lone request never waits;
 - a request whose client cancelled, or whose deadline passed, frees its queue slots at once and its
   sequences are skipped before inference;
 - a request takes its queue slots before it is tokenised (`admit`), so past the limit it is refused at
@@ -104,6 +105,7 @@ class Batcher:
             self._reserved -= ticket.n
             ticket.n = 0
             self.metrics.queue_depth.set(self.depth)
+            self._arrived.set()  # one fewer on its way: what waits may start now
 
     def _refuse(self, n: int) -> None:
         if self._closed:
@@ -203,8 +205,19 @@ class Batcher:
             return False
         return True
 
+    def should_start(self) -> bool:
+        """Whether what waits should go to the model now rather than wait for more to join it.
+
+        At once when the budget is full, when draining, or when nothing is on its way: no admitted request
+        is still being tokenised, so the queue cannot grow but by requests not sent yet, and nobody is
+        better served by waiting for those (at one client, no one ever comes). Batches still form under
+        load: what arrives while a batch computes waits for the next. Otherwise the oldest input waits at
+        most max_wait_ms for the inputs being tokenised.
+        """
+        return self._draining or self._tokens >= self.limits.max_batch_tokens or self._reserved == 0
+
     async def _wait_for_batch(self) -> None:
-        """Return when a batch should start: the budget is full, the oldest input waited long enough, or we drain."""
+        """Return when a batch should start (should_start), or when the oldest input waited long enough."""
         while True:
             self._arrived.clear()
             oldest = self._policy.oldest(self._live)
@@ -214,7 +227,7 @@ class Batcher:
                 self._policy.clear()
                 await self._arrived.wait()
                 continue
-            if self._draining or self._tokens >= self.limits.max_batch_tokens:
+            if self.should_start():
                 return
             due = oldest.job.enqueued + self.limits.max_wait_ms / 1000 - time.perf_counter()
             if due <= 0:

@@ -30,10 +30,13 @@ MHASERVE = str(Path(sys.executable).parent / "mhaserve")
 
 
 class Process:
-    """`mhaserve serve ...` in a subprocess; its stderr collected line by line."""
+    """`mhaserve serve ...` (or the scripted-engine server, `engine=` a spec) in a subprocess; its stderr
+    collected line by line."""
 
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([MHASERVE, "serve", *args], stderr=subprocess.PIPE, text=True)
+    def __init__(self, *args: str, engine: str | None = None) -> None:
+        command = [MHASERVE, "serve"] if engine is None else [sys.executable, "-m", "mhaserve.testing.fake_server"]
+        command += ["--engine", engine] if engine is not None else []
+        self.proc = subprocess.Popen([*command, *args], stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -90,12 +93,12 @@ def test_signal_drains_every_queued_request_of_both_protocols_then_exits_0(
     tiny_repo: Path, processes: list[Process], sig: signal.Signals
 ) -> None:
     metrics, http = free_port(), free_port()
-    # A batch waits a minute to fill and the budget is never reached: every request stays queued
-    # until the signal, and only the drain can answer them.
+    # The engine holds the first batch (token 99) for 8 s: every request sent meanwhile is queued behind
+    # it when the signal comes, and only the drain can answer them.
     p = Process(
         *("--repository", str(tiny_repo), "--model", "tiny", "--port", "0"),
-        *("--metrics-port", str(metrics), "--http-port", str(http)),
-        *("--device", "cpu", "--intra-op-threads", "1", "--max-wait-ms", "60000", "--max-batch-tokens", "100000"),
+        *("--metrics-port", str(metrics), "--http-port", str(http), "--device", "cpu"),
+        engine="hang:99:8",
     )
     processes.append(p)
     address = f"127.0.0.1:{p.port()}"
@@ -103,6 +106,7 @@ def test_signal_drains_every_queued_request_of_both_protocols_then_exits_0(
     texts = [[f"request {i}", "x " * i] for i in range(16)]
     with grpc.insecure_channel(address) as channel, ThreadPoolExecutor(8) as pool:
         stub = pb_grpc.EncoderServiceStub(channel)
+        held = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99])]), timeout=WAIT)
         calls = [stub.Encode.future(pb.EncodeRequest(texts=t), timeout=WAIT) for t in texts[:8]]
         posts = [
             pool.submit(request, "POST", f"http://127.0.0.1:{http}/v1/embeddings", {"input": t}) for t in texts[8:]
@@ -111,6 +115,7 @@ def test_signal_drains_every_queued_request_of_both_protocols_then_exits_0(
         p.proc.send_signal(sig)
         responses = [c.result(timeout=WAIT) for c in calls]
         replies = [f.result(timeout=WAIT) for f in posts]
+        assert len(held.result(timeout=WAIT).embeddings) == 1
     assert [len(r.embeddings) for r in responses] == [2] * 8
     assert [(r.status, len(r.json()["data"])) for r in replies] == [(200, 2)] * 8
     vectors = [e.values for r in responses for e in r.embeddings] + [
