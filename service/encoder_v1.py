@@ -33,12 +33,22 @@ def from_pb(request: pb.EncodeRequest) -> EncodeInput:
     )
 
 
-def to_pb(output: EncodeOutput) -> pb.EncodeResponse:
+def to_pb(output: EncodeOutput, packed: bool = False) -> pb.EncodeResponse:
+    usage = pb.Usage(input_tokens=output.input_tokens)
+    if packed:
+        rows = np.ascontiguousarray(output.embeddings, dtype="<f4")
+        return pb.EncodeResponse(
+            packed=rows.tobytes(),
+            dimensions=rows.shape[1],
+            model=output.model,
+            model_version=output.version,
+            usage=usage,
+        )
     return pb.EncodeResponse(
         embeddings=[pb.Embedding(values=row) for row in output.embeddings.tolist()],
         model=output.model,
         model_version=output.version,
-        usage=pb.Usage(input_tokens=output.input_tokens),
+        usage=usage,
     )
 
 
@@ -55,13 +65,15 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         self.max_message_bytes = max_message_bytes
 
     async def Encode(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:
-        return to_pb(await self.dataplane.encode(from_pb(request), time_left=context.time_remaining()))
+        output = await self.dataplane.encode(from_pb(request), time_left=context.time_remaining())
+        return to_pb(output, request.packed)
 
     async def EncodeStream(
         self, request_iterator: AsyncIterator[pb.EncodeRequest], context: Context
     ) -> AsyncIterator[pb.EncodeResponse]:
         async def encode(request: pb.EncodeRequest) -> pb.EncodeResponse:
-            return to_pb(await self.dataplane.encode(from_pb(request), time_left=context.time_remaining()))
+            output = await self.dataplane.encode(from_pb(request), time_left=context.time_remaining())
+            return to_pb(output, request.packed)
 
         async for response in ordered(request_iterator, encode, error_pb):
             yield response

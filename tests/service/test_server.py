@@ -20,6 +20,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.tokenizer import load_for_serving
+from mhaserve.service import client
 from mhaserve.service.settings import BATCHING, Batching, Settings
 from mhaserve.testing import http
 from mhaserve.testing.engines import ScriptedEngine
@@ -442,3 +443,13 @@ def test_metrics_move_as_requests_are_served(server: ServerThread) -> None:
     assert after.get("mhaserve_queue_depth") == 0
     assert after.get("mhaserve_requests_in_flight") == 0
     assert after.get("mhaserve_execution_provider_info", provider="CPUExecutionProvider") == 1
+
+
+def test_packed_output_is_the_same_vectors(stub: pb_grpc.EncoderServiceStub) -> None:
+    texts = ["one", "two words", "three words here"]
+    plain = stub.Encode(pb.EncodeRequest(texts=texts), timeout=WAIT)
+    packed = stub.Encode(pb.EncodeRequest(texts=texts, packed=True), timeout=WAIT)
+    assert not packed.embeddings and packed.dimensions == 32 and len(packed.packed) == 3 * 32 * 4
+    np.testing.assert_array_equal(client.vectors(packed), client.vectors(plain))
+    assert client.vectors(plain).shape == (3, 32)
+    assert (packed.model, packed.model_version, packed.usage) == (plain.model, plain.model_version, plain.usage)
