@@ -24,7 +24,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TextIO
@@ -35,27 +34,7 @@ from mhaserve.loadtest.bench.inprocess import measure_in_child
 from mhaserve.loadtest.bench.quiet import Guard
 from mhaserve.loadtest.bench.workloads import Workload, fixed, load_corpus, mixed
 from mhaserve.model.config import TINY
-
-
-class Progress:
-    """Numbered steps on stderr with their durations, so a long run shows where it is."""
-
-    def __init__(self, total: int, out: TextIO | None = None) -> None:
-        self.total, self.n, self.out, self.t0 = total, 0, out or sys.stderr, time.perf_counter()
-
-    def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
-
-    @contextlib.contextmanager
-    def step(self, what: str) -> Iterator[dict[str, str]]:
-        self.n += 1
-        note: dict[str, str] = {"result": ""}
-        print(f"[{self.n}/{self.total}] {what} ...", end="", file=self.out, flush=True)
-        t = time.perf_counter()
-        yield note
-        elapsed = time.perf_counter() - t
-        total = time.perf_counter() - self.t0
-        print(f" {note['result']} ({elapsed:.1f} s, {total:.0f} s in all)", file=self.out, flush=True)
+from mhaserve.runtime.progress import Progress
 
 
 def _machine() -> dict[str, Any]:
@@ -118,8 +97,9 @@ def _paired(
     one = dict(spec, torch=False, workloads=[workload.to_dict()], batch_sizes_by_workload={"fixed": [best]})
     pairs = []
     for k in range(opt["paired"]):
-        with progress.step(f"paired {k + 1}/{opt['paired']}: ceiling, then the server at {clients} clients") as note:
-            progress.say("")
+        with progress.step(
+            f"paired {k + 1}/{opt['paired']}: ceiling, then the server at {clients} clients", reports=True
+        ) as note:
             ceiling = measure_in_child(one)["fixed"]["ceiling"]
             point = guard.measure(
                 functools.partial(
@@ -184,8 +164,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 f"{w.name}: {len(w.ids)} inputs" for w in workloads.values()
             )
 
-        with progress.step("in-process: ONNX Runtime batch sweep, one at a time, PyTorch eager (child process)"):
-            progress.say("")
+        with progress.step(
+            "in-process: ONNX Runtime batch sweep, one at a time, PyTorch eager (child process)", reports=True
+        ):
             spec = {
                 "repository": str(repository),
                 "model": model_name,
@@ -280,8 +261,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                     rc = server.stop()
                     note["result"] = f"exit status {rc}"
 
-        with progress.step("the ceiling again, to see how much the machine drifted during the run") as note:
-            progress.say("")
+        with progress.step(
+            "the ceiling again, to see how much the machine drifted during the run", reports=True
+        ) as note:
             again = measure_in_child(
                 dict(
                     spec,
