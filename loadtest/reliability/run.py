@@ -12,16 +12,15 @@ import argparse
 import dataclasses
 import json
 import logging
-import platform
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from mhaserve.loadtest.machine import PACKAGES
+from mhaserve.loadtest.machine import machine as describe_machine
 from mhaserve.loadtest.reliability import scenarios as sc
 from mhaserve.loadtest.reliability.report import render
 from mhaserve.loadtest.reliability.results import Run, Sizes
@@ -52,46 +51,20 @@ QUICK = Sizes(
 SOAK_BOUND_KIB_PER_MIN = 256.0
 
 
-def machine() -> dict[str, str]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        kib = int(Path("/proc/meminfo").read_text().split()[1])
-        memory = f"{kib / 1024**2:.0f} GiB"
-    except (OSError, ValueError, IndexError):
-        memory = "unknown"
-    import os
-
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
+def _machine_lines() -> dict[str, str]:
+    """The machine as the report lists it."""
+    m = describe_machine((*PACKAGES, "hypothesis"))
+    packages = m["packages"]
     return {
-        "CPU": f"{cpu}, {os.cpu_count()} cores",
-        "memory": memory,
-        "OS": platform.platform(),
-        "Python": platform.python_version(),
-        "grpcio": version("grpcio"),
-        "onnxruntime": version("onnxruntime-gpu") if _installed("onnxruntime-gpu") else version("onnxruntime"),
-        "hypothesis": version("hypothesis"),
-        "commit": commit,
+        "CPU": f"{m['cpu']}, {m['cores']} cores",
+        "memory": f"{m['memory_gib']:.0f} GiB" if m["memory_gib"] else "unknown",
+        "OS": m["platform"],
+        "Python": m["python"],
+        "grpcio": packages.get("grpcio", "absent"),
+        "onnxruntime": packages.get("onnxruntime-gpu") or packages.get("onnxruntime", "absent"),
+        "hypothesis": packages.get("hypothesis", "absent"),
+        "commit": m["commit"],
     }
-
-
-def _installed(name: str) -> bool:
-    try:
-        version(name)
-    except Exception:
-        return False
-    return True
 
 
 def _timed(run: Run, name: str, scenario: Callable[[], Any]) -> Any:
@@ -123,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = Run(
         command=command.strip(),
         started=time.strftime("%Y-%m-%d %H:%M %Z"),
-        machine=machine(),
+        machine=_machine_lines(),
         model=f"{manifest.name} version {manifest.version} ({manifest.layers} layers, {manifest.hidden_size} "
         f"dimensions, up to {manifest.max_seq_len} tokens)",
         sizes=sizes,
