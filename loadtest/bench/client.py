@@ -27,9 +27,8 @@ from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.stats import latency_summary
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.client import CHANNEL_OPTIONS
 from mhaserve.testing.loopback import free_port
-
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
 
 
 class BenchError(RuntimeError):
