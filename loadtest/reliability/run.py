@@ -30,6 +30,7 @@ from mhaserve.runtime.repository import ModelRepository
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import free_port
+from mhaserve.testing.metrics import scrape
 from mhaserve.testing.process import ServerProcess
 from mhaserve.testing.server import ServerThread
 
@@ -168,7 +169,10 @@ def _overload(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -
         requests = sc.text_requests(address, sc.queue_texts(200))
 
         def server_codes() -> dict[str, int]:
-            return {code: int(_scrape_code(metrics, code)) for code in ("OK", "RESOURCE_EXHAUSTED")}
+            counted = scrape(metrics)
+            return {
+                code: int(counted.get("mhaserve_requests_total", code=code)) for code in ("OK", "RESOURCE_EXHAUSTED")
+            }
 
         def bursts() -> list[sc.OverloadResult]:
             return [
@@ -208,17 +212,6 @@ def _overload(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -
             f"{x} throughput back to 80% of capacity within 5 s",
             o.recovery is not None and o.recovery <= 5,
         )
-
-
-def _scrape_code(port: int, code: str) -> float:
-    import urllib.request
-
-    total = 0.0
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("mhaserve_requests_total{") and f'code="{code}"' in line:
-                total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def _deadlines(run: Run, base: Settings, sizes: Sizes) -> None:

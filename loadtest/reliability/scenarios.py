@@ -12,7 +12,6 @@ import random
 import signal
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from mhaserve.service.client import CHANNEL_OPTIONS
 from mhaserve.service.kserve.tensors import pack_bytes
 from mhaserve.testing.engines import ScriptedEngine, expected_row
 from mhaserve.testing.loopback import WAIT, wait_until
+from mhaserve.testing.metrics import scrape
 from mhaserve.testing.process import Sample, ServerProcess, live_objects, sample
 from mhaserve.testing.server import ServerThread, health_status
 
@@ -722,14 +722,6 @@ def soak(
     return SoakResult(seconds, warmup, clients, codes, samples, bound_kib_per_min)
 
 
-def metrics_sample(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
-
-
 ENCODE_OK = "encoder.v1.EncoderService/Encode OK "  # the server's debug line for an answered Encode
 
 
@@ -836,7 +828,7 @@ def second_signal(proc: ServerProcess, metrics_port: int, *, sig: int = signal.S
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.EncoderServiceStub(channel)
         held = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[HOLD, 5])]), timeout=WAIT)
-        wait_until(lambda: metrics_sample(metrics_port, "mhaserve_requests_in_flight") >= 1, "the request in flight")
+        wait_until(lambda: scrape(metrics_port).get("mhaserve_requests_in_flight") >= 1, "the request in flight")
         proc.signal(signal.Signals(sig))
         wait_until(lambda: "shutting down" in proc.log, "the drain to begin")
         time.sleep(0.5)
