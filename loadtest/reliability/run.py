@@ -21,9 +21,16 @@ from typing import Any
 
 from mhaserve.loadtest.machine import PACKAGES
 from mhaserve.loadtest.machine import machine as describe_machine
-from mhaserve.loadtest.reliability import scenarios as sc
 from mhaserve.loadtest.reliability.report import render
 from mhaserve.loadtest.reliability.results import Run, Sizes
+from mhaserve.loadtest.reliability.scenarios.bad_input import CLIENT_CODES, fuzz
+from mhaserve.loadtest.reliability.scenarios.common import HOLD
+from mhaserve.loadtest.reliability.scenarios.deadlines import deadlines
+from mhaserve.loadtest.reliability.scenarios.faults import POISON, engine_faults, engine_hangs, stuck_engine_exit
+from mhaserve.loadtest.reliability.scenarios.load import queue_texts, text_requests
+from mhaserve.loadtest.reliability.scenarios.overload import OverloadResult, overload
+from mhaserve.loadtest.reliability.scenarios.shutdown import second_signal, shutdown_under_load
+from mhaserve.loadtest.reliability.scenarios.soak import soak
 from mhaserve.loadtest.reliability.strategies import Model
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.repository import ModelRepository
@@ -146,12 +153,12 @@ def _flags(args: argparse.Namespace, *extra: str, metrics_port: int = 0) -> list
 def _bad_input(run: Run, base: Settings, model: Model, sizes: Sizes, seed: int | None) -> None:
     with ServerThread(dataclasses.replace(base, max_client_batch_size=model.max_inputs)) as srv:
         srv.ready()
-        result = _timed(run, "bad input", lambda: sc.fuzz(srv.address, model, examples=sizes.fuzz_examples, seed=seed))
+        result = _timed(run, "bad input", lambda: fuzz(srv.address, model, examples=sizes.fuzz_examples, seed=seed))
         internal = srv.counted_all("INTERNAL") + srv.counted_all("UNKNOWN")
     cases = sum(result.cases.values())
     run.check("bad input", f"{cases} cases: no failure found", not result.failures)
     codes = set().union(*(set(c) for c in result.codes.values()))
-    run.check("bad input", "only OK, INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED", codes <= sc.CLIENT_CODES)
+    run.check("bad input", "only OK, INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED", codes <= CLIENT_CODES)
     run.check("bad input", "the server counted no INTERNAL or UNKNOWN", internal == 0)
     run.check(
         "bad input",
@@ -166,7 +173,7 @@ def _overload(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -
     flags = _flags(args, "--max-queue-size", str(queue), "--max-client-batch-size", "8", metrics_port=metrics)
     with ServerProcess(flags, workdir / "overload.log") as proc:
         address = proc.wait_serving()
-        requests = sc.text_requests(address, sc.queue_texts(200))
+        requests = text_requests(address, queue_texts(200))
 
         def server_codes() -> dict[str, int]:
             counted = scrape(metrics)
@@ -174,9 +181,9 @@ def _overload(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -
                 code: int(counted.get("mhaserve_requests_total", code=code)) for code in ("OK", "RESOURCE_EXHAUSTED")
             }
 
-        def bursts() -> list[sc.OverloadResult]:
+        def bursts() -> list[OverloadResult]:
             return [
-                sc.overload(
+                overload(
                     address,
                     requests,
                     max_queue_size=queue,
@@ -215,14 +222,14 @@ def _overload(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -
 
 
 def _deadlines(run: Run, base: Settings, sizes: Sizes) -> None:
-    engine = ScriptedEngine(hang_on=sc.HOLD)
+    engine = ScriptedEngine(hang_on=HOLD)
     with ServerThread(dataclasses.replace(base, max_wait_ms=0.0), engine.factory()) as srv:
         srv.ready()
         try:
             result = _timed(
                 run,
                 "deadlines",
-                lambda: sc.deadlines(srv, engine, cycles=sizes.deadline_cycles, per_cycle=50, streams=8),
+                lambda: deadlines(srv, engine, cycles=sizes.deadline_cycles, per_cycle=50, streams=8),
             )
         finally:
             engine.release.set()
@@ -251,10 +258,10 @@ def _deadlines(run: Run, base: Settings, sizes: Sizes) -> None:
 
 
 def _faults(run: Run, base: Settings, args: argparse.Namespace, sizes: Sizes, workdir: Path) -> None:
-    engine = ScriptedEngine(fail_on=sc.POISON, seconds_per_batch=0.002)
+    engine = ScriptedEngine(fail_on=POISON, seconds_per_batch=0.002)
     with ServerThread(dataclasses.replace(base, max_wait_ms=2.0), engine.factory()) as srv:
         srv.ready()
-        faults = _timed(run, "engine errors", lambda: sc.engine_faults(srv, engine, requests=sizes.fault_requests))
+        faults = _timed(run, "engine errors", lambda: engine_faults(srv, engine, requests=sizes.fault_requests))
     run.check(
         "faults",
         f"{faults.poisoned} poisoned requests: all INTERNAL",
@@ -265,12 +272,12 @@ def _faults(run: Run, base: Settings, args: argparse.Namespace, sizes: Sizes, wo
     )
     run.check("faults", "every other answer right; SERVING after", faults.wrong == 0 and faults.serving_after)
 
-    hang_engine = ScriptedEngine(hang_on=sc.HOLD)
+    hang_engine = ScriptedEngine(hang_on=HOLD)
     settings = dataclasses.replace(base, inference_timeout=0.5, max_wait_ms=0.0)
     with ServerThread(settings, hang_engine.factory()) as srv:
         srv.ready()
         try:
-            hangs = _timed(run, "engine hangs", lambda: sc.engine_hangs(srv, hang_engine, cycles=sizes.hang_cycles))
+            hangs = _timed(run, "engine hangs", lambda: engine_hangs(srv, hang_engine, cycles=sizes.hang_cycles))
         finally:
             hang_engine.release.set()
     n = hangs.hangs
@@ -290,18 +297,18 @@ def _faults(run: Run, base: Settings, args: argparse.Namespace, sizes: Sizes, wo
         _flags(args, "--inference-timeout", "1", "--grace-period", "5"), workdir / "stuck.log", engine="hang:99"
     )
     with proc:
-        stuck = _timed(run, "stuck engine exit", lambda: sc.stuck_engine_exit(proc))
+        stuck = _timed(run, "stuck engine exit", lambda: stuck_engine_exit(proc))
     run.check("faults", "a process with a stuck engine exits on SIGTERM (status 1)", stuck.exit_code == 1)
 
 
 def _soak(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -> None:
     with ServerProcess(_flags(args, "--max-wait-ms", "2"), workdir / "soak.log") as proc:
         address = proc.wait_serving()
-        requests = sc.text_requests(address, sc.queue_texts(200, seed=1))
+        requests = text_requests(address, queue_texts(200, seed=1))
         result = _timed(
             run,
             "soak",
-            lambda: sc.soak(
+            lambda: soak(
                 proc,
                 requests,
                 seconds=sizes.soak_seconds,
@@ -325,9 +332,9 @@ def _shutdown(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -
     flags = _flags(args, "--max-wait-ms", "5", "--grace-period", "30", "--log-level", "debug")
     with ServerProcess(flags, workdir / "shutdown.log") as proc:
         address = proc.wait_serving()
-        requests = sc.text_requests(address, sc.queue_texts(100, seed=2))
+        requests = text_requests(address, queue_texts(100, seed=2))
         result = _timed(
-            run, "shutdown", lambda: sc.shutdown_under_load(proc, requests, clients=8, load_seconds=sizes.shutdown_load)
+            run, "shutdown", lambda: shutdown_under_load(proc, requests, clients=8, load_seconds=sizes.shutdown_load)
         )
     run.check("shutdown", "exit status 0 after SIGTERM under load", result.exit_code == 0)
     run.check(
@@ -347,7 +354,7 @@ def _shutdown(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -
         metrics = free_port()
         flags = _flags(args, "--grace-period", "120", "--inference-timeout", "0", metrics_port=metrics)
         with ServerProcess(flags, workdir / f"second-{sig}.log", engine="hang:99") as proc:
-            forced.append(sc.second_signal(proc, metrics, sig=sig))
+            forced.append(second_signal(proc, metrics, sig=sig))
     run.results["second signal"] = forced
     for f, code in zip(forced, (143, 130), strict=True):
         run.check(

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from mhaserve.loadtest.reliability.scenarios import deadlines
+from mhaserve.loadtest.reliability.scenarios.deadlines import deadlines
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.server import ServerThread
