@@ -107,7 +107,7 @@ def _expire(srv: ServerThread, stub: pb_grpc.EncoderServiceStub, queued: int, n:
             for i in range(n)
         ]
         try:
-            wait_until(lambda: srv.depth() >= queued + n, "the expiring requests to be queued", result.deadline / 2)  # noqa: B023
+            wait_until(lambda: srv.depth() >= queued + n, "the expiring requests to be queued", result.deadline / 2)
             held = True
         except TimeoutError:
             held = False
