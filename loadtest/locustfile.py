@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -39,16 +38,12 @@ from locust import User, events, task  # imports gevent and patches the standard
 import grpc  # isort: skip
 import grpc.experimental.gevent as grpc_gevent  # isort: skip
 
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.client import CHANNEL_OPTIONS
+
 # Before any channel exists: without it every gRPC call blocks the whole process and users run one at a time.
 grpc_gevent.init_gevent()
-
-try:
-    from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
-    from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-except ImportError:  # run from a checkout without mhaserve installed: the stubs are beside this folder
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
-    from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +58,6 @@ STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 # draining, or its queue is full. Without a pause a user would spin on instant failures.
 BACKOFF_CODES = {"UNAVAILABLE", "RESOURCE_EXHAUSTED"}
 BACKOFF_S = 0.1
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
 
 
 @events.init_command_line_parser.add_listener

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -27,29 +26,13 @@ from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.stats import latency_summary
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.client import CHANNEL_OPTIONS
 from mhaserve.testing.loopback import free_port
-
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+from mhaserve.testing.metrics import Samples, scrape
 
 
 class BenchError(RuntimeError):
     """The benchmark cannot go on; the message says why."""
-
-
-def scrape(url: str) -> dict[str, float]:
-    """The batcher's histograms from the server's /metrics, summed over labels."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=5) as r:
-        text = r.read().decode()
-    wanted = ("mhaserve_batch_size", "mhaserve_batch_tokens", "mhaserve_padding_fraction")
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name in wanted:
-            for s in family.samples:
-                if s.name.endswith(("_sum", "_count")):
-                    out[s.name] = out.get(s.name, 0.0) + float(s.value)
-    return out
 
 
 class Server:
@@ -71,7 +54,6 @@ class Server:
         self.port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.http_url = f"http://127.0.0.1:{self.http_port}"
-        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.args = [
             sys.executable, "-m", "mhaserve.cli", "serve",
             "--repository", str(repository),
@@ -226,19 +208,18 @@ def run_point(
 ) -> dict[str, Any]:
     """One point of the sweep: throughput, latency, padding and CPU shares of `concurrency` clients."""
     requests = requests_for(workload)
-    before: dict[str, float] = {}
+    before = after = Samples([])
     # The batcher's counters are read around the whole run, warm-up included, against every token the
     # clients got back: padding and batch sizes are properties of the load, steady from the first batches.
     with contextlib.suppress(OSError):
-        before = scrape(server.metrics_url)
+        before = scrape(server.metrics_port, timeout=5)
     raw = asyncio.run(_closed_loop(server.address, requests, concurrency, duration, warmup_max, server.pid))
-    after: dict[str, float] = {}
     with contextlib.suppress(OSError):
-        after = scrape(server.metrics_url)
+        after = scrape(server.metrics_port, timeout=5)
     seconds = raw["window"][1] - raw["window"][0]
 
     def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
+        return after.get(name) - before.get(name)
 
     batches, padded = delta("mhaserve_batch_size_count"), delta("mhaserve_batch_tokens_sum")
     # Little's law for a closed loop: each client sends once per cycle (its request's latency plus its

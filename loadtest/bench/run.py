@@ -17,15 +17,11 @@ import dataclasses
 import datetime as dt
 import functools
 import io
-import os
-import platform
 import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -34,62 +30,10 @@ from mhaserve.loadtest.bench.client import BenchError, Server, run_point
 from mhaserve.loadtest.bench.inprocess import measure_in_child
 from mhaserve.loadtest.bench.quiet import Guard
 from mhaserve.loadtest.bench.workloads import Workload, fixed, load_corpus, mixed
+from mhaserve.loadtest.machine import load
+from mhaserve.loadtest.machine import machine as describe_machine
 from mhaserve.model.config import TINY
-
-
-class Progress:
-    """Numbered steps on stderr with their durations, so a long run shows where it is."""
-
-    def __init__(self, total: int, out: TextIO | None = None) -> None:
-        self.total, self.n, self.out, self.t0 = total, 0, out or sys.stderr, time.perf_counter()
-
-    def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
-
-    @contextlib.contextmanager
-    def step(self, what: str) -> Iterator[dict[str, str]]:
-        self.n += 1
-        note: dict[str, str] = {"result": ""}
-        print(f"[{self.n}/{self.total}] {what} ...", end="", file=self.out, flush=True)
-        t = time.perf_counter()
-        yield note
-        elapsed = time.perf_counter() - t
-        total = time.perf_counter() - self.t0
-        print(f" {note['result']} ({elapsed:.1f} s, {total:.0f} s in all)", file=self.out, flush=True)
-
-
-def _machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    memory = 0.0
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                memory = int(line.split()[1]) / 2**20
-    packages = {}
-    for name in ("onnxruntime-gpu", "onnxruntime", "torch", "grpcio", "numpy", "tokenizers"):
-        with contextlib.suppress(PackageNotFoundError):
-            packages[name] = version(name)
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count() or 1,
-        "memory_gib": memory,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "packages": packages,
-        "load_before": _load(),
-    }
-
-
-def _load() -> str:
-    try:
-        return " ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:
-        return "-"
+from mhaserve.runtime.progress import Progress
 
 
 def _quick_repository(tmp: Path) -> Path:
@@ -118,8 +62,9 @@ def _paired(
     one = dict(spec, torch=False, workloads=[workload.to_dict()], batch_sizes_by_workload={"fixed": [best]})
     pairs = []
     for k in range(opt["paired"]):
-        with progress.step(f"paired {k + 1}/{opt['paired']}: ceiling, then the server at {clients} clients") as note:
-            progress.say("")
+        with progress.step(
+            f"paired {k + 1}/{opt['paired']}: ceiling, then the server at {clients} clients", reports=True
+        ) as note:
             ceiling = measure_in_child(one)["fixed"]["ceiling"]
             point = guard.measure(
                 functools.partial(
@@ -157,7 +102,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     n_points = len(opt["batching"]) * len(opt["workloads"]) * len(opt["concurrency"])
     paired_steps = opt["paired"] if "fixed" in opt["workloads"] else 0
     progress = Progress(2 + 2 * len(opt["batching"]) + n_points + paired_steps + 2, out)
-    machine = _machine()
+    machine = describe_machine()
+    machine["load_before"] = machine.pop("load")
     guard = Guard(max_other_cores=opt["max_other_cpu"], retries=opt["retries"], quiet_wait_s=opt["quiet_wait"])
 
     with contextlib.ExitStack() as stack:
@@ -184,8 +130,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 f"{w.name}: {len(w.ids)} inputs" for w in workloads.values()
             )
 
-        with progress.step("in-process: ONNX Runtime batch sweep, one at a time, PyTorch eager (child process)"):
-            progress.say("")
+        with progress.step(
+            "in-process: ONNX Runtime batch sweep, one at a time, PyTorch eager (child process)", reports=True
+        ):
             spec = {
                 "repository": str(repository),
                 "model": model_name,
@@ -280,8 +227,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                     rc = server.stop()
                     note["result"] = f"exit status {rc}"
 
-        with progress.step("the ceiling again, to see how much the machine drifted during the run") as note:
-            progress.say("")
+        with progress.step(
+            "the ceiling again, to see how much the machine drifted during the run", reports=True
+        ) as note:
             again = measure_in_child(
                 dict(
                     spec,
@@ -300,7 +248,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 }
             note["result"] = ", ".join(f"{w}: {inprocess[w]['ceiling_after']['drift']:+.0%}" for w in inprocess)
 
-        machine["load_after"] = _load()
+        machine["load_after"] = load()
         result = {
             "format": 1,
             "created": dt.datetime.now().astimezone().isoformat(timespec="seconds"),

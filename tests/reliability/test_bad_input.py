@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mhaserve.loadtest.reliability.scenarios import CLIENT_CODES, fuzz
+from mhaserve.loadtest.reliability.scenarios.bad_input import CLIENT_CODES, fuzz
 from mhaserve.loadtest.reliability.strategies import Model
 from mhaserve.service.settings import Settings
 from mhaserve.testing.server import ServerThread

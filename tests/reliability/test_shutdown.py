@@ -14,7 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from mhaserve.loadtest.reliability.scenarios import scripted_requests, second_signal, shutdown_under_load
+from mhaserve.loadtest.reliability.scenarios.load import scripted_requests
+from mhaserve.loadtest.reliability.scenarios.shutdown import second_signal, shutdown_under_load
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
