@@ -14,7 +14,9 @@ from typing import Literal
 from mhaserve.runtime.errors import NotFound, ServiceError, Unavailable
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 
-State = Literal["new", "loading", "serving", "stalled", "draining", "stopped"]
+# unready: NOT_SERVING for balancers, but requests still served (the drain delay); closing: the listeners
+# are stopping (GOAWAY), and the requests already sent are still served.
+State = Literal["new", "loading", "serving", "stalled", "unready", "closing", "draining", "stopped"]
 
 
 class DataPlane:
@@ -57,9 +59,16 @@ class DataPlane:
             return Unavailable("the server is shutting down; retry on another replica")
         if self.state == "stalled":
             return Unavailable("the model is not responding (--inference-timeout passed); retry on another replica")
-        if self.state != "serving":
+        if self.state not in ("serving", "unready", "closing"):
             return Unavailable("the model is still loading; retry when health reports SERVING")
         return None
+
+    def not_ready(self) -> str | None:
+        """Why a health check says NOT_SERVING now (loading, stalled, draining, or about to), or None."""
+        if self.state in ("unready", "closing"):
+            return "the server is shutting down; requests are still served until balancers have moved away"
+        refusal = self.refusal()
+        return None if refusal is None else refusal.message
 
     @property
     def ready(self) -> bool:

@@ -238,12 +238,15 @@ class EncoderServer:
         log.info("HTTP on %s:%d, %s: OpenAI /v1/embeddings, KServe /v2, /docs", s.host, self.http_port, tls_files.mode)
 
     async def _stop_listeners(self, grace: float) -> None:
-        if self._http is not None:
-            await self._http.stop(grace)
-            self._http = None
+        """Stop both ports at once (gRPC's GOAWAY, HTTP's closed connections); wait for what is in flight."""
+        stops = []
         if self._server is not None:
-            await self._server.stop(grace)
+            stops.append(self._server.stop(grace))
             self._server = None
+        if self._http is not None:
+            stops.append(self._http.stop(grace))
+            self._http = None
+        await asyncio.gather(*stops)
 
     def _log_security(self, keys: Keys) -> None:
         s = self.settings
@@ -315,6 +318,16 @@ class EncoderServer:
             self.state = "serving"
             await self.health.set(True)
 
+    async def unready(self, delay: float) -> None:
+        """Report NOT_SERVING, and go on serving for `delay` seconds: the time balancers and endpoint
+        controllers need to see it and stop sending here, before anything is refused."""
+        if self.state not in ("serving", "stalled", "loading") or delay <= 0:
+            return
+        self.state = "unready"
+        await self.health.set(False)
+        log.info("NOT_SERVING for %g s (--drain-delay) while serving on, so balancers move away first", delay)
+        await asyncio.sleep(delay)
+
     async def drain(self) -> None:
         """Refuse new calls and report NOT_SERVING; queued work goes to the model without waiting."""
         if self.state in ("draining", "stopped"):
@@ -338,14 +351,29 @@ class EncoderServer:
         await asyncio.sleep(max(0.0, min(0.05, deadline - time.monotonic())))  # calls already received get their turn
         return max(0.0, deadline - time.monotonic())
 
-    async def stop(self, grace: float | None = None) -> None:
-        """Drain, give in-flight calls `grace` seconds (default: the settings'), then release everything."""
+    async def stop(self, grace: float | None = None, *, delay: float = 0.0) -> None:
+        """Drain, give in-flight calls `grace` seconds (default: the settings'), then release everything.
+
+        With a `delay` (--drain-delay, on SIGTERM), the server first reports NOT_SERVING and serves on for
+        that long; then, balancers having moved away, it refuses what still comes at the HTTP/2 and HTTP
+        level (GOAWAY, closed connections), which clients and proxies retry elsewhere by themselves,
+        rather than answer it UNAVAILABLE, which they pass on. Without one (no balancer was told), it
+        answers new calls UNAVAILABLE until the calls in flight are done, then stops.
+        """
+        grace = self.settings.grace_period if grace is None else grace
+        if delay > 0 and self.state in ("serving", "stalled"):
+            await self.unready(delay)
+            # Stop listening now, while still serving what was sent before the GOAWAY reached its sender.
+            self.state = "closing"
+            self._drain.begin()
+            for pipeline in self.dataplane.pipelines():
+                pipeline.batcher.drain()
+            await self._stop_listeners(grace)
         await self.drain()
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
         if self._server is not None or self._http is not None:
-            left = await self._quiesce(self.settings.grace_period if grace is None else grace)
-            await self._stop_listeners(left)
+            await self._stop_listeners(await self._quiesce(grace))
         await self.manager.close()
         self._inference.shutdown(wait=False, cancel_futures=True)
         self.metrics.close()
@@ -367,8 +395,14 @@ async def serve(settings: Settings, *, engine_factory: EngineFactory | None = No
         return 1
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    received: list[signal.Signals] = []
+
+    def signalled(sig: signal.Signals) -> None:
+        received.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled, sig)
     try:
         ready = asyncio.ensure_future(server.ready())
         stopping = asyncio.ensure_future(stop.wait())
@@ -382,8 +416,15 @@ async def serve(settings: Settings, *, engine_factory: EngineFactory | None = No
         await stopping
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _exit_now, sig)
-        log.info("shutting down: draining for up to %g s (a second signal exits at once)", settings.grace_period)
-        await server.stop()
+        # SIGTERM is an orchestrator's: the drain delay lets its balancers see NOT_SERVING first. SIGINT is
+        # a person's Ctrl-C: no one to wait for.
+        delay = settings.drain_delay if received[:1] == [signal.SIGTERM] else 0.0
+        log.info(
+            "shutting down: %sdraining for up to %g s (a second signal exits at once)",
+            f"NOT_SERVING for {delay:g} s, then " if delay else "",
+            settings.grace_period,
+        )
+        await server.stop(delay=delay)
         with contextlib.suppress(BaseException):
             await ready
         if server.stuck:

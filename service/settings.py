@@ -177,6 +177,16 @@ class Settings:
         default=30.0,
         metadata=_opt("seconds in-flight requests get to finish on SIGTERM/SIGINT", float, metavar="SECONDS"),
     )
+    drain_delay: float = field(
+        default=0.0,
+        metadata=_opt(
+            "on SIGTERM, seconds to report NOT_SERVING while still serving, so that balancers and Kubernetes "
+            "endpoints stop sending here before anything is refused; then what still comes is refused at the "
+            "HTTP/2 level (GOAWAY), which proxies retry elsewhere (SIGINT drains at once)",
+            float,
+            metavar="SECONDS",
+        ),
+    )
     intra_op_threads: int | None = field(
         default=None,
         metadata=_opt("ONNX Runtime threads per inference (default: all cores)", _int_or_none, metavar="N"),
@@ -277,7 +287,7 @@ class Settings:
 
         for name in ("max_batch_tokens", "max_queue_size", "max_client_batch_size", "max_message_bytes"):
             positive(name, getattr(self, name))
-        for name in ("max_wait_ms", "grace_period"):
+        for name in ("max_wait_ms", "grace_period", "drain_delay"):
             positive(name, getattr(self, name), zero=True)
         positive("intra_op_threads", self.intra_op_threads)
         if self.max_padding is not None and not 0 <= self.max_padding <= 1:

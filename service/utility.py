@@ -125,9 +125,9 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
 
     @api.get(HEALTH_PATH, summary="200 while the server serves; 503 while it loads, stalls or drains")
     async def health() -> Response:
-        refusal = dataplane.refusal()
-        if refusal is None:
+        reason = dataplane.not_ready()
+        if reason is None:
             return json_response({"status": "SERVING"})
-        return json_response({"status": "NOT_SERVING", "reason": refusal.message}, status=503)
+        return json_response({"status": "NOT_SERVING", "reason": reason}, status=503)
 
     return api

@@ -6,6 +6,7 @@ Every wait has a deadline; nothing here sends traffic anywhere but 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -44,6 +45,10 @@ class ServerThread:
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = WAIT) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call_soon(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start `coro` on the server's loop and return at once; the future has its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def ready(self) -> ServerThread:
         self.call(self.server.ready(), timeout=120)
