@@ -29,6 +29,7 @@ from typing import Literal
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime.engine import warm_up
 from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from mhaserve.runtime.memory import release_free_memory
 from mhaserve.runtime.repository import EngineFactory, GraphChoice, LoadedModel, ModelRepository, RepositoryError
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.metrics import Metrics, ModelMetrics
@@ -228,6 +229,7 @@ class ModelManager:
             del self.states[key]
         del pipeline, model
         gc.collect()  # the ONNX Runtime session goes with the last reference; a cycle would keep it
+        await asyncio.to_thread(release_free_memory)  # what the session freed, back to the system
         log.info("closed %s version %d", *key)
 
     async def unload_model(self, name: str) -> None:

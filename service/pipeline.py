@@ -73,6 +73,7 @@ class Pipeline:
         metrics: ModelMetrics,
         *,
         auto_truncate: bool = False,
+        tokenize_pool: ThreadPoolExecutor | None = None,
     ) -> None:
         self.model = model
         self.batcher = batcher
@@ -85,9 +86,10 @@ class Pipeline:
         self.dimensions = model.entry.manifest.hidden_size
         self.prompts = model.entry.config.prompts
         self.default_prompt = model.entry.config.default_prompt_name
-        # Tokenisation is CPU work: off the event loop. tokenizers releases the GIL and parallelises a
-        # batch itself, so two threads are enough to overlap requests.
-        self._tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        # Long texts are tokenised off the event loop. tokenizers releases the GIL and parallelises a batch
+        # itself, so two threads are enough to overlap requests; the server shares its two among every model.
+        self._own_pool = tokenize_pool is None
+        self._tokenize_pool = tokenize_pool or ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         self._untruncated: Tokenizer | None = None
         # Requests between encode()'s start and its end (queued ones included): a retired version waits for
         # none before it closes; `quiet` is set whenever there are none.
@@ -98,7 +100,8 @@ class Pipeline:
 
     def close(self) -> None:
         self.closed = True
-        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        if self._own_pool:
+            self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     async def encode(self, req: EncodeInput, *, time_left: float | None = None) -> EncodeOutput:
         """The whole pipeline for one request; `time_left` is the seconds until the client's deadline."""

@@ -105,8 +105,10 @@ class EncoderServer:
             make_pipeline=self._pipeline,
             control=settings.model_control,  # type: ignore[arg-type]
         )
-        # The one inference thread every model's batches take turns on (see Batcher's executor).
+        # The one inference thread every model's batches take turns on (see Batcher's executor), and the
+        # tokeniser threads every model shares.
         self._inference = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._tokenize = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         self._stalls = 0
         self._loading: asyncio.Task[None] | None = None
         self._drain = Drain()
@@ -304,7 +306,7 @@ class EncoderServer:
             on_stall=self._stalled,
             on_recover=self._recovered,
         )
-        return Pipeline(model, batcher, limits, metrics, auto_truncate=s.auto_truncate)
+        return Pipeline(model, batcher, limits, metrics, auto_truncate=s.auto_truncate, tokenize_pool=self._tokenize)
 
     async def _stalled(self) -> None:
         self._stalls += 1
@@ -376,6 +378,7 @@ class EncoderServer:
             await self._stop_listeners(await self._quiesce(grace))
         await self.manager.close()
         self._inference.shutdown(wait=False, cancel_futures=True)
+        self._tokenize.shutdown(wait=False, cancel_futures=True)
         self.metrics.close()
         self.state = "stopped"
 

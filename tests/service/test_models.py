@@ -420,3 +420,33 @@ def test_the_repository_api_is_for_explicit_control_only(two: Path) -> None:
         reply = request("POST", srv.http_url + "/v2/repository/models/wide/load")
         assert reply.status == 400 and "--model-control explicit" in reply.json()["error"]
         assert request("POST", srv.http_url + "/v2/repository/index", {}).json()[0]["name"] == "narrow"
+
+
+MEDIUM = {"vocab_size": 8000, "d_model": 256, "n_layers": 4, "n_heads": 8, "d_ff": 1024, "max_positions": 128}
+SWAPS = 10
+WARM_SWAPS = 3  # a swap holds two versions at once: resident memory rises to that high-water mark, then stays
+# After the first swaps, resident memory may drift by at most this over the rest: one session of this model
+# left behind per swap would add about 40 MB each (twice its 20 MB graph), 280 MB over seven swaps.
+RSS_BOUND_MB = 30
+
+
+@pytest.mark.slow
+def test_swapped_out_versions_give_their_memory_back(tmp_path: Path) -> None:
+    from mhaserve.testing.process import ServerProcess, sample
+
+    export(tmp_path, "mem", 1, seed=41, sizes=MEDIUM)
+    flags = ["--repository", str(tmp_path), "--model", "mem", "--port", "0", "--metrics-port", "0", "--http-port", "0"]
+    flags += ["--device", "cpu", "--intra-op-threads", "1", "--model-control", "poll", "--repository-poll-s", "0.2"]
+    rss: dict[int, float] = {}
+    with ServerProcess(flags, tmp_path / "serve.log") as proc, grpc.insecure_channel(proc.wait_serving()) as channel:
+        start = time.monotonic()
+        for version in range(2, SWAPS + 2):
+            publish_copy(tmp_path, "mem", 1, version, seed=version)
+            wait_until(lambda v=version: info(channel).version == v, f"version {version} served", timeout=120)
+            for _ in range(20):
+                encode(channel)
+            wait_until(lambda v=version: f"closed mem version {v - 1}" in proc.log, f"version {version - 1} closed")
+            rss[version] = sample(proc.pid, start).rss_kib / 1024
+    warm, last = rss[WARM_SWAPS + 1], rss[SWAPS + 1]
+    print(f"RSS after each swap (MB): {[round(v) for v in rss.values()]}")
+    assert last - warm < RSS_BOUND_MB, f"RSS grew {last - warm:.0f} MB from swap {WARM_SWAPS} to swap {SWAPS}: {rss}"
