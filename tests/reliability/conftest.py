@@ -14,11 +14,6 @@ from mhaserve.testing.process import ServerProcess
 Spawn = Callable[..., ServerProcess]
 
 
-@pytest.fixture(scope="session")
-def tiny_repo(tiny_entry: Path) -> Path:
-    return tiny_entry.parent.parent
-
-
 @pytest.fixture
 def settings(tiny_repo: Path) -> Settings:
     return Settings(

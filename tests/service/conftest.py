@@ -17,11 +17,6 @@ from mhaserve.testing.loopback import free_port
 from mhaserve.testing.server import ServerThread
 
 
-@pytest.fixture(scope="session")
-def tiny_repo(tiny_entry: Path) -> Path:
-    return tiny_entry.parent.parent
-
-
 @pytest.fixture(scope="module")
 def server(tiny_repo: Path) -> Iterator[ServerThread]:
     """One real server per test module, for the tests that only read; max 8 inputs per request."""

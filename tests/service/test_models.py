@@ -110,6 +110,10 @@ def info(channel: grpc.Channel, model: str = "") -> pb.GetModelInfoResponse:
     return pb_grpc.EncoderServiceStub(channel).GetModelInfo(pb.GetModelInfoRequest(model=model), timeout=WAIT)
 
 
+def serves(channel: grpc.Channel, version: int) -> bool:
+    return info(channel).version == version
+
+
 def live_engines(repo: Path) -> list[Path]:
     """The ONNX Runtime engines alive in this process on graphs of `repo`."""
     gc.collect()
@@ -442,10 +446,11 @@ def test_swapped_out_versions_give_their_memory_back(tmp_path: Path) -> None:
         start = time.monotonic()
         for version in range(2, SWAPS + 2):
             publish_copy(tmp_path, "mem", 1, version, seed=version)
-            wait_until(lambda v=version: info(channel).version == v, f"version {version} served", timeout=120)
+            wait_until(partial(serves, channel, version), f"version {version} served", timeout=120)
             for _ in range(20):
                 encode(channel)
-            wait_until(lambda v=version: f"closed mem version {v - 1}" in proc.log, f"version {version - 1} closed")
+            closed = f"closed mem version {version - 1}"
+            wait_until(lambda: closed in proc.log, closed)  # noqa: B023 (waited for right here)
             rss[version] = sample(proc.pid, start).rss_kib / 1024
     warm, last = rss[WARM_SWAPS + 1], rss[SWAPS + 1]
     print(f"RSS after each swap (MB): {[round(v) for v in rss.values()]}")
