@@ -54,6 +54,12 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # uvicorn writes a response's head and body as two sends; with Nagle's algorithm on, the body
+        # waits for the client's delayed ACK of the head (~40 ms on Linux) on every keep-alive request.
+        # asyncio turns Nagle off only for sockets made with IPPROTO_TCP, which ours is not.
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._arm()  # the first request's headers; keep-alive idle time is uvicorn's own timeout
 
     def on_message_begin(self) -> None:
