@@ -164,7 +164,7 @@ def markdown(report: dict[str, Any]) -> str:
             if one is not None:
                 parts.append(
                     f"1 client ({batching}): p50 {_f(one, 2)} ms against {_f(w['batch1_p50_ms'], 2)} ms for ONNX "
-                    f"Runtime one input at a time (+{_f(one - w['batch1_p50_ms'], 2)} ms)"
+                    f"Runtime one input at a time ({one - w['batch1_p50_ms']:+.2f} ms)"
                 )
                 break
         for protocol, rows in (w.get("http") or {}).get("protocols", {}).items():
