@@ -300,6 +300,25 @@ def _http_section(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+COLOURS = {"arrival": "tab:orange", "length": "tab:blue", "http": "tab:green", "http-base64": "tab:purple"}
+
+
+def _series(report: dict[str, Any], wname: str) -> list[tuple[str, str | None, str, list[dict[str, Any]]]]:
+    """The server's lines in a workload's panel: (label, colour, marker, points), gRPC per policy, then HTTP."""
+    out = [
+        (f"gRPC, {batching} batching", COLOURS.get(batching), "o", runs[wname])
+        for batching, runs in report["server"].items()
+        if runs.get(wname)
+    ]
+    batching = (report.get("http") or {}).get("batching")
+    out += [
+        (f"{protocol}, {batching} batching", COLOURS.get(protocol), "^", runs[wname])
+        for protocol, runs in _http_runs(report).items()
+        if runs.get(wname)
+    ]
+    return out
+
+
 def plots(report: dict[str, Any], out: Path) -> list[Path]:
     """throughput.png and latency.png: one panel per workload, one line per batching policy (gRPC) and per
     HTTP protocol."""
@@ -309,31 +328,14 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     workloads = list(report["inprocess"])
-    colours = {"arrival": "tab:orange", "length": "tab:blue", "http": "tab:green", "http-base64": "tab:purple"}
     paths = []
 
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
     for ax, wname in zip(axes[0], workloads, strict=True):
         inproc = report["inprocess"][wname]
-        for batching, runs in report["server"].items():
-            pts = runs.get(wname, [])
-            ax.plot(
-                [p["concurrency"] for p in pts],
-                [p["seq_per_s"] for p in pts],
-                "o-",
-                color=colours.get(batching),
-                label=f"server, {batching} batching",
-            )
-        for protocol, runs in _http_runs(report).items():
-            pts = runs.get(wname, [])
-            if pts:
-                ax.plot(
-                    [p["concurrency"] for p in pts],
-                    [p["seq_per_s"] for p in pts],
-                    "^--",
-                    color=colours.get(protocol),
-                    label=f"server over {protocol}, {report['http']['batching']} batching",
-                )
+        for label, colour, marker, pts in _series(report, wname):
+            xs = [p["concurrency"] for p in pts]
+            ax.plot(xs, [p["seq_per_s"] for p in pts], f"{marker}-", color=colour, label=f"server over {label}")
         ax.axhline(
             inproc["ceiling"]["seq_per_s"],
             color="k",
@@ -361,19 +363,10 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
 
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
     for ax, wname in zip(axes[0], workloads, strict=True):
-        for batching, runs in report["server"].items():
-            pts = runs.get(wname, [])
+        for label, colour, marker, pts in _series(report, wname):
             xs = [p["concurrency"] for p in pts]
-            c = colours.get(batching)
-            ax.plot(xs, [p["latency_ms"]["p50"] for p in pts], "o-", color=c, label=f"{batching} p50")
-            ax.plot(xs, [p["latency_ms"]["p99"] for p in pts], "s--", color=c, label=f"{batching} p99")
-        for protocol, runs in _http_runs(report).items():
-            pts = runs.get(wname, [])
-            xs = [p["concurrency"] for p in pts]
-            c = colours.get(protocol)
-            if pts:
-                ax.plot(xs, [p["latency_ms"]["p50"] for p in pts], "^-", color=c, label=f"{protocol} p50")
-                ax.plot(xs, [p["latency_ms"]["p99"] for p in pts], "v--", color=c, label=f"{protocol} p99")
+            ax.plot(xs, [p["latency_ms"]["p50"] for p in pts], f"{marker}-", color=colour, label=f"{label} p50")
+            ax.plot(xs, [p["latency_ms"]["p99"] for p in pts], f"{marker}--", color=colour, label=f"{label} p99")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("concurrent clients")

@@ -40,18 +40,27 @@ def _entries(out: Path) -> dict[str, dict[str, Any]]:
     return {e["name"]: e for e in json.loads((out / "stats.json").read_text())}
 
 
-def test_successes_and_failures_with_the_status_name(tiny_server: Server, tmp_path: Path) -> None:
-    run = _locust(tiny_server, tmp_path, "short,bad", "--max-fail-ratio", "0.9")
+@pytest.mark.parametrize(
+    ("protocol", "method", "failure"),
+    [
+        ("grpc", "Encode", "Encode bad: INVALID_ARGUMENT: "),
+        ("http", "POST", "POST bad: HTTP 400: input 1 is an empty string"),
+    ],
+)
+def test_successes_and_failures_named_by_their_status(
+    tiny_server: Server, tmp_path: Path, protocol: str, method: str, failure: str
+) -> None:
+    run = _locust(tiny_server, tmp_path, "short,bad", "--max-fail-ratio", "0.9", protocol=protocol)
     assert run.returncode == 0, run.stderr[-3000:]
 
     entries = _entries(tmp_path)
     short, bad = entries["short"], entries["bad"]
-    assert short["method"] == "Encode" and short["num_requests"] > 0 and short["num_failures"] == 0
+    assert short["method"] == method and short["num_requests"] > 0 and short["num_failures"] == 0
     assert bad["num_failures"] == bad["num_requests"] > 0
 
-    # The error report printed at exit names every failure by its gRPC status.
+    # The error report printed at exit names every failure by its gRPC status (HTTP status and message).
     errors = [m.group(1) for m in re.finditer(r"^\s*\d+\s+(\w+ \w+: .+)$", run.stderr, re.M)]
-    assert errors and all(e.startswith("Encode bad: INVALID_ARGUMENT: ") for e in errors), errors
+    assert errors and all(e.startswith(failure) for e in errors), errors
     for csv_file in ("stats_stats.csv", "stats_failures.csv"):  # written too, for `make loadtest`'s reports
         assert (tmp_path / csv_file).stat().st_size > 0
 
@@ -75,18 +84,6 @@ def test_every_other_task_set_succeeds(tiny_server: Server, tmp_path: Path) -> N
 
 
 # ---- over HTTP: OpenAI POST /v1/embeddings -------------------------------------------------------------
-
-
-def test_http_successes_and_failures_with_the_status_and_message(tiny_server: Server, tmp_path: Path) -> None:
-    run = _locust(tiny_server, tmp_path, "short,bad", "--max-fail-ratio", "0.9", protocol="http")
-    assert run.returncode == 0, run.stderr[-3000:]
-
-    entries = _entries(tmp_path)
-    short, bad = entries["short"], entries["bad"]
-    assert short["method"] == "POST" and short["num_requests"] > 0 and short["num_failures"] == 0
-    assert bad["num_failures"] == bad["num_requests"] > 0
-    errors = [m.group(1) for m in re.finditer(r"^\s*\d+\s+(\w+ \w+: .+)$", run.stderr, re.M)]
-    assert errors and all(e.startswith("POST bad: HTTP 400: input 1 is an empty string") for e in errors), errors
 
 
 def test_http_every_task_set_but_stream_succeeds_with_base64_vectors(tiny_server: Server, tmp_path: Path) -> None:
