@@ -444,6 +444,19 @@ class EncoderUser(User):
                 self._fire("EncodeStream", "stream", sent.popleft() if sent else started, 0, failure)
 
 
+@events.init.add_listener
+def _clock(**_: Any) -> None:
+    """Bring the event loop's clock up to date before Locust starts its --run-time timer.
+
+    gevent's loop reads the clock once per iteration, and importing this file (grpc, its gevent
+    integration) blocks the loop for a while before the first one: without this, the timer counts from
+    a moment up to seconds in the past, and a short run (the tests' 2 s, on a busy machine) ends before
+    it has made a request."""
+    import gevent
+
+    gevent.get_hub().loop.update_now()
+
+
 @events.quitting.add_listener
 def _exit_code(environment: Any, **_: Any) -> None:
     """Exit 1 only past the failure threshold (Locust's default fails the run on a single failure)."""
