@@ -111,9 +111,13 @@ clean:
 
 # Load test a running server (`make serve` in another shell) with loadtest/locustfile.py, headless.
 # Reports (CSV, JSON, HTML) go to $(LOADTEST_RESULTS)/loadtest-<timestamp>/; the exit status is 1 only
-# when more than MAX_FAIL_RATIO of the requests failed. WORKLOAD: short, long, mixed, batch, ids,
-# stream, bad, or several separated by commas. PROCESSES > 1 runs Locust distributed on this machine.
-LOADTEST_HOST ?= 127.0.0.1:50051
+# when more than MAX_FAIL_RATIO of the requests failed. PROTOCOL: grpc (encoder.v1, on :50051) or http
+# (OpenAI POST /v1/embeddings, on :8080; ENCODING_FORMAT float or base64). WORKLOAD: short, query, long,
+# mixed, batch, ids, stream (gRPC only), bad, or several separated by commas. PROCESSES > 1 runs Locust
+# distributed on this machine.
+PROTOCOL ?= grpc
+LOADTEST_HOST ?= $(if $(filter http,$(PROTOCOL)),http://127.0.0.1:8080,127.0.0.1:50051)
+ENCODING_FORMAT ?= float
 USERS ?= 32
 SPAWN_RATE ?= 8
 RUN_TIME ?= 60s
@@ -127,10 +131,11 @@ LOCUST_ARGS ?=
 .PHONY: loadtest
 loadtest: $(VENV)/.stamp-serve
 	@out=$(LOADTEST_RESULTS)/loadtest-$$(date +%Y%m%d-%H%M%S); mkdir -p $$out; \
-	echo "locust: $(USERS) users, workload $(WORKLOAD), against $(LOADTEST_HOST) for $(RUN_TIME)"; \
+	echo "locust: $(USERS) users, workload $(WORKLOAD), over $(PROTOCOL) against $(LOADTEST_HOST) for $(RUN_TIME)"; \
 	$(BIN)/locust -f loadtest/locustfile.py --headless --host $(LOADTEST_HOST) \
 	  --users $(USERS) --spawn-rate $(SPAWN_RATE) --run-time $(RUN_TIME) \
 	  $(if $(filter-out 0 1,$(PROCESSES)),--processes $(PROCESSES)) \
+	  --protocol $(PROTOCOL) --encoding-format $(ENCODING_FORMAT) \
 	  --workload $(WORKLOAD) --batch-size $(BATCH_SIZE) --max-fail-ratio $(MAX_FAIL_RATIO) \
 	  --csv $$out/stats --csv-full-history --json-file $$out/stats --html $$out/report.html \
 	  --only-summary $(LOCUST_ARGS); \

@@ -1,8 +1,9 @@
 """The server side of the benchmark: a real `mhaserve serve` subprocess and a cheap load generator.
 
-The load generator is one asyncio loop of grpc.aio coroutines, one per simulated client, each sending
-its next request as soon as the previous one returns (a closed loop). Its own CPU time is measured,
-with the server's and the whole machine's, because on a small machine they share the same cores.
+The load generator is one asyncio loop of coroutines, one per simulated client, each sending its next
+request as soon as the previous one returns (a closed loop), over gRPC or HTTP (transports.py). Its own
+CPU time is measured, with the server's and the whole machine's, because on a small machine they share
+the same cores.
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ from pathlib import Path
 from typing import IO, Any
 
 import grpc
-import grpc.aio
 
 from mhaserve.loadtest.bench.quiet import busy_cores, machine_cpu, process_cpu_seconds, self_cpu_seconds
+from mhaserve.loadtest.bench.transports import CallFailed, Transport, transport
 from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.stats import latency_summary
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from mhaserve.service.client import CHANNEL_OPTIONS
 from mhaserve.testing.loopback import free_port
 from mhaserve.testing.metrics import Samples, scrape
 
@@ -126,21 +126,15 @@ class Server:
             self.stop()
 
 
-def requests_for(workload: Workload) -> list[pb.EncodeRequest]:
-    if workload.payload == "ids":
-        return [pb.EncodeRequest(token_ids=[pb.TokenIds(ids=s)], truncate=True) for s in workload.ids]
-    return [pb.EncodeRequest(texts=[t], truncate=True) for t in workload.texts]
-
-
 async def _closed_loop(
-    address: str,
-    requests: list[pb.EncodeRequest],
+    transport: Transport,
+    n_requests: int,
     concurrency: int,
     duration: float,
     warmup_max: float,
     server_pid: int,
 ) -> dict[str, Any]:
-    """`concurrency` clients on one channel; measure a window once every client has had a response."""
+    """`concurrency` clients of one transport; measure a window once every client has had a response."""
     records: list[tuple[float, float, int]] = []  # (sent, received, tokens)
     cycles: list[tuple[float, float]] = []  # (a client's next send, time since its previous send)
     errors: dict[str, int] = {}
@@ -149,25 +143,24 @@ async def _closed_loop(
     stop = False
     counter = iter(range(1 << 62))
 
-    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        stub = pb_grpc.EncoderServiceStub(channel)
-        await channel.channel_ready()
+    async with transport:
 
         async def client(k: int) -> None:
+            send = transport.client()
             previous = None
             while not stop:
-                request = requests[next(counter) % len(requests)]
+                i = next(counter) % n_requests
                 t0 = time.perf_counter()
                 if previous is not None:
                     cycles.append((t0, t0 - previous))
                 previous = t0
                 try:
-                    response = await stub.Encode(request, timeout=120)
-                except grpc.aio.AioRpcError as e:
-                    errors[e.code().name] = errors.get(e.code().name, 0) + 1
+                    tokens = await send(i)
+                except CallFailed as e:
+                    errors[e.key] = errors.get(e.key, 0) + 1
                     await asyncio.sleep(0.01)  # a refusal (queue full) must not turn into a busy loop
                     continue
-                records.append((t0, time.perf_counter(), response.usage.input_tokens))
+                records.append((t0, time.perf_counter(), tokens))
                 if k not in warmed:
                     warmed.add(k)
                     if len(warmed) == concurrency:
@@ -204,16 +197,22 @@ async def _closed_loop(
 
 
 def run_point(
-    server: Server, workload: Workload, concurrency: int, *, duration: float, warmup_max: float
+    server: Server,
+    workload: Workload,
+    concurrency: int,
+    *,
+    duration: float,
+    warmup_max: float,
+    protocol: str = "grpc",
 ) -> dict[str, Any]:
     """One point of the sweep: throughput, latency, padding and CPU shares of `concurrency` clients."""
-    requests = requests_for(workload)
+    link = transport(protocol, server.address, server.http_url, workload)
     before = after = Samples([])
     # The batcher's counters are read around the whole run, warm-up included, against every token the
     # clients got back: padding and batch sizes are properties of the load, steady from the first batches.
     with contextlib.suppress(OSError):
         before = scrape(server.metrics_port, timeout=5)
-    raw = asyncio.run(_closed_loop(server.address, requests, concurrency, duration, warmup_max, server.pid))
+    raw = asyncio.run(_closed_loop(link, len(workload.ids), concurrency, duration, warmup_max, server.pid))
     with contextlib.suppress(OSError):
         after = scrape(server.metrics_port, timeout=5)
     seconds = raw["window"][1] - raw["window"][0]
@@ -231,6 +230,7 @@ def run_point(
     server_cores = raw["server_cpu_s"] / seconds if raw["server_cpu_s"] is not None else None
     client_cores = raw["client_cpu_s"] / seconds
     return {
+        "protocol": protocol,
         "concurrency": concurrency,
         "seconds": seconds,
         "completed": raw["completed"],
@@ -248,6 +248,8 @@ def run_point(
         "padding_fraction": max(0.0, 1 - raw["all_tokens"] / padded) if padded else None,
         # CPU in cores (1.0 = one core busy for the whole window), measured over the window.
         "client_cpu_cores": client_cores,
+        # The load generator's cost per request, to compare transports: it must stay far below the server's.
+        "client_cpu_ms_per_request": raw["client_cpu_s"] * 1000 / raw["completed"] if raw["completed"] else None,
         "server_cpu_cores": server_cores,
         "machine_cpu_cores": machine,
         "other_cpu_cores": (

@@ -5,8 +5,10 @@
 3. PyTorch eager in-process (what a user without a server would run);
 4. `mhaserve serve` over gRPC, for each batching policy, at a sweep of concurrent clients (the policies'
    servers take turns at each point);
-each for the fixed-length and the mixed-length workload. Outputs: report.md, report.json, throughput.png,
-latency.png and the servers' logs, in results/bench-<timestamp>/ or --output.
+5. the same server over HTTP (OpenAI `POST /v1/embeddings`) beside gRPC, on the text workloads, with the
+   length policy's server, at the same client counts and in turn with its gRPC points;
+each for the fixed-length, the mixed-length and the short-text workload. Outputs: report.md, report.json,
+throughput.png, latency.png and the servers' logs, in results/bench-<timestamp>/ or --output.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from mhaserve.loadtest.bench import options, report
 from mhaserve.loadtest.bench.client import BenchError, Server, run_point
 from mhaserve.loadtest.bench.inprocess import measure_in_child
 from mhaserve.loadtest.bench.quiet import Guard
-from mhaserve.loadtest.bench.workloads import Workload, fixed, load_corpus, mixed
+from mhaserve.loadtest.bench.workloads import Workload, fixed, load_corpus, mixed, short
 from mhaserve.loadtest.machine import load
 from mhaserve.loadtest.machine import machine as describe_machine
+from mhaserve.loadtest.texts import SHORT
 from mhaserve.model.config import TINY
 from mhaserve.runtime.progress import Progress
 
@@ -92,6 +95,39 @@ def _paired(
     }
 
 
+def _point(
+    opt: dict[str, Any],
+    server: Server,
+    workload: Workload,
+    clients: int,
+    protocol: str,
+    ceiling: float,
+    guard: Guard,
+    progress: Progress,
+) -> dict[str, Any]:
+    """One server point of the sweep, measured again while other work disturbs it."""
+    with progress.step(f"server {server.batching:7} {protocol:11} {workload.name:5} {clients:3} clients") as note:
+        point = guard.measure(
+            functools.partial(
+                run_point,
+                server,
+                workload,
+                clients,
+                duration=opt["duration"],
+                warmup_max=max(5.0, 3 * opt["duration"]),
+                protocol=protocol,
+            ),
+            progress.say,
+        )
+        note["result"] = (
+            f"{point['seq_per_s']:.1f} seq/s ({point['seq_per_s'] / ceiling:.2f} of ceiling), "
+            f"p99 {point['latency_ms']['p99']:.0f} ms"
+            + (f", errors {point['errors']}" if point["errors"] else "")
+            + (f", other processes {point['other_cpu_cores']:.2f} cores" if point["disturbed"] else "")
+        )
+    return point
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     """The whole benchmark; returns the results directory."""
     opt = options.resolve(args)
@@ -99,7 +135,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     output = Path(opt["output"] or f"results/bench-{stamp}")
     output.mkdir(parents=True, exist_ok=True)
-    n_points = len(opt["batching"]) * len(opt["workloads"]) * len(opt["concurrency"])
+    # HTTP is measured beside gRPC with one policy's server (the default policy's, when it runs), on the
+    # workloads sent as text: the OpenAI route is for text, and one policy shows the protocol's cost.
+    http_protocols = [p for p in opt["protocols"] if p != "grpc"]
+    http_batching = "length" if "length" in opt["batching"] else opt["batching"][0]
+    http_workloads = [w for w in opt["workloads"] if w != "fixed"]
+    n_points = len(opt["concurrency"]) * (
+        len(opt["batching"]) * len(opt["workloads"]) + len(http_protocols) * len(http_workloads)
+    )
     paired_steps = opt["paired"] if "fixed" in opt["workloads"] else 0
     progress = Progress(2 + 2 * len(opt["batching"]) + n_points + paired_steps + 2, out)
     machine = describe_machine()
@@ -124,6 +167,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             built = {
                 "fixed": lambda: fixed(tokenizer, corpus, tokens=tokens, pool=opt["fixed_pool"], seed=opt["seed"]),
                 "mixed": lambda: mixed(tokenizer, corpus, pool=opt["mixed_pool"], seed=opt["seed"]),
+                "short": lambda: short(tokenizer, load_corpus(SHORT), pool=opt["short_pool"], seed=opt["seed"]),
             }
             workloads = {name: built[name]() for name in opt["workloads"]}
             note["result"] = f"{entry.name} v{entry.version} ({entry.graph}), " + ", ".join(
@@ -149,6 +193,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             inprocess = measure_in_child(spec)
 
         servers: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        http_points: dict[str, dict[str, list[dict[str, Any]]]] = {p: {} for p in http_protocols}
         # The headline (fixed workload, 32 clients) once more, alternating with the ceiling: slow drift of a
         # shared machine then moves both sides of each ratio alike.
         paired_batching = next((b for b in ("length", "arrival") if b in opt["batching"]), None)
@@ -196,29 +241,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 ceiling = inprocess[wname]["ceiling"]["seq_per_s"]
                 for c in opt["concurrency"]:
                     for batching, server in live.items():
-                        with progress.step(f"server {batching:7} {wname:5} {c:3} clients") as note:
-                            point = guard.measure(
-                                functools.partial(
-                                    run_point,
-                                    server,
-                                    workload,
-                                    c,
-                                    duration=opt["duration"],
-                                    warmup_max=max(5.0, 3 * opt["duration"]),
-                                ),
-                                progress.say,
-                            )
-                            servers.setdefault(batching, {}).setdefault(wname, []).append(point)
-                            note["result"] = (
-                                f"{point['seq_per_s']:.1f} seq/s ({point['seq_per_s'] / ceiling:.2f} of ceiling), "
-                                f"p99 {point['latency_ms']['p99']:.0f} ms"
-                                + (f", errors {point['errors']}" if point["errors"] else "")
-                                + (
-                                    f", other processes {point['other_cpu_cores']:.2f} cores"
-                                    if point["disturbed"]
-                                    else ""
-                                )
-                            )
+                        turns = ["grpc"]
+                        if batching == http_batching and wname in http_workloads:
+                            turns += http_protocols
+                        for protocol in turns:
+                            point = _point(opt, server, workload, c, protocol, ceiling, guard, progress)
+                            into = servers.setdefault(batching, {}) if protocol == "grpc" else http_points[protocol]
+                            into.setdefault(wname, []).append(point)
             if paired_batching is not None:
                 paired = _paired(opt, spec, live[paired_batching], workloads["fixed"], inprocess, guard, progress)
         finally:
@@ -261,6 +290,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 "device": opt["device"],
                 "graph": opt["graph"],
                 "concurrency": list(opt["concurrency"]),
+                "protocols": list(opt["protocols"]),
                 "batch_sizes": list(opt["batch_sizes"]),
                 "duration_s": opt["duration"],
                 "min_time_s": opt["min_time"],
@@ -274,6 +304,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             "workloads": {name: w.summary() for name, w in workloads.items()},
             "inprocess": inprocess,
             "server": servers,
+            "http": {"batching": http_batching, "route": "POST /v1/embeddings", "protocols": http_points}
+            if http_points
+            else None,
             "paired": paired,
         }
         with progress.step("report and plots") as note:
