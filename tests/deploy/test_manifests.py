@@ -78,6 +78,8 @@ def sources(stages: dict[str, Stage], name: str) -> set[str]:
 
 
 SERVING = ["cpu", "gpu"]
+FINAL = [*SERVING, "loadtest"]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 
 def test_dockerfile_stages() -> None:
@@ -85,29 +87,59 @@ def test_dockerfile_stages() -> None:
     assert {"export", "cpu", "gpu", "loadtest"} <= set(stages)
     assert list(stages)[-1] == "gpu", "a plain `docker build .` must give the GPU image"
     assert all(s.base in stages or s.base == "${PYTHON_IMAGE}" for s in stages.values())
-    assert re.search(r"ARG PYTHON_IMAGE=python:3\.11-slim\b", (ROOT / "Dockerfile").read_text())
+
+
+def test_build_arguments_have_public_defaults() -> None:
+    """Hosts that reach other sources override them (deploy/images/build.sh does from the host's pip)."""
+    defaults = dict(re.findall(r"^ARG (\w+)=(.*)$", DOCKERFILE.split("\nFROM ", 1)[0], re.M))
+    assert defaults["PYTHON_IMAGE"] == "docker.io/library/python:3.11-slim"
+    assert defaults["PIP_INDEX_URL"] == "https://pypi.org/simple"
+    assert defaults["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    for unset in ("PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "PIP_CONSTRAINT"):
+        assert defaults[unset] == "", f"{unset}: pip reads an empty value as none"
+    # No source is written into a RUN: every index comes from an argument.
+    assert not re.search(r"--(extra-)?index-url\s+https?://", DOCKERFILE)
+
+
+def pip_stages(stages: dict[str, Stage]) -> set[str]:
+    """Stages that read pip's configuration (their RUNs see the PIP_* arguments, and their history shows them)."""
+    return {s.name for s in stages.values() if any(a.startswith("PIP_") for a in s.all("ARG"))}
+
+
+def torch_stages(stages: dict[str, Stage]) -> set[str]:
+    return {s.name for s in stages.values() if any("torch" in r for r in s.all("RUN"))}
 
 
 def test_export_stage_installs_cpu_torch_first_and_exports() -> None:
-    runs = dockerfile_stages()["export"].all("RUN")
-    torch = next(i for i, r in enumerate(runs) if "torch==" in r)
-    export_extra = next(i for i, r in enumerate(runs) if "'.[export]'" in r or '".[export]"' in r)
-    assert torch < export_extra
-    assert "--index-url https://download.pytorch.org/whl/cpu" in runs[torch]
-    assert any(re.search(r"\bmhaserve export\b.*--repository /models", r) for r in runs)
-
-
-@pytest.mark.parametrize("target", SERVING)
-def test_serving_image_has_no_torch_and_only_models_from_the_export(target: str) -> None:
     stages = dockerfile_stages()
-    reach = sources(stages, target)
-    for name in reach - {"export"}:
-        for kw, args in stages[name].instructions:
-            assert "torch" not in args and "[export]" not in args, f"{name}: {kw} {args}"
+    runs = " ".join(r for s in lineage(stages, "export") for r in s.all("RUN"))
+    assert runs.index("-r /requirements/torch.txt") < runs.index("-r /requirements/export.txt")
+    assert '${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}' in runs
+    assert re.search(r"\bmhaserve export\b.*--repository /models", runs)
+    # torch's requirement is the export extra's pin: one place says which torch.
+    assert "--extra export --only torch > /requirements/torch.txt" in " ".join(stages["requirements"].all("RUN"))
+    assert "--extra export --exclude torch > /requirements/export.txt" in " ".join(stages["requirements"].all("RUN"))
+
+
+@pytest.mark.parametrize("target", FINAL)
+def test_final_images_carry_no_pip_configuration_and_no_torch(target: str) -> None:
+    """A final image is built FROM stages that never saw pip's configuration (index URLs may hold
+    credentials; build arguments show in an image's history) and copies only from stages without torch,
+    but for /models from the export."""
+    stages = dockerfile_stages()
+    chain = {s.name for s in lineage(stages, target)}
+    assert not chain & pip_stages(stages), f"{target} is built FROM {chain & pip_stages(stages)}"
     for stage in lineage(stages, target):
         for args in stage.all("COPY"):
-            if "--from=export" in args:
+            m = re.search(r"--from=([\w-]+)", args)
+            if not m:
+                continue
+            source = m.group(1)
+            if source == "export":
                 assert args.endswith("/models /models"), f"only the model repository comes from the export: {args}"
+            else:
+                assert not {s.name for s in lineage(stages, source)} & torch_stages(stages), f"{target}: {args}"
+    assert target == "loadtest" or "torch" not in " ".join(r for s in lineage(stages, target) for r in s.all("RUN"))
 
 
 @pytest.mark.parametrize("target", SERVING)
