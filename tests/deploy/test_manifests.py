@@ -1,17 +1,22 @@
 """Offline checks of the Dockerfile, the Kubernetes manifests, the dashboard and the docs.
 
-No Docker engine or cluster here: the files are parsed, and what they say about ports, probes, users
-and grace periods is compared with the server's own defaults (service/settings.py) and metric names
-(service/metrics.py), so that a change on one side that the other does not follow fails here.
+The files are parsed, and what they say about ports, probes, users and grace periods is compared with
+the server's own defaults (service/settings.py) and metric names (service/metrics.py), so that a change
+on one side that the other does not follow fails here. The manifests are also validated against the
+Kubernetes schemas (kubernetes-validate, offline). The images themselves are built and run by
+test_containers.py.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import kubernetes_validate
 import pytest
 
 from tests.deploy.helpers import DEPLOY, ROOT, compose_file, load_yaml_all, metric_samples, server_defaults
@@ -267,6 +272,61 @@ def test_hpa_scales_the_deployment_on_a_metric_the_server_exports() -> None:
     assert pods_metrics and set(pods_metrics) <= metric_samples()
     (pdb,) = k8s("PodDisruptionBudget", "pdb.yaml")
     assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "mhaserve"
+
+
+# The oldest release whose gRPC probes are GA, and the newest whose schemas kubernetes-validate ships.
+K8S_VERSIONS = ["1.27.0", kubernetes_validate.latest_version()]
+# Fields of KServe's PredictorSpec beside the PodSpec it embeds.
+KSERVE_PREDICTOR_FIELDS = {"minReplicas", "maxReplicas", "scaleTarget", "scaleMetric", "containerConcurrency"}
+
+
+def kubernetes_documents() -> list[tuple[str, dict[str, Any]]]:
+    """Every resource `kubectl apply -k deploy/k8s` creates, and the pod part of the KServe predictor."""
+    (kustomization,) = load_yaml_all(K8S / "kustomization.yaml")
+    docs = [(f"{path} {d['kind']}", d) for path in kustomization["resources"] for d in load_yaml_all(K8S / path)]
+    (isvc,) = k8s("InferenceService", "kserve-inferenceservice.yaml")
+    pod_spec = {k: v for k, v in isvc["spec"]["predictor"].items() if k not in KSERVE_PREDICTOR_FIELDS}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "predictor"}, "spec": pod_spec}
+    return [*docs, ("kserve-inferenceservice.yaml predictor", pod)]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_manifests_validate_against_the_kubernetes_schemas(version: str) -> None:
+    """Offline, strict (unknown fields are errors): the OpenAPI schemas of the Kubernetes release, as
+    kubernetes-validate ships them. KServe's InferenceService is a custom resource outside them; its
+    predictor's pod fields are checked as a Pod."""
+    for name, doc in kubernetes_documents():
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            raise AssertionError(f"{name} is not a valid {doc['kind']} for Kubernetes {version}: {e.message}") from None
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    [
+        lambda c: c.__setitem__("readinesProbe", c.pop("readinessProbe")),
+        lambda c: c["livenessProbe"]["grpc"].__setitem__("port", "grpc"),
+        lambda c: c["startupProbe"]["grpc"].__setitem__("path", "/health"),
+    ],
+    ids=["misspelt probe", "named port in a grpc probe", "http field in a grpc probe"],
+)
+def test_schema_validation_catches_mistakes(mistake: Callable[[dict[str, Any]], None]) -> None:
+    """The check above is not vacuous: mistakes that a YAML parser accepts fail it."""
+    (deploy,) = k8s("Deployment", "deployment.yaml")
+    broken = copy.deepcopy(deploy)
+    mistake(broken["spec"]["template"]["spec"]["containers"][0])
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSIONS[-1], strict=True)
+
+
+def test_probes_ask_the_whole_servers_health() -> None:
+    """grpc.health.v1 with service "" is SERVING only once the model is warmed up, NOT_SERVING while draining."""
+    (deploy,) = k8s("Deployment", "deployment.yaml")
+    (isvc,) = k8s("InferenceService", "kserve-inferenceservice.yaml")
+    for container in (deploy["spec"]["template"]["spec"]["containers"][0], isvc["spec"]["predictor"]["containers"][0]):
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"].get("service", "") == "", f"{probe} asks a single service"
 
 
 def test_kustomization_lists_existing_manifests() -> None:
