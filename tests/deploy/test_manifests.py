@@ -18,6 +18,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.deploy.helpers import DEPLOY, ROOT, compose_file, load_yaml_all, metric_samples, server_defaults
 
@@ -363,6 +364,46 @@ def test_dashboard_queries_only_metrics_the_server_exports() -> None:
     assert used and used <= known, f"the server exports none of {used - known}"
     alert_exprs = (DEPLOY / "prometheus/alerts.yml").read_text()
     assert set(re.findall(r"\bmhaserve_\w+", alert_exprs)) <= known
+
+
+def test_grafana_provisioning_is_well_formed() -> None:
+    """Grafana's image comes from Docker Hub only, so the container tier cannot start it here: what Grafana
+    reads at start-up is checked for the structure its provisioning and dashboard loaders expect."""
+    provisioning = DEPLOY / "grafana/provisioning"
+    sources = yaml.safe_load((provisioning / "datasources/prometheus.yml").read_text())
+    assert sources["apiVersion"] == 1
+    datasources = sources["datasources"]
+    assert all(
+        {"name", "type", "uid", "url"} <= ds.keys() and ds.get("access", "proxy") == "proxy" for ds in datasources
+    )
+    assert len({ds["uid"] for ds in datasources}) == len(datasources)
+    assert [ds["isDefault"] for ds in datasources if ds.get("isDefault")] == [True]
+    providers = yaml.safe_load((provisioning / "dashboards/mhaserve.yml").read_text())
+    assert providers["apiVersion"] == 1
+    for provider in providers["providers"]:
+        assert provider["type"] == "file" and provider["name"] and provider["options"]["path"].startswith("/")
+
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/mhaserve.json").read_text())
+    assert isinstance(dashboard["schemaVersion"], int) and dashboard["uid"] and dashboard["title"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] in {ds["type"] for ds in datasources}
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in dashboard["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24 and grid["h"] > 0, panel["title"]
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] in {"${datasource}"} | {ds["uid"] for ds in datasources}, panel["title"]
+        refs = [t["refId"] for t in panel["targets"]]
+        assert refs and len(refs) == len(set(refs)), panel["title"]
+    # The home dashboard Grafana opens is the provisioned file, where the compose file mounts it.
+    grafana = compose_file()["services"]["grafana"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    mounts = dict(v.split(":")[:2] for v in grafana["volumes"] if v.startswith("./"))
+    (host_dir,) = [src for src, dst in mounts.items() if home.startswith(dst + "/")]
+    assert (ROOT / host_dir / home.removeprefix(mounts[host_dir] + "/")).is_file()
 
 
 # ---- docs -------------------------------------------------------------------------------------------
