@@ -13,11 +13,12 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import pytest
 
 from mhaserve.service import client
 from mhaserve.testing.loopback import free_port, wait_until
+from mhaserve.testing.metrics import Samples, scrape
 from tests.deploy.helpers import ROOT
 
 # Cold start of a replica (load, warm-up) and of the engine's containers on a busy 2-core machine.
@@ -34,6 +36,7 @@ START = 120.0
 # What a build may take cold: base image, pip downloads, the export with its parity gate (about 10 min here).
 BUILD = 2400.0
 ENGINE_HINT = "as root on Debian, deploy/images/install-podman.sh installs and configures podman (.ci/run runs it)"
+ENCODE = "encoder.v1.EncoderService/Encode"
 # Variables of the compose files that the tests set themselves; the caller's values must not leak in.
 COMPOSE_PREFIXES = ("MHASERVE_", "LOCUST_", "LOADTEST_", "GRAFANA_", "PROMETHEUS_", "NGINX_", "COMPOSE_")
 
@@ -322,8 +325,57 @@ class Compose:
                 assert "-> 127.0.0.1:" in line, f"{name} publishes {line}: not on loopback"
 
 
+def ok_calls(samples: Samples, method: str) -> float:
+    """Calls of one method answered OK, whatever the method label's leading slash."""
+    return sum(
+        s.value
+        for s in samples
+        if s.name == "mhaserve_requests_total"
+        and s.labels.get("code") == "OK"
+        and s.labels["method"].lstrip("/") == method
+    )
+
+
 def serving(address: str) -> bool:
     try:
         return client.health(address, timeout=2.0) == "SERVING"
     except Exception:  # noqa: BLE001 - not answering yet, through a balancer or a starting container
         return False
+
+
+class LbStack:
+    """Two replicas behind the `lb` balancer, each replica's metrics on a loopback port of its own.
+    Rolling restarts (stop, start, per-replica counters) are built on this too."""
+
+    def __init__(self, compose: Callable[..., Compose], replicas: int = 2) -> None:
+        self.compose = compose(
+            ["lb"], MHASERVE_GRPC_PUBLISH="127.0.0.1::50051", MHASERVE_METRICS_PUBLISH="127.0.0.1::8000"
+        )
+        self.compose.up(scale={"encoder": replicas})
+        self.replicas = self.compose.containers("encoder")
+        assert len(self.replicas) == replicas, self.replicas
+        for r in self.replicas:
+            engine().wait_healthy(r)
+        self.metrics_ports = {r: engine().host_port(r, 8000) for r in self.replicas}
+        (self.lb,) = self.compose.containers("lb")
+        self.address = self.compose.grpc_address(self.lb)
+        wait_until(lambda: serving(self.address), "the balancer to pass calls through", START, 0.5)
+        self.compose.check_loopback_only()
+
+    def served(self, replica: str) -> float:
+        return ok_calls(scrape(self.metrics_ports[replica]), ENCODE)
+
+    def stop(self, replica: str) -> int:
+        """`stop`: SIGTERM, and SIGKILL only after 40 s; the exit code."""
+        engine()("stop", "-t", "40", replica, timeout=60)
+        return engine().exit_code(replica)
+
+    def balancer_failures(self) -> list[str]:
+        """Calls nginx answered with an error: HTTP status other than 200 (its own gRPC errors are 204s) or a
+        gRPC status other than OK, from its access log (deploy/nginx/nginx.conf's format)."""
+        failed = []
+        for line in engine().logs(self.lb, last=None).splitlines():
+            m = re.search(r'"POST \S+ HTTP/2.0" (\d{3}) .*grpc_status=(\S*),(\S*)$', line)
+            if m and (m.group(1) != "200" or any(g not in ("", "-", "0") for g in m.groups()[1:])):
+                failed.append(line)
+        return failed

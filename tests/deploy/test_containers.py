@@ -23,6 +23,7 @@ import re
 import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,28 +42,27 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
 from mhaserve.service import client
 from mhaserve.service.kserve.tensors import pack_bytes
 from mhaserve.testing.loopback import free_port, wait_until
-from mhaserve.testing.metrics import Samples, scrape
+from mhaserve.testing.metrics import scrape
 from tests.conftest import VARIED_TEXTS
-from tests.deploy.containers import BUILD, START, Compose, Images, container, engine, needs_engine, serving
+from tests.deploy.containers import (
+    BUILD,
+    ENCODE,
+    START,
+    Compose,
+    Images,
+    LbStack,
+    container,
+    engine,
+    needs_engine,
+    ok_calls,
+    serving,
+)
 from tests.deploy.helpers import DEPLOY, WAIT, Replica, http_get, server_defaults
 
 pytestmark = [pytest.mark.container, needs_engine, pytest.mark.timeout(BUILD + 900)]
 
-ENCODE = "encoder.v1.EncoderService/Encode"
 INFER = "inference.GRPCInferenceService/ModelInfer"
 SERVICE_CONFIG = DEPLOY / "clients" / "grpc-service-config.json"
-StartCompose = Callable[..., Compose]
-
-
-def ok_calls(samples: Samples, method: str) -> float:
-    """Calls of one method answered OK, whatever the method label's leading slash."""
-    return sum(
-        s.value
-        for s in samples
-        if s.name == "mhaserve_requests_total"
-        and s.labels.get("code") == "OK"
-        and s.labels["method"].lstrip("/") == method
-    )
 
 
 def vectors(response: epb.EncodeResponse) -> npt.NDArray[np.float32]:
@@ -146,7 +146,7 @@ def test_cpu_image_serves_as_the_host_does(images: Images, tmp_path: Path) -> No
 # ---- 2. compose: the default file with the CPU override --------------------------------------------------
 
 
-def test_compose_up_encode_down_leaves_nothing(compose: StartCompose) -> None:
+def test_compose_up_encode_down_leaves_nothing(compose: Callable[..., Compose]) -> None:
     stack = compose()
     stack.up()
     (encoder,) = stack.containers("encoder")
@@ -164,45 +164,7 @@ def test_compose_up_encode_down_leaves_nothing(compose: StartCompose) -> None:
 # ---- 3. the lb profile: two replicas behind nginx ------------------------------------------------------
 
 
-class LbStack:
-    """Two replicas behind the `lb` balancer, each replica's metrics on a loopback port of its own.
-    Rolling restarts (stop, start, per-replica counters) are built on this too."""
-
-    def __init__(self, compose: StartCompose, replicas: int = 2) -> None:
-        self.compose = compose(
-            ["lb"], MHASERVE_GRPC_PUBLISH="127.0.0.1::50051", MHASERVE_METRICS_PUBLISH="127.0.0.1::8000"
-        )
-        self.compose.up(scale={"encoder": replicas})
-        self.replicas = self.compose.containers("encoder")
-        assert len(self.replicas) == replicas, self.replicas
-        for r in self.replicas:
-            engine().wait_healthy(r)
-        self.metrics_ports = {r: engine().host_port(r, 8000) for r in self.replicas}
-        (self.lb,) = self.compose.containers("lb")
-        self.address = self.compose.grpc_address(self.lb)
-        wait_until(lambda: serving(self.address), "the balancer to pass calls through", START, 0.5)
-        self.compose.check_loopback_only()
-
-    def served(self, replica: str) -> float:
-        return ok_calls(scrape(self.metrics_ports[replica]), ENCODE)
-
-    def stop(self, replica: str) -> int:
-        """`stop`: SIGTERM, and SIGKILL only after 40 s; the exit code."""
-        engine()("stop", "-t", "40", replica, timeout=60)
-        return engine().exit_code(replica)
-
-    def balancer_failures(self) -> list[str]:
-        """Calls nginx answered with an error: HTTP status other than 200 (its own gRPC errors are 204s) or a
-        gRPC status other than OK, from its access log (deploy/nginx/nginx.conf's format)."""
-        failed = []
-        for line in engine().logs(self.lb, last=None).splitlines():
-            m = re.search(r'"POST \S+ HTTP/2.0" (\d{3}) .*grpc_status=(\S*),(\S*)$', line)
-            if m and (m.group(1) != "200" or any(g not in ("", "-", "0") for g in m.groups()[1:])):
-                failed.append(line)
-        return failed
-
-
-def test_lb_spreads_calls_and_keeps_answering_when_a_replica_stops(compose: StartCompose) -> None:
+def test_lb_spreads_calls_and_keeps_answering_when_a_replica_stops(compose: Callable[..., Compose]) -> None:
     stack = LbStack(compose)
     a, b = stack.replicas
     start = {r: stack.served(r) for r in (a, b)}
@@ -270,22 +232,27 @@ def test_lb_spreads_calls_and_keeps_answering_when_a_replica_stops(compose: Star
             t.join(WAIT)
 
     after = sum(t > stopped_at for t in ok)
-    assert not errors, f"{len(errors)} calls failed while a replica stopped: {errors[:5]}"
+    assert not errors, (
+        f"{len(errors)} calls failed while a replica stopped: {errors[:5]}\nthe balancer's errors:\n"
+        + "\n".join(stack.balancer_failures()[-10:])
+        + f"\n{b}:\n{engine().logs(b)[-3000:]}"
+    )
     assert after >= 60, f"only {after} calls after the stop"
     # Less those the replica had counted, but the clients not yet received, when its counter was read.
     assert stack.served(a) - a_before >= after - n_clients, "calls after the stop must all go to the other replica"
-    # What the balancer passed on as errors (and the retry policy absorbed): a draining replica's
-    # UNAVAILABLE, which nginx forwards instead of retrying. Reported, not bounded: making it zero for clients
-    # without a retry policy is the rolling-restart work.
-    print(
-        f"\nlb: {len(stack.balancer_failures())} calls failed at the balancer during the drain, all retried by clients"
-    )
+    # What the balancer passed on as errors (and the retry policy absorbed): the draining replica's
+    # UNAVAILABLE, which nginx forwards instead of retrying, and now and then a CANCELLED for a call gRPC had
+    # received but not yet handed to the server when it stopped (grpc/grpc#41785). Reported, not bounded:
+    # making them zero for clients without a retry policy is the rolling-restart work.
+    failed = stack.balancer_failures()
+    statuses = Counter(re.sub(r".*grpc_status=", "", line) for line in failed)
+    print(f"\nlb: {len(failed)} calls failed at the balancer (grpc-status: {dict(statuses)}), all retried by clients")
 
 
 # ---- 4. the loadtest profile ---------------------------------------------------------------------------
 
 
-def test_loadtest_profile_runs_locust_master_and_two_workers(compose: StartCompose, tmp_path: Path) -> None:
+def test_loadtest_profile_runs_locust_master_and_two_workers(compose: Callable[..., Compose], tmp_path: Path) -> None:
     stack = compose(
         ["loadtest"],
         LOCUST_HEADLESS="true",
@@ -328,7 +295,7 @@ def test_loadtest_profile_runs_locust_master_and_two_workers(compose: StartCompo
 # ---- 5. the monitoring profile ---------------------------------------------------------------------------
 
 
-def test_monitoring_profile_scrapes_both_replicas_and_loads_the_rules(compose: StartCompose) -> None:
+def test_monitoring_profile_scrapes_both_replicas_and_loads_the_rules(compose: Callable[..., Compose]) -> None:
     stack = compose(
         ["monitoring"], MHASERVE_GRPC_PUBLISH="127.0.0.1::50051", MHASERVE_METRICS_PUBLISH="127.0.0.1::8000"
     )
