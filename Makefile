@@ -155,3 +155,11 @@ GPU ?=
 .PHONY: images
 images:
 	deploy/images/build.sh $(if $(filter 1 yes true,$(GPU)),gpu,cpu) loadtest
+
+# The figures docs/deploy.md gives for the images (tests/deploy/figures.py): build times, sizes, start to
+# SERVING, memory at rest and under load. FIGURES_ARGS: --cold (also a build as on a fresh machine, about
+# 12 minutes here), --gpu.
+FIGURES_ARGS ?=
+.PHONY: image-figures
+image-figures: $(VENV)/.stamp-dev
+	$(PY) -m tests.deploy.figures $(FIGURES_ARGS)
