@@ -19,10 +19,10 @@
 #                     pip's configuration during the build (never kept in an image: only stages that no
 #                     image is built FROM read them); a CA bundle for pip (a TLS-intercepting proxy) comes as
 #                     the secret `pip_cert`: --secret id=pip_cert,src=/path/to/ca.pem
-# deploy/images/build.sh (`make images`) fills all of these from this host's pip configuration.
 #   TORCH_INDEX_URL   where the export stage gets torch (the CPU wheel; PyPI's default wheel pulls GBs of CUDA
 #                     packages); empty: from PIP_INDEX_URL and the rest like every other package
 #   EXPORT_ARGS       `mhaserve export` options, e.g. "--optimize --fp16" for CUDA hosts
+# deploy/images/build.sh (`make images`) fills the pip and torch ones from this host's pip configuration.
 #
 # The serving images hold the model repository in /models, exported at build time; mount your own
 # repository over it to serve other models (docs/deploy.md). Settings are MHASERVE_* variables.
