@@ -17,6 +17,7 @@ help:
 	@echo "make proto      regenerate the gRPC stubs from proto/**/*.proto"
 	@echo "make gpu-check  parity and a short throughput run on CUDAExecutionProvider (needs a GPU)"
 	@echo "make reliability  the long reliability runs (bad input, overload, faults, soak, shutdown); writes docs/reliability.md"
+	@echo "make images     the cpu and loadtest images with docker or podman, whichever answers; GPU=1: gpu and loadtest"
 
 # One environment; each stamp records which extras are installed and is redone when a pyproject.toml changes.
 # Two distributions share the `mhaserve` namespace: the server (this folder) and the load-test tooling
@@ -151,3 +152,20 @@ RELIABILITY_ARGS ?=
 reliability: $(VENV)/.stamp-dev $(REPOSITORY)/$(MODEL)/1/manifest.json
 	$(PY) -m mhaserve.loadtest.reliability --repository $(REPOSITORY) --model $(MODEL) --output docs/reliability.md \
 	  $(RELIABILITY_ARGS)
+
+# Images with docker or podman, whichever answers (deploy/images/build.sh; CONTAINER_ENGINE picks one): the
+# cpu serving image and the loadtest image, or with GPU=1 the gpu serving image and the loadtest image. pip
+# in the builds is configured like this host's pip; without a reachable registry the base image is built
+# from Debian's packages (deploy/images/base.sh, as root). Tags: CPU_TAG, GPU_TAG, LOADTEST_TAG.
+GPU ?=
+.PHONY: images
+images:
+	deploy/images/build.sh $(if $(filter 1 yes true,$(GPU)),gpu,cpu) loadtest
+
+# The figures docs/deploy.md gives for the images (tests/deploy/figures.py): build times, sizes, start to
+# SERVING, memory at rest and under load. FIGURES_ARGS: --cold (also a build as on a fresh machine, about
+# 12 minutes here), --gpu.
+FIGURES_ARGS ?=
+.PHONY: image-figures
+image-figures: $(VENV)/.stamp-dev
+	$(PY) -m tests.deploy.figures $(FIGURES_ARGS)
