@@ -12,12 +12,6 @@ from tests.deploy.containers import ENGINE, NO_ENGINE, Compose, Images, build_im
 from tests.deploy.helpers import Replica
 
 
-@pytest.fixture(scope="session")
-def tiny_repo(tiny_entry: Path) -> Path:
-    """The model repository holding the session's tiny random model (tests/conftest.py exports it)."""
-    return tiny_entry.parent.parent
-
-
 @pytest.fixture
 def replicas(tiny_repo: Path, tmp_path: Path) -> Iterator[Callable[[int], list[Replica]]]:
     """Start n replicas; all of them are stopped after the test, whatever happened."""
