@@ -93,12 +93,12 @@ def test_signal_drains_every_queued_request_of_both_protocols_then_exits_0(
     tiny_repo: Path, processes: list[Process], sig: signal.Signals
 ) -> None:
     metrics, http = free_port(), free_port()
-    # The engine holds the first batch (token 99) for 8 s: every request sent meanwhile is queued behind
+    # The engine holds the first batch (token 99) for 15 s: every request sent meanwhile is queued behind
     # it when the signal comes, and only the drain can answer them.
     p = Process(
         *("--repository", str(tiny_repo), "--model", "tiny", "--port", "0"),
         *("--metrics-port", str(metrics), "--http-port", str(http), "--device", "cpu"),
-        engine="hang:99:8",
+        engine="hang:99:15",
     )
     processes.append(p)
     address = f"127.0.0.1:{p.port()}"
@@ -107,6 +107,8 @@ def test_signal_drains_every_queued_request_of_both_protocols_then_exits_0(
     with grpc.insecure_channel(address) as channel, ThreadPoolExecutor(8) as pool:
         stub = pb_grpc.EncoderServiceStub(channel)
         held = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99])]), timeout=WAIT)
+        # Sent before the held batch leaves the queue, the others could join it and never be counted as queued.
+        wait_until(lambda: scrape(metrics).get("mhaserve_queue_wait_seconds_count") == 1, "the held batch to start")
         calls = [stub.Encode.future(pb.EncodeRequest(texts=t), timeout=WAIT) for t in texts[:8]]
         posts = [
             pool.submit(request, "POST", f"http://127.0.0.1:{http}/v1/embeddings", {"input": t}) for t in texts[8:]
