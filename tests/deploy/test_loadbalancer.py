@@ -301,8 +301,12 @@ class HAProxy(Process):
         return http_get(f"http://127.0.0.1:{self.stats_port}/metrics").decode()
 
     def servers_up(self) -> int:
-        """Servers HAProxy has checked UP, over both backends."""
-        return len(re.findall(r"^haproxy_server_status\{[^}]*state=\"UP\"[^}]*\} 1", self.metrics(), re.M))
+        """Servers HAProxy has checked UP, over both backends (0 while its stats port is not up yet)."""
+        try:
+            metrics = self.metrics()
+        except OSError:
+            return 0
+        return len(re.findall(r"^haproxy_server_status\{[^}]*state=\"UP\"[^}]*\} 1", metrics, re.M))
 
     def retries(self) -> float:
         """Requests HAProxy sent again (to another replica) after a connection failure or a refusal."""
