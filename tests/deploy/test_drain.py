@@ -88,7 +88,7 @@ def test_sigterm_says_not_serving_at_once_serves_for_the_delay_then_refuses_at_t
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    wait_until(lambda: watched[-1:] and watched[-1][1] == "SERVING", "the watch to say SERVING")
+    wait_until(lambda: bool(watched) and watched[-1][1] == "SERVING", "the watch to say SERVING")
     try:
         signalled = time.monotonic()
         replica.signal(signal.SIGTERM)
