@@ -407,13 +407,16 @@ class LbStack:
     def balancer_failures(self) -> list[str]:
         """Calls the balancer answered with an error, from its log: for nginx, an HTTP status other than 200
         (its own gRPC errors are 204s) or a gRPC status other than OK (deploy/nginx/nginx.conf's format); for
-        HAProxy (`option httplog`), an HTTP status of 5xx or a termination state other than `--`."""
+        HAProxy (`option httplog`), an HTTP status of 5xx or a termination state other than `--`, unless the
+        client aborted (C)."""
         failed = []
         for line in engine().logs(self.lb, last=None).splitlines():
             m = re.search(r'"POST \S+ HTTP/2.0" (\d{3}) .*grpc_status=(\S*),(\S*)$', line)
             if m and (m.group(1) != "200" or any(g not in ("", "-", "0") for g in m.groups()[1:])):
                 failed.append(line)
             h = re.search(r" (-?\d{1,3}) \d+ - - (\S{4}) .*\"(?:POST|GET) ", line)
-            if h and (h.group(1).startswith(("5", "-")) or h.group(2)[:2] != "--"):
+            # A termination state starting with C is the client's own abort (Locust cancels the calls in
+            # flight when its run ends), not a failure of the balancer or a replica.
+            if h and h.group(2)[0] != "C" and (h.group(1).startswith(("5", "-")) or h.group(2)[:2] != "--"):
                 failed.append(line)
         return failed
