@@ -28,6 +28,7 @@ QUICK: dict[str, Any] = {
     "torch_batch_size": 8,
     "retries": 0,
     "paired": 1,
+    "rss_requests": 2000,
 }
 
 
@@ -38,6 +39,23 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    if len(values) < 2 or len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"expected two or more different model names, comma-separated, got {text!r}")
     return values
 
 
@@ -63,6 +81,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `mhaserve bench`; None means "the default, or --quick's"."""
     p.add_argument("--repository", help="model repository (default: models; with --quick, a fresh tiny random model)")
     p.add_argument("--model", help="model name (default: the server's default model)")
+    p.add_argument(
+        "--models",
+        type=_names,
+        metavar="A,B",
+        help="instead of the sweep: one server serving these models (two or more), each model's clients alone and "
+        "then all at once, at each client count and workload; with --quick and no --repository, tiny random models "
+        "of these names and of different widths",
+    )
     p.add_argument("--graph", default="auto", choices=["auto", "fp32", "optimized", "fp16"], help="graph variant")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"], help="where the model runs")
     p.add_argument(
@@ -106,6 +132,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="times to measure the ceiling and the server at 32 clients in turns, fixed workload (default 3)",
     )
     p.add_argument(
+        "--rss-requests",
+        type=_count,
+        metavar="N",
+        help="server memory: serve each CPU graph of the entry (fp32, optimized, int8) from a fresh server and read "
+        "its resident and peak memory after warm-up and after N requests; 0 skips it (default 100000)",
+    )
+    p.add_argument(
         "--server-arg",
         action="append",
         default=[],
@@ -147,6 +180,7 @@ FULL: dict[str, Any] = {
     "torch_batch_size": 32,
     "retries": 2,
     "paired": 3,
+    "rss_requests": 100_000,
 }
 
 

@@ -7,8 +7,10 @@
    servers take turns at each point);
 5. the same server over HTTP (OpenAI `POST /v1/embeddings`) beside gRPC, on the text workloads, with the
    length policy's server, at the same client counts and in turn with its gRPC points;
-each for the fixed-length, the mixed-length and the short-text workload. Outputs: report.md, report.json,
-throughput.png, latency.png and the servers' logs, in results/bench-<timestamp>/ or --output.
+each for the fixed-length, the mixed-length and the short-text workload; then
+6. the server's memory, each CPU graph of the entry served in turn (memory.py).
+Outputs: report.md, report.json, throughput.png, latency.png and the servers' logs, in
+results/bench-<timestamp>/ or --output. `--models` measures several models in one server instead (models.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import functools
-import io
 import signal
 import statistics
 import sys
@@ -27,27 +28,15 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from mhaserve.loadtest.bench import options, report
+from mhaserve.loadtest.bench import entries, memory, models, options, report
 from mhaserve.loadtest.bench.client import BenchError, Server, run_point
 from mhaserve.loadtest.bench.inprocess import measure_in_child
 from mhaserve.loadtest.bench.quiet import Guard
-from mhaserve.loadtest.bench.workloads import Workload, fixed, load_corpus, mixed, short
+from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.machine import load
 from mhaserve.loadtest.machine import machine as describe_machine
-from mhaserve.loadtest.texts import SHORT
-from mhaserve.model.config import TINY
 from mhaserve.runtime.progress import Progress
-
-
-def _quick_repository(tmp: Path) -> Path:
-    """A tiny random model exported (with the parity gate) into a scratch repository."""
-    from mhaserve.export.publish import ExportOptions, export_entry
-
-    export_entry(
-        ExportOptions(source="random", repository=tmp, name="bench-tiny", random_config=dict(TINY), optimize=True),
-        out=io.StringIO(),
-    )
-    return tmp
+from mhaserve.runtime.repository import GRAPHS
 
 
 def _paired(
@@ -155,24 +144,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             model_name = opt["model"]
             if opt["quick"] and not opt["repository"]:
                 tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mhaserve-bench-")))
-                repository, model_name = _quick_repository(tmp), "bench-tiny"
-            from mhaserve.runtime.repository import ModelRepository
-            from mhaserve.runtime.tokenizer import load_for_serving
-
-            entry = ModelRepository(repository).entry(model_name, graph=opt["graph"])
+                repository, model_name = entries.quick_repository(tmp, ["bench-tiny"]), "bench-tiny"
+            entry = entries.entry(repository, model_name, opt["graph"])
             model_name = entry.name
-            tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
-            corpus = load_corpus()
-            tokens = min(opt["fixed_tokens"], entry.manifest.max_seq_len)
-            built = {
-                "fixed": lambda: fixed(tokenizer, corpus, tokens=tokens, pool=opt["fixed_pool"], seed=opt["seed"]),
-                "mixed": lambda: mixed(tokenizer, corpus, pool=opt["mixed_pool"], seed=opt["seed"]),
-                "short": lambda: short(tokenizer, load_corpus(SHORT), pool=opt["short_pool"], seed=opt["seed"]),
-            }
-            workloads = {name: built[name]() for name in opt["workloads"]}
+            workloads = entries.workloads(opt, entry)
             note["result"] = f"{entry.name} v{entry.version} ({entry.graph}), " + ", ".join(
                 f"{w.name}: {len(w.ids)} inputs" for w in workloads.values()
             )
+            memory_graphs, unservable = memory.graphs_to_measure(entry.manifest.graphs, GRAPHS)
+            if not opt["rss_requests"]:
+                memory_graphs = []
+            progress.total += len(memory_graphs)
 
         with progress.step(
             "in-process: ONNX Runtime batch sweep, one at a time, PyTorch eager (child process)", reports=True
@@ -209,7 +191,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             for batching in opt["batching"]:
                 server = Server(
                     repository,
-                    model=model_name,
+                    models=[model_name],
                     batching=batching,
                     graph=opt["graph"],
                     device=opt["device"],
@@ -277,6 +259,41 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 }
             note["result"] = ", ".join(f"{w}: {inprocess[w]['ceiling_after']['drift']:+.0%}" for w in inprocess)
 
+        memory_runs = {}
+        memory_workload = workloads[memory.pick_workload(workloads)]
+        for graph in memory_graphs:
+            server = Server(
+                repository,
+                models=[model_name],
+                batching=http_batching,
+                graph=graph,
+                device=opt["device"],
+                threads=opt["threads"],
+                extra=opt["server_arg"],
+                log_path=output / f"server-memory-{graph}.log",
+            )
+            with (
+                progress.step(
+                    f"server memory, {graph} graph: {opt['rss_requests']:,} requests of {memory_workload.name}, "
+                    f"{report.HEADLINE_CLIENTS} clients"
+                ) as note,
+                server.running() as info,
+            ):
+                if info.graph != graph:
+                    raise BenchError(f"asked the server for the {graph} graph, it serves {info.graph}")
+                run_ = memory.measure(
+                    server, memory_workload, requests=opt["rss_requests"], clients=report.HEADLINE_CLIENTS
+                )
+                run_["summary"] = memory.growth(run_)
+                run_["file_mib"] = (entry.directory / entry.manifest.graphs[graph].file).stat().st_size / 2**20
+                run_["provider"] = info.execution_provider
+                memory_runs[graph] = run_
+                s = run_["summary"]
+                note["result"] = (
+                    f"{s['warm']['rss_kib'] / 1024:.0f} MiB after warm-up, {s['end']['rss_kib'] / 1024:.0f} MiB "
+                    f"after {s['end']['requests']:,} requests ({s['growth_kib'] / 1024:+.1f} MiB)"
+                )
+
         machine["load_after"] = load()
         result = {
             "format": 1,
@@ -308,6 +325,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             if http_points
             else None,
             "paired": paired,
+            "memory": {
+                "batching": http_batching,
+                "graphs": memory_runs,
+                "not_servable": unservable,
+                "verdict": memory.verdict(memory_runs),
+            }
+            if memory_graphs
+            else None,
         }
         with progress.step("report and plots") as note:
             files = report.write(result, output)
@@ -324,7 +349,7 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, interrupted)
     try:
-        output = run(args)
+        output = models.run(args) if args.models else run(args)
     except KeyboardInterrupt:
         print("mhaserve bench: interrupted", file=sys.stderr)
         return 130
