@@ -14,10 +14,12 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from mhaserve.loadtest.bench.client import Server
+from mhaserve.loadtest.bench.client import BenchError, Server
 from mhaserve.loadtest.bench.transports import CallFailed, Send, transport
 from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.stats import slope
+from mhaserve.runtime.progress import Progress
+from mhaserve.runtime.repository import ModelEntry
 from mhaserve.testing.process import Memory
 
 # The CPU graphs whose memory is measured, in this order; fp16 is for CUDA, whose memory RSS does not show.
@@ -29,10 +31,22 @@ CHECKPOINTS = 10
 PREFERRED_WORKLOADS = ("short", "mixed", "fixed")
 
 
-def graphs_to_measure(in_manifest: Iterable[str], servable: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(the graphs to measure, those the entry has that this server cannot serve), both in GRAPHS' order."""
-    present = [g for g in GRAPHS if g in set(in_manifest)]
-    return [g for g in present if g in servable], [g for g in present if g not in servable]
+def graphs_to_measure(
+    requested: Sequence[str] | None, in_manifest: Iterable[str], servable: Sequence[str]
+) -> tuple[list[str], dict[str, str]]:
+    """(the graphs to measure, {graph: why it is not} for the others asked for). Asked for none: the CPU graphs
+    the entry has, in GRAPHS' order. A graph is measured when the entry has it and the server can serve it."""
+    have = list(in_manifest)
+    asked = list(requested) if requested else [g for g in GRAPHS if g in have]
+    measured, skipped = [], {}
+    for g in asked:
+        if g not in have:
+            skipped[g] = f"the entry has no {g} graph (it has {', '.join(have)})"
+        elif g not in servable:
+            skipped[g] = f"the entry has it, but this server cannot serve it (`mhaserve serve --graph` has no {g})"
+        else:
+            measured.append(g)
+    return measured, skipped
 
 
 def pick_workload(names: Iterable[str]) -> str:
@@ -92,6 +106,42 @@ def measure(
     }
 
 
+def measure_graphs(
+    entry: ModelEntry,
+    graphs: Sequence[str],
+    make_server: Callable[[str], Server],
+    workload: Workload,
+    *,
+    requests: int,
+    clients: int,
+    progress: Progress,
+) -> dict[str, dict[str, Any]]:
+    """Each graph served in turn by a fresh server (`make_server(graph)`), its memory measured and summed up."""
+    runs = {}
+    for graph in graphs:
+        server = make_server(graph)
+        with (
+            progress.step(
+                f"server memory, {graph} graph: {requests:,} requests of {workload.name}, {clients} clients"
+            ) as note,
+            server.running() as info,
+        ):
+            if info.graph != graph:
+                raise BenchError(f"asked the server for the {graph} graph, it serves {info.graph}")
+            run = measure(server, workload, requests=requests, clients=clients)
+            run["summary"] = growth(run)
+            run["file_mib"] = (entry.directory / entry.manifest.graphs[graph].file).stat().st_size / 2**20
+            run["provider"] = info.execution_provider
+            runs[graph] = run
+            s = run["summary"]
+            note["result"] = (
+                f"{s['warm']['rss_kib'] / 1024:.0f} MiB after warm-up, {s['end']['rss_kib'] / 1024:.0f} MiB "
+                f"after {s['end']['requests']:,} requests ({s['growth_kib'] / 1024:+.1f} MiB)"
+                + (f", errors {run['errors']}" if run["errors"] else "")
+            )
+    return runs
+
+
 def growth(run: dict[str, Any], bound_mib: float = BOUND_MIB) -> dict[str, Any]:
     """What a run's readings say: memory after the warm-up and at the end, the growth between them (resident
     and peak) and over the second half alone, the resident memory's slope over the run, and whether the growth
@@ -111,6 +161,11 @@ def growth(run: dict[str, Any], bound_mib: float = BOUND_MIB) -> dict[str, Any]:
         "bound_mib": bound_mib,
         "steady": grew <= bound_mib * 1024,
     }
+
+
+def result(batching: str, runs: dict[str, dict[str, Any]], skipped: dict[str, str]) -> dict[str, Any]:
+    """The report's `memory`: each graph's run, the graphs skipped and why, and the verdict."""
+    return {"batching": batching, "graphs": runs, "skipped": skipped, "verdict": verdict(runs)}
 
 
 def verdict(graphs: dict[str, dict[str, Any]]) -> str:

@@ -254,7 +254,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
     ]
     lines += _http_section(report)
-    lines += _memory_section(report)
+    lines += memory_section(report.get("memory"))
     guard = s.get("guard")
     if guard and guard["retries"]:
         disturbed = _disturbed(report)
@@ -314,16 +314,17 @@ def _mib(kib: float | None, sign: bool = False) -> str:
     return "-" if kib is None else f"{kib / 1024:{'+' if sign else ''},.1f}"
 
 
-def _memory_section(report: dict[str, Any]) -> list[str]:
-    """The server's resident and peak memory per graph, after warm-up and after the run's requests."""
-    mem = report.get("memory")
+def memory_section(mem: dict[str, Any] | None) -> list[str]:
+    """The server's resident and peak memory per graph, after warm-up and after the run's requests (the report's
+    `memory`, from memory.result); nothing when the memory was not measured."""
     if not mem:
         return []
     runs = mem["graphs"]
     first = next(iter(runs.values()), None)
     lines = ["## Server memory", "", f"**Verdict**: {mem['verdict']}.", ""]
+    skipped = [f"- not measured: {graph}: {why}" for graph, why in mem["skipped"].items()]
     if first is None:
-        return lines
+        return [*lines, *skipped, ""] if skipped else lines
     lines += [
         f"| graph | file MiB | RSS at start-up | RSS after warm-up | RSS after {first['requests']:,} requests | growth "
         "| of which in the second half | per 10k requests | peak after warm-up | peak at the end | peak growth "
@@ -353,11 +354,7 @@ def _memory_section(report: dict[str, Any]) -> list[str]:
     ]
     for graph, r in runs.items():
         lines.append(f"- {graph}: RSS at each reading, MiB: " + ", ".join(_mib(x["rss_kib"]) for x in r["samples"]))
-    if mem["not_servable"]:
-        lines.append(
-            f"- not measured: {', '.join(mem['not_servable'])} (the entry has it; this server cannot serve it)"
-        )
-    lines.append("")
+    lines += [*skipped, ""]
     return lines
 
 

@@ -10,7 +10,8 @@
 each for the fixed-length, the mixed-length and the short-text workload; then
 6. the server's memory, each CPU graph of the entry served in turn (memory.py).
 Outputs: report.md, report.json, throughput.png, latency.png and the servers' logs, in
-results/bench-<timestamp>/ or --output. `--models` measures several models in one server instead (models.py).
+results/bench-<timestamp>/ or --output. `--models` measures several models in one server instead (models.py),
+`--memory-only` the server's memory alone (memory_only.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from mhaserve.loadtest.bench import entries, memory, models, options, report
+from mhaserve.loadtest.bench import entries, memory, memory_only, models, options, report
 from mhaserve.loadtest.bench.client import BenchError, Server, run_point
 from mhaserve.loadtest.bench.inprocess import measure_in_child
 from mhaserve.loadtest.bench.quiet import Guard
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             note["result"] = f"{entry.name} v{entry.version} ({entry.graph}), " + ", ".join(
                 f"{w.name}: {len(w.ids)} inputs" for w in workloads.values()
             )
-            memory_graphs, unservable = memory.graphs_to_measure(entry.manifest.graphs, GRAPHS)
+            memory_graphs, memory_skipped = memory.graphs_to_measure(opt["graphs"], entry.manifest.graphs, GRAPHS)
             if not opt["rss_requests"]:
                 memory_graphs = []
             progress.total += len(memory_graphs)
@@ -259,10 +260,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 }
             note["result"] = ", ".join(f"{w}: {inprocess[w]['ceiling_after']['drift']:+.0%}" for w in inprocess)
 
-        memory_runs = {}
-        memory_workload = workloads[memory.pick_workload(workloads)]
-        for graph in memory_graphs:
-            server = Server(
+        memory_runs = memory.measure_graphs(
+            entry,
+            memory_graphs,
+            lambda graph: Server(
                 repository,
                 models=[model_name],
                 batching=http_batching,
@@ -271,28 +272,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 threads=opt["threads"],
                 extra=opt["server_arg"],
                 log_path=output / f"server-memory-{graph}.log",
-            )
-            with (
-                progress.step(
-                    f"server memory, {graph} graph: {opt['rss_requests']:,} requests of {memory_workload.name}, "
-                    f"{report.HEADLINE_CLIENTS} clients"
-                ) as note,
-                server.running() as info,
-            ):
-                if info.graph != graph:
-                    raise BenchError(f"asked the server for the {graph} graph, it serves {info.graph}")
-                run_ = memory.measure(
-                    server, memory_workload, requests=opt["rss_requests"], clients=report.HEADLINE_CLIENTS
-                )
-                run_["summary"] = memory.growth(run_)
-                run_["file_mib"] = (entry.directory / entry.manifest.graphs[graph].file).stat().st_size / 2**20
-                run_["provider"] = info.execution_provider
-                memory_runs[graph] = run_
-                s = run_["summary"]
-                note["result"] = (
-                    f"{s['warm']['rss_kib'] / 1024:.0f} MiB after warm-up, {s['end']['rss_kib'] / 1024:.0f} MiB "
-                    f"after {s['end']['requests']:,} requests ({s['growth_kib'] / 1024:+.1f} MiB)"
-                )
+            ),
+            workloads[memory.pick_workload(workloads)],
+            requests=opt["rss_requests"],
+            clients=report.HEADLINE_CLIENTS,
+            progress=progress,
+        )
 
         machine["load_after"] = load()
         result = {
@@ -325,14 +310,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             if http_points
             else None,
             "paired": paired,
-            "memory": {
-                "batching": http_batching,
-                "graphs": memory_runs,
-                "not_servable": unservable,
-                "verdict": memory.verdict(memory_runs),
-            }
-            if memory_graphs
-            else None,
+            "memory": memory.result(http_batching, memory_runs, memory_skipped) if opt["rss_requests"] else None,
         }
         with progress.step("report and plots") as note:
             files = report.write(result, output)
@@ -349,7 +327,9 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, interrupted)
     try:
-        output = models.run(args) if args.models else run(args)
+        if args.models and args.memory_only:
+            raise BenchError("--models and --memory-only are two different runs: choose one")
+        output = models.run(args) if args.models else memory_only.run(args) if args.memory_only else run(args)
     except KeyboardInterrupt:
         print("mhaserve bench: interrupted", file=sys.stderr)
         return 130

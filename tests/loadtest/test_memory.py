@@ -60,15 +60,19 @@ def test_status_of_a_live_process() -> None:
     assert mine.anon_kib is not None and mine.anon_kib <= mine.rss_kib
 
 
-def test_the_cpu_graphs_the_entry_has_and_the_server_can_serve() -> None:
+def test_the_graphs_measured_and_those_skipped_with_why() -> None:
     servable = ("auto", "fp32", "optimized", "fp16")  # a server without --graph int8
-    assert memory.graphs_to_measure({"fp32": 1, "fp16": 1}, servable) == (["fp32"], [])
-    # int8 is found by the manifest's key alone, and measured where the server can serve it
-    assert memory.graphs_to_measure(["int8", "fp16", "optimized", "fp32"], servable) == (
-        ["fp32", "optimized"],
-        ["int8"],
-    )
-    assert memory.graphs_to_measure(["int8", "fp32"], (*servable, "int8")) == (["fp32", "int8"], [])
+    # asked for none: the CPU graphs the entry has, never fp16 (a GPU graph: its memory is not in RSS)
+    assert memory.graphs_to_measure(None, {"fp32": 1, "fp16": 1}, servable) == (["fp32"], {})
+    # int8 is found by the manifest's key alone; a server that cannot serve it skips it, saying so
+    measured, skipped = memory.graphs_to_measure(None, ["int8", "fp16", "optimized", "fp32"], servable)
+    assert measured == ["fp32", "optimized"] and list(skipped) == ["int8"]
+    assert "cannot serve" in skipped["int8"] and "--graph" in skipped["int8"]
+    assert memory.graphs_to_measure(None, ["int8", "fp32"], (*servable, "int8")) == (["fp32", "int8"], {})
+    # asked for: in the order asked, fp16 too; a graph the entry lacks is skipped with what it has
+    measured, skipped = memory.graphs_to_measure(("int8", "fp16", "fp32"), ["fp32", "optimized", "fp16"], servable)
+    assert measured == ["fp16", "fp32"] and list(skipped) == ["int8"]
+    assert skipped["int8"] == "the entry has no int8 graph (it has fp32, optimized, fp16)"
 
 
 def test_workload_and_warm_up() -> None:
