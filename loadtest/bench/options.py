@@ -30,7 +30,7 @@ QUICK: dict[str, Any] = {
     "torch_batch_size": 8,
     "retries": 0,
     "paired": 1,
-    "rss_requests": 2000,
+    "rss_requests": 1000,
 }
 
 
