@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -61,10 +63,15 @@ def warmup_requests(requests: int, pool: int) -> int:
 
 
 async def _load(
-    server: Server, workload: Workload, marks: Sequence[int], clients: int, read: Callable[[], Memory]
+    server: Server,
+    workload: Workload,
+    marks: Sequence[int],
+    clients: int,
+    read: Callable[[], Memory],
+    told: Callable[[int, Memory], None] | None,
 ) -> tuple[list[Memory], dict[str, int]]:
-    """Send requests up to each mark in turn (a running count), reading the memory at each; the readings and
-    the failures by kind."""
+    """Send requests up to each mark in turn (a running count), reading the memory at each (and telling `told`
+    of it); the readings and the failures by kind."""
     errors: dict[str, int] = {}
     readings = []
     sent = 0
@@ -83,19 +90,35 @@ async def _load(
             await asyncio.gather(*(client(send, todo) for send in sends))
             sent = mark
             readings.append(read())
+            if told is not None:
+                told(mark, readings[-1])
     return readings, errors
 
 
 def measure(
-    server: Server, workload: Workload, *, requests: int, clients: int, checkpoints: int = CHECKPOINTS
+    server: Server,
+    workload: Workload,
+    *,
+    requests: int,
+    clients: int,
+    checkpoints: int = CHECKPOINTS,
+    told: Callable[[int, Memory], None] | None = None,
 ) -> dict[str, Any]:
     """The server's memory at start-up (just SERVING), after the warm-up, and every `requests / checkpoints`
-    requests after it; `requests` counts from the end of the warm-up."""
+    requests after it; `requests` counts from the end of the warm-up. `told(requests so far, reading)` hears
+    of each reading as it is taken: a run of 100,000 requests takes many minutes."""
     warmup = warmup_requests(requests, len(workload.ids))
     marks = [warmup] + [warmup + requests * k // checkpoints for k in range(1, checkpoints + 1)]
     start = server.memory()
-    readings, errors = asyncio.run(_load(server, workload, marks, clients, server.memory))
+    t0 = time.perf_counter()
+
+    def tell(mark: int, reading: Memory) -> None:
+        if told is not None:
+            told(mark - warmup, reading)
+
+    readings, errors = asyncio.run(_load(server, workload, marks, clients, server.memory, tell))
     return {
+        "seconds": time.perf_counter() - t0,
         "workload": workload.name,
         "clients": clients,
         "warmup_requests": warmup,
@@ -104,6 +127,10 @@ def measure(
         "start": dataclasses.asdict(start),
         "samples": [{"requests": m - warmup, **dataclasses.asdict(r)} for m, r in zip(marks, readings, strict=True)],
     }
+
+
+def _tell(progress: Progress, graph: str, requests: int, reading: Memory) -> None:
+    progress.say(f"  {graph}: {requests:,} requests, RSS {reading.rss_kib / 1024:.1f} MiB")
 
 
 def measure_graphs(
@@ -128,7 +155,13 @@ def measure_graphs(
         ):
             if info.graph != graph:
                 raise BenchError(f"asked the server for the {graph} graph, it serves {info.graph}")
-            run = measure(server, workload, requests=requests, clients=clients)
+            run = measure(
+                server,
+                workload,
+                requests=requests,
+                clients=clients,
+                told=functools.partial(_tell, progress, graph),
+            )
             run["summary"] = growth(run)
             run["file_mib"] = (entry.directory / entry.manifest.graphs[graph].file).stat().st_size / 2**20
             run["provider"] = info.execution_provider
@@ -136,8 +169,8 @@ def measure_graphs(
             s = run["summary"]
             note["result"] = (
                 f"{s['warm']['rss_kib'] / 1024:.0f} MiB after warm-up, {s['end']['rss_kib'] / 1024:.0f} MiB "
-                f"after {s['end']['requests']:,} requests ({s['growth_kib'] / 1024:+.1f} MiB)"
-                + (f", errors {run['errors']}" if run["errors"] else "")
+                f"after {s['end']['requests']:,} requests ({s['growth_kib'] / 1024:+.1f} MiB; "
+                f"{run['seconds']:.0f} s)" + (f", errors {run['errors']}" if run["errors"] else "")
             )
     return runs
 

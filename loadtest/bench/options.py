@@ -147,8 +147,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_count,
         metavar="N",
         help="server memory: serve each graph of --graphs from a fresh server and read its resident and peak memory "
-        "after warm-up and after N requests; 0 skips it (default 20000, about 3 minutes a graph for all-MiniLM-L6-v2 "
-        "on 2 cores; issue 18 asks for 100000)",
+        "after warm-up and after N requests; 0 skips it (default 20000: minutes a graph for all-MiniLM-L6-v2 on 2 "
+        "cores; issue 18 asks for 100000)",
     )
     p.add_argument(
         "--graphs",

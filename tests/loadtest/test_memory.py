@@ -114,9 +114,14 @@ def test_growth_levelling_off_is_not_a_leak_and_a_leak_is_called_one() -> None:
 def test_a_short_run_against_a_real_server(tiny_server: Server) -> None:
     texts = ["a short query", "a sentence of a few more words than the query", "x " * 200]
     workload = Workload("short", "test", "texts", [[1, 2, 3]] * len(texts), texts)
-    run = memory.measure(tiny_server, workload, requests=60, clients=4, checkpoints=3)
-    assert run["errors"] == {} and run["warmup_requests"] == 3 and run["clients"] == 4
+    told: list[tuple[int, Memory]] = []
+    run = memory.measure(
+        tiny_server, workload, requests=60, clients=4, checkpoints=3, told=lambda n, m: told.append((n, m))
+    )
+    assert run["errors"] == {} and run["warmup_requests"] == 3 and run["clients"] == 4 and run["seconds"] > 0
     assert [s["requests"] for s in run["samples"]] == [0, 20, 40, 60]
+    # each reading is told as it is taken, with the requests sent after the warm-up so far
+    assert [(n, m.rss_kib) for n, m in told] == [(s["requests"], s["rss_kib"]) for s in run["samples"]]
     for reading in (run["start"], *run["samples"]):
         assert 0 < reading["rss_kib"] <= reading["peak_kib"]
     # the high-water mark never goes down
