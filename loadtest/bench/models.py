@@ -154,6 +154,21 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     return output
 
 
+def _cpu_per_request_ratio(row: dict[str, Any]) -> float | None:
+    """The server's CPU together over what the same requests cost alone: each model's requests together priced
+    at its CPU per request alone. 1.0 when serving the models together costs no extra CPU; above 1 when they
+    get in each other's way (oversubscribed cores, cache misses). Unlike throughput it holds on a machine
+    whose other work takes a varying part of the cores: it counts the server's CPU, not the time it got."""
+    together = row["together"]
+    expected = 0.0
+    for name, alone in row["alone"].items():
+        cores, seq = alone["server_cpu_cores"], alone["models"][name]["seq_per_s"]
+        if cores is None or not seq:
+            return None
+        expected += together["models"][name]["seq_per_s"] * cores / seq
+    return together["server_cpu_cores"] / expected if together["server_cpu_cores"] is not None and expected else None
+
+
 def summarize(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """Per workload and client count: each model's throughput and p50 alone and together, its share (together
     over alone), and the sum of the shares."""
@@ -185,6 +200,7 @@ def summarize(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                     "models": models,
                     "together_seq_per_s": row["together"]["seq_per_s"],
                     "sum_of_shares": None if None in shares else sum(s for s in shares if s is not None),
+                    "cpu_per_request_ratio": _cpu_per_request_ratio(row),
                     "together_server_cpu_cores": row["together"]["server_cpu_cores"],
                     "together_other_cpu_cores": row["together"]["other_cpu_cores"],
                 }
@@ -225,7 +241,8 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {wname} | {row['clients']} | **together** | | {fmt(row['together_seq_per_s'])} | "
                 f"**{fmt(row['sum_of_shares'], 2)}** | | | | | {fmt(row['together_server_cpu_cores'], 2)} | "
-                f"{fmt(row['together_other_cpu_cores'], 2)} | |"
+                f"{fmt(row['together_other_cpu_cores'], 2)} | CPU per request {fmt(row['cpu_per_request_ratio'], 2)}"
+                " of alone |"
             )
     lines += [
         "",
@@ -236,7 +253,10 @@ def markdown(result: dict[str, Any]) -> str:
         "than the sum of its parts. Latency is client-side, per request; `*` marks a figure measured while other "
         f"processes took more than {s['guard']['max_other_cores']} cores. The together row: every model's "
         "throughput added up, the sum of the shares, and the CPU of the together point (server CPU and other "
-        "processes', in cores).",
+        "processes', in cores), and the server's CPU per request together over alone (each model's requests priced at "
+        "its CPU per request alone): 1.00 when the models cost no more together, above 1 when they get in each "
+        "other's way. On a machine where other work takes a varying part of the cores, throughput moves with "
+        "it and the shares with it; the CPU per request does not.",
         "",
     ]
     return "\n".join(lines)

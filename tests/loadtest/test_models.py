@@ -41,12 +41,15 @@ def test_shares_are_together_over_alone_and_add_up() -> None:
     assert summary["models"]["a"]["share"] == pytest.approx(0.6)
     assert summary["models"]["b"]["share"] == pytest.approx(0.3)
     assert summary["sum_of_shares"] == pytest.approx(0.9)
+    # each model's requests together priced at its CPU per request alone: a 60 x 1.9/100, b 15 x 1.9/50
+    assert summary["cpu_per_request_ratio"] == pytest.approx(1.9 / (60 * 1.9 / 100 + 15 * 1.9 / 50))
     assert summary["models"]["a"]["errors"] == {"UNAVAILABLE": 2}  # alone's none and together's two
     assert summary["models"]["b"]["errors"] == {"UNAVAILABLE": 3}
     # a model that did nothing alone has no share, and then neither has the sum
     row["alone"]["b"] = _point({"b": 0.0})
     summary = models.summarize({"points": {"short": [row]}})["short"][0]
     assert summary["models"]["b"]["share"] is None and summary["sum_of_shares"] is None
+    assert summary["cpu_per_request_ratio"] is None
 
 
 @pytest.mark.slow
@@ -82,6 +85,6 @@ def test_quick_two_models_end_to_end(tmp_path: Path) -> None:
 
     for s in report["summary"]["short"]:
         assert s["sum_of_shares"] == pytest.approx(sum(m["share"] for m in s["models"].values()))
-        assert all(m["share"] > 0 for m in s["models"].values())
+        assert all(m["share"] > 0 for m in s["models"].values()) and s["cpu_per_request_ratio"] > 0
     md = (out / "report.md").read_text()
     assert "## Each model alone and together" in md and "| short | 4 | **together** |" in md
