@@ -234,7 +234,10 @@ def command_line(args: argparse.Namespace) -> str:
         "quiet_wait": 30.0,
     }
     for key, value in vars(args).items():
-        if key in ("handler", "command", "verbose", "output") or value in (None, False, [], defaults.get(key)):
+        # Identity for None and False: `0 in (False,)` is true, and --retries 0 must be kept.
+        if key in ("handler", "command", "verbose", "output") or value is None or value is False or value == []:
+            continue
+        if key in defaults and value == defaults[key]:
             continue
         flag = "--" + key.replace("_", "-")
         if value is True:

@@ -138,6 +138,9 @@ def test_command_line_reproduces_the_options() -> None:
     args = p.parse_args(["--memory-only", "--graphs", "fp32,int8", "--rss-requests", "100000"])
     assert options.command_line(args) == "mhaserve bench --rss-requests 100000 --graphs fp32,int8 --memory-only"
     assert options.resolve(p.parse_args([]))["rss_requests"] == options.FULL["rss_requests"]
+    # a zero is an option given, not an option left out
+    args = p.parse_args(["--retries", "0", "--rss-requests", "0", "--seed", "0"])
+    assert options.command_line(args) == "mhaserve bench --rss-requests 0 --retries 0"
     for bad in (["--graphs", "fp8"], ["--rss-requests", "-1"], ["--models", "a"], ["--models", "a,a"]):
         with pytest.raises(SystemExit):
             p.parse_args(bad)
