@@ -1,7 +1,8 @@
 """The server's memory under load: resident and peak memory after warm-up and after many requests, per graph.
 
-A server that serves for weeks must not grow: each graph the entry has (fp32, the fused `optimized`, and
-`int8` where the manifest lists one) is served by a fresh `mhaserve serve`, warmed up, then sent N requests
+A server that serves for weeks must not grow: each graph asked for (`--graphs`; by default each CPU graph
+the entry has: fp32, the fused `optimized`, and `int8` where the manifest lists one and `serve --graph`
+takes it) is served by a fresh `mhaserve serve`, warmed up, then sent N requests
 by a closed loop of clients; its /proc status is read at start-up, after the warm-up and at ten points on
 the way to N. Growth is counted from the warm-up on: what a server takes while it first meets its shapes
 (ONNX Runtime's arenas, the allocator's pools) is its size, not a leak.
