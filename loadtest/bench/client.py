@@ -21,7 +21,13 @@ from typing import IO, Any
 
 import grpc
 
-from mhaserve.loadtest.bench.quiet import busy_cores, machine_cpu, process_cpu_seconds, self_cpu_seconds
+from mhaserve.loadtest.bench.quiet import (
+    busy_cores,
+    machine_cpu,
+    process_cpu_seconds,
+    self_cpu_seconds,
+    thread_cpu_seconds,
+)
 from mhaserve.loadtest.bench.transports import CallFailed, Transport, transport
 from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.stats import latency_summary
@@ -187,10 +193,12 @@ async def _closed_loop(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(all_warm.wait(), timeout=warmup_max)
         cpu0, server0, machine0 = self_cpu_seconds(), process_cpu_seconds(server_pid), machine_cpu()
+        threads0 = thread_cpu_seconds(server_pid)
         t_start = time.perf_counter()
         await asyncio.sleep(duration)
         t_end = time.perf_counter()
         cpu1, server1, machine1 = self_cpu_seconds(), process_cpu_seconds(server_pid), machine_cpu()
+        threads1 = thread_cpu_seconds(server_pid)
         stop = True
         # Let in-flight requests finish, so the next point starts on an idle server.
         _, pending = await asyncio.wait(tasks, timeout=120)
@@ -214,6 +222,9 @@ async def _closed_loop(
         "groups": [measured(g, group) for g, group in enumerate(groups)],
         "client_cpu_s": cpu1 - cpu0,
         "server_cpu_s": server1 - server0 if server0 is not None and server1 is not None else None,
+        "server_threads_cpu_s": (
+            {role: t - threads0.get(role, 0.0) for role, t in threads1.items()} if threads0 and threads1 else None
+        ),
         "machine": (machine0, machine1),
     }
 
@@ -265,6 +276,14 @@ def _cpu(raw: dict[str, Any], seconds: float, completed: int) -> dict[str, Any]:
         # The load generator's cost per request, to compare transports: it must stay far below the server's.
         "client_cpu_ms_per_request": raw["client_cpu_s"] * 1000 / completed if completed else None,
         "server_cpu_cores": server_cores,
+        # Where the server's CPU went, per request, by thread (quiet.thread_cpu_seconds): the event loop
+        # (gRPC's Python layer, HTTP, the pipeline), the inference thread (ONNX Runtime's calling thread),
+        # tokenize, gRPC's core threads, and other (ONNX Runtime's and the tokenizer's pools).
+        "server_threads_ms_per_request": (
+            {role: t * 1000 / completed for role, t in sorted(raw["server_threads_cpu_s"].items())}
+            if raw.get("server_threads_cpu_s") and completed
+            else None
+        ),
         "machine_cpu_cores": machine,
         "other_cpu_cores": (
             None if machine is None or server_cores is None else max(0.0, machine - server_cores - client_cores)

@@ -253,6 +253,7 @@ def markdown(report: dict[str, Any]) -> str:
         "report.json.",
         "",
     ]
+    lines += _threads_section(report)
     lines += _http_section(report)
     lines += memory_section(report.get("memory"))
     guard = s.get("guard")
@@ -270,6 +271,42 @@ def markdown(report: dict[str, Any]) -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def _threads_section(report: dict[str, Any]) -> list[str]:
+    """The server's CPU per request by thread, beside the load generator's: where the cores went."""
+    roles = ("event loop", "inference", "other", "tokenize", "grpc")
+    rows = [
+        (wname, batching, p)
+        for batching, runs in report["server"].items()
+        for wname, points in runs.items()
+        for p in points
+        if p.get("server_threads_ms_per_request")
+    ]
+    if not rows:
+        return []
+    lines = [
+        "### Where the server's CPU goes (ms of CPU per request, by thread)",
+        "",
+        "| workload | batching | clients | " + " | ".join(roles) + " | server | client |",
+        "| --- | --- | ---: |" + " ---: |" * (len(roles) + 2),
+    ]
+    for wname, batching, p in rows:
+        by = p["server_threads_ms_per_request"]
+        lines.append(
+            f"| {wname} | {batching} | {p['concurrency']} | "
+            + " | ".join(fmt(by.get(r), 2) for r in roles)
+            + f" | {fmt(sum(by.values()), 2)} | {fmt(p['client_cpu_ms_per_request'], 2)} |"
+        )
+    lines += [
+        "",
+        "event loop: the main thread (gRPC's Python layer, the interceptors, validation, short texts' "
+        "tokenisation, the batcher, the responses); inference: the thread that calls ONNX Runtime (padding "
+        "included); other: ONNX Runtime's intra-op pool and the tokenizer's own threads; tokenize: the threads "
+        "long texts are tokenised on; grpc: gRPC core's threads. client: this load generator, on the same cores.",
+        "",
+    ]
+    return lines
 
 
 def _http_section(report: dict[str, Any]) -> list[str]:

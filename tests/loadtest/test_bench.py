@@ -55,6 +55,9 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
                 assert p["errors"] == {}
                 assert p["mean_batch_size"] >= 1 and 0 <= p["padding_fraction"] < 1
                 assert p["client_cpu_cores"] > 0
+                # The server's threads are told apart by their OS names (service/threads.py).
+                threads = p["server_threads_ms_per_request"]
+                assert threads["event loop"] > 0 and threads["inference"] > 0, threads
         summary = report["summary"][workload]
         assert summary["ceiling_seq_per_s"] > 0
         assert summary["length"]["ratio"] > 0 and summary["length_over_arrival"] > 0
@@ -93,7 +96,14 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
 
     md = (out / "report.md").read_text()
     assert "## Server memory" in md and "| optimized |" in md
-    for heading in ("## Summary", "## In-process", "## Server over gRPC", "## Server over HTTP beside gRPC", "Ceiling"):
+    for heading in (
+        "## Summary",
+        "## In-process",
+        "## Server over gRPC",
+        "### Where the server's CPU goes",
+        "## Server over HTTP beside gRPC",
+        "Ceiling",
+    ):
         assert heading in md
     assert report["command"].startswith("mhaserve bench ") and "--quick" in report["command"]
 
