@@ -25,7 +25,6 @@ import logging
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import grpc.aio
@@ -63,6 +62,7 @@ from mhaserve.service.rpc.drain import Drain, DrainInterceptor
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
 from mhaserve.service.rpc.reflection import add_reflection
 from mhaserve.service.settings import Settings
+from mhaserve.service.threads import named_pool
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,8 @@ class EncoderServer:
         )
         # The one inference thread every model's batches take turns on (see Batcher's executor), and the
         # tokeniser threads every model shares.
-        self._inference = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
-        self._tokenize = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        self._inference = named_pool("inference", 1)
+        self._tokenize = named_pool("tokenize", 2)
         self._stalls = 0
         self._loading: asyncio.Task[None] | None = None
         self._drain = Drain()

@@ -29,6 +29,32 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
+# What each of the server's threads is, by its OS name (service/threads.py names the server's pools; the
+# event loop is the main thread, whose id is the process's): the threads of ONNX Runtime's intra-op pool
+# and of the tokenizer's own pool carry the process's name and count as `other`.
+THREAD_ROLES = {"inference": "inference", "tokenize": "tokenize", "event_engine": "grpc", "grpc_global_tim": "grpc"}
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float] | None:
+    """User + system CPU seconds of a process's threads by role: event loop, inference, tokenize, grpc, other
+    (Linux /proc; None elsewhere). Threads that ended since the last reading are not counted."""
+    roles: dict[str, float] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        role = "event loop" if task.name == str(pid) else THREAD_ROLES.get(name, "other")
+        roles[role] = roles.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+    return roles
+
+
 def self_cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
