@@ -156,25 +156,32 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
 
         graphs: dict[str, mf.GraphEntry] = {}
 
+        def publish(variant: str, path: Path, precision: str, figures: dict[str, object], optimized: bool) -> None:
+            onnx_graph.check_graph(path, cfg.d_model)
+            nodes = onnx_graph.node_counts(path)
+            graphs[variant] = mf.GraphEntry(
+                file=path.name,
+                sha256=mf.sha256_file(path),
+                precision=precision,
+                optimized=optimized,
+                parity=figures | {"nodes": sum(nodes.values()), "node_types": nodes},
+            )
+
         def gated(variant: str, path: Path, precision: str, tolerance: float, fusions: dict[str, int]) -> None:
             try:
                 report = parity.gate(model, engine(path), variant=variant, tolerance=tolerance)
             except parity.ParityError as e:
                 raise ExportError(f"{e}; nothing was published") from None
-            graphs[variant] = mf.GraphEntry(
-                file=path.name,
-                sha256=mf.sha256_file(path),
-                precision=precision,
-                optimized=bool(fusions),
-                parity=report.to_dict() | ({"fusions": fusions} if fusions else {}),
+            publish(
+                variant, path, precision, report.to_dict() | ({"fusions": fusions} if fusions else {}), bool(fusions)
             )
 
         with progress.step(f"parity gate, fp32 graph vs eager ({len(parity.grid(cfg.max_seq_len))} shapes)"):
             gated("fp32", fp32, "fp32", parity.FP32_TOLERANCE, {})
 
+        fused = scratch / "model.optimized.onnx"
         if opts.optimize:
             with progress.step("ONNX Runtime fusions + parity gate"):
-                fused = scratch / "model.optimized.onnx"
                 fusions = onnx_graph.optimize(fp32, fused)
                 gated("optimized", fused, "fp32", parity.FP32_TOLERANCE, fusions)
         if opts.fp16:

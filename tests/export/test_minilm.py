@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -27,7 +29,19 @@ def test_manifest(minilm_entry: Path) -> None:
     assert (m.hidden_size, m.layers, m.heads, m.max_seq_len, m.vocab_size) == (384, 6, 12, 256, 30522)
     assert m.pooling == "mean" and m.normalize
     assert set(m.graphs) == {"fp32", "optimized"}
-    assert m.graphs["optimized"].parity["fusions"]["skip_layer_normalization"] == 12
+    fused = m.graphs["optimized"].parity
+    assert fused["fusions"]["skip_layer_normalization"] == 12
+    assert fused["fusions"]["packed_qkv_attention"] == 6 and fused["fusions"]["embed_layer_norm"] == 1
+
+
+def test_fused_graph_node_types(minilm_entry: Path) -> None:
+    """52 nodes: ONNX Runtime's BERT optimizer's fusions on a legacy export of the same model make 68."""
+    from tests.export.test_fusions import MEAN_POOLING, fused_node_types
+
+    types = read_manifest(minilm_entry).graphs["optimized"].parity["node_types"]
+    g = onnx.load(str(minilm_entry / "model.optimized.onnx"), load_external_data=False)
+    assert types == dict(Counter(n.op_type for n in g.graph.node)) == fused_node_types(6, MEAN_POOLING)
+    assert sum(types.values()) == 52
 
 
 def test_parity_on_the_grid(minilm_entry: Path) -> None:
