@@ -43,6 +43,8 @@ class ExportOptions:
     version: int | None = None
     optimize: bool = False
     fp16: bool = False
+    # int8 for CPUs, quantised from the fused graph: implies `optimize`
+    int8: bool = False
     overwrite: bool = False
     # Only for --source random: any size, reproducible from the seed.
     random_config: dict[str, object] = field(default_factory=dict)
@@ -101,7 +103,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     # Imported here so that `mhaserve --help` and the server never import torch.
     import torch
 
-    from mhaserve.export import onnx_graph, parity
+    from mhaserve.export import int8_gate, onnx_graph, parity, quantize
     from mhaserve.model.checkpoint import CheckpointError, load_encoder
     from mhaserve.model.config import EncoderConfig
     from mhaserve.model.encoder import random_encoder
@@ -118,7 +120,8 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     if target.exists() and not opts.overwrite:
         raise ExportError(f"{target} already exists (pass --overwrite to replace it, or another --version)")
 
-    steps = 5 + opts.optimize + opts.fp16
+    fuse = opts.optimize or opts.int8
+    steps = 5 + fuse + opts.fp16 + opts.int8
     progress = Progress(steps, out)
     repo.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".export-{name}-{version_}-", dir=repo))
@@ -180,7 +183,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
             gated("fp32", fp32, "fp32", parity.FP32_TOLERANCE, {})
 
         fused = scratch / "model.optimized.onnx"
-        if opts.optimize:
+        if fuse:
             with progress.step("ONNX Runtime fusions + parity gate"):
                 fusions = onnx_graph.optimize(fp32, fused)
                 gated("optimized", fused, "fp32", parity.FP32_TOLERANCE, fusions)
@@ -189,6 +192,22 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 half = scratch / "model.fp16.onnx"
                 onnx_graph.to_fp16(fp32, half)
                 gated("fp16", half, "fp16", parity.FP16_TOLERANCE, {})
+        if opts.int8:
+            with progress.step("int8 quantisation + int8 gate (vs the fused fp32 graph)"):
+                int8 = scratch / "model.int8.onnx"
+                how = quantize.quantize(fused, int8)
+                try:
+                    report = int8_gate.gate(
+                        engine(fused),
+                        engine(int8),
+                        serving_tokenizer.load_for_serving(scratch / mf.TOKENIZER, cfg.max_seq_len),
+                        max_seq_len=cfg.max_seq_len,
+                        vocab_size=cfg.vocab_size,
+                        pad_id=cfg.pad_token_id,
+                    )
+                except int8_gate.Int8GateError as e:
+                    raise ExportError(f"{e}; nothing was published") from None
+                publish("int8", int8, "int8", report.to_dict() | {"quantization": how.to_dict()}, True)
 
         with progress.step("writing manifest"):
             manifest = mf.Manifest(

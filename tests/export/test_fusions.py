@@ -105,13 +105,11 @@ def test_fusions_hold_for_sinusoidal_positions_and_cls_pooling(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_the_fused_graph_is_reproducible(tiny_entry: Path, tmp_path: Path) -> None:
+def test_fused_and_int8_graphs_are_reproducible(tiny_entry: Path, tmp_path: Path) -> None:
     """The same code and weights publish the same bytes (the sha256 a server checks does not drift)."""
     again = export_entry(
-        ExportOptions(
-            source="random", repository=tmp_path, name="tiny", random_config=dict(TINY), seed=7, optimize=True
-        ),
+        ExportOptions(source="random", repository=tmp_path, name="tiny", random_config=dict(TINY), seed=7, int8=True),
         out=io.StringIO(),
     )
-    for variant in ("model.optimized.onnx",):
+    for variant in ("model.optimized.onnx", "model.int8.onnx"):
         assert (again / variant).read_bytes() == (tiny_entry / variant).read_bytes(), variant

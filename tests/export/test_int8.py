@@ -1,0 +1,122 @@
+"""The int8 graph (`--int8`): how it is quantised, and its gate, which a damaged quantisation fails."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from mhaserve.export import int8_gate, quantize
+from mhaserve.export.publish import ExportError, ExportOptions, export_entry
+from mhaserve.runtime.engine import OnnxEngine
+from mhaserve.runtime.manifest import read_manifest
+from mhaserve.runtime.tokenizer import load_for_serving
+from tests.conftest import TINY
+
+L = TINY["n_layers"]
+
+
+def _engine(path: Path) -> OnnxEngine:
+    return OnnxEngine(path, max_seq_len=TINY["max_seq_len"], vocab_size=TINY["vocab_size"], device="cpu")
+
+
+def _initializers(path: Path) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+
+
+def damage(path: Path, name: str, factor: float) -> None:
+    """Force one weight scale of an int8 graph wrong, in place (a quantiser bug that still makes a valid graph)."""
+    g = onnx.load(str(path))
+    (init,) = [t for t in g.graph.initializer if t.name == name]
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(factor), name))
+    onnx.save(g, str(path))
+
+
+def test_every_product_is_int8_with_reduced_range_per_channel_weights(tiny_entry: Path) -> None:
+    g = onnx.load(str(tiny_entry / "model.int8.onnx"))
+    types = Counter(n.op_type for n in g.graph.node)
+    assert types["QAttention"] == L and types["MatMulInteger"] == 3 * L
+    assert "MatMul" not in types and "Attention" not in types  # nothing left in fp32
+    # per-row scaling around every MatMul: X / r before it, * r after; after a GELU, no Abs
+    assert types["ReduceMax"] == types["Div"] - 1 == 3 * L and types["Abs"] == 2 * L  # (one Div is the mean's)
+    weights = _initializers(tiny_entry / "model.int8.onnx")
+    quantised = [w for name, w in weights.items() if name.endswith("_quantized")]
+    assert len(quantised) == 4 * L
+    for w in quantised:
+        # reduce_range: |w| <= 64, so a pair of uint8 x int8 products (255 * 64 * 2 = 32640) fits in int16
+        assert w.dtype == np.int8 and np.abs(w.astype(np.int32)).max() <= 64
+    qkv_scales = weights["Attention_0.qkv_weight_scale"]
+    assert qkv_scales.shape == (3 * TINY["d_model"],)  # one scale per output channel
+    how = read_manifest(tiny_entry).graphs["int8"].parity["quantization"]
+    assert sorted(how["int8"]) == sorted(f"{i}.{r}" for i in range(L) for r in quantize.ROLES)
+    assert sorted(how["row_scaled"]) == sorted(f"{i}.{r}" for i in range(L) for r in quantize.ROLES[1:])
+    assert how["plan"]["reduce_range"] and how["fp32"] == []
+
+
+def test_a_plan_keeps_products_in_fp32(tiny_entry: Path, tmp_path: Path) -> None:
+    """Mixed precision: the products a plan names stay fp32 MatMuls (and Attention), the rest int8."""
+    plan = quantize.Int8Plan(row_scaled=("*.ffn_down",), keep_fp32=("0.*", "1.ffn_up"))
+    how = quantize.quantize(tiny_entry / "model.optimized.onnx", tmp_path / "m.onnx", plan)
+    assert sorted(how.fp32) == ["0.attn_out", "0.ffn_down", "0.ffn_up", "0.qkv", "1.ffn_up"]
+    assert how.row_scaled == ["1.ffn_down"]
+    types = Counter(n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node)
+    assert (types["MatMul"], types["Attention"], types["MatMulInteger"], types["QAttention"]) == (4, 1, 2, 1)
+
+
+def test_the_gate_figures_are_in_the_manifest(tiny_entry: Path) -> None:
+    figures = read_manifest(tiny_entry).graphs["int8"].parity
+    assert figures["passed"]
+    assert figures["min_cosine"] >= int8_gate.MIN_COSINE and figures["mean_cosine"] >= int8_gate.MEAN_COSINE
+    assert figures["thresholds"] == {
+        "min_cosine": 0.98,
+        "mean_cosine": 0.995,
+        "top1_agreement": 0.95,
+        "top10_overlap": 0.9,
+    }
+    retrieval = figures["retrieval"]
+    items = int8_gate.retrieval_set()
+    assert retrieval["queries"] == len(items) >= 50
+    assert retrieval["passages"] == sum(len(p) for _, p in items) >= 5 * len(items)
+    assert retrieval["top1_agreement"] >= 0.95 and retrieval["top10_overlap"] >= 0.9
+    # every input alone and in a batch: the parity grid's rows and the real texts
+    n_texts = len(int8_gate.fidelity_texts()) + retrieval["queries"] + retrieval["passages"]
+    assert figures["sets"]["texts_alone"]["inputs"] == figures["sets"]["texts_batched"]["inputs"] == n_texts
+    assert figures["sets"]["grid_alone"]["inputs"] == figures["sets"]["grid_batched"]["inputs"] > 100
+    assert figures["inputs"] == n_texts + figures["sets"]["grid_alone"]["inputs"]
+
+
+def test_the_gate_measures_the_damage_of_a_wrong_scale(tiny_entry: Path, tmp_path: Path) -> None:
+    """The same graph, one weight scale forced 10x: the gate's figures fall below its bar."""
+    reference = _engine(tiny_entry / "model.optimized.onnx")
+    tok = load_for_serving(tiny_entry / "tokenizer.json", TINY["max_seq_len"])
+    kw = {"max_seq_len": TINY["max_seq_len"], "vocab_size": TINY["vocab_size"], "pad_id": 0}
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes((tiny_entry / "model.int8.onnx").read_bytes())
+    damage(bad, "Attention_0.qkv_weight_scale", 10.0)
+    report = int8_gate.check(reference, _engine(bad), tok, **kw)
+    assert not report.passed and report.failures
+    good = int8_gate.check(reference, _engine(tiny_entry / "model.int8.onnx"), tok, **kw)
+    assert good.passed
+    assert report.mean_cosine < good.mean_cosine
+    with pytest.raises(int8_gate.Int8GateError, match="int8 gate failed"):
+        int8_gate.gate(reference, _engine(bad), tok, **kw)
+
+
+def test_a_damaged_quantisation_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = quantize.quantize
+
+    def wrong_scale(src: Path, dst: Path, plan: quantize.Int8Plan = quantize.DEFAULT_PLAN) -> quantize.QuantizeReport:
+        report = real(src, dst, plan)
+        damage(dst, "Attention_0.qkv_weight_scale", 10.0)
+        return report
+
+    monkeypatch.setattr(quantize, "quantize", wrong_scale)
+    opts = ExportOptions(source="random", repository=tmp_path, name="t", random_config=dict(TINY), seed=7, int8=True)
+    with pytest.raises(ExportError, match=r"int8 gate failed: .*; nothing was published"):
+        export_entry(opts, out=io.StringIO())
+    assert list(tmp_path.iterdir()) == []  # no entry (not even its fp32 graphs), no scratch directory
