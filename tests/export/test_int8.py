@@ -1,4 +1,4 @@
-"""The int8 graph (`--int8`): how it is quantised, and its gate, which a damaged quantisation fails."""
+"""The int8 graph (`--int8`): how it is quantised, its gate (which a damaged quantisation fails), serving it."""
 
 from __future__ import annotations
 
@@ -13,9 +13,15 @@ from onnx import numpy_helper
 
 from mhaserve.export import int8_gate, quantize
 from mhaserve.export.publish import ExportError, ExportOptions, export_entry
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import read_manifest
+from mhaserve.runtime.repository import ModelRepository
 from mhaserve.runtime.tokenizer import load_for_serving
+from mhaserve.service.settings import Settings
+from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.server import ServerThread
 from tests.conftest import TINY
 
 L = TINY["n_layers"]
@@ -120,3 +126,28 @@ def test_a_damaged_quantisation_publishes_nothing(tmp_path: Path, monkeypatch: p
     with pytest.raises(ExportError, match=r"int8 gate failed: .*; nothing was published"):
         export_entry(opts, out=io.StringIO())
     assert list(tmp_path.iterdir()) == []  # no entry (not even its fp32 graphs), no scratch directory
+
+
+def test_serve_graph_int8(tiny_entry: Path) -> None:
+    """`mhaserve serve --graph int8` serves model.int8.onnx; its embeddings are the fp32 graph's, nearly."""
+    repo = tiny_entry.parent.parent
+    assert ModelRepository(repo).entry("tiny", graph="auto").graph == "optimized"  # auto does not pick int8
+    texts = ["a short one", "Ok.", "a somewhat longer sentence about quantisation " * 3]
+    srv = ServerThread(Settings(repository=repo, port=0, metrics_port=0, device="cpu", graph="int8")).ready()
+    try:
+        with srv.channel() as channel:
+            stub = pb_grpc.EncoderServiceStub(channel)
+            info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT)
+            reply = stub.Encode(pb.EncodeRequest(texts=texts, normalize=True), timeout=WAIT)
+    finally:
+        srv.stop()
+    entry = read_manifest(tiny_entry).graphs["int8"]
+    assert (info.graph, info.sha256) == ("int8", entry.sha256)
+    got = np.array([e.values for e in reply.embeddings])
+    tok = load_for_serving(tiny_entry / "tokenizer.json", TINY["max_seq_len"])
+    fp32 = _engine(tiny_entry / "model.optimized.onnx")
+    want = np.concatenate(
+        [fp32.run(np.array([tok.encode(t).ids]), np.ones((1, len(tok.encode(t).ids)), np.int64)) for t in texts]
+    )
+    want /= np.linalg.norm(want, axis=1, keepdims=True)
+    assert (got * want).sum(axis=1).min() >= int8_gate.MIN_COSINE
