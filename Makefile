@@ -17,6 +17,7 @@ help:
 	@echo "make proto      regenerate the gRPC stubs from proto/**/*.proto"
 	@echo "make gpu-check  parity and a short throughput run on CUDAExecutionProvider (needs a GPU)"
 	@echo "make reliability  the long reliability runs (bad input, overload, faults, soak, shutdown); writes docs/reliability.md"
+	@echo "make images     the cpu and loadtest images with docker or podman, whichever answers; GPU=1: gpu and loadtest"
 
 # One environment; each stamp records which extras are installed and is redone when a pyproject.toml changes.
 # Two distributions share the `mhaserve` namespace: the server (this folder) and the load-test tooling
@@ -103,16 +104,21 @@ proto-generate:
 	$(PY) -m grpc_tools.protoc -I . --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) --grpc_python_out=$(PROTO_OUT) \
 	  $$(find proto -name '*.proto' | sort)
 	find $(PROTO_OUT)/proto \( -name '*_pb2.py' -o -name '*_pb2.pyi' -o -name '*_pb2_grpc.py' \) \
-	  -exec sed -i -E 's/^(from|import) proto\./\1 mhaserve.proto./' {} +
+	  -exec sed -i -E -e 's/^(from|import) proto\./\1 mhaserve.proto./' \
+	  -e "s/(BuildTopDescriptorsAndMessages\(DESCRIPTOR, )'proto\./\1'mhaserve.proto./" {} +
 
 clean:
 	rm -rf $(VENV) .venv-triton .pytest_cache .mypy_cache .ruff_cache build *.egg-info
 
 # Load test a running server (`make serve` in another shell) with loadtest/locustfile.py, headless.
 # Reports (CSV, JSON, HTML) go to $(LOADTEST_RESULTS)/loadtest-<timestamp>/; the exit status is 1 only
-# when more than MAX_FAIL_RATIO of the requests failed. WORKLOAD: short, long, mixed, batch, ids,
-# stream, bad, or several separated by commas. PROCESSES > 1 runs Locust distributed on this machine.
-LOADTEST_HOST ?= 127.0.0.1:50051
+# when more than MAX_FAIL_RATIO of the requests failed. PROTOCOL: grpc (encoder.v1, on :50051) or http
+# (OpenAI POST /v1/embeddings, on :8080; ENCODING_FORMAT float or base64). WORKLOAD: short, query, long,
+# mixed, batch, ids, stream (gRPC only), bad, or several separated by commas. PROCESSES > 1 runs Locust
+# distributed on this machine.
+PROTOCOL ?= grpc
+LOADTEST_HOST ?= $(if $(filter http,$(PROTOCOL)),http://127.0.0.1:8080,127.0.0.1:50051)
+ENCODING_FORMAT ?= float
 USERS ?= 32
 SPAWN_RATE ?= 8
 RUN_TIME ?= 60s
@@ -126,10 +132,11 @@ LOCUST_ARGS ?=
 .PHONY: loadtest
 loadtest: $(VENV)/.stamp-serve
 	@out=$(LOADTEST_RESULTS)/loadtest-$$(date +%Y%m%d-%H%M%S); mkdir -p $$out; \
-	echo "locust: $(USERS) users, workload $(WORKLOAD), against $(LOADTEST_HOST) for $(RUN_TIME)"; \
+	echo "locust: $(USERS) users, workload $(WORKLOAD), over $(PROTOCOL) against $(LOADTEST_HOST) for $(RUN_TIME)"; \
 	$(BIN)/locust -f loadtest/locustfile.py --headless --host $(LOADTEST_HOST) \
 	  --users $(USERS) --spawn-rate $(SPAWN_RATE) --run-time $(RUN_TIME) \
 	  $(if $(filter-out 0 1,$(PROCESSES)),--processes $(PROCESSES)) \
+	  --protocol $(PROTOCOL) --encoding-format $(ENCODING_FORMAT) \
 	  --workload $(WORKLOAD) --batch-size $(BATCH_SIZE) --max-fail-ratio $(MAX_FAIL_RATIO) \
 	  --csv $$out/stats --csv-full-history --json-file $$out/stats --html $$out/report.html \
 	  --only-summary $(LOCUST_ARGS); \
@@ -145,3 +152,20 @@ RELIABILITY_ARGS ?=
 reliability: $(VENV)/.stamp-dev $(REPOSITORY)/$(MODEL)/1/manifest.json
 	$(PY) -m mhaserve.loadtest.reliability --repository $(REPOSITORY) --model $(MODEL) --output docs/reliability.md \
 	  $(RELIABILITY_ARGS)
+
+# Images with docker or podman, whichever answers (deploy/images/build.sh; CONTAINER_ENGINE picks one): the
+# cpu serving image and the loadtest image, or with GPU=1 the gpu serving image and the loadtest image. pip
+# in the builds is configured like this host's pip; without a reachable registry the base image is built
+# from Debian's packages (deploy/images/base.sh, as root). Tags: CPU_TAG, GPU_TAG, LOADTEST_TAG.
+GPU ?=
+.PHONY: images
+images:
+	deploy/images/build.sh $(if $(filter 1 yes true,$(GPU)),gpu,cpu) loadtest
+
+# The figures docs/deploy.md gives for the images (tests/deploy/figures.py): build times, sizes, start to
+# SERVING, memory at rest and under load. FIGURES_ARGS: --cold (also a build as on a fresh machine, about
+# 12 minutes here), --gpu.
+FIGURES_ARGS ?=
+.PHONY: image-figures
+image-figures: $(VENV)/.stamp-dev
+	$(PY) -m tests.deploy.figures $(FIGURES_ARGS)

@@ -109,6 +109,80 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(handler=_export)
 
 
+def _import(args: argparse.Namespace) -> int:
+    try:
+        from mhaserve.export.importer import ImportFailed, ImportOptions, import_entry
+        from mhaserve.export.staging import PublishError
+        from mhaserve.runtime.manifest import ManifestError
+
+        opts = ImportOptions(
+            onnx=Path(args.onnx),
+            tokenizer=Path(args.tokenizer),
+            name=args.name,
+            repository=Path(args.repository),
+            version=args.version,
+            output=args.output,
+            pooling=args.pooling,
+            normalize=args.normalize,
+            max_seq_len=args.max_seq_len,
+            reference=Path(args.reference) if args.reference else None,
+            pool_in_graph=not args.no_pooling,
+            overwrite=args.overwrite,
+        )
+        entry = import_entry(opts)
+    except ImportError as e:  # onnx (and torch for --reference) come with the export extra
+        return _missing("import", e, EXPORT_HINT)
+    except (ImportFailed, PublishError, ManifestError) as e:
+        print(f"mhaserve import: error: {e}", file=sys.stderr)
+        return 1
+    print(entry)
+    return 0
+
+
+def _add_import(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "import",
+        help="publish an existing ONNX encoder (a last_hidden_state output) into a model repository",
+        description="Bring your own ONNX: adapt a BERT-style encoder graph (inputs input_ids, attention_mask and "
+        "optionally token_type_ids, an output of token states) to the server's contract, pooling it in the graph; "
+        "check it (names, dtypes, symbolic dimensions, a run at the longest length, and the parity gate against "
+        "--reference or else the padding check) and publish models/<name>/<version>/. Pooling, normalisation and "
+        "the length limit default to sentence-transformers' files beside the tokenizer, as a Hub repository has them.",
+    )
+    p.add_argument("--onnx", required=True, help="the ONNX graph (for example a Hub repository's onnx/model.onnx)")
+    p.add_argument("--tokenizer", required=True, help="its tokenizers JSON file (tokenizer.json)")
+    p.add_argument("--name", required=True, help="model name in the repository")
+    p.add_argument("--repository", default="models", help="model repository directory (default: models)")
+    p.add_argument("--version", type=int, help="version number (default: the next free one)")
+    p.add_argument("--output", default="last_hidden_state", help="the graph output holding token states")
+    p.add_argument(
+        "--pooling", choices=["mean", "cls"], help="default: 1_Pooling/config.json beside the tokenizer, else mean"
+    )
+    p.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        help="L2-normalise by default (default: whether modules.json beside the tokenizer has a Normalize module)",
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        help="longest sequence, in tokens (default: sentence_bert_config.json beside the tokenizer, else the "
+        "graph's position table)",
+    )
+    p.add_argument(
+        "--reference",
+        help="a checkpoint directory of the same model: the import passes the export's parity gate against it (1e-5)",
+    )
+    p.add_argument(
+        "--no-pooling",
+        action="store_true",
+        help="leave the graph's token states as its output and let the server pool them (slower; for graphs that "
+        "cannot take the appended pooling)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing version")
+    p.set_defaults(handler=_import)
+
+
 def _missing(command: str, error: ImportError, what: str) -> int:
     print(
         f"mhaserve {command}: error: {error.name or error} is not installed; this command needs {what}", file=sys.stderr
@@ -300,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_export(sub)
+    _add_import(sub)
     _add_serve(sub)
     _add_clients(sub)
     _add_bench(sub)

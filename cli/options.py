@@ -25,6 +25,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         # Fields whose default depends on the device or the repository say so in their help.
         default = "" if "(default" in meta["help"] else f"; default: {f.default}"
+        if meta.get("repeatable"):  # --model a --model b
+            parser.add_argument(
+                flag(f.name),
+                dest=f.name,
+                default=None,
+                action="append",
+                type=meta["parse"],
+                metavar=meta.get("metavar"),
+                help=f"{meta['help']} [env {env_var(f.name)}{default}]",
+            )
+            continue
+        if f.type in (bool, "bool"):  # --auto-truncate / --no-auto-truncate
+            parser.add_argument(
+                flag(f.name),
+                dest=f.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=f"{meta['help']} [env {env_var(f.name)}{default}]",
+            )
+            continue
         parser.add_argument(
             flag(f.name),
             dest=f.name,
@@ -43,7 +63,10 @@ def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mappin
     values: dict[str, Any] = {}
     for f in dataclasses.fields(Settings):
         if given.get(f.name) is not None:
-            values[f.name] = given[f.name]
+            value = given[f.name]
+            if f.metadata.get("repeatable") and isinstance(value, list):  # a repeated flag: every value given
+                value = tuple(v for part in value for v in part)
+            values[f.name] = value
         elif env.get(env_var(f.name), "") != "":
             raw = env[env_var(f.name)]
             try:

@@ -93,16 +93,29 @@ def check(model: Encoder, engine: Engine, *, tolerance: float = FP32_TOLERANCE, 
         if diff >= report.max_abs_diff:
             report.max_abs_diff, report.worst_case = diff, (batch, seq)
 
-    # The same short row alone, and padded inside a batch whose other rows are full length.
-    short = min(5, cfg.max_seq_len)
-    long = min(64, cfg.max_seq_len)
-    ids, mask = make_batch(3, long, cfg.vocab_size, cfg.pad_token_id, rng)
-    ids[1, short:], mask[1, short:] = cfg.pad_token_id, 0
+    report.padding_max_abs_diff = padding_diff(
+        engine, max_seq_len=cfg.max_seq_len, vocab_size=cfg.vocab_size, pad_id=cfg.pad_token_id, rng=rng
+    )
+    return report
+
+
+def padding_diff(
+    engine: Engine, *, max_seq_len: int, vocab_size: int, pad_id: int, rng: np.random.Generator | None = None
+) -> float:
+    """How much padding changes a row: the same short row alone, and padded in a batch of full-length rows.
+
+    Needs no reference model, so an imported graph is held to it as well: a graph that ignores
+    attention_mask, or pools over padding, fails it.
+    """
+    rng = rng or np.random.default_rng(0)
+    short = min(5, max_seq_len)
+    long = min(64, max_seq_len)
+    ids, mask = make_batch(3, long, vocab_size, pad_id, rng)
+    ids[1, short:], mask[1, short:] = pad_id, 0
     mask[2] = 1
     alone = engine.run(np.ascontiguousarray(ids[1:2, :short]), np.ascontiguousarray(mask[1:2, :short]))
     padded = engine.run(ids, mask)[1:2]
-    report.padding_max_abs_diff = float(np.abs(alone - padded).max())
-    return report
+    return float(np.abs(alone - padded).max())
 
 
 def gate(model: Encoder, engine: Engine, *, variant: str, tolerance: float = FP32_TOLERANCE) -> ParityReport:

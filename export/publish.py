@@ -7,14 +7,10 @@ A failed export leaves the repository as it was.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import shutil
-import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -23,6 +19,7 @@ from typing import TextIO
 from mhaserve.export import tokenizer as tk
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import tokenizer as serving_tokenizer
+from mhaserve.runtime.progress import Progress
 
 DEFAULT_SOURCE = "minilm"
 DEFAULT_NAME = "all-minilm-l6-v2"
@@ -49,24 +46,6 @@ class ExportOptions:
     # Only for --source random: any size, reproducible from the seed.
     random_config: dict[str, object] = field(default_factory=dict)
     seed: int = 0
-
-
-class Progress:
-    """A step-by-step display on stderr: the user sees what is running and how long each step took."""
-
-    def __init__(self, total: int, out: TextIO | None = None) -> None:
-        self.total, self.n, self.out = total, 0, out or sys.stderr
-
-    @contextlib.contextmanager
-    def step(self, what: str) -> Iterator[None]:
-        self.n += 1
-        prefix = f"[{self.n}/{self.total}] {what}"
-        self.out.write(f"{prefix} ...\n")
-        self.out.flush()
-        t0 = time.perf_counter()
-        yield
-        self.out.write(f"{prefix}: done in {time.perf_counter() - t0:.1f}s\n")
-        self.out.flush()
 
 
 def _pkg_version(name: str) -> str:
@@ -150,7 +129,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 )
 
         fp32 = scratch / "model.onnx"
-        with progress.step("exporting to ONNX (torch.export, dynamic batch and sequence)"):
+        with progress.step("exporting to ONNX (torch.export, dynamic batch and sequence)", reports=True):
             onnx_graph.export_graph(model, fp32)
             opset = onnx_graph.check_graph(fp32, cfg.d_model)
 
@@ -179,21 +158,23 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 variant, path, precision, report.to_dict() | ({"fusions": fusions} if fusions else {}), bool(fusions)
             )
 
-        with progress.step(f"parity gate, fp32 graph vs eager ({len(parity.grid(cfg.max_seq_len))} shapes)"):
+        with progress.step(
+            f"parity gate, fp32 graph vs eager ({len(parity.grid(cfg.max_seq_len))} shapes)", reports=True
+        ):
             gated("fp32", fp32, "fp32", parity.FP32_TOLERANCE, {})
 
         fused = scratch / "model.optimized.onnx"
         if fuse:
-            with progress.step("ONNX Runtime fusions + parity gate"):
+            with progress.step("ONNX Runtime fusions + parity gate", reports=True):
                 fusions = onnx_graph.optimize(fp32, fused)
                 gated("optimized", fused, "fp32", parity.FP32_TOLERANCE, fusions)
         if opts.fp16:
-            with progress.step("fp16 conversion + parity gate (looser tolerance)"):
+            with progress.step("fp16 conversion + parity gate (looser tolerance)", reports=True):
                 half = scratch / "model.fp16.onnx"
                 onnx_graph.to_fp16(fp32, half)
                 gated("fp16", half, "fp16", parity.FP16_TOLERANCE, {})
         if opts.int8:
-            with progress.step("int8 quantisation + int8 gate (vs the fused fp32 graph)"):
+            with progress.step("int8 quantisation + int8 gate (vs the fused fp32 graph)", reports=True):
                 int8 = scratch / "model.int8.onnx"
                 how = quantize.quantize(fused, int8)
                 try:

@@ -1,36 +1,44 @@
-"""Locust load test for mhaserve's encoder.v1 gRPC API.
+"""Locust load test for mhaserve: encoder.v1 over gRPC, or OpenAI embeddings (`POST /v1/embeddings`) over HTTP.
 
 Locust has no gRPC user of its own: `EncoderUser` makes the calls with grpcio (made gevent-friendly, so
 hundreds of users share one process) and reports each one through Locust's request event, with the
-gRPC status name as the failure reason.
+gRPC status name as the failure reason. With `--protocol http` the same user sends the same workloads to
+the OpenAI route instead, over geventhttpclient (Locust's FastHttpUser client: one keep-alive connection
+per user), failures named by their HTTP status and the error's message.
 
     locust -f loadtest/locustfile.py --headless -H 127.0.0.1:50051 -u 32 -r 8 -t 60s --workload mixed
+    locust -f loadtest/locustfile.py --headless -H http://127.0.0.1:8080 --protocol http -u 32 -r 8 -t 60s
 
 Options this file adds (also settable as LOCUST_* variables, and sent by a master to its workers):
 
-    --workload W[,W...]   short | long | mixed | batch | ids | stream | bad (several: picked at random per task)
+    --protocol P          grpc (encoder.v1 Encode, the default) | http (OpenAI POST /v1/embeddings)
+    --workload W[,W...]   short | query | long | mixed | batch | ids | stream | bad (several: picked at
+                          random per task; stream is gRPC only)
     --batch-size N        texts per request for `batch` (default 8)
     --stream-requests N   requests per EncodeStream call for `stream` (default 8)
-    --corpus PATH         one text per line (default: loadtest/corpus.txt)
+    --corpus PATH         one text per line, for query, long, mixed, batch, ids (default: loadtest/corpus.txt)
+    --short-corpus PATH   the `short` workload's texts (default: loadtest/texts/short.txt)
     --tokenizer PATH      tokenizer.json for `ids` (default: random ids inside the served model's vocabulary)
     --model NAME          model to ask for (default: the server's default)
+    --encoding-format F   float | base64: the vectors `http` asks for (default float)
     --rpc-timeout S       deadline of each call in seconds (default 30)
     --think-time S        pause between a user's calls, uniform in [0, S] (default 0: closed loop)
     --max-fail-ratio F    exit 1 when more than this fraction of requests failed (default 0.01)
 
-A user pauses 0.1 s after UNAVAILABLE or RESOURCE_EXHAUSTED, as a client should, instead of spinning on
-instant failures. `make loadtest` runs it headless and keeps the CSV, JSON and HTML reports; distributed mode works
-from the same file (`--master` / `--worker`, or `--processes N`).
+A user pauses 0.1 s after UNAVAILABLE or RESOURCE_EXHAUSTED (HTTP: 429, 503, or no connection), as a
+client should, instead of spinning on instant failures. `make loadtest` runs it headless and keeps the
+CSV, JSON and HTML reports (`PROTOCOL=http` for the HTTP API); distributed mode works from the same file
+(`--master` / `--worker`, or `--processes N`).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from http.client import HTTPException
 from pathlib import Path
 from typing import Any
 
@@ -38,37 +46,46 @@ from locust import User, events, task  # imports gevent and patches the standard
 
 import grpc  # isort: skip
 import grpc.experimental.gevent as grpc_gevent  # isort: skip
+import orjson  # isort: skip
+from geventhttpclient import HTTPClient  # isort: skip
+
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.client import CHANNEL_OPTIONS
 
 # Before any channel exists: without it every gRPC call blocks the whole process and users run one at a time.
 grpc_gevent.init_gevent()
-
-try:
-    from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
-    from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-except ImportError:  # run from a checkout without mhaserve installed: the stubs are beside this folder
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
-    from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1:50051"
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "corpus.txt"
-WORKLOADS = ("short", "long", "mixed", "batch", "ids", "stream", "bad")
-# Word counts that split the corpus: a "short" text is a query, a "long" one a paragraph.
-SHORT_MAX_WORDS = 8
+DEFAULT_SHORT_CORPUS = Path(__file__).resolve().parent / "texts" / "short.txt"
+PROTOCOLS = ("grpc", "http")
+WORKLOADS = ("short", "query", "long", "mixed", "batch", "ids", "stream", "bad")
+GRPC_ONLY = {"stream"}
+# Word counts that split corpus.txt: a query is a `query`, a paragraph a `long` text.
+QUERY_MAX_WORDS = 8
 LONG_MIN_WORDS = 60
 STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 # After these a real client backs off rather than retrying at once: the server is unreachable or
 # draining, or its queue is full. Without a pause a user would spin on instant failures.
-BACKOFF_CODES = {"UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+BACKOFF_CODES = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "HTTP 429", "HTTP 503", "CONNECTION"}
 BACKOFF_S = 0.1
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+ROUTE = "/v1/embeddings"
 
 
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser: Any) -> None:
     g = parser.add_argument_group("mhaserve", "options of loadtest/locustfile.py")
+    g.add_argument(
+        "--protocol",
+        default="grpc",
+        choices=PROTOCOLS,
+        env_var="LOCUST_PROTOCOL",
+        help="grpc: encoder.v1 Encode (host 127.0.0.1:50051); http: OpenAI POST /v1/embeddings "
+        "(host http://127.0.0.1:8080)",
+    )
     g.add_argument(
         "--workload",
         default="mixed",
@@ -80,8 +97,21 @@ def _add_arguments(parser: Any) -> None:
         "--stream-requests", type=int, default=8, env_var="LOCUST_STREAM_REQUESTS", help="requests per `stream` call"
     )
     g.add_argument("--corpus", default=str(DEFAULT_CORPUS), env_var="LOCUST_CORPUS", help="one text per line")
+    g.add_argument(
+        "--short-corpus",
+        default=str(DEFAULT_SHORT_CORPUS),
+        env_var="LOCUST_SHORT_CORPUS",
+        help="the `short` workload's texts, one per line",
+    )
     g.add_argument("--tokenizer", default="", env_var="LOCUST_TOKENIZER", help="tokenizer.json for the `ids` task")
     g.add_argument("--model", default="", env_var="LOCUST_MODEL", help="model name (default: the server's)")
+    g.add_argument(
+        "--encoding-format",
+        default="float",
+        choices=("float", "base64"),
+        env_var="LOCUST_ENCODING_FORMAT",
+        help="the vectors --protocol http asks for (default float)",
+    )
     g.add_argument("--rpc-timeout", type=float, default=30.0, env_var="LOCUST_RPC_TIMEOUT", help="seconds per call")
     g.add_argument("--think-time", type=float, default=0.0, env_var="LOCUST_THINK_TIME", help="max pause, seconds")
     g.add_argument(
@@ -93,8 +123,9 @@ def _add_arguments(parser: Any) -> None:
     )
 
 
-class GrpcError(Exception):
-    """A failed call as Locust records it: its repr, the failure's key, starts with the status name."""
+class CallError(Exception):
+    """A failed call as Locust records it: its repr, the failure's key, starts with the status name
+    (a gRPC status, or `HTTP 400`)."""
 
     def __init__(self, code: str, details: str) -> None:
         super().__init__(code, details)
@@ -107,10 +138,20 @@ class GrpcError(Exception):
     __str__ = __repr__
 
     @classmethod
-    def from_rpc(cls, e: grpc.RpcError) -> GrpcError:
+    def from_rpc(cls, e: grpc.RpcError) -> CallError:
         code = e.code() if isinstance(e, grpc.Call) else None
         details = e.details() if isinstance(e, grpc.Call) else str(e)
         return cls(code.name if code is not None else "UNKNOWN", details or "")
+
+    @classmethod
+    def from_http(cls, status: int, body: bytes) -> CallError:
+        """OpenAI's error shape ({"error": {"message": ...}}), KServe's ({"error": "..."}), or the raw body."""
+        try:
+            error = orjson.loads(body)["error"]
+            message = error["message"] if isinstance(error, dict) else str(error)
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            message = body[:200].decode("utf-8", "replace")
+        return cls(f"HTTP {status}", message)
 
 
 class Corpus:
@@ -122,7 +163,7 @@ class Corpus:
         if not lines:
             raise ValueError("the corpus is empty")
         self.all = lines
-        self.short = [t for t in lines if len(t.split()) <= SHORT_MAX_WORDS] or lines
+        self.queries = [t for t in lines if len(t.split()) <= QUERY_MAX_WORDS] or lines
         self.long = [t for t in lines if len(t.split()) >= LONG_MIN_WORDS] or lines
 
     @classmethod
@@ -149,24 +190,103 @@ def _token_ids(corpus: Corpus, tokenizer_path: str, vocab_size: int, max_tokens:
 
 _ids_cache: dict[tuple[str, str, int, int], list[list[int]]] = {}
 
+# What a call returns to the user: (response size in bytes, embeddings received)
+Answer = tuple[int, int]
+
+
+class GrpcClient:
+    """encoder.v1 over one channel per user."""
+
+    request_type = "Encode"
+
+    def __init__(self, host: str, timeout: float) -> None:
+        for scheme in ("grpc://", "http://", "dns:///"):
+            host = host.removeprefix(scheme)
+        self.channel = grpc.insecure_channel(host.rstrip("/"), options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.EncoderServiceStub(self.channel)
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def model_shape(self, model: str) -> tuple[int, int]:
+        """(vocabulary size, most tokens per input) of the model."""
+        info = self.stub.GetModelInfo(pb.GetModelInfoRequest(model=model), timeout=self.timeout)
+        return info.vocab_size, info.max_tokens_per_input
+
+    def _call(self, request: pb.EncodeRequest) -> Answer:
+        try:
+            response = self.stub.Encode(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise CallError.from_rpc(e) from None
+        return response.ByteSize(), len(response.embeddings)
+
+    def encode(self, model: str, texts: list[str] | None = None, ids: list[list[int]] | None = None) -> Answer:
+        if ids is not None:
+            return self._call(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=s) for s in ids], model=model, truncate=True))
+        return self._call(pb.EncodeRequest(texts=texts, model=model, truncate=True))
+
+    def bad(self, model: str, text: str) -> Answer:
+        """Texts and token ids both set: INVALID_ARGUMENT each time."""
+        return self._call(pb.EncodeRequest(texts=[text], token_ids=[pb.TokenIds(ids=[1, 2])], model=model))
+
+
+class HttpClient:
+    """OpenAI `POST /v1/embeddings` over one keep-alive connection per user."""
+
+    request_type = "POST"
+
+    def __init__(self, host: str, timeout: float, encoding_format: str) -> None:
+        url = host if "://" in host else f"http://{host}"
+        self.client = HTTPClient.from_url(url, concurrency=1, connection_timeout=timeout, network_timeout=timeout)
+        self.encoding_format = encoding_format
+        self.headers = {"Content-Type": "application/json"}
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _request(self, method: str, path: str, body: bytes = b"") -> bytes:
+        try:
+            response = self.client.request(method, path, body=body, headers=self.headers)
+            content = bytes(response.read())
+        except (OSError, HTTPException) as e:  # refused, reset, timed out, cut short: no answer
+            raise CallError("CONNECTION", f"{type(e).__name__}: {e}") from None
+        if response.status_code != 200:
+            raise CallError.from_http(response.status_code, content)
+        return content
+
+    def model_shape(self, model: str) -> tuple[int, int]:
+        info = orjson.loads(self._request("GET", "/info"))
+        served = next((m for m in info["models"] if model in (m["model"], f"{m['model']}:{m['version']}")), info)
+        return served["vocab_size"], served["max_input_length"]
+
+    def _call(self, body: dict[str, Any]) -> Answer:
+        content = self._request("POST", ROUTE, orjson.dumps(body))
+        return len(content), len(orjson.loads(content)["data"])
+
+    def encode(self, model: str, texts: list[str] | None = None, ids: list[list[int]] | None = None) -> Answer:
+        body: dict[str, Any] = {"input": ids if ids is not None else texts, "encoding_format": self.encoding_format}
+        body["truncate"] = True
+        if model:
+            body["model"] = model
+        return self._call(body)
+
+    def bad(self, model: str, text: str) -> Answer:
+        """An empty string among the inputs: 400 each time."""
+        return self._call({"input": [text, ""], **({"model": model} if model else {})})
+
 
 class EncoderUser(User):
-    """One client of encoder.v1 with its own channel; its task set comes from --workload."""
+    """One client of encoder.v1 (or of the OpenAI route, with --protocol http) with its own connection; its
+    task set comes from --workload."""
 
     host = DEFAULT_HOST
 
     def __init__(self, environment: Any) -> None:
         super().__init__(environment)
-        self.channel: grpc.Channel | None = None
-        self.stub: pb_grpc.EncoderServiceStub | None = None
+        self.client: GrpcClient | HttpClient | None = None
         self.workloads: list[Callable[[], None]] = []
         self.backoff = 0.0
-
-    @staticmethod
-    def _target(host: str) -> str:
-        for scheme in ("grpc://", "http://", "dns:///"):
-            host = host.removeprefix(scheme)
-        return host.rstrip("/")
 
     def wait_time(self) -> float:
         opts = self.environment.parsed_options
@@ -177,12 +297,15 @@ class EncoderUser(User):
     def on_start(self) -> None:
         opts = self.environment.parsed_options
         self.opt: dict[str, Any] = {
+            "protocol": "grpc",
             "workload": "mixed",
             "batch_size": 8,
             "stream_requests": 8,
             "corpus": str(DEFAULT_CORPUS),
+            "short_corpus": str(DEFAULT_SHORT_CORPUS),
             "tokenizer": "",
             "model": "",
+            "encoding_format": "float",
             "rpc_timeout": 30.0,
         }
         if opts is not None:
@@ -191,26 +314,30 @@ class EncoderUser(User):
         unknown = sorted(set(names) - set(WORKLOADS))
         if unknown or not names:
             raise ValueError(f"--workload {self.opt['workload']!r}: unknown {unknown}; choose from {WORKLOADS}")
+        host = self.host or DEFAULT_HOST
+        if self.opt["protocol"] == "http":
+            if GRPC_ONLY & set(names):
+                raise ValueError(f"--workload {', '.join(sorted(GRPC_ONLY & set(names)))} is gRPC only")
+            self.client = HttpClient(host, self.opt["rpc_timeout"], self.opt["encoding_format"])
+        else:
+            self.client = GrpcClient(host, self.opt["rpc_timeout"])
         self.corpus = Corpus.load(self.opt["corpus"])
-        self.channel = grpc.insecure_channel(self._target(self.host or DEFAULT_HOST), options=CHANNEL_OPTIONS)
-        self.stub = pb_grpc.EncoderServiceStub(self.channel)
+        if "short" in names:
+            self.short = Corpus.load(self.opt["short_corpus"]).all
         self.workloads = [getattr(self, f"task_{n}") for n in names]
         if "ids" in names:
             self.ids = self._load_ids()
 
     def on_stop(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
 
     def _load_ids(self) -> list[list[int]]:
+        assert self.client is not None
         vocab, max_tokens = 30522, 256
         if not self.opt["tokenizer"]:
-            assert self.stub is not None
-            info = self.stub.GetModelInfo(
-                pb.GetModelInfoRequest(model=self.opt["model"]), timeout=self.opt["rpc_timeout"]
-            )
-            vocab, max_tokens = info.vocab_size, info.max_tokens_per_input
+            vocab, max_tokens = self.client.model_shape(self.opt["model"])
         key = (self.opt["corpus"], self.opt["tokenizer"], vocab, max_tokens)
         if key not in _ids_cache:
             _ids_cache[key] = _token_ids(self.corpus, self.opt["tokenizer"], vocab, max_tokens)
@@ -223,7 +350,7 @@ class EncoderUser(User):
     # ---- reporting ----------------------------------------------------------------------------------
 
     def _fire(self, rpc: str, name: str, started: float, length: int, error: Exception | None) -> None:
-        if isinstance(error, GrpcError) and error.code in BACKOFF_CODES:
+        if isinstance(error, CallError) and error.code in BACKOFF_CODES:
             self.backoff = BACKOFF_S
         self.environment.events.request.fire(
             request_type=rpc,
@@ -234,53 +361,62 @@ class EncoderUser(User):
             context={},
         )
 
-    def _encode(self, name: str, request: pb.EncodeRequest) -> None:
-        assert self.stub is not None
-        request.model = self.opt["model"]
+    def _encode(self, name: str, texts: list[str] | None = None, ids: list[list[int]] | None = None) -> None:
+        assert self.client is not None
         started = time.perf_counter()
         try:
-            response = self.stub.Encode(request, timeout=self.opt["rpc_timeout"])
-        except grpc.RpcError as e:
-            self._fire("Encode", name, started, 0, GrpcError.from_rpc(e))
+            length, received = self.client.encode(self.opt["model"], texts=texts, ids=ids)
+        except CallError as e:
+            self._fire(self.client.request_type, name, started, 0, e)
             return
-        n = len(request.texts) or len(request.token_ids)
-        error = None
-        if len(response.embeddings) != n:
-            error = GrpcError("BAD_RESPONSE", f"{len(response.embeddings)} embeddings for {n} inputs")
-        self._fire("Encode", name, started, response.ByteSize(), error)
+        n = len(ids) if ids is not None else len(texts or [])
+        error = None if received == n else CallError("BAD_RESPONSE", f"{received} embeddings for {n} inputs")
+        self._fire(self.client.request_type, name, started, length, error)
 
     # ---- the task sets --------------------------------------------------------------------------------
 
     def task_short(self) -> None:
-        """One query-length text per request: the per-request overhead dominates."""
-        self._encode("short", pb.EncodeRequest(texts=[random.choice(self.corpus.short)], truncate=True))
+        """One text of the short-text corpus (queries, sentences, some paragraphs; median about 20 tokens):
+        the traffic most users send, where the work around the model weighs most."""
+        self._encode("short", texts=[random.choice(self.short)])
+
+    def task_query(self) -> None:
+        """One query of corpus.txt (up to 8 words): the shortest requests."""
+        self._encode("query", texts=[random.choice(self.corpus.queries)])
 
     def task_long(self) -> None:
         """One paragraph per request (truncated at the model's maximum): the model dominates."""
-        self._encode("long", pb.EncodeRequest(texts=[random.choice(self.corpus.long)], truncate=True))
+        self._encode("long", texts=[random.choice(self.corpus.long)])
 
     def task_mixed(self) -> None:
         """One text drawn from the whole corpus: mostly short, a long tail, as real traffic."""
-        self._encode("mixed", pb.EncodeRequest(texts=[random.choice(self.corpus.all)], truncate=True))
+        self._encode("mixed", texts=[random.choice(self.corpus.all)])
 
     def task_batch(self) -> None:
         """N texts in one request, as an indexing job sends them."""
         n = int(self.opt["batch_size"])
-        self._encode(f"batch{n}", pb.EncodeRequest(texts=random.choices(self.corpus.all, k=n), truncate=True))
+        self._encode(f"batch{n}", texts=random.choices(self.corpus.all, k=n))
 
     def task_ids(self) -> None:
         """One pre-tokenised input: no tokenisation on the server."""
-        ids = random.choice(self.ids)
-        self._encode("ids", pb.EncodeRequest(token_ids=[pb.TokenIds(ids=ids)], truncate=True))
+        self._encode("ids", ids=[random.choice(self.ids)])
 
     def task_bad(self) -> None:
-        """A request the server must refuse (texts and token ids both set): INVALID_ARGUMENT each time."""
-        request = pb.EncodeRequest(texts=[random.choice(self.corpus.short)], token_ids=[pb.TokenIds(ids=[1, 2])])
-        self._encode("bad", request)
+        """A request the server must refuse: INVALID_ARGUMENT (gRPC) or 400 (HTTP) each time."""
+        assert self.client is not None
+        started = time.perf_counter()
+        try:
+            length, _ = self.client.bad(self.opt["model"], random.choice(self.corpus.queries))
+        except CallError as e:
+            self._fire(self.client.request_type, "bad", started, 0, e)
+            return
+        self._fire(
+            self.client.request_type, "bad", started, length, CallError("ACCEPTED", "a bad request got an answer")
+        )
 
     def task_stream(self) -> None:
         """Several requests pipelined on one EncodeStream; each response is one Locust request."""
-        assert self.stub is not None
+        assert isinstance(self.client, GrpcClient)
         n = int(self.opt["stream_requests"])
         sent: deque[float] = deque()
         model = self.opt["model"]
@@ -293,19 +429,32 @@ class EncoderUser(User):
         started = time.perf_counter()
         received = 0
         try:
-            for response in self.stub.EncodeStream(requests(), timeout=self.opt["rpc_timeout"]):
+            for response in self.client.stub.EncodeStream(requests(), timeout=self.opt["rpc_timeout"]):
                 t0 = sent.popleft() if sent else started
                 received += 1
                 error = None
                 if response.HasField("error"):
                     code = STATUS_NAMES.get(response.error.code, f"STATUS_{response.error.code}")
-                    error = GrpcError(code, response.error.message)
+                    error = CallError(code, response.error.message)
                 self._fire("EncodeStream", "stream", t0, response.ByteSize(), error)
         except grpc.RpcError as e:
             # The stream itself failed: the requests without a response fail with its status.
-            failure = GrpcError.from_rpc(e)
+            failure = CallError.from_rpc(e)
             for _ in range(n - received):
                 self._fire("EncodeStream", "stream", sent.popleft() if sent else started, 0, failure)
+
+
+@events.init.add_listener
+def _clock(**_: Any) -> None:
+    """Bring the event loop's clock up to date before Locust starts its --run-time timer.
+
+    gevent's loop reads the clock once per iteration, and importing this file (grpc, its gevent
+    integration) blocks the loop for a while before the first one: without this, the timer counts from
+    a moment up to seconds in the past, and a short run (the tests' 2 s, on a busy machine) ends before
+    it has made a request."""
+    import gevent
+
+    gevent.get_hub().loop.update_now()
 
 
 @events.quitting.add_listener

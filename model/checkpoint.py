@@ -74,6 +74,31 @@ def _read_json(path: Path) -> Any:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from None
 
 
+def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None, str, bool]:
+    """(max sequence length, pooling, normalise) from sentence-transformers' files in `path`, if any.
+
+    sentence_bert_config.json's max_seq_length (capped at the position table; None when absent),
+    1_Pooling/config.json's mode (mean by default), and a Normalize module in modules.json.
+    """
+    max_seq_len = None
+    st_cfg = path / "sentence_bert_config.json"
+    if st_cfg.is_file() and (n := _read_json(st_cfg).get("max_seq_length")):
+        max_seq_len = min(int(n), max_positions) if max_positions else int(n)
+
+    pooling = "mean"
+    pool_cfg = path / "1_Pooling" / "config.json"
+    if pool_cfg.is_file():
+        p = _read_json(pool_cfg)
+        if p.get("pooling_mode_cls_token"):
+            pooling = "cls"
+        elif not p.get("pooling_mode_mean_tokens"):
+            raise CheckpointError(f"unsupported pooling in {pool_cfg}: only mean or cls")
+
+    modules = path / "modules.json"
+    normalize = modules.is_file() and any(m.get("type", "").endswith(".Normalize") for m in _read_json(modules))
+    return max_seq_len, pooling, normalize
+
+
 def read_config(path: Path) -> EncoderConfig:
     """Build the encoder config from config.json plus the sentence-transformers files, if any."""
     cfg_file = path / "config.json"
@@ -92,24 +117,8 @@ def read_config(path: Path) -> EncoderConfig:
         raise CheckpointError(f"unsupported position_embedding_type {hf['position_embedding_type']!r}")
 
     max_positions = int(hf["max_position_embeddings"])
-    max_seq_len = max_positions
-    st_cfg = path / "sentence_bert_config.json"
-    if st_cfg.is_file():
-        max_seq_len = min(int(_read_json(st_cfg).get("max_seq_length") or max_positions), max_positions)
-
-    pooling = "mean"
-    pool_cfg = path / "1_Pooling" / "config.json"
-    if pool_cfg.is_file():
-        p = _read_json(pool_cfg)
-        if p.get("pooling_mode_cls_token"):
-            pooling = "cls"
-        elif not p.get("pooling_mode_mean_tokens"):
-            raise CheckpointError(f"unsupported pooling in {pool_cfg}: only mean or cls")
-
-    normalize = False
-    modules = path / "modules.json"
-    if modules.is_file():
-        normalize = any(m.get("type", "").endswith(".Normalize") for m in _read_json(modules))
+    st_max_len, pooling, normalize = sentence_settings(path, max_positions)
+    max_seq_len = st_max_len or max_positions
 
     return EncoderConfig(
         vocab_size=int(hf["vocab_size"]),

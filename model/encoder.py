@@ -128,6 +128,10 @@ class Encoder(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """input_ids, attention_mask: (B, T) int64 -> embeddings (B, d) float32."""
+        return self.pool(self.token_states(input_ids, attention_mask), attention_mask)  # (B, d)
+
+    def token_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The last layer's output before pooling, (B, T, d): what Hugging Face calls last_hidden_state."""
         x = self.embeddings(input_ids)  # (B, T, d)
         # Additive key mask: exp(min - max) underflows to exactly 0, so padding gets no weight.
         # finfo.min rather than -inf keeps an all-padding row finite instead of NaN.
@@ -135,7 +139,7 @@ class Encoder(nn.Module):
         mask = (1.0 - keep) * torch.finfo(x.dtype).min
         for layer in self.layers:
             x = layer(x, mask)
-        return self.pool(x, attention_mask)  # (B, d)
+        return x
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -113,10 +113,13 @@ class OnnxEngine:
         device: Device = "auto",
         intra_op_threads: int | None = None,
         inter_op_threads: int = 1,
+        pooling: str = "mean",
     ) -> None:
         import onnxruntime as ort
 
+        self.graph = graph
         self.max_seq_len = max_seq_len
+        self.pooling = pooling  # for a graph that outputs token states; a pooled graph's own pooling stands
         self.vocab_size = vocab_size
         want_cuda = device == "cuda" or (
             device == "auto" and CUDA in ort.get_available_providers() and cuda_device_visible()
@@ -147,6 +150,8 @@ class OnnxEngine:
         log.info("ONNX Runtime session for %s uses providers %s", graph.name, got)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = self.session.get_outputs()[0].name
+        # (batch, sequence, hidden): an encoder without pooling (an imported graph); pool it here.
+        self.token_states = len(self.session.get_outputs()[0].shape) == 3
 
     @property
     def providers(self) -> list[str]:
@@ -156,14 +161,23 @@ class OnnxEngine:
         check_batch(input_ids, attention_mask, max_seq_len=self.max_seq_len, vocab_size=self.vocab_size)
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
         if not self.on_cuda:
-            out = self.session.run([self.output_name], feeds)[0]
-            return np.asarray(out, dtype=np.float32)
-        binding = self.session.io_binding()
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        binding.bind_output(self.output_name, "cpu")
-        self.session.run_with_iobinding(binding)
-        return np.asarray(binding.copy_outputs_to_cpu()[0], dtype=np.float32)
+            out = np.asarray(self.session.run([self.output_name], feeds)[0], dtype=np.float32)
+        else:
+            binding = self.session.io_binding()
+            for name, value in feeds.items():
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            binding.bind_output(self.output_name, "cpu")
+            self.session.run_with_iobinding(binding)
+            out = np.asarray(binding.copy_outputs_to_cpu()[0], dtype=np.float32)
+        return pool(out, attention_mask, self.pooling) if self.token_states else out
+
+
+def pool(states: npt.NDArray[np.float32], mask: npt.NDArray[np.int64], pooling: str) -> npt.NDArray[np.float32]:
+    """(B, T, d) token states -> (B, d): the mean over real tokens (as sentence-transformers), or the first."""
+    if pooling == "cls":
+        return np.ascontiguousarray(states[:, 0, :])
+    weights = mask.astype(np.float32)[:, :, None]
+    return (states * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
 
 
 def warm_up(engine: Engine, *, max_seq_len: int, max_batch_tokens: int) -> int:

@@ -2,23 +2,39 @@
 
 Every layer raises these (the engine refuses a batch, the repository misses a model, the pipeline finds
 the queue full); `mhaserve.service.errors` is the one place that maps them to a gRPC status or an HTTP
-status. Every class has the same attributes (`message`), so the mapper can never crash on the error it
-should report (kserve's trap), and nothing here knows a protocol.
+status. Every class has the same attributes (`message`, `param`), so the mapper can never crash on the
+error it should report (kserve's trap), and nothing here knows a protocol.
 """
 
 from __future__ import annotations
 
 
 class ServiceError(Exception):
-    """Base of every error a client may see; `message` is safe to send (no stack traces, no secrets)."""
+    """Base of every error a client may see; `message` is safe to send (no stack traces, no secrets).
 
-    def __init__(self, message: str) -> None:
+    `param` names the request field at fault where one is (OpenAI's error shape reports it).
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param
 
 
 class InvalidArgument(ServiceError):
     """The request is malformed or asks for something the model cannot do."""
+
+
+class RequestTimeout(InvalidArgument):
+    """The client took too long to send its request (HTTP 408)."""
+
+
+class UnsupportedMediaType(InvalidArgument):
+    """A request body in a format the API does not read (HTTP 415)."""
+
+
+class FailedPrecondition(ServiceError):
+    """The server is not in a state that allows this (a repository call under another model control)."""
 
 
 class NotFound(ServiceError):

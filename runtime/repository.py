@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from tokenizers import Tokenizer
 
 from mhaserve.runtime import manifest as mf
+from mhaserve.runtime import serving
 from mhaserve.runtime.engine import CUDA, Device, Engine
 from mhaserve.runtime.errors import NotFound
+from mhaserve.runtime.serving import ServingConfig
 from mhaserve.runtime.tokenizer import load_for_serving
 
 log = logging.getLogger(__name__)
@@ -32,13 +34,15 @@ class RepositoryError(RuntimeError):
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One verified version of a model: its manifest and the files the server reads."""
+    """One verified version of a model: its manifest, the files the server reads, and the model's serving
+    config (serving.py), with the effective values of what that config may override."""
 
     manifest: mf.Manifest
     directory: Path
     graph: str  # the variant served: fp32, optimized, fp16 or int8
     graph_path: Path
     tokenizer_path: Path
+    config: ServingConfig = field(default_factory=ServingConfig)
 
     @property
     def name(self) -> str:
@@ -51,6 +55,24 @@ class ModelEntry:
     @property
     def sha256(self) -> str:
         return self.manifest.graphs[self.graph].sha256
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest input served, special tokens included."""
+        return self.config.max_length or self.manifest.max_seq_len
+
+    @property
+    def pooling(self) -> str:
+        return self.config.pooling or self.manifest.pooling
+
+    @property
+    def normalize(self) -> bool:
+        return self.manifest.normalize if self.config.normalize is None else self.config.normalize
+
+    @property
+    def pools_in_graph(self) -> bool:
+        """Whether the graph outputs pooled embeddings (rank 2) rather than token states (rank 3)."""
+        return not self.manifest.outputs or len(self.manifest.outputs[0].get("shape", ())) != 3
 
 
 @dataclass(frozen=True)
@@ -96,6 +118,7 @@ def onnx_engine(device: Device = "auto", intra_op_threads: int | None = None) ->
             vocab_size=m.vocab_size,
             device=device,
             intra_op_threads=intra_op_threads,
+            pooling=entry.pooling,
         )
 
     return make
@@ -120,9 +143,8 @@ class ModelRepository:
             )
         return DEFAULT_MODEL if DEFAULT_MODEL in names else names[0]
 
-    def entry(self, name: str | None = None, version: int | None = None, graph: GraphChoice = "auto") -> ModelEntry:
-        """The entry for a model (default: `default_name()`) at a version (default: the latest), verified."""
-        name = name or self.default_name()
+    def published(self, name: str) -> list[int]:
+        """The versions of a model in the repository, ascending; NOT_FOUND for a model it does not hold."""
         try:
             published = mf.versions(self.root, name)
         except mf.ManifestError as e:
@@ -131,6 +153,30 @@ class ModelRepository:
             raise NotFound(
                 f"model {name!r} is not in the repository {self.root} (it has: {', '.join(self.names()) or 'nothing'})"
             )
+        return published
+
+    def config(self, name: str) -> ServingConfig:
+        """The model's serving config (its serving.json, or the defaults)."""
+        try:
+            return serving.read(self.root / mf.check_name(name))
+        except (serving.ServingConfigError, mf.ManifestError) as e:
+            raise RepositoryError(str(e)) from None
+
+    def to_serve(self, name: str) -> list[int]:
+        """The versions the model's version policy serves, out of those published (ascending)."""
+        published = self.published(name)
+        chosen = self.config(name).version_policy.select(published)
+        if not chosen:
+            raise NotFound(
+                f"model {name!r}: its version policy selects none of the published versions "
+                f"({', '.join(map(str, published))})"
+            )
+        return chosen
+
+    def entry(self, name: str | None = None, version: int | None = None, graph: GraphChoice = "auto") -> ModelEntry:
+        """The entry for a model (default: `default_name()`) at a version (default: the latest), verified."""
+        name = name or self.default_name()
+        published = self.published(name)
         version = published[-1] if version is None else version
         if version not in published:
             raise NotFound(f"model {name!r} has no version {version} (it has: {', '.join(map(str, published))})")
@@ -144,11 +190,13 @@ class ModelRepository:
         tokenizer_path = directory / manifest.tokenizer
         if Path(manifest.tokenizer).name != manifest.tokenizer or not tokenizer_path.is_file():
             raise RepositoryError(f"{directory} has no tokenizer file {manifest.tokenizer!r}")
-        return ModelEntry(manifest, directory, variant, graph_path, tokenizer_path)
+        entry = ModelEntry(manifest, directory, variant, graph_path, tokenizer_path, self.config(name))
+        _check_config(entry)
+        return entry
 
     def load(self, entry: ModelEntry, engine_factory: EngineFactory) -> LoadedModel:
         """Open the tokenizer and the engine of a verified entry (slow: seconds for a real model)."""
-        tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
+        tokenizer = load_for_serving(entry.tokenizer_path, entry.max_tokens)
         engine = engine_factory(entry)
         log.info(
             "loaded %s version %d (%s graph, sha256 %s…) on %s",
@@ -159,3 +207,20 @@ class ModelRepository:
             engine.providers,
         )
         return LoadedModel(entry, tokenizer, engine)
+
+
+def _check_config(entry: ModelEntry) -> None:
+    """What a serving config may not ask of this version: more tokens than its position table, or a pooling
+    its graph does not do (a graph that pools already cannot be re-pooled by the server)."""
+    config, m = entry.config, entry.manifest
+    where = f"{entry.directory.parent / serving.SERVING_FILE}"
+    if config.max_length is not None and config.max_length > m.max_seq_len:
+        raise RepositoryError(
+            f"{where}: max_length {config.max_length} is more than version {m.version} was exported for "
+            f"({m.max_seq_len} tokens)"
+        )
+    if config.pooling is not None and entry.pools_in_graph and config.pooling != m.pooling:
+        raise RepositoryError(
+            f"{where}: pooling {config.pooling!r}, but version {m.version}'s graph pools by {m.pooling!r} itself; "
+            "the server can pool only a graph that outputs token states (last_hidden_state)"
+        )

@@ -15,6 +15,8 @@ import hmac
 from collections.abc import Sequence
 from pathlib import Path
 
+from mhaserve.runtime.errors import PermissionDenied, ServiceError, Unauthenticated
+
 AUTHORIZATION = "authorization"
 SCHEME = "bearer"
 # Characters gRPC metadata values may hold; a key outside them could never be sent.
@@ -24,9 +26,11 @@ _PRINTABLE_ASCII = frozenset(chr(c) for c in range(0x21, 0x7F))
 OPEN_METHODS = (
     "/grpc.health.v1.Health/Check",
     "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 )
 MESSAGE = "missing or invalid API key: send 'authorization: Bearer <key>'"
+ADMIN_MESSAGE = "this call loads or unloads models: it needs an admin key (--admin-keys-file, MHASERVE_ADMIN_KEYS)"
 
 
 class AuthError(ValueError):
@@ -57,10 +61,10 @@ def read_keys_file(path: Path) -> list[str]:
     return keys
 
 
-def load_keys(keys_file: Path | None, env_keys: Sequence[str] = ()) -> list[str]:
+def load_keys(keys_file: Path | None, env_keys: Sequence[str] = (), env: str = "MHASERVE_API_KEYS") -> list[str]:
     """Every configured key, the file's first; empty when authentication is off."""
     keys = read_keys_file(keys_file) if keys_file is not None else []
-    keys += [_check_key(k, "MHASERVE_API_KEYS") for k in env_keys]
+    keys += [_check_key(k, env) for k in env_keys]
     return keys
 
 
@@ -107,3 +111,33 @@ def bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> tuple[str | by
 def is_open(method: str, open_methods: Sequence[str]) -> bool:
     """Whether `method` is listed, exactly or by its service's `/pkg.Service/*`."""
     return any(m == method or (m.endswith("/*") and method.startswith(m[:-1])) for m in open_methods)
+
+
+class Keys:
+    """Who may call what: the API keys (every model call) and the admin keys (the repository API too).
+
+    With no key of either kind configured, authentication is off. Otherwise a call needs a valid key,
+    and a repository call (loading and unloading models) needs an admin key: a client key gets
+    PERMISSION_DENIED there, which tells its holder the key is right but not enough.
+    """
+
+    def __init__(self, client: KeyRing, admin: KeyRing | None = None) -> None:
+        self.client = client
+        self.admin = admin or KeyRing(())
+
+    @property
+    def enabled(self) -> bool:
+        return bool(len(self.client) or len(self.admin))
+
+    def refusal(self, token: str | bytes | None, *, admin: bool) -> ServiceError | None:
+        """Why a call presenting `token` may not go on, or None."""
+        if not self.enabled:
+            return None
+        # Both rings are always compared, so the time taken does not say which kind of key was sent.
+        is_client = token is not None and self.client.accepts(token)
+        is_admin = token is not None and self.admin.accepts(token)
+        if is_admin or (is_client and not admin):
+            return None
+        if is_client:
+            return PermissionDenied(ADMIN_MESSAGE)
+        return Unauthenticated(MESSAGE)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import numpy.typing as npt
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
@@ -78,6 +79,13 @@ def health(address: str, *, service: str = "", timeout: float = 5.0, connection:
             health_pb2.HealthCheckRequest(service=service), timeout=timeout, metadata=connection.metadata()
         )
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def vectors(response: pb.EncodeResponse) -> npt.NDArray[np.float32]:
+    """The embeddings of a response, (n, d) float32, whether it was packed or not."""
+    if response.dimensions:
+        return np.frombuffer(response.packed, dtype="<f4").reshape(-1, response.dimensions).astype(np.float32)
+    return np.array([e.values for e in response.embeddings], dtype=np.float32).reshape(len(response.embeddings), -1)
 
 
 def embeddings_json(response: pb.EncodeResponse) -> str:

@@ -14,7 +14,9 @@ from typing import Literal
 from mhaserve.runtime.errors import NotFound, ServiceError, Unavailable
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 
-State = Literal["new", "loading", "serving", "stalled", "draining", "stopped"]
+# unready: NOT_SERVING for balancers, but requests still served (the drain delay); closing: the listeners
+# are stopping (GOAWAY), and the requests already sent are still served.
+State = Literal["new", "loading", "serving", "stalled", "unready", "closing", "draining", "stopped"]
 
 
 class DataPlane:
@@ -28,10 +30,22 @@ class DataPlane:
     # ---- what the server does ----------------------------------------------------------------------
 
     def add(self, pipeline: Pipeline) -> None:
-        """Serve a model version; the first model added is the default of requests that name none."""
+        """Serve a model version (at once: the next request that asks for its model's latest gets it)."""
         name = pipeline.model.name
         self._pipelines.setdefault(name, {})[pipeline.model.version] = pipeline
         self._default = self._default or name
+
+    def remove(self, name: str, version: int) -> Pipeline | None:
+        """Stop routing requests to a model version; requests it holds already finish on it."""
+        versions = self._pipelines.get(name, {})
+        pipeline = versions.pop(version, None)
+        if not versions:
+            self._pipelines.pop(name, None)
+        return pipeline
+
+    def set_default(self, name: str) -> None:
+        """The model of requests that name none (the first model the server was told to serve)."""
+        self._default = name
 
     def pipelines(self) -> list[Pipeline]:
         """Every model version served, by name then version."""
@@ -45,9 +59,16 @@ class DataPlane:
             return Unavailable("the server is shutting down; retry on another replica")
         if self.state == "stalled":
             return Unavailable("the model is not responding (--inference-timeout passed); retry on another replica")
-        if self.state != "serving":
+        if self.state not in ("serving", "unready", "closing"):
             return Unavailable("the model is still loading; retry when health reports SERVING")
         return None
+
+    def not_ready(self) -> str | None:
+        """Why a health check says NOT_SERVING now (loading, stalled, draining, or about to), or None."""
+        if self.state in ("unready", "closing"):
+            return "the server is shutting down; requests are still served until balancers have moved away"
+        refusal = self.refusal()
+        return None if refusal is None else refusal.message
 
     @property
     def ready(self) -> bool:
@@ -71,11 +92,13 @@ class DataPlane:
         """
         if not self._pipelines:
             raise self.refusal() or Unavailable("no model is loaded yet")
-        name = name or self._default
+        name, _, named_version = (name or self._default).partition(":")
+        if named_version and version in (None, "", 0):
+            version = named_version
         versions = self._pipelines.get(name)
         if not versions:
             raise NotFound(f"model {name!r} is not served here (this server serves {_listing(self._pipelines)})")
-        if version is None or version == "":
+        if version is None or version == "" or version == 0:
             return versions[max(versions)]
         number = _version_number(version)
         if number not in versions:
@@ -94,6 +117,12 @@ def _version_number(version: int | str) -> int | None:
     if isinstance(version, int):
         return version
     return int(version) if version.isdigit() else None
+
+
+def split_name(name: str) -> tuple[str, int | None]:
+    """`name:version` -> (name, version); a plain name -> (name, None)."""
+    base, _, version = name.partition(":")
+    return base, int(version) if version.isdigit() else None
 
 
 def _listing(pipelines: dict[str, dict[int, Pipeline]]) -> str:

@@ -14,7 +14,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.runtime.errors import ServiceError
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.errors import to_status
-from mhaserve.service.pipeline import EncodeInput, EncodeOutput
+from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 from mhaserve.service.rpc.streaming import ordered
 
 Context: TypeAlias = "grpc.aio.ServicerContext[pb.EncodeRequest, pb.EncodeResponse]"
@@ -26,17 +26,29 @@ def from_pb(request: pb.EncodeRequest) -> EncodeInput:
         texts=list(request.texts),
         token_ids=[np.asarray(t.ids, dtype=np.int64) for t in request.token_ids],
         model=request.model,
+        version=request.model_version or None,
         truncate=request.truncate,
         normalize=request.normalize if request.HasField("normalize") else None,
+        prompt_name=request.prompt_name or None,
     )
 
 
-def to_pb(output: EncodeOutput) -> pb.EncodeResponse:
+def to_pb(output: EncodeOutput, packed: bool = False) -> pb.EncodeResponse:
+    usage = pb.Usage(input_tokens=output.input_tokens)
+    if packed:
+        rows = np.ascontiguousarray(output.embeddings, dtype="<f4")
+        return pb.EncodeResponse(
+            packed=rows.tobytes(),
+            dimensions=rows.shape[1],
+            model=output.model,
+            model_version=output.version,
+            usage=usage,
+        )
     return pb.EncodeResponse(
         embeddings=[pb.Embedding(values=row) for row in output.embeddings.tolist()],
         model=output.model,
         model_version=output.version,
-        usage=pb.Usage(input_tokens=output.input_tokens),
+        usage=usage,
     )
 
 
@@ -53,37 +65,52 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         self.max_message_bytes = max_message_bytes
 
     async def Encode(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:
-        return to_pb(await self.dataplane.encode(from_pb(request), time_left=context.time_remaining()))
+        output = await self.dataplane.encode(from_pb(request), time_left=context.time_remaining())
+        return to_pb(output, request.packed)
 
     async def EncodeStream(
         self, request_iterator: AsyncIterator[pb.EncodeRequest], context: Context
     ) -> AsyncIterator[pb.EncodeResponse]:
         async def encode(request: pb.EncodeRequest) -> pb.EncodeResponse:
-            return to_pb(await self.dataplane.encode(from_pb(request), time_left=context.time_remaining()))
+            output = await self.dataplane.encode(from_pb(request), time_left=context.time_remaining())
+            return to_pb(output, request.packed)
 
         async for response in ordered(request_iterator, encode, error_pb):
             yield response
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.GetModelInfoResponse:
-        pipeline = self.dataplane.resolve(request.model)
+        return self.info(self.dataplane.resolve(request.model, request.model_version or None))
+
+    async def ListModels(self, request: pb.ListModelsRequest, context: Context) -> pb.ListModelsResponse:
+        default = self.dataplane.default_model
+        ordered = sorted(
+            self.dataplane.pipelines(), key=lambda p: (p.model.name != default, p.model.name, -p.model.version)
+        )
+        return pb.ListModelsResponse(models=[self.info(p) for p in ordered])
+
+    def info(self, pipeline: Pipeline) -> pb.GetModelInfoResponse:
         model = pipeline.model
-        m = model.entry.manifest
+        entry = model.entry
+        m = entry.manifest
         return pb.GetModelInfoResponse(
             name=m.name,
             version=m.version,
             source=m.source,
             dimensions=m.hidden_size,
-            max_tokens_per_input=m.max_seq_len,
-            pooling=m.pooling,
-            normalize=m.normalize,
+            max_tokens_per_input=entry.max_tokens,
+            pooling=entry.pooling,
+            normalize=entry.normalize,
             vocab_size=m.vocab_size,
             layers=m.layers,
             heads=m.heads,
-            graph=model.entry.graph,
+            graph=entry.graph,
             execution_provider=model.provider,
-            sha256=model.entry.sha256,
+            sha256=entry.sha256,
             max_client_batch_size=pipeline.limits.max_client_batch_size,
             max_batch_tokens=pipeline.limits.max_batch_tokens,
             max_queue_size=pipeline.limits.max_queue_size,
             max_message_bytes=self.max_message_bytes,
+            versions=self.dataplane.versions(m.name),
+            prompts=entry.config.prompts,
+            default_prompt_name=entry.config.default_prompt_name or "",
         )

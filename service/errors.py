@@ -14,17 +14,20 @@ import grpc
 from mhaserve.runtime.errors import (
     Cancelled,
     DeadlineExceeded,
+    FailedPrecondition,
     InferenceTimeout,
     Internal,
     InvalidArgument,
     NotFound,
     PermissionDenied,
     QueueFull,
+    RequestTimeout,
     ResourceExhausted,
     ServiceError,
     TooLarge,
     Unauthenticated,
     Unavailable,
+    UnsupportedMediaType,
 )
 
 # Messages may quote what a client sent (a model name, a tensor name). A status travels in trailing
@@ -45,6 +48,7 @@ class HttpStatus:
 _GRPC: tuple[tuple[type[ServiceError], grpc.StatusCode], ...] = (
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFound, grpc.StatusCode.NOT_FOUND),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
@@ -58,8 +62,11 @@ _GRPC: tuple[tuple[type[ServiceError], grpc.StatusCode], ...] = (
 # AuthenticationError 401, PermissionDeniedError 403, NotFoundError 404, RateLimitError 429,
 # InternalServerError >= 500).
 _HTTP: tuple[tuple[type[ServiceError], HttpStatus], ...] = (
+    (RequestTimeout, HttpStatus(408, "invalid_request_error")),
+    (UnsupportedMediaType, HttpStatus(415, "invalid_request_error")),
     (InvalidArgument, HttpStatus(400, "invalid_request_error")),
     (NotFound, HttpStatus(404, "invalid_request_error")),
+    (FailedPrecondition, HttpStatus(400, "invalid_request_error")),
     (QueueFull, HttpStatus(429, "rate_limit_error")),
     (TooLarge, HttpStatus(413, "invalid_request_error")),
     (ResourceExhausted, HttpStatus(429, "rate_limit_error")),

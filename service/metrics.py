@@ -1,4 +1,8 @@
-"""Prometheus metrics, one private registry per server so that several servers can share a process."""
+"""Prometheus metrics, one private registry per server so that several servers can share a process.
+
+Request metrics are labelled by protocol method and status; what the pipeline and the batcher measure is
+labelled by model and version (`ModelMetrics`), and a version's series go away when it is unloaded.
+"""
 
 from __future__ import annotations
 
@@ -34,36 +38,54 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge("mhaserve_requests_in_flight", "RPCs being handled now", registry=r)
+        by_model = ["model", "version"]
         self.tokenize = Histogram(
-            "mhaserve_tokenize_duration_seconds", "Tokenisation time per request", buckets=LATENCY_BUCKETS, registry=r
+            "mhaserve_tokenize_duration_seconds",
+            "Tokenisation time per request",
+            by_model,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.queue_wait = Histogram(
             "mhaserve_queue_wait_seconds",
             "Time a request waits in the queue before its first input reaches the model",
+            by_model,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.inference = Histogram(
-            "mhaserve_inference_duration_seconds", "Model time per batch", buckets=LATENCY_BUCKETS, registry=r
+            "mhaserve_inference_duration_seconds", "Model time per batch", by_model, buckets=LATENCY_BUCKETS, registry=r
         )
-        self.batch_size = Histogram("mhaserve_batch_size", "Inputs per batch", buckets=SIZE_BUCKETS, registry=r)
+        self.batch_size = Histogram(
+            "mhaserve_batch_size", "Inputs per batch", by_model, buckets=SIZE_BUCKETS, registry=r
+        )
         self.batch_tokens = Histogram(
-            "mhaserve_batch_tokens", "Tokens per batch, padding included", buckets=TOKEN_BUCKETS, registry=r
+            "mhaserve_batch_tokens", "Tokens per batch, padding included", by_model, buckets=TOKEN_BUCKETS, registry=r
         )
         self.padding_fraction = Histogram(
             "mhaserve_padding_fraction",
             "Share of each batch's tokens that are padding",
+            by_model,
             buckets=FRACTION_BUCKETS,
             registry=r,
         )
-        self.queue_depth = Gauge("mhaserve_queue_depth", "Inputs waiting for the model", registry=r)
+        self.queue_depth = Gauge("mhaserve_queue_depth", "Inputs waiting for the model", by_model, registry=r)
         self.provider = Gauge(
             "mhaserve_execution_provider_info",
-            "The ONNX Runtime execution provider the model session got (value 1)",
-            ["provider"],
+            "The ONNX Runtime execution provider a model version's session got (value 1)",
+            [*by_model, "provider"],
             registry=r,
         )
-        self.inputs = Counter("mhaserve_inputs", "Inputs embedded", registry=r)
+        self.inputs = Counter("mhaserve_inputs", "Inputs embedded", by_model, registry=r)
+        self.model_ready = Gauge(
+            "mhaserve_model_ready", "1 while a model version is served, 0 once it is unloaded", by_model, registry=r
+        )
+        self.load_failures = Counter(
+            "mhaserve_model_load_failures",
+            "Model versions that failed to load (the served version stays; the log and the repository index say why)",
+            by_model,
+            registry=r,
+        )
         self._http: tuple[WSGIServer, threading.Thread] | None = None
 
     def serve(self, host: str, port: int) -> int:
@@ -80,3 +102,36 @@ class Metrics:
             server.server_close()
             thread.join(timeout=5)
             self._http = None
+
+
+class ModelMetrics:
+    """The metrics of one model version: what its pipeline and batcher observe, under its labels."""
+
+    def __init__(self, metrics: Metrics, model: str, version: int | str) -> None:
+        self.parent = metrics
+        self.labels = (model, str(version))
+        self.tokenize = metrics.tokenize.labels(*self.labels)
+        self.queue_wait = metrics.queue_wait.labels(*self.labels)
+        self.inference = metrics.inference.labels(*self.labels)
+        self.batch_size = metrics.batch_size.labels(*self.labels)
+        self.batch_tokens = metrics.batch_tokens.labels(*self.labels)
+        self.padding_fraction = metrics.padding_fraction.labels(*self.labels)
+        self.queue_depth = metrics.queue_depth.labels(*self.labels)
+        self.inputs = metrics.inputs.labels(*self.labels)
+        self._provider: str | None = None
+
+    def served(self, provider: str) -> None:
+        self._provider = provider
+        self.parent.provider.labels(*self.labels, provider).set(1)
+        self.parent.model_ready.labels(*self.labels).set(1)
+
+    def unloaded(self) -> None:
+        """The version is gone: its series go (a dashboard would otherwise show it forever), ready says 0."""
+        p = self.parent
+        for histogram in (p.tokenize, p.queue_wait, p.inference, p.batch_size, p.batch_tokens, p.padding_fraction):
+            histogram.remove(*self.labels)
+        p.queue_depth.remove(*self.labels)
+        p.inputs.remove(*self.labels)
+        if self._provider is not None:
+            p.provider.remove(*self.labels, self._provider)
+        p.model_ready.labels(*self.labels).set(0)

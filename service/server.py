@@ -1,5 +1,9 @@
 """The server process: composition (settings in, components out) and lifecycle (bind, load, serve, drain, stop).
 
+One process, one event loop: gRPC (encoder.v1, the Open Inference Protocol, health, reflection) and
+HTTP (OpenAI embeddings, KServe v2 REST, utility routes) over the same data plane, pipeline, batcher,
+limits, keys, TLS material, metrics and drain.
+
 This and the CLI are the only code that reads `Settings`; every component gets plain values.
 
 Start-up binds the port first and reports NOT_SERVING while the model loads and warms up, so an
@@ -21,39 +25,43 @@ import logging
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import grpc.aio
-from grpc_reflection.v1alpha import reflection
 
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as encoder_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kserve_grpc
-from mhaserve.runtime.engine import warm_up
 from mhaserve.runtime.errors import ServiceError
 from mhaserve.runtime.repository import (
     EngineFactory,
     LoadedModel,
-    ModelEntry,
     ModelRepository,
     RepositoryError,
     onnx_engine,
 )
 from mhaserve.service import tls
-from mhaserve.service.auth import AuthError, KeyRing, load_keys
+from mhaserve.service.auth import AuthError, KeyRing, Keys, load_keys
 from mhaserve.service.batching import Batcher
 from mhaserve.service.dataplane import DataPlane, State
 from mhaserve.service.encoder_v1 import SERVICE as ENCODER_SERVICE
 from mhaserve.service.encoder_v1 import EncoderServicer
 from mhaserve.service.health import SERVICE_NAME as HEALTH_SERVICE
 from mhaserve.service.health import Health
+from mhaserve.service.http import app as http_app
+from mhaserve.service.http.server import HttpServer
+from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve.servicer import HEALTH_METHODS as KSERVE_HEALTH_METHODS
+from mhaserve.service.kserve.servicer import REPOSITORY_METHODS as KSERVE_REPOSITORY_METHODS
 from mhaserve.service.kserve.servicer import SERVICE as KSERVE_SERVICE
 from mhaserve.service.kserve.servicer import InferenceServicer
-from mhaserve.service.metrics import Metrics
+from mhaserve.service.metrics import Metrics, ModelMetrics
+from mhaserve.service.models import ModelManager
 from mhaserve.service.pipeline import Pipeline
 from mhaserve.service.rpc.auth import AuthInterceptor
 from mhaserve.service.rpc.drain import Drain, DrainInterceptor
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
+from mhaserve.service.rpc.reflection import add_reflection
 from mhaserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -83,7 +91,25 @@ class EncoderServer:
         self.health = Health([ENCODER_SERVICE, KSERVE_SERVICE])
         self.port = 0
         self.metrics_port: int | None = None
+        self.http_port: int | None = None
+        self.in_flight = InFlight()  # calls of both protocols: the drain waits for none
         self._server: grpc.aio.Server | None = None
+        self._http: HttpServer | None = None
+        self.manager = ModelManager(
+            self.repository,
+            self.dataplane,
+            self.metrics,
+            models=settings.model,
+            graph=settings.graph,
+            engine_factory=self.engine_factory,
+            make_pipeline=self._pipeline,
+            control=settings.model_control,  # type: ignore[arg-type]
+        )
+        # The one inference thread every model's batches take turns on (see Batcher's executor), and the
+        # tokeniser threads every model shares.
+        self._inference = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._tokenize = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        self._stalls = 0
         self._loading: asyncio.Task[None] | None = None
         self._drain = Drain()
 
@@ -97,9 +123,9 @@ class EncoderServer:
 
     @property
     def pipeline(self) -> Pipeline | None:
-        """The default model's pipeline, once loaded."""
-        pipelines = self.dataplane.pipelines()
-        return self.dataplane.resolve() if pipelines else None
+        """The default model's latest pipeline, once loaded."""
+        default = self.dataplane.default_model
+        return self.dataplane.resolve(default) if self.dataplane.versions(default) else None
 
     @property
     def model(self) -> LoadedModel | None:
@@ -110,25 +136,36 @@ class EncoderServer:
         return None if self.pipeline is None else self.pipeline.batcher
 
     async def start(self) -> None:
-        """Find and verify the model, bind the ports, and start loading; `ready()` waits for the rest."""
+        """Find and verify the models, bind the ports, and start loading; `ready()` waits for the rest."""
         s = self.settings
         try:
-            entry = self.repository.entry(s.model, graph=s.graph)
+            names = self.manager.names() or [self.manager.default_name()]
+            for name in names:  # every model named is there and its latest version verifies: fail fast
+                self.repository.entry(name, self.repository.to_serve(name)[-1], graph=s.graph)
         except ServiceError as e:
             raise StartupError(e.message) from None
         except RepositoryError as e:  # malformed, tampered with, incomplete
             raise StartupError(str(e)) from None
         tls_files = tls.TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca)
         try:
-            keys = KeyRing(load_keys(s.api_keys_file, s.api_keys.keys))
+            keys = Keys(
+                KeyRing(load_keys(s.api_keys_file, s.api_keys.keys)),
+                KeyRing(load_keys(s.admin_keys_file, s.admin_keys.keys, env="MHASERVE_ADMIN_KEYS")),
+            )
             credentials = tls.server_credentials(tls.TlsMaterial.read(tls_files))
         except (AuthError, tls.TlsError) as e:
             raise StartupError(str(e)) from None
         await self.health.set(False)
         # Order matters: authentication first (a refused call touches nothing else), then the error map,
         # then the drain wrapper right around the handlers.
-        auth = [AuthInterceptor(keys, s.open_methods, self.metrics)] if len(keys) else []
-        self._calls = ServiceInterceptor(self.metrics, self.dataplane.refusal, exempt=ALWAYS_ANSWERED)
+        auth = (
+            [AuthInterceptor(keys, s.open_methods, self.metrics, admin_methods=KSERVE_REPOSITORY_METHODS)]
+            if keys.enabled
+            else []
+        )
+        self._calls = ServiceInterceptor(
+            self.metrics, self.dataplane.refusal, exempt=ALWAYS_ANSWERED, in_flight=self.in_flight
+        )
         server = grpc.aio.server(
             interceptors=[*auth, self._calls, DrainInterceptor(self._drain, exempt=ALWAYS_ANSWERED)],
             options=[
@@ -145,11 +182,9 @@ class EncoderServer:
             EncoderServicer(self.dataplane, max_message_bytes=s.max_message_bytes), server
         )
         # The Open Inference Protocol (KServe v2 / Triton clients) on the same port, over the same data plane.
-        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dataplane), server)
+        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dataplane, self.manager), server)
         self.health.add_to(server)
-        reflection.enable_server_reflection(
-            (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server
-        )
+        add_reflection(server, (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE))
         address = f"{s.host}:{s.port}"
         try:
             if credentials is None:
@@ -164,34 +199,72 @@ class EncoderServer:
         await server.start()
         self._server = server
         log.info(
-            "listening on %s:%d, %s (NOT_SERVING until %s is loaded and warmed up)",
+            "listening on %s:%d, %s (NOT_SERVING until %s %s loaded and warmed up)",
             s.host,
             self.port,
             tls_files.mode,
-            entry.name,
+            ", ".join(names),
+            "is" if len(names) == 1 else "are",
         )
-        self._log_security(len(keys))
+        self._log_security(keys)
+        if s.http_port:
+            await self._start_http(keys, tls_files)
         if s.metrics_port:
             try:
                 self.metrics_port = self.metrics.serve(s.host, s.metrics_port)
             except OSError as e:
-                await server.stop(0)
+                await self._stop_listeners(0)
                 raise StartupError(f"cannot serve metrics on {s.host}:{s.metrics_port}: {e.strerror}") from None
         self.state = "loading"
-        self._loading = asyncio.get_running_loop().create_task(self._load(entry), name="load-model")
+        self._loading = asyncio.get_running_loop().create_task(self._load(), name="load-models")
 
-    def _log_security(self, keys: int) -> None:
+    async def _start_http(self, keys: Keys, tls_files: tls.TlsFiles) -> None:
         s = self.settings
-        if keys:
+        app = http_app.build(
+            self.dataplane,
+            metrics=self.metrics,
+            in_flight=self.in_flight,
+            keys=keys,
+            manager=self.manager,
+            max_body_bytes=s.max_message_bytes,
+            read_timeout=s.http_header_timeout,
+        )
+        self._http = HttpServer(app, host=s.host, port=s.http_port, tls=tls_files, read_timeout=s.http_header_timeout)
+        try:
+            self.http_port = self._http.bind()
+            await self._http.start()
+        except OSError as e:
+            self._http = None
+            await self._stop_listeners(0)
+            raise StartupError(f"cannot serve HTTP on {s.host}:{s.http_port}: {e.strerror or e}") from None
+        log.info("HTTP on %s:%d, %s: OpenAI /v1/embeddings, KServe /v2, /docs", s.host, self.http_port, tls_files.mode)
+
+    async def _stop_listeners(self, grace: float) -> None:
+        """Stop both ports at once (gRPC's GOAWAY, HTTP's closed connections); wait for what is in flight."""
+        stops = []
+        if self._server is not None:
+            stops.append(self._server.stop(grace))
+            self._server = None
+        if self._http is not None:
+            stops.append(self._http.stop(grace))
+            self._http = None
+        await asyncio.gather(*stops)
+
+    def _log_security(self, keys: Keys) -> None:
+        s = self.settings
+        if keys.enabled:
             log.info(
-                "API keys required (%d configured); open without a key: %s", keys, ", ".join(s.open_methods) or "none"
+                "API keys required (%d configured, %d admin); open without a key: %s",
+                len(keys.client),
+                len(keys.admin),
+                ", ".join(s.open_methods) or "none",
             )
         if s.tls_cert is None and not tls.is_loopback(s.host):
             log.warning(
                 "serving plaintext gRPC on %s, which is not a loopback address: traffic%s can be read on the "
                 "network; set --tls-cert and --tls-key",
                 s.host,
-                " and API keys" if keys else "",
+                " and API keys" if keys.enabled else "",
             )
 
     async def ready(self) -> None:
@@ -200,56 +273,62 @@ class EncoderServer:
             raise RuntimeError("start() first")
         await asyncio.shield(self._loading)
 
-    async def _load(self, entry: ModelEntry) -> None:
+    async def _load(self) -> None:
         s = self.settings
-        model = await asyncio.to_thread(self.repository.load, entry, self.engine_factory)
-        limits = s.limits(on_cuda=model.on_cuda)
-        m = entry.manifest
-        runs = await asyncio.to_thread(
-            warm_up, model.engine, max_seq_len=m.max_seq_len, max_batch_tokens=limits.max_batch_tokens
-        )
-        batcher = Batcher(
-            model.engine,
-            limits=limits,
-            batching=s.batching,
-            pad_id=m.pad_id,
-            metrics=self.metrics,
-            inference_timeout=s.inference_timeout,
-            on_stall=self._stalled,
-            on_recover=self._recovered,
-        )
-        batcher.start()
-        self.dataplane.add(Pipeline(model, batcher, limits, self.metrics))
-        self.metrics.provider.labels(model.provider).set(1)
+        await self.manager.start()
+        if s.model_control == "poll":
+            self.manager.start_polling(s.repository_poll_s)
         log.info(
-            "serving %s version %d (%s graph) on %s after %d warm-up runs; batching %s (max padding %g), "
-            "max batch tokens %d, max wait %g ms, max queue %d inputs, max %d inputs per request, max message %d bytes",
-            model.name,
-            model.version,
-            entry.graph,
-            model.provider,
-            runs,
+            "serving %s (requests that name no model get %s); batching %s, model control %s",
+            ", ".join(
+                f"{n} version {', '.join(map(str, self.dataplane.versions(n)))}" for n in self.dataplane.model_names()
+            ),
+            self.dataplane.default_model,
             s.batching,
-            limits.max_padding,
-            limits.max_batch_tokens,
-            limits.max_wait_ms,
-            limits.max_queue_size,
-            limits.max_client_batch_size,
-            s.max_message_bytes,
+            s.model_control,
         )
         if self.state == "loading":
             self.state = "serving"
             await self.health.set(True)
 
+    def _pipeline(self, model: LoadedModel, metrics: ModelMetrics) -> Pipeline:
+        """A model version's pipeline: its limits (its own, the server's, the device's), its batcher."""
+        s = self.settings
+        limits = s.limits(on_cuda=model.on_cuda, model=model.entry.config.limits)
+        batcher = Batcher(
+            model.engine,
+            limits=limits,
+            batching=s.batching,
+            pad_id=model.entry.manifest.pad_id,
+            metrics=metrics,
+            executor=self._inference,
+            inference_timeout=s.inference_timeout,
+            on_stall=self._stalled,
+            on_recover=self._recovered,
+        )
+        return Pipeline(model, batcher, limits, metrics, auto_truncate=s.auto_truncate, tokenize_pool=self._tokenize)
+
     async def _stalled(self) -> None:
+        self._stalls += 1
         if self.state == "serving":
             self.state = "stalled"
             await self.health.set(False)
 
     async def _recovered(self) -> None:
-        if self.state == "stalled":
+        self._stalls -= 1
+        if self.state == "stalled" and self._stalls == 0:
             self.state = "serving"
             await self.health.set(True)
+
+    async def unready(self, delay: float) -> None:
+        """Report NOT_SERVING, and go on serving for `delay` seconds: the time balancers and endpoint
+        controllers need to see it and stop sending here, before anything is refused."""
+        if self.state not in ("serving", "stalled", "loading") or delay <= 0:
+            return
+        self.state = "unready"
+        await self.health.set(False)
+        log.info("NOT_SERVING for %g s (--drain-delay) while serving on, so balancers move away first", delay)
+        await asyncio.sleep(delay)
 
     async def drain(self) -> None:
         """Refuse new calls and report NOT_SERVING; queued work goes to the model without waiting."""
@@ -270,22 +349,36 @@ class EncoderServer:
         """
         deadline = time.monotonic() + grace
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._calls.idle.wait(), timeout=grace)
+            await asyncio.wait_for(self.in_flight.idle.wait(), timeout=grace)
         await asyncio.sleep(max(0.0, min(0.05, deadline - time.monotonic())))  # calls already received get their turn
         return max(0.0, deadline - time.monotonic())
 
-    async def stop(self, grace: float | None = None) -> None:
-        """Drain, give in-flight calls `grace` seconds (default: the settings'), then release everything."""
+    async def stop(self, grace: float | None = None, *, delay: float = 0.0) -> None:
+        """Drain, give in-flight calls `grace` seconds (default: the settings'), then release everything.
+
+        With a `delay` (--drain-delay, on SIGTERM), the server first reports NOT_SERVING and serves on for
+        that long; then, balancers having moved away, it refuses what still comes at the HTTP/2 and HTTP
+        level (GOAWAY, closed connections), which clients and proxies retry elsewhere by themselves,
+        rather than answer it UNAVAILABLE, which they pass on. Without one (no balancer was told), it
+        answers new calls UNAVAILABLE until the calls in flight are done, then stops.
+        """
+        grace = self.settings.grace_period if grace is None else grace
+        if delay > 0 and self.state in ("serving", "stalled"):
+            await self.unready(delay)
+            # Stop listening now, while still serving what was sent before the GOAWAY reached its sender.
+            self.state = "closing"
+            self._drain.begin()
+            for pipeline in self.dataplane.pipelines():
+                pipeline.batcher.drain()
+            await self._stop_listeners(grace)
         await self.drain()
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
-        if self._server is not None:
-            left = await self._quiesce(self.settings.grace_period if grace is None else grace)
-            await self._server.stop(left)
-            self._server = None
-        for pipeline in self.dataplane.pipelines():
-            await pipeline.batcher.close()
-            pipeline.close()
+        if self._server is not None or self._http is not None:
+            await self._stop_listeners(await self._quiesce(grace))
+        await self.manager.close()
+        self._inference.shutdown(wait=False, cancel_futures=True)
+        self._tokenize.shutdown(wait=False, cancel_futures=True)
         self.metrics.close()
         self.state = "stopped"
 
@@ -305,23 +398,36 @@ async def serve(settings: Settings, *, engine_factory: EngineFactory | None = No
         return 1
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    received: list[signal.Signals] = []
+
+    def signalled(sig: signal.Signals) -> None:
+        received.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled, sig)
     try:
         ready = asyncio.ensure_future(server.ready())
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait((ready, stopping), return_when=asyncio.FIRST_COMPLETED)
         if ready.done() and ready.exception() is not None:
             error = ready.exception()
-            log.error("cannot serve %s: %s", settings.model or "the model", getattr(error, "message", error))
+            log.error("cannot serve %s: %s", ", ".join(settings.model) or "the model", getattr(error, "message", error))
             stopping.cancel()
             await server.stop(0)
             return 1
         await stopping
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _exit_now, sig)
-        log.info("shutting down: draining for up to %g s (a second signal exits at once)", settings.grace_period)
-        await server.stop()
+        # SIGTERM is an orchestrator's: the drain delay lets its balancers see NOT_SERVING first. SIGINT is
+        # a person's Ctrl-C: no one to wait for.
+        delay = settings.drain_delay if received[:1] == [signal.SIGTERM] else 0.0
+        log.info(
+            "shutting down: %sdraining for up to %g s (a second signal exits at once)",
+            f"NOT_SERVING for {delay:g} s, then " if delay else "",
+            settings.grace_period,
+        )
+        await server.stop(delay=delay)
         with contextlib.suppress(BaseException):
             await ready
         if server.stuck:

@@ -8,7 +8,8 @@ server's start-up (server.py) read a Settings: every component gets plain values
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from mhaserve.runtime.engine import DEVICES, Device
 from mhaserve.runtime.repository import GRAPHS, GraphChoice
 from mhaserve.service.auth import OPEN_METHODS
 from mhaserve.service.batching import BATCHING, CPU_LIMITS, CUDA_LIMITS, Batching, Limits
+from mhaserve.service.models import CONTROLS
 
 ENV_PREFIX = "MHASERVE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -34,6 +36,16 @@ def _opt(
 
 def _int_or_none(s: str) -> int | None:
     return None if s.strip().lower() in ("", "none", "auto") else int(s)
+
+
+def parse_bool(s: str) -> bool:
+    """true/false, yes/no, on/off, 1/0 (case-insensitive): how a boolean is written in a variable."""
+    value = s.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {s!r}")
 
 
 def _float_or_none(s: str) -> float | None:
@@ -59,6 +71,10 @@ class ApiKeys:
         return bool(self.keys)
 
 
+def _names(s: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in s.split(",") if n.strip())
+
+
 def _path_or_none(s: str) -> Path | None:
     return Path(s) if s.strip() else None
 
@@ -72,13 +88,39 @@ class Settings:
     """Everything `mhaserve serve` can be told. Limits left as None take the device's defaults."""
 
     repository: Path = field(default=Path("models"), metadata=_opt("model repository directory", Path))
-    model: str | None = field(
-        default=None,
-        metadata=_opt("model to serve (default: all-minilm-l6-v2 if present, else the first in the repository)"),
+    model: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "a model to serve, repeatable (the variable takes a comma-separated list); '*' serves every model "
+            "of the repository; requests that name no model get the first (default: all-minilm-l6-v2 if "
+            "present, else the first in the repository)",
+            _names,
+            metavar="NAME",
+        )
+        | {"repeatable": True},
+    )
+    model_control: str = field(
+        default="none",
+        metadata=_opt(
+            "how the served versions change while serving: none (the models named, at start-up), poll (read the "
+            "repository every --repository-poll-s), explicit (the KServe repository API loads and unloads)",
+            str,
+            CONTROLS,
+        ),
+    )
+    repository_poll_s: float = field(
+        default=5.0,
+        metadata=_opt(
+            "with --model-control poll, seconds between readings of the repository", float, metavar="SECONDS"
+        ),
     )
     host: str = field(default="127.0.0.1", metadata=_opt("address to listen on"))
     port: int = field(default=50051, metadata=_opt("gRPC port (0 picks a free one)", int))
     metrics_port: int = field(default=8000, metadata=_opt("Prometheus metrics port (0 disables)", int))
+    http_port: int = field(
+        default=8080,
+        metadata=_opt("HTTP port: OpenAI embeddings, KServe v2 REST, /tokenize, /info, /health (0 disables)", int),
+    )
     device: Device = field(default="auto", metadata=_opt("where to run the model", str, DEVICES))
     graph: GraphChoice = field(
         default="auto", metadata=_opt("graph variant (auto: optimized if the entry has it, else fp32)", str, GRAPHS)
@@ -94,8 +136,8 @@ class Settings:
     max_wait_ms: float | None = field(
         default=None,
         metadata=_opt(
-            f"longest a request waits for a batch to fill (default {CPU_LIMITS.max_wait_ms} on CPU, "
-            f"{CUDA_LIMITS.max_wait_ms} on CUDA)",
+            "longest the oldest input waits for requests still being tokenised to join its batch; a batch "
+            f"starts at once when none is (default {CPU_LIMITS.max_wait_ms} on CPU, {CUDA_LIMITS.max_wait_ms} on CUDA)",
             _float_or_none,
         ),
     )
@@ -135,11 +177,36 @@ class Settings:
         default=30.0,
         metadata=_opt("seconds in-flight requests get to finish on SIGTERM/SIGINT", float, metavar="SECONDS"),
     )
+    drain_delay: float = field(
+        default=0.0,
+        metadata=_opt(
+            "on SIGTERM, seconds to report NOT_SERVING while still serving, so that balancers and Kubernetes "
+            "endpoints stop sending here before anything is refused; then what still comes is refused at the "
+            "HTTP/2 level (GOAWAY), which proxies retry elsewhere (SIGINT drains at once)",
+            float,
+            metavar="SECONDS",
+        ),
+    )
     intra_op_threads: int | None = field(
         default=None,
         metadata=_opt("ONNX Runtime threads per inference (default: all cores)", _int_or_none, metavar="N"),
     )
     log_level: str = field(default="info", metadata=_opt("log level", str.lower, LOG_LEVELS))
+    auto_truncate: bool = field(
+        default=False,
+        metadata=_opt(
+            "cut inputs longer than the model's maximum instead of refusing them, whatever the request says",
+            parse_bool,
+        ),
+    )
+    http_header_timeout: float = field(
+        default=10.0,
+        metadata=_opt(
+            "seconds an HTTP client gets to send a request's headers; a slower one is disconnected",
+            float,
+            metavar="SECONDS",
+        ),
+    )
     inference_timeout: float = field(
         default=60.0,
         metadata=_opt(
@@ -184,6 +251,22 @@ class Settings:
         metadata=_opt("API keys, comma-separated, besides those of --api-keys-file", ApiKeys.parse)
         | {"env_only": True},
     )
+    admin_keys_file: Path | None = field(
+        default=None,
+        metadata=_opt(
+            "file of admin keys, one per line: with API keys configured, the repository API (load, unload, "
+            "index) wants one of these; MHASERVE_ADMIN_KEYS adds comma-separated keys (default: none, so the "
+            "repository API is closed whenever API keys are configured)",
+            _path_or_none,
+            metavar="FILE",
+        ),
+    )
+    # No flag, as for api_keys.
+    admin_keys: ApiKeys = field(
+        default=ApiKeys(),
+        metadata=_opt("admin keys, comma-separated, besides those of --admin-keys-file", ApiKeys.parse)
+        | {"env_only": True},
+    )
     open_methods: tuple[str, ...] = field(
         default=OPEN_METHODS,
         metadata=_opt(
@@ -195,21 +278,26 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, str):  # Settings(model="tiny"): one model
+            object.__setattr__(self, "model", _names(self.model))
+
         def positive(name: str, value: float | None, *, zero: bool = False) -> None:
             if value is not None and (value < 0 or (value == 0 and not zero)):
                 raise SettingsError(f"{flag(name)} must be {'>= 0' if zero else '> 0'}, got {value}")
 
         for name in ("max_batch_tokens", "max_queue_size", "max_client_batch_size", "max_message_bytes"):
             positive(name, getattr(self, name))
-        for name in ("max_wait_ms", "grace_period"):
+        for name in ("max_wait_ms", "grace_period", "drain_delay"):
             positive(name, getattr(self, name), zero=True)
         positive("intra_op_threads", self.intra_op_threads)
         if self.max_padding is not None and not 0 <= self.max_padding <= 1:
             raise SettingsError(f"--max-padding must be a fraction in [0, 1], got {self.max_padding}")
-        for name in ("port", "metrics_port"):
+        for name in ("port", "metrics_port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{flag(name)} must be a port number in [0, 65535], got {getattr(self, name)}")
+        positive("repository_poll_s", self.repository_poll_s)
         for name, choices in (
+            ("model_control", CONTROLS),
             ("device", DEVICES),
             ("graph", GRAPHS),
             ("batching", BATCHING),
@@ -218,6 +306,7 @@ class Settings:
             if getattr(self, name) not in choices:
                 raise SettingsError(f"{flag(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         positive("inference_timeout", self.inference_timeout, zero=True)
+        positive("http_header_timeout", self.http_header_timeout)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError("--tls-cert and --tls-key go together: set both to serve TLS, or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -230,8 +319,9 @@ class Settings:
                     "or /grpc.health.v1.Health/*"
                 )
 
-    def limits(self, *, on_cuda: bool) -> Limits:
-        """The limits in force: those set explicitly, the device's defaults for the rest."""
+    def limits(self, *, on_cuda: bool, model: Mapping[str, float] | None = None) -> Limits:
+        """The limits in force: a model's own (its serving.json `limits`), then those set here, then the
+        device's defaults."""
         base = CUDA_LIMITS if on_cuda else CPU_LIMITS
         limits = Limits(
             max_batch_tokens=self.max_batch_tokens or base.max_batch_tokens,
@@ -240,6 +330,8 @@ class Settings:
             max_client_batch_size=self.max_client_batch_size or base.max_client_batch_size,
             max_padding=base.max_padding if self.max_padding is None else self.max_padding,
         )
+        if model:
+            limits = dataclasses.replace(limits, **{k: type(getattr(limits, k))(v) for k, v in model.items()})
         if limits.max_client_batch_size > limits.max_queue_size:
             raise SettingsError(
                 f"--max-client-batch-size ({limits.max_client_batch_size}) exceeds --max-queue-size "

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Histogram
 
-from mhaserve.service.metrics import Metrics
+from mhaserve.service.metrics import ModelMetrics
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,9 @@ def _histogram_total(histogram: Histogram) -> Duration:
 
 
 class ModelStats:
-    """Counters for the one model a server serves; updated and read on the event loop."""
+    """Counters for one served model version; updated and read on the event loop."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: ModelMetrics) -> None:
         self.metrics = metrics
         self._success = Duration()
         self._fail = Duration()

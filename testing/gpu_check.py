@@ -33,6 +33,7 @@ from mhaserve.runtime.repository import GraphChoice, ModelEntry, ModelRepository
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.server import EncoderServer
 from mhaserve.service.settings import Settings
+from mhaserve.testing.metrics import from_registry
 
 log = logging.getLogger("mhaserve.gpu_check")
 
@@ -106,7 +107,7 @@ async def check_server(
         await server.ready()
         assert server.model is not None
         lines = [f"server session provider: {server.model.provider}"]
-        gauge = server.metrics.registry.get_sample_value("mhaserve_execution_provider_info", {"provider": CUDA})
+        gauge = from_registry(server.metrics.registry).get("mhaserve_execution_provider_info", provider=CUDA)
         if server.model.provider != CUDA or gauge != 1:
             raise CheckFailed(f"the server's session runs on {server.model.provider}, not CUDA")
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -172,7 +173,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in lines:
             print(f"  ok  {line}")
         settings = Settings(
-            repository=args.repository, model=entry.name, graph=graph, port=0, metrics_port=0, device="cuda"
+            repository=args.repository,
+            model=(entry.name,),
+            graph=graph,
+            port=0,
+            metrics_port=0,
+            http_port=0,
+            device="cuda",
         )
         for line in asyncio.run(check_server(settings, cpu, entry, args.seconds, args.clients)):
             print(f"  ok  {line}")

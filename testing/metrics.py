@@ -7,6 +7,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from mhaserve.testing.loopback import WAIT
@@ -45,6 +46,11 @@ def parse(text: str) -> Samples:
             for s in family.samples
         ]
     )
+
+
+def from_registry(registry: CollectorRegistry) -> Samples:
+    """Every sample of a registry in this process (a server in a thread), without going through HTTP."""
+    return Samples([Sample(s.name, dict(s.labels), float(s.value)) for f in registry.collect() for s in f.samples])
 
 
 def scrape(port: int, host: str = "127.0.0.1", timeout: float = WAIT) -> Samples:

@@ -6,6 +6,7 @@ Every wait has a deadline; nothing here sends traffic anywhere but 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ from mhaserve.service.client import CHANNEL_OPTIONS
 from mhaserve.service.server import EncoderServer
 from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.metrics import Samples, from_registry
 
 T = TypeVar("T")
 
@@ -44,6 +46,10 @@ class ServerThread:
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = WAIT) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
+    def call_soon(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start `coro` on the server's loop and return at once; the future has its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
     def ready(self) -> ServerThread:
         self.call(self.server.ready(), timeout=120)
         return self
@@ -52,29 +58,32 @@ class ServerThread:
     def address(self) -> str:
         return f"127.0.0.1:{self.server.port}"
 
+    @property
+    def http_url(self) -> str:
+        """http://127.0.0.1:PORT of the HTTP API (the server must have been given an http_port)."""
+        assert self.server.http_port, "this server has no HTTP port (http_port=0)"
+        return f"http://127.0.0.1:{self.server.http_port}"
+
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
 
     def depth(self) -> int:
-        return 0 if self.server.batcher is None else self.server.batcher.depth
+        """Inputs waiting, every model version together."""
+        return sum(p.batcher.depth for p in self.server.dataplane.pipelines())
+
+    def samples(self) -> Samples:
+        return from_registry(self.server.metrics.registry)
 
     def counted(self, code: str, method: str = "encoder.v1.EncoderService/Encode") -> int:
-        value = self.server.metrics.registry.get_sample_value(
-            "mhaserve_requests_total", {"method": method, "code": code}
-        )
-        return int(value or 0)
+        return int(self.samples().get("mhaserve_requests_total", method=method, code=code))
 
     def counted_all(self, code: str) -> int:
         """Calls answered with `code`, all methods together."""
-        total = 0.0
-        for family in self.server.metrics.registry.collect():
-            for sample in family.samples:
-                if sample.name == "mhaserve_requests_total" and sample.labels.get("code") == code:
-                    total += sample.value
-        return int(total)
+        return int(self.samples().get("mhaserve_requests_total", code=code))
 
-    def gauge(self, name: str) -> float:
-        return float(self.server.metrics.registry.get_sample_value(name) or 0.0)
+    def gauge(self, name: str, **labels: str) -> float:
+        """A gauge's value, summed over the label sets that include `labels` (every model, by default)."""
+        return self.samples().get(name, **labels)
 
     def tasks(self) -> int:
         """asyncio tasks alive on the server's loop, not counting the one that asks."""

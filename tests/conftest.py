@@ -35,6 +35,12 @@ def tiny_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_repo(tiny_entry: Path) -> Path:
+    """The repository holding the tiny model (its only model, `tiny`, version 1)."""
+    return tiny_entry.parent.parent
+
+
+@pytest.fixture(scope="session")
 def minilm_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """all-MiniLM-L6-v2 exported once per session, as `make serve` does (fp32 and fused graphs), and its int8 graph."""
     from mhaserve.export.publish import ExportOptions, export_entry

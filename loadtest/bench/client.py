@@ -1,8 +1,9 @@
 """The server side of the benchmark: a real `mhaserve serve` subprocess and a cheap load generator.
 
-The load generator is one asyncio loop of grpc.aio coroutines, one per simulated client, each sending
-its next request as soon as the previous one returns (a closed loop). Its own CPU time is measured,
-with the server's and the whole machine's, because on a small machine they share the same cores.
+The load generator is one asyncio loop of coroutines, one per simulated client, each sending its next
+request as soon as the previous one returns (a closed loop), over gRPC or HTTP (transports.py). Its own
+CPU time is measured, with the server's and the whole machine's, because on a small machine they share
+the same cores.
 """
 
 from __future__ import annotations
@@ -14,42 +15,24 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import grpc
-import grpc.aio
 
 from mhaserve.loadtest.bench.quiet import busy_cores, machine_cpu, process_cpu_seconds, self_cpu_seconds
+from mhaserve.loadtest.bench.transports import CallFailed, Transport, transport
 from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.stats import latency_summary
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.testing.loopback import free_port
-
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+from mhaserve.testing.metrics import Samples, scrape
 
 
 class BenchError(RuntimeError):
     """The benchmark cannot go on; the message says why."""
-
-
-def scrape(url: str) -> dict[str, float]:
-    """The batcher's histograms from the server's /metrics, summed over labels."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=5) as r:
-        text = r.read().decode()
-    wanted = ("mhaserve_batch_size", "mhaserve_batch_tokens", "mhaserve_padding_fraction")
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name in wanted:
-            for s in family.samples:
-                if s.name.endswith(("_sum", "_count")):
-                    out[s.name] = out.get(s.name, 0.0) + float(s.value)
-    return out
 
 
 class Server:
@@ -68,14 +51,15 @@ class Server:
         log_path: Path,
     ) -> None:
         self.batching = batching
-        self.port, self.metrics_port = free_port(), free_port()
+        self.port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
         self.args = [
             sys.executable, "-m", "mhaserve.cli", "serve",
             "--repository", str(repository),
             "--port", str(self.port),
             "--metrics-port", str(self.metrics_port),
+            "--http-port", str(self.http_port),
             "--batching", batching,
             "--graph", graph,
             "--device", device,
@@ -142,21 +126,15 @@ class Server:
             self.stop()
 
 
-def requests_for(workload: Workload) -> list[pb.EncodeRequest]:
-    if workload.payload == "ids":
-        return [pb.EncodeRequest(token_ids=[pb.TokenIds(ids=s)], truncate=True) for s in workload.ids]
-    return [pb.EncodeRequest(texts=[t], truncate=True) for t in workload.texts]
-
-
 async def _closed_loop(
-    address: str,
-    requests: list[pb.EncodeRequest],
+    transport: Transport,
+    n_requests: int,
     concurrency: int,
     duration: float,
     warmup_max: float,
     server_pid: int,
 ) -> dict[str, Any]:
-    """`concurrency` clients on one channel; measure a window once every client has had a response."""
+    """`concurrency` clients of one transport; measure a window once every client has had a response."""
     records: list[tuple[float, float, int]] = []  # (sent, received, tokens)
     cycles: list[tuple[float, float]] = []  # (a client's next send, time since its previous send)
     errors: dict[str, int] = {}
@@ -165,25 +143,24 @@ async def _closed_loop(
     stop = False
     counter = iter(range(1 << 62))
 
-    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        stub = pb_grpc.EncoderServiceStub(channel)
-        await channel.channel_ready()
+    async with transport:
 
         async def client(k: int) -> None:
+            send = transport.client()
             previous = None
             while not stop:
-                request = requests[next(counter) % len(requests)]
+                i = next(counter) % n_requests
                 t0 = time.perf_counter()
                 if previous is not None:
                     cycles.append((t0, t0 - previous))
                 previous = t0
                 try:
-                    response = await stub.Encode(request, timeout=120)
-                except grpc.aio.AioRpcError as e:
-                    errors[e.code().name] = errors.get(e.code().name, 0) + 1
+                    tokens = await send(i)
+                except CallFailed as e:
+                    errors[e.key] = errors.get(e.key, 0) + 1
                     await asyncio.sleep(0.01)  # a refusal (queue full) must not turn into a busy loop
                     continue
-                records.append((t0, time.perf_counter(), response.usage.input_tokens))
+                records.append((t0, time.perf_counter(), tokens))
                 if k not in warmed:
                     warmed.add(k)
                     if len(warmed) == concurrency:
@@ -220,23 +197,28 @@ async def _closed_loop(
 
 
 def run_point(
-    server: Server, workload: Workload, concurrency: int, *, duration: float, warmup_max: float
+    server: Server,
+    workload: Workload,
+    concurrency: int,
+    *,
+    duration: float,
+    warmup_max: float,
+    protocol: str = "grpc",
 ) -> dict[str, Any]:
     """One point of the sweep: throughput, latency, padding and CPU shares of `concurrency` clients."""
-    requests = requests_for(workload)
-    before: dict[str, float] = {}
+    link = transport(protocol, server.address, server.http_url, workload)
+    before = after = Samples([])
     # The batcher's counters are read around the whole run, warm-up included, against every token the
     # clients got back: padding and batch sizes are properties of the load, steady from the first batches.
     with contextlib.suppress(OSError):
-        before = scrape(server.metrics_url)
-    raw = asyncio.run(_closed_loop(server.address, requests, concurrency, duration, warmup_max, server.pid))
-    after: dict[str, float] = {}
+        before = scrape(server.metrics_port, timeout=5)
+    raw = asyncio.run(_closed_loop(link, len(workload.ids), concurrency, duration, warmup_max, server.pid))
     with contextlib.suppress(OSError):
-        after = scrape(server.metrics_url)
+        after = scrape(server.metrics_port, timeout=5)
     seconds = raw["window"][1] - raw["window"][0]
 
     def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
+        return after.get(name) - before.get(name)
 
     batches, padded = delta("mhaserve_batch_size_count"), delta("mhaserve_batch_tokens_sum")
     # Little's law for a closed loop: each client sends once per cycle (its request's latency plus its
@@ -248,6 +230,7 @@ def run_point(
     server_cores = raw["server_cpu_s"] / seconds if raw["server_cpu_s"] is not None else None
     client_cores = raw["client_cpu_s"] / seconds
     return {
+        "protocol": protocol,
         "concurrency": concurrency,
         "seconds": seconds,
         "completed": raw["completed"],
@@ -265,6 +248,8 @@ def run_point(
         "padding_fraction": max(0.0, 1 - raw["all_tokens"] / padded) if padded else None,
         # CPU in cores (1.0 = one core busy for the whole window), measured over the window.
         "client_cpu_cores": client_cores,
+        # The load generator's cost per request, to compare transports: it must stay far below the server's.
+        "client_cpu_ms_per_request": raw["client_cpu_s"] * 1000 / raw["completed"] if raw["completed"] else None,
         "server_cpu_cores": server_cores,
         "machine_cpu_cores": machine,
         "other_cpu_cores": (

@@ -8,8 +8,12 @@ from typing import Any
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
-WORKLOADS = ("fixed", "mixed")
+WORKLOADS = ("fixed", "mixed", "short")
 BATCHING = ("arrival", "length")
+# gRPC (encoder.v1 Encode) for every policy; the HTTP ones (OpenAI POST /v1/embeddings, `encoding_format`
+# float or base64) beside it on the text workloads, for one policy.
+PROTOCOLS = ("grpc", "http", "http-base64")
+DEFAULT_PROTOCOLS = ("grpc", "http")
 
 # --quick: a tiny random model, two client counts, a second per point: the whole pipeline in seconds.
 QUICK: dict[str, Any] = {
@@ -20,6 +24,7 @@ QUICK: dict[str, Any] = {
     "fixed_tokens": 32,
     "fixed_pool": 16,
     "mixed_pool": 32,
+    "short_pool": 48,
     "torch_batch_size": 8,
     "retries": 0,
     "paired": 1,
@@ -47,6 +52,13 @@ def _choices(allowed: tuple[str, ...]) -> Any:
     return parse
 
 
+def _protocols(text: str) -> tuple[str, ...]:
+    values = _choices(PROTOCOLS)(text)
+    if "grpc" not in values:
+        raise argparse.ArgumentTypeError("grpc is always measured (the policies and HTTP are compared over it): add it")
+    return values
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `mhaserve bench`; None means "the default, or --quick's"."""
     p.add_argument("--repository", help="model repository (default: models; with --quick, a fresh tiny random model)")
@@ -69,9 +81,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixed-tokens", type=int, help="tokens per input of the fixed workload (default 128)")
     p.add_argument("--fixed-pool", type=int, help="distinct inputs of the fixed workload (default 64)")
     p.add_argument("--mixed-pool", type=int, help="inputs of the mixed workload, drawn from the corpus (default 256)")
+    p.add_argument(
+        "--short-pool",
+        type=int,
+        help="inputs of the short workload: the short-text corpus's 2,000 texts, each once, by default",
+    )
     p.add_argument("--torch-batch-size", type=int, help="PyTorch eager batch size (default 32, sentence-transformers')")
-    p.add_argument("--workloads", type=_choices(WORKLOADS), default=WORKLOADS, help="fixed, mixed, or both")
+    p.add_argument(
+        "--workloads", type=_choices(WORKLOADS), default=WORKLOADS, help=f"some of {', '.join(WORKLOADS)} (default all)"
+    )
     p.add_argument("--batching", type=_choices(BATCHING), default=BATCHING, help="server batching policies to run")
+    p.add_argument(
+        "--protocols",
+        type=_protocols,
+        default=DEFAULT_PROTOCOLS,
+        help="grpc (always: every policy is measured over it), and beside it http (POST /v1/embeddings, float "
+        "vectors) and http-base64 (encoding_format base64), on the text workloads with the length policy's "
+        f"server (default {','.join(DEFAULT_PROTOCOLS)})",
+    )
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
     p.add_argument(
         "--paired",
@@ -116,6 +143,7 @@ FULL: dict[str, Any] = {
     "fixed_tokens": 128,
     "fixed_pool": 64,
     "mixed_pool": 256,
+    "short_pool": 2000,
     "torch_batch_size": 32,
     "retries": 2,
     "paired": 3,
@@ -141,6 +169,7 @@ def command_line(args: argparse.Namespace) -> str:
         "device": "auto",
         "workloads": WORKLOADS,
         "batching": BATCHING,
+        "protocols": DEFAULT_PROTOCOLS,
         "seed": 0,
         "max_other_cpu": 0.1,
         "quiet_wait": 30.0,

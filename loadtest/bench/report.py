@@ -21,6 +21,17 @@ def _mark(r: dict[str, Any]) -> str:
     return " *" if r.get("disturbed") else ""
 
 
+def _http_runs(report: dict[str, Any]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """{protocol: {workload: points}} of the HTTP points ({} when none were measured)."""
+    http = report.get("http") or {}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = http.get("protocols", {})
+    return runs
+
+
+def _by_clients(points: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {p["concurrency"]: p for p in points}
+
+
 def _disturbed(report: dict[str, Any]) -> list[str]:
     """The figures taken beside more other work than the guard allows."""
     out = []
@@ -32,24 +43,65 @@ def _disturbed(report: dict[str, Any]) -> list[str]:
     for batching, runs in report["server"].items():
         for wname, points in runs.items():
             out += [f"{wname} {batching} {p['concurrency']} clients" for p in points if p.get("disturbed")]
+    for protocol, runs in _http_runs(report).items():
+        for wname, points in runs.items():
+            out += [f"{wname} {protocol} {p['concurrency']} clients" for p in points if p.get("disturbed")]
     paired = report.get("paired") or {"pairs": []}
     out += [f"paired check {k + 1}" for k, p in enumerate(paired["pairs"]) if p["disturbed"]]
     return out
 
 
+def _http_over_grpc(report: dict[str, Any], wname: str) -> dict[str, list[dict[str, Any]]]:
+    """Each HTTP protocol against gRPC on the same server, at each client count both were measured at."""
+    http = report.get("http") or {}
+    grpc = _by_clients(report["server"].get(http.get("batching", ""), {}).get(wname, []))
+    out = {}
+    for protocol, runs in _http_runs(report).items():
+        rows = []
+        for c, h in sorted(_by_clients(runs.get(wname, [])).items()):
+            g = grpc.get(c)
+            if g is None:
+                continue
+            rows.append(
+                {
+                    "clients": c,
+                    "seq_per_s": h["seq_per_s"],
+                    "grpc_seq_per_s": g["seq_per_s"],
+                    "ratio": h["seq_per_s"] / g["seq_per_s"] if g["seq_per_s"] else None,
+                    "p50_ms": h["latency_ms"]["p50"],
+                    "grpc_p50_ms": g["latency_ms"]["p50"],
+                    "p99_ms": h["latency_ms"]["p99"],
+                    "grpc_p99_ms": g["latency_ms"]["p99"],
+                    "client_cpu_ms_per_request": h.get("client_cpu_ms_per_request"),
+                    "grpc_client_cpu_ms_per_request": g.get("client_cpu_ms_per_request"),
+                }
+            )
+        if rows:
+            out[protocol] = rows
+    return out
+
+
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
-    """The headline figures: ratio to the ceiling at 32 clients (or the nearest), length vs arrival on mixed."""
+    """The headline figures: ratio to the ceiling at 32 clients (or the nearest), length vs arrival on mixed,
+    one client against the model called one request at a time, and HTTP against gRPC."""
     out: dict[str, Any] = {}
     for wname, inproc in report["inprocess"].items():
         ceiling = inproc["ceiling"]["seq_per_s"]
-        w: dict[str, Any] = {"ceiling_seq_per_s": ceiling, "ceiling_batch_size": inproc["ceiling"]["batch_size"]}
+        w: dict[str, Any] = {
+            "ceiling_seq_per_s": ceiling,
+            "ceiling_batch_size": inproc["ceiling"]["batch_size"],
+            # ONNX Runtime on one input per call (tokenising it, for text): what one client waits for at least.
+            "batch1_p50_ms": inproc["one_at_a_time"]["latency_ms"]["p50"],
+        }
         for batching, runs in report["server"].items():
             points = runs.get(wname, [])
             if not points:
                 continue
             at = min(points, key=lambda p: abs(p["concurrency"] - HEADLINE_CLIENTS))
             best = max(points, key=lambda p: p["seq_per_s"])
+            one = _by_clients(points).get(1)
             w[batching] = {
+                "one_client_p50_ms": one["latency_ms"]["p50"] if one else None,
                 "clients": at["concurrency"],
                 "seq_per_s": at["seq_per_s"],
                 "ratio": at["seq_per_s"] / ceiling,
@@ -64,6 +116,9 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             w["length_over_arrival"] = w["length"]["seq_per_s"] / w["arrival"]["seq_per_s"]
         if wname == "fixed" and report.get("paired"):
             w["paired_median_ratio"] = report["paired"]["median_ratio"]
+        http = _http_over_grpc(report, wname)
+        if http:
+            w["http"] = {"batching": report["http"]["batching"], "protocols": http}
         out[wname] = w
     return out
 
@@ -104,6 +159,17 @@ def markdown(report: dict[str, Any]) -> str:
                 )
         if "length_over_arrival" in w:
             parts.append(f"length-aware / arrival-order = **{w['length_over_arrival']:.2f}x**")
+        for batching in ("length", "arrival"):
+            one = (w.get(batching) or {}).get("one_client_p50_ms")
+            if one is not None:
+                parts.append(
+                    f"1 client ({batching}): p50 {_f(one, 2)} ms against {_f(w['batch1_p50_ms'], 2)} ms for ONNX "
+                    f"Runtime one input at a time ({one - w['batch1_p50_ms']:+.2f} ms)"
+                )
+                break
+        for protocol, rows in (w.get("http") or {}).get("protocols", {}).items():
+            ratios = ", ".join(f"{r['ratio']:.2f} at {r['clients']}" for r in rows if r["ratio"] is not None)
+            parts.append(f"{protocol} / gRPC throughput ({w['http']['batching']} server): **{ratios}**")
         lines.append(f"- **{wname}**: " + "; ".join(parts))
     paired = report.get("paired")
     if paired:
@@ -178,6 +244,7 @@ def markdown(report: dict[str, Any]) -> str:
         "report.json.",
         "",
     ]
+    lines += _http_section(report)
     guard = s.get("guard")
     if guard and guard["retries"]:
         disturbed = _disturbed(report)
@@ -195,29 +262,80 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _http_section(report: dict[str, Any]) -> list[str]:
+    """The HTTP points beside the gRPC points of the same server, client count by client count."""
+    http = report.get("http")
+    rows = {wname: w["http"]["protocols"] for wname, w in report["summary"].items() if "http" in w}
+    if not http or not rows:
+        return []
+    lines = [
+        f"## Server over HTTP beside gRPC ({http['route']}, the {http['batching']} server)",
+        "",
+        "| workload | protocol | clients | seq/s | gRPC seq/s | / gRPC | p50 ms | gRPC p50 | p99 ms | gRPC p99 "
+        "| client CPU ms/req | gRPC client CPU ms/req | server CPU | other CPU | errors |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for wname, protocols in rows.items():
+        for protocol, summary in protocols.items():
+            points = _by_clients(http["protocols"][protocol][wname])
+            for r in summary:
+                p = points[r["clients"]]
+                errors = ", ".join(f"{k} {v}" for k, v in p["errors"].items()) or "0"
+                lines.append(
+                    f"| {wname} | {protocol} | {r['clients']} | {_f(r['seq_per_s'])} | {_f(r['grpc_seq_per_s'])} | "
+                    f"{_f(r['ratio'], 2)} | {_f(r['p50_ms'])} | {_f(r['grpc_p50_ms'])} | {_f(r['p99_ms'])} | "
+                    f"{_f(r['grpc_p99_ms'])} | {_f(r['client_cpu_ms_per_request'], 2)} | "
+                    f"{_f(r['grpc_client_cpu_ms_per_request'], 2)} | {_f(p['server_cpu_cores'], 2)} | "
+                    f"{_f(p.get('other_cpu_cores'), 2)}{_mark(p)} | {errors} |"
+                )
+    lines += [
+        "",
+        "`http` asks for `encoding_format` float (JSON numbers), `http-base64` for base64 (what the official "
+        "OpenAI Python client asks for). Each HTTP client holds one keep-alive HTTP/1.1 connection; the gRPC "
+        "clients share one channel. The HTTP point is measured right after the gRPC point of the same server "
+        "and client count. Client CPU per request is the load generator's own cost: it shares the machine with "
+        "the server.",
+        "",
+    ]
+    return lines
+
+
+COLOURS = {"arrival": "tab:orange", "length": "tab:blue", "http": "tab:green", "http-base64": "tab:purple"}
+
+
+def _series(report: dict[str, Any], wname: str) -> list[tuple[str, str | None, str, list[dict[str, Any]]]]:
+    """The server's lines in a workload's panel: (label, colour, marker, points), gRPC per policy, then HTTP."""
+    out = [
+        (f"gRPC, {batching} batching", COLOURS.get(batching), "o", runs[wname])
+        for batching, runs in report["server"].items()
+        if runs.get(wname)
+    ]
+    batching = (report.get("http") or {}).get("batching")
+    out += [
+        (f"{protocol}, {batching} batching", COLOURS.get(protocol), "^", runs[wname])
+        for protocol, runs in _http_runs(report).items()
+        if runs.get(wname)
+    ]
+    return out
+
+
 def plots(report: dict[str, Any], out: Path) -> list[Path]:
-    """throughput.png and latency.png: one panel per workload, one line per batching policy."""
+    """throughput.png and latency.png: one panel per workload, one line per batching policy (gRPC) and per
+    HTTP protocol."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     workloads = list(report["inprocess"])
-    colours = {"arrival": "tab:orange", "length": "tab:blue"}
     paths = []
 
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
     for ax, wname in zip(axes[0], workloads, strict=True):
         inproc = report["inprocess"][wname]
-        for batching, runs in report["server"].items():
-            pts = runs.get(wname, [])
-            ax.plot(
-                [p["concurrency"] for p in pts],
-                [p["seq_per_s"] for p in pts],
-                "o-",
-                color=colours.get(batching),
-                label=f"server, {batching} batching",
-            )
+        for label, colour, marker, pts in _series(report, wname):
+            xs = [p["concurrency"] for p in pts]
+            ax.plot(xs, [p["seq_per_s"] for p in pts], f"{marker}-", color=colour, label=f"server over {label}")
         ax.axhline(
             inproc["ceiling"]["seq_per_s"],
             color="k",
@@ -245,12 +363,10 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
 
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
     for ax, wname in zip(axes[0], workloads, strict=True):
-        for batching, runs in report["server"].items():
-            pts = runs.get(wname, [])
+        for label, colour, marker, pts in _series(report, wname):
             xs = [p["concurrency"] for p in pts]
-            c = colours.get(batching)
-            ax.plot(xs, [p["latency_ms"]["p50"] for p in pts], "o-", color=c, label=f"{batching} p50")
-            ax.plot(xs, [p["latency_ms"]["p99"] for p in pts], "s--", color=c, label=f"{batching} p99")
+            ax.plot(xs, [p["latency_ms"]["p50"] for p in pts], f"{marker}-", color=colour, label=f"{label} p50")
+            ax.plot(xs, [p["latency_ms"]["p99"] for p in pts], f"{marker}--", color=colour, label=f"{label} p99")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("concurrent clients")

@@ -5,8 +5,10 @@
 3. PyTorch eager in-process (what a user without a server would run);
 4. `mhaserve serve` over gRPC, for each batching policy, at a sweep of concurrent clients (the policies'
    servers take turns at each point);
-each for the fixed-length and the mixed-length workload. Outputs: report.md, report.json, throughput.png,
-latency.png and the servers' logs, in results/bench-<timestamp>/ or --output.
+5. the same server over HTTP (OpenAI `POST /v1/embeddings`) beside gRPC, on the text workloads, with the
+   length policy's server, at the same client counts and in turn with its gRPC points;
+each for the fixed-length, the mixed-length and the short-text workload. Outputs: report.md, report.json,
+throughput.png, latency.png and the servers' logs, in results/bench-<timestamp>/ or --output.
 """
 
 from __future__ import annotations
@@ -17,15 +19,11 @@ import dataclasses
 import datetime as dt
 import functools
 import io
-import os
-import platform
 import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -33,63 +31,12 @@ from mhaserve.loadtest.bench import options, report
 from mhaserve.loadtest.bench.client import BenchError, Server, run_point
 from mhaserve.loadtest.bench.inprocess import measure_in_child
 from mhaserve.loadtest.bench.quiet import Guard
-from mhaserve.loadtest.bench.workloads import Workload, fixed, load_corpus, mixed
+from mhaserve.loadtest.bench.workloads import Workload, fixed, load_corpus, mixed, short
+from mhaserve.loadtest.machine import load
+from mhaserve.loadtest.machine import machine as describe_machine
+from mhaserve.loadtest.texts import SHORT
 from mhaserve.model.config import TINY
-
-
-class Progress:
-    """Numbered steps on stderr with their durations, so a long run shows where it is."""
-
-    def __init__(self, total: int, out: TextIO | None = None) -> None:
-        self.total, self.n, self.out, self.t0 = total, 0, out or sys.stderr, time.perf_counter()
-
-    def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
-
-    @contextlib.contextmanager
-    def step(self, what: str) -> Iterator[dict[str, str]]:
-        self.n += 1
-        note: dict[str, str] = {"result": ""}
-        print(f"[{self.n}/{self.total}] {what} ...", end="", file=self.out, flush=True)
-        t = time.perf_counter()
-        yield note
-        elapsed = time.perf_counter() - t
-        total = time.perf_counter() - self.t0
-        print(f" {note['result']} ({elapsed:.1f} s, {total:.0f} s in all)", file=self.out, flush=True)
-
-
-def _machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    memory = 0.0
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                memory = int(line.split()[1]) / 2**20
-    packages = {}
-    for name in ("onnxruntime-gpu", "onnxruntime", "torch", "grpcio", "numpy", "tokenizers"):
-        with contextlib.suppress(PackageNotFoundError):
-            packages[name] = version(name)
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count() or 1,
-        "memory_gib": memory,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "packages": packages,
-        "load_before": _load(),
-    }
-
-
-def _load() -> str:
-    try:
-        return " ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:
-        return "-"
+from mhaserve.runtime.progress import Progress
 
 
 def _quick_repository(tmp: Path) -> Path:
@@ -118,8 +65,9 @@ def _paired(
     one = dict(spec, torch=False, workloads=[workload.to_dict()], batch_sizes_by_workload={"fixed": [best]})
     pairs = []
     for k in range(opt["paired"]):
-        with progress.step(f"paired {k + 1}/{opt['paired']}: ceiling, then the server at {clients} clients") as note:
-            progress.say("")
+        with progress.step(
+            f"paired {k + 1}/{opt['paired']}: ceiling, then the server at {clients} clients", reports=True
+        ) as note:
             ceiling = measure_in_child(one)["fixed"]["ceiling"]
             point = guard.measure(
                 functools.partial(
@@ -147,6 +95,39 @@ def _paired(
     }
 
 
+def _point(
+    opt: dict[str, Any],
+    server: Server,
+    workload: Workload,
+    clients: int,
+    protocol: str,
+    ceiling: float,
+    guard: Guard,
+    progress: Progress,
+) -> dict[str, Any]:
+    """One server point of the sweep, measured again while other work disturbs it."""
+    with progress.step(f"server {server.batching:7} {protocol:11} {workload.name:5} {clients:3} clients") as note:
+        point = guard.measure(
+            functools.partial(
+                run_point,
+                server,
+                workload,
+                clients,
+                duration=opt["duration"],
+                warmup_max=max(5.0, 3 * opt["duration"]),
+                protocol=protocol,
+            ),
+            progress.say,
+        )
+        note["result"] = (
+            f"{point['seq_per_s']:.1f} seq/s ({point['seq_per_s'] / ceiling:.2f} of ceiling), "
+            f"p99 {point['latency_ms']['p99']:.0f} ms"
+            + (f", errors {point['errors']}" if point["errors"] else "")
+            + (f", other processes {point['other_cpu_cores']:.2f} cores" if point["disturbed"] else "")
+        )
+    return point
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     """The whole benchmark; returns the results directory."""
     opt = options.resolve(args)
@@ -154,10 +135,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     output = Path(opt["output"] or f"results/bench-{stamp}")
     output.mkdir(parents=True, exist_ok=True)
-    n_points = len(opt["batching"]) * len(opt["workloads"]) * len(opt["concurrency"])
+    # HTTP is measured beside gRPC with one policy's server (the default policy's, when it runs), on the
+    # workloads sent as text: the OpenAI route is for text, and one policy shows the protocol's cost.
+    http_protocols = [p for p in opt["protocols"] if p != "grpc"]
+    http_batching = "length" if "length" in opt["batching"] else opt["batching"][0]
+    http_workloads = [w for w in opt["workloads"] if w != "fixed"]
+    n_points = len(opt["concurrency"]) * (
+        len(opt["batching"]) * len(opt["workloads"]) + len(http_protocols) * len(http_workloads)
+    )
     paired_steps = opt["paired"] if "fixed" in opt["workloads"] else 0
     progress = Progress(2 + 2 * len(opt["batching"]) + n_points + paired_steps + 2, out)
-    machine = _machine()
+    machine = describe_machine()
+    machine["load_before"] = machine.pop("load")
     guard = Guard(max_other_cores=opt["max_other_cpu"], retries=opt["retries"], quiet_wait_s=opt["quiet_wait"])
 
     with contextlib.ExitStack() as stack:
@@ -178,14 +167,16 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             built = {
                 "fixed": lambda: fixed(tokenizer, corpus, tokens=tokens, pool=opt["fixed_pool"], seed=opt["seed"]),
                 "mixed": lambda: mixed(tokenizer, corpus, pool=opt["mixed_pool"], seed=opt["seed"]),
+                "short": lambda: short(tokenizer, load_corpus(SHORT), pool=opt["short_pool"], seed=opt["seed"]),
             }
             workloads = {name: built[name]() for name in opt["workloads"]}
             note["result"] = f"{entry.name} v{entry.version} ({entry.graph}), " + ", ".join(
                 f"{w.name}: {len(w.ids)} inputs" for w in workloads.values()
             )
 
-        with progress.step("in-process: ONNX Runtime batch sweep, one at a time, PyTorch eager (child process)"):
-            progress.say("")
+        with progress.step(
+            "in-process: ONNX Runtime batch sweep, one at a time, PyTorch eager (child process)", reports=True
+        ):
             spec = {
                 "repository": str(repository),
                 "model": model_name,
@@ -202,6 +193,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             inprocess = measure_in_child(spec)
 
         servers: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        http_points: dict[str, dict[str, list[dict[str, Any]]]] = {p: {} for p in http_protocols}
         # The headline (fixed workload, 32 clients) once more, alternating with the ceiling: slow drift of a
         # shared machine then moves both sides of each ratio alike.
         paired_batching = next((b for b in ("length", "arrival") if b in opt["batching"]), None)
@@ -249,29 +241,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 ceiling = inprocess[wname]["ceiling"]["seq_per_s"]
                 for c in opt["concurrency"]:
                     for batching, server in live.items():
-                        with progress.step(f"server {batching:7} {wname:5} {c:3} clients") as note:
-                            point = guard.measure(
-                                functools.partial(
-                                    run_point,
-                                    server,
-                                    workload,
-                                    c,
-                                    duration=opt["duration"],
-                                    warmup_max=max(5.0, 3 * opt["duration"]),
-                                ),
-                                progress.say,
-                            )
-                            servers.setdefault(batching, {}).setdefault(wname, []).append(point)
-                            note["result"] = (
-                                f"{point['seq_per_s']:.1f} seq/s ({point['seq_per_s'] / ceiling:.2f} of ceiling), "
-                                f"p99 {point['latency_ms']['p99']:.0f} ms"
-                                + (f", errors {point['errors']}" if point["errors"] else "")
-                                + (
-                                    f", other processes {point['other_cpu_cores']:.2f} cores"
-                                    if point["disturbed"]
-                                    else ""
-                                )
-                            )
+                        turns = ["grpc"]
+                        if batching == http_batching and wname in http_workloads:
+                            turns += http_protocols
+                        for protocol in turns:
+                            point = _point(opt, server, workload, c, protocol, ceiling, guard, progress)
+                            into = servers.setdefault(batching, {}) if protocol == "grpc" else http_points[protocol]
+                            into.setdefault(wname, []).append(point)
             if paired_batching is not None:
                 paired = _paired(opt, spec, live[paired_batching], workloads["fixed"], inprocess, guard, progress)
         finally:
@@ -280,8 +256,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                     rc = server.stop()
                     note["result"] = f"exit status {rc}"
 
-        with progress.step("the ceiling again, to see how much the machine drifted during the run") as note:
-            progress.say("")
+        with progress.step(
+            "the ceiling again, to see how much the machine drifted during the run", reports=True
+        ) as note:
             again = measure_in_child(
                 dict(
                     spec,
@@ -300,7 +277,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 }
             note["result"] = ", ".join(f"{w}: {inprocess[w]['ceiling_after']['drift']:+.0%}" for w in inprocess)
 
-        machine["load_after"] = _load()
+        machine["load_after"] = load()
         result = {
             "format": 1,
             "created": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -313,6 +290,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 "device": opt["device"],
                 "graph": opt["graph"],
                 "concurrency": list(opt["concurrency"]),
+                "protocols": list(opt["protocols"]),
                 "batch_sizes": list(opt["batch_sizes"]),
                 "duration_s": opt["duration"],
                 "min_time_s": opt["min_time"],
@@ -326,6 +304,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             "workloads": {name: w.summary() for name, w in workloads.items()},
             "inprocess": inprocess,
             "server": servers,
+            "http": {"batching": http_batching, "route": "POST /v1/embeddings", "protocols": http_points}
+            if http_points
+            else None,
             "paired": paired,
         }
         with progress.step("report and plots") as note:

@@ -5,6 +5,9 @@
   on exactly the work ONNX Runtime does.
 - mixed: texts drawn from the corpus (queries to paragraphs, truncated at the model's maximum), sent
   as text: the server tokenises, and batching policy decides how much padding the model computes.
+- short: the short-text corpus (loadtest/texts/short.txt: queries, sentences and a tail of paragraphs,
+  median about 20 tokens), each text once in a seeded order, sent as text: the traffic most users
+  send, where the work around the model weighs most.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Workload:
 
 
 def load_corpus(path: Path = CORPUS) -> list[str]:
+    """The non-empty lines of a corpus file (corpus.txt by default)."""
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     lines = [line for line in lines if line]
     if not lines:
@@ -93,4 +97,18 @@ def mixed(tokenizer: Tokenizer, corpus: list[str], *, pool: int, seed: int = 0) 
     ids = [e.ids for e in tokenizer.encode_batch(texts)]
     return Workload(
         "mixed", "one corpus text per request (queries to paragraphs), sent as text, truncated", "texts", ids, texts
+    )
+
+
+def short(tokenizer: Tokenizer, texts: list[str], *, pool: int, seed: int = 0) -> Workload:
+    """`pool` texts of the short-text corpus: each at most once while the pool fits it, in a seeded order."""
+    rng = random.Random(seed + 2)
+    chosen = rng.sample(texts, k=pool) if pool <= len(texts) else rng.choices(texts, k=pool)
+    ids = [e.ids for e in tokenizer.encode_batch(chosen)]
+    return Workload(
+        "short",
+        "one text of the short-text corpus per request (queries, sentences, some paragraphs), sent as text",
+        "texts",
+        ids,
+        chosen,
     )

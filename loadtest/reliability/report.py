@@ -129,7 +129,8 @@ def render(run: Run) -> str:
         out += [
             "## Deadlines and cancellation",
             "",
-            f"{d.cycles} cycles, each with a batch held in the engine and, queued behind it: requests with a 0.3 s",
+            f"{d.cycles} cycles, each with a batch held in the engine and, queued behind it: requests with a "
+            f"{d.deadline:g} s",
             "deadline, requests the client cancelled, and streams cancelled with requests queued. Counted in the",
             "server's process before and after (a garbage collection first).",
             "",
@@ -137,6 +138,11 @@ def render(run: Run) -> str:
                 ["figure", "value"],
                 [
                     ("expired while queued", f"{d.expired_sent}: {_codes(d.expired_codes)}"),
+                    *(
+                        [("batches of them sent again, not queued within half their deadline", d.retried)]
+                        if d.retried
+                        else []
+                    ),
                     ("cancelled while queued", f"{d.cancelled_sent}: {_codes(d.cancelled_codes)}"),
                     ("streams cancelled", f"{d.streams_cancelled} ({d.stream_requests} requests queued in them)"),
                     ("of these, inputs that reached the model", d.reached_model),
@@ -276,7 +282,8 @@ def render(run: Run) -> str:
         "## Known limits",
         "",
         "- Requests gRPC refuses before the service sees them (a message over `--max-message-bytes`, a call",
-        "  arriving as the server stops) are not in `mhaserve_requests_total`.",
+        "  arriving as the server stops, one whose deadline passed while it waited in gRPC) are not in",
+        "  `mhaserve_requests_total`.",
         "- A stuck inference thread cannot be killed from inside the process: the server fails its requests,",
         "  reports NOT_SERVING and waits for it; only a restart (the orchestrator's, on NOT_SERVING) frees it.",
         "- The queue limit bounds latency when the model is the bottleneck, as here. When the request path",

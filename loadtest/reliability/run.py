@@ -12,25 +12,32 @@ import argparse
 import dataclasses
 import json
 import logging
-import platform
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from mhaserve.loadtest.reliability import scenarios as sc
+from mhaserve.loadtest.machine import PACKAGES
+from mhaserve.loadtest.machine import machine as describe_machine
 from mhaserve.loadtest.reliability.report import render
 from mhaserve.loadtest.reliability.results import Run, Sizes
+from mhaserve.loadtest.reliability.scenarios.bad_input import CLIENT_CODES, fuzz
+from mhaserve.loadtest.reliability.scenarios.common import HOLD
+from mhaserve.loadtest.reliability.scenarios.deadlines import deadlines
+from mhaserve.loadtest.reliability.scenarios.faults import POISON, engine_faults, engine_hangs, stuck_engine_exit
+from mhaserve.loadtest.reliability.scenarios.load import queue_texts, text_requests
+from mhaserve.loadtest.reliability.scenarios.overload import OverloadResult, overload
+from mhaserve.loadtest.reliability.scenarios.shutdown import second_signal, shutdown_under_load
+from mhaserve.loadtest.reliability.scenarios.soak import soak
 from mhaserve.loadtest.reliability.strategies import Model
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.repository import ModelRepository
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import free_port
+from mhaserve.testing.metrics import scrape
 from mhaserve.testing.process import ServerProcess
 from mhaserve.testing.server import ServerThread
 
@@ -52,46 +59,20 @@ QUICK = Sizes(
 SOAK_BOUND_KIB_PER_MIN = 256.0
 
 
-def machine() -> dict[str, str]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        kib = int(Path("/proc/meminfo").read_text().split()[1])
-        memory = f"{kib / 1024**2:.0f} GiB"
-    except (OSError, ValueError, IndexError):
-        memory = "unknown"
-    import os
-
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
+def _machine_lines() -> dict[str, str]:
+    """The machine as the report lists it."""
+    m = describe_machine((*PACKAGES, "hypothesis"))
+    packages = m["packages"]
     return {
-        "CPU": f"{cpu}, {os.cpu_count()} cores",
-        "memory": memory,
-        "OS": platform.platform(),
-        "Python": platform.python_version(),
-        "grpcio": version("grpcio"),
-        "onnxruntime": version("onnxruntime-gpu") if _installed("onnxruntime-gpu") else version("onnxruntime"),
-        "hypothesis": version("hypothesis"),
-        "commit": commit,
+        "CPU": f"{m['cpu']}, {m['cores']} cores",
+        "memory": f"{m['memory_gib']:.0f} GiB" if m["memory_gib"] else "unknown",
+        "OS": m["platform"],
+        "Python": m["python"],
+        "grpcio": packages.get("grpcio", "absent"),
+        "onnxruntime": packages.get("onnxruntime-gpu") or packages.get("onnxruntime", "absent"),
+        "hypothesis": packages.get("hypothesis", "absent"),
+        "commit": m["commit"],
     }
-
-
-def _installed(name: str) -> bool:
-    try:
-        version(name)
-    except Exception:
-        return False
-    return True
 
 
 def _timed(run: Run, name: str, scenario: Callable[[], Any]) -> Any:
@@ -123,13 +104,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = Run(
         command=command.strip(),
         started=time.strftime("%Y-%m-%d %H:%M %Z"),
-        machine=machine(),
+        machine=_machine_lines(),
         model=f"{manifest.name} version {manifest.version} ({manifest.layers} layers, {manifest.hidden_size} "
         f"dimensions, up to {manifest.max_seq_len} tokens)",
         sizes=sizes,
     )
     base = Settings(
-        repository=args.repository, model=args.model, port=0, metrics_port=0, device="cpu", intra_op_threads=2
+        repository=args.repository,
+        model=args.model,
+        port=0,
+        metrics_port=0,
+        http_port=0,
+        device="cpu",
+        intra_op_threads=2,
     )
     model = Model(args.model, manifest.vocab_size, manifest.max_seq_len, max_inputs=16)
     with tempfile.TemporaryDirectory(prefix="mhaserve-reliability-") as tmp:
@@ -162,7 +149,7 @@ def _plain(value: Any) -> Any:
 def _flags(args: argparse.Namespace, *extra: str, metrics_port: int = 0) -> list[str]:
     return [
         *("--repository", str(args.repository), "--model", args.model, "--port", "0"),
-        *("--metrics-port", str(metrics_port), "--device", "cpu", *extra),
+        *("--metrics-port", str(metrics_port), "--http-port", "0", "--device", "cpu", *extra),
     ]
 
 
@@ -172,12 +159,12 @@ def _flags(args: argparse.Namespace, *extra: str, metrics_port: int = 0) -> list
 def _bad_input(run: Run, base: Settings, model: Model, sizes: Sizes, seed: int | None) -> None:
     with ServerThread(dataclasses.replace(base, max_client_batch_size=model.max_inputs)) as srv:
         srv.ready()
-        result = _timed(run, "bad input", lambda: sc.fuzz(srv.address, model, examples=sizes.fuzz_examples, seed=seed))
+        result = _timed(run, "bad input", lambda: fuzz(srv.address, model, examples=sizes.fuzz_examples, seed=seed))
         internal = srv.counted_all("INTERNAL") + srv.counted_all("UNKNOWN")
     cases = sum(result.cases.values())
     run.check("bad input", f"{cases} cases: no failure found", not result.failures)
     codes = set().union(*(set(c) for c in result.codes.values()))
-    run.check("bad input", "only OK, INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED", codes <= sc.CLIENT_CODES)
+    run.check("bad input", "only OK, INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED", codes <= CLIENT_CODES)
     run.check("bad input", "the server counted no INTERNAL or UNKNOWN", internal == 0)
     run.check(
         "bad input",
@@ -192,14 +179,17 @@ def _overload(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -
     flags = _flags(args, "--max-queue-size", str(queue), "--max-client-batch-size", "8", metrics_port=metrics)
     with ServerProcess(flags, workdir / "overload.log") as proc:
         address = proc.wait_serving()
-        requests = sc.text_requests(address, sc.queue_texts(200))
+        requests = text_requests(address, queue_texts(200))
 
         def server_codes() -> dict[str, int]:
-            return {code: int(_scrape_code(metrics, code)) for code in ("OK", "RESOURCE_EXHAUSTED")}
+            counted = scrape(metrics)
+            return {
+                code: int(counted.get("mhaserve_requests_total", code=code)) for code in ("OK", "RESOURCE_EXHAUSTED")
+            }
 
-        def bursts() -> list[sc.OverloadResult]:
+        def bursts() -> list[OverloadResult]:
             return [
-                sc.overload(
+                overload(
                     address,
                     requests,
                     max_queue_size=queue,
@@ -237,26 +227,15 @@ def _overload(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -
         )
 
 
-def _scrape_code(port: int, code: str) -> float:
-    import urllib.request
-
-    total = 0.0
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("mhaserve_requests_total{") and f'code="{code}"' in line:
-                total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def _deadlines(run: Run, base: Settings, sizes: Sizes) -> None:
-    engine = ScriptedEngine(hang_on=sc.HOLD)
+    engine = ScriptedEngine(hang_on=HOLD)
     with ServerThread(dataclasses.replace(base, max_wait_ms=0.0), engine.factory()) as srv:
         srv.ready()
         try:
             result = _timed(
                 run,
                 "deadlines",
-                lambda: sc.deadlines(srv, engine, cycles=sizes.deadline_cycles, per_cycle=50, streams=8),
+                lambda: deadlines(srv, engine, cycles=sizes.deadline_cycles, per_cycle=50, streams=8),
             )
         finally:
             engine.release.set()
@@ -285,10 +264,10 @@ def _deadlines(run: Run, base: Settings, sizes: Sizes) -> None:
 
 
 def _faults(run: Run, base: Settings, args: argparse.Namespace, sizes: Sizes, workdir: Path) -> None:
-    engine = ScriptedEngine(fail_on=sc.POISON, seconds_per_batch=0.002)
+    engine = ScriptedEngine(fail_on=POISON, seconds_per_batch=0.002)
     with ServerThread(dataclasses.replace(base, max_wait_ms=2.0), engine.factory()) as srv:
         srv.ready()
-        faults = _timed(run, "engine errors", lambda: sc.engine_faults(srv, engine, requests=sizes.fault_requests))
+        faults = _timed(run, "engine errors", lambda: engine_faults(srv, engine, requests=sizes.fault_requests))
     run.check(
         "faults",
         f"{faults.poisoned} poisoned requests: all INTERNAL",
@@ -299,12 +278,12 @@ def _faults(run: Run, base: Settings, args: argparse.Namespace, sizes: Sizes, wo
     )
     run.check("faults", "every other answer right; SERVING after", faults.wrong == 0 and faults.serving_after)
 
-    hang_engine = ScriptedEngine(hang_on=sc.HOLD)
+    hang_engine = ScriptedEngine(hang_on=HOLD)
     settings = dataclasses.replace(base, inference_timeout=0.5, max_wait_ms=0.0)
     with ServerThread(settings, hang_engine.factory()) as srv:
         srv.ready()
         try:
-            hangs = _timed(run, "engine hangs", lambda: sc.engine_hangs(srv, hang_engine, cycles=sizes.hang_cycles))
+            hangs = _timed(run, "engine hangs", lambda: engine_hangs(srv, hang_engine, cycles=sizes.hang_cycles))
         finally:
             hang_engine.release.set()
     n = hangs.hangs
@@ -324,18 +303,18 @@ def _faults(run: Run, base: Settings, args: argparse.Namespace, sizes: Sizes, wo
         _flags(args, "--inference-timeout", "1", "--grace-period", "5"), workdir / "stuck.log", engine="hang:99"
     )
     with proc:
-        stuck = _timed(run, "stuck engine exit", lambda: sc.stuck_engine_exit(proc))
+        stuck = _timed(run, "stuck engine exit", lambda: stuck_engine_exit(proc))
     run.check("faults", "a process with a stuck engine exits on SIGTERM (status 1)", stuck.exit_code == 1)
 
 
 def _soak(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -> None:
     with ServerProcess(_flags(args, "--max-wait-ms", "2"), workdir / "soak.log") as proc:
         address = proc.wait_serving()
-        requests = sc.text_requests(address, sc.queue_texts(200, seed=1))
+        requests = text_requests(address, queue_texts(200, seed=1))
         result = _timed(
             run,
             "soak",
-            lambda: sc.soak(
+            lambda: soak(
                 proc,
                 requests,
                 seconds=sizes.soak_seconds,
@@ -359,9 +338,9 @@ def _shutdown(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -
     flags = _flags(args, "--max-wait-ms", "5", "--grace-period", "30", "--log-level", "debug")
     with ServerProcess(flags, workdir / "shutdown.log") as proc:
         address = proc.wait_serving()
-        requests = sc.text_requests(address, sc.queue_texts(100, seed=2))
+        requests = text_requests(address, queue_texts(100, seed=2))
         result = _timed(
-            run, "shutdown", lambda: sc.shutdown_under_load(proc, requests, clients=8, load_seconds=sizes.shutdown_load)
+            run, "shutdown", lambda: shutdown_under_load(proc, requests, clients=8, load_seconds=sizes.shutdown_load)
         )
     run.check("shutdown", "exit status 0 after SIGTERM under load", result.exit_code == 0)
     run.check(
@@ -381,7 +360,7 @@ def _shutdown(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -
         metrics = free_port()
         flags = _flags(args, "--grace-period", "120", "--inference-timeout", "0", metrics_port=metrics)
         with ServerProcess(flags, workdir / f"second-{sig}.log", engine="hang:99") as proc:
-            forced.append(sc.second_signal(proc, metrics, sig=sig))
+            forced.append(second_signal(proc, metrics, sig=sig))
     run.results["second signal"] = forced
     for f, code in zip(forced, (143, 130), strict=True):
         run.check(

@@ -9,7 +9,8 @@ baseline to compare against).
 What Infinity's batch worker got wrong, and what this one does instead:
 - a failed batch fails the futures of exactly the requests that had a sequence in it, then the worker
   goes on with the next batch;
-- waiting is event-driven: an `asyncio.Event` set on arrival, and one timed wait for `max_wait_ms`;
+- waiting is event-driven: an `asyncio.Event` set on arrival, and one timed wait for `max_wait_ms`,
+  only while admitted requests are still being tokenised (should_start): a lone request never waits;
 - a request whose client cancelled, or whose deadline passed, frees its queue slots at once and its
   sequences are skipped before inference;
 - a request takes its queue slots before it is tokenised (`admit`), so past the limit it is refused at
@@ -38,7 +39,7 @@ from mhaserve.service.batching.padding import pad
 from mhaserve.service.batching.policies import Batching, make_policy
 from mhaserve.service.batching.queue import Embeddings, Ids, Job, Seq, Ticket
 from mhaserve.service.batching.watchdog import Hook, Watchdog
-from mhaserve.service.metrics import Metrics
+from mhaserve.service.metrics import Metrics, ModelMetrics
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ class Batcher:
         limits: Limits,
         batching: Batching = "length",
         pad_id: int = 0,
-        metrics: Metrics | None = None,
+        metrics: ModelMetrics | None = None,
+        executor: ThreadPoolExecutor | None = None,
         inference_timeout: float | None = None,
         on_stall: Hook | None = None,
         on_recover: Hook | None = None,
@@ -62,7 +64,7 @@ class Batcher:
         self.limits = limits
         self.batching = batching
         self.pad_id = pad_id
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or ModelMetrics(Metrics(), "-", 0)
         self._policy = make_policy(batching, limits.max_padding)
         self._depth = 0  # live sequences waiting
         self._reserved = 0  # slots admitted requests hold while they are tokenised
@@ -73,8 +75,11 @@ class Batcher:
         self._closed = False
         self._worker: asyncio.Task[None] | None = None
         self.watchdog = Watchdog(inference_timeout, on_stall, on_recover)
-        # One thread: concurrent ORT runs on one session only fight over the same cores.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        # One thread: concurrent ORT runs on one session only fight over the same cores. Several models share
+        # the server's one inference thread (`executor`) for the same reason: their batches take turns,
+        # each with every core, instead of two sessions' thread pools oversubscribing the machine.
+        self._own_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
 
     @property
     def stalled(self) -> bool:
@@ -100,6 +105,7 @@ class Batcher:
             self._reserved -= ticket.n
             ticket.n = 0
             self.metrics.queue_depth.set(self.depth)
+            self._arrived.set()  # one fewer on its way: what waits may start now
 
     def _refuse(self, n: int) -> None:
         if self._closed:
@@ -130,7 +136,8 @@ class Batcher:
                 await self._worker
             self._worker = None
         self._fail_queued(Unavailable("the server stopped before this request reached the model"))
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._own_executor:
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def submit(
         self,
@@ -198,8 +205,19 @@ class Batcher:
             return False
         return True
 
+    def should_start(self) -> bool:
+        """Whether what waits should go to the model now rather than wait for more to join it.
+
+        At once when the budget is full, when draining, or when nothing is on its way: no admitted request
+        is still being tokenised, so the queue cannot grow but by requests not sent yet, and nobody is
+        better served by waiting for those (at one client, no one ever comes). Batches still form under
+        load: what arrives while a batch computes waits for the next. Otherwise the oldest input waits at
+        most max_wait_ms for the inputs being tokenised.
+        """
+        return self._draining or self._tokens >= self.limits.max_batch_tokens or self._reserved == 0
+
     async def _wait_for_batch(self) -> None:
-        """Return when a batch should start: the budget is full, the oldest input waited long enough, or we drain."""
+        """Return when a batch should start (should_start), or when the oldest input waited long enough."""
         while True:
             self._arrived.clear()
             oldest = self._policy.oldest(self._live)
@@ -209,7 +227,7 @@ class Batcher:
                 self._policy.clear()
                 await self._arrived.wait()
                 continue
-            if self._draining or self._tokens >= self.limits.max_batch_tokens:
+            if self.should_start():
                 return
             due = oldest.job.enqueued + self.limits.max_wait_ms / 1000 - time.perf_counter()
             if due <= 0:

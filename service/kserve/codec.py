@@ -18,18 +18,17 @@ from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.errors import to_status
 from mhaserve.service.kserve.tensors import (
     BOOL_PARAMETERS,
-    EXPECTED_INPUTS,
-    IDS,
     IDS_SHAPES,
-    INPUT_TYPES,
-    MASK,
     OUTPUT,
+    STRING_PARAMETERS,
     TEXT,
     TEXT_SHAPES,
+    check_input,
+    check_outputs,
     check_shape,
     count_error,
     decode_texts,
-    strip_padding,
+    encode_input,
     unpack_bytes,
 )
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput
@@ -40,36 +39,25 @@ TYPED_FIELD = {"BYTES": "bytes_contents", "INT64": "int64_contents"}
 
 def from_pb(request: pb.ModelInferRequest) -> EncodeInput:
     """The internal request a ModelInferRequest asks for; INVALID_ARGUMENT for anything malformed."""
-    for out in request.outputs:
-        if out.name != OUTPUT:
-            raise InvalidArgument(f"unknown output {out.name!r}: this model has one output, {OUTPUT!r}")
-    truncate, normalize = _options(request.parameters)
+    check_outputs([out.name for out in request.outputs])
+    truncate, normalize, prompt_name = _options(request.parameters)
     tensors = _inputs(request)
-    common: dict[str, Any] = {
-        "model": request.model_name,
-        "version": request.model_version or None,
-        "truncate": truncate,
-        "normalize": normalize,
+    decoders = {
+        name: (lambda t=tensor, r=raw: _texts(t, r)) if name == TEXT else (lambda t=tensor, r=raw: _int64(t, r))
+        for name, (tensor, raw) in tensors.items()
     }
-    if TEXT in tensors:
-        if IDS in tensors or MASK in tensors:
-            raise InvalidArgument(f"set either {TEXT!r} or {IDS!r} and {MASK!r}, not both")
-        return EncodeInput(texts=_texts(*tensors[TEXT]), **common)
-    missing = [name for name in (IDS, MASK) if name not in tensors]
-    if len(missing) == 2:
-        raise InvalidArgument(f"missing input: set {EXPECTED_INPUTS}")
-    if missing:
-        raise InvalidArgument(f"missing input {missing[0]!r}: {IDS!r} and {MASK!r} go together")
-    ids, mask = _int64(*tensors[IDS]), _int64(*tensors[MASK])
-    if ids.shape != mask.shape:
-        raise InvalidArgument(
-            f"{IDS!r} has shape {list(ids.shape)} and {MASK!r} has shape {list(mask.shape)}: they must be the same"
-        )
-    return EncodeInput(token_ids=strip_padding(ids, mask), **common)
+    return encode_input(
+        decoders,
+        model=request.model_name,
+        version=request.model_version or None,
+        truncate=truncate,
+        normalize=normalize,
+        prompt_name=prompt_name,
+    )
 
 
-def _options(parameters: Mapping[str, pb.InferParameter]) -> tuple[bool, bool | None]:
-    """(truncate, normalize) from the mhaserve parameters; other parameters are ignored, as Triton does."""
+def _options(parameters: Mapping[str, pb.InferParameter]) -> tuple[bool, bool | None, str | None]:
+    """(truncate, normalize, prompt_name) from the mhaserve parameters; others are ignored, as Triton does."""
     options: dict[str, bool] = {}
     for key in BOOL_PARAMETERS:
         if key in parameters:
@@ -77,7 +65,14 @@ def _options(parameters: Mapping[str, pb.InferParameter]) -> tuple[bool, bool | 
             if kind != "bool_param":
                 raise InvalidArgument(f"parameter {key!r} must be a bool (bool_param), got {kind or 'no value'}")
             options[key] = parameters[key].bool_param
-    return options.get("truncate", False), options.get("normalize")
+    prompt_name = None
+    for key in STRING_PARAMETERS:
+        if key in parameters:
+            kind = parameters[key].WhichOneof("parameter_choice")
+            if kind != "string_param":
+                raise InvalidArgument(f"parameter {key!r} must be a string (string_param), got {kind or 'no value'}")
+            prompt_name = parameters[key].string_param or None
+    return options.get("truncate", False), options.get("normalize"), prompt_name
 
 
 def _inputs(request: pb.ModelInferRequest) -> dict[str, tuple[InputTensor, bytes | None]]:
@@ -95,15 +90,7 @@ def _inputs(request: pb.ModelInferRequest) -> dict[str, tuple[InputTensor, bytes
             )
     tensors: dict[str, tuple[InputTensor, bytes | None]] = {}
     for i, tensor in enumerate(request.inputs):
-        if tensor.name not in INPUT_TYPES:
-            raise InvalidArgument(f"unknown input {tensor.name!r}: this model takes {EXPECTED_INPUTS}")
-        if tensor.name in tensors:
-            raise InvalidArgument(f"input {tensor.name!r} is given twice")
-        expected = INPUT_TYPES[tensor.name]
-        if tensor.datatype != expected:
-            raise InvalidArgument(
-                f"input {tensor.name!r} has datatype {tensor.datatype or '(none)'}; expected {expected}"
-            )
+        check_input(tensor.name, tensor.datatype, tensors)
         tensors[tensor.name] = (tensor, raw[i] if raw else None)
     return tensors
 

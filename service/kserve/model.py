@@ -1,4 +1,8 @@
-"""The Open Inference Protocol's view of a served model: metadata, Triton's ModelConfig, statistics."""
+"""The Open Inference Protocol's view of a served model: metadata, Triton's ModelConfig, statistics.
+
+Each is written once, as the JSON the REST API sends (field names as in the .proto files, numbers as
+numbers); the gRPC messages are parsed from the same dicts, so the two protocols cannot disagree.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from functools import cache
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import Any
+
+from google.protobuf import json_format
 
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.proto.inference.v2 import model_config_pb2 as mc
@@ -19,7 +25,7 @@ SERVER_NAME = "mhaserve"
 EXTENSIONS = ("model_configuration", "parameters", "statistics")
 PLATFORM = "onnxruntime_onnx"
 BACKEND = "onnxruntime"
-CONFIG_TYPES = {"BYTES": mc.TYPE_STRING, "INT64": mc.TYPE_INT64, "FP32": mc.TYPE_FP32}
+CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT64": "TYPE_INT64", "FP32": "TYPE_FP32"}
 
 
 @cache
@@ -40,86 +46,97 @@ def tensor_shapes(model: LoadedModel) -> dict[str, tuple[str, list[int]]]:
     }
 
 
-def model_metadata(model: LoadedModel, versions: Sequence[int]) -> pb.ModelMetadataResponse:
+def metadata(model: LoadedModel, versions: Sequence[int]) -> dict[str, Any]:
     """The model's tensors, and every version of it that is served."""
-    meta = pb.ModelMetadataResponse.TensorMetadata
     shapes = tensor_shapes(model)
-    return pb.ModelMetadataResponse(
-        name=model.name,
-        versions=[str(v) for v in versions],
-        platform=PLATFORM,
-        inputs=[meta(name=n, datatype=shapes[n][0], shape=shapes[n][1]) for n in (TEXT, IDS, MASK)],
-        outputs=[meta(name=OUTPUT, datatype=shapes[OUTPUT][0], shape=shapes[OUTPUT][1])],
-    )
+
+    def tensor(name: str) -> dict[str, Any]:
+        return {"name": name, "datatype": shapes[name][0], "shape": shapes[name][1]}
+
+    return {
+        "name": model.name,
+        "versions": [str(v) for v in versions],
+        "platform": PLATFORM,
+        "inputs": [tensor(n) for n in (TEXT, IDS, MASK)],
+        "outputs": [tensor(OUTPUT)],
+    }
 
 
-def model_config(pipeline: Pipeline) -> mc.ModelConfig:
+def config(pipeline: Pipeline) -> dict[str, Any]:
     """Triton's view of the model. With max_batch_size > 0, dims leave out the batch dimension."""
     model, limits = pipeline.model, pipeline.limits
     m = model.entry.manifest
     shapes = tensor_shapes(model)
-    return mc.ModelConfig(
-        name=model.name,
-        platform=PLATFORM,
-        backend=BACKEND,
-        version_policy=mc.ModelVersionPolicy(latest=mc.ModelVersionPolicy.Latest(num_versions=1)),
-        max_batch_size=limits.max_client_batch_size,
+    parameters = {
+        "max_batch_tokens": limits.max_batch_tokens,
+        "max_padding": limits.max_padding,
+        "max_tokens_per_input": m.max_seq_len,
+        "vocab_size": m.vocab_size,
+        "pooling": m.pooling,
+        "normalize": str(m.normalize).lower(),
+        "graph": model.entry.graph,
+        "execution_provider": model.provider,
+        "sha256": model.entry.sha256,
+    }
+    return {
+        "name": model.name,
+        "platform": PLATFORM,
+        "backend": BACKEND,
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": limits.max_client_batch_size,
         # All optional: a request sends text, or input_ids and attention_mask.
-        input=[
-            mc.ModelInput(name=n, data_type=CONFIG_TYPES[shapes[n][0]], dims=shapes[n][1][1:], optional=True)
+        "input": [
+            {"name": n, "data_type": CONFIG_TYPES[shapes[n][0]], "dims": shapes[n][1][1:], "optional": True}
             for n in (TEXT, IDS, MASK)
         ],
-        output=[mc.ModelOutput(name=OUTPUT, data_type=mc.TYPE_FP32, dims=shapes[OUTPUT][1][1:])],
-        dynamic_batching=mc.ModelDynamicBatching(
-            max_queue_delay_microseconds=round(limits.max_wait_ms * 1000),
-            preserve_ordering=True,
+        "output": [{"name": OUTPUT, "data_type": CONFIG_TYPES["FP32"], "dims": shapes[OUTPUT][1][1:]}],
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": round(limits.max_wait_ms * 1000),
+            "preserve_ordering": True,
             # mhaserve's queue limit counts inputs (rows), not requests.
-            default_queue_policy=mc.ModelQueuePolicy(max_queue_size=limits.max_queue_size),
-        ),
-        instance_group=[
-            mc.ModelInstanceGroup(
-                name=model.name,
-                kind=mc.ModelInstanceGroup.KIND_GPU if model.on_cuda else mc.ModelInstanceGroup.KIND_CPU,
-                count=1,
-            )
-        ],
-        default_model_filename=model.entry.graph_path.name,
-        parameters={
-            key: mc.ModelParameter(string_value=str(value))
-            for key, value in {
-                "max_batch_tokens": limits.max_batch_tokens,
-                "max_padding": limits.max_padding,
-                "max_tokens_per_input": m.max_seq_len,
-                "vocab_size": m.vocab_size,
-                "pooling": m.pooling,
-                "normalize": str(m.normalize).lower(),
-                "graph": model.entry.graph,
-                "execution_provider": model.provider,
-                "sha256": model.entry.sha256,
-            }.items()
+            "default_queue_policy": {"max_queue_size": limits.max_queue_size},
         },
-    )
+        "instance_group": [{"name": model.name, "kind": "KIND_GPU" if model.on_cuda else "KIND_CPU", "count": 1}],
+        "default_model_filename": model.entry.graph_path.name,
+        "parameters": {key: {"string_value": str(value)} for key, value in parameters.items()},
+    }
 
 
-def model_statistics(pipeline: Pipeline) -> pb.ModelStatistics:
+def statistics(pipeline: Pipeline) -> dict[str, Any]:
+    """Triton's ModelStatistics: cumulative counts and nanoseconds (clients take differences)."""
     model = pipeline.model
     s = pipeline.stats.snapshot()
 
-    def duration(d: Any) -> pb.StatisticDuration:
-        return pb.StatisticDuration(count=d.count, ns=d.ns)
+    def duration(d: Any) -> dict[str, int]:
+        return {"count": d.count, "ns": d.ns}
 
-    return pb.ModelStatistics(
-        name=model.name,
-        version=str(model.version),
-        last_inference=s.last_inference_ms,
-        inference_count=s.inference_count,
-        execution_count=s.execution_count,
-        inference_stats=pb.InferStatistics(
-            success=duration(s.success),
-            fail=duration(s.fail),
-            queue=duration(s.queue),
-            compute_input=duration(s.compute_input),
-            compute_infer=duration(s.compute_infer),
-            compute_output=duration(s.compute_output),
-        ),
-    )
+    return {
+        "name": model.name,
+        "version": str(model.version),
+        "last_inference": s.last_inference_ms,
+        "inference_count": s.inference_count,
+        "execution_count": s.execution_count,
+        "inference_stats": {
+            "success": duration(s.success),
+            "fail": duration(s.fail),
+            "queue": duration(s.queue),
+            "compute_input": duration(s.compute_input),
+            "compute_infer": duration(s.compute_infer),
+            "compute_output": duration(s.compute_output),
+        },
+    }
+
+
+# ---- the same, as the gRPC messages ------------------------------------------------------------------
+
+
+def model_metadata(model: LoadedModel, versions: Sequence[int]) -> pb.ModelMetadataResponse:
+    return json_format.ParseDict(metadata(model, versions), pb.ModelMetadataResponse())
+
+
+def model_config(pipeline: Pipeline) -> mc.ModelConfig:
+    return json_format.ParseDict(config(pipeline), mc.ModelConfig())
+
+
+def model_statistics(pipeline: Pipeline) -> pb.ModelStatistics:
+    return json_format.ParseDict(statistics(pipeline), pb.ModelStatistics())

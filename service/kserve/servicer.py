@@ -27,6 +27,7 @@ from mhaserve.service.kserve.model import (
     model_statistics,
     server_version,
 )
+from mhaserve.service.models import ModelManager
 from mhaserve.service.rpc.streaming import ordered
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -34,13 +35,18 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 # Methods that answer while the model loads and while the server drains (with false), like grpc.health.v1.
 HEALTH_METHODS = tuple(f"/{SERVICE}/{m}" for m in ("ServerLive", "ServerReady", "ModelReady"))
+# Triton's repository extension: with API keys configured, these want an admin key.
+REPOSITORY_METHODS = tuple(
+    f"/{SERVICE}/{m}" for m in ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
+)
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The Open Inference Protocol over the data plane."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, manager: ModelManager) -> None:
         self.dataplane = dataplane
+        self.manager = manager
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -100,3 +106,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         async for response in ordered(request_iterator, infer, error_pb):
             yield response
+
+    # ---- Triton's model repository extension ------------------------------------------------------------
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Context) -> pb.RepositoryIndexResponse:
+        entry = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(
+            models=[
+                entry(name=e.name, version=e.version, state=e.state, reason=e.reason)
+                for e in self.manager.index(ready_only=request.ready)
+            ]
+        )
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Context
+    ) -> pb.RepositoryModelLoadResponse:
+        self.manager.check_control()
+        await self.manager.load_model(request.model_name, parameters=list(request.parameters))
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Context
+    ) -> pb.RepositoryModelUnloadResponse:
+        self.manager.check_control()
+        await self.manager.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()

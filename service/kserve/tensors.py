@@ -13,16 +13,19 @@ The gRPC codec (codec.py) and the REST one (the HTTP API) decode their wire into
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from mhaserve.runtime.errors import InvalidArgument
+from mhaserve.service.pipeline import EncodeInput
 
 TEXT, IDS, MASK, OUTPUT = "text", "input_ids", "attention_mask", "embeddings"
 INPUT_TYPES = {TEXT: "BYTES", IDS: "INT64", MASK: "INT64"}
 BOOL_PARAMETERS = ("normalize", "truncate")
+STRING_PARAMETERS = ("prompt_name",)
 EXPECTED_INPUTS = f"{TEXT!r} (BYTES [-1]) or {IDS!r} and {MASK!r} (INT64 [-1, -1])"
 TEXT_SHAPES: list[tuple[int | None, ...]] = [(None,), (None, 1)]  # [n], or [n, 1] as Triton's examples send it
 IDS_SHAPES: list[tuple[int | None, ...]] = [(None, None)]
@@ -106,3 +109,42 @@ def strip_padding(ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]) -> li
         row = int(np.flatnonzero(lengths == 0)[0])
         raise InvalidArgument(f"{MASK!r} row {row} is all zeros: every input needs at least one token")
     return [ids[r, : int(lengths[r])] for r in range(ids.shape[0])]
+
+
+def check_outputs(names: Sequence[str]) -> None:
+    for name in names:
+        if name != OUTPUT:
+            raise InvalidArgument(f"unknown output {name!r}: this model has one output, {OUTPUT!r}")
+
+
+def check_input(name: str, datatype: str, seen: Container[str]) -> None:
+    """An input's name and datatype, before its contents are read."""
+    if name not in INPUT_TYPES:
+        raise InvalidArgument(f"unknown input {name!r}: this model takes {EXPECTED_INPUTS}")
+    if name in seen:
+        raise InvalidArgument(f"input {name!r} is given twice")
+    if datatype != INPUT_TYPES[name]:
+        raise InvalidArgument(f"input {name!r} has datatype {datatype or '(none)'}; expected {INPUT_TYPES[name]}")
+
+
+Decoder = Callable[[], Any]
+
+
+def encode_input(inputs: Mapping[str, Decoder], **common: Any) -> EncodeInput:
+    """The internal request from the inputs given, each decoded (by the wire's codec) only once it is used:
+    `text` (a list of str), or `input_ids` and `attention_mask` (int64 arrays of one shape)."""
+    if TEXT in inputs:
+        if IDS in inputs or MASK in inputs:
+            raise InvalidArgument(f"set either {TEXT!r} or {IDS!r} and {MASK!r}, not both")
+        return EncodeInput(texts=inputs[TEXT](), **common)
+    missing = [name for name in (IDS, MASK) if name not in inputs]
+    if len(missing) == 2:
+        raise InvalidArgument(f"missing input: set {EXPECTED_INPUTS}")
+    if missing:
+        raise InvalidArgument(f"missing input {missing[0]!r}: {IDS!r} and {MASK!r} go together")
+    ids, mask = inputs[IDS](), inputs[MASK]()
+    if ids.shape != mask.shape:
+        raise InvalidArgument(
+            f"{IDS!r} has shape {list(ids.shape)} and {MASK!r} has shape {list(mask.shape)}: they must be the same"
+        )
+    return EncodeInput(token_ids=strip_padding(ids, mask), **common)

@@ -9,7 +9,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from mhaserve.service.auth import MESSAGE, KeyRing, bearer, is_open
+from mhaserve.service.auth import MESSAGE, Keys, bearer, is_open
+from mhaserve.service.errors import to_status
 from mhaserve.service.metrics import Metrics
 from mhaserve.service.rpc.handlers import Continuation, rewrap, streams_responses
 
@@ -17,41 +18,51 @@ log = logging.getLogger(__name__)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses every call to a method not in `open_methods` that lacks a valid key, with UNAUTHENTICATED.
+    """Refuses every call to a method not in `open_methods` that lacks a valid key, with UNAUTHENTICATED, and a
+    call to an `admin_methods` one without an admin key with PERMISSION_DENIED (auth.Keys).
 
     It runs first, so a refused call never reaches the readiness gate, the request id or the handler;
-    it is counted in `mhaserve_requests_total{code="UNAUTHENTICATED"}` here.
+    it is counted in `mhaserve_requests_total{code=...}` here.
     """
 
     MESSAGE = MESSAGE
 
-    def __init__(self, keys: KeyRing, open_methods: Sequence[str], metrics: Metrics) -> None:
+    def __init__(
+        self, keys: Keys, open_methods: Sequence[str], metrics: Metrics, admin_methods: Sequence[str] = ()
+    ) -> None:
         self.keys = keys
         self.open_methods = tuple(open_methods)
+        self.admin_methods = frozenset(admin_methods)
         self.metrics = metrics
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
-        if is_open(method, self.open_methods):
+        admin = method in self.admin_methods
+        if is_open(method, self.open_methods) and not admin:
             return await continuation(handler_call_details)
         token, reason = bearer(handler_call_details.invocation_metadata)
-        if token is not None and self.keys.accepts(token):
+        refusal = self.keys.refusal(token, admin=admin)
+        if refusal is None:
             return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
         if handler is None:
             return None  # UNIMPLEMENTED, as for anyone
-        log.info("refused %s: %s", method, reason)
-        self.metrics.requests.labels(method.lstrip("/"), grpc.StatusCode.UNAUTHENTICATED.name).inc()
-        return rewrap(handler, _streaming_refusal if streams_responses(handler) else _refusal)
+        code, message = to_status(refusal)
+        log.info("refused %s: %s", method, reason if token is None else message)
+        self.metrics.requests.labels(method.lstrip("/"), code.name).inc()
+        return rewrap(handler, _refusal(code, message, streaming=streams_responses(handler)))
 
 
-async def _refusal(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-    """Answers UNAUTHENTICATED without reading the request."""
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, MESSAGE)
+def _refusal(code: grpc.StatusCode, message: str, *, streaming: bool) -> Any:
+    """A handler that answers `code` without reading the request."""
 
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(code, message)
 
-async def _streaming_refusal(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, MESSAGE)
-    yield  # an async generator, as streaming handlers are
+    async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(code, message)
+        yield  # an async generator, as streaming handlers are
+
+    return stream if streaming else unary

@@ -23,6 +23,7 @@ import grpc.aio
 from mhaserve.runtime.errors import ServiceError
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
 from mhaserve.service.errors import to_status
+from mhaserve.service.inflight import InFlight
 from mhaserve.service.metrics import Metrics
 from mhaserve.service.rpc.handlers import Behaviour, Continuation, behaviour, rewrap, streams_responses
 
@@ -59,8 +60,7 @@ class _Call:
     def begin(self) -> None:
         request_id.set(self.rid)  # each RPC runs in its own task, hence its own context
         self.interceptor.metrics.in_flight.inc()
-        self.interceptor.calls += 1
-        self.interceptor.idle.clear()
+        self.interceptor.in_flight.begin()
         self.context.set_trailing_metadata(((REQUEST_ID_HEADER, self.rid),))
         refusal = self.interceptor.gate()
         if refusal is not None:
@@ -88,9 +88,7 @@ class _Call:
         m = self.interceptor.metrics
         elapsed = time.perf_counter() - self.start
         m.in_flight.dec()
-        self.interceptor.calls -= 1
-        if self.interceptor.calls == 0:
-            self.interceptor.idle.set()
+        self.interceptor.in_flight.end()
         m.requests.labels(self.method, self.code.name).inc()
         m.request_duration.labels(self.method).observe(elapsed)
         log.debug("%s %s %.1f ms", self.method, self.code.name, elapsed * 1000)
@@ -99,13 +97,13 @@ class _Call:
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
     """See the module docstring. `gate` returns the error to refuse calls with, or None to let them in."""
 
-    def __init__(self, metrics: Metrics, gate: Gate, exempt: Sequence[str] = ()) -> None:
+    def __init__(
+        self, metrics: Metrics, gate: Gate, exempt: Sequence[str] = (), in_flight: InFlight | None = None
+    ) -> None:
         self.metrics = metrics
         self.gate = gate
         self.exempt = tuple(exempt)
-        self.calls = 0  # in flight now; `idle` is set whenever that is none (the drain waits on it)
-        self.idle = asyncio.Event()
-        self.idle.set()
+        self.in_flight = in_flight or InFlight()  # shared with the HTTP server: the drain waits on both
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails

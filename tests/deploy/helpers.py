@@ -25,11 +25,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.testing import loopback
-from mhaserve.testing.loopback import free_port
+from mhaserve.testing.loopback import WAIT, free_port
+from mhaserve.testing.metrics import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-WAIT = 30.0  # seconds any test waits for anything before failing
 ENCODE = "encoder.v1.EncoderService/Encode"
 
 
@@ -63,25 +63,6 @@ def http_get(url: str, timeout: float = 5.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         body: bytes = r.read()
         return body
-
-
-def scrape(port: int) -> dict[str, float]:
-    """A server's /metrics samples keyed by `name{labels}` as exposed."""
-    samples = {}
-    for line in http_get(f"http://127.0.0.1:{port}/metrics").decode().splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            samples[key] = float(value)
-    return samples
-
-
-def encode_ok(samples: Mapping[str, float]) -> float:
-    """Encode calls answered OK, whatever the method label's leading slash."""
-    return sum(
-        v
-        for k, v in samples.items()
-        if k.startswith("mhaserve_requests_total{") and 'code="OK"' in k and re.search(r'method="/?' + ENCODE, k)
-    )
 
 
 def render_envsubst(template: str, env: Mapping[str, str]) -> str:
@@ -153,7 +134,16 @@ class Replica(Process):
         self.port, self.metrics_port = free_port(), free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("MHASERVE_")}
         args = [sys.executable, "-m", "mhaserve.cli", "serve", "--repository", str(repository), "--host", "127.0.0.1"]
-        args += ["--port", str(self.port), "--metrics-port", str(self.metrics_port), "--device", "cpu"]
+        args += [
+            "--port",
+            str(self.port),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--http-port",
+            "0",
+            "--device",
+            "cpu",
+        ]
         args += ["--intra-op-threads", "1", "--grace-period", "10"]
         for k, v in settings.items():
             args += ["--" + k.replace("_", "-"), v]
@@ -172,7 +162,8 @@ class Replica(Process):
         return f"127.0.0.1:{self.port}"
 
     def encode_ok(self) -> float:
-        return encode_ok(scrape(self.metrics_port))
+        """Encode calls this replica answered OK, from its /metrics."""
+        return scrape(self.metrics_port).get("mhaserve_requests_total", method=ENCODE, code="OK")
 
 
 def compose_file() -> dict[str, Any]:

@@ -155,7 +155,7 @@ def test_encoder_service_matches_the_server() -> None:
     assert encoder["ports"][1].endswith(f"127.0.0.1:{defaults.metrics_port}:{defaults.metrics_port}}}")
     gpu = encoder["deploy"]["resources"]["reservations"]["devices"]
     assert gpu == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
-    assert encoder["build"] == {"context": ".", "target": "gpu"}
+    assert {k: v for k, v in encoder["build"].items() if k != "args"} == {"context": ".", "target": "gpu"}
     assert encoder["restart"] in ("always", "unless-stopped")
     test = " ".join(encoder["healthcheck"]["test"])
     assert "mhaserve health --address 127.0.0.1:" in test
@@ -163,6 +163,34 @@ def test_encoder_service_matches_the_server() -> None:
     grace = float(re.search(r"MHASERVE_GRACE_PERIOD:-(\d+)", env["MHASERVE_GRACE_PERIOD"]).group(1))  # type: ignore[union-attr]
     assert grace == defaults.grace_period
     assert seconds(encoder["stop_grace_period"]) > grace
+
+
+IMAGE_VARIABLES = {
+    "encoder": ("MHASERVE_IMAGE", "mhaserve:gpu"),
+    "lb": ("NGINX_IMAGE", "docker.io/library/nginx:1.28-alpine"),
+    "locust-master": ("LOADTEST_IMAGE", "mhaserve:loadtest"),
+    "locust-worker": ("LOADTEST_IMAGE", "mhaserve:loadtest"),
+    "prometheus": ("PROMETHEUS_IMAGE", "docker.io/prom/prometheus:v3.5.0"),
+    "grafana": ("GRAFANA_IMAGE", "docker.io/grafana/grafana:11.6.0"),
+}
+
+
+def test_every_image_is_a_variable_with_a_public_default() -> None:
+    """Hosts without a registry point the variables at images they built (deploy/images/build.sh)."""
+    services = compose_file()["services"]
+    assert set(services) == set(IMAGE_VARIABLES)
+    for name, (variable, default) in IMAGE_VARIABLES.items():
+        assert services[name]["image"] == f"${{{variable}:-{default}}}", name
+    assert cpu_stack()["services"]["encoder"]["image"] == "${MHASERVE_IMAGE:-mhaserve:cpu}"
+
+
+def test_build_args_pass_through_to_arguments_the_dockerfile_declares() -> None:
+    declared = set(re.findall(r"^ARG (\w+)", (ROOT / "Dockerfile").read_text(), re.M))
+    services = compose_file()["services"]
+    for name in ("encoder", "locust-master"):
+        args = services[name]["build"]["args"]
+        assert all("=" not in a for a in args), "no values: they pass through from the shell when set"
+        assert set(args) <= declared, f"{name}: {set(args) - declared} are not ARGs of the Dockerfile"
 
 
 def test_profiles_and_their_files() -> None:

@@ -50,6 +50,10 @@ def lb_env(replicas: list[Replica], listen: str) -> dict[str, str]:
     params = compose_line.removeprefix("server encoder:50051 resolve").strip().rstrip(";")
     env["NGINX_UPSTREAM_SERVERS"] = " ".join(f"server {r.address} {params};" for r in replicas)
     env["NGINX_LISTEN"] = listen
+    # What the image's entry point sets from the container's resolv.conf (NGINX_ENTRYPOINT_LOCAL_RESOLVERS):
+    # loopback replicas need no name resolved, but the directive needs an address.
+    assert env.pop("NGINX_ENTRYPOINT_LOCAL_RESOLVERS") == "1"
+    env["NGINX_LOCAL_RESOLVERS"] = "127.0.0.1"
     return env
 
 

@@ -1,18 +1,24 @@
 """Offline checks of the Dockerfile, the Kubernetes manifests, the dashboard and the docs.
 
-No Docker engine or cluster here: the files are parsed, and what they say about ports, probes, users
-and grace periods is compared with the server's own defaults (service/settings.py) and metric names
-(service/metrics.py), so that a change on one side that the other does not follow fails here.
+The files are parsed, and what they say about ports, probes, users and grace periods is compared with
+the server's own defaults (service/settings.py) and metric names (service/metrics.py), so that a change
+on one side that the other does not follow fails here. The manifests are also validated against the
+Kubernetes schemas (kubernetes-validate, offline). The images themselves are built and run by
+test_containers.py.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import kubernetes_validate
 import pytest
+import yaml
 
 from tests.deploy.helpers import DEPLOY, ROOT, compose_file, load_yaml_all, metric_samples, server_defaults
 
@@ -78,6 +84,8 @@ def sources(stages: dict[str, Stage], name: str) -> set[str]:
 
 
 SERVING = ["cpu", "gpu"]
+FINAL = [*SERVING, "loadtest"]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 
 def test_dockerfile_stages() -> None:
@@ -85,29 +93,59 @@ def test_dockerfile_stages() -> None:
     assert {"export", "cpu", "gpu", "loadtest"} <= set(stages)
     assert list(stages)[-1] == "gpu", "a plain `docker build .` must give the GPU image"
     assert all(s.base in stages or s.base == "${PYTHON_IMAGE}" for s in stages.values())
-    assert re.search(r"ARG PYTHON_IMAGE=python:3\.11-slim\b", (ROOT / "Dockerfile").read_text())
+
+
+def test_build_arguments_have_public_defaults() -> None:
+    """Hosts that reach other sources override them (deploy/images/build.sh does from the host's pip)."""
+    defaults = dict(re.findall(r"^ARG (\w+)=(.*)$", DOCKERFILE.split("\nFROM ", 1)[0], re.M))
+    assert defaults["PYTHON_IMAGE"] == "docker.io/library/python:3.11-slim"
+    assert defaults["PIP_INDEX_URL"] == "https://pypi.org/simple"
+    assert defaults["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    for unset in ("PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "PIP_CONSTRAINT"):
+        assert defaults[unset] == "", f"{unset}: pip reads an empty value as none"
+    # No source is written into a RUN: every index comes from an argument.
+    assert not re.search(r"--(extra-)?index-url\s+https?://", DOCKERFILE)
+
+
+def pip_stages(stages: dict[str, Stage]) -> set[str]:
+    """Stages that read pip's configuration (their RUNs see the PIP_* arguments, and their history shows them)."""
+    return {s.name for s in stages.values() if any(a.startswith("PIP_") for a in s.all("ARG"))}
+
+
+def torch_stages(stages: dict[str, Stage]) -> set[str]:
+    return {s.name for s in stages.values() if any("torch" in r for r in s.all("RUN"))}
 
 
 def test_export_stage_installs_cpu_torch_first_and_exports() -> None:
-    runs = dockerfile_stages()["export"].all("RUN")
-    torch = next(i for i, r in enumerate(runs) if "torch==" in r)
-    export_extra = next(i for i, r in enumerate(runs) if "'.[export]'" in r or '".[export]"' in r)
-    assert torch < export_extra
-    assert "--index-url https://download.pytorch.org/whl/cpu" in runs[torch]
-    assert any(re.search(r"\bmhaserve export\b.*--repository /models", r) for r in runs)
-
-
-@pytest.mark.parametrize("target", SERVING)
-def test_serving_image_has_no_torch_and_only_models_from_the_export(target: str) -> None:
     stages = dockerfile_stages()
-    reach = sources(stages, target)
-    for name in reach - {"export"}:
-        for kw, args in stages[name].instructions:
-            assert "torch" not in args and "[export]" not in args, f"{name}: {kw} {args}"
+    runs = " ".join(r for s in lineage(stages, "export") for r in s.all("RUN"))
+    assert runs.index("-r /requirements/torch.txt") < runs.index("-r /requirements/export.txt")
+    assert '${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}' in runs
+    assert re.search(r"\bmhaserve export\b.*--repository /models", runs)
+    # torch's requirement is the export extra's pin: one place says which torch.
+    assert "--extra export --only torch > /requirements/torch.txt" in " ".join(stages["requirements"].all("RUN"))
+    assert "--extra export --exclude torch > /requirements/export.txt" in " ".join(stages["requirements"].all("RUN"))
+
+
+@pytest.mark.parametrize("target", FINAL)
+def test_final_images_carry_no_pip_configuration_and_no_torch(target: str) -> None:
+    """A final image is built FROM stages that never saw pip's configuration (index URLs may hold
+    credentials; build arguments show in an image's history) and copies only from stages without torch,
+    but for /models from the export."""
+    stages = dockerfile_stages()
+    chain = {s.name for s in lineage(stages, target)}
+    assert not chain & pip_stages(stages), f"{target} is built FROM {chain & pip_stages(stages)}"
     for stage in lineage(stages, target):
         for args in stage.all("COPY"):
-            if "--from=export" in args:
+            m = re.search(r"--from=([\w-]+)", args)
+            if not m:
+                continue
+            source = m.group(1)
+            if source == "export":
                 assert args.endswith("/models /models"), f"only the model repository comes from the export: {args}"
+            else:
+                assert not {s.name for s in lineage(stages, source)} & torch_stages(stages), f"{target}: {args}"
+    assert target == "loadtest" or "torch" not in " ".join(r for s in lineage(stages, target) for r in s.all("RUN"))
 
 
 @pytest.mark.parametrize("target", SERVING)
@@ -237,6 +275,61 @@ def test_hpa_scales_the_deployment_on_a_metric_the_server_exports() -> None:
     assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "mhaserve"
 
 
+# The oldest release whose gRPC probes are GA, and the newest whose schemas kubernetes-validate ships.
+K8S_VERSIONS = ["1.27.0", kubernetes_validate.latest_version()]
+# Fields of KServe's PredictorSpec beside the PodSpec it embeds.
+KSERVE_PREDICTOR_FIELDS = {"minReplicas", "maxReplicas", "scaleTarget", "scaleMetric", "containerConcurrency"}
+
+
+def kubernetes_documents() -> list[tuple[str, dict[str, Any]]]:
+    """Every resource `kubectl apply -k deploy/k8s` creates, and the pod part of the KServe predictor."""
+    (kustomization,) = load_yaml_all(K8S / "kustomization.yaml")
+    docs = [(f"{path} {d['kind']}", d) for path in kustomization["resources"] for d in load_yaml_all(K8S / path)]
+    (isvc,) = k8s("InferenceService", "kserve-inferenceservice.yaml")
+    pod_spec = {k: v for k, v in isvc["spec"]["predictor"].items() if k not in KSERVE_PREDICTOR_FIELDS}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "predictor"}, "spec": pod_spec}
+    return [*docs, ("kserve-inferenceservice.yaml predictor", pod)]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_manifests_validate_against_the_kubernetes_schemas(version: str) -> None:
+    """Offline, strict (unknown fields are errors): the OpenAPI schemas of the Kubernetes release, as
+    kubernetes-validate ships them. KServe's InferenceService is a custom resource outside them; its
+    predictor's pod fields are checked as a Pod."""
+    for name, doc in kubernetes_documents():
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            raise AssertionError(f"{name} is not a valid {doc['kind']} for Kubernetes {version}: {e.message}") from None
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    [
+        lambda c: c.__setitem__("readinesProbe", c.pop("readinessProbe")),
+        lambda c: c["livenessProbe"]["grpc"].__setitem__("port", "grpc"),
+        lambda c: c["startupProbe"]["grpc"].__setitem__("path", "/health"),
+    ],
+    ids=["misspelt probe", "named port in a grpc probe", "http field in a grpc probe"],
+)
+def test_schema_validation_catches_mistakes(mistake: Callable[[dict[str, Any]], None]) -> None:
+    """The check above is not vacuous: mistakes that a YAML parser accepts fail it."""
+    (deploy,) = k8s("Deployment", "deployment.yaml")
+    broken = copy.deepcopy(deploy)
+    mistake(broken["spec"]["template"]["spec"]["containers"][0])
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSIONS[-1], strict=True)
+
+
+def test_probes_ask_the_whole_servers_health() -> None:
+    """grpc.health.v1 with service "" is SERVING only once the model is warmed up, NOT_SERVING while draining."""
+    (deploy,) = k8s("Deployment", "deployment.yaml")
+    (isvc,) = k8s("InferenceService", "kserve-inferenceservice.yaml")
+    for container in (deploy["spec"]["template"]["spec"]["containers"][0], isvc["spec"]["predictor"]["containers"][0]):
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"].get("service", "") == "", f"{probe} asks a single service"
+
+
 def test_kustomization_lists_existing_manifests() -> None:
     (kustomization,) = load_yaml_all(K8S / "kustomization.yaml")
     for resource in kustomization["resources"]:
@@ -271,6 +364,46 @@ def test_dashboard_queries_only_metrics_the_server_exports() -> None:
     assert used and used <= known, f"the server exports none of {used - known}"
     alert_exprs = (DEPLOY / "prometheus/alerts.yml").read_text()
     assert set(re.findall(r"\bmhaserve_\w+", alert_exprs)) <= known
+
+
+def test_grafana_provisioning_is_well_formed() -> None:
+    """Grafana's image comes from Docker Hub only, so the container tier cannot start it here: what Grafana
+    reads at start-up is checked for the structure its provisioning and dashboard loaders expect."""
+    provisioning = DEPLOY / "grafana/provisioning"
+    sources = yaml.safe_load((provisioning / "datasources/prometheus.yml").read_text())
+    assert sources["apiVersion"] == 1
+    datasources = sources["datasources"]
+    assert all(
+        {"name", "type", "uid", "url"} <= ds.keys() and ds.get("access", "proxy") == "proxy" for ds in datasources
+    )
+    assert len({ds["uid"] for ds in datasources}) == len(datasources)
+    assert [ds["isDefault"] for ds in datasources if ds.get("isDefault")] == [True]
+    providers = yaml.safe_load((provisioning / "dashboards/mhaserve.yml").read_text())
+    assert providers["apiVersion"] == 1
+    for provider in providers["providers"]:
+        assert provider["type"] == "file" and provider["name"] and provider["options"]["path"].startswith("/")
+
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/mhaserve.json").read_text())
+    assert isinstance(dashboard["schemaVersion"], int) and dashboard["uid"] and dashboard["title"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] in {ds["type"] for ds in datasources}
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in dashboard["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24 and grid["h"] > 0, panel["title"]
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] in {"${datasource}"} | {ds["uid"] for ds in datasources}, panel["title"]
+        refs = [t["refId"] for t in panel["targets"]]
+        assert refs and len(refs) == len(set(refs)), panel["title"]
+    # The home dashboard Grafana opens is the provisioned file, where the compose file mounts it.
+    grafana = compose_file()["services"]["grafana"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    mounts = dict(v.split(":")[:2] for v in grafana["volumes"] if v.startswith("./"))
+    (host_dir,) = [src for src, dst in mounts.items() if home.startswith(dst + "/")]
+    assert (ROOT / host_dir / home.removeprefix(mounts[host_dir] + "/")).is_file()
 
 
 # ---- docs -------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""Drive a running mhaserve with Triton's own Python client (tritonclient[grpc]) and print JSON.
+"""Drive a running mhaserve with Triton's own Python clients (tritonclient[grpc] and [http]) and print JSON.
 
 Runs under .venv-triton (tritonclient needs protobuf < 7, mhaserve protobuf >= 7), never in the
 project's venv, and imports nothing from mhaserve. The interop tests start a server, run this script
 and compare what it prints with what encoder.v1's Encode returns.
 
-    .venv-triton/bin/python tests/kserve/triton_client.py run < spec.json   # spec: see `run`
+    .venv-triton/bin/python tests/kserve/triton_client.py run < spec.json        # gRPC; spec: see `run`
+    .venv-triton/bin/python tests/kserve/triton_client.py run_http < spec.json   # HTTP; spec: see `run_http`
     .venv-triton/bin/python tests/kserve/triton_client.py describe          # tritonclient's message definitions
 """
 
@@ -138,6 +139,129 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def run_http(spec: dict[str, Any]) -> dict[str, Any]:
+    """The same over HTTP with tritonclient.http: spec: url (host:port), model, texts, ids and mask."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    model, texts = spec["model"], spec["texts"]
+    client = httpclient.InferenceServerClient(url=spec["url"], network_timeout=TIMEOUT, connection_timeout=TIMEOUT)
+
+    def text_tensor(values: list[str], binary: bool = True) -> Any:
+        tensor = httpclient.InferInput("text", [len(values)], "BYTES")
+        tensor.set_data_from_numpy(np.array([v.encode() for v in values], dtype=np.object_), binary_data=binary)
+        return tensor
+
+    def ids_tensors(binary: bool = True) -> list[Any]:
+        tensors = []
+        for name in ("input_ids", "attention_mask"):
+            array = np.array(spec["ids" if name == "input_ids" else "mask"], dtype=np.int64)
+            tensor = httpclient.InferInput(name, list(array.shape), "INT64")
+            tensor.set_data_from_numpy(array, binary_data=binary)
+            tensors.append(tensor)
+        return tensors
+
+    def result(r: Any) -> dict[str, Any]:
+        response = r.get_response()
+        return {
+            "embeddings": r.as_numpy("embeddings").tolist(),
+            "model_name": response["model_name"],
+            "model_version": response["model_version"],
+            "id": response.get("id", ""),
+            "input_tokens": response["parameters"]["input_tokens"],
+            "binary": "data" not in response["outputs"][0],
+        }
+
+    def status(call: Any) -> dict[str, str]:
+        try:
+            call()
+        except InferenceServerException as e:
+            return {"status": str(e.status()), "message": str(e.message())}
+        return {"status": "OK", "message": ""}
+
+    out: dict[str, Any] = {}
+    try:
+        out["live"] = client.is_server_live()
+        out["ready"] = client.is_server_ready()
+        out["model_ready"] = client.is_model_ready(model)
+        out["model_ready_missing"] = client.is_model_ready("no-such-model")
+        out["server_metadata"] = client.get_server_metadata()
+        out["model_metadata"] = client.get_model_metadata(model)
+        out["model_config"] = client.get_model_config(model)
+        out["statistics_before"] = client.get_inference_statistics(model)
+        # tritonclient's defaults: binary inputs, and every output asked for as binary data
+        out["infer_text"] = result(client.infer(model, [text_tensor(texts)], request_id="http-1"))
+        out["infer_text_json"] = result(
+            client.infer(
+                model,
+                [text_tensor(texts, binary=False)],
+                outputs=[httpclient.InferRequestedOutput("embeddings", binary_data=False)],
+            )
+        )
+        out["infer_text_raw"] = result(client.infer(model, [text_tensor(texts)], parameters={"normalize": False}))
+        out["infer_ids"] = result(client.infer(model, ids_tensors(), model_version="1"))
+        out["infer_ids_json"] = result(client.infer(model, ids_tensors(binary=False)))
+        out["infer_gzip"] = result(client.infer(model, [text_tensor(texts)], request_compression_algorithm="gzip"))
+        bad_dtype = httpclient.InferInput("input_ids", [1, 2], "INT32")
+        bad_dtype.set_data_from_numpy(np.array([[2, 3]], dtype=np.int32))
+        out["errors"] = {
+            "wrong_datatype": status(lambda: client.infer(model, [bad_dtype])),
+            "missing_input": status(lambda: client.infer(model, ids_tensors()[:1])),
+            "unknown_model": status(lambda: client.infer("no-such-model", [text_tensor(texts)])),
+            "unknown_version": status(lambda: client.infer(model, [text_tensor(texts)], model_version="999")),
+            "metadata_unknown_model": status(lambda: client.get_model_metadata("no-such-model")),
+        }
+        out["infer_after_errors"] = result(client.infer(model, [text_tensor(texts)]))
+        out["statistics_after"] = client.get_inference_statistics(model)
+    finally:
+        client.close()
+    return out
+
+
+def repository(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Triton's model repository extension: spec: url (gRPC), http (HTTP host:port), steps of
+    {"op": index|load|unload|index_http|load_http|unload_http, "model": ...}; each step's result or error."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    grpc_client = grpcclient.InferenceServerClient(url=spec["url"])
+    http_client: Any = None
+    if spec.get("http"):
+        http_client = httpclient.InferenceServerClient(url=spec["http"], network_timeout=TIMEOUT)
+    out: list[dict[str, Any]] = []
+    try:
+        for step in spec["steps"]:
+            op, model = step["op"], step.get("model", "")
+            try:
+                if op == "index":
+                    index = grpc_client.get_model_repository_index(as_json=True, client_timeout=TIMEOUT)
+                    out.append({"index": index.get("models", [])})
+                elif op == "load":
+                    grpc_client.load_model(model, client_timeout=TIMEOUT)
+                    out.append({})
+                elif op == "unload":
+                    grpc_client.unload_model(model, client_timeout=TIMEOUT)
+                    out.append({})
+                elif op == "index_http":
+                    out.append({"index": http_client.get_model_repository_index()})
+                elif op == "load_http":
+                    http_client.load_model(model)
+                    out.append({})
+                elif op == "unload_http":
+                    http_client.unload_model(model)
+                    out.append({})
+                else:
+                    raise ValueError(f"unknown step {op!r}")
+            except InferenceServerException as e:
+                out.append({"error": f"{e.status()}: {e.message()}"})
+    finally:
+        grpc_client.close()
+        if http_client is not None:
+            http_client.close()
+    return out
+
+
 def describe_file(file: Any) -> dict[str, Any]:
     """Every message field (number, type, repeated, message or enum type), enum value and method of a .proto file."""
     table: dict[str, Any] = {}
@@ -180,6 +304,10 @@ def main() -> int:
     command = sys.argv[1] if len(sys.argv) > 1 else ""
     if command == "run":
         print(json.dumps(run(json.load(sys.stdin))))
+    elif command == "run_http":
+        print(json.dumps(run_http(json.load(sys.stdin))))
+    elif command == "repository":
+        print(json.dumps(repository(json.load(sys.stdin))))
     elif command == "describe":
         print(json.dumps(describe()))
     else:

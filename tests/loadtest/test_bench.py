@@ -21,6 +21,7 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "mhaserve.cli", "bench", "--quick",
         "--repository", str(tiny_entry.parent.parent), "--model", "tiny", "--output", str(out),
+        "--protocols", "grpc,http,http-base64",
     ]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -34,7 +35,9 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
     assert report["settings"]["quick"] is True
     concurrency = list(options.QUICK["concurrency"])
     assert report["settings"]["concurrency"] == concurrency
-    for workload in ("fixed", "mixed"):
+    assert report["workloads"]["short"]["inputs"] == options.QUICK["short_pool"]
+    assert report["workloads"]["short"]["payload"] == "texts"
+    for workload in ("fixed", "mixed", "short"):
         inproc = report["inprocess"][workload]
         for part in ("ceiling", "one_at_a_time", "pytorch"):
             r = inproc[part]
@@ -55,6 +58,23 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         summary = report["summary"][workload]
         assert summary["ceiling_seq_per_s"] > 0
         assert summary["length"]["ratio"] > 0 and summary["length_over_arrival"] > 0
+        assert summary["length"]["one_client_p50_ms"] > 0 and summary["batch1_p50_ms"] > 0
+
+    # HTTP beside gRPC: the text workloads, on the length policy's server, at every client count.
+    http = report["http"]
+    assert http["batching"] == "length" and set(http["protocols"]) == {"http", "http-base64"}
+    for protocol, runs in http["protocols"].items():
+        assert set(runs) == {"mixed", "short"}, protocol  # token ids (fixed) are not sent over HTTP
+        for workload, points in runs.items():
+            assert [p["concurrency"] for p in points] == concurrency
+            for p in points:
+                assert p["protocol"] == protocol and p["errors"] == {}, (protocol, workload, p["errors"])
+                assert p["completed"] > 0 and p["seq_per_s"] > 0 and p["tok_per_s"] > 0
+                assert p["client_cpu_ms_per_request"] > 0
+            rows = report["summary"][workload]["http"]["protocols"][protocol]
+            assert [r["clients"] for r in rows] == concurrency
+            assert all(r["ratio"] > 0 and r["grpc_seq_per_s"] > 0 for r in rows)
+    assert "http" not in report["summary"]["fixed"]
     paired = report["paired"]
     assert paired["clients"] == 32 and len(paired["pairs"]) == options.QUICK["paired"]
     assert all(p["ceiling_seq_per_s"] > 0 and p["server_seq_per_s"] > 0 for p in paired["pairs"])
@@ -62,7 +82,7 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
     assert report["workloads"]["fixed"]["min_tokens"] == report["workloads"]["fixed"]["max_tokens"] == 32
 
     md = (out / "report.md").read_text()
-    for heading in ("## Summary", "## In-process", "## Server over gRPC", "Ceiling sweep"):
+    for heading in ("## Summary", "## In-process", "## Server over gRPC", "## Server over HTTP beside gRPC", "Ceiling"):
         assert heading in md
     assert report["command"].startswith("mhaserve bench ") and "--quick" in report["command"]
 
@@ -78,3 +98,8 @@ def test_command_line_reproduces_the_options() -> None:
     assert resolved["concurrency"] == (1, 32) and resolved["duration"] == options.FULL["duration"]
     with pytest.raises(SystemExit):
         p.parse_args(["--concurrency", "0"])
+    assert options.resolve(args)["protocols"] == options.DEFAULT_PROTOCOLS
+    args = p.parse_args(["--protocols", "grpc", "--workloads", "short"])
+    assert options.command_line(args) == "mhaserve bench --workloads short --protocols grpc"
+    with pytest.raises(SystemExit):  # gRPC is the reference every other figure is compared with
+        p.parse_args(["--protocols", "http"])

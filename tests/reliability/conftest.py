@@ -14,19 +14,27 @@ from mhaserve.testing.process import ServerProcess
 Spawn = Callable[..., ServerProcess]
 
 
-@pytest.fixture(scope="session")
-def tiny_repo(tiny_entry: Path) -> Path:
-    return tiny_entry.parent.parent
-
-
 @pytest.fixture
 def settings(tiny_repo: Path) -> Settings:
-    return Settings(repository=tiny_repo, model="tiny", port=0, metrics_port=0, device="cpu", intra_op_threads=1)
+    return Settings(
+        repository=tiny_repo, model=("tiny",), port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
+    )
 
 
 def tiny_flags(repo: Path, *extra: str, metrics_port: int = 0) -> list[str]:
     return [
-        *("--repository", str(repo), "--model", "tiny", "--port", "0", "--metrics-port", str(metrics_port)),
+        *(
+            "--repository",
+            str(repo),
+            "--model",
+            "tiny",
+            "--port",
+            "0",
+            "--metrics-port",
+            str(metrics_port),
+            "--http-port",
+            "0",
+        ),
         *("--device", "cpu", "--intra-op-threads", "1", *extra),
     ]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mhaserve.loadtest.reliability.scenarios import CLIENT_CODES, fuzz
+from mhaserve.loadtest.reliability.scenarios.bad_input import CLIENT_CODES, fuzz
 from mhaserve.loadtest.reliability.strategies import Model
 from mhaserve.service.settings import Settings
 from mhaserve.testing.server import ServerThread
@@ -22,7 +22,7 @@ MODEL = Model(name="tiny", vocab_size=TINY["vocab_size"], max_tokens=TINY["max_s
 
 @pytest.fixture(scope="module")
 def server(tiny_repo: Path) -> Iterator[ServerThread]:
-    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, device="cpu", intra_op_threads=1)
+    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1)
     with ServerThread(dataclasses.replace(settings, max_client_batch_size=MODEL.max_inputs)) as srv:
         yield srv.ready()
 

@@ -4,14 +4,29 @@ jobs and sequences, RPCs in flight, threads: counted before and after)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import random
+import threading
+import time
+from collections.abc import Iterator
 
 import pytest
 
-from mhaserve.loadtest.reliability.scenarios import deadlines
+from mhaserve.loadtest.reliability.scenarios.deadlines import DeadlineResult, deadlines
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
+from mhaserve.testing.loopback import WAIT
 from mhaserve.testing.server import ServerThread
+
+
+def _assert_all_dropped_and_counted(result: DeadlineResult) -> None:
+    assert result.expired_codes == {"DEADLINE_EXCEEDED": result.expired_sent}
+    assert result.cancelled_codes == {"CANCELLED": result.cancelled_sent}
+    assert result.blockers_ok == result.cycles
+    assert result.reached_model == 0, "an expired or cancelled request was computed"
+    assert result.server_deadline_exceeded == result.expired_sent
+    assert result.server_cancelled == result.cancelled_sent + result.streams_cancelled
 
 
 def test_expired_and_cancelled_requests_are_dropped_before_inference_and_free_everything(
@@ -26,14 +41,51 @@ def test_expired_and_cancelled_requests_are_dropped_before_inference_and_free_ev
             engine.release.set()
     with capsys.disabled():
         print(f"\ndeadlines: {result}")
-    assert result.expired_codes == {"DEADLINE_EXCEEDED": result.expired_sent}
-    assert result.cancelled_codes == {"CANCELLED": result.cancelled_sent}
-    assert result.blockers_ok == result.cycles
-    assert result.reached_model == 0, "an expired or cancelled request was computed"
-    assert result.server_deadline_exceeded == result.expired_sent
-    assert result.server_cancelled == result.cancelled_sent + result.streams_cancelled
+    _assert_all_dropped_and_counted(result)
     before, after = result.before, result.after
     assert before is not None and after is not None
     assert (after.jobs, after.seqs, after.depth, after.in_flight) == (0, 0, 0, 0)
     assert after.tasks <= before.tasks
     assert after.threads <= before.threads + 2  # grpc may keep a poller thread or two
+
+
+def _freeze(seconds: float, done: threading.Event) -> None:
+    time.sleep(seconds)  # called on the server's loop: nothing of the server runs meanwhile
+    done.set()
+
+
+@contextlib.contextmanager
+def _stalls(srv: ServerThread, seed: int) -> Iterator[None]:
+    """The server's event loop frozen again and again, 50-400 ms at a time: what a loaded machine does to it."""
+    rng = random.Random(seed)
+    stop = threading.Event()
+
+    def stall() -> None:
+        while not stop.wait(rng.uniform(0.05, 0.3)):
+            done = threading.Event()
+            srv.loop.call_soon_threadsafe(_freeze, rng.uniform(0.05, 0.4), done)
+            done.wait(WAIT)  # one at a time: piled up, they would leave a server that never runs
+
+    thread = threading.Thread(target=stall, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(WAIT)
+
+
+def test_the_counts_do_not_depend_on_how_fast_the_server_keeps_up(settings: Settings) -> None:
+    """Under load the clients learn of a deadline or a cancellation before the server does. The scenario
+    once went on regardless: it took requests the server had not yet dropped for the next phase's and
+    cancelled that phase's requests before the server had them, which it then never counted
+    (`26 == 30 + 9`). With the server's loop stalling throughout, every count must still hold."""
+    engine = ScriptedEngine(hang_on=99)
+    with ServerThread(dataclasses.replace(settings, max_wait_ms=0.0), engine.factory()) as srv:
+        srv.ready()
+        try:
+            with _stalls(srv, seed=13):
+                result = deadlines(srv, engine, cycles=2, per_cycle=10, streams=3)
+        finally:
+            engine.release.set()
+    _assert_all_dropped_and_counted(result)

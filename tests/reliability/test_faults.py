@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from mhaserve.loadtest.reliability.scenarios import POISON, engine_faults, engine_hangs, stuck_engine_exit
+from mhaserve.loadtest.reliability.scenarios.faults import POISON, engine_faults, engine_hangs, stuck_engine_exit
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.server import ServerThread

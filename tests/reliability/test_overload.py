@@ -13,7 +13,9 @@ from collections import Counter
 
 import pytest
 
-from mhaserve.loadtest.reliability.scenarios import code_of, overload, scripted_requests
+from mhaserve.loadtest.reliability.scenarios.common import code_of
+from mhaserve.loadtest.reliability.scenarios.load import scripted_requests
+from mhaserve.loadtest.reliability.scenarios.overload import overload
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine

@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import queue
 import signal
+import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -14,13 +16,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from mhaserve.loadtest.reliability.scenarios import scripted_requests, second_signal, shutdown_under_load
+from mhaserve.loadtest.reliability.scenarios.load import scripted_requests
+from mhaserve.loadtest.reliability.scenarios.shutdown import second_signal, shutdown_under_load
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.service.rpc.drain import STREAM_CLOSED
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine, expected_row
+from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.server import ServerThread
 from tests.reliability.conftest import Spawn
@@ -145,3 +149,76 @@ def test_a_second_signal_exits_at_once(spawn: Spawn, sig: signal.Signals) -> Non
     assert result.after_first_still_running, "the first signal did not wait for the request in flight"
     assert result.exit_code == 128 + sig.value, proc.log
     assert f"second {sig.name} while draining: exiting now" in proc.log
+
+
+# ---- the drain delay: NOT_SERVING first, then refusals a balancer retries -------------------------------
+
+
+def refused(port: int) -> bool:
+    """Whether a TCP connection to the port is refused (nothing listens)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_the_drain_delay_reports_not_serving_while_serving_on_then_refuses_at_the_connection(
+    settings: Settings,
+) -> None:
+    """The sequence on real sockets: NOT_SERVING at once (gRPC health, /health, KServe ready) while requests
+    are still answered for the delay; then the server stops listening (GOAWAY on open connections, refused
+    new ones: a balancer retries those elsewhere); what was in flight is answered; the server stops."""
+    engine = ScriptedEngine(hang_on=99, hang_for=WAIT)
+    srv = ServerThread(dataclasses.replace(settings, http_port=free_port(), max_wait_ms=0.0), engine.factory()).ready()
+    http_url = srv.http_url
+    try:
+        with srv.channel() as channel:
+            stub = pb_grpc.EncoderServiceStub(channel)
+            health = health_pb2_grpc.HealthStub(channel)
+            stopping = srv.call_soon(srv.server.stop(grace=WAIT, delay=4.0))
+            wait_until(lambda: srv.server.state == "unready", "the drain delay to begin")
+            # NOT_SERVING everywhere a balancer or a probe looks...
+            status = health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT).status
+            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+            reply = request("GET", http_url + "/health")
+            assert reply.status == 503 and "still served" in reply.json()["reason"]
+            assert request("GET", http_url + "/v2/health/ready").status == 400
+            # ...and yet every request is answered, over both protocols, for the delay.
+            answer = stub.Encode(ids(7, 5), timeout=WAIT)
+            assert list(answer.embeddings[0].values) == expected_row([7, 5])
+            assert request("POST", http_url + "/v1/embeddings", {"input": [[7, 5]]}).status == 200
+            held = stub.Encode.future(ids(99), timeout=WAIT)  # in flight when the delay ends
+            assert engine.hanging.wait(WAIT)
+            assert srv.server.state == "unready", "the checks above outlasted the delay: nothing was tested"
+            # After the delay nothing listens: a new connection is refused (a balancer's retry goes elsewhere).
+            wait_until(lambda: srv.server.state == "closing", "the delay to end")
+            wait_until(lambda: refused(srv.server.port), "the gRPC port to stop listening")
+            with grpc.insecure_channel(srv.address) as fresh:
+                with pytest.raises(grpc.RpcError) as e:
+                    pb_grpc.EncoderServiceStub(fresh).Encode(ids(7), timeout=5)
+                assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            http_port = int(http_url.rsplit(":", 1)[1])
+            wait_until(lambda: refused(http_port), "the HTTP port to stop listening")
+            # What was in flight is answered.
+            engine.release.set()
+            assert list(held.result(timeout=WAIT).embeddings[0].values) == expected_row([99])
+            stopping.result(timeout=WAIT)
+        assert srv.server.state == "stopped"
+    finally:
+        engine.release.set()
+        srv.stop()
+
+
+@pytest.mark.slow
+def test_sigterm_waits_the_drain_delay_and_sigint_does_not(spawn: Spawn) -> None:
+    for sig, least in ((signal.SIGTERM, 2.0), (signal.SIGINT, 0.0)):
+        proc = spawn("--drain-delay", "2", engine="")
+        proc.wait_serving()
+        proc.signal(sig)
+        started = time.monotonic()
+        assert proc.wait(WAIT) == 0, proc.log
+        took = time.monotonic() - started
+        assert took >= least, f"{sig.name} exited after {took:.1f} s, before its drain delay"
+        said = "NOT_SERVING for 2 s, then draining" in proc.log
+        assert said == (sig == signal.SIGTERM), proc.log

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from mhaserve.loadtest.reliability.scenarios import queue_texts, soak, text_requests
+from mhaserve.loadtest.reliability.scenarios.load import queue_texts, text_requests
+from mhaserve.loadtest.reliability.scenarios.soak import soak
 from tests.reliability.conftest import Spawn
 
 

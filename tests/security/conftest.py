@@ -70,8 +70,3 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     client = _leaf(d, "client", "ca", client_ext)
     stranger = _leaf(d, "stranger", "other-ca", client_ext)
     return Pki(ca, *server, *client, other_ca, *stranger)
-
-
-@pytest.fixture(scope="session")
-def tiny_repo(tiny_entry: Path) -> Path:
-    return tiny_entry.parent.parent

@@ -23,7 +23,8 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.service import auth
 from mhaserve.service.server import StartupError
 from mhaserve.service.settings import ApiKeys, Settings, SettingsError
-from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.http import request
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.server import ServerThread
 
 FILE_KEY = "file-key-6f1c2b9e"
@@ -46,9 +47,10 @@ def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def secured(tiny_repo: Path, keys_file: Path) -> Settings:
     return Settings(
         repository=tiny_repo,
-        model="tiny",
+        model=("tiny",),
         port=0,
         metrics_port=0,
+        http_port=free_port(),
         device="cpu",
         intra_op_threads=1,
         api_keys_file=keys_file,
@@ -138,7 +140,7 @@ def test_health_and_reflection_stay_open(channel: grpc.Channel) -> None:
 
 
 def test_open_methods_are_configurable(secured: Settings) -> None:
-    settings = dataclasses.replace(secured, open_methods=("/inference.GRPCInferenceService/*",))
+    settings = dataclasses.replace(secured, http_port=0, open_methods=("/inference.GRPCInferenceService/*",))
     with ServerThread(settings) as srv, srv.channel() as channel:
         srv.ready()
         inf = kpb_grpc.GRPCInferenceServiceStub(channel)
@@ -153,7 +155,7 @@ def test_open_methods_are_configurable(secured: Settings) -> None:
 
 
 def test_without_keys_nothing_is_asked(tiny_repo: Path) -> None:
-    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, device="cpu", intra_op_threads=1)
+    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1)
     with ServerThread(settings) as srv, srv.channel() as channel:
         srv.ready()
         assert pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["x"]), timeout=WAIT).embeddings
@@ -165,13 +167,13 @@ def test_keys_never_show_in_settings_or_the_log(
     shown = repr(secured) + str(secured) + repr(build({}, env={"MHASERVE_API_KEYS": f"{ENV_KEY}, second-key"}))
     assert ENV_KEY not in shown and "second-key" not in shown and "<2 masked>" in shown
     with caplog.at_level(logging.DEBUG):
-        srv = ServerThread(secured)
+        srv = ServerThread(dataclasses.replace(secured, http_port=0))
         try:
             srv.ready()
         finally:
             srv.stop()
     text = "\n".join(r.getMessage() for r in caplog.records)
-    assert "API keys required (2 configured)" in text
+    assert "API keys required (2 configured, 0 admin)" in text
     assert not any(k in text for k in KEYS)
 
 
@@ -205,14 +207,14 @@ def test_a_bad_keys_file_stops_the_server_without_showing_keys(
 ) -> None:
     path = tmp_path / "keys"
     path.write_text(content)
-    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, device="cpu", api_keys_file=path)
+    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", api_keys_file=path)
     with pytest.raises(StartupError, match=message) as e:
         ServerThread(settings)
     assert "bad key" not in str(e.value) and "ключ" not in str(e.value) and "good-key" not in str(e.value)
 
 
 def test_a_missing_keys_file_stops_the_server(tiny_repo: Path, tmp_path: Path) -> None:
-    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, api_keys_file=tmp_path / "nope")
+    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, api_keys_file=tmp_path / "nope")
     with pytest.raises(StartupError, match="cannot read --api-keys-file"):
         ServerThread(settings)
 
@@ -234,3 +236,98 @@ def test_the_cli_sends_the_key_from_its_flag_or_its_variable(
     assert main(["encode", "hello", "--summary", "--address", server.address]) == 0
     assert main(["health", "--address", server.address]) == 0
     assert capsys.readouterr().out.strip().endswith("SERVING")
+
+
+# ---- the same keys on the HTTP API ---------------------------------------------------------------------
+
+HTTP_WRONG = {name: dict(md) if md and len(md) == 1 else None for name, md in WRONG.items() if name != "two headers"}
+
+
+@pytest.mark.parametrize("wrong", HTTP_WRONG)
+def test_http_wants_the_same_keys(server: ServerThread, wrong: str) -> None:
+    before = server.counted_all("UNAUTHENTICATED")
+    routes: list[tuple[str, str, dict[str, Any] | None]] = [
+        ("POST", "/v1/embeddings", {"input": "hi"}),
+        ("GET", "/v1/models", None),
+        ("POST", "/v2/models/tiny/infer", {"inputs": []}),
+        ("GET", "/v2/models/tiny", None),
+        ("POST", "/tokenize", {"inputs": "hi"}),
+        ("GET", "/info", None),
+    ]
+    for method, path, body in routes:
+        reply = request(method, server.http_url + path, body, HTTP_WRONG[wrong] or {})
+        assert reply.status == 401, (path, reply.body)
+        assert "missing or invalid API key" in reply.body.decode() and not any(k in reply.body.decode() for k in KEYS)
+    # counted as the answer goes out, so the last count may land just after the client has it
+    wait_until(lambda: server.counted_all("UNAUTHENTICATED") - before == len(routes), "every refusal counted")
+    assert server.depth() == 0
+
+
+def test_the_openai_client_gets_authentication_errors_and_in_with_a_key(server: ServerThread) -> None:
+    import openai
+
+    url = server.http_url + "/v1"
+    with pytest.raises(openai.AuthenticationError) as e:
+        openai.OpenAI(base_url=url, api_key="not-a-key", max_retries=0).embeddings.create(input="hi", model="tiny")
+    assert e.value.status_code == 401
+    for key in KEYS:
+        response = openai.OpenAI(base_url=url, api_key=key, max_retries=0).embeddings.create(input="hi", model="tiny")
+        assert len(response.data) == 1
+
+
+def test_http_health_probes_and_the_api_description_are_open(server: ServerThread) -> None:
+    for path in ("/health", "/v2/health/live", "/v2/health/ready", "/openapi.json", "/docs"):
+        assert request("GET", server.http_url + path).status == 200, path
+    assert request("GET", server.http_url + "/v2/models/tiny/ready").status == 401  # as ModelReady on gRPC
+
+
+# ---- admin keys: the repository API ---------------------------------------------------------------------
+
+ADMIN_KEY = "admin-key-5e9b21d7"
+
+
+@pytest.fixture(scope="module")
+def admin_server(secured: Settings) -> Iterator[ServerThread]:
+    settings = dataclasses.replace(
+        secured, model_control="explicit", admin_keys=ApiKeys((ADMIN_KEY,)), http_port=free_port()
+    )
+    with ServerThread(settings) as srv:
+        yield srv.ready()
+
+
+def test_the_repository_api_wants_an_admin_key(admin_server: ServerThread) -> None:
+    with admin_server.channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        calls = {
+            "index": lambda md: kserve.RepositoryIndex(kpb.RepositoryIndexRequest(), metadata=md, timeout=WAIT),
+            "load": lambda md: kserve.RepositoryModelLoad(
+                kpb.RepositoryModelLoadRequest(model_name="tiny"), metadata=md, timeout=WAIT
+            ),
+        }
+        for name, call in calls.items():
+            for metadata, code in (
+                (None, grpc.StatusCode.UNAUTHENTICATED),
+                (bearer("not-a-key"), grpc.StatusCode.UNAUTHENTICATED),
+                (bearer(FILE_KEY), grpc.StatusCode.PERMISSION_DENIED),  # a client key: right, but not enough
+            ):
+                with pytest.raises(grpc.RpcError) as e:
+                    call(metadata)
+                assert e.value.code() == code, name
+            call(bearer(ADMIN_KEY))
+        # an admin key is a key: it may also embed
+        enc = pb_grpc.EncoderServiceStub(channel)
+        assert enc.Encode(pb.EncodeRequest(texts=["hi"]), metadata=bearer(ADMIN_KEY), timeout=WAIT).embeddings
+    url = admin_server.http_url + "/v2/repository/index"
+    assert request("POST", url, {}).status == 401
+    assert request("POST", url, {}, {"authorization": f"Bearer {FILE_KEY}"}).status == 403
+    reply = request("POST", url, {}, {"authorization": f"Bearer {ADMIN_KEY}"})
+    assert reply.status == 200 and reply.json()[0]["name"] == "tiny"
+
+
+def test_without_admin_keys_the_repository_api_is_closed_when_keys_are_on(server: ServerThread) -> None:
+    with server.channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as e:
+            kserve.RepositoryIndex(kpb.RepositoryIndexRequest(), metadata=bearer(FILE_KEY), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "needs an admin key" in str(e.value.details())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import logging
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +17,12 @@ from mhaserve.cli.options import build
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service import tls
+from mhaserve.service.auth import KeyRing, Keys
 from mhaserve.service.client import Connection
 from mhaserve.service.server import EncoderServer, StartupError
 from mhaserve.service.settings import ApiKeys, Settings, SettingsError
-from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.http import request
+from mhaserve.testing.loopback import WAIT, free_port
 from mhaserve.testing.server import ServerThread, health_status
 from tests.security.conftest import Pki
 
@@ -36,19 +40,27 @@ def encode(address: str, connection: Connection, timeout: float = WAIT) -> grpc.
 
 @pytest.fixture(scope="module")
 def plain(tiny_repo: Path) -> Settings:
-    return Settings(repository=tiny_repo, model="tiny", port=0, metrics_port=0, device="cpu", intra_op_threads=1)
+    return Settings(
+        repository=tiny_repo, model=("tiny",), port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
+    )
 
 
 @pytest.fixture(scope="module")
 def tls_server(plain: Settings, pki: Pki) -> Iterator[ServerThread]:
-    with ServerThread(dataclasses.replace(plain, tls_cert=pki.server_cert, tls_key=pki.server_key)) as srv:
+    settings = dataclasses.replace(plain, tls_cert=pki.server_cert, tls_key=pki.server_key, http_port=free_port())
+    with ServerThread(settings) as srv:
         yield srv.ready()
 
 
 @pytest.fixture(scope="module")
 def mtls_server(plain: Settings, pki: Pki) -> Iterator[ServerThread]:
     settings = dataclasses.replace(
-        plain, tls_cert=pki.server_cert, tls_key=pki.server_key, tls_client_ca=pki.ca, api_keys=ApiKeys(("k-1",))
+        plain,
+        tls_cert=pki.server_cert,
+        tls_key=pki.server_key,
+        tls_client_ca=pki.ca,
+        api_keys=ApiKeys(("k-1",)),
+        http_port=free_port(),
     )
     with ServerThread(settings) as srv:
         yield srv.ready()
@@ -77,6 +89,36 @@ def test_mutual_tls_wants_a_client_certificate_from_its_ca(mtls_server: ServerTh
         Connection(ca=pki.ca, cert=pki.server_cert, key=pki.server_key, api_key="k-1"),  # not for clients
     ):
         assert encode(address, refused, timeout=5) == grpc.StatusCode.UNAVAILABLE
+
+
+def https(server: ServerThread) -> str:
+    return f"https://127.0.0.1:{server.server.http_port}/v1/embeddings"
+
+
+def context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert), str(key))
+    return ctx
+
+
+def test_the_http_port_speaks_the_same_tls(tls_server: ServerThread, pki: Pki) -> None:
+    reply = request("POST", https(tls_server), {"input": "hello"}, context=context(pki.ca))
+    assert reply.status == 200 and len(reply.json()["data"]) == 1
+    with pytest.raises(ssl.SSLError):
+        request("POST", https(tls_server), {"input": "hello"}, context=context(pki.other_ca))
+    with pytest.raises((http.client.HTTPException, OSError)):  # plaintext to a TLS port gets no answer
+        request("POST", https(tls_server).replace("https", "http"), {"input": "hello"}, timeout=5)
+
+
+def test_the_http_port_speaks_the_same_mutual_tls(mtls_server: ServerThread, pki: Pki) -> None:
+    key = {"authorization": "Bearer k-1"}
+    good = context(pki.ca, pki.client_cert, pki.client_key)
+    assert request("POST", https(mtls_server), {"input": "hello"}, key, context=good).status == 200
+    assert request("POST", https(mtls_server), {"input": "hello"}, context=good).status == 401  # keys still apply
+    for refused in (context(pki.ca), context(pki.ca, pki.stranger_cert, pki.stranger_key)):
+        with pytest.raises((ssl.SSLError, OSError)):
+            request("POST", https(mtls_server), {"input": "hello"}, key, context=refused)
 
 
 def test_the_cli_speaks_tls_and_mutual_tls(
@@ -125,8 +167,8 @@ def test_plaintext_off_loopback_is_logged(plain: Settings, caplog: pytest.LogCap
     assert all(tls.is_loopback(h) for h in ("127.0.0.1", "127.8.9.1", "::1", "[::1]", "localhost"))
     assert not any(tls.is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "encoder.internal"))
     with caplog.at_level(logging.INFO):
-        EncoderServer(plain)._log_security(0)  # loopback: quiet
+        EncoderServer(plain)._log_security(Keys(KeyRing([])))  # loopback: quiet
         assert not caplog.records
-        EncoderServer(dataclasses.replace(plain, host="0.0.0.0"))._log_security(2)
+        EncoderServer(dataclasses.replace(plain, host="0.0.0.0"))._log_security(Keys(KeyRing(["a", "b"])))
     (record,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert "plaintext gRPC on 0.0.0.0" in record.getMessage() and "API keys" in record.getMessage()

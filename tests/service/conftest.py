@@ -17,11 +17,6 @@ from mhaserve.testing.loopback import free_port
 from mhaserve.testing.server import ServerThread
 
 
-@pytest.fixture(scope="session")
-def tiny_repo(tiny_entry: Path) -> Path:
-    return tiny_entry.parent.parent
-
-
 @pytest.fixture(scope="module")
 def server(tiny_repo: Path) -> Iterator[ServerThread]:
     """One real server per test module, for the tests that only read; max 8 inputs per request."""
@@ -29,6 +24,7 @@ def server(tiny_repo: Path) -> Iterator[ServerThread]:
         repository=tiny_repo,
         port=0,
         metrics_port=free_port(),
+        http_port=0,
         device="cpu",
         intra_op_threads=1,
         max_client_batch_size=8,
@@ -41,7 +37,9 @@ def server(tiny_repo: Path) -> Iterator[ServerThread]:
 @pytest.fixture
 def settings(tiny_repo: Path) -> Settings:
     """Settings for a test server: the tiny model, a free port, no metrics port unless asked."""
-    return Settings(repository=tiny_repo, model="tiny", port=0, metrics_port=0, device="cpu", intra_op_threads=1)
+    return Settings(
+        repository=tiny_repo, model=("tiny",), port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
+    )
 
 
 @pytest.fixture

@@ -66,9 +66,10 @@ def test_batched_results_equal_a_plain_loop(tiny_entry: Path, batching: str) -> 
             out = await asyncio.gather(*(b.submit(r) for r in requests))
         finally:
             await b.close()
-        sizes = b.metrics.registry
-        mean = (sizes.get_sample_value("mhaserve_batch_size_sum") or 0) / (
-            sizes.get_sample_value("mhaserve_batch_size_count") or 1
+        sizes = b.metrics.parent.registry
+        labels = {"model": "-", "version": "0"}
+        mean = (sizes.get_sample_value("mhaserve_batch_size_sum", labels) or 0) / (
+            sizes.get_sample_value("mhaserve_batch_size_count", labels) or 1
         )
         return out, mean
 
@@ -186,6 +187,7 @@ def test_drain_sends_queued_work_without_waiting_for_a_full_batch() -> None:
     async def main() -> np.ndarray:
         b = Batcher(ScriptedEngine(), limits=limits(max_wait_ms=60_000.0))
         b.start()
+        b.admit(1)  # a request being tokenised: the queued one waits for it to join its batch
         call = asyncio.ensure_future(b.submit([seq(5, 6)]))
         for _ in range(10):
             await asyncio.sleep(0)
@@ -197,6 +199,31 @@ def test_drain_sends_queued_work_without_waiting_for_a_full_batch() -> None:
             await b.close()
 
     assert run(main())[0, 0] == 2
+
+
+def test_a_lone_request_starts_at_once_and_one_being_tokenised_is_waited_for() -> None:
+    """The start rule, not a timing: with a minute's max wait, what decides is whether anything is on its way."""
+    engine = ScriptedEngine()
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=60_000.0))
+        b.start()
+        # Nothing admitted is being tokenised: the lone request goes to the model at once.
+        assert b.should_start()
+        first = await asyncio.wait_for(b.submit([seq(5, 6)]), timeout=WAIT)
+        assert first.shape == (1, 4)
+        # One admitted request is still being tokenised: the queued one waits for it, then both go together.
+        ticket = b.admit(1)
+        queued = asyncio.ensure_future(b.submit([seq(7)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not b.should_start() and not queued.done()
+        joined = asyncio.ensure_future(b.submit([seq(8, 8)], ticket=ticket))
+        await asyncio.wait_for(asyncio.gather(queued, joined), timeout=WAIT)
+        await b.close()
+
+    run(main())
+    assert engine.batches == [[[5, 6]], [[7], [8, 8]]]
 
 
 def test_close_fails_running_and_queued_requests_and_refuses_new_ones() -> None:

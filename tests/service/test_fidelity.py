@@ -18,7 +18,7 @@ from tests.conftest import VARIED_TEXTS
 @pytest.mark.slow
 def test_served_minilm_equals_sentence_transformers(minilm_entry: Path, sentence_transformer) -> None:
     expected = sentence_transformer.encode(VARIED_TEXTS, convert_to_numpy=True, normalize_embeddings=False)
-    settings = Settings(repository=minilm_entry.parent.parent, port=0, metrics_port=0, device="cpu")
+    settings = Settings(repository=minilm_entry.parent.parent, port=0, metrics_port=0, http_port=0, device="cpu")
     srv = ServerThread(settings).ready()
     try:
         with srv.channel() as channel:

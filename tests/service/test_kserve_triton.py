@@ -1,9 +1,10 @@
-"""Triton's own client against a real mhaserve: the Open Inference Protocol's interoperability promise.
+"""Triton's own clients against a real mhaserve: the Open Inference Protocol's interoperability promise,
+over gRPC (tritonclient.grpc) and HTTP (tritonclient.http, with its binary tensor data by default).
 
-tritonclient[grpc] pins protobuf < 7 and mhaserve's stubs need protobuf >= 7, so the client runs in a
-venv of its own (.venv-triton, made by `make test`) as a subprocess: tests/kserve/triton_client.py
-drives live/ready/metadata/config/statistics/infer/stream and prints JSON, which these tests compare
-with what encoder.v1's Encode returns for the same inputs.
+tritonclient pins protobuf < 7 and mhaserve's stubs need protobuf >= 7, so the client runs in a venv of
+its own (.venv-triton, made by `make test`) as a subprocess: tests/kserve/triton_client.py drives
+live/ready/metadata/config/statistics/infer/stream and prints JSON, which these tests compare with what
+encoder.v1's Encode returns for the same inputs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2, model_config_pb2
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.tokenizer import load_for_serving
 from mhaserve.service.settings import Settings
+from mhaserve.testing.loopback import free_port
 from mhaserve.testing.server import ServerThread
 from tests.kserve.triton_client import describe_file
 
@@ -77,6 +79,7 @@ class Interop:
     """One client run against one server, and Encode's answers for the same inputs."""
 
     results: dict[str, Any]
+    http: dict[str, Any]  # the same through tritonclient.http
     encoded: npt.NDArray[np.float32]  # texts, the model's default normalisation
     encoded_raw: npt.NDArray[np.float32]  # texts, not normalised
     encoded_ids: npt.NDArray[np.float32]  # the texts' token ids, unpadded
@@ -89,19 +92,23 @@ def interop(server: ServerThread, entry: Path, texts: list[str]) -> Interop:
     tokenizer = load_for_serving(entry / "tokenizer.json", manifest.max_seq_len)
     tokens = [tokenizer.encode(t).ids for t in texts]
     ids, mask = padded(tokens, manifest.pad_id)
-    results = triton("run", {"url": server.address, "model": manifest.name, "texts": texts, "ids": ids, "mask": mask})
+    spec = {"url": server.address, "model": manifest.name, "texts": texts, "ids": ids, "mask": mask}
+    results = triton("run", spec)
+    http = triton("run_http", spec | {"url": server.http_url.removeprefix("http://")})
     with server.channel() as channel:
         stub = pb_grpc.EncoderServiceStub(channel)
         encoded = vectors(stub.Encode(pb.EncodeRequest(texts=texts), timeout=30))
         encoded_raw = vectors(stub.Encode(pb.EncodeRequest(texts=texts, normalize=False), timeout=30))
         by_ids = pb.EncodeRequest(token_ids=[pb.TokenIds(ids=r) for r in tokens])
         encoded_ids = vectors(stub.Encode(by_ids, timeout=30))
-    return Interop(results, encoded, encoded_raw, encoded_ids, tokens, server)
+    return Interop(results, http, encoded, encoded_raw, encoded_ids, tokens, server)
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_repo: Path, tiny_entry: Path) -> Iterator[Interop]:
-    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, device="cpu", intra_op_threads=1)
+    settings = Settings(
+        repository=tiny_repo, port=0, metrics_port=0, http_port=free_port(), device="cpu", intra_op_threads=1
+    )
     server = ServerThread(settings).ready()
     try:
         yield interop(server, tiny_entry, TEXTS)
@@ -225,7 +232,9 @@ def test_our_proto_is_wire_compatible_with_tritonclients_copy() -> None:
 @pytest.mark.slow
 def test_minilm_through_tritonclient_equals_encode(minilm_entry: Path) -> None:
     """The README's set-up: all-minilm-l6-v2, text in as BYTES, through Triton's client."""
-    settings = Settings(repository=minilm_entry.parent.parent, port=0, metrics_port=0, device="cpu")
+    settings = Settings(
+        repository=minilm_entry.parent.parent, port=0, metrics_port=0, http_port=free_port(), device="cpu"
+    )
     server = ServerThread(settings).ready()
     try:
         texts = ["The quick brown fox jumps over the lazy dog.", "Une phrase en français.", "emoji 🤖", ""]
@@ -235,3 +244,65 @@ def test_minilm_through_tritonclient_equals_encode(minilm_entry: Path) -> None:
     assert_close(run.results["infer_text"], run.encoded)
     assert_close(run.results["infer_ids"], run.encoded_ids)
     assert run.results["infer_text"]["shape"] == [len(texts), 384]
+    assert_close(run.http["infer_text"], run.encoded)
+    assert_close(run.http["infer_ids"], run.encoded_ids)
+
+
+# ---- the same through tritonclient.http -------------------------------------------------------------
+
+
+def test_http_health_metadata_and_config(tiny: Interop) -> None:
+    r = tiny.http
+    assert (r["live"], r["ready"], r["model_ready"], r["model_ready_missing"]) == (True, True, True, False)
+    assert r["server_metadata"]["name"] == "mhaserve"
+    assert {"model_configuration", "statistics"} <= set(r["server_metadata"]["extensions"])
+    meta = r["model_metadata"]
+    assert (meta["name"], meta["versions"], meta["platform"]) == ("tiny", ["1"], "onnxruntime_onnx")
+    assert {t["name"]: (t["datatype"], t["shape"]) for t in meta["inputs"]} == {
+        "text": ("BYTES", [-1]),
+        "input_ids": ("INT64", [-1, -1]),
+        "attention_mask": ("INT64", [-1, -1]),
+    }
+    assert [(t["name"], t["shape"]) for t in meta["outputs"]] == [("embeddings", [-1, 32])]
+    config = r["model_config"]
+    assert (config["name"], config["max_batch_size"], config["backend"]) == ("tiny", 64, "onnxruntime")
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    # the gRPC and the REST views are one: the same config, field for field
+    grpc_config = tiny.results["model_config"]["config"]
+    assert grpc_config["parameters"] == config["parameters"]
+
+
+def test_http_infer_equals_encode_in_binary_and_json(tiny: Interop) -> None:
+    r = tiny.http
+    assert r["infer_text"]["binary"] and not r["infer_text_json"]["binary"]
+    assert_close(r["infer_text"], tiny.encoded)
+    assert_close(r["infer_text_json"], tiny.encoded)
+    assert_close(r["infer_text_raw"], tiny.encoded_raw)  # the `normalize` parameter
+    assert_close(r["infer_ids"], tiny.encoded_ids)  # binary INT64 inputs, padding stripped by the mask
+    assert_close(r["infer_ids_json"], tiny.encoded_ids)  # nested JSON INT64 data
+    assert_close(r["infer_gzip"], tiny.encoded)  # a gzip request body
+    assert_close(r["infer_after_errors"], tiny.encoded)
+    text = r["infer_text"]
+    assert (text["model_name"], text["model_version"], text["id"]) == ("tiny", "1", "http-1")
+    assert text["input_tokens"] == sum(len(t) for t in tiny.tokens)
+    # the same numbers as tritonclient.grpc got
+    assert np.array_equal(np.array(text["embeddings"]), np.array(tiny.results["infer_text"]["embeddings"]))
+
+
+def test_http_errors_have_the_mapped_statuses(tiny: Interop) -> None:
+    errors = tiny.http["errors"]
+    assert errors["wrong_datatype"]["status"] == "400"
+    assert "datatype INT32; expected INT64" in errors["wrong_datatype"]["message"]
+    assert errors["missing_input"]["status"] == "400"
+    assert "missing input 'attention_mask'" in errors["missing_input"]["message"]
+    for case in ("unknown_model", "unknown_version", "metadata_unknown_model"):
+        assert errors[case]["status"] == "404", case
+
+
+def test_http_statistics_count_what_the_client_did(tiny: Interop) -> None:
+    (before,) = tiny.http["statistics_before"]["model_stats"]
+    (after,) = tiny.http["statistics_after"]["model_stats"]
+    # 7 infers succeeded; the wrong datatype and the missing input failed.
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 7
+    assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 2
+    assert after["inference_count"] - before["inference_count"] == 7 * len(TEXTS)

@@ -13,16 +13,18 @@ import numpy.typing as npt
 import pytest
 from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.tokenizer import load_for_serving
+from mhaserve.service import client
 from mhaserve.service.settings import BATCHING, Batching, Settings
+from mhaserve.testing import http
 from mhaserve.testing.engines import ScriptedEngine
-from mhaserve.testing.loopback import WAIT, wait_until
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.metrics import scrape
 from mhaserve.testing.server import ServerThread
 from tests.conftest import TINY
@@ -325,7 +327,17 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
         assert loaded.wait(WAIT)
         return engine
 
-    srv = start(settings, slow_factory, ready=False)
+    srv = start(dataclasses.replace(settings, http_port=free_port()), slow_factory, ready=False)
+
+    def http_refused(reason: str) -> None:
+        reply = http.request("POST", srv.http_url + "/v1/embeddings", {"input": "a"})
+        assert reply.status == 503 and reply.headers["retry-after"] == "1"
+        assert reason in reply.json()["error"]["message"]
+        health = http.request("GET", srv.http_url + "/health")
+        assert health.status == 503 and health.json()["status"] == "NOT_SERVING"
+        assert http.request("GET", srv.http_url + "/v2/health/ready").status == 400
+        assert http.request("GET", srv.http_url + "/v2/health/live").status == 200
+
     with srv.channel() as channel:
         health = health_pb2_grpc.HealthStub(channel)
         stub = pb_grpc.EncoderServiceStub(channel)
@@ -342,32 +354,48 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
 
         assert status() == status("encoder.v1.EncoderService") == "NOT_SERVING"
         assert "still loading" in refused(lambda: stub.Encode(ids([5]), timeout=WAIT))
+        http_refused("still loading")
         loaded.set()
         srv.ready()
         assert status() == status("encoder.v1.EncoderService") == "SERVING"
         assert stub.Encode(ids([5]), timeout=WAIT).embeddings
+        assert http.request("GET", srv.http_url + "/health").status == 200
 
         srv.call(srv.server.drain())
         assert status() == status("encoder.v1.EncoderService") == "NOT_SERVING"
         assert "shutting down" in refused(lambda: stub.Encode(ids([5]), timeout=WAIT))
         assert "shutting down" in refused(lambda: stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT))
+        http_refused("shutting down")
     assert counted(srv, "UNAVAILABLE") == 2
 
 
-def test_reflection_lists_the_services(server: ServerThread) -> None:
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+def test_reflection_lists_the_services(server: ServerThread, version: str) -> None:
+    # v1's messages are v1alpha's under another package (same fields and numbers): a v1 client sends
+    # exactly these bytes to v1's method path.
     with server.channel() as channel:
-        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        info = channel.stream_stream(
+            f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
         requests = [
             reflection_pb2.ServerReflectionRequest(list_services=""),
             reflection_pb2.ServerReflectionRequest(file_containing_symbol="encoder.v1.EncoderService"),
         ]
-        listed, described = list(stub.ServerReflectionInfo(iter(requests), timeout=WAIT))
+        listed, described = list(info(iter(requests), timeout=WAIT))
     names = {s.name for s in listed.list_services_response.service}
-    assert {"encoder.v1.EncoderService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+    assert {
+        "encoder.v1.EncoderService",
+        "inference.GRPCInferenceService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= names
     # What grpcurl needs to build requests without the .proto: the file descriptor of the service.
     files = [FileDescriptorProto.FromString(b) for b in described.file_descriptor_response.file_descriptor_proto]
     encoder = next(f for f in files if f.package == "encoder.v1")
-    assert {m.name for m in encoder.service[0].method} == {"Encode", "EncodeStream", "GetModelInfo"}
+    assert {m.name for m in encoder.service[0].method} == {"Encode", "EncodeStream", "GetModelInfo", "ListModels"}
 
 
 def test_request_id_is_echoed(stub: pb_grpc.EncoderServiceStub) -> None:
@@ -415,3 +443,13 @@ def test_metrics_move_as_requests_are_served(server: ServerThread) -> None:
     assert after.get("mhaserve_queue_depth") == 0
     assert after.get("mhaserve_requests_in_flight") == 0
     assert after.get("mhaserve_execution_provider_info", provider="CPUExecutionProvider") == 1
+
+
+def test_packed_output_is_the_same_vectors(stub: pb_grpc.EncoderServiceStub) -> None:
+    texts = ["one", "two words", "three words here"]
+    plain = stub.Encode(pb.EncodeRequest(texts=texts), timeout=WAIT)
+    packed = stub.Encode(pb.EncodeRequest(texts=texts, packed=True), timeout=WAIT)
+    assert not packed.embeddings and packed.dimensions == 32 and len(packed.packed) == 3 * 32 * 4
+    np.testing.assert_array_equal(client.vectors(packed), client.vectors(plain))
+    assert client.vectors(plain).shape == (3, 32)
+    assert (packed.model, packed.model_version, packed.usage) == (plain.model, plain.model_version, plain.usage)

@@ -49,6 +49,11 @@ class EncoderServiceStub:
                 request_serializer=proto_dot_encoder_dot_v1_dot_encoder__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=proto_dot_encoder_dot_v1_dot_encoder__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/encoder.v1.EncoderService/ListModels',
+                request_serializer=proto_dot_encoder_dot_v1_dot_encoder__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=proto_dot_encoder_dot_v1_dot_encoder__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
 
 
 class EncoderServiceServicer:
@@ -77,6 +82,13 @@ class EncoderServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListModels(self, request, context):
+        """Every model and version the server serves now, the default model first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EncoderServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +106,11 @@ def add_EncoderServiceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=proto_dot_encoder_dot_v1_dot_encoder__pb2.GetModelInfoRequest.FromString,
                     response_serializer=proto_dot_encoder_dot_v1_dot_encoder__pb2.GetModelInfoResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=proto_dot_encoder_dot_v1_dot_encoder__pb2.ListModelsRequest.FromString,
+                    response_serializer=proto_dot_encoder_dot_v1_dot_encoder__pb2.ListModelsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +194,33 @@ class EncoderService:
             '/encoder.v1.EncoderService/GetModelInfo',
             proto_dot_encoder_dot_v1_dot_encoder__pb2.GetModelInfoRequest.SerializeToString,
             proto_dot_encoder_dot_v1_dot_encoder__pb2.GetModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/encoder.v1.EncoderService/ListModels',
+            proto_dot_encoder_dot_v1_dot_encoder__pb2.ListModelsRequest.SerializeToString,
+            proto_dot_encoder_dot_v1_dot_encoder__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,

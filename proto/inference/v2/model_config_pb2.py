@@ -28,7 +28,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%proto/inference/v
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.inference.v2.model_config_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mhaserve.proto.inference.v2.model_config_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELCONFIG_PARAMETERSENTRY']._loaded_options = None

@@ -21,7 +21,8 @@ def parse(*argv: str) -> dict[str, object]:
 def test_defaults() -> None:
     s = build({}, env={})
     assert s == Settings()
-    assert (s.repository, s.model, s.host, s.port, s.metrics_port) == (Path("models"), None, "127.0.0.1", 50051, 8000)
+    assert (s.repository, s.model, s.host, s.port, s.metrics_port) == (Path("models"), (), "127.0.0.1", 50051, 8000)
+    assert (s.http_port, s.model_control, s.repository_poll_s, s.auto_truncate) == (8080, "none", 5.0, False)
     assert (s.device, s.graph, s.batching, s.grace_period, s.log_level) == ("auto", "auto", "length", 30.0, "info")
     assert s.limits(on_cuda=False) == CPU_LIMITS
     assert s.limits(on_cuda=True) == CUDA_LIMITS
@@ -39,7 +40,13 @@ def test_flag_beats_variable_beats_default() -> None:
     s = build(parse("--port", "7000"), env=env)
     assert (s.port, s.max_wait_ms, s.batching) == (7000, 7.5, "arrival")
     s = build(parse(), env={"MHASERVE_REPOSITORY": "/srv/models", "MHASERVE_MODEL": "tiny", "MHASERVE_DEVICE": "cpu"})
-    assert (s.repository, s.model, s.device) == (Path("/srv/models"), "tiny", "cpu")
+    assert (s.repository, s.model, s.device) == (Path("/srv/models"), ("tiny",), "cpu")
+    # several models: a repeated flag, or a comma-separated variable; the flag beats the variable
+    assert build(parse("--model", "a", "--model", "b"), env={"MHASERVE_MODEL": "c"}).model == ("a", "b")
+    assert build(parse(), env={"MHASERVE_MODEL": "a, b,*"}).model == ("a", "b", "*")
+    assert build(parse("--auto-truncate"), env={}).auto_truncate is True
+    assert build(parse("--no-auto-truncate"), env={"MHASERVE_AUTO_TRUNCATE": "true"}).auto_truncate is False
+    assert build(parse(), env={"MHASERVE_AUTO_TRUNCATE": "yes"}).auto_truncate is True
     s = build(
         parse(
             "--max-batch-tokens",
@@ -79,6 +86,11 @@ def test_flag_beats_variable_beats_default() -> None:
         ({"MHASERVE_MAX_BATCH_TOKENS": "0"}, "--max-batch-tokens must be > 0"),
         ({"MHASERVE_MAX_WAIT_MS": "-1"}, "--max-wait-ms must be >= 0"),
         ({"MHASERVE_MAX_PADDING": "1.5"}, "--max-padding must be a fraction in .0, 1., got 1.5"),
+        ({"MHASERVE_HTTP_PORT": "-1"}, "--http-port must be a port number"),
+        ({"MHASERVE_MODEL_CONTROL": "auto"}, "--model-control must be one of none, poll, explicit"),
+        ({"MHASERVE_REPOSITORY_POLL_S": "0"}, "--repository-poll-s must be > 0"),
+        ({"MHASERVE_AUTO_TRUNCATE": "maybe"}, "MHASERVE_AUTO_TRUNCATE='maybe' is not a valid --auto-truncate"),
+        ({"MHASERVE_HTTP_HEADER_TIMEOUT": "0"}, "--http-header-timeout must be > 0"),
     ],
 )
 def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> None:

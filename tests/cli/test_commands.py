@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -20,6 +21,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service import client
 from mhaserve.service.settings import Settings
+from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.metrics import scrape
 from mhaserve.testing.server import ServerThread
@@ -28,10 +30,13 @@ MHASERVE = str(Path(sys.executable).parent / "mhaserve")
 
 
 class Process:
-    """`mhaserve serve ...` in a subprocess; its stderr collected line by line."""
+    """`mhaserve serve ...` (or the scripted-engine server, `engine=` a spec) in a subprocess; its stderr
+    collected line by line."""
 
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([MHASERVE, "serve", *args], stderr=subprocess.PIPE, text=True)
+    def __init__(self, *args: str, engine: str | None = None) -> None:
+        command = [MHASERVE, "serve"] if engine is None else [sys.executable, "-m", "mhaserve.testing.fake_server"]
+        command += ["--engine", engine] if engine is not None else []
+        self.proc = subprocess.Popen([*command, *args], stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -84,41 +89,55 @@ def _serving(address: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_drains_every_queued_request_then_exits_0(
+def test_signal_drains_every_queued_request_of_both_protocols_then_exits_0(
     tiny_repo: Path, processes: list[Process], sig: signal.Signals
 ) -> None:
-    metrics = free_port()
-    # A batch waits a minute to fill and the budget is never reached: every request stays queued
-    # until the signal, and only the drain can answer them.
+    metrics, http = free_port(), free_port()
+    # The engine holds the first batch (token 99) for 15 s: every request sent meanwhile is queued behind
+    # it when the signal comes, and only the drain can answer them.
     p = Process(
-        *("--repository", str(tiny_repo), "--model", "tiny", "--port", "0", "--metrics-port", str(metrics)),
-        *("--device", "cpu", "--intra-op-threads", "1", "--max-wait-ms", "60000", "--max-batch-tokens", "100000"),
+        *("--repository", str(tiny_repo), "--model", "tiny", "--port", "0"),
+        *("--metrics-port", str(metrics), "--http-port", str(http), "--device", "cpu"),
+        engine="hang:99:15",
     )
     processes.append(p)
     address = f"127.0.0.1:{p.port()}"
     wait_until(lambda: _serving(address), "SERVING")
     texts = [[f"request {i}", "x " * i] for i in range(16)]
-    with grpc.insecure_channel(address) as channel:
+    with grpc.insecure_channel(address) as channel, ThreadPoolExecutor(8) as pool:
         stub = pb_grpc.EncoderServiceStub(channel)
-        calls = [stub.Encode.future(pb.EncodeRequest(texts=t), timeout=WAIT) for t in texts]
+        held = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99])]), timeout=WAIT)
+        # Sent before the held batch leaves the queue, the others could join it and never be counted as queued.
+        wait_until(lambda: scrape(metrics).get("mhaserve_queue_wait_seconds_count") == 1, "the held batch to start")
+        calls = [stub.Encode.future(pb.EncodeRequest(texts=t), timeout=WAIT) for t in texts[:8]]
+        posts = [
+            pool.submit(request, "POST", f"http://127.0.0.1:{http}/v1/embeddings", {"input": t}) for t in texts[8:]
+        ]
         wait_until(lambda: scrape(metrics).get("mhaserve_queue_depth") == 32, "all 32 inputs queued")
         p.proc.send_signal(sig)
         responses = [c.result(timeout=WAIT) for c in calls]
-    assert [len(r.embeddings) for r in responses] == [2] * 16
-    norms = np.linalg.norm([e.values for r in responses for e in r.embeddings], axis=1)
-    np.testing.assert_allclose(norms, 1.0, atol=1e-5)
+        replies = [f.result(timeout=WAIT) for f in posts]
+        assert len(held.result(timeout=WAIT).embeddings) == 1
+    assert [len(r.embeddings) for r in responses] == [2] * 8
+    assert [(r.status, len(r.json()["data"])) for r in replies] == [(200, 2)] * 8
+    vectors = [e.values for r in responses for e in r.embeddings] + [
+        d["embedding"] for r in replies for d in r.json()["data"]
+    ]
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert p.wait() == 0, p.log
     assert "shutting down: draining" in p.log and "stopped" in p.log and "Traceback" not in p.log
 
 
 @pytest.mark.slow
 def test_serve_refuses_to_start_without_the_model(tmp_path: Path, tiny_repo: Path, processes: list[Process]) -> None:
-    p = Process("--repository", str(tmp_path), "--port", "0", "--metrics-port", "0")
+    p = Process("--repository", str(tmp_path), "--port", "0", "--metrics-port", "0", "--http-port", "0")
     processes.append(p)
     assert p.wait() == 1
     assert f"the model repository {tmp_path} has no models" in p.log
 
-    p = Process("--repository", str(tiny_repo), "--model", "nope", "--port", "0", "--metrics-port", "0")
+    p = Process(
+        "--repository", str(tiny_repo), "--model", "nope", "--port", "0", "--metrics-port", "0", "--http-port", "0"
+    )
     processes.append(p)
     assert p.wait() == 1
     assert "model 'nope' is not in the repository" in p.log and "Traceback" not in p.log
@@ -126,7 +145,9 @@ def test_serve_refuses_to_start_without_the_model(tmp_path: Path, tiny_repo: Pat
 
 @pytest.fixture(scope="module")
 def server(tiny_repo: Path) -> Iterator[ServerThread]:
-    srv = ServerThread(Settings(repository=tiny_repo, port=0, metrics_port=0, device="cpu", intra_op_threads=1))
+    srv = ServerThread(
+        Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1)
+    )
     yield srv.ready()
     srv.stop()
 
@@ -152,7 +173,9 @@ def test_encode_summary_and_errors(server: ServerThread, capsys: pytest.CaptureF
 
 
 def test_health_exit_status(tiny_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    srv = ServerThread(Settings(repository=tiny_repo, port=0, metrics_port=0, device="cpu", intra_op_threads=1))
+    srv = ServerThread(
+        Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1)
+    )
     try:
         srv.ready()
         assert main(["health", "--address", srv.address]) == 0

@@ -1,0 +1,77 @@
+"""Publishing into the model repository: a version number, a scratch directory, one atomic rename.
+
+`mhaserve export` and `mhaserve import` write everything into a scratch directory inside the repository
+(the same filesystem, so the final rename is atomic) and publish `<repository>/<name>/<version>/` only
+once every check has passed; a failure leaves the repository as it was. A polling server never sees a
+half-written version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from mhaserve.runtime import manifest as mf
+
+# Past this the protobuf limit (2 GiB) forces weights into an external-data file beside the graph.
+EXTERNAL_DATA_BYTES = 1_500_000_000
+
+
+class PublishError(RuntimeError):
+    """The version cannot be published; the message is the one line the user sees."""
+
+
+def reserve(repository: Path, name: str, version_: int | None, overwrite: bool) -> tuple[int, Path]:
+    """The version to publish (the next free one by default) and its directory, refusing to clobber one."""
+    existing = mf.versions(repository, name)
+    number = version_ if version_ is not None else (existing[-1] + 1 if existing else 1)
+    if number <= 0:
+        raise PublishError(f"version must be a positive integer, got {number}")
+    target = mf.entry_dir(repository, name, number)
+    if target.exists() and not overwrite:
+        raise PublishError(f"{target} already exists (pass --overwrite to replace it, or another --version)")
+    return number, target
+
+
+@contextlib.contextmanager
+def scratch(repository: Path, name: str, version_: int) -> Iterator[Path]:
+    """A private directory inside the repository, removed afterwards unless `publish` renamed it away."""
+    repository.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f".export-{name}-{version_}-", dir=repository))
+    path.chmod(0o755)  # mkdtemp makes it private; the published entry must be readable by the server's user
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def publish(scratch_dir: Path, target: Path) -> None:
+    """Move the finished scratch directory to `target` in one rename (replacing it under --overwrite)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        old = target.with_name(f".old-{target.name}-{os.getpid()}")
+        target.rename(old)
+        shutil.rmtree(old)
+    scratch_dir.rename(target)
+
+
+def _pkg_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
+
+
+def tool_versions() -> dict[str, str]:
+    """The versions of what made a graph, for the manifest (torch only where the export used it)."""
+    return {
+        "onnx": _pkg_version("onnx"),
+        "onnxscript": _pkg_version("onnxscript"),
+        "onnxruntime": _pkg_version("onnxruntime-gpu"),
+        "mhaserve": _pkg_version("mhaserve"),
+    }

@@ -1,0 +1,209 @@
+"""How the bench's simulated clients reach the server: encoder.v1 over gRPC, or OpenAI embeddings over HTTP.
+
+Both are asyncio, in the bench's one event loop, and cost about the same per request, so that on a small
+machine the load generator takes as little from the server over one protocol as over the other:
+
+- gRPC: grpc.aio, every client on one channel (HTTP/2 streams), as before.
+- HTTP: a small HTTP/1.1 client over `asyncio.open_connection`, one keep-alive connection per client
+  (what an OpenAI client with a connection pool does under a closed loop). Each request is built once,
+  whole (request line, headers and JSON body), before the run; a response is read by its
+  Content-Length (or chunks) and its JSON parsed with orjson. No HTTP library sits in between: an
+  aiohttp or httpx client costs several times more CPU per request, which a 2-core machine takes from
+  the server.
+
+A transport gives each client a `send(i)`: send request i, wait for its answer, return the tokens the
+server counted; a refusal or a broken connection raises `CallFailed`, named as the report counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, Self
+from urllib.parse import urlsplit
+
+import grpc
+import grpc.aio
+import orjson
+
+from mhaserve.loadtest.bench.workloads import Workload
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.client import CHANNEL_OPTIONS
+
+Send = Callable[[int], Awaitable[int]]
+TIMEOUT_S = 120.0
+ROUTE = "/v1/embeddings"
+# protocol name -> the OpenAI `encoding_format` it asks for
+HTTP_ENCODINGS = {"http": "float", "http-base64": "base64"}
+
+
+class Transport(Protocol):
+    """Opened with `async with`; `client()` is one simulated client's `send`."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+    def client(self) -> Send: ...
+
+
+class CallFailed(Exception):
+    """A request that got no embedding: `key` is how the report counts it (a gRPC status, `HTTP 429`, ...)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def grpc_requests(workload: Workload) -> list[pb.EncodeRequest]:
+    if workload.payload == "ids":
+        return [pb.EncodeRequest(token_ids=[pb.TokenIds(ids=s)], truncate=True) for s in workload.ids]
+    return [pb.EncodeRequest(texts=[t], truncate=True) for t in workload.texts]
+
+
+def http_requests(workload: Workload, host: str, encoding_format: str) -> list[bytes]:
+    """Each input as a whole `POST /v1/embeddings` request: one text, or one list of token ids."""
+    inputs: list[Any] = list(workload.ids) if workload.payload == "ids" else list(workload.texts)
+    out = []
+    for value in inputs:
+        body = orjson.dumps({"input": value, "encoding_format": encoding_format, "truncate": True})
+        head = (
+            f"POST {ROUTE} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        out.append(head.encode("ascii") + body)
+    return out
+
+
+class GrpcTransport:
+    """encoder.v1 `Encode`, every client on one grpc.aio channel."""
+
+    def __init__(self, address: str, workload: Workload) -> None:
+        self.address = address
+        self.requests = grpc_requests(workload)
+        self.channel: grpc.aio.Channel | None = None
+
+    async def __aenter__(self) -> GrpcTransport:
+        self.channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        await self.channel.channel_ready()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.channel is not None:
+            await self.channel.close()
+
+    def client(self) -> Send:
+        assert self.channel is not None
+        stub = pb_grpc.EncoderServiceStub(self.channel)
+        requests = self.requests
+
+        async def send(i: int) -> int:
+            try:
+                response = await stub.Encode(requests[i], timeout=TIMEOUT_S)
+            except grpc.aio.AioRpcError as e:
+                raise CallFailed(e.code().name) from None
+            return int(response.usage.input_tokens)
+
+        return send
+
+
+class HttpConnection:
+    """One HTTP/1.1 connection, one request at a time, kept alive; opened again when the server closes it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, raw: bytes) -> tuple[int, bytes]:
+        """Send one whole request; the response's status and body."""
+        if self.writer is None or self.writer.is_closing():
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        self.writer.write(raw)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip().lower()
+        if "content-length" in headers:
+            body = await self.reader.readexactly(int(headers["content-length"]))
+        elif headers.get("transfer-encoding") == "chunked":
+            body = await self._chunks()
+        else:  # delimited by the end of the connection
+            body = await self.reader.read()
+            headers["connection"] = "close"
+        if headers.get("connection") == "close":
+            self.close()
+        return status, body
+
+    async def _chunks(self) -> bytes:
+        assert self.reader is not None
+        parts: list[bytes] = []
+        while True:
+            size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await self.reader.readuntil(b"\r\n")  # no trailers are expected: the empty line
+                return b"".join(parts)
+            parts.append(await self.reader.readexactly(size))
+            await self.reader.readexactly(2)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+class HttpTransport:
+    """OpenAI `POST /v1/embeddings`, one keep-alive connection per client."""
+
+    def __init__(self, url: str, workload: Workload, encoding_format: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+            raise ValueError(f"expected http://host:port, got {url!r}")
+        self.host, self.port = parts.hostname, parts.port
+        self.requests = http_requests(workload, parts.netloc, encoding_format)
+        self.connections: list[HttpConnection] = []
+
+    async def __aenter__(self) -> HttpTransport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for c in self.connections:
+            c.close()
+
+    def client(self) -> Send:
+        connection = HttpConnection(self.host, self.port)
+        self.connections.append(connection)
+        requests = self.requests
+
+        async def send(i: int) -> int:
+            try:
+                async with asyncio.timeout(TIMEOUT_S):
+                    status, body = await connection.request(requests[i])
+            except TimeoutError:  # before OSError, of which it is a subclass
+                connection.close()
+                raise CallFailed("timeout") from None
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+                connection.close()
+                raise CallFailed(f"connection: {type(e).__name__}") from None
+            if status != 200:
+                raise CallFailed(f"HTTP {status}")
+            answer = orjson.loads(body)
+            if len(answer["data"]) != 1:
+                raise CallFailed(f"{len(answer['data'])} embeddings for 1 input")
+            return int(answer["usage"]["prompt_tokens"])
+
+        return send
+
+
+def transport(protocol: str, grpc_address: str, http_url: str, workload: Workload) -> Transport:
+    """The transport of a protocol name (grpc, http, http-base64), ready for `async with`."""
+    if protocol == "grpc":
+        return GrpcTransport(grpc_address, workload)
+    if protocol in HTTP_ENCODINGS:
+        return HttpTransport(http_url, workload, HTTP_ENCODINGS[protocol])
+    raise ValueError(f"unknown protocol {protocol!r}")

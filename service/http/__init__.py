@@ -1,0 +1,1 @@
+"""HTTP transport: the server (uvicorn on the shared loop), the call middleware, error rendering, the app."""

@@ -1,0 +1,101 @@
+"""The HTTP API as one ASGI app: the protocol adapters' routes behind the call middleware.
+
+Routes: OpenAI's embeddings API (service/openai.py), the Open Inference Protocol's REST API
+(service/kserve/rest.py), and the utility routes (service/utility.py), over the same data plane as the
+gRPC adapters. The OpenAPI document is at /openapi.json, with interactive docs at /docs and /redoc.
+Every error goes through the one error map (http/errors.py renders it in each API's shape).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mhaserve.runtime.errors import NotFound, ServiceError
+from mhaserve.service import openai, utility
+from mhaserve.service.auth import Keys
+from mhaserve.service.context import request_id
+from mhaserve.service.dataplane import DataPlane
+from mhaserve.service.http.errors import CODE_KEY, error_body, render
+from mhaserve.service.http.middleware import ASGIApp, CallMiddleware
+from mhaserve.service.http.openapi import add_schemas
+from mhaserve.service.inflight import InFlight
+from mhaserve.service.kserve import rest as kserve_rest
+from mhaserve.service.kserve.model import server_version
+from mhaserve.service.metrics import Metrics
+from mhaserve.service.models import ModelManager
+
+log = logging.getLogger(__name__)
+
+DOCS_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+# Open without an API key: health probes and the API's own description (as health and reflection on gRPC).
+OPEN_PATHS = (utility.HEALTH_PATH, *kserve_rest.HEALTH_PATHS, *DOCS_PATHS)
+
+
+def always_answered(path: str) -> bool:
+    """Routes that answer while the model loads and while the server drains: health (saying so) and docs."""
+    return path in OPEN_PATHS or (path.startswith("/v2/models/") and path.endswith("/ready"))
+
+
+def build(
+    dataplane: DataPlane,
+    *,
+    metrics: Metrics,
+    in_flight: InFlight,
+    keys: Keys,
+    max_body_bytes: int,
+    read_timeout: float,
+    manager: ModelManager,
+) -> ASGIApp:
+    app = FastAPI(
+        title="mhaserve",
+        version=server_version(),
+        summary="Transformer encoder embeddings: OpenAI's embeddings API, the Open Inference Protocol, utilities.",
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url="/redoc",
+    )
+    app.include_router(openai.router(dataplane))
+    app.include_router(kserve_rest.router(dataplane, manager))
+    app.include_router(utility.router(dataplane, max_message_bytes=max_body_bytes))
+    add_schemas(app, [openai.EmbeddingRequest, kserve_rest.InferenceRequest, utility.TokenizeRequest])
+
+    def respond(request: Request, error: BaseException) -> Response:
+        status, headers, body = render(error, request.url.path, request_id.get(), request.scope)
+        return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
+
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, error: ServiceError) -> Response:
+        return respond(request, error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def router_error(request: Request, error: StarletteHTTPException) -> Response:
+        if error.status_code == 404:
+            return respond(request, NotFound(f"no route {request.method} {request.url.path}"))
+        # 405 (a route without this method): no counterpart in the error map, so said here.
+        request.scope[CODE_KEY] = "UNIMPLEMENTED"
+        message = f"{request.method} is not allowed on {request.url.path}"
+        body = error_body(request.url.path, error.status_code, "invalid_request_error", message, None, "unimplemented")
+        headers: dict[str, Any] = dict(error.headers or {})
+        return Response(body, status_code=error.status_code, headers=headers, media_type="application/json")
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, error: Exception) -> Response:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=error)
+        return respond(request, error)
+
+    return CallMiddleware(
+        app,
+        metrics=metrics,
+        in_flight=in_flight,
+        gate=dataplane.refusal,
+        keys=keys,
+        max_body_bytes=max_body_bytes,
+        read_timeout=read_timeout,
+        open_paths=OPEN_PATHS,
+        always_answered=always_answered,
+        admin_prefix=kserve_rest.REPOSITORY_PREFIX,
+    )

@@ -1,0 +1,44 @@
+"""Reading and writing JSON bodies the same way on every HTTP route: orjson, then pydantic, with errors each
+API's clients can read (a body in the wrong format 415, malformed or invalid 400 naming the field)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import orjson
+from fastapi import Response
+from pydantic import BaseModel, ValidationError
+
+from mhaserve.runtime.errors import InvalidArgument, UnsupportedMediaType
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_json(body: bytes, content_type: str | None) -> Any:
+    """A JSON body; 415 for a body declared as something else, 400 for one that is not JSON."""
+    if content_type is not None:
+        media = content_type.split(";", 1)[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            raise UnsupportedMediaType(f"send the body as JSON with 'Content-Type: application/json', not {media!r}")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise InvalidArgument(f"the body is not valid JSON: {e}") from None
+
+
+def validate(model: type[M], data: Any) -> M:
+    """`data` as a `model`, or INVALID_ARGUMENT with one readable message naming the field (OpenAI's `param`)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = [str(part) for part in first["loc"]]
+        where = ".".join(part for part in loc if not part.isdigit() and "[" not in part) or "body"
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise InvalidArgument(f"{where}: {first['msg']}{more}", param=loc[0] if loc else None) from None
+
+
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON response; bytes are sent as they are (already encoded), anything else goes through orjson."""
+    body = content if isinstance(content, bytes) else orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, status_code=status, media_type="application/json", headers=headers)

@@ -1,0 +1,46 @@
+"""HTTP error responses: the error map's status, in the body shape each API's clients read.
+
+The status comes from `mhaserve.service.errors.to_http`, the one map every protocol shares. The body
+follows the API of the route: OpenAI's `{"error": {"message", "type", "param", "code"}}` (which the
+official clients turn into their exception classes) everywhere but the Open Inference Protocol's
+routes, which answer `{"error": "<message>"}` as its REST specification and Triton do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
+
+import orjson
+
+from mhaserve.runtime.errors import ServiceError
+from mhaserve.service.errors import grpc_code, to_http
+
+KSERVE_PREFIX = "/v2"
+# Clients may retry these: the queue was full, or the server is loading or draining.
+RETRY_AFTER_SECONDS = 1
+CODE_KEY = "mhaserve.code"  # the scope key where the status name in gRPC's vocabulary is left for the metrics
+
+
+def error_body(path: str, status: int, kind: str, message: str, param: str | None, code: str) -> bytes:
+    if path == KSERVE_PREFIX or path.startswith(KSERVE_PREFIX + "/"):
+        return orjson.dumps({"error": message})
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
+
+
+def render(
+    error: BaseException, path: str, request_id: str, scope: MutableMapping[str, Any] | None = None
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """(status, headers, body) for an error raised while handling `path`. Anything that is not a
+    ServiceError is a bug: 500, and a message that points to the log by the request id."""
+    http, message = to_http(error)
+    code = grpc_code(error).name
+    if http.status == 500:
+        message = f"{message} (request id {request_id}; details are in the server log)"
+    param = error.param if isinstance(error, ServiceError) else None
+    if scope is not None:
+        scope[CODE_KEY] = code
+    headers = [(b"content-type", b"application/json")]
+    if http.status in (429, 503):
+        headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
+    return http.status, headers, error_body(path, http.status, http.type, message, param, code.lower())

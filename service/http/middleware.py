@@ -1,0 +1,254 @@
+"""The one place where HTTP requests meet request ids, API keys, readiness, limits, cancellation and metrics.
+
+The HTTP counterpart of the gRPC interceptors (service/rpc/), in front of every route:
+- the request id: the client's `x-request-id`, or a new one, in the log context and sent back;
+- API keys: `Authorization: Bearer <key>`, before anything else (health probes and the API's own
+  description are open, as health checks and reflection are on the gRPC port);
+- readiness: while the model loads, stalls or the server drains, 503 with Retry-After (health routes
+  answer regardless, saying so);
+- the body, read whole before any route sees it: over the size limit, 413 (at once when its
+  Content-Length says so); slower than the read timeout, 408; gzip or deflate, inflated within the limit;
+- a client that disconnects cancels its request, which then gives its queue slots back, as a cancelled
+  gRPC call does;
+- the same request counters and histograms as gRPC (`mhaserve_requests_total{method="POST /v1/embeddings",
+  code="OK"}`: the code in gRPC's vocabulary, from the same error map), and one log line at debug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mhaserve.runtime.errors import (
+    InvalidArgument,
+    RequestTimeout,
+    ServiceError,
+    TooLarge,
+    UnsupportedMediaType,
+)
+from mhaserve.service.auth import Keys, bearer
+from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
+from mhaserve.service.http.errors import CODE_KEY, render
+from mhaserve.service.inflight import InFlight
+from mhaserve.service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+Gate = Callable[[], ServiceError | None]
+
+# A status the error map did not produce (the router's own 404 and 405), in gRPC's vocabulary for the metrics.
+_CODES = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}
+
+
+# A body over the limit is read and dropped up to this size before the 413, so the client sees the answer.
+DRAIN_BYTES = 64 << 20
+UNREAD_KEY = "mhaserve.unread"  # the scope key set when a request's body was left unread
+
+
+class _ClientGone(Exception):
+    """The client disconnected before it had sent its whole request."""
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class CallMiddleware:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        metrics: Metrics,
+        in_flight: InFlight,
+        gate: Gate,
+        keys: Keys,
+        max_body_bytes: int,
+        read_timeout: float,
+        open_paths: Sequence[str],
+        always_answered: Callable[[str], bool],
+        admin_prefix: str = "",
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.in_flight = in_flight
+        self.gate = gate
+        self.keys = keys
+        self.max_body_bytes = max_body_bytes
+        self.read_timeout = read_timeout
+        self.open_paths = frozenset(open_paths)
+        self.always_answered = always_answered
+        self.admin_prefix = admin_prefix
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        rid = accept_request_id(_header(scope, REQUEST_ID_HEADER.encode()))
+        request_id.set(rid)
+        path: str = scope["path"]
+        response: dict[str, Any] = {"status": 0, "complete": False}
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                response["status"] = message["status"]
+                message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER.encode(), rid.encode())]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                response["complete"] = True
+            await send(message)
+
+        self.in_flight.begin()
+        self.metrics.in_flight.inc()
+        try:
+            refusal = self._refusal(scope, path)
+            if refusal is not None:
+                await self._error(refusal, scope, rid, send_with_id)
+            else:
+                try:
+                    body = await self._body(scope, receive)
+                except ServiceError as e:
+                    await self._error(e, scope, rid, send_with_id)
+                except _ClientGone:
+                    scope[CODE_KEY] = "CANCELLED"
+                else:
+                    await self._run(scope, body, receive, send_with_id, response, rid)
+        finally:
+            self.in_flight.end()
+            self.metrics.in_flight.dec()
+            self._count(scope, response["status"], time.perf_counter() - started)
+
+    def _refusal(self, scope: Scope, path: str) -> ServiceError | None:
+        admin = bool(self.admin_prefix) and path.startswith(self.admin_prefix)
+        if self.keys.enabled and (path not in self.open_paths or admin):
+            token, reason = bearer([("authorization", v) for k, v in scope["headers"] if k == b"authorization"])
+            refusal = self.keys.refusal(token, admin=admin)
+            if refusal is not None:
+                log.info("refused %s %s: %s", scope["method"], path, reason if token is None else refusal.message)
+                return refusal
+        if not self.always_answered(path):
+            return self.gate()
+        return None
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        """The whole request body, within the size limit and the read timeout.
+
+        A body over the limit is still read (and dropped) up to DRAIN_BYTES, so that the client, which
+        is usually still sending, reads the 413 instead of a connection reset; a larger one is refused
+        at once and the connection closed (UNREAD_KEY tells `_error`).
+        """
+        length = _header(scope, b"content-length")
+        declared = int(length) if length is not None and length.isdigit() else None
+        if declared is not None and declared > max(self.max_body_bytes, DRAIN_BYTES):
+            scope[UNREAD_KEY] = True
+            raise TooLarge(self._too_large(declared))
+        chunks: list[bytes] = []
+        size = 0
+
+        async def read() -> None:
+            nonlocal size
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                more = message.get("more_body", False)
+                if size <= self.max_body_bytes:
+                    chunks.append(chunk)
+                elif size > DRAIN_BYTES and more:
+                    scope[UNREAD_KEY] = True
+                    return
+
+        try:
+            await asyncio.wait_for(read(), timeout=self.read_timeout)
+        except TimeoutError:
+            scope[UNREAD_KEY] = True
+            raise RequestTimeout(f"the request body took more than {self.read_timeout:g} s to arrive") from None
+        if size > self.max_body_bytes:
+            raise TooLarge(self._too_large(size, at_least=declared is None))
+        return self._decode(b"".join(chunks), _header(scope, b"content-encoding"))
+
+    def _decode(self, body: bytes, encoding: str | None) -> bytes:
+        """A gzip or deflate body (tritonclient can send them), inflated within the size limit."""
+        if encoding is None or encoding.strip().lower() in ("", "identity"):
+            return body
+        kind = encoding.strip().lower()
+        if kind not in ("gzip", "deflate"):
+            raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or none)")
+        inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if kind == "gzip" else zlib.MAX_WBITS)
+        try:
+            out = inflate.decompress(body, self.max_body_bytes + 1)
+        except zlib.error as e:
+            raise InvalidArgument(f"the {kind} body does not inflate: {e}") from None
+        if len(out) > self.max_body_bytes:
+            raise TooLarge(self._too_large(len(out), at_least=True) + " once inflated")
+        return out
+
+    def _too_large(self, size: int, at_least: bool = False) -> str:
+        return (
+            f"the request body is {'more than ' if at_least else ''}{size} bytes; the limit is "
+            f"{self.max_body_bytes} (--max-message-bytes): split the request"
+        )
+
+    async def _run(
+        self, scope: Scope, body: bytes, receive: Receive, send: Send, response: dict[str, Any], rid: str
+    ) -> None:
+        """Run the app on the body read; if the client disconnects before the answer is sent, cancel it."""
+        disconnected = asyncio.ensure_future(receive())  # after the body: returns when the client goes away
+        sent_body = False
+
+        async def replay() -> Message:
+            nonlocal sent_body
+            if not sent_body:
+                sent_body = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await asyncio.shield(disconnected)
+
+        handling = asyncio.ensure_future(self.app(scope, replay, send))
+        try:
+            await asyncio.wait((handling, disconnected), return_when=asyncio.FIRST_COMPLETED)
+            if not handling.done() and not response["complete"]:
+                handling.cancel()  # the client left: free what the request holds (queue slots, its batch row)
+                scope[CODE_KEY] = "CANCELLED"
+                with contextlib.suppress(asyncio.CancelledError):
+                    await handling
+                return
+            try:
+                await handling
+            except Exception as e:  # the app's own error handlers send every error; this is a bug past them
+                if response["status"]:
+                    log.error("%s %s failed after answering", scope["method"], scope["path"], exc_info=e)
+                    return
+                log.error("%s %s failed", scope["method"], scope["path"], exc_info=e)
+                await self._error(e, scope, rid, send)
+        finally:
+            disconnected.cancel()
+
+    async def _error(self, error: BaseException, scope: Scope, rid: str, send: Send) -> None:
+        status, headers, body = render(error, scope["path"], rid, scope)
+        headers.append((b"content-length", str(len(body)).encode()))
+        if scope.get(UNREAD_KEY):
+            headers.append((b"connection", b"close"))  # the client may still be sending: do not read on
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _count(self, scope: Scope, status: int, elapsed: float) -> None:
+        route = scope.get("route")
+        method = f"{scope['method']} {route.path if route is not None else '(no route)'}"
+        code = scope.get(CODE_KEY) or ("OK" if 200 <= status < 400 else _CODES.get(status, "UNKNOWN"))
+        self.metrics.requests.labels(method, code).inc()
+        self.metrics.request_duration.labels(method).observe(elapsed)
+        log.debug("%s %s %d %s %.1f ms", scope["method"], scope["path"], status, code, elapsed * 1000)

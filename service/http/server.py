@@ -1,0 +1,152 @@
+"""The HTTP server: uvicorn on the server's own event loop, beside gRPC, with the same TLS material.
+
+uvicorn is run piece by piece rather than through `Server.serve()`, which would install signal
+handlers of its own: the process's signals belong to `mhaserve.service.server.serve`. The listening
+socket is bound here, before the model loads (as the gRPC port is), so port 0 reports the port it got.
+
+One protection uvicorn lacks: a client that trickles its request headers (slowloris) would hold a
+connection for as long as it likes. `ReadTimeoutProtocol` closes a connection whose headers are not
+complete `read_timeout` seconds after the request began; the body gets the same time (middleware.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from mhaserve.service.tls import TlsFiles
+
+log = logging.getLogger(__name__)
+
+BACKLOG = 2048
+
+
+class ReadTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with a deadline on receiving each request's headers."""
+
+    read_timeout = 30.0  # set per server by HttpServer, on a subclass
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._headers_deadline: asyncio.TimerHandle | None = None
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._headers_deadline = self.loop.call_later(self.read_timeout, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._headers_deadline is not None:
+            self._headers_deadline.cancel()
+            self._headers_deadline = None
+
+    def _too_slow(self) -> None:
+        self._headers_deadline = None
+        if not self.transport.is_closing():
+            log.info("closing an HTTP connection whose request headers took more than %g s", self.read_timeout)
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # uvicorn writes a response's head and body as two sends; with Nagle's algorithm on, the body
+        # waits for the client's delayed ACK of the head (~40 ms on Linux) on every keep-alive request.
+        # asyncio turns Nagle off only for sockets made with IPPROTO_TCP, which ours is not.
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._arm()  # the first request's headers; keep-alive idle time is uvicorn's own timeout
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+class HttpServer:
+    """An ASGI app served on a socket of its own, on the running event loop."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str,
+        port: int,
+        tls: TlsFiles,
+        read_timeout: float,
+        keep_alive: int = 5,
+    ) -> None:
+        protocol = type("Protocol", (ReadTimeoutProtocol,), {"read_timeout": read_timeout})
+        self.config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            http=protocol,
+            lifespan="off",
+            log_config=None,
+            access_log=False,  # the middleware logs each request, with its id, at debug
+            server_header=False,
+            proxy_headers=False,
+            timeout_keep_alive=keep_alive,
+            backlog=BACKLOG,
+            ssl_certfile=str(tls.cert) if tls.cert else None,
+            ssl_keyfile=str(tls.key) if tls.key else None,
+            ssl_ca_certs=str(tls.client_ca) if tls.client_ca else None,
+            ssl_cert_reqs=ssl.CERT_REQUIRED if tls.client_ca else ssl.CERT_NONE,
+        )
+        self.server = uvicorn.Server(self.config)
+        self.host = host
+        self.port = port
+        self._socket: socket.socket | None = None
+        self._ticks: asyncio.Task[None] | None = None
+
+    def bind(self) -> int:
+        """Listen (port 0 picks a free one); returns the port. Raises OSError if it cannot."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        # A restarted server may bind while old connections linger in TIME_WAIT; Linux still refuses
+        # a port another process listens on.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host.strip("[]"), self.port))
+        except OSError:
+            sock.close()
+            raise
+        sock.set_inheritable(True)
+        self._socket = sock
+        self.port = int(sock.getsockname()[1])
+        return self.port
+
+    async def start(self) -> None:
+        """Serve on the bound socket (TLS set up here: a bad certificate raises)."""
+        assert self._socket is not None, "bind() first"
+        if not self.config.loaded:
+            self.config.load()
+        self.server.lifespan = self.config.lifespan_class(self.config)
+        await self.server.startup(sockets=[self._socket])
+        # uvicorn's main loop only refreshes the Date header once a second: run it for that.
+        self._ticks = asyncio.get_running_loop().create_task(self.server.main_loop(), name="http-ticks")
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting, let requests in progress finish (at most `grace` seconds), close connections."""
+        self.server.should_exit = True
+        self.config.timeout_graceful_shutdown = max(1, round(grace))
+        if self._ticks is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticks
+        if self.server.started:
+            await self.server.shutdown(sockets=[self._socket] if self._socket else None)
+        elif self._socket is not None:
+            self._socket.close()

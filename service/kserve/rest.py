@@ -1,0 +1,360 @@
+"""The Open Inference Protocol over HTTP (KServe v2 REST, with Triton's extensions and binary tensor data).
+
+The same model as the gRPC servicer (tensors.py): `text` BYTES, or `input_ids` and `attention_mask`
+INT64, in; `embeddings` FP32 out. Tensors come as JSON `data` or, with Triton's binary tensor data
+extension (what `tritonclient.http` sends by default), as raw bytes after the JSON: the request's
+`Inference-Header-Content-Length` header gives the JSON's length, and each binary input says its size in
+`parameters.binary_data_size`. The output goes back as binary data when the request asks for it
+(`binary_data_output`, or `binary_data` on the output, as tritonclient does), else as JSON.
+
+Readiness routes answer 200 for true and 400 for false, as the specification and Triton do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError
+from mhaserve.service.dataplane import DataPlane
+from mhaserve.service.http.bodies import json_response, parse_json, validate
+from mhaserve.service.http.openapi import request_body
+from mhaserve.service.kserve.model import EXTENSIONS, SERVER_NAME, config, metadata, server_version, statistics
+from mhaserve.service.kserve.tensors import (
+    IDS_SHAPES,
+    OUTPUT,
+    TEXT,
+    TEXT_SHAPES,
+    check_input,
+    check_outputs,
+    check_shape,
+    count_error,
+    decode_texts,
+    encode_input,
+    unpack_bytes,
+)
+from mhaserve.service.models import ModelManager
+from mhaserve.service.pipeline import EncodeInput, EncodeOutput
+
+PREFIX = "/v2"
+HEADER_LENGTH = "inference-header-content-length"
+BINARY_SIZE = "binary_data_size"
+# The routes that answer while the model loads and while the server drains (with false), as the gRPC ones.
+HEALTH_PATHS = (f"{PREFIX}/health/live", f"{PREFIX}/health/ready")
+
+
+class InputTensor(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr
+    shape: list[int]
+    datatype: StrictStr
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    data: Any = Field(default=None, description="the values, row-major (nested or flat); absent for binary data")
+
+
+class OutputTensor(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class InferenceRequest(BaseModel):
+    """The JSON part of `POST /v2/models/{name}[/versions/{version}]/infer`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: StrictStr = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    inputs: list[InputTensor]
+    outputs: list[OutputTensor] = Field(default_factory=list)
+
+
+def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    """(the JSON, the binary data after it)."""
+    if header_length is None:
+        return body, memoryview(b"")
+    if not header_length.isdigit() or int(header_length) > len(body):
+        raise InvalidArgument(
+            f"Inference-Header-Content-Length is {header_length!r} but the body is {len(body)} bytes long"
+        )
+    n = int(header_length)
+    return body[:n], memoryview(body)[n:]
+
+
+def _flatten(data: Any) -> list[Any]:
+    """Row-major values from nested lists (Triton accepts both nested and flat `data`)."""
+    if not isinstance(data, list):
+        return [data]
+    out: list[Any] = []
+    for item in data:
+        out.extend(_flatten(item) if isinstance(item, list) else [item])
+    return out
+
+
+def _bool(parameters: dict[str, Any], key: str) -> bool | None:
+    if key not in parameters:
+        return None
+    value = parameters[key]
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"parameter {key!r} must be a bool, got {type(value).__name__}")
+    return value
+
+
+class _Binary:
+    """The binary inputs after the JSON, handed out in input order."""
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, tensor: InputTensor) -> bytes | None:
+        size = tensor.parameters.get(BINARY_SIZE)
+        if size is None:
+            return None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise InvalidArgument(f"input {tensor.name!r}: {BINARY_SIZE} must be a byte count, got {size!r}")
+        if self.pos + size > len(self.data):
+            raise InvalidArgument(
+                f"input {tensor.name!r} claims {size} bytes of binary data but {len(self.data) - self.pos} remain"
+            )
+        chunk = bytes(self.data[self.pos : self.pos + size])
+        self.pos += size
+        return chunk
+
+    def check_used(self) -> None:
+        if self.pos != len(self.data):
+            raise InvalidArgument(f"{len(self.data) - self.pos} bytes of binary data that no input claims")
+
+
+def _texts(tensor: InputTensor, raw: bytes | None) -> list[str]:
+    n = check_shape(tensor.name, tensor.shape, TEXT_SHAPES, "[n] (or [n, 1])")
+    if raw is not None:
+        texts = decode_texts(tensor.name, unpack_bytes(raw, tensor.name))
+    else:
+        values = _flatten(tensor.data)
+        if not all(isinstance(v, str) for v in values):
+            raise InvalidArgument(f"input {tensor.name!r} is BYTES: its data must be strings")
+        texts = values
+    if len(texts) != n:
+        raise count_error(tensor.name, tensor.shape, n, f"{len(texts)} elements")
+    return texts
+
+
+def _int64(tensor: InputTensor, raw: bytes | None) -> npt.NDArray[np.int64]:
+    n = check_shape(tensor.name, tensor.shape, IDS_SHAPES, "[rows, tokens]")
+    if raw is not None:
+        if len(raw) != 8 * n:
+            raise count_error(tensor.name, tensor.shape, n, f"{len(raw)} bytes (expected {8 * n}: 8 per INT64)")
+        values = np.frombuffer(raw, dtype="<i8").astype(np.int64)
+    else:
+        flat = _flatten(tensor.data)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
+            raise InvalidArgument(f"input {tensor.name!r} is INT64: its data must be integers")
+        if len(flat) != n:
+            raise count_error(tensor.name, tensor.shape, n, f"{len(flat)} values")
+        try:
+            values = np.asarray(flat, dtype=np.int64)
+        except OverflowError:
+            raise InvalidArgument(f"input {tensor.name!r} holds a value outside INT64") from None
+    return values.reshape(tuple(tensor.shape))
+
+
+def from_request(req: InferenceRequest, binary: _Binary, model: str, version: str | None) -> EncodeInput:
+    """The internal request; INVALID_ARGUMENT for anything malformed (the same messages as over gRPC)."""
+    check_outputs([out.name for out in req.outputs])
+    truncate, normalize = _bool(req.parameters, "truncate"), _bool(req.parameters, "normalize")
+    prompt_name = req.parameters.get("prompt_name")
+    if prompt_name is not None and not isinstance(prompt_name, str):
+        raise InvalidArgument(f"parameter 'prompt_name' must be a string, got {type(prompt_name).__name__}")
+    tensors: dict[str, tuple[InputTensor, bytes | None]] = {}
+    for tensor in req.inputs:
+        check_input(tensor.name, tensor.datatype, tensors)
+        raw = binary.take(tensor)
+        if raw is None and tensor.data is None:
+            raise InvalidArgument(f"input {tensor.name!r} has no data (neither 'data' nor {BINARY_SIZE})")
+        tensors[tensor.name] = (tensor, raw)
+    binary.check_used()
+    decoders = {
+        name: (lambda t=tensor, r=raw: _texts(t, r)) if name == TEXT else (lambda t=tensor, r=raw: _int64(t, r))
+        for name, (tensor, raw) in tensors.items()
+    }
+    return encode_input(
+        decoders,
+        model=model,
+        version=version,
+        truncate=bool(truncate),
+        normalize=normalize,
+        prompt_name=prompt_name or None,
+    )
+
+
+def _wants_binary(req: InferenceRequest) -> bool:
+    if req.outputs:
+        return any(_bool(out.parameters, "binary_data") for out in req.outputs)
+    return bool(_bool(req.parameters, "binary_data_output"))
+
+
+def to_response(output: EncodeOutput, request_id: str, binary: bool) -> Response:
+    embeddings = np.ascontiguousarray(output.embeddings, dtype="<f4")
+    tensor: dict[str, Any] = {"name": OUTPUT, "datatype": "FP32", "shape": list(embeddings.shape)}
+    header: dict[str, Any] = {
+        "model_name": output.model,
+        "model_version": str(output.version),
+        "parameters": {"input_tokens": output.input_tokens},
+        "outputs": [tensor],
+    }
+    if request_id:
+        header["id"] = request_id
+    if not binary:
+        tensor["data"] = embeddings.reshape(-1)
+        return json_response(header)
+    raw = embeddings.tobytes()
+    tensor["parameters"] = {BINARY_SIZE: len(raw)}
+    head = orjson.dumps(header)
+    return Response(
+        head + raw,
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(head))},
+    )
+
+
+class RepositoryIndexRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    ready: bool = False
+
+
+class RepositoryLoadRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+REPOSITORY_PREFIX = f"{PREFIX}/repository"
+
+
+def router(dataplane: DataPlane, manager: ModelManager) -> APIRouter:
+    """The Open Inference Protocol's REST routes over the data plane."""
+    api = APIRouter(prefix=PREFIX, tags=["Open Inference Protocol (KServe v2)"])
+
+    def ready_status(ready: bool) -> Response:
+        return Response(status_code=200 if ready else 400)
+
+    @api.get("", summary="Server metadata")
+    async def server_metadata() -> Response:
+        return json_response({"name": SERVER_NAME, "version": server_version(), "extensions": list(EXTENSIONS)})
+
+    @api.get("/health/live", summary="200 while the process runs")
+    async def live() -> Response:
+        return ready_status(True)
+
+    @api.get("/health/ready", summary="200 when the server serves, 400 while it loads or drains")
+    async def ready() -> Response:
+        return ready_status(dataplane.ready)
+
+    # Before /models/{name}: `stats` is not a model's name here.
+    @api.get("/models/stats", summary="Statistics of every served model (Triton's statistics extension)")
+    async def all_stats() -> Response:
+        return json_response({"model_stats": [statistics(p) for p in dataplane.pipelines()]})
+
+    for versioned in (False, True):
+        base = "/models/{model_name}" + ("/versions/{model_version}" if versioned else "")
+        _model_routes(api, dataplane, base, ready_status)
+    _repository_routes(api, manager)
+    return api
+
+
+async def _optional_json(request: Request) -> Any:
+    """A repository call's body: tritonclient sends none, or JSON."""
+    body = await request.body()
+    return parse_json(body, request.headers.get("content-type")) if body.strip() else {}
+
+
+def _repository_routes(api: APIRouter, manager: ModelManager) -> None:
+    """Triton's model repository extension over HTTP, as tritonclient.http calls it."""
+
+    @api.post(
+        "/repository/index",
+        summary="Every model of the repository and each version's state (READY, LOADING, UNAVAILABLE and why)",
+        openapi_extra=request_body(RepositoryIndexRequest),
+    )
+    async def repository_index(request: Request) -> Response:
+        req = validate(RepositoryIndexRequest, await _optional_json(request))
+        return json_response([dataclasses.asdict(e) for e in manager.index(ready_only=req.ready)])
+
+    @api.post(
+        "/repository/models/{model_name}/load",
+        summary="Load (or reload) a model by its version policy: --model-control explicit",
+        openapi_extra=request_body(RepositoryLoadRequest),
+    )
+    async def repository_load(request: Request, model_name: str) -> Response:
+        manager.check_control()
+        parameters = validate(RepositoryLoadRequest, await _optional_json(request)).parameters
+        await manager.load_model(model_name, parameters=list(parameters))
+        return Response(status_code=200)
+
+    @api.post("/repository/models/{model_name}/unload", summary="Unload every version of a model")
+    async def repository_unload(request: Request, model_name: str) -> Response:
+        manager.check_control()
+        await _optional_json(request)
+        await manager.unload_model(model_name)
+        return Response(status_code=200)
+
+
+def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status: Any) -> None:
+    """The per-model routes, at /models/{name} and at /models/{name}/versions/{version}."""
+
+    @api.get(base, summary="Model metadata")
+    async def model_metadata(model_name: str, model_version: str = "") -> Response:
+        pipeline = dataplane.resolve(model_name, model_version)
+        return json_response(metadata(pipeline.model, dataplane.versions(pipeline.model.name)))
+
+    @api.get(base + "/ready", summary="200 when the model is ready, 400 when not (or not served)")
+    async def model_ready(model_name: str, model_version: str = "") -> Response:
+        if not dataplane.ready:
+            return ready_status(False)
+        try:
+            dataplane.resolve(model_name, model_version)
+        except NotFound:
+            return ready_status(False)
+        return ready_status(True)
+
+    @api.get(base + "/config", summary="Triton's model configuration")
+    async def model_config(model_name: str, model_version: str = "") -> Response:
+        return json_response(config(dataplane.resolve(model_name, model_version)))
+
+    @api.get(base + "/stats", summary="Triton's model statistics")
+    async def model_stats(model_name: str, model_version: str = "") -> Response:
+        return json_response({"model_stats": [statistics(dataplane.resolve(model_name, model_version))]})
+
+    @api.post(
+        base + "/infer",
+        summary="Inference: text or token ids in, embeddings out (JSON, or Triton's binary tensor data)",
+        openapi_extra=request_body(InferenceRequest, "application/json", "application/octet-stream"),
+    )
+    async def infer(request: Request, model_name: str, model_version: str = "") -> Response:
+        pipeline = dataplane.resolve(model_name, model_version)
+        t0 = time.perf_counter_ns()
+        try:
+            head, binary = _split(await request.body(), request.headers.get(HEADER_LENGTH))
+            try:
+                data = orjson.loads(head)
+            except orjson.JSONDecodeError as e:
+                raise InvalidArgument(f"the inference request is not valid JSON: {e}") from None
+            req = validate(InferenceRequest, data)
+            encode_input = from_request(req, _Binary(binary), model_name, model_version or None)
+        except ServiceError:
+            # Refused at this boundary rather than in the pipeline: still a failed request for this model.
+            pipeline.stats.failed(time.perf_counter_ns() - t0)
+            raise
+        output = await pipeline.encode(encode_input)
+        return to_response(output, req.id, _wants_binary(req))

@@ -1,0 +1,334 @@
+"""The model manager: which model versions are served, and changing that while the server serves.
+
+Each model's versions come from the repository and its version policy (runtime/serving.py). A version
+is verified (sha256), loaded and warmed up off the request path, then switched in at once: the data
+plane routes the next request for that model to it. A version that leaves the policy (an older one,
+after a newer was published) stops getting new requests at that same moment; the requests it already
+holds finish on it, and then its batcher, its tokeniser threads and its ONNX Runtime session are closed
+and their memory returned. A version that fails to load changes nothing that is served: the log, the
+metrics (`mhaserve_model_load_failures_total`) and the repository index say why, and it is not tried
+again until its files change.
+
+How changes arrive (`--model-control`): `none`, the models named at start-up and nothing after; `poll`,
+the repository is read again every `--repository-poll-s` seconds; `explicit`, the repository API
+(KServe's RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload, over gRPC and HTTP) loads and
+unloads models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from mhaserve.runtime import manifest as mf
+from mhaserve.runtime.engine import warm_up
+from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from mhaserve.runtime.memory import release_free_memory
+from mhaserve.runtime.repository import EngineFactory, GraphChoice, LoadedModel, ModelRepository, RepositoryError
+from mhaserve.service.dataplane import DataPlane
+from mhaserve.service.metrics import Metrics, ModelMetrics
+from mhaserve.service.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+Control = Literal["none", "poll", "explicit"]
+CONTROLS = ("none", "poll", "explicit")
+ALL_MODELS = "*"
+State = Literal["READY", "LOADING", "UNLOADING", "UNAVAILABLE"]
+# Builds a version's pipeline (limits, batcher, hooks) from the loaded model: the server composes it.
+PipelineFactory = Callable[[LoadedModel, ModelMetrics], Pipeline]
+
+
+@dataclass
+class VersionState:
+    state: State
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One line of the repository index (Triton's RepositoryIndexResponse.ModelIndex)."""
+
+    name: str
+    version: str
+    state: str
+    reason: str
+
+
+class ModelManager:
+    """See the module docstring. Every method runs on the server's event loop."""
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        dataplane: DataPlane,
+        metrics: Metrics,
+        *,
+        models: Sequence[str],
+        graph: GraphChoice,
+        engine_factory: EngineFactory,
+        make_pipeline: PipelineFactory,
+        control: Control = "none",
+    ) -> None:
+        self.repository = repository
+        self.dataplane = dataplane
+        self.metrics = metrics
+        self.graph = graph
+        self.engine_factory = engine_factory
+        self.make_pipeline = make_pipeline
+        self.control = control
+        self.all_models = ALL_MODELS in models
+        self.wanted: list[str] = [m for m in models if m != ALL_MODELS]
+        self.states: dict[tuple[str, int], VersionState] = {}
+        self._failed: dict[tuple[str, int], float] = {}  # version -> manifest mtime when it failed
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._retiring: dict[asyncio.Task[None], Pipeline] = {}
+        self._poller: asyncio.Task[None] | None = None
+
+    # ---- which models ------------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """The models to serve now: those named, or every model in the repository for `*`."""
+        if self.all_models:
+            return sorted(set(self.wanted) | set(self.repository.names()))
+        return list(self.wanted)
+
+    def default_name(self) -> str:
+        """The model of requests that name none: the first model named, else the repository's default."""
+        return self.wanted[0] if self.wanted else self.repository.default_name()
+
+    # ---- loading ---------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load every model to serve (at start-up: any failure is the caller's to report)."""
+        if not self.wanted and not self.all_models:
+            self.wanted = [self.repository.default_name()]
+        self.dataplane.set_default(self.default_name())
+        for name in self.names():
+            await self.sync(name, strict=True)
+
+    async def sync(self, name: str, *, strict: bool = False) -> None:
+        """Serve the versions of `name` that its version policy selects now: load the new ones, retire the rest.
+
+        With `strict`, a version that fails to load raises; else it is reported and skipped.
+        """
+        async with self._lock(name):
+            try:
+                wanted = self.repository.to_serve(name)
+            except (ServiceError, RepositoryError) as e:
+                self._report(name, 0, e)
+                if strict:
+                    raise
+                return
+            served = set(self.dataplane.versions(name))
+            loaded = []
+            for version in wanted:
+                if version in served or self._skip(name, version):
+                    continue
+                try:
+                    await self._load(name, version)
+                    loaded.append(version)
+                except Exception as e:  # a graph ONNX Runtime cannot read fails in its own ways
+                    self._report(name, version, e)
+                    if strict:
+                        raise
+            # Retire only once something of the model serves: a failed load never leaves it with nothing.
+            if served & set(wanted) or loaded:
+                for version in sorted(served - set(wanted)):
+                    self._retire(name, version)
+
+    async def _load(self, name: str, version: int) -> None:
+        key = (name, version)
+        self.states[key] = VersionState("LOADING")
+        started = time.perf_counter()
+        entry = await asyncio.to_thread(self.repository.entry, name, version, self.graph)
+        model = await asyncio.to_thread(self.repository.load, entry, self.engine_factory)
+        metrics = ModelMetrics(self.metrics, name, version)
+        pipeline = self.make_pipeline(model, metrics)
+        try:
+            runs = await asyncio.to_thread(
+                warm_up, model.engine, max_seq_len=entry.max_tokens, max_batch_tokens=pipeline.limits.max_batch_tokens
+            )
+        except BaseException:
+            pipeline.close()
+            raise
+        pipeline.batcher.start()
+        self.dataplane.add(pipeline)  # the switch: the next request for this model's latest gets this version
+        metrics.served(model.provider)
+        self.states[key] = VersionState("READY")
+        self._failed.pop(key, None)
+        limits = pipeline.limits
+        log.info(
+            "serving %s version %d (%s graph) on %s after %d warm-up runs in %.1f s; max %d tokens per input, "
+            "max batch tokens %d, max wait %g ms, max queue %d inputs, max %d inputs per request",
+            name,
+            version,
+            entry.graph,
+            model.provider,
+            runs,
+            time.perf_counter() - started,
+            entry.max_tokens,
+            limits.max_batch_tokens,
+            limits.max_wait_ms,
+            limits.max_queue_size,
+            limits.max_client_batch_size,
+        )
+
+    def _report(self, name: str, version: int, error: BaseException) -> None:
+        reason = getattr(error, "message", None) or str(error).strip().splitlines()[0] or type(error).__name__
+        self.states[(name, version)] = VersionState("UNAVAILABLE", reason)
+        self._failed[(name, version)] = self._mtime(name, version)
+        self.metrics.load_failures.labels(name, str(version)).inc()
+        serving = self.dataplane.versions(name)
+        log.error(
+            "cannot load %s version %s: %s (%s)",
+            name,
+            version or "-",
+            reason,
+            f"still serving version {', '.join(map(str, serving))}" if serving else "nothing of it is served",
+        )
+
+    def _mtime(self, name: str, version: int) -> float:
+        try:
+            return (mf.entry_dir(self.repository.root, name, version) / mf.MANIFEST).stat().st_mtime
+        except (OSError, mf.ManifestError):
+            return 0.0
+
+    def _skip(self, name: str, version: int) -> bool:
+        """A version that failed is tried again only once its files change (not at every poll)."""
+        failed = self._failed.get((name, version))
+        return failed is not None and failed == self._mtime(name, version)
+
+    # ---- retiring --------------------------------------------------------------------------------------
+
+    def _retire(self, name: str, version: int) -> None:
+        pipeline = self.dataplane.remove(name, version)
+        if pipeline is None:
+            return
+        self.states[(name, version)] = VersionState("UNLOADING")
+        log.info("retiring %s version %d: no new requests; closing once the %d it holds finish", name, version,
+                 pipeline.active)  # fmt: skip
+        task = asyncio.get_running_loop().create_task(self._close_when_idle(pipeline), name=f"retire-{name}-{version}")
+        self._retiring[task] = pipeline
+        task.add_done_callback(lambda t: self._retiring.pop(t, None))
+
+    async def _close_when_idle(self, pipeline: Pipeline) -> None:
+        await pipeline.quiet.wait()
+        await pipeline.batcher.close()
+        pipeline.close()
+        model = pipeline.model
+        key = (model.name, model.version)
+        pipeline.metrics.unloaded()
+        if self.states.get(key, VersionState("READY")).state == "UNLOADING":
+            del self.states[key]
+        del pipeline, model
+        gc.collect()  # the ONNX Runtime session goes with the last reference; a cycle would keep it
+        await asyncio.to_thread(release_free_memory)  # what the session freed, back to the system
+        log.info("closed %s version %d", *key)
+
+    async def unload_model(self, name: str) -> None:
+        """Stop serving every version of `name` (explicit model control)."""
+        async with self._lock(name):
+            if name in self.wanted:
+                self.wanted.remove(name)
+            served = self.dataplane.versions(name)
+            if not served:
+                raise NotFound(f"model {name!r} is not loaded")
+            for version in served:
+                self._retire(name, version)
+
+    async def load_model(self, name: str, parameters: Sequence[str] = ()) -> None:
+        """Serve `name` by its version policy (explicit model control); loading a served model reloads it, so a
+        newly published version is picked up. A failure raises FAILED_PRECONDITION, and what was served stays.
+
+        Triton lets a load carry a model config or files (`parameters`) to override the repository's;
+        mhaserve serves only what was published there, and verified.
+        """
+        if parameters:
+            raise InvalidArgument(
+                f"load parameters are not supported ({', '.join(sorted(parameters))}): publish the version into "
+                "the repository (mhaserve export, or a copy) and load the model by name"
+            )
+        if not _valid_name(name):
+            raise InvalidArgument(f"{name!r} is not a model name")
+        try:
+            await self.sync(name, strict=True)
+        except NotFound:
+            raise
+        except Exception as e:  # the reason is in the repository index and the log too
+            serving = self.dataplane.versions(name)
+            still = f"; still serving version {', '.join(map(str, serving))}" if serving else ""
+            reason = getattr(e, "message", None) or str(e).strip().splitlines()[0]
+            raise FailedPrecondition(f"cannot load {name}: {reason}{still}") from None
+        if name not in self.wanted:
+            self.wanted.append(name)
+
+    def check_control(self) -> None:
+        """Loading and unloading over the repository API are for explicit model control only (as in Triton)."""
+        if self.control != "explicit":
+            raise FailedPrecondition(
+                f"models are loaded and unloaded by the repository API only with --model-control explicit "
+                f"(this server runs with {self.control})"
+            )
+
+    # ---- polling ---------------------------------------------------------------------------------------
+
+    def start_polling(self, interval: float) -> None:
+        self._poller = asyncio.get_running_loop().create_task(self._poll(interval), name="repository-poll")
+
+    async def _poll(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                names = self.names()
+                for name in names:
+                    await self.sync(name)
+                if self.all_models:  # models removed from the repository
+                    for name in set(self.dataplane.model_names()) - set(names):
+                        async with self._lock(name):
+                            for version in self.dataplane.versions(name):
+                                self._retire(name, version)
+            except Exception:
+                log.exception("reading the model repository failed; trying again in %g s", interval)
+
+    # ---- the index, and the end ----------------------------------------------------------------------------
+
+    def index(self, *, ready_only: bool = False) -> list[IndexEntry]:
+        """Every model of the repository (and every served one), each version's state and why."""
+        entries: list[IndexEntry] = []
+        names = sorted(set(self.repository.names()) | set(self.dataplane.model_names()))
+        for name in names:
+            known = sorted((v, s) for (n, v), s in self.states.items() if n == name)
+            for version, state in known:
+                entries.append(IndexEntry(name, str(version) if version else "", state.state, state.reason))
+            if not known:
+                entries.append(IndexEntry(name, "", "UNAVAILABLE", "unloaded"))
+        return [e for e in entries if e.state == "READY"] if ready_only else entries
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        retiring = dict(self._retiring)
+        for task in retiring:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for pipeline in [*self.dataplane.pipelines(), *retiring.values()]:
+            if not pipeline.closed:
+                await pipeline.batcher.close()
+                pipeline.close()
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+
+def _valid_name(name: str) -> bool:
+    return bool(mf.NAME_RE.match(name))

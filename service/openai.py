@@ -1,0 +1,164 @@
+"""OpenAI's embeddings API (`POST /v1/embeddings`, `GET /v1/models`): JSON in and out at the edge, the data
+plane in between.
+
+What the official clients send and read: `input` as a string, a list of strings, a list of token ids
+or a list of lists of token ids; `model`; `encoding_format` `float` or `base64` (little-endian float32,
+what the Python client asks for by default and decodes); `dimensions` (the leading dimensions,
+renormalised: Matryoshka); `user`, accepted and ignored. Vectors are L2-normalised, as OpenAI's are.
+`truncate` (an extension, as in TEI) cuts inputs longer than the model's maximum instead of refusing
+them. Errors are OpenAI's shape with the status the clients map to their exception classes
+(http/errors.py).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from mhaserve.runtime.errors import InvalidArgument
+from mhaserve.service.dataplane import DataPlane
+from mhaserve.service.http.bodies import json_response, parse_json, validate
+from mhaserve.service.http.openapi import request_body
+from mhaserve.service.pipeline import EncodeInput, EncodeOutput
+
+PREFIX = "/v1"
+OWNER = "mhaserve"
+
+TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
+
+
+class EmbeddingRequest(BaseModel):
+    """The body of `POST /v1/embeddings`."""
+
+    model_config = ConfigDict(extra="ignore")  # clients add fields of their own; OpenAI ignores them too
+
+    input: StrictStr | list[StrictStr] | TokenIds | list[TokenIds] = Field(
+        description="a text, a list of texts, a list of token ids, or a list of lists of token ids"
+    )
+    model: StrictStr = Field(
+        default="", description="a served model's name, or name:version (default: the server's default model)"
+    )
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = Field(default=None, description="keep the leading dimensions, renormalised")
+    user: StrictStr | None = Field(default=None, description="accepted and ignored")
+    truncate: bool = Field(default=False, description="cut inputs past the model's maximum instead of refusing them")
+    prompt_name: StrictStr | None = Field(
+        default=None, description="a prompt of the model's serving config to put before each text (e.g. query)"
+    )
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = OWNER
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+def from_request(req: EmbeddingRequest) -> EncodeInput:
+    common: dict[str, Any] = {
+        "model": req.model,
+        "truncate": req.truncate,
+        "normalize": True,
+        "dimensions": req.dimensions,
+        "prompt_name": req.prompt_name,
+    }
+    if isinstance(req.input, str):
+        texts: list[str] = [req.input]
+    elif req.input and isinstance(req.input[0], str):
+        texts = req.input
+    elif req.input and isinstance(req.input[0], int):
+        return EncodeInput(token_ids=[req.input], **common)
+    elif req.input:
+        return EncodeInput(token_ids=req.input, **common)  # type: ignore[arg-type]
+    else:
+        raise InvalidArgument("input is empty: send a text, a list of texts, or token ids", param="input")
+    for i, text in enumerate(texts):
+        if not text:
+            raise InvalidArgument(f"input {i} is an empty string", param="input")
+    return EncodeInput(texts=texts, **common)
+
+
+def to_response(output: EncodeOutput, encoding_format: str) -> bytes:
+    """The response body, encoded once (orjson writes numpy rows without a Python float per value)."""
+    rows = np.ascontiguousarray(output.embeddings, dtype="<f4")
+    if encoding_format == "base64":
+        vectors: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in rows]
+    else:
+        vectors = list(rows)  # orjson writes float32 arrays itself, each value as its shortest exact form
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+            "model": output.model,
+            "usage": {"prompt_tokens": output.input_tokens, "total_tokens": output.input_tokens},
+        },
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
+
+
+def router(dataplane: DataPlane) -> APIRouter:
+    """The OpenAI-compatible routes over the data plane."""
+    api = APIRouter(prefix=PREFIX, tags=["OpenAI"])
+
+    @api.post(
+        "/embeddings",
+        summary="Embed texts or token ids (OpenAI embeddings API)",
+        response_model=EmbeddingResponse,
+        openapi_extra=request_body(EmbeddingRequest),
+    )
+    async def embeddings(request: Request) -> Response:
+        req = validate(EmbeddingRequest, parse_json(await request.body(), request.headers.get("content-type")))
+        output = await dataplane.encode(from_request(req))
+        return json_response(to_response(output, req.encoding_format))
+
+    def listing(name: str) -> Model:
+        pipeline = dataplane.resolve(name)
+        return Model(id=name, created=pipeline.created)
+
+    @api.get(
+        "/models",
+        summary="The models served (OpenAI's list shape): each by its name (its latest version) and as name:version",
+        response_model=ModelList,
+    )
+    async def models() -> Response:
+        ids = [
+            i
+            for name in [dataplane.default_model, *(n for n in dataplane.model_names() if n != dataplane.default_model)]
+            if dataplane.versions(name)
+            for i in [name, *(f"{name}:{v}" for v in dataplane.versions(name))]
+        ]
+        return json_response(ModelList(data=[listing(i) for i in ids]).model_dump())
+
+    @api.get("/models/{model}", summary="One served model (name, or name:version)", response_model=Model)
+    async def model(model: str) -> Response:
+        return json_response(listing(model).model_dump())
+
+    return api

@@ -1,0 +1,133 @@
+"""The utility routes users of text-embeddings-inference expect: `POST /tokenize`, `GET /info`, `GET /health`.
+
+- `/tokenize`: each input's tokens as the model will see them (ids, the token text, whether it is a
+  special token, and the character offsets in the input), with the same truncation rule as embedding:
+  an input past the model's maximum is refused unless the request (or the server) truncates.
+- `/info`: what is served and how: model, version, dimensions, maximum length, pooling, graph, device,
+  limits, and the server's version.
+- `/health`: 200 only while the server serves (for the image's health check and Kubernetes probes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from mhaserve.runtime.errors import InvalidArgument
+from mhaserve.service.dataplane import DataPlane
+from mhaserve.service.http.bodies import json_response, parse_json, validate
+from mhaserve.service.http.openapi import request_body
+from mhaserve.service.kserve.model import server_version
+from mhaserve.service.pipeline import EncodeInput, Pipeline
+
+HEALTH_PATH = "/health"
+
+
+class TokenizeRequest(BaseModel):
+    """The body of `POST /tokenize`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: StrictStr | list[StrictStr] = Field(description="a text or a list of texts")
+    model: StrictStr = Field(default="", description="a served model's name (default: the first served)")
+    truncate: bool = Field(default=False, description="cut inputs past the model's maximum instead of refusing them")
+    prompt_name: StrictStr | None = Field(default=None, description="a prompt of the model's serving config")
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None = Field(description="character offset in the input; null for special tokens")
+    stop: int | None
+
+
+def describe(pipeline: Pipeline, max_message_bytes: int) -> dict[str, Any]:
+    """One served model version, as /info shows it."""
+    model, limits = pipeline.model, pipeline.limits
+    m = model.entry.manifest
+    entry = model.entry
+    return {
+        "model": model.name,
+        "version": model.version,
+        "source": m.source,
+        "dimensions": m.hidden_size,
+        "max_input_length": entry.max_tokens,
+        "pooling": entry.pooling,
+        "normalize": entry.normalize,
+        "prompts": entry.config.prompts,
+        "default_prompt_name": entry.config.default_prompt_name,
+        "version_policy": entry.config.version_policy.describe(),
+        "vocab_size": m.vocab_size,
+        "graph": model.entry.graph,
+        "sha256": model.entry.sha256,
+        "device": model.provider,
+        "limits": {
+            "max_client_batch_size": limits.max_client_batch_size,
+            "max_batch_tokens": limits.max_batch_tokens,
+            "max_queue_size": limits.max_queue_size,
+            "max_wait_ms": limits.max_wait_ms,
+            "max_padding": limits.max_padding,
+            "max_message_bytes": max_message_bytes,
+            "auto_truncate": pipeline.auto_truncate,
+        },
+    }
+
+
+def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
+    api = APIRouter(tags=["Utility"])
+
+    @api.post(
+        "/tokenize",
+        summary="Tokenise texts as the model will (ids, token texts, offsets)",
+        response_model=list[list[Token]],
+        openapi_extra=request_body(TokenizeRequest),
+    )
+    async def tokenize(request: Request) -> Response:
+        req = validate(TokenizeRequest, parse_json(await request.body(), request.headers.get("content-type")))
+        texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
+        if not texts:
+            raise InvalidArgument("inputs is empty: send a text or a list of texts", param="inputs")
+        pipeline = dataplane.resolve(req.model)
+        asked = EncodeInput(texts=texts, model=req.model, truncate=req.truncate, prompt_name=req.prompt_name)
+        pipeline.validate(asked)
+        encodings = await pipeline.tokenize(pipeline.prompted(asked), truncate=req.truncate)
+        return json_response(
+            [
+                [
+                    {
+                        "id": token_id,
+                        "text": token,
+                        "special": bool(special),
+                        "start": None if special else start,
+                        "stop": None if special else stop,
+                    }
+                    for token_id, token, special, (start, stop) in zip(
+                        enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
+                    )
+                ]
+                for enc in encodings
+            ]
+        )
+
+    @api.get("/info", summary="What is served: models, versions, dimensions, limits, device")
+    async def info() -> Response:
+        default = dataplane.resolve()
+        return json_response(
+            {
+                **describe(default, max_message_bytes),
+                "server": {"name": "mhaserve", "version": server_version()},
+                "models": [describe(p, max_message_bytes) for p in dataplane.pipelines()],
+            }
+        )
+
+    @api.get(HEALTH_PATH, summary="200 while the server serves; 503 while it loads, stalls or drains")
+    async def health() -> Response:
+        reason = dataplane.not_ready()
+        if reason is None:
+            return json_response({"status": "SERVING"})
+        return json_response({"status": "NOT_SERVING", "reason": reason}, status=503)
+
+    return api

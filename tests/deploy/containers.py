@@ -1,0 +1,381 @@
+"""The container tier's helpers: the engine (docker or podman, whichever answers), the images built from
+this checkout, containers and compose projects that are always removed again.
+
+Everything published goes to 127.0.0.1 on free ports; every wait has a deadline. The compose projects
+carry unique names (`mhaserve-test-<pid>-<n>`) and the images tags of their own (`mhaserve:cpu-test-<hash
+of this checkout>`), so that two checkouts testing on one machine never touch each other's containers
+or images (layers are shared: the extra tags cost nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mhaserve.service import client
+from mhaserve.testing.loopback import free_port, wait_until
+from mhaserve.testing.metrics import Samples, scrape
+from tests.deploy.helpers import ROOT
+
+# Cold start of a replica (load, warm-up) and of the engine's containers on a busy 2-core machine.
+START = 120.0
+# What a build may take cold: base image, pip downloads, the export with its parity gate (about 10 min here).
+BUILD = 2400.0
+ENGINE_HINT = "as root on Debian, deploy/images/install-podman.sh installs and configures podman (.ci/run runs it)"
+ENCODE = "encoder.v1.EncoderService/Encode"
+# Variables of the compose files that the tests set themselves; the caller's values must not leak in.
+COMPOSE_PREFIXES = ("MHASERVE_", "LOCUST_", "LOADTEST_", "GRAFANA_", "PROMETHEUS_", "NGINX_", "COMPOSE_")
+
+
+def run(
+    args: Sequence[str], timeout: float = 60.0, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(args), capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, stdin=subprocess.DEVNULL
+    )
+
+
+@dataclass(frozen=True)
+class Engine:
+    """docker or podman, as found answering on this machine."""
+
+    name: str
+    version: str
+
+    def __call__(self, *args: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = run([self.name, *args], timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{self.name} {' '.join(args)} exited {result.returncode}:\n{result.stderr[-3000:]}")
+        return result
+
+    def inspect(self, container: str) -> dict[str, Any]:
+        (info,) = json.loads(self("inspect", "--type", "container", container).stdout)
+        return dict(info)
+
+    def state(self, container: str) -> dict[str, Any]:
+        return dict(self.inspect(container)["State"])
+
+    def healthy(self, container: str) -> bool:
+        """Whether the image's HEALTHCHECK passes now. podman runs health checks from systemd timers, which
+        machines without systemd (containers, CI) lack: there the check is run on demand, as its timer would."""
+        if self.name == "podman":
+            self("healthcheck", "run", container, check=False, timeout=30)
+        health = self.state(container).get("Health") or self.state(container).get("Healthcheck") or {}
+        return bool(health.get("Status") == "healthy")
+
+    def wait_healthy(self, container: str, timeout: float = START) -> float:
+        """Seconds until healthy; fails early, with the log, if the container stops."""
+        start = time.monotonic()
+
+        def done() -> bool:
+            if not self.state(container)["Running"]:
+                raise AssertionError(f"{container} stopped before it was healthy:\n{self.logs(container)}")
+            return self.healthy(container)
+
+        wait_until(done, f"{container} to be healthy", timeout, interval=1.0)
+        return time.monotonic() - start
+
+    def host_port(self, container: str, port: int) -> int:
+        """The 127.0.0.1 port a container port is published on (and that it is published there only)."""
+        lines = self("port", container, f"{port}/tcp").stdout.split()
+        assert lines, f"{container} does not publish {port}"
+        for line in lines:
+            host, _, published = line.rpartition(":")
+            assert host == "127.0.0.1", f"{container} publishes {port} on {line}: tests publish on loopback only"
+        return int(lines[0].rpartition(":")[2])
+
+    def logs(self, container: str, last: int | None = 6000) -> str:
+        """The container's output (stdout, then stderr), the `last` characters of it (None: all)."""
+        result = self("logs", container, check=False)
+        text = result.stdout + result.stderr
+        return text if last is None else text[-last:]
+
+    def exit_code(self, container: str) -> int:
+        return int(self.state(container)["ExitCode"])
+
+    def exec(self, container: str, *command: str) -> subprocess.CompletedProcess[str]:
+        return self("exec", container, *command, check=False)
+
+    def remove(self, *kind_and_name: str) -> None:
+        """Force-remove a container (no stop timeout) or, with a kind first (network, pod, volume), that."""
+        if len(kind_and_name) == 1:
+            wait = ["-t", "0"] if self.name == "podman" else []
+            self("rm", "-f", *wait, kind_and_name[0], check=False, timeout=120)
+        else:
+            self(*kind_and_name[:1], "rm", "-f", *kind_and_name[1:], check=False, timeout=120)
+
+
+def find_engine() -> tuple[Engine | None, str]:
+    """The engine to test with (CONTAINER_ENGINE picks one), or None and why there is none."""
+    names = [os.environ["CONTAINER_ENGINE"]] if os.environ.get("CONTAINER_ENGINE") else ["docker", "podman"]
+    tried = []
+    for name in names:
+        if shutil.which(name) is None:
+            tried.append(f"no {name}")
+            continue
+        try:
+            info = run([name, "info", "--format", "json"], timeout=30)
+        except subprocess.TimeoutExpired:
+            tried.append(f"`{name} info` did not answer in 30 s")
+            continue
+        if info.returncode != 0:
+            tried.append(f"`{name} info` failed: {(info.stderr.strip().splitlines() or ['?'])[-1]}")
+            continue
+        version = run([name, "version", "--format", "{{.Client.Version}}"], timeout=30).stdout.strip()
+        return Engine(name, version), ""
+    return None, f"no container engine answers ({'; '.join(tried)}); {ENGINE_HINT}"
+
+
+ENGINE, NO_ENGINE = find_engine()
+needs_engine = pytest.mark.skipif(ENGINE is None, reason=NO_ENGINE)
+
+
+def engine() -> Engine:
+    assert ENGINE is not None, NO_ENGINE
+    return ENGINE
+
+
+# ---- images ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Images:
+    """Tags of the images built from this checkout."""
+
+    cpu: str
+    loadtest: str
+    nginx: str
+    prometheus: str
+
+
+def checkout_tag() -> str:
+    return "test-" + hashlib.sha1(str(ROOT).encode()).hexdigest()[:8]
+
+
+def build_images(log: Path) -> Images:
+    """deploy/images/build.sh, as `make images` runs it, for every image the tier uses. The engine's build
+    cache makes this a few seconds when nothing changed."""
+    suffix = checkout_tag()
+    images = Images(
+        cpu=f"mhaserve:cpu-{suffix}",
+        loadtest=f"mhaserve:loadtest-{suffix}",
+        nginx=f"mhaserve-nginx:bookworm-{suffix}",
+        prometheus=f"mhaserve-prometheus:bookworm-{suffix}",
+    )
+    env = dict(os.environ) | {
+        "CONTAINER_ENGINE": engine().name,
+        "CPU_TAG": images.cpu,
+        "LOADTEST_TAG": images.loadtest,
+        "NGINX_TAG": images.nginx,
+        "PROMETHEUS_TAG": images.prometheus,
+    }
+    # The pip the build script asks about this host's pip configuration: the one running the tests.
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    with log.open("w") as out:
+        result = subprocess.run(
+            [str(ROOT / "deploy/images/build.sh"), "cpu", "loadtest", "nginx", "prometheus"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            timeout=BUILD,
+            env=env,
+            cwd=ROOT,
+        )
+    if result.returncode != 0:
+        tail = log.read_text(errors="replace")[-4000:]
+        raise AssertionError(f"building the images failed (exit {result.returncode}; log {log}):\n{tail}")
+    return images
+
+
+# ---- containers ------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def container(image: str, *args: str, name: str) -> Iterator[str]:
+    """`run -d` a container; it is removed afterwards, whatever happened."""
+    try:
+        engine()("run", "-d", "--name", name, *args, image, timeout=START)
+        yield name
+    finally:
+        engine().remove(name)
+
+
+# ---- compose ---------------------------------------------------------------------------------------------
+
+
+def compose_command() -> list[str]:
+    """podman-compose beside this Python (the dev extra installs it) or on PATH; `docker compose` for docker."""
+    if engine().name == "docker":
+        assert run(["docker", "compose", "version"]).returncode == 0, "docker's compose plugin (v2.24+) is missing"
+        return ["docker", "compose"]
+    beside = Path(sys.executable).parent / "podman-compose"
+    found = str(beside) if beside.exists() else shutil.which("podman-compose")
+    assert found, "podman-compose is missing: `make install-dev` installs it (the dev extra)"
+    return [found]
+
+
+_projects = itertools.count()
+
+
+class Compose:
+    """One compose project on the CPU stack (docker-compose.yml + docker-compose.cpu.yml), with the images
+    built from this checkout and every port on loopback. `down()` removes all it made."""
+
+    FILES = ("docker-compose.yml", "docker-compose.cpu.yml")
+
+    def __init__(self, images: Images, workdir: Path, profiles: Sequence[str] = (), **env: str) -> None:
+        self.project = f"mhaserve-test-{os.getpid()}-{next(_projects)}"
+        self.profiles = list(profiles)
+        self.workdir = workdir
+        self.grpc_port, self.metrics_port = free_port(), free_port()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(COMPOSE_PREFIXES)} | {
+            "MHASERVE_IMAGE": images.cpu,
+            "LOADTEST_IMAGE": images.loadtest,
+            "NGINX_IMAGE": images.nginx,
+            "PROMETHEUS_IMAGE": images.prometheus,
+            # One replica publishes fixed loopback ports; scaled ones set ephemeral ports (127.0.0.1::PORT).
+            "MHASERVE_GRPC_PUBLISH": f"127.0.0.1:{self.grpc_port}:50051",
+            "MHASERVE_METRICS_PUBLISH": f"127.0.0.1:{self.metrics_port}:8000",
+            "MHASERVE_LB_PUBLISH": f"127.0.0.1:{free_port()}",
+            "LOCUST_WEB_PUBLISH": f"127.0.0.1:{free_port()}",
+            "PROMETHEUS_PUBLISH": f"127.0.0.1:{free_port()}",
+            "GRAFANA_PUBLISH": f"127.0.0.1:{free_port()}",
+            # Two cores shared by replicas, balancer and load generators: one inference thread each.
+            "MHASERVE_INTRA_OP_THREADS": "1",
+            "LOADTEST_RESULTS": str(workdir / "results"),
+        }
+        self.env |= env
+        self.log = workdir / f"{self.project}.log"
+
+    def __call__(self, *args: str, timeout: float = START) -> subprocess.CompletedProcess[str]:
+        command = [*compose_command(), "-p", self.project]
+        for f in self.FILES:
+            command += ["-f", str(ROOT / f)]
+        for p in self.profiles:
+            command += ["--profile", p]
+        result = run([*command, *args], timeout=timeout, env=self.env)
+        with self.log.open("a") as log:
+            log.write(f"$ {' '.join([*command[1:], *args])}\n{result.stdout}{result.stderr}")
+            log.write(f"exit {result.returncode}\n")
+        return result
+
+    def up(self, *services: str, scale: Mapping[str, int] | None = None) -> None:
+        args = ["up", "-d"]
+        for service, n in (scale or {}).items():
+            args += ["--scale", f"{service}={n}"]
+        result = self(*args, *services)
+        assert result.returncode == 0, f"compose up failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+
+    def down(self) -> subprocess.CompletedProcess[str]:
+        # --remove-orphans: podman-compose's down otherwise removes only the first replica of a scaled service.
+        return self("down", "--remove-orphans", "-v", "-t", "40", timeout=300)
+
+    def containers(self, service: str | None = None) -> list[str]:
+        """Names of the project's containers (all states), sorted; of one service if given."""
+        filters = ["--filter", f"label=com.docker.compose.project={self.project}"]
+        if service:
+            filters += ["--filter", f"label=com.docker.compose.service={service}"]
+        out = engine()("ps", "-a", *filters, "--format", "{{.Names}}").stdout.split()
+        return sorted(out)
+
+    def leftovers(self) -> list[str]:
+        """Whatever of this project is still on the machine: containers, networks, pods, volumes."""
+        e = engine()
+        left = [f"container {c}" for c in self.containers()]
+        left += [
+            f"network {n}" for n in e("network", "ls", "--format", "{{.Name}}").stdout.split() if self.project in n
+        ]
+        if e.name == "podman":
+            left += [f"pod {p}" for p in e("pod", "ls", "--format", "{{.Name}}").stdout.split() if self.project in p]
+        left += [f"volume {v}" for v in e("volume", "ls", "--format", "{{.Name}}").stdout.split() if self.project in v]
+        return left
+
+    def remove_everything(self) -> None:
+        """The teardown's last resort: force-remove what `down` left (a failed test must not leave it)."""
+        e = engine()
+        for name in self.containers():
+            e.remove(name)
+        for item in self.leftovers():
+            kind, name = item.split(" ", 1)
+            e.remove(kind, name)
+
+    def grpc_address(self, service_container: str | None = None) -> str:
+        if service_container is None:
+            return f"127.0.0.1:{self.grpc_port}"
+        return f"127.0.0.1:{engine().host_port(service_container, 50051)}"
+
+    def check_loopback_only(self) -> None:
+        """Every port any of the project's containers publishes is on 127.0.0.1."""
+        for name in self.containers():
+            for line in engine()("port", name).stdout.splitlines():
+                assert "-> 127.0.0.1:" in line, f"{name} publishes {line}: not on loopback"
+
+
+def ok_calls(samples: Samples, method: str) -> float:
+    """Calls of one method answered OK, whatever the method label's leading slash."""
+    return sum(
+        s.value
+        for s in samples
+        if s.name == "mhaserve_requests_total"
+        and s.labels.get("code") == "OK"
+        and s.labels["method"].lstrip("/") == method
+    )
+
+
+def serving(address: str) -> bool:
+    try:
+        return client.health(address, timeout=2.0) == "SERVING"
+    except Exception:  # noqa: BLE001 - not answering yet, through a balancer or a starting container
+        return False
+
+
+class LbStack:
+    """Two replicas behind the `lb` balancer, each replica's metrics on a loopback port of its own.
+    Rolling restarts (stop, start, per-replica counters) are built on this too."""
+
+    def __init__(self, compose: Callable[..., Compose], replicas: int = 2) -> None:
+        self.compose = compose(
+            ["lb"], MHASERVE_GRPC_PUBLISH="127.0.0.1::50051", MHASERVE_METRICS_PUBLISH="127.0.0.1::8000"
+        )
+        self.compose.up(scale={"encoder": replicas})
+        self.replicas = self.compose.containers("encoder")
+        assert len(self.replicas) == replicas, self.replicas
+        for r in self.replicas:
+            engine().wait_healthy(r)
+        self.metrics_ports = {r: engine().host_port(r, 8000) for r in self.replicas}
+        (self.lb,) = self.compose.containers("lb")
+        self.address = self.compose.grpc_address(self.lb)
+        wait_until(lambda: serving(self.address), "the balancer to pass calls through", START, 0.5)
+        self.compose.check_loopback_only()
+
+    def served(self, replica: str) -> float:
+        return ok_calls(scrape(self.metrics_ports[replica]), ENCODE)
+
+    def stop(self, replica: str) -> int:
+        """`stop`: SIGTERM, and SIGKILL only after 40 s; the exit code."""
+        engine()("stop", "-t", "40", replica, timeout=60)
+        return engine().exit_code(replica)
+
+    def balancer_failures(self) -> list[str]:
+        """Calls nginx answered with an error: HTTP status other than 200 (its own gRPC errors are 204s) or a
+        gRPC status other than OK, from its access log (deploy/nginx/nginx.conf's format)."""
+        failed = []
+        for line in engine().logs(self.lb, last=None).splitlines():
+            m = re.search(r'"POST \S+ HTTP/2.0" (\d{3}) .*grpc_status=(\S*),(\S*)$', line)
+            if m and (m.group(1) != "200" or any(g not in ("", "-", "0") for g in m.groups()[1:])):
+                failed.append(line)
+        return failed

@@ -1,0 +1,328 @@
+"""`mhaserve import`: an ONNX encoder with a last_hidden_state output, adapted, checked, served.
+
+The graphs come from the project's own exporter (torch.onnx, dynamo) over the token states of a random
+model, shaped as the Hub's `onnx/model.onnx` files are (a token_type_ids input, token states out), and
+in the slow test from Hugging Face's BertModel through the TorchScript exporter, as optimum makes them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+import onnx
+import openai
+import pytest
+import torch
+from onnx import TensorProto
+
+from mhaserve.cli.main import main
+from mhaserve.export import parity
+from mhaserve.export.importer import ImportFailed, ImportOptions, import_entry
+from mhaserve.model.config import TINY, EncoderConfig
+from mhaserve.model.encoder import Encoder, random_encoder
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.runtime.engine import OnnxEngine
+from mhaserve.runtime.manifest import read_manifest
+from mhaserve.service.settings import Settings
+from mhaserve.testing.loopback import WAIT, free_port
+from mhaserve.testing.server import ServerThread
+from tests.conftest import VARIED_TEXTS
+
+TEXTS = [t for t in VARIED_TEXTS if t.strip()]
+
+
+class HubStyle(torch.nn.Module):
+    """Our encoder's token states behind the Hub's inputs: input_ids, attention_mask, token_type_ids."""
+
+    def __init__(self, encoder: Encoder, *, honour_mask: bool = True) -> None:
+        super().__init__()
+        self.encoder, self.honour_mask = encoder, honour_mask
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        # Token types shift the ids, so the graph depends on them as a Hub graph's embeddings do:
+        # only zeros give the native export's answers.
+        mask = attention_mask if self.honour_mask else torch.ones_like(attention_mask)
+        return self.encoder.token_states(input_ids + token_type_ids, mask)
+
+
+def export_token_states(module: torch.nn.Module, path: Path, max_positions: int) -> Path:
+    """The project's exporter path (torch.onnx, dynamo), with the Hub's names and a token-states output."""
+    ids = torch.full((2, 3), 1, dtype=torch.long)
+    batch = torch.export.Dim("batch", min=1)
+    seq = torch.export.Dim("sequence", min=1, max=max_positions)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module.eval(),
+            (ids, torch.ones_like(ids), torch.zeros_like(ids)),
+            dynamo=True,
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["last_hidden_state"],
+            dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch, 1: seq}),
+            verbose=False,
+        )
+        assert program is not None
+        program.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Encoder:
+    """The weights of the `tiny_entry` export (random, seed 7)."""
+    return random_encoder(EncoderConfig(**TINY), seed=7)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def hub_graph(tiny_model: Encoder, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_token_states(HubStyle(tiny_model), tmp_path_factory.mktemp("hub") / "model.onnx", 160)
+
+
+def do_import(graph: Path, tiny_entry: Path, repo: Path, name: str = "imported", **kw: Any) -> Path:
+    opts = ImportOptions(onnx=graph, tokenizer=tiny_entry / "tokenizer.json", name=name, repository=repo, **kw)
+    return import_entry(opts, out=io.StringIO())
+
+
+def engine(entry: Path, graph: str = "model.onnx") -> OnnxEngine:
+    m = read_manifest(entry)
+    return OnnxEngine(
+        entry / graph, max_seq_len=m.max_seq_len, vocab_size=m.vocab_size, device="cpu", pooling=m.pooling
+    )
+
+
+def grid_diff(a: OnnxEngine, b: OnnxEngine, max_seq_len: int) -> float:
+    """The largest difference between two engines over the parity grid (rows partly padding)."""
+    rng = np.random.default_rng(3)
+    worst = 0.0
+    for batch, seq in parity.grid(max_seq_len):
+        ids, mask = parity.make_batch(batch, seq, 256, 0, rng)
+        worst = max(worst, float(np.abs(a.run(ids, mask) - b.run(ids, mask)).max()))
+    return worst
+
+
+def served(repo: Path, *models: str) -> ServerThread:
+    return ServerThread(
+        Settings(
+            repository=repo,
+            model=models,
+            port=0,
+            metrics_port=0,
+            http_port=free_port(),
+            device="cpu",
+            intra_op_threads=1,
+        )
+    ).ready()
+
+
+def grpc_vectors(channel: grpc.Channel, model: str, texts: list[str]) -> npt.NDArray[np.float32]:
+    reply = pb_grpc.EncoderServiceStub(channel).Encode(
+        pb.EncodeRequest(texts=texts, model=model, truncate=True), timeout=WAIT
+    )
+    return np.array([e.values for e in reply.embeddings], dtype=np.float32)
+
+
+def test_an_imported_graph_is_served_and_equals_the_native_export(
+    hub_graph: Path, tiny_entry: Path, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_entry, repo / "tiny" / "1")
+    entry = do_import(hub_graph, tiny_entry, repo, normalize=read_manifest(tiny_entry).normalize)
+
+    m = read_manifest(entry)
+    assert (m.architecture, m.hidden_size, m.max_seq_len, m.max_positions, m.pooling) == (
+        "imported",
+        32,
+        160,
+        160,
+        "mean",
+    )
+    assert m.outputs == [{"name": "embeddings", "dtype": "float32", "shape": ["batch", 32]}]
+    assert m.graphs["fp32"].parity["token_type_ids"] == "zeros" and m.graphs["fp32"].parity["passed"]
+    g = onnx.load(str(entry / "model.onnx"))
+    assert [i.name for i in g.graph.input] == ["input_ids", "attention_mask"]
+    assert [o.name for o in g.graph.output] == ["embeddings"]
+    assert grid_diff(engine(entry), engine(tiny_entry), 160) <= 1e-5
+
+    with served(repo, "tiny", "imported") as srv, srv.channel() as channel:
+        native, imported = (grpc_vectors(channel, name, TEXTS) for name in ("tiny", "imported"))
+        assert native.shape == imported.shape == (len(TEXTS), 32)
+        assert np.abs(native - imported).max() <= 1e-5
+        client = openai.OpenAI(base_url=srv.http_url + "/v1", api_key="-", max_retries=0)
+        over_http = client.embeddings.create(model="imported", input=TEXTS, extra_body={"truncate": True})
+        assert np.abs(np.array([d.embedding for d in over_http.data]) - native).max() <= 1e-5
+
+
+def test_cls_pooling_in_the_graph_and_pooling_left_to_the_server(
+    hub_graph: Path, tiny_entry: Path, tiny_model: Encoder, tmp_path: Path
+) -> None:
+    def states_of(ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        with torch.no_grad():
+            return tiny_model.token_states(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+
+    cls = do_import(hub_graph, tiny_entry, tmp_path, "cls", pooling="cls")
+    rng = np.random.default_rng(0)
+    ids, mask = parity.make_batch(3, 20, 256, 0, rng)
+    assert np.abs(engine(cls).run(ids, mask) - states_of(ids, mask)[:, 0]).max() <= 1e-5
+
+    # --no-pooling: the graph keeps its token states and the server pools them (mean, here)
+    raw = do_import(hub_graph, tiny_entry, tmp_path, "raw", pool_in_graph=False)
+    assert [o.name for o in onnx.load(str(raw / "model.onnx")).graph.output] == ["last_hidden_state"]
+    assert read_manifest(raw).outputs[0]["shape"] == ["batch", "sequence", 32]
+    assert grid_diff(engine(raw), engine(tiny_entry), 160) <= 1e-5
+    with served(tmp_path, "cls", "raw") as srv, srv.channel() as channel:
+        cls_vectors, raw_vectors = (grpc_vectors(channel, name, TEXTS) for name in ("cls", "raw"))
+        assert cls_vectors.shape == raw_vectors.shape == (len(TEXTS), 32)
+        assert not np.allclose(cls_vectors, raw_vectors)  # CLS and mean pooling differ
+        tok = read_manifest(raw)
+        assert tok.pooling == "mean"
+
+
+def test_the_sentence_transformers_files_beside_the_tokenizer_set_the_defaults(
+    hub_graph: Path, tiny_entry: Path, tmp_path: Path
+) -> None:
+    hub = tmp_path / "hub"
+    (hub / "1_Pooling").mkdir(parents=True)
+    shutil.copy(tiny_entry / "tokenizer.json", hub / "tokenizer.json")
+    (hub / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64}))
+    (hub / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    (hub / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Normalize"}]))
+    opts = ImportOptions(onnx=hub_graph, tokenizer=hub / "tokenizer.json", name="st", repository=tmp_path / "repo")
+    m = read_manifest(import_entry(opts, out=io.StringIO()))
+    assert (m.max_seq_len, m.max_positions, m.pooling, m.normalize) == (64, 160, "cls", True)
+
+
+def _edited(src: Path, dst: Path, edit: Callable[[onnx.ModelProto], None]) -> Path:
+    g = onnx.load(str(src))
+    edit(g)
+    onnx.save(g, str(dst))
+    return dst
+
+
+def _freeze_batch(g: onnx.ModelProto) -> None:
+    g.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+
+
+def _int32_ids(g: onnx.ModelProto) -> None:
+    g.graph.input[0].type.tensor_type.elem_type = TensorProto.INT32
+
+
+def _position_ids_input(g: onnx.ModelProto) -> None:
+    g.graph.input.append(onnx.helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["b", "s"]))
+
+
+def _no_mask(g: onnx.ModelProto) -> None:
+    g.graph.input[1].name = "mask"
+
+
+@pytest.mark.parametrize(
+    ("edit", "kw", "message"),
+    [
+        (_freeze_batch, {}, "both must be symbolic"),
+        (_int32_ids, {}, "the server feeds int64"),
+        (_position_ids_input, {}, "unsupported: ['position_ids']"),
+        (_no_mask, {}, "missing ['attention_mask']"),
+        (None, {"output": "pooler_output"}, "no output 'pooler_output'"),
+        (None, {"max_seq_len": 200}, "past the graph's 160 positions"),
+    ],
+)
+def test_a_graph_outside_the_contract_is_refused_and_nothing_is_published(
+    hub_graph: Path,
+    tiny_entry: Path,
+    tmp_path: Path,
+    edit: Callable[[onnx.ModelProto], None] | None,
+    kw: dict[str, Any],
+    message: str,
+) -> None:
+    graph = _edited(hub_graph, tmp_path / "edited.onnx", edit) if edit else hub_graph
+    repo = tmp_path / "repo"
+    with pytest.raises(ImportFailed, match=message.replace("[", r"\[").replace("]", r"\]")):
+        do_import(graph, tiny_entry, repo, **kw)
+    assert not repo.exists() or list(repo.rglob("*")) == [], "a refused import leaves the repository as it was"
+
+
+def test_a_graph_that_ignores_the_mask_fails_the_padding_check(
+    tiny_model: Encoder, tiny_entry: Path, tmp_path: Path
+) -> None:
+    graph = export_token_states(HubStyle(tiny_model, honour_mask=False), tmp_path / "maskless.onnx", 160)
+    with pytest.raises(ImportFailed, match="does not honour attention_mask; nothing was published"):
+        do_import(graph, tiny_entry, tmp_path / "repo")
+    assert list((tmp_path / "repo").rglob("*")) == []
+
+
+def test_the_command_line(
+    hub_graph: Path, tiny_entry: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["import", "--onnx", str(hub_graph), "--tokenizer", str(tiny_entry / "tokenizer.json"), "--name", "cli"]
+    assert main([*args, "--repository", str(tmp_path), "--no-normalize"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "cli" / "1")
+    assert main([*args, "--repository", str(tmp_path), "--version", "1"]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert main([*args[:-1], "Bad/Name", "--repository", str(tmp_path)]) == 1
+    assert "invalid model name" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_hugging_face_bert_graph_passes_the_parity_gate_and_serves_as_the_native_export(
+    minilm_entry: Path, tmp_path: Path
+) -> None:
+    """BertModel (transformers) through the TorchScript exporter, as optimum and the Hub's onnx/ files are made."""
+    from transformers import BertModel
+
+    from mhaserve.model.checkpoint import default_source
+
+    src = default_source()
+    hub = tmp_path / "hub"
+    (hub / "onnx").mkdir(parents=True)
+    for f in ("tokenizer.json", "sentence_bert_config.json", "modules.json"):
+        shutil.copy(src / f, hub / f)
+    shutil.copytree(src / "1_Pooling", hub / "1_Pooling")
+
+    class Hub(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = BertModel.from_pretrained(str(src), attn_implementation="eager")
+
+        def forward(
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return out.last_hidden_state, out.pooler_output
+
+    ids = torch.full((2, 3), 101, dtype=torch.long)
+    axes = {0: "batch_size", 1: "sequence_length"}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Hub().eval(),
+            (ids, torch.ones_like(ids), torch.zeros_like(ids)),
+            str(hub / "onnx" / "model.onnx"),
+            dynamo=False,
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["last_hidden_state", "pooler_output"],
+            dynamic_axes={"input_ids": axes, "attention_mask": axes, "token_type_ids": axes, "last_hidden_state": axes},
+            opset_version=14,
+        )
+
+    repo = tmp_path / "repo"
+    shutil.copytree(minilm_entry, repo / "all-minilm-l6-v2" / "1")
+    opts = ImportOptions(
+        onnx=hub / "onnx" / "model.onnx", tokenizer=hub / "tokenizer.json", name="hub", repository=repo, reference=src
+    )
+    m = read_manifest(import_entry(opts, out=io.StringIO()))
+    assert (m.max_seq_len, m.max_positions, m.pooling, m.normalize, m.layers) == (256, 512, "mean", True, 6)
+    assert m.graphs["fp32"].parity["max_abs_diff"] <= 1e-5
+
+    with served(repo, "all-minilm-l6-v2", "hub") as srv, srv.channel() as channel:
+        native, imported = (grpc_vectors(channel, name, VARIED_TEXTS) for name in ("all-minilm-l6-v2", "hub"))
+        assert np.abs(native - imported).max() <= 1e-5

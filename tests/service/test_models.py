@@ -1,0 +1,457 @@
+"""Several models and versions in one server, and versions published and swapped while clients encode.
+
+Real ONNX exports of small random models (each version a different seed, so its answers tell it apart),
+real sockets, real clients (our stubs, the openai client, tritonclient in its own venv).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import io
+import json
+import operator
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+import openai
+import pytest
+
+from mhaserve.export.publish import ExportOptions, export_entry
+from mhaserve.model.config import TINY
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
+from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
+from mhaserve.runtime.engine import OnnxEngine
+from mhaserve.runtime.manifest import entry_dir, read_manifest
+from mhaserve.service.batching.padding import pad
+from mhaserve.service.settings import Settings
+from mhaserve.testing.http import request
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.server import ServerThread
+from tests.service.test_kserve_triton import TRITON_VENV, triton
+
+WIDE = TINY | {"d_model": 48, "d_ff": 96}  # another width: 48, not 32
+INPUTS = [[2, 11, 12, 13, 3], [2, 40, 3], [2, *range(50, 90), 3]]
+
+
+def export(repo: Path, name: str, version: int, seed: int, sizes: dict[str, int] = TINY) -> Path:
+    opts = ExportOptions(
+        source="random", repository=repo, name=name, version=version, random_config=dict(sizes), seed=seed
+    )
+    return export_entry(opts, out=io.StringIO())
+
+
+def publish_copy(repo: Path, name: str, source: int, version: int, seed: int) -> Path:
+    """Publish `version` as a copy of `source` with its weights moved a little (so its answers tell it apart),
+    by one rename, as an operator copying a version in would: faster than an export, the same contract."""
+    import onnx
+    from onnx import numpy_helper
+
+    from mhaserve.runtime.manifest import sha256_file
+
+    scratch = repo / name / f".copy-{version}"
+    shutil.copytree(entry_dir(repo, name, source), scratch)
+    graph = onnx.load(str(scratch / "model.onnx"))
+    rng = np.random.default_rng(seed)
+    for init in graph.graph.initializer:
+        w = numpy_helper.to_array(init)
+        if w.dtype == np.float32 and w.size > 1000:
+            init.CopyFrom(
+                numpy_helper.from_array((w * (1 + 0.2 * rng.standard_normal(w.shape))).astype(np.float32), init.name)
+            )
+    onnx.save(graph, str(scratch / "model.onnx"))
+    manifest = json.loads((scratch / "manifest.json").read_text())
+    manifest["version"] = version
+    manifest["graphs"] = {"fp32": manifest["graphs"]["fp32"] | {"sha256": sha256_file(scratch / "model.onnx")}}
+    (scratch / "manifest.json").write_text(json.dumps(manifest))
+    target = repo / name / str(version)
+    scratch.rename(target)
+    return target
+
+
+def reference(entry: Path, ids: list[list[int]] = INPUTS) -> npt.NDArray[np.float32]:
+    """What a version answers for `ids` (normalised), straight from its graph: the server must agree."""
+    m = read_manifest(entry)
+    engine = OnnxEngine(entry / "model.onnx", max_seq_len=m.max_seq_len, vocab_size=m.vocab_size, device="cpu")
+    rows = np.concatenate([engine.run(*pad([np.asarray(r, dtype=np.int64)], m.pad_id)) for r in ids])
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def settings(repo: Path, *models: str, **kw: Any) -> Settings:
+    base = Settings(
+        repository=repo, model=models, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
+    )
+    return dataclasses.replace(base, **kw)
+
+
+def encode(channel: grpc.Channel, model: str = "", version: int = 0, **kw: Any) -> pb.EncodeResponse:
+    ids = [pb.TokenIds(ids=r) for r in INPUTS]
+    stub = pb_grpc.EncoderServiceStub(channel)
+    return stub.Encode(pb.EncodeRequest(token_ids=ids, model=model, model_version=version, **kw), timeout=WAIT)
+
+
+def vectors(response: pb.EncodeResponse) -> npt.NDArray[np.float32]:
+    return np.array([e.values for e in response.embeddings], dtype=np.float32)
+
+
+def info(channel: grpc.Channel, model: str = "") -> pb.GetModelInfoResponse:
+    return pb_grpc.EncoderServiceStub(channel).GetModelInfo(pb.GetModelInfoRequest(model=model), timeout=WAIT)
+
+
+def serves(channel: grpc.Channel, version: int) -> bool:
+    return info(channel).version == version
+
+
+def live_engines(repo: Path) -> list[Path]:
+    """The ONNX Runtime engines alive in this process on graphs of `repo`."""
+    gc.collect()
+    return [o.graph for o in gc.get_objects() if isinstance(o, OnnxEngine) and repo in o.graph.parents]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository of two models of different widths."""
+    repo = tmp_path_factory.mktemp("two")
+    export(repo, "narrow", 1, seed=1)
+    export(repo, "wide", 1, seed=2, sizes=WIDE)
+    return repo
+
+
+def test_two_models_of_different_widths_answer_as_each_alone(two: Path) -> None:
+    alone = {}
+    for name in ("narrow", "wide"):
+        with ServerThread(settings(two, name)) as srv, srv.ready().channel() as channel:
+            alone[name] = vectors(encode(channel))
+    assert alone["narrow"].shape == (3, 32) and alone["wide"].shape == (3, 48)
+    np.testing.assert_allclose(alone["narrow"], reference(two / "narrow" / "1"), atol=1e-6)
+
+    with ServerThread(settings(two, "wide", "narrow", http_port=free_port())) as srv, srv.ready().channel() as ch:
+        client = openai.OpenAI(base_url=srv.http_url + "/v1", api_key="-", max_retries=0)
+
+        def grpc_call(name: str) -> npt.NDArray[np.float32]:
+            return vectors(encode(ch, name))
+
+        def http_call(name: str) -> npt.NDArray[np.float32]:
+            response = client.embeddings.create(input=INPUTS, model=name)
+            return np.array([d.embedding for d in response.data], dtype=np.float32)
+
+        with ThreadPoolExecutor(8) as pool:
+            calls = [
+                (name, pool.submit(call, name))
+                for _ in range(6)
+                for name in ("narrow", "wide")
+                for call in (grpc_call, http_call)
+            ]
+            for name, future in calls:
+                np.testing.assert_allclose(future.result(timeout=WAIT), alone[name], atol=1e-6)
+        # requests that name no model get the first named
+        np.testing.assert_allclose(vectors(encode(ch)), alone["wide"], atol=1e-6)
+        listed = pb_grpc.EncoderServiceStub(ch).ListModels(pb.ListModelsRequest(), timeout=WAIT)
+        assert [(m.name, m.version, m.dimensions) for m in listed.models] == [("wide", 1, 48), ("narrow", 1, 32)]
+        assert [m.id for m in client.models.list().data] == ["wide", "wide:1", "narrow", "narrow:1"]
+        assert [m["model"] for m in request("GET", srv.http_url + "/info").json()["models"]] == ["narrow", "wide"]
+        with pytest.raises(grpc.RpcError) as e:
+            encode(ch, "nope")
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_every_model_of_the_repository_with_a_star(two: Path) -> None:
+    with ServerThread(settings(two, "*")) as srv, srv.ready().channel() as channel:
+        assert {
+            m.name for m in pb_grpc.EncoderServiceStub(channel).ListModels(pb.ListModelsRequest(), timeout=WAIT).models
+        } == {"narrow", "wide"}
+        assert info(channel).name == "narrow"  # no default named: the repository's first by name
+
+
+def test_version_policies_and_naming_a_version(tmp_path: Path) -> None:
+    v1 = export(tmp_path, "m", 1, seed=11)
+    v2, v3 = (publish_copy(tmp_path, "m", 1, v, seed=v) for v in (2, 3))
+    (tmp_path / "m" / "serving.json").write_text(json.dumps({"version_policy": {"latest": {"num_versions": 2}}}))
+    with ServerThread(settings(tmp_path, "m", http_port=free_port())) as srv, srv.ready().channel() as channel:
+        assert list(info(channel).versions) == [2, 3]
+        np.testing.assert_allclose(vectors(encode(channel)), reference(v3), atol=1e-6)  # latest by default
+        np.testing.assert_allclose(vectors(encode(channel, version=2)), reference(v2), atol=1e-6)
+        np.testing.assert_allclose(vectors(encode(channel, "m:2")), reference(v2), atol=1e-6)
+        with pytest.raises(grpc.RpcError) as e:
+            encode(channel, version=1)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "serving versions 2, 3" in str(e.value.details())
+        # KServe and OpenAI name versions too
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        meta = kserve.ModelMetadata(kpb.ModelMetadataRequest(name="m"), timeout=WAIT)
+        assert list(meta.versions) == ["2", "3"]
+        client = openai.OpenAI(base_url=srv.http_url + "/v1", api_key="-", max_retries=0)
+        by_name = client.embeddings.create(input=INPUTS, model="m:2", encoding_format="float")
+        np.testing.assert_allclose([d.embedding for d in by_name.data], reference(v2), atol=1e-6)
+    (tmp_path / "m" / "serving.json").write_text(json.dumps({"version_policy": {"specific": {"versions": [1, 3]}}}))
+    with ServerThread(settings(tmp_path, "m")) as srv, srv.ready().channel() as channel:
+        assert list(info(channel).versions) == [1, 3]
+        np.testing.assert_allclose(vectors(encode(channel, version=1)), reference(v1), atol=1e-6)
+    (tmp_path / "m" / "serving.json").write_text(json.dumps({"version_policy": {"all": {}}}))
+    with ServerThread(settings(tmp_path, "m")) as srv, srv.ready().channel() as channel:
+        assert list(info(channel).versions) == [1, 2, 3]
+
+
+def test_prompts_max_length_and_normalize_from_the_serving_config(tmp_path: Path) -> None:
+    export(tmp_path, "e5", 1, seed=5)
+    config = {"prompts": {"query": "query: ", "passage": "passage: "}, "max_length": 24, "normalize": False}
+    (tmp_path / "e5" / "serving.json").write_text(json.dumps(config))
+    with ServerThread(settings(tmp_path, "e5", http_port=free_port())) as srv, srv.ready().channel() as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+
+        def texts(items: list[str], **kw: Any) -> npt.NDArray[np.float32]:
+            return vectors(stub.Encode(pb.EncodeRequest(texts=items, **kw), timeout=WAIT))
+
+        with_prompt = texts(["what is it"], prompt_name="query")
+        np.testing.assert_array_equal(with_prompt, texts(["query: what is it"]))
+        assert not np.allclose(with_prompt, texts(["what is it"]))
+        assert abs(float(np.linalg.norm(with_prompt)) - 1.0) > 1e-3  # normalize: false is the model's default
+        model = info(channel)
+        assert (dict(model.prompts), model.max_tokens_per_input, model.normalize) == (config["prompts"], 24, False)
+        # the prompt's tokens count toward the length limit
+        tokens = request("POST", srv.http_url + "/tokenize", {"inputs": "what is it", "prompt_name": "query"}).json()[0]
+        assert [t["text"] for t in tokens[1:4]] == ["q", "##u", "##e"]
+        with pytest.raises(grpc.RpcError) as e:
+            texts(["x" * 30])
+        assert "more than the model's maximum of 24 (special tokens and the prompt included)" in str(e.value.details())
+        with pytest.raises(grpc.RpcError) as e:
+            texts(["a"], prompt_name="nope")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'passage', 'query'" in str(e.value.details())
+        # the same over the OpenAI API (an extension field) and KServe (a string parameter)
+        client = openai.OpenAI(base_url=srv.http_url + "/v1", api_key="-", max_retries=0)
+        response = client.embeddings.create(input="what is it", model="e5", extra_body={"prompt_name": "query"})
+        unit = with_prompt / np.linalg.norm(with_prompt)
+        np.testing.assert_allclose([response.data[0].embedding], unit, atol=1e-6)
+        reply = request(
+            "POST",
+            srv.http_url + "/v2/models/e5/infer",
+            {
+                "parameters": {"prompt_name": "query"},
+                "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["what is it"]}],
+            },
+        ).json()
+        np.testing.assert_allclose([reply["outputs"][0]["data"]], with_prompt, atol=1e-6)
+
+
+def test_a_bad_serving_config_stops_start_up_naming_the_key(tmp_path: Path) -> None:
+    from mhaserve.service.server import StartupError
+
+    export(tmp_path, "m", 1, seed=1)
+    for config, message in [
+        ({"version_policy": {"newest": 1}}, "version_policy"),
+        ({"prompts": {"q": 1}}, "prompts must map names"),
+        ({"max_length": 10_000}, "max_length 10000 is more than version 1 was exported for (160 tokens)"),
+        ({"pooling": "cls"}, "pooling 'cls', but version 1's graph pools by 'mean' itself"),
+        ({"limit": {}}, "unknown key 'limit'"),
+    ]:
+        (tmp_path / "m" / "serving.json").write_text(json.dumps(config))
+        with pytest.raises(StartupError, match=re.escape(message)):
+            ServerThread(settings(tmp_path, "m"))
+
+
+# ---- publishing while serving ---------------------------------------------------------------------------
+
+
+class Load:
+    """Clients encoding continuously, each answer checked against the version that says it answered."""
+
+    def __init__(self, srv: ServerThread, model: str, expected: Callable[[int], npt.NDArray[np.float32]]) -> None:
+        self.srv, self.model, self.expected = srv, model, expected
+        self.stop = threading.Event()
+        self.answers: dict[int, int] = {}
+        self.failures: list[str] = []
+        self.wrong: list[int] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(16)]
+        for t in self.threads:
+            t.start()
+
+    def _client(self) -> None:
+        with self.srv.channel() as channel:
+            while not self.stop.is_set():
+                try:
+                    response = encode(channel, self.model)
+                except grpc.RpcError as e:
+                    with self.lock:
+                        self.failures.append(f"{e.code().name}: {e.details()}")
+                    continue
+                got, version = vectors(response), response.model_version
+                with self.lock:
+                    self.answers[version] = self.answers.get(version, 0) + 1
+                    if not np.allclose(got, self.expected(version), atol=1e-6):
+                        self.wrong.append(version)
+
+    def wait_for(self, version: int, n: int = 20) -> None:
+        wait_until(lambda: self.answers.get(version, 0) >= n, f"{n} answers from version {version}", timeout=120)
+
+    def finish(self) -> dict[int, int]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(WAIT)
+        assert not self.failures, self.failures[:5]
+        assert not self.wrong, f"answers that match neither version: {self.wrong[:5]}"
+        return self.answers
+
+
+def corrupt(repo: Path, name: str, source: int, version: int, how: str) -> None:
+    """Publish `version` as a copy of `source` that cannot be served: a graph whose sha256 no longer matches
+    its manifest, or a truncated graph whose manifest vouches for it (so only loading it can fail)."""
+    scratch = repo / name / f".copy-{version}"
+    shutil.copytree(entry_dir(repo, name, source), scratch)
+    manifest = json.loads((scratch / "manifest.json").read_text())
+    manifest["version"] = version
+    graph = scratch / "model.onnx"
+    if how == "sha":
+        graph.write_bytes(graph.read_bytes()[:-1] + b"\x00")
+    else:
+        from mhaserve.runtime.manifest import sha256_file
+
+        graph.write_bytes(graph.read_bytes()[:2000])
+        manifest["graphs"]["fp32"]["sha256"] = sha256_file(graph)
+    (scratch / "manifest.json").write_text(json.dumps(manifest))
+    scratch.rename(repo / name / str(version))
+
+
+@pytest.mark.slow
+def test_versions_published_while_clients_encode_are_swapped_in_without_a_failed_request(tmp_path: Path) -> None:
+    refs = {1: reference(export(tmp_path, "live", 1, seed=21))}
+    srv = ServerThread(settings(tmp_path, "live", model_control="poll", repository_poll_s=0.2)).ready()
+    try:
+        load = Load(srv, "live", lambda v: refs[v])
+        load.wait_for(1)
+        for version in (2, 3, 4):  # `mhaserve export` publishes by one rename while the clients run; or a copy
+            entry = (
+                export(tmp_path, "live", 2, seed=22)
+                if version == 2
+                else publish_copy(tmp_path, "live", 1, version, version)
+            )
+            refs[version] = reference(entry)
+            load.wait_for(version)
+            with srv.channel() as channel:
+                assert (info(channel).version, list(info(channel).versions)) == (version, [version])
+        # a version that cannot be served changes nothing that is served
+        for version, how in ((5, "sha"), (6, "truncated")):
+            corrupt(tmp_path, "live", 4, version, how)
+            wait_until(partial(operator.contains, srv.server.manager.states, ("live", version)), "a try", timeout=60)
+        load.wait_for(4, 200)
+        answers = load.finish()
+        assert set(answers) == {1, 2, 3, 4}
+        index = {(e.name, e.version): e for e in srv.server.manager.index()}
+        assert index[("live", "5")].state == "UNAVAILABLE" and "fails its checksum" in index[("live", "5")].reason
+        assert index[("live", "6")].state == "UNAVAILABLE"
+        assert index[("live", "4")].state == "READY"
+        assert srv.samples().get("mhaserve_model_load_failures_total", model="live") == 2
+        # the retired versions' sessions are gone: only version 4's engine is alive
+        wait_until(lambda: len(live_engines(tmp_path)) == 1, "the old engines to be closed")
+        assert live_engines(tmp_path) == [tmp_path / "live" / "4" / "model.onnx"]
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (TRITON_VENV / ".stamp").is_file(), reason="Triton's client venv (.venv-triton) is missing")
+def test_explicit_load_and_unload_through_tritonclient_under_load(tmp_path: Path) -> None:
+    refs = {1: reference(export(tmp_path, "exp", 1, seed=31))}
+    export(tmp_path, "other", 1, seed=32)
+    srv = ServerThread(settings(tmp_path, "exp", model_control="explicit", http_port=free_port())).ready()
+    try:
+        load = Load(srv, "exp", lambda v: refs[v])
+        load.wait_for(1)
+        refs[2] = reference(publish_copy(tmp_path, "exp", 1, 2, seed=33))
+        time.sleep(0.5)  # explicit control: nothing changes until asked
+        with srv.channel() as channel:
+            assert info(channel, "exp").version == 1
+        steps = [
+            {"op": "index"},
+            {"op": "load", "model": "exp"},  # picks up version 2
+            {"op": "load", "model": "other"},
+            {"op": "index"},
+            {"op": "unload", "model": "other"},
+            {"op": "load", "model": "nope"},
+            {"op": "load_http", "model": "exp"},
+            {"op": "index_http"},
+        ]
+        out = triton("repository", {"url": srv.address, "http": srv.http_url.removeprefix("http://"), "steps": steps})
+        load.wait_for(2, 100)
+        answers = load.finish()
+        assert set(answers) == {1, 2}
+        before, after = out[0]["index"], out[3]["index"]
+        assert {(m["name"], m.get("version", ""), m.get("state", "")) for m in before} == {
+            ("exp", "1", "READY"),
+            ("other", "", "UNAVAILABLE"),
+        }
+        assert ("exp", "2", "READY") in {(m["name"], m.get("version", ""), m.get("state", "")) for m in after}
+        assert ("other", "1", "READY") in {(m["name"], m.get("version", ""), m.get("state", "")) for m in after}
+        assert [s.get("error", "") for s in out[1:3]] == ["", ""]
+        assert "StatusCode.NOT_FOUND" in out[5]["error"] or "not in the repository" in out[5]["error"]
+        assert out[6].get("error", "") == ""
+        with srv.channel() as channel:
+            assert info(channel, "exp").version == 2
+            with pytest.raises(grpc.RpcError) as e:
+                info(channel, "other")
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        wait_until(lambda: len(live_engines(tmp_path)) == 1, "the unloaded engines to be closed")
+    finally:
+        srv.stop()
+
+
+def test_the_repository_api_is_for_explicit_control_only(two: Path) -> None:
+    with ServerThread(settings(two, "narrow", http_port=free_port())) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as e:
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="wide"), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "--model-control explicit" in str(
+            e.value.details()
+        )
+        index = kserve.RepositoryIndex(kpb.RepositoryIndexRequest(), timeout=WAIT)
+        assert [(m.name, m.version, m.state) for m in index.models] == [
+            ("narrow", "1", "READY"),
+            ("wide", "", "UNAVAILABLE"),
+        ]
+        ready = kserve.RepositoryIndex(kpb.RepositoryIndexRequest(ready=True), timeout=WAIT)
+        assert [m.name for m in ready.models] == ["narrow"]
+        reply = request("POST", srv.http_url + "/v2/repository/models/wide/load")
+        assert reply.status == 400 and "--model-control explicit" in reply.json()["error"]
+        assert request("POST", srv.http_url + "/v2/repository/index", {}).json()[0]["name"] == "narrow"
+
+
+MEDIUM = {"vocab_size": 8000, "d_model": 256, "n_layers": 4, "n_heads": 8, "d_ff": 1024, "max_positions": 128}
+SWAPS = 10
+WARM_SWAPS = 3  # a swap holds two versions at once: resident memory rises to that high-water mark, then stays
+# After the first swaps, resident memory may drift by at most this over the rest: one session of this model
+# left behind per swap would add about 40 MB each (twice its 20 MB graph), 280 MB over seven swaps.
+RSS_BOUND_MB = 30
+
+
+@pytest.mark.slow
+def test_swapped_out_versions_give_their_memory_back(tmp_path: Path) -> None:
+    from mhaserve.testing.process import ServerProcess, sample
+
+    export(tmp_path, "mem", 1, seed=41, sizes=MEDIUM)
+    flags = ["--repository", str(tmp_path), "--model", "mem", "--port", "0", "--metrics-port", "0", "--http-port", "0"]
+    flags += ["--device", "cpu", "--intra-op-threads", "1", "--model-control", "poll", "--repository-poll-s", "0.2"]
+    rss: dict[int, float] = {}
+    with ServerProcess(flags, tmp_path / "serve.log") as proc, grpc.insecure_channel(proc.wait_serving()) as channel:
+        start = time.monotonic()
+        for version in range(2, SWAPS + 2):
+            publish_copy(tmp_path, "mem", 1, version, seed=version)
+            wait_until(partial(serves, channel, version), f"version {version} served", timeout=120)
+            for _ in range(20):
+                encode(channel)
+            closed = f"closed mem version {version - 1}"
+            wait_until(lambda: closed in proc.log, closed)  # noqa: B023 (waited for right here)
+            rss[version] = sample(proc.pid, start).rss_kib / 1024
+    warm, last = rss[WARM_SWAPS + 1], rss[SWAPS + 1]
+    print(f"RSS after each swap (MB): {[round(v) for v in rss.values()]}")
+    assert last - warm < RSS_BOUND_MB, f"RSS grew {last - warm:.0f} MB from swap {WARM_SWAPS} to swap {SWAPS}: {rss}"

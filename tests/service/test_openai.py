@@ -1,0 +1,228 @@
+"""The official `openai` Python client against a real mhaserve: embeddings equal Encode's, and each error
+arrives as the client's own exception class, after which the server answers as usual."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import openai
+import pytest
+
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.settings import Settings
+from mhaserve.testing.engines import ScriptedEngine
+from mhaserve.testing.http import request
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.server import ServerThread
+
+TEXTS = ["hello world", "a", "héllo wörld 🤖", "the quick brown fox jumps over the lazy dog " * 3]
+Start = Callable[..., ServerThread]
+
+
+def client(server: ServerThread, **kw: Any) -> openai.OpenAI:
+    # No retries: the tests look at each answer; a real client would retry 429 and 5xx itself.
+    return openai.OpenAI(base_url=server.http_url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
+
+
+def vectors(response: Any) -> npt.NDArray[np.float32]:
+    return np.array([d.embedding for d in sorted(response.data, key=lambda d: d.index)], dtype=np.float32)
+
+
+def encode(server: ServerThread, **request: Any) -> npt.NDArray[np.float32]:
+    with server.channel() as channel:
+        reply = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(**request), timeout=WAIT)
+    return np.array([e.values for e in reply.embeddings], dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def http_server(tiny_repo: Any) -> Iterator[ServerThread]:
+    settings = Settings(
+        repository=tiny_repo,
+        port=0,
+        metrics_port=0,
+        http_port=free_port(),
+        device="cpu",
+        intra_op_threads=1,
+        max_client_batch_size=8,
+    )
+    srv = ServerThread(settings).ready()
+    yield srv
+    srv.stop()
+
+
+def test_float_and_base64_give_the_same_vectors_as_encode(http_server: ServerThread) -> None:
+    c = client(http_server)
+    as_float = c.embeddings.create(input=TEXTS, model="tiny", encoding_format="float")
+    as_base64 = c.embeddings.create(input=TEXTS, model="tiny")  # the client asks for base64 by default
+    expected = encode(http_server, texts=TEXTS, normalize=True)
+    np.testing.assert_allclose(vectors(as_float), expected, atol=1e-6)
+    np.testing.assert_array_equal(vectors(as_base64), expected)  # base64 carries the float32 bits themselves
+    np.testing.assert_allclose(np.linalg.norm(vectors(as_float), axis=1), 1.0, atol=1e-6)
+    assert as_float.model == "tiny" and as_float.object == "list"
+    assert [d.index for d in as_float.data] == list(range(len(TEXTS)))
+    assert all(d.object == "embedding" for d in as_float.data)
+
+
+def test_usage_counts_the_real_tokens(http_server: ServerThread) -> None:
+    response = client(http_server).embeddings.create(input=TEXTS, model="tiny")
+    tokens = request("POST", http_server.http_url + "/tokenize", {"inputs": TEXTS}).json()
+    assert response.usage.prompt_tokens == response.usage.total_tokens == sum(len(t) for t in tokens)
+
+
+def test_one_string_and_token_ids(http_server: ServerThread) -> None:
+    c = client(http_server)
+    one = c.embeddings.create(input="hello world", model="tiny")
+    np.testing.assert_allclose(vectors(one), encode(http_server, texts=["hello world"]), atol=1e-6)
+    ids = [[2, 40, 41, 42, 3], [2, 7, 3]]
+    many = c.embeddings.create(input=ids, model="tiny", encoding_format="float")
+    by_ids = encode(http_server, token_ids=[pb.TokenIds(ids=r) for r in ids], normalize=True)
+    np.testing.assert_allclose(vectors(many), by_ids, atol=1e-6)
+    single = c.embeddings.create(input=ids[0], model="tiny", encoding_format="float")
+    np.testing.assert_allclose(vectors(single), by_ids[:1], atol=1e-6)
+    assert many.usage.prompt_tokens == 8
+
+
+def test_dimensions_truncate_and_renormalise(http_server: ServerThread) -> None:
+    c = client(http_server)
+    full = vectors(c.embeddings.create(input=TEXTS, model="tiny", encoding_format="float"))
+    for d in (1, 8, 31, 32):
+        cut = vectors(c.embeddings.create(input=TEXTS, model="tiny", dimensions=d, encoding_format="float"))
+        assert cut.shape == (len(TEXTS), d)
+        np.testing.assert_allclose(np.linalg.norm(cut, axis=1), 1.0, atol=1e-6)
+        expected = full[:, :d] / np.linalg.norm(full[:, :d], axis=1, keepdims=True)
+        np.testing.assert_allclose(cut, expected, atol=1e-6)
+
+
+def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None:
+    c = client(http_server)
+    without = request("POST", http_server.http_url + "/v1/embeddings", {"input": "hello"}).json()
+    assert without["model"] == "tiny"
+    listed = c.models.list().data
+    assert [m.id for m in listed] == ["tiny", "tiny:1"]  # the latest version by name, and each version
+    assert all((m.object, m.owned_by) == ("model", "mhaserve") and m.created > 1_700_000_000 for m in listed)
+    assert c.models.retrieve("tiny").id == "tiny"
+    assert c.models.retrieve("tiny:1").id == "tiny:1"
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("nope")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"input": []}, "input is empty"),
+        ({"input": ""}, "input 0 is an empty string"),
+        ({"input": ["a"] * 9}, "9 inputs in one request; the limit is 8"),
+        ({"input": [[2, 300, 3]]}, "token id 300, outside the vocabulary [0, 256)"),
+        ({"input": "word " * 400}, "more than the model's maximum of 160"),
+        ({"input": "a", "dimensions": 33}, "dimensions is 33; this model's embeddings have 32"),
+        ({"input": "a", "dimensions": 0}, "dimensions is 0"),
+        ({"input": "a", "encoding_format": "float16"}, "encoding_format"),
+        ({"input": [1, "a"]}, "input"),
+    ],
+    ids=[
+        "empty",
+        "empty-string",
+        "too-many",
+        "vocabulary",
+        "too-long",
+        "dimensions-high",
+        "dimensions-0",
+        "format",
+        "mixed",
+    ],
+)
+def test_bad_requests_are_bad_request_errors(http_server: ServerThread, kwargs: dict[str, Any], message: str) -> None:
+    c = client(http_server)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.embeddings.create(model="tiny", **kwargs)
+    assert e.value.status_code == 400 and message in e.value.message
+    assert e.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    assert e.value.response.headers["x-request-id"]
+    # the server goes on
+    assert len(c.embeddings.create(input="still here", model="tiny").data) == 1
+
+
+def test_truncate_is_an_extension_field(http_server: ServerThread) -> None:
+    c = client(http_server)
+    long = "word " * 400
+    response = c.embeddings.create(input=long, model="tiny", extra_body={"truncate": True})
+    assert response.usage.prompt_tokens == 160
+
+
+def test_an_unknown_model_is_not_found(http_server: ServerThread) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        client(http_server).embeddings.create(input="a", model="text-embedding-3-small")
+    assert "model 'text-embedding-3-small' is not served here (this server serves 'tiny')" in e.value.message
+
+
+def test_a_full_queue_is_a_rate_limit_error_with_retry_after(start: Start, settings: Settings) -> None:
+    engine = ScriptedEngine(hang_on=99)
+    srv = start(
+        dataclasses.replace(
+            settings, http_port=free_port(), max_queue_size=4, max_client_batch_size=4, max_wait_ms=0.0
+        ),
+        engine.factory(),
+    )
+    try:
+        c = client(srv)
+        held = threading.Thread(target=lambda: c.embeddings.create(input=[[99]], model="tiny"), daemon=True)
+        held.start()
+        assert engine.hanging.wait(WAIT)
+        queued = threading.Thread(target=lambda: c.embeddings.create(input=[[5]] * 4, model="tiny"), daemon=True)
+        queued.start()
+        wait_until(lambda: srv.depth() == 4, "four inputs queued behind the held batch")
+        with pytest.raises(openai.RateLimitError) as e:
+            c.embeddings.create(input=[[6]], model="tiny")
+        assert e.value.status_code == 429 and e.value.response.headers["retry-after"] == "1"
+        assert "the queue is full" in e.value.message
+    finally:
+        engine.release.set()
+    held.join(WAIT)
+    queued.join(WAIT)
+    assert len(client(srv).embeddings.create(input=[[6]], model="tiny").data) == 1
+
+
+def test_loading_is_503_and_an_engine_failure_500_with_the_request_id(start: Start, settings: Settings) -> None:
+    loaded = threading.Event()
+    engine = ScriptedEngine(fail_on=66)
+
+    def slow_factory(entry: Any) -> ScriptedEngine:
+        assert loaded.wait(WAIT)
+        return engine
+
+    srv = start(dataclasses.replace(settings, http_port=free_port()), slow_factory, ready=False)
+    try:
+        c = client(srv)
+        with pytest.raises(openai.InternalServerError) as e:
+            c.embeddings.create(input="a", model="tiny")
+        assert e.value.status_code == 503 and "still loading" in e.value.message
+        assert e.value.response.headers["retry-after"] == "1"
+    finally:
+        loaded.set()
+    srv.ready()
+    with pytest.raises(openai.InternalServerError) as e:
+        client(srv).embeddings.create(input=[[66]], model="tiny", extra_headers={"x-request-id": "req-500"})
+    assert e.value.status_code == 500
+    assert "request id req-500" in e.value.message and "Traceback" not in e.value.message
+    assert len(client(srv).embeddings.create(input=[[7]], model="tiny").data) == 1
+
+
+def test_an_inference_timeout_is_504(start: Start, settings: Settings) -> None:
+    engine = ScriptedEngine(hang_on=99, hang_for=WAIT)
+    srv = start(
+        dataclasses.replace(settings, http_port=free_port(), inference_timeout=0.3, max_wait_ms=0.0), engine.factory()
+    )
+    try:
+        with pytest.raises(openai.InternalServerError) as e:
+            client(srv).embeddings.create(input=[[99]], model="tiny")
+        assert e.value.status_code == 504 and "--inference-timeout" in e.value.message
+    finally:
+        engine.release.set()
+    wait_until(lambda: srv.server.state == "serving", "the server to recover")
+    assert len(client(srv).embeddings.create(input=[[7]], model="tiny").data) == 1
