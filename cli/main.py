@@ -28,6 +28,7 @@ EXPORT_HINT = "the export extra (torch, onnx): pip install 'mhaserve[export]'"
 
 def _export(args: argparse.Namespace) -> int:
     from mhaserve.export.publish import ExportError, ExportOptions, export_entry
+    from mhaserve.export.staging import PublishError
     from mhaserve.runtime.manifest import ManifestError
 
     random_config = {
@@ -64,7 +65,7 @@ def _export(args: argparse.Namespace) -> int:
         entry = export_entry(opts)
     except ImportError as e:  # torch and onnx are imported by the export itself
         return _missing("export", e, EXPORT_HINT)
-    except (ExportError, ManifestError) as e:
+    except (ExportError, PublishError, ManifestError) as e:
         print(f"mhaserve export: error: {e}", file=sys.stderr)
         return 1
     print(entry)

@@ -1,21 +1,18 @@
 """`mhaserve export`: build the model, export it, gate it, and publish a versioned repository entry.
 
-Everything is written into a scratch directory inside the repository first; the entry appears under
-`<repository>/<name>/<version>/` by one rename, and only after every graph has passed the parity gate.
-A failed export leaves the repository as it was.
+Everything is written into a scratch directory inside the repository first (`export/staging.py`, shared
+with `mhaserve import`); the entry appears under `<repository>/<name>/<version>/` by one rename, and only
+after every graph has passed its gate. A failed export leaves the repository as it was.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TextIO
 
+from mhaserve.export import staging
 from mhaserve.export import tokenizer as tk
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import tokenizer as serving_tokenizer
@@ -46,13 +43,6 @@ class ExportOptions:
     # Only for --source random: any size, reproducible from the seed.
     random_config: dict[str, object] = field(default_factory=dict)
     seed: int = 0
-
-
-def _pkg_version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "absent"
 
 
 def _resolve_source(source: str) -> tuple[str, Path | None]:
@@ -91,21 +81,12 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     label, ckpt_dir = _resolve_source(opts.source)
     name = mf.check_name(opts.name or _default_name(opts.source, ckpt_dir, opts.seed))
     repo = opts.repository
-    existing = mf.versions(repo, name)
-    version_ = opts.version if opts.version is not None else (existing[-1] + 1 if existing else 1)
-    if version_ <= 0:
-        raise ExportError(f"version must be a positive integer, got {version_}")
-    target = mf.entry_dir(repo, name, version_)
-    if target.exists() and not opts.overwrite:
-        raise ExportError(f"{target} already exists (pass --overwrite to replace it, or another --version)")
+    version_, target = staging.reserve(repo, name, opts.version, opts.overwrite)
 
     fuse = opts.optimize or opts.int8
     steps = 5 + fuse + opts.fp16 + opts.int8
     progress = Progress(steps, out)
-    repo.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".export-{name}-{version_}-", dir=repo))
-    scratch.chmod(0o755)  # mkdtemp makes it private; the published entry must be readable by the server's user
-    try:
+    with staging.scratch(repo, name, version_) as scratch:
         with progress.step(f"loading {label}"):
             try:
                 if ckpt_dir is None:
@@ -210,24 +191,11 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 graphs=graphs,
                 inputs=[{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in mf.INPUT_NAMES],
                 outputs=[{"name": mf.OUTPUT_NAME, "dtype": "float32", "shape": ["batch", cfg.d_model]}],
-                exporter={
-                    "torch": torch.__version__,
-                    "onnx": _pkg_version("onnx"),
-                    "onnxscript": _pkg_version("onnxscript"),
-                    "onnxruntime": _pkg_version("onnxruntime-gpu"),
-                    "mhaserve": _pkg_version("mhaserve"),
-                },
+                exporter={"torch": torch.__version__} | staging.tool_versions(),
                 created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             )
             (scratch / mf.MANIFEST).write_text(manifest.to_json())
 
         with progress.step(f"publishing {target}"):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if target.exists():
-                old = target.with_name(f".old-{target.name}-{os.getpid()}")
-                target.rename(old)
-                shutil.rmtree(old)
-            scratch.rename(target)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+            staging.publish(scratch, target)
     return target
