@@ -7,6 +7,7 @@ after every graph has passed its gate. A failed export leaves the repository as 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +73,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     # Imported here so that `mhaserve --help` and the server never import torch.
     import torch
 
-    from mhaserve.export import int8_gate, onnx_graph, parity, quantize
+    from mhaserve.export import int8_gate, onnx_graph, parity, quantize, speed
     from mhaserve.model.checkpoint import CheckpointError, load_encoder
     from mhaserve.model.config import EncoderConfig
     from mhaserve.model.encoder import random_encoder
@@ -84,7 +85,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     version_, target = staging.reserve(repo, name, opts.version, opts.overwrite)
 
     fuse = opts.optimize or opts.int8
-    steps = 5 + fuse + opts.fp16 + opts.int8
+    steps = 5 + 2 * fuse + opts.fp16 + opts.int8
     progress = Progress(steps, out)
     with staging.scratch(repo, name, version_) as scratch:
         with progress.step(f"loading {label}"):
@@ -114,8 +115,10 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
             onnx_graph.export_graph(model, fp32)
             opset = onnx_graph.check_graph(fp32, cfg.d_model)
 
-        def engine(path: Path) -> OnnxEngine:
-            return OnnxEngine(path, max_seq_len=cfg.max_seq_len, vocab_size=cfg.vocab_size, device="cpu")
+        def engine(path: Path, threads: int | None = None) -> OnnxEngine:
+            return OnnxEngine(
+                path, max_seq_len=cfg.max_seq_len, vocab_size=cfg.vocab_size, device="cpu", intra_op_threads=threads
+            )
 
         graphs: dict[str, mf.GraphEntry] = {}
 
@@ -170,6 +173,19 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 except int8_gate.Int8GateError as e:
                     raise ExportError(f"{e}; nothing was published") from None
                 publish("int8", int8, "int8", report.to_dict() | {"quantization": how.to_dict()}, True)
+        if fuse:
+            with progress.step("in-process speed of the CPU graphs (1 thread, CPU time, interleaved)"):
+                # What the fusions and int8 bought on this machine, beside what they cost in fidelity; the
+                # fp16 graph is for CUDA hosts and is not measured on the CPU.
+                cpu_graphs = {v: scratch / graphs[v].file for v in ("fp32", "optimized", "int8") if v in graphs}
+                figures = speed.at_export(
+                    {v: engine(p, threads=1) for v, p in cpu_graphs.items()},
+                    serving_tokenizer.load_for_serving(scratch / mf.TOKENIZER, cfg.max_seq_len),
+                    int8_gate.fidelity_texts() + [t for q, ps in int8_gate.retrieval_set() for t in [q, *ps]],
+                    pad_id=cfg.pad_token_id,
+                )
+                for v, f in figures.items():
+                    graphs[v] = dataclasses.replace(graphs[v], parity=graphs[v].parity | {"speed_at_export": f})
 
         with progress.step("writing manifest"):
             manifest = mf.Manifest(

@@ -34,7 +34,8 @@ class GraphEntry:
     precision: str  # "fp32", "fp16" or "int8"
     optimized: bool  # ONNX Runtime fusions applied (attention, embedding and skip layernorms, bias-gelu)
     # What its gate measured (the parity gate against the eager model, or the int8 gate against the fused
-    # fp32 graph) and its bar, and the graph's node count by type.
+    # fp32 graph) and its bar, the graph's node count by type, and (CPU graphs of an export with --optimize
+    # or --int8) its in-process speed relative to the plain fp32 graph on the exporting machine.
     parity: dict[str, Any]
 
 

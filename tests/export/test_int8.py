@@ -96,6 +96,18 @@ def test_the_gate_figures_are_in_the_manifest(tiny_entry: Path) -> None:
     assert figures["inputs"] == n_texts + figures["sets"]["grid_alone"]["inputs"]
 
 
+def test_the_manifest_records_each_cpu_graphs_speed_against_the_plain_graph(tiny_entry: Path) -> None:
+    graphs = read_manifest(tiny_entry).graphs
+    assert "speed_at_export" not in graphs["fp16"].parity  # for CUDA hosts: not measured on the CPU
+    for variant in ("fp32", "optimized", "int8"):
+        figures = graphs[variant].parity["speed_at_export"]
+        assert figures["relative_to"] == "fp32"
+        for workload in ("short", "mixed"):
+            assert figures[workload]["speed"] > 0 and figures[workload]["seq_per_s"] > 0
+            assert figures[workload]["inputs"] == graphs["fp32"].parity["speed_at_export"][workload]["inputs"] > 0
+    assert graphs["fp32"].parity["speed_at_export"]["short"]["speed"] == 1.0
+
+
 def test_the_gate_measures_the_damage_of_a_wrong_scale(tiny_entry: Path, tmp_path: Path) -> None:
     """The same graph, one weight scale forced 10x: the gate's figures fall below its bar."""
     reference = _engine(tiny_entry / "model.optimized.onnx")
