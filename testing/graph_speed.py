@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mhaserve.export import speed
+from mhaserve.export import onnx_graph, speed
 from mhaserve.runtime.engine import Engine, OnnxEngine
 from mhaserve.runtime.repository import ModelRepository
 from mhaserve.runtime.tokenizer import load_for_serving
@@ -183,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.ort_reference:
             graphs["ort-optimizer"] = ort_reference(Path(tmp), m.heads, m.hidden_size)
+        report["nodes"] = {name: onnx_graph.node_counts(path) for name, path in graphs.items()}
+        for name, counts in report["nodes"].items():
+            print(f"{name}: {sum(counts.values())} nodes {counts}")
         for name in args.workloads:
             w = loads[name]
             for size in args.batch_sizes:
