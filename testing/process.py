@@ -33,6 +33,50 @@ def live_objects(*type_names: str) -> dict[str, int]:
     return counts
 
 
+# The fields of /proc/<pid>/status that are plain decimal counts; others of digits alone are hex masks.
+STATUS_COUNTS = frozenset({"Pid", "PPid", "Tgid", "Threads", "FDSize", "voluntary_ctxt_switches"})
+
+
+def parse_status(text: str) -> dict[str, int]:
+    """The figures of a /proc/<pid>/status text: every size, in KiB (`VmRSS`, `VmHWM`, `RssAnon`, ...), and
+    the counts of STATUS_COUNTS (`Threads`, ...). Names, masks and lists are left out."""
+    fields = {}
+    for line in text.splitlines():
+        key, colon, rest = line.partition(":")
+        value = rest.split()
+        if (
+            colon
+            and value
+            and value[0].isdigit()
+            and (value[1:] == ["kB"] or (key in STATUS_COUNTS and len(value) == 1))
+        ):
+            fields[key] = int(value[0])
+    return fields
+
+
+def status(pid: int) -> dict[str, int]:
+    """`parse_status` of a live process (Linux); OSError when it has gone."""
+    return parse_status(Path(f"/proc/{pid}/status").read_text())
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A process's memory as the kernel counts it, in KiB: resident now, the peak resident since it started
+    (the high-water mark, VmHWM), and the anonymous part of the resident (heap and arenas, not mapped files)."""
+
+    rss_kib: int
+    peak_kib: int
+    anon_kib: int | None  # RssAnon: Linux 4.5 and later
+
+    @classmethod
+    def of(cls, fields: dict[str, int]) -> Memory:
+        return cls(fields["VmRSS"], fields["VmHWM"], fields.get("RssAnon"))
+
+
+def memory(pid: int) -> Memory:
+    return Memory.of(status(pid))
+
+
 @dataclass(frozen=True)
 class Sample:
     """One look at a process: seconds since the first look, resident memory, open descriptors, threads."""
@@ -45,11 +89,9 @@ class Sample:
 
 def sample(pid: int, t0: float) -> Sample:
     """From /proc (Linux)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss = int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))  # type: ignore[union-attr]
-    threads = int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+    fields = status(pid)
     fds = len(os.listdir(f"/proc/{pid}/fd"))
-    return Sample(time.monotonic() - t0, rss, fds, threads)
+    return Sample(time.monotonic() - t0, fields["VmRSS"], fds, fields["Threads"])
 
 
 class ServerProcess:

@@ -9,6 +9,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -18,7 +19,7 @@ from mhaserve.runtime.repository import EngineFactory
 from mhaserve.service.client import CHANNEL_OPTIONS
 from mhaserve.service.server import EncoderServer
 from mhaserve.service.settings import Settings
-from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.loopback import WAIT, free_port
 from mhaserve.testing.metrics import Samples, from_registry
 
 T = TypeVar("T")
@@ -27,6 +28,22 @@ T = TypeVar("T")
 def health_status(channel: grpc.Channel, timeout: float = WAIT) -> str:
     reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def local_settings(repository: Path, **overrides: Any) -> Settings:
+    """A test server's settings: the repository's models on the CPU with one inference thread, gRPC on a port
+    of the system's choosing, HTTP and metrics on free loopback ports, at most 8 inputs per request (small
+    limits make the limit tests cheap); `overrides` for what a test needs otherwise."""
+    values: dict[str, Any] = {
+        "repository": repository,
+        "port": 0,
+        "metrics_port": free_port(),
+        "http_port": free_port(),
+        "device": "cpu",
+        "intra_op_threads": 1,
+        "max_client_batch_size": 8,
+    }
+    return Settings(**(values | overrides))
 
 
 class ServerThread:

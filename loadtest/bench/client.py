@@ -29,6 +29,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.testing.loopback import free_port
 from mhaserve.testing.metrics import Samples, scrape
+from mhaserve.testing.process import Memory, memory
 
 
 class BenchError(RuntimeError):
@@ -42,7 +43,7 @@ class Server:
         self,
         repository: Path,
         *,
-        model: str | None,
+        models: Sequence[str],
         batching: str,
         graph: str,
         device: str,
@@ -64,7 +65,7 @@ class Server:
             "--graph", graph,
             "--device", device,
             "--grace-period", "5",
-            *(["--model", model] if model else []),
+            *(a for m in models for a in ("--model", m)),
             *(["--intra-op-threads", str(threads)] if threads else []),
             *extra,
         ]  # fmt: skip
@@ -73,7 +74,7 @@ class Server:
         self._log: IO[bytes] | None = None
 
     def start(self, timeout: float = 180.0) -> pb.GetModelInfoResponse:
-        """Start it and wait for SERVING; its model info."""
+        """Start it and wait for SERVING; its default model's info."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         self._log = self.log_path.open("wb")
@@ -94,10 +95,19 @@ class Server:
                 if time.monotonic() > deadline:
                     raise BenchError(f"the server was not SERVING after {timeout:.0f} s: see {self.log_path}")
                 time.sleep(0.2)
+        return self.model_info()
+
+    def model_info(self, model: str = "") -> pb.GetModelInfoResponse:
+        """A served model's info (the default model's when `model` is empty)."""
+        with grpc.insecure_channel(self.address) as channel:
             info: pb.GetModelInfoResponse = pb_grpc.EncoderServiceStub(channel).GetModelInfo(
-                pb.GetModelInfoRequest(), timeout=10
+                pb.GetModelInfoRequest(model=model), timeout=10
             )
         return info
+
+    def memory(self) -> Memory:
+        """The server process's resident and peak memory now (from /proc)."""
+        return memory(self.pid)
 
     @property
     def pid(self) -> int:
@@ -126,47 +136,54 @@ class Server:
             self.stop()
 
 
+Load = tuple[Transport, int]  # a transport, and how many distinct requests its clients cycle through
+
+
 async def _closed_loop(
-    transport: Transport,
-    n_requests: int,
+    loads: Sequence[Load],
     concurrency: int,
     duration: float,
     warmup_max: float,
     server_pid: int,
 ) -> dict[str, Any]:
-    """`concurrency` clients of one transport; measure a window once every client has had a response."""
-    records: list[tuple[float, float, int]] = []  # (sent, received, tokens)
-    cycles: list[tuple[float, float]] = []  # (a client's next send, time since its previous send)
-    errors: dict[str, int] = {}
+    """`concurrency` clients on each load, all at once; measure one window once every client has had a
+    response. Each load's records are kept apart (`groups`, in the order of `loads`)."""
+    groups: list[dict[str, Any]] = [
+        {"records": [], "cycles": [], "errors": {}, "counter": iter(range(1 << 62))} for _ in loads
+    ]  # records: (sent, received, tokens); cycles: (a client's next send, time since its previous send)
     warmed: set[int] = set()
     all_warm = asyncio.Event()
     stop = False
-    counter = iter(range(1 << 62))
 
-    async with transport:
+    async with contextlib.AsyncExitStack() as stack:
+        for link, _ in loads:
+            await stack.enter_async_context(link)
 
-        async def client(k: int) -> None:
-            send = transport.client()
+        async def client(g: int, k: int) -> None:
+            send = loads[g][0].client()
+            n_requests, group = loads[g][1], groups[g]
             previous = None
             while not stop:
-                i = next(counter) % n_requests
+                i = next(group["counter"]) % n_requests
                 t0 = time.perf_counter()
                 if previous is not None:
-                    cycles.append((t0, t0 - previous))
+                    group["cycles"].append((t0, t0 - previous))
                 previous = t0
                 try:
                     tokens = await send(i)
                 except CallFailed as e:
-                    errors[e.key] = errors.get(e.key, 0) + 1
+                    group["errors"][e.key] = group["errors"].get(e.key, 0) + 1
                     await asyncio.sleep(0.01)  # a refusal (queue full) must not turn into a busy loop
                     continue
-                records.append((t0, time.perf_counter(), tokens))
+                group["records"].append((t0, time.perf_counter(), tokens))
                 if k not in warmed:
                     warmed.add(k)
-                    if len(warmed) == concurrency:
+                    if len(warmed) == concurrency * len(loads):
                         all_warm.set()
 
-        tasks = [asyncio.create_task(client(k)) for k in range(concurrency)]
+        tasks = [
+            asyncio.create_task(client(g, g * concurrency + k)) for g in range(len(loads)) for k in range(concurrency)
+        ]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(all_warm.wait(), timeout=warmup_max)
         cpu0, server0, machine0 = self_cpu_seconds(), process_cpu_seconds(server_pid), machine_cpu()
@@ -179,21 +196,95 @@ async def _closed_loop(
         _, pending = await asyncio.wait(tasks, timeout=120)
         for t in pending:
             t.cancel()
-    window = [r for r in records if t_start <= r[1] <= t_end]
-    in_window = [c for t, c in cycles if t_start <= t <= t_end]
+
+    def measured(g: int, group: dict[str, Any]) -> dict[str, Any]:
+        window = [r for r in group["records"] if t_start <= r[1] <= t_end]
+        return {
+            "cycles": [c for t, c in group["cycles"] if t_start <= t <= t_end],
+            "warm_clients": len(warmed & set(range(g * concurrency, (g + 1) * concurrency))),
+            "completed": len(window),
+            "tokens": sum(r[2] for r in window),
+            "latencies": [(r[1] - r[0]) * 1000 for r in window],
+            "errors": group["errors"],
+            "all_tokens": sum(r[2] for r in group["records"]),
+        }
+
     return {
         "window": (t_start, t_end),
-        "cycles": in_window,
-        "warm_clients": len(warmed),
-        "completed": len(window),
-        "tokens": sum(r[2] for r in window),
-        "latencies": [(r[1] - r[0]) * 1000 for r in window],
-        "errors": errors,
-        "all_tokens": sum(r[2] for r in records),
+        "groups": [measured(g, group) for g, group in enumerate(groups)],
         "client_cpu_s": cpu1 - cpu0,
         "server_cpu_s": server1 - server0 if server0 is not None and server1 is not None else None,
         "machine": (machine0, machine1),
     }
+
+
+def _throughput(group: dict[str, Any], concurrency: int, seconds: float) -> dict[str, Any]:
+    """Throughput and latency of one load's clients over the window."""
+    # Little's law for a closed loop: each client sends once per cycle (its request's latency plus its
+    # own time between requests), so the clients together send concurrency / mean cycle requests a
+    # second. Unlike a count of completions in the window it does not jump with the bursts of a batch.
+    cycles = group["cycles"]
+    seq_per_s = concurrency / (sum(cycles) / len(cycles)) if cycles else group["completed"] / seconds
+    return {
+        "concurrency": concurrency,
+        "seconds": seconds,
+        "completed": group["completed"],
+        "seq_per_s": seq_per_s,
+        "tok_per_s": seq_per_s * group["tokens"] / group["completed"] if group["completed"] else 0.0,
+        # Completions counted in the window: batches complete in bursts, so this count moves by a whole
+        # batch with the window's phase (a 16-request burst is 5% of an 8 s point at 40 seq/s).
+        "seq_per_s_counted": group["completed"] / seconds,
+        "latency_ms": latency_summary(group["latencies"]),
+        "errors": group["errors"],
+        "warm_clients": group["warm_clients"],
+    }
+
+
+def _batches(before: Samples, after: Samples, all_tokens: int, **labels: str) -> dict[str, Any]:
+    """What the batcher did over a run (of the model `labels` name, or all), from its counters."""
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0, **labels) - before.get(name, 0.0, **labels)
+
+    batches, padded = delta("mhaserve_batch_size_count"), delta("mhaserve_batch_tokens_sum")
+    return {
+        "batches": batches,
+        "mean_batch_size": delta("mhaserve_batch_size_sum") / batches if batches else None,
+        # Token-weighted: the share of the tokens the model computed that were padding.
+        "padding_fraction": max(0.0, 1 - all_tokens / padded) if padded else None,
+    }
+
+
+def _cpu(raw: dict[str, Any], seconds: float, completed: int) -> dict[str, Any]:
+    """CPU in cores (1.0 = one core busy for the whole window), measured over the window."""
+    machine = busy_cores(*raw["machine"])
+    server_cores = raw["server_cpu_s"] / seconds if raw["server_cpu_s"] is not None else None
+    client_cores = raw["client_cpu_s"] / seconds
+    return {
+        "client_cpu_cores": client_cores,
+        # The load generator's cost per request, to compare transports: it must stay far below the server's.
+        "client_cpu_ms_per_request": raw["client_cpu_s"] * 1000 / completed if completed else None,
+        "server_cpu_cores": server_cores,
+        "machine_cpu_cores": machine,
+        "other_cpu_cores": (
+            None if machine is None or server_cores is None else max(0.0, machine - server_cores - client_cores)
+        ),
+        "cores": os.cpu_count() or 1,
+    }
+
+
+def _measure(
+    server: Server, loads: Sequence[Load], concurrency: int, duration: float, warmup_max: float
+) -> tuple[dict[str, Any], Samples, Samples]:
+    """The closed loop, with the server's metrics scraped around the whole run, warm-up included: padding
+    and batch sizes are properties of the load, steady from the first batches."""
+    before = after = Samples([])
+    with contextlib.suppress(OSError):
+        before = scrape(server.metrics_port, timeout=5)
+    raw = asyncio.run(_closed_loop(loads, concurrency, duration, warmup_max, server.pid))
+    with contextlib.suppress(OSError):
+        after = scrape(server.metrics_port, timeout=5)
+    return raw, before, after
 
 
 def run_point(
@@ -207,53 +298,41 @@ def run_point(
 ) -> dict[str, Any]:
     """One point of the sweep: throughput, latency, padding and CPU shares of `concurrency` clients."""
     link = transport(protocol, server.address, server.http_url, workload)
-    before = after = Samples([])
-    # The batcher's counters are read around the whole run, warm-up included, against every token the
-    # clients got back: padding and batch sizes are properties of the load, steady from the first batches.
-    with contextlib.suppress(OSError):
-        before = scrape(server.metrics_port, timeout=5)
-    raw = asyncio.run(_closed_loop(link, len(workload.ids), concurrency, duration, warmup_max, server.pid))
-    with contextlib.suppress(OSError):
-        after = scrape(server.metrics_port, timeout=5)
+    raw, before, after = _measure(server, [(link, len(workload.ids))], concurrency, duration, warmup_max)
     seconds = raw["window"][1] - raw["window"][0]
-
-    def delta(name: str) -> float:
-        return after.get(name) - before.get(name)
-
-    batches, padded = delta("mhaserve_batch_size_count"), delta("mhaserve_batch_tokens_sum")
-    # Little's law for a closed loop: each client sends once per cycle (its request's latency plus its
-    # own time between requests), so the clients together send concurrency / mean cycle requests a
-    # second. Unlike a count of completions in the window it does not jump with the bursts of a batch.
-    cycles = raw["cycles"]
-    seq_per_s = concurrency / (sum(cycles) / len(cycles)) if cycles else raw["completed"] / seconds
-    machine = busy_cores(*raw["machine"])
-    server_cores = raw["server_cpu_s"] / seconds if raw["server_cpu_s"] is not None else None
-    client_cores = raw["client_cpu_s"] / seconds
+    group = raw["groups"][0]
     return {
         "protocol": protocol,
+        **_throughput(group, concurrency, seconds),
+        **_batches(before, after, group["all_tokens"]),
+        **_cpu(raw, seconds, group["completed"]),
+    }
+
+
+def run_models_point(
+    server: Server,
+    workloads: dict[str, Workload],
+    concurrency: int,
+    *,
+    duration: float,
+    warmup_max: float,
+) -> dict[str, Any]:
+    """`concurrency` gRPC clients for each model named in `workloads`, all at once, against one server:
+    throughput, latency and batches per model (`models`), CPU shares of the whole point."""
+    loads = [
+        (transport("grpc", server.address, server.http_url, w, model), len(w.ids)) for model, w in workloads.items()
+    ]
+    raw, before, after = _measure(server, loads, concurrency, duration, warmup_max)
+    seconds = raw["window"][1] - raw["window"][0]
+    models = {
+        model: _throughput(group, concurrency, seconds) | _batches(before, after, group["all_tokens"], model=model)
+        for model, group in zip(workloads, raw["groups"], strict=True)
+    }
+    completed = sum(m["completed"] for m in models.values())
+    return {
         "concurrency": concurrency,
         "seconds": seconds,
-        "completed": raw["completed"],
-        "seq_per_s": seq_per_s,
-        "tok_per_s": seq_per_s * raw["tokens"] / raw["completed"] if raw["completed"] else 0.0,
-        # Completions counted in the window: batches complete in bursts, so this count moves by a whole
-        # batch with the window's phase (a 16-request burst is 5% of an 8 s point at 40 seq/s).
-        "seq_per_s_counted": raw["completed"] / seconds,
-        "latency_ms": latency_summary(raw["latencies"]),
-        "errors": raw["errors"],
-        "warm_clients": raw["warm_clients"],
-        "batches": batches,
-        "mean_batch_size": delta("mhaserve_batch_size_sum") / batches if batches else None,
-        # Token-weighted: the share of the tokens the model computed that were padding.
-        "padding_fraction": max(0.0, 1 - raw["all_tokens"] / padded) if padded else None,
-        # CPU in cores (1.0 = one core busy for the whole window), measured over the window.
-        "client_cpu_cores": client_cores,
-        # The load generator's cost per request, to compare transports: it must stay far below the server's.
-        "client_cpu_ms_per_request": raw["client_cpu_s"] * 1000 / raw["completed"] if raw["completed"] else None,
-        "server_cpu_cores": server_cores,
-        "machine_cpu_cores": machine,
-        "other_cpu_cores": (
-            None if machine is None or server_cores is None else max(0.0, machine - server_cores - client_cores)
-        ),
-        "cores": os.cpu_count() or 1,
+        "models": models,
+        "seq_per_s": sum(m["seq_per_s"] for m in models.values()),
+        **_cpu(raw, seconds, completed),
     }

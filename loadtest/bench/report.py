@@ -9,7 +9,8 @@ from typing import Any
 HEADLINE_CLIENTS = 32
 
 
-def _f(value: float | None, digits: int = 1) -> str:
+def fmt(value: float | None, digits: int = 1) -> str:
+    """A figure as the reports print it: thousands separated, `digits` decimals, "-" for none."""
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
@@ -123,16 +124,24 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def markdown(report: dict[str, Any]) -> str:
-    m, s, machine = report["model"], report["settings"], report["machine"]
-    lines = [
-        "# mhaserve bench",
+def header(report: dict[str, Any], title: str) -> list[str]:
+    """The title, when, the command that reproduces the run, the machine and its load, the software."""
+    machine = report["machine"]
+    return [
+        f"# {title}",
         "",
         f"- **When**: {report['created']} ({report['elapsed_s']:.0f} s)",
         f"- **Command**: `{report['command']}`",
         f"- **Machine**: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']:.0f} GiB; "
         f"{machine['platform']}; load average {machine['load_before']} before, {machine['load_after']} after",
         f"- **Software**: python {machine['python']}, " + ", ".join(f"{k} {v}" for k, v in machine["packages"].items()),
+    ]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m, s, machine = report["model"], report["settings"], report["machine"]
+    lines = [
+        *header(report, "mhaserve bench"),
         f"- **Model**: {m['name']} v{m['version']} ({m['layers']} layers, {m['dimensions']} dims), "
         f"`{m['graph']}` graph on {m['provider']} (sha256 {m['sha256'][:12]}…)",
         f"- **Threads**: ONNX Runtime intra-op {s['threads'] or 'all cores (server default)'}; "
@@ -148,13 +157,13 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Summary", ""]
     for wname, w in report["summary"].items():
         parts = [
-            f"ceiling {_f(w['ceiling_seq_per_s'])} seq/s (ONNX Runtime in-process, batch {w['ceiling_batch_size']})"
+            f"ceiling {fmt(w['ceiling_seq_per_s'])} seq/s (ONNX Runtime in-process, batch {w['ceiling_batch_size']})"
         ]
         for batching in ("length", "arrival"):
             if batching in w:
                 b = w[batching]
                 parts.append(
-                    f"server ({batching}) at {b['clients']} clients {_f(b['seq_per_s'])} seq/s = "
+                    f"server ({batching}) at {b['clients']} clients {fmt(b['seq_per_s'])} seq/s = "
                     f"**{b['ratio']:.2f}** of the ceiling (best {b['best_ratio']:.2f} at {b['best_clients']})"
                 )
         if "length_over_arrival" in w:
@@ -163,7 +172,7 @@ def markdown(report: dict[str, Any]) -> str:
             one = (w.get(batching) or {}).get("one_client_p50_ms")
             if one is not None:
                 parts.append(
-                    f"1 client ({batching}): p50 {_f(one, 2)} ms against {_f(w['batch1_p50_ms'], 2)} ms for ONNX "
+                    f"1 client ({batching}): p50 {fmt(one, 2)} ms against {fmt(w['batch1_p50_ms'], 2)} ms for ONNX "
                     f"Runtime one input at a time ({one - w['batch1_p50_ms']:+.2f} ms)"
                 )
                 break
@@ -194,9 +203,9 @@ def markdown(report: dict[str, Any]) -> str:
         for label, r in rows:
             lat = r["latency_ms"]
             lines.append(
-                f"| {wname} | {label} | {r['batch_size']} | {_f(r['seq_per_s'])} | {_f(r['tok_per_s'], 0)} | "
-                f"{_f(lat['p50'])} | {_f(lat['p95'])} | {_f(lat['p99'])} | {_pct(r['padding_fraction'])} | "
-                f"{r['seq_per_s'] / ceiling:.2f} | {_f(r.get('other_cpu_cores'), 2)}{_mark(r)} |"
+                f"| {wname} | {label} | {r['batch_size']} | {fmt(r['seq_per_s'])} | {fmt(r['tok_per_s'], 0)} | "
+                f"{fmt(lat['p50'])} | {fmt(lat['p95'])} | {fmt(lat['p99'])} | {_pct(r['padding_fraction'])} | "
+                f"{r['seq_per_s'] / ceiling:.2f} | {fmt(r.get('other_cpu_cores'), 2)}{_mark(r)} |"
             )
         if torch and "skipped" in torch:
             lines.append(f"| {wname} | PyTorch eager: skipped ({torch['skipped']}) | | | | | | | | | |")
@@ -205,7 +214,7 @@ def markdown(report: dict[str, Any]) -> str:
         after = inproc.get("ceiling_after")
         if after:
             lines.append(
-                f"- {wname}: the ceiling measured again after the server runs: {_f(after['seq_per_s'])} seq/s "
+                f"- {wname}: the ceiling measured again after the server runs: {fmt(after['seq_per_s'])} seq/s "
                 f"at batch {after['batch_size']} ({after['drift']:+.0%} against the first measurement"
                 + (f"; other processes took {after['other_cpu_cores']:.2f} cores *)" if after.get("disturbed") else ")")
             )
@@ -215,7 +224,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["| workload | " + " | ".join(f"b={b}" for b in sizes) + " |", "| --- |" + " ---: |" * len(sizes)]
     for wname, inproc in report["inprocess"].items():
         by = {r["batch_size"]: r["seq_per_s"] for r in inproc["sweep"]}
-        lines.append(f"| {wname} | " + " | ".join(_f(by.get(b)) for b in sizes) + " |")
+        lines.append(f"| {wname} | " + " | ".join(fmt(by.get(b)) for b in sizes) + " |")
     lines += ["", "## Server over gRPC", ""]
     lines += [
         "| workload | batching | clients | seq/s | tok/s | p50 ms | p95 ms | p99 ms | / ceiling | padding "
@@ -229,10 +238,10 @@ def markdown(report: dict[str, Any]) -> str:
                 lat = p["latency_ms"]
                 errors = ", ".join(f"{k} {v}" for k, v in p["errors"].items()) or "0"
                 lines.append(
-                    f"| {wname} | {batching} | {p['concurrency']} | {_f(p['seq_per_s'])} | {_f(p['tok_per_s'], 0)} | "
-                    f"{_f(lat['p50'])} | {_f(lat['p95'])} | {_f(lat['p99'])} | {p['seq_per_s'] / ceiling:.2f} | "
-                    f"{_pct(p['padding_fraction'])} | {_f(p['mean_batch_size'])} | {_f(p['server_cpu_cores'], 2)} | "
-                    f"{_f(p['client_cpu_cores'], 2)} | {_f(p.get('other_cpu_cores'), 2)}{_mark(p)} | {errors} |"
+                    f"| {wname} | {batching} | {p['concurrency']} | {fmt(p['seq_per_s'])} | {fmt(p['tok_per_s'], 0)} | "
+                    f"{fmt(lat['p50'])} | {fmt(lat['p95'])} | {fmt(lat['p99'])} | {p['seq_per_s'] / ceiling:.2f} | "
+                    f"{_pct(p['padding_fraction'])} | {fmt(p['mean_batch_size'])} | {fmt(p['server_cpu_cores'], 2)} | "
+                    f"{fmt(p['client_cpu_cores'], 2)} | {fmt(p.get('other_cpu_cores'), 2)}{_mark(p)} | {errors} |"
                 )
     lines += [
         "",
@@ -245,6 +254,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
     ]
     lines += _http_section(report)
+    lines += memory_section(report.get("memory"))
     guard = s.get("guard")
     if guard and guard["retries"]:
         disturbed = _disturbed(report)
@@ -282,11 +292,11 @@ def _http_section(report: dict[str, Any]) -> list[str]:
                 p = points[r["clients"]]
                 errors = ", ".join(f"{k} {v}" for k, v in p["errors"].items()) or "0"
                 lines.append(
-                    f"| {wname} | {protocol} | {r['clients']} | {_f(r['seq_per_s'])} | {_f(r['grpc_seq_per_s'])} | "
-                    f"{_f(r['ratio'], 2)} | {_f(r['p50_ms'])} | {_f(r['grpc_p50_ms'])} | {_f(r['p99_ms'])} | "
-                    f"{_f(r['grpc_p99_ms'])} | {_f(r['client_cpu_ms_per_request'], 2)} | "
-                    f"{_f(r['grpc_client_cpu_ms_per_request'], 2)} | {_f(p['server_cpu_cores'], 2)} | "
-                    f"{_f(p.get('other_cpu_cores'), 2)}{_mark(p)} | {errors} |"
+                    f"| {wname} | {protocol} | {r['clients']} | {fmt(r['seq_per_s'])} | {fmt(r['grpc_seq_per_s'])} | "
+                    f"{fmt(r['ratio'], 2)} | {fmt(r['p50_ms'])} | {fmt(r['grpc_p50_ms'])} | {fmt(r['p99_ms'])} | "
+                    f"{fmt(r['grpc_p99_ms'])} | {fmt(r['client_cpu_ms_per_request'], 2)} | "
+                    f"{fmt(r['grpc_client_cpu_ms_per_request'], 2)} | {fmt(p['server_cpu_cores'], 2)} | "
+                    f"{fmt(p.get('other_cpu_cores'), 2)}{_mark(p)} | {errors} |"
                 )
     lines += [
         "",
@@ -297,6 +307,54 @@ def _http_section(report: dict[str, Any]) -> list[str]:
         "the server.",
         "",
     ]
+    return lines
+
+
+def _mib(kib: float | None, sign: bool = False) -> str:
+    return "-" if kib is None else f"{kib / 1024:{'+' if sign else ''},.1f}"
+
+
+def memory_section(mem: dict[str, Any] | None) -> list[str]:
+    """The server's resident and peak memory per graph, after warm-up and after the run's requests (the report's
+    `memory`, from memory.result); nothing when the memory was not measured."""
+    if not mem:
+        return []
+    runs = mem["graphs"]
+    first = next(iter(runs.values()), None)
+    lines = ["## Server memory", "", f"**Verdict**: {mem['verdict']}.", ""]
+    skipped = [f"- not measured: {graph}: {why}" for graph, why in mem["skipped"].items()]
+    if first is None:
+        return [*lines, *skipped, ""] if skipped else lines
+    lines += [
+        f"| graph | file MiB | RSS at start-up | RSS after warm-up | RSS after {first['requests']:,} requests | growth "
+        "| of which in the second half | per 10k requests | peak after warm-up | peak at the end | peak growth "
+        "| anon at the end | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for graph, r in runs.items():
+        s = r["summary"]
+        errors = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "0"
+        lines.append(
+            f"| {graph} | {fmt(r['file_mib'])} | {_mib(r['start']['rss_kib'])} | {_mib(s['warm']['rss_kib'])} | "
+            f"{_mib(s['end']['rss_kib'])} | **{_mib(s['growth_kib'], sign=True)}** | "
+            f"{_mib(s['second_half_growth_kib'], sign=True)} | {_mib(s['slope_kib_per_10k'], sign=True)} | "
+            f"{_mib(s['warm']['peak_kib'])} | {_mib(s['end']['peak_kib'])} | {_mib(s['peak_growth_kib'], sign=True)} | "
+            f"{_mib(s['end']['anon_kib'])} | {errors} |"
+        )
+    lines += [
+        "",
+        f"MiB. Each graph served alone by a fresh `mhaserve serve` ({mem['batching']} batching, {first['provider']}), "
+        f"sent the {first['workload']} workload by {first['clients']} closed-loop gRPC clients: first a warm-up of "
+        f"{first['warmup_requests']:,} requests, then {first['requests']:,} more. RSS is VmRSS of /proc/<pid>/status "
+        "(resident now), peak is VmHWM (the most it was ever resident), anon is RssAnon (heap and arenas, not "
+        "mapped files); growth is from the warm-up to the end, and per 10k requests the least-squares slope of "
+        f"the {len(first['samples'])} readings in between. Growth above {first['summary']['bound_mib']:g} MiB is "
+        "called growth. Memory on a GPU is not in RSS.",
+        "",
+    ]
+    for graph, r in runs.items():
+        lines.append(f"- {graph}: RSS at each reading, MiB: " + ", ".join(_mib(x["rss_kib"]) for x in r["samples"]))
+    lines += [*skipped, ""]
     return lines
 
 

@@ -7,8 +7,11 @@
    servers take turns at each point);
 5. the same server over HTTP (OpenAI `POST /v1/embeddings`) beside gRPC, on the text workloads, with the
    length policy's server, at the same client counts and in turn with its gRPC points;
-each for the fixed-length, the mixed-length and the short-text workload. Outputs: report.md, report.json,
-throughput.png, latency.png and the servers' logs, in results/bench-<timestamp>/ or --output.
+each for the fixed-length, the mixed-length and the short-text workload; then
+6. the server's memory, each CPU graph of the entry served in turn (memory.py).
+Outputs: report.md, report.json, throughput.png, latency.png and the servers' logs, in
+results/bench-<timestamp>/ or --output. `--models` measures several models in one server instead (models.py),
+`--memory-only` the server's memory alone (memory_only.py).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import functools
-import io
 import signal
 import statistics
 import sys
@@ -27,27 +29,15 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from mhaserve.loadtest.bench import options, report
+from mhaserve.loadtest.bench import entries, memory, memory_only, models, options, report
 from mhaserve.loadtest.bench.client import BenchError, Server, run_point
 from mhaserve.loadtest.bench.inprocess import measure_in_child
 from mhaserve.loadtest.bench.quiet import Guard
-from mhaserve.loadtest.bench.workloads import Workload, fixed, load_corpus, mixed, short
+from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.machine import load
 from mhaserve.loadtest.machine import machine as describe_machine
-from mhaserve.loadtest.texts import SHORT
-from mhaserve.model.config import TINY
 from mhaserve.runtime.progress import Progress
-
-
-def _quick_repository(tmp: Path) -> Path:
-    """A tiny random model exported (with the parity gate) into a scratch repository."""
-    from mhaserve.export.publish import ExportOptions, export_entry
-
-    export_entry(
-        ExportOptions(source="random", repository=tmp, name="bench-tiny", random_config=dict(TINY), optimize=True),
-        out=io.StringIO(),
-    )
-    return tmp
+from mhaserve.runtime.repository import GRAPHS
 
 
 def _paired(
@@ -155,24 +145,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             model_name = opt["model"]
             if opt["quick"] and not opt["repository"]:
                 tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mhaserve-bench-")))
-                repository, model_name = _quick_repository(tmp), "bench-tiny"
-            from mhaserve.runtime.repository import ModelRepository
-            from mhaserve.runtime.tokenizer import load_for_serving
-
-            entry = ModelRepository(repository).entry(model_name, graph=opt["graph"])
+                repository, model_name = entries.quick_repository(tmp, ["bench-tiny"]), "bench-tiny"
+            entry = entries.entry(repository, model_name, opt["graph"])
             model_name = entry.name
-            tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
-            corpus = load_corpus()
-            tokens = min(opt["fixed_tokens"], entry.manifest.max_seq_len)
-            built = {
-                "fixed": lambda: fixed(tokenizer, corpus, tokens=tokens, pool=opt["fixed_pool"], seed=opt["seed"]),
-                "mixed": lambda: mixed(tokenizer, corpus, pool=opt["mixed_pool"], seed=opt["seed"]),
-                "short": lambda: short(tokenizer, load_corpus(SHORT), pool=opt["short_pool"], seed=opt["seed"]),
-            }
-            workloads = {name: built[name]() for name in opt["workloads"]}
+            workloads = entries.workloads(opt, entry)
             note["result"] = f"{entry.name} v{entry.version} ({entry.graph}), " + ", ".join(
                 f"{w.name}: {len(w.ids)} inputs" for w in workloads.values()
             )
+            memory_graphs, memory_skipped = memory.graphs_to_measure(opt["graphs"], entry.manifest.graphs, GRAPHS)
+            if not opt["rss_requests"]:
+                memory_graphs = []
+            progress.total += len(memory_graphs)
 
         with progress.step(
             "in-process: ONNX Runtime batch sweep, one at a time, PyTorch eager (child process)", reports=True
@@ -209,7 +192,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             for batching in opt["batching"]:
                 server = Server(
                     repository,
-                    model=model_name,
+                    models=[model_name],
                     batching=batching,
                     graph=opt["graph"],
                     device=opt["device"],
@@ -277,6 +260,25 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 }
             note["result"] = ", ".join(f"{w}: {inprocess[w]['ceiling_after']['drift']:+.0%}" for w in inprocess)
 
+        memory_runs = memory.measure_graphs(
+            entry,
+            memory_graphs,
+            lambda graph: Server(
+                repository,
+                models=[model_name],
+                batching=http_batching,
+                graph=graph,
+                device=opt["device"],
+                threads=opt["threads"],
+                extra=opt["server_arg"],
+                log_path=output / f"server-memory-{graph}.log",
+            ),
+            workloads[memory.pick_workload(workloads)],
+            requests=opt["rss_requests"],
+            clients=report.HEADLINE_CLIENTS,
+            progress=progress,
+        )
+
         machine["load_after"] = load()
         result = {
             "format": 1,
@@ -308,6 +310,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             if http_points
             else None,
             "paired": paired,
+            "memory": memory.result(http_batching, memory_runs, memory_skipped) if opt["rss_requests"] else None,
         }
         with progress.step("report and plots") as note:
             files = report.write(result, output)
@@ -324,7 +327,9 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, interrupted)
     try:
-        output = run(args)
+        if args.models and args.memory_only:
+            raise BenchError("--models and --memory-only are two different runs: choose one")
+        output = models.run(args) if args.models else memory_only.run(args) if args.memory_only else run(args)
     except KeyboardInterrupt:
         print("mhaserve bench: interrupted", file=sys.stderr)
         return 130

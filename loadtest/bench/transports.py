@@ -56,18 +56,20 @@ class CallFailed(Exception):
         self.key = key
 
 
-def grpc_requests(workload: Workload) -> list[pb.EncodeRequest]:
+def grpc_requests(workload: Workload, model: str = "") -> list[pb.EncodeRequest]:
+    """Each input as one `Encode` request, for `model` (the server's default model when empty)."""
     if workload.payload == "ids":
-        return [pb.EncodeRequest(token_ids=[pb.TokenIds(ids=s)], truncate=True) for s in workload.ids]
-    return [pb.EncodeRequest(texts=[t], truncate=True) for t in workload.texts]
+        return [pb.EncodeRequest(token_ids=[pb.TokenIds(ids=s)], truncate=True, model=model) for s in workload.ids]
+    return [pb.EncodeRequest(texts=[t], truncate=True, model=model) for t in workload.texts]
 
 
-def http_requests(workload: Workload, host: str, encoding_format: str) -> list[bytes]:
+def http_requests(workload: Workload, host: str, encoding_format: str, model: str = "") -> list[bytes]:
     """Each input as a whole `POST /v1/embeddings` request: one text, or one list of token ids."""
     inputs: list[Any] = list(workload.ids) if workload.payload == "ids" else list(workload.texts)
     out = []
     for value in inputs:
-        body = orjson.dumps({"input": value, "encoding_format": encoding_format, "truncate": True})
+        fields = {"input": value, "encoding_format": encoding_format, "truncate": True}
+        body = orjson.dumps(fields | ({"model": model} if model else {}))
         head = (
             f"POST {ROUTE} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
@@ -79,9 +81,9 @@ def http_requests(workload: Workload, host: str, encoding_format: str) -> list[b
 class GrpcTransport:
     """encoder.v1 `Encode`, every client on one grpc.aio channel."""
 
-    def __init__(self, address: str, workload: Workload) -> None:
+    def __init__(self, address: str, workload: Workload, model: str = "") -> None:
         self.address = address
-        self.requests = grpc_requests(workload)
+        self.requests = grpc_requests(workload, model)
         self.channel: grpc.aio.Channel | None = None
 
     async def __aenter__(self) -> GrpcTransport:
@@ -160,12 +162,12 @@ class HttpConnection:
 class HttpTransport:
     """OpenAI `POST /v1/embeddings`, one keep-alive connection per client."""
 
-    def __init__(self, url: str, workload: Workload, encoding_format: str) -> None:
+    def __init__(self, url: str, workload: Workload, encoding_format: str, model: str = "") -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or parts.hostname is None or parts.port is None:
             raise ValueError(f"expected http://host:port, got {url!r}")
         self.host, self.port = parts.hostname, parts.port
-        self.requests = http_requests(workload, parts.netloc, encoding_format)
+        self.requests = http_requests(workload, parts.netloc, encoding_format, model)
         self.connections: list[HttpConnection] = []
 
     async def __aenter__(self) -> HttpTransport:
@@ -200,10 +202,11 @@ class HttpTransport:
         return send
 
 
-def transport(protocol: str, grpc_address: str, http_url: str, workload: Workload) -> Transport:
-    """The transport of a protocol name (grpc, http, http-base64), ready for `async with`."""
+def transport(protocol: str, grpc_address: str, http_url: str, workload: Workload, model: str = "") -> Transport:
+    """The transport of a protocol name (grpc, http, http-base64), ready for `async with`; its requests name
+    `model` (none when empty: the server's default model)."""
     if protocol == "grpc":
-        return GrpcTransport(grpc_address, workload)
+        return GrpcTransport(grpc_address, workload, model)
     if protocol in HTTP_ENCODINGS:
-        return HttpTransport(http_url, workload, HTTP_ENCODINGS[protocol])
+        return HttpTransport(http_url, workload, HTTP_ENCODINGS[protocol], model)
     raise ValueError(f"unknown protocol {protocol!r}")

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from tokenizers import Tokenizer
 
+from mhaserve.loadtest.texts import SHORT
+
 CORPUS = Path(__file__).resolve().parent.parent / "corpus.txt"
 
 Payload = Literal["ids", "texts"]
@@ -112,3 +114,24 @@ def short(tokenizer: Tokenizer, texts: list[str], *, pool: int, seed: int = 0) -
         ids,
         chosen,
     )
+
+
+def build(
+    names: list[str] | tuple[str, ...],
+    tokenizer: Tokenizer,
+    *,
+    max_seq_len: int,
+    fixed_tokens: int,
+    fixed_pool: int,
+    mixed_pool: int,
+    short_pool: int,
+    seed: int = 0,
+) -> dict[str, Workload]:
+    """The named workloads (some of fixed, mixed, short) for a model's tokenizer and maximum length."""
+    corpus = load_corpus()
+    made = {
+        "fixed": lambda: fixed(tokenizer, corpus, tokens=min(fixed_tokens, max_seq_len), pool=fixed_pool, seed=seed),
+        "mixed": lambda: mixed(tokenizer, corpus, pool=mixed_pool, seed=seed),
+        "short": lambda: short(tokenizer, load_corpus(SHORT), pool=short_pool, seed=seed),
+    }
+    return {name: made[name]() for name in names}

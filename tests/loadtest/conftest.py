@@ -15,7 +15,7 @@ def tiny_server(tiny_entry: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     log = tmp_path_factory.mktemp("server") / "server.log"
     server = Server(
         tiny_entry.parent.parent,
-        model="tiny",
+        models=["tiny"],
         batching="length",
         graph="auto",
         device="cpu",

@@ -81,10 +81,42 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
     assert report["summary"]["fixed"]["paired_median_ratio"] == paired["median_ratio"] > 0
     assert report["workloads"]["fixed"]["min_tokens"] == report["workloads"]["fixed"]["max_tokens"] == 32
 
+    # The server's memory: every CPU graph the entry has (fp16 is a GPU graph), each from a fresh server.
+    mem = report["memory"]
+    assert list(mem["graphs"]) == ["fp32", "optimized"] and mem["skipped"] == {}
+    assert mem["verdict"].startswith(("no growth", "GROWTH"))
+    for graph, r in mem["graphs"].items():
+        assert r["errors"] == {} and r["requests"] == options.QUICK["rss_requests"], graph
+        assert r["samples"][0]["requests"] == 0 and r["samples"][-1]["requests"] == r["requests"]
+        assert r["workload"] == "short" and r["clients"] == 32 and r["provider"] == "CPUExecutionProvider"
+        assert r["file_mib"] > 0 and 0 < r["start"]["rss_kib"] <= r["summary"]["end"]["peak_kib"]
+
     md = (out / "report.md").read_text()
+    assert "## Server memory" in md and "| optimized |" in md
     for heading in ("## Summary", "## In-process", "## Server over gRPC", "## Server over HTTP beside gRPC", "Ceiling"):
         assert heading in md
     assert report["command"].startswith("mhaserve bench ") and "--quick" in report["command"]
+
+
+@pytest.mark.slow
+def test_memory_only_skips_the_graphs_it_cannot_measure_and_says_why(tiny_entry: Path, tmp_path: Path) -> None:
+    out = tmp_path / "memory"
+    cmd = [
+        sys.executable, "-m", "mhaserve.cli", "bench", "--quick", "--memory-only",
+        "--repository", str(tiny_entry.parent.parent), "--model", "tiny", "--output", str(out),
+        "--graphs", "int8,optimized", "--rss-requests", "200",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["kind"] == "memory" and "--memory-only" in report["command"]
+    mem = report["memory"]
+    assert list(mem["graphs"]) == ["optimized"] and mem["graphs"]["optimized"]["requests"] == 200
+    assert mem["skipped"] == {"int8": "the entry has no int8 graph (it has fp32, optimized, fp16)"}
+    assert (out / "server-memory-optimized.log").exists() and not (out / "server-memory-fp32.log").exists()
+    md = (out / "report.md").read_text()
+    assert "## Server memory" in md and "- not measured: int8: the entry has no int8 graph" in md
+    assert "## Server over gRPC" not in md  # the sweep did not run
 
 
 def test_command_line_reproduces_the_options() -> None:
@@ -103,3 +135,12 @@ def test_command_line_reproduces_the_options() -> None:
     assert options.command_line(args) == "mhaserve bench --workloads short --protocols grpc"
     with pytest.raises(SystemExit):  # gRPC is the reference every other figure is compared with
         p.parse_args(["--protocols", "http"])
+    args = p.parse_args(["--memory-only", "--graphs", "fp32,int8", "--rss-requests", "100000"])
+    assert options.command_line(args) == "mhaserve bench --rss-requests 100000 --graphs fp32,int8 --memory-only"
+    assert options.resolve(p.parse_args([]))["rss_requests"] == options.FULL["rss_requests"]
+    # a zero is an option given, not an option left out
+    args = p.parse_args(["--retries", "0", "--rss-requests", "0", "--seed", "0"])
+    assert options.command_line(args) == "mhaserve bench --rss-requests 0 --retries 0"
+    for bad in (["--graphs", "fp8"], ["--rss-requests", "-1"], ["--models", "a"], ["--models", "a,a"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)

@@ -13,25 +13,14 @@ import pytest
 
 from mhaserve.runtime.repository import EngineFactory
 from mhaserve.service.settings import Settings
-from mhaserve.testing.loopback import free_port
-from mhaserve.testing.server import ServerThread
+from mhaserve.testing.server import ServerThread, local_settings
 
 
 @pytest.fixture(scope="module")
 def server(tiny_repo: Path) -> Iterator[ServerThread]:
     """One real server per test module, for the tests that only read; max 8 inputs per request."""
-    settings = Settings(
-        repository=tiny_repo,
-        port=0,
-        metrics_port=free_port(),
-        http_port=0,
-        device="cpu",
-        intra_op_threads=1,
-        max_client_batch_size=8,
-    )
-    srv = ServerThread(settings).ready()
-    yield srv
-    srv.stop()
+    with ServerThread(local_settings(tiny_repo)).ready() as srv:
+        yield srv
 
 
 @pytest.fixture

@@ -18,31 +18,19 @@ import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 
-from mhaserve.service.settings import Settings
 from mhaserve.testing.http import request
-from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.metrics import scrape
-from mhaserve.testing.server import ServerThread
+from mhaserve.testing.server import ServerThread, local_settings
 
 READ_TIMEOUT = 1.0  # --http-header-timeout of the server under test
 
 
 @pytest.fixture(scope="module")
 def srv(tiny_repo: Path) -> Iterator[ServerThread]:
-    settings = Settings(
-        repository=tiny_repo,
-        port=0,
-        metrics_port=free_port(),
-        http_port=free_port(),
-        device="cpu",
-        intra_op_threads=1,
-        max_client_batch_size=8,
-        max_message_bytes=1 << 20,
-        http_header_timeout=READ_TIMEOUT,
-    )
-    server = ServerThread(settings).ready()
-    yield server
-    server.stop()
+    settings = local_settings(tiny_repo, max_message_bytes=1 << 20, http_header_timeout=READ_TIMEOUT)
+    with ServerThread(settings).ready() as server:
+        yield server
 
 
 def url(srv: ServerThread, path: str) -> str:

@@ -19,7 +19,7 @@ from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
-from mhaserve.testing.server import ServerThread
+from mhaserve.testing.server import ServerThread, local_settings
 
 TEXTS = ["hello world", "a", "héllo wörld 🤖", "the quick brown fox jumps over the lazy dog " * 3]
 Start = Callable[..., ServerThread]
@@ -42,18 +42,8 @@ def encode(server: ServerThread, **request: Any) -> npt.NDArray[np.float32]:
 
 @pytest.fixture(scope="module")
 def http_server(tiny_repo: Any) -> Iterator[ServerThread]:
-    settings = Settings(
-        repository=tiny_repo,
-        port=0,
-        metrics_port=0,
-        http_port=free_port(),
-        device="cpu",
-        intra_op_threads=1,
-        max_client_batch_size=8,
-    )
-    srv = ServerThread(settings).ready()
-    yield srv
-    srv.stop()
+    with ServerThread(local_settings(tiny_repo)).ready() as srv:
+        yield srv
 
 
 def test_float_and_base64_give_the_same_vectors_as_encode(http_server: ServerThread) -> None:

@@ -1,0 +1,40 @@
+"""What a run measures: the models (tiny random ones made for --quick) and, for each, its workloads."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mhaserve.loadtest.bench.workloads import Workload, build
+from mhaserve.model.config import TINY
+from mhaserve.runtime.repository import GraphChoice, ModelEntry, ModelRepository
+from mhaserve.runtime.tokenizer import load_for_serving
+
+
+def quick_repository(tmp: Path, names: Sequence[str], *, optimize: bool = True) -> Path:
+    """Tiny random models exported (with the parity gate, and a fused graph where `optimize`) into a scratch
+    repository: the first of TINY's width, each next one that much wider, so that two differ as real ones do."""
+    from mhaserve.export.publish import ExportOptions, export_entry
+
+    for k, name in enumerate(names):
+        width = TINY["d_model"] * (k + 1)
+        config: dict[str, object] = dict(TINY, d_model=width, d_ff=2 * width)
+        export_entry(
+            ExportOptions(source="random", repository=tmp, name=name, random_config=config, seed=k, optimize=optimize),
+            out=io.StringIO(),
+        )
+    return tmp
+
+
+def workloads(opt: dict[str, Any], entry: ModelEntry) -> dict[str, Workload]:
+    """The workloads the options name, made with the entry's tokenizer and for its maximum length."""
+    tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
+    sizes = {k: opt[k] for k in ("fixed_tokens", "fixed_pool", "mixed_pool", "short_pool", "seed")}
+    return build(opt["workloads"], tokenizer, max_seq_len=entry.manifest.max_seq_len, **sizes)
+
+
+def entry(repository: Path, name: str | None, graph: GraphChoice) -> ModelEntry:
+    """A model's latest version in the repository, verified, with the graph `graph` picks."""
+    return ModelRepository(repository).entry(name, graph=graph)

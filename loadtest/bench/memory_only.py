@@ -1,0 +1,112 @@
+"""`mhaserve bench --memory-only`: the server-memory run of the bench (memory.py) without the sweep before it.
+
+The sweep takes many minutes and says nothing about memory; issue 18's figure (resident memory after
+warm-up and after N requests, per graph) is wanted on its own, and often with a larger N. Outputs:
+report.md and report.json (and each server's log) in results/bench-memory-<timestamp>/ or --output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from mhaserve.loadtest.bench import entries, memory, options, report
+from mhaserve.loadtest.bench.client import BenchError, Server
+from mhaserve.loadtest.machine import load
+from mhaserve.loadtest.machine import machine as describe_machine
+from mhaserve.runtime.progress import Progress
+from mhaserve.runtime.repository import GRAPHS
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
+    """The memory run alone; returns the results directory."""
+    opt = options.resolve(args)
+    if not opt["rss_requests"]:
+        raise BenchError("--memory-only with --rss-requests 0 would measure nothing")
+    started = time.perf_counter()
+    output = Path(opt["output"] or f"results/bench-memory-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    output.mkdir(parents=True, exist_ok=True)
+    batching = "length" if "length" in opt["batching"] else opt["batching"][0]
+    progress = Progress(2, out)
+    machine = describe_machine()
+    machine["load_before"] = machine.pop("load")
+
+    with contextlib.ExitStack() as stack:
+        with progress.step("model and workload") as note:
+            repository = Path(opt["repository"] or "models")
+            model_name = opt["model"]
+            if opt["quick"] and not opt["repository"]:
+                tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mhaserve-bench-")))
+                repository, model_name = entries.quick_repository(tmp, ["bench-tiny"]), "bench-tiny"
+            entry = entries.entry(repository, model_name, opt["graph"])
+            # Only the workload the memory run sends is built (the short corpus by default).
+            wname = memory.pick_workload(opt["workloads"])
+            workload = entries.workloads(dict(opt, workloads=(wname,)), entry)[wname]
+            graphs, skipped = memory.graphs_to_measure(opt["graphs"], entry.manifest.graphs, GRAPHS)
+            progress.total += len(graphs)
+            note["result"] = f"{entry.name} v{entry.version}, {workload.name}: {len(workload.ids)} inputs; " + (
+                f"graphs {', '.join(graphs)}" if graphs else "no graph to measure"
+            )
+            for graph, why in skipped.items():
+                progress.say(f"  skipping {graph}: {why}")
+
+        runs = memory.measure_graphs(
+            entry,
+            graphs,
+            lambda graph: Server(
+                repository,
+                models=[entry.name],
+                batching=batching,
+                graph=graph,
+                device=opt["device"],
+                threads=opt["threads"],
+                extra=opt["server_arg"],
+                log_path=output / f"server-memory-{graph}.log",
+            ),
+            workload,
+            requests=opt["rss_requests"],
+            clients=report.HEADLINE_CLIENTS,
+            progress=progress,
+        )
+
+    machine["load_after"] = load()
+    result: dict[str, Any] = {
+        "format": 1,
+        "kind": "memory",
+        "created": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "elapsed_s": time.perf_counter() - started,
+        "command": options.command_line(args),
+        "machine": machine,
+        "model": {"name": entry.name, "version": entry.version},
+        "settings": {
+            "threads": opt["threads"],
+            "device": opt["device"],
+            "server_args": list(opt["server_arg"]),
+            "quick": opt["quick"],
+        },
+        "workloads": {workload.name: workload.summary()},
+        "memory": memory.result(batching, runs, skipped),
+    }
+    with progress.step("report") as note:
+        (output / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+        (output / "report.md").write_text(markdown(result))
+        note["result"] = f"{output / 'report.md'}, {output / 'report.json'}"
+    return output
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m, s = result["model"], result["settings"]
+    lines = report.header(result, "mhaserve bench: server memory")
+    lines += [
+        f"- **Model**: {m['name']} v{m['version']}",
+        f"- **Server**: ONNX Runtime intra-op threads {s['threads'] or 'all cores'}, "
+        f"extra flags {' '.join(s['server_args']) or 'none'}",
+        "",
+    ]
+    return "\n".join(lines + report.memory_section(result["memory"]))
