@@ -100,6 +100,12 @@ class Int8Report:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"passed": self.passed}
 
+    def require_passed(self) -> Int8Report:
+        """This report, or Int8GateError with the figures when the int8 graph is not faithful enough."""
+        if not self.passed:
+            raise Int8GateError(f"int8 gate failed: {'; '.join(self.failures)}")
+        return self
+
 
 def _unit(x: Embeddings) -> Embeddings:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
@@ -216,20 +222,4 @@ def check(
         "fp32_recall_at_1": float(np.mean(top_ref[:, 0] == relevant)),
         "int8_recall_at_1": float(np.mean(top_int8[:, 0] == relevant)),
     }
-    return report
-
-
-def gate(
-    reference: Engine,
-    candidate: Engine,
-    tokenizer: Tokenizer,
-    *,
-    max_seq_len: int,
-    vocab_size: int,
-    pad_id: int,
-) -> Int8Report:
-    """`check`, raising Int8GateError with the figures when the int8 graph is not faithful enough."""
-    report = check(reference, candidate, tokenizer, max_seq_len=max_seq_len, vocab_size=vocab_size, pad_id=pad_id)
-    if not report.passed:
-        raise Int8GateError(f"int8 gate failed: {'; '.join(report.failures)}")
     return report

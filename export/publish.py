@@ -162,14 +162,14 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 int8 = scratch / "model.int8.onnx"
                 how = quantize.quantize(fused, int8)
                 try:
-                    report = int8_gate.gate(
+                    report = int8_gate.check(
                         engine(fused),
                         engine(int8),
                         serving_tokenizer.load_for_serving(scratch / mf.TOKENIZER, cfg.max_seq_len),
                         max_seq_len=cfg.max_seq_len,
                         vocab_size=cfg.vocab_size,
                         pad_id=cfg.pad_token_id,
-                    )
+                    ).require_passed()
                 except int8_gate.Int8GateError as e:
                     raise ExportError(f"{e}; nothing was published") from None
                 publish("int8", int8, "int8", report.to_dict() | {"quantization": how.to_dict()}, True)
