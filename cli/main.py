@@ -28,6 +28,7 @@ EXPORT_HINT = "the export extra (torch, onnx): pip install 'mhaserve[export]'"
 
 def _export(args: argparse.Namespace) -> int:
     from mhaserve.export.publish import ExportError, ExportOptions, export_entry
+    from mhaserve.export.staging import PublishError
     from mhaserve.runtime.manifest import ManifestError
 
     random_config = {
@@ -55,6 +56,7 @@ def _export(args: argparse.Namespace) -> int:
         version=args.version,
         optimize=args.optimize,
         fp16=args.fp16,
+        int8=args.int8,
         overwrite=args.overwrite,
         random_config=random_config,
         seed=args.seed,
@@ -63,7 +65,7 @@ def _export(args: argparse.Namespace) -> int:
         entry = export_entry(opts)
     except ImportError as e:  # torch and onnx are imported by the export itself
         return _missing("export", e, EXPORT_HINT)
-    except (ExportError, ManifestError) as e:
+    except (ExportError, PublishError, ManifestError) as e:
         print(f"mhaserve export: error: {e}", file=sys.stderr)
         return 1
     print(entry)
@@ -87,6 +89,12 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--version", type=int, help="version number (default: the next free one)")
     p.add_argument("--optimize", action="store_true", help="also write a graph with ONNX Runtime fusions")
     p.add_argument("--fp16", action="store_true", help="also write an fp16 graph (for CUDA hosts)")
+    p.add_argument(
+        "--int8",
+        action="store_true",
+        help="also write an int8 graph for CPUs, quantised from the fused graph (implies --optimize), "
+        "published only if it passes the int8 gate",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing version")
     g = p.add_argument_group("random models (--source random)")
     g.add_argument("--seed", type=int, default=0)

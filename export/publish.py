@@ -1,21 +1,19 @@
 """`mhaserve export`: build the model, export it, gate it, and publish a versioned repository entry.
 
-Everything is written into a scratch directory inside the repository first; the entry appears under
-`<repository>/<name>/<version>/` by one rename, and only after every graph has passed the parity gate.
-A failed export leaves the repository as it was.
+Everything is written into a scratch directory inside the repository first (`export/staging.py`, shared
+with `mhaserve import`); the entry appears under `<repository>/<name>/<version>/` by one rename, and only
+after every graph has passed its gate. A failed export leaves the repository as it was.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TextIO
 
+from mhaserve.export import staging
 from mhaserve.export import tokenizer as tk
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import tokenizer as serving_tokenizer
@@ -40,17 +38,12 @@ class ExportOptions:
     version: int | None = None
     optimize: bool = False
     fp16: bool = False
+    # int8 for CPUs, quantised from the fused graph: implies `optimize`
+    int8: bool = False
     overwrite: bool = False
     # Only for --source random: any size, reproducible from the seed.
     random_config: dict[str, object] = field(default_factory=dict)
     seed: int = 0
-
-
-def _pkg_version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "absent"
 
 
 def _resolve_source(source: str) -> tuple[str, Path | None]:
@@ -80,7 +73,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     # Imported here so that `mhaserve --help` and the server never import torch.
     import torch
 
-    from mhaserve.export import onnx_graph, parity
+    from mhaserve.export import int8_gate, onnx_graph, parity, quantize, speed
     from mhaserve.model.checkpoint import CheckpointError, load_encoder
     from mhaserve.model.config import EncoderConfig
     from mhaserve.model.encoder import random_encoder
@@ -89,20 +82,12 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     label, ckpt_dir = _resolve_source(opts.source)
     name = mf.check_name(opts.name or _default_name(opts.source, ckpt_dir, opts.seed))
     repo = opts.repository
-    existing = mf.versions(repo, name)
-    version_ = opts.version if opts.version is not None else (existing[-1] + 1 if existing else 1)
-    if version_ <= 0:
-        raise ExportError(f"version must be a positive integer, got {version_}")
-    target = mf.entry_dir(repo, name, version_)
-    if target.exists() and not opts.overwrite:
-        raise ExportError(f"{target} already exists (pass --overwrite to replace it, or another --version)")
+    version_, target = staging.reserve(repo, name, opts.version, opts.overwrite)
 
-    steps = 5 + opts.optimize + opts.fp16
+    fuse = opts.optimize or opts.int8
+    steps = 5 + 2 * fuse + opts.fp16 + opts.int8
     progress = Progress(steps, out)
-    repo.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".export-{name}-{version_}-", dir=repo))
-    scratch.chmod(0o755)  # mkdtemp makes it private; the published entry must be readable by the server's user
-    try:
+    with staging.scratch(repo, name, version_) as scratch:
         with progress.step(f"loading {label}"):
             try:
                 if ckpt_dir is None:
@@ -130,22 +115,31 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
             onnx_graph.export_graph(model, fp32)
             opset = onnx_graph.check_graph(fp32, cfg.d_model)
 
-        def engine(path: Path) -> OnnxEngine:
-            return OnnxEngine(path, max_seq_len=cfg.max_seq_len, vocab_size=cfg.vocab_size, device="cpu")
+        def engine(path: Path, threads: int | None = None) -> OnnxEngine:
+            return OnnxEngine(
+                path, max_seq_len=cfg.max_seq_len, vocab_size=cfg.vocab_size, device="cpu", intra_op_threads=threads
+            )
 
         graphs: dict[str, mf.GraphEntry] = {}
+
+        def publish(variant: str, path: Path, precision: str, figures: dict[str, object], optimized: bool) -> None:
+            onnx_graph.check_graph(path, cfg.d_model)
+            nodes = onnx_graph.node_counts(path)
+            graphs[variant] = mf.GraphEntry(
+                file=path.name,
+                sha256=mf.sha256_file(path),
+                precision=precision,
+                optimized=optimized,
+                parity=figures | {"nodes": sum(nodes.values()), "node_types": nodes},
+            )
 
         def gated(variant: str, path: Path, precision: str, tolerance: float, fusions: dict[str, int]) -> None:
             try:
                 report = parity.gate(model, engine(path), variant=variant, tolerance=tolerance)
             except parity.ParityError as e:
                 raise ExportError(f"{e}; nothing was published") from None
-            graphs[variant] = mf.GraphEntry(
-                file=path.name,
-                sha256=mf.sha256_file(path),
-                precision=precision,
-                optimized=bool(fusions),
-                parity=report.to_dict() | ({"fusions": fusions} if fusions else {}),
+            publish(
+                variant, path, precision, report.to_dict() | ({"fusions": fusions} if fusions else {}), bool(fusions)
             )
 
         with progress.step(
@@ -153,9 +147,9 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
         ):
             gated("fp32", fp32, "fp32", parity.FP32_TOLERANCE, {})
 
-        if opts.optimize:
+        fused = scratch / "model.optimized.onnx"
+        if fuse:
             with progress.step("ONNX Runtime fusions + parity gate", reports=True):
-                fused = scratch / "model.optimized.onnx"
                 fusions = onnx_graph.optimize(fp32, fused)
                 gated("optimized", fused, "fp32", parity.FP32_TOLERANCE, fusions)
         if opts.fp16:
@@ -163,6 +157,37 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 half = scratch / "model.fp16.onnx"
                 onnx_graph.to_fp16(fp32, half)
                 gated("fp16", half, "fp16", parity.FP16_TOLERANCE, {})
+        if opts.int8:
+            with progress.step("int8 quantisation + int8 gate (vs the fused fp32 graph)", reports=True):
+                int8 = scratch / "model.int8.onnx"
+                how = quantize.quantize(fused, int8)
+                try:
+                    report = int8_gate.check(
+                        engine(fused),
+                        engine(int8),
+                        serving_tokenizer.load_for_serving(scratch / mf.TOKENIZER, cfg.max_seq_len),
+                        max_seq_len=cfg.max_seq_len,
+                        vocab_size=cfg.vocab_size,
+                        pad_id=cfg.pad_token_id,
+                    ).require_passed()
+                except int8_gate.Int8GateError as e:
+                    raise ExportError(f"{e}; nothing was published") from None
+                publish("int8", int8, "int8", report.to_dict() | {"quantization": how.to_dict()}, True)
+        if fuse:
+            with progress.step("in-process speed of the CPU graphs (1 thread, CPU time, interleaved)"):
+                # What the fusions and int8 bought on this machine, beside what they cost in fidelity; the
+                # fp16 graph is for CUDA hosts and is not measured on the CPU.
+                cpu_graphs = {v: scratch / graphs[v].file for v in ("fp32", "optimized", "int8") if v in graphs}
+                figures = speed.at_export(
+                    {v: engine(p, threads=1) for v, p in cpu_graphs.items()},
+                    serving_tokenizer.load_for_serving(scratch / mf.TOKENIZER, cfg.max_seq_len),
+                    # the fidelity set, and each retrieval query with its answer: enough for a stable ratio
+                    # in seconds; all 330 passages would take minutes on a small machine
+                    int8_gate.fidelity_texts() + [t for q, ps in int8_gate.retrieval_set() for t in [q, ps[0]]],
+                    pad_id=cfg.pad_token_id,
+                )
+                for v, f in figures.items():
+                    graphs[v] = dataclasses.replace(graphs[v], parity=graphs[v].parity | {"speed_at_export": f})
 
         with progress.step("writing manifest"):
             manifest = mf.Manifest(
@@ -184,24 +209,11 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 graphs=graphs,
                 inputs=[{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in mf.INPUT_NAMES],
                 outputs=[{"name": mf.OUTPUT_NAME, "dtype": "float32", "shape": ["batch", cfg.d_model]}],
-                exporter={
-                    "torch": torch.__version__,
-                    "onnx": _pkg_version("onnx"),
-                    "onnxscript": _pkg_version("onnxscript"),
-                    "onnxruntime": _pkg_version("onnxruntime-gpu"),
-                    "mhaserve": _pkg_version("mhaserve"),
-                },
+                exporter={"torch": torch.__version__} | staging.tool_versions(),
                 created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             )
             (scratch / mf.MANIFEST).write_text(manifest.to_json())
 
         with progress.step(f"publishing {target}"):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if target.exists():
-                old = target.with_name(f".old-{target.name}-{os.getpid()}")
-                target.rename(old)
-                shutil.rmtree(old)
-            scratch.rename(target)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+            staging.publish(scratch, target)
     return target

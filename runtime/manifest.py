@@ -27,13 +27,16 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class GraphEntry:
-    """One ONNX graph of an entry: the plain fp32 export, or a fused or fp16 variant of it."""
+    """One ONNX graph of an entry: the plain fp32 export, or a fused, fp16 or int8 variant of it."""
 
     file: str
     sha256: str
-    precision: str  # "fp32" or "fp16"
-    optimized: bool  # ONNX Runtime fusions applied (attention, skip-layernorm, bias-gelu)
-    parity: dict[str, Any]  # what the gate measured against the eager model, and its tolerance
+    precision: str  # "fp32", "fp16" or "int8"
+    optimized: bool  # ONNX Runtime fusions applied (attention, embedding and skip layernorms, bias-gelu)
+    # What its gate measured (the parity gate against the eager model, or the int8 gate against the fused
+    # fp32 graph) and its bar, the graph's node count by type, and (CPU graphs of an export with --optimize
+    # or --int8) its in-process speed relative to the plain fp32 graph on the exporting machine.
+    parity: dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from mhaserve.runtime.tokenizer import load_for_serving
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
-GRAPHS = ("auto", "fp32", "optimized", "fp16")
-GraphChoice = Literal["auto", "fp32", "optimized", "fp16"]
+GRAPHS = ("auto", "fp32", "optimized", "fp16", "int8")
+GraphChoice = Literal["auto", "fp32", "optimized", "fp16", "int8"]
 
 
 class RepositoryError(RuntimeError):
@@ -39,7 +39,7 @@ class ModelEntry:
 
     manifest: mf.Manifest
     directory: Path
-    graph: str  # the variant served: fp32, optimized or fp16
+    graph: str  # the variant served: fp32, optimized, fp16 or int8
     graph_path: Path
     tokenizer_path: Path
     config: ServingConfig = field(default_factory=ServingConfig)

@@ -17,12 +17,19 @@ def tiny_cfg() -> EncoderConfig:
 
 @pytest.fixture(scope="session")
 def tiny_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random tiny model exported (with its fused and fp16 variants) into a session repository."""
+    """A random tiny model exported (with its fused, fp16 and int8 variants) into a session repository."""
     from mhaserve.export.publish import ExportOptions, export_entry
 
     repo = tmp_path_factory.mktemp("repo")
     opts = ExportOptions(
-        source="random", repository=repo, name="tiny", random_config=dict(TINY), seed=7, optimize=True, fp16=True
+        source="random",
+        repository=repo,
+        name="tiny",
+        random_config=dict(TINY),
+        seed=7,
+        optimize=True,
+        fp16=True,
+        int8=True,
     )
     return export_entry(opts, out=io.StringIO())
 
@@ -35,11 +42,11 @@ def tiny_repo(tiny_entry: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """all-MiniLM-L6-v2 exported once per session, as `make serve` does (fp32 and fused graphs)."""
+    """all-MiniLM-L6-v2 exported once per session, as `make serve` does (fp32 and fused graphs), and its int8 graph."""
     from mhaserve.export.publish import ExportOptions, export_entry
 
     repo = tmp_path_factory.mktemp("models")
-    return export_entry(ExportOptions(repository=repo, optimize=True), out=io.StringIO())
+    return export_entry(ExportOptions(repository=repo, optimize=True, int8=True), out=io.StringIO())
 
 
 @pytest.fixture(scope="session")

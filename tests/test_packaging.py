@@ -84,6 +84,8 @@ def test_the_serving_wheel_installs_one_top_level_name_and_every_module(serving_
     for package, folder in _pyproject()["tool"]["setuptools"]["package-dir"].items():
         missing = _sources(ROOT / folder, package.split(".", 1)[1]) - set(names)
         assert not missing, f"modules left out of the wheel (add their package to pyproject.toml): {sorted(missing)}"
+    # data the int8 gate of `mhaserve export --int8` reads
+    assert {"mhaserve/export/gate/fidelity.json", "mhaserve/export/gate/retrieval.json"} <= set(names)
 
 
 def test_the_serving_wheel_carries_no_load_test_code_and_no_tests(serving_wheel: tuple[Path, list[str]]) -> None:

@@ -41,21 +41,28 @@ def test_entry_layout_and_manifest(tiny_entry: Path) -> None:
     assert (m.max_seq_len, m.vocab_size, m.pad_id, m.pooling, m.normalize) == (160, 256, 0, "mean", True)
     assert [i["name"] for i in m.inputs] == ["input_ids", "attention_mask"]
     assert m.outputs == [{"name": "embeddings", "dtype": "float32", "shape": ["batch", 32]}]
-    assert set(m.graphs) == {"fp32", "optimized", "fp16"}
+    assert set(m.graphs) == {"fp32", "optimized", "fp16", "int8"}
     assert m.graphs["optimized"].optimized and m.graphs["fp16"].precision == "fp16"
+    assert m.graphs["int8"].precision == "int8"
     assert m.exporter["torch"].startswith("2.13.0")
-    for g in m.graphs.values():
-        assert g.parity["passed"] and g.parity["max_abs_diff"] <= g.parity["tolerance"]
-        assert len(g.parity["cases"]) == len(GRID)
+    for name, g in m.graphs.items():
         verify_graph(tiny_entry, g)
+        assert g.parity["passed"] and g.parity["nodes"] == sum(g.parity["node_types"].values())
+        if name == "int8":  # its own gate, against the fused fp32 graph (tests/export/test_int8.py)
+            continue
+        assert g.parity["max_abs_diff"] <= g.parity["tolerance"]
+        assert len(g.parity["cases"]) == len(GRID)
     # no stray external-data file and no scratch directory left behind
     assert sorted(p.name for p in tiny_entry.iterdir()) == sorted(
-        ["manifest.json", "tokenizer.json", "model.onnx", "model.optimized.onnx", "model.fp16.onnx"]
+        ["manifest.json", "tokenizer.json", "model.onnx", "model.optimized.onnx", "model.fp16.onnx", "model.int8.onnx"]
     )
     assert [p.name for p in tiny_entry.parent.parent.iterdir()] == ["tiny"]
 
 
-@pytest.mark.parametrize("variant", ["model.onnx", "model.optimized.onnx", "model.fp16.onnx"])
+VARIANTS = ["model.onnx", "model.optimized.onnx", "model.fp16.onnx", "model.int8.onnx"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_graph_dims_are_symbolic_and_match_the_manifest(tiny_entry: Path, variant: str) -> None:
     g = onnx.load(str(tiny_entry / variant))
     m = read_manifest(tiny_entry)
@@ -69,7 +76,7 @@ def test_graph_dims_are_symbolic_and_match_the_manifest(tiny_entry: Path, varian
     assert next(o.version for o in g.opset_import if o.domain == "") == m.opset
 
 
-@pytest.mark.parametrize("variant", ["model.onnx", "model.optimized.onnx", "model.fp16.onnx"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_graph_carries_no_paths_of_the_checkout(tiny_entry: Path, variant: str) -> None:
     """The exporter's per-node stack traces would put this checkout's paths in the published graph (and make
     its sha256 depend on where the code lives)."""

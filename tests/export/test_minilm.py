@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -26,8 +28,20 @@ def test_manifest(minilm_entry: Path) -> None:
     assert (m.name, m.version) == ("all-minilm-l6-v2", 1)
     assert (m.hidden_size, m.layers, m.heads, m.max_seq_len, m.vocab_size) == (384, 6, 12, 256, 30522)
     assert m.pooling == "mean" and m.normalize
-    assert set(m.graphs) == {"fp32", "optimized"}
-    assert m.graphs["optimized"].parity["fusions"]["skip_layer_normalization"] == 12
+    assert set(m.graphs) == {"fp32", "optimized", "int8"}
+    fused = m.graphs["optimized"].parity
+    assert fused["fusions"]["skip_layer_normalization"] == 12
+    assert fused["fusions"]["packed_qkv_attention"] == 6 and fused["fusions"]["embed_layer_norm"] == 1
+
+
+def test_fused_graph_node_types(minilm_entry: Path) -> None:
+    """52 nodes: ONNX Runtime's BERT optimizer's fusions on a legacy export of the same model make 68."""
+    from tests.export.test_fusions import MEAN_POOLING, fused_node_types
+
+    types = read_manifest(minilm_entry).graphs["optimized"].parity["node_types"]
+    g = onnx.load(str(minilm_entry / "model.optimized.onnx"), load_external_data=False)
+    assert types == dict(Counter(n.op_type for n in g.graph.node)) == fused_node_types(6, MEAN_POOLING)
+    assert sum(types.values()) == 52
 
 
 def test_parity_on_the_grid(minilm_entry: Path) -> None:
@@ -76,3 +90,47 @@ def test_exported_graph_matches_sentence_transformers(minilm_entry: Path, senten
     cos = (got * want).sum(axis=1)
     assert cos.min() >= 0.99999, dict(zip(VARIED_TEXTS, cos, strict=True))
     assert np.abs(got - want).max() <= 1e-5
+
+
+def test_int8_graph_passed_its_gate(minilm_entry: Path) -> None:
+    figures = read_manifest(minilm_entry).graphs["int8"].parity
+    assert figures["passed"] and not figures["quantization"]["fp32"]  # every product int8
+    assert figures["min_cosine"] >= 0.98 and figures["mean_cosine"] >= 0.995
+    assert figures["retrieval"]["top1_agreement"] >= 0.95 and figures["retrieval"]["top10_overlap"] >= 0.9
+    # the set is not trivial: fp32 itself ranks a near miss first for some queries
+    assert 0.9 <= figures["retrieval"]["fp32_recall_at_1"] < 1.0
+
+
+def test_int8_gate_fails_minilm_with_one_scale_25_percent_off(minilm_entry: Path, tmp_path: Path) -> None:
+    """A subtle quantiser bug (one layer's QKV weight scales 1.25x): retrieval barely notices, the cosines do."""
+    from mhaserve.export import int8_gate
+    from mhaserve.runtime.engine import OnnxEngine
+    from tests.export.test_int8 import damage
+
+    bad = tmp_path / "model.int8.onnx"
+    bad.write_bytes((minilm_entry / "model.int8.onnx").read_bytes())
+    damage(bad, "Attention_0.qkv_weight_scale", 1.25)
+
+    def engine(path: Path) -> OnnxEngine:
+        return OnnxEngine(path, max_seq_len=256, vocab_size=30522, device="cpu")
+
+    tok = load_for_serving(minilm_entry / "tokenizer.json", 256)
+    report = int8_gate.check(
+        engine(minilm_entry / "model.optimized.onnx"), engine(bad), tok, max_seq_len=256, vocab_size=30522, pad_id=0
+    )
+    assert not report.passed
+    assert report.min_cosine < 0.98 and report.mean_cosine < 0.995
+
+
+def test_int8_graph_stays_close_to_sentence_transformers(minilm_entry: Path, sentence_transformer) -> None:
+    tok = load_for_serving(minilm_entry / "tokenizer.json", 256)
+    sess = ort.InferenceSession(str(minilm_entry / "model.int8.onnx"), providers=["CPUExecutionProvider"])
+    want = sentence_transformer.encode(VARIED_TEXTS, convert_to_numpy=True, normalize_embeddings=True)
+    got = np.concatenate(
+        [
+            sess.run(None, {"input_ids": np.array([e.ids]), "attention_mask": np.array([e.attention_mask])})[0]
+            for e in tok.encode_batch(VARIED_TEXTS)
+        ]
+    )
+    cos = (_normalize(got) * want).sum(axis=1)
+    assert cos.min() >= 0.98, dict(zip(VARIED_TEXTS, cos, strict=True))

@@ -1,0 +1,227 @@
+"""The int8 CPU graph: dynamic int8 quantisation of the fused graph's matrix products, with per-row scaling.
+
+ONNX Runtime's dynamic quantisation (`DynamicQuantizeMatMul`, `QAttention`) quantises an activation with
+one scale for the whole tensor, computed at run time from its minimum and maximum. In BERT-family encoders a
+few tokens (the [CLS] token above all) carry activations ten times larger than the rest: one scale for the
+whole batch then leaves the other tokens a handful of levels, and a short text, or a text padded into a batch
+of long ones, loses most of its precision. Weights are quantised per output channel (int8, symmetric).
+
+Per-row scaling keeps ONNX Runtime's fast kernel and gives each token its own range: for a chosen MatMul,
+
+    Y = MatMul(X / r, W) * r,    r = max |X| over each row (each token),
+
+which is the same product in fp32, and under per-tensor quantisation makes every row span the full int8
+range. It costs four cheap elementwise nodes before the product and one after. `Int8Plan` chooses which
+products get it and which stay in fp32 (mixed precision); docs/benchmarks.md has the measurements behind the
+default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
+
+from mhaserve.export.fusions import MS
+
+# The roles of a layer's matrix products, in the order they run.
+ROLES = ("qkv", "attn_out", "ffn_up", "ffn_down")
+WeightType = Literal["int8", "uint8"]
+
+
+@dataclass(frozen=True)
+class Int8Plan:
+    """How the fused graph is quantised. Products are named `<layer>.<role>`, e.g. `0.ffn_down`, `*` any."""
+
+    # Products that get per-row scaling (`*.ffn_down`, or `*` for every MatMul; the packed QKV product
+    # inside Attention cannot: its rows feed the softmax, which a per-row factor does not commute with).
+    # The feed-forward products need it: on all-MiniLM-L6-v2, scaling only the second leaves a min cosine
+    # of 0.971, scaling both 0.983 (every MatMul: 0.983 too); the attention output's rows, averages of
+    # value vectors, have no outlier token, and leaving it out saves 30 nodes and 1-5 % of the time
+    # (docs/benchmarks.md, "Graphs: fused and int8").
+    row_scaled: tuple[str, ...] = ("*.ffn_up", "*.ffn_down")
+    # Products left in fp32.
+    keep_fp32: tuple[str, ...] = ()
+    # int8 weights with uint8 activations use the CPU's fastest int8 instructions, but on x86 CPUs without
+    # VNNI (AVX2, AVX-512 before Cascade Lake) they add products in pairs into int16, which saturates for
+    # large weights times large activations; VNNI CPUs do not: the same graph computes differently per CPU.
+    # Weights of 7 bits (`reduce_range`, |w| <= 64: 255 * 64 * 2 fits in int16) never saturate, so the
+    # gate's figures hold on every CPU, at the same speed. uint8 weights do not saturate either, but run a
+    # slower kernel.
+    weights: WeightType = "int8"
+    reduce_range: bool = True
+    per_channel: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+DEFAULT_PLAN = Int8Plan()
+
+
+@dataclass
+class Product:
+    """One matrix product of the fused graph: a MatMul or the QKV projection inside an Attention node."""
+
+    layer: int
+    role: str
+    node: ir.Node
+
+    @property
+    def label(self) -> str:
+        return f"{self.layer}.{self.role}"
+
+    def matches(self, patterns: tuple[str, ...]) -> bool:
+        return any(_match(self.label, p) for p in patterns)
+
+
+def _match(label: str, pattern: str) -> bool:
+    if pattern == "*":
+        return True
+    layer, _, role = label.partition(".")
+    p_layer, _, p_role = pattern.partition(".")
+    return p_layer in ("*", layer) and p_role in ("*", role)
+
+
+def products(graph: ir.Graph) -> list[Product]:
+    """The products with constant weights of a fused encoder graph, labelled by layer and role."""
+    found: list[Product] = []
+    layer = -1
+    for node in graph:
+        if node.op_type == "Attention" and node.domain == MS:
+            layer += 1
+            found.append(Product(layer, "qkv", node))
+        elif node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and node.inputs[1] is not None:
+            if node.inputs[1].const_value is None or layer < 0:
+                continue
+            src = node.inputs[0].producer() if node.inputs[0] is not None else None
+            users = {u.node.op_type for u in node.outputs[0].uses()}
+            if src is not None and src.op_type == "Attention":
+                role = "attn_out"
+            elif src is not None and src.op_type in ("BiasGelu", "Gelu", "FastGelu"):
+                role = "ffn_down"
+            elif users & {"BiasGelu", "Gelu", "FastGelu"}:
+                role = "ffn_up"
+            else:
+                continue
+            found.append(Product(layer, role, node))
+    return found
+
+
+# GELU (erf) is never below -0.17: max(max(X), 0.17) bounds |X| of its output without computing |X|.
+_GELU_FLOOR = 0.17
+
+
+def _row_scale(graph: ir.Graph, product: Product, constants: dict[str, ir.Value]) -> None:
+    """Replace `X @ W` by `(X / r) @ W * r`, r the row-wise max |X|, floored against an all-zero row.
+
+    After a GELU, r = max(max X, 0.17) bounds |X| as well and saves a pass over the widest activation.
+    """
+    old = product.node
+    x, w = old.inputs[0], old.inputs[1]
+    stem = f"rowscale_{product.layer}_{product.role}"
+
+    def node(op: str, inputs: list[ir.Value | None], **attrs: int) -> ir.Node:
+        return ir.Node(
+            "", op, inputs, [ir.AttrInt64(k, v) for k, v in attrs.items()], name=f"{stem}_{op}", num_outputs=1
+        )
+
+    after_gelu = product.role == "ffn_down"
+    nodes = [] if after_gelu else [node("Abs", [x])]
+    rmax = node("ReduceMax", [nodes[0].outputs[0] if nodes else x, constants["axes"]], keepdims=1)
+    r = node("Max", [rmax.outputs[0], constants["gelu_floor" if after_gelu else "eps"]])
+    xn = node("Div", [x, r.outputs[0]])
+    matmul = ir.Node("", "MatMul", [xn.outputs[0], w], name=old.name, num_outputs=1)
+    y = node("Mul", [matmul.outputs[0], r.outputs[0]])
+    nodes += [rmax, r, xn, matmul, y]
+    for n in nodes:
+        n.outputs[0].name = n.name if n is not matmul else f"{stem}_product"
+    y.outputs[0].type, y.outputs[0].shape = old.outputs[0].type, old.outputs[0].shape
+    graph.insert_before(old, nodes)
+    old.outputs[0].replace_all_uses_with(y.outputs[0])
+    graph.remove(old, safe=True)
+    product.node = matmul
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """ONNX Runtime's quantiser logs advice on the root logger and warns about pre-processing."""
+    root = logging.getLogger()
+    level = root.level
+    try:
+        root.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)
+
+
+@dataclass
+class QuantizeReport:
+    """What was quantised and how: recorded in the manifest beside the gate's figures."""
+
+    plan: dict[str, Any]
+    int8: list[str] = field(default_factory=list)
+    row_scaled: list[str] = field(default_factory=list)
+    fp32: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def quantize(src: Path, dst: Path, plan: Int8Plan = DEFAULT_PLAN) -> QuantizeReport:
+    """Write `dst`, the int8 graph of the fused fp32 graph `src`, as `plan` says."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = ir.load(str(src))
+    graph = model.graph
+    found = products(graph)
+    if not any(p.role == "qkv" for p in found):
+        raise ValueError(f"{src.name} has no fused Attention: quantise the fused (--optimize) graph")
+    report = QuantizeReport(plan=plan.to_dict())
+    constants: dict[str, npt.NDArray[np.generic]] = {
+        "axes": np.array([-1], dtype=np.int64),
+        "eps": np.array(1e-6, dtype=np.float32),
+        "gelu_floor": np.array(_GELU_FLOOR, dtype=np.float32),
+    }
+    values = {
+        k: ir.Value(name=f"rowscale_{k}", const_value=ir.tensor(v, name=f"rowscale_{k}")) for k, v in constants.items()
+    }
+    exclude: list[str] = []
+    for p in found:
+        if p.matches(plan.keep_fp32):
+            report.fp32.append(p.label)
+            exclude.append(p.node.name or "")
+            continue
+        report.int8.append(p.label)
+        if p.role != "qkv" and p.matches(plan.row_scaled):
+            if not report.row_scaled:
+                for v in values.values():
+                    graph.register_initializer(v)
+            _row_scale(graph, p, values)
+            report.row_scaled.append(p.label)
+    common_passes.RemoveUnusedNodesPass()(model)  # and the constants no product needed
+    with tempfile.TemporaryDirectory() as tmp, _quiet():
+        staged = Path(tmp) / "staged.onnx"
+        ir.save(model, str(staged))
+        quantize_dynamic(
+            staged,
+            dst,
+            op_types_to_quantize=["MatMul", "Attention"],
+            per_channel=plan.per_channel,
+            reduce_range=plan.reduce_range,
+            weight_type=QuantType.QInt8 if plan.weights == "int8" else QuantType.QUInt8,
+            nodes_to_exclude=exclude,
+        )
+    return report

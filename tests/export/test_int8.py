@@ -1,0 +1,165 @@
+"""The int8 graph (`--int8`): how it is quantised, its gate (which a damaged quantisation fails), serving it."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from mhaserve.export import int8_gate, quantize
+from mhaserve.export.publish import ExportError, ExportOptions, export_entry
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.runtime.engine import OnnxEngine
+from mhaserve.runtime.manifest import read_manifest
+from mhaserve.runtime.repository import ModelRepository
+from mhaserve.runtime.tokenizer import load_for_serving
+from mhaserve.service.settings import Settings
+from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.server import ServerThread
+from tests.conftest import TINY
+
+L = TINY["n_layers"]
+
+
+def _engine(path: Path) -> OnnxEngine:
+    return OnnxEngine(path, max_seq_len=TINY["max_seq_len"], vocab_size=TINY["vocab_size"], device="cpu")
+
+
+def _initializers(path: Path) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+
+
+def damage(path: Path, name: str, factor: float) -> None:
+    """Force one weight scale of an int8 graph wrong, in place (a quantiser bug that still makes a valid graph)."""
+    g = onnx.load(str(path))
+    (init,) = [t for t in g.graph.initializer if t.name == name]
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(factor), name))
+    onnx.save(g, str(path))
+
+
+def test_every_product_is_int8_with_reduced_range_per_channel_weights(tiny_entry: Path) -> None:
+    g = onnx.load(str(tiny_entry / "model.int8.onnx"))
+    types = Counter(n.op_type for n in g.graph.node)
+    assert types["QAttention"] == L and types["MatMulInteger"] == 3 * L
+    assert "MatMul" not in types and "Attention" not in types  # nothing left in fp32
+    # per-row scaling around both feed-forward MatMuls: X / r before, * r after; after the GELU, no Abs
+    assert types["ReduceMax"] == types["Div"] - 1 == 2 * L and types["Abs"] == L  # (one Div is the mean's)
+    weights = _initializers(tiny_entry / "model.int8.onnx")
+    quantised = [w for name, w in weights.items() if name.endswith("_quantized")]
+    assert len(quantised) == 4 * L
+    for w in quantised:
+        # reduce_range: |w| <= 64, so a pair of uint8 x int8 products (255 * 64 * 2 = 32640) fits in int16
+        assert w.dtype == np.int8 and np.abs(w.astype(np.int32)).max() <= 64
+    qkv_scales = weights["Attention_0.qkv_weight_scale"]
+    assert qkv_scales.shape == (3 * TINY["d_model"],)  # one scale per output channel
+    how = read_manifest(tiny_entry).graphs["int8"].parity["quantization"]
+    assert sorted(how["int8"]) == sorted(f"{i}.{r}" for i in range(L) for r in quantize.ROLES)
+    assert sorted(how["row_scaled"]) == sorted(f"{i}.{r}" for i in range(L) for r in ("ffn_up", "ffn_down"))
+    assert how["plan"]["reduce_range"] and how["fp32"] == []
+
+
+def test_a_plan_keeps_products_in_fp32(tiny_entry: Path, tmp_path: Path) -> None:
+    """Mixed precision: the products a plan names stay fp32 MatMuls (and Attention), the rest int8."""
+    plan = quantize.Int8Plan(row_scaled=("*.ffn_down",), keep_fp32=("0.*", "1.ffn_up"))
+    how = quantize.quantize(tiny_entry / "model.optimized.onnx", tmp_path / "m.onnx", plan)
+    assert sorted(how.fp32) == ["0.attn_out", "0.ffn_down", "0.ffn_up", "0.qkv", "1.ffn_up"]
+    assert how.row_scaled == ["1.ffn_down"]
+    types = Counter(n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node)
+    assert (types["MatMul"], types["Attention"], types["MatMulInteger"], types["QAttention"]) == (4, 1, 2, 1)
+
+
+def test_the_gate_figures_are_in_the_manifest(tiny_entry: Path) -> None:
+    figures = read_manifest(tiny_entry).graphs["int8"].parity
+    assert figures["passed"]
+    assert figures["min_cosine"] >= int8_gate.MIN_COSINE and figures["mean_cosine"] >= int8_gate.MEAN_COSINE
+    assert figures["thresholds"] == {
+        "min_cosine": 0.98,
+        "mean_cosine": 0.995,
+        "top1_agreement": 0.95,
+        "top10_overlap": 0.9,
+    }
+    retrieval = figures["retrieval"]
+    items = int8_gate.retrieval_set()
+    assert retrieval["queries"] == len(items) >= 50
+    assert retrieval["passages"] == sum(len(p) for _, p in items) >= 5 * len(items)
+    assert retrieval["top1_agreement"] >= 0.95 and retrieval["top10_overlap"] >= 0.9
+    # every input alone and in a batch: the parity grid's rows and the real texts
+    n_texts = len(int8_gate.fidelity_texts()) + retrieval["queries"] + retrieval["passages"]
+    assert figures["sets"]["texts_alone"]["inputs"] == figures["sets"]["texts_batched"]["inputs"] == n_texts
+    assert figures["sets"]["grid_alone"]["inputs"] == figures["sets"]["grid_batched"]["inputs"] > 100
+    assert figures["inputs"] == n_texts + figures["sets"]["grid_alone"]["inputs"]
+
+
+def test_the_manifest_records_each_cpu_graphs_speed_against_the_plain_graph(tiny_entry: Path) -> None:
+    graphs = read_manifest(tiny_entry).graphs
+    assert "speed_at_export" not in graphs["fp16"].parity  # for CUDA hosts: not measured on the CPU
+    for variant in ("fp32", "optimized", "int8"):
+        figures = graphs[variant].parity["speed_at_export"]
+        assert figures["relative_to"] == "fp32"
+        for workload in ("short", "mixed"):
+            assert figures[workload]["speed"] > 0 and figures[workload]["seq_per_s"] > 0
+            assert figures[workload]["inputs"] == graphs["fp32"].parity["speed_at_export"][workload]["inputs"] > 0
+    assert graphs["fp32"].parity["speed_at_export"]["short"]["speed"] == 1.0
+
+
+def test_the_gate_measures_the_damage_of_a_wrong_scale(tiny_entry: Path, tmp_path: Path) -> None:
+    """The same graph, one weight scale forced 10x: the gate's figures fall below its bar."""
+    reference = _engine(tiny_entry / "model.optimized.onnx")
+    tok = load_for_serving(tiny_entry / "tokenizer.json", TINY["max_seq_len"])
+    kw = {"max_seq_len": TINY["max_seq_len"], "vocab_size": TINY["vocab_size"], "pad_id": 0}
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes((tiny_entry / "model.int8.onnx").read_bytes())
+    damage(bad, "Attention_0.qkv_weight_scale", 10.0)
+    report = int8_gate.check(reference, _engine(bad), tok, **kw)
+    assert not report.passed and report.failures
+    good = int8_gate.check(reference, _engine(tiny_entry / "model.int8.onnx"), tok, **kw)
+    assert good.passed
+    assert report.mean_cosine < good.mean_cosine
+    with pytest.raises(int8_gate.Int8GateError, match="int8 gate failed"):
+        report.require_passed()
+
+
+def test_a_damaged_quantisation_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = quantize.quantize
+
+    def wrong_scale(src: Path, dst: Path, plan: quantize.Int8Plan = quantize.DEFAULT_PLAN) -> quantize.QuantizeReport:
+        report = real(src, dst, plan)
+        damage(dst, "Attention_0.qkv_weight_scale", 10.0)
+        return report
+
+    monkeypatch.setattr(quantize, "quantize", wrong_scale)
+    opts = ExportOptions(source="random", repository=tmp_path, name="t", random_config=dict(TINY), seed=7, int8=True)
+    with pytest.raises(ExportError, match=r"int8 gate failed: .*; nothing was published"):
+        export_entry(opts, out=io.StringIO())
+    assert list(tmp_path.iterdir()) == []  # no entry (not even its fp32 graphs), no scratch directory
+
+
+def test_serve_graph_int8(tiny_entry: Path) -> None:
+    """`mhaserve serve --graph int8` serves model.int8.onnx; its embeddings are the fp32 graph's, nearly."""
+    repo = tiny_entry.parent.parent
+    assert ModelRepository(repo).entry("tiny", graph="auto").graph == "optimized"  # auto does not pick int8
+    texts = ["a short one", "Ok.", "a somewhat longer sentence about quantisation " * 3]
+    srv = ServerThread(Settings(repository=repo, port=0, metrics_port=0, device="cpu", graph="int8")).ready()
+    try:
+        with srv.channel() as channel:
+            stub = pb_grpc.EncoderServiceStub(channel)
+            info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT)
+            reply = stub.Encode(pb.EncodeRequest(texts=texts, normalize=True), timeout=WAIT)
+    finally:
+        srv.stop()
+    entry = read_manifest(tiny_entry).graphs["int8"]
+    assert (info.graph, info.sha256) == ("int8", entry.sha256)
+    got = np.array([e.values for e in reply.embeddings])
+    tok = load_for_serving(tiny_entry / "tokenizer.json", TINY["max_seq_len"])
+    fp32 = _engine(tiny_entry / "model.optimized.onnx")
+    want = np.concatenate(
+        [fp32.run(np.array([tok.encode(t).ids]), np.ones((1, len(tok.encode(t).ids)), np.int64)) for t in texts]
+    )
+    want /= np.linalg.norm(want, axis=1, keepdims=True)
+    assert (got * want).sum(axis=1).min() >= int8_gate.MIN_COSINE
