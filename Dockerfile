@@ -151,13 +151,17 @@ FROM base AS runtime
 RUN groupadd --system --gid 10001 mhaserve \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin mhaserve
-# The HTTP API (MHASERVE_HTTP_PORT) joins these ports here when the server has one.
+# MHASERVE_DRAIN_DELAY: on SIGTERM (a stop, a redeploy, a pod deleted), /health and gRPC health say
+# NOT_SERVING at once while the server goes on serving for this long, so that balancers and Kubernetes
+# endpoints stop sending calls here before any is refused (docs/deploy.md, "Rolling restarts").
 ENV PATH=/opt/venv/bin:$PATH \
     MHASERVE_HOST=0.0.0.0 \
     MHASERVE_PORT=50051 \
+    MHASERVE_HTTP_PORT=8080 \
     MHASERVE_METRICS_PORT=8000 \
-    MHASERVE_REPOSITORY=/models
-EXPOSE 50051 8000
+    MHASERVE_REPOSITORY=/models \
+    MHASERVE_DRAIN_DELAY=5
+EXPOSE 50051 8080 8000
 # SERVING only after warm-up; the start period covers loading the model and, on a GPU, CUDA's start.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
     CMD mhaserve health --address "127.0.0.1:${MHASERVE_PORT:-50051}"

@@ -3,12 +3,13 @@
 #
 #   deploy/images/build.sh                      # cpu and loadtest
 #   deploy/images/build.sh gpu                  # the CUDA serving image (about 2 GB of pip's CUDA packages)
-#   deploy/images/build.sh nginx prometheus     # the balancer and Prometheus from Debian's packages
+#   deploy/images/build.sh haproxy prometheus   # the balancer and Prometheus from Debian's packages
 #
 # Targets and the tags they get (each tag can be set through its variable):
 #   cpu         CPU_TAG=mhaserve:cpu             Dockerfile target `cpu`
 #   loadtest    LOADTEST_TAG=mhaserve:loadtest   Dockerfile target `loadtest`
 #   gpu         GPU_TAG=mhaserve:gpu             Dockerfile target `gpu`
+#   haproxy     HAPROXY_TAG=mhaserve-haproxy:bookworm        deploy/haproxy/Containerfile
 #   nginx       NGINX_TAG=mhaserve-nginx:bookworm            deploy/nginx/Containerfile
 #   prometheus  PROMETHEUS_TAG=mhaserve-prometheus:bookworm  deploy/prometheus/Containerfile
 #
@@ -27,6 +28,7 @@ root=$(cd "$here/../.." && pwd)
 CPU_TAG=${CPU_TAG:-mhaserve:cpu}
 LOADTEST_TAG=${LOADTEST_TAG:-mhaserve:loadtest}
 GPU_TAG=${GPU_TAG:-mhaserve:gpu}
+HAPROXY_TAG=${HAPROXY_TAG:-mhaserve-haproxy:bookworm}
 NGINX_TAG=${NGINX_TAG:-mhaserve-nginx:bookworm}
 PROMETHEUS_TAG=${PROMETHEUS_TAG:-mhaserve-prometheus:bookworm}
 PUBLIC_PYTHON=docker.io/library/python:3.11-slim
@@ -59,8 +61,8 @@ needs_python=0 needs_debian=0
 for t in "${targets[@]}"; do
   case $t in
     cpu | loadtest | gpu) needs_python=1 ;;
-    nginx | prometheus) needs_debian=1 ;;
-    *) echo "images: unknown target $t (cpu, loadtest, gpu, nginx, prometheus)" >&2; exit 2 ;;
+    haproxy | nginx | prometheus) needs_debian=1 ;;
+    *) echo "images: unknown target $t (cpu, loadtest, gpu, haproxy, nginx, prometheus)" >&2; exit 2 ;;
   esac
 done
 if [ "$needs_python" = 1 ] && [ -z "${PYTHON_IMAGE:-}" ]; then
@@ -94,6 +96,7 @@ for t in "${targets[@]}"; do
     cpu) build "$CPU_TAG" --target cpu --build-arg PYTHON_IMAGE="$PYTHON_IMAGE" "${pip_args[@]}" "$root" ;;
     loadtest) build "$LOADTEST_TAG" --target loadtest --build-arg PYTHON_IMAGE="$PYTHON_IMAGE" "${pip_args[@]}" "$root" ;;
     gpu) build "$GPU_TAG" --target gpu --build-arg PYTHON_IMAGE="$PYTHON_IMAGE" "${pip_args[@]}" "$root" ;;
+    haproxy) build "$HAPROXY_TAG" --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" -f "$root/deploy/haproxy/Containerfile" "$root/deploy/haproxy" ;;
     nginx) build "$NGINX_TAG" --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" "$root/deploy/nginx" ;;
     prometheus) build "$PROMETHEUS_TAG" --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" -f "$root/deploy/prometheus/Containerfile" "$root/deploy/prometheus" ;;
   esac

@@ -12,20 +12,15 @@ from tests.deploy.containers import ENGINE, NO_ENGINE, Compose, Images, build_im
 from tests.deploy.helpers import Replica
 
 
-@pytest.fixture(scope="session")
-def tiny_repo(tiny_entry: Path) -> Path:
-    """The model repository holding the session's tiny random model (tests/conftest.py exports it)."""
-    return tiny_entry.parent.parent
-
-
 @pytest.fixture
-def replicas(tiny_repo: Path, tmp_path: Path) -> Iterator[Callable[[int], list[Replica]]]:
-    """Start n replicas; all of them are stopped after the test, whatever happened."""
+def replicas(tiny_repo: Path, tmp_path: Path) -> Iterator[Callable[..., list[Replica]]]:
+    """Start n replicas (`start(n, http=True, drain_delay="1")`: with Replica's options); all of them are
+    stopped after the test, whatever happened."""
     started: list[Replica] = []
 
-    def start(n: int) -> list[Replica]:
+    def start(n: int, http: bool = False, **settings: str) -> list[Replica]:
         for _ in range(n):
-            started.append(Replica(tiny_repo, tmp_path, f"replica{len(started)}"))
+            started.append(Replica(tiny_repo, tmp_path, f"replica{len(started)}", http=http, **settings))
         return started[-n:]
 
     try:

@@ -29,7 +29,7 @@ import pytest
 from mhaserve.service import client
 from mhaserve.testing.loopback import free_port, wait_until
 from mhaserve.testing.metrics import Samples, scrape
-from tests.deploy.helpers import ROOT
+from tests.deploy.helpers import METHODS, ROOT, http_get
 
 # Cold start of a replica (load, warm-up) and of the engine's containers on a busy 2-core machine.
 START = 120.0
@@ -38,7 +38,7 @@ BUILD = 2400.0
 ENGINE_HINT = "as root on Debian, deploy/images/install-podman.sh installs and configures podman (.ci/run runs it)"
 ENCODE = "encoder.v1.EncoderService/Encode"
 # Variables of the compose files that the tests set themselves; the caller's values must not leak in.
-COMPOSE_PREFIXES = ("MHASERVE_", "LOCUST_", "LOADTEST_", "GRAFANA_", "PROMETHEUS_", "NGINX_", "COMPOSE_")
+COMPOSE_PREFIXES = ("MHASERVE_", "LOCUST_", "LOADTEST_", "GRAFANA_", "PROMETHEUS_", "NGINX_", "HAPROXY_", "COMPOSE_")
 
 
 def run(
@@ -158,6 +158,7 @@ class Images:
 
     cpu: str
     loadtest: str
+    haproxy: str
     nginx: str
     prometheus: str
 
@@ -173,6 +174,7 @@ def build_images(log: Path) -> Images:
     images = Images(
         cpu=f"mhaserve:cpu-{suffix}",
         loadtest=f"mhaserve:loadtest-{suffix}",
+        haproxy=f"mhaserve-haproxy:bookworm-{suffix}",
         nginx=f"mhaserve-nginx:bookworm-{suffix}",
         prometheus=f"mhaserve-prometheus:bookworm-{suffix}",
     )
@@ -180,6 +182,7 @@ def build_images(log: Path) -> Images:
         "CONTAINER_ENGINE": engine().name,
         "CPU_TAG": images.cpu,
         "LOADTEST_TAG": images.loadtest,
+        "HAPROXY_TAG": images.haproxy,
         "NGINX_TAG": images.nginx,
         "PROMETHEUS_TAG": images.prometheus,
     }
@@ -187,7 +190,7 @@ def build_images(log: Path) -> Images:
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     with log.open("w") as out:
         result = subprocess.run(
-            [str(ROOT / "deploy/images/build.sh"), "cpu", "loadtest", "nginx", "prometheus"],
+            [str(ROOT / "deploy/images/build.sh"), "cpu", "loadtest", "haproxy", "nginx", "prometheus"],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -241,16 +244,20 @@ class Compose:
         self.project = f"mhaserve-test-{os.getpid()}-{next(_projects)}"
         self.profiles = list(profiles)
         self.workdir = workdir
-        self.grpc_port, self.metrics_port = free_port(), free_port()
+        self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(COMPOSE_PREFIXES)} | {
             "MHASERVE_IMAGE": images.cpu,
             "LOADTEST_IMAGE": images.loadtest,
+            "HAPROXY_IMAGE": images.haproxy,
             "NGINX_IMAGE": images.nginx,
             "PROMETHEUS_IMAGE": images.prometheus,
             # One replica publishes fixed loopback ports; scaled ones set ephemeral ports (127.0.0.1::PORT).
             "MHASERVE_GRPC_PUBLISH": f"127.0.0.1:{self.grpc_port}:50051",
+            "MHASERVE_HTTP_PUBLISH": f"127.0.0.1:{self.http_port}:8080",
             "MHASERVE_METRICS_PUBLISH": f"127.0.0.1:{self.metrics_port}:8000",
             "MHASERVE_LB_PUBLISH": f"127.0.0.1:{free_port()}",
+            "MHASERVE_LB_HTTP_PUBLISH": f"127.0.0.1:{free_port()}",
+            "MHASERVE_LB_STATS_PUBLISH": f"127.0.0.1:{free_port()}",
             "LOCUST_WEB_PUBLISH": f"127.0.0.1:{free_port()}",
             "PROMETHEUS_PUBLISH": f"127.0.0.1:{free_port()}",
             "GRAFANA_PUBLISH": f"127.0.0.1:{free_port()}",
@@ -344,14 +351,20 @@ def serving(address: str) -> bool:
 
 
 class LbStack:
-    """Two replicas behind the `lb` balancer, each replica's metrics on a loopback port of its own.
-    Rolling restarts (stop, start, per-replica counters) are built on this too."""
+    """Replicas behind the `lb` balancer (HAProxy; `files` adds e.g. docker-compose.nginx.yml), each
+    replica's metrics on a loopback port of its own. Rolling restarts: `stop` and `start` one replica."""
 
-    def __init__(self, compose: Callable[..., Compose], replicas: int = 2) -> None:
+    def __init__(
+        self, compose: Callable[..., Compose], replicas: int = 2, profiles: Sequence[str] = (), **env: str
+    ) -> None:
         self.compose = compose(
-            ["lb"], MHASERVE_GRPC_PUBLISH="127.0.0.1::50051", MHASERVE_METRICS_PUBLISH="127.0.0.1::8000"
+            ["lb", *profiles],
+            MHASERVE_GRPC_PUBLISH="127.0.0.1::50051",
+            MHASERVE_HTTP_PUBLISH="127.0.0.1::8080",
+            MHASERVE_METRICS_PUBLISH="127.0.0.1::8000",
+            **env,
         )
-        self.compose.up(scale={"encoder": replicas})
+        self.compose.up("encoder", "lb", scale={"encoder": replicas})
         self.replicas = self.compose.containers("encoder")
         assert len(self.replicas) == replicas, self.replicas
         for r in self.replicas:
@@ -359,23 +372,51 @@ class LbStack:
         self.metrics_ports = {r: engine().host_port(r, 8000) for r in self.replicas}
         (self.lb,) = self.compose.containers("lb")
         self.address = self.compose.grpc_address(self.lb)
+        self.http_address = f"127.0.0.1:{engine().host_port(self.lb, 8080)}"
+        self.stats_port = engine().host_port(self.lb, 8404)
         wait_until(lambda: serving(self.address), "the balancer to pass calls through", START, 0.5)
+        # Every replica in both backends: found through the engine's DNS and checked healthy (`rise 2`).
+        wait_until(lambda: self.servers_up() == 2 * replicas, "HAProxy to check every replica up", START, 0.5)
         self.compose.check_loopback_only()
 
-    def served(self, replica: str) -> float:
-        return ok_calls(scrape(self.metrics_ports[replica]), ENCODE)
+    def servers_up(self) -> int:
+        """Servers HAProxy has checked UP, over both backends, from its Prometheus exporter (0 until it answers)."""
+        try:
+            metrics = http_get(f"http://127.0.0.1:{self.stats_port}/metrics", timeout=2).decode()
+        except OSError:
+            return 0
+        return len(re.findall(r'^haproxy_server_status\{[^}]*state="UP"[^}]*\} 1', metrics, re.M))
+
+    def served(self, replica: str, protocol: str = "grpc") -> float:
+        """Calls of the protocol's plain client (tests/deploy/load.py) the replica answered OK."""
+        return ok_calls(scrape(self.metrics_ports[replica]), METHODS[protocol])
 
     def stop(self, replica: str) -> int:
-        """`stop`: SIGTERM, and SIGKILL only after 40 s; the exit code."""
-        engine()("stop", "-t", "40", replica, timeout=60)
+        """`stop`: SIGTERM, and SIGKILL only after 45 s (the compose file's stop_grace_period); the exit code."""
+        engine()("stop", "-t", "45", replica, timeout=90)
         return engine().exit_code(replica)
 
+    def start(self, replica: str) -> float:
+        """Start a stopped replica again (it may get a new address: the balancer follows the engine's DNS);
+        seconds until it is healthy. Its metrics port is published anew."""
+        engine()("start", replica, timeout=START)
+        took = engine().wait_healthy(replica)
+        self.metrics_ports[replica] = engine().host_port(replica, 8000)
+        return took
+
     def balancer_failures(self) -> list[str]:
-        """Calls nginx answered with an error: HTTP status other than 200 (its own gRPC errors are 204s) or a
-        gRPC status other than OK, from its access log (deploy/nginx/nginx.conf's format)."""
+        """Calls the balancer answered with an error, from its log: for nginx, an HTTP status other than 200
+        (its own gRPC errors are 204s) or a gRPC status other than OK (deploy/nginx/nginx.conf's format); for
+        HAProxy (`option httplog`), an HTTP status of 5xx or a termination state other than `--`, unless the
+        client aborted (C)."""
         failed = []
         for line in engine().logs(self.lb, last=None).splitlines():
             m = re.search(r'"POST \S+ HTTP/2.0" (\d{3}) .*grpc_status=(\S*),(\S*)$', line)
             if m and (m.group(1) != "200" or any(g not in ("", "-", "0") for g in m.groups()[1:])):
+                failed.append(line)
+            h = re.search(r" (-?\d{1,3}) \d+ - - (\S{4}) .*\"(?:POST|GET) ", line)
+            # A termination state starting with C is the client's own abort (Locust cancels the calls in
+            # flight when its run ends), not a failure of the balancer or a replica.
+            if h and h.group(2)[0] != "C" and (h.group(1).startswith(("5", "-")) or h.group(2)[:2] != "--"):
                 failed.append(line)
         return failed

@@ -31,6 +31,9 @@ from mhaserve.testing.metrics import scrape
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 ENCODE = "encoder.v1.EncoderService/Encode"
+EMBEDDINGS = "POST /v1/embeddings"
+# The `method` label of the calls each protocol's plain client makes (tests/deploy/load.py).
+METHODS = {"grpc": ENCODE, "http": EMBEDDINGS}
 
 
 def find_binary(name: str) -> str | None:
@@ -128,10 +131,11 @@ class Process:
 
 
 class Replica(Process):
-    """`mhaserve serve` on free loopback ports, SERVING when constructed."""
+    """`mhaserve serve` on free loopback ports, SERVING when constructed; the HTTP port only with `http`."""
 
-    def __init__(self, repository: Path, workdir: Path, name: str, **settings: str) -> None:
+    def __init__(self, repository: Path, workdir: Path, name: str, http: bool = False, **settings: str) -> None:
         self.port, self.metrics_port = free_port(), free_port()
+        self.http_port = free_port() if http else 0
         env = {k: v for k, v in os.environ.items() if not k.startswith("MHASERVE_")}
         args = [sys.executable, "-m", "mhaserve.cli", "serve", "--repository", str(repository), "--host", "127.0.0.1"]
         args += [
@@ -140,7 +144,7 @@ class Replica(Process):
             "--metrics-port",
             str(self.metrics_port),
             "--http-port",
-            "0",
+            str(self.http_port),
             "--device",
             "cpu",
         ]
@@ -161,9 +165,14 @@ class Replica(Process):
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def encode_ok(self) -> float:
-        """Encode calls this replica answered OK, from its /metrics."""
-        return scrape(self.metrics_port).get("mhaserve_requests_total", method=ENCODE, code="OK")
+    @property
+    def http_address(self) -> str:
+        assert self.http_port, "started without its HTTP port (http=True)"
+        return f"127.0.0.1:{self.http_port}"
+
+    def encode_ok(self, protocol: str = "grpc") -> float:
+        """Encode calls (gRPC) or OpenAI embeddings requests (http) this replica answered OK, from its /metrics."""
+        return scrape(self.metrics_port).get("mhaserve_requests_total", method=METHODS[protocol], code="OK")
 
 
 def compose_file() -> dict[str, Any]:

@@ -21,7 +21,7 @@ import yaml
 from tests.deploy.helpers import ROOT, WAIT, compose_file, find_binary, needs, server_defaults
 
 PROFILES = ["", "lb", "loadtest", "monitoring", "lb,loadtest,monitoring"]
-OVERRIDES = ["docker-compose.models.yml"]
+OVERRIDES = ["docker-compose.models.yml", "docker-compose.nginx.yml"]
 
 
 def compose_env() -> dict[str, str]:
@@ -68,14 +68,22 @@ def test_compose_override_is_valid(override: str) -> None:
 @needs("docker-compose")
 def test_scaled_replicas_publish_no_fixed_host_port() -> None:
     """With the documented variables, `--scale encoder=N` gets ephemeral host ports (no clash)."""
-    env = compose_env() | {"MHASERVE_GRPC_PUBLISH": "50051", "MHASERVE_METRICS_PUBLISH": "127.0.0.1::8000"}
+    env = compose_env() | {
+        "MHASERVE_GRPC_PUBLISH": "50051",
+        "MHASERVE_HTTP_PUBLISH": "8080",
+        "MHASERVE_METRICS_PUBLISH": "127.0.0.1::8000",
+    }
     result = docker_compose("--profile", "lb", "config", env=env)
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
     for port in config["services"]["encoder"]["ports"]:
         published = port.get("published") if isinstance(port, dict) else port.split(":")[-2]
         assert not published, f"a replica publishes a fixed host port: {port}"
-    assert any(p.get("published") in (50050, "50050") for p in config["services"]["lb"]["ports"])
+    # Long form ({published, target}), or a string where a host address is given (HAProxy's stats port).
+    lb = [p if isinstance(p, dict) else dict(zip(("published", "target"), p.split(":")[-2:], strict=True)) for p in
+          config["services"]["lb"]["ports"]]  # fmt: skip
+    published = {str(p["published"]): int(str(p["target"]).split("/")[0]) for p in lb}
+    assert published["50050"] == 50051 and published["8079"] == 8080, published
 
 
 class Reset:
@@ -145,6 +153,7 @@ def test_encoder_service_matches_the_server() -> None:
     assert env["MHASERVE_HOST"] == "0.0.0.0", "a container must listen on all its interfaces"
     assert int(env["MHASERVE_PORT"]) == defaults.port
     assert int(env["MHASERVE_METRICS_PORT"]) == defaults.metrics_port
+    assert int(env["MHASERVE_HTTP_PORT"]) == 8080, "the images, the balancer and the manifests expect 8080"
     # Every variable is one the server reads (a typo would be silently ignored).
     from mhaserve.service.settings import env_var
 
@@ -152,22 +161,25 @@ def test_encoder_service_matches_the_server() -> None:
     assert set(env) <= known, f"unknown settings: {set(env) - known}"
     # Default ports: gRPC published as is; metrics on loopback only.
     assert encoder["ports"][0].endswith(f"{defaults.port}:{defaults.port}}}")
-    assert encoder["ports"][1].endswith(f"127.0.0.1:{defaults.metrics_port}:{defaults.metrics_port}}}")
+    assert encoder["ports"][1].endswith("8080:8080}")
+    assert encoder["ports"][2].endswith(f"127.0.0.1:{defaults.metrics_port}:{defaults.metrics_port}}}")
     gpu = encoder["deploy"]["resources"]["reservations"]["devices"]
     assert gpu == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert {k: v for k, v in encoder["build"].items() if k != "args"} == {"context": ".", "target": "gpu"}
     assert encoder["restart"] in ("always", "unless-stopped")
     test = " ".join(encoder["healthcheck"]["test"])
     assert "mhaserve health --address 127.0.0.1:" in test
-    # Docker's SIGKILL must not cut the server's drain short.
+    # Docker's SIGKILL must not cut the server's drain (its delay, then its grace period) short.
     grace = float(re.search(r"MHASERVE_GRACE_PERIOD:-(\d+)", env["MHASERVE_GRACE_PERIOD"]).group(1))  # type: ignore[union-attr]
+    delay = float(re.search(r"MHASERVE_DRAIN_DELAY:-(\d+)", env["MHASERVE_DRAIN_DELAY"]).group(1))  # type: ignore[union-attr]
     assert grace == defaults.grace_period
-    assert seconds(encoder["stop_grace_period"]) > grace
+    assert delay > 0, "without a drain delay a balancer learns of a stop only from refused calls"
+    assert seconds(encoder["stop_grace_period"]) > delay + grace
 
 
 IMAGE_VARIABLES = {
     "encoder": ("MHASERVE_IMAGE", "mhaserve:gpu"),
-    "lb": ("NGINX_IMAGE", "docker.io/library/nginx:1.28-alpine"),
+    "lb": ("HAPROXY_IMAGE", "docker.io/library/haproxy:3.0-alpine"),
     "locust-master": ("LOADTEST_IMAGE", "mhaserve:loadtest"),
     "locust-worker": ("LOADTEST_IMAGE", "mhaserve:loadtest"),
     "prometheus": ("PROMETHEUS_IMAGE", "docker.io/prom/prometheus:v3.5.0"),
@@ -210,11 +222,12 @@ def test_profiles_and_their_files() -> None:
             source = volume.split(":")[0]
             if source.startswith("./"):
                 assert (ROOT / source).exists(), f"{name} mounts {source}, which is not in the repo"
-    # The balancer renders the repo's template; the load test runs the repo's locustfile.
-    assert any("deploy/nginx/mhaserve.conf.template:" in v for v in services["lb"]["volumes"])
+    # The balancer runs the repo's configuration; the load test runs the repo's locustfile.
+    assert "./deploy/haproxy/haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro" in services["lb"]["volumes"]
     assert services["locust-master"]["build"]["target"] == "loadtest"
     assert (ROOT / "loadtest" / "locustfile.py").is_file()
-    assert "${LOADTEST_TARGET:-encoder:50051}" in services["locust-master"]["command"]
+    (master_command,) = services["locust-master"]["command"]
+    assert 'exec locust --master --host "$${LOADTEST_TARGET:-$$target}"' in master_command
     assert services["locust-worker"]["command"][:3] == ["--worker", "--master-host", "locust-master"]
     assert "ports" not in services["locust-worker"], "workers are scaled: they must not publish ports"
 
@@ -238,3 +251,15 @@ def test_monitoring_wiring_agrees() -> None:
     mounts = dict(v.split(":")[:2] for v in services["grafana"]["volumes"] if v.startswith("./"))
     assert mounts["./deploy/grafana/dashboards"] == path
     assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+
+
+def test_nginx_override_swaps_the_balancer_and_nothing_else() -> None:
+    """docker-compose.nginx.yml: the documented alternative to HAProxy, on the same ports."""
+    override = load_override(ROOT / "docker-compose.nginx.yml")
+    assert set(override["services"]) == {"lb"}
+    merged = merge(compose_file(), override)["services"]["lb"]
+    assert merged["image"] == "${NGINX_IMAGE:-docker.io/library/nginx:1.28-alpine}"
+    assert "./deploy/nginx/mhaserve.conf.template:/etc/nginx/templates/default.conf.template:ro" in merged["volumes"]
+    assert merged["ports"] == compose_file()["services"]["lb"]["ports"]
+    env = merged["environment"]
+    assert (env["NGINX_LISTEN"], env["NGINX_HTTP_LISTEN"]) == ("50051", "8080")

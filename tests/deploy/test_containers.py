@@ -6,7 +6,9 @@ engine between runs), then:
    KServe answers through its published port as a server on the host serving the same repository, the
    metrics port, and SIGTERM: exit 0 within the grace period;
 2. compose (docker-compose.yml + docker-compose.cpu.yml): up, healthy, encode, down leaving nothing;
-3. the `lb` profile: two replicas behind nginx, calls spread over both, one replica stopped under load;
+3. the `lb` profile: two replicas behind HAProxy, calls spread over both; rolling restarts (each replica
+   stopped with SIGTERM and started again in turn) under 16 plain gRPC or HTTP clients, and under a
+   headless Locust run from the `loadtest` profile: no call fails;
 4. the `loadtest` profile: a Locust master and two workers, headless, reports in a mounted folder;
 5. the `monitoring` profile: Prometheus scrapes both replicas and loads the alert rules.
 
@@ -20,10 +22,8 @@ from __future__ import annotations
 import csv
 import json
 import re
-import threading
 import time
 import urllib.parse
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,11 +58,11 @@ from tests.deploy.containers import (
     serving,
 )
 from tests.deploy.helpers import DEPLOY, WAIT, Replica, http_get, server_defaults
+from tests.deploy.load import Load, Protocol
 
 pytestmark = [pytest.mark.container, needs_engine, pytest.mark.timeout(BUILD + 900)]
 
 INFER = "inference.GRPCInferenceService/ModelInfer"
-SERVICE_CONFIG = DEPLOY / "clients" / "grpc-service-config.json"
 
 
 def vectors(response: epb.EncodeResponse) -> npt.NDArray[np.float32]:
@@ -161,10 +161,10 @@ def test_compose_up_encode_down_leaves_nothing(compose: Callable[..., Compose]) 
     assert stack.leftovers() == [], "compose down left these behind"
 
 
-# ---- 3. the lb profile: two replicas behind nginx ------------------------------------------------------
+# ---- 3. the lb profile: replicas behind HAProxy, rolling restarts ----------------------------------------
 
 
-def test_lb_spreads_calls_and_keeps_answering_when_a_replica_stops(compose: Callable[..., Compose]) -> None:
+def test_lb_spreads_calls_from_one_connection_over_the_replicas(compose: Callable[..., Compose]) -> None:
     stack = LbStack(compose)
     a, b = stack.replicas
     start = {r: stack.served(r) for r in (a, b)}
@@ -179,74 +179,126 @@ def test_lb_spreads_calls_and_keeps_answering_when_a_replica_stops(compose: Call
             list(pool.map(lambda i: stub.Encode(epb.EncodeRequest(texts=[f"call {i}"]), timeout=WAIT), range(n_par)))
     par = {r: stack.served(r) - start[r] - seq[r] for r in (a, b)}
     assert sum(seq.values()) + sum(par.values()) == n_seq + n_par, "every call is answered by exactly one replica"
-    # One call at a time: both replicas idle, least_conn takes them in turn (close to half each). Concurrent
+    # One call at a time: both replicas idle, leastconn takes them in turn (close to half each). Concurrent
     # calls: the replica with fewer in flight gets the next, so a slower one (two cores shared) gets fewer;
     # both must get some.
     for r in (a, b):
         assert seq[r] >= n_seq / 3, f"{r} served {seq[r]:.0f} of {n_seq} calls made one at a time: {seq}"
         assert par[r] > 0, f"{r} served none of {n_par} concurrent calls: {par}"
-    got = {r: start[r] + seq[r] + par[r] for r in (a, b)}
 
-    # Clients with the documented retry policy (deploy/clients/) keep getting answers while b drains.
-    done = threading.Event()
-    ok: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    options = [("grpc.enable_retries", 1), ("grpc.service_config", SERVICE_CONFIG.read_text())]
-    n_clients = 4
 
-    def caller(k: int) -> None:
-        with grpc.insecure_channel(stack.address, options=options) as channel:
-            stub = epb_grpc.EncoderServiceStub(channel)
-            for i in range(500):  # bounded: at most 500 calls per client
-                if done.is_set():
-                    return
-                try:
-                    stub.Encode(epb.EncodeRequest(texts=[f"client {k} call {i}"]), timeout=WAIT)
-                    with lock:
-                        ok.append(time.monotonic())
-                except grpc.RpcError as err:
-                    with lock:
-                        errors.append(f"{err.code().name}: {err.details()}")
-                time.sleep(0.005)
+def rolling_restart(stack: LbStack, protocol: str, progress: Callable[[str], None]) -> dict[str, list[float]]:
+    """Restart the replicas one at a time as an operator would (`stop`: SIGTERM, drain; `start`; the next
+    once the balancer sends the restarted one calls again), calling `progress(step)` after each step so
+    that the caller can wait for answers there. Each replica's count of answered calls at every step."""
+    counts: dict[str, list[float]] = {r: [stack.served(r, protocol)] for r in stack.replicas}
+    for r in stack.replicas:
+        stopping = time.monotonic()
+        code = stack.stop(r)
+        assert code == 0, f"SIGTERM should drain and exit 0, got {code}:\n{engine().logs(r)}"
+        progress(f"after {r} stopped ({time.monotonic() - stopping:.1f} s)")
+        took = stack.start(r)
+        before = stack.served(r, protocol)
 
-    threads = [threading.Thread(target=caller, args=(k,), daemon=True) for k in range(n_clients)]
-    for t in threads:
-        t.start()
-    try:
-        wait_until(lambda: len(ok) >= 40 or not any(t.is_alive() for t in threads), "calls before the stop", WAIT)
-        b_before = stack.served(b)
-        assert b_before > got[b], "b took no calls under load before it was stopped: nothing was tested"
-        code = stack.stop(b)
-        a_before = stack.served(a)
-        stopped_at = time.monotonic()
-        assert code == 0, f"SIGTERM should drain and exit 0, got {code}:\n{engine().logs(b)}"
+        def serving_again(r: str = r, before: float = before) -> bool:
+            return stack.served(r, protocol) > before
+
         wait_until(
-            lambda: sum(t > stopped_at for t in ok) >= 60 or not any(t.is_alive() for t in threads),
-            "calls after the stop",
+            serving_again,
+            f"the balancer to send {r} calls again",
             WAIT,
+            0.2,
         )
-    finally:
-        done.set()
-        for t in threads:
-            t.join(WAIT)
+        progress(f"after {r} started again ({took:.1f} s to healthy)")
+        for q in stack.replicas:
+            counts[q].append(stack.served(q, protocol))
+    return counts
 
-    after = sum(t > stopped_at for t in ok)
-    assert not errors, (
-        f"{len(errors)} calls failed while a replica stopped: {errors[:5]}\nthe balancer's errors:\n"
-        + "\n".join(stack.balancer_failures()[-10:])
-        + f"\n{b}:\n{engine().logs(b)[-3000:]}"
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_rolling_restart_behind_the_lb_fails_no_call_of_plain_clients(
+    compose: Callable[..., Compose], protocol: Protocol
+) -> None:
+    """16 plain clients (no retry policy, no wait-for-ready; HTTP: one keep-alive connection each, never
+    resending) call through the balancer while each replica in turn is stopped (SIGTERM), started again,
+    and serves again before the next: not one call fails, and each replica answers calls before its
+    stop and after its start."""
+    stack = LbStack(compose)
+    load = Load(protocol, stack.address if protocol == "grpc" else stack.http_address, clients=16)
+    steps: list[str] = []
+
+    def progress(step: str) -> None:
+        since = time.monotonic()
+        load.wait_for_answers(50, since, step, WAIT)
+        steps.append(f"{step}: {load.answered_since(0.0)} answered")
+
+    try:
+        load.wait_for_answers(100, 0.0, "calls before the restarts", WAIT)
+        counts = rolling_restart(stack, protocol, progress)
+    finally:
+        load.stop()
+    print(f"\nrolling restart, {protocol}, 16 plain clients: {load.summary()}\n  " + "\n  ".join(steps))
+    print(f"  answered per replica at start / after each restart: {counts}")
+    assert not load.errors, f"{load.summary()}\nthe balancer's errors:\n" + "\n".join(stack.balancer_failures()[-10:])
+    assert not stack.balancer_failures(), stack.balancer_failures()[:10]
+    a, b = stack.replicas
+    # a: calls before its stop, and after its start (it restarts first, then serves while b restarts).
+    assert counts[a][0] > 0 and counts[a][1] > 0 and counts[a][2] > counts[a][1], counts
+    # b: calls before its stop; after its start (its counter began again at 0 with its process).
+    assert counts[b][1] > counts[b][0] > 0 and counts[b][2] > 0, counts
+
+
+def test_locust_through_the_lb_sees_no_failure_while_replicas_restart_one_at_a_time(
+    compose: Callable[..., Compose], tmp_path: Path
+) -> None:
+    """What docs/deploy.md measures: the compose stack's `lb` and `loadtest` profiles, a headless Locust run
+    (one worker, 16 users, short texts, gRPC through lb:50051), and the replicas restarted one at a time
+    with the engine's stop and start. Locust counts no failure; the figures are printed for the docs."""
+    run_time = 180
+    stack = LbStack(
+        compose,
+        profiles=["loadtest"],
+        LOADTEST_TARGET="lb:50051",
+        LOCUST_HEADLESS="true",
+        LOCUST_USERS="16",
+        LOCUST_SPAWN_RATE="16",
+        LOCUST_RUN_TIME=f"{run_time}s",
+        LOCUST_EXPECT_WORKERS="1",
+        LOCUST_WORKLOAD="short",
+        LOCUST_CSV="/reports/stats",
     )
-    assert after >= 60, f"only {after} calls after the stop"
-    # Less those the replica had counted, but the clients not yet received, when its counter was read.
-    assert stack.served(a) - a_before >= after - n_clients, "calls after the stop must all go to the other replica"
-    # What the balancer passed on as errors (and the retry policy absorbed): the draining replica's
-    # UNAVAILABLE, which nginx forwards instead of retrying, and now and then a CANCELLED for a call gRPC had
-    # received but not yet handed to the server when it stopped (grpc/grpc#41785). Reported, not bounded:
-    # making them zero for clients without a retry policy is the rolling-restart work.
-    failed = stack.balancer_failures()
-    statuses = Counter(re.sub(r".*grpc_status=", "", line) for line in failed)
-    print(f"\nlb: {len(failed)} calls failed at the balancer (grpc-status: {dict(statuses)}), all retried by clients")
+    results = Path(stack.compose.env["LOADTEST_RESULTS"])
+    results.chmod(0o777)  # the image runs Locust as uid 10001
+    stack.compose.up(scale={"encoder": 2, "locust-worker": 1})
+    (master,) = stack.compose.containers("locust-master")
+    started = time.monotonic()
+    wait_until(lambda: sum(stack.served(r) for r in stack.replicas) >= 200, "Locust's calls to arrive", START, 0.5)
+    steps: list[str] = []
+
+    def answered() -> float:
+        """Calls answered by the replicas that are running now (a stopped one's metrics port is closed)."""
+        return sum(stack.served(r) for r in stack.replicas if engine().state(r)["Running"])
+
+    def progress(step: str) -> None:
+        total = answered()
+        wait_until(lambda: answered() >= total + 100, step, WAIT, 0.2)
+        steps.append(f"{time.monotonic() - started:.0f} s: {step}")
+
+    counts = rolling_restart(stack, "grpc", progress)
+    assert time.monotonic() - started < run_time - 10, "the restarts outlasted the Locust run: raise run_time"
+    wait_until(lambda: not engine().state(master)["Running"], "the headless run to end", run_time + START, 1.0)
+    log = engine().logs(master, last=None)
+    with (results / "stats_stats.csv").open() as f:
+        (total,) = [row for row in csv.DictReader(f) if row["Name"] == "Aggregated"]
+    requests, failures = int(total["Request Count"]), int(total["Failure Count"])
+    print(
+        f"\nLocust through lb, {run_time} s, 16 users, replicas restarted one at a time: {requests} requests, "
+        f"{failures} failures, {float(total['Requests/s']):.1f} req/s, p50 {total['50%']} ms, p99 {total['99%']} ms"
+        "\n  " + "\n  ".join(steps) + f"\n  answered per replica at start / after each restart: {counts}"
+    )
+    assert engine().exit_code(master) == 0, f"Locust exited {engine().exit_code(master)}:\n{log[-6000:]}"
+    assert requests > 0 and failures == 0, f"{failures} of {requests} requests failed:\n{log[-6000:]}"
+    assert not stack.balancer_failures(), stack.balancer_failures()[:10]
 
 
 # ---- 4. the loadtest profile ---------------------------------------------------------------------------
@@ -297,7 +349,10 @@ def test_loadtest_profile_runs_locust_master_and_two_workers(compose: Callable[.
 
 def test_monitoring_profile_scrapes_both_replicas_and_loads_the_rules(compose: Callable[..., Compose]) -> None:
     stack = compose(
-        ["monitoring"], MHASERVE_GRPC_PUBLISH="127.0.0.1::50051", MHASERVE_METRICS_PUBLISH="127.0.0.1::8000"
+        ["monitoring"],
+        MHASERVE_GRPC_PUBLISH="127.0.0.1::50051",
+        MHASERVE_HTTP_PUBLISH="127.0.0.1::8080",
+        MHASERVE_METRICS_PUBLISH="127.0.0.1::8000",
     )
     # Grafana's image comes from Docker Hub only: its provisioning is checked for structure instead
     # (test_manifests.py), and Prometheus, built from Debian's packages here, is run for real.

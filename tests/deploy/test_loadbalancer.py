@@ -1,8 +1,11 @@
-"""The nginx configuration from the repo, in front of two real replicas on this machine.
+"""The balancers' configurations from the repo, in front of real replicas on this machine.
 
-deploy/nginx/mhaserve.conf.template is rendered as the nginx image renders it in compose, with the
-compose file's own upstream line pointed at loopback replicas instead of `encoder:50051 resolve`
-(`resolve` needs nginx >= 1.27.3 and Docker's DNS; Debian 12 has 1.22).
+deploy/haproxy/haproxy.cfg (the `lb` service) with its `server-template` lines, which find the replicas
+through the container engine's DNS, replaced by one `server` line per loopback replica; and
+deploy/nginx/mhaserve.conf.template (the documented alternative), rendered as the nginx image renders it
+in compose, with the compose override's upstream lines pointed at loopback replicas instead of
+`encoder:50051 resolve` (`resolve` needs nginx >= 1.27.3 and Docker's DNS; Debian 12 has 1.22).
+The container tier (test_containers.py) runs the same files in the compose stack.
 """
 
 from __future__ import annotations
@@ -19,37 +22,51 @@ from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.testing.loopback import free_port
 from tests.deploy.helpers import (
     DEPLOY,
+    ROOT,
     WAIT,
     Process,
     Replica,
-    compose_file,
     encode,
     find_binary,
     health,
+    http_get,
     needs,
     render_envsubst,
     wait_until,
 )
+from tests.deploy.load import Load, Protocol
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, needs("nginx"), pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
 TEMPLATE = DEPLOY / "nginx" / "mhaserve.conf.template"
+HAPROXY_CFG = DEPLOY / "haproxy" / "haproxy.cfg"
 SERVICE_CONFIG = DEPLOY / "clients" / "grpc-service-config.json"
 
 
-def lb_env(replicas: list[Replica], listen: str) -> dict[str, str]:
-    """The lb service's environment from docker-compose.yml, for loopback."""
-    env = dict(compose_file()["services"]["lb"]["environment"])
-    compose_line = env["NGINX_UPSTREAM_SERVERS"]
-    assert compose_line.startswith("server encoder:50051 resolve"), compose_line
-    params = compose_line.removeprefix("server encoder:50051 resolve").strip().rstrip(";")
-    env["NGINX_UPSTREAM_SERVERS"] = " ".join(f"server {r.address} {params};" for r in replicas)
+def upstream_line(line: str, port: int, addresses: list[str]) -> str:
+    """The compose override's `server encoder:PORT resolve PARAMS;`, one directive per loopback address."""
+    prefix = f"server encoder:{port} resolve"
+    assert line.startswith(prefix), line
+    params = line.removeprefix(prefix).strip().rstrip(";")
+    return " ".join(f"server {a} {params};" for a in addresses)
+
+
+def lb_env(replicas: list[Replica], listen: str, http_listen: str) -> dict[str, str]:
+    """The lb service's environment from docker-compose.nginx.yml, for loopback."""
+    override = yaml.safe_load((ROOT / "docker-compose.nginx.yml").read_text())
+    env = dict(override["services"]["lb"]["environment"])
+    env["NGINX_UPSTREAM_SERVERS"] = upstream_line(env["NGINX_UPSTREAM_SERVERS"], 50051, [r.address for r in replicas])
+    env["NGINX_HTTP_UPSTREAM_SERVERS"] = upstream_line(
+        env["NGINX_HTTP_UPSTREAM_SERVERS"], 8080, [r.http_address for r in replicas]
+    )
     env["NGINX_LISTEN"] = listen
+    env["NGINX_HTTP_LISTEN"] = http_listen
     # What the image's entry point sets from the container's resolv.conf (NGINX_ENTRYPOINT_LOCAL_RESOLVERS):
     # loopback replicas need no name resolved, but the directive needs an address.
     assert env.pop("NGINX_ENTRYPOINT_LOCAL_RESOLVERS") == "1"
@@ -61,9 +78,10 @@ class Nginx(Process):
     """nginx in the foreground with a private prefix: config, pid, logs and temp files in `workdir`."""
 
     def __init__(self, replicas: list[Replica], workdir: Path) -> None:
-        self.port = free_port()
+        self.port, self.http_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
-        site = render_envsubst(TEMPLATE.read_text(), lb_env(replicas, self.address))
+        self.http_address = f"127.0.0.1:{self.http_port}"
+        site = render_envsubst(TEMPLATE.read_text(), lb_env(replicas, self.address, self.http_address))
         assert "${NGINX_" not in site, "a template variable was left unrendered"
         (workdir / "site.conf").write_text(site)
         # What the official image's nginx.conf does around conf.d/, with everything inside workdir.
@@ -125,10 +143,11 @@ def lb(tmp_path: Path) -> Iterator[Callable[[list[Replica]], Nginx]]:
             n.stop()
 
 
+@needs("nginx")
 def test_calls_on_one_connection_are_spread_over_replicas(
-    replicas: Callable[[int], list[Replica]], lb: Callable[[list[Replica]], Nginx]
+    replicas: Callable[..., list[Replica]], lb: Callable[[list[Replica]], Nginx]
 ) -> None:
-    a, b = replicas(2)
+    a, b = replicas(2, http=True)
     nginx = lb([a, b])
     before = a.encode_ok() + b.encode_ok()
     n_seq, n_par = 30, 60
@@ -161,9 +180,10 @@ def lb_failures(nginx: Nginx) -> list[str]:
     return failed
 
 
+@needs("nginx")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["drain", "crash"])
 def test_clients_keep_getting_answers_when_a_replica_stops(
-    replicas: Callable[[int], list[Replica]], lb: Callable[[list[Replica]], Nginx], sig: int
+    replicas: Callable[..., list[Replica]], lb: Callable[[list[Replica]], Nginx], sig: int
 ) -> None:
     """Clients with the retry policy from deploy/clients/ see no error while a replica drains or dies.
 
@@ -171,7 +191,7 @@ def test_clients_keep_getting_answers_when_a_replica_stops(
     already sent to it cannot be replayed by nginx (it streams request bodies) and comes back
     UNAVAILABLE; only those, at most one per client in flight, may need the client's retry.
     """
-    a, b = replicas(2)
+    a, b = replicas(2, http=True)
     nginx = lb([a, b])
     done = threading.Event()
     ok: list[float] = []
@@ -226,3 +246,127 @@ def test_clients_keep_getting_answers_when_a_replica_stops(
         f"nginx answered {len(failed_at_lb)} calls with an error: more than those in flight at the stop\n"
         + "\n".join(failed_at_lb[:10])
     )
+
+
+# ---- HAProxy: the `lb` service's balancer -----------------------------------------------------------------
+
+
+def render_haproxy(replicas: list[Replica], binds: dict[int, int]) -> str:
+    """deploy/haproxy/haproxy.cfg for loopback: its listeners on the given loopback ports (by the port the
+    file binds), each `server-template ... encoder:PORT` line as one `server` line per replica (the gRPC
+    ones checked on the replica's own HTTP port, as the file's `port 8080` does in compose)."""
+    text = HAPROXY_CFG.read_text()
+    for port, local in binds.items():
+        text, n = re.subn(rf"^(\s*bind) :{port}\b", rf"\1 127.0.0.1:{local}", text, flags=re.M)
+        assert n == 1, f"haproxy.cfg binds :{port} {n} times"
+
+    def servers(m: re.Match[str]) -> str:
+        indent, port, rest = m.group(1), int(m.group(2)), m.group(3)
+        lines = []
+        for i, r in enumerate(replicas):
+            address = r.address if port == 50051 else r.http_address
+            check_port = f" port {r.http_port}" if port == 50051 else ""
+            lines.append(f"{indent}server r{i} {address}{rest}{check_port}")
+        return "\n".join(lines)
+
+    text, n = re.subn(r"^(\s*)server-template \S+ \S+ encoder:(\d+)(.*)$", servers, text, flags=re.M)
+    assert n == 2, f"expected the gRPC and HTTP server-template lines, found {n}"
+    return text
+
+
+class HAProxy(Process):
+    """haproxy in the foreground (master-worker) with the repo's configuration rendered for loopback."""
+
+    def __init__(self, replicas: list[Replica], workdir: Path) -> None:
+        self.port, self.http_port, self.stats_port = free_port(), free_port(), free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.http_address = f"127.0.0.1:{self.http_port}"
+        cfg = workdir / "haproxy.cfg"
+        cfg.write_text(render_haproxy(replicas, {50051: self.port, 8080: self.http_port, 8404: self.stats_port}))
+        haproxy = find_binary("haproxy")
+        assert haproxy is not None
+        check = Process([haproxy, "-c", "-f", str(cfg)], workdir / "haproxy-c.log")
+        assert check.wait(WAIT) == 0, f"haproxy -c rejected the rendered config:\n{check.log()}"
+        check.stop()
+        super().__init__([haproxy, "-W", "-db", "-f", str(cfg)], workdir / "haproxy.log")
+        try:
+            # Both replicas pass their health checks (`rise 2`) before the test begins.
+            wait_until(lambda: not self.alive() or self.servers_up() == 2 * len(replicas), "HAProxy to check both up")
+            assert self.alive(), f"haproxy exited:\n{self.log()}"
+        except BaseException:
+            self.stop()
+            raise
+
+    def metrics(self) -> str:
+        return http_get(f"http://127.0.0.1:{self.stats_port}/metrics").decode()
+
+    def servers_up(self) -> int:
+        """Servers HAProxy has checked UP, over both backends (0 while its stats port is not up yet)."""
+        try:
+            metrics = self.metrics()
+        except OSError:
+            return 0
+        return len(re.findall(r"^haproxy_server_status\{[^}]*state=\"UP\"[^}]*\} 1", metrics, re.M))
+
+    def retries(self) -> float:
+        """Requests HAProxy sent again (to another replica) after a connection failure or a refusal."""
+        found = re.findall(r"^haproxy_backend_(?:retry|redispatch)_warnings_total\{[^}]*\} (\S+)", self.metrics(), re.M)
+        return sum(float(v) for v in found)
+
+
+Balancer = HAProxy | Nginx
+
+
+@pytest.fixture
+def balancer(tmp_path: Path) -> Iterator[Callable[[str, list[Replica]], Balancer]]:
+    started: list[Balancer] = []
+
+    def start(kind: str, replicas: list[Replica]) -> Balancer:
+        workdir = tmp_path / kind
+        workdir.mkdir()
+        started.append(HAProxy(replicas, workdir) if kind == "haproxy" else Nginx(replicas, workdir))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for b in started:
+            b.stop()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize(
+    "kind", [pytest.param("haproxy", marks=needs("haproxy")), pytest.param("nginx", marks=needs("nginx"))]
+)
+def test_plain_clients_while_a_replica_drains_with_a_delay(
+    replicas: Callable[..., list[Replica]],
+    balancer: Callable[[str, list[Replica]], Balancer],
+    kind: str,
+    protocol: Protocol,
+) -> None:
+    """16 plain clients (no retry policy) through the balancer while one replica drains with a delay.
+
+    HAProxy sees /health go 503 and takes the replica out before it stops listening: no call fails. nginx
+    has no active health checks and sends the replica calls until it stops listening; what gRPC had
+    received but not started then comes back CANCELLED, which nginx passes on: counted and printed (the
+    figures in docs/deploy.md), bounded by the calls that can be in flight, not asserted zero."""
+    a, b = replicas(2, http=True, drain_delay="2")
+    lb = balancer(kind, [a, b])
+    n_clients = 16
+    load = Load(protocol, lb.address if protocol == "grpc" else lb.http_address, clients=n_clients)
+    try:
+        load.wait_for_answers(100, 0.0, "calls before the stop", WAIT)
+        assert b.encode_ok(protocol) > 0, "replica b took no calls before it was stopped: nothing was tested"
+        b.signal(signal.SIGTERM)
+        code = b.wait(WAIT)
+        stopped_at = time.monotonic()
+        assert code == 0, f"SIGTERM should drain and exit 0, got {code}:\n{b.log()}"
+        load.wait_for_answers(100, stopped_at, "calls after the stop", WAIT)
+    finally:
+        load.stop()
+    retried = lb.retries() if isinstance(lb, HAProxy) else float("nan")
+    print(f"\n{kind} {protocol}: {load.summary()}; retried by the balancer: {retried:g}")
+    if kind == "haproxy":
+        assert not load.errors, f"{load.summary()}\n{lb.log()}"
+    else:
+        assert sum(load.errors.values()) <= 2 * n_clients, load.summary()

@@ -163,11 +163,14 @@ def test_serving_image_runtime_contract(target: str) -> None:
     assert re.search(r"CMD mhaserve health --address \S*127\.0\.0\.1:\$\{MHASERVE_PORT:-(\d+)\}", healthcheck)
     assert f":-{defaults.port}}}" in healthcheck
     exposed = {int(p) for args in (a for kw, a in instructions if kw == "EXPOSE") for p in args.split()}
-    assert exposed == {defaults.port, defaults.metrics_port}
+    assert exposed == {defaults.port, defaults.http_port, defaults.metrics_port}
     env = " ".join(a for kw, a in instructions if kw == "ENV")
     assert "MHASERVE_HOST=0.0.0.0" in env
     assert f"MHASERVE_PORT={defaults.port}" in env and f"MHASERVE_METRICS_PORT={defaults.metrics_port}" in env
     assert "MHASERVE_REPOSITORY=/models" in env
+    assert f"MHASERVE_HTTP_PORT={defaults.http_port}" in env
+    # A stop (SIGTERM) says NOT_SERVING while serving on, so that balancers move away before refusals.
+    assert float(re.search(r"MHASERVE_DRAIN_DELAY=(\S+)", env).group(1)) > 0  # type: ignore[union-attr]
     assert last("ENTRYPOINT") == '["mhaserve", "serve"]'
 
 
@@ -217,14 +220,15 @@ def check_pod(pod: dict[str, Any], container: dict[str, Any], grpc_port_name: st
     assert env["MHASERVE_HOST"] == "0.0.0.0"
     port = int(env.get("MHASERVE_PORT", defaults.port))
     assert container_ports(container)[grpc_port_name] == port == defaults.port
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"]["port"] == port, f"{probe} must ask the gRPC health service"
-    # A liveness failure while draining would kill the drain: it must take longer than the whole drain.
+    assert container["readinessProbe"]["grpc"]["port"] == port, "readiness must ask the gRPC health service"
+    # A liveness failure while draining would kill the drain: it must take longer than the whole drain,
+    # which is a preStop hook's sleep (if any), then the drain delay, then the grace period.
     live = container["livenessProbe"]
     grace = float(env.get("MHASERVE_GRACE_PERIOD", defaults.grace_period))
-    prestop = container["lifecycle"]["preStop"]["exec"]["command"]
+    delay = float(env.get("MHASERVE_DRAIN_DELAY", defaults.drain_delay))
+    prestop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", ["sleep", "0"])
     assert prestop[0] == "sleep"
-    drain = float(prestop[1]) + grace
+    drain = float(prestop[1]) + delay + grace
     assert pod["terminationGracePeriodSeconds"] > drain, "SIGKILL would cut the drain short"
     assert live["periodSeconds"] * live["failureThreshold"] > drain
     limits = container["resources"]["limits"]
@@ -246,6 +250,15 @@ def test_deployment() -> None:
     assert pod["securityContext"]["runAsUser"] == 10001 and pod["securityContext"]["runAsNonRoot"] is True
     assert "USER 10001:10001" in (ROOT / "Dockerfile").read_text()
     assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    env = env_of(container)
+    # Rolling restarts: NOT_SERVING for long enough that endpoint removal reaches every proxy (a few
+    # seconds) before the server stops listening; /health on the HTTP port for the probes that use it.
+    assert float(env["MHASERVE_DRAIN_DELAY"]) >= 5
+    http = int(env["MHASERVE_HTTP_PORT"])
+    assert container_ports(container)["http"] == http == server_defaults().http_port
+    for probe in ("startupProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    assert spec["minReadySeconds"] > 0
 
 
 def test_services_name_the_grpc_port_for_h2c() -> None:
@@ -259,6 +272,8 @@ def test_services_name_the_grpc_port_for_h2c() -> None:
         grpc = next(p for p in svc["spec"]["ports"] if p["name"] == "grpc")
         assert grpc["appProtocol"] == "kubernetes.io/h2c"
         assert grpc["port"] == server_defaults().port and grpc["targetPort"] in ports
+        http = next(p for p in svc["spec"]["ports"] if p["name"] == "http")
+        assert http["port"] == server_defaults().http_port and http["targetPort"] == "http" in ports
     headless = next(s for s in services if s["metadata"]["name"] == "mhaserve-headless")
     assert headless["spec"]["clusterIP"] == "None"
 
@@ -273,6 +288,9 @@ def test_hpa_scales_the_deployment_on_a_metric_the_server_exports() -> None:
     assert pods_metrics and set(pods_metrics) <= metric_samples()
     (pdb,) = k8s("PodDisruptionBudget", "pdb.yaml")
     assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "mhaserve"
+    # One pod at a time, whatever the HPA scaled to; never below what keeps serving.
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+    assert pdb["spec"]["maxUnavailable"] < spec["minReplicas"]
 
 
 # The oldest release whose gRPC probes are GA, and the newest whose schemas kubernetes-validate ships.
@@ -307,8 +325,8 @@ def test_manifests_validate_against_the_kubernetes_schemas(version: str) -> None
     "mistake",
     [
         lambda c: c.__setitem__("readinesProbe", c.pop("readinessProbe")),
-        lambda c: c["livenessProbe"]["grpc"].__setitem__("port", "grpc"),
-        lambda c: c["startupProbe"]["grpc"].__setitem__("path", "/health"),
+        lambda c: c["readinessProbe"]["grpc"].__setitem__("port", "grpc"),
+        lambda c: c["readinessProbe"]["grpc"].__setitem__("path", "/health"),
     ],
     ids=["misspelt probe", "named port in a grpc probe", "http field in a grpc probe"],
 )
@@ -327,7 +345,10 @@ def test_probes_ask_the_whole_servers_health() -> None:
     (isvc,) = k8s("InferenceService", "kserve-inferenceservice.yaml")
     for container in (deploy["spec"]["template"]["spec"]["containers"][0], isvc["spec"]["predictor"]["containers"][0]):
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"].get("service", "") == "", f"{probe} asks a single service"
+            if "grpc" in container[probe]:
+                assert container[probe]["grpc"].get("service", "") == "", f"{probe} asks a single service"
+            else:
+                assert container[probe]["httpGet"]["path"] == "/health", f"{probe}: /health is the whole server's"
 
 
 def test_kustomization_lists_existing_manifests() -> None:
