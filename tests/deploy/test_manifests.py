@@ -20,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from mhaserve.service.metrics import Metrics, ModelMetrics
 from tests.deploy.helpers import DEPLOY, ROOT, compose_file, load_yaml_all, metric_samples, server_defaults
 
 K8S = DEPLOY / "k8s"
@@ -419,6 +420,21 @@ def test_grafana_provisioning_is_well_formed() -> None:
         assert panel["datasource"]["uid"] in {"${datasource}"} | {ds["uid"] for ds in datasources}, panel["title"]
         refs = [t["refId"] for t in panel["targets"]]
         assert refs and len(refs) == len(set(refs)), panel["title"]
+    # Every variable a query uses is defined, and every series the server labels by model follows the model
+    # selector (one server serves several models: a panel must not sum them unasked).
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    used = {v for e in exprs for v in re.findall(r"\$(\w+)", e)} - {"__rate_interval"}
+    assert used <= variables.keys(), used - variables.keys()
+    assert "mhaserve_model_ready" in variables["model"]["query"]["query"]
+    served = ModelMetrics(Metrics(), "m", 1)  # one model version's series, as the server exports them
+    served.served("CPUExecutionProvider")
+    registry = served.parent.registry
+    per_model = {s.name for f in registry.collect() for s in f.samples if "model" in s.labels}
+    assert "mhaserve_inputs_total" in per_model and "mhaserve_queue_wait_seconds_bucket" in per_model
+    for e in exprs:
+        for name, selector in re.findall(r"(mhaserve_\w+)\{([^}]*)\}", e):
+            if name in per_model:
+                assert 'model=~"$model"' in selector, e
     # The home dashboard Grafana opens is the provisioned file, where the compose file mounts it.
     grafana = compose_file()["services"]["grafana"]
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
