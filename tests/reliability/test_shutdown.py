@@ -176,7 +176,7 @@ def test_the_drain_delay_reports_not_serving_while_serving_on_then_refuses_at_th
         with srv.channel() as channel:
             stub = pb_grpc.EncoderServiceStub(channel)
             health = health_pb2_grpc.HealthStub(channel)
-            stopping = srv.call_soon(srv.server.stop(grace=WAIT, delay=4.0))
+            stopping = srv.call_soon(srv.server.stop(grace=WAIT, delay=10.0))
             wait_until(lambda: srv.server.state == "unready", "the drain delay to begin")
             # NOT_SERVING everywhere a balancer or a probe looks...
             status = health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT).status
