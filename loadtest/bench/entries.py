@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,16 @@ def workloads(opt: dict[str, Any], entry: ModelEntry) -> dict[str, Workload]:
     tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
     sizes = {k: opt[k] for k in ("fixed_tokens", "fixed_pool", "mixed_pool", "short_pool", "seed")}
     return build(opt["workloads"], tokenizer, max_seq_len=entry.manifest.max_seq_len, **sizes)
+
+
+def chosen_entry(opt: dict[str, Any], stack: contextlib.ExitStack) -> tuple[Path, ModelEntry]:
+    """(repository, entry) a run benches: --model of --repository (models/), or with --quick and no
+    repository a tiny random model in a scratch repository that `stack` removes afterwards."""
+    repository, name = Path(opt["repository"] or "models"), opt["model"]
+    if opt["quick"] and not opt["repository"]:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mhaserve-bench-")))
+        repository, name = quick_repository(tmp, ["bench-tiny"]), "bench-tiny"
+    return repository, entry(repository, name, opt["graph"])
 
 
 def entry(repository: Path, name: str | None, graph: GraphChoice) -> ModelEntry:

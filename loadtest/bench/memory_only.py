@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import datetime as dt
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,12 +38,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
 
     with contextlib.ExitStack() as stack:
         with progress.step("model and workload") as note:
-            repository = Path(opt["repository"] or "models")
-            model_name = opt["model"]
-            if opt["quick"] and not opt["repository"]:
-                tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mhaserve-bench-")))
-                repository, model_name = entries.quick_repository(tmp, ["bench-tiny"]), "bench-tiny"
-            entry = entries.entry(repository, model_name, opt["graph"])
+            repository, entry = entries.chosen_entry(opt, stack)
             # Only the workload the memory run sends is built (the short corpus by default).
             wname = memory.pick_workload(opt["workloads"])
             workload = entries.workloads(dict(opt, workloads=(wname,)), entry)[wname]

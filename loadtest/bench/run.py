@@ -24,7 +24,6 @@ import functools
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -141,12 +140,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
 
     with contextlib.ExitStack() as stack:
         with progress.step("model and workloads") as note:
-            repository = Path(opt["repository"] or "models")
-            model_name = opt["model"]
-            if opt["quick"] and not opt["repository"]:
-                tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mhaserve-bench-")))
-                repository, model_name = entries.quick_repository(tmp, ["bench-tiny"]), "bench-tiny"
-            entry = entries.entry(repository, model_name, opt["graph"])
+            repository, entry = entries.chosen_entry(opt, stack)
             model_name = entry.name
             workloads = entries.workloads(opt, entry)
             note["result"] = f"{entry.name} v{entry.version} ({entry.graph}), " + ", ".join(
