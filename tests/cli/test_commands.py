@@ -93,12 +93,13 @@ def test_signal_drains_every_queued_request_of_both_protocols_then_exits_0(
     tiny_repo: Path, processes: list[Process], sig: signal.Signals
 ) -> None:
     metrics, http = free_port(), free_port()
-    # The engine holds the first batch (token 99) for 15 s: every request sent meanwhile is queued behind
-    # it when the signal comes, and only the drain can answer them.
+    # The engine holds the first batch (token 99) until SIGUSR1 (120 s at most): every request sent meanwhile
+    # is queued behind it when the signal comes, and only the drain can answer them. A fixed hang raced the
+    # test's own steps on a loaded machine.
     p = Process(
         *("--repository", str(tiny_repo), "--model", "tiny", "--port", "0"),
         *("--metrics-port", str(metrics), "--http-port", str(http), "--device", "cpu"),
-        engine="hang:99:15",
+        engine="hang:99:120",
     )
     processes.append(p)
     address = f"127.0.0.1:{p.port()}"
@@ -115,6 +116,9 @@ def test_signal_drains_every_queued_request_of_both_protocols_then_exits_0(
         ]
         wait_until(lambda: scrape(metrics).get("mhaserve_queue_depth") == 32, "all 32 inputs queued")
         p.proc.send_signal(sig)
+        wait_until(lambda: "shutting down: draining" in p.log, "the drain to begin")
+        assert scrape(metrics).get("mhaserve_queue_depth") == 32, "the drain began with every input still queued"
+        p.proc.send_signal(signal.SIGUSR1)
         responses = [c.result(timeout=WAIT) for c in calls]
         replies = [f.result(timeout=WAIT) for f in posts]
         assert len(held.result(timeout=WAIT).embeddings) == 1
