@@ -73,6 +73,15 @@ MAX_PENDING_CALLS = 20_000
 ALWAYS_ANSWERED = (f"/{HEALTH_SERVICE}/", "/grpc.reflection.", *KSERVE_HEALTH_METHODS)
 
 
+def _intra_op_threads(settings: Settings) -> int | None:
+    """ONNX Runtime's threads per batch: --intra-op-threads, or with several inference workers the cores
+    split between them (their batches run at once; more threads than cores would only preempt each other),
+    or None: every core."""
+    if settings.intra_op_threads or settings.inference_workers == 1:
+        return settings.intra_op_threads
+    return max(1, (os.cpu_count() or 1) // settings.inference_workers)
+
+
 class StartupError(RuntimeError):
     """The server cannot start: the message says why and what to do."""
 
@@ -84,7 +93,7 @@ class EncoderServer:
         self, settings: Settings, *, engine_factory: EngineFactory | None = None, metrics: Metrics | None = None
     ) -> None:
         self.settings = settings
-        self.engine_factory = engine_factory or onnx_engine(settings.device, settings.intra_op_threads)
+        self.engine_factory = engine_factory or onnx_engine(settings.device, _intra_op_threads(settings))
         self.metrics = metrics or Metrics()
         self.repository = ModelRepository(settings.repository)
         self.dataplane = DataPlane()
@@ -105,9 +114,9 @@ class EncoderServer:
             make_pipeline=self._pipeline,
             control=settings.model_control,  # type: ignore[arg-type]
         )
-        # The one inference thread every model's batches take turns on (see Batcher's executor), and the
+        # The inference threads every model's batches take turns on (see Batcher's executor), and the
         # tokeniser threads every model shares.
-        self._inference = named_pool("inference", 1)
+        self._inference = named_pool("inference", settings.inference_workers)
         self._tokenize = named_pool("tokenize", 2)
         self._stalls = 0
         self._loading: asyncio.Task[None] | None = None
@@ -305,6 +314,7 @@ class EncoderServer:
             inference_timeout=s.inference_timeout,
             on_stall=self._stalled,
             on_recover=self._recovered,
+            workers=s.inference_workers,
         )
         return Pipeline(model, batcher, limits, metrics, auto_truncate=s.auto_truncate, tokenize_pool=self._tokenize)
 

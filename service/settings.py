@@ -189,7 +189,20 @@ class Settings:
     )
     intra_op_threads: int | None = field(
         default=None,
-        metadata=_opt("ONNX Runtime threads per inference (default: all cores)", _int_or_none, metavar="N"),
+        metadata=_opt(
+            "ONNX Runtime threads per inference (default: all cores, split evenly between inference workers)",
+            _int_or_none,
+            metavar="N",
+        ),
+    )
+    inference_workers: int = field(
+        default=1,
+        metadata=_opt(
+            "batches computed at once, each on its share of the cores; 2 suits short texts on a few cores, "
+            "where one small batch cannot keep every core busy (docs/benchmarks.md)",
+            int,
+            metavar="N",
+        ),
     )
     log_level: str = field(default="info", metadata=_opt("log level", str.lower, LOG_LEVELS))
     auto_truncate: bool = field(
@@ -290,6 +303,7 @@ class Settings:
         for name in ("max_wait_ms", "grace_period", "drain_delay"):
             positive(name, getattr(self, name), zero=True)
         positive("intra_op_threads", self.intra_op_threads)
+        positive("inference_workers", self.inference_workers)
         if self.max_padding is not None and not 0 <= self.max_padding <= 1:
             raise SettingsError(f"--max-padding must be a fraction in [0, 1], got {self.max_padding}")
         for name in ("port", "metrics_port", "http_port"):

@@ -15,7 +15,9 @@ What Infinity's batch worker got wrong, and what this one does instead:
   sequences are skipped before inference;
 - a request takes its queue slots before it is tokenised (`admit`), so past the limit it is refused at
   once, before any costly work, and inputs waiting to be tokenised count against the limit too;
-- inference runs on one worker thread (ONNX Runtime releases the GIL), never on the event loop;
+- inference runs on worker threads (ONNX Runtime releases the GIL), never on the event loop: one by
+  default, each batch with every core; `workers` > 1 runs that many batches at once, each on its own
+  share of the cores (see Settings.inference_workers for when that pays);
 - a watchdog bounds each batch (`inference_timeout`, watchdog.py).
 
 The policies are in policies.py, what waits in the queue in queue.py, padding in padding.py.
@@ -45,7 +47,7 @@ log = logging.getLogger(__name__)
 
 
 class Batcher:
-    """Queues sequences, forms batches, runs them on the engine one at a time, resolves the requests."""
+    """Queues sequences, forms batches, runs them on the engine (one at a time per worker), resolves the requests."""
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class Batcher:
         inference_timeout: float | None = None,
         on_stall: Hook | None = None,
         on_recover: Hook | None = None,
+        workers: int = 1,
     ) -> None:
         self.engine = engine
         self.limits = limits
@@ -73,13 +76,15 @@ class Batcher:
         self._arrived = asyncio.Event()
         self._draining = False
         self._closed = False
-        self._worker: asyncio.Task[None] | None = None
+        self._n_workers = workers
+        self._workers: list[asyncio.Task[None]] = []
         self.watchdog = Watchdog(inference_timeout, on_stall, on_recover)
-        # One thread: concurrent ORT runs on one session only fight over the same cores. Several models share
-        # the server's one inference thread (`executor`) for the same reason: their batches take turns,
-        # each with every core, instead of two sessions' thread pools oversubscribing the machine.
+        # As many threads as workers, and the engine's intra-op threads sized to match (the server does both):
+        # more concurrent runs than that only fight over the same cores. Several models share the server's
+        # inference threads (`executor`) for the same reason: their batches take turns, instead of several
+        # sessions' thread pools oversubscribing the machine.
         self._own_executor = executor is None
-        self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._executor = executor or ThreadPoolExecutor(max_workers=workers, thread_name_prefix="inference")
 
     @property
     def stalled(self) -> bool:
@@ -118,8 +123,9 @@ class Batcher:
             )
 
     def start(self) -> None:
-        if self._worker is None:
-            self._worker = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+        if not self._workers:
+            loop = asyncio.get_running_loop()
+            self._workers = [loop.create_task(self._run(), name=f"batcher-{i}") for i in range(self._n_workers)]
 
     def drain(self) -> None:
         """Stop waiting for batches to fill: everything queued goes to the model at once."""
@@ -130,11 +136,12 @@ class Batcher:
         """Refuse new work, fail what is still queued, stop the worker."""
         self._closed = True
         self.drain()
-        if self._worker is not None:
-            self._worker.cancel()
+        for worker in self._workers:
+            worker.cancel()
+        for worker in self._workers:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-            self._worker = None
+                await worker
+        self._workers = []
         self._fail_queued(Unavailable("the server stopped before this request reached the model"))
         if self._own_executor:
             self._executor.shutdown(wait=False, cancel_futures=True)
@@ -211,7 +218,7 @@ class Batcher:
         At once when the budget is full, when draining, or when nothing is on its way: no admitted request
         is still being tokenised, so the queue cannot grow but by requests not sent yet, and nobody is
         better served by waiting for those (at one client, no one ever comes). Batches still form under
-        load: what arrives while a batch computes waits for the next. Otherwise the oldest input waits at
+        load: what arrives while every worker computes waits for the next free one. Otherwise the oldest input waits at
         most max_wait_ms for the inputs being tokenised.
         """
         return self._draining or self._tokens >= self.limits.max_batch_tokens or self._reserved == 0
@@ -239,6 +246,8 @@ class Batcher:
                 return
 
     async def _run(self) -> None:
+        """One worker. With several, each takes the next batch as soon as it is free: what arrived while the
+        others compute starts at once instead of waiting for them, as a smaller batch on fewer cores."""
         while True:
             await self._wait_for_batch()
             batch = self._policy.take(self.limits.max_batch_tokens, self._live)

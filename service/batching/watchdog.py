@@ -3,7 +3,8 @@
 A batch past the bound fails its requests with UNAVAILABLE (HTTP 504), the queue is failed and new
 work refused, and `on_stall` tells the server, which reports NOT_SERVING. A thread cannot be stopped
 from outside, so the batch keeps the inference thread until the engine returns (if ever); when it
-does, `on_recover` tells the server, and batches run again.
+does, `on_recover` tells the server, and batches run again. With several inference workers, each
+stalled batch calls both hooks once, and `stalled` holds until the last of them has returned.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ class Watchdog:
         self.timeout = timeout or None  # 0: no watchdog
         self.on_stall = on_stall
         self.on_recover = on_recover
-        self.stalled = False
+        self._stalled = 0  # batches past the bound whose engine call has not returned
+
+    @property
+    def stalled(self) -> bool:
+        return self._stalled > 0
 
     def message(self) -> str:
         return (
@@ -40,7 +45,7 @@ class Watchdog:
         self, run: asyncio.Future[Embeddings], *, size: int, request_ids: str, fail: Callable[[ServiceError], None]
     ) -> Embeddings | None:
         """The batch's result, or None when it overran: then `fail` has failed its requests and the queue,
-        and this returns only once the engine call has (the batcher runs nothing meanwhile)."""
+        and this returns only once the engine call has (its worker runs nothing meanwhile)."""
         if self.timeout is None:
             return await run
         done, _ = await asyncio.wait((run,), timeout=self.timeout)
@@ -53,14 +58,14 @@ class Watchdog:
             self.timeout,
             request_ids or "-",
         )
-        self.stalled = True
+        self._stalled += 1
         run.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, so never logged as lost
         fail(InferenceTimeout(self.message()))
         started = time.perf_counter()
         if self.on_stall is not None:
             await self.on_stall()
         await asyncio.wait((run,))
-        self.stalled = False
+        self._stalled -= 1
         log.warning(
             "the stalled batch returned after %.1f s (%s); accepting requests again",
             time.perf_counter() - started + self.timeout,

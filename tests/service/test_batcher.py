@@ -1,9 +1,11 @@
-"""The batcher alone: against a plain loop, its policies' batches, splitting, expiry, drain and close."""
+"""The batcher alone: against a plain loop, its policies' batches, splitting, expiry, drain, close, and
+several workers."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import threading
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -252,3 +254,90 @@ def test_pad() -> None:
     ids, mask = pad([seq(5, 6, 7), seq(8)], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [8, 0, 0]]
     assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_two_workers_compute_a_second_batch_while_the_first_is_held() -> None:
+    engine = ScriptedEngine(hang_on=99)
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0), workers=2)
+        b.start()
+        held = asyncio.ensure_future(b.submit([seq(99)]))
+        await asyncio.to_thread(engine.hanging.wait, WAIT)
+        # One worker is inside the engine: the other takes this request at once.
+        assert (await b.submit([seq(5, 5)])).shape == (1, 4)
+        assert not held.done()
+        engine.release.set()
+        assert (await held).shape == (1, 4)
+        await b.close()
+
+    try:
+        run(main())
+    finally:
+        engine.release.set()
+    assert engine.batches == [[[99]], [[5, 5]]]
+
+
+class GatedEngine:
+    """Holds each batch whose first token has a gate until that gate opens: batches released one by one."""
+
+    def __init__(self, *tokens: int) -> None:
+        self.gates = {t: threading.Event() for t in tokens}
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        gate = self.gates.get(int(input_ids[0, 0]))
+        if gate is not None:
+            gate.wait(WAIT)
+        return np.ones((len(input_ids), 4), np.float32)
+
+
+def test_with_two_workers_stalled_holds_until_the_last_overrunning_batch_returns() -> None:
+    engine = GatedEngine(98, 99)
+    hooks: list[str] = []
+    called = asyncio.Event()
+
+    async def stall() -> None:
+        hooks.append("stall")
+        called.set()
+
+    async def recover() -> None:
+        hooks.append("recover")
+        called.set()
+
+    async def until(predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await called.wait()
+            called.clear()
+
+    async def main() -> None:
+        b = Batcher(
+            engine,  # type: ignore[arg-type]
+            limits=limits(max_wait_ms=0.0, max_batch_tokens=1),
+            workers=2,
+            inference_timeout=0.1,
+            on_stall=stall,
+            on_recover=recover,
+        )
+        b.start()
+        calls = [asyncio.ensure_future(b.submit([seq(t)])) for t in (98, 99)]
+        await until(lambda: hooks == ["stall", "stall"])
+        assert b.stalled
+        for call in calls:
+            with pytest.raises(Unavailable):
+                await call
+        engine.gates[98].set()
+        await until(lambda: hooks == ["stall", "stall", "recover"])
+        assert b.stalled  # the other batch is still inside the engine
+        with pytest.raises(Unavailable):
+            await b.submit([seq(1)])
+        engine.gates[99].set()
+        await until(lambda: len(hooks) == 4)
+        assert not b.stalled
+        assert (await b.submit([seq(1)])).shape == (1, 4)
+        await b.close()
+
+    try:
+        run(main())
+    finally:
+        for gate in engine.gates.values():
+            gate.set()
