@@ -3,8 +3,8 @@
 `ScriptedEngine` answers each input with (real length, first id, sum of real ids, 1.0) before
 normalisation (`expected_row`), so a client can check every answer without a reference model. It can
 cost a fixed time per batch (a known capacity), raise on batches holding a marker token id, or hang
-on them until released (or for a while). Every batch's token rows are recorded (`batches`), to prove
-what did or did not reach the model.
+on them until released (or for a while); `gates` hold batches each until its own gate opens. Every
+batch's token rows are recorded (`batches`), to prove what did or did not reach the model.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class ScriptedEngine:
         fail_on: int | None = None,
         hang_on: int | None = None,
         hang_for: float | None = None,
+        gates: Sequence[int] = (),
         record: bool = True,
     ) -> None:
         self.seconds_per_batch = seconds_per_batch
@@ -48,6 +49,8 @@ class ScriptedEngine:
         self.hang_for = hang_for
         self.release = threading.Event()
         self.hanging = threading.Event()
+        # A batch whose first token has a gate waits until that gate is set: a test releases batches one by one.
+        self.gates = {token: threading.Event() for token in gates}
         self.record = record  # off for long runs, where the record would itself grow memory
         self.batches: list[list[list[int]]] = []
         self._lock = threading.Lock()
@@ -59,6 +62,8 @@ class ScriptedEngine:
                 self.batches.append(rows)
         if self.seconds_per_batch:
             time.sleep(self.seconds_per_batch)
+        if (gate := self.gates.get(int(input_ids[0, 0]))) is not None:
+            gate.wait()
         if self.hang_on is not None and (input_ids == self.hang_on).any():
             self.hanging.set()
             self.release.wait(self.hang_for)

@@ -4,7 +4,6 @@ several workers."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -278,21 +277,8 @@ def test_two_workers_compute_a_second_batch_while_the_first_is_held() -> None:
     assert engine.batches == [[[99]], [[5, 5]]]
 
 
-class GatedEngine:
-    """Holds each batch whose first token has a gate until that gate opens: batches released one by one."""
-
-    def __init__(self, *tokens: int) -> None:
-        self.gates = {t: threading.Event() for t in tokens}
-
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        gate = self.gates.get(int(input_ids[0, 0]))
-        if gate is not None:
-            gate.wait(WAIT)
-        return np.ones((len(input_ids), 4), np.float32)
-
-
 def test_with_two_workers_stalled_holds_until_the_last_overrunning_batch_returns() -> None:
-    engine = GatedEngine(98, 99)
+    engine = ScriptedEngine(gates=(98, 99))
     hooks: list[str] = []
     called = asyncio.Event()
 
@@ -311,7 +297,7 @@ def test_with_two_workers_stalled_holds_until_the_last_overrunning_batch_returns
 
     async def main() -> None:
         b = Batcher(
-            engine,  # type: ignore[arg-type]
+            engine,
             limits=limits(max_wait_ms=0.0, max_batch_tokens=1),
             workers=2,
             inference_timeout=0.1,
