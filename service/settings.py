@@ -198,9 +198,8 @@ class Settings:
     inference_workers: int = field(
         default=1,
         metadata=_opt(
-            "batches computed at once, each on its share of the cores: under many clients sending short "
-            "texts, 2 served 1.12x the throughput on 2 cores, but a lone request then gets fewer cores "
-            "(docs/benchmarks.md)",
+            "batches computed at once, each on its share of the cores: more throughput under many clients "
+            "sending short texts, but a lone request then gets fewer cores (figures: docs/benchmarks.md)",
             int,
             metavar="N",
         ),

@@ -67,9 +67,10 @@ class Watchdog:
         await asyncio.wait((run,))
         self._stalled -= 1
         log.warning(
-            "the stalled batch returned after %.1f s (%s); accepting requests again",
+            "the stalled batch returned after %.1f s (%s); %s",
             time.perf_counter() - started + self.timeout,
             "failed" if run.exception() is not None else "its results were discarded",
+            f"{self._stalled} other stalled batch(es) still running" if self.stalled else "accepting requests again",
         )
         if self.on_recover is not None:
             await self.on_recover()
