@@ -288,13 +288,16 @@ class EncoderServer:
         if s.model_control == "poll":
             self.manager.start_polling(s.repository_poll_s)
         log.info(
-            "serving %s (requests that name no model get %s); batching %s, model control %s",
+            "serving %s (requests that name no model get %s); batching %s, model control %s, "
+            "%d inference worker(s), ONNX Runtime intra-op threads per batch: %s",
             ", ".join(
                 f"{n} version {', '.join(map(str, self.dataplane.versions(n)))}" for n in self.dataplane.model_names()
             ),
             self.dataplane.default_model,
             s.batching,
             s.model_control,
+            s.inference_workers,
+            _intra_op_threads(s) or "all cores",
         )
         if self.state == "loading":
             self.state = "serving"

@@ -99,7 +99,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = report.header(result, "mhaserve bench: server memory")
     lines += [
         f"- **Model**: {m['name']} v{m['version']}",
-        f"- **Server**: ONNX Runtime intra-op threads {s['threads'] or 'all cores'}, "
+        f"- **Server**: ONNX Runtime intra-op threads {report.server_threads(s['threads'], s['server_args'])}, "
         f"extra flags {' '.join(s['server_args']) or 'none'}",
         "",
     ]

@@ -218,7 +218,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"{m['provider']})"
             for name, m in result["models"].items()
         ),
-        f"- **Server**: {s['batching']} batching, ONNX Runtime intra-op threads {s['threads'] or 'all cores'}, "
+        f"- **Server**: {s['batching']} batching, ONNX Runtime intra-op threads "
+        f"{report.server_threads(s['threads'], s['server_args'])}, "
         f"extra flags {' '.join(s['server_args']) or 'none'}; {s['duration_s']:g} s measured per point",
         "",
         "## Each model alone and together",

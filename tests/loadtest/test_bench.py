@@ -154,3 +154,19 @@ def test_command_line_reproduces_the_options() -> None:
     for bad in (["--graphs", "fp8"], ["--rss-requests", "-1"], ["--models", "a"], ["--models", "a,a"]):
         with pytest.raises(SystemExit):
             p.parse_args(bad)
+
+
+def test_report_says_how_the_server_split_its_threads() -> None:
+    # The "Threads" line once said "all cores" for a server run with --inference-workers=2, whose
+    # workers each had half of them.
+    from mhaserve.loadtest.bench.report import server_threads
+
+    assert server_threads(None, [], env={}) == "all cores (server default)"
+    assert server_threads(2, [], env={}) == "2 per batch"
+    two = ["--inference-workers=2"]
+    assert server_threads(None, two, env={}) == "the cores split between 2 inference workers (server default)"
+    assert server_threads(None, [*two, "--intra-op-threads=1"], env={}) == "1 per batch, 2 inference workers"
+    # the server inherits the bench's environment; a flag passed through --server-arg wins over it
+    assert server_threads(None, [], env={"MHASERVE_INFERENCE_WORKERS": "3"}).startswith("the cores split between 3")
+    assert server_threads(None, two, env={"MHASERVE_INFERENCE_WORKERS": "3"}).startswith("the cores split between 2")
+    assert server_threads(None, [], env={"MHASERVE_INTRA_OP_THREADS": "1"}) == "1 per batch"
