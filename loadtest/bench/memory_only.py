@@ -82,6 +82,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             "threads": opt["threads"],
             "device": opt["device"],
             "server_args": list(opt["server_arg"]),
+            "server_threads": options.server_threads(opt["threads"], opt["server_arg"]),
             "quick": opt["quick"],
         },
         "workloads": {workload.name: workload.summary()},
@@ -99,7 +100,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = report.header(result, "mhaserve bench: server memory")
     lines += [
         f"- **Model**: {m['name']} v{m['version']}",
-        f"- **Server**: ONNX Runtime intra-op threads {report.server_threads(s['threads'], s['server_args'])}, "
+        f"- **Server**: ONNX Runtime intra-op threads {s['server_threads']}, "
         f"extra flags {' '.join(s['server_args']) or 'none'}",
         "",
     ]

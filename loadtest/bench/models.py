@@ -140,6 +140,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             "concurrency": list(opt["concurrency"]),
             "duration_s": opt["duration"],
             "server_args": list(opt["server_arg"]),
+            "server_threads": options.server_threads(opt["threads"], opt["server_arg"]),
             "quick": opt["quick"],
             "guard": dataclasses.asdict(guard),
         },
@@ -219,7 +220,7 @@ def markdown(result: dict[str, Any]) -> str:
             for name, m in result["models"].items()
         ),
         f"- **Server**: {s['batching']} batching, ONNX Runtime intra-op threads "
-        f"{report.server_threads(s['threads'], s['server_args'])}, "
+        f"{s['server_threads']}, "
         f"extra flags {' '.join(s['server_args']) or 'none'}; {s['duration_s']:g} s measured per point",
         "",
         "## Each model alone and together",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mhaserve.runtime.repository import GRAPHS
@@ -249,3 +251,24 @@ def command_line(args: argparse.Namespace) -> str:
         else:
             parts += [flag, str(value)]
     return shlex.join(parts)
+
+
+def server_flags(server_args: Sequence[str]) -> dict[str, str]:
+    """The `--flag=value` flags passed to the server through --server-arg, by flag."""
+    return dict(a.split("=", 1) for a in server_args if a.startswith("--") and "=" in a)
+
+
+def server_threads(threads: int | None, server_args: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """How the served model's threads were set, for the report: the bench's --threads, else the server's own
+    flags passed through --server-arg, else its environment (which the server inherits from the bench).
+    Decided when the run starts, with the environment the server gets, and recorded in report.json."""
+    env = os.environ if env is None else env
+    flags = server_flags(server_args)
+    workers = flags.get("--inference-workers", env.get("MHASERVE_INFERENCE_WORKERS", "1"))
+    per_batch = threads or flags.get("--intra-op-threads") or env.get("MHASERVE_INTRA_OP_THREADS")
+    split = "" if workers == "1" else f", {workers} inference workers"
+    if per_batch:
+        return f"{per_batch} per batch{split}"
+    if split:
+        return f"the cores split between {workers} inference workers (server default)"
+    return "all cores (server default)"

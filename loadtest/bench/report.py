@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -140,28 +138,13 @@ def header(report: dict[str, Any], title: str) -> list[str]:
     ]
 
 
-def server_threads(threads: int | None, server_args: list[str], env: Mapping[str, str] | None = None) -> str:
-    """How the served model's threads were set, for the report: the bench's --threads, else the server's own
-    flags passed through --server-arg (or its environment, which the server inherits from the bench)."""
-    env = os.environ if env is None else env
-    flags = dict(a.split("=", 1) for a in server_args if a.startswith("--") and "=" in a)
-    workers = flags.get("--inference-workers", env.get("MHASERVE_INFERENCE_WORKERS", "1"))
-    per_batch = threads or flags.get("--intra-op-threads") or env.get("MHASERVE_INTRA_OP_THREADS")
-    split = "" if workers == "1" else f", {workers} inference workers"
-    if per_batch:
-        return f"{per_batch} per batch{split}"
-    if split:
-        return f"the cores split between {workers} inference workers (server default)"
-    return "all cores (server default)"
-
-
 def markdown(report: dict[str, Any]) -> str:
     m, s, machine = report["model"], report["settings"], report["machine"]
     lines = [
         *header(report, "mhaserve bench"),
         f"- **Model**: {m['name']} v{m['version']} ({m['layers']} layers, {m['dimensions']} dims), "
         f"`{m['graph']}` graph on {m['provider']} (sha256 {m['sha256'][:12]}…)",
-        f"- **Threads**: ONNX Runtime intra-op {server_threads(s['threads'], s['server_args'])}; "
+        f"- **Threads**: ONNX Runtime intra-op {s['server_threads']}; "
         f"server limits: max batch tokens {m['max_batch_tokens']}, max wait {s['server_max_wait_ms']}, "
         f"extra server flags {' '.join(s['server_args']) or 'none'}",
         "",

@@ -291,9 +291,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 "duration_s": opt["duration"],
                 "min_time_s": opt["min_time"],
                 "server_args": list(opt["server_arg"]),
-                "server_max_wait_ms": next(
-                    (a.split("=", 1)[1] for a in opt["server_arg"] if a.startswith("--max-wait-ms=")), "device default"
-                ),
+                "server_threads": options.server_threads(opt["threads"], opt["server_arg"]),
+                "server_max_wait_ms": options.server_flags(opt["server_arg"]).get("--max-wait-ms", "device default"),
                 "quick": opt["quick"],
                 "guard": dataclasses.asdict(guard),
             },

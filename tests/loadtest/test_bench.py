@@ -159,7 +159,7 @@ def test_command_line_reproduces_the_options() -> None:
 def test_report_says_how_the_server_split_its_threads() -> None:
     # The "Threads" line once said "all cores" for a server run with --inference-workers=2, whose
     # workers each had half of them.
-    from mhaserve.loadtest.bench.report import server_threads
+    from mhaserve.loadtest.bench.options import server_threads
 
     assert server_threads(None, [], env={}) == "all cores (server default)"
     assert server_threads(2, [], env={}) == "2 per batch"
