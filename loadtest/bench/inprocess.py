@@ -1,5 +1,6 @@
 """The in-process baselines: ONNX Runtime at its best batch size (the ceiling), one request at a time,
-and PyTorch eager (what a user without a server would run).
+the server's own batches for its clients with nothing else in the way, and PyTorch eager (what a user
+without a server would run).
 
 `measure` runs in a child process of its own (spawned, not forked): ONNX Runtime's and PyTorch's thread
 pools keep spinning for a while after their last run, and must be gone before the server is measured.
@@ -8,6 +9,7 @@ Every measurement runs whole passes over the workload, so a short one cannot see
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import random
@@ -35,6 +37,61 @@ def batches(workload: Workload, batch_size: int, seed: int = 0) -> list[list[int
     out = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
     random.Random(seed).shuffle(out)
     return out
+
+
+def served_batches(
+    workload: Workload, clients: int, *, max_padding: float, budget: int, seed: int = 0
+) -> list[list[int]]:
+    """The batches the server's length policy forms for `clients` closed-loop clients, if nothing but the
+    model took time: one pass over the workload, each input sent once, in a seeded random order.
+
+    Every client keeps one input waiting. With one inference worker, a batch is taken from what waits when
+    the previous batch ends, before that batch's clients can send again: they send while this one computes.
+    When nothing waits, the first input to come starts a batch alone, as the batcher does.
+
+    The ceiling sorts the whole workload; a server only ever sees `clients` inputs at once, so these batches
+    are smaller or more padded than the ceiling's. Timing them in process tells how much of the server's
+    gap to the ceiling its batches cost, and so how much lies around the model.
+    """
+    from mhaserve.service.batching.policies import LengthAware
+    from mhaserve.service.batching.queue import Job, Seq
+
+    order = list(range(len(workload.ids)))
+    random.Random(seed + 3).shuffle(order)
+    stream = iter(order)
+    policy = LengthAware(max_padding)
+    index: dict[int, int] = {}  # id(Seq) -> the workload input it is
+    loop = asyncio.new_event_loop()  # only to make the jobs' futures; it never runs
+
+    def send(n: int) -> int:
+        """`n` clients send their next input (fewer once the workload is spent); how many did."""
+        for k in range(n):
+            i = next(stream, None)
+            if i is None:
+                return k
+            seq = Seq(Job(loop.create_future(), 1, None, ""), 0, np.asarray(workload.ids[i]), len(index))
+            index[id(seq)] = i
+            policy.push([seq])
+        return n
+
+    plan: list[list[int]] = []
+    answered = clients  # clients with no input waiting: at the start, all of them
+    try:
+        while True:
+            batch = policy.take(budget, lambda s: not s.taken)
+            if not batch:
+                # Nothing waits: the worker is idle, and the first input to come starts a batch alone
+                # (the batcher's should_start); the other clients' inputs arrive while it computes.
+                if not answered or not send(1):
+                    break
+                answered -= 1
+                continue
+            plan.append([index[id(s)] for s in batch])
+            send(answered)  # the clients answered so far send again while this batch computes
+            answered = len(batch)
+    finally:
+        loop.close()
+    return plan
 
 
 def timed_passes(run: RunBatch, plan: Sequence[list[int]], min_time: float) -> dict[str, Any]:
@@ -133,7 +190,7 @@ def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
     one = next((r for r in sweep if r["batch_size"] == 1), None)
     if one is None:
         one = guard.measure(functools.partial(at, 1), _say)
-    return {
+    out = {
         "ceiling": {**best, "label": "ceiling"},
         "one_at_a_time": {**one, "label": "one_at_a_time"},
         "sweep": sweep,
@@ -141,6 +198,33 @@ def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
         "graph": entry.graph,
         "sha256": entry.sha256,
     }
+    served = spec.get("served")
+    if served:
+        out["served_batching"] = measure_served(served, engine.providers, workload, run, guard, spec["min_time"])
+    return out
+
+
+def measure_served(
+    served: dict[str, Any], providers: list[str], workload: Workload, run: RunBatch, guard: Guard, min_time: float
+) -> dict[str, Any]:
+    """The server's batches for `served["clients"]` clients (served_batches), timed like the ceiling, with the
+    limits the server would use on this device unless the bench passed it others."""
+    from mhaserve.service.batching.limits import CPU_LIMITS, CUDA_LIMITS
+
+    base = CUDA_LIMITS if "CUDAExecutionProvider" in providers else CPU_LIMITS
+    max_padding = base.max_padding if served.get("max_padding") is None else served["max_padding"]
+    budget = served.get("max_batch_tokens") or base.max_batch_tokens
+    plan = served_batches(workload, served["clients"], max_padding=max_padding, budget=budget)
+    r = guard.measure(
+        lambda: _result("served_batching", "onnxruntime", 0, workload, timed_passes(run, plan, min_time)), _say
+    )
+    r["batch_size"] = len(workload.ids) / len(plan)  # the mean
+    r.update(clients=served["clients"], max_padding=max_padding, max_batch_tokens=budget)
+    _say(
+        f"onnxruntime {workload.name:5} the server's batches for {served['clients']} clients (mean "
+        f"{r['batch_size']:.1f}): {r['seq_per_s']:9.1f} seq/s  padding {r['padding_fraction']:.2f}"
+    )
+    return r
 
 
 def _torch_model(manifest: Any) -> Any:

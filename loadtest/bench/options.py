@@ -258,6 +258,22 @@ def server_flags(server_args: Sequence[str]) -> dict[str, str]:
     return dict(a.split("=", 1) for a in server_args if a.startswith("--") and "=" in a)
 
 
+def served_batching(
+    concurrency: Sequence[int], server_args: Sequence[str], headline: int, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """What the in-process replay of the server's batches needs: the client count nearest the headline's, and
+    the padding cap and token budget passed to the server (flags, else its environment; None: its defaults)."""
+    env = os.environ if env is None else env
+    flags = server_flags(server_args)
+    padding = flags.get("--max-padding", env.get("MHASERVE_MAX_PADDING"))
+    budget = flags.get("--max-batch-tokens", env.get("MHASERVE_MAX_BATCH_TOKENS"))
+    return {
+        "clients": min(concurrency, key=lambda c: abs(c - headline)),
+        "max_padding": None if padding is None else float(padding),
+        "max_batch_tokens": None if budget is None else int(budget),
+    }
+
+
 def server_threads(threads: int | None, server_args: Sequence[str], env: Mapping[str, str] | None = None) -> str:
     """How the served model's threads were set, for the report: the bench's --threads, else the server's own
     flags passed through --server-arg, else its environment (which the server inherits from the bench).

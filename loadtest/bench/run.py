@@ -166,6 +166,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 "torch_batch_size": opt["torch_batch_size"],
                 "workloads": [w.to_dict() for w in workloads.values()],
                 "guard": dataclasses.asdict(guard),
+                # The length policy's batches for the headline's clients, timed in process (inprocess.served_batches).
+                "served": (
+                    options.served_batching(opt["concurrency"], opt["server_arg"], report.HEADLINE_CLIENTS)
+                    if "length" in opt["batching"]
+                    else None
+                ),
             }
             inprocess = measure_in_child(spec)
 
@@ -240,6 +246,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 dict(
                     spec,
                     torch=False,
+                    served=None,
                     batch_sizes_by_workload={w: [r["ceiling"]["batch_size"]] for w, r in inprocess.items()},
                 )
             )

@@ -44,6 +44,10 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
             assert r["seq_per_s"] > 0 and r["tok_per_s"] > 0, (workload, part)
             assert r["latency_ms"]["p50"] > 0
         assert inproc["one_at_a_time"]["batch_size"] == 1
+        # The length policy's batches for the clients nearest the headline's 32, run in process.
+        served = inproc["served_batching"]
+        assert served["clients"] == max(concurrency) and served["seq_per_s"] > 0
+        assert 1 <= served["batch_size"] <= served["clients"] and served["max_padding"] == 0.1
         assert inproc["ceiling_after"]["seq_per_s"] > 0
         assert inproc["ceiling"]["seq_per_s"] == max(r["seq_per_s"] for r in inproc["sweep"])
         for batching in ("arrival", "length"):
@@ -60,6 +64,7 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
                 assert threads["event loop"] > 0 and threads["inference"] > 0, threads
         summary = report["summary"][workload]
         assert summary["ceiling_seq_per_s"] > 0
+        assert summary["served_batching"]["ratio"] > 0
         assert summary["length"]["ratio"] > 0 and summary["length_over_arrival"] > 0
         assert summary["length"]["one_client_p50_ms"] > 0 and summary["batch1_p50_ms"] > 0
 

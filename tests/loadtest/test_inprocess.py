@@ -1,0 +1,74 @@
+"""The in-process replay of the server's batches (bench/inprocess.py `served_batches`): the batches the
+length policy forms for a closed loop of clients, checked against what such a loop can and cannot do."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mhaserve.loadtest.bench.inprocess import served_batches
+from mhaserve.loadtest.bench.options import served_batching
+from mhaserve.loadtest.bench.workloads import Workload
+
+
+def _workload(n: int = 300, seed: int = 1) -> Workload:
+    rng = random.Random(seed)
+    # Lengths like the short-text corpus's: mostly queries, a tail of paragraphs.
+    lengths = [rng.randint(4, 30) if rng.random() < 0.85 else rng.randint(60, 256) for _ in range(n)]
+    return Workload("short", "test", "ids", [[101] + [7] * (k - 2) + [102] for k in lengths])
+
+
+def _padding(w: Workload, batch: list[int]) -> float:
+    lengths = [len(w.ids[i]) for i in batch]
+    return 1 - sum(lengths) / (max(lengths) * len(lengths))
+
+
+@pytest.mark.parametrize("clients", [1, 2, 8, 32])
+@pytest.mark.parametrize("max_padding", [0.0, 0.1, 0.3])
+def test_every_input_once_within_the_limits_and_the_clients(clients: int, max_padding: float) -> None:
+    w = _workload()
+    plan = served_batches(w, clients, max_padding=max_padding, budget=2048)
+    assert sorted(i for batch in plan for i in batch) == list(range(len(w.ids)))
+    for batch in plan:
+        # Each client has one input waiting at most, and the batch computing holds some of them.
+        assert 1 <= len(batch) <= clients
+        assert _padding(w, batch) <= max_padding + 1e-9
+        assert max(len(w.ids[i]) for i in batch) * len(batch) <= 2048
+
+
+def test_one_client_is_one_input_per_batch_and_more_clients_make_wider_batches() -> None:
+    w = _workload()
+    assert all(len(b) == 1 for b in served_batches(w, 1, max_padding=0.1, budget=8192))
+    means = [len(w.ids) / len(served_batches(w, c, max_padding=0.1, budget=8192)) for c in (2, 8, 32)]
+    assert means == sorted(means) and means[-1] > 2, means
+    # A larger cap trades padding for width.
+    wider = served_batches(w, 32, max_padding=0.3, budget=8192)
+    assert len(wider) < len(served_batches(w, 32, max_padding=0.1, budget=8192))
+
+
+def test_the_clients_of_the_batch_computing_send_again_only_once_it_ends() -> None:
+    # Two clients, equal lengths, no cap in the way. The first input starts alone (nothing else waits);
+    # the second arrives while it computes and is the next batch, alone again, because the first client
+    # sends again only once answered: with one worker the two clients take turns, one input per batch.
+    w = Workload("fixed", "test", "ids", [[1] * 8 for _ in range(40)])
+    assert [len(b) for b in served_batches(w, 2, max_padding=1.0, budget=8192)] == [1] * 40
+    # Eight clients: after the first lone input, seven wait, then the one answered comes back, and so on.
+    sizes = [len(b) for b in served_batches(w, 8, max_padding=1.0, budget=8192)]
+    assert sizes[:4] == [1, 7, 1, 7], sizes
+
+
+def test_the_limits_it_replays_are_the_ones_the_server_was_given() -> None:
+    assert served_batching((1, 8, 32, 64), [], 32, env={}) == {
+        "clients": 32,
+        "max_padding": None,
+        "max_batch_tokens": None,
+    }
+    assert served_batching((1, 4), [], 32, env={})["clients"] == 4  # the nearest measured
+    flags = ["--max-padding=0.2", "--max-batch-tokens=1024"]
+    assert served_batching((32,), flags, 32, env={"MHASERVE_MAX_PADDING": "0.5"}) == {
+        "clients": 32,
+        "max_padding": 0.2,
+        "max_batch_tokens": 1024,
+    }
+    assert served_batching((32,), [], 32, env={"MHASERVE_MAX_PADDING": "0"})["max_padding"] == 0.0
