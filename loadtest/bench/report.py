@@ -236,15 +236,15 @@ def markdown(report: dict[str, Any]) -> str:
             )
         if torch and "skipped" in torch:
             lines.append(f"| {wname} | PyTorch eager: skipped ({torch['skipped']}) | | | | | | | | | |")
-    lines += [
-        "",
-        "In-process latencies are per call (one batch). Text workloads include tokenisation. The server's batches "
-        "are those its length policy forms when every client keeps one input waiting and nothing but the model "
-        "takes time (the same limits, one inference worker): a server with no overhead of its own would serve "
-        "that, so the server's figure against it is what lies around the model, and this row against the "
-        "ceiling is what a closed loop of that many clients costs in batching.",
-        "",
-    ]
+    lines += ["", "In-process latencies are per call (one batch). Text workloads include tokenisation."]
+    if any("served_batching" in inproc for inproc in report["inprocess"].values()):
+        lines[-1] += (
+            " The server's batches are those its length policy forms when every client keeps one input waiting "
+            "and nothing but the model takes time (the same limits, one inference worker): a server with no "
+            "overhead of its own would serve that, so the server's figure against it is what lies around the "
+            "model, and this row against the ceiling is what a closed loop of that many clients costs in batching."
+        )
+    lines.append("")
     for wname, inproc in report["inprocess"].items():
         after = inproc.get("ceiling_after")
         if after:

@@ -51,7 +51,9 @@ def _paired(
     """Ceiling and server at the headline client count, in turns: each ratio from measurements minutes apart."""
     clients = report.HEADLINE_CLIENTS
     best = inprocess["fixed"]["ceiling"]["batch_size"]
-    one = dict(spec, torch=False, workloads=[workload.to_dict()], batch_sizes_by_workload={"fixed": [best]})
+    one = dict(
+        spec, torch=False, served=None, workloads=[workload.to_dict()], batch_sizes_by_workload={"fixed": [best]}
+    )
     pairs = []
     for k in range(opt["paired"]):
         with progress.step(

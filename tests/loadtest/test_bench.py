@@ -84,6 +84,8 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
             assert all(r["ratio"] > 0 and r["grpc_seq_per_s"] > 0 for r in rows)
     assert "http" not in report["summary"]["fixed"]
     paired = report["paired"]
+    # The replay of the server's batches runs once per workload, not again in the paired check's turns.
+    assert run.stderr.count("the server's batches for") == 3  # the in-process step's progress lines
     assert paired["clients"] == 32 and len(paired["pairs"]) == options.QUICK["paired"]
     assert all(p["ceiling_seq_per_s"] > 0 and p["server_seq_per_s"] > 0 for p in paired["pairs"])
     assert report["summary"]["fixed"]["paired_median_ratio"] == paired["median_ratio"] > 0
