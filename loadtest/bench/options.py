@@ -267,11 +267,17 @@ def served_batching(
     flags = server_flags(server_args)
     padding = flags.get("--max-padding", env.get("MHASERVE_MAX_PADDING"))
     budget = flags.get("--max-batch-tokens", env.get("MHASERVE_MAX_BATCH_TOKENS"))
-    return {
-        "clients": min(concurrency, key=lambda c: abs(c - headline)),
-        "max_padding": None if padding is None else float(padding),
-        "max_batch_tokens": None if budget is None else int(budget),
-    }
+    try:
+        return {
+            "clients": min(concurrency, key=lambda c: abs(c - headline)),
+            "max_padding": None if padding is None else float(padding),
+            "max_batch_tokens": None if budget is None else int(budget),
+        }
+    except ValueError:
+        # The server would refuse them too; say so before the in-process measurements, not after.
+        raise ValueError(
+            f"the server's max padding {padding!r} or max batch tokens {budget!r} is not a number"
+        ) from None
 
 
 def server_threads(threads: int | None, server_args: Sequence[str], env: Mapping[str, str] | None = None) -> str:

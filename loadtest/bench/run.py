@@ -153,6 +153,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 memory_graphs = []
             progress.total += len(memory_graphs)
 
+        try:
+            served = (
+                options.served_batching(opt["concurrency"], opt["server_arg"], report.HEADLINE_CLIENTS)
+                if "length" in opt["batching"]
+                else None
+            )
+        except ValueError as e:
+            raise BenchError(str(e)) from None
         with progress.step(
             "in-process: ONNX Runtime batch sweep, one at a time, PyTorch eager (child process)", reports=True
         ):
@@ -169,11 +177,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 "workloads": [w.to_dict() for w in workloads.values()],
                 "guard": dataclasses.asdict(guard),
                 # The length policy's batches for the headline's clients, timed in process (inprocess.served_batches).
-                "served": (
-                    options.served_batching(opt["concurrency"], opt["server_arg"], report.HEADLINE_CLIENTS)
-                    if "length" in opt["batching"]
-                    else None
-                ),
+                "served": served,
             }
             inprocess = measure_in_child(spec)
 

@@ -72,3 +72,5 @@ def test_the_limits_it_replays_are_the_ones_the_server_was_given() -> None:
         "max_batch_tokens": 1024,
     }
     assert served_batching((32,), [], 32, env={"MHASERVE_MAX_PADDING": "0"})["max_padding"] == 0.0
+    with pytest.raises(ValueError, match="not a number"):
+        served_batching((32,), ["--max-padding=abc"], 32, env={})
