@@ -3,12 +3,25 @@ container tier's images and compose projects."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from tests.deploy.containers import ENGINE, NO_ENGINE, Compose, Images, build_images
+from tests.deploy.containers import (
+    ENGINE,
+    KEEP_IMAGES,
+    NO_ENGINE,
+    Compose,
+    Images,
+    build_images,
+    checkout_images,
+    image_table,
+    remove_built_images,
+    remove_stale_projects,
+    tagged_ids,
+)
 from tests.deploy.helpers import Replica
 
 
@@ -31,12 +44,23 @@ def replicas(tiny_repo: Path, tmp_path: Path) -> Iterator[Callable[..., list[Rep
 
 
 @pytest.fixture(scope="session")
-def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
+def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
     """The cpu, loadtest, nginx and Prometheus images, built once per session from this checkout
-    (deploy/images/build.sh; the engine's cache makes that seconds when nothing changed)."""
+    (deploy/images/build.sh; the engine's cache makes that seconds when nothing changed). Removed again
+    when the session ends, with what their builds left untagged, unless MHASERVE_TEST_KEEP_IMAGES=1."""
     if ENGINE is None:
         pytest.skip(NO_ENGINE)
-    return build_images(tmp_path_factory.mktemp("images") / "build.log")
+    for project in remove_stale_projects():
+        warnings.warn(f"removed {project}: a compose project left running by a test session that died", stacklevel=1)
+    wanted = checkout_images()
+    before, ours_before = image_table(), tagged_ids(wanted.tags())
+    try:
+        yield build_images(tmp_path_factory.mktemp("images") / "build.log")
+    finally:
+        if not KEEP_IMAGES:
+            left = remove_built_images(wanted.tags(), before, ours_before)
+            if left:
+                warnings.warn(f"could not remove {len(left)} image(s) the build left: {', '.join(left)}", stacklevel=1)
 
 
 @pytest.fixture

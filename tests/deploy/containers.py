@@ -5,6 +5,11 @@ Everything published goes to 127.0.0.1 on free ports; every wait has a deadline.
 carry unique names (`mhaserve-test-<pid>-<n>`) and the images tags of their own (`mhaserve:cpu-test-<hash
 of this checkout>`), so that two checkouts testing on one machine never touch each other's containers
 or images (layers are shared: the extra tags cost nothing).
+
+What a session builds it removes again when it ends (this checkout's tags and the untagged images its builds
+left), since every fresh clone tags anew and a machine that runs the suite often would otherwise fill its
+disk; MHASERVE_TEST_KEEP_IMAGES=1 keeps them for a faster next run from the same checkout. Compose projects
+of earlier sessions whose pytest died before its teardown are removed when the next session starts.
 """
 
 from __future__ import annotations
@@ -162,22 +167,33 @@ class Images:
     nginx: str
     prometheus: str
 
+    def tags(self) -> list[str]:
+        return list(vars(self).values())
+
+
+KEEP_IMAGES = os.environ.get("MHASERVE_TEST_KEEP_IMAGES", "") not in ("", "0")
+
 
 def checkout_tag() -> str:
     return "test-" + hashlib.sha1(str(ROOT).encode()).hexdigest()[:8]
 
 
-def build_images(log: Path) -> Images:
-    """deploy/images/build.sh, as `make images` runs it, for every image the tier uses. The engine's build
-    cache makes this a few seconds when nothing changed."""
+def checkout_images() -> Images:
+    """The tags this checkout's images get."""
     suffix = checkout_tag()
-    images = Images(
+    return Images(
         cpu=f"mhaserve:cpu-{suffix}",
         loadtest=f"mhaserve:loadtest-{suffix}",
         haproxy=f"mhaserve-haproxy:bookworm-{suffix}",
         nginx=f"mhaserve-nginx:bookworm-{suffix}",
         prometheus=f"mhaserve-prometheus:bookworm-{suffix}",
     )
+
+
+def build_images(log: Path) -> Images:
+    """deploy/images/build.sh, as `make images` runs it, for every image the tier uses. The engine's build
+    cache makes this a few seconds when nothing changed."""
+    images = checkout_images()
     env = dict(os.environ) | {
         "CONTAINER_ENGINE": engine().name,
         "CPU_TAG": images.cpu,
@@ -202,6 +218,50 @@ def build_images(log: Path) -> Images:
         tail = log.read_text(errors="replace")[-4000:]
         raise AssertionError(f"building the images failed (exit {result.returncode}; log {log}):\n{tail}")
     return images
+
+
+def _bare(image_id: str) -> str:
+    # docker writes ids as sha256:<hex>, podman's listings as the bare hex.
+    return image_id.strip().removeprefix("sha256:")
+
+
+def image_table() -> dict[str, set[str]]:
+    """Every image on the machine, intermediate build stages included: id -> its tags (empty: untagged)."""
+    out = engine()("images", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}", check=False)
+    table: dict[str, set[str]] = {}
+    for line in out.stdout.splitlines():
+        image_id, _, tag = line.partition(" ")
+        tags = table.setdefault(_bare(image_id), set())
+        if tag and "<none>" not in tag:
+            tags.add(tag)
+    return table
+
+
+def tagged_ids(tags: Sequence[str]) -> set[str]:
+    """The ids these tags point at now (a tag not built yet has none)."""
+    ids = set()
+    for tag in tags:
+        result = engine()("image", "inspect", "--format", "{{.Id}}", tag, check=False)
+        if result.returncode == 0:
+            ids |= {_bare(i) for i in result.stdout.split()}
+    return ids
+
+
+def remove_built_images(tags: Sequence[str], before: dict[str, set[str]], ours_before: set[str]) -> list[str]:
+    """Remove these tags and every image that is untagged then and that the builds in between made or left
+    behind (new since `before`, or what the tags pointed at then: `ours_before`). Images that other tags
+    hold (the Debian-built base images, other checkouts') stay. Returns the ids that could not go."""
+    candidates = (set(image_table()) - set(before)) | ours_before | tagged_ids(tags)
+    e = engine()
+    for tag in tags:
+        e("rmi", tag, check=False, timeout=300)
+    # A build stage's image can go only after the images built on it: remove in passes until none goes.
+    while True:
+        table = image_table()
+        left = sorted(i for i in candidates if i in table and not table[i])
+        gone = [i for i in left if e("rmi", i, check=False, timeout=300).returncode == 0]
+        if not gone:
+            return left
 
 
 # ---- containers ------------------------------------------------------------------------------------------
@@ -232,6 +292,61 @@ def compose_command() -> list[str]:
 
 
 _projects = itertools.count()
+# The project names this tier gives: mhaserve-test-<pid of the pytest that made it>-<n>.
+PROJECT_NAME = re.compile(r"mhaserve-test-(\d+)-\d+")
+
+
+def project_containers(project: str, service: str | None = None) -> list[str]:
+    """Names of a compose project's containers (all states), sorted; of one service if given."""
+    filters = ["--filter", f"label=com.docker.compose.project={project}"]
+    if service:
+        filters += ["--filter", f"label=com.docker.compose.service={service}"]
+    return sorted(engine()("ps", "-a", *filters, "--format", "{{.Names}}").stdout.split())
+
+
+def project_leftovers(project: str) -> list[str]:
+    """Whatever of a compose project is on the machine: containers, networks, pods, volumes."""
+    e = engine()
+    left = [f"container {c}" for c in project_containers(project)]
+    left += [f"network {n}" for n in e("network", "ls", "--format", "{{.Name}}").stdout.split() if project in n]
+    if e.name == "podman":
+        left += [f"pod {p}" for p in e("pod", "ls", "--format", "{{.Name}}").stdout.split() if project in p]
+    left += [f"volume {v}" for v in e("volume", "ls", "--format", "{{.Name}}").stdout.split() if project in v]
+    return left
+
+
+def remove_project(project: str) -> None:
+    """Force-remove all of a compose project, whatever state it is in."""
+    e = engine()
+    for name in project_containers(project):
+        e.remove(name)
+    for item in project_leftovers(project):
+        kind, name = item.split(" ", 1)
+        e.remove(kind, name)
+
+
+def remove_stale_projects() -> list[str]:
+    """Remove the compose projects of earlier test sessions whose pytest is gone: one killed before its
+    teardown (a CI timeout, ^C twice) leaves its stack running, replicas and load generators included,
+    which then takes CPU from every later run. Returns the projects removed."""
+    listed = engine()("ps", "-a", "--format", '{{index .Labels "com.docker.compose.project"}}', check=False)
+    stale = []
+    for project in sorted(set(listed.stdout.split())):
+        match = PROJECT_NAME.fullmatch(project)
+        if match and not pid_alive(int(match.group(1))):
+            remove_project(project)
+            stale.append(project)
+    return stale
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
 
 
 class Compose:
@@ -293,32 +408,15 @@ class Compose:
 
     def containers(self, service: str | None = None) -> list[str]:
         """Names of the project's containers (all states), sorted; of one service if given."""
-        filters = ["--filter", f"label=com.docker.compose.project={self.project}"]
-        if service:
-            filters += ["--filter", f"label=com.docker.compose.service={service}"]
-        out = engine()("ps", "-a", *filters, "--format", "{{.Names}}").stdout.split()
-        return sorted(out)
+        return project_containers(self.project, service)
 
     def leftovers(self) -> list[str]:
         """Whatever of this project is still on the machine: containers, networks, pods, volumes."""
-        e = engine()
-        left = [f"container {c}" for c in self.containers()]
-        left += [
-            f"network {n}" for n in e("network", "ls", "--format", "{{.Name}}").stdout.split() if self.project in n
-        ]
-        if e.name == "podman":
-            left += [f"pod {p}" for p in e("pod", "ls", "--format", "{{.Name}}").stdout.split() if self.project in p]
-        left += [f"volume {v}" for v in e("volume", "ls", "--format", "{{.Name}}").stdout.split() if self.project in v]
-        return left
+        return project_leftovers(self.project)
 
     def remove_everything(self) -> None:
         """The teardown's last resort: force-remove what `down` left (a failed test must not leave it)."""
-        e = engine()
-        for name in self.containers():
-            e.remove(name)
-        for item in self.leftovers():
-            kind, name = item.split(" ", 1)
-            e.remove(kind, name)
+        remove_project(self.project)
 
     def grpc_address(self, service_container: str | None = None) -> str:
         if service_container is None:

@@ -1,7 +1,8 @@
 """The container tier: the images built from this checkout, run by docker or podman on this machine.
 
-The images are built once per session by deploy/images/build.sh (what `make images` runs; cached by the
-engine between runs), then:
+The images are built once per session by deploy/images/build.sh (what `make images` runs) and removed
+when the session ends (MHASERVE_TEST_KEEP_IMAGES=1 keeps them, and the engine's cache, for the next run),
+then:
 1. the cpu image on its own: non-root, no torch, compilers or tests inside, healthy, the same Encode and
    KServe answers through its published port as a server on the host serving the same repository, the
    metrics port, and SIGTERM: exit 0 within the grace period;
@@ -10,7 +11,9 @@ engine between runs), then:
    stopped with SIGTERM and started again in turn) under 16 plain gRPC or HTTP clients, and under a
    headless Locust run from the `loadtest` profile: no call fails;
 4. the `loadtest` profile: a Locust master and two workers, headless, reports in a mounted folder;
-5. the `monitoring` profile: Prometheus scrapes both replicas and loads the alert rules.
+5. the `monitoring` profile: Prometheus scrapes both replicas and loads the alert rules;
+6. cleaning up: what a session's builds made goes again when it ends (a machine that runs the suite for
+   every fresh clone filled its disk with them), and a stack left by a pytest that died is removed.
 
 Every port is published on 127.0.0.1; every load is bounded in calls and time. The tier is skipped only
 where no container engine answers (.ci/run installs podman as root: deploy/images/install-podman.sh);
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import time
 import urllib.parse
@@ -51,11 +55,16 @@ from tests.deploy.containers import (
     Compose,
     Images,
     LbStack,
+    checkout_tag,
     container,
     engine,
+    image_table,
     needs_engine,
     ok_calls,
+    remove_built_images,
+    remove_stale_projects,
     serving,
+    tagged_ids,
 )
 from tests.deploy.helpers import DEPLOY, WAIT, Replica, http_get, server_defaults
 from tests.deploy.load import Load, Protocol
@@ -400,3 +409,56 @@ def test_monitoring_profile_scrapes_both_replicas_and_loads_the_rules(compose: C
     wait_until(rules_evaluated, "the alert rules to load and evaluate", 60, 1.0)
     up = api("query", query='up{job="mhaserve"}')["result"]
     assert sorted(float(s["value"][1]) for s in up) == [1.0, 1.0]
+
+
+# ---- 6. cleaning up --------------------------------------------------------------------------------------
+
+
+def test_the_images_a_build_made_are_removed_and_the_base_stays(images: Images, tmp_path: Path) -> None:
+    """remove_built_images, which the `images` fixture runs when the session ends, on a two-stage build
+    made twice (the second build leaves the first image untagged, as a rebuild from a changed checkout
+    does): both builds' images and their stages go, the base image they were built on stays."""
+    tag = f"mhaserve-cleanup:{checkout_tag()}"
+    before = image_table()
+    network = ["--network", "host"] if engine().name == "podman" else []
+    for n in (1, 2):
+        (tmp_path / "Containerfile").write_text(
+            f"FROM {images.nginx} AS stage\nRUN echo {n} > /tmp/stage\n"
+            f"FROM {images.nginx}\nCOPY --from=stage /tmp/stage /tmp/stage\nRUN echo {n} > /tmp/final\n"
+        )
+        engine()("build", *network, "-t", tag, str(tmp_path), timeout=600)
+    made = set(image_table()) - set(before)
+    assert len(made) >= 4, f"two builds of two stages made only {made}"
+    assert tagged_ids([tag]) <= made
+
+    assert remove_built_images([tag], before, set()) == []
+
+    after = image_table()
+    # Another build on the machine meanwhile may add images; none of this one's may stay untagged.
+    assert not [i for i in made if i in after and not after[i]], "the build's images stayed untagged"
+    assert not any(tag in tags for tags in after.values())
+    assert tagged_ids([images.nginx]), "the base image was removed with the build"
+
+
+def test_a_stack_left_by_a_dead_pytest_is_removed_and_a_live_ones_stays(images: Images) -> None:
+    """Containers labelled as a compose project of this tier: one named after a pid that no longer runs
+    (a session killed before its teardown), one after this process. Only the first is removed."""
+    dead = 2**22 + 7  # above Linux's largest pid
+    names = {}
+    for pid in (dead, os.getpid()):
+        project = f"mhaserve-test-{pid}-0"
+        names[project] = f"{project}_sleeper_1"
+        engine()(
+            "run", "-d", "--name", names[project], "--label", f"com.docker.compose.project={project}",
+            "--entrypoint", "sleep", images.nginx, "600", timeout=START,
+        )  # fmt: skip
+    try:
+        removed = remove_stale_projects()
+        assert f"mhaserve-test-{dead}-0" in removed
+        assert f"mhaserve-test-{os.getpid()}-0" not in removed
+        running = engine()("ps", "-a", "--format", "{{.Names}}").stdout.split()
+        assert names[f"mhaserve-test-{dead}-0"] not in running
+        assert names[f"mhaserve-test-{os.getpid()}-0"] in running
+    finally:
+        for name in names.values():
+            engine().remove(name)
