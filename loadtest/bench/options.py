@@ -142,7 +142,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--paired",
         type=int,
-        help="times to measure the ceiling and the server at 32 clients in turns, fixed workload (default 3)",
+        help="rounds measuring the ceiling and the server at 32 clients in turns (default 3): on the fixed workload "
+        "over gRPC; on the short workload the server's own batches in process, gRPC and HTTP too; 0 skips them",
     )
     p.add_argument(
         "--rss-requests",

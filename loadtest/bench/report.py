@@ -38,6 +38,16 @@ def _by_clients(points: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {p["concurrency"]: p for p in points}
 
 
+# The short workload's paired ratios, as the report words them.
+_RATIO_NAMES = {
+    "served/ceiling": "the server's batches in process / ceiling",
+    "grpc/ceiling": "gRPC / ceiling",
+    "grpc/served": "gRPC / its batches in process",
+    "http/ceiling": "HTTP / ceiling",
+    "http/served": "HTTP / its batches in process",
+}
+
+
 def _disturbed(report: dict[str, Any]) -> list[str]:
     """The figures taken beside more other work than the guard allows."""
     out = []
@@ -54,6 +64,8 @@ def _disturbed(report: dict[str, Any]) -> list[str]:
             out += [f"{wname} {protocol} {p['concurrency']} clients" for p in points if p.get("disturbed")]
     paired = report.get("paired") or {"pairs": []}
     out += [f"paired check {k + 1}" for k, p in enumerate(paired["pairs"]) if p["disturbed"]]
+    short = report.get("paired_short") or {"rounds": []}
+    out += [f"paired short round {k + 1}" for k, r in enumerate(short["rounds"]) if r["disturbed"]]
     return out
 
 
@@ -131,6 +143,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             w["length_over_arrival"] = w["length"]["seq_per_s"] / w["arrival"]["seq_per_s"]
         if wname == "fixed" and report.get("paired"):
             w["paired_median_ratio"] = report["paired"]["median_ratio"]
+        if wname == "short" and report.get("paired_short"):
+            w["paired"] = {"rounds": len(report["paired_short"]["rounds"]), **report["paired_short"]["median"]}
         http = _http_over_grpc(report, wname)
         if http:
             w["http"] = {"batching": report["http"]["batching"], "protocols": http}
@@ -211,6 +225,19 @@ def markdown(report: dict[str, Any]) -> str:
             f"- **paired check** (fixed workload, {paired['batching']} batching, {paired['clients']} clients, the "
             f"ceiling at batch {paired['batch_size']} measured just before each server run): ratios {ratios}; "
             f"median **{paired['median_ratio']:.2f}**"
+        )
+    short = report.get("paired_short")
+    if short:
+        lines.append(
+            f"- **paired check, short workload** ({short['batching']} batching, {short['clients']} clients; "
+            f"{len(short['rounds'])} round(s), each measuring {', '.join(short['rounds'][0]['order'])} in turn, "
+            "the next round starting one turn later): medians "
+            + ", ".join(
+                f"{_RATIO_NAMES[name]} **{value:.2f}** ("
+                + ", ".join(f"{r['ratios'][name]:.2f}{_mark(r)}" for r in short["rounds"])
+                + ")"
+                for name, value in short["median"].items()
+            )
         )
     lines += ["", "## In-process", ""]
     lines += [

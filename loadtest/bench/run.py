@@ -86,6 +86,85 @@ def _paired(
     }
 
 
+def _paired_short(
+    opt: dict[str, Any],
+    spec: dict[str, Any],
+    server: Server,
+    workload: Workload,
+    inprocess: dict[str, Any],
+    http: bool,
+    guard: Guard,
+    progress: Progress,
+) -> dict[str, Any]:
+    """The short workload's gap split, measured in turns at the headline client count: the ceiling and the
+    server's own batches in process (one child), the server over gRPC and, with `http`, over HTTP. Each
+    round starts one turn later, so that a drift of the machine within a round falls on each side in turn;
+    the medians of the rounds' ratios are what a single sweep point cannot give on a shared machine."""
+    clients = report.HEADLINE_CLIENTS
+    best = inprocess["short"]["ceiling"]["batch_size"]
+    one = dict(spec, torch=False, workloads=[workload.to_dict()], batch_sizes_by_workload={"short": [best]})
+    rounds = []
+    for k in range(opt["paired"]):
+        turns = ["in process", "grpc", *(["http"] if http else [])]
+        turns = turns[k % len(turns) :] + turns[: k % len(turns)]
+        with progress.step(
+            f"paired short {k + 1}/{opt['paired']}: {', '.join(turns)} at {clients} clients", reports=True
+        ) as note:
+            got: dict[str, dict[str, Any]] = {}
+            for turn in turns:
+                if turn == "in process":
+                    measured = measure_in_child(one)["short"]
+                    got["ceiling"] = measured["ceiling"]
+                    if "served_batching" in measured:
+                        got["served"] = measured["served_batching"]
+                else:
+                    got[turn] = guard.measure(
+                        functools.partial(
+                            run_point,
+                            server,
+                            workload,
+                            clients,
+                            duration=opt["duration"],
+                            warmup_max=max(5.0, 3 * opt["duration"]),
+                            protocol=turn,
+                        ),
+                        progress.say,
+                    )
+            rounds.append(_paired_round(got, turns))
+            note["result"] = ", ".join(f"{k} {v:.2f}" for k, v in rounds[-1]["ratios"].items())
+    names = list(rounds[0]["ratios"])
+    return {
+        "workload": "short",
+        "batching": server.batching,
+        "clients": clients,
+        "batch_size": best,
+        "rounds": rounds,
+        "median": {name: statistics.median(r["ratios"][name] for r in rounds) for name in names},
+    }
+
+
+def _paired_round(got: dict[str, dict[str, Any]], turns: list[str]) -> dict[str, Any]:
+    """One round's figures and their ratios: each protocol to the ceiling and to the server's own batches,
+    and those batches to the ceiling."""
+    ceiling = got["ceiling"]["seq_per_s"]
+    seq = {"ceiling": ceiling} | {name: got[name]["seq_per_s"] for name in ("served", "grpc", "http") if name in got}
+    ratios = {}
+    if "served" in seq:
+        ratios["served/ceiling"] = seq["served"] / ceiling
+    for protocol in ("grpc", "http"):
+        if protocol in seq:
+            ratios[f"{protocol}/ceiling"] = seq[protocol] / ceiling
+            if "served" in seq:
+                ratios[f"{protocol}/served"] = seq[protocol] / seq["served"]
+    return {
+        "order": turns,
+        "seq_per_s": seq,
+        "ratios": ratios,
+        "other_cpu_cores": {name: r.get("other_cpu_cores") for name, r in got.items()},
+        "disturbed": any(r.get("disturbed") for r in got.values()),
+    }
+
+
 def _point(
     opt: dict[str, Any],
     server: Server,
@@ -134,7 +213,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     n_points = len(opt["concurrency"]) * (
         len(opt["batching"]) * len(opt["workloads"]) + len(http_protocols) * len(http_workloads)
     )
-    paired_steps = opt["paired"] if "fixed" in opt["workloads"] else 0
+    paired_steps = opt["paired"] * (("fixed" in opt["workloads"]) + ("short" in opt["workloads"]))
     progress = Progress(2 + 2 * len(opt["batching"]) + n_points + paired_steps + 2, out)
     machine = describe_machine()
     machine["load_before"] = machine.pop("load")
@@ -189,6 +268,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
         if opt["paired"] < 1 or "fixed" not in workloads:
             paired_batching = None
         paired: dict[str, Any] | None = None
+        # The short workload's split (the server's batches, gRPC and HTTP against the ceiling) in turns too.
+        short_batching = next((b for b in ("length", "arrival") if b in opt["batching"]), None)
+        if opt["paired"] < 1 or "short" not in workloads:
+            short_batching = None
+        paired_short: dict[str, Any] | None = None
         model_info: dict[str, Any] = {}
         # Every policy's server runs for the whole sweep, and the policies take turns at each point: on a
         # shared machine, whose speed drifts by 10-20 % over minutes, a policy measured in a slow minute
@@ -239,6 +323,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                             into.setdefault(wname, []).append(point)
             if paired_batching is not None:
                 paired = _paired(opt, spec, live[paired_batching], workloads["fixed"], inprocess, guard, progress)
+            if short_batching is not None:
+                paired_short = _paired_short(
+                    opt,
+                    spec,
+                    live[short_batching],
+                    workloads["short"],
+                    inprocess,
+                    "http" in http_protocols and short_batching == http_batching,
+                    guard,
+                    progress,
+                )
         finally:
             for batching, server in live.items():
                 with progress.step(f"stop the {batching} server (SIGTERM)") as note:
@@ -316,6 +411,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             if http_points
             else None,
             "paired": paired,
+            "paired_short": paired_short,
             "memory": memory.result(http_batching, memory_runs, memory_skipped) if opt["rss_requests"] else None,
         }
         with progress.step("report and plots") as note:

@@ -84,11 +84,25 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
             assert all(r["ratio"] > 0 and r["grpc_seq_per_s"] > 0 for r in rows)
     assert "http" not in report["summary"]["fixed"]
     paired = report["paired"]
-    # The replay of the server's batches runs once per workload, not again in the paired check's turns.
-    assert run.stderr.count("the server's batches for") == 3  # the in-process step's progress lines
+    # The replay of the server's batches runs once per workload in the in-process step, not again in the
+    # fixed workload's paired turns; the short workload's paired rounds replay it once each.
+    replays = run.stderr.count("the server's batches for")  # progress lines
+    assert replays == 3 + options.QUICK["paired"], replays
     assert paired["clients"] == 32 and len(paired["pairs"]) == options.QUICK["paired"]
     assert all(p["ceiling_seq_per_s"] > 0 and p["server_seq_per_s"] > 0 for p in paired["pairs"])
     assert report["summary"]["fixed"]["paired_median_ratio"] == paired["median_ratio"] > 0
+    # The short workload's split in turns: the server's batches, gRPC and HTTP against the ceiling.
+    short = report["paired_short"]
+    assert short["workload"] == "short" and short["batching"] == "length" and short["clients"] == 32
+    assert len(short["rounds"]) == options.QUICK["paired"]
+    names = {"served/ceiling", "grpc/ceiling", "grpc/served", "http/ceiling", "http/served"}
+    for r in short["rounds"]:
+        assert sorted(r["order"]) == ["grpc", "http", "in process"]
+        assert set(r["ratios"]) == names and all(v > 0 for v in r["ratios"].values()), r
+        seq = r["seq_per_s"]
+        assert r["ratios"]["grpc/served"] == seq["grpc"] / seq["served"]
+        assert r["ratios"]["served/ceiling"] == seq["served"] / seq["ceiling"]
+    assert report["summary"]["short"]["paired"] == {"rounds": len(short["rounds"]), **short["median"]}
     assert report["workloads"]["fixed"]["min_tokens"] == report["workloads"]["fixed"]["max_tokens"] == 32
 
     # The server's memory: every CPU graph the entry has (fp16 is a GPU graph), each from a fresh server.
@@ -110,6 +124,7 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         "### Where the server's CPU goes",
         "## Server over HTTP beside gRPC",
         "Ceiling",
+        "paired check, short workload",
     ):
         assert heading in md
     assert report["command"].startswith("mhaserve bench ") and "--quick" in report["command"]
