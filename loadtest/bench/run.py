@@ -118,20 +118,9 @@ def _paired_short(
                     if "served_batching" in measured:
                         got["served"] = measured["served_batching"]
                 else:
-                    got[turn] = guard.measure(
-                        functools.partial(
-                            run_point,
-                            server,
-                            workload,
-                            clients,
-                            duration=opt["duration"],
-                            warmup_max=max(5.0, 3 * opt["duration"]),
-                            protocol=turn,
-                        ),
-                        progress.say,
-                    )
+                    got[turn] = _measured_point(opt, server, workload, clients, turn, guard, progress)
             rounds.append(_paired_round(got, turns))
-            note["result"] = ", ".join(f"{k} {v:.2f}" for k, v in rounds[-1]["ratios"].items())
+            note["result"] = ", ".join(f"{name} {v:.2f}" for name, v in rounds[-1]["ratios"].items())
     names = list(rounds[0]["ratios"])
     return {
         "workload": "short",
@@ -165,6 +154,30 @@ def _paired_round(got: dict[str, dict[str, Any]], turns: list[str]) -> dict[str,
     }
 
 
+def _measured_point(
+    opt: dict[str, Any],
+    server: Server,
+    workload: Workload,
+    clients: int,
+    protocol: str,
+    guard: Guard,
+    progress: Progress,
+) -> dict[str, Any]:
+    """The server at `clients` closed-loop clients over `protocol`, measured again while other work disturbs it."""
+    return guard.measure(
+        functools.partial(
+            run_point,
+            server,
+            workload,
+            clients,
+            duration=opt["duration"],
+            warmup_max=max(5.0, 3 * opt["duration"]),
+            protocol=protocol,
+        ),
+        progress.say,
+    )
+
+
 def _point(
     opt: dict[str, Any],
     server: Server,
@@ -177,18 +190,7 @@ def _point(
 ) -> dict[str, Any]:
     """One server point of the sweep, measured again while other work disturbs it."""
     with progress.step(f"server {server.batching:7} {protocol:11} {workload.name:5} {clients:3} clients") as note:
-        point = guard.measure(
-            functools.partial(
-                run_point,
-                server,
-                workload,
-                clients,
-                duration=opt["duration"],
-                warmup_max=max(5.0, 3 * opt["duration"]),
-                protocol=protocol,
-            ),
-            progress.say,
-        )
+        point = _measured_point(opt, server, workload, clients, protocol, guard, progress)
         note["result"] = (
             f"{point['seq_per_s']:.1f} seq/s ({point['seq_per_s'] / ceiling:.2f} of ceiling), "
             f"p99 {point['latency_ms']['p99']:.0f} ms"
