@@ -265,15 +265,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
         servers: dict[str, dict[str, list[dict[str, Any]]]] = {}
         http_points: dict[str, dict[str, list[dict[str, Any]]]] = {p: {} for p in http_protocols}
         # The headline (fixed workload, 32 clients) once more, alternating with the ceiling: slow drift of a
-        # shared machine then moves both sides of each ratio alike.
-        paired_batching = next((b for b in ("length", "arrival") if b in opt["batching"]), None)
-        if opt["paired"] < 1 or "fixed" not in workloads:
-            paired_batching = None
+        # shared machine then moves both sides of each ratio alike; and the short workload's split (the
+        # server's batches, gRPC and HTTP against the ceiling) in turns too. Both on the server HTTP is
+        # measured on: the length policy's when it runs.
         paired: dict[str, Any] | None = None
-        # The short workload's split (the server's batches, gRPC and HTTP against the ceiling) in turns too.
-        short_batching = next((b for b in ("length", "arrival") if b in opt["batching"]), None)
-        if opt["paired"] < 1 or "short" not in workloads:
-            short_batching = None
         paired_short: dict[str, Any] | None = None
         model_info: dict[str, Any] = {}
         # Every policy's server runs for the whole sweep, and the policies take turns at each point: on a
@@ -323,19 +318,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                             point = _point(opt, server, workload, c, protocol, ceiling, guard, progress)
                             into = servers.setdefault(batching, {}) if protocol == "grpc" else http_points[protocol]
                             into.setdefault(wname, []).append(point)
-            if paired_batching is not None:
-                paired = _paired(opt, spec, live[paired_batching], workloads["fixed"], inprocess, guard, progress)
-            if short_batching is not None:
-                paired_short = _paired_short(
-                    opt,
-                    spec,
-                    live[short_batching],
-                    workloads["short"],
-                    inprocess,
-                    "http" in http_protocols and short_batching == http_batching,
-                    guard,
-                    progress,
-                )
+            if opt["paired"] > 0 and "fixed" in workloads:
+                paired = _paired(opt, spec, live[http_batching], workloads["fixed"], inprocess, guard, progress)
+            if opt["paired"] > 0 and "short" in workloads:
+                http = "http" in http_protocols
+                short = workloads["short"]
+                paired_short = _paired_short(opt, spec, live[http_batching], short, inprocess, http, guard, progress)
         finally:
             for batching, server in live.items():
                 with progress.step(f"stop the {batching} server (SIGTERM)") as note:
