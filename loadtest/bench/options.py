@@ -141,7 +141,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
     p.add_argument(
         "--paired",
-        type=int,
+        type=_count,
         help="rounds measuring the ceiling and the server at 32 clients in turns (default 3): on the fixed workload "
         "over gRPC; on the short workload the server's own batches in process, gRPC and HTTP too; 0 skips them",
     )

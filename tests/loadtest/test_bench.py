@@ -173,7 +173,14 @@ def test_command_line_reproduces_the_options() -> None:
     # a zero is an option given, not an option left out
     args = p.parse_args(["--retries", "0", "--rss-requests", "0", "--seed", "0"])
     assert options.command_line(args) == "mhaserve bench --rss-requests 0 --retries 0"
-    for bad in (["--graphs", "fp8"], ["--rss-requests", "-1"], ["--models", "a"], ["--models", "a,a"]):
+    bad_args = (
+        ["--graphs", "fp8"],
+        ["--rss-requests", "-1"],
+        ["--paired", "-1"],
+        ["--models", "a"],
+        ["--models", "a,a"],
+    )
+    for bad in bad_args:
         with pytest.raises(SystemExit):
             p.parse_args(bad)
 
