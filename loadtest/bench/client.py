@@ -33,13 +33,22 @@ from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.stats import latency_summary
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from mhaserve.testing.loopback import free_port
+from mhaserve.testing.loopback import free_ports
 from mhaserve.testing.metrics import Samples, scrape
 from mhaserve.testing.process import Memory, memory
 
 
 class BenchError(RuntimeError):
     """The benchmark cannot go on; the message says why."""
+
+
+class _PortTaken(Exception):
+    """The server could not bind a port chosen for it: something else took it in between."""
+
+
+# What the server's log says, from gRPC core or from the OS error its HTTP and metrics servers report, when a
+# port it was given is bound by someone else (EADDRINUSE's message).
+_PORT_IN_USE = "Address already in use"
 
 
 class Server:
@@ -58,15 +67,9 @@ class Server:
         log_path: Path,
     ) -> None:
         self.batching = batching
-        self.port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.http_url = f"http://127.0.0.1:{self.http_port}"
-        self.args = [
+        self._serve_args = [
             sys.executable, "-m", "mhaserve.cli", "serve",
             "--repository", str(repository),
-            "--port", str(self.port),
-            "--metrics-port", str(self.metrics_port),
-            "--http-port", str(self.http_port),
             "--batching", batching,
             "--graph", graph,
             "--device", device,
@@ -75,15 +78,49 @@ class Server:
             *(["--intra-op-threads", str(threads)] if threads else []),
             *extra,
         ]  # fmt: skip
+        self._choose_ports()
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
-    def start(self, timeout: float = 180.0) -> pb.GetModelInfoResponse:
-        """Start it and wait for SERVING; its default model's info."""
+    def _choose_ports(self) -> None:
+        self.port, self.metrics_port, self.http_port = free_ports(3)
+        self.address = f"127.0.0.1:{self.port}"
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
+        ports = ["--port", str(self.port), "--metrics-port", str(self.metrics_port), "--http-port", str(self.http_port)]
+        self.args = [*self._serve_args, *ports]
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines the server wrote, for an error message that says why it stopped."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def start(self, timeout: float = 180.0, attempts: int = 3) -> pb.GetModelInfoResponse:
+        """Start it and wait for SERVING; its default model's info.
+
+        A free port is free only when it is chosen: another process may take it before the server, a second
+        later, binds it. The server then exits saying so, and it is started again on new ports, up to
+        `attempts` times in all; any other exit is an error at once, with the log's last lines."""
+        self.log_path.write_bytes(b"")
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(timeout)
+            except _PortTaken:
+                if attempt == attempts:
+                    raise BenchError(f"a port was taken {attempts} times in a row:\n{self.log_tail()}") from None
+                taken = self.args
+                self._choose_ports()
+                with self.log_path.open("a") as log:  # the log keeps every attempt
+                    log.write(f"[bench] a port was in use ({' '.join(taken[-6:])}): starting again on new ports\n")
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> pb.GetModelInfoResponse:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        self._log = self.log_path.open("wb")
+        self._log = self.log_path.open("ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
@@ -91,7 +128,13 @@ class Server:
             health = health_pb2_grpc.HealthStub(channel)
             while True:
                 if self.proc.poll() is not None:
-                    raise BenchError(f"the server exited with status {self.proc.returncode}: see {self.log_path}")
+                    self._log.close()
+                    tail = self.log_tail()
+                    if _PORT_IN_USE in tail:
+                        raise _PortTaken()
+                    raise BenchError(
+                        f"the server exited with status {self.proc.returncode}: {self.log_path} ends\n{tail}"
+                    )
                 try:
                     status = health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
                     if status == health_pb2.HealthCheckResponse.SERVING:
@@ -99,7 +142,9 @@ class Server:
                 except grpc.RpcError:
                     pass
                 if time.monotonic() > deadline:
-                    raise BenchError(f"the server was not SERVING after {timeout:.0f} s: see {self.log_path}")
+                    raise BenchError(
+                        f"the server was not SERVING after {timeout:.0f} s: {self.log_path} ends\n{self.log_tail()}"
+                    )
                 time.sleep(0.2)
         return self.model_info()
 

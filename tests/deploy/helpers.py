@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.testing import loopback
-from mhaserve.testing.loopback import WAIT, free_port
+from mhaserve.testing.loopback import WAIT, free_ports
 from mhaserve.testing.metrics import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,8 +134,8 @@ class Replica(Process):
     """`mhaserve serve` on free loopback ports, SERVING when constructed; the HTTP port only with `http`."""
 
     def __init__(self, repository: Path, workdir: Path, name: str, http: bool = False, **settings: str) -> None:
-        self.port, self.metrics_port = free_port(), free_port()
-        self.http_port = free_port() if http else 0
+        self.port, self.metrics_port, http_port = free_ports(3)  # distinct, all held while chosen
+        self.http_port = http_port if http else 0
         env = {k: v for k, v in os.environ.items() if not k.startswith("MHASERVE_")}
         args = [sys.executable, "-m", "mhaserve.cli", "serve", "--repository", str(repository), "--host", "127.0.0.1"]
         args += [
