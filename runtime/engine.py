@@ -13,6 +13,8 @@ import functools
 import logging
 import math
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -114,7 +116,10 @@ class OnnxEngine:
         intra_op_threads: int | None = None,
         inter_op_threads: int = 1,
         pooling: str = "mean",
+        overlap_threads: int | None = None,
     ) -> None:
+        """`overlap_threads`: on the CPU, a second session of the same graph with this many threads, for a batch
+        that starts while another computes (see `run`); None: every batch on the one session."""
         import onnxruntime as ort
 
         self.graph = graph
@@ -137,6 +142,14 @@ class OnnxEngine:
             str(graph), sess_options=_session_options(intra_op_threads, inter_op_threads), providers=providers
         )
         got = self.session.get_providers()
+        self.overlap_session = None
+        if overlap_threads is not None and got[0] != CUDA:
+            self.overlap_session = ort.InferenceSession(
+                str(graph), sess_options=_session_options(overlap_threads, inter_op_threads), providers=[CPU]
+            )
+        self._computing = 0  # runs in progress, over both sessions
+        self._computing_lock = threading.Lock()
+        self.overlapped_runs = 0  # how many ran on the overlap session (a test and the curious read it)
         # ONNX Runtime falls back to the CPU silently when the CUDA libraries do not load: check.
         self.on_cuda = got[0] == CUDA
         if device == "cuda" and not self.on_cuda:
@@ -157,11 +170,40 @@ class OnnxEngine:
     def providers(self) -> list[str]:
         return list(self.session.get_providers())
 
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[bool]:
+        """Count this run among those in progress; yields whether it goes to the overlap session."""
+        with self._computing_lock:
+            overlapped = self._computing > 0 and self.overlap_session is not None
+            self._computing += 1
+            self.overlapped_runs += overlapped
+        try:
+            yield overlapped
+        finally:
+            with self._computing_lock:
+                self._computing -= 1
+
     def run(self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        """Embed a padded batch: (B, d) float32.
+
+        With an overlap session (several inference workers on the CPU), a batch that starts while another
+        computes runs on it, with its share of the cores, and a batch alone runs on the main session, with
+        all of them. One session for both cases loses either way on 2 cores: all threads for every batch
+        makes concurrent batches fight over the same pool (0.97x one worker's throughput at 32 clients),
+        a share for every batch leaves a lone request on one core (0.58x at one client); the two
+        sessions keep one worker's speed at one client and two workers' under load (docs/benchmarks.md).
+        """
+        with self._counted() as overlapped:
+            return self._run(input_ids, attention_mask, overlapped=overlapped)
+
+    def _run(
+        self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64], *, overlapped: bool
+    ) -> npt.NDArray[np.float32]:
         check_batch(input_ids, attention_mask, max_seq_len=self.max_seq_len, vocab_size=self.vocab_size)
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
         if not self.on_cuda:
-            out = np.asarray(self.session.run([self.output_name], feeds)[0], dtype=np.float32)
+            session = self.overlap_session if overlapped and self.overlap_session is not None else self.session
+            out = np.asarray(session.run([self.output_name], feeds)[0], dtype=np.float32)
         else:
             binding = self.session.io_binding()
             for name, value in feeds.items():
@@ -189,7 +231,11 @@ def warm_up(engine: Engine, *, max_seq_len: int, max_batch_tokens: int) -> int:
     """
     lengths = sorted({min(2**i, max_seq_len) for i in range(math.ceil(math.log2(max_seq_len)) + 1)})
     shapes = [(1, n) for n in lengths] + [(max(1, max_batch_tokens // max_seq_len), max_seq_len)]
+    overlap = isinstance(engine, OnnxEngine) and engine.overlap_session is not None
     for rows, n in shapes:
         ones = np.ones((rows, n), dtype=np.int64)
         engine.run(ones, ones)
-    return len(shapes)
+        if overlap:  # the second session plans its own arena
+            assert isinstance(engine, OnnxEngine)
+            engine._run(ones, ones, overlapped=True)
+    return len(shapes) * (2 if overlap else 1)

@@ -105,8 +105,10 @@ class LoadedModel:
 EngineFactory = Callable[[ModelEntry], Engine]
 
 
-def onnx_engine(device: Device = "auto", intra_op_threads: int | None = None) -> EngineFactory:
-    """The production engine factory: ONNX Runtime sessions on `device`."""
+def onnx_engine(
+    device: Device = "auto", intra_op_threads: int | None = None, overlap_threads: int | None = None
+) -> EngineFactory:
+    """The production engine factory: ONNX Runtime sessions on `device` (see OnnxEngine for `overlap_threads`)."""
 
     def make(entry: ModelEntry) -> Engine:
         from mhaserve.runtime.engine import OnnxEngine
@@ -119,6 +121,7 @@ def onnx_engine(device: Device = "auto", intra_op_threads: int | None = None) ->
             device=device,
             intra_op_threads=intra_op_threads,
             pooling=entry.pooling,
+            overlap_threads=overlap_threads,
         )
 
     return make

@@ -73,13 +73,20 @@ MAX_PENDING_CALLS = 20_000
 ALWAYS_ANSWERED = (f"/{HEALTH_SERVICE}/", "/grpc.reflection.", *KSERVE_HEALTH_METHODS)
 
 
-def _intra_op_threads(settings: Settings) -> int | None:
-    """ONNX Runtime's threads per batch: --intra-op-threads, or with several inference workers the cores
-    split between them (their batches run at once; more threads than cores would only preempt each other),
-    or None: every core."""
+def _intra_op_threads(settings: Settings) -> tuple[int | None, int | None]:
+    """ONNX Runtime's threads: for a batch that computes alone, and for one that starts while another
+    computes (None: no second session). --intra-op-threads fixes both; otherwise a lone batch gets every core
+    and, with several inference workers, an overlapping one its worker's share (more threads than cores
+    would only preempt each other)."""
     if settings.intra_op_threads or settings.inference_workers == 1:
-        return settings.intra_op_threads
-    return max(1, (os.cpu_count() or 1) // settings.inference_workers)
+        return settings.intra_op_threads, None
+    return None, max(1, (os.cpu_count() or 1) // settings.inference_workers)
+
+
+def _threads_in_words(settings: Settings) -> str:
+    alone, overlapping = _intra_op_threads(settings)
+    words = f"{alone or 'all cores'}"
+    return words if overlapping is None else f"{words} alone, {overlapping} while another batch computes"
 
 
 class StartupError(RuntimeError):
@@ -93,7 +100,7 @@ class EncoderServer:
         self, settings: Settings, *, engine_factory: EngineFactory | None = None, metrics: Metrics | None = None
     ) -> None:
         self.settings = settings
-        self.engine_factory = engine_factory or onnx_engine(settings.device, _intra_op_threads(settings))
+        self.engine_factory = engine_factory or onnx_engine(settings.device, *_intra_op_threads(settings))
         self.metrics = metrics or Metrics()
         self.repository = ModelRepository(settings.repository)
         self.dataplane = DataPlane()
@@ -297,7 +304,7 @@ class EncoderServer:
             s.batching,
             s.model_control,
             s.inference_workers,
-            _intra_op_threads(s) or "all cores",
+            _threads_in_words(s),
         )
         if self.state == "loading":
             self.state = "serving"

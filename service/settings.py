@@ -190,7 +190,8 @@ class Settings:
     intra_op_threads: int | None = field(
         default=None,
         metadata=_opt(
-            "ONNX Runtime threads per inference (default: all cores, split evenly between inference workers)",
+            "ONNX Runtime threads per inference, for every batch (default: all cores for a batch that computes "
+            "alone and, with several inference workers, a worker's share for one that starts while another computes)",
             _int_or_none,
             metavar="N",
         ),
@@ -198,8 +199,10 @@ class Settings:
     inference_workers: int = field(
         default=1,
         metadata=_opt(
-            "batches computed at once, each on its share of the cores: more throughput under many clients "
-            "sending short texts, but a lone request then gets fewer cores (figures: docs/benchmarks.md)",
+            "batches computed at once. A batch alone gets every core; one that starts while another computes "
+            "runs on a second ONNX Runtime session (the graph loaded twice) with its share of the cores: more "
+            "throughput under many clients sending short texts, the same for a lone request (figures: "
+            "docs/benchmarks.md)",
             int,
             metavar="N",
         ),

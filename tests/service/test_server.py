@@ -117,19 +117,40 @@ def test_results_do_not_depend_on_batch_composition(
     assert np.abs(alone - np.stack([reference[t] for t in TEXTS]) / norms).max() <= 1e-5  # the manifest normalises
 
 
-def test_two_hundred_concurrent_clients_all_get_their_own_answer(server: ServerThread, reference: dict) -> None:
-    texts = [f"client {i} says {'ab ' * (i % 37)}" for i in range(200)]
-    channels = [server.channel() for _ in texts]
+def concurrent_answers(srv: ServerThread, texts: list[str]) -> npt.NDArray[np.float32]:
+    """Each text from its own client, all at once; the embeddings in the order of `texts`."""
+    channels = [srv.channel() for _ in texts]
     try:
         calls = [
             pb_grpc.EncoderServiceStub(ch).Encode.future(pb.EncodeRequest(texts=[t], normalize=False), timeout=WAIT)
             for ch, t in zip(channels, texts, strict=True)
         ]
-        got = np.stack([vectors(c.result(timeout=WAIT))[0] for c in calls])
+        return np.stack([vectors(c.result(timeout=WAIT))[0] for c in calls])
     finally:
         for ch in channels:
             ch.close()
-    assert np.abs(got - np.stack([reference[t] for t in texts])).max() <= 1e-5
+
+
+CLIENTS = [f"client {i} says {'ab ' * (i % 37)}" for i in range(200)]
+
+
+def test_two_hundred_concurrent_clients_all_get_their_own_answer(server: ServerThread, reference: dict) -> None:
+    got = concurrent_answers(server, CLIENTS)
+    assert np.abs(got - np.stack([reference[t] for t in CLIENTS])).max() <= 1e-5
+
+
+def test_two_inference_workers_load_an_overlap_session_and_answer_the_same(
+    start: Start, settings: Settings, reference: dict
+) -> None:
+    srv = start(dataclasses.replace(settings, intra_op_threads=None, inference_workers=2))
+    engine = srv.server.dataplane.pipelines()[0].model.engine
+    assert isinstance(engine, OnnxEngine) and engine.overlap_session is not None
+    got = concurrent_answers(srv, CLIENTS)
+    assert np.abs(got - np.stack([reference[t] for t in CLIENTS])).max() <= 1e-5
+    # --intra-op-threads fixes every batch's threads: one session, as with one worker
+    srv = start(dataclasses.replace(settings, intra_op_threads=1, inference_workers=2))
+    engine = srv.server.dataplane.pipelines()[0].model.engine
+    assert isinstance(engine, OnnxEngine) and engine.overlap_session is None
 
 
 def test_normalize_and_truncate(stub: pb_grpc.EncoderServiceStub) -> None:

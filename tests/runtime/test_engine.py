@@ -1,0 +1,97 @@
+"""OnnxEngine's overlap session: a batch that starts while another computes runs on it, with the same result;
+a batch alone, and every batch of an engine without one, runs on the main session."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mhaserve.runtime.engine import OnnxEngine, warm_up
+from mhaserve.testing.loopback import WAIT
+
+
+class Held:
+    """A session whose next run waits until released: a batch held computing, deterministically."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.runs = 0
+
+    def run(self, *args: Any) -> Any:
+        self.runs += 1
+        self.entered.set()
+        assert self.release.wait(WAIT)
+        return self.session.run(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+
+def batch(rows: int, width: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.random.default_rng(seed).integers(5, 200, size=(rows, width), dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[0, width // 2 :] = 0  # one padded row: the overlap session must mask as the main one does
+    return ids, mask
+
+
+def engine(entry: Path, overlap_threads: int | None) -> OnnxEngine:
+    return OnnxEngine(
+        entry / "model.onnx", max_seq_len=160, vocab_size=256, device="cpu", intra_op_threads=2,
+        overlap_threads=overlap_threads,
+    )  # fmt: skip
+
+
+def test_a_batch_that_starts_while_another_computes_runs_on_the_overlap_session(tiny_entry: Path) -> None:
+    eng = engine(tiny_entry, overlap_threads=1)
+    assert eng.overlap_session is not None
+    first, second = batch(3, 12, seed=1), batch(2, 9, seed=2)
+    alone = eng.run(*second)  # nothing else computing: the main session
+    assert eng.overlapped_runs == 0
+
+    held = Held(eng.session)
+    eng.session = held
+    results: dict[str, np.ndarray] = {}
+    computing = threading.Thread(target=lambda: results.update(first=eng.run(*first)))
+    computing.start()
+    assert held.entered.wait(WAIT)
+    results["second"] = eng.run(*second)  # starts while the first computes
+    assert eng.overlapped_runs == 1 and held.runs == 1
+    held.release.set()
+    computing.join(WAIT)
+
+    np.testing.assert_allclose(results["second"], alone, rtol=1e-5, atol=1e-6)
+    assert results["first"].shape == (3, alone.shape[1])
+    eng.session = held.session
+    eng.run(*second)  # alone again: back on the main session
+    assert eng.overlapped_runs == 1
+
+
+def test_without_an_overlap_session_every_batch_runs_on_the_main_one(tiny_entry: Path) -> None:
+    eng = engine(tiny_entry, overlap_threads=None)
+    assert eng.overlap_session is None
+    held = Held(eng.session)
+    eng.session = held
+    held.release.set()
+    eng.run(*batch(2, 8, seed=3))
+    assert held.runs == 1 and eng.overlapped_runs == 0
+
+
+@pytest.mark.parametrize("overlap_threads", [None, 1])
+def test_warm_up_plans_both_sessions(tiny_entry: Path, overlap_threads: int | None) -> None:
+    eng = engine(tiny_entry, overlap_threads=overlap_threads)
+    sessions = [Held(eng.session)] + ([Held(eng.overlap_session)] if eng.overlap_session is not None else [])
+    for held in sessions:
+        held.release.set()
+    eng.session = sessions[0]
+    if overlap_threads:
+        eng.overlap_session = sessions[1]
+    runs = warm_up(eng, max_seq_len=160, max_batch_tokens=640)
+    shapes = len([1, 2, 4, 8, 16, 32, 64, 128, 160]) + 1  # one row per length, then the widest batch
+    assert [held.runs for held in sessions] == [shapes] * len(sessions)
+    assert runs == shapes * len(sessions)
