@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +79,7 @@ class Batcher:
         self._closed = False
         self._n_workers = workers
         self._workers: list[asyncio.Task[None]] = []
+        self._computing = 0  # sequences in the batches being computed
         self.watchdog = Watchdog(inference_timeout, on_stall, on_recover)
         # As many threads as workers, and the engine's intra-op threads sized to match (the server does both):
         # more concurrent runs than that only fight over the same cores. Several models share the server's
@@ -245,12 +247,25 @@ class Batcher:
             except TimeoutError:
                 return
 
+    def max_rows(self) -> int | None:
+        """The most sequences the next batch may take: with several workers, its share of every sequence in
+        the batcher, waiting or computing; None (the budget decides) with one.
+
+        Without it, two workers split the clients of a closed loop unevenly and keep them so: a worker free
+        when 30 of 32 requests wait takes all 30; the other computes the 2 left, and then the 2 that come
+        back, over and over, at a fraction of the first's latency. Under 32 clients on 128-token inputs
+        that made p50 86 ms and p99 1.3 s. Capped, the first takes 16 and the other the rest.
+        """
+        if self._n_workers == 1:
+            return None
+        return max(1, math.ceil((self._depth + self._computing) / self._n_workers))
+
     async def _run(self) -> None:
         """One worker. With several, each takes the next batch as soon as it is free: what arrived while the
         others compute starts at once instead of waiting for them, as a smaller batch on fewer cores."""
         while True:
             await self._wait_for_batch()
-            batch = self._policy.take(self.limits.max_batch_tokens, self._live)
+            batch = self._policy.take(self.limits.max_batch_tokens, self._live, self.max_rows())
             # A deadline found passed while the window grew may have failed a job with a sequence already in it.
             batch = [s for s in batch if not s.job.future.done()]
             if batch:
@@ -271,6 +286,13 @@ class Batcher:
                 self.metrics.queue_wait.observe(now - job.enqueued)
         self._depth -= len(batch)
         self.metrics.queue_depth.set(self.depth)
+        self._computing += len(batch)
+        try:
+            await self._compute(batch, jobs)
+        finally:
+            self._computing -= len(batch)
+
+    async def _compute(self, batch: list[Seq], jobs: dict[int, Job]) -> None:
         run = asyncio.wrap_future(self._executor.submit(self._infer, batch))
         request_ids = ", ".join(sorted({j.request_id for j in jobs.values() if j.request_id}))
 

@@ -26,7 +26,7 @@ class Policy(Protocol):
 
     def oldest(self, live: Live) -> Seq | None: ...
 
-    def take(self, budget: int, live: Live) -> list[Seq]: ...
+    def take(self, budget: int, live: Live, max_rows: int | None = None) -> list[Seq]: ...
 
     def clear(self) -> None: ...
 
@@ -46,9 +46,9 @@ class ArrivalOrder:
             q.popleft()
         return q[0] if q else None
 
-    def take(self, budget: int, live: Live) -> list[Seq]:
+    def take(self, budget: int, live: Live, max_rows: int | None = None) -> list[Seq]:
         q, batch, longest = self._queue, list[Seq](), 0
-        while q:
+        while q and (max_rows is None or len(batch) < max_rows):
             s = q[0]
             if not live(s):
                 q.popleft()
@@ -98,7 +98,7 @@ class LengthAware:
         padded = rows * width
         return padded <= budget and padded - real <= self.max_padding * padded
 
-    def take(self, budget: int, live: Live) -> list[Seq]:
+    def take(self, budget: int, live: Live, max_rows: int | None = None) -> list[Seq]:
         anchor = self.oldest(live)
         if anchor is None:
             self._sorted.clear()  # only dead entries can be left
@@ -114,6 +114,8 @@ class LengthAware:
             while right < len(srt) and not live(srt[right]):
                 right += 1
             rows = len(batch) + 1
+            if max_rows is not None and rows > max_rows:
+                break
             # Sorted by length: a left neighbour never widens the batch, a right one may.
             fit_left = left >= 0 and self._fits(rows, longest, real + srt[left].length, budget)
             fit_right = right < len(srt) and self._fits(rows, srt[right].length, real + srt[right].length, budget)

@@ -327,3 +327,53 @@ def test_with_two_workers_stalled_holds_until_the_last_overrunning_batch_returns
     finally:
         for gate in engine.gates.values():
             gate.set()
+
+
+def test_with_two_workers_a_batch_takes_its_share_not_everything_waiting() -> None:
+    """One worker holds a batch of 1 while 31 requests arrive: the free worker takes 16 of them (its half of
+    the 32 in the batcher), not all 31, so that under a closed loop both workers keep even shares of the
+    clients; what it leaves is taken next, nothing waits for the held batch."""
+    engine = ScriptedEngine(hang_on=99)
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0, max_batch_tokens=10_000), workers=2)
+        assert b.max_rows() == 1  # an empty batcher: a lone request is a batch of one
+        b.start()
+        held = asyncio.ensure_future(b.submit([seq(99)]))
+        await asyncio.to_thread(engine.hanging.wait, WAIT)
+        rest = [asyncio.ensure_future(b.submit([seq(5, 5)])) for _ in range(31)]
+        assert all(r.shape == (1, 4) for r in await asyncio.gather(*rest))
+        assert not held.done()
+        engine.release.set()
+        await held
+        await b.close()
+
+    try:
+        run(main())
+    finally:
+        engine.release.set()
+    sizes = [len(batch) for batch in engine.batches]
+    assert sizes[0] == 1 and sizes[1] == 16, sizes
+    assert sum(sizes[1:]) == 31 and max(sizes[2:]) <= 8, sizes
+
+
+def test_one_worker_takes_everything_the_budget_allows() -> None:
+    assert Batcher(ScriptedEngine(), limits=limits()).max_rows() is None
+
+
+@pytest.mark.parametrize("batching", ["length", "arrival"])
+def test_a_policy_stops_at_max_rows_and_keeps_the_oldest(batching: str) -> None:
+    from mhaserve.service.batching.policies import make_policy
+    from mhaserve.service.batching.queue import Job, Seq
+
+    async def main() -> list[list[int]]:
+        policy = make_policy(batching, 1.0)  # type: ignore[arg-type]
+        job = Job(asyncio.get_running_loop().create_future(), 10, None, "")
+        policy.push([Seq(job, i, seq(*[i] * (3 + i % 2)), i) for i in range(10)])
+        taken = [policy.take(10_000, lambda s: not s.taken, max_rows=4) for _ in range(3)]
+        return [[int(s.ids[0]) for s in batch] for batch in taken]
+
+    batches = run(main())
+    assert [len(b) for b in batches] == [4, 4, 2]
+    assert [b[0] for b in batches] == ([0, 1, 8] if batching == "length" else [0, 4, 8])  # the oldest leads each
+    assert sorted(i for b in batches for i in b) == list(range(10))
