@@ -16,8 +16,9 @@ What Infinity's batch worker got wrong, and what this one does instead:
 - a request takes its queue slots before it is tokenised (`admit`), so past the limit it is refused at
   once, before any costly work, and inputs waiting to be tokenised count against the limit too;
 - inference runs on worker threads (ONNX Runtime releases the GIL), never on the event loop: one by
-  default, each batch with every core; `workers` > 1 runs that many batches at once, each on its own
-  share of the cores (see Settings.inference_workers for when that pays);
+  default, each batch with every core; `workers` > 1 runs that many batches at once (the engine gives a
+  batch that overlaps another its share of the cores: OnnxEngine.run), each taking at most its share
+  of the sequences in the batcher (max_rows), so that the workers keep even shares of the clients;
 - a watchdog bounds each batch (`inference_timeout`, watchdog.py).
 
 The policies are in policies.py, what waits in the queue in queue.py, padding in padding.py.
