@@ -10,12 +10,11 @@ import pytest
 from mhaserve.loadtest.bench.client import Server
 
 
-@pytest.fixture(scope="module")
-def tiny_server(tiny_entry: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    server = Server(
-        tiny_entry.parent.parent,
-        models=["tiny"],
+def bench_server(entry: Path, log: Path, models: list[str] | None = None) -> Server:
+    """The bench's server subprocess (not started) on a tiny model entry's repository."""
+    return Server(
+        entry.parent.parent,
+        models=models or ["tiny"],
         batching="length",
         graph="auto",
         device="cpu",
@@ -23,5 +22,10 @@ def tiny_server(tiny_entry: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         extra=[],
         log_path=log,
     )
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_entry: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = bench_server(tiny_entry, tmp_path_factory.mktemp("server") / "server.log")
     with server.running():
         yield server

@@ -11,22 +11,10 @@ import grpc
 import pytest
 
 from mhaserve.loadtest.bench import client
-from mhaserve.loadtest.bench.client import BenchError, Server
+from mhaserve.loadtest.bench.client import BenchError
 from mhaserve.testing.loopback import free_ports
 from mhaserve.testing.server import health_status
-
-
-def tiny_server(entry: Path, log: Path, models: list[str] | None = None) -> Server:
-    return Server(
-        entry.parent.parent,
-        models=models or ["tiny"],
-        batching="length",
-        graph="auto",
-        device="cpu",
-        threads=1,
-        extra=[],
-        log_path=log,
-    )
+from tests.loadtest.conftest import bench_server
 
 
 @pytest.fixture
@@ -58,7 +46,7 @@ def test_a_port_taken_before_the_server_binds_it_is_replaced(
         return ports
 
     monkeypatch.setattr(client, "free_ports", first_one_taken)
-    server = tiny_server(tiny_entry, tmp_path / "server.log")
+    server = bench_server(tiny_entry, tmp_path / "server.log")
     with server.running() as info:
         assert info.name == "tiny"
         assert len(choices) == 2 and port not in choices[1]
@@ -75,7 +63,7 @@ def test_a_port_taken_every_time_gives_up(
 ) -> None:
     port = taken.getsockname()[1]
     monkeypatch.setattr(client, "free_ports", lambda n: [port, *free_ports(n - 1)])
-    server = tiny_server(tiny_entry, tmp_path / "server.log")
+    server = bench_server(tiny_entry, tmp_path / "server.log")
     with pytest.raises(BenchError, match="a port was taken 3 times in a row") as failure:
         server.start(attempts=3)
     server.stop()
@@ -84,7 +72,7 @@ def test_a_port_taken_every_time_gives_up(
 
 
 def test_any_other_failure_to_start_is_an_error_with_the_servers_last_lines(tiny_entry: Path, tmp_path: Path) -> None:
-    server = tiny_server(tiny_entry, tmp_path / "server.log", models=["no-such-model"])
+    server = bench_server(tiny_entry, tmp_path / "server.log", models=["no-such-model"])
     with pytest.raises(BenchError, match="the server exited with status 1") as failure, server.running():
         pass
     assert "no-such-model" in str(failure.value)  # the server's reason, not only where its log is
