@@ -111,10 +111,10 @@ class Server:
             except _PortTaken:
                 if attempt == attempts:
                     raise BenchError(f"a port was taken {attempts} times in a row:\n{self.log_tail()}") from None
-                taken = self.args
+                tried = f"gRPC {self.port}, metrics {self.metrics_port}, HTTP {self.http_port}"
                 self._choose_ports()
                 with self.log_path.open("a") as log:  # the log keeps every attempt
-                    log.write(f"[bench] a port was in use ({' '.join(taken[-6:])}): starting again on new ports\n")
+                    log.write(f"[bench] a port was in use ({tried}): starting again on new ports\n")
         raise AssertionError("unreachable")
 
     def _start_once(self, timeout: float) -> pb.GetModelInfoResponse:

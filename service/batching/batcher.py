@@ -270,7 +270,11 @@ class Batcher:
             # A deadline found passed while the window grew may have failed a job with a sequence already in it.
             batch = [s for s in batch if not s.job.future.done()]
             if batch:
-                await self._execute(batch)
+                self._computing += len(batch)  # _execute moves them out of _depth before its first await
+                try:
+                    await self._execute(batch)
+                finally:
+                    self._computing -= len(batch)
             del batch  # while idle, keep nothing of the last batch's requests alive
 
     async def _execute(self, batch: list[Seq]) -> None:
@@ -287,13 +291,6 @@ class Batcher:
                 self.metrics.queue_wait.observe(now - job.enqueued)
         self._depth -= len(batch)
         self.metrics.queue_depth.set(self.depth)
-        self._computing += len(batch)
-        try:
-            await self._compute(batch, jobs)
-        finally:
-            self._computing -= len(batch)
-
-    async def _compute(self, batch: list[Seq], jobs: dict[int, Job]) -> None:
         run = asyncio.wrap_future(self._executor.submit(self._infer, batch))
         request_ids = ", ".join(sorted({j.request_id for j in jobs.values() if j.request_id}))
 
