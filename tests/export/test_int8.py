@@ -50,6 +50,8 @@ def test_every_product_is_int8_with_reduced_range_per_channel_weights(tiny_entry
     assert "MatMul" not in types and "Attention" not in types  # nothing left in fp32
     # per-row scaling around both feed-forward MatMuls: X / r before, * r after; after the GELU, no Abs
     assert types["ReduceMax"] == types["Div"] - 1 == 2 * L and types["Abs"] == L  # (one Div is the mean's)
+    # the layer norms in plain operators (ONNX Runtime's CPU kernel for them is the slow one)
+    assert "SkipLayerNormalization" not in types and types["Reciprocal"] == types["Sqrt"] == 2 * L
     weights = _initializers(tiny_entry / "model.int8.onnx")
     quantised = [w for name, w in weights.items() if name.endswith("_quantized")]
     assert len(quantised) == 4 * L
@@ -61,7 +63,30 @@ def test_every_product_is_int8_with_reduced_range_per_channel_weights(tiny_entry
     how = read_manifest(tiny_entry).graphs["int8"].parity["quantization"]
     assert sorted(how["int8"]) == sorted(f"{i}.{r}" for i in range(L) for r in quantize.ROLES)
     assert sorted(how["row_scaled"]) == sorted(f"{i}.{r}" for i in range(L) for r in ("ffn_up", "ffn_down"))
-    assert how["plan"]["reduce_range"] and how["fp32"] == []
+    assert how["plan"]["reduce_range"] and how["fp32"] == [] and how["plain_layer_norms"] == 2 * L
+
+
+def test_plain_layer_norms_compute_what_the_fused_kernel_does(tiny_entry: Path, tmp_path: Path) -> None:
+    """Every product kept fp32 and no row scaling: the only change is the layer norms, so the graph must
+    match the fused graph to fp32 rounding, on padded batches too."""
+    fused = tiny_entry / "model.optimized.onnx"
+    plain = tmp_path / "plain.onnx"
+    how = quantize.quantize(fused, plain, quantize.Int8Plan(row_scaled=(), keep_fp32=("*",)))
+    assert how.plain_layer_norms == 2 * L and how.int8 == []
+    types = Counter(n.op_type for n in onnx.load(str(plain)).graph.node)
+    assert "SkipLayerNormalization" not in types and types["ReduceMean"] == 4 * L
+    rng = np.random.default_rng(0)
+    for batch, seq in ((1, 5), (3, 17), (4, TINY["max_seq_len"])):
+        ids = rng.integers(1, TINY["vocab_size"], size=(batch, seq))
+        mask = np.ones_like(ids)
+        mask[0, seq // 2 :] = 0  # a padded row
+        want = _engine(fused).run(ids, mask)
+        np.testing.assert_allclose(_engine(plain).run(ids, mask), want, atol=1e-5)
+    kept = quantize.quantize(fused, tmp_path / "kept.onnx", quantize.Int8Plan(keep_fp32=("*",), plain_layer_norm=False))
+    assert kept.plain_layer_norms == 0
+    assert (
+        Counter(n.op_type for n in onnx.load(str(tmp_path / "kept.onnx")).graph.node)["SkipLayerNormalization"] == 2 * L
+    )
 
 
 def test_a_plan_keeps_products_in_fp32(tiny_entry: Path, tmp_path: Path) -> None:
