@@ -11,13 +11,13 @@ Per-row scaling keeps ONNX Runtime's fast kernel and gives each token its own ra
     Y = MatMul(X / r, W) * r,    r = max |X| over each row (each token),
 
 which is the same product in fp32, and under per-tensor quantisation makes every row span the full int8
-range. It costs four cheap elementwise nodes before the product and one after. `Int8Plan` chooses which
+range. It costs five cheap elementwise nodes before the product and one after. `Int8Plan` chooses which
 products get it and which stay in fp32 (mixed precision); docs/benchmarks.md has the measurements behind the
 default.
 
 The layer norms are written out as plain operators. ONNX Runtime's CPU kernel for (Skip)LayerNormalization
 (1.31) ran 2-3x slower than the same arithmetic in eleven elementwise and reduction nodes, and the rewrite made
-the whole int8 graph 4-12 % faster (docs/benchmarks.md, "int8 on a CPU with VNNI"). Only this graph gets it:
+the whole int8 graph 4-19 % faster (docs/benchmarks.md, "int8 on a CPU with VNNI"). Only this graph gets it:
 it runs only on CPUs, while the fused fp32 graph is served on CUDA too, where the fused kernel is the fast one.
 """
 
@@ -130,27 +130,35 @@ _GELU_FLOOR = 0.17
 
 
 def _row_scale(graph: ir.Graph, product: Product, constants: dict[str, ir.Value]) -> None:
-    """Replace `X @ W` by `(X / r) @ W * r`, r the row-wise max |X|, floored against an all-zero row.
+    """Replace `X @ W` by `(X * (1 / r)) @ W * r`, r the row-wise max |X|, floored against an all-zero row.
 
     After a GELU, r = max(max X, 0.17) bounds |X| as well and saves a pass over the widest activation.
+    The reciprocal is of one value per row; a Mul over the row is cheaper than a Div (1-5 % of the int8
+    graph's time on a VNNI CPU, most in batches; docs/benchmarks.md, "int8 on a CPU with VNNI").
     """
     old = product.node
     x, w = old.inputs[0], old.inputs[1]
     stem = f"rowscale_{product.layer}_{product.role}"
 
-    def node(op: str, inputs: list[ir.Value | None], **attrs: int) -> ir.Node:
+    def node(op: str, inputs: list[ir.Value | None], tag: str = "", **attrs: int) -> ir.Node:
         return ir.Node(
-            "", op, inputs, [ir.AttrInt64(k, v) for k, v in attrs.items()], name=f"{stem}_{op}", num_outputs=1
+            "",
+            op,
+            inputs,
+            [ir.AttrInt64(k, v) for k, v in attrs.items()],
+            name=f"{stem}_{op}{tag}",
+            num_outputs=1,
         )
 
     after_gelu = product.role == "ffn_down"
     nodes = [] if after_gelu else [node("Abs", [x])]
     rmax = node("ReduceMax", [nodes[0].outputs[0] if nodes else x, constants["axes"]], keepdims=1)
     r = node("Max", [rmax.outputs[0], constants["gelu_floor" if after_gelu else "eps"]])
-    xn = node("Div", [x, r.outputs[0]])
+    inv_r = node("Reciprocal", [r.outputs[0]])
+    xn = node("Mul", [x, inv_r.outputs[0]], tag="_in")
     matmul = ir.Node("", "MatMul", [xn.outputs[0], w], name=old.name, num_outputs=1)
-    y = node("Mul", [matmul.outputs[0], r.outputs[0]])
-    nodes += [rmax, r, xn, matmul, y]
+    y = node("Mul", [matmul.outputs[0], r.outputs[0]], tag="_out")
+    nodes += [rmax, r, inv_r, xn, matmul, y]
     for n in nodes:
         n.outputs[0].name = n.name if n is not matmul else f"{stem}_product"
     y.outputs[0].type, y.outputs[0].shape = old.outputs[0].type, old.outputs[0].shape

@@ -48,10 +48,12 @@ def test_every_product_is_int8_with_reduced_range_per_channel_weights(tiny_entry
     types = Counter(n.op_type for n in g.graph.node)
     assert types["QAttention"] == L and types["MatMulInteger"] == 3 * L
     assert "MatMul" not in types and "Attention" not in types  # nothing left in fp32
-    # per-row scaling around both feed-forward MatMuls: X / r before, * r after; after the GELU, no Abs
-    assert types["ReduceMax"] == types["Div"] - 1 == 2 * L and types["Abs"] == L  # (one Div is the mean's)
+    # per-row scaling around both feed-forward MatMuls: X * (1 / r) before, * r after; after the GELU, no Abs
+    assert types["ReduceMax"] == types["Max"] == 2 * L and types["Abs"] == L
+    assert types["Div"] == 1  # the mean pooling's; the row scaling divides nothing
     # the layer norms in plain operators (ONNX Runtime's CPU kernel for them is the slow one)
-    assert "SkipLayerNormalization" not in types and types["Reciprocal"] == types["Sqrt"] == 2 * L
+    assert "SkipLayerNormalization" not in types and types["Sqrt"] == 2 * L
+    assert types["Reciprocal"] == 2 * L + 2 * L  # one per layer norm, one per row-scaled product
     weights = _initializers(tiny_entry / "model.int8.onnx")
     quantised = [w for name, w in weights.items() if name.endswith("_quantized")]
     assert len(quantised) == 4 * L
