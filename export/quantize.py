@@ -129,41 +129,45 @@ def products(graph: ir.Graph) -> list[Product]:
 _GELU_FLOOR = 0.17
 
 
+class _Nodes:
+    """The standard-domain nodes of one rewrite, in the order they are made, named `<stem>_<n>_<op>`."""
+
+    def __init__(self, stem: str) -> None:
+        self.stem = stem
+        self.made: list[ir.Node] = []
+
+    def add(self, node: ir.Node) -> ir.Value:
+        self.made.append(node)
+        return node.outputs[0]
+
+    def op(self, op_type: str, inputs: list[ir.Value | None], **attrs: int) -> ir.Value:
+        name = f"{self.stem}_{len(self.made)}_{op_type}"
+        node = ir.Node("", op_type, inputs, [ir.AttrInt64(k, v) for k, v in attrs.items()], name=name, num_outputs=1)
+        node.outputs[0].name = name
+        return self.add(node)
+
+
 def _row_scale(graph: ir.Graph, product: Product, constants: dict[str, ir.Value]) -> None:
     """Replace `X @ W` by `(X * (1 / r)) @ W * r`, r the row-wise max |X|, floored against an all-zero row.
 
     After a GELU, r = max(max X, 0.17) bounds |X| as well and saves a pass over the widest activation.
-    The reciprocal is of one value per row; a Mul over the row is cheaper than a Div (1-5 % of the int8
-    graph's time on a VNNI CPU, most in batches; docs/benchmarks.md, "int8 on a CPU with VNNI").
+    The reciprocal is of one value per row, and a Mul over the row does less than a Div (docs/benchmarks.md,
+    "int8 on a CPU with VNNI": within the noise there, kept for that).
     """
     old = product.node
     x, w = old.inputs[0], old.inputs[1]
     stem = f"rowscale_{product.layer}_{product.role}"
-
-    def node(op: str, inputs: list[ir.Value | None], tag: str = "", **attrs: int) -> ir.Node:
-        return ir.Node(
-            "",
-            op,
-            inputs,
-            [ir.AttrInt64(k, v) for k, v in attrs.items()],
-            name=f"{stem}_{op}{tag}",
-            num_outputs=1,
-        )
-
+    nodes = _Nodes(stem)
     after_gelu = product.role == "ffn_down"
-    nodes = [] if after_gelu else [node("Abs", [x])]
-    rmax = node("ReduceMax", [nodes[0].outputs[0] if nodes else x, constants["axes"]], keepdims=1)
-    r = node("Max", [rmax.outputs[0], constants["gelu_floor" if after_gelu else "eps"]])
-    inv_r = node("Reciprocal", [r.outputs[0]])
-    xn = node("Mul", [x, inv_r.outputs[0]], tag="_in")
-    matmul = ir.Node("", "MatMul", [xn.outputs[0], w], name=old.name, num_outputs=1)
-    y = node("Mul", [matmul.outputs[0], r.outputs[0]], tag="_out")
-    nodes += [rmax, r, inv_r, xn, matmul, y]
-    for n in nodes:
-        n.outputs[0].name = n.name if n is not matmul else f"{stem}_product"
-    y.outputs[0].type, y.outputs[0].shape = old.outputs[0].type, old.outputs[0].shape
-    graph.insert_before(old, nodes)
-    old.outputs[0].replace_all_uses_with(y.outputs[0])
+    rmax = nodes.op("ReduceMax", [x if after_gelu else nodes.op("Abs", [x]), constants["axes"]], keepdims=1)
+    r = nodes.op("Max", [rmax, constants["gelu_floor" if after_gelu else "eps"]])
+    xn = nodes.op("Mul", [x, nodes.op("Reciprocal", [r])])
+    matmul = ir.Node("", "MatMul", [xn, w], name=old.name, num_outputs=1)
+    matmul.outputs[0].name = f"{stem}_product"
+    y = nodes.op("Mul", [nodes.add(matmul), r])
+    y.type, y.shape = old.outputs[0].type, old.outputs[0].shape
+    graph.insert_before(old, nodes.made)
+    old.outputs[0].replace_all_uses_with(y)
     graph.remove(old, safe=True)
     product.node = matmul
 
@@ -186,20 +190,8 @@ def _plain_layer_norm(graph: ir.Graph, sln: ir.Node, index: int, axes: ir.Value)
     graph.register_initializer(eps)
     x, skip, gamma, beta = sln.inputs[:4]
     bias = sln.inputs[4] if len(sln.inputs) > 4 else None
-    nodes: list[ir.Node] = []
-
-    def op(op_type: str, inputs: list[ir.Value | None], **attrs: int) -> ir.Value:
-        node = ir.Node(
-            "",
-            op_type,
-            inputs,
-            [ir.AttrInt64(k, v) for k, v in attrs.items()],
-            name=f"{stem}_{len(nodes)}_{op_type}",
-            num_outputs=1,
-        )
-        node.outputs[0].name = node.name
-        nodes.append(node)
-        return node.outputs[0]
+    nodes = _Nodes(stem)
+    op = nodes.op
 
     s = op("Add", [x, skip])
     if bias is not None:
@@ -210,7 +202,7 @@ def _plain_layer_norm(graph: ir.Graph, sln: ir.Node, index: int, axes: ir.Value)
     y = op("Add", [op("Mul", [op("Mul", [d, inv_std]), gamma]), beta])
     out = sln.outputs[0]
     y.type, y.shape = out.type, out.shape
-    graph.insert_before(sln, nodes)
+    graph.insert_before(sln, nodes.made)
     out.replace_all_uses_with(y)
     # outputs 1-2 (mean, inverse std) are for training; output 3 is the sum, which the next layer may take
     if len(sln.outputs) > 3:
