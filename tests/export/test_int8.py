@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
@@ -84,6 +85,12 @@ def test_plain_layer_norms_compute_what_the_fused_kernel_does(tiny_entry: Path, 
         mask[0, seq // 2 :] = 0  # a padded row
         want = _engine(fused).run(ids, mask)
         np.testing.assert_allclose(_engine(plain).run(ids, mask), want, atol=1e-5)
+    # the point of the rewrite: ONNX Runtime's session must not fuse the pattern back into its slow kernel
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "as_loaded.onnx")
+    ort.InferenceSession(str(tiny_entry / "model.int8.onnx"), opts, providers=["CPUExecutionProvider"])
+    loaded = Counter(n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node)
+    assert not {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization"} & set(loaded)
     kept = quantize.quantize(fused, tmp_path / "kept.onnx", quantize.Int8Plan(keep_fp32=("*",), plain_layer_norm=False))
     assert kept.plain_layer_norms == 0
     assert (
