@@ -79,12 +79,13 @@ def test_plain_layer_norms_compute_what_the_fused_kernel_does(tiny_entry: Path, 
     types = Counter(n.op_type for n in onnx.load(str(plain)).graph.node)
     assert "SkipLayerNormalization" not in types and types["ReduceMean"] == 4 * L
     rng = np.random.default_rng(0)
+    fused_engine, plain_engine = _engine(fused), _engine(plain)
     for batch, seq in ((1, 5), (3, 17), (4, TINY["max_seq_len"])):
         ids = rng.integers(1, TINY["vocab_size"], size=(batch, seq))
         mask = np.ones_like(ids)
         mask[0, seq // 2 :] = 0  # a padded row
-        want = _engine(fused).run(ids, mask)
-        np.testing.assert_allclose(_engine(plain).run(ids, mask), want, atol=1e-5)
+        want = fused_engine.run(ids, mask)
+        np.testing.assert_allclose(plain_engine.run(ids, mask), want, atol=1e-5)
     # the point of the rewrite: ONNX Runtime's session must not fuse the pattern back into its slow kernel
     opts = ort.SessionOptions()
     opts.optimized_model_filepath = str(tmp_path / "as_loaded.onnx")
