@@ -78,9 +78,9 @@ def _intra_op_threads(settings: Settings) -> tuple[int | None, int | None]:
     computes (None: no second session). --intra-op-threads fixes both; otherwise a lone batch gets every core
     and, with several inference workers, an overlapping one its worker's share (more threads than cores
     would only preempt each other)."""
-    if settings.intra_op_threads or settings.inference_workers == 1:
+    if settings.intra_op_threads or settings.workers == 1:
         return settings.intra_op_threads, None
-    return None, max(1, (os.cpu_count() or 1) // settings.inference_workers)
+    return None, max(1, (os.cpu_count() or 1) // settings.workers)
 
 
 def _threads_in_words(settings: Settings) -> str:
@@ -123,7 +123,7 @@ class EncoderServer:
         )
         # The inference threads every model's batches take turns on (see Batcher's executor), and the
         # tokeniser threads every model shares.
-        self._inference = named_pool("inference", settings.inference_workers)
+        self._inference = named_pool("inference", settings.workers)
         self._tokenize = named_pool("tokenize", 2)
         self._stalls = 0
         self._loading: asyncio.Task[None] | None = None
@@ -296,14 +296,15 @@ class EncoderServer:
             self.manager.start_polling(s.repository_poll_s)
         log.info(
             "serving %s (requests that name no model get %s); batching %s, model control %s, "
-            "%d inference worker(s), ONNX Runtime intra-op threads per batch: %s",
+            "%d inference worker(s)%s, ONNX Runtime intra-op threads per batch: %s",
             ", ".join(
                 f"{n} version {', '.join(map(str, self.dataplane.versions(n)))}" for n in self.dataplane.model_names()
             ),
             self.dataplane.default_model,
             s.batching,
             s.model_control,
-            s.inference_workers,
+            s.workers,
+            "" if s.inference_workers else f" (auto, for the {s.graph} graph)",
             _threads_in_words(s),
         )
         if self.state == "loading":
@@ -324,7 +325,7 @@ class EncoderServer:
             inference_timeout=s.inference_timeout,
             on_stall=self._stalled,
             on_recover=self._recovered,
-            workers=s.inference_workers,
+            workers=s.workers,
         )
         return Pipeline(model, batcher, limits, metrics, auto_truncate=s.auto_truncate, tokenize_pool=self._tokenize)
 

@@ -82,7 +82,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             "threads": opt["threads"],
             "device": opt["device"],
             "server_args": list(opt["server_arg"]),
-            "server_threads": options.server_threads(opt["threads"], opt["server_arg"]),
+            # Each graph's server may split its threads differently (--inference-workers auto).
+            "server_threads": "; ".join(
+                f"{g}: {options.server_threads(opt['threads'], opt['server_arg'], graph=g, device=opt['device'])}"
+                for g in graphs
+            ),
             "quick": opt["quick"],
         },
         "workloads": {workload.name: workload.summary()},

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mhaserve.runtime.repository import GRAPHS
+from mhaserve.service.settings import auto_inference_workers
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -281,13 +282,25 @@ def served_batching(
         ) from None
 
 
-def server_threads(threads: int | None, server_args: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+def server_threads(
+    threads: int | None,
+    server_args: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    graph: str = "auto",
+    device: str = "auto",
+) -> str:
     """How the served model's threads were set, for the report: the bench's --threads, else the server's own
-    flags passed through --server-arg, else its environment (which the server inherits from the bench).
-    Decided when the run starts, with the environment the server gets, and recorded in report.json."""
+    flags passed through --server-arg, else its environment (which the server inherits from the bench), else
+    the server's own choice for the graph (`--inference-workers auto`). Decided when the run starts, with the
+    environment the server gets, and recorded in report.json."""
     env = os.environ if env is None else env
     flags = server_flags(server_args)
-    workers = flags.get("--inference-workers", env.get("MHASERVE_INFERENCE_WORKERS", "1"))
+    workers = flags.get("--inference-workers", env.get("MHASERVE_INFERENCE_WORKERS", "auto"))
+    chosen = workers.strip().lower() in ("", "none", "auto")
+    if chosen:
+        graph = flags.get("--graph", graph)  # the bench passes its --graph; one in --server-arg comes after it
+        workers = str(auto_inference_workers(graph, device, os.cpu_count() or 1))
     per_batch = threads or flags.get("--intra-op-threads") or env.get("MHASERVE_INTRA_OP_THREADS")
     split = "" if workers == "1" else f", {workers} inference workers"
     if per_batch:

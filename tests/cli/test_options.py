@@ -98,6 +98,23 @@ def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> No
         build({}, env=env)
 
 
+def test_inference_workers_auto_gives_the_int8_graph_two_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert build({}, env={}).inference_workers is None  # auto, the default
+    assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cpu"}).workers == 2
+    assert build(parse("--graph", "int8", "--device", "cpu", "--inference-workers", "auto"), env={}).workers == 2
+    assert build({}, env={"MHASERVE_GRAPH": "optimized", "MHASERVE_DEVICE": "cpu"}).workers == 1
+    assert build({}, env={"MHASERVE_DEVICE": "cpu"}).workers == 1  # graph auto never picks int8
+    # CUDA runs batches on one session; a given number wins; one core has nothing to split
+    assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cuda"}).workers == 1
+    assert build(parse("--graph", "int8", "--device", "cpu", "--inference-workers", "1"), env={}).workers == 1
+    assert build({}, env={"MHASERVE_DEVICE": "cpu", "MHASERVE_INFERENCE_WORKERS": "3"}).workers == 3
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cpu"}).workers == 1
+    with pytest.raises(SettingsError, match="--inference-workers must be > 0"):
+        build({}, env={"MHASERVE_INFERENCE_WORKERS": "0"})
+
+
 def test_client_batch_larger_than_the_queue_is_refused() -> None:
     with pytest.raises(SettingsError, match="could never be queued"):
         Settings(max_queue_size=10, max_client_batch_size=20).limits(on_cuda=False)

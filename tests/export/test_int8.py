@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -182,6 +183,10 @@ def test_serve_graph_int8(tiny_entry: Path) -> None:
     texts = ["a short one", "Ok.", "a somewhat longer sentence about quantisation " * 3]
     srv = ServerThread(Settings(repository=repo, port=0, metrics_port=0, device="cpu", graph="int8")).ready()
     try:
+        # --inference-workers auto: two for int8 on a CPU of two cores or more, the second on its own session
+        engine = srv.server.dataplane.pipelines()[0].model.engine
+        assert isinstance(engine, OnnxEngine)
+        assert (engine.overlap_session is not None) == ((os.cpu_count() or 1) >= 2)
         with srv.channel() as channel:
             stub = pb_grpc.EncoderServiceStub(channel)
             info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT)

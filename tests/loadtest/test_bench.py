@@ -185,7 +185,7 @@ def test_command_line_reproduces_the_options() -> None:
             p.parse_args(bad)
 
 
-def test_report_says_how_the_server_split_its_threads() -> None:
+def test_report_says_how_the_server_split_its_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     # The "Threads" line once said "all cores" for a server run with --inference-workers=2, whose
     # workers each had half of them.
     from mhaserve.loadtest.bench.options import server_threads
@@ -199,3 +199,11 @@ def test_report_says_how_the_server_split_its_threads() -> None:
     assert server_threads(None, [], env={"MHASERVE_INFERENCE_WORKERS": "3"}).startswith("the cores split between 3")
     assert server_threads(None, two, env={"MHASERVE_INFERENCE_WORKERS": "3"}).startswith("the cores split between 2")
     assert server_threads(None, [], env={"MHASERVE_INTRA_OP_THREADS": "1"}) == "1 per batch"
+    # Unset, the server picks its workers for the graph (--inference-workers auto): two for int8 on a CPU.
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert server_threads(None, [], env={}, graph="int8", device="cpu").startswith("the cores split between 2")
+    assert server_threads(None, ["--graph=int8"], env={}, device="cpu").startswith("the cores split between 2")
+    assert server_threads(None, [], env={}, graph="optimized", device="cpu") == "all cores (server default)"
+    assert server_threads(None, [], env={"MHASERVE_INFERENCE_WORKERS": "1"}, graph="int8", device="cpu") == (
+        "all cores (server default)"
+    )
