@@ -115,6 +115,28 @@ def _session_options(intra_op_threads: int | None, inter_op_threads: int, *, sha
     return opts
 
 
+class Runs:
+    """Engine runs in progress, counted over every engine that shares this: with several models served, a
+    batch of one overlaps a batch of another as much as one of its own, and must take its share of the
+    cores, not all of them (two sessions with every core each would preempt each other)."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def counted(self) -> Iterator[int]:
+        """Count a run for as long as it lasts; yields how many others were in progress when it began."""
+        with self._lock:
+            others = self._n
+            self._n += 1
+        try:
+            yield others
+        finally:
+            with self._lock:
+                self._n -= 1
+
+
 class OnnxEngine:
     """An ONNX Runtime session on CUDA (with IO binding) or the CPU, with its inputs checked."""
 
@@ -129,9 +151,11 @@ class OnnxEngine:
         inter_op_threads: int = 1,
         pooling: str = "mean",
         overlap_threads: int | None = None,
+        runs: Runs | None = None,
     ) -> None:
         """`overlap_threads`: on the CPU, a second session of the same graph with this many threads, for a batch
-        that starts while another computes (see `run`); None: every batch on the one session."""
+        that starts while another computes (see `run`); None: every batch on the one session. `runs`: where the
+        runs in progress are counted, shared by the engines of one server (None: this engine's own)."""
         import onnxruntime as ort
 
         self.graph = graph
@@ -166,8 +190,7 @@ class OnnxEngine:
                 providers=[CPU],
             )
         got = self.session.get_providers()
-        self._computing = 0  # runs in progress, over both sessions
-        self._computing_lock = threading.Lock()
+        self._runs = runs or Runs()  # runs in progress, over both sessions (and other engines sharing it)
         self.overlapped_runs = 0  # how many ran on the overlap session (a test and the curious read it)
         # ONNX Runtime falls back to the CPU silently when the CUDA libraries do not load: check.
         self.on_cuda = got[0] == CUDA
@@ -192,15 +215,10 @@ class OnnxEngine:
     @contextlib.contextmanager
     def _counted(self) -> Iterator[bool]:
         """Count this run among those in progress; yields whether it goes to the overlap session."""
-        with self._computing_lock:
-            overlapped = self._computing > 0 and self.overlap_session is not None
-            self._computing += 1
+        with self._runs.counted() as others:
+            overlapped = others > 0 and self.overlap_session is not None
             self.overlapped_runs += overlapped
-        try:
             yield overlapped
-        finally:
-            with self._computing_lock:
-                self._computing -= 1
 
     def run(self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         """Embed a padded batch: (B, d) float32.

@@ -108,11 +108,14 @@ EngineFactory = Callable[[ModelEntry], Engine]
 def onnx_engine(
     device: Device = "auto", intra_op_threads: int | None = None, overlap_threads: int | None = None
 ) -> EngineFactory:
-    """The production engine factory: ONNX Runtime sessions on `device` (see OnnxEngine for `overlap_threads`)."""
+    """The production engine factory: ONNX Runtime sessions on `device` (see OnnxEngine for `overlap_threads`).
+    Its engines count their runs together, so that a batch that starts while another model's computes goes to
+    its overlap session as it would beside one of its own."""
+    from mhaserve.runtime.engine import OnnxEngine, Runs
+
+    runs = Runs()
 
     def make(entry: ModelEntry) -> Engine:
-        from mhaserve.runtime.engine import OnnxEngine
-
         m = entry.manifest
         return OnnxEngine(
             entry.graph_path,
@@ -122,6 +125,7 @@ def onnx_engine(
             intra_op_threads=intra_op_threads,
             pooling=entry.pooling,
             overlap_threads=overlap_threads,
+            runs=runs,
         )
 
     return make

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mhaserve.runtime.engine import OnnxEngine, warm_up
+from mhaserve.runtime.repository import ModelRepository, onnx_engine
 from mhaserve.testing.loopback import WAIT
 
 
@@ -110,3 +111,28 @@ def test_the_two_sessions_share_one_arena_and_a_lone_session_keeps_its_own(tiny_
     two = engine(tiny_entry, overlap_threads=1)
     assert shared(two.session) and shared(two.overlap_session)
     assert not shared(engine(tiny_entry, overlap_threads=None).session)
+
+
+def test_engines_of_one_factory_count_each_others_runs(tiny_entry: Path) -> None:
+    """Two models served together: a batch of one that starts while the other's computes takes the overlap
+    session, as beside a batch of its own (every core for both would preempt each other); engines made
+    apart do not see each other."""
+    repo = ModelRepository(tiny_entry.parent.parent)
+    make = onnx_engine("cpu", intra_op_threads=None, overlap_threads=1)
+    a, b = make(repo.entry("tiny")), make(repo.entry("tiny"))
+    apart = onnx_engine("cpu", intra_op_threads=None, overlap_threads=1)(repo.entry("tiny"))
+    assert isinstance(a, OnnxEngine) and isinstance(b, OnnxEngine) and isinstance(apart, OnnxEngine)
+    held = Held(a.session)
+    a.session = held
+    computing = threading.Thread(target=a.run, args=batch(3, 12, seed=1))
+    computing.start()
+    try:
+        assert held.entered.wait(WAIT)
+        b.run(*batch(2, 9, seed=2))  # starts while a's batch computes
+        apart.run(*batch(2, 9, seed=2))
+    finally:
+        held.release.set()
+        computing.join(WAIT)
+    assert (a.overlapped_runs, b.overlapped_runs, apart.overlapped_runs) == (0, 1, 0)
+    b.run(*batch(2, 9, seed=2))  # alone now
+    assert b.overlapped_runs == 1
