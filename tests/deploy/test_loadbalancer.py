@@ -370,3 +370,67 @@ def test_plain_clients_while_a_replica_drains_with_a_delay(
         assert not load.errors, f"{load.summary()}\n{lb.log()}"
     else:
         assert sum(load.errors.values()) <= 2 * n_clients, load.summary()
+
+
+class LoadingReplica:
+    """A replica as HAProxy can meet one that has just started: its checks have not failed yet, so HAProxy
+    sends it calls (a server leaving DNS maintenance starts UP), and it answers them 503 "still loading",
+    as `mhaserve serve` does before its model is ready. /health says 200 here so that the window stays open
+    for the whole test; calls get the server's own refusal."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, and the status line HAProxy's gRPC check expects
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                self._answer(200, b'{"status":"SERVING"}')
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self._answer(
+                    503, b'{"error":{"message":"the model is still loading; retry when health reports SERVING"}}'
+                )
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http_port = self.server.server_address[1]
+        self.http_address = self.address = f"127.0.0.1:{self.http_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@needs("haproxy")
+def test_haproxy_sends_a_post_refused_while_loading_to_another_replica(
+    replicas: Callable[..., list[Replica]], balancer: Callable[[str, list[Replica]], Balancer]
+) -> None:
+    """`retry-on 503` replays a request only if HAProxy holds all of it; without `option http-buffer-request` it
+    forwards a POST's headers before its body arrives and passes the 503 on (a rolling restart in the
+    container tier once failed a call so). Every call must be answered, some after a retry."""
+    (real,) = replicas(1, http=True)
+    loading = LoadingReplica()
+    try:
+        lb = balancer("haproxy", [loading, real])  # type: ignore[list-item]
+        assert isinstance(lb, HAProxy)
+        load = Load("http", lb.http_address, clients=4)
+        try:
+            load.wait_for_answers(200, 0.0, "calls through the balancer", WAIT)
+        finally:
+            load.stop()
+        assert not load.errors, f"{load.summary()}\n{lb.log()}"
+        assert lb.retries() > 0, "no call went to the loading replica: nothing was tested"
+    finally:
+        loading.stop()
