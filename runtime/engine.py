@@ -108,10 +108,14 @@ def _session_options(intra_op_threads: int | None, inter_op_threads: int, *, sha
     opts.inter_op_num_threads = inter_op_threads
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # ORT's pool threads spin between runs by default, taking the cores the event loop needs to answer
-    # and refuse requests: under a 10x burst on 2 cores, refusals took 1.3 s at p50 with spinning and the
-    # admitted latency left its bound; without it, the same throughput and the bound held.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # The pool threads spin while a run computes and stop as soon as it returns. Spinning inside a run spares
+    # the second thread a wake-up at every operator: one short text ran 1.6 ms sooner (4.6 against 6.2 ms
+    # on 2 cores), and the server's one-client p50 fell by as much. Spinning on between runs, ORT's default,
+    # takes the cores the event loop needs to answer and refuse requests: under a 10x burst on 2 cores,
+    # refusals took 1.3 s at p50 with it; stopped at the end of each run, they take what they took with
+    # spinning off (docs/benchmarks.md, "ONNX Runtime's threads spin during a run only").
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    opts.add_session_config_entry("session.force_spinning_stop", "1")
     return opts
 
 
