@@ -95,7 +95,9 @@ def _register_shared_arena() -> None:
     ort.create_and_register_allocator(memory, ort.OrtArenaCfg(0, -1, -1, -1))
 
 
-def _session_options(intra_op_threads: int | None, inter_op_threads: int, *, shared_arena: bool = False) -> object:
+def _session_options(
+    intra_op_threads: int | None, inter_op_threads: int, *, shared_arena: bool = False, spin: bool = True
+) -> object:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -108,14 +110,19 @@ def _session_options(intra_op_threads: int | None, inter_op_threads: int, *, sha
     opts.inter_op_num_threads = inter_op_threads
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # The pool threads spin while a run computes and stop as soon as it returns. Spinning inside a run spares
-    # the second thread a wake-up at every operator: one short text ran 1.6 ms sooner (4.6 against 6.2 ms
-    # on 2 cores), and the server's one-client p50 fell by as much. Spinning on between runs, ORT's default,
-    # takes the cores the event loop needs to answer and refuse requests: under a 10x burst on 2 cores,
-    # refusals took 1.3 s at p50 with it; stopped at the end of each run, they take what they took with
-    # spinning off (docs/benchmarks.md, "ONNX Runtime's threads spin during a run only").
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    opts.add_session_config_entry("session.force_spinning_stop", "1")
+    # On the CPU the pool threads spin while a run computes and stop as soon as it returns. Spinning inside a
+    # run spares the second thread a wake-up at every operator: one short text ran 1.6 ms sooner (4.6 against
+    # 6.2 ms on 2 cores), and the server's one-client p50 fell by as much. Spinning on between runs, ORT's
+    # default, takes the cores the event loop needs to answer and refuse requests: under a 10x burst on 2
+    # cores, refusals took 1.3 s at p50 with it; stopped at the end of each run, they take what they took
+    # with spinning off (docs/benchmarks.md, "ONNX Runtime's threads spin during a run only"). On CUDA
+    # (`spin` False) the pool has next to nothing to compute and a thread spinning while the GPU works would
+    # only take a core from tokenising; not measured on a GPU, so it stays off there.
+    if spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
+    else:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
 
 
@@ -183,7 +190,7 @@ class OnnxEngine:
         overlap = overlap_threads is not None and not want_cuda
         self.session = ort.InferenceSession(
             str(graph),
-            sess_options=_session_options(intra_op_threads, inter_op_threads, shared_arena=overlap),
+            sess_options=_session_options(intra_op_threads, inter_op_threads, shared_arena=overlap, spin=not want_cuda),
             providers=providers,
         )
         self.overlap_session = None
