@@ -141,10 +141,9 @@ def test_engines_of_one_factory_count_each_others_runs(tiny_entry: Path) -> None
 
 def test_the_pool_threads_spin_only_while_a_batch_computes(tiny_entry: Path) -> None:
     """Spinning inside a run spares the second thread a wake-up at each operator (a short text one at a time
-    ran 1 ms sooner); once the run returns the pool must stop, or the thread that spins on takes the core
-    the event loop needs to answer and refuse requests. ONNX Runtime's default spins on for about a million
-    pauses after each run: 10 runs with 50 ms pauses between them would burn their pause time many times
-    over what this allows."""
+    ran 1.0-1.6 ms sooner); once the run returns the pool must stop, or the thread that spins on takes the
+    core the event loop needs to answer and refuse requests. With ONNX Runtime's default (spinning on, no
+    stop) the pool spun through these pauses: 476 ms of CPU in 0.5 s, against 0.7 ms with the stop."""
     eng = engine(tiny_entry, overlap_threads=None)
     ids, mask = batch(16, 160, seed=4)  # wide enough for ONNX Runtime to split the work over both threads
     eng.run(ids, mask)
