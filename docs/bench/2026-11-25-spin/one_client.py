@@ -4,53 +4,27 @@ in between. p50 of each, per round."""
 
 import asyncio
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizers import Tokenizer
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pbg
 from mhaserve.runtime.repository import ModelRepository, onnx_engine
-from mhaserve.testing.loopback import free_ports
+from mhaserve.testing.process import ServerProcess
 
 TEXTS = [line for line in Path("loadtest/texts/short.txt").read_text().splitlines() if line.strip()][:300]
-port, mport, hport = free_ports(3)
-log = open("one-client-server.log", "w")  # noqa: SIM115 (the server writes here until the end)
-p = subprocess.Popen(
-    [
-        sys.executable,
-        "-m",
-        "mhaserve.cli",
-        "serve",
-        "--repository",
-        "models",
-        "--port",
-        str(port),
-        "--metrics-port",
-        str(mport),
-        "--http-port",
-        str(hport),
-        "--device",
-        "cpu",
-    ],
-    stdout=log,
-    stderr=subprocess.STDOUT,
+# The server as the reliability runs start it (this script, as run, started it with subprocess and polled
+# its health itself: the same command line and wait).
+proc = ServerProcess(
+    ["--repository", "models", "--port", "0", "--metrics-port", "0", "--http-port", "0", "--device", "cpu"],
+    Path("one-client-server.log"),
 )
-addr = f"127.0.0.1:{port}"
-with grpc.insecure_channel(addr) as ch:
-    for _ in range(600):
-        try:
-            if health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                break
-        except grpc.RpcError:
-            pass
-        time.sleep(0.2)
+addr = proc.wait_serving()
 
 
 def sync_block(stub):
@@ -104,7 +78,7 @@ with grpc.insecure_channel(addr) as ch:
             v = sync_block(stub) if kind == "sync" else asyncio.run(aio_block()) if kind == "aio" else inproc_block()
             res[kind].append(v)
         print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in res.items()), flush=True)
-p.terminate()
-p.wait()
+proc.signal()
+proc.wait()
 for k, v in res.items():
     print(f"{k}: median {statistics.median(v):.2f} ms  {[round(x, 2) for x in v]}")
