@@ -87,10 +87,11 @@ class _Call:
     def end(self) -> None:
         m = self.interceptor.metrics
         elapsed = time.perf_counter() - self.start
-        m.in_flight.dec()
-        self.interceptor.in_flight.end()
+        # Counted before it leaves the in-flight gauge: a scrape never sees a call that is neither.
         m.requests.labels(self.method, self.code.name).inc()
         m.request_duration.labels(self.method).observe(elapsed)
+        m.in_flight.dec()
+        self.interceptor.in_flight.end()
         log.debug("%s %s %.1f ms", self.method, self.code.name, elapsed * 1000)
 
 

@@ -436,8 +436,8 @@ def test_metrics_move_as_requests_are_served(server: ServerThread) -> None:
     port = server.server.metrics_port
     assert port
     # The module's server has served the tests before this one, and counts a call only after its status is
-    # sent: wait until the last of those calls has ended, or it is counted between the two scrapes (a fresh
-    # clone's run once counted the previous test's INVALID_ARGUMENT here).
+    # sent (then takes it off the in-flight gauge): wait until the last of those is counted, or it is counted
+    # between the two scrapes (a fresh clone's run once counted the previous test's INVALID_ARGUMENT here).
     wait_until(lambda: scrape(port).get("mhaserve_requests_in_flight") == 0, "earlier calls to be counted")
     before = scrape(port)
     with server.channel() as channel:
