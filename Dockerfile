@@ -154,13 +154,17 @@ RUN groupadd --system --gid 10001 mhaserve \
 # MHASERVE_DRAIN_DELAY: on SIGTERM (a stop, a redeploy, a pod deleted), /health and gRPC health say
 # NOT_SERVING at once while the server goes on serving for this long, so that balancers and Kubernetes
 # endpoints stop sending calls here before any is refused (docs/deploy.md, "Rolling restarts").
+# MHASERVE_LOADING_WAIT: a call that comes while the model loads waits for it, up to 60 s (never past its
+# deadline), rather than failing: a balancer may send calls to a replica that has just started before its
+# health checks have seen it load (HAProxy 2.6: docs/deploy.md, "How a replica joins").
 ENV PATH=/opt/venv/bin:$PATH \
     MHASERVE_HOST=0.0.0.0 \
     MHASERVE_PORT=50051 \
     MHASERVE_HTTP_PORT=8080 \
     MHASERVE_METRICS_PORT=8000 \
     MHASERVE_REPOSITORY=/models \
-    MHASERVE_DRAIN_DELAY=5
+    MHASERVE_DRAIN_DELAY=5 \
+    MHASERVE_LOADING_WAIT=60
 EXPOSE 50051 8080 8000
 # SERVING only after warm-up; the start period covers loading the model and, on a GPU, CUDA's start.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \

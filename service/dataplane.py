@@ -8,6 +8,8 @@ models are served (one Pipeline per model version), whether the server is ready,
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterable
 from typing import Literal
 
@@ -18,16 +20,33 @@ from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 # are stopping (GOAWAY), and the requests already sent are still served.
 State = Literal["new", "loading", "serving", "stalled", "unready", "closing", "draining", "stopped"]
 
+# A held call returns this long before its deadline, so that its refusal reaches the client in time.
+HOLD_MARGIN = 0.05
+
 
 class DataPlane:
     """The served models and the server's state. The server (server.py) changes them; adapters read them."""
 
-    def __init__(self) -> None:
-        self.state: State = "new"
+    def __init__(self, *, loading_wait: float = 0.0) -> None:
+        self.loading_wait = loading_wait
+        self._settled = asyncio.Event()  # set once the state is past loading (served, failed, or draining)
+        self._state: State = "new"
         self._pipelines: dict[str, dict[int, Pipeline]] = {}  # name -> version -> pipeline
         self._default = ""
 
     # ---- what the server does ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @state.setter
+    def state(self, value: State) -> None:
+        self._state = value
+        if value in ("new", "loading"):
+            self._settled.clear()
+        else:
+            self._settled.set()
 
     def add(self, pipeline: Pipeline) -> None:
         """Serve a model version (at once: the next request that asks for its model's latest gets it)."""
@@ -62,6 +81,24 @@ class DataPlane:
         if self.state not in ("serving", "unready", "closing"):
             return Unavailable("the model is still loading; retry when health reports SERVING")
         return None
+
+    async def admission(self, time_left: float | None = None) -> ServiceError | None:
+        """`refusal()`, after waiting up to `loading_wait` seconds (and no later than the call's deadline,
+        `time_left` seconds away) for a model that is still loading.
+
+        Why wait: a balancer may send a call to a replica that has just started before its health checks
+        have found it loading (HAProxy 2.6 takes a restarted replica's new address as UP until its first
+        check; docs/deploy.md). Refused, a gRPC call fails at its client, since the error travels in a
+        response no proxy can replay; held, it is answered a few seconds late instead.
+        """
+        refusal = self.refusal()
+        if refusal is None or self.loading_wait <= 0 or self._state not in ("new", "loading"):
+            return refusal
+        wait = self.loading_wait if time_left is None else min(self.loading_wait, time_left - HOLD_MARGIN)
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):  # still loading: refused below
+                await asyncio.wait_for(self._settled.wait(), wait)
+        return self.refusal()
 
     def not_ready(self) -> str | None:
         """Why a health check says NOT_SERVING now (loading, stalled, draining, or about to), or None."""

@@ -103,7 +103,7 @@ class EncoderServer:
         self.engine_factory = engine_factory or onnx_engine(settings.device, *_intra_op_threads(settings))
         self.metrics = metrics or Metrics()
         self.repository = ModelRepository(settings.repository)
-        self.dataplane = DataPlane()
+        self.dataplane = DataPlane(loading_wait=settings.loading_wait)
         self.health = Health([ENCODER_SERVICE, KSERVE_SERVICE])
         self.port = 0
         self.metrics_port: int | None = None
@@ -180,7 +180,7 @@ class EncoderServer:
             else []
         )
         self._calls = ServiceInterceptor(
-            self.metrics, self.dataplane.refusal, exempt=ALWAYS_ANSWERED, in_flight=self.in_flight
+            self.metrics, self.dataplane.admission, exempt=ALWAYS_ANSWERED, in_flight=self.in_flight
         )
         server = grpc.aio.server(
             interceptors=[*auth, self._calls, DrainInterceptor(self._drain, exempt=ALWAYS_ANSWERED)],

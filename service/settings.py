@@ -188,6 +188,16 @@ class Settings:
             metavar="SECONDS",
         ),
     )
+    loading_wait: float = field(
+        default=0.0,
+        metadata=_opt(
+            "seconds a request that arrives while the model loads waits for it (never past its gRPC deadline) "
+            "before it is refused with UNAVAILABLE / HTTP 503 (0: refused at once). For replicas behind a "
+            "balancer that may send calls before its health checks have seen them (docs/deploy.md)",
+            float,
+            metavar="SECONDS",
+        ),
+    )
     intra_op_threads: int | None = field(
         default=None,
         metadata=_opt(
@@ -304,7 +314,7 @@ class Settings:
 
         for name in ("max_batch_tokens", "max_queue_size", "max_client_batch_size", "max_message_bytes"):
             positive(name, getattr(self, name))
-        for name in ("max_wait_ms", "grace_period", "drain_delay"):
+        for name in ("max_wait_ms", "grace_period", "drain_delay", "loading_wait"):
             positive(name, getattr(self, name), zero=True)
         positive("intra_op_threads", self.intra_op_threads)
         positive("inference_workers", self.inference_workers)

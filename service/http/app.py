@@ -91,7 +91,7 @@ def build(
         app,
         metrics=metrics,
         in_flight=in_flight,
-        gate=dataplane.refusal,
+        gate=dataplane.admission,
         keys=keys,
         max_body_bytes=max_body_bytes,
         read_timeout=read_timeout,

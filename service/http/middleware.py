@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,7 +41,9 @@ from mhaserve.service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-Gate = Callable[[], ServiceError | None]
+# The error to refuse a request with, or None; given the seconds it may wait (None: no deadline of its own),
+# since the answer may wait for a model that is loading (DataPlane.admission).
+Gate = Callable[[float | None], Awaitable[ServiceError | None]]
 
 # A status the error map did not produce (the router's own 404 and 405), in gRPC's vocabulary for the metrics.
 _CODES = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}
@@ -112,7 +114,7 @@ class CallMiddleware:
         self.in_flight.begin()
         self.metrics.in_flight.inc()
         try:
-            refusal = self._refusal(scope, path)
+            refusal = await self._refusal(scope, path)
             if refusal is not None:
                 await self._error(refusal, scope, rid, send_with_id)
             else:
@@ -129,7 +131,7 @@ class CallMiddleware:
             self.metrics.in_flight.dec()
             self._count(scope, response["status"], time.perf_counter() - started)
 
-    def _refusal(self, scope: Scope, path: str) -> ServiceError | None:
+    async def _refusal(self, scope: Scope, path: str) -> ServiceError | None:
         admin = bool(self.admin_prefix) and path.startswith(self.admin_prefix)
         if self.keys.enabled and (path not in self.open_paths or admin):
             token, reason = bearer([("authorization", v) for k, v in scope["headers"] if k == b"authorization"])
@@ -138,7 +140,7 @@ class CallMiddleware:
                 log.info("refused %s %s: %s", scope["method"], path, reason if token is None else refusal.message)
                 return refusal
         if not self.always_answered(path):
-            return self.gate()
+            return await self.gate(None)
         return None
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 
 DEADLINE_SLACK = 0.1  # seconds: a call cancelled this close to its deadline counts as DEADLINE_EXCEEDED
 
-Gate = Callable[[], ServiceError | None]
+# The error to refuse a call with, or None to let it in; given the seconds left until the call's deadline
+# (None: no deadline), since the answer may wait for a model that is loading (DataPlane.admission).
+Gate = Callable[[float | None], Awaitable[ServiceError | None]]
 
 
 def is_exempt(method: str, exempt: Sequence[str]) -> bool:
@@ -57,12 +59,12 @@ class _Call:
         self.code = grpc.StatusCode.OK
         self.start = time.perf_counter()
 
-    def begin(self) -> None:
+    async def begin(self) -> None:
         request_id.set(self.rid)  # each RPC runs in its own task, hence its own context
         self.interceptor.metrics.in_flight.inc()
         self.interceptor.in_flight.begin()
         self.context.set_trailing_metadata(((REQUEST_ID_HEADER, self.rid),))
-        refusal = self.interceptor.gate()
+        refusal = await self.interceptor.gate(self.context.time_remaining())
         if refusal is not None:
             raise refusal
 
@@ -122,7 +124,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
             call = _Call(self, method, rid, context)
             try:
-                call.begin()
+                await call.begin()
                 return await handle(request, context)
             except grpc.aio.AbortError:
                 raise
@@ -140,7 +142,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             call = _Call(self, method, rid, context)
             try:
-                call.begin()
+                await call.begin()
                 async for response in handle(request, context):
                     yield response
             except grpc.aio.AbortError:

@@ -11,11 +11,15 @@ import grpc
 import grpc.aio
 import pytest
 
-from mhaserve.runtime.errors import NotFound
+from mhaserve.runtime.errors import NotFound, ServiceError
 from mhaserve.service.context import request_id
 from mhaserve.service.metrics import Metrics
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
 from mhaserve.testing.loopback import WAIT
+
+
+async def _admit_all(time_left: float | None) -> ServiceError | None:
+    return None
 
 
 class Raw:
@@ -45,7 +49,7 @@ class Raw:
             name: grpc.unary_unary_rpc_method_handler(f)
             for name, f in (("Bug", bug), ("Missing", missing), ("Fine", fine))
         }
-        self.server = grpc.aio.server(interceptors=[ServiceInterceptor(self.metrics, lambda: None)])
+        self.server = grpc.aio.server(interceptors=[ServiceInterceptor(self.metrics, _admit_all)])
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Raw", handlers),))
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()

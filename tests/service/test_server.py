@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -388,6 +389,56 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
         assert "shutting down" in refused(lambda: stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT))
         http_refused("shutting down")
     assert counted(srv, "UNAVAILABLE") == 2
+
+
+def test_loading_wait_holds_calls_until_the_model_serves_within_deadlines(start: Start, settings: Settings) -> None:
+    """--loading-wait: a call that comes while the model loads waits for it and is answered (gRPC and HTTP,
+    as behind a balancer that sent it there before its health checks); one whose deadline comes first is
+    refused UNAVAILABLE before that deadline."""
+    loaded = threading.Event()
+    engine = ScriptedEngine()
+
+    def slow_factory(entry):
+        assert loaded.wait(WAIT)
+        return engine
+
+    srv = start(dataclasses.replace(settings, http_port=free_port(), loading_wait=WAIT), slow_factory, ready=False)
+    with srv.channel() as channel, ThreadPoolExecutor(2) as pool:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        held = stub.Encode.future(ids([5]), timeout=WAIT)
+        posted = pool.submit(http.request, "POST", srv.http_url + "/v1/embeddings", {"input": [[7, 5]]})
+        # A short deadline: refused as still loading, not DEADLINE_EXCEEDED, and before the deadline.
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Encode(ids([6]), timeout=0.5)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "still loading" in e.value.details()
+        wait_until(lambda: srv.server.in_flight.count == 2, "the two held calls to be in flight", WAIT)
+        assert not held.done() and not posted.done()
+        loaded.set()
+        srv.ready()
+        assert vectors(held.result(timeout=WAIT)).shape[0] == 1
+        reply = posted.result(timeout=WAIT)
+        assert reply.status == 200 and len(reply.json()["data"]) == 1
+    assert counted(srv, "OK") == 1 and counted(srv, "UNAVAILABLE") == 1
+
+
+def test_a_drain_refuses_the_calls_held_for_a_loading_model(start: Start, settings: Settings) -> None:
+    loaded = threading.Event()
+
+    def slow_factory(entry):
+        assert loaded.wait(WAIT)
+        return ScriptedEngine()
+
+    srv = start(dataclasses.replace(settings, loading_wait=WAIT), slow_factory, ready=False)
+    try:
+        with srv.channel() as channel:
+            held = pb_grpc.EncoderServiceStub(channel).Encode.future(ids([5]), timeout=WAIT)
+            wait_until(lambda: srv.server.in_flight.count == 1, "the call to be held", WAIT)
+            srv.call_soon(srv.server.drain())
+            with pytest.raises(grpc.RpcError) as e:
+                held.result(timeout=WAIT)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in e.value.details()
+    finally:
+        loaded.set()
 
 
 @pytest.mark.parametrize("version", ["v1", "v1alpha"])
