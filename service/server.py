@@ -215,12 +215,13 @@ class EncoderServer:
         await server.start()
         self._server = server
         log.info(
-            "listening on %s:%d, %s (NOT_SERVING until %s %s loaded and warmed up)",
+            "listening on %s:%d, %s (NOT_SERVING until %s %s loaded and warmed up; calls meanwhile %s)",
             s.host,
             self.port,
             tls_files.mode,
             ", ".join(names),
             "is" if len(names) == 1 else "are",
+            f"wait for it up to {s.loading_wait:g} s (--loading-wait)" if s.loading_wait > 0 else "are refused",
         )
         self._log_security(keys)
         if s.http_port:
