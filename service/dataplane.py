@@ -20,15 +20,18 @@ from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 # are stopping (GOAWAY), and the requests already sent are still served.
 State = Literal["new", "loading", "serving", "stalled", "unready", "closing", "draining", "stopped"]
 
-# A held call returns this long before its deadline, so that its refusal reaches the client in time.
-HOLD_MARGIN = 0.05
+# A held call returns this long before its deadline, so that its refusal reaches the client in time even
+# from a busy machine (a call whose deadline is nearer is refused at once).
+HOLD_MARGIN = 0.25
 
 
 class DataPlane:
     """The served models and the server's state. The server (server.py) changes them; adapters read them."""
 
-    def __init__(self, *, loading_wait: float = 0.0) -> None:
+    def __init__(self, *, loading_wait: float = 0.0, max_held: int = 2048) -> None:
         self.loading_wait = loading_wait
+        self.max_held = max_held  # calls waiting for the load at once; past it, refused at once
+        self._held = 0
         self._settled = asyncio.Event()  # set once the state is past loading (served, failed, or draining)
         self._state: State = "new"
         self._pipelines: dict[str, dict[int, Pipeline]] = {}  # name -> version -> pipeline
@@ -95,9 +98,14 @@ class DataPlane:
         if refusal is None or self.loading_wait <= 0 or self._state not in ("new", "loading"):
             return refusal
         wait = self.loading_wait if time_left is None else min(self.loading_wait, time_left - HOLD_MARGIN)
-        if wait > 0:
+        if wait <= 0 or self._held >= self.max_held:  # a flood while loading is refused, not piled up
+            return refusal
+        self._held += 1
+        try:
             with contextlib.suppress(TimeoutError):  # still loading: refused below
                 await asyncio.wait_for(self._settled.wait(), wait)
+        finally:
+            self._held -= 1
         return self.refusal()
 
     def not_ready(self) -> str | None:

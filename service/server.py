@@ -41,7 +41,7 @@ from mhaserve.runtime.repository import (
 )
 from mhaserve.service import tls
 from mhaserve.service.auth import AuthError, KeyRing, Keys, load_keys
-from mhaserve.service.batching import Batcher
+from mhaserve.service.batching import CPU_LIMITS, Batcher
 from mhaserve.service.dataplane import DataPlane, State
 from mhaserve.service.encoder_v1 import SERVICE as ENCODER_SERVICE
 from mhaserve.service.encoder_v1 import EncoderServicer
@@ -103,7 +103,10 @@ class EncoderServer:
         self.engine_factory = engine_factory or onnx_engine(settings.device, *_intra_op_threads(settings))
         self.metrics = metrics or Metrics()
         self.repository = ModelRepository(settings.repository)
-        self.dataplane = DataPlane(loading_wait=settings.loading_wait)
+        # At most as many calls wait for the model as the queue would take inputs.
+        self.dataplane = DataPlane(
+            loading_wait=settings.loading_wait, max_held=settings.max_queue_size or CPU_LIMITS.max_queue_size
+        )
         self.health = Health([ENCODER_SERVICE, KSERVE_SERVICE])
         self.port = 0
         self.metrics_port: int | None = None

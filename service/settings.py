@@ -191,9 +191,10 @@ class Settings:
     loading_wait: float = field(
         default=0.0,
         metadata=_opt(
-            "seconds a request that arrives while the model loads waits for it (never past its gRPC deadline) "
-            "before it is refused with UNAVAILABLE / HTTP 503 (0: refused at once). For replicas behind a "
-            "balancer that may send calls before its health checks have seen them (docs/deploy.md)",
+            "seconds a request that arrives while the model loads waits for it (never past its gRPC deadline; "
+            "at most --max-queue-size requests) before it is refused with UNAVAILABLE / HTTP 503 (0: refused at "
+            "once). For replicas behind a balancer that may send calls before its health checks have seen them "
+            "(docs/deploy.md)",
             float,
             metavar="SECONDS",
         ),

@@ -409,7 +409,7 @@ def test_loading_wait_holds_calls_until_the_model_serves_within_deadlines(start:
         posted = pool.submit(http.request, "POST", srv.http_url + "/v1/embeddings", {"input": [[7, 5]]})
         # A short deadline: refused as still loading, not DEADLINE_EXCEEDED, and before the deadline.
         with pytest.raises(grpc.RpcError) as e:
-            stub.Encode(ids([6]), timeout=0.5)
+            stub.Encode(ids([6]), timeout=1.0)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "still loading" in e.value.details()
         wait_until(lambda: srv.server.in_flight.count == 2, "the two held calls to be in flight", WAIT)
         assert not held.done() and not posted.done()

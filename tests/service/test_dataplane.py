@@ -1,0 +1,57 @@
+"""The data plane's admission while the model loads (--loading-wait), on its own event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from mhaserve.service.dataplane import HOLD_MARGIN, DataPlane
+
+
+def test_admission_waits_for_the_load_within_the_deadline_and_the_bound() -> None:
+    async def scenario() -> None:
+        plane = DataPlane(loading_wait=5.0, max_held=2)
+        plane.state = "loading"
+        first = asyncio.create_task(plane.admission(None))
+        second = asyncio.create_task(plane.admission(None))
+        await asyncio.sleep(0.05)
+        assert not first.done() and not second.done()
+        # Past max_held: refused at once, not piled up.
+        started = time.monotonic()
+        refused = await plane.admission(None)
+        assert refused is not None and "still loading" in refused.message
+        assert time.monotonic() - started < 0.1
+        plane.state = "serving"
+        assert await first is None and await second is None
+        assert plane.refusal() is None and plane._held == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_short_deadline_is_refused_before_it_and_no_wait_refuses_at_once() -> None:
+    async def scenario() -> None:
+        plane = DataPlane(loading_wait=5.0)
+        plane.state = "loading"
+        started = time.monotonic()
+        refused = await plane.admission(0.6)
+        took = time.monotonic() - started
+        assert refused is not None and "still loading" in refused.message
+        assert 0.6 - HOLD_MARGIN - 0.01 <= took < 0.6, took  # refused before the deadline, not at it
+        plane = DataPlane()  # --loading-wait 0: today's behaviour
+        plane.state = "loading"
+        assert (await asyncio.wait_for(plane.admission(None), 0.1)) is not None
+
+    asyncio.run(scenario())
+
+
+def test_a_drain_or_a_failed_load_ends_the_wait_with_its_own_refusal() -> None:
+    async def scenario() -> None:
+        plane = DataPlane(loading_wait=5.0)
+        plane.state = "loading"
+        held = asyncio.create_task(plane.admission(None))
+        await asyncio.sleep(0.05)
+        plane.state = "draining"
+        refused = await asyncio.wait_for(held, 1.0)
+        assert refused is not None and "shutting down" in refused.message
+
+    asyncio.run(scenario())
