@@ -4,8 +4,8 @@ The HTTP counterpart of the gRPC interceptors (service/rpc/), in front of every 
 - the request id: the client's `x-request-id`, or a new one, in the log context and sent back;
 - API keys: `Authorization: Bearer <key>`, before anything else (health probes and the API's own
   description are open, as health checks and reflection are on the gRPC port);
-- readiness: while the model loads, stalls or the server drains, 503 with Retry-After (health routes
-  answer regardless, saying so);
+- readiness: while the model loads (after waiting for it up to --loading-wait), stalls or the server
+  drains, 503 with Retry-After (health routes answer regardless, saying so);
 - the body, read whole before any route sees it: over the size limit, 413 (at once when its
   Content-Length says so); slower than the read timeout, 408; gzip or deflate, inflated within the limit;
 - a client that disconnects cancels its request, which then gives its queue slots back, as a cancelled

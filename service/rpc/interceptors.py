@@ -3,7 +3,8 @@
 `ServiceInterceptor` wraps every method of the model APIs (not the `exempt` ones: health, reflection,
 and the Open Inference Protocol's own health methods, which answer while the model loads and drains):
 - sets the request id (the client's `x-request-id`, or a new one) in a ContextVar and sends it back;
-- refuses calls with UNAVAILABLE while the model loads or the server drains;
+- refuses calls with UNAVAILABLE while the model loads (after waiting for it up to --loading-wait) or the
+  server drains;
 - turns a raised ServiceError into its status, and anything else into INTERNAL with a short message
   (the stack trace goes to the log with the request id, never to the client);
 - counts the call by method and status code, times it, and logs one line per call at debug.
