@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+import grpc.aio
 import pytest
 
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.errors import Unavailable
 from mhaserve.runtime.manifest import read_manifest
+from mhaserve.service.settings import Settings
 from mhaserve.testing import gpu_check
+from mhaserve.testing.server import ServerThread
 
 
 @cache
@@ -44,3 +50,15 @@ def test_gpu_check_fails_clearly_without_cuda(tiny_entry: Path, capsys: pytest.C
     assert gpu_check.main(["--repository", str(tiny_entry.parent.parent), "--model", "tiny", "--seconds", "1"]) == 1
     err = capsys.readouterr().err
     assert "gpu-check: FAILED: --device cuda was asked for but ONNX Runtime could not load CUDA" in err
+
+
+def test_the_throughput_run_asks_for_truncation(settings: Settings, start: Callable[..., ServerThread]) -> None:
+    """The run's longest texts are more than the tiny model's 160 tokens: without truncate the server refuses them
+    (the first GPU host found this: the check failed with INVALID_ARGUMENT after parity passed). Runs on the CPU."""
+    srv = start(settings)
+
+    async def run() -> str:
+        async with grpc.aio.insecure_channel(srv.address) as channel:
+            return await gpu_check.server_throughput(pb_grpc.EncoderServiceStub(channel), 0.3, 2)
+
+    assert "inputs/s" in asyncio.run(run())
