@@ -12,7 +12,6 @@ import ctypes
 import functools
 import logging
 import math
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def _session_options(
         opts.add_session_config_entry("session.use_env_allocators", "1")
     # Explicit thread counts: ORT's default spins one thread per core, which fights the event loop
     # and the tokeniser threads of the server on a small machine.
-    opts.intra_op_num_threads = intra_op_threads or max(1, os.cpu_count() or 1)
+    opts.intra_op_num_threads = intra_op_threads or available_cpus()
     opts.inter_op_num_threads = inter_op_threads
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

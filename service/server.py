@@ -31,6 +31,7 @@ import grpc.aio
 
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as encoder_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kserve_grpc
+from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.errors import ServiceError
 from mhaserve.runtime.repository import (
     EngineFactory,
@@ -80,7 +81,7 @@ def _intra_op_threads(settings: Settings) -> tuple[int | None, int | None]:
     would only preempt each other)."""
     if settings.intra_op_threads or settings.workers == 1:
         return settings.intra_op_threads, None
-    return None, max(1, (os.cpu_count() or 1) // settings.workers)
+    return None, max(1, available_cpus() // settings.workers)
 
 
 def _threads_in_words(settings: Settings) -> str:

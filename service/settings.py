@@ -9,12 +9,12 @@ server's start-up (server.py) read a Settings: every component gets plain values
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.engine import DEVICES, Device, cuda_device_visible
 from mhaserve.runtime.repository import GRAPHS, GraphChoice
 from mhaserve.service.auth import OPEN_METHODS
@@ -211,7 +211,8 @@ class Settings:
     inference_workers: int | None = field(
         default=None,
         metadata=_opt(
-            "batches computed at once (default auto: 2 for --graph int8 on a CPU of 2 or more cores, else 1). "
+            "batches computed at once (default auto: on a CPU one per two cores, at least 2 for --graph int8; "
+            "on CUDA 1; cores are those this process may use, its affinity and cgroup quota counted). "
             "A batch alone gets every core; one that starts while another computes runs on a second ONNX Runtime "
             "session (the graph loaded twice) with its share of the cores: more throughput under many clients, "
             "the same for a lone request (figures: docs/benchmarks.md)",
@@ -351,7 +352,7 @@ class Settings:
     @property
     def workers(self) -> int:
         """The inference workers in force: --inference-workers, else the choice for the graph and device."""
-        return self.inference_workers or auto_inference_workers(self.graph, self.device, os.cpu_count() or 1)
+        return self.inference_workers or auto_inference_workers(self.graph, self.device, available_cpus())
 
     def limits(self, *, on_cuda: bool, model: Mapping[str, float] | None = None) -> Limits:
         """The limits in force: a model's own (its serving.json `limits`), then those set here, then the
@@ -375,17 +376,25 @@ class Settings:
 
 
 def auto_inference_workers(graph: str, device: str, cpus: int) -> int:
-    """`--inference-workers auto`: two for the int8 graph on a CPU of 2 or more cores, one otherwise.
+    """`--inference-workers auto`: on a CPU one per two of its `cpus`, at least two for the int8 graph; on CUDA one.
 
-    Measured on 2 cores at 32 clients (docs/benchmarks.md): a second worker gained the int8 graph 16-17 %
-    (AMD EPYC with AVX-512 VNNI) and 27-56 % (Intel Xeon with VNNI), with a lower p99 and the same latency
-    at one client: its model is fast enough that answering one batch and taking in the next is a large
-    share of a batch's time, which a second worker overlaps. The fused fp32 graph gained 1-6 % (AMD) and
-    6-19 % (Intel), and its p99 on mixed texts rose 16-30 %, so it keeps one worker. On CUDA, workers
-    share one session: one.
+    On 2 cores at 32 clients (docs/benchmarks.md) a second worker gained the int8 graph 16-17 % (AMD EPYC
+    with AVX-512 VNNI) and 27-56 % (Intel Xeon with VNNI), with a lower p99 and the same latency at one
+    client: its model is fast enough that answering one batch and taking in the next is a large share of a
+    batch's time, which a second worker overlaps. The fused fp32 graph gained 1-6 % (AMD) and 6-19 %
+    (Intel), and its p99 on mixed texts rose 16-30 %, so there it keeps one. On 16 cores (an Intel Xeon,
+    the fused graph, short texts, 32 clients: docs/gpu.md) one worker left most cores spinning on batches of
+    a few short texts: 2, 4, 8 and 16 workers served 1.26x, 1.42-1.52x, 1.87-2.10x and 2.04x of one
+    worker's 395-401 seq/s, with less CPU and the same one-client latency; 8 (one per two cores) was the
+    best. Core counts between 2 and 16 are interpolated, not measured. On CUDA, workers share one session:
+    one.
     """
     on_cpu = device == "cpu" or (device == "auto" and not cuda_device_visible())
-    return 2 if graph == "int8" and on_cpu and cpus >= 2 else 1
+    if not on_cpu:
+        return 1
+    if graph == "int8" and cpus >= 2:
+        return max(2, cpus // 2)
+    return max(1, cpus // 2)
 
 
 def flag(name: str) -> str:

@@ -8,6 +8,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.repository import GRAPHS
 from mhaserve.service.settings import auto_inference_workers
 
@@ -300,7 +301,7 @@ def server_threads(
     chosen = workers.strip().lower() in ("", "none", "auto")
     if chosen:
         graph = flags.get("--graph", graph)  # the bench passes its --graph; one in --server-arg comes after it
-        workers = str(auto_inference_workers(graph, device, os.cpu_count() or 1))
+        workers = str(auto_inference_workers(graph, device, available_cpus()))
     per_batch = threads or flags.get("--intra-op-threads") or env.get("MHASERVE_INTRA_OP_THREADS")
     split = "" if workers == "1" else f", {workers} inference workers"
     if per_batch:

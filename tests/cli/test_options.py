@@ -99,7 +99,7 @@ def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> No
 
 
 def test_inference_workers_auto_gives_the_int8_graph_two_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("mhaserve.service.settings.available_cpus", lambda: 2)
     assert build({}, env={}).inference_workers is None  # auto, the default
     assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cpu"}).workers == 2
     assert build(parse("--graph", "int8", "--device", "cpu", "--inference-workers", "auto"), env={}).workers == 2
@@ -109,10 +109,25 @@ def test_inference_workers_auto_gives_the_int8_graph_two_on_a_cpu(monkeypatch: p
     assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cuda"}).workers == 1
     assert build(parse("--graph", "int8", "--device", "cpu", "--inference-workers", "1"), env={}).workers == 1
     assert build({}, env={"MHASERVE_DEVICE": "cpu", "MHASERVE_INFERENCE_WORKERS": "3"}).workers == 3
-    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    monkeypatch.setattr("mhaserve.service.settings.available_cpus", lambda: 1)
     assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cpu"}).workers == 1
     with pytest.raises(SettingsError, match="--inference-workers must be > 0"):
         build({}, env={"MHASERVE_INFERENCE_WORKERS": "0"})
+
+
+@pytest.mark.parametrize(
+    ("cpus", "fused", "int8"),
+    [(1, 1, 1), (2, 1, 2), (3, 1, 2), (4, 2, 2), (8, 4, 4), (16, 8, 8), (64, 32, 32)],
+)
+def test_inference_workers_auto_gives_one_per_two_cores_on_a_cpu(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, fused: int, int8: int
+) -> None:
+    """On 16 cores one worker left most cores spinning on small batches; one per two cores served about 2x
+    (docs/gpu.md). On 2 cores the fused graph keeps one, the int8 graph two (docs/benchmarks.md)."""
+    monkeypatch.setattr("mhaserve.service.settings.available_cpus", lambda: cpus)
+    assert build({}, env={"MHASERVE_GRAPH": "optimized", "MHASERVE_DEVICE": "cpu"}).workers == fused
+    assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cpu"}).workers == int8
+    assert build({}, env={"MHASERVE_GRAPH": "optimized", "MHASERVE_DEVICE": "cuda"}).workers == 1
 
 
 def test_client_batch_larger_than_the_queue_is_refused() -> None:

@@ -200,7 +200,7 @@ def test_report_says_how_the_server_split_its_threads(monkeypatch: pytest.Monkey
     assert server_threads(None, two, env={"MHASERVE_INFERENCE_WORKERS": "3"}).startswith("the cores split between 2")
     assert server_threads(None, [], env={"MHASERVE_INTRA_OP_THREADS": "1"}) == "1 per batch"
     # Unset, the server picks its workers for the graph (--inference-workers auto): two for int8 on a CPU.
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("mhaserve.loadtest.bench.options.available_cpus", lambda: 2)
     assert server_threads(None, [], env={}, graph="int8", device="cpu").startswith("the cores split between 2")
     assert server_threads(None, ["--graph=int8"], env={}, device="cpu").startswith("the cores split between 2")
     assert server_threads(None, [], env={}, graph="optimized", device="cpu") == "all cores (server default)"
