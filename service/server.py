@@ -86,8 +86,14 @@ def _intra_op_threads(settings: Settings) -> tuple[int | None, int | None]:
 
 def _threads_in_words(settings: Settings) -> str:
     alone, overlapping = _intra_op_threads(settings)
-    words = f"{alone or 'all cores'}"
+    words = f"{alone or _all_cores()}"
     return words if overlapping is None else f"{words} alone, {overlapping} while another batch computes"
+
+
+def _all_cores() -> str:
+    """'all N cores', and what the host has when the process may use fewer (an affinity mask, a cgroup quota)."""
+    usable, host = available_cpus(), os.cpu_count() or 1
+    return f"all {usable} cores" + (f" (of the host's {host}: affinity or cgroup quota)" if usable < host else "")
 
 
 class StartupError(RuntimeError):

@@ -22,6 +22,7 @@ from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.tokenizer import load_for_serving
 from mhaserve.service import client
+from mhaserve.service import server as server_module
 from mhaserve.service.settings import BATCHING, Batching, Settings
 from mhaserve.testing import http
 from mhaserve.testing.engines import ScriptedEngine
@@ -152,6 +153,22 @@ def test_two_inference_workers_load_an_overlap_session_and_answer_the_same(
     srv = start(dataclasses.replace(settings, intra_op_threads=1, inference_workers=2))
     engine = srv.server.dataplane.pipelines()[0].model.engine
     assert isinstance(engine, OnnxEngine) and engine.overlap_session is None
+
+
+def test_the_threads_in_the_start_up_log_count_the_cores_the_process_may_use(
+    monkeypatch: pytest.MonkeyPatch, settings: Settings
+) -> None:
+    """In a container with a CPU quota the host's core count is not what the server sizes itself by: the
+    log says both, so an operator sees why."""
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    monkeypatch.setattr("mhaserve.service.server.available_cpus", lambda: 4)
+    two = dataclasses.replace(settings, intra_op_threads=None, inference_workers=2)
+    assert server_module._threads_in_words(two) == (
+        "all 4 cores (of the host's 64: affinity or cgroup quota) alone, 2 while another batch computes"
+    )
+    monkeypatch.setattr("mhaserve.service.server.available_cpus", lambda: 64)
+    assert server_module._threads_in_words(dataclasses.replace(two, inference_workers=1)) == "all 64 cores"
+    assert server_module._threads_in_words(dataclasses.replace(two, intra_op_threads=3)) == "3"
 
 
 def test_normalize_and_truncate(stub: pb_grpc.EncoderServiceStub) -> None:
