@@ -211,7 +211,7 @@ class Settings:
     inference_workers: int | None = field(
         default=None,
         metadata=_opt(
-            "batches computed at once (default auto: on a CPU one per two cores, at least 2 for --graph int8; "
+            "batches computed at once (default auto: on a CPU one per two cores up to 8, at least 2 for --graph int8; "
             "on CUDA 1; cores are those this process may use, its affinity and cgroup quota counted). "
             "A batch alone gets every core; one that starts while another computes runs on a second ONNX Runtime "
             "session (the graph loaded twice) with its share of the cores: more throughput under many clients, "
@@ -375,8 +375,12 @@ class Settings:
         return limits
 
 
+# The most workers `--inference-workers auto` gives, whatever the core count (see auto_inference_workers).
+MAX_AUTO_WORKERS = 8
+
+
 def auto_inference_workers(graph: str, device: str, cpus: int) -> int:
-    """`--inference-workers auto`: on a CPU one per two of its `cpus`, at least two for the int8 graph; on CUDA one.
+    """`--inference-workers auto`: on a CPU one per two of its `cpus` up to 8, at least two for int8; on CUDA one.
 
     On 2 cores at 32 clients (docs/benchmarks.md) a second worker gained the int8 graph 16-17 % (AMD EPYC
     with AVX-512 VNNI) and 27-56 % (Intel Xeon with VNNI), with a lower p99 and the same latency at one
@@ -386,15 +390,17 @@ def auto_inference_workers(graph: str, device: str, cpus: int) -> int:
     the fused graph, short texts, 32 clients: docs/gpu.md) one worker left most cores spinning on batches of
     a few short texts: 2, 4, 8 and 16 workers served 1.26x, 1.42-1.52x, 1.87-2.10x and 2.04x of one
     worker's 395-401 seq/s, with less CPU and the same one-client latency; 8 (one per two cores) was the
-    best. Core counts between 2 and 16 are interpolated, not measured. On CUDA, workers share one session:
-    one.
+    best. Core counts between 2 and 16 are interpolated, not measured. Past 16 cores it stays at 8: 16 workers
+    were no faster on 16 cores, and every batch in flight holds its own activations (a batch of 32 texts of
+    256 tokens, about 100 MB of attention scores alone), so more workers than measured would only raise the
+    peak memory. On CUDA, workers share one session: one.
     """
     on_cpu = device == "cpu" or (device == "auto" and not cuda_device_visible())
     if not on_cpu:
         return 1
     if graph == "int8" and cpus >= 2:
-        return max(2, cpus // 2)
-    return max(1, cpus // 2)
+        return max(2, min(cpus // 2, MAX_AUTO_WORKERS))
+    return max(1, min(cpus // 2, MAX_AUTO_WORKERS))
 
 
 def flag(name: str) -> str:
