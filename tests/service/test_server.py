@@ -141,10 +141,13 @@ def test_two_hundred_concurrent_clients_all_get_their_own_answer(server: ServerT
     assert np.abs(got - np.stack([reference[t] for t in CLIENTS])).max() <= 1e-5
 
 
-def test_two_inference_workers_load_an_overlap_session_and_answer_the_same(
-    start: Start, settings: Settings, reference: dict
+@pytest.mark.parametrize("workers", [2, 8])
+def test_several_inference_workers_load_an_overlap_session_and_answer_the_same(
+    start: Start, settings: Settings, reference: dict, workers: int
 ) -> None:
-    srv = start(dataclasses.replace(settings, intra_op_threads=None, inference_workers=2))
+    """8 is what `--inference-workers auto` gives a 16-core host: up to seven batches at once on the one
+    overlap session, each on its share of the cores (here 2 // 8 -> 1 thread)."""
+    srv = start(dataclasses.replace(settings, intra_op_threads=None, inference_workers=workers))
     engine = srv.server.dataplane.pipelines()[0].model.engine
     assert isinstance(engine, OnnxEngine) and engine.overlap_session is not None
     got = concurrent_answers(srv, CLIENTS)
