@@ -27,6 +27,7 @@ from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 
 PREFIX = "/v1"
+EMBEDDINGS_PATH = f"{PREFIX}/embeddings"
 OWNER = "mhaserve"
 
 TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
@@ -124,6 +125,14 @@ def to_response(output: EncodeOutput, encoding_format: str) -> bytes:
     )
 
 
+async def embed(dataplane: DataPlane, body: bytes, content_type: str | None) -> bytes:
+    """`POST /v1/embeddings` from the body to the response body: the FastAPI route (which documents the API)
+    and the middleware's fast route (which serves it) both run this."""
+    req = validate(EmbeddingRequest, parse_json(body, content_type))
+    output = await dataplane.encode(from_request(req))
+    return to_response(output, req.encoding_format)
+
+
 def router(dataplane: DataPlane) -> APIRouter:
     """The OpenAI-compatible routes over the data plane."""
     api = APIRouter(prefix=PREFIX, tags=["OpenAI"])
@@ -135,9 +144,7 @@ def router(dataplane: DataPlane) -> APIRouter:
         openapi_extra=request_body(EmbeddingRequest),
     )
     async def embeddings(request: Request) -> Response:
-        req = validate(EmbeddingRequest, parse_json(await request.body(), request.headers.get("content-type")))
-        output = await dataplane.encode(from_request(req))
-        return json_response(to_response(output, req.encoding_format))
+        return json_response(await embed(dataplane, await request.body(), request.headers.get("content-type")))
 
     def listing(name: str) -> Model:
         pipeline = dataplane.resolve(name)

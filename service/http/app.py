@@ -20,7 +20,7 @@ from mhaserve.service.auth import Keys
 from mhaserve.service.context import request_id
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.errors import CODE_KEY, error_body, render
-from mhaserve.service.http.middleware import ASGIApp, CallMiddleware
+from mhaserve.service.http.middleware import ASGIApp, CallMiddleware, FastRoute
 from mhaserve.service.http.openapi import add_schemas
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve import rest as kserve_rest
@@ -87,6 +87,9 @@ def build(
         log.error("%s %s failed", request.method, request.url.path, exc_info=error)
         return respond(request, error)
 
+    async def embed(body: bytes, content_type: str | None) -> bytes:
+        return await openai.embed(dataplane, body, content_type)
+
     return CallMiddleware(
         app,
         metrics=metrics,
@@ -98,4 +101,5 @@ def build(
         open_paths=OPEN_PATHS,
         always_answered=always_answered,
         admin_prefix=kserve_rest.REPOSITORY_PREFIX,
+        fast_routes={("POST", openai.EMBEDDINGS_PATH): FastRoute(openai.EMBEDDINGS_PATH, embed)},
     )

@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
+from typing import Any
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 
+from mhaserve.service.http.middleware import CallMiddleware
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.metrics import scrape
@@ -260,3 +262,76 @@ def test_tokenize_gives_ids_and_offsets_with_the_truncation_rule(srv: ServerThre
     assert reply.status == 400 and "more than the model's maximum of 160" in reply.json()["error"]["message"]
     (cut,) = request("POST", url(srv, "/tokenize"), {"inputs": [long], "truncate": True}).json()
     assert len(cut) == 160
+
+
+PARITY_BODIES: list[tuple[bytes, str]] = [
+    (b'{"input": ["hello world", "a"], "model": "tiny", "encoding_format": "float"}', "application/json"),
+    (b'{"input": "hello world", "encoding_format": "base64", "dimensions": 8}', "application/json"),
+    (b'{"input": [[2, 3, 4], [5, 6]]}', "application/json"),
+    (b'{"input": "hello"', "application/json"),  # not JSON
+    (b'{"input": "hello"}', "text/plain"),  # not declared as JSON
+    (b'{"input": []}', "application/json"),
+    (b'{"input": 3}', "application/json"),  # no such shape: names the field
+    (b'{"input": ""}', "application/json"),
+    (b'{"input": "x", "model": "nope"}', "application/json"),
+    (b'{"input": "x", "dimensions": 0}', "application/json"),
+    (json.dumps({"input": "word " * 300}).encode(), "application/json"),  # past the maximum, no truncate
+]
+
+
+def test_the_fast_embeddings_route_answers_as_the_documented_route_does(srv: ServerThread) -> None:
+    """POST /v1/embeddings is answered by the middleware itself, past FastAPI (service/http/middleware.py);
+    FastAPI keeps the route for the OpenAPI document. Both must answer every request alike: each body
+    above goes through the socket (the fast route) and straight into the FastAPI app."""
+    assert srv.server._http is not None
+    middleware = srv.server._http.config.app
+    assert isinstance(middleware, CallMiddleware)
+    framework = middleware.app
+
+    async def through_framework(body: bytes, content_type: str) -> tuple[int, dict[bytes, bytes], bytes]:
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/embeddings",
+            "raw_path": b"/v1/embeddings",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 2),
+        }
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        sent: list[MutableMapping[str, Any]] = []
+
+        async def receive() -> dict[str, object]:
+            return messages.pop() if messages else {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(message)
+
+        await framework(scope, receive, send)
+        start = sent[0]
+        headers = dict(start["headers"])
+        return start["status"], headers, b"".join(m.get("body", b"") for m in sent[1:])
+
+    for body, content_type in PARITY_BODIES:
+        fast = request("POST", url(srv, "/v1/embeddings"), body, headers={"content-type": content_type})
+        status, headers, slow = srv.call(through_framework(body, content_type))
+        assert (fast.status, fast.headers["content-type"]) == (status, headers[b"content-type"].decode()), body
+        if status == 200:
+            got, want = json.loads(fast.body), json.loads(slow)
+            assert got["usage"] == want["usage"] and got["model"] == want["model"], body
+            for a, b in zip(got["data"], want["data"], strict=True):
+                if isinstance(a["embedding"], str):
+                    assert a["embedding"] == b["embedding"], body
+                else:
+                    assert max(abs(x - y) for x, y in zip(a["embedding"], b["embedding"], strict=True)) <= 1e-6
+        else:
+            assert fast.body == slow, body
+    statuses = [
+        request("POST", url(srv, "/v1/embeddings"), b, headers={"content-type": t}).status for b, t in PARITY_BODIES
+    ]
+    assert statuses == [200, 200, 200, 400, 415, 400, 400, 400, 404, 400, 400]
