@@ -8,6 +8,7 @@ Every error goes through the one error map (http/errors.py renders it in each AP
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -87,9 +88,7 @@ def build(
         log.error("%s %s failed", request.method, request.url.path, exc_info=error)
         return respond(request, error)
 
-    async def embed(body: bytes, content_type: str | None) -> bytes:
-        return await openai.embed(dataplane, body, content_type)
-
+    embed = functools.partial(openai.embed, dataplane)
     return CallMiddleware(
         app,
         metrics=metrics,
