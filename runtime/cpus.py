@@ -8,6 +8,7 @@ files for the same reason.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -16,8 +17,12 @@ CGROUP = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 
 
+@functools.cache
 def available_cpus(cgroup: Path = CGROUP, proc_self_cgroup: Path = PROC_SELF_CGROUP) -> int:
-    """At least 1: the CPUs of the affinity mask, fewer if a cgroup quota allows less (rounded up)."""
+    """At least 1: the CPUs of the affinity mask, fewer if a cgroup quota allows less (rounded up).
+
+    Read once per process: the settings, the server's shares and every ONNX Runtime session size themselves
+    by it at start-up, and must agree."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cgroup_cpu_quota(cgroup, proc_self_cgroup)
     if quota is not None:
