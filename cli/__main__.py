@@ -4,4 +4,6 @@ import sys
 
 from mhaserve.cli.main import main
 
-sys.exit(main())
+# Guarded: a process that `serve --processes` spawns imports this module again (as __mp_main__).
+if __name__ == "__main__":
+    sys.exit(main())

@@ -204,7 +204,12 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as e:
         print(f"mhaserve serve: error: {e}", file=sys.stderr)
         return 2
-    configure_logging("debug" if args.verbose else settings.log_level)
+    level = "debug" if args.verbose else settings.log_level
+    configure_logging(level)
+    if settings.processes > 1:
+        from mhaserve.service.processes import supervise
+
+        return supervise(settings, log_level=level)
     return asyncio.run(serve(settings))
 
 

@@ -33,9 +33,11 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-def configure_logging(level: str) -> None:
-    """The server's log lines: time, level, logger, request id, message, on stderr."""
+def configure_logging(level: str, process: str | None = None) -> None:
+    """The server's log lines: time, level, logger, request id, message, on stderr; with `process`, that
+    name after the level (one of several server processes writing to the same stream)."""
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    fmt = LOG_FORMAT if process is None else LOG_FORMAT.replace("%(levelname)s", f"%(levelname)s {process}", 1)
+    handler.setFormatter(logging.Formatter(fmt))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

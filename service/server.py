@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 
 import grpc
 import grpc.aio
@@ -196,7 +197,8 @@ class EncoderServer:
             interceptors=[*auth, self._calls, DrainInterceptor(self._drain, exempt=ALWAYS_ANSWERED)],
             options=[
                 ("grpc.max_receive_message_length", s.max_message_bytes),
-                ("grpc.so_reuseport", 0),  # a port in use is an error, not a silent share
+                # A port in use is an error, not a silent share, unless shared on purpose (--processes).
+                ("grpc.so_reuseport", int(s.reuse_port)),
                 # gRPC sheds calls the service has not picked up yet past 1000 (at random) and 3000, with
                 # CANCELLED, a code clients read as their own doing. Let the queue limit decide instead
                 # (RESOURCE_EXHAUSTED, at once); these only bound a flood faster than the event loop.
@@ -256,7 +258,14 @@ class EncoderServer:
             max_body_bytes=s.max_message_bytes,
             read_timeout=s.http_header_timeout,
         )
-        self._http = HttpServer(app, host=s.host, port=s.http_port, tls=tls_files, read_timeout=s.http_header_timeout)
+        self._http = HttpServer(
+            app,
+            host=s.host,
+            port=s.http_port,
+            tls=tls_files,
+            read_timeout=s.http_header_timeout,
+            reuse_port=s.reuse_port,
+        )
         try:
             self.http_port = self._http.bind()
             await self._http.start()
@@ -420,8 +429,14 @@ class EncoderServer:
         return any(p.batcher.stalled for p in self.dataplane.pipelines())
 
 
-async def serve(settings: Settings, *, engine_factory: EngineFactory | None = None) -> int:
-    """`mhaserve serve`: run until SIGTERM or SIGINT, drain, and return the exit status."""
+async def serve(
+    settings: Settings,
+    *,
+    engine_factory: EngineFactory | None = None,
+    on_serving: Callable[[], None] | None = None,
+) -> int:
+    """`mhaserve serve`: run until SIGTERM or SIGINT, drain, and return the exit status. `on_serving` is
+    called once every model is loaded and warm (how a supervisor of several processes learns it)."""
     server = EncoderServer(settings, engine_factory=engine_factory)
     try:
         await server.start()
@@ -448,6 +463,8 @@ async def serve(settings: Settings, *, engine_factory: EngineFactory | None = No
             stopping.cancel()
             await server.stop(0)
             return 1
+        if ready.done() and on_serving is not None:
+            on_serving()
         await stopping
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _exit_now, sig)

@@ -220,6 +220,25 @@ class Settings:
             metavar="N",
         ),
     )
+    processes: int = field(
+        default=1,
+        metadata=_opt(
+            "server processes on the same gRPC and HTTP ports (SO_REUSEPORT: the kernel spreads connections over "
+            "them), each with its own interpreter, model session and batcher on its share of the cores, under one "
+            "supervisor; process i serves metrics on --metrics-port + i. For GPU hosts, where one process's Python, "
+            "not the GPU, bounds one-text requests (docs/gpu.md). Not with --model-control explicit",
+            int,
+            metavar="N",
+        ),
+    )
+    reuse_port: bool = field(
+        default=False,
+        metadata=_opt(
+            "let other processes of this user listen on the same gRPC and HTTP ports (SO_REUSEPORT); --processes "
+            "sets it for its own (default: off, a port in use is an error)",
+            parse_bool,
+        ),
+    )
     log_level: str = field(default="info", metadata=_opt("log level", str.lower, LOG_LEVELS))
     auto_truncate: bool = field(
         default=False,
@@ -320,6 +339,7 @@ class Settings:
             positive(name, getattr(self, name), zero=True)
         positive("intra_op_threads", self.intra_op_threads)
         positive("inference_workers", self.inference_workers)
+        positive("processes", self.processes)
         if self.max_padding is not None and not 0 <= self.max_padding <= 1:
             raise SettingsError(f"--max-padding must be a fraction in [0, 1], got {self.max_padding}")
         for name in ("port", "metrics_port", "http_port"):
@@ -335,6 +355,11 @@ class Settings:
         ):
             if getattr(self, name) not in choices:
                 raise SettingsError(f"{flag(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        if self.processes > 1 and self.model_control == "explicit":
+            raise SettingsError(
+                "--model-control explicit needs --processes 1: a load or unload call would reach only the process "
+                "that accepted its connection (poll works: every process reads the repository)"
+            )
         positive("inference_timeout", self.inference_timeout, zero=True)
         positive("http_header_timeout", self.http_header_timeout)
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -87,6 +87,7 @@ class HttpServer:
         tls: TlsFiles,
         read_timeout: float,
         keep_alive: int = 5,
+        reuse_port: bool = False,
     ) -> None:
         protocol = type("Protocol", (ReadTimeoutProtocol,), {"read_timeout": read_timeout})
         self.config = uvicorn.Config(
@@ -109,6 +110,7 @@ class HttpServer:
         self.server = uvicorn.Server(self.config)
         self.host = host
         self.port = port
+        self.reuse_port = reuse_port
         self._socket: socket.socket | None = None
         self._ticks: asyncio.Task[None] | None = None
 
@@ -119,6 +121,8 @@ class HttpServer:
         # A restarted server may bind while old connections linger in TIME_WAIT; Linux still refuses
         # a port another process listens on.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.reuse_port:  # several server processes on one port (--processes): the kernel spreads connections
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((self.host.strip("[]"), self.port))
         except OSError:

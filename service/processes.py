@@ -1,0 +1,266 @@
+"""`mhaserve serve --processes N`: N server processes on the same ports, and a supervisor over them.
+
+Why: one process answers one-text requests no faster than its Python runs, under one interpreter lock
+(about 1,200 a second on an H200 host, whatever the GPU does: docs/gpu.md). N processes, each with its
+own interpreter, model session and batcher, multiply that. Each binds the same gRPC and HTTP ports with
+SO_REUSEPORT, and the kernel spreads new connections over them; a connection stays with the process
+that accepted it, as behind any layer-4 balancer.
+
+The supervisor loads no model and answers nothing. Before starting the processes it checks the ports
+are free (and picks the gRPC port when it is 0), so that they all bind the same ones and a port in use
+is still an error. Process i serves metrics on --metrics-port + i and runs on the i-th share of the
+cores (its CPU affinity), so that N processes size their thread pools to their share instead of each
+to the whole machine. The supervisor forwards SIGTERM and SIGINT (a second one too: the processes then
+exit at once). A process that fails while the processes start stops them all, with its status, as a
+single server would; one that exits once all have served is started again, while the others go on
+answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from types import FrameType
+from typing import Any
+
+from mhaserve.runtime.cpus import available_cpus
+from mhaserve.service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+FIRST_RESTART_DELAY_S = 1.0
+MAX_RESTART_DELAY_S = 30.0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class PortsError(RuntimeError):
+    """A port the processes would share is in use or cannot be bound."""
+
+
+def claim_ports(settings: Settings) -> Settings:
+    """The settings with the ports every process binds: each checked free by binding it now (without
+    SO_REUSEPORT, so that another program's listener is found), the gRPC port chosen when it is 0, and
+    the first of the processes' metrics ports."""
+    ports = {"gRPC": _bind(settings.host, settings.port)}
+    if settings.http_port:
+        ports["HTTP"] = _bind(settings.host, settings.http_port)
+    for i in range(settings.processes if settings.metrics_port else 0):
+        if settings.metrics_port + i > 65535:
+            raise PortsError(f"metrics ports {settings.metrics_port}..{settings.metrics_port + i} pass 65535")
+        _bind(settings.host, settings.metrics_port + i)
+    return dataclasses.replace(settings, port=ports["gRPC"])
+
+
+def _bind(host: str, port: int) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no conflict
+        try:
+            sock.bind((host.strip("[]"), port))
+        except OSError as e:
+            raise PortsError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+        return int(sock.getsockname()[1])
+
+
+def core_shares(processes: int) -> list[frozenset[int]]:
+    """Each process's cores: this process's CPUs cut into `processes` shares of equal size, as many cores
+    each as its cgroup quota allows them (a share is reused round the list when there are more processes
+    than cores)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    per = max(1, min(len(cpus), available_cpus()) // processes)
+    return [frozenset(cpus[(i * per + k) % len(cpus)] for k in range(per)) for i in range(processes)]
+
+
+def _die_with_parent() -> None:
+    """Ask Linux for SIGTERM when the supervisor dies, so that a killed supervisor leaves no server
+    holding its ports: the process drains and exits as if it had been told to."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the supervisor died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _process_main(settings: Settings, index: int, cores: frozenset[int], level: str, ready: Connection) -> None:
+    """One server process (the spawned child's entry point)."""
+    from mhaserve.service.context import configure_logging
+    from mhaserve.service.server import serve
+    from mhaserve.service.threads import name_this_thread
+
+    # Its own process group: a terminal's Ctrl-C reaches the supervisor alone, which passes it on once.
+    os.setpgid(0, 0)
+    _die_with_parent()
+    os.sched_setaffinity(0, cores)
+    name_this_thread(f"mhaserve-p{index}")  # what top and ps show, instead of the spawning interpreter's name
+    configure_logging(level, process=f"p{index}")
+    code = asyncio.run(serve(settings, on_serving=lambda: ready.send(index)))
+    ready.close()
+    sys.exit(code)
+
+
+@dataclass
+class _Child:
+    index: int
+    settings: Settings
+    cores: frozenset[int]
+    process: BaseProcess | None = None
+    ready: Connection | None = None  # the supervisor's end of the pipe the process says "serving" on
+    serving: bool = False
+    starts: int = 0
+    restart_at: float | None = None
+    delay: float = FIRST_RESTART_DELAY_S
+    codes: list[int] = field(default_factory=list)
+
+
+def _status(process: BaseProcess) -> int:
+    """A child's exit status as a shell reports it: 128 + the signal's number when a signal ended it."""
+    code = process.exitcode
+    assert code is not None
+    return 128 - code if code < 0 else code
+
+
+class Supervisor:
+    """Starts the processes, watches them, passes signals on; `run()` returns the exit status."""
+
+    def __init__(self, settings: Settings, *, log_level: str) -> None:
+        self.settings = settings
+        self.log_level = log_level
+        self._ctx = multiprocessing.get_context("spawn")  # no fork of a process that has threads
+        self._children: list[_Child] = []
+        self._signals: list[int] = []
+        self._all_served = False
+        self._status = 0
+
+    def run(self) -> int:
+        s = self.settings
+        try:
+            shared = claim_ports(s)
+        except PortsError as e:
+            log.error("cannot start: %s", e)
+            return 1
+        shares = core_shares(s.processes)
+        for i, cores in enumerate(shares):
+            metrics = s.metrics_port + i if s.metrics_port else 0
+            own = dataclasses.replace(shared, processes=1, reuse_port=True, metrics_port=metrics)
+            self._children.append(_Child(i, own, cores))
+        log.info(
+            "%d server processes on gRPC %s:%d%s, %d core(s) each%s",
+            s.processes,
+            s.host,
+            shared.port,
+            f" and HTTP port {s.http_port}" if s.http_port else "",
+            len(shares[0]),
+            f"; metrics on ports {s.metrics_port}-{s.metrics_port + s.processes - 1}" if s.metrics_port else "",
+        )
+        previous = {sig: signal.signal(sig, self._signalled) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for c in self._children:
+                self._start(c)
+            self._watch()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self._status
+
+    def _start(self, child: _Child) -> None:
+        ours, theirs = self._ctx.Pipe(duplex=False)
+        process = self._ctx.Process(
+            target=_process_main,
+            args=(child.settings, child.index, child.cores, self.log_level, theirs),
+            name=f"mhaserve-p{child.index}",
+        )
+        process.start()
+        theirs.close()
+        child.process, child.ready, child.serving, child.restart_at = process, ours, False, None
+        child.starts += 1
+        log.debug("process p%d started: pid %s, cores %s", child.index, process.pid, sorted(child.cores))
+
+    def _signalled(self, signum: int, _frame: FrameType | None) -> None:
+        self._signals.append(signum)
+        for child in self._children:
+            child.restart_at = None  # a stopping supervisor starts nothing again
+            if child.process is not None and child.process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.process.pid, signum)
+
+    def _watch(self) -> None:
+        while any(c.process is not None or c.restart_at is not None for c in self._children):
+            waiting: dict[Any, _Child] = {}  # a sentinel (int) or a Connection
+            for c in self._children:
+                if c.process is not None:
+                    waiting[c.process.sentinel] = c
+                    if c.ready is not None:
+                        waiting[c.ready] = c
+            for ready in wait(list(waiting), timeout=0.5):
+                child = waiting[ready]
+                if ready is child.ready:
+                    self._heard(child)
+                elif child.process is not None:
+                    self._exited(child)
+            now = time.monotonic()
+            for c in self._children:
+                if c.restart_at is not None and c.restart_at <= now and not self._signals:
+                    self._start(c)
+
+    def _heard(self, child: _Child) -> None:
+        assert child.ready is not None
+        try:
+            child.ready.recv()
+        except EOFError:  # the process is exiting; its sentinel says how
+            pass
+        else:
+            child.serving = True
+            child.delay = FIRST_RESTART_DELAY_S
+            if child.starts > 1:
+                log.info("process p%d is serving again", child.index)
+        child.ready.close()
+        child.ready = None
+        if not self._all_served and all(c.serving for c in self._children):
+            self._all_served = True
+            log.info("all %d processes are serving", len(self._children))
+
+    def _exited(self, child: _Child) -> None:
+        assert child.process is not None
+        child.process.join()
+        code = _status(child.process)
+        child.codes.append(code)
+        child.process = None
+        if child.ready is not None:
+            child.ready.close()
+            child.ready = None
+        if self._signals:  # stopping: the status is the first failure, if any
+            self._status = self._status or code
+            return
+        if not self._all_served:
+            # Start-up failed (a model that does not load, no memory for another session): as one server would.
+            log.error("process p%d exited with status %d while starting: stopping the others", child.index, code)
+            self._status = code or 1
+            self._signalled(signal.SIGTERM, None)
+            return
+        log.warning(
+            "process p%d exited with status %d; starting it again in %g s (the others go on serving)",
+            child.index,
+            code,
+            child.delay,
+        )
+        child.restart_at = time.monotonic() + child.delay
+        child.delay = min(MAX_RESTART_DELAY_S, 2 * child.delay)
+
+
+def supervise(settings: Settings, *, log_level: str) -> int:
+    """`mhaserve serve` with --processes above 1."""
+    return Supervisor(settings, log_level=log_level).run()

@@ -1,0 +1,195 @@
+"""`mhaserve serve --processes N`: several server processes on one set of ports, under a supervisor.
+
+Real processes on real loopback ports: which process answers is the kernel's choice (SO_REUSEPORT), so
+the tests look at each process's own metrics port and at the supervisor's children in /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service import processes
+from mhaserve.service.settings import Settings, SettingsError
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.metrics import scrape
+from mhaserve.testing.process import ServerProcess
+
+CALLS = 24
+
+
+def _children(pid: int) -> list[int]:
+    """The live (not yet reaped) server processes `pid` started, from /proc: those that name themselves
+    mhaserve-pN (the supervisor's other child is multiprocessing's resource tracker)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                name, _, rest = f.read().partition(" (")[2].rpartition(") ")
+        except OSError:
+            continue
+        state, ppid = rest.split()[:2]
+        if int(ppid) == pid and state != "Z" and name.startswith("mhaserve-p"):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def _metrics_base(count: int) -> int:
+    """A port such that it and the `count - 1` after it are free now."""
+    for _ in range(50):
+        base = free_port()
+        if base + count - 1 > 65535:
+            continue
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no run of free ports")
+
+
+def _encode_on_a_new_connection(address: str, text: str) -> int:
+    with grpc.insecure_channel(address) as channel:  # a new channel, a new connection: the kernel picks anew
+        reply = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=[text]), timeout=WAIT)
+    return len(reply.embeddings[0].values)
+
+
+def _post_on_a_new_connection(http: int, text: str) -> int:
+    body = json.dumps({"input": text}).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{http}/v1/embeddings", data=body, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=WAIT) as response:  # urllib closes the connection after each
+        return len(json.load(response)["data"][0]["embedding"])
+
+
+def _count(metrics_port: int, method: str) -> float:
+    return scrape(metrics_port).get("mhaserve_requests_total", 0.0, code="OK", method=method)
+
+
+def _start(tiny_repo: Path, tmp_path: Path, n: int, *extra: str) -> tuple[ServerProcess, int, int]:
+    metrics, http = _metrics_base(n), free_port()
+    server = ServerProcess(
+        [
+            *("--repository", str(tiny_repo), "--model", "tiny", "--device", "cpu", "--processes", str(n)),
+            *("--port", "0", "--http-port", str(http), "--metrics-port", str(metrics), *extra),
+        ],
+        tmp_path / "serve.log",
+    )
+    wait_until(lambda: f"all {n} processes are serving" in server.log or server.proc.poll() is not None, "serving", 120)
+    assert server.proc.poll() is None, server.log
+    return server, metrics, http
+
+
+@pytest.mark.slow
+def test_two_processes_share_both_ports_and_stop_together_on_sigterm(tiny_repo: Path, tmp_path: Path) -> None:
+    server, metrics, http = _start(tiny_repo, tmp_path, 2)
+    with server:
+        address = server.address()  # port 0: the supervisor chose it, and both processes listen on it
+        listening = re.findall(r"listening on 127\.0\.0\.1:(\d+)", server.log)
+        assert [int(p) for p in listening] == [server.port()] * 2
+        children = _children(server.pid)
+        assert len(children) == 2
+        assert [_encode_on_a_new_connection(address, f"text {i}") for i in range(CALLS)] == [32] * CALLS
+        assert [_post_on_a_new_connection(http, f"text {i}") for i in range(CALLS)] == [32] * CALLS
+        for method in ("encoder.v1.EncoderService/Encode", "POST /v1/embeddings"):
+            counts = [_count(metrics + i, method) for i in range(2)]
+            assert sum(counts) == CALLS, (method, counts)
+            # The kernel hashed 24 connections over two listeners: both got some (all on one: p = 2^-23).
+            assert min(counts) > 0, (method, counts)
+        server.signal(signal.SIGTERM)
+        assert server.wait() == 0, server.log
+    assert server.log.count("mhaserve.service.server [-] stopped") == 2, server.log
+    assert not [pid for pid in children if os.path.exists(f"/proc/{pid}")]
+
+
+@pytest.mark.slow
+def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_repo: Path, tmp_path: Path) -> None:
+    server, metrics, http = _start(tiny_repo, tmp_path, 2)
+    with server:
+        address = server.address()
+        first, second = _children(server.pid)
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: first not in _children(server.pid), "the supervisor to reap the killed process")
+        # Its listening sockets closed with it: every new connection goes to the other process.
+        assert [_encode_on_a_new_connection(address, f"text {i}") for i in range(8)] == [32] * 8
+        wait_until(lambda: "is serving again" in server.log, "the process to be started again and serve", 120)
+        assert "exited with status 137; starting it again" in server.log
+        again = _children(server.pid)
+        assert second in again and first not in again and len(again) == 2
+        assert server.proc.poll() is None
+        server.signal(signal.SIGINT)
+        assert server.wait() == 0, server.log
+
+
+@pytest.mark.slow
+def test_a_killed_supervisor_leaves_no_server_behind(tiny_repo: Path, tmp_path: Path) -> None:
+    server, _, http = _start(tiny_repo, tmp_path, 2)
+    with server:
+        children = _children(server.pid)
+        server.kill()  # SIGKILL: nothing of the supervisor runs; Linux tells its children (PR_SET_PDEATHSIG)
+        wait_until(lambda: not [pid for pid in children if os.path.exists(f"/proc/{pid}")], "the processes to exit")
+    with socket.socket() as s:  # and the port they shared is free again
+        s.bind(("127.0.0.1", http))
+
+
+def test_a_port_in_use_is_an_error_before_any_process_starts(tiny_repo: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = ServerProcess(
+            ["--repository", str(tiny_repo), "--processes", "2", "--port", str(port), "--metrics-port", "0"],
+            tmp_path / "serve.log",
+        )
+        with server:
+            assert server.wait() == 1
+    assert f"cannot start: cannot listen on 127.0.0.1:{port}: Address already in use" in server.log
+    assert "listening on" not in server.log
+
+
+def test_a_process_failing_at_start_up_stops_the_supervisor_with_its_status(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    server = ServerProcess(
+        ["--repository", str(tmp_path / "models"), "--processes", "2", "--port", "0", "--metrics-port", "0"],
+        tmp_path / "serve.log",
+    )
+    with server:
+        assert server.wait(WAIT * 2) == 1, server.log
+    assert "while starting: stopping the others" in server.log
+
+
+def test_explicit_model_control_needs_one_process() -> None:
+    with pytest.raises(SettingsError, match="--model-control explicit needs --processes 1"):
+        Settings(processes=2, model_control="explicit")
+    with pytest.raises(SettingsError, match="--processes must be > 0"):
+        Settings(processes=0)
+    Settings(processes=2, model_control="poll")
+
+
+def test_core_shares_cut_the_cpus_into_equal_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    monkeypatch.setattr(processes, "available_cpus", lambda: 8)
+    assert processes.core_shares(4) == [{0, 1}, {2, 3}, {4, 5}, {6, 7}]
+    assert processes.core_shares(3) == [{0, 1}, {2, 3}, {4, 5}]
+    # A quota of 4 cores over 8 CPUs: two processes get 2 each, not 4.
+    monkeypatch.setattr(processes, "available_cpus", lambda: 4)
+    assert processes.core_shares(2) == [{0, 1}, {2, 3}]
+    # More processes than cores: one core each, round the list.
+    monkeypatch.setattr(processes, "available_cpus", lambda: 2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert processes.core_shares(3) == [{0}, {1}, {0}]
