@@ -7,7 +7,8 @@ limits, keys, TLS material, metrics and drain.
 This and the CLI are the only code that reads `Settings`; every component gets plain values.
 
 Start-up binds the port first and reports NOT_SERVING while the model loads and warms up, so an
-orchestrator sees a live process that is not ready yet; then SERVING. Shutdown (SIGTERM or SIGINT):
+orchestrator sees a live process that is not ready yet; then SERVING. A process that shares its ports
+with others (--reuse-port; each of --processes') binds them once it serves instead. Shutdown (SIGTERM or SIGINT):
 health goes NOT_SERVING and new calls are refused with UNAVAILABLE, the batcher stops waiting for
 batches to fill, streams waiting for their client's next message are closed (rpc/drain.py), in-flight
 and queued requests get the grace period to finish, then the process exits 0. A second signal during the
@@ -21,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 import grpc.aio
@@ -138,6 +140,7 @@ class EncoderServer:
         self._tokenize = named_pool("tokenize", 2)
         self._stalls = 0
         self._loading: asyncio.Task[None] | None = None
+        self._listening: Callable[[], Awaitable[None]] | None = None  # binds the ports (start() decides when)
         self._drain = Drain()
 
     @property
@@ -163,7 +166,11 @@ class EncoderServer:
         return None if self.pipeline is None else self.pipeline.batcher
 
     async def start(self) -> None:
-        """Find and verify the models, bind the ports, and start loading; `ready()` waits for the rest."""
+        """Find and verify the models, bind the ports, and start loading; `ready()` waits for the rest.
+
+        A server that shares its ports with others (--reuse-port, as each of --processes' are) binds them
+        only once it serves instead: the kernel would hand it connections while it loads, which the others
+        could have answered."""
         s = self.settings
         try:
             names = self.manager.names() or [self.manager.default_name()]
@@ -183,6 +190,23 @@ class EncoderServer:
         except (AuthError, tls.TlsError) as e:
             raise StartupError(str(e)) from None
         await self.health.set(False)
+        self._listening = functools.partial(self._listen, names, keys, tls_files, credentials)
+        if not s.reuse_port:
+            await self._listening()
+        if s.metrics_port:
+            try:
+                self.metrics_port = self.metrics.serve(s.host, s.metrics_port)
+            except OSError as e:
+                await self._stop_listeners(0)
+                raise StartupError(f"cannot serve metrics on {s.host}:{s.metrics_port}: {e.strerror}") from None
+        self.state = "loading"
+        self._loading = asyncio.get_running_loop().create_task(self._load(), name="load-models")
+
+    async def _listen(
+        self, names: list[str], keys: Keys, tls_files: tls.TlsFiles, credentials: grpc.ServerCredentials | None
+    ) -> None:
+        """Bind and serve the gRPC port and the HTTP port."""
+        s = self.settings
         # Order matters: authentication first (a refused call touches nothing else), then the error map,
         # then the drain wrapper right around the handlers.
         auth = (
@@ -226,26 +250,21 @@ class EncoderServer:
             ) from None
         await server.start()
         self._server = server
-        log.info(
-            "listening on %s:%d, %s (NOT_SERVING until %s %s loaded and warmed up; calls meanwhile %s)",
-            s.host,
-            self.port,
-            tls_files.mode,
-            ", ".join(names),
-            "is" if len(names) == 1 else "are",
-            f"wait for it up to {s.loading_wait:g} s (--loading-wait)" if s.loading_wait > 0 else "are refused",
-        )
+        if s.reuse_port:
+            log.info("listening on %s:%d, %s, beside other processes (SO_REUSEPORT)", s.host, self.port, tls_files.mode)
+        else:
+            log.info(
+                "listening on %s:%d, %s (NOT_SERVING until %s %s loaded and warmed up; calls meanwhile %s)",
+                s.host,
+                self.port,
+                tls_files.mode,
+                ", ".join(names),
+                "is" if len(names) == 1 else "are",
+                f"wait for it up to {s.loading_wait:g} s (--loading-wait)" if s.loading_wait > 0 else "are refused",
+            )
         self._log_security(keys)
         if s.http_port:
             await self._start_http(keys, tls_files)
-        if s.metrics_port:
-            try:
-                self.metrics_port = self.metrics.serve(s.host, s.metrics_port)
-            except OSError as e:
-                await self._stop_listeners(0)
-                raise StartupError(f"cannot serve metrics on {s.host}:{s.metrics_port}: {e.strerror}") from None
-        self.state = "loading"
-        self._loading = asyncio.get_running_loop().create_task(self._load(), name="load-models")
 
     async def _start_http(self, keys: Keys, tls_files: tls.TlsFiles) -> None:
         s = self.settings
@@ -330,6 +349,9 @@ class EncoderServer:
         if self.state == "loading":
             self.state = "serving"
             await self.health.set(True)
+            if s.reuse_port:
+                assert self._listening is not None
+                await self._listening()
 
     def _pipeline(self, model: LoadedModel, metrics: ModelMetrics) -> Pipeline:
         """A model version's pipeline: its limits (its own, the server's, the device's), its batcher."""
