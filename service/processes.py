@@ -6,11 +6,13 @@ own interpreter, model session and batcher, multiply that. Each binds the same g
 SO_REUSEPORT, and the kernel spreads new connections over them; a connection stays with the process
 that accepted it, as behind any layer-4 balancer.
 
-The supervisor loads no model and answers nothing. Before starting the processes it checks the ports
+The supervisor loads no model and answers no call. Before starting the processes it checks the ports
 are free (and picks the gRPC port when it is 0), so that they all bind the same ones and a port in use
-is still an error. Process i serves metrics on --metrics-port + i and runs on the i-th share of the
-cores (its CPU affinity), so that N processes size their thread pools to their share instead of each
-to the whole machine. The supervisor forwards SIGTERM and SIGINT (a second one too: the processes then
+is still an error. It serves every process's metrics on --metrics-port, each series labelled with its
+`process` (p0, p1, ...), fetched from process i's own metrics port, --metrics-port + 1 + i, at each
+scrape: one target for Prometheus, as with one process. Process i runs on the i-th share of the cores
+(its CPU affinity), so that N processes size their thread pools to their share instead of each to the
+whole machine. The supervisor forwards SIGTERM and SIGINT (a second one too: the processes then
 exit at once). A process that fails while the processes start stops them all, with its status, as a
 single server would; one that exits once all have served is started again, while the others go on
 answering.
@@ -29,17 +31,24 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Metric, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
+SCRAPE_TIMEOUT_S = 2.0
 FIRST_RESTART_DELAY_S = 1.0
 MAX_RESTART_DELAY_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -51,15 +60,16 @@ class PortsError(RuntimeError):
 
 def claim_ports(settings: Settings) -> Settings:
     """The settings with the ports every process binds: each checked free by binding it now (without
-    SO_REUSEPORT, so that another program's listener is found), the gRPC port chosen when it is 0, and
-    the first of the processes' metrics ports."""
+    SO_REUSEPORT, so that another program's listener is found), the gRPC port chosen when it is 0; and
+    the metrics ports, the supervisor's and one per process after it."""
     ports = {"gRPC": _bind(settings.host, settings.port)}
     if settings.http_port:
         ports["HTTP"] = _bind(settings.host, settings.http_port)
-    for i in range(settings.processes if settings.metrics_port else 0):
-        if settings.metrics_port + i > 65535:
-            raise PortsError(f"metrics ports {settings.metrics_port}..{settings.metrics_port + i} pass 65535")
-        _bind(settings.host, settings.metrics_port + i)
+    last = settings.metrics_port + settings.processes
+    if settings.metrics_port and last > 65535:
+        raise PortsError(f"metrics ports {settings.metrics_port}-{last} (one per process after it) pass 65535")
+    for port in range(settings.metrics_port, last + 1) if settings.metrics_port else ():
+        _bind(settings.host, port)
     return dataclasses.replace(settings, port=ports["gRPC"])
 
 
@@ -83,7 +93,7 @@ def core_shares(processes: int) -> list[frozenset[int]]:
     return [frozenset(cpus[(i * per + k) % len(cpus)] for k in range(per)) for i in range(processes)]
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(supervisor: int) -> None:
     """Ask Linux for SIGTERM when the supervisor dies, so that a killed supervisor leaves no server
     holding its ports: the process drains and exits as if it had been told to."""
     try:
@@ -91,11 +101,15 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    if os.getppid() == 1:  # the supervisor died before the request took effect
+    # The supervisor died before the request took effect: this process was handed to another parent.
+    # (Compared with the supervisor's pid, not with 1: in a container the supervisor is pid 1.)
+    if os.getppid() != supervisor:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _process_main(settings: Settings, index: int, cores: frozenset[int], level: str, ready: Connection) -> None:
+def _process_main(
+    settings: Settings, index: int, cores: frozenset[int], level: str, ready: Connection, supervisor: int
+) -> None:
     """One server process (the spawned child's entry point)."""
     from mhaserve.service.context import configure_logging
     from mhaserve.service.server import serve
@@ -103,7 +117,7 @@ def _process_main(settings: Settings, index: int, cores: frozenset[int], level: 
 
     # Its own process group: a terminal's Ctrl-C reaches the supervisor alone, which passes it on once.
     os.setpgid(0, 0)
-    _die_with_parent()
+    _die_with_parent(supervisor)
     os.sched_setaffinity(0, cores)
     name_this_thread(f"mhaserve-p{index}")  # what top and ps show, instead of the spawning interpreter's name
     configure_logging(level, process=f"p{index}")
@@ -123,7 +137,6 @@ class _Child:
     starts: int = 0
     restart_at: float | None = None
     delay: float = FIRST_RESTART_DELAY_S
-    codes: list[int] = field(default_factory=list)
 
 
 def _status(process: BaseProcess) -> int:
@@ -131,6 +144,53 @@ def _status(process: BaseProcess) -> int:
     code = process.exitcode
     assert code is not None
     return 128 - code if code < 0 else code
+
+
+class Gathered:
+    """The Prometheus collector behind the supervisor's metrics port: at each scrape, every serving
+    process's metrics, each series labelled with its process, and the supervisor's own two."""
+
+    def __init__(self, children: list[_Child], host: str) -> None:
+        self.children = children
+        # Processes bind their metrics to --host; a wildcard address is reached on loopback.
+        self.host = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}.get(host, host)
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for child in self.children:
+            port = child.settings.metrics_port
+            if not child.serving or not port:
+                continue  # still loading (or starting again): its series come with it
+            host = f"[{self.host.strip('[]')}]" if ":" in self.host else self.host
+            try:
+                with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=SCRAPE_TIMEOUT_S) as reply:
+                    text = reply.read().decode()
+            except OSError as e:
+                log.warning("process p%d's metrics could not be read: %s", child.index, e)
+                continue
+            for family in text_string_to_metric_families(text):
+                if family.name.endswith("_created"):  # creation times: noise, and one per process
+                    continue
+                merged = families.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type, family.unit)
+                )
+                label = {"process": f"p{child.index}"}
+                merged.samples.extend(
+                    sample._replace(labels=sample.labels | label)
+                    for sample in family.samples
+                    if not sample.name.endswith("_created")
+                )
+        yield from families.values()
+        yield GaugeMetricFamily(
+            "mhaserve_processes_serving",
+            "Server processes serving now, of --processes",
+            value=sum(c.serving for c in self.children),
+        )
+        yield CounterMetricFamily(
+            "mhaserve_process_restarts",
+            "Server processes started again after they exited",
+            value=sum(max(0, c.starts - 1) for c in self.children),
+        )
 
 
 class Supervisor:
@@ -154,9 +214,18 @@ class Supervisor:
             return 1
         shares = core_shares(s.processes)
         for i, cores in enumerate(shares):
-            metrics = s.metrics_port + i if s.metrics_port else 0
+            metrics = s.metrics_port + 1 + i if s.metrics_port else 0
             own = dataclasses.replace(shared, processes=1, reuse_port=True, metrics_port=metrics)
             self._children.append(_Child(i, own, cores))
+        metrics_server = None
+        if s.metrics_port:
+            registry = CollectorRegistry()
+            registry.register(Gathered(self._children, s.host))
+            try:
+                metrics_server = start_http_server(s.metrics_port, addr=s.host, registry=registry)
+            except OSError as e:
+                log.error("cannot start: cannot serve metrics on %s:%d: %s", s.host, s.metrics_port, e.strerror)
+                return 1
         log.info(
             "%d server processes on gRPC %s:%d%s, %d core(s) each%s",
             s.processes,
@@ -164,7 +233,9 @@ class Supervisor:
             shared.port,
             f" and HTTP port {s.http_port}" if s.http_port else "",
             len(shares[0]),
-            f"; metrics on ports {s.metrics_port}-{s.metrics_port + s.processes - 1}" if s.metrics_port else "",
+            f"; every process's metrics on port {s.metrics_port}, process i's alone on {s.metrics_port} + 1 + i"
+            if s.metrics_port
+            else "",
         )
         previous = {sig: signal.signal(sig, self._signalled) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -174,13 +245,18 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if metrics_server is not None:
+                server, thread = metrics_server
+                server.shutdown()
+                server.server_close()
+                thread.join(timeout=5)
         return self._status
 
     def _start(self, child: _Child) -> None:
         ours, theirs = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=_process_main,
-            args=(child.settings, child.index, child.cores, self.log_level, theirs),
+            args=(child.settings, child.index, child.cores, self.log_level, theirs, os.getpid()),
             name=f"mhaserve-p{child.index}",
         )
         process.start()
@@ -237,7 +313,6 @@ class Supervisor:
         assert child.process is not None
         child.process.join()
         code = _status(child.process)
-        child.codes.append(code)
         child.process = None
         if child.ready is not None:
             child.ready.close()

@@ -225,8 +225,9 @@ class Settings:
         metadata=_opt(
             "server processes on the same gRPC and HTTP ports (SO_REUSEPORT: the kernel spreads connections over "
             "them), each with its own interpreter, model session and batcher on its share of the cores, under one "
-            "supervisor; process i serves metrics on --metrics-port + i. For GPU hosts, where one process's Python, "
-            "not the GPU, bounds one-text requests (docs/gpu.md). Not with --model-control explicit",
+            "supervisor, which serves all their metrics on --metrics-port (labelled by process; process i's alone on "
+            "--metrics-port + 1 + i). For GPU hosts, where one process's Python, not the GPU, bounds one-text "
+            "requests (docs/gpu.md). Not with --model-control explicit",
             int,
             metavar="N",
         ),

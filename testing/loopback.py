@@ -26,6 +26,24 @@ def free_ports(n: int) -> list[int]:
         return [int(s.getsockname()[1]) for s in socks]
 
 
+def free_port_run(n: int, avoid: tuple[int, ...] = ()) -> int:
+    """A port such that it and the `n - 1` after it are free now and none is in `avoid`: for a server
+    whose processes serve metrics on consecutive ports (`mhaserve serve --processes`)."""
+    for _ in range(100):
+        base = free_port()
+        run = range(base, base + n)
+        if base + n - 1 > 65535 or any(port in avoid for port in run):
+            continue
+        try:
+            with contextlib.ExitStack() as held:
+                for port in run:
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"found no {n} consecutive free ports")
+
+
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT, interval: float = 0.01) -> None:
     """Poll a condition that cannot be awaited (state in another thread or process), with a deadline."""
     deadline = time.monotonic() + timeout

@@ -72,9 +72,37 @@ class Memory:
     def of(cls, fields: dict[str, int]) -> Memory:
         return cls(fields["VmRSS"], fields["VmHWM"], fields.get("RssAnon"))
 
+    @classmethod
+    def total(cls, parts: Sequence[Memory]) -> Memory:
+        """Several processes' memory together (the peaks add up as if they came at once: an upper bound)."""
+        anon = [m.anon_kib for m in parts]
+        return cls(
+            sum(m.rss_kib for m in parts),
+            sum(m.peak_kib for m in parts),
+            None if None in anon else sum(a for a in anon if a is not None),
+        )
+
 
 def memory(pid: int) -> Memory:
     return Memory.of(status(pid))
+
+
+def children(pid: int, name_prefix: str = "") -> list[int]:
+    """The live (not yet reaped) child processes of `pid` whose name starts with `name_prefix`, from /proc
+    (Linux): `mhaserve serve --processes` names its server processes mhaserve-p0, mhaserve-p1, ..."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        name, _, rest = stat.partition(" (")[2].rpartition(") ")
+        state, ppid = rest.split()[:2]
+        if int(ppid) == pid and state != "Z" and name.startswith(name_prefix):
+            found.append(int(entry))
+    return sorted(found)
 
 
 @dataclass(frozen=True)

@@ -21,45 +21,16 @@ from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service import processes
 from mhaserve.service.settings import Settings, SettingsError
-from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.loopback import WAIT, free_port, free_port_run, wait_until
 from mhaserve.testing.metrics import scrape
-from mhaserve.testing.process import ServerProcess
+from mhaserve.testing.process import ServerProcess, children
 
 CALLS = 24
 
 
 def _children(pid: int) -> list[int]:
-    """The live (not yet reaped) server processes `pid` started, from /proc: those that name themselves
-    mhaserve-pN (the supervisor's other child is multiprocessing's resource tracker)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                name, _, rest = f.read().partition(" (")[2].rpartition(") ")
-        except OSError:
-            continue
-        state, ppid = rest.split()[:2]
-        if int(ppid) == pid and state != "Z" and name.startswith("mhaserve-p"):
-            found.append(int(entry))
-    return sorted(found)
-
-
-def _metrics_base(count: int) -> int:
-    """A port such that it and the `count - 1` after it are free now."""
-    for _ in range(50):
-        base = free_port()
-        if base + count - 1 > 65535:
-            continue
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no run of free ports")
+    """The supervisor's server processes (its other child is multiprocessing's resource tracker)."""
+    return children(pid, "mhaserve-p")
 
 
 def _encode_on_a_new_connection(address: str, text: str) -> int:
@@ -82,7 +53,8 @@ def _count(metrics_port: int, method: str) -> float:
 
 
 def _start(tiny_repo: Path, tmp_path: Path, n: int, *extra: str) -> tuple[ServerProcess, int, int]:
-    metrics, http = _metrics_base(n), free_port()
+    http = free_port()
+    metrics = free_port_run(n + 1, avoid=(http,))  # the supervisor's, then one per process
     server = ServerProcess(
         [
             *("--repository", str(tiny_repo), "--model", "tiny", "--device", "cpu", "--processes", str(n)),
@@ -106,11 +78,17 @@ def test_two_processes_share_both_ports_and_stop_together_on_sigterm(tiny_repo: 
         assert len(children) == 2
         assert [_encode_on_a_new_connection(address, f"text {i}") for i in range(CALLS)] == [32] * CALLS
         assert [_post_on_a_new_connection(http, f"text {i}") for i in range(CALLS)] == [32] * CALLS
+        gathered = scrape(metrics)  # the supervisor's: every process's series, labelled by process
         for method in ("encoder.v1.EncoderService/Encode", "POST /v1/embeddings"):
-            counts = [_count(metrics + i, method) for i in range(2)]
+            counts = [_count(metrics + 1 + i, method) for i in range(2)]  # each process's own port
             assert sum(counts) == CALLS, (method, counts)
             # The kernel hashed 24 connections over two listeners: both got some (all on one: p = 2^-23).
             assert min(counts) > 0, (method, counts)
+            ok = {"code": "OK", "method": method}
+            assert [gathered.get("mhaserve_requests_total", **ok, process=f"p{i}") for i in range(2)] == counts
+        assert gathered.get("mhaserve_processes_serving") == 2
+        assert gathered.get("mhaserve_process_restarts_total") == 0
+        assert not gathered.has("mhaserve_requests_created")
         server.signal(signal.SIGTERM)
         assert server.wait() == 0, server.log
     assert server.log.count("mhaserve.service.server [-] stopped") == 2, server.log
@@ -134,6 +112,7 @@ def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_repo: 
             assert sent < 2000, server.log
         assert sent > 0
         assert "exited with status 137; starting it again" in server.log
+        assert scrape(metrics).get("mhaserve_process_restarts_total") == 1
         again = _children(server.pid)
         assert second in again and first not in again and len(again) == 2
         assert server.proc.poll() is None
