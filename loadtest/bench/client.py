@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import grpc
 
+from mhaserve.loadtest.bench.options import server_processes
 from mhaserve.loadtest.bench.quiet import (
     busy_cores,
     machine_cpu,
@@ -33,9 +34,9 @@ from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.stats import latency_summary
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from mhaserve.testing.loopback import free_ports
+from mhaserve.testing.loopback import free_port_run, free_ports
 from mhaserve.testing.metrics import Samples, scrape
-from mhaserve.testing.process import Memory, memory
+from mhaserve.testing.process import Memory, children, memory
 
 
 class BenchError(RuntimeError):
@@ -52,7 +53,11 @@ _PORT_IN_USE = "Address already in use"
 
 
 class Server:
-    """`mhaserve serve` on free ports, its log in a file; stopped with SIGTERM, as a deployment stops it."""
+    """`mhaserve serve` on free ports, its log in a file; stopped with SIGTERM, as a deployment stops it.
+
+    With `--processes N` among its flags it is a supervisor and N server processes: their CPU and memory
+    are summed (the supervisor's metrics are every process's already), and the gRPC clients get a channel
+    each."""
 
     def __init__(
         self,
@@ -67,6 +72,7 @@ class Server:
         log_path: Path,
     ) -> None:
         self.batching = batching
+        self.processes = server_processes(extra)
         self._serve_args = [
             sys.executable, "-m", "mhaserve.cli", "serve",
             "--repository", str(repository),
@@ -85,6 +91,8 @@ class Server:
 
     def _choose_ports(self) -> None:
         self.port, self.metrics_port, self.http_port = free_ports(3)
+        if self.processes > 1:  # the supervisor's port, and process i's own after it (metrics_port + 1 + i)
+            self.metrics_port = free_port_run(1 + self.processes, avoid=(self.port, self.http_port))
         self.address = f"127.0.0.1:{self.port}"
         self.http_url = f"http://127.0.0.1:{self.http_port}"
         ports = ["--port", str(self.port), "--metrics-port", str(self.metrics_port), "--http-port", str(self.http_port)]
@@ -137,7 +145,10 @@ class Server:
                     )
                 try:
                     status = health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
-                    if status == health_pb2.HealthCheckResponse.SERVING:
+                    # With several processes, each binds the port once it serves: wait for them all.
+                    if status == health_pb2.HealthCheckResponse.SERVING and (
+                        self.processes == 1 or f"all {self.processes} processes are serving" in self.log_tail(400)
+                    ):
                         break
                 except grpc.RpcError:
                     pass
@@ -157,13 +168,29 @@ class Server:
         return info
 
     def memory(self) -> Memory:
-        """The server process's resident and peak memory now (from /proc)."""
-        return memory(self.pid)
+        """The server's resident and peak memory now (from /proc), its processes' together."""
+        if self.processes == 1:
+            return memory(self.pid)
+        return Memory.total([memory(pid) for pid in self.pids()])
 
     @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    def pids(self) -> list[int]:
+        """The server's processes: the one started, and with --processes the server processes under it."""
+        return [self.pid] if self.processes == 1 else [self.pid, *children(self.pid, "mhaserve-p")]
+
+    @property
+    def own_channels(self) -> bool:
+        """Whether each gRPC client needs a channel (a connection) of its own to reach every process."""
+        return self.processes > 1
+
+    def scrape(self) -> Samples:
+        """The server's metrics (with --processes, the supervisor's: every process's series, which a sum
+        over the `process` label adds up)."""
+        return scrape(self.metrics_port, timeout=5)
 
     def stop(self) -> int | None:
         if self.proc is None:
@@ -195,7 +222,7 @@ async def _closed_loop(
     concurrency: int,
     duration: float,
     warmup_max: float,
-    server_pid: int,
+    server_pids: Sequence[int],
 ) -> dict[str, Any]:
     """`concurrency` clients on each load, all at once; measure one window once every client has had a
     response. Each load's records are kept apart (`groups`, in the order of `loads`)."""
@@ -237,13 +264,13 @@ async def _closed_loop(
         ]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(all_warm.wait(), timeout=warmup_max)
-        cpu0, server0, machine0 = self_cpu_seconds(), process_cpu_seconds(server_pid), machine_cpu()
-        threads0 = thread_cpu_seconds(server_pid)
+        cpu0, server0, machine0 = self_cpu_seconds(), _cpu_seconds(server_pids), machine_cpu()
+        threads0 = _threads_cpu_seconds(server_pids)
         t_start = time.perf_counter()
         await asyncio.sleep(duration)
         t_end = time.perf_counter()
-        cpu1, server1, machine1 = self_cpu_seconds(), process_cpu_seconds(server_pid), machine_cpu()
-        threads1 = thread_cpu_seconds(server_pid)
+        cpu1, server1, machine1 = self_cpu_seconds(), _cpu_seconds(server_pids), machine_cpu()
+        threads1 = _threads_cpu_seconds(server_pids)
         stop = True
         # Let in-flight requests finish, so the next point starts on an idle server.
         _, pending = await asyncio.wait(tasks, timeout=120)
@@ -272,6 +299,24 @@ async def _closed_loop(
         ),
         "machine": (machine0, machine1),
     }
+
+
+def _cpu_seconds(pids: Sequence[int]) -> float | None:
+    """The processes' CPU seconds together (None where /proc cannot say)."""
+    each = [process_cpu_seconds(pid) for pid in pids]
+    return None if None in each else sum(t for t in each if t is not None)
+
+
+def _threads_cpu_seconds(pids: Sequence[int]) -> dict[str, float] | None:
+    """The processes' CPU seconds by thread role, added up over the processes."""
+    roles: dict[str, float] = {}
+    for pid in pids:
+        each = thread_cpu_seconds(pid)
+        if each is None:
+            return None
+        for role, t in each.items():
+            roles[role] = roles.get(role, 0.0) + t
+    return roles
 
 
 def _throughput(group: dict[str, Any], concurrency: int, seconds: float) -> dict[str, Any]:
@@ -344,10 +389,10 @@ def _measure(
     and batch sizes are properties of the load, steady from the first batches."""
     before = after = Samples([])
     with contextlib.suppress(OSError):
-        before = scrape(server.metrics_port, timeout=5)
-    raw = asyncio.run(_closed_loop(loads, concurrency, duration, warmup_max, server.pid))
+        before = server.scrape()
+    raw = asyncio.run(_closed_loop(loads, concurrency, duration, warmup_max, server.pids()))
     with contextlib.suppress(OSError):
-        after = scrape(server.metrics_port, timeout=5)
+        after = server.scrape()
     return raw, before, after
 
 
@@ -361,7 +406,7 @@ def run_point(
     protocol: str = "grpc",
 ) -> dict[str, Any]:
     """One point of the sweep: throughput, latency, padding and CPU shares of `concurrency` clients."""
-    link = transport(protocol, server.address, server.http_url, workload)
+    link = transport(protocol, server.address, server.http_url, workload, own_channels=server.own_channels)
     raw, before, after = _measure(server, [(link, len(workload.ids))], concurrency, duration, warmup_max)
     seconds = raw["window"][1] - raw["window"][0]
     group = raw["groups"][0]
@@ -384,7 +429,8 @@ def run_models_point(
     """`concurrency` gRPC clients for each model named in `workloads`, all at once, against one server:
     throughput, latency and batches per model (`models`), CPU shares of the whole point."""
     loads = [
-        (transport("grpc", server.address, server.http_url, w, model), len(w.ids)) for model, w in workloads.items()
+        (transport("grpc", server.address, server.http_url, w, model, own_channels=server.own_channels), len(w.ids))
+        for model, w in workloads.items()
     ]
     raw, before, after = _measure(server, loads, concurrency, duration, warmup_max)
     seconds = raw["window"][1] - raw["window"][0]

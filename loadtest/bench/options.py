@@ -261,6 +261,17 @@ def server_flags(server_args: Sequence[str]) -> dict[str, str]:
     return dict(a.split("=", 1) for a in server_args if a.startswith("--") and "=" in a)
 
 
+def server_processes(server_args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    """How many server processes `mhaserve serve` runs (`--processes`, through --server-arg or the
+    environment the server inherits); 1 unless told."""
+    env = os.environ if env is None else env
+    value = server_flags(server_args).get("--processes", env.get("MHASERVE_PROCESSES", "")).strip()
+    try:
+        return int(value) if value else 1
+    except ValueError:
+        raise ValueError(f"the server's --processes {value!r} is not a number") from None
+
+
 def served_batching(
     concurrency: Sequence[int], server_args: Sequence[str], headline: int, env: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
@@ -299,13 +310,16 @@ def server_threads(
     flags = server_flags(server_args)
     workers = flags.get("--inference-workers", env.get("MHASERVE_INFERENCE_WORKERS", "auto"))
     chosen = workers.strip().lower() in ("", "none", "auto")
+    processes = server_processes(server_args, env)
     if chosen:
         graph = flags.get("--graph", graph)  # the bench passes its --graph; one in --server-arg comes after it
-        workers = str(auto_inference_workers(graph, device, available_cpus()))
+        workers = str(auto_inference_workers(graph, device, max(1, available_cpus() // processes)))
     per_batch = threads or flags.get("--intra-op-threads") or env.get("MHASERVE_INTRA_OP_THREADS")
     split = "" if workers == "1" else f", {workers} inference workers"
     if per_batch:
-        return f"{per_batch} per batch{split}"
-    if split:
-        return f"the cores split between {workers} inference workers (server default)"
-    return "all cores (server default)"
+        words = f"{per_batch} per batch{split}"
+    elif split:
+        words = f"the cores split between {workers} inference workers (server default)"
+    else:
+        words = "all cores (server default)"
+    return words if processes == 1 else f"{words}, in each of {processes} server processes (on its share of the cores)"

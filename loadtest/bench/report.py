@@ -308,7 +308,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         "CPU columns are in cores busy over the measured window (the machine has "
-        f"{machine['cores']}): the server process, this load generator, and everything else on the machine "
+        f"{machine['cores']}): the server process (with `--processes`, the supervisor and its server processes "
+        "together), this load generator, and everything else on the machine "
         "(other processes: noise the figures carry). Latency is client-side, per request. Server seq/s is "
         "clients / mean request cycle (Little's law for a closed loop), which does not jump with the bursts in "
         "which batches complete; the plain count of completions in the window is `seq_per_s_counted` in "

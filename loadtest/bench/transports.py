@@ -79,25 +79,39 @@ def http_requests(workload: Workload, host: str, encoding_format: str, model: st
 
 
 class GrpcTransport:
-    """encoder.v1 `Encode`, every client on one grpc.aio channel."""
+    """encoder.v1 `Encode`, every client on one grpc.aio channel, or with `own_channels` each client on a
+    channel (a connection) of its own: a server of several processes (`--processes`) gets connections,
+    not calls, spread over its processes, and one channel is one connection."""
 
-    def __init__(self, address: str, workload: Workload, model: str = "") -> None:
+    def __init__(self, address: str, workload: Workload, model: str = "", *, own_channels: bool = False) -> None:
         self.address = address
         self.requests = grpc_requests(workload, model)
+        self.own_channels = own_channels
         self.channel: grpc.aio.Channel | None = None
+        self.channels: list[grpc.aio.Channel] = []
 
     async def __aenter__(self) -> GrpcTransport:
-        self.channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
-        await self.channel.channel_ready()
+        if not self.own_channels:
+            self.channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            await self.channel.channel_ready()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.channel is not None:
-            await self.channel.close()
+        for channel in [self.channel, *self.channels]:
+            if channel is not None:
+                await channel.close()
 
     def client(self) -> Send:
-        assert self.channel is not None
-        stub = pb_grpc.EncoderServiceStub(self.channel)
+        if self.own_channels:
+            # Without a local subchannel pool, grpc shares one connection among channels to the same target.
+            channel = grpc.aio.insecure_channel(
+                self.address, options=[*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+            )
+            self.channels.append(channel)
+        else:
+            assert self.channel is not None
+            channel = self.channel
+        stub = pb_grpc.EncoderServiceStub(channel)
         requests = self.requests
 
         async def send(i: int) -> int:
@@ -202,11 +216,20 @@ class HttpTransport:
         return send
 
 
-def transport(protocol: str, grpc_address: str, http_url: str, workload: Workload, model: str = "") -> Transport:
+def transport(
+    protocol: str,
+    grpc_address: str,
+    http_url: str,
+    workload: Workload,
+    model: str = "",
+    *,
+    own_channels: bool = False,
+) -> Transport:
     """The transport of a protocol name (grpc, http, http-base64), ready for `async with`; its requests name
-    `model` (none when empty: the server's default model)."""
+    `model` (none when empty: the server's default model); `own_channels`: a gRPC channel per client
+    (HTTP clients always hold a connection each)."""
     if protocol == "grpc":
-        return GrpcTransport(grpc_address, workload, model)
+        return GrpcTransport(grpc_address, workload, model, own_channels=own_channels)
     if protocol in HTTP_ENCODINGS:
         return HttpTransport(http_url, workload, HTTP_ENCODINGS[protocol], model)
     raise ValueError(f"unknown protocol {protocol!r}")

@@ -10,7 +10,7 @@ import pytest
 from mhaserve.loadtest.bench.client import Server
 
 
-def bench_server(entry: Path, log: Path, models: list[str] | None = None) -> Server:
+def bench_server(entry: Path, log: Path, models: list[str] | None = None, extra: list[str] | None = None) -> Server:
     """The bench's server subprocess (not started) on a tiny model entry's repository."""
     return Server(
         entry.parent.parent,
@@ -19,7 +19,7 @@ def bench_server(entry: Path, log: Path, models: list[str] | None = None) -> Ser
         graph="auto",
         device="cpu",
         threads=1,
-        extra=[],
+        extra=extra or [],
         log_path=log,
     )
 

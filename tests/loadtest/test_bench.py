@@ -207,3 +207,19 @@ def test_report_says_how_the_server_split_its_threads(monkeypatch: pytest.Monkey
     assert server_threads(None, [], env={"MHASERVE_INFERENCE_WORKERS": "1"}, graph="int8", device="cpu") == (
         "all cores (server default)"
     )
+
+
+def test_report_says_how_many_server_processes_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mhaserve.loadtest.bench.options import server_processes, server_threads
+
+    assert server_processes([], env={}) == 1
+    assert server_processes(["--processes=3"], env={"MHASERVE_PROCESSES": "2"}) == 3
+    assert server_processes([], env={"MHASERVE_PROCESSES": "2"}) == 2
+    with pytest.raises(ValueError, match="--processes 'x' is not a number"):
+        server_processes(["--processes=x"], env={})
+    # Each process sizes its auto workers by its share: 16 cores over 2 processes is 8 each, so 4 workers.
+    monkeypatch.setattr("mhaserve.loadtest.bench.options.available_cpus", lambda: 16)
+    assert server_threads(None, ["--processes=2"], env={}, graph="optimized", device="cpu") == (
+        "the cores split between 4 inference workers (server default), in each of 2 server processes "
+        "(on its share of the cores)"
+    )

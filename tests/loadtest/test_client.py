@@ -13,6 +13,8 @@ import pytest
 from mhaserve.loadtest.bench import client
 from mhaserve.loadtest.bench.client import BenchError
 from mhaserve.testing.loopback import free_ports
+from mhaserve.testing.metrics import scrape
+from mhaserve.testing.process import memory
 from mhaserve.testing.server import health_status
 from tests.loadtest.conftest import bench_server
 
@@ -77,3 +79,31 @@ def test_any_other_failure_to_start_is_an_error_with_the_servers_last_lines(tiny
         pass
     assert "no-such-model" in str(failure.value)  # the server's reason, not only where its log is
     assert "[bench]" not in server.log_path.read_text()  # not retried
+
+
+@pytest.mark.slow
+def test_a_server_of_two_processes_is_measured_as_a_whole(tiny_entry: Path, tmp_path: Path) -> None:
+    """With --processes 2 the bench counts both processes' CPU, memory and metrics, and gives each gRPC
+    client a connection of its own so that both get calls."""
+    from mhaserve.loadtest.bench.workloads import Workload
+
+    server = bench_server(tiny_entry, tmp_path / "server.log", extra=["--processes=2"])
+    with server.running():
+        assert server.processes == 2 and server.own_channels
+        assert len(server.pids()) == 3  # the supervisor and its two server processes
+        texts = [f"text number {i}" for i in range(16)]
+        workload = Workload("t", "texts", "texts", [[1]] * 16, texts)
+        point = client.run_point(server, workload, 16, duration=1.0, warmup_max=10.0)
+        assert point["errors"] == {} and point["completed"] > 0
+        # The supervisor runs no model: an inference thread's CPU is the server processes'.
+        assert point["server_threads_ms_per_request"]["inference"] > 0
+        own_ports = [server.metrics_port + 1 + i for i in range(2)]
+        per_process = [scrape(port).get("mhaserve_requests_total", code="OK") for port in own_ports]
+        # 16 connections hashed over two listeners: both got calls (all on one: p = 2^-15).
+        assert min(per_process) > 0, per_process
+        # The supervisor's port has them all, labelled by process.
+        gathered = server.scrape()
+        assert gathered.get("mhaserve_requests_total", code="OK") == sum(per_process)
+        assert [gathered.get("mhaserve_requests_total", code="OK", process=f"p{i}") for i in range(2)] == per_process
+        whole, first = server.memory(), memory(server.pids()[1])
+        assert whole.rss_kib > first.rss_kib
