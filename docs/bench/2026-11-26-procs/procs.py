@@ -40,7 +40,7 @@ from mhaserve.loadtest.stats import latency_summary
 from mhaserve.loadtest.texts import SHORT
 from mhaserve.runtime.repository import ModelRepository
 from mhaserve.runtime.tokenizer import load_for_serving
-from mhaserve.testing.loopback import free_ports
+from mhaserve.testing.loopback import free_port_run, free_ports
 from mhaserve.testing.metrics import scrape
 
 HOST = "127.0.0.1"
@@ -178,8 +178,10 @@ def main() -> int:
         list(pool.map(abs, range(opt.load_processes)))  # start them before anything is timed
         for n in (int(x) for x in opt.processes.split(",")):
             grpc_port, http_port = free_ports(2)
-            metrics = free_ports(1)[0]  # process i serves metrics on metrics + i
-            metrics_ports = [metrics + i for i in range(n)]
+            # The supervisor's port, and process i's own after it. (As run on 2026-11-26, process i served on
+            # metrics + i and the script summed those; the supervisor now gathers them all on its port.)
+            metrics = free_port_run(n + 1, avoid=(grpc_port, http_port))
+            metrics_ports = [metrics]
             log = Path(opt.out).with_suffix(f".serve{n}.log")
             args = [
                 sys.executable, "-m", "mhaserve.cli", "serve", "--repository", opt.repository, "--model", opt.model,
