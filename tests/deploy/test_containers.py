@@ -152,6 +152,44 @@ def test_cpu_image_serves_as_the_host_does(images: Images, tmp_path: Path) -> No
         assert "draining" in e.logs(name)
 
 
+def test_cpu_image_runs_several_server_processes_as_pid_1(images: Images) -> None:
+    """MHASERVE_PROCESSES=2 in the image: the supervisor is the container's pid 1, both processes serve
+    on the published port, their metrics come together on the one metrics port, and `stop` drains both."""
+    e = engine()
+    grpc_port, metrics_port = free_port(), free_port()
+    address = f"127.0.0.1:{grpc_port}"
+    name = f"mhaserve-test-processes-{grpc_port}"
+    publish = ["-p", f"127.0.0.1:{grpc_port}:50051", "-p", f"127.0.0.1:{metrics_port}:8000"]
+    with container(images.cpu, *publish, "-e", "MHASERVE_PROCESSES=2", name=name):
+        wait_until(
+            lambda: "all 2 processes are serving" in e.logs(name) or not e.state(name)["Running"],
+            "both processes to serve",
+            START,
+            0.2,
+        )
+        assert e.state(name)["Running"], f"the container exited:\n{e.logs(name)}"
+        # The image's entrypoint is `mhaserve serve`: the supervisor is pid 1, its processes' parent.
+        pid1 = e.exec(name, "cat", "/proc/1/cmdline").stdout.split("\0")
+        assert any(a.endswith("/mhaserve") for a in pid1) and "serve" in pid1, pid1
+        calls = 16
+        for i in range(calls):  # a new connection each: the kernel spreads connections over the two
+            with grpc.insecure_channel(address) as channel:
+                reply = epb_grpc.EncoderServiceStub(channel).Encode(epb.EncodeRequest(texts=[f"t {i}"]), timeout=WAIT)
+            assert len(reply.embeddings[0].values) == 384
+        samples = scrape(metrics_port)
+        assert ok_calls(samples, ENCODE) == calls
+        per_process = [
+            sum(s.value for s in samples if s.name == "mhaserve_requests_total" and s.labels.get("process") == p)
+            for p in ("p0", "p1")
+        ]
+        assert min(per_process) > 0, per_process  # all 16 on one process: p = 2^-15
+        assert samples.get("mhaserve_processes_serving") == 2
+
+        e("stop", "-t", "40", name, timeout=60)
+        assert e.exit_code(name) == 0, f"exit code {e.exit_code(name)} after SIGTERM:\n{e.logs(name)}"
+        assert e.logs(name).count("mhaserve.service.server [-] stopped") == 2
+
+
 # ---- 2. compose: the default file with the CPU override --------------------------------------------------
 
 
