@@ -4,7 +4,8 @@ One process, one event loop: gRPC (encoder.v1, the Open Inference Protocol, heal
 HTTP (OpenAI embeddings, KServe v2 REST, utility routes) over the same data plane, pipeline, batcher,
 limits, keys, TLS material, metrics and drain.
 
-This and the CLI are the only code that reads `Settings`; every component gets plain values.
+This, the CLI and the supervisor of several server processes (processes.py) are the only code that reads
+`Settings`; every component gets plain values.
 
 Start-up binds the port first and reports NOT_SERVING while the model loads and warms up, so an
 orchestrator sees a live process that is not ready yet; then SERVING. A process that shares its ports

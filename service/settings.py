@@ -2,8 +2,9 @@
 
 Every option is a field of `Settings` whose metadata holds its help text and its parser; the CLI
 (`mhaserve.cli.options`) derives each flag (`--max-wait-ms`) and environment variable
-(`MHASERVE_MAX_WAIT_MS`) from the field, so defaults live here and nowhere else. Only the CLI and the
-server's start-up (server.py) read a Settings: every component gets plain values (paths, Limits, keys).
+(`MHASERVE_MAX_WAIT_MS`) from the field, so defaults live here and nowhere else. Only the CLI, the
+server's start-up (server.py) and the supervisor of several servers (processes.py) read a Settings: every
+component gets plain values (paths, Limits, keys).
 """
 
 from __future__ import annotations

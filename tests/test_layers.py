@@ -25,10 +25,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("service", "export"),  # serving; exporting and publishing models
     ("runtime", "model", "proto"),  # repository, manifest, engine, tokenizer; the PyTorch model; gRPC stubs
 ]
-# Who may read Settings: the CLI, the server's start-up, and what builds servers on top of them.
+# Who may read Settings: the CLI, the server's start-up (one process's, and the supervisor's that starts
+# several: `--processes`), and what builds servers on top of them.
 SETTINGS_READERS = (
     "mhaserve.cli",
     "mhaserve.service.server",
+    "mhaserve.service.processes",
     "mhaserve.service.settings",
     "mhaserve.testing",
     "mhaserve.loadtest",
