@@ -102,7 +102,10 @@ def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_repo: 
         address = server.address()
         first, second = _children(server.pid)
         os.kill(first, signal.SIGKILL)
-        wait_until(lambda: first not in _children(server.pid), "the supervisor to reap the killed process")
+        # Gone from /proc, not just a zombie: a killed leader turns zombie while its other threads still
+        # exit, and its listening sockets (which the kernel still hashes new connections to) close with the
+        # last of them. A connection queued there then is reset: SO_REUSEPORT does not move it elsewhere.
+        wait_until(lambda: not os.path.exists(f"/proc/{first}"), "the killed process to be gone and reaped")
         # Its listening sockets closed with it, and the new process joins the ports only once it serves:
         # meanwhile every new connection goes to the other process, and nothing is refused as "loading".
         sent = 0
