@@ -89,7 +89,7 @@ def core_shares(processes: int) -> list[frozenset[int]]:
     each as its cgroup quota allows them (a share is reused round the list when there are more processes
     than cores)."""
     cpus = sorted(os.sched_getaffinity(0))
-    per = max(1, min(len(cpus), available_cpus()) // processes)
+    per = max(1, available_cpus() // processes)  # available_cpus() is already the affinity cut by the quota
     return [frozenset(cpus[(i * per + k) % len(cpus)] for k in range(per)) for i in range(processes)]
 
 
