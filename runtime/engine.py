@@ -13,7 +13,7 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableSequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -129,23 +129,41 @@ def _session_options(
 class Runs:
     """Engine runs in progress, counted over every engine that shares this: with several models served, a
     batch of one overlaps a batch of another as much as one of its own, and must take its share of the
-    cores, not all of them (two sessions with every core each would preempt each other)."""
+    cores, not all of them (two sessions with every core each would preempt each other).
 
-    def __init__(self) -> None:
+    `peers` extends the count to other server processes on the same cores (`mhaserve serve --processes`):
+    a table in shared memory with one slot per process, where slot `index` is this process's own count
+    and the others are read as runs that overlap. Each process writes its own slot only, so no lock spans
+    processes (a process killed mid-update would leave none held), and the supervisor clears the slot of
+    a process that exited. A read may miss a run that starts at that instant: two batches then both take
+    every core for once, which costs time and nothing else."""
+
+    def __init__(self, peers: MutableSequence[int] | None = None, index: int = 0) -> None:
         self._n = 0
         self._lock = threading.Lock()
+        self._peers = peers
+        self._index = index
+
+    def _others(self) -> int:
+        if self._peers is None:
+            return 0
+        return sum(self._peers) - self._peers[self._index]
 
     @contextlib.contextmanager
     def counted(self) -> Iterator[int]:
         """Count a run for as long as it lasts; yields how many others were in progress when it began."""
         with self._lock:
-            others = self._n
+            others = self._n + self._others()
             self._n += 1
+            if self._peers is not None:
+                self._peers[self._index] = self._n
         try:
             yield others
         finally:
             with self._lock:
                 self._n -= 1
+                if self._peers is not None:
+                    self._peers[self._index] = self._n
 
 
 class OnnxEngine:

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import serving
-from mhaserve.runtime.engine import CUDA, Device, Engine
+from mhaserve.runtime.engine import CUDA, Device, Engine, OnnxEngine, Runs
 from mhaserve.runtime.errors import NotFound
 from mhaserve.runtime.serving import ServingConfig
 from mhaserve.runtime.tokenizer import load_for_serving
@@ -106,14 +106,15 @@ EngineFactory = Callable[[ModelEntry], Engine]
 
 
 def onnx_engine(
-    device: Device = "auto", intra_op_threads: int | None = None, overlap_threads: int | None = None
+    device: Device = "auto",
+    intra_op_threads: int | None = None,
+    overlap_threads: int | None = None,
+    runs: Runs | None = None,
 ) -> EngineFactory:
     """The production engine factory: ONNX Runtime sessions on `device` (see OnnxEngine for `overlap_threads`).
-    Its engines count their runs together, so that a batch that starts while another model's computes goes to
-    its overlap session as it would beside one of its own."""
-    from mhaserve.runtime.engine import OnnxEngine, Runs
-
-    runs = Runs()
+    Its engines count their runs together (in `runs`, which may span processes), so that a batch that starts
+    while another model's computes goes to its overlap session as it would beside one of its own."""
+    runs = runs or Runs()
 
     def make(entry: ModelEntry) -> Engine:
         m = entry.manifest

@@ -10,9 +10,13 @@ The supervisor loads no model and answers no call. Before starting the processes
 are free (and picks the gRPC port when it is 0), so that they all bind the same ones and a port in use
 is still an error. It serves every process's metrics on --metrics-port, each series labelled with its
 `process` (p0, p1, ...), fetched from process i's own metrics port, --metrics-port + 1 + i, at each
-scrape: one target for Prometheus, as with one process. Process i runs on the i-th share of the cores
-(its CPU affinity), so that N processes size their thread pools to their share instead of each to the
-whole machine. The supervisor forwards SIGTERM and SIGINT (a second one too: the processes then
+scrape: one target for Prometheus, as with one process. Each process sizes its inference workers and
+thread pools by its share of the cores (1/N), not by the whole machine. On a CPU the processes share
+every core: a batch that starts while another process computes runs on its share's threads, and one
+that starts while none does takes every core, so that a lone request is as fast as with one process
+(the processes count their runs in progress in a small table of shared memory; server.CoreShare). On a
+GPU, or with --intra-op-threads fixed, process i is pinned to the i-th share instead (CPU affinity). The
+supervisor forwards SIGTERM and SIGINT (a second one too: the processes then
 exit at once). A process that fails while the processes start stops them all, with its status, as a
 single server would; one that exits once all have served is started again, while the others go on
 answering.
@@ -32,7 +36,7 @@ import socket
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableSequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -108,20 +112,29 @@ def _die_with_parent(supervisor: int) -> None:
 
 
 def _process_main(
-    settings: Settings, index: int, cores: frozenset[int], level: str, ready: Connection, supervisor: int
+    settings: Settings,
+    index: int,
+    cores: frozenset[int],
+    level: str,
+    ready: Connection,
+    supervisor: int,
+    peers: MutableSequence[int] | None,
 ) -> None:
-    """One server process (the spawned child's entry point)."""
+    """One server process (the spawned child's entry point). With `peers` it shares every core with the
+    others (CoreShare) and sizes itself by as many as `cores` holds; without, it is pinned to `cores`."""
     from mhaserve.service.context import configure_logging
-    from mhaserve.service.server import serve
+    from mhaserve.service.server import CoreShare, serve
     from mhaserve.service.threads import name_this_thread
 
     # Its own process group: a terminal's Ctrl-C reaches the supervisor alone, which passes it on once.
     os.setpgid(0, 0)
     _die_with_parent(supervisor)
-    os.sched_setaffinity(0, cores)
+    share = None if peers is None else CoreShare(len(cores), peers, index)
+    if share is None:
+        os.sched_setaffinity(0, cores)
     name_this_thread(f"mhaserve-p{index}")  # what top and ps show, instead of the spawning interpreter's name
     configure_logging(level, process=f"p{index}")
-    code = asyncio.run(serve(settings, on_serving=lambda: ready.send(index)))
+    code = asyncio.run(serve(settings, on_serving=lambda: ready.send(index), share=share))
     ready.close()
     sys.exit(code)
 
@@ -202,6 +215,10 @@ class Supervisor:
         self._ctx = multiprocessing.get_context("spawn")  # no fork of a process that has threads
         self._children: list[_Child] = []
         self._signals: list[int] = []
+        # Each process's runs in progress, for processes that share the cores (_process_main); None: pinned.
+        self._peers: MutableSequence[int] | None = None
+        if settings.on_cpu and not settings.intra_op_threads:
+            self._peers = self._ctx.RawArray("i", settings.processes)
         self._all_served = False
         self._status = 0
 
@@ -227,12 +244,14 @@ class Supervisor:
                 log.error("cannot start: cannot serve metrics on %s:%d: %s", s.host, s.metrics_port, e.strerror)
                 return 1
         log.info(
-            "%d server processes on gRPC %s:%d%s, %d core(s) each%s",
+            "%d server processes on gRPC %s:%d%s, %s%s",
             s.processes,
             s.host,
             shared.port,
             f" and HTTP port {s.http_port}" if s.http_port else "",
-            len(shares[0]),
+            f"{len(shares[0])} core(s) each"
+            if self._peers is None
+            else f"sharing {available_cpus()} cores: each sized by {len(shares[0])}, a batch alone on all",
             f"; every process's metrics on port {s.metrics_port}, process i's alone on {s.metrics_port} + 1 + i"
             if s.metrics_port
             else "",
@@ -256,7 +275,7 @@ class Supervisor:
         ours, theirs = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=_process_main,
-            args=(child.settings, child.index, child.cores, self.log_level, theirs, os.getpid()),
+            args=(child.settings, child.index, child.cores, self.log_level, theirs, os.getpid(), self._peers),
             name=f"mhaserve-p{child.index}",
         )
         process.start()
@@ -314,6 +333,8 @@ class Supervisor:
         child.process.join()
         code = _status(child.process)
         child.process = None
+        if self._peers is not None:
+            self._peers[child.index] = 0  # it may have died computing: its runs are no longer in progress
         if child.ready is not None:
             child.ready.close()
             child.ready = None

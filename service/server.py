@@ -28,7 +28,8 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableSequence
+from dataclasses import dataclass
 
 import grpc
 import grpc.aio
@@ -36,6 +37,7 @@ import grpc.aio
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as encoder_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kserve_grpc
 from mhaserve.runtime.cpus import available_cpus
+from mhaserve.runtime.engine import Runs
 from mhaserve.runtime.errors import ServiceError
 from mhaserve.runtime.repository import (
     EngineFactory,
@@ -78,18 +80,31 @@ MAX_PENDING_CALLS = 20_000
 ALWAYS_ANSWERED = (f"/{HEALTH_SERVICE}/", "/grpc.reflection.", *KSERVE_HEALTH_METHODS)
 
 
-def _intra_op_threads(settings: Settings) -> tuple[int | None, int | None]:
+@dataclass(frozen=True)
+class CoreShare:
+    """A server process's part of the cores it shares with the other processes of `serve --processes` on a
+    CPU: it sizes its inference workers, and the threads of a batch that overlaps another, by its `cpus`; a
+    batch that starts while no process computes takes every core. Pinned instead, each process would run a
+    lone request on its share alone: on 2 cores, one core for one text, 1.2-4.7 ms slower than one process
+    (docs/benchmarks.md). `peers`: every process's runs in progress, in shared memory (runtime.engine.Runs);
+    `index`: this process's slot."""
+
+    cpus: int
+    peers: MutableSequence[int]
+    index: int
+
+
+def _intra_op_threads(settings: Settings, workers: int, cpus: int, *, shared: bool) -> tuple[int | None, int | None]:
     """ONNX Runtime's threads: for a batch that computes alone, and for one that starts while another
     computes (None: no second session). --intra-op-threads fixes both; otherwise a lone batch gets every core
-    and, with several inference workers, an overlapping one its worker's share (more threads than cores
-    would only preempt each other)."""
-    if settings.intra_op_threads or settings.workers == 1:
+    and, with several inference workers or processes sharing the cores, an overlapping one its worker's share
+    of `cpus` (more threads than cores would only preempt each other)."""
+    if settings.intra_op_threads or (workers == 1 and not shared):
         return settings.intra_op_threads, None
-    return None, max(1, available_cpus() // settings.workers)
+    return None, max(1, cpus // workers)
 
 
-def _threads_in_words(settings: Settings) -> str:
-    alone, overlapping = _intra_op_threads(settings)
+def _threads_in_words(alone: int | None, overlapping: int | None) -> str:
     words = f"{alone or _all_cores()}"
     return words if overlapping is None else f"{words} alone, {overlapping} while another batch computes"
 
@@ -108,10 +123,20 @@ class EncoderServer:
     """One model served over gRPC (encoder.v1, Open Inference Protocol, health, reflection) and Prometheus metrics."""
 
     def __init__(
-        self, settings: Settings, *, engine_factory: EngineFactory | None = None, metrics: Metrics | None = None
+        self,
+        settings: Settings,
+        *,
+        engine_factory: EngineFactory | None = None,
+        metrics: Metrics | None = None,
+        share: CoreShare | None = None,
     ) -> None:
+        """`share`: this process's part of cores shared with other server processes (None: all are its own)."""
         self.settings = settings
-        self.engine_factory = engine_factory or onnx_engine(settings.device, *_intra_op_threads(settings))
+        cpus = available_cpus() if share is None else share.cpus
+        self.workers = settings.workers_on(cpus)
+        self.threads = _intra_op_threads(settings, self.workers, cpus, shared=share is not None)
+        runs = None if share is None else Runs(share.peers, share.index)
+        self.engine_factory = engine_factory or onnx_engine(settings.device, *self.threads, runs=runs)
         self.metrics = metrics or Metrics()
         self.repository = ModelRepository(settings.repository)
         # At most as many calls wait for the model as the queue would take inputs.
@@ -137,7 +162,7 @@ class EncoderServer:
         )
         # The inference threads every model's batches take turns on (see Batcher's executor), and the
         # tokeniser threads every model shares.
-        self._inference = named_pool("inference", settings.workers)
+        self._inference = named_pool("inference", self.workers)
         self._tokenize = named_pool("tokenize", 2)
         self._stalls = 0
         self._loading: asyncio.Task[None] | None = None
@@ -343,9 +368,9 @@ class EncoderServer:
             self.dataplane.default_model,
             s.batching,
             s.model_control,
-            s.workers,
+            self.workers,
             "" if s.inference_workers else f" (auto, for the {s.graph} graph)",
-            _threads_in_words(s),
+            _threads_in_words(*self.threads),
         )
         if self.state == "loading":
             self.state = "serving"
@@ -368,7 +393,7 @@ class EncoderServer:
             inference_timeout=s.inference_timeout,
             on_stall=self._stalled,
             on_recover=self._recovered,
-            workers=s.workers,
+            workers=self.workers,
         )
         return Pipeline(model, batcher, limits, metrics, auto_truncate=s.auto_truncate, tokenize_pool=self._tokenize)
 
@@ -457,10 +482,12 @@ async def serve(
     *,
     engine_factory: EngineFactory | None = None,
     on_serving: Callable[[], None] | None = None,
+    share: CoreShare | None = None,
 ) -> int:
     """`mhaserve serve`: run until SIGTERM or SIGINT, drain, and return the exit status. `on_serving` is
-    called once every model is loaded and warm (how a supervisor of several processes learns it)."""
-    server = EncoderServer(settings, engine_factory=engine_factory)
+    called once every model is loaded and warm (how a supervisor of several processes learns it); `share`:
+    the cores this process shares with the supervisor's others (see CoreShare)."""
+    server = EncoderServer(settings, engine_factory=engine_factory, share=share)
     try:
         await server.start()
     except StartupError as e:

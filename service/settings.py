@@ -379,7 +379,15 @@ class Settings:
     @property
     def workers(self) -> int:
         """The inference workers in force: --inference-workers, else the choice for the graph and device."""
-        return self.inference_workers or auto_inference_workers(self.graph, self.device, available_cpus())
+        return self.workers_on(available_cpus())
+
+    def workers_on(self, cpus: int) -> int:
+        """The inference workers in force for a process that sizes itself by `cpus` cores."""
+        return self.inference_workers or auto_inference_workers(self.graph, self.device, cpus)
+
+    @property
+    def on_cpu(self) -> bool:
+        return on_cpu(self.device)
 
     def limits(self, *, on_cuda: bool, model: Mapping[str, float] | None = None) -> Limits:
         """The limits in force: a model's own (its serving.json `limits`), then those set here, then the
@@ -422,12 +430,16 @@ def auto_inference_workers(graph: str, device: str, cpus: int) -> int:
     256 tokens, about 100 MB of attention scores alone), so more workers than measured would only raise the
     peak memory. On CUDA, workers share one session: one.
     """
-    on_cpu = device == "cpu" or (device == "auto" and not cuda_device_visible())
-    if not on_cpu:
+    if not on_cpu(device):
         return 1
     if graph == "int8" and cpus >= 2:
         return max(2, min(cpus // 2, MAX_AUTO_WORKERS))
     return max(1, min(cpus // 2, MAX_AUTO_WORKERS))
+
+
+def on_cpu(device: str) -> bool:
+    """Whether a server with this --device runs its models on the CPU: cpu, or auto on a host that shows no GPU."""
+    return device == "cpu" or (device == "auto" and not cuda_device_visible())
 
 
 def flag(name: str) -> str:

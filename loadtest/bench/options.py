@@ -10,7 +10,7 @@ from typing import Any
 
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.repository import GRAPHS
-from mhaserve.service.settings import auto_inference_workers
+from mhaserve.service.settings import auto_inference_workers, on_cpu
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -322,4 +322,9 @@ def server_threads(
         words = f"the cores split between {workers} inference workers (server default)"
     else:
         words = "all cores (server default)"
-    return words if processes == 1 else f"{words}, in each of {processes} server processes (on its share of the cores)"
+    if processes == 1:
+        return words
+    # As the supervisor decides (service/processes.py): pinned to a share on a GPU or with fixed threads.
+    shared = on_cpu(device) and not per_batch
+    how = "sharing the cores: a batch alone on all of them" if shared else "each pinned to its share of the cores"
+    return f"{words}, in each of {processes} server processes ({how})"

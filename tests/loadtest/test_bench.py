@@ -221,5 +221,12 @@ def test_report_says_how_many_server_processes_ran(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr("mhaserve.loadtest.bench.options.available_cpus", lambda: 16)
     assert server_threads(None, ["--processes=2"], env={}, graph="optimized", device="cpu") == (
         "the cores split between 4 inference workers (server default), in each of 2 server processes "
-        "(on its share of the cores)"
+        "(sharing the cores: a batch alone on all of them)"
+    )
+    # With the threads fixed (or on a GPU), each process is pinned to its share instead.
+    assert server_threads(None, ["--processes=2", "--intra-op-threads=1"], env={}, device="cpu").endswith(
+        "in each of 2 server processes (each pinned to its share of the cores)"
+    )
+    assert server_threads(None, ["--processes=2"], env={}, device="cuda").endswith(
+        "(each pinned to its share of the cores)"
     )

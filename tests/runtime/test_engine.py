@@ -1,8 +1,10 @@
-"""OnnxEngine's overlap session: a batch that starts while another computes runs on it, with the same result;
-a batch alone, and every batch of an engine without one, runs on the main session."""
+"""OnnxEngine's overlap session: a batch that starts while another computes (in this process or, through a
+table in shared memory, in another) runs on it, with the same result; a batch alone, and every batch of an
+engine without one, runs on the main session."""
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mhaserve.runtime.engine import OnnxEngine, warm_up
+from mhaserve.runtime.engine import OnnxEngine, Runs, warm_up
 from mhaserve.runtime.repository import ModelRepository, onnx_engine
 from mhaserve.testing.loopback import WAIT
 
@@ -137,6 +139,40 @@ def test_engines_of_one_factory_count_each_others_runs(tiny_entry: Path) -> None
     assert (a.overlapped_runs, b.overlapped_runs, apart.overlapped_runs) == (0, 1, 0)
     b.run(*batch(2, 9, seed=2))  # alone now
     assert b.overlapped_runs == 1
+
+
+def test_runs_in_other_processes_count_through_the_shared_table(tiny_entry: Path) -> None:
+    """Server processes that share the cores (`serve --processes` on a CPU) count each other's runs in a table
+    of shared memory: a batch that starts while another process computes takes the overlap session, one that
+    starts while none does takes every core. Each process writes only its own slot."""
+    peers = multiprocessing.get_context("spawn").RawArray("i", 2)
+    repo = ModelRepository(tiny_entry.parent.parent)
+    mine = onnx_engine("cpu", overlap_threads=1, runs=Runs(peers, 0))(repo.entry("tiny"))
+    theirs = onnx_engine("cpu", overlap_threads=1, runs=Runs(peers, 1))(repo.entry("tiny"))
+    assert isinstance(mine, OnnxEngine) and isinstance(theirs, OnnxEngine)
+
+    mine.run(*batch(2, 9, seed=2))
+    assert mine.overlapped_runs == 0 and list(peers) == [0, 0]
+    peers[1] = 1  # the other process computes a batch
+    mine.run(*batch(2, 9, seed=2))
+    assert mine.overlapped_runs == 1 and list(peers) == [0, 1]
+    peers[1] = 0
+
+    held = Held(theirs.session)
+    theirs.session = held
+    computing = threading.Thread(target=theirs.run, args=batch(3, 12, seed=1))
+    computing.start()
+    try:
+        assert held.entered.wait(WAIT)
+        assert list(peers) == [0, 1]  # its slot says it computes
+        mine.run(*batch(2, 9, seed=2))
+    finally:
+        held.release.set()
+        computing.join(WAIT)
+    assert (mine.overlapped_runs, theirs.overlapped_runs) == (2, 0)
+    assert list(peers) == [0, 0]
+    mine.run(*batch(2, 9, seed=2))  # alone again: every core
+    assert mine.overlapped_runs == 2
 
 
 def test_the_pool_threads_spin_only_while_a_batch_computes(tiny_entry: Path) -> None:

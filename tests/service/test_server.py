@@ -166,12 +166,20 @@ def test_the_threads_in_the_start_up_log_count_the_cores_the_process_may_use(
     monkeypatch.setattr("os.cpu_count", lambda: 64)
     monkeypatch.setattr("mhaserve.service.server.available_cpus", lambda: 4)
     two = dataclasses.replace(settings, intra_op_threads=None, inference_workers=2)
-    assert server_module._threads_in_words(two) == (
+
+    def words(s: Settings, *, cpus: int, shared: bool = False) -> str:
+        return server_module._threads_in_words(*server_module._intra_op_threads(s, s.workers, cpus, shared=shared))
+
+    assert words(two, cpus=4) == (
         "all 4 cores (of the host's 64: affinity or cgroup quota) alone, 2 while another batch computes"
     )
     monkeypatch.setattr("mhaserve.service.server.available_cpus", lambda: 64)
-    assert server_module._threads_in_words(dataclasses.replace(two, inference_workers=1)) == "all 64 cores"
-    assert server_module._threads_in_words(dataclasses.replace(two, intra_op_threads=3)) == "3"
+    assert words(dataclasses.replace(two, inference_workers=1), cpus=64) == "all 64 cores"
+    assert words(dataclasses.replace(two, intra_op_threads=3), cpus=64) == "3"
+    # One of --processes 4 on 64 cores: a batch alone takes them all, one beside another process's its 16.
+    one = dataclasses.replace(two, inference_workers=1)
+    assert words(one, cpus=16, shared=True) == "all 64 cores alone, 16 while another batch computes"
+    assert words(dataclasses.replace(one, intra_op_threads=3), cpus=16, shared=True) == "3"
 
 
 def test_normalize_and_truncate(stub: pb_grpc.EncoderServiceStub) -> None:
