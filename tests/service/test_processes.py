@@ -76,6 +76,12 @@ def test_two_processes_share_both_ports_and_stop_together_on_sigterm(tiny_repo: 
         assert [int(p) for p in listening] == [server.port()] * 2
         children = _children(server.pid)
         assert len(children) == 2
+        # On a CPU the processes share every core (a batch alone takes them all), each sized by its half.
+        cpus = os.sched_getaffinity(0)
+        assert [os.sched_getaffinity(pid) for pid in children] == [cpus, cpus]
+        if len(cpus) >= 2:
+            threads = f"intra-op threads per batch: all {len(cpus)} cores alone, {len(cpus) // 2} while another"
+            assert server.log.count(threads) == 2, server.log
         assert [_encode_on_a_new_connection(address, f"text {i}") for i in range(CALLS)] == [32] * CALLS
         assert [_post_on_a_new_connection(http, f"text {i}") for i in range(CALLS)] == [32] * CALLS
         gathered = scrape(metrics)  # the supervisor's: every process's series, labelled by process
@@ -120,6 +126,18 @@ def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_repo: 
         assert second in again and first not in again and len(again) == 2
         assert server.proc.poll() is None
         server.signal(signal.SIGINT)
+        assert server.wait() == 0, server.log
+
+
+@pytest.mark.slow
+def test_with_fixed_threads_each_process_is_pinned_to_its_share(tiny_repo: Path, tmp_path: Path) -> None:
+    server, _, http = _start(tiny_repo, tmp_path, 2, "--intra-op-threads", "1")
+    with server:
+        shares = processes.core_shares(2)
+        assert sorted(map(sorted, map(os.sched_getaffinity, _children(server.pid)))) == sorted(map(sorted, shares))
+        assert server.log.count("intra-op threads per batch: 1\n") == 2, server.log
+        assert [_post_on_a_new_connection(http, f"text {i}") for i in range(4)] == [32] * 4
+        server.signal(signal.SIGTERM)
         assert server.wait() == 0, server.log
 
 
