@@ -15,11 +15,11 @@ thread pools by its share of the cores (1/N), not by the whole machine. On a CPU
 every core: a batch that starts while another process computes runs on its share's threads, and one
 that starts while none does takes every core, so that a lone request is as fast as with one process
 (the processes count their runs in progress in a small table of shared memory; server.CoreShare). On a
-GPU, or with --intra-op-threads fixed, process i is pinned to the i-th share instead (CPU affinity). The
-supervisor forwards SIGTERM and SIGINT (a second one too: the processes then
-exit at once). A process that fails while the processes start stops them all, with its status, as a
-single server would; one that exits once all have served is started again, while the others go on
-answering.
+GPU, or with --intra-op-threads fixed, process i is pinned to the i-th share instead (CPU affinity).
+
+The supervisor forwards SIGTERM and SIGINT (a second one too: the processes then exit at once). A
+process that fails while the processes start stops them all, with its status, as a single server would;
+one that exits once all have served is started again, while the others go on answering.
 """
 
 from __future__ import annotations
