@@ -54,7 +54,7 @@ for name, extra in CONFIGS.items():
     with server:
         server.wait_serving()
         if extra:
-            wait_until(lambda: "all 2 processes are serving" in server.log, "both processes to serve", 180)
+            wait_until(lambda s=server: "all 2 processes are serving" in s.log, "both processes to serve", 180)
         time.sleep(2)
         started = total(server.pid)
         n = load(server.address(), float(sys.argv[1]))

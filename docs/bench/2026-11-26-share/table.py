@@ -36,5 +36,6 @@ for cfg, name in CONFIGS.items():
     for k, v in rounds.items():
         print(f"  {k}: rounds {', '.join(f'{x:.2f}' for x in v)}; median {statistics.median(v):.2f}")
     for k, v in one.items():
-        print(f"  one client over {k}, p50 over ONNX Runtime one text at a time: {', '.join(f'{x:+.2f}' for x in v)} ms")
+        gaps = ", ".join(f"{x:+.2f}" for x in v)
+        print(f"  one client over {k}, p50 over ONNX Runtime one text at a time: {gaps} ms")
     print(f"  mean batch at 32 clients (gRPC): {', '.join(f'{x:.1f}' for x in batch)}")
