@@ -4,9 +4,11 @@ engine without one, runs on the main session."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,22 @@ class Held:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.session, name)
+
+
+@contextlib.contextmanager
+def computing(eng: OnnxEngine) -> Iterator[Held]:
+    """A batch held computing on `eng`'s main session for the body of the `with`."""
+    held = Held(eng.session)
+    eng.session = held
+    thread = threading.Thread(target=eng.run, args=batch(3, 12, seed=1))
+    thread.start()
+    try:
+        assert held.entered.wait(WAIT)
+        yield held
+    finally:
+        held.release.set()
+        thread.join(WAIT)
+        eng.session = held.session
 
 
 def batch(rows: int, width: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -125,17 +143,9 @@ def test_engines_of_one_factory_count_each_others_runs(tiny_entry: Path) -> None
     a, b = make(repo.entry("tiny")), make(repo.entry("tiny"))
     apart = onnx_engine("cpu", intra_op_threads=None, overlap_threads=1)(repo.entry("tiny"))
     assert isinstance(a, OnnxEngine) and isinstance(b, OnnxEngine) and isinstance(apart, OnnxEngine)
-    held = Held(a.session)
-    a.session = held
-    computing = threading.Thread(target=a.run, args=batch(3, 12, seed=1))
-    computing.start()
-    try:
-        assert held.entered.wait(WAIT)
+    with computing(a):
         b.run(*batch(2, 9, seed=2))  # starts while a's batch computes
         apart.run(*batch(2, 9, seed=2))
-    finally:
-        held.release.set()
-        computing.join(WAIT)
     assert (a.overlapped_runs, b.overlapped_runs, apart.overlapped_runs) == (0, 1, 0)
     b.run(*batch(2, 9, seed=2))  # alone now
     assert b.overlapped_runs == 1
@@ -158,17 +168,9 @@ def test_runs_in_other_processes_count_through_the_shared_table(tiny_entry: Path
     assert mine.overlapped_runs == 1 and list(peers) == [0, 1]
     peers[1] = 0
 
-    held = Held(theirs.session)
-    theirs.session = held
-    computing = threading.Thread(target=theirs.run, args=batch(3, 12, seed=1))
-    computing.start()
-    try:
-        assert held.entered.wait(WAIT)
+    with computing(theirs):
         assert list(peers) == [0, 1]  # its slot says it computes
         mine.run(*batch(2, 9, seed=2))
-    finally:
-        held.release.set()
-        computing.join(WAIT)
     assert (mine.overlapped_runs, theirs.overlapped_runs) == (2, 0)
     assert list(peers) == [0, 0]
     mine.run(*batch(2, 9, seed=2))  # alone again: every core
