@@ -74,6 +74,7 @@ from mhaserve.service.threads import named_pool
 log = logging.getLogger(__name__)
 
 MAX_PENDING_CALLS = 20_000
+SETTLE_S = 1.0  # the most serve() waits, once stopped, for calls gRPC handed over as it stopped (_settle)
 # Methods that answer while the model loads and while the server drains: health checks, reflection, and
 # the Open Inference Protocol's own health methods (which answer false then). The call interceptor
 # neither gates nor counts them.
@@ -529,6 +530,7 @@ async def serve(
         await server.stop(delay=delay)
         with contextlib.suppress(BaseException):
             await ready
+        await _settle(SETTLE_S)
         if server.stuck:
             # The stuck inference thread would hold the interpreter's exit forever (it joins its threads).
             log.error("stopped with an inference call still stuck; exiting without waiting for it")
@@ -539,6 +541,16 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+async def _settle(seconds: float) -> None:
+    """Let the calls that gRPC handed over as it stopped finish: the gate refuses each UNAVAILABLE at once.
+    Left to asyncio.run's close, they are cancelled mid-answer, and gRPC logs each one as an unhandled
+    error with a traceback (seen under SIGTERM with clients sending). After a stop with no such call in
+    the last instant, no task is left, and this returns at once."""
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    if others:
+        await asyncio.wait(others, timeout=seconds)
 
 
 def _exit_now(sig: signal.Signals) -> None:
