@@ -13,7 +13,7 @@ is still an error. It serves every process's metrics on --metrics-port, each ser
 scrape: one target for Prometheus, as with one process. Each process sizes its inference workers and
 thread pools by its share of the cores (1/N), not by the whole machine. On a CPU the processes share
 every core: a batch that starts while another process computes runs on its share's threads, and one
-that starts while none does takes every core, so that a lone request is as fast as with one process
+that starts while none does takes every core, so that a lone request runs on every core as with one
 (the processes count their runs in progress in a small table of shared memory; server.CoreShare). On a
 GPU, or with --intra-op-threads fixed, process i is pinned to the i-th share instead (CPU affinity).
 

@@ -228,7 +228,7 @@ class Settings:
             "them), each with its own interpreter, model session and batcher, sized by its share of the cores, under "
             "one supervisor, which serves all their metrics on --metrics-port (labelled by process; process i's alone "
             "on --metrics-port + 1 + i). On a CPU the processes share every core: a batch that starts while no "
-            "process computes takes them all, so a lone request is as fast as with one process; on a GPU, or with "
+            "process computes takes them all, so a lone request runs on every core too; on a GPU, or with "
             "--intra-op-threads, each is pinned to its share. For GPU hosts, where one process's Python, not the "
             "GPU, bounds one-text requests (docs/gpu.md), and small CPU hosts under many clients "
             "(docs/benchmarks.md). Not with --model-control explicit",

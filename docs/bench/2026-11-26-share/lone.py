@@ -3,7 +3,7 @@ alternated rounds, each starting every configuration afresh and sending the firs
 time from one client, over gRPC (a synchronous stub) and over HTTP (one keep-alive connection, the OpenAI
 route), then ONNX Runtime in this process on the same texts one at a time (the fused graph, all cores,
 tokeniser counted). Prints each p50 and its gap to the in-process one of the same round.
-Run from the repository root: python docs/bench/2026-11-26-share/lone.py ROUNDS"""
+Run from the repository root: python docs/bench/2026-11-26-share/lone.py ROUNDS [CONFIG ...] (default: all three)"""
 
 import http.client
 import json
@@ -84,6 +84,8 @@ def served(flags: list[str]) -> tuple[float, float]:
     return grpc_p50, http_p50
 
 
+if sys.argv[2:]:
+    CONFIGS = {name: CONFIGS[name] for name in sys.argv[2:]}
 gaps: dict[str, dict[str, list[float]]] = {name: {"grpc": [], "http": []} for name in CONFIGS}
 for r in range(int(sys.argv[1])):
     names = list(CONFIGS)
