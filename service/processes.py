@@ -48,7 +48,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from mhaserve.runtime.cpus import available_cpus
-from mhaserve.service.settings import Settings
+from mhaserve.service.settings import Settings, on_cpu
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class Supervisor:
         self._signals: list[int] = []
         # Each process's runs in progress, for processes that share the cores (_process_main); None: pinned.
         self._peers: MutableSequence[int] | None = None
-        if settings.on_cpu and not settings.intra_op_threads:
+        if on_cpu(settings.device) and not settings.intra_op_threads:
             self._peers = self._ctx.RawArray("i", settings.processes)
         self._all_served = False
         self._status = 0

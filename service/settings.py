@@ -388,10 +388,6 @@ class Settings:
         """The inference workers in force for a process that sizes itself by `cpus` cores."""
         return self.inference_workers or auto_inference_workers(self.graph, self.device, cpus)
 
-    @property
-    def on_cpu(self) -> bool:
-        return on_cpu(self.device)
-
     def limits(self, *, on_cuda: bool, model: Mapping[str, float] | None = None) -> Limits:
         """The limits in force: a model's own (its serving.json `limits`), then those set here, then the
         device's defaults."""
