@@ -13,13 +13,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from mhaserve.runtime.errors import InferenceTimeout, ServiceError
-from mhaserve.service.batching.queue import Embeddings
 
 log = logging.getLogger(__name__)
 
 Hook = Callable[[], Awaitable[None]]
+T = TypeVar("T")
 
 
 class Watchdog:
@@ -42,15 +44,48 @@ class Watchdog:
         )
 
     async def guard(
-        self, run: asyncio.Future[Embeddings], *, size: int, request_ids: str, fail: Callable[[ServiceError], None]
-    ) -> Embeddings | None:
+        self, run: asyncio.Future[T], *, size: int, request_ids: str, fail: Callable[[ServiceError], None]
+    ) -> T | None:
         """The batch's result, or None when it overran: then `fail` has failed its requests and the queue,
-        and this returns only once the engine call has (its worker runs nothing meanwhile)."""
+        and this returns only once the engine call has (its worker runs nothing meanwhile).
+
+        The bound is a timer beside a plain `await run`, not `asyncio.wait(timeout=)`: that wait costs every
+        batch one more turn of the event loop (and a future) between the result and its requests.
+        """
         if self.timeout is None:
             return await run
-        done, _ = await asyncio.wait((run,), timeout=self.timeout)
-        if done:
-            return await run
+        overruns: list[_Overrun] = []
+
+        def overran() -> None:
+            if not run.done():  # a result that came in the same turn as the timer wins
+                overruns.append(self._overran(size, request_ids, fail))
+
+        timer = asyncio.get_running_loop().call_later(self.timeout, overran)
+        try:
+            result: T | None = await run
+        except Exception:
+            if not overruns:
+                raise
+            result = None  # its requests have their answer already; the log below says it failed
+        finally:
+            timer.cancel()
+        if not overruns:
+            return result
+        overrun = overruns[0]
+        if overrun.stalling is not None:
+            await overrun.stalling
+        self._stalled -= 1
+        log.warning(
+            "the stalled batch returned after %.1f s (%s); %s",
+            time.perf_counter() - overrun.started + self.timeout,
+            "failed" if run.exception() is not None else "its results were discarded",
+            f"{self._stalled} other stalled batch(es) still running" if self.stalled else "accepting requests again",
+        )
+        if self.on_recover is not None:
+            await self.on_recover()
+        return None
+
+    def _overran(self, size: int, request_ids: str, fail: Callable[[ServiceError], None]) -> _Overrun:
         log.error(
             "inference on a batch of %d inputs has run for more than %g s (--inference-timeout); failing its "
             "requests (%s) and the queue, reporting NOT_SERVING until the engine returns",
@@ -59,19 +94,12 @@ class Watchdog:
             request_ids or "-",
         )
         self._stalled += 1
-        run.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, so never logged as lost
         fail(InferenceTimeout(self.message()))
-        started = time.perf_counter()
-        if self.on_stall is not None:
-            await self.on_stall()
-        await asyncio.wait((run,))
-        self._stalled -= 1
-        log.warning(
-            "the stalled batch returned after %.1f s (%s); %s",
-            time.perf_counter() - started + self.timeout,
-            "failed" if run.exception() is not None else "its results were discarded",
-            f"{self._stalled} other stalled batch(es) still running" if self.stalled else "accepting requests again",
-        )
-        if self.on_recover is not None:
-            await self.on_recover()
-        return None
+        stalling = asyncio.ensure_future(self.on_stall()) if self.on_stall is not None else None
+        return _Overrun(time.perf_counter(), stalling)
+
+
+@dataclass(frozen=True, slots=True)
+class _Overrun:
+    started: float
+    stalling: asyncio.Future[None] | None  # on_stall, under way
