@@ -22,7 +22,6 @@ framework keeps the route for its OpenAPI document; both run the same handler.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import zlib
@@ -193,7 +192,8 @@ class CallMiddleware:
                     return
 
         try:
-            await asyncio.wait_for(read(), timeout=self.read_timeout)
+            async with asyncio.timeout(self.read_timeout):  # in this task: wait_for would start one per request
+                await read()
         except TimeoutError:
             scope[UNREAD_KEY] = True
             raise RequestTimeout(f"the request body took more than {self.read_timeout:g} s to arrive") from None
@@ -226,9 +226,26 @@ class CallMiddleware:
     async def _run(
         self, scope: Scope, body: bytes, receive: Receive, send: Send, response: dict[str, Any], rid: str
     ) -> None:
-        """Run the app on the body read; if the client disconnects before the answer is sent, cancel it."""
+        """Run the app on the body read; if the client disconnects before the answer is sent, cancel it.
+
+        The app runs in this task, and a watcher of the connection cancels this task if the client leaves:
+        a task of its own for the app, and a wait on both, cost two more turns of the event loop on every
+        request's path.
+        """
         disconnected = asyncio.ensure_future(receive())  # after the body: returns when the client goes away
         sent_body = False
+        this = asyncio.current_task()
+        assert this is not None
+        running = True
+        left = False
+
+        def on_disconnect(_: asyncio.Future[Message]) -> None:
+            nonlocal left
+            if running and not response["complete"] and not disconnected.cancelled():
+                left = True
+                this.cancel()  # the client left: free what the request holds (queue slots, its batch row)
+
+        disconnected.add_done_callback(on_disconnect)
 
         async def replay() -> Message:
             nonlocal sent_body
@@ -238,25 +255,22 @@ class CallMiddleware:
             return await asyncio.shield(disconnected)
 
         fast = self.fast_routes.get((scope["method"], scope["path"]))
-        run = self.app(scope, replay, send) if fast is None else self._fast(fast, scope, body, send, rid)
-        handling = asyncio.ensure_future(run)
         try:
-            await asyncio.wait((handling, disconnected), return_when=asyncio.FIRST_COMPLETED)
-            if not handling.done() and not response["complete"]:
-                handling.cancel()  # the client left: free what the request holds (queue slots, its batch row)
-                scope[CODE_KEY] = "CANCELLED"
-                with contextlib.suppress(asyncio.CancelledError):
-                    await handling
+            await (self.app(scope, replay, send) if fast is None else self._fast(fast, scope, body, send, rid))
+        except asyncio.CancelledError:
+            if not left:
+                raise  # the server is stopping, not the client
+            this.uncancel()
+            scope[CODE_KEY] = "CANCELLED"
+        except Exception as e:  # the app's own error handlers send every error; this is a bug past them
+            running = False  # the answer below is not cancelled
+            if response["status"]:
+                log.error("%s %s failed after answering", scope["method"], scope["path"], exc_info=e)
                 return
-            try:
-                await handling
-            except Exception as e:  # the app's own error handlers send every error; this is a bug past them
-                if response["status"]:
-                    log.error("%s %s failed after answering", scope["method"], scope["path"], exc_info=e)
-                    return
-                log.error("%s %s failed", scope["method"], scope["path"], exc_info=e)
-                await self._error(e, scope, rid, send)
+            log.error("%s %s failed", scope["method"], scope["path"], exc_info=e)
+            await self._error(e, scope, rid, send)
         finally:
+            running = False
             disconnected.cancel()
 
     async def _fast(self, fast: FastRoute, scope: Scope, body: bytes, send: Send, rid: str) -> None:

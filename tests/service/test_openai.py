@@ -4,6 +4,7 @@ arrives as the client's own exception class, after which the server answers as u
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -216,3 +217,29 @@ def test_an_inference_timeout_is_504(start: Start, settings: Settings) -> None:
         engine.release.set()
     wait_until(lambda: srv.server.state == "serving", "the server to recover")
     assert len(client(srv).embeddings.create(input=[[7]], model="tiny").data) == 1
+
+
+def test_a_client_that_leaves_is_cancelled_and_frees_its_place(start: Start, settings: Settings) -> None:
+    """A client that closes its connection while its request waits: the request is cancelled (counted
+    CANCELLED), its queue slot is free at once, it never reaches the model, and the server goes on."""
+    engine = ScriptedEngine(gates=[98])  # a batch that starts with token 98 computes until the gate opens
+    srv = start(dataclasses.replace(settings, http_port=free_port(), max_wait_ms=0.0), engine.factory())
+    blocker = threading.Thread(target=lambda: client(srv).embeddings.create(input=[[98]], model="tiny"))
+    blocker.start()
+    wait_until(lambda: srv.gauge("mhaserve_requests_in_flight") == 1 and srv.depth() == 0, "the blocker to compute")
+    before = srv.samples()
+    body = b'{"input": [[41]], "model": "tiny"}'
+    head = f"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+    with socket.create_connection(("127.0.0.1", srv.server.http_port or 0), timeout=WAIT) as conn:
+        conn.sendall(head.encode() + b"\r\n\r\n" + body)
+        wait_until(lambda: srv.depth() == 1, "the request to be queued")
+    wait_until(lambda: srv.depth() == 0, "the queue slot to be freed")
+    method = "POST /v1/embeddings"
+    cancelled = srv.samples().get("mhaserve_requests_total", method=method, code="CANCELLED")
+    assert cancelled - before.get("mhaserve_requests_total", method=method, code="CANCELLED") == 1
+    engine.gates[98].set()
+    blocker.join(WAIT)
+    assert len(client(srv).embeddings.create(input=[[7]], model="tiny").data) == 1
+    assert not engine.seen(41)
+    # The gauge falls once the answer is written, a moment after the client has it.
+    wait_until(lambda: srv.gauge("mhaserve_requests_in_flight") == 0, "nothing left in flight")
