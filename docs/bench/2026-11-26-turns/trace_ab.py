@@ -1,0 +1,97 @@
+"""The server's own time around the model on a lone HTTP request, at two commits, alternated in rounds.
+
+Each round checks out each version's service/ (the editable install serves them) and starts
+stamps_server.py: the scripted engine of the tests (5 ms asleep a batch, no model), with timestamps. One
+client (one keep-alive connection, the OpenAI route, raw HTTP/1.1 as the bench's client) sends 200 short
+texts to warm up, then 1,000, one at a time. Per request, the server's time is from its bytes in to the
+engine's start, plus from the end of the engine's sleep to the body's send; medians per run, and the
+client's p50. The working tree's service/ is restored at the end.
+With MODEL=1 the server runs the model (the fused graph) instead: the server's time then leaves out
+ONNX Runtime's run, whose own noise would hide a change of a few hundred microseconds.
+Run from the repository root: [MODEL=1] python trace_ab.py BEFORE AFTER ROUNDS
+"""
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from mhaserve.loadtest.bench.transports import HttpConnection
+from mhaserve.testing.loopback import free_port
+
+HERE = Path(__file__).parent
+TEXTS = [line for line in Path("loadtest/texts/short.txt").read_text().splitlines() if line.strip()]
+VERSIONS = {"before": sys.argv[1], "after": sys.argv[2]}
+
+
+def raw(text: str, port: int) -> bytes:
+    body = orjson.dumps({"input": text, "encoding_format": "float", "truncate": True})
+    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def one_client(port: int, n: int) -> list[float]:
+    conn, latencies = HttpConnection("127.0.0.1", port), []
+    for text in (TEXTS * 10)[:n]:
+        t0 = time.perf_counter()
+        status, _ = await conn.request(raw(text, port))
+        latencies.append(time.perf_counter() - t0)
+        assert status == 200
+    conn.close()
+    return latencies
+
+
+def measure(name: str) -> tuple[float, float, float, float]:
+    port, out, log_path = free_port(), Path(f"/tmp/trace-{name}.tsv"), Path(f"/tmp/trace-{name}.log")
+    engine = ["--graph", "optimized"] if os.environ.get("MODEL") else ["--engine", "slow:0.005"]
+    flags = [*engine, "--repository", "models", "--port", "0", "--metrics-port", "0"]
+    with log_path.open("w") as log:
+        server = subprocess.Popen(
+            [sys.executable, str(HERE / "stamps_server.py"), *flags, "--http-port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TRACE_OUT": str(out)},
+        )  # fmt: skip
+        while "serving all-minilm" not in log_path.read_text():
+            assert server.poll() is None, log_path.read_text()
+            time.sleep(0.2)
+        time.sleep(1)
+        asyncio.run(one_client(port, 200))
+        latencies = asyncio.run(one_client(port, 1000))
+        server.send_signal(2)
+        server.wait()
+    requests: list[dict[str, int]] = []
+    for line in out.read_text().splitlines():
+        name_, t = line.split("\t")
+        if name_ == "A":
+            requests.append({})
+        if requests:
+            requests[-1].setdefault(name_, int(t))
+    whole = [r for r in requests[-1000:] if len(r) == 4]
+    to_engine = [(r["F"] - r["A"]) / 1000 for r in whole]
+    after_engine = [(r["J"] - r["G"]) / 1000 for r in whole]
+    server_us = [a + b for a, b in zip(to_engine, after_engine, strict=True)]
+    return (statistics.median(server_us), statistics.median(to_engine), statistics.median(after_engine),
+            1000 * statistics.median(latencies))  # fmt: skip
+
+
+results: dict[str, list[tuple[float, ...]]] = {v: [] for v in VERSIONS}
+try:
+    for r in range(int(sys.argv[3])):
+        for name in list(VERSIONS) if r % 2 == 0 else list(reversed(VERSIONS)):
+            subprocess.run(["git", "checkout", VERSIONS[name], "--", "service"], check=True)
+            s, a, b, c = measure(name)
+            results[name].append((s, a, b, c))
+            print(f"round {r} {name}: server us {s:.0f} (to the engine {a:.0f}, after it {b:.0f}); "
+                  f"client p50 {c:.3f} ms", flush=True)  # fmt: skip
+finally:
+    subprocess.run(["git", "checkout", "HEAD", "--", "service"], check=True)
+for name, rows in results.items():
+    s, a, b, c = (statistics.median(col) for col in zip(*rows, strict=True))
+    print(
+        f"{name} ({VERSIONS[name]}) medians: server {s:.1f} us, to the engine {a:.1f}, after it {b:.1f}, "
+        f"client {c:.2f} ms"
+    )
