@@ -26,7 +26,6 @@ from mhaserve.testing.loopback import free_port
 
 HERE = Path(__file__).parent
 TEXTS = [line for line in Path("loadtest/texts/short.txt").read_text().splitlines() if line.strip()]
-VERSIONS = {"before": sys.argv[1], "after": sys.argv[2]}
 
 
 def raw(text: str, port: int) -> bytes:
@@ -78,20 +77,26 @@ def measure(name: str) -> tuple[float, float, float, float]:
             1000 * statistics.median(latencies))  # fmt: skip
 
 
-results: dict[str, list[tuple[float, ...]]] = {v: [] for v in VERSIONS}
-try:
-    for r in range(int(sys.argv[3])):
-        for name in list(VERSIONS) if r % 2 == 0 else list(reversed(VERSIONS)):
-            subprocess.run(["git", "checkout", VERSIONS[name], "--", "service"], check=True)
-            s, a, b, c = measure(name)
-            results[name].append((s, a, b, c))
-            print(f"round {r} {name}: server us {s:.0f} (to the engine {a:.0f}, after it {b:.0f}); "
-                  f"client p50 {c:.3f} ms", flush=True)  # fmt: skip
-finally:
-    subprocess.run(["git", "checkout", "HEAD", "--", "service"], check=True)
-for name, rows in results.items():
-    s, a, b, c = (statistics.median(col) for col in zip(*rows, strict=True))
-    print(
-        f"{name} ({VERSIONS[name]}) medians: server {s:.1f} us, to the engine {a:.1f}, after it {b:.1f}, "
-        f"client {c:.2f} ms"
-    )
+def main() -> None:
+    versions = {"before": sys.argv[1], "after": sys.argv[2]}
+    results: dict[str, list[tuple[float, ...]]] = {v: [] for v in versions}
+    try:
+        for r in range(int(sys.argv[3])):
+            for name in list(versions) if r % 2 == 0 else list(reversed(versions)):
+                subprocess.run(["git", "checkout", versions[name], "--", "service"], check=True)
+                s, a, b, c = measure(name)
+                results[name].append((s, a, b, c))
+                print(f"round {r} {name}: server us {s:.0f} (to the engine {a:.0f}, after it {b:.0f}); "
+                      f"client p50 {c:.3f} ms", flush=True)  # fmt: skip
+    finally:
+        subprocess.run(["git", "checkout", "HEAD", "--", "service"], check=True)
+    for name, rows in results.items():
+        s, a, b, c = (statistics.median(col) for col in zip(*rows, strict=True))
+        print(
+            f"{name} ({versions[name]}) medians: server {s:.1f} us, to the engine {a:.1f}, after it {b:.1f}, "
+            f"client {c:.2f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
