@@ -60,11 +60,11 @@ class Ran:
     real: int
 
 
-def _settle(run: asyncio.Future[Ran], outcome: Ran | Exception) -> None:
+def _settle(run: asyncio.Future[Ran], outcome: Ran | BaseException) -> None:
     """On the loop: the batch's future gets its outcome, unless it was cancelled meanwhile."""
     if run.done():
         return
-    if isinstance(outcome, Exception):
+    if isinstance(outcome, BaseException):
         run.set_exception(outcome)
     else:
         run.set_result(outcome)
@@ -357,8 +357,8 @@ class Batcher:
             seconds = time.perf_counter() - t0
             if out.ndim != 2 or out.shape[0] != len(batch):
                 raise RuntimeError(f"engine returned shape {out.shape} for a batch of {len(batch)}")
-            outcome: Ran | Exception = Ran(out, seconds, len(batch), ids.size, int(mask.sum()))
-        except Exception as e:
+            outcome: Ran | BaseException = Ran(out, seconds, len(batch), ids.size, int(mask.sum()))
+        except BaseException as e:  # whatever the engine raises reaches the batch's future, as it must
             outcome = e
         with contextlib.suppress(RuntimeError):  # the loop closed while this batch ran: nobody is waiting
             loop.call_soon_threadsafe(_settle, run, outcome)

@@ -4,6 +4,7 @@ several workers."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,8 +17,10 @@ from mhaserve.runtime.errors import DeadlineExceeded, ResourceExhausted, Unavail
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.service.batching import Batcher, Limits
 from mhaserve.service.batching.padding import pad
+from mhaserve.service.metrics import Metrics, ModelMetrics
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.metrics import from_registry
 
 T = TypeVar("T")
 
@@ -377,3 +380,49 @@ def test_a_policy_stops_at_max_rows_and_keeps_the_oldest(batching: str) -> None:
     assert [len(b) for b in batches] == [4, 4, 2]
     assert [b[0] for b in batches] == ([0, 1, 8] if batching == "length" else [0, 4, 8])  # the oldest leads each
     assert sorted(i for b in batches for i in b) == list(range(10))
+
+
+def test_a_batch_is_handed_back_once_and_its_metrics_are_observed_on_the_loop() -> None:
+    """The inference thread settles the batch through one call onto the loop and does nothing after it
+    (the loop then finds the GIL free); the batch's histograms are observed on the loop's thread."""
+    metrics = Metrics()
+    model = ModelMetrics(metrics, "m", 1)
+    engine = ScriptedEngine()
+    observed_on: list[str] = []
+    observe = model.batch_size.observe
+
+    def recording(value: float) -> None:
+        observed_on.append(threading.current_thread().name)
+        observe(value)
+
+    model.batch_size.observe = recording  # type: ignore[method-assign]
+
+    async def scenario() -> list[np.ndarray]:
+        loop = asyncio.get_running_loop()
+        handed: list[str] = []
+        call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counted(callback: Callable[..., Any], *args: Any) -> Any:
+            handed.append(threading.current_thread().name)
+            return call_soon_threadsafe(callback, *args)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0), metrics=model)
+        b.start()
+        try:
+            out = await asyncio.gather(b.submit([seq(5, 6, 7)]), b.submit([seq(8, 9)]))
+            await asyncio.sleep(0)  # the metrics' turn, after the requests'
+        finally:
+            await b.close()
+        assert len(handed) == len(engine.batches) and all(n.startswith("inference") for n in handed)
+        return out
+
+    out = run(scenario())
+    assert [o.shape for o in out] == [(1, 4), (1, 4)]
+    samples = from_registry(metrics.registry)
+    rows = sum(len(batch) for batch in engine.batches)
+    assert samples.get("mhaserve_batch_size_sum", model="m") == rows == 2
+    assert samples.get("mhaserve_batch_size_count", model="m") == len(engine.batches)
+    assert samples.get("mhaserve_inference_duration_seconds_count", model="m") == len(engine.batches)
+    assert samples.get("mhaserve_batch_tokens_count", model="m") == len(engine.batches)
+    assert observed_on == ["MainThread"] * len(engine.batches)
