@@ -391,11 +391,11 @@ def test_a_batch_is_handed_back_once_and_its_metrics_are_observed_on_the_loop() 
     observed_on: list[str] = []
     observe = model.batch_size.observe
 
-    def recording(value: float) -> None:
+    def recording(value: float, exemplar: dict[str, str] | None = None) -> None:
         observed_on.append(threading.current_thread().name)
-        observe(value)
+        observe(value, exemplar)
 
-    model.batch_size.observe = recording  # type: ignore[method-assign]
+    model.batch_size.observe = recording  # type: ignore[method-assign,assignment]
 
     async def scenario() -> list[np.ndarray]:
         loop = asyncio.get_running_loop()
@@ -406,7 +406,7 @@ def test_a_batch_is_handed_back_once_and_its_metrics_are_observed_on_the_loop() 
             handed.append(threading.current_thread().name)
             return call_soon_threadsafe(callback, *args)
 
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign,assignment]
         b = Batcher(engine, limits=limits(max_wait_ms=0.0), metrics=model)
         b.start()
         try:
@@ -415,7 +415,7 @@ def test_a_batch_is_handed_back_once_and_its_metrics_are_observed_on_the_loop() 
         finally:
             await b.close()
         assert len(handed) == len(engine.batches) and all(n.startswith("inference") for n in handed)
-        return out
+        return list(out)
 
     out = run(scenario())
     assert [o.shape for o in out] == [(1, 4), (1, 4)]
