@@ -4,35 +4,13 @@ up and then 1,000 one at a time from one client (raw HTTP/1.1 on a keep-alive co
 route), and prints the median of each stage, from the request's bytes in to its body's send.
 Run from the repository root: [MODEL=1] python stages.py"""
 
-import asyncio
-import os
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from trace_ab import one_client
+from trace_ab import one_client_on
 
-from mhaserve.testing.loopback import free_port
-
-HERE = Path(__file__).parent
-out, log_path, port = Path("/tmp/stages.tsv"), Path("/tmp/stages.log"), free_port()
-engine = ["--graph", "optimized"] if os.environ.get("MODEL") else ["--engine", "slow:0.005"]
-flags = [*engine, "--repository", "models", "--port", "0", "--metrics-port", "0", "--http-port", str(port)]
-with log_path.open("w") as log:
-    server = subprocess.Popen(
-        [sys.executable, str(HERE / "stages_server.py"), *flags],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TRACE_OUT": str(out)},
-    )  # fmt: skip
-    while "serving all-minilm" not in log_path.read_text():
-        assert server.poll() is None, log_path.read_text()
-        time.sleep(0.2)
-    time.sleep(1)
-    asyncio.run(one_client(port, 200))
-    latencies = asyncio.run(one_client(port, 1000))
-    server.send_signal(2)
-    server.wait()
+out = Path("/tmp/stages.tsv")
+latencies = one_client_on("stages_server.py", out, Path("/tmp/stages.log"))
 requests: list[list[tuple[str, int]]] = []
 for line in out.read_text().splitlines():
     name, t = line.split("\t")

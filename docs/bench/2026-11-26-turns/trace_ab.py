@@ -45,13 +45,15 @@ async def one_client(port: int, n: int) -> list[float]:
     return latencies
 
 
-def measure(name: str) -> tuple[float, float, float, float]:
-    port, out, log_path = free_port(), Path(f"/tmp/trace-{name}.tsv"), Path(f"/tmp/trace-{name}.log")
+def one_client_on(script: str, out: Path, log_path: Path) -> list[float]:
+    """Start a stamping server (`script`, beside this file; the model with MODEL=1, else the scripted engine),
+    warm it with 200 texts, time 1,000 from one client, stop it (its stamps go to `out`); the latencies."""
+    port = free_port()
     engine = ["--graph", "optimized"] if os.environ.get("MODEL") else ["--engine", "slow:0.005"]
-    flags = [*engine, "--repository", "models", "--port", "0", "--metrics-port", "0"]
+    flags = [*engine, "--repository", "models", "--port", "0", "--metrics-port", "0", "--http-port", str(port)]
     with log_path.open("w") as log:
         server = subprocess.Popen(
-            [sys.executable, str(HERE / "stamps_server.py"), *flags, "--http-port", str(port)],
+            [sys.executable, str(HERE / script), *flags],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TRACE_OUT": str(out)},
         )  # fmt: skip
         while "serving all-minilm" not in log_path.read_text():
@@ -62,6 +64,12 @@ def measure(name: str) -> tuple[float, float, float, float]:
         latencies = asyncio.run(one_client(port, 1000))
         server.send_signal(2)
         server.wait()
+    return latencies
+
+
+def measure(name: str) -> tuple[float, float, float, float]:
+    out = Path(f"/tmp/trace-{name}.tsv")
+    latencies = one_client_on("stamps_server.py", out, Path(f"/tmp/trace-{name}.log"))
     requests: list[dict[str, int]] = []
     for line in out.read_text().splitlines():
         name_, t = line.split("\t")
