@@ -1,5 +1,7 @@
 """The server with four timestamps per HTTP request: its bytes in (A), the engine's start (F), the end of
 the engine's work (G), the body's send (J). Written to $TRACE_OUT at exit. Started by trace_ab.py.
+Per gRPC `Encode` call, A and J are the servicer's entry and return (grpc.aio and the interceptors are
+outside them).
 
 With `--engine SPEC` first, the scripted-engine server of the tests (`python -m mhaserve.testing.fake_server`),
 G at the end of its sleep; otherwise `mhaserve serve` with the model, G when ONNX Runtime's run returns.
@@ -14,6 +16,7 @@ from uvicorn.protocols.http import httptools_impl as h
 
 from mhaserve.cli.main import main as serve_main
 from mhaserve.runtime.engine import OnnxEngine
+from mhaserve.service.encoder_v1 import EncoderServicer
 from mhaserve.testing import engines
 from mhaserve.testing.fake_server import main as scripted_main
 
@@ -60,6 +63,17 @@ async def send(self, message):  # type: ignore[no-untyped-def]
     await sent(self, message)
 
 
+encode = EncoderServicer.Encode
+
+
+async def stamped_encode(self, request, context):  # type: ignore[no-untyped-def]
+    events.append(("A", now()))
+    try:
+        return await encode(self, request, context)
+    finally:
+        events.append(("J", now()))
+
+
 def dump() -> None:
     with open(os.environ["TRACE_OUT"], "w") as f:
         f.writelines(f"{n}\t{t}\n" for n, t in events)
@@ -67,6 +81,7 @@ def dump() -> None:
 
 h.HttpToolsProtocol.data_received = data_received
 h.RequestResponseCycle.send = send
+EncoderServicer.Encode = stamped_encode  # type: ignore[method-assign]
 atexit.register(dump)
 if sys.argv[1:2] == ["--engine"]:
     engines.ScriptedEngine.run = run

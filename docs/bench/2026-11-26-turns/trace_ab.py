@@ -8,7 +8,9 @@ engine's start, plus from the end of the engine's sleep to the body's send; medi
 client's p50. The working tree's service/ is restored at the end.
 With MODEL=1 the server runs the model (the fused graph) instead: the server's time then leaves out
 ONNX Runtime's run, whose own noise would hide a change of a few hundred microseconds.
-Run from the repository root: [MODEL=1] python trace_ab.py BEFORE AFTER ROUNDS
+With PROTOCOL=grpc the client calls `Encode` from a synchronous stub instead (the server's time is then
+the servicer's, without grpc.aio's own and the interceptors').
+Run from the repository root: [MODEL=1] [PROTOCOL=grpc] python trace_ab.py BEFORE AFTER ROUNDS
 """
 
 import asyncio
@@ -19,9 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import orjson
 
 from mhaserve.loadtest.bench.transports import HttpConnection
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pbg
 from mhaserve.testing.loopback import free_port
 
 HERE = Path(__file__).parent
@@ -45,12 +50,25 @@ async def one_client(port: int, n: int) -> list[float]:
     return latencies
 
 
+def one_grpc_client(port: int, n: int) -> list[float]:
+    latencies = []
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pbg.EncoderServiceStub(channel)
+        for text in (TEXTS * 10)[:n]:
+            t0 = time.perf_counter()
+            stub.Encode(pb.EncodeRequest(texts=[text], truncate=True))
+            latencies.append(time.perf_counter() - t0)
+    return latencies
+
+
 def one_client_on(script: str, out: Path, log_path: Path) -> list[float]:
     """Start a stamping server (`script`, beside this file; the model with MODEL=1, else the scripted engine),
-    warm it with 200 texts, time 1,000 from one client, stop it (its stamps go to `out`); the latencies."""
-    port = free_port()
+    warm it with 200 texts, time 1,000 from one client (over gRPC with PROTOCOL=grpc, else HTTP), stop it
+    (its stamps go to `out`); the latencies."""
+    port, grpc_port = free_port(), free_port()
     engine = ["--graph", "optimized"] if os.environ.get("MODEL") else ["--engine", "slow:0.005"]
-    flags = [*engine, "--repository", "models", "--port", "0", "--metrics-port", "0", "--http-port", str(port)]
+    ports = ["--port", str(grpc_port), "--metrics-port", "0", "--http-port", str(port)]
+    flags = [*engine, "--repository", "models", *ports]
     with log_path.open("w") as log:
         server = subprocess.Popen(
             [sys.executable, str(HERE / script), *flags],
@@ -60,8 +78,12 @@ def one_client_on(script: str, out: Path, log_path: Path) -> list[float]:
             assert server.poll() is None, log_path.read_text()
             time.sleep(0.2)
         time.sleep(1)
-        asyncio.run(one_client(port, 200))
-        latencies = asyncio.run(one_client(port, 1000))
+        if os.environ.get("PROTOCOL") == "grpc":
+            one_grpc_client(grpc_port, 200)
+            latencies = one_grpc_client(grpc_port, 1000)
+        else:
+            asyncio.run(one_client(port, 200))
+            latencies = asyncio.run(one_client(port, 1000))
         server.send_signal(2)
         server.wait()
     return latencies
