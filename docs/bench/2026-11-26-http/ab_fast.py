@@ -14,13 +14,14 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # docs/bench: one_client.py
+from one_client import SHORT_TEXTS, http_latencies, raw
 
 from mhaserve.loadtest.bench.transports import HttpConnection
 from mhaserve.testing.loopback import free_port
 from mhaserve.testing.process import ServerProcess
 
-TEXTS = [line for line in Path("loadtest/texts/short.txt").read_text().splitlines() if line.strip()]
+TEXTS = SHORT_TEXTS
 VERSIONS = {"fastapi": "a4cf579", "fast": "ed1bc79"}
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -32,22 +33,8 @@ def cpu_seconds(pid: int, tid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def raw(text: str, port: int) -> bytes:
-    body = orjson.dumps({"input": text, "encoding_format": "float", "truncate": True})
-    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-
-
 async def one_client(port: int) -> list[float]:
-    conn = HttpConnection("127.0.0.1", port)
-    latencies = []
-    for text in TEXTS[:300]:
-        t0 = time.perf_counter()
-        status, _ = await conn.request(raw(text, port))
-        latencies.append(time.perf_counter() - t0)
-        assert status == 200
-    conn.close()
-    return latencies
+    return await http_latencies(port, TEXTS[:300])
 
 
 async def clients_32(port: int, seconds: float) -> int:

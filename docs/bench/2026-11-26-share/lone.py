@@ -5,49 +5,23 @@ route), then ONNX Runtime in this process on the same texts one at a time (the f
 tokeniser counted). Prints each p50 and its gap to the in-process one of the same round.
 Run from the repository root: python docs/bench/2026-11-26-share/lone.py ROUNDS [CONFIG ...] (default: all three)"""
 
-import http.client
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
-import grpc
-import numpy as np
-from tokenizers import Tokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # docs/bench: one_client.py
+from one_client import SHORT_TEXTS, in_process, p50_ms, served_p50s
 
-from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
-from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pbg
-from mhaserve.runtime.repository import ModelRepository, onnx_engine
 from mhaserve.testing.loopback import free_port, wait_until
 from mhaserve.testing.process import ServerProcess
 
-TEXTS = [line for line in Path("loadtest/texts/short.txt").read_text().splitlines() if line.strip()][:300]
+TEXTS = SHORT_TEXTS[:300]
 CONFIGS = {
     "1 process": [],
     "2 sharing": ["--processes", "2"],
     "2 pinned": ["--processes", "2", "--intra-op-threads", "1"],
 }
-
-entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
-engine = onnx_engine("cpu")(entry)
-tok = Tokenizer.from_file(str(entry.tokenizer_path))
-tok.no_padding()
-tok.enable_truncation(256)
-
-
-def p50_ms(call) -> float:
-    lat = []
-    for t in TEXTS:
-        t0 = time.perf_counter()
-        call(t)
-        lat.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(lat)
-
-
-def in_process(text: str) -> None:
-    ids = np.asarray([tok.encode(text).ids], dtype=np.int64)
-    engine.run(ids, np.ones_like(ids))
+one_text = in_process()
 
 
 def served(flags: list[str]) -> tuple[float, float]:
@@ -61,27 +35,10 @@ def served(flags: list[str]) -> tuple[float, float]:
         address = server.wait_serving()
         if flags:
             wait_until(lambda: "all 2 processes are serving" in server.log, "both processes to serve", 180)
-        with grpc.insecure_channel(address) as channel:
-            stub = pbg.EncoderServiceStub(channel)
-            for _ in range(20):
-                stub.Encode(pb.EncodeRequest(texts=["warm up"], truncate=True))
-            grpc_p50 = p50_ms(lambda t: stub.Encode(pb.EncodeRequest(texts=[t], truncate=True)))
-        conn = http.client.HTTPConnection("127.0.0.1", port)
-
-        def post(text: str) -> None:
-            conn.request("POST", "/v1/embeddings", json.dumps({"input": text, "truncate": True}),
-                         {"content-type": "application/json"})  # fmt: skip
-            reply = conn.getresponse()
-            reply.read()
-            assert reply.status == 200
-
-        for _ in range(20):
-            post("warm up")
-        http_p50 = p50_ms(post)
-        conn.close()
+        p50s = served_p50s(address, port, TEXTS)
         server.signal()
         server.wait()
-    return grpc_p50, http_p50
+    return p50s
 
 
 if sys.argv[2:]:
@@ -91,7 +48,7 @@ for r in range(int(sys.argv[1])):
     names = list(CONFIGS)
     names = names[r % len(names) :] + names[: r % len(names)]
     measured = {name: served(CONFIGS[name]) for name in names}
-    ref = p50_ms(in_process)
+    ref = p50_ms(one_text, TEXTS)
     line = [f"round {r}: in process {ref:.2f} ms"]
     for name, (g, h) in measured.items():
         gaps[name]["grpc"].append(g - ref)

@@ -12,8 +12,6 @@ what is left over 5 ms is the server's own time around the model, without the mo
 """
 
 import asyncio
-import http.client
-import json
 import os
 import statistics
 import subprocess
@@ -22,48 +20,22 @@ import time
 from pathlib import Path
 
 import grpc
-import numpy as np
-import orjson
-from tokenizers import Tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # docs/bench: one_client.py
+from one_client import SHORT_TEXTS, in_process, p50_ms, raw, served_p50s
 
 from mhaserve.loadtest.bench.transports import HttpConnection
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pbg
-from mhaserve.runtime.repository import ModelRepository, onnx_engine
 from mhaserve.testing.loopback import free_port
 from mhaserve.testing.process import ServerProcess
 
-TEXTS = [line for line in Path("loadtest/texts/short.txt").read_text().splitlines() if line.strip()]
+TEXTS = SHORT_TEXTS
 LONE = TEXTS[:300]
 VERSIONS = {"before": sys.argv[1], "after": sys.argv[2]}
 ROUNDS, SECONDS = int(sys.argv[3]), float(sys.argv[4])
 ENGINE = os.environ.get("AB_ENGINE")  # a scripted engine's spec (testing/engines.py), or the model
-
-entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
-engine = onnx_engine("cpu")(entry)
-tok = Tokenizer.from_file(str(entry.tokenizer_path))
-tok.no_padding()
-tok.enable_truncation(256)
-
-
-def p50_ms(call) -> float:
-    lat = []
-    for t in LONE:
-        t0 = time.perf_counter()
-        call(t)
-        lat.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(lat)
-
-
-def in_process(text: str) -> None:
-    ids = np.asarray([tok.encode(text).ids], dtype=np.int64)
-    engine.run(ids, np.ones_like(ids))
-
-
-def raw(text: str, port: int) -> bytes:
-    body = orjson.dumps({"input": text, "encoding_format": "float", "truncate": True})
-    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+one_text = in_process() if ENGINE is None else None
 
 
 async def closed_loop(send, n_clients: int, seconds: float) -> float:
@@ -118,24 +90,7 @@ def served() -> dict[str, float]:
     )  # fmt: skip
     with server:
         address = server.wait_serving()
-        with grpc.insecure_channel(address) as channel:
-            stub = pbg.EncoderServiceStub(channel)
-            for _ in range(20):
-                stub.Encode(pb.EncodeRequest(texts=["warm up"], truncate=True))
-            grpc_p50 = p50_ms(lambda t: stub.Encode(pb.EncodeRequest(texts=[t], truncate=True)))
-        conn = http.client.HTTPConnection("127.0.0.1", port)
-
-        def post(text: str) -> None:
-            conn.request("POST", "/v1/embeddings", json.dumps({"input": text, "truncate": True}),
-                         {"content-type": "application/json"})  # fmt: skip
-            reply = conn.getresponse()
-            reply.read()
-            assert reply.status == 200
-
-        for _ in range(20):
-            post("warm up")
-        http_p50 = p50_ms(post)
-        conn.close()
+        grpc_p50, http_p50 = served_p50s(address, port, LONE)
         g32 = asyncio.run(grpc_32(address, SECONDS))
         h32 = asyncio.run(http_32(port, SECONDS))
         server.signal()
@@ -154,7 +109,7 @@ try:
             for k, v in got.items():
                 rows[name].setdefault(k, []).append(v)
             print(f"round {r} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
-        refs.append(p50_ms(in_process) if ENGINE is None else float(ENGINE.split(":")[1]) * 1000)
+        refs.append(p50_ms(one_text, LONE) if ENGINE is None else float(ENGINE.split(":")[1]) * 1000)
         print(f"round {r}: reference (in process one at a time, or the engine's sleep) {refs[-1]:.2f} ms", flush=True)
 finally:
     subprocess.run(["git", "checkout", "HEAD", "--", "service"], check=True)

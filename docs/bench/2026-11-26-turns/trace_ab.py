@@ -22,32 +22,20 @@ import time
 from pathlib import Path
 
 import grpc
-import orjson
 
-from mhaserve.loadtest.bench.transports import HttpConnection
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # docs/bench: one_client.py
+from one_client import SHORT_TEXTS, http_latencies
+
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pbg
 from mhaserve.testing.loopback import free_port
 
 HERE = Path(__file__).parent
-TEXTS = [line for line in Path("loadtest/texts/short.txt").read_text().splitlines() if line.strip()]
-
-
-def raw(text: str, port: int) -> bytes:
-    body = orjson.dumps({"input": text, "encoding_format": "float", "truncate": True})
-    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+TEXTS = SHORT_TEXTS
 
 
 async def one_client(port: int, n: int) -> list[float]:
-    conn, latencies = HttpConnection("127.0.0.1", port), []
-    for text in (TEXTS * 10)[:n]:
-        t0 = time.perf_counter()
-        status, _ = await conn.request(raw(text, port))
-        latencies.append(time.perf_counter() - t0)
-        assert status == 200
-    conn.close()
-    return latencies
+    return await http_latencies(port, (TEXTS * 10)[:n])
 
 
 def one_grpc_client(port: int, n: int) -> list[float]:
