@@ -54,24 +54,24 @@ class Watchdog:
         """
         if self.timeout is None:
             return await run
-        overruns: list[_Overrun] = []
+        overrun: _Overrun | None = None
 
         def overran() -> None:
+            nonlocal overrun
             if not run.done():  # a result that came in the same turn as the timer wins
-                overruns.append(self._overran(size, request_ids, fail))
+                overrun = self._overran(size, request_ids, fail)
 
         timer = asyncio.get_running_loop().call_later(self.timeout, overran)
         try:
             result: T | None = await run
         except Exception:
-            if not overruns:
+            if overrun is None:
                 raise
             result = None  # its requests have their answer already; the log below says it failed
         finally:
             timer.cancel()
-        if not overruns:
+        if overrun is None:
             return result
-        overrun = overruns[0]
         if overrun.stalling is not None:
             await overrun.stalling
         self._stalled -= 1
