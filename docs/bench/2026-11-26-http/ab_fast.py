@@ -1,10 +1,10 @@
 """A/B of the code itself: POST /v1/embeddings through FastAPI (a4cf579) against the call middleware's fast
-route (ed1bc79), alternated in rounds. Each round checks out each version's service/ files (the editable
-install serves them), starts the server (defaults, the fused graph), and over HTTP (one keep-alive
+route (ed1bc79), alternated in rounds. Each round checks out each version's service/, cli/ and runtime/
+(the editable install serves them), starts the server (defaults, the fused graph), and over HTTP (one keep-alive
 connection per client, raw HTTP/1.1 as the bench's client) measures one client's p50 over 300 short
 texts, then 32 clients for --seconds; and the CPU per request of the server's event loop (its main
-thread) in each, and of the whole server at 32 clients. The working tree's
-service/ is restored at the end. Run from the repository root: python ab_fast.py ROUNDS SECONDS"""
+thread) in each, and of the whole server at 32 clients. Those three folders of
+the working tree are restored at the end. Run from the repository root: python ab_fast.py ROUNDS SECONDS"""
 
 import asyncio
 import os
@@ -23,6 +23,9 @@ from mhaserve.testing.process import ServerProcess
 
 TEXTS = SHORT_TEXTS
 VERSIONS = {"fastapi": "a4cf579", "fast": "ed1bc79"}
+# The server's code as it was at each version: service/ with the command line and the runtime of its day
+# (today's cli/ sets options, such as --processes, that the service/ of a4cf579 does not have).
+CODE = ["service", "cli", "runtime"]
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -59,7 +62,7 @@ results: dict[str, dict[str, list[float]]] = {
 try:
     for r in range(int(sys.argv[1])):
         for name in list(VERSIONS) if r % 2 == 0 else list(reversed(VERSIONS)):
-            subprocess.run(["git", "checkout", VERSIONS[name], "--", "service"], check=True)
+            subprocess.run(["git", "checkout", VERSIONS[name], "--", *CODE], check=True)
             port = free_port()
             proc = ServerProcess(
                 ["--repository", "models", "--port", "0", "--metrics-port", "0", "--http-port", str(port)],
@@ -84,6 +87,6 @@ try:
             row["cpu ms/req, 32"].append(1000 * (c2 - c1) / n)
             print(f"round {r} {name}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in row.items()), flush=True)
 finally:
-    subprocess.run(["git", "checkout", "HEAD", "--", "service"], check=True)
+    subprocess.run(["git", "checkout", "HEAD", "--", *CODE], check=True)
 for name, row in results.items():
     print(name, "medians: " + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in row.items()))
