@@ -2,15 +2,18 @@
 
 - `in_process()`: ONNX Runtime in this process on one text at a time (the fused graph, all cores,
   tokeniser counted), the reference of issue 18's one-client target;
-- `p50_ms(call, texts)`: the median of `call(text)` over `texts`, one at a time, in ms;
+- `latencies(call, texts, pause)`: the seconds of each `call(text)`, one at a time, idle `pause` s after
+  each; `p50_ms(call, texts)`: their median without pauses, in ms;
 - `served_p50s(address, port, texts)`: one client's p50 against a running server, over gRPC (a synchronous
   stub) and over HTTP (`http.client`, one keep-alive connection, the OpenAI route), each after 20 warm-ups;
 - `raw(text, port)` and `http_latencies(port, texts)`: the same HTTP request as raw bytes, and one
-  client's latencies on one keep-alive connection, as the bench's own client sends them.
+  client's latencies on one keep-alive connection, as the bench's own client sends them (with `pause`,
+  idle that long after each).
 
 The scripts put this folder on `sys.path` to import it; run them from the repository root.
 """
 
+import asyncio
 import http.client
 import json
 import statistics
@@ -31,13 +34,20 @@ from mhaserve.runtime.repository import ModelRepository, onnx_engine
 SHORT_TEXTS = [line for line in Path("loadtest/texts/short.txt").read_text().splitlines() if line.strip()]
 
 
-def p50_ms(call: Callable[[str], object], texts: Sequence[str]) -> float:
-    lat = []
+def latencies(call: Callable[[str], object], texts: Sequence[str], pause: float = 0.0) -> list[float]:
+    """Seconds each `call(text)` took, one at a time; with `pause`, that many seconds idle after each."""
+    out = []
     for t in texts:
         t0 = time.perf_counter()
         call(t)
-        lat.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(lat)
+        out.append(time.perf_counter() - t0)
+        if pause:
+            time.sleep(pause)
+    return out
+
+
+def p50_ms(call: Callable[[str], object], texts: Sequence[str]) -> float:
+    return 1000 * statistics.median(latencies(call, texts))
 
 
 def in_process() -> Callable[[str], None]:
@@ -84,12 +94,14 @@ def raw(text: str, port: int) -> bytes:
     return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-async def http_latencies(port: int, texts: Sequence[str]) -> list[float]:
-    conn, latencies = HttpConnection("127.0.0.1", port), []
+async def http_latencies(port: int, texts: Sequence[str], pause: float = 0.0) -> list[float]:
+    conn, out = HttpConnection("127.0.0.1", port), []
     for text in texts:
         t0 = time.perf_counter()
         status, _ = await conn.request(raw(text, port))
-        latencies.append(time.perf_counter() - t0)
+        out.append(time.perf_counter() - t0)
         assert status == 200
+        if pause:
+            await asyncio.sleep(pause)
     conn.close()
-    return latencies
+    return out

@@ -35,9 +35,9 @@ from pathlib import Path
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # docs/bench: one_client.py
-from one_client import SHORT_TEXTS, http_latencies, raw
+from one_client import SHORT_TEXTS, http_latencies, latencies
 
-from mhaserve.loadtest.bench.transports import HttpConnection
+from mhaserve.loadtest.bench.quiet import process_cpu_seconds
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pbg
 from mhaserve.testing.loopback import free_port
@@ -113,15 +113,8 @@ def serve(kind: str, port: int) -> None:
 # --- the clients -----------------------------------------------------------------------------------------
 
 
-def timed(call, n: int, gap: float) -> list[float]:  # type: ignore[no-untyped-def]
-    texts, out = (SHORT_TEXTS * 10)[:n], []
-    for text in texts:
-        t0 = time.perf_counter()
-        call(text)
-        out.append(time.perf_counter() - t0)
-        if gap:
-            time.sleep(gap)
-    return out
+def texts(n: int) -> list[str]:
+    return (SHORT_TEXTS * 10)[:n]
 
 
 def tcp_client(port: int, n: int, gap: float) -> list[float]:
@@ -134,43 +127,24 @@ def tcp_client(port: int, n: int, gap: float) -> list[float]:
             while got < len(ANSWER):
                 got += len(s.recv(65536))
 
-        return timed(call, n, gap)
+        return latencies(call, texts(n), gap)
 
 
 def grpc_client(port: int, n: int, gap: float, ours: bool) -> list[float]:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         if ours:
             stub = pbg.EncoderServiceStub(channel)
-            return timed(lambda t: stub.Encode(pb.EncodeRequest(texts=[t], truncate=True)), n, gap)
+            return latencies(lambda t: stub.Encode(pb.EncodeRequest(texts=[t], truncate=True)), texts(n), gap)
         method = channel.unary_unary("/floor.Empty/Call", request_serializer=same, response_deserializer=same)
-        return timed(lambda t: method(t.encode()), n, gap)
+        return latencies(lambda t: method(t.encode()), texts(n), gap)
 
 
 def http_client(port: int, n: int, gap: float) -> list[float]:
     """The bench's client (one keep-alive connection, raw HTTP/1.1), one call at a time, `gap` s apart."""
-    if not gap:
-        return asyncio.run(http_latencies(port, (SHORT_TEXTS * 10)[:n]))
-
-    async def run() -> list[float]:
-        conn, latencies = HttpConnection("127.0.0.1", port), []
-        for text in (SHORT_TEXTS * 10)[:n]:
-            t0 = time.perf_counter()
-            status, _ = await conn.request(raw(text, port))
-            latencies.append(time.perf_counter() - t0)
-            assert status == 200, status
-            await asyncio.sleep(gap)
-        conn.close()
-        return latencies
-
-    return asyncio.run(run())
+    return asyncio.run(http_latencies(port, texts(n), gap))
 
 
 # --- one round -------------------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start(kind: str, port: int, grpc_port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -215,13 +189,13 @@ def measure(kind: str) -> tuple[float, float]:
     run = client(kind, port, grpc_port)
     try:
         run(200)
-        cpu0 = cpu_seconds(server.pid)
-        latencies = run(1000)
-        cpu = (cpu_seconds(server.pid) - cpu0) / 1000 * 1e6
+        cpu0 = process_cpu_seconds(server.pid)
+        taken = run(1000)
+        cpu = (process_cpu_seconds(server.pid) - cpu0) / 1000 * 1e6
     finally:
         server.send_signal(2)
         server.wait()
-    return 1000 * (statistics.median(latencies) - (ENGINE if kind.endswith("-ours") else 0)), cpu
+    return 1000 * (statistics.median(taken) - (ENGINE if kind.endswith("-ours") else 0)), cpu
 
 
 def main() -> None:

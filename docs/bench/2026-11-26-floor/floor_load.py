@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # docs/bench: one_
 import floor
 from one_client import SHORT_TEXTS, raw
 
+from mhaserve.loadtest.bench.quiet import process_cpu_seconds
 from mhaserve.loadtest.bench.transports import HttpConnection
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pbg
@@ -80,9 +81,9 @@ def measure(kind: str, seconds: float) -> tuple[float, float]:
     server = floor.start(kind, port, grpc_port, Path(f"/tmp/floor-load-{kind}.log"))
     try:
         asyncio.run(load(kind, port, grpc_port, 1.0))  # warm up
-        cpu0, t0 = floor.cpu_seconds(server.pid), time.perf_counter()
+        cpu0, t0 = process_cpu_seconds(server.pid), time.perf_counter()
         calls = asyncio.run(load(kind, port, grpc_port, seconds))
-        elapsed, cpu = time.perf_counter() - t0, floor.cpu_seconds(server.pid) - cpu0
+        elapsed, cpu = time.perf_counter() - t0, process_cpu_seconds(server.pid) - cpu0
     finally:
         server.send_signal(2)
         server.wait()

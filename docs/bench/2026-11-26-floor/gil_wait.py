@@ -21,6 +21,8 @@ import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import floor
+import floor_load
 
 
 def serve() -> None:
@@ -47,9 +49,6 @@ def serve() -> None:
 
 
 def measure(switch: str, seconds: float) -> dict[str, float]:
-    import floor
-    import floor_load
-
     port, grpc_port = floor.free_port(), floor.free_port()
     out = Path(f"/tmp/gil-wait-{switch}.txt")
     flags = ["--engine", "slow:0.005", "--repository", "models", "--metrics-port", "0",
