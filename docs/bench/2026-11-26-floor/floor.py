@@ -8,6 +8,9 @@ measures that floor with the same clients as the bench: each round starts, one a
   1,600 bytes at once (384 float32 are 1,536 bytes in protobuf), called from a synchronous stub;
 - `http-empty`: uvicorn with httptools (as our server) and a bare ASGI app that reads the body and answers
   a 384-float JSON body at once, called with raw HTTP/1.1 on one keep-alive connection;
+- `grpc-empty-intercepted` (not in the default set): `grpc-empty` behind two interceptors shaped like ours
+  (each awaits the continuation; the first rewraps the handler in a coroutine of its own, per call, as
+  the call bookkeeping does; the second returns the handler as the drain does for unary methods);
 - `grpc-sync-empty` (not in the default set): the same method on grpcio's synchronous server, and
   `grpclib-empty` on grpclib (see grpclib_empty.py);
 - `grpc-ours` and `http-ours`: our server (`python -m mhaserve.testing.fake_server`, defaults) with the
@@ -66,11 +69,28 @@ async def tcp_server(port: int) -> None:
     await server.serve_forever()
 
 
-async def grpc_server(port: int) -> None:
+class Rewrapping(grpc.aio.ServerInterceptor):
+    """Awaits the continuation, then wraps the handler's behaviour in a coroutine of its own, per call."""
+
+    async def intercept_service(self, continuation, details):  # type: ignore[no-untyped-def]
+        handler = await continuation(details)
+
+        async def wrapper(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return await handler.unary_unary(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(wrapper, handler.request_deserializer, handler.response_serializer)
+
+
+class Passing(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, details):  # type: ignore[no-untyped-def]
+        return await continuation(details)
+
+
+async def grpc_server(port: int, intercepted: bool = False) -> None:
     async def method(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return ANSWER
 
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[Rewrapping(), Passing()] if intercepted else None)
     handler = grpc.unary_unary_rpc_method_handler(method, same, same)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Empty", {"Call": handler}),))
     server.add_insecure_port(f"127.0.0.1:{port}")
@@ -107,7 +127,7 @@ def serve(kind: str, port: int) -> None:
 
         uvicorn.run(asgi_app, host="127.0.0.1", port=port, http="httptools", log_level="warning", lifespan="off")
     else:
-        asyncio.run(tcp_server(port) if kind == "tcp" else grpc_server(port))
+        asyncio.run(tcp_server(port) if kind == "tcp" else grpc_server(port, kind == "grpc-empty-intercepted"))
 
 
 # --- the clients -----------------------------------------------------------------------------------------
