@@ -10,7 +10,7 @@ Each round starts the server afresh (defaults, the fused graph) in each configur
   pool thread set to nice N (the pool thread: the unnamed thread, not the main one, with the most CPU);
 - batch: the same threads set to SCHED_BATCH instead (same share of the CPU, no preemption on wake-up).
 Measured: one client's p50 over gRPC and HTTP (300 short texts), then 32 closed-loop clients for SECONDS
-each over gRPC and HTTP, with ab_turns.py's loops. Once per round, ONNX Runtime in process one text at a
+each over gRPC and HTTP, with ab_turns.py's loops (imported). Once per round, ONNX Runtime in process one text at a
 time. Run from the repository root (raising a thread's nice value, or moving it to SCHED_BATCH, needs no
 privilege): python docs/bench/2026-11-26-nice/nice_ab.py ROUNDS SECONDS CONFIG...
 """
@@ -21,63 +21,15 @@ import statistics
 import sys
 from pathlib import Path
 
-import grpc
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # docs/bench: one_client.py
-from one_client import SHORT_TEXTS, in_process, p50_ms, raw, served_p50s
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-26-turns"))
+from ab_turns import LONE, grpc_32, measure
+from one_client import in_process, p50_ms
 
-from mhaserve.loadtest.bench.transports import HttpConnection
-from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
-from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pbg
 from mhaserve.testing.loopback import free_port
 from mhaserve.testing.process import ServerProcess
 
-TEXTS = SHORT_TEXTS
-LONE = TEXTS[:300]
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-async def closed_loop(send, n_clients: int, seconds: float) -> float:
-    loop = asyncio.get_running_loop()
-    stop = loop.time() + seconds
-
-    async def user(i: int) -> int:
-        n, k = 0, i
-        while loop.time() < stop:
-            await send(i, k % len(TEXTS))
-            n, k = n + 1, k + n_clients
-        return n
-
-    t0 = loop.time()
-    done = sum(await asyncio.gather(*(user(i) for i in range(n_clients))))
-    return done / (loop.time() - t0)
-
-
-async def grpc_32(address: str, seconds: float) -> float:
-    requests = [pb.EncodeRequest(texts=[t], truncate=True) for t in TEXTS]
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = pbg.EncoderServiceStub(channel)
-
-        async def send(_: int, k: int) -> None:
-            await stub.Encode(requests[k], timeout=60)
-
-        await closed_loop(send, 32, 1.0)
-        return await closed_loop(send, 32, seconds)
-
-
-async def http_32(port: int, seconds: float) -> float:
-    requests = [raw(t, port) for t in TEXTS]
-    conns = [HttpConnection("127.0.0.1", port) for _ in range(32)]
-
-    async def send(i: int, k: int) -> None:
-        status, _ = await conns[i].request(requests[k])
-        assert status == 200
-
-    await closed_loop(send, 32, 1.0)
-    rate = await closed_loop(send, 32, seconds)
-    for c in conns:
-        c.close()
-    return rate
 
 
 def threads(pid: int) -> list[tuple[int, str, float]]:
@@ -121,12 +73,10 @@ def served(config: str, seconds: float) -> dict[str, float]:
         if config != "as-shipped":
             kept = renice(server.pid, config)
             print(f"  {config}: left alone: {', '.join(kept)}", flush=True)
-        grpc_p50, http_p50 = served_p50s(address, port, LONE)
-        g32 = asyncio.run(grpc_32(address, seconds))
-        h32 = asyncio.run(http_32(port, seconds))
+        got = measure(address, port, seconds)
         server.signal()
         server.wait()
-    return {"gRPC 1 p50": grpc_p50, "HTTP 1 p50": http_p50, "gRPC 32/s": g32, "HTTP 32/s": h32}
+    return got
 
 
 def main(rounds: int, seconds: float, others: list[str]) -> None:

@@ -32,10 +32,7 @@ from mhaserve.testing.process import ServerProcess
 
 TEXTS = SHORT_TEXTS
 LONE = TEXTS[:300]
-VERSIONS = {"before": sys.argv[1], "after": sys.argv[2]}
-ROUNDS, SECONDS = int(sys.argv[3]), float(sys.argv[4])
 ENGINE = os.environ.get("AB_ENGINE")  # a scripted engine's spec (testing/engines.py), or the model
-one_text = in_process() if ENGINE is None else None
 
 
 async def closed_loop(send, n_clients: int, seconds: float) -> float:
@@ -80,7 +77,15 @@ async def http_32(port: int, seconds: float) -> float:
     return rate
 
 
-def served() -> dict[str, float]:
+def measure(address: str, port: int, seconds: float) -> dict[str, float]:
+    """One client's p50 over gRPC and HTTP, then 32 clients' calls a second over each, against one server."""
+    grpc_p50, http_p50 = served_p50s(address, port, LONE)
+    g32 = asyncio.run(grpc_32(address, seconds))
+    h32 = asyncio.run(http_32(port, seconds))
+    return {"gRPC 1 p50": grpc_p50, "HTTP 1 p50": http_p50, "gRPC 32/s": g32, "HTTP 32/s": h32}
+
+
+def served(seconds: float) -> dict[str, float]:
     port = free_port()
     server = ServerProcess(
         ["--repository", "models", "--graph", "optimized", "--port", "0", "--metrics-port", "0",
@@ -89,37 +94,42 @@ def served() -> dict[str, float]:
         engine=ENGINE,
     )  # fmt: skip
     with server:
-        address = server.wait_serving()
-        grpc_p50, http_p50 = served_p50s(address, port, LONE)
-        g32 = asyncio.run(grpc_32(address, SECONDS))
-        h32 = asyncio.run(http_32(port, SECONDS))
+        got = measure(server.wait_serving(), port, seconds)
         server.signal()
         server.wait()
-    return {"gRPC 1 p50": grpc_p50, "HTTP 1 p50": http_p50, "gRPC 32/s": g32, "HTTP 32/s": h32}
+    return got
 
 
-rows: dict[str, dict[str, list[float]]] = {v: {} for v in VERSIONS}
-refs: list[float] = []
-try:
-    for r in range(ROUNDS):
-        names = list(VERSIONS) if r % 2 == 0 else list(reversed(VERSIONS))
-        for name in names:
-            subprocess.run(["git", "checkout", VERSIONS[name], "--", "service"], check=True)
-            got = served()
-            for k, v in got.items():
-                rows[name].setdefault(k, []).append(v)
-            print(f"round {r} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
-        refs.append(p50_ms(one_text, LONE) if ENGINE is None else float(ENGINE.split(":")[1]) * 1000)
-        print(f"round {r}: reference (in process one at a time, or the engine's sleep) {refs[-1]:.2f} ms", flush=True)
-finally:
-    subprocess.run(["git", "checkout", "HEAD", "--", "service"], check=True)
-ref = statistics.median(refs)
-print(f"medians of {ROUNDS} rounds; reference {ref:.2f} ms")
-for name, row in rows.items():
-    gaps = {k: [v - refs[i] for i, v in enumerate(vs)] for k, vs in row.items() if "p50" in k}
-    print(
-        f"{name} ({VERSIONS[name]}): "
-        + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in row.items())
-        + "; gaps to in process: "
-        + ", ".join(f"{k} {statistics.median(v):+.2f}" for k, v in gaps.items())
-    )
+def main(before: str, after: str, rounds: int, seconds: float) -> None:
+    versions = {"before": before, "after": after}
+    one_text = in_process() if ENGINE is None else None
+    rows: dict[str, dict[str, list[float]]] = {v: {} for v in versions}
+    refs: list[float] = []
+    try:
+        for r in range(rounds):
+            names = list(versions) if r % 2 == 0 else list(reversed(versions))
+            for name in names:
+                subprocess.run(["git", "checkout", versions[name], "--", "service"], check=True)
+                got = served(seconds)
+                for k, v in got.items():
+                    rows[name].setdefault(k, []).append(v)
+                print(f"round {r} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
+            refs.append(p50_ms(one_text, LONE) if ENGINE is None else float(ENGINE.split(":")[1]) * 1000)
+            reference = f"reference (in process one at a time, or the engine's sleep) {refs[-1]:.2f} ms"
+            print(f"round {r}: {reference}", flush=True)
+    finally:
+        subprocess.run(["git", "checkout", "HEAD", "--", "service"], check=True)
+    ref = statistics.median(refs)
+    print(f"medians of {rounds} rounds; reference {ref:.2f} ms")
+    for name, row in rows.items():
+        gaps = {k: [v - refs[i] for i, v in enumerate(vs)] for k, vs in row.items() if "p50" in k}
+        print(
+            f"{name} ({versions[name]}): "
+            + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in row.items())
+            + "; gaps to in process: "
+            + ", ".join(f"{k} {statistics.median(v):+.2f}" for k, v in gaps.items())
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
