@@ -7,13 +7,12 @@ Run from the repository root: python docs/bench/2026-11-26-nice/cold.py
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # docs/bench: one_client.py
-from one_client import SHORT_TEXTS
+from one_client import SHORT_TEXTS, latencies
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pbg
@@ -32,11 +31,10 @@ def main() -> None:
             stub = pbg.EncoderServiceStub(channel)
             stub.Encode(pb.EncodeRequest(texts=["warm up"], truncate=True))
             for p in range(PASSES):
-                ms = []
-                for t in TEXTS:
-                    t0 = time.perf_counter()
-                    stub.Encode(pb.EncodeRequest(texts=[t], truncate=True))
-                    ms.append(1000 * (time.perf_counter() - t0))
+                ms = [
+                    1000 * s
+                    for s in latencies(lambda t: stub.Encode(pb.EncodeRequest(texts=[t], truncate=True)), TEXTS)
+                ]
                 blocks = (statistics.median(ms[i : i + BLOCK]) for i in range(0, len(ms), BLOCK))
                 print(f"pass {p}: p50 by block of {BLOCK}: " + " ".join(f"{b:.2f}" for b in blocks), flush=True)
         server.signal()

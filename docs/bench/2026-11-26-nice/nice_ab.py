@@ -23,33 +23,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # docs/bench: one_client.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-26-turns"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-26-floor"))
 from ab_turns import LONE, grpc_32, measure
 from one_client import in_process, p50_ms
+from threads import per_thread
 
 from mhaserve.testing.loopback import free_port
 from mhaserve.testing.process import ServerProcess
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def threads(pid: int) -> list[tuple[int, str, float]]:
-    """(tid, name, CPU seconds) of each thread of `pid`."""
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except FileNotFoundError:
-            continue
-        name = stat.split("(", 1)[1].rsplit(")", 1)[0]
-        fields = stat.rsplit(")", 1)[1].split()
-        out.append((int(tid), name, (int(fields[11]) + int(fields[12])) / TICK))
-    return out
 
 
 def renice(pid: int, config: str) -> list[str]:
     """Every thread but the inference thread and ONNX Runtime's pool thread to `config` ("nice5": nice 5,
     "batch": SCHED_BATCH, which never preempts a running thread when it wakes); what was left alone."""
-    ts = threads(pid)
+    ts = [(int(tid), name, user + system) for (tid, name), (user, system, _) in per_thread(pid).items()]
     main_name = next(name for tid, name, _ in ts if tid == pid)
     pool = [t for t in ts if t[0] != pid and t[1] == main_name]
     kept = {t[0] for t in ts if t[1] == "inference"} | ({max(pool, key=lambda t: t[2])[0]} if pool else set())

@@ -31,6 +31,7 @@ sys.path.insert(0, "docs/bench")
 from one_client import SHORT_TEXTS
 
 from mhaserve.runtime.tokenizer import load_for_serving
+from mhaserve.service.batching.padding import pad
 
 Feed = tuple[ort.InferenceSession, list[str], dict[str, np.ndarray]]
 
@@ -85,10 +86,7 @@ def packed_feed(session: ort.InferenceSession, pack: list[list[int]]) -> Feed:
 
 
 def padded_feed(session: ort.InferenceSession, batch: list[list[int]]) -> Feed:
-    ids = np.zeros((len(batch), max(map(len, batch))), np.int64)
-    mask = np.zeros_like(ids)
-    for i, s in enumerate(batch):
-        ids[i, : len(s)], mask[i, : len(s)] = s, 1
+    ids, mask = pad([np.asarray(s) for s in batch], pad_id=0)  # the batcher's padding
     return session, ["embeddings"], {"input_ids": ids, "attention_mask": mask}
 
 
