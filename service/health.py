@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
+
+from mhaserve.service.rpc.registration import GenericOnly
 
 SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
@@ -22,7 +23,7 @@ class Health:
         self.servicer = health_aio.HealthServicer()
         self.services = ("", *services)
 
-    def add_to(self, server: grpc.aio.Server) -> None:
+    def add_to(self, server: GenericOnly) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
 
     async def set(self, serving: bool) -> None:

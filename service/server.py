@@ -68,6 +68,7 @@ from mhaserve.service.rpc.auth import AuthInterceptor
 from mhaserve.service.rpc.drain import Drain, DrainInterceptor
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
 from mhaserve.service.rpc.reflection import add_reflection
+from mhaserve.service.rpc.registration import GenericOnly
 from mhaserve.service.settings import Settings
 from mhaserve.service.threads import named_pool
 
@@ -257,13 +258,17 @@ class EncoderServer:
                 ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
             ],
         )
+        # Generic handlers only: a registered method costs grpc.aio's accept loop a turn over every method
+        # at every call (rpc/registration.py). encoder.v1 first: it is the first handler asked for a method.
+        services = GenericOnly(server)
         encoder_grpc.add_EncoderServiceServicer_to_server(
-            EncoderServicer(self.dataplane, max_message_bytes=s.max_message_bytes), server
+            EncoderServicer(self.dataplane, max_message_bytes=s.max_message_bytes), services
         )
         # The Open Inference Protocol (KServe v2 / Triton clients) on the same port, over the same data plane.
-        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dataplane, self.manager), server)
-        self.health.add_to(server)
-        add_reflection(server, (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE))
+        kserve = InferenceServicer(self.dataplane, self.manager)
+        kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, services)
+        self.health.add_to(services)
+        add_reflection(services, (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE))
         address = f"{s.host}:{s.port}"
         try:
             if credentials is None:

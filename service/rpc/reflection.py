@@ -16,12 +16,14 @@ from grpc_reflection.v1alpha import reflection
 from grpc_reflection.v1alpha import reflection_pb2 as rpb
 from grpc_reflection.v1alpha import reflection_pb2_grpc as rpb_grpc
 
+from mhaserve.service.rpc.registration import GenericOnly
+
 V1ALPHA = reflection.SERVICE_NAME
 V1 = "grpc.reflection.v1.ServerReflection"
 SERVICES = (V1, V1ALPHA)
 
 
-def add_reflection(server: grpc.aio.Server, services: Sequence[str]) -> None:
+def add_reflection(server: GenericOnly, services: Sequence[str]) -> None:
     """Serve reflection for `services` (and for reflection itself) under both versions."""
     servicer = reflection.aio.ReflectionServicer((*services, *SERVICES))
     rpb_grpc.add_ServerReflectionServicer_to_server(servicer, server)
