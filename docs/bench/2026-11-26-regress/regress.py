@@ -40,10 +40,11 @@ POINTS = {
 }
 
 
-def start(python: str, log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+def start(python: str, log: Path, flags: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str, str]:
+    """`python -m mhaserve.cli serve` on this repository's models, with `flags` added (ab_workers.py sets some)."""
     port, metrics, http = free_ports(3)
     cmd = [python, "-m", "mhaserve.cli", "serve", "--repository", "models", "--graph", "optimized",
-           "--port", str(port), "--metrics-port", str(metrics), "--http-port", str(http)]  # fmt: skip
+           "--port", str(port), "--metrics-port", str(metrics), "--http-port", str(http), *flags]  # fmt: skip
     with log.open("w") as out:
         server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
