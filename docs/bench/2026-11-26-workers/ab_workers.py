@@ -1,4 +1,5 @@
-"""One inference worker (the default on 2 cores for fp32) against two, on short and mixed texts, alternated.
+"""Server configurations against each other on short and mixed texts, alternated: one inference worker (the
+default on 2 cores for fp32) against two, and the fused graph against int8.
 
 The default stays one worker for the fused graph on 2 cores because two lengthened the tail on mixed texts
 (p99 +16-30 % at 32 clients, 2026-11-24/25). Much of the server has changed since; this measures again,
@@ -9,6 +10,7 @@ client on short texts (p50), 32 gRPC and 32 HTTP clients on short texts, 32 gRPC
 mixed texts (seq/s, p50, p99). CONFIG is NAME=FLAGS, flags separated by commas, e.g. 2w=--inference-workers=2.
 Run from the repository root:
   python docs/bench/2026-11-26-workers/ab_workers.py ROUNDS SECONDS 1w= 2w=--inference-workers=2
+  python docs/bench/2026-11-26-workers/ab_workers.py ROUNDS SECONDS fused= int8=--graph=int8
 """
 
 import asyncio
