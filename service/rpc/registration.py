@@ -5,10 +5,11 @@ method as registered methods (`add_registered_method_handlers`). grpc.aio's serv
 pending accept per registered method and one for everything else, and after every call it waits on all
 of them again (`asyncio.wait` in `AioServer._server_main_loop`, grpcio 1.85). With the 20 methods of
 encoder.v1, the Open Inference Protocol, health and reflection, every call built a set of 21 futures and
-added and removed 21 done-callbacks on the event loop (docs/benchmarks.md, "Registered methods"). A
-registered method buys grpc.aio nothing in exchange: it reads no message ahead (it passes no payload
-buffer), and the generic handler the same stubs add serves every method by a dict lookup. So the
-server gets the generic handlers, and `GenericOnly` drops the registrations.
+added and removed 21 done-callbacks on the event loop: about 19 us of CPU and 0.06 ms of latency a call
+on a 2-core EPYC (docs/benchmarks.md, "Registered gRPC methods"). A registered method buys grpc.aio
+nothing in exchange: it reads no message ahead (it passes no payload buffer), and the generic handler
+the same stubs add serves every method by a dict lookup. So the server gets the generic handlers, and
+`GenericOnly` drops the registrations.
 """
 
 from __future__ import annotations
