@@ -51,7 +51,7 @@ def waits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The number of futures in each asyncio.wait made while the test runs (grpc.aio's accept loop makes one
     after every call)."""
     sizes: list[int] = []
-    real = asyncio.tasks._wait
+    real = asyncio.tasks._wait  # type: ignore[attr-defined]  # private, and what grpc.aio reaches through asyncio.wait
 
     async def counted(fs: Any, *args: Any) -> Any:
         sizes.append(len(fs))
