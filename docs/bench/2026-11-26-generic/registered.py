@@ -6,7 +6,7 @@ embedding at once; there are no interceptors and no model.
 
 Each round starts each server afresh, alternated, and measures 32 grpc.aio clients on one channel for
 SECONDS (calls a second, the server's CPU per call) and then one synchronous client, 1,000 calls one at a
-time (p50). Run from the repository root:
+time (p50); the clients are floor_load.py's and one_client.py's. Run from the repository root:
   python docs/bench/2026-11-26-generic/registered.py ROUNDS SECONDS
 """
 
@@ -16,9 +16,15 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import grpc.aio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # docs/bench: one_client.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-26-floor"))
+from floor_load import load
+from one_client import SHORT_TEXTS, p50_ms
 
 from mhaserve.loadtest.bench.quiet import process_cpu_seconds
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
@@ -30,8 +36,6 @@ from mhaserve.service.rpc.reflection import add_reflection
 from mhaserve.service.rpc.registration import GenericOnly
 from mhaserve.testing.loopback import free_port
 
-CLIENTS = 32
-TEXT = "how do I reset my password"
 EMBEDDING = [0.01 * i for i in range(384)]
 
 
@@ -53,35 +57,6 @@ async def serve(mode: str, port: int) -> None:
     await server.wait_for_termination()
 
 
-async def load(port: int, seconds: float) -> int:
-    done = 0
-    stop = time.perf_counter() + seconds
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS) as channel:
-        encode = pbg.EncoderServiceStub(channel).Encode
-
-        async def client() -> None:
-            nonlocal done
-            while time.perf_counter() < stop:
-                await encode(pb.EncodeRequest(texts=[TEXT]))
-                done += 1
-
-        await asyncio.gather(*(client() for _ in range(CLIENTS)))
-    return done
-
-
-def lone(port: int, n: int) -> float:
-    with grpc.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS) as channel:
-        encode = pbg.EncoderServiceStub(channel).Encode
-        for _ in range(100):
-            encode(pb.EncodeRequest(texts=[TEXT]))
-        taken = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            encode(pb.EncodeRequest(texts=[TEXT]))
-            taken.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(taken)
-
-
 def measure(mode: str, seconds: float) -> tuple[float, float, float]:
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "serve", mode, str(port)])
@@ -92,11 +67,15 @@ def measure(mode: str, seconds: float) -> tuple[float, float, float]:
                 break
             except OSError:
                 time.sleep(0.1)
-        asyncio.run(load(port, 1.0))  # warm up
+        # floor_load's 32 clients on one channel, calling Encode as they would call our server ("-ours")
+        asyncio.run(load("grpc-ours", port, port, 1.0))  # warm up
         cpu0, t0 = process_cpu_seconds(server.pid), time.perf_counter()
-        calls = asyncio.run(load(port, seconds))
+        calls = asyncio.run(load("grpc-ours", port, port, seconds))
         elapsed, cpu = time.perf_counter() - t0, process_cpu_seconds(server.pid) - cpu0
-        p50 = lone(port, 1000)
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS) as channel:
+            encode = pbg.EncoderServiceStub(channel).Encode
+            p50_ms(lambda t: encode(pb.EncodeRequest(texts=[t])), SHORT_TEXTS[:100])  # warm up
+            p50 = p50_ms(lambda t: encode(pb.EncodeRequest(texts=[t])), SHORT_TEXTS[100:1100])
     finally:
         server.terminate()
         server.wait()

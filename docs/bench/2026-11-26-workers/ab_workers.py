@@ -24,16 +24,12 @@ from regress import start  # noqa: E402  (the server started as regress.py start
 from mhaserve.loadtest.bench.client import _closed_loop  # noqa: E402
 from mhaserve.loadtest.bench.transports import transport  # noqa: E402
 from mhaserve.loadtest.bench.workloads import build  # noqa: E402
+from mhaserve.loadtest.stats import latency_summary  # noqa: E402
 from mhaserve.runtime.repository import ModelRepository  # noqa: E402
 from mhaserve.runtime.tokenizer import load_for_serving  # noqa: E402
 
 POINTS = [("short", "grpc", 1), ("short", "grpc", 32), ("short", "http", 32), ("mixed", "grpc", 32),
           ("mixed", "http", 32)]  # fmt: skip
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def measure(flags: tuple[str, ...], workloads, seconds: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -45,14 +41,13 @@ def measure(flags: tuple[str, ...], workloads, seconds: float) -> dict[str, floa
             raw = asyncio.run(_closed_loop([(link, len(workloads[name].ids))], clients, seconds, 3 * seconds,
                                            [server.pid]))  # fmt: skip
             group, elapsed = raw["groups"][0], raw["window"][1] - raw["window"][0]
-            ms = group["latencies"]
+            latency = latency_summary(group["latencies"])
             key = f"{name} {protocol} {clients}"
-            if clients == 1:
-                out[f"{key} p50"] = statistics.median(ms)
-            else:
+            if clients > 1:
                 out[f"{key} seq/s"] = group["completed"] / elapsed
-                out[f"{key} p50"] = statistics.median(ms)
-                out[f"{key} p99"] = pct(ms, 0.99)
+            out[f"{key} p50"] = latency["p50"]
+            if clients > 1:
+                out[f"{key} p99"] = latency["p99"]
     finally:
         server.terminate()
         server.wait(60)
