@@ -375,7 +375,7 @@ class EncoderServer:
             s.batching,
             s.model_control,
             self.workers,
-            "" if s.inference_workers else f" (auto, for the {s.graph} graph)",
+            "" if s.inference_workers else " (auto)",
             _threads_in_words(*self.threads),
         )
         if self.state == "loading":

@@ -212,8 +212,9 @@ class Settings:
     inference_workers: int | None = field(
         default=None,
         metadata=_opt(
-            "batches computed at once (default auto: on a CPU one per two cores up to 8, at least 2 for --graph int8; "
-            "on CUDA 1; cores are those this process may use, its affinity and cgroup quota counted). "
+            "batches computed at once (default auto: on a CPU of 2 cores or more one per two cores, at least 2 and "
+            "at most 8; on one core or CUDA 1; cores are those this process may use, its affinity and cgroup quota "
+            "counted). "
             "A batch alone gets every core; one that starts while another computes runs on a second ONNX Runtime "
             "session (the graph loaded twice) with its share of the cores: more throughput under many clients, "
             "the same for a lone request (figures: docs/benchmarks.md)",
@@ -381,12 +382,12 @@ class Settings:
 
     @property
     def workers(self) -> int:
-        """The inference workers in force: --inference-workers, else the choice for the graph and device."""
+        """The inference workers in force: --inference-workers, else the choice for the device and its cores."""
         return self.workers_on(available_cpus())
 
     def workers_on(self, cpus: int) -> int:
         """The inference workers in force for a process that sizes itself by `cpus` cores."""
-        return self.inference_workers or auto_inference_workers(self.graph, self.device, cpus)
+        return self.inference_workers or auto_inference_workers(self.device, cpus)
 
     def limits(self, *, on_cuda: bool, model: Mapping[str, float] | None = None) -> Limits:
         """The limits in force: a model's own (its serving.json `limits`), then those set here, then the
@@ -413,27 +414,28 @@ class Settings:
 MAX_AUTO_WORKERS = 8
 
 
-def auto_inference_workers(graph: str, device: str, cpus: int) -> int:
-    """`--inference-workers auto`: on a CPU one per two of its `cpus` up to 8, at least two for int8; on CUDA one.
+def auto_inference_workers(device: str, cpus: int) -> int:
+    """`--inference-workers auto`: on a CPU of two cores or more one per two of its `cpus`, at least 2 and at most
+    8, whatever the graph; on one core, or on CUDA, one.
 
-    On 2 cores at 32 clients (docs/benchmarks.md) a second worker gained the int8 graph 16-17 % (AMD EPYC
-    with AVX-512 VNNI) and 27-56 % (Intel Xeon with VNNI), with a lower p99 and the same latency at one
-    client: its model is fast enough that answering one batch and taking in the next is a large share of a
-    batch's time, which a second worker overlaps. The fused fp32 graph gained 1-6 % (AMD) and 6-19 %
-    (Intel), and its p99 on mixed texts rose 16-30 %, so there it keeps one. On 16 cores (an Intel Xeon,
-    the fused graph, short texts, 32 clients: docs/gpu.md) one worker left most cores spinning on batches of
-    a few short texts: 2, 4, 8 and 16 workers served 1.26x, 1.42-1.52x, 1.87-2.10x and 2.04x of one
-    worker's 395-401 seq/s, with less CPU and the same one-client latency; 8 (one per two cores) was the
-    best. Core counts between 2 and 16 are interpolated, not measured. Past 16 cores it stays at 8: 16 workers
-    were no faster on 16 cores, and every batch in flight holds its own activations (a batch of 32 texts of
-    256 tokens, about 100 MB of attention scores alone), so more workers than measured would only raise the
-    peak memory. On CUDA, workers share one session: one.
+    On 2 cores at 32 clients (docs/benchmarks.md) a second worker overlaps the work around one batch
+    (answering it, taking in the next) with the next batch's compute. For the int8 graph it gained 16-17 %
+    (AMD EPYC with AVX-512 VNNI) and 27-56 % (Intel Xeon with VNNI), with a lower p99. For the fused fp32 graph
+    the first measurements (2026-11-24/25, a Zen 3 AMD EPYC and an Intel Xeon) gave 1-19 % and a p99 on mixed
+    texts 16-30 % higher, so it kept one; three alternated A/Bs on the server of 2026-11-26/27 (Zen 4 AMD
+    EPYC, 14 rounds) gave 4-9 % more short texts and 6-13 % more mixed texts a second over gRPC, p50 5-15 %
+    lower, p99 on mixed texts from 10 % lower to 10 % higher, one client's latency unchanged; so now two
+    there too. On 16 cores (an Intel Xeon, the fused graph, short texts, 32 clients: docs/gpu.md) one worker
+    left most cores spinning on batches of a few short texts: 2, 4, 8 and 16 workers served 1.26x,
+    1.42-1.52x, 1.87-2.10x and 2.04x of one worker's 395-401 seq/s, with less CPU and the same one-client
+    latency; 8 (one per two cores) was the best. Core counts between 2 and 16 are interpolated, not measured.
+    Past 16 cores it stays at 8: 16 workers were no faster on 16 cores, and every batch in flight holds its
+    own activations (a batch of 32 texts of 256 tokens, about 100 MB of attention scores alone), so more
+    workers than measured would only raise the peak memory. On CUDA, workers share one session: one.
     """
-    if not on_cpu(device):
+    if not on_cpu(device) or cpus < 2:
         return 1
-    if graph == "int8" and cpus >= 2:
-        return max(2, min(cpus // 2, MAX_AUTO_WORKERS))
-    return max(1, min(cpus // 2, MAX_AUTO_WORKERS))
+    return max(2, min(cpus // 2, MAX_AUTO_WORKERS))
 
 
 def on_cpu(device: str) -> bool:

@@ -82,11 +82,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             "threads": opt["threads"],
             "device": opt["device"],
             "server_args": list(opt["server_arg"]),
-            # Each graph's server may split its threads differently (--inference-workers auto).
-            "server_threads": "; ".join(
-                f"{g}: {options.server_threads(opt['threads'], opt['server_arg'], graph=g, device=opt['device'])}"
-                for g in graphs
-            ),
+            "server_threads": options.server_threads(opt["threads"], opt["server_arg"], device=opt["device"]),
             "quick": opt["quick"],
         },
         "workloads": {workload.name: workload.summary()},

@@ -299,21 +299,19 @@ def server_threads(
     server_args: Sequence[str],
     env: Mapping[str, str] | None = None,
     *,
-    graph: str = "auto",
     device: str = "auto",
 ) -> str:
     """How the served model's threads were set, for the report: the bench's --threads, else the server's own
     flags passed through --server-arg, else its environment (which the server inherits from the bench), else
-    the server's own choice for the graph (`--inference-workers auto`). Decided when the run starts, with the
-    environment the server gets, and recorded in report.json."""
+    the server's own choice for the device and its cores (`--inference-workers auto`). Decided when the run
+    starts, with the environment the server gets, and recorded in report.json."""
     env = os.environ if env is None else env
     flags = server_flags(server_args)
     workers = flags.get("--inference-workers", env.get("MHASERVE_INFERENCE_WORKERS", "auto"))
     chosen = workers.strip().lower() in ("", "none", "auto")
     processes = server_processes(server_args, env)
     if chosen:
-        graph = flags.get("--graph", graph)  # the bench passes its --graph; one in --server-arg comes after it
-        workers = str(auto_inference_workers(graph, device, max(1, available_cpus() // processes)))
+        workers = str(auto_inference_workers(device, max(1, available_cpus() // processes)))
     per_batch = threads or flags.get("--intra-op-threads") or env.get("MHASERVE_INTRA_OP_THREADS")
     split = "" if workers == "1" else f", {workers} inference workers"
     if per_batch:

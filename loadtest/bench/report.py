@@ -267,9 +267,12 @@ def markdown(report: dict[str, Any]) -> str:
     if any("served_batching" in inproc for inproc in report["inprocess"].values()):
         lines[-1] += (
             " The server's batches are those its length policy forms when every client keeps one input waiting "
-            "and nothing but the model takes time (the same limits, one inference worker): a server with no "
-            "overhead of its own would serve that, so the server's figure against it is what lies around the "
-            "model, and this row against the ceiling is what a closed loop of that many clients costs in batching."
+            "and nothing but the model takes time (the same limits, one inference worker): a one-worker server with "
+            "no overhead of its own would serve that, so the server's figure against it is what lies around the "
+            "model, and this row against the ceiling is what a closed loop of that many clients costs in batching. "
+            "A server with several inference workers (the default on a CPU of two cores or more) forms smaller "
+            "batches and computes one beside another, which this row does not model: there the server against it "
+            "can pass 1."
         )
     lines.append("")
     for wname, inproc in report["inprocess"].items():

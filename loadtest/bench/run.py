@@ -389,9 +389,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 "duration_s": opt["duration"],
                 "min_time_s": opt["min_time"],
                 "server_args": list(opt["server_arg"]),
-                "server_threads": options.server_threads(
-                    opt["threads"], opt["server_arg"], graph=opt["graph"], device=opt["device"]
-                ),
+                "server_threads": options.server_threads(opt["threads"], opt["server_arg"], device=opt["device"]),
                 "server_max_wait_ms": options.server_flags(opt["server_arg"]).get("--max-wait-ms", "device default"),
                 "quick": opt["quick"],
                 "guard": dataclasses.asdict(guard),

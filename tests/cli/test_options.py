@@ -98,36 +98,37 @@ def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> No
         build({}, env=env)
 
 
-def test_inference_workers_auto_gives_the_int8_graph_two_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inference_workers_auto_gives_two_on_a_cpu_of_two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("mhaserve.service.settings.available_cpus", lambda: 2)
     assert build({}, env={}).inference_workers is None  # auto, the default
     assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cpu"}).workers == 2
     assert build(parse("--graph", "int8", "--device", "cpu", "--inference-workers", "auto"), env={}).workers == 2
-    assert build({}, env={"MHASERVE_GRAPH": "optimized", "MHASERVE_DEVICE": "cpu"}).workers == 1
-    assert build({}, env={"MHASERVE_DEVICE": "cpu"}).workers == 1  # graph auto never picks int8
+    assert build({}, env={"MHASERVE_GRAPH": "optimized", "MHASERVE_DEVICE": "cpu"}).workers == 2
+    assert build({}, env={"MHASERVE_DEVICE": "cpu"}).workers == 2
     # CUDA runs batches on one session; a given number wins; one core has nothing to split
     assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cuda"}).workers == 1
     assert build(parse("--graph", "int8", "--device", "cpu", "--inference-workers", "1"), env={}).workers == 1
     assert build({}, env={"MHASERVE_DEVICE": "cpu", "MHASERVE_INFERENCE_WORKERS": "3"}).workers == 3
     monkeypatch.setattr("mhaserve.service.settings.available_cpus", lambda: 1)
     assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cpu"}).workers == 1
+    assert build({}, env={"MHASERVE_DEVICE": "cpu"}).workers == 1
     with pytest.raises(SettingsError, match="--inference-workers must be > 0"):
         build({}, env={"MHASERVE_INFERENCE_WORKERS": "0"})
 
 
 @pytest.mark.parametrize(
-    ("cpus", "fused", "int8"),
-    [(1, 1, 1), (2, 1, 2), (3, 1, 2), (4, 2, 2), (8, 4, 4), (16, 8, 8), (17, 8, 8), (64, 8, 8)],
+    ("cpus", "workers"),
+    [(1, 1), (2, 2), (3, 2), (4, 2), (5, 2), (8, 4), (16, 8), (17, 8), (64, 8)],
 )
 def test_inference_workers_auto_gives_one_per_two_cores_on_a_cpu(
-    monkeypatch: pytest.MonkeyPatch, cpus: int, fused: int, int8: int
+    monkeypatch: pytest.MonkeyPatch, cpus: int, workers: int
 ) -> None:
     """On 16 cores one worker left most cores spinning on small batches; one per two cores served about 2x
-    (docs/gpu.md). On 2 cores the fused graph keeps one, the int8 graph two (docs/benchmarks.md). Past 16
-    cores, 8: more were not faster there, and each batch in flight holds its own activations."""
+    (docs/gpu.md). On 2 cores two workers served more than one with either graph (docs/benchmarks.md). Past
+    16 cores, 8: more were not faster there, and each batch in flight holds its own activations."""
     monkeypatch.setattr("mhaserve.service.settings.available_cpus", lambda: cpus)
-    assert build({}, env={"MHASERVE_GRAPH": "optimized", "MHASERVE_DEVICE": "cpu"}).workers == fused
-    assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cpu"}).workers == int8
+    assert build({}, env={"MHASERVE_GRAPH": "optimized", "MHASERVE_DEVICE": "cpu"}).workers == workers
+    assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cpu"}).workers == workers
     assert build({}, env={"MHASERVE_GRAPH": "optimized", "MHASERVE_DEVICE": "cuda"}).workers == 1
 
 

@@ -190,23 +190,27 @@ def test_report_says_how_the_server_split_its_threads(monkeypatch: pytest.Monkey
     # workers each had half of them.
     from mhaserve.loadtest.bench.options import server_threads
 
-    assert server_threads(None, [], env={}) == "all cores (server default)"
-    assert server_threads(2, [], env={}) == "2 per batch"
+    monkeypatch.setattr("mhaserve.loadtest.bench.options.available_cpus", lambda: 2)
+    one = ["--inference-workers=1"]
+    assert server_threads(None, one, env={}) == "all cores (server default)"
+    assert server_threads(2, one, env={}) == "2 per batch"
     two = ["--inference-workers=2"]
     assert server_threads(None, two, env={}) == "the cores split between 2 inference workers (server default)"
     assert server_threads(None, [*two, "--intra-op-threads=1"], env={}) == "1 per batch, 2 inference workers"
     # the server inherits the bench's environment; a flag passed through --server-arg wins over it
     assert server_threads(None, [], env={"MHASERVE_INFERENCE_WORKERS": "3"}).startswith("the cores split between 3")
     assert server_threads(None, two, env={"MHASERVE_INFERENCE_WORKERS": "3"}).startswith("the cores split between 2")
-    assert server_threads(None, [], env={"MHASERVE_INTRA_OP_THREADS": "1"}) == "1 per batch"
-    # Unset, the server picks its workers for the graph (--inference-workers auto): two for int8 on a CPU.
-    monkeypatch.setattr("mhaserve.loadtest.bench.options.available_cpus", lambda: 2)
-    assert server_threads(None, [], env={}, graph="int8", device="cpu").startswith("the cores split between 2")
+    assert server_threads(None, one, env={"MHASERVE_INTRA_OP_THREADS": "1"}) == "1 per batch"
+    # Unset, the server picks its workers for the device and its cores (--inference-workers auto): on a CPU of
+    # two cores, two, whatever the graph; on one core, or on CUDA, one.
+    assert server_threads(None, [], env={}, device="cpu").startswith("the cores split between 2")
     assert server_threads(None, ["--graph=int8"], env={}, device="cpu").startswith("the cores split between 2")
-    assert server_threads(None, [], env={}, graph="optimized", device="cpu") == "all cores (server default)"
-    assert server_threads(None, [], env={"MHASERVE_INFERENCE_WORKERS": "1"}, graph="int8", device="cpu") == (
+    assert server_threads(None, [], env={"MHASERVE_INFERENCE_WORKERS": "1"}, device="cpu") == (
         "all cores (server default)"
     )
+    assert server_threads(None, [], env={}, device="cuda") == "all cores (server default)"
+    monkeypatch.setattr("mhaserve.loadtest.bench.options.available_cpus", lambda: 1)
+    assert server_threads(None, [], env={}, device="cpu") == "all cores (server default)"
 
 
 def test_report_says_how_many_server_processes_ran(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,7 +223,7 @@ def test_report_says_how_many_server_processes_ran(monkeypatch: pytest.MonkeyPat
         server_processes(["--processes=x"], env={})
     # Each process sizes its auto workers by its share: 16 cores over 2 processes is 8 each, so 4 workers.
     monkeypatch.setattr("mhaserve.loadtest.bench.options.available_cpus", lambda: 16)
-    assert server_threads(None, ["--processes=2"], env={}, graph="optimized", device="cpu") == (
+    assert server_threads(None, ["--processes=2"], env={}, device="cpu") == (
         "the cores split between 4 inference workers (server default), in each of 2 server processes "
         "(sharing the cores: a batch alone on all of them)"
     )

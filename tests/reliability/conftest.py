@@ -17,7 +17,14 @@ Spawn = Callable[..., ServerProcess]
 @pytest.fixture
 def settings(tiny_repo: Path) -> Settings:
     return Settings(
-        repository=tiny_repo, model=("tiny",), port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
+        repository=tiny_repo,
+        model=("tiny",),
+        port=0,
+        metrics_port=0,
+        http_port=0,
+        device="cpu",
+        intra_op_threads=1,
+        inference_workers=1,
     )
 
 

@@ -25,9 +25,17 @@ def server(tiny_repo: Path) -> Iterator[ServerThread]:
 
 @pytest.fixture
 def settings(tiny_repo: Path) -> Settings:
-    """Settings for a test server: the tiny model, a free port, no metrics port unless asked."""
+    """Settings for a test server: the tiny model, a free port, no metrics port unless asked, one inference
+    worker of one thread (so that batches form as a test expects on any host)."""
     return Settings(
-        repository=tiny_repo, model=("tiny",), port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
+        repository=tiny_repo,
+        model=("tiny",),
+        port=0,
+        metrics_port=0,
+        http_port=0,
+        device="cpu",
+        intra_op_threads=1,
+        inference_workers=1,
     )
 
 

@@ -91,7 +91,14 @@ def reference(entry: Path, ids: list[list[int]] = INPUTS) -> npt.NDArray[np.floa
 
 def settings(repo: Path, *models: str, **kw: Any) -> Settings:
     base = Settings(
-        repository=repo, model=models, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
+        repository=repo,
+        model=models,
+        port=0,
+        metrics_port=0,
+        http_port=0,
+        device="cpu",
+        intra_op_threads=1,
+        inference_workers=1,
     )
     return dataclasses.replace(base, **kw)
 
