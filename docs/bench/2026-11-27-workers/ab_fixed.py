@@ -23,5 +23,6 @@ def workloads(kinds, tokenizer, **kw):  # type: ignore[no-untyped-def]
 ab_workers.build = workloads
 
 if __name__ == "__main__":
-    parsed = {name: tuple(f for f in flags.split(",") if f) for name, _, flags in (a.partition("=") for a in sys.argv[3:])}
+    pairs = (arg.partition("=") for arg in sys.argv[3:])
+    parsed = {name: tuple(f for f in flags.split(",") if f) for name, _, flags in pairs}
     ab_workers.main(int(sys.argv[1]), float(sys.argv[2]), parsed)
