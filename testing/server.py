@@ -30,6 +30,23 @@ def health_status(channel: grpc.Channel, timeout: float = WAIT) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
 
+def bare_settings(repository: Path, *models: str, **overrides: Any) -> Settings:
+    """A test server's settings with nothing on a fixed port: `models` from `repository` on the CPU, with one
+    inference worker of one thread (so that batches form as a test expects on any host), gRPC and HTTP on
+    ports of the system's choosing, no metrics port; `overrides` for what a test needs otherwise."""
+    values: dict[str, Any] = {
+        "repository": repository,
+        "model": models,
+        "port": 0,
+        "metrics_port": 0,
+        "http_port": 0,
+        "device": "cpu",
+        "intra_op_threads": 1,
+        "inference_workers": 1,
+    }
+    return Settings(**(values | overrides))
+
+
 def local_settings(repository: Path, **overrides: Any) -> Settings:
     """A test server's settings: the repository's models on the CPU with one inference worker of one thread (so
     that batches form as a test expects on any host), gRPC on a port of the system's choosing, HTTP and metrics

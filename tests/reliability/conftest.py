@@ -10,22 +10,14 @@ import pytest
 from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import free_port
 from mhaserve.testing.process import ServerProcess
+from mhaserve.testing.server import bare_settings
 
 Spawn = Callable[..., ServerProcess]
 
 
 @pytest.fixture
 def settings(tiny_repo: Path) -> Settings:
-    return Settings(
-        repository=tiny_repo,
-        model=("tiny",),
-        port=0,
-        metrics_port=0,
-        http_port=0,
-        device="cpu",
-        intra_op_threads=1,
-        inference_workers=1,
-    )
+    return bare_settings(tiny_repo, "tiny")
 
 
 def tiny_flags(repo: Path, *extra: str, metrics_port: int = 0) -> list[str]:

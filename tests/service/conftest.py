@@ -13,7 +13,7 @@ import pytest
 
 from mhaserve.runtime.repository import EngineFactory
 from mhaserve.service.settings import Settings
-from mhaserve.testing.server import ServerThread, local_settings
+from mhaserve.testing.server import ServerThread, bare_settings, local_settings
 
 
 @pytest.fixture(scope="module")
@@ -25,18 +25,8 @@ def server(tiny_repo: Path) -> Iterator[ServerThread]:
 
 @pytest.fixture
 def settings(tiny_repo: Path) -> Settings:
-    """Settings for a test server: the tiny model, a free port, no metrics port unless asked, one inference
-    worker of one thread (so that batches form as a test expects on any host)."""
-    return Settings(
-        repository=tiny_repo,
-        model=("tiny",),
-        port=0,
-        metrics_port=0,
-        http_port=0,
-        device="cpu",
-        intra_op_threads=1,
-        inference_workers=1,
-    )
+    """Settings for a test server: the tiny model (testing.server.bare_settings)."""
+    return bare_settings(tiny_repo, "tiny")
 
 
 @pytest.fixture

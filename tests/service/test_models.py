@@ -6,7 +6,6 @@ real sockets, real clients (our stubs, the openai client, tritonclient in its ow
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import io
 import json
@@ -39,7 +38,7 @@ from mhaserve.service.batching.padding import pad
 from mhaserve.service.settings import Settings
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
-from mhaserve.testing.server import ServerThread
+from mhaserve.testing.server import ServerThread, bare_settings
 from tests.service.test_kserve_triton import TRITON_VENV, triton
 
 WIDE = TINY | {"d_model": 48, "d_ff": 96}  # another width: 48, not 32
@@ -90,17 +89,7 @@ def reference(entry: Path, ids: list[list[int]] = INPUTS) -> npt.NDArray[np.floa
 
 
 def settings(repo: Path, *models: str, **kw: Any) -> Settings:
-    base = Settings(
-        repository=repo,
-        model=models,
-        port=0,
-        metrics_port=0,
-        http_port=0,
-        device="cpu",
-        intra_op_threads=1,
-        inference_workers=1,
-    )
-    return dataclasses.replace(base, **kw)
+    return bare_settings(repo, *models, **kw)
 
 
 def encode(channel: grpc.Channel, model: str = "", version: int = 0, **kw: Any) -> pb.EncodeResponse:
