@@ -95,9 +95,9 @@ def test_signal_drains_every_queued_request_of_both_protocols_then_exits_0(
     metrics, http = free_port(), free_port()
     # The engine holds the first batch (token 99) until SIGUSR1 (120 s at most): every request sent meanwhile
     # is queued behind it when the signal comes, and only the drain can answer them. A fixed hang raced the
-    # test's own steps on a loaded machine.
+    # test's own steps on a loaded machine. One inference worker: a second would compute the queue meanwhile.
     p = Process(
-        *("--repository", str(tiny_repo), "--model", "tiny", "--port", "0"),
+        *("--repository", str(tiny_repo), "--model", "tiny", "--port", "0", "--inference-workers", "1"),
         *("--metrics-port", str(metrics), "--http-port", str(http), "--device", "cpu"),
         engine="hang:99:120",
     )
