@@ -423,8 +423,8 @@ def auto_inference_workers(device: str, cpus: int) -> int:
     VNNI) and 27-56 % (Intel Xeon with VNNI), with a lower p99. For the fused fp32 graph the first measurements
     (2026-11-24/25, a Zen 3 AMD EPYC and an Intel Xeon) gave 1-19 % and a p99 on mixed texts 16-30 % higher, so it
     kept one; three alternated A/Bs on the server of 2026-11-26/27 (Zen 4 AMD EPYC, 14 rounds) gave 5-9 % more short
-    texts and 6-15 % more mixed texts a second over gRPC, p50 5-20 % lower, p99 on mixed texts from 10 % lower to 10
-    % higher, one client's latency unchanged (on inputs all 128 tokens long: 1.01-1.13x, p99 13-31 % higher, the
+    texts and 6-15 % more mixed texts a second over gRPC, p50 5-20 % lower, p99 on mixed texts from 10 % lower to
+    10 % higher, one client's latency unchanged (on inputs all 128 tokens long: 1.01-1.13x, p99 13-31 % higher, the
     price); so now two there too. On 16 cores (an Intel Xeon, the fused graph, short texts, 32 clients: docs/gpu.md)
     one worker left most cores spinning on batches of a few short texts: 2, 4, 8 and 16 workers served 1.26x,
     1.42-1.52x, 1.87-2.10x and 2.04x of one worker's 395-401 seq/s, with less CPU and the same one-client latency; 8

@@ -48,21 +48,10 @@ def bare_settings(repository: Path, *models: str, **overrides: Any) -> Settings:
 
 
 def local_settings(repository: Path, **overrides: Any) -> Settings:
-    """A test server's settings: the repository's models on the CPU with one inference worker of one thread (so
-    that batches form as a test expects on any host), gRPC on a port of the system's choosing, HTTP and metrics
-    on free loopback ports, at most 8 inputs per request (small limits make the limit tests cheap); `overrides`
-    for what a test needs otherwise."""
-    values: dict[str, Any] = {
-        "repository": repository,
-        "port": 0,
-        "metrics_port": free_port(),
-        "http_port": free_port(),
-        "device": "cpu",
-        "intra_op_threads": 1,
-        "inference_workers": 1,
-        "max_client_batch_size": 8,
-    }
-    return Settings(**(values | overrides))
+    """bare_settings for the repository's models, with HTTP and metrics on free loopback ports and at most 8
+    inputs per request (small limits make the limit tests cheap); `overrides` for what a test needs otherwise."""
+    local = {"metrics_port": free_port(), "http_port": free_port(), "max_client_batch_size": 8}
+    return bare_settings(repository, **(local | overrides))
 
 
 class ServerThread:
