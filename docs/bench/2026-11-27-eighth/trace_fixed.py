@@ -1,0 +1,67 @@
+"""32 clients on the fixed workload (128 token ids a request) for SECONDS against a server whose engine runs are
+recorded (traced_serve.py), started with FLAGS; prints throughput, p50, p99 and the pattern of its batches.
+Run from the repository root:
+  python docs/bench/2026-11-27-eighth/trace_fixed.py NAME SECONDS grpc|http [FLAGS...]
+"""
+
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-26-regress"))
+from regress import free_ports  # noqa: E402
+
+from mhaserve.loadtest.bench.client import _closed_loop  # noqa: E402
+from mhaserve.loadtest.bench.transports import transport  # noqa: E402
+from mhaserve.loadtest.bench.workloads import build  # noqa: E402
+from mhaserve.loadtest.stats import latency_summary  # noqa: E402
+from mhaserve.runtime.repository import ModelRepository  # noqa: E402
+from mhaserve.runtime.tokenizer import load_for_serving  # noqa: E402
+
+
+def main(name: str, seconds: float, protocol: str, flags: list[str]) -> None:
+    entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
+    tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
+    workload = build(["fixed"], tokenizer, max_seq_len=entry.manifest.max_seq_len, fixed_tokens=128,
+                     fixed_pool=64, mixed_pool=256, short_pool=2000)["fixed"]  # fmt: skip
+    port, metrics, http = free_ports(3)
+    trace, log = Path(f"/tmp/trace-{name}.json"), Path(f"/tmp/serve-{name}.log")
+    cmd = [sys.executable, str(Path(__file__).with_name("traced_serve.py")), "serve", "--repository", "models",
+           "--graph", "optimized", "--port", str(port), "--metrics-port", str(metrics), "--http-port", str(http),
+           *flags]  # fmt: skip
+    with log.open("w") as out:
+        server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, TRACE=str(trace)))
+    while not re.search(r"serving all-minilm\S* version \d+ .*after", log.read_text()):
+        if server.poll() is not None:
+            raise RuntimeError(log.read_text())
+        time.sleep(0.2)
+    time.sleep(1)
+    link = transport(protocol, f"127.0.0.1:{port}", f"http://127.0.0.1:{http}", workload)
+    raw = asyncio.run(_closed_loop([(link, len(workload.ids))], 32, seconds, 3 * seconds, [server.pid]))
+    server.terminate()
+    server.wait(60)
+    group, elapsed = raw["groups"][0], raw["window"][1] - raw["window"][0]
+    latency = latency_summary(group["latencies"])
+    print(
+        f"{name} {protocol}: seq/s {group['completed'] / elapsed:.1f} p50 {latency['p50']:.0f} p99 {latency['p99']:.0f}"
+    )
+    runs = [r for r in json.loads(trace.read_text()) if r[2] > 0]
+    print("rows of the last 60 batches:", [r[2] for r in runs[-60:]])
+    last = runs[-200:]
+    overlapped = sum(r[4] for r in last) / len(last)
+    print(
+        f"of the last 200: on the overlap session {overlapped:.2f}, mean rows {statistics.mean(r[2] for r in last):.1f}"
+    )
+    print("the last 30: start ms, duration ms, rows, overlapped")
+    for r in runs[-30:]:
+        print(f"  {1000 * (r[0] - runs[-30][0]):8.1f} {1000 * (r[1] - r[0]):7.1f} {r[2]:3d} {int(r[4])}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], float(sys.argv[2]), sys.argv[3], [f for f in sys.argv[4:] if f])
