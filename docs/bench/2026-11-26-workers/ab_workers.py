@@ -77,9 +77,14 @@ def main(rounds: int, seconds: float, configs: dict[str, tuple[str, ...]]) -> No
         print(line)
 
 
-if __name__ == "__main__":
+def cli(argv: list[str]) -> None:
+    """ROUNDS SECONDS NAME=FLAGS...: `main` on those configurations (this script's and its variants' command line)."""
     parsed = {}
-    for arg in sys.argv[3:]:
+    for arg in argv[2:]:
         name, _, flags = arg.partition("=")
         parsed[name] = tuple(f for f in flags.split(",") if f)
-    main(int(sys.argv[1]), float(sys.argv[2]), parsed)
+    main(int(argv[0]), float(argv[1]), parsed)
+
+
+if __name__ == "__main__":
+    cli(sys.argv[1:])

@@ -37,8 +37,4 @@ ab_workers.build = workloads
 ab_workers.measure = measure_with_env
 
 if __name__ == "__main__":
-    parsed = {}
-    for arg in sys.argv[3:]:
-        name, _, flags = arg.partition("=")
-        parsed[name] = tuple(f for f in flags.split(",") if f)
-    ab_workers.main(int(sys.argv[1]), float(sys.argv[2]), parsed)
+    ab_workers.cli(sys.argv[1:])

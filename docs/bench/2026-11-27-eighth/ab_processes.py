@@ -24,8 +24,4 @@ ab_workers.transport = own_channels
 assert transports.transport is shared
 
 if __name__ == "__main__":
-    parsed = {}
-    for arg in sys.argv[3:]:
-        name, _, flags = arg.partition("=")
-        parsed[name] = tuple(f for f in flags.split(",") if f)
-    ab_workers.main(int(sys.argv[1]), float(sys.argv[2]), parsed)
+    ab_workers.cli(sys.argv[1:])
