@@ -10,7 +10,8 @@ What Infinity's batch worker got wrong, and what this one does instead:
 - a failed batch fails the futures of exactly the requests that had a sequence in it, then the worker
   goes on with the next batch;
 - waiting is event-driven: an `asyncio.Event` set on arrival, and one timed wait for `max_wait_ms`,
-  only while admitted requests are still being tokenised (should_start): a lone request never waits;
+  only while admitted requests are still being tokenised or, with several workers, while another batch
+  computes and fewer inputs than this batch's share wait (should_start): a lone request never waits;
 - a request whose client cancelled, or whose deadline passed, frees its queue slots at once and its
   sequences are skipped before inference;
 - a request takes its queue slots before it is tokenised (`admit`), so past the limit it is refused at
@@ -240,13 +241,26 @@ class Batcher:
     def should_start(self) -> bool:
         """Whether what waits should go to the model now rather than wait for more to join it.
 
-        At once when the budget is full, when draining, or when nothing is on its way: no admitted request
-        is still being tokenised, so the queue cannot grow but by requests not sent yet, and nobody is
-        better served by waiting for those (at one client, no one ever comes). Batches still form under
-        load: what arrives while every worker computes waits for the next free one. Otherwise the oldest input waits at
-        most max_wait_ms for the inputs being tokenised.
+        At once when the budget is full or when draining. Otherwise the oldest input waits, at most
+        max_wait_ms:
+        - while admitted requests are still being tokenised, since they would join it;
+        - with several workers, while another batch computes and the queue holds less than this batch's
+          share (max_rows). The requests of a batch just answered come back over a millisecond or two; a
+          free worker that took the first of them alone would leave the rest to a batch of their own, and
+          more, smaller batches serve fewer texts a second (waiting: 1.03-1.07x the short texts at 32 gRPC
+          clients, docs/benchmarks.md). A batch that ends wakes the wait (`_run`).
+        A lone request never waits: nothing is on its way and nothing else computes (at one client, no one
+        ever comes). Batches still form under load: what arrives while every worker computes waits for the
+        next free one.
         """
-        return self._draining or self._tokens >= self.limits.max_batch_tokens or self._reserved == 0
+        if self._draining or self._tokens >= self.limits.max_batch_tokens:
+            return True
+        if self._reserved:
+            return False
+        if self._computing:
+            share = self.max_rows()
+            return share is None or self._depth >= share
+        return True
 
     async def _wait_for_batch(self) -> None:
         """Return when a batch should start (should_start), or when the oldest input waited long enough."""
@@ -297,6 +311,7 @@ class Batcher:
                     await self._execute(batch)
                 finally:
                     self._computing -= len(batch)
+                    self._arrived.set()  # a worker waiting for its share beside this batch may start now
             del batch  # while idle, keep nothing of the last batch's requests alive
 
     async def _execute(self, batch: list[Seq]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -358,6 +359,60 @@ def test_with_two_workers_a_batch_takes_its_share_not_everything_waiting() -> No
     sizes = [len(batch) for batch in engine.batches]
     assert sizes[0] == 1 and sizes[1] == 16, sizes
     assert sum(sizes[1:]) == 31 and max(sizes[2:]) <= 8, sizes
+
+
+def _until(predicate: Callable[[], bool]) -> bool:
+    """Poll, on a thread, for what an engine thread does (bounded by WAIT): whether it came true."""
+    deadline = time.monotonic() + WAIT
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def test_with_two_workers_a_batch_beside_another_waits_for_its_share() -> None:
+    """The start rule with several workers, not a timing (a minute's max wait). While another batch computes,
+    a request waits until the queue holds its share of the inputs (max_rows), as the other requests of a batch
+    just answered come back, and then they go together; when nothing computes any more it goes at once. A
+    request that finds nothing computing goes at once, as ever."""
+    engine = ScriptedEngine(gates=[90, 91])
+
+    async def batches(n: int) -> None:
+        """Until the engine has seen n batches (it records a batch before waiting at its gate)."""
+        assert await asyncio.to_thread(lambda: _until(lambda: len(engine.batches) >= n))
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=60_000.0, max_batch_tokens=10_000), workers=2)
+        b.start()
+        first = asyncio.ensure_future(b.submit([seq(91)]))  # nothing computes: at once, held at its gate
+        await batches(1)
+        held = asyncio.ensure_future(b.submit([seq(90), seq(90)]))  # its share of 3 is 2: at once
+        await batches(2)
+        engine.gates[91].set()
+        await first
+        # Two inputs compute; one waiting is less than its share (2 of 3): it waits for another.
+        alone = asyncio.ensure_future(b.submit([seq(5)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not b.should_start() and not alone.done() and len(engine.batches) == 2
+        pair = asyncio.ensure_future(b.submit([seq(6)]))
+        await asyncio.gather(alone, pair)
+        # Again one waits; the held batch ends, nothing computes any more, and it goes.
+        last = asyncio.ensure_future(b.submit([seq(7)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not last.done() and len(engine.batches) == 3
+        engine.gates[90].set()
+        await asyncio.gather(held, last)
+        await b.close()
+
+    try:
+        run(main())
+    finally:
+        for gate in engine.gates.values():
+            gate.set()
+    assert engine.batches == [[[91]], [[90], [90]], [[5], [6]], [[7]]]
 
 
 def test_one_worker_takes_everything_the_budget_allows() -> None:
