@@ -44,6 +44,16 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(bounded())
 
 
+def run_opening_gates(coro: Coroutine[Any, Any, T], engine: ScriptedEngine) -> T:
+    """`run`, then every gate of the engine opened, whatever happened: a failed test must leave no engine
+    thread waiting."""
+    try:
+        return run(coro)
+    finally:
+        for gate in engine.gates.values():
+            gate.set()
+
+
 def seq(*ids: int) -> np.ndarray:
     return np.array(ids, dtype=np.int64)
 
@@ -326,11 +336,7 @@ def test_with_two_workers_stalled_holds_until_the_last_overrunning_batch_returns
         assert (await b.submit([seq(1)])).shape == (1, 4)
         await b.close()
 
-    try:
-        run(main())
-    finally:
-        for gate in engine.gates.values():
-            gate.set()
+    run_opening_gates(main(), engine)
 
 
 def test_with_two_workers_a_batch_takes_its_share_not_everything_waiting() -> None:
@@ -407,11 +413,7 @@ def test_with_two_workers_a_batch_beside_another_waits_for_its_share() -> None:
         await asyncio.gather(held, last)
         await b.close()
 
-    try:
-        run(main())
-    finally:
-        for gate in engine.gates.values():
-            gate.set()
+    run_opening_gates(main(), engine)
     assert engine.batches == [[[91]], [[90], [90]], [[5], [6]], [[7]]]
 
 
