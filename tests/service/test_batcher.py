@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,7 +19,7 @@ from mhaserve.service.batching import Batcher, Limits
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.metrics import Metrics, ModelMetrics
 from mhaserve.testing.engines import ScriptedEngine
-from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.metrics import from_registry
 
 T = TypeVar("T")
@@ -367,16 +366,6 @@ def test_with_two_workers_a_batch_takes_its_share_not_everything_waiting() -> No
     assert sum(sizes[1:]) == 31 and max(sizes[2:]) <= 8, sizes
 
 
-def _until(predicate: Callable[[], bool]) -> bool:
-    """Poll, on a thread, for what an engine thread does (bounded by WAIT): whether it came true."""
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
-
-
 def test_with_two_workers_a_batch_beside_another_waits_for_its_share() -> None:
     """The start rule with several workers, not a timing (a minute's max wait). While another batch computes,
     a request waits until the queue holds its share of the inputs (max_rows), as the other requests of a batch
@@ -386,7 +375,7 @@ def test_with_two_workers_a_batch_beside_another_waits_for_its_share() -> None:
 
     async def batches(n: int) -> None:
         """Until the engine has seen n batches (it records a batch before waiting at its gate)."""
-        assert await asyncio.to_thread(lambda: _until(lambda: len(engine.batches) >= n))
+        await asyncio.to_thread(wait_until, lambda: len(engine.batches) >= n, f"{n} batches in the engine", WAIT, 0.001)
 
     async def main() -> None:
         b = Batcher(engine, limits=limits(max_wait_ms=60_000.0, max_batch_tokens=10_000), workers=2)
