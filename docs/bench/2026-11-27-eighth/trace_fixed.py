@@ -1,5 +1,6 @@
 """32 clients on the fixed workload (128 token ids a request) for SECONDS against a server whose engine runs are
-recorded (traced_serve.py), started with FLAGS; prints throughput, p50, p99 and the pattern of its batches.
+recorded (traced_serve.py), started with FLAGS; prints throughput, p50, p99 and the pattern of its batches, and
+how the runs overlapped in time. WORKLOAD=short takes the short texts instead (added in the ninth session).
 Run from the repository root:
   python docs/bench/2026-11-27-eighth/trace_fixed.py NAME SECONDS grpc|http [FLAGS...]
 """
@@ -28,8 +29,9 @@ from mhaserve.runtime.tokenizer import load_for_serving  # noqa: E402
 def main(name: str, seconds: float, protocol: str, flags: list[str]) -> None:
     entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
     tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
-    workload = build(["fixed"], tokenizer, max_seq_len=entry.manifest.max_seq_len, fixed_tokens=128,
-                     fixed_pool=64, mixed_pool=256, short_pool=2000)["fixed"]  # fmt: skip
+    which = os.environ.get("WORKLOAD", "fixed")
+    workload = build([which], tokenizer, max_seq_len=entry.manifest.max_seq_len, fixed_tokens=128,
+                     fixed_pool=64, mixed_pool=256, short_pool=2000)[which]  # fmt: skip
     port, metrics, http = free_ports(3)
     trace, log = Path(f"/tmp/trace-{name}.json"), Path(f"/tmp/serve-{name}.log")
     cmd = [sys.executable, str(Path(__file__).with_name("traced_serve.py")), "serve", "--repository", "models",
@@ -58,9 +60,28 @@ def main(name: str, seconds: float, protocol: str, flags: list[str]) -> None:
     print(
         f"of the last 200: on the overlap session {overlapped:.2f}, mean rows {statistics.mean(r[2] for r in last):.1f}"
     )
+    print(concurrency(last))
     print("the last 30: start ms, duration ms, rows, overlapped")
     for r in runs[-30:]:
         print(f"  {1000 * (r[0] - runs[-30][0]):8.1f} {1000 * (r[1] - r[0]):7.1f} {r[2]:3d} {int(r[4])}")
+
+
+def concurrency(runs: list[list[float]]) -> str:
+    """How long 0, 1 and 2+ runs computed at once, from the first run's start to the last one's end (pass the
+    runs under load: the warm-up's lie far before), and for how long a run on the main session (all cores) had
+    another beside it (more threads than cores)."""
+    events = sorted([(r[0], 1, not r[4]) for r in runs] + [(r[1], -1, not r[4]) for r in runs])
+    spans = {0: 0.0, 1: 0.0, 2: 0.0}
+    crowded = 0.0
+    active = main = 0
+    for (t, step, on_main), (t_next, _, _) in zip(events, events[1:], strict=False):
+        active += step
+        main += step if on_main else 0
+        spans[min(active, 2)] += t_next - t
+        crowded += (t_next - t) if main and active >= 2 else 0.0
+    total = events[-1][0] - events[0][0]
+    shares = ", ".join(f"{k}{'+' if k == 2 else ''} runs {v / total:.2f}" for k, v in spans.items())
+    return f"time with {shares}; a main-session run beside another {crowded / total:.2f}"
 
 
 if __name__ == "__main__":
