@@ -20,32 +20,45 @@ from regress import free_ports  # noqa: E402
 
 from mhaserve.loadtest.bench.client import _closed_loop  # noqa: E402
 from mhaserve.loadtest.bench.transports import transport  # noqa: E402
-from mhaserve.loadtest.bench.workloads import build  # noqa: E402
+from mhaserve.loadtest.bench.workloads import Workload, build  # noqa: E402
 from mhaserve.loadtest.stats import latency_summary  # noqa: E402
 from mhaserve.runtime.repository import ModelRepository  # noqa: E402
 from mhaserve.runtime.tokenizer import load_for_serving  # noqa: E402
 
 
-def main(name: str, seconds: float, protocol: str, flags: list[str]) -> None:
+def workload(which: str) -> Workload:
+    """The bench's workload of that name (fixed, mixed or short) for the served model."""
     entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
     tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
-    which = os.environ.get("WORKLOAD", "fixed")
-    workload = build([which], tokenizer, max_seq_len=entry.manifest.max_seq_len, fixed_tokens=128,
-                     fixed_pool=64, mixed_pool=256, short_pool=2000)[which]  # fmt: skip
+    return build([which], tokenizer, max_seq_len=entry.manifest.max_seq_len, fixed_tokens=128,
+                 fixed_pool=64, mixed_pool=256, short_pool=2000)[which]  # fmt: skip
+
+
+def start(name: str, flags: list[str], trace: Path | None) -> tuple[subprocess.Popen[bytes], int, int]:
+    """`mhaserve serve` with FLAGS on free ports, its engine runs recorded in `trace` (None: a plain server),
+    once it serves; (the process, its gRPC port, its HTTP port)."""
     port, metrics, http = free_ports(3)
-    trace, log = Path(f"/tmp/trace-{name}.json"), Path(f"/tmp/serve-{name}.log")
-    cmd = [sys.executable, str(Path(__file__).with_name("traced_serve.py")), "serve", "--repository", "models",
-           "--graph", "optimized", "--port", str(port), "--metrics-port", str(metrics), "--http-port", str(http),
-           *flags]  # fmt: skip
+    log = Path(f"/tmp/serve-{name}.log")
+    entry_point = [str(Path(__file__).with_name("traced_serve.py"))] if trace else ["-m", "mhaserve.cli.main"]
+    cmd = [sys.executable, *entry_point, "serve", "--repository", "models", "--graph", "optimized",
+           "--port", str(port), "--metrics-port", str(metrics), "--http-port", str(http), *flags]  # fmt: skip
+    env = dict(os.environ, TRACE=str(trace)) if trace else dict(os.environ)
     with log.open("w") as out:
-        server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, TRACE=str(trace)))
+        server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     while not re.search(r"serving all-minilm\S* version \d+ .*after", log.read_text()):
         if server.poll() is not None:
             raise RuntimeError(log.read_text())
         time.sleep(0.2)
     time.sleep(1)
-    link = transport(protocol, f"127.0.0.1:{port}", f"http://127.0.0.1:{http}", workload)
-    raw = asyncio.run(_closed_loop([(link, len(workload.ids))], 32, seconds, 3 * seconds, [server.pid]))
+    return server, port, http
+
+
+def main(name: str, seconds: float, protocol: str, flags: list[str]) -> None:
+    work = workload(os.environ.get("WORKLOAD", "fixed"))
+    trace = Path(f"/tmp/trace-{name}.json")
+    server, port, http = start(name, flags, trace)
+    link = transport(protocol, f"127.0.0.1:{port}", f"http://127.0.0.1:{http}", work)
+    raw = asyncio.run(_closed_loop([(link, len(work.ids))], 32, seconds, 3 * seconds, [server.pid]))
     server.terminate()
     server.wait(60)
     group, elapsed = raw["groups"][0], raw["window"][1] - raw["window"][0]

@@ -12,28 +12,24 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from mhaserve.loadtest.bench.workloads import build
 from mhaserve.runtime.engine import _session_options
 from mhaserve.runtime.repository import ModelRepository
-from mhaserve.runtime.tokenizer import load_for_serving
+from mhaserve.service.batching.padding import pad
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-27-eighth"))
+from trace_fixed import workload  # noqa: E402
 
 
 def main(threads: int, rounds: int) -> None:
     entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
-    tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
-    workload = build(["short"], tokenizer, max_seq_len=entry.manifest.max_seq_len, fixed_tokens=128,
-                     fixed_pool=64, mixed_pool=256, short_pool=2000)["short"]  # fmt: skip
-    seqs = sorted(workload.ids, key=len)[::2]
+    work = workload("short")
+    seqs = [np.asarray(s, np.int64) for s in sorted(work.ids, key=len)[::2]]
     session = ort.InferenceSession(
         str(entry.graph_path), sess_options=_session_options(threads, 1), providers=["CPUExecutionProvider"]
     )
 
-    def run(batch: list[list[int]]) -> None:
-        ids = np.zeros((len(batch), max(map(len, batch))), np.int64)
-        mask = np.zeros_like(ids)
-        for r, s in enumerate(batch):
-            ids[r, : len(s)] = s
-            mask[r, : len(s)] = 1
+    def run(batch: list[np.ndarray]) -> None:
+        ids, mask = pad(batch, 0)
         session.run(None, {"input_ids": ids, "attention_mask": mask})
 
     for r in range(rounds):

@@ -16,39 +16,33 @@ import numpy as np
 import onnxruntime as ort
 
 from mhaserve.loadtest.bench.inprocess import served_batches
-from mhaserve.loadtest.bench.workloads import build
 from mhaserve.runtime.engine import _session_options
 from mhaserve.runtime.repository import ModelRepository
-from mhaserve.runtime.tokenizer import load_for_serving
+from mhaserve.service.batching.padding import pad
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-27-eighth"))
+from trace_fixed import workload  # noqa: E402
 
 
 def main(rounds: int, threads: int, clients: int, caps: list[float]) -> None:
     entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
-    tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
-    which = os.environ.get("WORKLOAD", "short")
-    workload = build([which], tokenizer, max_seq_len=entry.manifest.max_seq_len, fixed_tokens=128,
-                     fixed_pool=64, mixed_pool=256, short_pool=2000)[which]  # fmt: skip
+    work = workload(os.environ.get("WORKLOAD", "short"))
     session = ort.InferenceSession(
         str(entry.graph_path), sess_options=_session_options(threads, 1), providers=["CPUExecutionProvider"]
     )
     feeds = {}
     for cap in caps:
-        plan = served_batches(workload, clients, max_padding=cap, budget=8192)
+        plan = served_batches(work, clients, max_padding=cap, budget=8192)
         batches = []
         real = padded = 0
         for rows in plan:
-            seqs = [workload.ids[i] for i in rows]
-            width = max(map(len, seqs))
-            ids = np.zeros((len(seqs), width), np.int64)
-            mask = np.zeros_like(ids)
-            for r, s in enumerate(seqs):
-                ids[r, : len(s)] = s
-                mask[r, : len(s)] = 1
+            seqs = [np.asarray(work.ids[i], np.int64) for i in rows]
+            ids, mask = pad(seqs, 0)
             batches.append({"input_ids": ids, "attention_mask": mask})
             real += sum(map(len, seqs))
             padded += ids.size
         feeds[cap] = batches
-        print(f"cap {cap}: {len(plan)} batches, mean rows {len(workload.ids) / len(plan):.2f}, "
+        print(f"cap {cap}: {len(plan)} batches, mean rows {len(work.ids) / len(plan):.2f}, "
               f"padding {1 - real / padded:.3f}", flush=True)  # fmt: skip
     seq_per_s: dict[float, list[float]] = {cap: [] for cap in caps}
     for r in range(rounds):
@@ -57,7 +51,7 @@ def main(rounds: int, threads: int, clients: int, caps: list[float]) -> None:
             t0 = time.perf_counter()
             for f in feeds[cap]:
                 session.run(None, f)
-            seq_per_s[cap].append(len(workload.ids) / (time.perf_counter() - t0))
+            seq_per_s[cap].append(len(work.ids) / (time.perf_counter() - t0))
         print(f"round {r}: " + "  ".join(f"cap {c} {seq_per_s[c][-1]:6.1f}" for c in caps), flush=True)
     base = caps[0]
     for cap in caps:
