@@ -233,8 +233,8 @@ class Settings:
             "on --metrics-port + 1 + i). On a CPU the processes share every core: a batch that starts while no "
             "process computes takes them all, so a lone request runs on every core too; on a GPU, or with "
             "--intra-op-threads, each is pinned to its share. For GPU hosts, where one process's Python, not the "
-            "GPU, bounds one-text requests (docs/gpu.md), and small CPU hosts under many clients "
-            "(docs/benchmarks.md). Not with --model-control explicit",
+            "GPU, bounds one-text requests (docs/gpu.md); on a small CPU host one process with its inference "
+            "workers serves as much, for half the memory (docs/benchmarks.md). Not with --model-control explicit",
             int,
             metavar="N",
         ),
