@@ -35,10 +35,10 @@ def process_cpu_seconds(pid: int) -> float | None:
 THREAD_ROLES = {"inference": "inference", "tokenize": "tokenize", "event_engine": "grpc", "grpc_global_tim": "grpc"}
 
 
-def thread_cpu_seconds(pid: int) -> dict[str, float] | None:
-    """User + system CPU seconds of a process's threads by role: event loop, inference, tokenize, grpc, other
-    (Linux /proc; None elsewhere). Threads that ended since the last reading are not counted."""
-    roles: dict[str, float] = {}
+def cpu_seconds_by_thread(pid: int) -> dict[tuple[int, str], float] | None:
+    """User + system CPU seconds of each of a process's threads, by (thread id, OS name) (Linux /proc; None
+    elsewhere). Threads that ended since the last reading are not counted."""
+    threads: dict[tuple[int, str], float] = {}
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
@@ -50,8 +50,20 @@ def thread_cpu_seconds(pid: int) -> dict[str, float] | None:
             continue  # the thread ended meanwhile
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat.rsplit(")", 1)[1].split()
-        role = "event loop" if task.name == str(pid) else THREAD_ROLES.get(name, "other")
-        roles[role] = roles.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+        threads[(int(task.name), name)] = (int(fields[11]) + int(fields[12])) / TICKS
+    return threads
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float] | None:
+    """User + system CPU seconds of a process's threads by role: event loop, inference, tokenize, grpc, other
+    (Linux /proc; None elsewhere). Threads that ended since the last reading are not counted."""
+    threads = cpu_seconds_by_thread(pid)
+    if threads is None:
+        return None
+    roles: dict[str, float] = {}
+    for (tid, name), seconds in threads.items():
+        role = "event loop" if tid == pid else THREAD_ROLES.get(name, "other")
+        roles[role] = roles.get(role, 0.0) + seconds
     return roles
 
 

@@ -13,21 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-27-eighth"
 from trace_fixed import start, workload  # noqa: E402
 
 from mhaserve.loadtest.bench.client import _closed_loop  # noqa: E402
-from mhaserve.loadtest.bench.quiet import TICKS  # noqa: E402
+from mhaserve.loadtest.bench.quiet import cpu_seconds_by_thread  # noqa: E402
 from mhaserve.loadtest.bench.transports import transport  # noqa: E402
-
-
-def threads(pid: int) -> dict[tuple[int, str], float]:
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
-        out[(int(task.name), name)] = (int(fields[11]) + int(fields[12])) / TICKS
-    return out
 
 
 def main(seconds: float, protocol: str, flags: list[str]) -> None:
@@ -36,9 +23,9 @@ def main(seconds: float, protocol: str, flags: list[str]) -> None:
     trace = os.environ.get("TRACE")
     server, port, http = start("thread-cpu", flags, Path(trace) if trace else None)
     link = transport(protocol, f"127.0.0.1:{port}", f"http://127.0.0.1:{http}", work)
-    before = threads(server.pid)
+    before = cpu_seconds_by_thread(server.pid) or {}
     raw = asyncio.run(_closed_loop([(link, len(work.ids))], 32, seconds, 3 * seconds, [server.pid]))
-    after = threads(server.pid)
+    after = cpu_seconds_by_thread(server.pid) or {}
     server.terminate()
     server.wait(60)
     done = raw["groups"][0]["completed"]
