@@ -39,14 +39,14 @@ def main(rounds: int, flags: list[str]) -> None:
     engine = onnx_engine("cpu")(entry)
     for r in range(rounds):
         metrics_port = free_port()
-        server = ServerProcess(["--repository", "models", "--graph", "optimized", "--port", "0",
-                                "--metrics-port", str(metrics_port), *flags], Path("/tmp/fixed-one-client.log"))  # fmt: skip
+        flags_ = ["--repository", "models", "--graph", "optimized", "--port", "0", "--metrics-port", str(metrics_port)]
+        server = ServerProcess([*flags_, *flags], Path("/tmp/fixed-one-client.log"))
         with server:
             address = server.wait_serving()
             with grpc.insecure_channel(address) as channel:
                 stub = pbg.EncoderServiceStub(channel)
 
-                def call(ids: np.ndarray) -> None:
+                def call(ids: np.ndarray, stub: pbg.EncoderServiceStub = stub) -> None:
                     stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=ids.tolist())]))
 
                 for ids in INPUTS[:20]:
@@ -59,7 +59,8 @@ def main(rounds: int, flags: list[str]) -> None:
         alone = p50_ms(lambda ids: engine.run(ids[None, :], np.ones((1, len(ids)), np.int64)), INPUTS)
         model = 1000 * (s1 - s0) / (c1 - c0)
         print(f"round {r}: served p50 {served:.2f} ms, the server's model time a batch {model:.2f} ms "
-              f"(mean of {c1 - c0:.0f}), around it {served - model:+.2f} ms; in process p50 {alone:.2f} ms", flush=True)  # fmt: skip
+              f"(mean of {c1 - c0:.0f}), around it {served - model:+.2f} ms; in process p50 {alone:.2f} ms",
+              flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
