@@ -18,8 +18,10 @@ What Infinity's batch worker got wrong, and what this one does instead:
   once, before any costly work, and inputs waiting to be tokenised count against the limit too;
 - inference runs on worker threads (ONNX Runtime releases the GIL), never on the event loop: one by
   default, each batch with every core; `workers` > 1 runs that many batches at once (the engine gives a
-  batch that overlaps another its share of the cores: OnnxEngine.run), each taking at most its share
-  of the sequences in the batcher (max_rows), so that the workers keep even shares of the clients;
+  batch that overlaps another its share of the cores: OnnxEngine.run), and forms one batch more, which
+  waits in the threads' queue so that a thread that finishes a batch starts the next at once, without
+  waiting for the event loop to hand it one; each batch takes at most its share of the sequences in
+  the batcher (max_rows), so that the batches keep even shares of the clients;
 - a watchdog bounds each batch (`inference_timeout`, watchdog.py).
 
 The policies are in policies.py, what waits in the queue in queue.py, padding in padding.py.
@@ -102,6 +104,13 @@ class Batcher:
         self._draining = False
         self._closed = False
         self._n_workers = workers
+        # With several workers, one batch more than there are threads: formed while the others compute, it
+        # waits in the executor's queue, and the first thread to finish starts it. Handed over by the event
+        # loop instead, a thread waited 3.3-3.5 ms at the median between its batches at 32 clients, the loop
+        # busy with the requests (docs/benchmarks.md: 1.03x the short texts a second over gRPC). Not with
+        # one worker: there a batch gets every core, whose speed depends on the batch's size, and one formed
+        # early would split the waiting clients in two.
+        self._n_batches = workers + 1 if workers > 1 else workers
         self._workers: list[asyncio.Task[None]] = []
         self._computing = 0  # sequences in the batches being computed
         self.watchdog = Watchdog(inference_timeout, on_stall, on_recover)
@@ -151,7 +160,7 @@ class Batcher:
     def start(self) -> None:
         if not self._workers:
             loop = asyncio.get_running_loop()
-            self._workers = [loop.create_task(self._run(), name=f"batcher-{i}") for i in range(self._n_workers)]
+            self._workers = [loop.create_task(self._run(), name=f"batcher-{i}") for i in range(self._n_batches)]
 
     def drain(self) -> None:
         """Stop waiting for batches to fill: everything queued goes to the model at once."""
@@ -244,8 +253,8 @@ class Batcher:
         At once when the budget is full or when draining. Otherwise the oldest input waits, at most
         max_wait_ms:
         - while admitted requests are still being tokenised, since they would join it;
-        - with several workers, while another batch computes and the queue holds less than this batch's
-          share (max_rows). The requests of a batch just answered come back over a millisecond or two; a
+        - with several workers, while another batch computes (or waits for a thread) and the queue holds
+          less than this batch's share (max_rows). The requests of a batch just answered come back over a millisecond or two; a
           free worker that took the first of them alone would leave the rest to a batch of their own, and
           more, smaller batches serve fewer texts a second (waiting: 1.03-1.07x the short texts at 32 gRPC
           clients, docs/benchmarks.md). A batch that ends wakes the wait (`_run`).
@@ -286,7 +295,8 @@ class Batcher:
 
     def max_rows(self) -> int | None:
         """The most sequences the next batch may take: with several workers, its share of every sequence in
-        the batcher, waiting or computing; None (the budget decides) with one.
+        the batcher, waiting or computing, among the batches in flight (the workers' and the one formed
+        ahead); None (the budget decides) with one.
 
         Without it, two workers split the clients of a closed loop unevenly and keep them so: a worker free
         when 30 of 32 requests wait takes all 30; the other computes the 2 left, and then the 2 that come
@@ -295,11 +305,13 @@ class Batcher:
         """
         if self._n_workers == 1:
             return None
-        return max(1, math.ceil((self._depth + self._computing) / self._n_workers))
+        return max(1, math.ceil((self._depth + self._computing) / self._n_batches))
 
     async def _run(self) -> None:
-        """One worker. With several, each takes the next batch as soon as it is free: what arrived while the
-        others compute starts at once instead of waiting for them, as a smaller batch on fewer cores."""
+        """One batch in flight at a time. With several workers, each takes the next batch as soon as it is free:
+        what arrived while the others compute starts at once instead of waiting for them, as a smaller batch on
+        fewer cores; the batch formed ahead waits for a thread in the executor's queue (its watchdog's timer
+        running: at most a batch's time more, far below any sensible --inference-timeout)."""
         while True:
             await self._wait_for_batch()
             batch = self._policy.take(self.limits.max_batch_tokens, self._live, self.max_rows())

@@ -339,9 +339,10 @@ def test_with_two_workers_stalled_holds_until_the_last_overrunning_batch_returns
 
 
 def test_with_two_workers_a_batch_takes_its_share_not_everything_waiting() -> None:
-    """One worker holds a batch of 1 while 31 requests arrive: the free worker takes 16 of them (its half of
-    the 32 in the batcher), not all 31, so that under a closed loop both workers keep even shares of the
-    clients; what it leaves is taken next, nothing waits for the held batch."""
+    """One worker holds a batch of 1 while 31 requests arrive: the free worker takes 11 of them (its third of
+    the 32 in the batcher: the two workers' batches and the one formed ahead), not all 31, and the batch
+    formed ahead 11 more, so that under a closed loop the batches keep even shares of the clients; what they
+    leave is taken next, nothing waits for the held batch."""
     engine = ScriptedEngine(hang_on=99)
 
     async def main() -> None:
@@ -362,48 +363,71 @@ def test_with_two_workers_a_batch_takes_its_share_not_everything_waiting() -> No
     finally:
         engine.release.set()
     sizes = [len(batch) for batch in engine.batches]
-    assert sizes[0] == 1 and sizes[1] == 16, sizes
-    assert sum(sizes[1:]) == 31 and max(sizes[2:]) <= 8, sizes
+    assert sizes[:3] == [1, 11, 11], sizes
+    assert sum(sizes[1:]) == 31 and max(sizes[3:]) <= 7, sizes
 
 
-def test_with_two_workers_a_batch_beside_another_waits_for_its_share() -> None:
-    """The start rule with several workers, not a timing (a minute's max wait). While another batch computes,
-    a request waits until the queue holds its share of the inputs (max_rows), as the other requests of a batch
-    just answered come back, and then they go together; when nothing computes any more it goes at once. A
-    request that finds nothing computing goes at once, as ever."""
-    engine = ScriptedEngine(gates=[90, 91])
-
-    async def batches(n: int) -> None:
-        """Until the engine has seen n batches (it records a batch before waiting at its gate)."""
-        await asyncio.to_thread(wait_until, lambda: len(engine.batches) >= n, f"{n} batches in the engine", WAIT, 0.001)
+def test_with_two_workers_a_batch_formed_ahead_starts_without_the_event_loop() -> None:
+    """With two workers, a third batch is formed while both compute; it waits in the threads' queue, and the
+    first thread to finish starts it while the event loop is blocked (so not handed over by the loop)."""
+    engine = ScriptedEngine(gates=[91, 92])
 
     async def main() -> None:
         b = Batcher(engine, limits=limits(max_wait_ms=60_000.0, max_batch_tokens=10_000), workers=2)
         b.start()
         first = asyncio.ensure_future(b.submit([seq(91)]))  # nothing computes: at once, held at its gate
-        await batches(1)
-        held = asyncio.ensure_future(b.submit([seq(90), seq(90)]))  # its share of 3 is 2: at once
-        await batches(2)
+        await asyncio.to_thread(wait_until, lambda: len(engine.batches) == 1, "the first batch", WAIT, 0.001)
+        # 4 inputs wait, 1 computes: a share of 5 over three batches is 2; one batch for the free thread, one ahead.
+        second = asyncio.ensure_future(b.submit([seq(92)] * 4))
+        await asyncio.to_thread(wait_until, lambda: len(engine.batches) == 2, "the second batch", WAIT, 0.001)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert b.depth == 0 and len(engine.batches) == 2  # the third is formed, and no thread is free for it
         engine.gates[91].set()
+        wait_until(lambda: len(engine.batches) == 3, "the batch formed ahead to start", WAIT, 0.001)  # loop blocked
         await first
-        # Two inputs compute; one waiting is less than its share (2 of 3): it waits for another.
-        alone = asyncio.ensure_future(b.submit([seq(5)]))
-        for _ in range(10):
-            await asyncio.sleep(0)
-        assert not b.should_start() and not alone.done() and len(engine.batches) == 2
-        pair = asyncio.ensure_future(b.submit([seq(6)]))
-        await asyncio.gather(alone, pair)
-        # Again one waits; the held batch ends, nothing computes any more, and it goes.
-        last = asyncio.ensure_future(b.submit([seq(7)]))
-        for _ in range(10):
-            await asyncio.sleep(0)
-        assert not last.done() and len(engine.batches) == 3
-        engine.gates[90].set()
-        await asyncio.gather(held, last)
+        engine.gates[92].set()
+        await second
         await b.close()
 
     run_opening_gates(main(), engine)
-    assert engine.batches == [[[91]], [[90], [90]], [[5], [6]], [[7]]]
+    assert engine.batches == [[[91]], [[92], [92]], [[92], [92]]]
+
+
+def test_with_two_workers_a_batch_beside_another_waits_for_its_share() -> None:
+    """The start rule with several workers, not a timing (a minute's max wait). While other batches compute,
+    a request waits until the queue holds its share of the inputs (max_rows, over the two workers' batches
+    and the one formed ahead), as the other requests of a batch just answered come back, and then they go
+    together; when nothing computes any more it goes at once. A request that finds nothing computing goes
+    at once, as ever."""
+    engine = ScriptedEngine(gates=[91, 92])
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=60_000.0, max_batch_tokens=10_000), workers=2)
+        b.start()
+        first = asyncio.ensure_future(b.submit([seq(91)]))  # nothing computes: at once, held at its gate
+        await asyncio.to_thread(wait_until, lambda: len(engine.batches) == 1, "the first batch", WAIT, 0.001)
+        held = asyncio.ensure_future(b.submit([seq(92)] * 4))  # two batches of its share of 5 (2), at once
+        engine.gates[91].set()
+        await first
+        await asyncio.to_thread(wait_until, lambda: len(engine.batches) == 3, "both held batches", WAIT, 0.001)
+        # Four inputs compute; one waiting is less than its share (2 of 5): it waits for another.
+        alone = asyncio.ensure_future(b.submit([seq(5)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not b.should_start() and not alone.done() and b.depth == 1
+        pair = asyncio.ensure_future(b.submit([seq(6)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert b.depth == 0  # together, in the batch formed ahead
+        engine.gates[92].set()
+        await asyncio.gather(held, alone, pair)
+        # Nothing computes any more: a lone request goes at once.
+        await b.submit([seq(7)])
+        await b.close()
+
+    run_opening_gates(main(), engine)
+    assert engine.batches == [[[91]], [[92], [92]], [[92], [92]], [[5], [6]], [[7]]]
 
 
 def test_one_worker_takes_everything_the_budget_allows() -> None:
