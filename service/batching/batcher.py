@@ -254,10 +254,10 @@ class Batcher:
         max_wait_ms:
         - while admitted requests are still being tokenised, since they would join it;
         - with several workers, while another batch computes (or waits for a thread) and the queue holds
-          less than this batch's share (max_rows). The requests of a batch just answered come back over a millisecond or two; a
-          free worker that took the first of them alone would leave the rest to a batch of their own, and
-          more, smaller batches serve fewer texts a second (waiting: 1.03-1.07x the short texts at 32 gRPC
-          clients, docs/benchmarks.md). A batch that ends wakes the wait (`_run`).
+          less than this batch's share (max_rows). The requests of a batch just answered come back over a
+          millisecond or two; a free worker that took the first of them alone would leave the rest to a
+          batch of their own, and more, smaller batches serve fewer texts a second (waiting: 1.03-1.07x
+          the short texts at 32 gRPC clients, docs/benchmarks.md). A batch that ends wakes the wait (`_run`).
         A lone request never waits: nothing is on its way and nothing else computes (at one client, no one
         ever comes). Batches still form under load: what arrives while every worker computes waits for the
         next free one.
