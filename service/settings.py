@@ -219,7 +219,8 @@ class Settings:
             "counted). "
             "A batch alone gets every core; one that starts while another computes runs on a second ONNX Runtime "
             "session (the graph loaded twice) with its share of the cores: more throughput under many clients, "
-            "the same for a lone request (figures: docs/benchmarks.md)",
+            "the same for a lone request; with 2 or more, one batch more is formed while they compute and starts "
+            "as soon as one is free (figures: docs/benchmarks.md)",
             _int_or_none,
             metavar="N",
         ),
