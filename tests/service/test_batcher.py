@@ -367,19 +367,31 @@ def test_with_two_workers_a_batch_takes_its_share_not_everything_waiting() -> No
     assert sum(sizes[1:]) == 31 and max(sizes[3:]) <= 7, sizes
 
 
+async def in_engine(engine: ScriptedEngine, n: int) -> None:
+    """Until the engine has seen n batches (it records a batch before waiting at its gate)."""
+    await asyncio.to_thread(wait_until, lambda: len(engine.batches) == n, f"{n} batches in the engine", WAIT, 0.001)
+
+
+async def two_workers_one_held(engine: ScriptedEngine) -> tuple[Batcher, asyncio.Future[np.ndarray]]:
+    """A batcher with two workers (a minute's max wait) whose first request found nothing computing, went at
+    once, and is held at gate 91."""
+    b = Batcher(engine, limits=limits(max_wait_ms=60_000.0, max_batch_tokens=10_000), workers=2)
+    b.start()
+    first = asyncio.ensure_future(b.submit([seq(91)]))
+    await in_engine(engine, 1)
+    return b, first
+
+
 def test_with_two_workers_a_batch_formed_ahead_starts_without_the_event_loop() -> None:
     """With two workers, a third batch is formed while both compute; it waits in the threads' queue, and the
     first thread to finish starts it while the event loop is blocked (so not handed over by the loop)."""
     engine = ScriptedEngine(gates=[91, 92])
 
     async def main() -> None:
-        b = Batcher(engine, limits=limits(max_wait_ms=60_000.0, max_batch_tokens=10_000), workers=2)
-        b.start()
-        first = asyncio.ensure_future(b.submit([seq(91)]))  # nothing computes: at once, held at its gate
-        await asyncio.to_thread(wait_until, lambda: len(engine.batches) == 1, "the first batch", WAIT, 0.001)
+        b, first = await two_workers_one_held(engine)
         # 4 inputs wait, 1 computes: a share of 5 over three batches is 2; one batch for the free thread, one ahead.
         second = asyncio.ensure_future(b.submit([seq(92)] * 4))
-        await asyncio.to_thread(wait_until, lambda: len(engine.batches) == 2, "the second batch", WAIT, 0.001)
+        await in_engine(engine, 2)
         for _ in range(10):
             await asyncio.sleep(0)
         assert b.depth == 0 and len(engine.batches) == 2  # the third is formed, and no thread is free for it
@@ -403,14 +415,11 @@ def test_with_two_workers_a_batch_beside_another_waits_for_its_share() -> None:
     engine = ScriptedEngine(gates=[91, 92])
 
     async def main() -> None:
-        b = Batcher(engine, limits=limits(max_wait_ms=60_000.0, max_batch_tokens=10_000), workers=2)
-        b.start()
-        first = asyncio.ensure_future(b.submit([seq(91)]))  # nothing computes: at once, held at its gate
-        await asyncio.to_thread(wait_until, lambda: len(engine.batches) == 1, "the first batch", WAIT, 0.001)
+        b, first = await two_workers_one_held(engine)
         held = asyncio.ensure_future(b.submit([seq(92)] * 4))  # two batches of its share of 5 (2), at once
         engine.gates[91].set()
         await first
-        await asyncio.to_thread(wait_until, lambda: len(engine.batches) == 3, "both held batches", WAIT, 0.001)
+        await in_engine(engine, 3)
         # Four inputs compute; one waiting is less than its share (2 of 5): it waits for another.
         alone = asyncio.ensure_future(b.submit([seq(5)]))
         for _ in range(10):
