@@ -5,9 +5,7 @@ The client's p50 less the server's model time is what the server adds around a l
 Run from the repository root: python docs/bench/2026-11-27-tenth/fixed_one_client.py ROUNDS [SERVER FLAG ...]
 """
 
-import re
 import sys
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -20,6 +18,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pbg
 from mhaserve.runtime.repository import ModelRepository, onnx_engine
 from mhaserve.testing.loopback import free_port
+from mhaserve.testing.metrics import scrape
 from mhaserve.testing.process import ServerProcess
 
 rng = np.random.default_rng(0)
@@ -28,10 +27,8 @@ INPUTS = [np.concatenate([[101], rng.integers(2000, 20000, 126), [102]]) for _ i
 
 def histogram(port: int, name: str) -> tuple[float, float]:
     """(sum, count) of a histogram over all its labels, from the server's /metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-    total = sum(float(v) for v in re.findall(rf"^{name}_sum{{[^}}]*}} (\S+)", text, re.M))
-    count = sum(float(v) for v in re.findall(rf"^{name}_count{{[^}}]*}} (\S+)", text, re.M))
-    return total, count
+    samples = scrape(port)
+    return samples.get(f"{name}_sum"), samples.get(f"{name}_count")
 
 
 def main(rounds: int, flags: list[str]) -> None:
