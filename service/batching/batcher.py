@@ -22,7 +22,9 @@ What Infinity's batch worker got wrong, and what this one does instead:
   waits in the threads' queue so that a thread that finishes a batch starts the next at once, without
   waiting for the event loop to hand it one; each batch takes at most its share of the sequences in
   the batcher (max_rows), so that the batches keep even shares of the clients;
-- a watchdog bounds each batch (`inference_timeout`, watchdog.py).
+- a watchdog bounds each batch's computing (`inference_timeout`, watchdog.py); when a batch overruns, the
+  queue fails with it, and so do the batches formed that still wait for a thread (they are taken out of
+  the threads' queue: nobody would get their answers).
 
 The policies are in policies.py, what waits in the queue in queue.py, padding in padding.py.
 """
@@ -35,7 +37,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,6 +114,7 @@ class Batcher:
         self._n_batches = workers + 1 if workers > 1 else workers
         self._workers: list[asyncio.Task[None]] = []
         self._computing = 0  # sequences in the batches being computed
+        self._submitted: dict[asyncio.Future[Ran], Future[None]] = {}  # each batch's outcome: its thread's task
         self.watchdog = Watchdog(inference_timeout, on_stall, on_recover)
         # As many threads as workers, and the engine's intra-op threads sized to match (the server does both):
         # more concurrent runs than that only fight over the same cores. Several models share the server's
@@ -309,8 +312,7 @@ class Batcher:
     async def _run(self) -> None:
         """One batch in flight at a time. With several workers, each takes the next batch as soon as it is free:
         what arrived while the others compute starts at once instead of waiting for them, as a smaller batch on
-        fewer cores; the batch formed ahead waits for a thread in the executor's queue (its watchdog's timer
-        running: at most a batch's time more, far below any sensible --inference-timeout)."""
+        fewer cores; the batch formed ahead waits for a thread in the executor's queue."""
         while True:
             await self._wait_for_batch()
             batch = self._policy.take(self.limits.max_batch_tokens, self._live, self.max_rows())
@@ -341,7 +343,9 @@ class Batcher:
         self.metrics.queue_depth.set(self.depth)
         loop = asyncio.get_running_loop()
         run: asyncio.Future[Ran] = loop.create_future()
-        started = self._executor.submit(self._infer, batch, loop, run)
+        begun: list[float] = []  # when its thread starts it (the watchdog's bound runs from there)
+        started = self._executor.submit(self._infer, batch, loop, run, begun)
+        self._submitted[run] = started
         request_ids = ", ".join(sorted({j.request_id for j in jobs.values() if j.request_id}))
 
         def fail_all(error: Exception) -> None:
@@ -351,9 +355,10 @@ class Batcher:
         def overran(error: ServiceError) -> None:  # the watchdog fired: this batch and everything queued
             fail_all(error)
             self._fail_queued(error)
+            self._fail_unstarted(error)
 
         try:
-            ran = await self.watchdog.guard(run, size=len(batch), request_ids=request_ids, fail=overran)
+            ran = await self.watchdog.guard(run, begun=begun, size=len(batch), request_ids=request_ids, fail=overran)
             if ran is not None:
                 self._resolve(batch, ran.embeddings)
                 # After the requests' own next steps, which _resolve has just scheduled: off their path.
@@ -368,14 +373,27 @@ class Batcher:
         except Exception as e:
             log.exception("inference failed on a batch of %d inputs (requests: %s)", len(batch), request_ids or "-")
             fail_all(Internal(f"inference failed on the batch holding this request ({type(e).__name__}); retry"))
+        finally:
+            del self._submitted[run]
 
-    def _infer(self, batch: list[Seq], loop: asyncio.AbstractEventLoop, run: asyncio.Future[Ran]) -> None:
-        """On the inference thread: pad, run, check the shape, and hand the outcome to the loop.
+    def _fail_unstarted(self, error: ServiceError) -> None:
+        """Fail the batches that wait for a thread, and take them out of the threads' queue: each one's worker
+        then fails its requests (_execute), and no thread computes it for nobody."""
+        for run, started in list(self._submitted.items()):
+            if started.cancel():  # only while it waits: a running one cannot be, and fails on its own
+                _settle(run, error)
+
+    def _infer(
+        self, batch: list[Seq], loop: asyncio.AbstractEventLoop, run: asyncio.Future[Ran], begun: list[float]
+    ) -> None:
+        """On the inference thread: note when it starts (`begun`, read by the watchdog), pad, run, check the
+        shape, and hand the outcome to the loop.
 
         The handing back is the last thing this thread does: the event loop, woken by it, then finds the GIL
         free instead of waiting for this thread to let go of it (a second wake-up, ~0.1 ms on a busy VM).
         So the batch's metrics are observed on the loop (`_observe`), after the requests are answered.
         """
+        begun.append(time.monotonic())
         try:
             ids, mask = pad([s.ids for s in batch], self.pad_id)
             t0 = time.perf_counter()

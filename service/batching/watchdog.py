@@ -1,10 +1,13 @@
 """The inference watchdog: a bound on how long one batch may compute (`--inference-timeout`).
 
-A batch past the bound fails its requests with UNAVAILABLE (HTTP 504), the queue is failed and new
-work refused, and `on_stall` tells the server, which reports NOT_SERVING. A thread cannot be stopped
-from outside, so the batch keeps the inference thread until the engine returns (if ever); when it
-does, `on_recover` tells the server, and batches run again. With several inference workers, each
-stalled batch calls both hooks once, and `stalled` holds until the last of them has returned.
+The bound runs from when a thread starts the batch, not from when it was formed: a batch may wait for a
+thread first (the one formed ahead with several workers, or one of a model whose threads other models
+share), and that wait is not the engine hanging. A batch past the bound fails its requests with
+UNAVAILABLE (HTTP 504), the queue is failed and new work refused, and `on_stall` tells the server, which
+reports NOT_SERVING. A thread cannot be stopped from outside, so the batch keeps the inference thread
+until the engine returns (if ever); when it does, `on_recover` tells the server, and batches run again.
+With several inference workers, each stalled batch calls both hooks once, and `stalled` holds until the
+last of them has returned.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -44,24 +47,43 @@ class Watchdog:
         )
 
     async def guard(
-        self, run: asyncio.Future[T], *, size: int, request_ids: str, fail: Callable[[ServiceError], None]
+        self,
+        run: asyncio.Future[T],
+        *,
+        begun: Sequence[float],
+        size: int,
+        request_ids: str,
+        fail: Callable[[ServiceError], None],
     ) -> T | None:
         """The batch's result, or None when it overran: then `fail` has failed its requests and the queue,
-        and this returns only once the engine call has (its worker runs nothing meanwhile).
+        and this returns only once the engine call has (its worker runs nothing meanwhile). `begun` is empty
+        until the batch's thread starts it, then holds that time (time.monotonic()).
 
         The bound is a timer beside a plain `await run`, not `asyncio.wait(timeout=)`: that wait costs every
-        batch one more turn of the event loop (and a future) between the result and its requests.
+        batch one more turn of the event loop (and a future) between the result and its requests. The timer
+        is set for a timeout after the batch was formed, since most batches start at once; when it fires on
+        one that started later, it is set again for the rest of the bound (the thread writes the time it
+        started, so the loop is not woken for it). A batch that waited a whole timeout for a thread is
+        looked at again every eighth of one until it starts.
         """
         if self.timeout is None:
             return await run
+        timeout = self.timeout
+        loop = asyncio.get_running_loop()
         overrun: _Overrun | None = None
+        timer: asyncio.TimerHandle
 
-        def overran() -> None:
-            nonlocal overrun
-            if not run.done():  # a result that came in the same turn as the timer wins
-                overrun = self._overran(size, request_ids, fail)
+        def check() -> None:
+            nonlocal overrun, timer
+            if run.done():  # a result that came in the same turn as the timer wins
+                return
+            left = begun[0] + timeout - time.monotonic() if begun else timeout / 8
+            if left > 0:
+                timer = loop.call_later(left, check)
+            else:
+                overrun = self._overran(begun[0], size, request_ids, fail)
 
-        timer = asyncio.get_running_loop().call_later(self.timeout, overran)
+        timer = loop.call_later(timeout, check)
         try:
             result: T | None = await run
         except Exception:
@@ -77,7 +99,7 @@ class Watchdog:
         self._stalled -= 1
         log.warning(
             "the stalled batch returned after %.1f s (%s); %s",
-            time.perf_counter() - overrun.started + self.timeout,
+            time.monotonic() - overrun.started,
             "failed" if run.exception() is not None else "its results were discarded",
             f"{self._stalled} other stalled batch(es) still running" if self.stalled else "accepting requests again",
         )
@@ -85,7 +107,7 @@ class Watchdog:
             await self.on_recover()
         return None
 
-    def _overran(self, size: int, request_ids: str, fail: Callable[[ServiceError], None]) -> _Overrun:
+    def _overran(self, started: float, size: int, request_ids: str, fail: Callable[[ServiceError], None]) -> _Overrun:
         log.error(
             "inference on a batch of %d inputs has run for more than %g s (--inference-timeout); failing its "
             "requests (%s) and the queue, reporting NOT_SERVING until the engine returns",
@@ -96,10 +118,10 @@ class Watchdog:
         self._stalled += 1
         fail(InferenceTimeout(self.message()))
         stalling = asyncio.ensure_future(self.on_stall()) if self.on_stall is not None else None
-        return _Overrun(time.perf_counter(), stalling)
+        return _Overrun(started, stalling)
 
 
 @dataclass(frozen=True, slots=True)
 class _Overrun:
-    started: float
+    started: float  # when its thread started it (time.monotonic())
     stalling: asyncio.Future[None] | None  # on_stall, under way

@@ -290,23 +290,30 @@ def test_two_workers_compute_a_second_batch_while_the_first_is_held() -> None:
     assert engine.batches == [[[99]], [[5, 5]]]
 
 
+class Hooks:
+    """A batcher's on_stall and on_recover, their calls recorded in order; `until` waits for a condition on them."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self._called = asyncio.Event()
+
+    async def stall(self) -> None:
+        self.calls.append("stall")
+        self._called.set()
+
+    async def recover(self) -> None:
+        self.calls.append("recover")
+        self._called.set()
+
+    async def until(self, predicate: Callable[[list[str]], bool]) -> None:
+        while not predicate(self.calls):
+            await self._called.wait()
+            self._called.clear()
+
+
 def test_with_two_workers_stalled_holds_until_the_last_overrunning_batch_returns() -> None:
     engine = ScriptedEngine(gates=(98, 99))
-    hooks: list[str] = []
-    called = asyncio.Event()
-
-    async def stall() -> None:
-        hooks.append("stall")
-        called.set()
-
-    async def recover() -> None:
-        hooks.append("recover")
-        called.set()
-
-    async def until(predicate: Callable[[], bool]) -> None:
-        while not predicate():
-            await called.wait()
-            called.clear()
+    hooks = Hooks()
 
     async def main() -> None:
         b = Batcher(
@@ -314,23 +321,23 @@ def test_with_two_workers_stalled_holds_until_the_last_overrunning_batch_returns
             limits=limits(max_wait_ms=0.0, max_batch_tokens=1),
             workers=2,
             inference_timeout=0.1,
-            on_stall=stall,
-            on_recover=recover,
+            on_stall=hooks.stall,
+            on_recover=hooks.recover,
         )
         b.start()
         calls = [asyncio.ensure_future(b.submit([seq(t)])) for t in (98, 99)]
-        await until(lambda: hooks == ["stall", "stall"])
+        await hooks.until(lambda h: h == ["stall", "stall"])
         assert b.stalled
         for call in calls:
             with pytest.raises(Unavailable):
                 await call
         engine.gates[98].set()
-        await until(lambda: hooks == ["stall", "stall", "recover"])
+        await hooks.until(lambda h: h == ["stall", "stall", "recover"])
         assert b.stalled  # the other batch is still inside the engine
         with pytest.raises(Unavailable):
             await b.submit([seq(1)])
         engine.gates[99].set()
-        await until(lambda: len(hooks) == 4)
+        await hooks.until(lambda h: len(h) == 4)
         assert not b.stalled
         assert (await b.submit([seq(1)])).shape == (1, 4)
         await b.close()
@@ -404,6 +411,67 @@ def test_with_two_workers_a_batch_formed_ahead_starts_without_the_event_loop() -
 
     run_opening_gates(main(), engine)
     assert engine.batches == [[[91]], [[92], [92]], [[92], [92]]]
+
+
+async def three_batches(engine: ScriptedEngine, **kw: Any) -> tuple[Batcher, list[asyncio.Future[np.ndarray]]]:
+    """A batcher with two workers (a minute's max wait) and three batches of one input: 91 and 92 in the engine
+    (held at their gates, if the engine has them), 93 formed ahead and waiting for a thread."""
+    b = Batcher(engine, limits=limits(max_wait_ms=60_000.0, max_batch_tokens=10_000), workers=2, **kw)
+    b.start()
+    calls: list[asyncio.Future[np.ndarray]] = []
+    for n, token in enumerate((91, 92, 93), 1):
+        calls.append(asyncio.ensure_future(b.submit([seq(token)])))
+        if n < 3:
+            await in_engine(engine, n)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert b.depth == 0 and len(engine.batches) == 2  # the third is formed, and no thread is free for it
+    return b, calls
+
+
+def test_the_inference_timeout_bounds_a_batch_from_when_its_thread_starts_it() -> None:
+    """A batch formed ahead waits for a thread; --inference-timeout bounds its computing, not that wait: here
+    it waits 0.6 s and computes 0.6 s under a bound of 1 s, and is answered."""
+    engine = ScriptedEngine(gates=[91, 92, 93])
+    hooks = Hooks()
+
+    async def main() -> None:
+        b, calls = await three_batches(engine, inference_timeout=1.0, on_stall=hooks.stall)
+        await asyncio.sleep(0.6)
+        engine.gates[91].set()
+        engine.gates[92].set()
+        await in_engine(engine, 3)
+        await asyncio.sleep(0.6)  # 1.2 s since it was formed
+        engine.gates[93].set()
+        assert [out.shape for out in await asyncio.gather(*calls)] == [(1, 4)] * 3
+        assert hooks.calls == [] and not b.stalled
+        await b.close()
+
+    run_opening_gates(main(), engine)
+
+
+def test_a_stall_fails_the_batch_waiting_for_a_thread_which_never_runs() -> None:
+    """Both threads overrun: the batch formed ahead fails with them (like the queue), without a stall of its own,
+    and is taken out of the threads' queue, so that the threads, once they return, do not compute it for nobody."""
+    engine = ScriptedEngine(gates=[91, 92, 93])
+    hooks = Hooks()
+
+    async def main() -> None:
+        b, calls = await three_batches(engine, inference_timeout=0.2, on_stall=hooks.stall, on_recover=hooks.recover)
+        for call in calls:
+            with pytest.raises(Unavailable, match="inference-timeout"):
+                await call
+        await hooks.until(lambda h: len(h) == 2)
+        engine.gates[91].set()
+        engine.gates[92].set()
+        await hooks.until(lambda h: h.count("recover") == 2)
+        assert hooks.calls == ["stall", "stall", "recover", "recover"] and not b.stalled
+        engine.gates[93].set()
+        assert (await b.submit([seq(1)])).shape == (1, 4)
+        await b.close()
+
+    run_opening_gates(main(), engine)
+    assert engine.batches == [[[91]], [[92]], [[1]]]
 
 
 def test_with_two_workers_a_batch_beside_another_waits_for_its_share() -> None:
