@@ -1,6 +1,7 @@
 """The in-process baselines: ONNX Runtime at its best batch size (the ceiling), one request at a time,
-the server's own batches for its clients with nothing else in the way, and PyTorch eager (what a user
-without a server would run).
+the server's own batches for its clients with nothing else in the way, batches computed side by side as a
+server of several inference workers computes them, and PyTorch eager (what a user without a server would
+run).
 
 `measure` runs in a child process of its own (spawned, not forked): ONNX Runtime's and PyTorch's thread
 pools keep spinning for a while after their last run, and must be gone before the server is measured.
@@ -14,8 +15,9 @@ import functools
 import os
 import random
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,19 +96,42 @@ def served_batches(
     return plan
 
 
-def timed_passes(run: RunBatch, plan: Sequence[list[int]], min_time: float) -> dict[str, Any]:
-    """Whole passes over `plan` until `min_time` has passed (one untimed call first, to warm up)."""
+def timed_passes(run: RunBatch, plan: Sequence[list[int]], min_time: float, callers: int = 1) -> dict[str, Any]:
+    """Whole passes over `plan` until `min_time` has passed (one untimed call first, to warm up). With several
+    `callers`, that many threads take the pass's batches from one queue, each calling `run` as soon as its last
+    call returns: batches computed side by side."""
     run(plan[0])
     latencies: list[float] = []
-    sequences = padded = passes = 0
+    totals = {"sequences": 0, "padded": 0}
+    lock = threading.Lock()
+
+    def caller(batches: Iterator[list[int]]) -> None:
+        while True:
+            with lock:
+                batch = next(batches, None)
+            if batch is None:
+                return
+            t0 = time.perf_counter()
+            padded = run(batch)
+            took = (time.perf_counter() - t0) * 1000
+            with lock:
+                latencies.append(took)
+                totals["sequences"] += len(batch)
+                totals["padded"] += padded
+
+    passes = 0
     machine0, own0 = machine_cpu(), self_cpu_seconds()
     start = time.perf_counter()
     while True:
-        for batch in plan:
-            t0 = time.perf_counter()
-            padded += run(batch)
-            latencies.append((time.perf_counter() - t0) * 1000)
-            sequences += len(batch)
+        batches = iter(plan)
+        if callers == 1:
+            caller(batches)
+        else:
+            threads = [threading.Thread(target=caller, args=(batches,)) for _ in range(callers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         passes += 1
         elapsed = time.perf_counter() - start
         if elapsed >= min_time:
@@ -115,8 +140,8 @@ def timed_passes(run: RunBatch, plan: Sequence[list[int]], min_time: float) -> d
     own = (self_cpu_seconds() - own0) / elapsed
     return {
         "other_cpu_cores": None if machine is None else max(0.0, machine - own),
-        "sequences": sequences,
-        "padded_tokens": padded,
+        "sequences": totals["sequences"],
+        "padded_tokens": totals["padded"],
         "seconds": elapsed,
         "passes": passes,
         "latencies": latencies,
@@ -201,7 +226,54 @@ def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
     served = spec.get("served")
     if served:
         out["served_batching"] = measure_served(served, engine.providers, workload, run, guard, spec["min_time"])
+    layout = spec.get("side_by_side")
+    if layout and (side := measure_side_by_side(spec, layout, workload, guard)) is not None:
+        out["side_by_side"] = side
     return out
+
+
+SIDE_BY_SIDE_BATCHES = (2, 4, 8)  # one text a batch always does less (docs/benchmarks.md, eleventh session)
+
+
+def measure_side_by_side(
+    spec: dict[str, Any], layout: dict[str, int], workload: Workload, guard: Guard
+) -> dict[str, Any] | None:
+    """`layout["workers"]` threads calling one engine built as a server with that many inference workers builds
+    it (a batch beside another on `overlap_threads`, one alone on every core), taking the sorted batches from
+    one queue, at a few batch sizes; the best. What the model serves on these cores when it computes as the
+    server does with nothing around it: the server against it is what its own work costs. None when the
+    workload is too small for a batch a caller."""
+    from mhaserve.runtime.repository import ModelRepository, onnx_engine
+    from mhaserve.runtime.tokenizer import load_for_serving
+
+    entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"])
+    engine = onnx_engine(spec["device"], None, layout["overlap_threads"])(entry)
+    tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
+    pad_id, inputs = entry.manifest.pad_id, _inputs(workload, tokenizer)
+
+    def run(idx: list[int]) -> int:
+        ids, mask = _pad(inputs(idx), pad_id)
+        engine.run(ids, mask)
+        return int(ids.size)
+
+    def at(b: int) -> dict[str, Any]:
+        timing = timed_passes(run, batches(workload, b), spec["min_time"], callers=layout["workers"])
+        return _result("side_by_side", "onnxruntime", b, workload, timing)
+
+    sweep = []
+    for b in SIDE_BY_SIDE_BATCHES:
+        if b * layout["workers"] > len(workload.ids):
+            continue
+        r = guard.measure(functools.partial(at, b), _say)
+        sweep.append(r)
+        _say(
+            f"onnxruntime {workload.name:5} {layout['workers']} batches of {b:3} side by side: "
+            f"{r['seq_per_s']:9.1f} seq/s {r['tok_per_s']:10.0f} tok/s"
+        )
+    if not sweep:
+        return None
+    best = max(sweep, key=lambda r: r["seq_per_s"])
+    return {**best, **layout, "sweep": sweep}
 
 
 def measure_served(

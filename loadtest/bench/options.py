@@ -294,6 +294,46 @@ def served_batching(
         ) from None
 
 
+def _server_workers(server_args: Sequence[str], env: Mapping[str, str], device: str) -> str:
+    """The served model's inference workers as the server will have them: its --inference-workers flag passed
+    through --server-arg, else its environment, else its own choice for the device and its share of the cores."""
+    workers = server_flags(server_args).get("--inference-workers", env.get("MHASERVE_INFERENCE_WORKERS", "auto"))
+    if workers.strip().lower() in ("", "none", "auto"):
+        processes = server_processes(server_args, env)
+        return str(auto_inference_workers(device, max(1, available_cpus() // processes)))
+    return workers
+
+
+def _fixed_threads(threads: int | None, server_args: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """The intra-op threads a batch gets when they are fixed (the bench's --threads, the server's flag or
+    environment); None: the server sizes them by its cores."""
+    fixed = threads or server_flags(server_args).get("--intra-op-threads") or env.get("MHASERVE_INTRA_OP_THREADS")
+    return str(fixed) if fixed else None
+
+
+def side_by_side(
+    threads: int | None,
+    server_args: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    device: str = "auto",
+) -> dict[str, int] | None:
+    """How the in-process reference of batches computed side by side is laid out, when the server computes
+    several at once on a CPU with the cores split between its workers (one process, threads not fixed):
+    `workers` callers of one engine whose batch beside another runs on `overlap_threads` (the server's
+    split: service/server.py). None otherwise: one worker, fixed threads, several processes, or a GPU."""
+    env = os.environ if env is None else env
+    if not on_cpu(device) or _fixed_threads(threads, server_args, env) or server_processes(server_args, env) != 1:
+        return None
+    try:
+        workers = int(_server_workers(server_args, env, device))
+    except ValueError:
+        return None  # the server refuses it too, and says so
+    if workers < 2:
+        return None
+    return {"workers": workers, "overlap_threads": max(1, available_cpus() // workers)}
+
+
 def server_threads(
     threads: int | None,
     server_args: Sequence[str],
@@ -306,13 +346,9 @@ def server_threads(
     the server's own choice for the device and its cores (`--inference-workers auto`). Decided when the run
     starts, with the environment the server gets, and recorded in report.json."""
     env = os.environ if env is None else env
-    flags = server_flags(server_args)
-    workers = flags.get("--inference-workers", env.get("MHASERVE_INFERENCE_WORKERS", "auto"))
-    chosen = workers.strip().lower() in ("", "none", "auto")
+    workers = _server_workers(server_args, env, device)
     processes = server_processes(server_args, env)
-    if chosen:
-        workers = str(auto_inference_workers(device, max(1, available_cpus() // processes)))
-    per_batch = threads or flags.get("--intra-op-threads") or env.get("MHASERVE_INTRA_OP_THREADS")
+    per_batch = _fixed_threads(threads, server_args, env)
     split = "" if workers == "1" else f", {workers} inference workers"
     if per_batch:
         words = f"{per_batch} per batch{split}"

@@ -139,6 +139,15 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
                 "mean_batch_size": served["batch_size"],
                 "ratio": served["seq_per_s"] / ceiling,
             }
+        side = inproc.get("side_by_side")
+        if side:
+            # The model computing as a server of several workers computes it, nothing around it.
+            w["side_by_side"] = {
+                "workers": side["workers"],
+                "batch_size": side["batch_size"],
+                "seq_per_s": side["seq_per_s"],
+                "ratio": side["seq_per_s"] / ceiling,
+            }
         if "length" in w and "arrival" in w:
             w["length_over_arrival"] = w["length"]["seq_per_s"] / w["arrival"]["seq_per_s"]
         if wname == "fixed" and report.get("paired"):
@@ -204,6 +213,15 @@ def markdown(report: dict[str, Any]) -> str:
             if length.get("clients") == served["clients"]:
                 part += f"; the server (length) at {length['seq_per_s'] / served['seq_per_s']:.2f} of that"
             parts.append(part)
+        side = w.get("side_by_side")
+        if side:
+            part = (
+                f"{side['workers']} batches side by side in process, as the server's workers compute them (batch "
+                f"{side['batch_size']}): {fmt(side['seq_per_s'])} seq/s = {side['ratio']:.2f} of the ceiling"
+            )
+            if "length" in w:
+                part += f"; the server (length) at {w['length']['seq_per_s'] / side['seq_per_s']:.2f} of that"
+            parts.append(part)
         if "length_over_arrival" in w:
             parts.append(f"length-aware / arrival-order = **{w['length_over_arrival']:.2f}x**")
         for batching in ("length", "arrival"):
@@ -251,6 +269,10 @@ def markdown(report: dict[str, Any]) -> str:
         served = inproc.get("served_batching")
         if served:
             rows.append((f"ONNX Runtime, the server's batches for {served['clients']} clients (mean)", served))
+        side = inproc.get("side_by_side")
+        if side:
+            label = f"ONNX Runtime, {side['workers']} batches side by side (the server's workers), best batch"
+            rows.append((label, side))
         torch = inproc.get("pytorch")
         if torch and "skipped" not in torch:
             rows.append((f"PyTorch eager ({torch['device']}, {torch['threads']} threads)", torch))
@@ -273,6 +295,13 @@ def markdown(report: dict[str, Any]) -> str:
             "A server with several inference workers (the default on a CPU of two cores or more) forms smaller "
             "batches and computes one beside another, which this row does not model: there the server against it "
             "can pass 1."
+        )
+    if any("side_by_side" in inproc for inproc in report["inprocess"].values()):
+        lines[-1] += (
+            " Side by side: as many threads as the server has inference workers call one engine built as the server "
+            "builds it (a batch beside another on its worker's share of the cores), taking the inputs sorted by "
+            "length in batches from one queue: what the model serves on these cores computing as the server does, "
+            "with nothing around it; the server against it is what its own work costs."
         )
     lines.append("")
     for wname, inproc in report["inprocess"].items():

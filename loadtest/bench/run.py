@@ -52,7 +52,12 @@ def _paired(
     clients = report.HEADLINE_CLIENTS
     best = inprocess["fixed"]["ceiling"]["batch_size"]
     one = dict(
-        spec, torch=False, served=None, workloads=[workload.to_dict()], batch_sizes_by_workload={"fixed": [best]}
+        spec,
+        torch=False,
+        served=None,
+        side_by_side=None,
+        workloads=[workload.to_dict()],
+        batch_sizes_by_workload={"fixed": [best]},
     )
     pairs = []
     for k in range(opt["paired"]):
@@ -102,7 +107,9 @@ def _paired_short(
     the medians of the rounds' ratios are what a single sweep point cannot give on a shared machine."""
     clients = report.HEADLINE_CLIENTS
     best = inprocess["short"]["ceiling"]["batch_size"]
-    one = dict(spec, torch=False, workloads=[workload.to_dict()], batch_sizes_by_workload={"short": [best]})
+    one = dict(
+        spec, torch=False, side_by_side=None, workloads=[workload.to_dict()], batch_sizes_by_workload={"short": [best]}
+    )
     rounds = []
     for k in range(opt["paired"]):
         turns = ["in process", "grpc", *(["http"] if http else [])]
@@ -240,10 +247,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 if "length" in opt["batching"]
                 else None
             )
+            # Batches computed side by side as the server's inference workers compute them (None: one worker).
+            side_by_side = options.side_by_side(opt["threads"], opt["server_arg"], device=opt["device"])
         except ValueError as e:
             raise BenchError(str(e)) from None
         with progress.step(
-            "in-process: ONNX Runtime batch sweep, one at a time, PyTorch eager (child process)", reports=True
+            "in-process: ONNX Runtime batch sweep, one at a time, side by side, PyTorch eager (child process)",
+            reports=True,
         ):
             spec = {
                 "repository": str(repository),
@@ -259,6 +269,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 "guard": dataclasses.asdict(guard),
                 # The length policy's batches for the headline's clients, timed in process (inprocess.served_batches).
                 "served": served,
+                "side_by_side": side_by_side,
             }
             inprocess = measure_in_child(spec)
 
@@ -338,6 +349,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                     spec,
                     torch=False,
                     served=None,
+                    side_by_side=None,
                     batch_sizes_by_workload={w: [r["ceiling"]["batch_size"]] for w, r in inprocess.items()},
                 )
             )

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mhaserve.loadtest.bench import options
+from mhaserve.loadtest.bench.inprocess import SIDE_BY_SIDE_BATCHES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,6 +63,16 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
                 # The server's threads are told apart by their OS names (service/threads.py).
                 threads = p["server_threads_ms_per_request"]
                 assert threads["event loop"] > 0 and threads["inference"] > 0, threads
+        # Batches side by side as the server's workers compute them: with its default workers on this host's cores.
+        layout = options.side_by_side(None, [], env={}, device="auto")
+        if layout is None:
+            assert "side_by_side" not in inproc
+        else:
+            side = inproc["side_by_side"]
+            assert (side["workers"], side["overlap_threads"]) == (layout["workers"], layout["overlap_threads"])
+            assert side["seq_per_s"] == max(r["seq_per_s"] for r in side["sweep"]) > 0
+            assert side["batch_size"] in SIDE_BY_SIDE_BATCHES and side["padding_fraction"] < 1
+            assert report["summary"][workload]["side_by_side"]["ratio"] > 0
         summary = report["summary"][workload]
         assert summary["ceiling_seq_per_s"] > 0
         assert summary["served_batching"]["ratio"] > 0
@@ -211,6 +222,24 @@ def test_report_says_how_the_server_split_its_threads(monkeypatch: pytest.Monkey
     assert server_threads(None, [], env={}, device="cuda") == "all cores (server default)"
     monkeypatch.setattr("mhaserve.loadtest.bench.options.available_cpus", lambda: 1)
     assert server_threads(None, [], env={}, device="cpu") == "all cores (server default)"
+
+
+def test_batches_side_by_side_are_laid_out_as_the_server_splits_its_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process reference of batches computed side by side exists where the server computes several at
+    once on a CPU with its cores split between the workers, with the server's split; nowhere else."""
+    from mhaserve.loadtest.bench.options import side_by_side
+
+    monkeypatch.setattr("mhaserve.loadtest.bench.options.available_cpus", lambda: 2)
+    assert side_by_side(None, [], env={}, device="cpu") == {"workers": 2, "overlap_threads": 1}
+    assert side_by_side(None, [], env={"MHASERVE_INFERENCE_WORKERS": "1"}, device="cpu") is None
+    assert side_by_side(None, ["--inference-workers=1"], env={}, device="cpu") is None
+    assert side_by_side(None, [], env={}, device="cuda") is None
+    assert side_by_side(2, [], env={}, device="cpu") is None  # fixed threads: no overlap session
+    assert side_by_side(None, ["--intra-op-threads=1"], env={}, device="cpu") is None
+    assert side_by_side(None, ["--processes=2"], env={}, device="cpu") is None
+    assert side_by_side(None, ["--inference-workers=x"], env={}, device="cpu") is None
+    monkeypatch.setattr("mhaserve.loadtest.bench.options.available_cpus", lambda: 16)
+    assert side_by_side(None, ["--inference-workers=4"], env={}, device="cpu") == {"workers": 4, "overlap_threads": 4}
 
 
 def test_report_says_how_many_server_processes_ran(monkeypatch: pytest.MonkeyPatch) -> None:

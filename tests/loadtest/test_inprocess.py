@@ -1,13 +1,16 @@
 """The in-process replay of the server's batches (bench/inprocess.py `served_batches`): the batches the
-length policy forms for a closed loop of clients, checked against what such a loop can and cannot do."""
+length policy forms for a closed loop of clients, checked against what such a loop can and cannot do; and
+timed passes with several callers side by side."""
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 
-from mhaserve.loadtest.bench.inprocess import served_batches
+from mhaserve.loadtest.bench.inprocess import served_batches, timed_passes
 from mhaserve.loadtest.bench.options import served_batching
 from mhaserve.loadtest.bench.workloads import Workload
 
@@ -74,3 +77,28 @@ def test_the_limits_it_replays_are_the_ones_the_server_was_given() -> None:
     assert served_batching((32,), [], 32, env={"MHASERVE_MAX_PADDING": "0"})["max_padding"] == 0.0
     with pytest.raises(ValueError, match="not a number"):
         served_batching((32,), ["--max-padding=abc"], 32, env={})
+
+
+@pytest.mark.parametrize("callers", [1, 2, 3])
+def test_timed_passes_run_every_batch_once_a_pass_with_that_many_callers_at_once(callers: int) -> None:
+    plan = [[i, i + 100] for i in range(12)]
+    seen: list[int] = []
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def run(batch: list[int]) -> int:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+            seen.append(batch[0])
+        time.sleep(0.02)  # long enough for the other callers to start theirs
+        with lock:
+            running -= 1
+        return 2 * len(batch)
+
+    timing = timed_passes(run, plan, min_time=0.0, callers=callers)
+    assert timing["passes"] == 1 and timing["sequences"] == 24 and timing["padded_tokens"] == 48
+    assert len(timing["latencies"]) == 12
+    assert sorted(seen[1:]) == list(range(12)) and seen[0] == 0  # the untimed warm-up call, then the pass
+    assert most == callers
