@@ -240,9 +240,9 @@ def measure_side_by_side(
 ) -> dict[str, Any] | None:
     """`layout["workers"]` threads calling one engine built as a server with that many inference workers builds
     it (a batch beside another on `overlap_threads`, one alone on every core), taking the sorted batches from
-    one queue, at a few batch sizes; the best. What the model serves on these cores when it computes as the
-    server does with nothing around it: the server against it is what its own work costs. None when the
-    workload is too small for a batch a caller."""
+    one queue, at a few batch sizes (`spec["side_by_side_batches"]`, else SIDE_BY_SIDE_BATCHES); the best.
+    What the model serves on these cores when it computes as the server does with nothing around it: the
+    server against it is what its own work costs. None when the workload is too small for a batch a caller."""
     from mhaserve.runtime.repository import ModelRepository, onnx_engine
     from mhaserve.runtime.tokenizer import load_for_serving
 
@@ -261,7 +261,7 @@ def measure_side_by_side(
         return _result("side_by_side", "onnxruntime", b, workload, timing)
 
     sweep = []
-    for b in SIDE_BY_SIDE_BATCHES:
+    for b in spec.get("side_by_side_batches") or SIDE_BY_SIDE_BATCHES:
         if b * layout["workers"] > len(workload.ids):
             continue
         r = guard.measure(functools.partial(at, b), _say)

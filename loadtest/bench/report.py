@@ -41,10 +41,13 @@ def _by_clients(points: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 # The short workload's paired ratios, as the report words them.
 _RATIO_NAMES = {
     "served/ceiling": "the server's batches in process / ceiling",
+    "side/ceiling": "batches side by side in process / ceiling",
     "grpc/ceiling": "gRPC / ceiling",
     "grpc/served": "gRPC / its batches in process",
+    "grpc/side": "gRPC / side by side",
     "http/ceiling": "HTTP / ceiling",
     "http/served": "HTTP / its batches in process",
+    "http/side": "HTTP / side by side",
 }
 
 

@@ -101,14 +101,21 @@ def _paired_short(
     guard: Guard,
     progress: Progress,
 ) -> dict[str, Any]:
-    """The short workload's gap split, measured in turns at the headline client count: the ceiling and the
-    server's own batches in process (one child), the server over gRPC and, with `http`, over HTTP. Each
+    """The short workload's gap split, measured in turns at the headline client count: the ceiling, the
+    server's own batches and, when the sweep measured them, batches side by side as its workers compute them
+    (at their best batch size) in process (one child), the server over gRPC and, with `http`, over HTTP. Each
     round starts one turn later, so that a drift of the machine within a round falls on each side in turn;
     the medians of the rounds' ratios are what a single sweep point cannot give on a shared machine."""
     clients = report.HEADLINE_CLIENTS
     best = inprocess["short"]["ceiling"]["batch_size"]
+    side = inprocess["short"].get("side_by_side")
     one = dict(
-        spec, torch=False, side_by_side=None, workloads=[workload.to_dict()], batch_sizes_by_workload={"short": [best]}
+        spec,
+        torch=False,
+        side_by_side=spec.get("side_by_side") if side else None,
+        side_by_side_batches=[side["batch_size"]] if side else None,
+        workloads=[workload.to_dict()],
+        batch_sizes_by_workload={"short": [best]},
     )
     rounds = []
     for k in range(opt["paired"]):
@@ -124,6 +131,8 @@ def _paired_short(
                     got["ceiling"] = measured["ceiling"]
                     if "served_batching" in measured:
                         got["served"] = measured["served_batching"]
+                    if "side_by_side" in measured:
+                        got["side"] = measured["side_by_side"]
                 else:
                     got[turn] = _measured_point(opt, server, workload, clients, turn, guard, progress)
             rounds.append(_paired_round(got, turns))
@@ -140,18 +149,18 @@ def _paired_short(
 
 
 def _paired_round(got: dict[str, dict[str, Any]], turns: list[str]) -> dict[str, Any]:
-    """One round's figures and their ratios: each protocol to the ceiling and to the server's own batches,
-    and those batches to the ceiling."""
+    """One round's figures and their ratios: each protocol to the ceiling, to the server's own batches and to
+    the batches side by side, and those in-process figures to the ceiling."""
     ceiling = got["ceiling"]["seq_per_s"]
-    seq = {"ceiling": ceiling} | {name: got[name]["seq_per_s"] for name in ("served", "grpc", "http") if name in got}
-    ratios = {}
-    if "served" in seq:
-        ratios["served/ceiling"] = seq["served"] / ceiling
+    names = ("served", "side", "grpc", "http")
+    seq = {"ceiling": ceiling} | {name: got[name]["seq_per_s"] for name in names if name in got}
+    ratios = {f"{name}/ceiling": seq[name] / ceiling for name in ("served", "side") if name in seq}
     for protocol in ("grpc", "http"):
         if protocol in seq:
             ratios[f"{protocol}/ceiling"] = seq[protocol] / ceiling
-            if "served" in seq:
-                ratios[f"{protocol}/served"] = seq[protocol] / seq["served"]
+            for reference in ("served", "side"):
+                if reference in seq:
+                    ratios[f"{protocol}/{reference}"] = seq[protocol] / seq[reference]
     return {
         "order": turns,
         "seq_per_s": seq,

@@ -107,12 +107,16 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
     assert short["workload"] == "short" and short["batching"] == "length" and short["clients"] == 32
     assert len(short["rounds"]) == options.QUICK["paired"]
     names = {"served/ceiling", "grpc/ceiling", "grpc/served", "http/ceiling", "http/served"}
+    if "side_by_side" in report["inprocess"]["short"]:  # and at the sweep's best batch size in every round
+        names |= {"side/ceiling", "grpc/side", "http/side"}
     for r in short["rounds"]:
         assert sorted(r["order"]) == ["grpc", "http", "in process"]
         assert set(r["ratios"]) == names and all(v > 0 for v in r["ratios"].values()), r
         seq = r["seq_per_s"]
         assert r["ratios"]["grpc/served"] == seq["grpc"] / seq["served"]
         assert r["ratios"]["served/ceiling"] == seq["served"] / seq["ceiling"]
+        if "side" in seq:
+            assert r["ratios"]["http/side"] == seq["http"] / seq["side"]
     assert report["summary"]["short"]["paired"] == {"rounds": len(short["rounds"]), **short["median"]}
     assert report["workloads"]["fixed"]["min_tokens"] == report["workloads"]["fixed"]["max_tokens"] == 32
 
