@@ -178,17 +178,35 @@ def _inputs(workload: Workload, tokenizer: Any) -> Callable[[list[int]], list[li
     return lambda idx: [workload.ids[i] for i in idx]
 
 
+def _sweep(at: Callable[[int], dict[str, Any]], sizes: Sequence[int], guard: Guard, what: str) -> list[dict[str, Any]]:
+    """`at(b)` for each batch size, each measured again while other work disturbs it, said as it goes (`what`
+    names the point, with `{}` for the batch size)."""
+    sweep = []
+    for b in sizes:
+        r = guard.measure(functools.partial(at, b), _say)
+        sweep.append(r)
+        _say(
+            f"onnxruntime {what.format(b)}: {r['seq_per_s']:9.1f} seq/s "
+            f"{r['tok_per_s']:10.0f} tok/s  padding {r['padding_fraction']:.2f}"
+        )
+    return sweep
+
+
 def _say(line: str) -> None:
     print(f"      {line}", file=sys.stderr, flush=True)
 
 
-def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
+def _engine_and_run(
+    spec: dict[str, Any], workload: Workload, threads: int | None, overlap_threads: int | None = None
+) -> tuple[Any, RunBatch]:
+    """The engine the server would open for the spec's entry (options included; `overlap_threads` as
+    OnnxEngine's), and a `run` of a batch of the workload's inputs through it, tokenised (text workloads) and
+    padded as the server does."""
     from mhaserve.runtime.repository import ModelRepository, onnx_engine
     from mhaserve.runtime.tokenizer import load_for_serving
 
     entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"])
-    # The session the server would open, options included.
-    engine = onnx_engine(spec["device"], spec["threads"])(entry)
+    engine = onnx_engine(spec["device"], threads, overlap_threads)(entry)
     tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
     pad_id, inputs = entry.manifest.pad_id, _inputs(workload, tokenizer)
 
@@ -197,20 +215,21 @@ def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
         engine.run(ids, mask)
         return int(ids.size)
 
+    return engine, run
+
+
+def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
+    from mhaserve.runtime.repository import ModelRepository
+
+    entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"])
+    engine, run = _engine_and_run(spec, workload, spec["threads"])
+
     def at(b: int) -> dict[str, Any]:
         return _result("batch", "onnxruntime", b, workload, timed_passes(run, batches(workload, b), spec["min_time"]))
 
     guard = Guard(**spec["guard"])
-    sweep = []
-    for b in spec.get("batch_sizes_by_workload", {}).get(workload.name, spec["batch_sizes"]):
-        if b > len(workload.ids):
-            continue
-        r = guard.measure(functools.partial(at, b), _say)
-        sweep.append(r)
-        _say(
-            f"onnxruntime {workload.name:5} batch {b:3}: {r['seq_per_s']:9.1f} seq/s "
-            f"{r['tok_per_s']:10.0f} tok/s  padding {r['padding_fraction']:.2f}"
-        )
+    sizes = spec.get("batch_sizes_by_workload", {}).get(workload.name, spec["batch_sizes"])
+    sweep = _sweep(at, [b for b in sizes if b <= len(workload.ids)], guard, f"{workload.name:5} batch {{:3}}")
     best = max(sweep, key=lambda r: r["seq_per_s"])
     one = next((r for r in sweep if r["batch_size"] == 1), None)
     if one is None:
@@ -243,33 +262,18 @@ def measure_side_by_side(
     one queue, at a few batch sizes (`spec["side_by_side_batches"]`, else SIDE_BY_SIDE_BATCHES); the best.
     What the model serves on these cores when it computes as the server does with nothing around it: the
     server against it is what its own work costs. None when the workload is too small for a batch a caller."""
-    from mhaserve.runtime.repository import ModelRepository, onnx_engine
-    from mhaserve.runtime.tokenizer import load_for_serving
-
-    entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"])
-    engine = onnx_engine(spec["device"], None, layout["overlap_threads"])(entry)
-    tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
-    pad_id, inputs = entry.manifest.pad_id, _inputs(workload, tokenizer)
-
-    def run(idx: list[int]) -> int:
-        ids, mask = _pad(inputs(idx), pad_id)
-        engine.run(ids, mask)
-        return int(ids.size)
+    _, run = _engine_and_run(spec, workload, None, layout["overlap_threads"])
 
     def at(b: int) -> dict[str, Any]:
         timing = timed_passes(run, batches(workload, b), spec["min_time"], callers=layout["workers"])
         return _result("side_by_side", "onnxruntime", b, workload, timing)
 
-    sweep = []
-    for b in spec.get("side_by_side_batches") or SIDE_BY_SIDE_BATCHES:
-        if b * layout["workers"] > len(workload.ids):
-            continue
-        r = guard.measure(functools.partial(at, b), _say)
-        sweep.append(r)
-        _say(
-            f"onnxruntime {workload.name:5} {layout['workers']} batches of {b:3} side by side: "
-            f"{r['seq_per_s']:9.1f} seq/s {r['tok_per_s']:10.0f} tok/s"
-        )
+    sizes = [
+        b
+        for b in spec.get("side_by_side_batches") or SIDE_BY_SIDE_BATCHES
+        if b * layout["workers"] <= len(workload.ids)
+    ]
+    sweep = _sweep(at, sizes, guard, f"{workload.name:5} {layout['workers']} batches of {{:3}} side by side")
     if not sweep:
         return None
     best = max(sweep, key=lambda r: r["seq_per_s"])

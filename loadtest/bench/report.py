@@ -102,6 +102,31 @@ def _http_over_grpc(report: dict[str, Any], wname: str) -> dict[str, list[dict[s
     return out
 
 
+# What the in-process table's rows beyond the ceiling measure, said under it when the report has them.
+_IN_PROCESS_NOTES = {
+    "served_batching": (
+        " The server's batches are those its length policy forms when every client keeps one input waiting "
+        "and nothing but the model takes time (the same limits, one inference worker): a one-worker server with "
+        "no overhead of its own would serve that, so the server's figure against it is what lies around the "
+        "model, and this row against the ceiling is what a closed loop of that many clients costs in batching. "
+        "A server with several inference workers (the default on a CPU of two cores or more) forms smaller "
+        "batches and computes one beside another, which this row does not model: there the server against it "
+        "can pass 1."
+    ),
+    "side_by_side": (
+        " Side by side: as many threads as the server has inference workers call one engine built as the server "
+        "builds it (a batch beside another on its worker's share of the cores), taking the inputs sorted by "
+        "length in batches from one queue: what the model serves on these cores computing as the server does, "
+        "with nothing around it; the server against it is what its own work costs."
+    ),
+}
+
+
+def _against(r: dict[str, Any], ceiling: float, **fields: Any) -> dict[str, Any]:
+    """An in-process figure for the summary: `fields`, its seq/s and its ratio to the ceiling."""
+    return {**fields, "seq_per_s": r["seq_per_s"], "ratio": r["seq_per_s"] / ceiling}
+
+
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
     """The headline figures: ratio to the ceiling at 32 clients (or the nearest), length vs arrival on mixed,
     one client against the model called one request at a time, and HTTP against gRPC."""
@@ -136,21 +161,13 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         served = inproc.get("served_batching")
         if served:
             # Split the gap: the closed loop's batches against the ceiling, the server against its own batches.
-            w["served_batching"] = {
-                "clients": served["clients"],
-                "seq_per_s": served["seq_per_s"],
-                "mean_batch_size": served["batch_size"],
-                "ratio": served["seq_per_s"] / ceiling,
-            }
+            w["served_batching"] = _against(
+                served, ceiling, clients=served["clients"], mean_batch_size=served["batch_size"]
+            )
         side = inproc.get("side_by_side")
         if side:
             # The model computing as a server of several workers computes it, nothing around it.
-            w["side_by_side"] = {
-                "workers": side["workers"],
-                "batch_size": side["batch_size"],
-                "seq_per_s": side["seq_per_s"],
-                "ratio": side["seq_per_s"] / ceiling,
-            }
+            w["side_by_side"] = _against(side, ceiling, workers=side["workers"], batch_size=side["batch_size"])
         if "length" in w and "arrival" in w:
             w["length_over_arrival"] = w["length"]["seq_per_s"] / w["arrival"]["seq_per_s"]
         if wname == "fixed" and report.get("paired"):
@@ -289,23 +306,9 @@ def markdown(report: dict[str, Any]) -> str:
         if torch and "skipped" in torch:
             lines.append(f"| {wname} | PyTorch eager: skipped ({torch['skipped']}) | | | | | | | | | |")
     lines += ["", "In-process latencies are per call (one batch). Text workloads include tokenisation."]
-    if any("served_batching" in inproc for inproc in report["inprocess"].values()):
-        lines[-1] += (
-            " The server's batches are those its length policy forms when every client keeps one input waiting "
-            "and nothing but the model takes time (the same limits, one inference worker): a one-worker server with "
-            "no overhead of its own would serve that, so the server's figure against it is what lies around the "
-            "model, and this row against the ceiling is what a closed loop of that many clients costs in batching. "
-            "A server with several inference workers (the default on a CPU of two cores or more) forms smaller "
-            "batches and computes one beside another, which this row does not model: there the server against it "
-            "can pass 1."
-        )
-    if any("side_by_side" in inproc for inproc in report["inprocess"].values()):
-        lines[-1] += (
-            " Side by side: as many threads as the server has inference workers call one engine built as the server "
-            "builds it (a batch beside another on its worker's share of the cores), taking the inputs sorted by "
-            "length in batches from one queue: what the model serves on these cores computing as the server does, "
-            "with nothing around it; the server against it is what its own work costs."
-        )
+    for part, note in _IN_PROCESS_NOTES.items():
+        if any(part in inproc for inproc in report["inprocess"].values()):
+            lines[-1] += note
     lines.append("")
     for wname, inproc in report["inprocess"].items():
         after = inproc.get("ceiling_after")
