@@ -69,7 +69,7 @@ from mhaserve.service.rpc.drain import Drain, DrainInterceptor
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
 from mhaserve.service.rpc.reflection import add_reflection
 from mhaserve.service.rpc.registration import GenericOnly
-from mhaserve.service.settings import Settings
+from mhaserve.service.settings import Settings, worker_threads
 from mhaserve.service.threads import named_pool
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def _intra_op_threads(settings: Settings, workers: int, cpus: int, *, shared: bo
     of `cpus` (more threads than cores would only preempt each other)."""
     if settings.intra_op_threads or (workers == 1 and not shared):
         return settings.intra_op_threads, None
-    return None, max(1, cpus // workers)
+    return None, worker_threads(cpus, workers)
 
 
 def _threads_in_words(alone: int | None, overlapping: int | None) -> str:

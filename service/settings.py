@@ -417,6 +417,12 @@ class Settings:
 MAX_AUTO_WORKERS = 8
 
 
+def worker_threads(cpus: int, workers: int) -> int:
+    """ONNX Runtime's threads for a batch that starts while another computes: its worker's share of `cpus`
+    (more threads than cores would only preempt each other)."""
+    return max(1, cpus // workers)
+
+
 def auto_inference_workers(device: str, cpus: int) -> int:
     """`--inference-workers auto`: on a CPU of two cores or more one per two of its `cpus`, at least 2 and at most
     8, whatever the graph; on one core, or on CUDA, one.

@@ -198,8 +198,8 @@ def _say(line: str) -> None:
 
 def _engine_and_run(
     spec: dict[str, Any], workload: Workload, threads: int | None, overlap_threads: int | None = None
-) -> tuple[Any, RunBatch]:
-    """The engine the server would open for the spec's entry (options included; `overlap_threads` as
+) -> tuple[Any, Any, RunBatch]:
+    """The spec's model entry, the engine the server would open for it (options included; `overlap_threads` as
     OnnxEngine's), and a `run` of a batch of the workload's inputs through it, tokenised (text workloads) and
     padded as the server does."""
     from mhaserve.runtime.repository import ModelRepository, onnx_engine
@@ -215,14 +215,11 @@ def _engine_and_run(
         engine.run(ids, mask)
         return int(ids.size)
 
-    return engine, run
+    return entry, engine, run
 
 
 def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
-    from mhaserve.runtime.repository import ModelRepository
-
-    entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"])
-    engine, run = _engine_and_run(spec, workload, spec["threads"])
+    entry, engine, run = _engine_and_run(spec, workload, spec["threads"])
 
     def at(b: int) -> dict[str, Any]:
         return _result("batch", "onnxruntime", b, workload, timed_passes(run, batches(workload, b), spec["min_time"]))
@@ -262,7 +259,7 @@ def measure_side_by_side(
     one queue, at a few batch sizes (`spec["side_by_side_batches"]`, else SIDE_BY_SIDE_BATCHES); the best.
     What the model serves on these cores when it computes as the server does with nothing around it: the
     server against it is what its own work costs. None when the workload is too small for a batch a caller."""
-    _, run = _engine_and_run(spec, workload, None, layout["overlap_threads"])
+    _, _, run = _engine_and_run(spec, workload, None, layout["overlap_threads"])
 
     def at(b: int) -> dict[str, Any]:
         timing = timed_passes(run, batches(workload, b), spec["min_time"], callers=layout["workers"])

@@ -10,7 +10,7 @@ from typing import Any
 
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.repository import GRAPHS
-from mhaserve.service.settings import auto_inference_workers, on_cpu
+from mhaserve.service.settings import auto_inference_workers, on_cpu, worker_threads
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -331,7 +331,7 @@ def side_by_side(
         return None  # the server refuses it too, and says so
     if workers < 2:
         return None
-    return {"workers": workers, "overlap_threads": max(1, available_cpus() // workers)}
+    return {"workers": workers, "overlap_threads": worker_threads(available_cpus(), workers)}
 
 
 def server_threads(
