@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import grpc
 
-from mhaserve.loadtest.bench.options import server_processes
+from mhaserve.loadtest.bench.options import GRPC_SYNC, server_processes
 from mhaserve.loadtest.bench.quiet import (
     busy_cores,
     machine_cpu,
@@ -29,7 +30,7 @@ from mhaserve.loadtest.bench.quiet import (
     self_cpu_seconds,
     thread_cpu_seconds,
 )
-from mhaserve.loadtest.bench.transports import CallFailed, Transport, transport
+from mhaserve.loadtest.bench.transports import CallFailed, GrpcSyncClient, Transport, transport
 from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.stats import latency_summary
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
@@ -217,6 +218,52 @@ class Server:
 Load = tuple[Transport, int]  # a transport, and how many distinct requests its clients cycle through
 
 
+class _Window:
+    """The measured window: this process's, the server's and the machine's CPU counters read at its start,
+    read again by `close()`."""
+
+    def __init__(self, server_pids: Sequence[int]) -> None:
+        self.pids = server_pids
+        self.cpu0, self.server0, self.machine0 = self_cpu_seconds(), _cpu_seconds(server_pids), machine_cpu()
+        self.threads0 = _threads_cpu_seconds(server_pids)
+        self.start = time.perf_counter()
+
+    def close(self) -> dict[str, Any]:
+        end = time.perf_counter()
+        cpu1, server1, machine1 = self_cpu_seconds(), _cpu_seconds(self.pids), machine_cpu()
+        threads1, threads0 = _threads_cpu_seconds(self.pids), self.threads0
+        return {
+            "window": (self.start, end),
+            "client_cpu_s": cpu1 - self.cpu0,
+            "server_cpu_s": server1 - self.server0 if self.server0 is not None and server1 is not None else None,
+            "server_threads_cpu_s": (
+                {role: t - threads0.get(role, 0.0) for role, t in threads1.items()} if threads0 and threads1 else None
+            ),
+            "machine": (self.machine0, machine1),
+        }
+
+
+def _group() -> dict[str, Any]:
+    """One load's records: (sent, received, tokens) a request; cycles: (a client's next send, time since its
+    previous send); refusals by kind."""
+    return {"records": [], "cycles": [], "errors": {}, "counter": iter(range(1 << 62))}
+
+
+def _in_window(group: dict[str, Any], window: tuple[float, float], warm_clients: int) -> dict[str, Any]:
+    """A load's requests answered within the window, and its clients' cycles begun in it."""
+    t_start, t_end = window
+    records = [r for r in group["records"] if t_start <= r[1] <= t_end]
+    return {
+        "cycles": [c for t, c in group["cycles"] if t_start <= t <= t_end],
+        "warm_clients": warm_clients,
+        "completed": len(records),
+        "tokens": sum(r[2] for r in records),
+        "latencies": [(r[1] - r[0]) * 1000 for r in records],
+        "errors": group["errors"],
+        "all_tokens": sum(r[2] for r in group["records"]),
+    }
+
+
 async def _closed_loop(
     loads: Sequence[Load],
     concurrency: int,
@@ -226,9 +273,7 @@ async def _closed_loop(
 ) -> dict[str, Any]:
     """`concurrency` clients on each load, all at once; measure one window once every client has had a
     response. Each load's records are kept apart (`groups`, in the order of `loads`)."""
-    groups: list[dict[str, Any]] = [
-        {"records": [], "cycles": [], "errors": {}, "counter": iter(range(1 << 62))} for _ in loads
-    ]  # records: (sent, received, tokens); cycles: (a client's next send, time since its previous send)
+    groups = [_group() for _ in loads]
     warmed: set[int] = set()
     all_warm = asyncio.Event()
     stop = False
@@ -264,41 +309,48 @@ async def _closed_loop(
         ]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(all_warm.wait(), timeout=warmup_max)
-        cpu0, server0, machine0 = self_cpu_seconds(), _cpu_seconds(server_pids), machine_cpu()
-        threads0 = _threads_cpu_seconds(server_pids)
-        t_start = time.perf_counter()
+        window = _Window(server_pids)
         await asyncio.sleep(duration)
-        t_end = time.perf_counter()
-        cpu1, server1, machine1 = self_cpu_seconds(), _cpu_seconds(server_pids), machine_cpu()
-        threads1 = _threads_cpu_seconds(server_pids)
+        raw = window.close()
         stop = True
         # Let in-flight requests finish, so the next point starts on an idle server.
         _, pending = await asyncio.wait(tasks, timeout=120)
         for t in pending:
             t.cancel()
 
-    def measured(g: int, group: dict[str, Any]) -> dict[str, Any]:
-        window = [r for r in group["records"] if t_start <= r[1] <= t_end]
-        return {
-            "cycles": [c for t, c in group["cycles"] if t_start <= t <= t_end],
-            "warm_clients": len(warmed & set(range(g * concurrency, (g + 1) * concurrency))),
-            "completed": len(window),
-            "tokens": sum(r[2] for r in window),
-            "latencies": [(r[1] - r[0]) * 1000 for r in window],
-            "errors": group["errors"],
-            "all_tokens": sum(r[2] for r in group["records"]),
-        }
+    def warm(g: int) -> int:
+        return len(warmed & set(range(g * concurrency, (g + 1) * concurrency)))
 
-    return {
-        "window": (t_start, t_end),
-        "groups": [measured(g, group) for g, group in enumerate(groups)],
-        "client_cpu_s": cpu1 - cpu0,
-        "server_cpu_s": server1 - server0 if server0 is not None and server1 is not None else None,
-        "server_threads_cpu_s": (
-            {role: t - threads0.get(role, 0.0) for role, t in threads1.items()} if threads0 and threads1 else None
-        ),
-        "machine": (machine0, machine1),
-    }
+    return raw | {"groups": [_in_window(group, raw["window"], warm(g)) for g, group in enumerate(groups)]}
+
+
+def _lone_sync(
+    client: GrpcSyncClient, n_requests: int, duration: float, warmup_max: float, server_pids: Sequence[int]
+) -> dict[str, Any]:
+    """One client on a synchronous stub, a closed loop in this thread: `_closed_loop`'s measurement of one
+    client, the window opening once it has had an answer."""
+    group = _group()
+    window: _Window | None = None
+    warmup_end = time.perf_counter() + warmup_max
+    previous = None
+    while True:
+        t0 = time.perf_counter()
+        if window is None and (group["records"] or t0 >= warmup_end):
+            window = _Window(server_pids)
+        elif window is not None and t0 >= window.start + duration:
+            break
+        if previous is not None:
+            group["cycles"].append((t0, t0 - previous))
+        previous = t0
+        try:
+            tokens = client.send(next(group["counter"]) % n_requests)
+        except CallFailed as e:
+            group["errors"][e.key] = group["errors"].get(e.key, 0) + 1
+            time.sleep(0.01)
+            continue
+        group["records"].append((t0, time.perf_counter(), tokens))
+    raw = window.close()
+    return raw | {"groups": [_in_window(group, raw["window"], int(bool(group["records"])))]}
 
 
 def _cpu_seconds(pids: Sequence[int]) -> float | None:
@@ -382,15 +434,13 @@ def _cpu(raw: dict[str, Any], seconds: float, completed: int) -> dict[str, Any]:
     }
 
 
-def _measure(
-    server: Server, loads: Sequence[Load], concurrency: int, duration: float, warmup_max: float
-) -> tuple[dict[str, Any], Samples, Samples]:
+def _measure(server: Server, closed_loop: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], Samples, Samples]:
     """The closed loop, with the server's metrics scraped around the whole run, warm-up included: padding
     and batch sizes are properties of the load, steady from the first batches."""
     before = after = Samples([])
     with contextlib.suppress(OSError):
         before = server.scrape()
-    raw = asyncio.run(_closed_loop(loads, concurrency, duration, warmup_max, server.pids()))
+    raw = closed_loop()
     with contextlib.suppress(OSError):
         after = server.scrape()
     return raw, before, after
@@ -405,9 +455,21 @@ def run_point(
     warmup_max: float,
     protocol: str = "grpc",
 ) -> dict[str, Any]:
-    """One point of the sweep: throughput, latency, padding and CPU shares of `concurrency` clients."""
-    link = transport(protocol, server.address, server.http_url, workload, own_channels=server.own_channels)
-    raw, before, after = _measure(server, [(link, len(workload.ids))], concurrency, duration, warmup_max)
+    """One point of the sweep: throughput, latency, padding and CPU shares of `concurrency` clients (one,
+    for `grpc-sync`: GrpcSyncClient)."""
+    if protocol == GRPC_SYNC:
+        if concurrency != 1:
+            raise ValueError(f"{GRPC_SYNC} is one client, not {concurrency}")
+        with GrpcSyncClient(server.address, workload) as client:
+            raw, before, after = _measure(
+                server, functools.partial(_lone_sync, client, len(workload.ids), duration, warmup_max, server.pids())
+            )
+    else:
+        link = transport(protocol, server.address, server.http_url, workload, own_channels=server.own_channels)
+        loads = [(link, len(workload.ids))]
+        raw, before, after = _measure(
+            server, lambda: asyncio.run(_closed_loop(loads, concurrency, duration, warmup_max, server.pids()))
+        )
     seconds = raw["window"][1] - raw["window"][0]
     group = raw["groups"][0]
     return {
@@ -432,7 +494,9 @@ def run_models_point(
         (transport("grpc", server.address, server.http_url, w, model, own_channels=server.own_channels), len(w.ids))
         for model, w in workloads.items()
     ]
-    raw, before, after = _measure(server, loads, concurrency, duration, warmup_max)
+    raw, before, after = _measure(
+        server, lambda: asyncio.run(_closed_loop(loads, concurrency, duration, warmup_max, server.pids()))
+    )
     seconds = raw["window"][1] - raw["window"][0]
     models = {
         model: _throughput(group, concurrency, seconds) | _batches(before, after, group["all_tokens"], model=model)

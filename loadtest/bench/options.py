@@ -17,9 +17,10 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 WORKLOADS = ("fixed", "mixed", "short")
 BATCHING = ("arrival", "length")
 # gRPC (encoder.v1 Encode) for every policy; the HTTP ones (OpenAI POST /v1/embeddings, `encoding_format`
-# float or base64) beside it on the text workloads, for one policy.
-PROTOCOLS = ("grpc", "http", "http-base64")
-DEFAULT_PROTOCOLS = ("grpc", "http")
+# float or base64) beside it on the text workloads, for one policy; and for one client, a synchronous stub.
+GRPC_SYNC = "grpc-sync"
+PROTOCOLS = ("grpc", GRPC_SYNC, "http", "http-base64")
+DEFAULT_PROTOCOLS = ("grpc", GRPC_SYNC, "http")
 
 # --quick: a tiny random model, two client counts, a second per point: the whole pipeline in seconds.
 QUICK: dict[str, Any] = {
@@ -136,16 +137,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--protocols",
         type=_protocols,
         default=DEFAULT_PROTOCOLS,
-        help="grpc (always: every policy is measured over it), and beside it http (POST /v1/embeddings, float "
-        "vectors) and http-base64 (encoding_format base64), on the text workloads with the length policy's "
-        f"server (default {','.join(DEFAULT_PROTOCOLS)})",
+        help="grpc (always: every policy is measured over it, from grpc.aio), and beside it on the length policy's "
+        "server: http (POST /v1/embeddings, float vectors) and http-base64 (encoding_format base64) on the text "
+        f"workloads, and {GRPC_SYNC} (grpcio's synchronous stub, as `mhaserve encode` calls) at 1 client only "
+        f"(default {','.join(DEFAULT_PROTOCOLS)})",
     )
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
     p.add_argument(
         "--paired",
         type=_count,
         help="rounds measuring the ceiling and the server at 32 clients in turns (default 3): on the fixed workload "
-        "over gRPC; on the short workload the server's own batches in process, gRPC and HTTP too; 0 skips them",
+        "over gRPC; on the short workload the server's own batches in process, gRPC and HTTP too; and, when the "
+        "sweep has 1 client, on the short workload ONNX Runtime one text at a time and one client of each protocol "
+        "in turns; 0 skips them",
     )
     p.add_argument(
         "--rss-requests",

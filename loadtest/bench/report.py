@@ -51,6 +51,15 @@ _RATIO_NAMES = {
 }
 
 
+# The clients of the one-client figures, as the report words them.
+_CLIENT_NAMES = {
+    "grpc": "gRPC (grpc.aio)",
+    "grpc-sync": "gRPC (synchronous stub)",
+    "http": "HTTP",
+    "http-base64": "HTTP (base64)",
+}
+
+
 def _disturbed(report: dict[str, Any]) -> list[str]:
     """The figures taken beside more other work than the guard allows."""
     out = []
@@ -69,7 +78,44 @@ def _disturbed(report: dict[str, Any]) -> list[str]:
     out += [f"paired check {k + 1}" for k, p in enumerate(paired["pairs"]) if p["disturbed"]]
     short = report.get("paired_short") or {"rounds": []}
     out += [f"paired short round {k + 1}" for k, r in enumerate(short["rounds"]) if r["disturbed"]]
+    for wname, p in ((report.get("lone") or {}).get("points") or {}).items():
+        out += [f"{wname} grpc-sync 1 client"] if p.get("disturbed") else []
+    lone = report.get("paired_lone") or {"rounds": []}
+    out += [f"paired one client round {k + 1}" for k, r in enumerate(lone["rounds"]) if r["disturbed"]]
     return out
+
+
+def _one_client(report: dict[str, Any], wname: str) -> dict[str, Any] | None:
+    """One client's p50 by client on the server the other protocols were measured on (the load generator's
+    grpc.aio, a synchronous stub, HTTP), each against ONNX Runtime's on one input at a time in process."""
+    on = (report.get("lone") or report.get("http") or {}).get("batching")
+    if on is None:
+        on = next((b for b in ("length", "arrival") if b in report["server"]), None)
+    point = _by_clients(report["server"].get(on, {}).get(wname, [])).get(1) if on else None
+    if point is None:
+        return None
+    points = {"grpc": point}
+    lone = ((report.get("lone") or {}).get("points") or {}).get(wname)
+    if lone is not None:
+        points["grpc-sync"] = lone
+    for protocol, runs in _http_runs(report).items():
+        if (p := _by_clients(runs.get(wname, [])).get(1)) is not None:
+            points[protocol] = p
+    reference = report["inprocess"][wname]["one_at_a_time"]["latency_ms"]["p50"]
+    return {
+        "batching": on,
+        "reference_p50_ms": reference,
+        "clients": {
+            name: {
+                "p50_ms": p["latency_ms"]["p50"],
+                "gap_ms": p["latency_ms"]["p50"] - reference,
+                "p99_ms": p["latency_ms"]["p99"],
+                "client_cpu_ms_per_request": p.get("client_cpu_ms_per_request"),
+                "disturbed": bool(p.get("disturbed")),
+            }
+            for name, p in points.items()
+        },
+    }
 
 
 def _http_over_grpc(report: dict[str, Any], wname: str) -> dict[str, list[dict[str, Any]]]:
@@ -177,6 +223,12 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         http = _http_over_grpc(report, wname)
         if http:
             w["http"] = {"batching": report["http"]["batching"], "protocols": http}
+        one_client = _one_client(report, wname)
+        if one_client:
+            w["one_client"] = one_client
+        lone = report.get("paired_lone")
+        if lone and lone["workload"] == wname:
+            w["paired_one_client"] = {"rounds": len(lone["rounds"]), "gap_ms": lone["median_gap_ms"]}
         out[wname] = w
     return out
 
@@ -244,14 +296,16 @@ def markdown(report: dict[str, Any]) -> str:
             parts.append(part)
         if "length_over_arrival" in w:
             parts.append(f"length-aware / arrival-order = **{w['length_over_arrival']:.2f}x**")
-        for batching in ("length", "arrival"):
-            one = (w.get(batching) or {}).get("one_client_p50_ms")
-            if one is not None:
-                parts.append(
-                    f"1 client ({batching}): p50 {fmt(one, 2)} ms against {fmt(w['batch1_p50_ms'], 2)} ms for ONNX "
-                    f"Runtime one input at a time ({one - w['batch1_p50_ms']:+.2f} ms)"
+        one_client = w.get("one_client")
+        if one_client:
+            parts.append(
+                f"1 client ({one_client['batching']}), p50 against {fmt(one_client['reference_p50_ms'], 2)} ms for "
+                "ONNX Runtime one input at a time: "
+                + ", ".join(
+                    f"{_CLIENT_NAMES.get(name, name)} {fmt(c['p50_ms'], 2)} ms ({c['gap_ms']:+.2f})"
+                    for name, c in one_client["clients"].items()
                 )
-                break
+            )
         for protocol, rows in (w.get("http") or {}).get("protocols", {}).items():
             ratios = ", ".join(f"{r['ratio']:.2f} at {r['clients']}" for r in rows if r["ratio"] is not None)
             parts.append(f"{protocol} / gRPC throughput ({w['http']['batching']} server): **{ratios}**")
@@ -276,6 +330,20 @@ def markdown(report: dict[str, Any]) -> str:
                 + ")"
                 for name, value in short["median"].items()
             )
+        )
+    lone = report.get("paired_lone")
+    if lone:
+        lines.append(
+            f"- **paired check, one client, {lone['workload']} workload** ({lone['batching']} batching; "
+            f"{len(lone['rounds'])} round(s), each measuring {', '.join(lone['rounds'][0]['order'])} in turn, the "
+            "next round starting one turn later): p50 less ONNX Runtime's one input at a time in process, medians "
+            + ", ".join(
+                f"{_CLIENT_NAMES.get(name, name)} **{value:+.2f} ms** ("
+                + ", ".join(f"{r['gap_ms'][name]:+.2f}{_mark(r)}" for r in lone["rounds"])
+                + ")"
+                for name, value in lone["median_gap_ms"].items()
+            )
+            + f"; in process {fmt(lone['median_p50_ms']['in process'], 2)} ms"
         )
     lines += ["", "## In-process", ""]
     lines += [
@@ -356,6 +424,7 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     lines += _threads_section(report)
     lines += _http_section(report)
+    lines += _one_client_section(report)
     lines += memory_section(report.get("memory"))
     guard = s.get("guard")
     if guard and guard["retries"]:
@@ -405,6 +474,39 @@ def _threads_section(report: dict[str, Any]) -> list[str]:
         "tokenisation, the batcher, the responses); inference: the thread that calls ONNX Runtime (padding "
         "included); other: ONNX Runtime's intra-op pool and the tokenizer's own threads; tokenize: the threads "
         "long texts are tokenised on; grpc: gRPC core's threads. client: this load generator, on the same cores.",
+        "",
+    ]
+    return lines
+
+
+def _one_client_section(report: dict[str, Any]) -> list[str]:
+    """A lone client's latency by client, against ONNX Runtime's on one input at a time."""
+    rows = {wname: w["one_client"] for wname, w in report["summary"].items() if "one_client" in w}
+    if not rows or all(len(r["clients"]) == 1 for r in rows.values()):
+        return []  # the gRPC table has it already
+    lines = [
+        "## One client",
+        "",
+        "| workload | server | client | p50 ms | - ONNX Runtime one at a time | p99 ms | client CPU ms/req |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for wname, r in rows.items():
+        lines.append(
+            f"| {wname} | | ONNX Runtime one input at a time, in process | {fmt(r['reference_p50_ms'], 2)} | | | |"
+        )
+        for name, c in r["clients"].items():
+            lines.append(
+                f"| {wname} | {r['batching']} | {_CLIENT_NAMES.get(name, name)} | {fmt(c['p50_ms'], 2)}{_mark(c)} | "
+                f"{c['gap_ms']:+.2f} | {fmt(c['p99_ms'], 2)} | {fmt(c['client_cpu_ms_per_request'], 2)} |"
+            )
+    lines += [
+        "",
+        "One client sending its next input as soon as the last is answered, on the server HTTP is measured on. "
+        "gRPC (grpc.aio) is the load generator's client; at one client its own asyncio turns (grpc's poller "
+        "thread waking its event loop) are part of each call's time. The synchronous stub blocks in grpc core "
+        "instead: what `mhaserve encode` and most Python callers use, and the nearer measure of what the server "
+        "adds. A single point each, measured minutes after the in-process figure: the paired check in the "
+        "summary, when it ran, is the figure to quote.",
         "",
     ]
     return lines

@@ -6,7 +6,8 @@
 4. `mhaserve serve` over gRPC, for each batching policy, at a sweep of concurrent clients (the policies'
    servers take turns at each point);
 5. the same server over HTTP (OpenAI `POST /v1/embeddings`) beside gRPC, on the text workloads, with the
-   length policy's server, at the same client counts and in turn with its gRPC points;
+   length policy's server, at the same client counts and in turn with its gRPC points; and at one client
+   from grpcio's synchronous stub too (the client `mhaserve encode` uses);
 each for the fixed-length, the mixed-length and the short-text workload; then
 6. the server's memory, each CPU graph of the entry served in turn (memory.py).
 Outputs: report.md, report.json, throughput.png, latency.png and the servers' logs, in
@@ -31,6 +32,7 @@ from typing import Any, TextIO
 from mhaserve.loadtest.bench import entries, memory, memory_only, models, options, report
 from mhaserve.loadtest.bench.client import BenchError, Server, run_point
 from mhaserve.loadtest.bench.inprocess import measure_in_child
+from mhaserve.loadtest.bench.options import GRPC_SYNC
 from mhaserve.loadtest.bench.quiet import Guard
 from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.machine import load
@@ -148,6 +150,61 @@ def _paired_short(
     }
 
 
+def _paired_lone(
+    opt: dict[str, Any],
+    spec: dict[str, Any],
+    server: Server,
+    workload: Workload,
+    protocols: list[str],
+    guard: Guard,
+    progress: Progress,
+) -> dict[str, Any]:
+    """One client's p50 against ONNX Runtime's on one text at a time in process (one child, tokenising
+    counted), in turns with one client of each of `protocols`, each round starting one turn later: issue 18's
+    one-client gap as medians of rounds, where the sweep's single point compares figures minutes apart."""
+    one = dict(
+        spec,
+        torch=False,
+        served=None,
+        side_by_side=None,
+        workloads=[workload.to_dict()],
+        batch_sizes_by_workload={workload.name: [1]},
+    )
+    rounds: list[dict[str, Any]] = []
+    for k in range(opt["paired"]):
+        turns = ["in process", *protocols]
+        turns = turns[k % len(turns) :] + turns[: k % len(turns)]
+        with progress.step(
+            f"paired one client {k + 1}/{opt['paired']}: {', '.join(turns)}, {workload.name} workload", reports=True
+        ) as note:
+            got: dict[str, dict[str, Any]] = {}
+            for turn in turns:
+                if turn == "in process":
+                    got[turn] = measure_in_child(one)[workload.name]["one_at_a_time"]
+                else:
+                    got[turn] = _measured_point(opt, server, workload, 1, turn, guard, progress)
+            p50 = {turn: r["latency_ms"]["p50"] for turn, r in got.items()}
+            rounds.append(
+                {
+                    "order": turns,
+                    "p50_ms": p50,
+                    "gap_ms": {p: p50[p] - p50["in process"] for p in protocols},
+                    "other_cpu_cores": {turn: r.get("other_cpu_cores") for turn, r in got.items()},
+                    "disturbed": any(r.get("disturbed") for r in got.values()),
+                }
+            )
+            note["result"] = f"in process {p50['in process']:.2f} ms; " + ", ".join(
+                f"{p} {gap:+.2f}" for p, gap in rounds[-1]["gap_ms"].items()
+            )
+    return {
+        "workload": workload.name,
+        "batching": server.batching,
+        "rounds": rounds,
+        "median_p50_ms": {turn: statistics.median(r["p50_ms"][turn] for r in rounds) for turn in rounds[0]["p50_ms"]},
+        "median_gap_ms": {p: statistics.median(r["gap_ms"][p] for r in rounds) for p in protocols},
+    }
+
+
 def _paired_round(got: dict[str, dict[str, Any]], turns: list[str]) -> dict[str, Any]:
     """One round's figures and their ratios: each protocol to the ceiling, to the server's own batches and to
     the batches side by side, and those in-process figures to the ceiling."""
@@ -225,13 +282,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     output.mkdir(parents=True, exist_ok=True)
     # HTTP is measured beside gRPC with one policy's server (the default policy's, when it runs), on the
     # workloads sent as text: the OpenAI route is for text, and one policy shows the protocol's cost.
-    http_protocols = [p for p in opt["protocols"] if p != "grpc"]
+    http_protocols = [p for p in opt["protocols"] if p.startswith("http")]
     http_batching = "length" if "length" in opt["batching"] else opt["batching"][0]
     http_workloads = [w for w in opt["workloads"] if w != "fixed"]
+    # One client from a synchronous stub, beside the load generator's one client, on the HTTP server.
+    lone = GRPC_SYNC in opt["protocols"] and 1 in opt["concurrency"]
     n_points = len(opt["concurrency"]) * (
         len(opt["batching"]) * len(opt["workloads"]) + len(http_protocols) * len(http_workloads)
+    ) + lone * len(opt["workloads"])
+    paired_steps = opt["paired"] * (
+        ("fixed" in opt["workloads"]) + ("short" in opt["workloads"]) * (1 + (1 in opt["concurrency"]))
     )
-    paired_steps = opt["paired"] * (("fixed" in opt["workloads"]) + ("short" in opt["workloads"]))
     progress = Progress(2 + 2 * len(opt["batching"]) + n_points + paired_steps + 2, out)
     machine = describe_machine()
     machine["load_before"] = machine.pop("load")
@@ -284,12 +345,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
 
         servers: dict[str, dict[str, list[dict[str, Any]]]] = {}
         http_points: dict[str, dict[str, list[dict[str, Any]]]] = {p: {} for p in http_protocols}
+        lone_points: dict[str, dict[str, Any]] = {}
         # The headline (fixed workload, 32 clients) once more, alternating with the ceiling: slow drift of a
         # shared machine then moves both sides of each ratio alike; and the short workload's split (the
         # server's batches, gRPC and HTTP against the ceiling) in turns too. Both on the server HTTP is
         # measured on: the length policy's when it runs.
         paired: dict[str, Any] | None = None
         paired_short: dict[str, Any] | None = None
+        paired_lone: dict[str, Any] | None = None
         model_info: dict[str, Any] = {}
         # Every policy's server runs for the whole sweep, and the policies take turns at each point: on a
         # shared machine, whose speed drifts by 10-20 % over minutes, a policy measured in a slow minute
@@ -334,8 +397,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                         turns = ["grpc"]
                         if batching == http_batching and wname in http_workloads:
                             turns += http_protocols
+                        if batching == http_batching and lone and c == 1:
+                            turns.append(GRPC_SYNC)
                         for protocol in turns:
                             point = _point(opt, server, workload, c, protocol, ceiling, guard, progress)
+                            if protocol == GRPC_SYNC:
+                                lone_points[wname] = point
+                                continue
                             into = servers.setdefault(batching, {}) if protocol == "grpc" else http_points[protocol]
                             into.setdefault(wname, []).append(point)
             if opt["paired"] > 0 and "fixed" in workloads:
@@ -344,6 +412,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 http = "http" in http_protocols
                 short = workloads["short"]
                 paired_short = _paired_short(opt, spec, live[http_batching], short, inprocess, http, guard, progress)
+                if 1 in opt["concurrency"]:
+                    protocols = ["grpc", *(p for p in (GRPC_SYNC, "http") if p in opt["protocols"])]
+                    paired_lone = _paired_lone(opt, spec, live[http_batching], short, protocols, guard, progress)
         finally:
             for batching, server in live.items():
                 with progress.step(f"stop the {batching} server (SIGTERM)") as note:
@@ -423,6 +494,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             else None,
             "paired": paired,
             "paired_short": paired_short,
+            "lone": {"batching": http_batching, "protocol": GRPC_SYNC, "points": lone_points} if lone_points else None,
+            "paired_lone": paired_lone,
             "memory": memory.result(http_batching, memory_runs, memory_skipped) if opt["rss_requests"] else None,
         }
         with progress.step("report and plots") as note:

@@ -4,6 +4,11 @@ Both are asyncio, in the bench's one event loop, and cost about the same per req
 machine the load generator takes as little from the server over one protocol as over the other:
 
 - gRPC: grpc.aio, every client on one channel (HTTP/2 streams), as before.
+- gRPC from a synchronous stub (`GrpcSyncClient`): one client only, outside the event loop. At one client
+  grpc.aio's own turns (its poller thread waking the client's loop, twice a call) add most of a millisecond
+  to each call that the server does not cause; the synchronous stub blocks in grpc core instead, and is what
+  `mhaserve encode` and most Python callers use. Several of them would need a thread each and measure the
+  GIL between those threads, so the closed loops of many clients stay on grpc.aio.
 - HTTP: a small HTTP/1.1 client over `asyncio.open_connection`, one keep-alive connection per client
   (what an OpenAI client with a connection pool does under a closed loop). Each request is built once,
   whole (request line, headers and JSON body), before the run; a response is read by its
@@ -122,6 +127,30 @@ class GrpcTransport:
             return int(response.usage.input_tokens)
 
         return send
+
+
+class GrpcSyncClient:
+    """encoder.v1 `Encode` from grpcio's synchronous stub on a channel of its own, one call at a time; closed
+    with `with`."""
+
+    def __init__(self, address: str, workload: Workload, model: str = "") -> None:
+        self.requests = grpc_requests(workload, model)
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.EncoderServiceStub(self.channel)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.channel.close()
+
+    def send(self, i: int) -> int:
+        """Send request i and wait for its answer; the tokens the server counted."""
+        try:
+            response = self.stub.Encode(self.requests[i], timeout=TIMEOUT_S)
+        except grpc.RpcError as e:
+            raise CallFailed(e.code().name) from None
+        return int(response.usage.input_tokens)
 
 
 class HttpConnection:

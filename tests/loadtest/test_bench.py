@@ -22,7 +22,7 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "mhaserve.cli", "bench", "--quick",
         "--repository", str(tiny_entry.parent.parent), "--model", "tiny", "--output", str(out),
-        "--protocols", "grpc,http,http-base64",
+        "--protocols", "grpc,grpc-sync,http,http-base64",
     ]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -118,6 +118,34 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         if "side" in seq:
             assert r["ratios"]["http/side"] == seq["http"] / seq["side"]
     assert report["summary"]["short"]["paired"] == {"rounds": len(short["rounds"]), **short["median"]}
+
+    # One client from a synchronous stub beside the load generator's, on every workload, and every client's
+    # p50 against ONNX Runtime's on one input at a time.
+    lone = report["lone"]
+    assert lone["batching"] == "length" and lone["protocol"] == "grpc-sync"
+    assert set(lone["points"]) == {"fixed", "mixed", "short"}
+    for workload, p in lone["points"].items():
+        assert p["protocol"] == "grpc-sync" and p["concurrency"] == 1 and p["errors"] == {}, (workload, p["errors"])
+        assert p["completed"] > 0 and 0 < p["latency_ms"]["p50"] <= p["latency_ms"]["p99"]
+        assert p["client_cpu_ms_per_request"] > 0 and p["server_threads_ms_per_request"]["inference"] > 0
+        one = report["summary"][workload]["one_client"]
+        clients = ["grpc", "grpc-sync"] + (["http", "http-base64"] if workload != "fixed" else [])
+        assert one["batching"] == "length" and list(one["clients"]) == clients
+        reference = report["inprocess"][workload]["one_at_a_time"]["latency_ms"]["p50"]
+        assert one["reference_p50_ms"] == reference
+        assert one["clients"]["grpc-sync"]["p50_ms"] == p["latency_ms"]["p50"]
+        assert one["clients"]["grpc"]["p50_ms"] == report["server"]["length"][workload][0]["latency_ms"]["p50"]
+        assert all(c["gap_ms"] == c["p50_ms"] - reference for c in one["clients"].values())
+    # ... and in turns with ONNX Runtime one text at a time, round by round, on the short texts.
+    paired_lone = report["paired_lone"]
+    assert paired_lone["workload"] == "short" and len(paired_lone["rounds"]) == options.QUICK["paired"]
+    for r in paired_lone["rounds"]:
+        assert sorted(r["order"]) == ["grpc", "grpc-sync", "http", "in process"], r["order"]
+        assert all(v > 0 for v in r["p50_ms"].values())
+        assert r["gap_ms"] == {p: r["p50_ms"][p] - r["p50_ms"]["in process"] for p in r["order"] if p != "in process"}
+    summary_lone = report["summary"]["short"]["paired_one_client"]
+    assert summary_lone == {"rounds": len(paired_lone["rounds"]), "gap_ms": paired_lone["median_gap_ms"]}
+    assert "paired_one_client" not in report["summary"]["mixed"]
     assert report["workloads"]["fixed"]["min_tokens"] == report["workloads"]["fixed"]["max_tokens"] == 32
 
     # The server's memory: every CPU graph the entry has (fp16 is a GPU graph), each from a fresh server.
@@ -140,6 +168,9 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         "## Server over HTTP beside gRPC",
         "Ceiling",
         "paired check, short workload",
+        "## One client",
+        "paired check, one client, short workload",
+        "gRPC (synchronous stub)",
     ):
         assert heading in md
     assert report["command"].startswith("mhaserve bench ") and "--quick" in report["command"]

@@ -107,3 +107,29 @@ def test_a_server_of_two_processes_is_measured_as_a_whole(tiny_entry: Path, tmp_
         assert [gathered.get("mhaserve_requests_total", code="OK", process=f"p{i}") for i in range(2)] == per_process
         whole, first = server.memory(), memory(server.pids()[1])
         assert whole.rss_kib > first.rss_kib
+
+
+def test_one_client_on_a_synchronous_stub_is_measured_and_its_refusals_counted(
+    tiny_entry: Path, tmp_path: Path
+) -> None:
+    from mhaserve.loadtest.bench.transports import CallFailed, GrpcSyncClient
+    from mhaserve.loadtest.bench.workloads import Workload
+
+    texts = [f"text number {i}" for i in range(8)]
+    workload = Workload("t", "texts", "texts", [[1]] * 8, texts)
+    server = bench_server(tiny_entry, tmp_path / "server.log")
+    with server.running():
+        point = client.run_point(server, workload, 1, duration=0.5, warmup_max=10.0, protocol="grpc-sync")
+        assert point["protocol"] == "grpc-sync" and point["concurrency"] == 1 and point["errors"] == {}
+        assert point["completed"] > 0 and 0 < point["latency_ms"]["p50"] <= point["latency_ms"]["p99"]
+        assert 0.5 <= point["seconds"] < 1.0 and point["server_threads_ms_per_request"]["inference"] > 0
+        # Served requests were counted by the server too: the window's calls are among them.
+        assert server.scrape().get("mhaserve_requests_total", code="OK") > point["completed"]
+        with (
+            GrpcSyncClient(server.address, workload, model="no-such-model") as refused,
+            pytest.raises(CallFailed) as failure,
+        ):
+            refused.send(0)
+        assert failure.value.key == "NOT_FOUND"
+        with pytest.raises(ValueError, match="one client"):
+            client.run_point(server, workload, 2, duration=0.5, warmup_max=10.0, protocol="grpc-sync")
