@@ -502,11 +502,11 @@ def _one_client_section(report: dict[str, Any]) -> list[str]:
     lines += [
         "",
         "One client sending its next input as soon as the last is answered, on the server HTTP is measured on. "
-        "gRPC (grpc.aio) is the load generator's client; at one client its own asyncio turns (grpc's poller "
-        "thread waking its event loop) are part of each call's time. The synchronous stub blocks in grpc core "
-        "instead: what `mhaserve encode` and most Python callers use, and the nearer measure of what the server "
-        "adds. A single point each, measured minutes after the in-process figure: the paired check in the "
-        "summary, when it ran, is the figure to quote.",
+        "gRPC (grpc.aio) is the load generator's client, which runs an event loop of its own; the synchronous "
+        "stub (`--protocols` with grpc-sync) blocks in grpc core instead, as `mhaserve encode` and most Python "
+        "callers do: where the two read alike, a lone call's time is not the client's. A single point each, "
+        "measured minutes after the in-process figure: the paired check in the summary, when it ran, is the "
+        "figure to quote.",
         "",
     ]
     return lines

@@ -4,11 +4,12 @@ Both are asyncio, in the bench's one event loop, and cost about the same per req
 machine the load generator takes as little from the server over one protocol as over the other:
 
 - gRPC: grpc.aio, every client on one channel (HTTP/2 streams), as before.
-- gRPC from a synchronous stub (`GrpcSyncClient`): one client only, outside the event loop. At one client
-  grpc.aio's own turns (its poller thread waking the client's loop, twice a call) add most of a millisecond
-  to each call that the server does not cause; the synchronous stub blocks in grpc core instead, and is what
-  `mhaserve encode` and most Python callers use. Several of them would need a thread each and measure the
-  GIL between those threads, so the closed loops of many clients stay on grpc.aio.
+- gRPC from a synchronous stub (`GrpcSyncClient`): one client only, outside the event loop, to tell a
+  lone call's client side from the server's. grpc.aio's client runs its own event loop, which grpc's poller
+  thread wakes on each call; the synchronous stub blocks in grpc core instead, as `mhaserve encode` and most
+  Python callers do. (On the 2-core VM the two read alike: docs/benchmarks.md, twelfth session.) Several of
+  them would need a thread each and measure the GIL between those threads, so the closed loops of many
+  clients stay on grpc.aio.
 - HTTP: a small HTTP/1.1 client over `asyncio.open_connection`, one keep-alive connection per client
   (what an OpenAI client with a connection pool does under a closed loop). Each request is built once,
   whole (request line, headers and JSON body), before the run; a response is read by its
