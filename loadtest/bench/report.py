@@ -247,6 +247,26 @@ def header(report: dict[str, Any], title: str) -> list[str]:
     ]
 
 
+def _paired_line(
+    title: str,
+    rounds: list[dict[str, Any]],
+    what: str,
+    figures: dict[str, tuple[float, list[float], str]],
+    unit: str = "",
+) -> str:
+    """A summary line of paired rounds: `figures` names each figure's median, its rounds' values and their format."""
+    return (
+        f"- **{title} {len(rounds)} round(s), each measuring {', '.join(rounds[0]['order'])} in turn, the next "
+        f"round starting one turn later): {what} "
+        + ", ".join(
+            f"{name} **{form.format(median)}{unit}** ("
+            + ", ".join(f"{form.format(v)}{_mark(r)}" for v, r in zip(values, rounds, strict=True))
+            + ")"
+            for name, (median, values, form) in figures.items()
+        )
+    )
+
+
 def markdown(report: dict[str, Any]) -> str:
     m, s, machine = report["model"], report["settings"], report["machine"]
     lines = [
@@ -321,27 +341,26 @@ def markdown(report: dict[str, Any]) -> str:
     short = report.get("paired_short")
     if short:
         lines.append(
-            f"- **paired check, short workload** ({short['batching']} batching, {short['clients']} clients; "
-            f"{len(short['rounds'])} round(s), each measuring {', '.join(short['rounds'][0]['order'])} in turn, "
-            "the next round starting one turn later): medians "
-            + ", ".join(
-                f"{_RATIO_NAMES[name]} **{value:.2f}** ("
-                + ", ".join(f"{r['ratios'][name]:.2f}{_mark(r)}" for r in short["rounds"])
-                + ")"
-                for name, value in short["median"].items()
+            _paired_line(
+                f"paired check, short workload** ({short['batching']} batching, {short['clients']} clients;",
+                short["rounds"],
+                "medians",
+                {
+                    _RATIO_NAMES[name]: (value, [r["ratios"][name] for r in short["rounds"]], "{:.2f}")
+                    for name, value in short["median"].items()
+                },
             )
         )
     lone = report.get("paired_lone")
     if lone:
+        gaps = lone["median_gap_ms"]
         lines.append(
-            f"- **paired check, one client, {lone['workload']} workload** ({lone['batching']} batching; "
-            f"{len(lone['rounds'])} round(s), each measuring {', '.join(lone['rounds'][0]['order'])} in turn, the "
-            "next round starting one turn later): p50 less ONNX Runtime's one input at a time in process, medians "
-            + ", ".join(
-                f"{_CLIENT_NAMES.get(name, name)} **{value:+.2f} ms** ("
-                + ", ".join(f"{r['gap_ms'][name]:+.2f}{_mark(r)}" for r in lone["rounds"])
-                + ")"
-                for name, value in lone["median_gap_ms"].items()
+            _paired_line(
+                f"paired check, one client, {lone['workload']} workload** ({lone['batching']} batching;",
+                lone["rounds"],
+                "p50 less ONNX Runtime's one input at a time in process, medians",
+                {_CLIENT_NAMES.get(p, p): (gaps[p], [r["gap_ms"][p] for r in lone["rounds"]], "{:+.2f}") for p in gaps},
+                unit=" ms",
             )
             + f"; in process {fmt(lone['median_p50_ms']['in process'], 2)} ms"
         )

@@ -26,6 +26,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -93,6 +94,31 @@ def _paired(
     }
 
 
+def _rotated_rounds(
+    n: int,
+    turns: list[str],
+    measure: Callable[[str], dict[str, dict[str, Any]]],
+    summary: Callable[[dict[str, dict[str, Any]], list[str]], dict[str, Any]],
+    describe: Callable[[dict[str, Any]], str],
+    step: str,
+    progress: Progress,
+) -> list[dict[str, Any]]:
+    """`n` rounds of `turns`, each starting one turn later than the last, so that a drift of the machine
+    within a round falls on each side in turn: `measure(turn)` gives a turn's named figures, `summary(got,
+    order)` the round's record, `describe(record)` its progress line; `step` is the step's name, formatted
+    with "k/n" and the order."""
+    rounds = []
+    for k in range(n):
+        order = turns[k % len(turns) :] + turns[: k % len(turns)]
+        with progress.step(step.format(f"{k + 1}/{n}", ", ".join(order)), reports=True) as note:
+            got: dict[str, dict[str, Any]] = {}
+            for turn in order:
+                got |= measure(turn)
+            rounds.append(summary(got, order))
+            note["result"] = describe(rounds[-1])
+    return rounds
+
+
 def _paired_short(
     opt: dict[str, Any],
     spec: dict[str, Any],
@@ -119,26 +145,23 @@ def _paired_short(
         workloads=[workload.to_dict()],
         batch_sizes_by_workload={"short": [best]},
     )
-    rounds = []
-    for k in range(opt["paired"]):
-        turns = ["in process", "grpc", *(["http"] if http else [])]
-        turns = turns[k % len(turns) :] + turns[: k % len(turns)]
-        with progress.step(
-            f"paired short {k + 1}/{opt['paired']}: {', '.join(turns)} at {clients} clients", reports=True
-        ) as note:
-            got: dict[str, dict[str, Any]] = {}
-            for turn in turns:
-                if turn == "in process":
-                    measured = measure_in_child(one)["short"]
-                    got["ceiling"] = measured["ceiling"]
-                    if "served_batching" in measured:
-                        got["served"] = measured["served_batching"]
-                    if "side_by_side" in measured:
-                        got["side"] = measured["side_by_side"]
-                else:
-                    got[turn] = _measured_point(opt, server, workload, clients, turn, guard, progress)
-            rounds.append(_paired_round(got, turns))
-            note["result"] = ", ".join(f"{name} {v:.2f}" for name, v in rounds[-1]["ratios"].items())
+
+    def measure(turn: str) -> dict[str, dict[str, Any]]:
+        if turn != "in process":
+            return {turn: _measured_point(opt, server, workload, clients, turn, guard, progress)}
+        measured = measure_in_child(one)["short"]
+        names = {"ceiling": "ceiling", "served_batching": "served", "side_by_side": "side"}
+        return {name: measured[key] for key, name in names.items() if key in measured}
+
+    rounds = _rotated_rounds(
+        opt["paired"],
+        ["in process", "grpc", *(["http"] if http else [])],
+        measure,
+        _paired_round,
+        lambda r: ", ".join(f"{name} {v:.2f}" for name, v in r["ratios"].items()),
+        f"paired short {{}}: {{}} at {clients} clients",
+        progress,
+    )
     names = list(rounds[0]["ratios"])
     return {
         "workload": "short",
@@ -170,32 +193,34 @@ def _paired_lone(
         workloads=[workload.to_dict()],
         batch_sizes_by_workload={workload.name: [1]},
     )
-    rounds: list[dict[str, Any]] = []
-    for k in range(opt["paired"]):
-        turns = ["in process", *protocols]
-        turns = turns[k % len(turns) :] + turns[: k % len(turns)]
-        with progress.step(
-            f"paired one client {k + 1}/{opt['paired']}: {', '.join(turns)}, {workload.name} workload", reports=True
-        ) as note:
-            got: dict[str, dict[str, Any]] = {}
-            for turn in turns:
-                if turn == "in process":
-                    got[turn] = measure_in_child(one)[workload.name]["one_at_a_time"]
-                else:
-                    got[turn] = _measured_point(opt, server, workload, 1, turn, guard, progress)
-            p50 = {turn: r["latency_ms"]["p50"] for turn, r in got.items()}
-            rounds.append(
-                {
-                    "order": turns,
-                    "p50_ms": p50,
-                    "gap_ms": {p: p50[p] - p50["in process"] for p in protocols},
-                    "other_cpu_cores": {turn: r.get("other_cpu_cores") for turn, r in got.items()},
-                    "disturbed": any(r.get("disturbed") for r in got.values()),
-                }
-            )
-            note["result"] = f"in process {p50['in process']:.2f} ms; " + ", ".join(
-                f"{p} {gap:+.2f}" for p, gap in rounds[-1]["gap_ms"].items()
-            )
+
+    def measure(turn: str) -> dict[str, dict[str, Any]]:
+        if turn == "in process":
+            return {turn: measure_in_child(one)[workload.name]["one_at_a_time"]}
+        return {turn: _measured_point(opt, server, workload, 1, turn, guard, progress)}
+
+    def summary(got: dict[str, dict[str, Any]], order: list[str]) -> dict[str, Any]:
+        p50 = {turn: r["latency_ms"]["p50"] for turn, r in got.items()}
+        return {
+            "order": order,
+            "p50_ms": p50,
+            "gap_ms": {p: p50[p] - p50["in process"] for p in protocols},
+            "other_cpu_cores": {turn: r.get("other_cpu_cores") for turn, r in got.items()},
+            "disturbed": any(r.get("disturbed") for r in got.values()),
+        }
+
+    rounds = _rotated_rounds(
+        opt["paired"],
+        ["in process", *protocols],
+        measure,
+        summary,
+        lambda r: (
+            f"in process {r['p50_ms']['in process']:.2f} ms; "
+            + ", ".join(f"{p} {gap:+.2f}" for p, gap in r["gap_ms"].items())
+        ),
+        f"paired one client {{}}: {{}}, {workload.name} workload",
+        progress,
+    )
     return {
         "workload": workload.name,
         "batching": server.batching,
