@@ -42,6 +42,19 @@ from mhaserve.runtime.progress import Progress
 from mhaserve.runtime.repository import GRAPHS
 
 
+def _alone(spec: dict[str, Any], workload: Workload, batch_size: int) -> dict[str, Any]:
+    """The in-process spec for ONNX Runtime alone on `workload` at `batch_size`: no PyTorch, no replay of the
+    server's batches, no batches side by side."""
+    return dict(
+        spec,
+        torch=False,
+        served=None,
+        side_by_side=None,
+        workloads=[workload.to_dict()],
+        batch_sizes_by_workload={workload.name: [batch_size]},
+    )
+
+
 def _paired(
     opt: dict[str, Any],
     spec: dict[str, Any],
@@ -54,14 +67,7 @@ def _paired(
     """Ceiling and server at the headline client count, in turns: each ratio from measurements minutes apart."""
     clients = report.HEADLINE_CLIENTS
     best = inprocess["fixed"]["ceiling"]["batch_size"]
-    one = dict(
-        spec,
-        torch=False,
-        served=None,
-        side_by_side=None,
-        workloads=[workload.to_dict()],
-        batch_sizes_by_workload={"fixed": [best]},
-    )
+    one = _alone(spec, workload, best)
     pairs = []
     for k in range(opt["paired"]):
         with progress.step(
@@ -185,14 +191,7 @@ def _paired_lone(
     """One client's p50 against ONNX Runtime's on one text at a time in process (one child, tokenising
     counted), in turns with one client of each of `protocols`, each round starting one turn later: issue 18's
     one-client gap as medians of rounds, where the sweep's single point compares figures minutes apart."""
-    one = dict(
-        spec,
-        torch=False,
-        served=None,
-        side_by_side=None,
-        workloads=[workload.to_dict()],
-        batch_sizes_by_workload={workload.name: [1]},
-    )
+    one = _alone(spec, workload, 1)
 
     def measure(turn: str) -> dict[str, dict[str, Any]]:
         if turn == "in process":
