@@ -1,9 +1,9 @@
 """The server side of the benchmark: a real `mhaserve serve` subprocess and a cheap load generator.
 
 The load generator is one asyncio loop of coroutines, one per simulated client, each sending its next
-request as soon as the previous one returns (a closed loop), over gRPC or HTTP (transports.py). Its own
-CPU time is measured, with the server's and the whole machine's, because on a small machine they share
-the same cores.
+request as soon as the previous one returns (a closed loop), over gRPC or HTTP (transports.py); or, for
+`grpc-sync`, one client on a synchronous stub looping in the calling thread. Its own CPU time is measured,
+with the server's and the whole machine's, because on a small machine they share the same cores.
 """
 
 from __future__ import annotations
