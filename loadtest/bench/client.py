@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import signal
 import subprocess
@@ -462,7 +461,7 @@ def run_point(
             raise ValueError(f"{GRPC_SYNC} is one client, not {concurrency}")
         with GrpcSyncClient(server.address, workload) as client:
             raw, before, after = _measure(
-                server, functools.partial(_lone_sync, client, len(workload.ids), duration, warmup_max, server.pids())
+                server, lambda: _lone_sync(client, len(workload.ids), duration, warmup_max, server.pids())
             )
     else:
         link = transport(protocol, server.address, server.http_url, workload, own_channels=server.own_channels)

@@ -78,8 +78,8 @@ def _disturbed(report: dict[str, Any]) -> list[str]:
     out += [f"paired check {k + 1}" for k, p in enumerate(paired["pairs"]) if p["disturbed"]]
     short = report.get("paired_short") or {"rounds": []}
     out += [f"paired short round {k + 1}" for k, r in enumerate(short["rounds"]) if r["disturbed"]]
-    for wname, p in ((report.get("lone") or {}).get("points") or {}).items():
-        out += [f"{wname} grpc-sync 1 client"] if p.get("disturbed") else []
+    lone_points = ((report.get("lone") or {}).get("points") or {}).items()
+    out += [f"{wname} grpc-sync 1 client" for wname, p in lone_points if p.get("disturbed")]
     lone = report.get("paired_lone") or {"rounds": []}
     out += [f"paired one client round {k + 1}" for k, r in enumerate(lone["rounds"]) if r["disturbed"]]
     return out
