@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import grpc
 
@@ -212,6 +212,21 @@ class Server:
             yield self.start()
         finally:
             self.stop()
+
+
+class Endpoint(Protocol):
+    """What a point is measured against: a server's addresses, its processes and its metrics (Server, and
+    the empty server of the paired one-client rounds)."""
+
+    address: str
+    http_url: str
+
+    @property
+    def own_channels(self) -> bool: ...
+
+    def pids(self) -> list[int]: ...
+
+    def scrape(self) -> Samples: ...
 
 
 Load = tuple[Transport, int]  # a transport, and how many distinct requests its clients cycle through
@@ -433,7 +448,7 @@ def _cpu(raw: dict[str, Any], seconds: float, completed: int) -> dict[str, Any]:
     }
 
 
-def _measure(server: Server, closed_loop: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], Samples, Samples]:
+def _measure(server: Endpoint, closed_loop: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], Samples, Samples]:
     """The closed loop, with the server's metrics scraped around the whole run, warm-up included: padding
     and batch sizes are properties of the load, steady from the first batches."""
     before = after = Samples([])
@@ -446,7 +461,7 @@ def _measure(server: Server, closed_loop: Callable[[], dict[str, Any]]) -> tuple
 
 
 def run_point(
-    server: Server,
+    server: Endpoint,
     workload: Workload,
     concurrency: int,
     *,

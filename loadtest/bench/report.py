@@ -52,6 +52,8 @@ _RATIO_NAMES = {
 
 
 # The clients of the one-client figures, as the report words them.
+# The paired one-client rounds' name for a protocol's turn on the empty server (empty.py): "empty grpc".
+EMPTY = "empty "
 _CLIENT_NAMES = {
     "grpc": "gRPC (grpc.aio)",
     "grpc-sync": "gRPC (synchronous stub)",
@@ -228,7 +230,12 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             w["one_client"] = one_client
         lone = report.get("paired_lone")
         if lone and lone["workload"] == wname:
-            w["paired_one_client"] = {"rounds": len(lone["rounds"]), "gap_ms": lone["median_gap_ms"]}
+            w["paired_one_client"] = {
+                "rounds": len(lone["rounds"]),
+                "gap_ms": lone["median_gap_ms"],
+                "empty_server_p50_ms": lone.get("median_floor_ms", {}),
+                "above_empty_server_ms": lone.get("median_above_floor_ms", {}),
+            }
         out[wname] = w
     return out
 
@@ -363,6 +370,7 @@ def markdown(report: dict[str, Any]) -> str:
                 unit=" ms",
             )
             + f"; in process {fmt(lone['median_p50_ms']['in process'], 2)} ms"
+            + _floor_clause(lone)
         )
     lines += ["", "## In-process", ""]
     lines += [
@@ -496,6 +504,23 @@ def _threads_section(report: dict[str, Any]) -> list[str]:
         "",
     ]
     return lines
+
+
+def _floor_clause(lone: dict[str, Any]) -> str:
+    """The paired one-client line's floor: one client's p50 on the empty server (the protocol stack alone,
+    answering at once), and how far the server's gap lies above it."""
+    floors, above = lone.get("median_floor_ms") or {}, lone.get("median_above_floor_ms") or {}
+    if not floors:
+        return ""
+    cpu = lone.get("median_server_cpu_ms_per_request") or {}
+    return (
+        "; on an empty server (the same protocol stacks answering at once, no pipeline nor model), medians: "
+        + ", ".join(
+            f"{_CLIENT_NAMES.get(p, p)} {fmt(floors[p], 2)} ms ({fmt(cpu.get(EMPTY + p), 2)} ms of its CPU a call), "
+            f"the server's gap **{above[p]:+.2f} ms** above it"
+            for p in floors
+        )
+    )
 
 
 def _one_client_section(report: dict[str, Any]) -> list[str]:

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mhaserve.loadtest.bench import entries, memory, memory_only, models, options, report
-from mhaserve.loadtest.bench.client import BenchError, Server, run_point
+from mhaserve.loadtest.bench.client import BenchError, Endpoint, Server, run_point
+from mhaserve.loadtest.bench.empty import EmptyServer
 from mhaserve.loadtest.bench.inprocess import measure_in_child
 from mhaserve.loadtest.bench.options import GRPC_SYNC
 from mhaserve.loadtest.bench.quiet import Guard
@@ -185,47 +186,75 @@ def _paired_lone(
     server: Server,
     workload: Workload,
     protocols: list[str],
+    dimensions: int,
+    empty_log: Path,
     guard: Guard,
     progress: Progress,
 ) -> dict[str, Any]:
     """One client's p50 against ONNX Runtime's on one text at a time in process (one child, tokenising
-    counted), in turns with one client of each of `protocols`, each round starting one turn later: issue 18's
-    one-client gap as medians of rounds, where the sweep's single point compares figures minutes apart."""
+    counted), in turns with one client of each of `protocols` and, for gRPC and HTTP, one client of the same
+    protocol on an empty server (empty.py: the protocol stack alone), each round starting one turn later:
+    issue 18's one-client gap as medians of rounds, where the sweep's single point compares figures minutes
+    apart, and the floor under it measured in the same minutes."""
     one = _alone(spec, workload, 1)
+    floors = [p for p in ("grpc", "http") if p in protocols]
+    empty = EmptyServer(dimensions, empty_log)
 
     def measure(turn: str) -> dict[str, dict[str, Any]]:
         if turn == "in process":
             return {turn: measure_in_child(one)[workload.name]["one_at_a_time"]}
+        if turn.startswith(report.EMPTY):
+            return {turn: _measured_point(opt, empty, workload, 1, turn.removeprefix(report.EMPTY), guard, progress)}
         return {turn: _measured_point(opt, server, workload, 1, turn, guard, progress)}
 
     def summary(got: dict[str, dict[str, Any]], order: list[str]) -> dict[str, Any]:
         p50 = {turn: r["latency_ms"]["p50"] for turn, r in got.items()}
+        gap = {p: p50[p] - p50["in process"] for p in protocols}
         return {
             "order": order,
             "p50_ms": p50,
-            "gap_ms": {p: p50[p] - p50["in process"] for p in protocols},
+            "gap_ms": gap,
+            # The empty server's p50 is its whole gap: it has no model to subtract.
+            "floor_ms": {p: p50[report.EMPTY + p] for p in floors},
+            "above_floor_ms": {p: gap[p] - p50[report.EMPTY + p] for p in floors},
+            "server_cpu_ms_per_request": {
+                turn: r["server_cpu_cores"] * 1000 / r["seq_per_s"]
+                for turn, r in got.items()
+                if r.get("server_cpu_cores") is not None and r.get("seq_per_s")
+            },
             "other_cpu_cores": {turn: r.get("other_cpu_cores") for turn, r in got.items()},
             "disturbed": any(r.get("disturbed") for r in got.values()),
         }
 
-    rounds = _rotated_rounds(
-        opt["paired"],
-        ["in process", *protocols],
-        measure,
-        summary,
-        lambda r: (
-            f"in process {r['p50_ms']['in process']:.2f} ms; "
-            + ", ".join(f"{p} {gap:+.2f}" for p, gap in r["gap_ms"].items())
-        ),
-        f"paired one client {{}}: {{}}, {workload.name} workload",
-        progress,
-    )
+    with empty.running():
+        rounds = _rotated_rounds(
+            opt["paired"],
+            ["in process", *protocols, *(report.EMPTY + p for p in floors)],
+            measure,
+            summary,
+            lambda r: (
+                f"in process {r['p50_ms']['in process']:.2f} ms; "
+                + ", ".join(
+                    f"{p} {gap:+.2f}" + (f" (empty server {r['floor_ms'][p]:.2f})" if p in r["floor_ms"] else "")
+                    for p, gap in r["gap_ms"].items()
+                )
+            ),
+            f"paired one client {{}}: {{}}, {workload.name} workload",
+            progress,
+        )
+
+    def median(key: str) -> dict[str, float]:
+        return {name: statistics.median(r[key][name] for r in rounds) for name in rounds[0][key]}
+
     return {
         "workload": workload.name,
         "batching": server.batching,
         "rounds": rounds,
-        "median_p50_ms": {turn: statistics.median(r["p50_ms"][turn] for r in rounds) for turn in rounds[0]["p50_ms"]},
-        "median_gap_ms": {p: statistics.median(r["gap_ms"][p] for r in rounds) for p in protocols},
+        "median_p50_ms": median("p50_ms"),
+        "median_gap_ms": median("gap_ms"),
+        "median_floor_ms": median("floor_ms"),
+        "median_above_floor_ms": median("above_floor_ms"),
+        "median_server_cpu_ms_per_request": median("server_cpu_ms_per_request"),
     }
 
 
@@ -253,7 +282,7 @@ def _paired_round(got: dict[str, dict[str, Any]], turns: list[str]) -> dict[str,
 
 def _measured_point(
     opt: dict[str, Any],
-    server: Server,
+    server: Endpoint,
     workload: Workload,
     clients: int,
     protocol: str,
@@ -438,7 +467,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 paired_short = _paired_short(opt, spec, live[http_batching], short, inprocess, http, guard, progress)
                 if 1 in opt["concurrency"]:
                     protocols = ["grpc", *(p for p in (GRPC_SYNC, "http") if p in opt["protocols"])]
-                    paired_lone = _paired_lone(opt, spec, live[http_batching], short, protocols, guard, progress)
+                    paired_lone = _paired_lone(
+                        opt,
+                        spec,
+                        live[http_batching],
+                        short,
+                        protocols,
+                        model_info["dimensions"],
+                        output / "server-empty.log",
+                        guard,
+                        progress,
+                    )
         finally:
             for batching, server in live.items():
                 with progress.step(f"stop the {batching} server (SIGTERM)") as note:

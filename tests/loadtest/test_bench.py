@@ -136,15 +136,28 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         assert one["clients"]["grpc-sync"]["p50_ms"] == p["latency_ms"]["p50"]
         assert one["clients"]["grpc"]["p50_ms"] == report["server"]["length"][workload][0]["latency_ms"]["p50"]
         assert all(c["gap_ms"] == c["p50_ms"] - reference for c in one["clients"].values())
-    # ... and in turns with ONNX Runtime one text at a time, round by round, on the short texts.
+    # ... and in turns with ONNX Runtime one text at a time, round by round, on the short texts, beside one
+    # client of gRPC and of HTTP on the empty server (the protocol stacks alone): the floor under the gap.
     paired_lone = report["paired_lone"]
     assert paired_lone["workload"] == "short" and len(paired_lone["rounds"]) == options.QUICK["paired"]
+    servers = ["grpc", "grpc-sync", "http"]
     for r in paired_lone["rounds"]:
-        assert sorted(r["order"]) == ["grpc", "grpc-sync", "http", "in process"], r["order"]
+        assert sorted(r["order"]) == ["empty grpc", "empty http", *servers, "in process"], r["order"]
         assert all(v > 0 for v in r["p50_ms"].values())
-        assert r["gap_ms"] == {p: r["p50_ms"][p] - r["p50_ms"]["in process"] for p in r["order"] if p != "in process"}
+        assert r["gap_ms"] == {p: r["p50_ms"][p] - r["p50_ms"]["in process"] for p in servers}
+        assert r["floor_ms"] == {p: r["p50_ms"]["empty " + p] for p in ("grpc", "http")}
+        assert r["above_floor_ms"] == {p: r["gap_ms"][p] - r["floor_ms"][p] for p in ("grpc", "http")}
+        # The empty server's CPU a call is its own, measured like the server's, and less than the server's.
+        cpu = r["server_cpu_ms_per_request"]
+        assert set(cpu) == {"empty grpc", "empty http", *servers}
+        assert 0 < cpu["empty grpc"] < cpu["grpc"] and 0 < cpu["empty http"] < cpu["http"], cpu
     summary_lone = report["summary"]["short"]["paired_one_client"]
-    assert summary_lone == {"rounds": len(paired_lone["rounds"]), "gap_ms": paired_lone["median_gap_ms"]}
+    assert summary_lone == {
+        "rounds": len(paired_lone["rounds"]),
+        "gap_ms": paired_lone["median_gap_ms"],
+        "empty_server_p50_ms": paired_lone["median_floor_ms"],
+        "above_empty_server_ms": paired_lone["median_above_floor_ms"],
+    }
     assert "paired_one_client" not in report["summary"]["mixed"]
     assert report["workloads"]["fixed"]["min_tokens"] == report["workloads"]["fixed"]["max_tokens"] == 32
 
@@ -170,6 +183,7 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         "paired check, short workload",
         "## One client",
         "paired check, one client, short workload",
+        "on an empty server (the same protocol stacks answering at once",
         "gRPC (synchronous stub)",
     ):
         assert heading in md
