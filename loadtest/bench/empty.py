@@ -1,13 +1,17 @@
 """An empty server: the server's two protocol stacks with nothing behind them.
 
 grpc.aio (no interceptors) answers encoder.v1 `Encode`, and our HTTP server (uvicorn with httptools, as
-`mhaserve serve` runs it) answers `POST /v1/embeddings`, both at once and on one event loop, with a fixed
-answer of one embedding: no validation, tokenising, batching, model or metrics. One client's p50 against
-it is what the protocol stack, the loopback and the client cost a lone call on this machine; the paired
-one-client rounds measure it beside the server, so that the server's gap to ONNX Runtime in process
+`mhaserve serve` runs it) answers `POST /v1/embeddings`, both on one event loop, with a fixed answer of one
+embedding: no validation, tokenising, batching, model or metrics. Each call waits `delay` seconds before
+its answer, idle on the loop: the server's loop idles while the model computes a lone text, and on a VM a
+loop that has idled a few milliseconds wakes slower and runs colder than one answering back to back (an
+empty grpc.aio server took 0.6 ms a call back to back and 1.4-1.95 ms with 5 ms idle between calls,
+docs/benchmarks.md). One client's p50 against it, less the delay, is what the protocol stack, the loopback
+and the client cost a lone call on this machine; the paired one-client rounds measure it beside the
+server, with ONNX Runtime's one-text p50 as the delay, so that the server's gap to ONNX Runtime in process
 (issue 18: within 1.5 ms) splits into that floor and what the server adds above it.
 
-Run as `python -m mhaserve.loadtest.bench.empty GRPC_PORT HTTP_PORT DIMENSIONS` (EmptyServer does).
+Run as `python -m mhaserve.loadtest.bench.empty GRPC_PORT HTTP_PORT DIMENSIONS DELAY_S` (EmptyServer does).
 """
 
 from __future__ import annotations
@@ -55,10 +59,11 @@ def answers(dimensions: int) -> tuple[bytes, bytes]:
     return grpc_answer, http_answer
 
 
-async def serve(grpc_port: int, http_port: int, dimensions: int) -> None:
+async def serve(grpc_port: int, http_port: int, dimensions: int, delay: float) -> None:
     grpc_answer, http_answer = answers(dimensions)
 
     async def encode(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        await asyncio.sleep(delay)
         return grpc_answer
 
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(http_answer)).encode())]
@@ -68,6 +73,7 @@ async def serve(grpc_port: int, http_port: int, dimensions: int) -> None:
             return
         while (await receive()).get("more_body", False):
             pass
+        await asyncio.sleep(delay)
         await send({"type": "http.response.start", "status": 200, "headers": head})
         await send({"type": "http.response.body", "body": http_answer})
 
@@ -89,13 +95,15 @@ async def serve(grpc_port: int, http_port: int, dimensions: int) -> None:
 
 
 class EmptyServer:
-    """The empty server in a process of its own on free ports, measured by `run_point` as a server is:
-    its addresses, its process's CPU; it has no metrics (no batches to count)."""
+    """The empty server in a process of its own on free ports, each call answered `delay` seconds after it
+    arrives; measured by `run_point` as a server is: its addresses, its process's CPU; it has no metrics (no
+    batches to count)."""
 
     own_channels = False
 
-    def __init__(self, dimensions: int, log_path: Path) -> None:
+    def __init__(self, dimensions: int, delay: float, log_path: Path) -> None:
         self.dimensions = dimensions
+        self.delay = delay
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -105,7 +113,15 @@ class EmptyServer:
         port, http_port = free_ports(2)
         self.address, self.http_url = f"127.0.0.1:{port}", f"http://127.0.0.1:{http_port}"
         self._log = self.log_path.open("wb")
-        argv = [sys.executable, "-m", "mhaserve.loadtest.bench.empty", str(port), str(http_port), str(self.dimensions)]
+        argv = [
+            sys.executable,
+            "-m",
+            "mhaserve.loadtest.bench.empty",
+            str(port),
+            str(http_port),
+            str(self.dimensions),
+            str(self.delay),
+        ]
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while READY not in self.log_path.read_text(errors="replace"):
@@ -143,4 +159,4 @@ class EmptyServer:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])))
+    asyncio.run(serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))

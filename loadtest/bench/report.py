@@ -508,13 +508,15 @@ def _threads_section(report: dict[str, Any]) -> list[str]:
 
 def _floor_clause(lone: dict[str, Any]) -> str:
     """The paired one-client line's floor: one client's p50 on the empty server (the protocol stack alone,
-    answering at once), and how far the server's gap lies above it."""
+    idle on each call as long as the model computes one text) less that idle time, and how far the server's
+    gap lies above it."""
     floors, above = lone.get("median_floor_ms") or {}, lone.get("median_above_floor_ms") or {}
     if not floors:
         return ""
     cpu = lone.get("median_server_cpu_ms_per_request") or {}
     return (
-        "; on an empty server (the same protocol stacks answering at once, no pipeline nor model), medians: "
+        "; on an empty server (the same protocol stacks, no pipeline nor model, each call answered after "
+        f"{fmt(lone.get('empty_server_delay_ms'), 2)} ms idle, ONNX Runtime's one-text p50), p50 less that, medians: "
         + ", ".join(
             f"{_CLIENT_NAMES.get(p, p)} {fmt(floors[p], 2)} ms ({fmt(cpu.get(EMPTY + p), 2)} ms of its CPU a call), "
             f"the server's gap **{above[p]:+.2f} ms** above it"

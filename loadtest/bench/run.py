@@ -187,18 +187,20 @@ def _paired_lone(
     workload: Workload,
     protocols: list[str],
     dimensions: int,
+    delay_ms: float,
     empty_log: Path,
     guard: Guard,
     progress: Progress,
 ) -> dict[str, Any]:
     """One client's p50 against ONNX Runtime's on one text at a time in process (one child, tokenising
     counted), in turns with one client of each of `protocols` and, for gRPC and HTTP, one client of the same
-    protocol on an empty server (empty.py: the protocol stack alone), each round starting one turn later:
+    protocol on an empty server (empty.py: the protocol stack alone, answering each call `delay_ms` after it
+    arrives, idle meanwhile as the server is while the model computes), each round starting one turn later:
     issue 18's one-client gap as medians of rounds, where the sweep's single point compares figures minutes
     apart, and the floor under it measured in the same minutes."""
     one = _alone(spec, workload, 1)
     floors = [p for p in ("grpc", "http") if p in protocols]
-    empty = EmptyServer(dimensions, empty_log)
+    empty = EmptyServer(dimensions, delay_ms / 1000, empty_log)
 
     def measure(turn: str) -> dict[str, dict[str, Any]]:
         if turn == "in process":
@@ -214,9 +216,9 @@ def _paired_lone(
             "order": order,
             "p50_ms": p50,
             "gap_ms": gap,
-            # The empty server's p50 is its whole gap: it has no model to subtract.
-            "floor_ms": {p: p50[report.EMPTY + p] for p in floors},
-            "above_floor_ms": {p: gap[p] - p50[report.EMPTY + p] for p in floors},
+            # The empty server's p50 less the time it idles on each call is its whole gap: it has no model.
+            "floor_ms": {p: p50[report.EMPTY + p] - delay_ms for p in floors},
+            "above_floor_ms": {p: gap[p] - (p50[report.EMPTY + p] - delay_ms) for p in floors},
             "server_cpu_ms_per_request": {
                 turn: r["server_cpu_cores"] * 1000 / r["seq_per_s"]
                 for turn, r in got.items()
@@ -252,6 +254,7 @@ def _paired_lone(
         "rounds": rounds,
         "median_p50_ms": median("p50_ms"),
         "median_gap_ms": median("gap_ms"),
+        "empty_server_delay_ms": delay_ms,
         "median_floor_ms": median("floor_ms"),
         "median_above_floor_ms": median("above_floor_ms"),
         "median_server_cpu_ms_per_request": median("server_cpu_ms_per_request"),
@@ -474,6 +477,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                         short,
                         protocols,
                         model_info["dimensions"],
+                        inprocess["short"]["one_at_a_time"]["latency_ms"]["p50"],
                         output / "server-empty.log",
                         guard,
                         progress,

@@ -3,6 +3,7 @@ have, over both protocols, as the server would answer one text, and a failure to
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import grpc
@@ -15,17 +16,23 @@ from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 
 
-def test_the_empty_server_answers_the_real_clients_and_stops_on_sigterm(tmp_path: Path) -> None:
-    server = EmptyServer(48, tmp_path / "empty.log")
+def test_the_empty_server_answers_the_real_clients_after_its_delay_and_stops_on_sigterm(tmp_path: Path) -> None:
+    server = EmptyServer(48, 0.05, tmp_path / "empty.log")
     with server.running():
         with grpc.insecure_channel(server.address) as channel:
-            answer = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["a lone text"]), timeout=10)
+            stub = pb_grpc.EncoderServiceStub(channel)
+            stub.Encode(pb.EncodeRequest(texts=["warm"]), timeout=10)
+            t0 = time.perf_counter()
+            answer = stub.Encode(pb.EncodeRequest(texts=["a lone text"]), timeout=10)
+            assert time.perf_counter() - t0 >= 0.05  # each call idles `delay` before its answer
         assert len(answer.embeddings) == 1 and len(answer.embeddings[0].values) == 48
         assert sum(v * v for v in answer.embeddings[0].values) == pytest.approx(1.0, rel=1e-5)
         # The official client asks for base64 and reads the float list it gets as well.
+        t0 = time.perf_counter()
         got = openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="-", max_retries=0).embeddings.create(
             model="any", input="a lone text"
         )
+        assert time.perf_counter() - t0 >= 0.05
         assert len(got.data) == 1 and len(got.data[0].embedding) == 48
         assert len(server.pids()) == 1
         with pytest.raises(OSError):
@@ -34,6 +41,6 @@ def test_the_empty_server_answers_the_real_clients_and_stops_on_sigterm(tmp_path
 
 
 def test_an_empty_server_that_cannot_start_says_why(tmp_path: Path) -> None:
-    server = EmptyServer(0, tmp_path / "empty.log")  # no dimensions: the answer cannot be built
+    server = EmptyServer(0, 0.0, tmp_path / "empty.log")  # no dimensions: the answer cannot be built
     with pytest.raises(BenchError, match="the empty server did not start"):
         server.start(timeout=30)
