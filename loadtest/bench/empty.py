@@ -8,7 +8,8 @@ loop that has idled a few milliseconds wakes slower and runs colder than one ans
 empty grpc.aio server took 0.6 ms a call back to back and 1.4-1.95 ms with 5 ms idle between calls,
 docs/benchmarks.md). One client's p50 against it, less the delay, is what the protocol stack, the loopback
 and the client cost a lone call on this machine; the paired one-client rounds measure it beside the
-server, with ONNX Runtime's one-text p50 as the delay, so that the server's gap to ONNX Runtime in process
+server, with ONNX Runtime's one-text p50 in whole milliseconds as the delay (the loop waits in epoll, which
+counts whole milliseconds and rounds a fraction up), so that the server's gap to ONNX Runtime in process
 (issue 18: within 1.5 ms) splits into that floor and what the server adds above it.
 
 Run as `python -m mhaserve.loadtest.bench.empty GRPC_PORT HTTP_PORT DIMENSIONS DELAY_S` (EmptyServer does).

@@ -516,7 +516,8 @@ def _floor_clause(lone: dict[str, Any]) -> str:
     cpu = lone.get("median_server_cpu_ms_per_request") or {}
     return (
         "; on an empty server (the same protocol stacks, no pipeline nor model, each call answered after "
-        f"{fmt(lone.get('empty_server_delay_ms'), 2)} ms idle, ONNX Runtime's one-text p50), p50 less that, medians: "
+        f"{fmt(lone.get('empty_server_delay_ms'), 0)} ms idle, ONNX Runtime's one-text p50 in whole milliseconds), "
+        "p50 less that, medians: "
         + ", ".join(
             f"{_CLIENT_NAMES.get(p, p)} {fmt(floors[p], 2)} ms ({fmt(cpu.get(EMPTY + p), 2)} ms of its CPU a call), "
             f"the server's gap **{above[p]:+.2f} ms** above it"

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import functools
+import math
 import signal
 import statistics
 import sys
@@ -195,7 +196,8 @@ def _paired_lone(
     """One client's p50 against ONNX Runtime's on one text at a time in process (one child, tokenising
     counted), in turns with one client of each of `protocols` and, for gRPC and HTTP, one client of the same
     protocol on an empty server (empty.py: the protocol stack alone, answering each call `delay_ms` after it
-    arrives, idle meanwhile as the server is while the model computes), each round starting one turn later:
+    arrives, idle meanwhile as the server is while the model computes; whole milliseconds, as epoll waits),
+    each round starting one turn later:
     issue 18's one-client gap as medians of rounds, where the sweep's single point compares figures minutes
     apart, and the floor under it measured in the same minutes."""
     one = _alone(spec, workload, 1)
@@ -477,7 +479,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                         short,
                         protocols,
                         model_info["dimensions"],
-                        inprocess["short"]["one_at_a_time"]["latency_ms"]["p50"],
+                        # Whole milliseconds: epoll waits in those, and would count a fraction rounded up as floor.
+                        float(math.floor(inprocess["short"]["one_at_a_time"]["latency_ms"]["p50"])),
                         output / "server-empty.log",
                         guard,
                         progress,

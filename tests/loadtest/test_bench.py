@@ -4,6 +4,7 @@ positive. No timings are asserted: they depend on the machine."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -147,9 +148,9 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         assert r["gap_ms"] == {p: r["p50_ms"][p] - r["p50_ms"]["in process"] for p in servers}
         # The empty server idles on each call as long as ONNX Runtime computes one text, measured by the sweep.
         delay = paired_lone["empty_server_delay_ms"]
-        assert delay == report["inprocess"]["short"]["one_at_a_time"]["latency_ms"]["p50"] > 0
+        assert delay == math.floor(report["inprocess"]["short"]["one_at_a_time"]["latency_ms"]["p50"])
         assert r["floor_ms"] == {p: r["p50_ms"]["empty " + p] - delay for p in ("grpc", "http")}
-        assert all(r["p50_ms"]["empty " + p] > delay for p in ("grpc", "http"))
+        assert all(r["p50_ms"]["empty " + p] >= delay for p in ("grpc", "http"))
         assert r["above_floor_ms"] == {p: r["gap_ms"][p] - r["floor_ms"][p] for p in ("grpc", "http")}
         # The empty server's CPU a call is its own, measured like the server's, and less than the server's.
         cpu = r["server_cpu_ms_per_request"]
