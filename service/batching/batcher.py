@@ -360,8 +360,8 @@ class Batcher:
         try:
             ran = await self.watchdog.guard(run, begun=begun, size=len(batch), request_ids=request_ids, fail=overran)
             if ran is not None:
-                self._resolve(batch, ran.embeddings)
-                # After the requests' own next steps, which _resolve has just scheduled: off their path.
+                # Its requests were answered in the turn that settled `run` (_finish), and run first in this
+                # one: the metrics come after their next steps, off their path.
                 loop.call_soon(self._observe, ran)
         except asyncio.CancelledError:
             started.cancel()
@@ -405,7 +405,17 @@ class Batcher:
         except BaseException as e:  # whatever the engine raises reaches the batch's future, as it must
             outcome = e
         with contextlib.suppress(RuntimeError):  # the loop closed while this batch ran: nobody is waiting
-            loop.call_soon_threadsafe(_settle, run, outcome)
+            loop.call_soon_threadsafe(self._finish, batch, run, outcome)
+
+    def _finish(self, batch: list[Seq], run: asyncio.Future[Ran], outcome: Ran | BaseException) -> None:
+        """On the loop, in the turn the inference thread wakes it: the batch's requests get their rows, then
+        `run` its outcome. Resolved here rather than by the worker once `run` wakes it, their handlers run in
+        the next turn, one turn of the loop sooner. Nothing when `run` is settled already: cancelled (the
+        server stopped) or failed while it waited for a thread; a batch the watchdog failed finds its
+        requests answered (_resolve skips them)."""
+        if not run.done() and isinstance(outcome, Ran):
+            self._resolve(batch, outcome.embeddings)
+        _settle(run, outcome)
 
     def _observe(self, ran: Ran) -> None:
         self.metrics.inference.observe(ran.seconds)

@@ -240,6 +240,36 @@ def test_a_lone_request_starts_at_once_and_one_being_tokenised_is_waited_for() -
     assert engine.batches == [[[5, 6]], [[7], [8, 8]]]
 
 
+def test_a_batchs_requests_are_answered_in_the_turn_after_the_thread_hands_it_back() -> None:
+    """The return path's turns of the loop, not a timing: the turn in which the inference thread's hand-back
+    runs gives the requests their rows, so a request's handler resumes in the very next turn, ahead of
+    anything scheduled after the hand-back (before, the batcher's worker resolved them a turn later)."""
+    engine = ScriptedEngine()
+    order: list[str] = []
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0))
+        finish = b._finish
+
+        def marked(*args: Any) -> None:
+            finish(*args)
+            asyncio.get_running_loop().call_soon(order.append, "the turn after the hand-back ended")
+
+        b._finish = marked  # type: ignore[method-assign,assignment]
+        b.start()
+
+        async def handler() -> None:
+            await b.submit([seq(5, 6)])
+            order.append("the request's handler resumed")
+
+        await asyncio.wait_for(handler(), timeout=WAIT)
+        await asyncio.sleep(0)
+        await b.close()
+
+    run(main())
+    assert order == ["the request's handler resumed", "the turn after the hand-back ended"]
+
+
 def test_close_fails_running_and_queued_requests_and_refuses_new_ones() -> None:
     engine = ScriptedEngine(hang_on=99)
 
