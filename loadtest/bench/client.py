@@ -52,6 +52,17 @@ class _PortTaken(Exception):
 _PORT_IN_USE = "Address already in use"
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Stop a server process as a deployment does, with SIGTERM; killed if it has not exited in `timeout` s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Server:
     """`mhaserve serve` on free ports, its log in a file; stopped with SIGTERM, as a deployment stops it.
 
@@ -195,13 +206,7 @@ class Server:
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout=30)
         if self._log is not None:
             self._log.close()
         return self.proc.returncode

@@ -32,7 +32,7 @@ import grpc
 import grpc.aio
 import orjson
 
-from mhaserve.loadtest.bench.client import BenchError
+from mhaserve.loadtest.bench.client import BenchError, terminate
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.service.http.server import HttpServer
 from mhaserve.service.tls import TlsFiles
@@ -140,13 +140,8 @@ class EmptyServer:
         raise OSError("the empty server has no metrics")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc, timeout=10)
         if self._log is not None:
             self._log.close()
 
