@@ -412,9 +412,13 @@ class Batcher:
         `run` its outcome. Resolved here rather than by the worker once `run` wakes it, their handlers run in
         the next turn, one turn of the loop sooner. Nothing when `run` is settled already: cancelled (the
         server stopped) or failed while it waited for a thread; a batch the watchdog failed finds its
-        requests answered (_resolve skips them)."""
+        requests answered (_resolve skips them). Whatever _resolve raises settles `run`, as an engine error
+        would, so that the worker fails the batch's requests and goes on rather than waiting for ever."""
         if not run.done() and isinstance(outcome, Ran):
-            self._resolve(batch, outcome.embeddings)
+            try:
+                self._resolve(batch, outcome.embeddings)
+            except Exception as e:
+                outcome = e
         _settle(run, outcome)
 
     def _observe(self, ran: Ran) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mhaserve.runtime.engine import OnnxEngine
-from mhaserve.runtime.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from mhaserve.runtime.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.service.batching import Batcher, Limits
 from mhaserve.service.batching.padding import pad
@@ -268,6 +268,29 @@ def test_a_batchs_requests_are_answered_in_the_turn_after_the_thread_hands_it_ba
 
     run(main())
     assert order == ["the request's handler resumed", "the turn after the hand-back ended"]
+
+
+def test_a_batch_whose_answers_cannot_be_handed_out_fails_its_requests_and_the_batcher_goes_on() -> None:
+    engine = ScriptedEngine()
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0))
+        resolve, calls = b._resolve, []
+
+        def once_broken(*args: Any) -> None:
+            calls.append(args)
+            if len(calls) == 1:
+                raise ValueError("rows of the wrong width")
+            resolve(*args)
+
+        b._resolve = once_broken  # type: ignore[method-assign,assignment]
+        b.start()
+        with pytest.raises(Internal, match="inference failed on the batch holding this request"):
+            await asyncio.wait_for(b.submit([seq(5, 6)]), timeout=WAIT)
+        assert (await asyncio.wait_for(b.submit([seq(7)]), timeout=WAIT)).shape == (1, 4)
+        await b.close()
+
+    run(main())
 
 
 def test_close_fails_running_and_queued_requests_and_refuses_new_ones() -> None:
