@@ -437,6 +437,9 @@ def _cpu(raw: dict[str, Any], seconds: float, completed: int) -> dict[str, Any]:
         # The load generator's cost per request, to compare transports: it must stay far below the server's.
         "client_cpu_ms_per_request": raw["client_cpu_s"] * 1000 / completed if completed else None,
         "server_cpu_cores": server_cores,
+        "server_cpu_ms_per_request": (
+            raw["server_cpu_s"] * 1000 / completed if completed and raw["server_cpu_s"] is not None else None
+        ),
         # Where the server's CPU went, per request, by thread (quiet.thread_cpu_seconds): the event loop
         # (gRPC's Python layer, HTTP, the pipeline), the inference thread (ONNX Runtime's calling thread),
         # tokenize, gRPC's core threads, and other (ONNX Runtime's and the tokenizer's pools).

@@ -51,9 +51,10 @@ _RATIO_NAMES = {
 }
 
 
-# The clients of the one-client figures, as the report words them.
 # The paired one-client rounds' name for a protocol's turn on the empty server (empty.py): "empty grpc".
 EMPTY = "empty "
+
+# The clients of the one-client figures, as the report words them.
 _CLIENT_NAMES = {
     "grpc": "gRPC (grpc.aio)",
     "grpc-sync": "gRPC (synchronous stub)",

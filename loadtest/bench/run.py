@@ -197,9 +197,8 @@ def _paired_lone(
     counted), in turns with one client of each of `protocols` and, for gRPC and HTTP, one client of the same
     protocol on an empty server (empty.py: the protocol stack alone, answering each call `delay_ms` after it
     arrives, idle meanwhile as the server is while the model computes; whole milliseconds, as epoll waits),
-    each round starting one turn later:
-    issue 18's one-client gap as medians of rounds, where the sweep's single point compares figures minutes
-    apart, and the floor under it measured in the same minutes."""
+    each round starting one turn later: issue 18's one-client gap as medians of rounds, where the sweep's
+    single point compares figures minutes apart, and the floor under it measured in the same minutes."""
     one = _alone(spec, workload, 1)
     floors = [p for p in ("grpc", "http") if p in protocols]
     empty = EmptyServer(dimensions, delay_ms / 1000, empty_log)
@@ -214,17 +213,18 @@ def _paired_lone(
     def summary(got: dict[str, dict[str, Any]], order: list[str]) -> dict[str, Any]:
         p50 = {turn: r["latency_ms"]["p50"] for turn, r in got.items()}
         gap = {p: p50[p] - p50["in process"] for p in protocols}
+        # The empty server's p50 less the time it idles on each call is its whole gap: it has no model.
+        floor = {p: p50[report.EMPTY + p] - delay_ms for p in floors}
         return {
             "order": order,
             "p50_ms": p50,
             "gap_ms": gap,
-            # The empty server's p50 less the time it idles on each call is its whole gap: it has no model.
-            "floor_ms": {p: p50[report.EMPTY + p] - delay_ms for p in floors},
-            "above_floor_ms": {p: gap[p] - (p50[report.EMPTY + p] - delay_ms) for p in floors},
+            "floor_ms": floor,
+            "above_floor_ms": {p: gap[p] - floor[p] for p in floors},
             "server_cpu_ms_per_request": {
-                turn: r["server_cpu_cores"] * 1000 / r["seq_per_s"]
+                turn: r["server_cpu_ms_per_request"]
                 for turn, r in got.items()
-                if r.get("server_cpu_cores") is not None and r.get("seq_per_s")
+                if r.get("server_cpu_ms_per_request") is not None
             },
             "other_cpu_cores": {turn: r.get("other_cpu_cores") for turn, r in got.items()},
             "disturbed": any(r.get("disturbed") for r in got.values()),
