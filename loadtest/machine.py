@@ -15,12 +15,15 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from mhaserve.runtime import int8_kernels
+
 # The packages whose versions move the figures; one that is not installed is left out.
 PACKAGES = ("onnxruntime-gpu", "onnxruntime", "torch", "grpcio", "numpy", "tokenizers")
 
 
 def machine(packages: Sequence[str] = PACKAGES) -> dict[str, Any]:
-    """cpu, cores, memory_gib (0 when unknown), platform, python, packages {name: version}, commit, load."""
+    """cpu, int8_kernel, cores, memory_gib (0 when unknown), platform, python, packages {name: version}, commit,
+    load."""
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -38,6 +41,8 @@ def machine(packages: Sequence[str] = PACKAGES) -> dict[str, Any]:
             found[name] = version(name)
     return {
         "cpu": cpu,
+        # what the int8 graph's figures hang on, and the model name ("Intel(R) Xeon(R) Processor" in a VM) hides
+        "int8_kernel": int8_kernels.describe(),
         "cores": os.cpu_count() or 1,
         "memory_gib": memory,
         "platform": platform.platform(),

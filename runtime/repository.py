@@ -14,8 +14,8 @@ from typing import Literal
 
 from tokenizers import Tokenizer
 
+from mhaserve.runtime import int8_kernels, serving
 from mhaserve.runtime import manifest as mf
-from mhaserve.runtime import serving
 from mhaserve.runtime.engine import CUDA, Device, Engine, OnnxEngine, Runs
 from mhaserve.runtime.errors import NotFound
 from mhaserve.runtime.serving import ServingConfig
@@ -207,12 +207,16 @@ class ModelRepository:
         tokenizer = load_for_serving(entry.tokenizer_path, entry.max_tokens)
         engine = engine_factory(entry)
         log.info(
-            "loaded %s version %d (%s graph, sha256 %s…) on %s",
+            "loaded %s version %d (%s graph, sha256 %s…) on %s%s",
             entry.name,
             entry.version,
             entry.graph,
             entry.sha256[:12],
             engine.providers,
+            # the int8 graph's speed hangs on the CPU's int8 kernels (2x fp32 or 1.6x): say which it got
+            f", int8 products on {int8_kernels.describe()}"
+            if entry.graph == "int8" and CUDA not in engine.providers
+            else "",
         )
         return LoadedModel(entry, tokenizer, engine)
 

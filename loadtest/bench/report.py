@@ -241,6 +241,11 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _int8(machine: dict[str, Any]) -> str:
+    """ " (int8 products on AMX)"; nothing for a report written before the machine said."""
+    return f" (int8 products on {machine['int8_kernel']})" if "int8_kernel" in machine else ""
+
+
 def header(report: dict[str, Any], title: str) -> list[str]:
     """The title, when, the command that reproduces the run, the machine and its load, the software."""
     machine = report["machine"]
@@ -249,7 +254,7 @@ def header(report: dict[str, Any], title: str) -> list[str]:
         "",
         f"- **When**: {report['created']} ({report['elapsed_s']:.0f} s)",
         f"- **Command**: `{report['command']}`",
-        f"- **Machine**: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']:.0f} GiB; "
+        f"- **Machine**: {machine['cpu']}{_int8(machine)}, {machine['cores']} cores, {machine['memory_gib']:.0f} GiB; "
         f"{machine['platform']}; load average {machine['load_before']} before, {machine['load_after']} after",
         f"- **Software**: python {machine['python']}, " + ", ".join(f"{k} {v}" for k, v in machine["packages"].items()),
     ]

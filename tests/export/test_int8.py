@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 from collections import Counter
 from pathlib import Path
@@ -17,6 +18,7 @@ from mhaserve.export import int8_gate, quantize
 from mhaserve.export.publish import ExportError, ExportOptions, export_entry
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.runtime import int8_kernels
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.repository import ModelRepository
@@ -142,6 +144,9 @@ def test_the_manifest_records_each_cpu_graphs_speed_against_the_plain_graph(tiny
             assert figures[workload]["speed"] > 0 and figures[workload]["seq_per_s"] > 0
             assert figures[workload]["inputs"] == graphs["fp32"].parity["speed_at_export"][workload]["inputs"] > 0
     assert graphs["fp32"].parity["speed_at_export"]["short"]["speed"] == 1.0
+    # the int8 figure names the CPU's int8 kernels that made it (AMX, AVX-512 VNNI, AVX2...)
+    assert graphs["int8"].parity["speed_at_export"]["int8_kernel"] == int8_kernels.describe()
+    assert "int8_kernel" not in graphs["optimized"].parity["speed_at_export"]
 
 
 def test_the_gate_measures_the_damage_of_a_wrong_scale(tiny_entry: Path, tmp_path: Path) -> None:
@@ -176,8 +181,10 @@ def test_a_damaged_quantisation_publishes_nothing(tmp_path: Path, monkeypatch: p
     assert list(tmp_path.iterdir()) == []  # no entry (not even its fp32 graphs), no scratch directory
 
 
-def test_serve_graph_int8(tiny_entry: Path) -> None:
-    """`mhaserve serve --graph int8` serves model.int8.onnx; its embeddings are the fp32 graph's, nearly."""
+def test_serve_graph_int8(tiny_entry: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`mhaserve serve --graph int8` serves model.int8.onnx; its embeddings are the fp32 graph's, nearly; its
+    load line says which int8 kernels the CPU gave it."""
+    caplog.set_level(logging.INFO, logger="mhaserve.runtime.repository")
     repo = tiny_entry.parent.parent
     assert ModelRepository(repo).entry("tiny", graph="auto").graph == "optimized"  # auto does not pick int8
     texts = ["a short one", "Ok.", "a somewhat longer sentence about quantisation " * 3]
@@ -195,6 +202,9 @@ def test_serve_graph_int8(tiny_entry: Path) -> None:
         srv.stop()
     entry = read_manifest(tiny_entry).graphs["int8"]
     assert (info.graph, info.sha256) == ("int8", entry.sha256)
+    loaded = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loaded tiny")]
+    assert loaded and loaded[0].endswith(f"(int8 graph, sha256 {entry.sha256[:12]}…) on ['CPUExecutionProvider'], "
+                                         f"int8 products on {int8_kernels.describe()}")  # fmt: skip
     got = np.array([e.values for e in reply.embeddings])
     tok = load_for_serving(tiny_entry / "tokenizer.json", TINY["max_seq_len"])
     fp32 = _engine(tiny_entry / "model.optimized.onnx")
