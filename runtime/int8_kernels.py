@@ -3,7 +3,7 @@
 The int8 graph's gain over fp32 follows the CPU's int8 instructions, not the graph: measured on this project's
 2-core VMs, about 1.6x with AVX2 alone, 2x with AVX-512 VNNI, and 2.2-2.5x with AMX (docs/benchmarks.md). ONNX
 Runtime's MLAS library picks its integer GEMM once, when it loads, in this order: AMX tiles (AMX-TILE and
-AMX-INT8), then AVX-512 VNNI, AVX-VNNI, AVX-512, AVX2. AMX has one more condition: Linux hands a process the
+AMX-INT8), then AVX-512 VNNI, AVX-512, AVX-VNNI, AVX2. AMX has one more condition: Linux hands a process the
 tile registers only after it asks (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, Linux 5.16 or later), and where the
 request fails (an older kernel, a seccomp profile that refuses it) MLAS quietly takes the next kernel. So
 the answer reads the CPU's flags and, for AMX, makes the same request (granted once, it stays granted; asking
@@ -57,10 +57,10 @@ def int8_kernel(flags: Iterable[str], amx: bool | None) -> str:
         return "AMX"
     if (AVX512_CORE | {"avx512_vnni"}).issubset(f):
         return "AVX-512 VNNI"
+    if AVX512_CORE.issubset(f):  # MLAS sets it after AVX-VNNI's, so where both are there it wins
+        return "AVX-512"
     if {"avx2", "avx_vnni"}.issubset(f):
         return "AVX-VNNI"
-    if AVX512_CORE.issubset(f):
-        return "AVX-512"
     if "avx2" in f:
         return "AVX2"
     return "other"

@@ -242,7 +242,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _int8(machine: dict[str, Any]) -> str:
-    """ " (int8 products on AMX)"; nothing for a report written before the machine said."""
+    """The machine line's clause on int8 kernels, as "(int8 products on AMX)"; none in an older report."""
     return f" (int8 products on {machine['int8_kernel']})" if "int8_kernel" in machine else ""
 
 

@@ -28,6 +28,7 @@ def _cpuinfo(tmp_path: Path, flags: str) -> Path:
         (f"{AVX512} avx512_vnni", None, "AVX-512 VNNI"),  # Zen 4, Cascade Lake
         ("avx2 avx_vnni", None, "AVX-VNNI"),  # Alder Lake's cores
         (AVX512, None, "AVX-512"),  # Skylake-SP
+        (f"{AVX512} avx_vnni", None, "AVX-512"),  # MLAS's AVX-512 choice comes after, and over, AVX-VNNI's
         ("avx2 fma", None, "AVX2"),  # Zen 3
         ("sse4_2", None, "other"),
         ("amx_tile amx_int8 avx2", False, "AVX2"),
