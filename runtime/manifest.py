@@ -134,7 +134,9 @@ def versions(repository: Path, name: str) -> list[int]:
     base = repository / check_name(name)
     if not base.is_dir():
         return []
-    return sorted(int(p.name) for p in base.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
+    return sorted(
+        int(p.name) for p in base.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit() and int(p.name) > 0
+    )
 
 
 def models(repository: Path) -> list[str]:

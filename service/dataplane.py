@@ -161,13 +161,18 @@ class DataPlane:
 def _version_number(version: int | str) -> int | None:
     if isinstance(version, int):
         return version
-    return int(version) if version.isdigit() else None
+    return int(version) if _digits(version) else None
 
 
 def split_name(name: str) -> tuple[str, int | None]:
     """`name:version` -> (name, version); a plain name -> (name, None)."""
     base, _, version = name.partition(":")
-    return base, int(version) if version.isdigit() else None
+    return base, int(version) if _digits(version) else None
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() is also true of "²" or "١", which int() refuses or reads as a number."""
+    return text.isascii() and text.isdigit()
 
 
 def _listing(pipelines: dict[str, dict[int, Pipeline]]) -> str:

@@ -258,17 +258,23 @@ class Pipeline:
     def _check_ids(self, token_ids: Sequence[Sequence[int] | npt.NDArray[np.int64]], *, truncate: bool) -> list[Ids]:
         seqs = []
         for i, ids in enumerate(token_ids):
-            arr = np.asarray(ids, dtype=np.int64)
+            try:
+                arr = np.asarray(ids, dtype=np.int64)
+            except OverflowError:  # an id past int64 (JSON numbers have no bound): outside any vocabulary
+                raise InvalidArgument(
+                    f"input {i} has a token id outside the vocabulary [0, {self.vocab_size})", param="input"
+                ) from None
             if arr.ndim != 1 or arr.size == 0:
-                raise InvalidArgument(f"input {i} is an empty token list")
+                raise InvalidArgument(f"input {i} is an empty token list", param="input")
             if arr.size > self.max_tokens:
                 if not truncate:
-                    raise InvalidArgument(self._too_long(i, arr.size))
+                    raise InvalidArgument(self._too_long(i, arr.size), param="input")
                 arr = arr[: self.max_tokens]
             lo, hi = int(arr.min()), int(arr.max())
             if lo < 0 or hi >= self.vocab_size:
                 raise InvalidArgument(
-                    f"input {i} has token id {lo if lo < 0 else hi}, outside the vocabulary [0, {self.vocab_size})"
+                    f"input {i} has token id {lo if lo < 0 else hi}, outside the vocabulary [0, {self.vocab_size})",
+                    param="input",
                 )
             seqs.append(arr)
         return seqs

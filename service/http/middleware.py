@@ -168,7 +168,7 @@ class CallMiddleware:
         at once and the connection closed (UNREAD_KEY tells `_error`).
         """
         length = _header(scope, b"content-length")
-        declared = int(length) if length is not None and length.isdigit() else None
+        declared = int(length) if length is not None and length.isascii() and length.isdigit() else None
         if declared is not None and declared > max(self.max_body_bytes, DRAIN_BYTES):
             scope[UNREAD_KEY] = True
             raise TooLarge(self._too_large(declared))

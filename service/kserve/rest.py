@@ -82,7 +82,8 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     """(the JSON, the binary data after it)."""
     if header_length is None:
         return body, memoryview(b"")
-    if not header_length.isdigit() or int(header_length) > len(body):
+    # ASCII digits only: str.isdigit() is true of "²" too, which int() refuses.
+    if not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
         raise InvalidArgument(
             f"Inference-Header-Content-Length is {header_length!r} but the body is {len(body)} bytes long"
         )

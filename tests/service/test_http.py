@@ -192,6 +192,38 @@ def test_arbitrary_kserve_tensors_never_get_a_5xx(srv: ServerThread, tensor: dic
     assert reply.status < 500, (tensor, reply.body[:300])
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers", "status"),
+    [
+        # ids past int64 (JSON numbers have no bound) are outside the vocabulary, as 2**63 - 1 is
+        ("POST", "/v1/embeddings", {"input": [2**63]}, {}, 400),
+        ("POST", "/v1/embeddings", {"input": [[2, 2**64 - 1, 3]]}, {}, 400),
+        (
+            "POST",
+            "/v2/models/tiny/infer",
+            {"inputs": [{"name": "input_ids", "shape": [1, 1], "datatype": "INT64", "data": [2**63]}]},
+            {},
+            400,
+        ),
+        # str.isdigit() is true of "²" and "١": a version is ASCII digits, anything else names none served
+        ("POST", "/v1/embeddings", {"input": "a", "model": "tiny:²"}, {}, 404),
+        ("POST", "/v1/embeddings", {"input": "a", "model": "tiny:١"}, {}, 404),
+        ("GET", "/v1/models/tiny:%C2%B2", None, {}, 404),
+        ("GET", "/v2/models/tiny/versions/%C2%B2", None, {}, 404),
+        ("POST", "/v2/models/tiny/infer", {"inputs": []}, {"inference-header-content-length": "²"}, 400),
+    ],
+    ids=["id-2**63", "id-2**64-1", "kserve-id-2**63", "superscript", "arabic-indic", "get", "v2", "header"],
+)
+def test_numbers_that_python_reads_loosely_are_client_errors(
+    srv: ServerThread, method: str, path: str, body: object, headers: dict[str, str], status: int
+) -> None:
+    """Found by hand, past the property tests above: each was a 500 (int() of "²", numpy of 2**63)."""
+    data = None if body is None else json.dumps(body).encode()
+    reply = request(method, url(srv, path), data, {"content-type": "application/json", **headers})
+    assert reply.status == status, (reply.status, reply.body[:300])
+    assert request("POST", url(srv, "/v1/embeddings"), {"input": "still here"}).status == 200
+
+
 def test_responses_are_not_held_back_by_nagles_algorithm(srv: ServerThread) -> None:
     """Every accepted connection has TCP_NODELAY: without it each keep-alive response's body waited
     for the client's delayed ACK of its head, ~45 ms a request (found by the bench, 3x gRPC's latency)."""
