@@ -199,7 +199,7 @@ class Pipeline:
         if not (truncate or self.auto_truncate):
             for i, enc in enumerate(encodings):
                 if enc.overflowing:
-                    raise InvalidArgument(self._too_long(i, self._length(texts[i])))
+                    raise InvalidArgument(self._too_long(i, await self._length(texts[i])), param="input")
         return encodings
 
     async def encode_pre(self, req: EncodeInput) -> list[Ids]:
@@ -242,12 +242,20 @@ class Pipeline:
         tokenizer = self.model.tokenizer
         return [tokenizer.encode(text) for text in texts]
 
-    def _length(self, text: str) -> int:
-        """The untruncated length of a text, for the error message (rare: only on that error)."""
+    async def _length(self, text: str) -> int:
+        """The untruncated length of a text, for the error message (rare: only on that error).
+
+        A long text is measured on the tokeniser threads, as it was tokenised: a refusal must not hold the
+        event loop longer than serving the text would (4 MB of text is seconds of the tokeniser's time).
+        """
         if self._untruncated is None:
             self._untruncated = Tokenizer.from_str(self.model.tokenizer.to_str())
             self._untruncated.no_truncation()
-        return len(self._untruncated.encode(text).ids)
+        if len(text) <= INLINE_TOKENIZE_CHARS:
+            return len(self._untruncated.encode(text).ids)
+        loop = asyncio.get_running_loop()
+        encodings = await loop.run_in_executor(self._tokenize_pool, self._untruncated.encode_batch, [text])
+        return len(encodings[0].ids)
 
     def _too_long(self, index: int, length: int) -> str:
         return (

@@ -8,6 +8,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
+from mhaserve.runtime.errors import InvalidArgument
 from mhaserve.runtime.repository import ModelRepository
 from mhaserve.service.batching import Batcher
 from mhaserve.service.batching.limits import CPU_LIMITS
@@ -65,3 +68,38 @@ def test_short_requests_are_tokenised_on_the_loop_and_long_ones_by_encode_batch_
         pool.shutdown()
     assert handed == ["one long text", "several texts, over the limit in all"]
     assert pool.names == ["encode_batch", "encode_batch"]
+
+
+def test_a_long_text_refused_for_its_length_is_measured_on_the_pool_not_the_loop(tiny_repo: Path) -> None:
+    """The refusal names the text's untruncated length, which takes a second tokenisation without truncation.
+    For a long text that is the tokeniser's time again (seconds for the 4 MB a body may hold): on the pool,
+    as the first one, so that the loop goes on serving meanwhile. A short one is measured on the loop."""
+    repository = ModelRepository(tiny_repo)
+    engine = ScriptedEngine()
+    model = repository.load(repository.entry(), engine.factory())
+    pool = RecordingPool()
+    pipeline = Pipeline(
+        model, Batcher(model.engine, limits=CPU_LIMITS), CPU_LIMITS, ModelMetrics(Metrics(), "m", 1), tokenize_pool=pool
+    )
+    word = "token "
+    long, short = word * (INLINE_TOKENIZE_CHARS // len(word) + 1), "a " * 300
+    assert len(short) <= INLINE_TOKENIZE_CHARS < len(long)
+
+    async def refusal(text: str) -> str:
+        try:
+            await asyncio.wait_for(pipeline.tokenize([text], truncate=False), WAIT)
+        except InvalidArgument as e:
+            assert e.param == "input"
+            return e.message
+        raise AssertionError("not refused")
+
+    try:
+        messages = [asyncio.run(refusal(text)) for text in (long, short)]
+    finally:
+        pipeline.close()
+        pool.shutdown()
+    untruncated = Tokenizer.from_str(model.tokenizer.to_str())
+    untruncated.no_truncation()
+    for message, text in zip(messages, (long, short), strict=True):
+        assert f"input 0 is {len(untruncated.encode(text).ids)} tokens long" in message
+    assert pool.names == ["encode_batch", "encode_batch"]  # the long text: tokenised, then measured
