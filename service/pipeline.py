@@ -161,13 +161,15 @@ class Pipeline:
         if req.dimensions is not None and not 1 <= req.dimensions <= self.dimensions:
             raise InvalidArgument(
                 f"dimensions is {req.dimensions}; this model's embeddings have {self.dimensions}: "
-                f"ask for 1 to {self.dimensions}"
+                f"ask for 1 to {self.dimensions}",
+                param="dimensions",
             )
 
     def validate_count(self, n: int) -> None:
         if n > self.limits.max_client_batch_size:
             raise InvalidArgument(
-                f"{n} inputs in one request; the limit is {self.limits.max_client_batch_size} (split the request)"
+                f"{n} inputs in one request; the limit is {self.limits.max_client_batch_size} (split the request)",
+                param="input",
             )
 
     @property

@@ -104,23 +104,25 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "message", "param"),
     [
-        ({"input": []}, "input is empty"),
-        ({"input": ""}, "input 0 is an empty string"),
-        ({"input": ["a"] * 9}, "9 inputs in one request; the limit is 8"),
-        ({"input": [[2, 300, 3]]}, "token id 300, outside the vocabulary [0, 256)"),
-        ({"input": "word " * 400}, "more than the model's maximum of 160"),
-        ({"input": "a", "dimensions": 33}, "dimensions is 33; this model's embeddings have 32"),
-        ({"input": "a", "dimensions": 0}, "dimensions is 0"),
-        ({"input": "a", "encoding_format": "float16"}, "encoding_format"),
-        ({"input": [1, "a"]}, "input"),
+        ({"input": []}, "input is empty", "input"),
+        ({"input": ""}, "input 0 is an empty string", "input"),
+        ({"input": ["a"] * 9}, "9 inputs in one request; the limit is 8", "input"),
+        ({"input": [[2, 300, 3]]}, "token id 300, outside the vocabulary [0, 256)", "input"),
+        ({"input": [[2, 2**63, 3]]}, "outside the vocabulary [0, 256)", "input"),
+        ({"input": "word " * 400}, "more than the model's maximum of 160", "input"),
+        ({"input": "a", "dimensions": 33}, "dimensions is 33; this model's embeddings have 32", "dimensions"),
+        ({"input": "a", "dimensions": 0}, "dimensions is 0", "dimensions"),
+        ({"input": "a", "encoding_format": "float16"}, "encoding_format", "encoding_format"),
+        ({"input": [1, "a"]}, "input", "input"),
     ],
     ids=[
         "empty",
         "empty-string",
         "too-many",
         "vocabulary",
+        "past-int64",
         "too-long",
         "dimensions-high",
         "dimensions-0",
@@ -128,12 +130,15 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
         "mixed",
     ],
 )
-def test_bad_requests_are_bad_request_errors(http_server: ServerThread, kwargs: dict[str, Any], message: str) -> None:
+def test_bad_requests_are_bad_request_errors(
+    http_server: ServerThread, kwargs: dict[str, Any], message: str, param: str
+) -> None:
     c = client(http_server)
     with pytest.raises(openai.BadRequestError) as e:
         c.embeddings.create(model="tiny", **kwargs)
     assert e.value.status_code == 400 and message in e.value.message
     assert e.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    assert e.value.param == param  # the field at fault, as OpenAI names it
     assert e.value.response.headers["x-request-id"]
     # the server goes on
     assert len(c.embeddings.create(input="still here", model="tiny").data) == 1
