@@ -199,9 +199,11 @@ def from_request(req: InferenceRequest, binary: _Binary, model: str, version: st
 
 
 def _wants_binary(req: InferenceRequest) -> bool:
-    if req.outputs:
-        return any(_bool(out.parameters, "binary_data") for out in req.outputs)
-    return bool(_bool(req.parameters, "binary_data_output"))
+    """Triton's binary data extension: `binary_data_output` for every output, unless an output's own
+    `binary_data` says otherwise (tritonclient sets the latter on each output it asks for)."""
+    default = bool(_bool(req.parameters, "binary_data_output"))
+    wanted = [_bool(out.parameters, "binary_data") for out in req.outputs]
+    return any(default if w is None else w for w in wanted) if wanted else default
 
 
 def to_response(output: EncodeOutput, request_id: str, binary: bool) -> Response:
@@ -353,9 +355,10 @@ def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status:
                 raise InvalidArgument(f"the inference request is not valid JSON: {e}") from None
             req = validate(InferenceRequest, data)
             encode_input = from_request(req, _Binary(binary), model_name, model_version or None)
+            as_binary = _wants_binary(req)  # a bad flag is refused before the model runs, not after
         except ServiceError:
             # Refused at this boundary rather than in the pipeline: still a failed request for this model.
             pipeline.stats.failed(time.perf_counter_ns() - t0)
             raise
         output = await pipeline.encode(encode_input)
-        return to_response(output, req.id, _wants_binary(req))
+        return to_response(output, req.id, as_binary)

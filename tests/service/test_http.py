@@ -224,6 +224,42 @@ def test_numbers_that_python_reads_loosely_are_client_errors(
     assert request("POST", url(srv, "/v1/embeddings"), {"input": "still here"}).status == 200
 
 
+def test_kserve_binary_output_follows_the_request_flag_unless_the_output_says_otherwise(srv: ServerThread) -> None:
+    """Triton's binary data extension: `binary_data_output` holds for every output, an output's own
+    `binary_data` overrides it; a bad flag is refused before the model runs, as a failed request."""
+    text = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["hi"]}
+
+    def infer(parameters: dict[str, Any], outputs: list[dict[str, Any]]) -> Any:
+        body = {"inputs": [text], "parameters": parameters, "outputs": outputs}
+        return request("POST", url(srv, "/v2/models/tiny/infer"), body)
+
+    def as_binary(reply: Any) -> bool:
+        assert reply.status == 200, reply.body[:300]
+        return "inference-header-content-length" in reply.headers
+
+    named = {"name": "embeddings"}
+    assert as_binary(infer({"binary_data_output": True}, []))
+    assert as_binary(infer({"binary_data_output": True}, [named]))
+    assert not as_binary(infer({"binary_data_output": True}, [named | {"parameters": {"binary_data": False}}]))
+    assert as_binary(infer({}, [named | {"parameters": {"binary_data": True}}]))
+    assert not as_binary(infer({}, [named]))
+
+    def counts() -> tuple[int, int, int]:
+        stats = request("GET", url(srv, "/v2/models/tiny/stats")).json()["model_stats"][0]
+        return (
+            stats["inference_stats"]["success"]["count"],
+            stats["inference_stats"]["fail"]["count"],
+            stats["inference_count"],
+        )
+
+    success, fail, embedded = counts()
+    for bad in ({"binary_data_output": "yes"}, {}):
+        outputs = [named | {"parameters": {"binary_data": 1}}] if not bad else []
+        reply = infer(bad, outputs)
+        assert reply.status == 400 and "must be a bool" in reply.json()["error"]
+    assert counts() == (success, fail + 2, embedded)  # refused, and nothing computed for them
+
+
 def test_responses_are_not_held_back_by_nagles_algorithm(srv: ServerThread) -> None:
     """Every accepted connection has TCP_NODELAY: without it each keep-alive response's body waited
     for the client's delayed ACK of its head, ~45 ms a request (found by the bench, 3x gRPC's latency)."""
