@@ -17,12 +17,14 @@ from google.protobuf import json_format
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.proto.inference.v2 import model_config_pb2 as mc
 from mhaserve.runtime.repository import LoadedModel
+from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.kserve.tensors import IDS, MASK, OUTPUT, TEXT
 from mhaserve.service.pipeline import Pipeline
 
 SERVER_NAME = "mhaserve"
-# Triton's names for what this server implements beyond the core protocol.
-EXTENSIONS = ("model_configuration", "parameters", "statistics")
+# Triton's names for what this server implements beyond the core protocol (binary tensor data: REST only,
+# as in Triton; the repository methods answer FAILED_PRECONDITION unless --model-control explicit).
+EXTENSIONS = ("model_configuration", "parameters", "statistics", "model_repository", "binary_tensor_data")
 PLATFORM = "onnxruntime_onnx"
 BACKEND = "onnxruntime"
 CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT64": "TYPE_INT64", "FP32": "TYPE_FP32"}
@@ -82,7 +84,7 @@ def config(pipeline: Pipeline) -> dict[str, Any]:
         "name": model.name,
         "platform": PLATFORM,
         "backend": BACKEND,
-        "version_policy": {"latest": {"num_versions": 1}},
+        "version_policy": model.entry.config.version_policy.describe(),
         "max_batch_size": limits.max_client_batch_size,
         # All optional: a request sends text, or input_ids and attention_mask.
         "input": [
@@ -100,6 +102,18 @@ def config(pipeline: Pipeline) -> dict[str, Any]:
         "default_model_filename": model.entry.graph_path.name,
         "parameters": {key: {"string_value": str(value)} for key, value in parameters.items()},
     }
+
+
+def statistics_of(dataplane: DataPlane, name: str, version: str) -> list[Pipeline]:
+    """The model versions a statistics request asks for: every one served when it names no model (nor
+    version), every served version of a model it names without a version, as Triton answers."""
+    if not name and not version:
+        return dataplane.pipelines()
+    pipeline = dataplane.resolve(name, version)  # NOT_FOUND for a model or version not served
+    if version or ":" in name:  # a version named (`name:version` as everywhere else)
+        return [pipeline]
+    model = pipeline.model.name
+    return [dataplane.resolve(model, v) for v in dataplane.versions(model)]
 
 
 def statistics(pipeline: Pipeline) -> dict[str, Any]:

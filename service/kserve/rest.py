@@ -26,7 +26,15 @@ from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
-from mhaserve.service.kserve.model import EXTENSIONS, SERVER_NAME, config, metadata, server_version, statistics
+from mhaserve.service.kserve.model import (
+    EXTENSIONS,
+    SERVER_NAME,
+    config,
+    metadata,
+    server_version,
+    statistics,
+    statistics_of,
+)
 from mhaserve.service.kserve.tensors import (
     IDS_SHAPES,
     OUTPUT,
@@ -337,7 +345,9 @@ def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status:
 
     @api.get(base + "/stats", summary="Triton's model statistics")
     async def model_stats(model_name: str, model_version: str = "") -> Response:
-        return json_response({"model_stats": [statistics(dataplane.resolve(model_name, model_version))]})
+        return json_response(
+            {"model_stats": [statistics(p) for p in statistics_of(dataplane, model_name, model_version)]}
+        )
 
     @api.post(
         base + "/infer",

@@ -26,6 +26,7 @@ from mhaserve.service.kserve.model import (
     model_metadata,
     model_statistics,
     server_version,
+    statistics_of,
 )
 from mhaserve.service.models import ModelManager
 from mhaserve.service.rpc.streaming import ordered
@@ -75,11 +76,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=model_config(self.dataplane.resolve(request.name, request.version)))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> pb.ModelStatisticsResponse:
-        # Empty name and version: every model served, as in Triton.
-        if not request.name and not request.version:
-            pipelines = self.dataplane.pipelines()
-        else:
-            pipelines = [self.dataplane.resolve(request.name, request.version)]
+        pipelines = statistics_of(self.dataplane, request.name, request.version)
         return pb.ModelStatisticsResponse(model_stats=[model_statistics(p) for p in pipelines])
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:

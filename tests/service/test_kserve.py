@@ -368,7 +368,13 @@ def test_model_ready_answers_for_the_served_model_and_version_only(stub: pb_grpc
 def test_metadata_and_config(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     server = stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=WAIT)
     assert server.name == "mhaserve" and server.version
-    assert set(server.extensions) == {"model_configuration", "parameters", "statistics"}
+    assert set(server.extensions) == {
+        "model_configuration",
+        "parameters",
+        "statistics",
+        "model_repository",
+        "binary_tensor_data",
+    }
 
     meta = stub.ModelMetadata(pb.ModelMetadataRequest(name="tiny"), timeout=WAIT)
     assert (meta.name, list(meta.versions), meta.platform) == ("tiny", ["1"], "onnxruntime_onnx")

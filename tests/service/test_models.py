@@ -187,6 +187,17 @@ def test_version_policies_and_naming_a_version(tmp_path: Path) -> None:
         kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
         meta = kserve.ModelMetadata(kpb.ModelMetadataRequest(name="m"), timeout=WAIT)
         assert list(meta.versions) == ["2", "3"]
+        # Triton's config reports the policy in force; statistics of a model without a version are every version's
+        config = kserve.ModelConfig(kpb.ModelConfigRequest(name="m"), timeout=WAIT).config
+        assert config.version_policy.latest.num_versions == 2
+        stats = kserve.ModelStatistics(kpb.ModelStatisticsRequest(name="m"), timeout=WAIT).model_stats
+        assert [(s.name, s.version) for s in stats] == [("m", "2"), ("m", "3")]
+        for named in (kpb.ModelStatisticsRequest(name="m", version="2"), kpb.ModelStatisticsRequest(name="m:2")):
+            assert [s.version for s in kserve.ModelStatistics(named, timeout=WAIT).model_stats] == ["2"]
+        rest = request("GET", srv.http_url + "/v2/models/m/stats").json()["model_stats"]
+        assert [s["version"] for s in rest] == ["2", "3"]
+        rest = request("GET", srv.http_url + "/v2/models/m/versions/3/stats").json()["model_stats"]
+        assert [s["version"] for s in rest] == ["3"]
         client = openai.OpenAI(base_url=srv.http_url + "/v1", api_key="-", max_retries=0)
         by_name = client.embeddings.create(input=INPUTS, model="m:2", encoding_format="float")
         np.testing.assert_allclose([d.embedding for d in by_name.data], reference(v2), atol=1e-6)
@@ -194,6 +205,8 @@ def test_version_policies_and_naming_a_version(tmp_path: Path) -> None:
     with ServerThread(settings(tmp_path, "m")) as srv, srv.ready().channel() as channel:
         assert list(info(channel).versions) == [1, 3]
         np.testing.assert_allclose(vectors(encode(channel, version=1)), reference(v1), atol=1e-6)
+        config = kpb_grpc.GRPCInferenceServiceStub(channel).ModelConfig(kpb.ModelConfigRequest(name="m"), timeout=WAIT)
+        assert list(config.config.version_policy.specific.versions) == [1, 3]
     (tmp_path / "m" / "serving.json").write_text(json.dumps({"version_policy": {"all": {}}}))
     with ServerThread(settings(tmp_path, "m")) as srv, srv.ready().channel() as channel:
         assert list(info(channel).versions) == [1, 2, 3]
