@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from mhaserve.runtime.errors import InvalidArgument
 from mhaserve.service.dataplane import DataPlane
@@ -47,7 +47,9 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(default=None, description="keep the leading dimensions, renormalised")
     user: StrictStr | None = Field(default=None, description="accepted and ignored")
-    truncate: bool = Field(default=False, description="cut inputs past the model's maximum instead of refusing them")
+    truncate: StrictBool = Field(
+        default=False, description="cut inputs past the model's maximum instead of refusing them"
+    )
     prompt_name: StrictStr | None = Field(
         default=None, description="a prompt of the model's serving config to put before each text (e.g. query)"
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from mhaserve.runtime.errors import InvalidArgument
 from mhaserve.service.dataplane import DataPlane
@@ -32,7 +32,9 @@ class TokenizeRequest(BaseModel):
 
     inputs: StrictStr | list[StrictStr] = Field(description="a text or a list of texts")
     model: StrictStr = Field(default="", description="a served model's name (default: the first served)")
-    truncate: bool = Field(default=False, description="cut inputs past the model's maximum instead of refusing them")
+    truncate: StrictBool = Field(
+        default=False, description="cut inputs past the model's maximum instead of refusing them"
+    )
     prompt_name: StrictStr | None = Field(default=None, description="a prompt of the model's serving config")
 
 

@@ -58,6 +58,9 @@ def openai_error(reply_body: bytes) -> dict[str, object]:
         (b"[1, 2]", 400, "body"),
         (b'{"input": 5}', 400, "input"),
         (b'{"input": "a", "dimensions": "many"}', 400, "dimensions"),
+        # as the KServe routes' truncate: "yes" or 1 is not read as true
+        (b'{"input": "a", "truncate": "yes"}', 400, "truncate"),
+        (b'{"input": "a", "truncate": 1}', 400, "truncate"),
         (b'{"input": "a", "model": 3}', 400, "model"),
         (b"\xff\xfe", 400, "not valid JSON"),
     ],
