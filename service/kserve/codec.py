@@ -37,9 +37,18 @@ InputTensor: TypeAlias = pb.ModelInferRequest.InferInputTensor
 TYPED_FIELD = {"BYTES": "bytes_contents", "INT64": "int64_contents"}
 
 
+def _classification(parameters: Mapping[str, pb.InferParameter]) -> bool:
+    """Whether a requested output asks for top classes (tritonclient's class_count, sent as "classification")."""
+    if "classification" not in parameters:
+        return False
+    value = parameters["classification"]
+    choice = value.WhichOneof("parameter_choice")
+    return choice is not None and bool(getattr(value, choice))
+
+
 def from_pb(request: pb.ModelInferRequest) -> EncodeInput:
     """The internal request a ModelInferRequest asks for; INVALID_ARGUMENT for anything malformed."""
-    check_outputs([out.name for out in request.outputs])
+    check_outputs([(out.name, _classification(out.parameters)) for out in request.outputs])
     truncate, normalize, prompt_name = _options(request.parameters)
     tensors = _inputs(request)
     decoders = {

@@ -179,7 +179,7 @@ def _int64(tensor: InputTensor, raw: bytes | None) -> npt.NDArray[np.int64]:
 
 def from_request(req: InferenceRequest, binary: _Binary, model: str, version: str | None) -> EncodeInput:
     """The internal request; INVALID_ARGUMENT for anything malformed (the same messages as over gRPC)."""
-    check_outputs([out.name for out in req.outputs])
+    check_outputs([(out.name, bool(out.parameters.get("classification"))) for out in req.outputs])
     truncate, normalize = _bool(req.parameters, "truncate"), _bool(req.parameters, "normalize")
     prompt_name = req.parameters.get("prompt_name")
     if prompt_name is not None and not isinstance(prompt_name, str):

@@ -111,10 +111,17 @@ def strip_padding(ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]) -> li
     return [ids[r, : int(lengths[r])] for r in range(ids.shape[0])]
 
 
-def check_outputs(names: Sequence[str]) -> None:
-    for name in names:
+def check_outputs(outputs: Sequence[tuple[str, bool]]) -> None:
+    """The requested outputs: each one's name, and whether it asks for Triton's classification extension
+    (`class_count` in tritonclient), which an embedding has no classes for: refused rather than answered
+    with the embeddings the client did not ask for."""
+    for name, classification in outputs:
         if name != OUTPUT:
             raise InvalidArgument(f"unknown output {name!r}: this model has one output, {OUTPUT!r}")
+        if classification:
+            raise InvalidArgument(
+                f"output {name!r} asks for classification (class_count); this server returns embeddings, not classes"
+            )
 
 
 def check_input(name: str, datatype: str, seen: Container[str]) -> None:

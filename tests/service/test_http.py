@@ -255,6 +255,8 @@ def test_kserve_binary_output_follows_the_request_flag_unless_the_output_says_ot
             stats["inference_count"],
         )
 
+    classes = infer({}, [named | {"parameters": {"classification": 3}}])  # tritonclient's class_count
+    assert classes.status == 400 and "asks for classification" in classes.json()["error"]
     success, fail, embedded = counts()
     for bad in ({"binary_data_output": "yes"}, {}):
         outputs = [named | {"parameters": {"binary_data": 1}}] if not bad else []

@@ -204,9 +204,11 @@ def _param(name: str, value: pb.InferParameter) -> Any:
     return request
 
 
-def _output(name: str) -> Any:
+def _output(name: str, class_count: int = 0) -> Any:
     request = text_request(["a"])
-    request.outputs.add(name=name)
+    output = request.outputs.add(name=name)
+    if class_count:  # as tritonclient's InferRequestedOutput(name, class_count=...) sends it
+        output.parameters["classification"].int64_param = class_count
     return request
 
 
@@ -311,6 +313,7 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
         "input 'text' is given twice",
     ),
     "unknown output": (lambda: _output("logits"), "unknown output 'logits': this model has one output, 'embeddings'"),
+    "classification": (lambda: _output("embeddings", class_count=3), "asks for classification (class_count)"),
     "normalize as a string": (
         lambda: _param("normalize", pb.InferParameter(string_param="false")),
         "parameter 'normalize' must be a bool (bool_param), got string_param",
