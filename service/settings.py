@@ -10,6 +10,7 @@ component gets plain values (paths, Limits, keys).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from mhaserve.service.models import CONTROLS
 
 ENV_PREFIX = "MHASERVE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 
 
 class SettingsError(ValueError):
@@ -339,11 +341,18 @@ class Settings:
             object.__setattr__(self, "model", _names(self.model))
 
         def positive(name: str, value: float | None, *, zero: bool = False) -> None:
-            if value is not None and (value < 0 or (value == 0 and not zero)):
+            # NaN compares false both ways: without the isfinite test "nan" passed, and a NaN timeout
+            # would turn the watchdog off without a word.
+            if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
                 raise SettingsError(f"{flag(name)} must be {'>= 0' if zero else '> 0'}, got {value}")
 
         for name in ("max_batch_tokens", "max_queue_size", "max_client_batch_size", "max_message_bytes"):
             positive(name, getattr(self, name))
+        if self.max_message_bytes > MAX_GRPC_MESSAGE_BYTES:  # grpc core reads its channel arguments as C ints
+            raise SettingsError(
+                f"--max-message-bytes must be at most {MAX_GRPC_MESSAGE_BYTES} (gRPC's limit), "
+                f"got {self.max_message_bytes}"
+            )
         for name in ("max_wait_ms", "grace_period", "drain_delay", "loading_wait"):
             positive(name, getattr(self, name), zero=True)
         positive("intra_op_threads", self.intra_op_threads)

@@ -91,6 +91,12 @@ def test_flag_beats_variable_beats_default() -> None:
         ({"MHASERVE_REPOSITORY_POLL_S": "0"}, "--repository-poll-s must be > 0"),
         ({"MHASERVE_AUTO_TRUNCATE": "maybe"}, "MHASERVE_AUTO_TRUNCATE='maybe' is not a valid --auto-truncate"),
         ({"MHASERVE_HTTP_HEADER_TIMEOUT": "0"}, "--http-header-timeout must be > 0"),
+        # float() reads these; NaN compares false with everything, so only a test for it refuses it
+        ({"MHASERVE_MAX_WAIT_MS": "nan"}, "--max-wait-ms must be >= 0, got nan"),
+        ({"MHASERVE_INFERENCE_TIMEOUT": "nan"}, "--inference-timeout must be >= 0, got nan"),
+        ({"MHASERVE_GRACE_PERIOD": "inf"}, "--grace-period must be >= 0, got inf"),
+        # grpc core takes its message limit as a C int: past it, the server failed with a traceback
+        ({"MHASERVE_MAX_MESSAGE_BYTES": str(2**31)}, "--max-message-bytes must be at most 2147483647"),
     ],
 )
 def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> None:
