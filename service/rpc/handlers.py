@@ -34,6 +34,11 @@ def kind(handler: grpc.RpcMethodHandler) -> Kind:
     raise ValueError(f"a method handler with no behaviour: {handler!r}")
 
 
+def streams_requests(handler: grpc.RpcMethodHandler) -> bool:
+    """Whether the handler reads a stream of requests (an async iterator) rather than one message."""
+    return kind(handler) in ("stream_unary", "stream_stream")
+
+
 def streams_responses(handler: grpc.RpcMethodHandler) -> bool:
     """Whether the handler answers with a stream (an async generator) rather than one message."""
     return kind(handler) in ("unary_stream", "stream_stream")
@@ -44,8 +49,13 @@ def behaviour(handler: grpc.RpcMethodHandler) -> Behaviour:
     return getattr(handler, kind(handler))
 
 
-def rewrap(handler: grpc.RpcMethodHandler, new: Behaviour) -> grpc.RpcMethodHandler:
-    """A handler of the same kind and codec as `handler`, whose behaviour is `new`."""
+def rewrap(
+    handler: grpc.RpcMethodHandler, new: Behaviour, *, request_deserializer: Callable[[bytes], Any] | None = None
+) -> grpc.RpcMethodHandler:
+    """A handler of the same kind and codec as `handler` (or another request deserializer), whose behaviour
+    is `new`."""
     return _FACTORIES[kind(handler)](
-        new, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        new,
+        request_deserializer=request_deserializer or handler.request_deserializer,
+        response_serializer=handler.response_serializer,
     )

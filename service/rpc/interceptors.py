@@ -7,6 +7,8 @@ and the Open Inference Protocol's own health methods, which answer while the mod
   server drains;
 - turns a raised ServiceError into its status, and anything else into INTERNAL with a short message
   (the stack trace goes to the log with the request id, never to the client);
+- refuses a request message that does not parse with INVALID_ARGUMENT, as any other bad input (grpc.aio
+  would answer UNKNOWN naming the parser's exception class, log a traceback, and count nothing);
 - counts the call by method and status code, times it, and logs one line per call at debug.
 """
 
@@ -21,12 +23,19 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from mhaserve.runtime.errors import ServiceError
+from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
 from mhaserve.service.errors import to_status
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.metrics import Metrics
-from mhaserve.service.rpc.handlers import Behaviour, Continuation, behaviour, rewrap, streams_responses
+from mhaserve.service.rpc.handlers import (
+    Behaviour,
+    Continuation,
+    behaviour,
+    rewrap,
+    streams_requests,
+    streams_responses,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,43 @@ Gate = Callable[[float | None], Awaitable[ServiceError | None]]
 def is_exempt(method: str, exempt: Sequence[str]) -> bool:
     """Whether a full method name (`/pkg.Service/Method`) starts with one of the `exempt` prefixes."""
     return method.startswith(tuple(exempt))
+
+
+class _Malformed:
+    """A request message that did not parse, handed to the call in its place: the call then fails with
+    INVALID_ARGUMENT inside its bookkeeping (mapped, counted, logged as a client's error)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: InvalidArgument) -> None:
+        self.error = error
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """The method's deserializer, answering a `_Malformed` where it would raise (bytes that are not a
+    message of its type, a string field that is not UTF-8)."""
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as e:
+            return _Malformed(InvalidArgument(f"the request is not a valid message for this method: {e}"))
+
+    return parse
+
+
+def _parsed(request: Any) -> Any:
+    if isinstance(request, _Malformed):
+        raise request.error
+    return request
+
+
+async def _parsed_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A stream's requests; one that did not parse ends the stream with INVALID_ARGUMENT there."""
+    async for request in requests:
+        yield _parsed(request)
 
 
 def _request_id(details: grpc.HandlerCallDetails) -> str:
@@ -119,14 +165,19 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         method = full.lstrip("/")
         rid = _request_id(handler_call_details)
         wrap = self._stream if streams_responses(handler) else self._unary
-        return rewrap(handler, wrap(behaviour(handler), method, rid))
+        parsed = _parsed_stream if streams_requests(handler) else _parsed
+        return rewrap(
+            handler,
+            wrap(behaviour(handler), method, rid, parsed),
+            request_deserializer=_tolerant(handler.request_deserializer),
+        )
 
-    def _unary(self, handle: Behaviour, method: str, rid: str) -> Behaviour:
+    def _unary(self, handle: Behaviour, method: str, rid: str, parsed: Callable[[Any], Any]) -> Behaviour:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
             call = _Call(self, method, rid, context)
             try:
                 await call.begin()
-                return await handle(request, context)
+                return await handle(parsed(request), context)
             except grpc.aio.AbortError:
                 raise
             except asyncio.CancelledError:
@@ -139,12 +190,12 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 
         return wrapper
 
-    def _stream(self, handle: Behaviour, method: str, rid: str) -> Behaviour:
+    def _stream(self, handle: Behaviour, method: str, rid: str, parsed: Callable[[Any], Any]) -> Behaviour:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             call = _Call(self, method, rid, context)
             try:
                 await call.begin()
-                async for response in handle(request, context):
+                async for response in handle(parsed(request), context):
                     yield response
             except grpc.aio.AbortError:
                 raise

@@ -1,21 +1,26 @@
-"""The interceptor on a bare grpc.aio server: a bug becomes a short INTERNAL, a ServiceError its own code."""
+"""The interceptor on a bare grpc.aio server: a bug becomes a short INTERNAL, a ServiceError its own code;
+and on the real server, a request message that does not parse INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
 
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.runtime.errors import NotFound, ServiceError
 from mhaserve.service.context import request_id
 from mhaserve.service.metrics import Metrics
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
 from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.server import ServerThread, local_settings
 
 
 async def _admit_all(time_left: float | None) -> ServiceError | None:
@@ -95,3 +100,32 @@ def test_a_service_error_keeps_its_code(raw: Raw) -> None:
         for m, code in (("Missing", "NOT_FOUND"), ("Fine", "OK"))
     }
     assert counts == {"NOT_FOUND": 1.0, "OK": 1.0}
+
+
+def test_a_request_that_does_not_parse_is_invalid_argument_and_counted(tiny_repo: Path) -> None:
+    """Bytes that are not a message of the method's type (a string field that is not UTF-8, as a C++ or Go
+    client can send; or no message at all) are the client's error: INVALID_ARGUMENT, counted, the server
+    going on. grpc.aio's own parsing answered UNKNOWN naming the parser's exception class (unary) or
+    INTERNAL (streams), with a traceback in the log."""
+    not_utf8 = b"\x0a\x02\xff\xfe"  # field 1 (texts), 2 bytes: not UTF-8
+    garbage = b"\xff\xff\xff\xff"
+    with ServerThread(local_settings(tiny_repo)).ready() as srv, srv.channel() as channel:
+        for method in ("/encoder.v1.EncoderService/Encode", "/inference.GRPCInferenceService/ModelInfer"):
+            for data in (not_utf8, garbage):
+                with pytest.raises(grpc.RpcError) as e:
+                    channel.unary_unary(method)(data, timeout=WAIT)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, e.value.details())
+                assert "the request is not a valid message for this method" in str(e.value.details())
+        # a stream answers what came before, then ends with the same status
+        good = pb.EncodeRequest(texts=["fine"]).SerializeToString()
+        stream = channel.stream_stream("/encoder.v1.EncoderService/EncodeStream")(iter([good, not_utf8]), timeout=WAIT)
+        got = []
+        with pytest.raises(grpc.RpcError) as e:
+            got.extend(stream)
+        assert len(got) == 1 and e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        counted = srv.server.metrics.registry.get_sample_value(
+            "mhaserve_requests_total", {"method": "encoder.v1.EncoderService/Encode", "code": "INVALID_ARGUMENT"}
+        )
+        assert counted == 2.0
+        reply = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["still here"]), timeout=WAIT)
+        assert len(reply.embeddings) == 1
