@@ -35,7 +35,13 @@ class RepositoryError(RuntimeError):
 @dataclass(frozen=True)
 class ModelEntry:
     """One verified version of a model: its manifest, the files the server reads, and the model's serving
-    config (serving.py), with the effective values of what that config may override."""
+    config (serving.py), with the effective values of what that config may override.
+
+    Its name and version are its place in the repository (`<name>/<version>/`), as in Triton, not what its
+    manifest recorded at export: a version copied in by hand (`cp -r 1 .2 && mv .2 2`, or into another
+    model's folder) is served where it was put. Keyed by the manifest instead, such a copy was routed
+    under one version while the repository's watcher knew it by another, and retired and reloaded itself
+    every poll; or it was served under a name no request could reach."""
 
     manifest: mf.Manifest
     directory: Path
@@ -46,11 +52,11 @@ class ModelEntry:
 
     @property
     def name(self) -> str:
-        return self.manifest.name
+        return self.directory.parent.name
 
     @property
     def version(self) -> int:
-        return self.manifest.version
+        return int(self.directory.name)
 
     @property
     def sha256(self) -> str:
@@ -200,6 +206,15 @@ class ModelRepository:
             raise RepositoryError(f"{directory} has no tokenizer file {manifest.tokenizer!r}")
         entry = ModelEntry(manifest, directory, variant, graph_path, tokenizer_path, self.config(name))
         _check_config(entry)
+        if (manifest.name, manifest.version) != (entry.name, entry.version):
+            log.warning(
+                "%s: its manifest records %s version %d; served as %s version %d, as its place in the repository says",
+                directory,
+                manifest.name,
+                manifest.version,
+                entry.name,
+                entry.version,
+            )
         return entry
 
     def load(self, entry: ModelEntry, engine_factory: EngineFactory) -> LoadedModel:
@@ -228,11 +243,11 @@ def _check_config(entry: ModelEntry) -> None:
     where = f"{entry.directory.parent / serving.SERVING_FILE}"
     if config.max_length is not None and config.max_length > m.max_seq_len:
         raise RepositoryError(
-            f"{where}: max_length {config.max_length} is more than version {m.version} was exported for "
+            f"{where}: max_length {config.max_length} is more than version {entry.version} was exported for "
             f"({m.max_seq_len} tokens)"
         )
     if config.pooling is not None and entry.pools_in_graph and config.pooling != m.pooling:
         raise RepositoryError(
-            f"{where}: pooling {config.pooling!r}, but version {m.version}'s graph pools by {m.pooling!r} itself; "
+            f"{where}: pooling {config.pooling!r}, but version {entry.version}'s graph pools by {m.pooling!r} itself; "
             "the server can pool only a graph that outputs token states (last_hidden_state)"
         )

@@ -93,8 +93,8 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         entry = model.entry
         m = entry.manifest
         return pb.GetModelInfoResponse(
-            name=m.name,
-            version=m.version,
+            name=model.name,
+            version=model.version,
             source=m.source,
             dimensions=m.hidden_size,
             max_tokens_per_input=entry.max_tokens,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import io
 import json
+import logging
 import operator
 import re
 import shutil
@@ -210,6 +211,35 @@ def test_version_policies_and_naming_a_version(tmp_path: Path) -> None:
     (tmp_path / "m" / "serving.json").write_text(json.dumps({"version_policy": {"all": {}}}))
     with ServerThread(settings(tmp_path, "m")) as srv, srv.ready().channel() as channel:
         assert list(info(channel).versions) == [1, 2, 3]
+
+
+def test_a_version_copied_in_by_hand_is_served_where_it_was_put(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The repository's folders name a version, as in Triton, not the manifest it was exported with: a copy
+    of version 1 published as version 2 (its manifest still says 1), and one put under another model's
+    name, are served there. Keyed by the manifest, the first was routed as version 1 while the watcher
+    retired and reloaded it every poll (requests failed UNAVAILABLE meanwhile); the second was served under
+    a name no request could reach."""
+    caplog.set_level(logging.INFO, logger="mhaserve.runtime.repository")
+    v1 = export(tmp_path, "m", 1, seed=11)
+    shutil.copytree(v1, tmp_path / "other" / "1")
+    srv = ServerThread(settings(tmp_path, "m", "other", model_control="poll", repository_poll_s=0.2)).ready()
+    try:
+        with srv.channel() as channel:
+            assert (info(channel, "other").name, info(channel, "other").version) == ("other", 1)
+            np.testing.assert_allclose(vectors(encode(channel, "other")), reference(v1), atol=1e-6)
+            shutil.copytree(v1, tmp_path / "m" / ".copy")
+            (tmp_path / "m" / ".copy").rename(tmp_path / "m" / "2")
+            wait_until(lambda: serves(channel, 2), "version 2 served", timeout=60)
+            assert list(info(channel).versions) == [2]
+            time.sleep(1.0)  # five polls more: served once, not retired and loaded again
+            assert list(info(channel).versions) == [2] and encode(channel, "m", 2).model_version == 2
+        loads = [r for r in caplog.records if "loaded m version 2" in r.getMessage()]
+        assert len(loads) == 1
+        assert any("its manifest records m version 1; served as m version 2" in r.getMessage() for r in caplog.records)
+    finally:
+        srv.stop()
 
 
 def test_prompts_max_length_and_normalize_from_the_serving_config(tmp_path: Path) -> None:
