@@ -333,6 +333,7 @@ class Supervisor:
         child.process.join()
         code = _status(child.process)
         child.process = None
+        child.serving = False  # now, not when it is started again (a second or more later)
         if self._peers is not None:
             self._peers[child.index] = 0  # it may have died computing: its runs are no longer in progress
         if child.ready is not None:

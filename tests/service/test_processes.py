@@ -112,6 +112,9 @@ def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_repo: 
         # exit, and its listening sockets (which the kernel still hashes new connections to) close with the
         # last of them. A connection queued there then is reset: SO_REUSEPORT does not move it elsewhere.
         wait_until(lambda: not os.path.exists(f"/proc/{first}"), "the killed process to be gone and reaped")
+        # Counted out as soon as the supervisor sees it exit, not when it is started again (a second later).
+        wait_until(lambda: "starting it again" in server.log, "the supervisor to see the exit")
+        assert scrape(metrics).get("mhaserve_processes_serving") == 1
         # Its listening sockets closed with it, and the new process joins the ports only once it serves:
         # meanwhile every new connection goes to the other process, and nothing is refused as "loading".
         sent = 0
