@@ -296,6 +296,9 @@ def test_http_routes_are_in_the_request_metrics(srv: ServerThread) -> None:
     request("POST", url(srv, "/v1/embeddings"), {"input": ["a", "b"]})
     request("POST", url(srv, "/v1/embeddings"), {"input": []})
     request("GET", url(srv, "/no/such/route"))
+    # probes are answers, not requests to count (as gRPC's health checks are not): "not ready" is no error
+    for probe in ("/health", "/v2/health/ready", "/v2/models/tiny/ready", "/v2/models/bogus/ready"):
+        assert request("GET", url(srv, probe)).status in (200, 400)
 
     def delta(name: str, **labels: str) -> float:
         return scrape(port).get(name, **labels) - before.get(name, **labels)
@@ -304,6 +307,8 @@ def test_http_routes_are_in_the_request_metrics(srv: ServerThread) -> None:
     assert delta("mhaserve_requests_total", method=method, code="OK") == 1
     assert delta("mhaserve_requests_total", method=method, code="INVALID_ARGUMENT") == 1
     assert delta("mhaserve_requests_total", method="GET (no route)", code="NOT_FOUND") == 1
+    for method in ("GET /health", "GET /v2/health/ready", "GET /v2/models/{model_name}/ready"):
+        assert delta("mhaserve_requests_total", method=method) == 0, method
     assert scrape(port).get("mhaserve_requests_in_flight") == 0
 
 
