@@ -37,6 +37,7 @@ from mhaserve.runtime.errors import (
     RequestTimeout,
     ServiceError,
     TooLarge,
+    Unavailable,
     UnsupportedMediaType,
 )
 from mhaserve.service.auth import Keys, bearer
@@ -263,8 +264,20 @@ class CallMiddleware:
         try:
             await (self.app(scope, replay, send) if fast is None else self._fast(fast, scope, body, send, rid))
         except asyncio.CancelledError:
-            if not left:
-                raise  # the server is stopping, not the client
+            if not left:  # the server is stopping (its grace period is over), not the client
+                if response["status"]:
+                    raise
+                # Answered UNAVAILABLE, as gRPC's calls are then: left to uvicorn, the cancellation was a 500
+                # (an engine failure or a bug, by the error map) with a traceback in the log.
+                this.uncancel()
+                running = False
+                await self._error(
+                    Unavailable("the server stopped before this request was answered (its grace period ended); retry"),
+                    scope,
+                    rid,
+                    send,
+                )
+                return
             this.uncancel()
             scope[CODE_KEY] = "CANCELLED"
         except Exception as e:  # the app's own error handlers send every error; this is a bug past them

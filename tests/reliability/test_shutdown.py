@@ -222,3 +222,28 @@ def test_sigterm_waits_the_drain_delay_and_sigint_does_not(spawn: Spawn) -> None
         assert took >= least, f"{sig.name} exited after {took:.1f} s, before its drain delay"
         said = "NOT_SERVING for 2 s, then draining" in proc.log
         assert said == (sig == signal.SIGTERM), proc.log
+
+
+def test_an_http_request_still_running_when_the_grace_period_ends_is_answered_503(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the grace period uvicorn cancels what still runs; cancelled, a request was answered 500 (which
+    says an engine failure or a bug) with uvicorn's traceback in the log. It is UNAVAILABLE, as gRPC's
+    calls are then, and retried elsewhere by clients that retry 503."""
+    engine = ScriptedEngine(hang_on=99, hang_for=WAIT)
+    srv = ServerThread(dataclasses.replace(settings, http_port=free_port(), max_wait_ms=0.0), engine.factory()).ready()
+    replies: queue.Queue[object] = queue.Queue()
+    try:
+        body = {"input": [[99]]}
+        client = threading.Thread(target=lambda: replies.put(request("POST", srv.http_url + "/v1/embeddings", body)))
+        client.start()
+        assert engine.hanging.wait(WAIT)
+        srv.call(srv.server.stop(grace=0.5), timeout=WAIT)
+        client.join(WAIT)
+        reply = replies.get(timeout=WAIT)
+        assert reply.status == 503, reply  # type: ignore[attr-defined]
+        assert "stopped before this request was answered" in reply.json()["error"]["message"]  # type: ignore[attr-defined]
+    finally:
+        engine.release.set()
+        srv.stop()
+    assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
