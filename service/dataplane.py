@@ -133,10 +133,16 @@ class DataPlane:
     def resolve(self, name: str = "", version: int | str | None = None) -> Pipeline:
         """The pipeline of a model (empty: the default) at a version (None or "": its latest served one).
 
-        NOT_FOUND for a model or version not served; UNAVAILABLE while nothing is loaded yet.
+        NOT_FOUND for a model or version not served (every model too, once all were unloaded); UNAVAILABLE
+        while nothing is loaded yet.
         """
         if not self._pipelines:
-            raise self.refusal() or Unavailable("no model is loaded yet")
+            if (refusal := self.refusal()) is not None:
+                raise refusal
+            raise NotFound(
+                f"model {(name or self._default).partition(':')[0]!r} is not served here (this server serves no "
+                "model now: every one was unloaded)"
+            )
         name, _, named_version = (name or self._default).partition(":")
         if named_version and version in (None, "", 0):
             version = named_version

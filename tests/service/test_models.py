@@ -465,6 +465,22 @@ def test_the_repository_api_is_for_explicit_control_only(two: Path) -> None:
         assert request("POST", srv.http_url + "/v2/repository/index", {}).json()[0]["name"] == "narrow"
 
 
+
+def test_with_every_model_unloaded_a_request_is_not_found_and_a_load_serves_again(two: Path) -> None:
+    """Unloaded, a model is not served: NOT_FOUND / 404, as for any model not served, not UNAVAILABLE "still
+    loading" (which tells a client to retry the same replica for ever)."""
+    explicit = settings(two, "narrow", model_control="explicit", http_port=free_port())
+    with ServerThread(explicit) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="narrow"), timeout=WAIT)
+        with pytest.raises(grpc.RpcError) as e:
+            encode(channel, "narrow")
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "serves no model now" in str(e.value.details())
+        reply = request("POST", srv.http_url + "/v1/embeddings", {"input": "a", "model": "narrow"})
+        assert reply.status == 404
+        kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="narrow"), timeout=WAIT)
+        assert encode(channel, "narrow").model == "narrow"
+
 MEDIUM = {"vocab_size": 8000, "d_model": 256, "n_layers": 4, "n_heads": 8, "d_ff": 1024, "max_positions": 128}
 SWAPS = 10
 WARM_SWAPS = 3  # a swap holds two versions at once: resident memory rises to that high-water mark, then stays
