@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mhaserve.runtime import manifest as mf
+from mhaserve.runtime import serving
 from mhaserve.runtime.engine import warm_up
 from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
 from mhaserve.runtime.memory import release_free_memory
@@ -122,10 +123,15 @@ class ModelManager:
             try:
                 wanted = self.repository.to_serve(name)
             except (ServiceError, RepositoryError) as e:
+                # The model as a whole (version 0: its serving.json, or no versions): said once, until it changes.
+                if not strict and self._skip(name, 0):
+                    return
                 self._report(name, 0, e)
                 if strict:
                     raise
                 return
+            published = set(self.repository.published(name))
+            self._forget(name, lambda version: version == 0 or version not in published)
             served = set(self.dataplane.versions(name))
             loaded = []
             for version in wanted:
@@ -195,7 +201,11 @@ class ModelManager:
         )
 
     def _mtime(self, name: str, version: int) -> float:
+        """When the file a failure was read from last changed: a version's manifest, or (version 0, the model
+        as a whole) its serving config; 0 for one that is not there."""
         try:
+            if version == 0:
+                return (self.repository.root / mf.check_name(name) / serving.SERVING_FILE).stat().st_mtime
             return (mf.entry_dir(self.repository.root, name, version) / mf.MANIFEST).stat().st_mtime
         except (OSError, mf.ManifestError):
             return 0.0
@@ -204,6 +214,13 @@ class ModelManager:
         """A version that failed is tried again only once its files change (not at every poll)."""
         failed = self._failed.get((name, version))
         return failed is not None and failed == self._mtime(name, version)
+
+    def _forget(self, name: str, gone: Callable[[int], bool]) -> None:
+        """Drop the failures of a model's versions that `gone` says are behind it (a serving config since
+        mended, a broken version since deleted), so that the index no longer lists them."""
+        for key in [k for k, s in self.states.items() if k[0] == name and s.state == "UNAVAILABLE" and gone(k[1])]:
+            del self.states[key]
+            self._failed.pop(key, None)
 
     # ---- retiring --------------------------------------------------------------------------------------
 

@@ -362,6 +362,35 @@ def corrupt(repo: Path, name: str, source: int, version: int, how: str) -> None:
     scratch.rename(repo / name / str(version))
 
 
+def test_a_broken_config_or_version_is_said_once_and_forgotten_once_mended(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under poll, a serving.json that cannot be read is logged and counted once, not at every poll; once
+    mended, and once a broken version is deleted, the repository index no longer lists their failures."""
+    export(tmp_path, "m", 1, seed=1)
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
+
+    def unavailable() -> list[tuple[str, str]]:
+        return [(e.version, e.reason) for e in srv.server.manager.index() if e.state == "UNAVAILABLE"]
+
+    try:
+        (tmp_path / "m" / "serving.json").write_text(json.dumps({"limit": {}}))
+        wait_until(lambda: any("unknown key 'limit'" in reason for _, reason in unavailable()), "the config's failure")
+        time.sleep(1.0)  # ten polls
+        said = [r for r in caplog.records if "cannot load m version -" in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in said]
+        (tmp_path / "m" / "serving.json").write_text(json.dumps({}))
+        wait_until(lambda: not unavailable(), "the mended config's failure to be forgotten")
+        corrupt(tmp_path, "m", 1, 2, "sha")
+        wait_until(lambda: [v for v, _ in unavailable()] == ["2"], "the broken version's failure")
+        shutil.rmtree(tmp_path / "m" / "2")
+        wait_until(lambda: not unavailable(), "the deleted version's failure to be forgotten")
+        with srv.channel() as channel:
+            assert info(channel).version == 1  # served throughout
+    finally:
+        srv.stop()
+
+
 @pytest.mark.slow
 def test_versions_published_while_clients_encode_are_swapped_in_without_a_failed_request(tmp_path: Path) -> None:
     refs = {1: reference(export(tmp_path, "live", 1, seed=21))}
@@ -465,7 +494,6 @@ def test_the_repository_api_is_for_explicit_control_only(two: Path) -> None:
         assert request("POST", srv.http_url + "/v2/repository/index", {}).json()[0]["name"] == "narrow"
 
 
-
 def test_with_every_model_unloaded_a_request_is_not_found_and_a_load_serves_again(two: Path) -> None:
     """Unloaded, a model is not served: NOT_FOUND / 404, as for any model not served, not UNAVAILABLE "still
     loading" (which tells a client to retry the same replica for ever)."""
@@ -480,6 +508,7 @@ def test_with_every_model_unloaded_a_request_is_not_found_and_a_load_serves_agai
         assert reply.status == 404
         kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="narrow"), timeout=WAIT)
         assert encode(channel, "narrow").model == "narrow"
+
 
 MEDIUM = {"vocab_size": 8000, "d_model": 256, "n_layers": 4, "n_heads": 8, "d_ff": 1024, "max_positions": 128}
 SWAPS = 10
