@@ -80,7 +80,7 @@ def calls(channel: grpc.Channel) -> dict[str, Callable[[Any], Any]]:
             enc.EncodeStream(iter([pb.EncodeRequest(texts=["hi"])]), metadata=md, timeout=WAIT)
         ),
         "GetModelInfo": lambda md: enc.GetModelInfo(pb.GetModelInfoRequest(), metadata=md, timeout=WAIT),
-        "ServerLive": lambda md: inf.ServerLive(kpb.ServerLiveRequest(), metadata=md, timeout=WAIT),
+        "ServerMetadata": lambda md: inf.ServerMetadata(kpb.ServerMetadataRequest(), metadata=md, timeout=WAIT),
         "ModelMetadata": lambda md: inf.ModelMetadata(kpb.ModelMetadataRequest(name="tiny"), metadata=md, timeout=WAIT),
         "ModelStreamInfer": lambda md: list(
             inf.ModelStreamInfer(iter([kpb.ModelInferRequest(model_name="tiny")]), metadata=md, timeout=WAIT)
@@ -123,7 +123,7 @@ def test_every_configured_key_is_let_in(server: ServerThread, channel: grpc.Chan
             results = {name: call((("authorization", header),)) for name, call in calls(channel).items()}
             assert len(results["Encode"].embeddings) == 1
             assert results["GetModelInfo"].name == "tiny"
-            assert results["ServerLive"].live
+            assert results["ServerMetadata"].name == "mhaserve"
 
 
 def test_health_and_reflection_stay_open(channel: grpc.Channel) -> None:
@@ -137,6 +137,10 @@ def test_health_and_reflection_stay_open(channel: grpc.Channel) -> None:
         iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=WAIT
     )
     assert "encoder.v1.EncoderService" in {s.name for s in listed.list_services_response.service}
+    # the Open Inference Protocol's server probes, as its REST /v2/health/live and /ready
+    inf = kpb_grpc.GRPCInferenceServiceStub(channel)
+    assert inf.ServerLive(kpb.ServerLiveRequest(), timeout=WAIT).live
+    assert inf.ServerReady(kpb.ServerReadyRequest(), timeout=WAIT).ready
 
 
 def test_open_methods_are_configurable(secured: Settings) -> None:
