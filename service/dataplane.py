@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Iterable
 from typing import Literal
 
-from mhaserve.runtime.errors import NotFound, ServiceError, Unavailable
+from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError, Unavailable
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 
 # unready: NOT_SERVING for balancers, but requests still served (the drain delay); closing: the listeners
@@ -144,6 +144,10 @@ class DataPlane:
                 "model now: every one was unloaded)"
             )
         name, _, named_version = (name or self._default).partition(":")
+        if named_version and version not in (None, "", 0) and str(version) != named_version:
+            raise InvalidArgument(
+                f"the model is named {name}:{named_version} and the version asked for is {version}: ask for one"
+            )
         if named_version and version in (None, "", 0):
             version = named_version
         versions = self._pipelines.get(name)

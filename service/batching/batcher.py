@@ -155,9 +155,9 @@ class Batcher:
         if self.watchdog.stalled:
             raise Unavailable(self.watchdog.message())
         if self.depth + n > self.limits.max_queue_size:
-            raise QueueFull(
-                f"the queue is full ({self.depth} inputs waiting, limit {self.limits.max_queue_size}); retry later"
-            )
+            # "Full" only when it is: a request of several inputs may not fit in a queue that has room.
+            full = "the queue is full" if self.depth >= self.limits.max_queue_size else f"the queue has no room for {n}"
+            raise QueueFull(f"{full} ({self.depth} inputs waiting, limit {self.limits.max_queue_size}); retry later")
 
     def start(self) -> None:
         if not self._workers:

@@ -184,8 +184,15 @@ def test_queue_limit_and_cancellation_free_slots() -> None:
         b = Batcher(ScriptedEngine(), limits=limits(max_queue_size=3))  # worker not started: nothing leaves
         first = asyncio.ensure_future(b.submit([seq(1), seq(2)]))
         await asyncio.sleep(0)
-        with pytest.raises(ResourceExhausted):
+        with pytest.raises(ResourceExhausted) as e:
             await b.submit([seq(3), seq(4)])
+        # one slot left: not "full", but no room for two
+        assert e.value.message == "the queue has no room for 2 (2 inputs waiting, limit 3); retry later"
+        third = asyncio.ensure_future(b.submit([seq(3)]))
+        await asyncio.sleep(0)
+        with pytest.raises(ResourceExhausted, match="the queue is full .3 inputs waiting, limit 3."):
+            await b.submit([seq(4)])
+        third.cancel()
         first.cancel()
         await asyncio.sleep(0)
         assert b.depth == 0

@@ -181,6 +181,10 @@ def test_version_policies_and_naming_a_version(tmp_path: Path) -> None:
         np.testing.assert_allclose(vectors(encode(channel)), reference(v3), atol=1e-6)  # latest by default
         np.testing.assert_allclose(vectors(encode(channel, version=2)), reference(v2), atol=1e-6)
         np.testing.assert_allclose(vectors(encode(channel, "m:2")), reference(v2), atol=1e-6)
+        assert encode(channel, "m:2", version=2).model_version == 2  # the same version twice is that version
+        with pytest.raises(grpc.RpcError) as e:  # two versions asked for: neither is guessed
+            encode(channel, "m:2", version=3)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "m:2" in str(e.value.details())
         with pytest.raises(grpc.RpcError) as e:
             encode(channel, version=1)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND and "serving versions 2, 3" in str(e.value.details())
