@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -232,6 +233,22 @@ def _rpc_error(command: str, e: grpc.RpcError) -> int:
     return 1
 
 
+def _seconds(text: str) -> float:
+    """A timeout: a number of seconds above 0 (a negative one made every call DEADLINE_EXCEEDED)."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def _api_key(text: str) -> str:
+    """A key as the server takes them: printable ASCII without spaces (gRPC metadata carries it). Another
+    reached grpc core as "INTERNAL: Invalid metadata"."""
+    if not text.isascii() or not text.isprintable() or " " in text:
+        raise argparse.ArgumentTypeError("an API key is printable ASCII without spaces")
+    return text
+
+
 def _connection(args: argparse.Namespace) -> Connection:
     from mhaserve.service.client import Connection
 
@@ -249,6 +266,7 @@ def _add_connection(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--api-key",
         default=os.environ.get("MHASERVE_API_KEY"),
+        type=_api_key,
         metavar="KEY",
         help="sent as 'authorization: Bearer KEY' [env MHASERVE_API_KEY, which keeps it out of ps]",
     )
@@ -258,10 +276,16 @@ def _encode(args: argparse.Namespace) -> int:
     from mhaserve.service import client
     from mhaserve.service.tls import TlsError
 
+    texts = args.texts
+    if texts == ["-"]:  # one text per line from standard input
+        texts = [line for line in sys.stdin.read().splitlines() if line.strip()]
+        if not texts:
+            print("mhaserve encode: error: no text on standard input", file=sys.stderr)
+            return 2
     try:
         response = client.encode(
             args.address,
-            args.texts,
+            texts,
             model=args.model,
             normalize=args.normalize,
             truncate=args.truncate,
@@ -274,7 +298,7 @@ def _encode(args: argparse.Namespace) -> int:
     except TlsError as e:
         print(f"mhaserve encode: error: {e}", file=sys.stderr)
         return 2
-    print(client.summary(args.texts, response) if args.summary else client.embeddings_json(response))
+    print(client.summary(texts, response) if args.summary else client.embeddings_json(response))
     return 0
 
 
@@ -306,7 +330,7 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="embed texts with a running server and print the embeddings",
         description="Embed texts with a running server: one JSON array per text, one per line, or a summary.",
     )
-    p.add_argument("texts", nargs="+", metavar="TEXT")
+    p.add_argument("texts", nargs="+", metavar="TEXT", help="the texts to embed; '-' alone: one text per line of stdin")
     p.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server HOST:PORT (default: {DEFAULT_ADDRESS})")
     p.add_argument("--model", default="", help="model name (default: the server's)")
     p.add_argument(
@@ -317,7 +341,7 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("--truncate", action="store_true", help="cut texts longer than the model's maximum")
     p.add_argument("--summary", action="store_true", help="print a short summary instead of the vectors")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds (default: 30)")
+    p.add_argument("--timeout", type=_seconds, default=30.0, help="seconds (default: 30)")
     p.add_argument("--request-id", help="sent as x-request-id; the server logs it")
     _add_connection(p)
     p.set_defaults(handler=_encode)
@@ -329,7 +353,7 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server HOST:PORT (default: {DEFAULT_ADDRESS})")
     p.add_argument("--service", default="", help="service name (default: the whole server)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds (default: 5)")
+    p.add_argument("--timeout", type=_seconds, default=5.0, help="seconds (default: 5)")
     _add_connection(p)
     p.set_defaults(handler=_health)
 

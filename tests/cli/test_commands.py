@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import signal
@@ -174,6 +175,24 @@ def test_encode_summary_and_errors(server: ServerThread, capsys: pytest.CaptureF
     assert "INVALID_ARGUMENT: input 0 is 202 tokens long" in capsys.readouterr().err
     assert main(["encode", "a " * 200, "--truncate", "--summary", "--address", server.address]) == 0
     assert "160 input tokens" in capsys.readouterr().out
+
+
+def test_encode_reads_stdin_and_refuses_bad_timeouts_and_keys(
+    server: ServerThread, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n\nsecond text\n"))
+    assert main(["encode", "-", "--address", server.address, "--no-normalize"]) == 0
+    vectors = np.array([json.loads(line) for line in capsys.readouterr().out.splitlines()])
+    expected = client.encode(server.address, ["hello", "second text"], normalize=False)
+    np.testing.assert_allclose(vectors, [e.values for e in expected.embeddings], atol=1e-6)
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(["encode", "-", "--address", server.address]) == 2
+    assert "no text on standard input" in capsys.readouterr().err
+    # refused by argparse (exit 2) before any call: a negative timeout, a key gRPC metadata cannot carry
+    for bad, message in ((["--timeout", "-1"], "above 0"), (["--api-key", "clé"], "printable ASCII")):
+        with pytest.raises(SystemExit) as e:
+            main(["encode", "hello", "--address", server.address, *bad])
+        assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_health_exit_status(tiny_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
