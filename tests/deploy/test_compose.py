@@ -86,6 +86,17 @@ def test_scaled_replicas_publish_no_fixed_host_port() -> None:
     assert published["50050"] == 50051 and published["8079"] == 8080, published
 
 
+def test_every_setting_reaches_the_encoder_container() -> None:
+    """The header and docs/deploy.md say every MHASERVE_* setting passes through from the shell or .env; a
+    .env only feeds the file's own ${} substitutions, so each must be listed under `environment:` (without a
+    value: passed when set, else the server's default). --processes, the keys and TLS were missing."""
+    from mhaserve.service.settings import ENV_PREFIX, Settings
+
+    listed = compose_file()["services"]["encoder"]["environment"]
+    missing = [ENV_PREFIX + f.name.upper() for f in dataclasses.fields(Settings)]
+    assert not [name for name in missing if name not in listed]
+
+
 class Reset:
     """The `!reset` tag of a Compose v2 override file: remove the key from the merged model."""
 
