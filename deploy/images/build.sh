@@ -97,7 +97,7 @@ for t in "${targets[@]}"; do
     loadtest) build "$LOADTEST_TAG" --target loadtest --build-arg PYTHON_IMAGE="$PYTHON_IMAGE" "${pip_args[@]}" "$root" ;;
     gpu) build "$GPU_TAG" --target gpu --build-arg PYTHON_IMAGE="$PYTHON_IMAGE" "${pip_args[@]}" "$root" ;;
     haproxy) build "$HAPROXY_TAG" --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" -f "$root/deploy/haproxy/Containerfile" "$root/deploy/haproxy" ;;
-    nginx) build "$NGINX_TAG" --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" "$root/deploy/nginx" ;;
+    nginx) build "$NGINX_TAG" --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" -f "$root/deploy/nginx/Containerfile" "$root/deploy/nginx" ;;
     prometheus) build "$PROMETHEUS_TAG" --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" -f "$root/deploy/prometheus/Containerfile" "$root/deploy/prometheus" ;;
   esac
 done
