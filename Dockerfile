@@ -26,8 +26,8 @@
 #
 # The serving images hold the model repository in /models, exported at build time; mount your own
 # repository over it to serve other models (docs/deploy.md). Settings are MHASERVE_* variables.
-# Stop with a timeout longer than the server's grace period (30 s): `docker stop -t 40`,
-# `stop_grace_period: 40s` in compose.
+# Stop with a timeout longer than the server's drain delay and grace period together (compose sets 5 s and
+# 30 s): `docker stop -t 45`, `stop_grace_period: 45s` in compose.
 
 ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim
 ARG PIP_INDEX_URL=https://pypi.org/simple
