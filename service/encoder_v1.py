@@ -30,6 +30,7 @@ def from_pb(request: pb.EncodeRequest) -> EncodeInput:
         truncate=request.truncate,
         normalize=request.normalize if request.HasField("normalize") else None,
         prompt_name=request.prompt_name or None,
+        dimensions=request.dimensions if request.HasField("dimensions") else None,
     )
 
 

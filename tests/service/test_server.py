@@ -560,6 +560,20 @@ def test_packed_output_is_the_same_vectors(stub: pb_grpc.EncoderServiceStub) -> 
     assert (packed.model, packed.model_version, packed.usage) == (plain.model, plain.model_version, plain.usage)
 
 
+def test_dimensions_keep_the_leading_values_renormalised(stub: pb_grpc.EncoderServiceStub) -> None:
+    """encoder.v1's `dimensions`, as the OpenAI route's: the first values of each embedding, L2-normalised."""
+    texts = ["one", "two words"]
+    full = client.vectors(stub.Encode(pb.EncodeRequest(texts=texts, normalize=False), timeout=WAIT))
+    for d in (1, 8, 32):
+        cut = client.vectors(stub.Encode(pb.EncodeRequest(texts=texts, dimensions=d, packed=d == 8), timeout=WAIT))
+        expected = full[:, :d] / np.linalg.norm(full[:, :d], axis=1, keepdims=True)
+        np.testing.assert_allclose(cut, expected, atol=1e-6)
+    for bad in (0, 33):
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Encode(pb.EncodeRequest(texts=texts, dimensions=bad), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and f"dimensions is {bad}" in str(e.value.details())
+
+
 def test_once_stopped_serve_lets_the_calls_still_running_finish_before_the_loop_closes() -> None:
     """gRPC may hand over a call as it stops; the gate refuses it at once, but only if the loop runs it.
     Cancelled by asyncio.run's close instead, gRPC logs it as an unhandled error with a traceback (seen once

@@ -13,7 +13,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("texts", "token_ids", "model", "truncate", "normalize", "model_version", "prompt_name", "packed")
+    __slots__ = ("texts", "token_ids", "model", "truncate", "normalize", "model_version", "prompt_name", "packed", "dimensions")
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class EncodeRequest(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
     PACKED_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     texts: _containers.RepeatedScalarFieldContainer[str]
     token_ids: _containers.RepeatedCompositeFieldContainer[TokenIds]
     model: str
@@ -30,7 +31,8 @@ class EncodeRequest(_message.Message):
     model_version: int
     prompt_name: str
     packed: bool
-    def __init__(self, texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., model: _Optional[str] = ..., truncate: _Optional[bool] = ..., normalize: _Optional[bool] = ..., model_version: _Optional[int] = ..., prompt_name: _Optional[str] = ..., packed: _Optional[bool] = ...) -> None: ...
+    dimensions: int
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., model: _Optional[str] = ..., truncate: _Optional[bool] = ..., normalize: _Optional[bool] = ..., model_version: _Optional[int] = ..., prompt_name: _Optional[str] = ..., packed: _Optional[bool] = ..., dimensions: _Optional[int] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("values",)
