@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     graphs: dict[str, Path] = {}
     for g in args.graphs:  # a variant of the entry, or name=path.onnx
         name, _, path = g.partition("=")
-        graphs[name] = Path(path) if path else repo.entry(m.name, m.version, graph=name).graph_path
+        graphs[name] = Path(path) if path else repo.entry(entry.name, entry.version, graph=name).graph_path
     tokenizer = load_for_serving(entry.tokenizer_path, m.max_seq_len)
 
     def encode(texts: list[str], special: bool) -> list[list[int]]:
@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     short = args.short or _bench_texts("mhaserve.loadtest.texts", "short.txt")
     loads = workloads(_lines(corpus)[: args.limit], _lines(short)[: args.limit], encode)
     report: dict[str, Any] = {
-        "model": f"{m.name} v{m.version}",
+        "model": f"{entry.name} v{entry.version}",
         "corpus": str(corpus),
         "short": str(short),
         "results": [],
