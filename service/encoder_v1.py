@@ -111,7 +111,7 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
             max_batch_tokens=pipeline.limits.max_batch_tokens,
             max_queue_size=pipeline.limits.max_queue_size,
             max_message_bytes=self.max_message_bytes,
-            versions=self.dataplane.versions(m.name),
+            versions=self.dataplane.versions(model.name),
             prompts=entry.config.prompts,
             default_prompt_name=entry.config.default_prompt_name or "",
         )

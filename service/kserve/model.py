@@ -72,10 +72,11 @@ def config(pipeline: Pipeline) -> dict[str, Any]:
     parameters = {
         "max_batch_tokens": limits.max_batch_tokens,
         "max_padding": limits.max_padding,
-        "max_tokens_per_input": m.max_seq_len,
+        # what is served: the serving config's overrides, as GetModelInfo and /info report them
+        "max_tokens_per_input": model.entry.max_tokens,
         "vocab_size": m.vocab_size,
-        "pooling": m.pooling,
-        "normalize": str(m.normalize).lower(),
+        "pooling": model.entry.pooling,
+        "normalize": str(model.entry.normalize).lower(),
         "graph": model.entry.graph,
         "execution_provider": model.provider,
         "sha256": model.entry.sha256,

@@ -335,7 +335,7 @@ def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status:
             return ready_status(False)
         try:
             dataplane.resolve(model_name, model_version)
-        except NotFound:
+        except (NotFound, InvalidArgument):  # a question, not a command: a name that serves nothing is not ready
             return ready_status(False)
         return ready_status(True)
 

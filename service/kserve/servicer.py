@@ -16,7 +16,7 @@ import grpc.aio
 
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
-from mhaserve.runtime.errors import NotFound, ServiceError
+from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.kserve.codec import error_pb, from_pb, to_pb
 from mhaserve.service.kserve.model import (
@@ -61,7 +61,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return pb.ModelReadyResponse(ready=False)
         try:
             self.dataplane.resolve(request.name, request.version)
-        except NotFound:
+        except (NotFound, InvalidArgument):  # answered outside the error map (it answers while loading)
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
 

@@ -185,6 +185,10 @@ def test_version_policies_and_naming_a_version(tmp_path: Path) -> None:
         with pytest.raises(grpc.RpcError) as e:  # two versions asked for: neither is guessed
             encode(channel, "m:2", version=3)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "m:2" in str(e.value.details())
+        # ModelReady is a question: a name that serves nothing is not ready (not an error)
+        kready = kpb_grpc.GRPCInferenceServiceStub(channel).ModelReady
+        assert not kready(kpb.ModelReadyRequest(name="m:2", version="3"), timeout=WAIT).ready
+        assert request("GET", srv.http_url + "/v2/models/m:2/versions/3/ready").status == 400
         with pytest.raises(grpc.RpcError) as e:
             encode(channel, version=1)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND and "serving versions 2, 3" in str(e.value.details())
@@ -231,7 +235,8 @@ def test_a_version_copied_in_by_hand_is_served_where_it_was_put(
     srv = ServerThread(settings(tmp_path, "m", "other", model_control="poll", repository_poll_s=0.2)).ready()
     try:
         with srv.channel() as channel:
-            assert (info(channel, "other").name, info(channel, "other").version) == ("other", 1)
+            other = info(channel, "other")
+            assert (other.name, other.version, list(other.versions)) == ("other", 1, [1])
             np.testing.assert_allclose(vectors(encode(channel, "other")), reference(v1), atol=1e-6)
             shutil.copytree(v1, tmp_path / "m" / ".copy")
             (tmp_path / "m" / ".copy").rename(tmp_path / "m" / "2")
@@ -285,6 +290,12 @@ def test_prompts_max_length_and_normalize_from_the_serving_config(tmp_path: Path
             },
         ).json()
         np.testing.assert_allclose([reply["outputs"][0]["data"]], with_prompt, atol=1e-6)
+        # KServe's model config reports what is served, the serving config's values, as GetModelInfo does
+        parameters = request("GET", srv.http_url + "/v2/models/e5/config").json()["parameters"]
+        assert (parameters["max_tokens_per_input"], parameters["normalize"]) == (
+            {"string_value": "24"},
+            {"string_value": "false"},
+        )
 
 
 def test_a_bad_serving_config_stops_start_up_naming_the_key(tmp_path: Path) -> None:
