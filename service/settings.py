@@ -84,6 +84,9 @@ def _path_or_none(s: str) -> Path | None:
 
 
 def _methods(s: str) -> tuple[str, ...]:
+    # "none" too: through the environment an empty MHASERVE_OPEN_METHODS means unset (the default), not none
+    if s.strip().lower() == "none":
+        return ()
     return tuple(m.strip() for m in s.split(",") if m.strip())
 
 
@@ -330,7 +333,7 @@ class Settings:
         default=OPEN_METHODS,
         metadata=_opt(
             "methods callable without an API key: comma-separated full names, '/pkg.Service/*' for a whole "
-            f"service, '' for none (default: {','.join(OPEN_METHODS)})",
+            f"service, '' or none for none (default: {','.join(OPEN_METHODS)})",
             _methods,
             metavar="METHODS",
         ),

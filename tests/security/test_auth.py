@@ -227,6 +227,9 @@ def test_bad_open_methods_are_refused_by_name() -> None:
     with pytest.raises(SettingsError, match="--open-methods: 'Check' is not a full method name"):
         build({}, env={"MHASERVE_OPEN_METHODS": "Check"})
     assert build({"open_methods": ()}, env={}).open_methods == ()
+    # through the environment an empty value means unset (the default); "none" closes every method
+    assert build({}, env={"MHASERVE_OPEN_METHODS": ""}).open_methods == auth.OPEN_METHODS
+    assert build({}, env={"MHASERVE_OPEN_METHODS": "none"}).open_methods == ()
 
 
 def test_the_cli_sends_the_key_from_its_flag_or_its_variable(
