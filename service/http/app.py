@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
+from starlette.types import Scope
 
 from mhaserve.runtime.errors import NotFound, ServiceError
 from mhaserve.service import openai, utility
@@ -101,4 +104,23 @@ def build(
         always_answered=always_answered,
         admin_prefix=kserve_rest.REPOSITORY_PREFIX,
         fast_routes={("POST", openai.EMBEDDINGS_PATH): FastRoute(openai.EMBEDDINGS_PATH, embed)},
+        route_of=_route_finder(app),
     )
+
+
+def _route_finder(app: FastAPI) -> Callable[[Scope], str | None]:
+    """What finds the template of the route a request's method and path reach (`/v2/models/{model_name}/infer`),
+    from the API's own description, in the order the router tries them (FastAPI's included routers do not
+    expose their routes for matching)."""
+    templates = [
+        (template, compile_path(template)[0], {method.upper() for method in operations})
+        for template, operations in app.openapi().get("paths", {}).items()
+    ]
+
+    def route_of(scope: Scope) -> str | None:
+        for template, pattern, methods in templates:
+            if scope["method"] in methods and pattern.match(scope["path"]):
+                return template
+        return None
+
+    return route_of

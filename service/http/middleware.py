@@ -99,6 +99,7 @@ class CallMiddleware:
         always_answered: Callable[[str], bool],
         admin_prefix: str = "",
         fast_routes: Mapping[tuple[str, str], FastRoute] | None = None,
+        route_of: Callable[[Scope], str | None] = lambda scope: None,
     ) -> None:
         self.app = app
         self.metrics = metrics
@@ -111,6 +112,9 @@ class CallMiddleware:
         self.always_answered = always_answered
         self.admin_prefix = admin_prefix
         self.fast_routes = dict(fast_routes or {})  # (method, path) -> FastRoute
+        # The route template a request's path and method would reach: the metrics' label for a request
+        # refused before it reached its route (API key, loading or draining, body limits).
+        self.route_of = route_of
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -314,7 +318,8 @@ class CallMiddleware:
 
     def _count(self, scope: Scope, status: int, elapsed: float) -> None:
         route = scope.get("route")
-        method = f"{scope['method']} {route.path if route is not None else '(no route)'}"
+        path = route.path if route is not None else self.route_of(scope)
+        method = f"{scope['method']} {path or '(no route)'}"
         code = scope.get(CODE_KEY) or ("OK" if 200 <= status < 400 else _CODES.get(status, "UNKNOWN"))
         self.metrics.requests.labels(method, code).inc()
         self.metrics.request_duration.labels(method).observe(elapsed)

@@ -309,6 +309,19 @@ def test_http_routes_are_in_the_request_metrics(srv: ServerThread) -> None:
     assert delta("mhaserve_requests_total", method="GET (no route)", code="NOT_FOUND") == 1
     for method in ("GET /health", "GET /v2/health/ready", "GET /v2/models/{model_name}/ready"):
         assert delta("mhaserve_requests_total", method=method) == 0, method
+    # refused before its route ran (the body over the limit): still counted under the route it asked for
+    before = scrape(port)
+    too_big = b'{"input": "' + b"a" * (srv.server.settings.max_message_bytes + 1) + b'"}'
+    assert (
+        request("POST", url(srv, "/v2/models/tiny/infer"), too_big, {"content-type": "application/json"}).status == 413
+    )
+    wait_until(
+        lambda: (
+            delta("mhaserve_requests_total", method="POST /v2/models/{model_name}/infer", code="RESOURCE_EXHAUSTED")
+            == 1
+        ),
+        "the refusal counted under its route",
+    )
     assert scrape(port).get("mhaserve_requests_in_flight") == 0
 
 
