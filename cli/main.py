@@ -392,8 +392,8 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="measure the server against ONNX Runtime in-process (its ceiling) and PyTorch eager",
         description="Measure, in one run on this machine and model: ONNX Runtime in-process at its best batch "
         "size (the ceiling) and one request at a time, PyTorch eager, and `mhaserve serve` over gRPC at a sweep "
-        "of concurrent clients with each batching policy, on a fixed-length and a mixed-length workload. "
-        "Writes report.md, report.json, throughput.png and latency.png.",
+        "of concurrent clients with each batching policy (and over HTTP beside gRPC), on a fixed-length, a "
+        "mixed-length and a short-text workload. Writes report.md, report.json, throughput.png and latency.png.",
     )
     _bench_arguments(p)
     p.set_defaults(handler=_bench)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -52,6 +53,16 @@ def _ints(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
 
 
 def _count(text: str) -> int:
@@ -119,8 +130,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_ints,
         help=f"in-process batch sizes to sweep for the ceiling (default {','.join(map(str, DEFAULT_BATCH_SIZES))})",
     )
-    p.add_argument("--duration", type=float, help="measured seconds per server point (default 8)")
-    p.add_argument("--min-time", type=float, help="least seconds per in-process measurement (default 3)")
+    p.add_argument("--duration", type=_seconds, help="measured seconds per server point (default 8)")
+    p.add_argument("--min-time", type=_seconds, help="least seconds per in-process measurement (default 3)")
     p.add_argument("--fixed-tokens", type=int, help="tokens per input of the fixed workload (default 128)")
     p.add_argument("--fixed-pool", type=int, help="distinct inputs of the fixed workload (default 64)")
     p.add_argument("--mixed-pool", type=int, help="inputs of the mixed workload, drawn from the corpus (default 256)")
@@ -133,7 +144,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workloads", type=_choices(WORKLOADS), default=WORKLOADS, help=f"some of {', '.join(WORKLOADS)} (default all)"
     )
-    p.add_argument("--batching", type=_choices(BATCHING), default=BATCHING, help="server batching policies to run")
+    p.add_argument(
+        "--batching",
+        type=_choices(BATCHING),
+        default=BATCHING,
+        help=f"server batching policies to run: some of {', '.join(BATCHING)} (default all)",
+    )
     p.add_argument(
         "--protocols",
         type=_protocols,

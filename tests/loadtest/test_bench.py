@@ -245,6 +245,9 @@ def test_command_line_reproduces_the_options() -> None:
         ["--paired", "-1"],
         ["--models", "a"],
         ["--models", "a,a"],
+        ["--duration", "-1"],  # accepted once: the run started and its stages failed
+        ["--duration", "nan"],
+        ["--min-time", "0"],
     )
     for bad in bad_args:
         with pytest.raises(SystemExit):
