@@ -8,6 +8,7 @@ same sentence padded inside a batch of longer ones must embed the same.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -87,9 +88,10 @@ def check(model: Encoder, engine: Engine, *, tolerance: float = FP32_TOLERANCE, 
     for batch, seq in grid(cfg.max_seq_len):
         ids, mask = make_batch(batch, seq, cfg.vocab_size, cfg.pad_token_id, rng)
         want, got = _eager(model, ids, mask), engine.run(ids, mask)
-        diff = float(np.abs(want - got).max())
+        diff = _max_abs_diff(want, got)
         report.cases.append((batch, seq, diff))
-        report.min_cosine = min(report.min_cosine, _min_cosine(want, got))
+        cosine = _min_cosine(want, got)
+        report.min_cosine = min(report.min_cosine, cosine if math.isfinite(cosine) else -1.0)
         if diff >= report.max_abs_diff:
             report.max_abs_diff, report.worst_case = diff, (batch, seq)
 
@@ -115,7 +117,14 @@ def padding_diff(
     mask[2] = 1
     alone = engine.run(np.ascontiguousarray(ids[1:2, :short]), np.ascontiguousarray(mask[1:2, :short]))
     padded = engine.run(ids, mask)[1:2]
-    return float(np.abs(alone - padded).max())
+    return _max_abs_diff(alone, padded)
+
+
+def _max_abs_diff(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float:
+    """The largest difference, infinite where either side is not a number: NaN compares false with every
+    bound, so a graph that answered NaN (an fp16 overflow, -inf in a mask) would otherwise pass."""
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return float(np.nan_to_num(diff, nan=np.inf).max())
 
 
 def gate(model: Encoder, engine: Engine, *, variant: str, tolerance: float = FP32_TOLERANCE) -> ParityReport:

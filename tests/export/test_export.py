@@ -166,6 +166,47 @@ def test_a_graph_that_fails_parity_is_not_published(tmp_path: Path, monkeypatch:
     assert list(tmp_path.iterdir()) == []  # no entry, no scratch directory
 
 
+def test_a_graph_that_answers_nan_fails_the_gate() -> None:
+    """NaN compares false with every bound: a NaN row (an fp16 overflow, -inf in a mask) was recorded as no
+    difference at all, and the gate passed it."""
+    from mhaserve.export import parity
+
+    cfg = EncoderConfig(**TINY)  # type: ignore[arg-type]
+    model = random_encoder(cfg, seed=0).eval()
+
+    class NanRows:
+        providers = ["CPUExecutionProvider"]
+
+        def run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            with torch.no_grad():
+                out = model(torch.from_numpy(ids), torch.from_numpy(mask)).float().numpy()
+            if len(out) > 1:
+                out[-1] = np.nan  # a padded row
+            return out
+
+    report = parity.check(model, NanRows())
+    assert not report.passed and report.max_abs_diff == float("inf") and report.min_cosine == -1.0
+    with pytest.raises(parity.ParityError):
+        parity.gate(model, NanRows(), variant="fp32")
+
+
+def test_a_version_published_while_an_export_ran_is_not_replaced(tmp_path: Path) -> None:
+    """The next free version is chosen at the start; one published meanwhile (another export, a copy) is
+    refused at the end unless --overwrite, rather than silently replaced."""
+    from mhaserve.export import staging
+
+    scratch, target = tmp_path / ".scratch", tmp_path / "m" / "1"
+    scratch.mkdir()
+    (scratch / "new").write_text("ours")
+    target.mkdir(parents=True)
+    (target / "marker").write_text("theirs")
+    with pytest.raises(staging.PublishError, match="published by someone else while this export ran"):
+        staging.publish(scratch, target)
+    assert (target / "marker").exists() and scratch.exists()
+    staging.publish(scratch, target, overwrite=True)
+    assert [p.name for p in target.iterdir()] == ["new"]
+
+
 def test_versions_increment_and_existing_ones_are_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
     args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
