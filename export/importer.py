@@ -421,5 +421,5 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                 created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             )
             (scratch / mf.MANIFEST).write_text(manifest.to_json())
-            staging.publish(scratch, target)
+            staging.publish(scratch, target, overwrite=opts.overwrite)
     return target

@@ -218,5 +218,5 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
             (scratch / mf.MANIFEST).write_text(manifest.to_json())
 
         with progress.step(f"publishing {target}"):
-            staging.publish(scratch, target)
+            staging.publish(scratch, target, overwrite=opts.overwrite)
     return target

@@ -50,14 +50,25 @@ def scratch(repository: Path, name: str, version_: int) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def publish(scratch_dir: Path, target: Path) -> None:
-    """Move the finished scratch directory to `target` in one rename (replacing it under --overwrite)."""
+def publish(scratch_dir: Path, target: Path, *, overwrite: bool = False) -> None:
+    """Move the finished scratch directory to `target` in one rename (replacing it under --overwrite).
+
+    `reserve` checked the target at the start; a version published meanwhile (another export, a copy) is
+    refused here unless --overwrite, not silently replaced."""
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists():
+        if not overwrite:
+            raise PublishError(
+                f"{target} was published by someone else while this export ran (pass --overwrite to replace it, "
+                "or another --version)"
+            )
         old = target.with_name(f".old-{target.name}-{os.getpid()}")
         target.rename(old)
         shutil.rmtree(old)
-    scratch_dir.rename(target)
+    try:
+        scratch_dir.rename(target)
+    except OSError as e:  # a directory that appeared after the check above: rename refuses a non-empty one
+        raise PublishError(f"{target} could not be published: {e.strerror or e}") from None
 
 
 def _pkg_version(name: str) -> str:
