@@ -69,6 +69,9 @@ def _export(args: argparse.Namespace) -> int:
     except (ExportError, PublishError, ManifestError) as e:
         print(f"mhaserve export: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # the repository: a file where a folder goes, no permission, a full disk
+        print(f"mhaserve export: error: {e.strerror or e}: {e.filename or args.repository}", file=sys.stderr)
+        return 1
     print(entry)
     return 0
 
@@ -137,6 +140,9 @@ def _import(args: argparse.Namespace) -> int:
     except (ImportFailed, PublishError, ManifestError) as e:
         print(f"mhaserve import: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # the repository: a file where a folder goes, no permission, a full disk
+        print(f"mhaserve import: error: {e.strerror or e}: {e.filename or args.repository}", file=sys.stderr)
+        return 1
     print(entry)
     return 0
 
@@ -167,7 +173,7 @@ def _add_import(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument(
         "--max-seq-len",
-        type=int,
+        type=_positive_int,
         help="longest sequence, in tokens (default: sentence_bert_config.json beside the tokenizer, else the "
         "graph's position table)",
     )
@@ -231,6 +237,16 @@ def _rpc_error(command: str, e: grpc.RpcError) -> int:
     code = e.code()
     print(f"mhaserve {command}: error: {code.name}: {e.details()}", file=sys.stderr)
     return 1
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, got {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:

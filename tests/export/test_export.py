@@ -207,6 +207,23 @@ def test_a_version_published_while_an_export_ran_is_not_replaced(tmp_path: Path)
     assert [p.name for p in target.iterdir()] == ["new"]
 
 
+def test_a_repository_that_is_not_a_folder_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An OSError from the repository (a file where the folder goes) was a traceback; and import's
+    --max-seq-len is refused by argparse below 1 (-4 was an OverflowError from the tokenizer)."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
+    args = ["export", "--source", "random", "--repository", str(afile), "--name", "t", *sizes, "--vocab-size", "128"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mhaserve export: error: ") and "Traceback" not in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as e:
+        main(["import", "--onnx", "g.onnx", "--tokenizer", "t.json", "--name", "n", "--max-seq-len", "-4"])
+    assert e.value.code == 2 and "must be a whole number above 0" in capsys.readouterr().err
+
+
 def test_versions_increment_and_existing_ones_are_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
     args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
