@@ -112,7 +112,8 @@ def _unit(x: Embeddings) -> Embeddings:
 
 
 def _cosines(a: Embeddings, b: Embeddings) -> npt.NDArray[np.float64]:
-    return (_unit(a).astype(np.float64) * _unit(b)).sum(axis=1)
+    # NaN compares false with every bound (it would pass the gate, and min() skips it): as far off as can be
+    return np.nan_to_num((_unit(a).astype(np.float64) * _unit(b)).sum(axis=1), nan=-1.0)
 
 
 def _pad(rows: list[list[int]], pad_id: int) -> tuple[Ids, Ids]:

@@ -166,6 +166,28 @@ def test_the_gate_measures_the_damage_of_a_wrong_scale(tiny_entry: Path, tmp_pat
         report.require_passed()
 
 
+def test_the_gate_fails_a_graph_that_answers_nan(tiny_entry: Path) -> None:
+    """NaN compares false with every bound: a NaN row (inside padded batches here) would have passed the
+    cosine bars; it counts as a cosine of -1."""
+    reference = _engine(tiny_entry / "model.optimized.onnx")
+    int8 = _engine(tiny_entry / "model.int8.onnx")
+    tok = load_for_serving(tiny_entry / "tokenizer.json", TINY["max_seq_len"])
+
+    class NanInBatches:
+        providers = int8.providers
+
+        def run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            out = int8.run(ids, mask)
+            if len(out) > 1:
+                out[-1] = np.nan
+            return out
+
+    report = int8_gate.check(
+        reference, NanInBatches(), tok, max_seq_len=TINY["max_seq_len"], vocab_size=TINY["vocab_size"], pad_id=0
+    )
+    assert not report.passed and report.min_cosine == -1.0
+
+
 def test_a_damaged_quantisation_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = quantize.quantize
 
