@@ -231,12 +231,12 @@ def test_a_version_copied_in_by_hand_is_served_where_it_was_put(
     a name no request could reach."""
     caplog.set_level(logging.INFO, logger="mhaserve.runtime.repository")
     v1 = export(tmp_path, "m", 1, seed=11)
-    shutil.copytree(v1, tmp_path / "other" / "1")
+    shutil.copytree(v1, tmp_path / "other" / "3")  # another name and another number than its manifest's
     srv = ServerThread(settings(tmp_path, "m", "other", model_control="poll", repository_poll_s=0.2)).ready()
     try:
         with srv.channel() as channel:
             other = info(channel, "other")
-            assert (other.name, other.version, list(other.versions)) == ("other", 1, [1])
+            assert (other.name, other.version, list(other.versions)) == ("other", 3, [3])
             np.testing.assert_allclose(vectors(encode(channel, "other")), reference(v1), atol=1e-6)
             shutil.copytree(v1, tmp_path / "m" / ".copy")
             (tmp_path / "m" / ".copy").rename(tmp_path / "m" / "2")
