@@ -129,14 +129,18 @@ def check_name(name: str) -> str:
     return name
 
 
+def is_number(text: str) -> bool:
+    """ASCII digits only (a version, a length): str.isdigit() is also true of "²" or "١", which int() refuses
+    or reads as a number."""
+    return text.isascii() and text.isdigit()
+
+
 def versions(repository: Path, name: str) -> list[int]:
     """The published versions of a model, ascending (directories named by a positive integer)."""
     base = repository / check_name(name)
     if not base.is_dir():
         return []
-    return sorted(
-        int(p.name) for p in base.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit() and int(p.name) > 0
-    )
+    return sorted(int(p.name) for p in base.iterdir() if p.is_dir() and is_number(p.name) and int(p.name) > 0)
 
 
 def models(repository: Path) -> list[str]:

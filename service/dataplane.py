@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError, Unavailable
+from mhaserve.runtime.manifest import is_number
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 
 # unready: NOT_SERVING for balancers, but requests still served (the drain delay); closing: the listeners
@@ -171,18 +172,13 @@ class DataPlane:
 def _version_number(version: int | str) -> int | None:
     if isinstance(version, int):
         return version
-    return int(version) if _digits(version) else None
+    return int(version) if is_number(version) else None
 
 
 def split_name(name: str) -> tuple[str, int | None]:
     """`name:version` -> (name, version); a plain name -> (name, None)."""
     base, _, version = name.partition(":")
-    return base, int(version) if _digits(version) else None
-
-
-def _digits(text: str) -> bool:
-    """ASCII digits only: str.isdigit() is also true of "²" or "١", which int() refuses or reads as a number."""
-    return text.isascii() and text.isdigit()
+    return base, int(version) if is_number(version) else None
 
 
 def _listing(pipelines: dict[str, dict[int, Pipeline]]) -> str:

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError
+from mhaserve.runtime.manifest import is_number
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
@@ -90,8 +91,7 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     """(the JSON, the binary data after it)."""
     if header_length is None:
         return body, memoryview(b"")
-    # ASCII digits only: str.isdigit() is true of "²" too, which int() refuses.
-    if not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
+    if not is_number(header_length) or int(header_length) > len(body):
         raise InvalidArgument(
             f"Inference-Header-Content-Length is {header_length!r} but the body is {len(body)} bytes long"
         )
