@@ -142,7 +142,8 @@ class DataPlane:
                 raise refusal
             raise NotFound(
                 f"model {(name or self._default).partition(':')[0]!r} is not served here (this server serves no "
-                "model now: every one was unloaded)"
+                "model now: every one was unloaded)",
+                param="model",
             )
         name, _, named_version = (name or self._default).partition(":")
         if named_version and version not in (None, "", 0) and str(version) != named_version:
@@ -153,14 +154,17 @@ class DataPlane:
             version = named_version
         versions = self._pipelines.get(name)
         if not versions:
-            raise NotFound(f"model {name!r} is not served here (this server serves {_listing(self._pipelines)})")
+            raise NotFound(
+                f"model {name!r} is not served here (this server serves {_listing(self._pipelines)})", param="model"
+            )
         if version is None or version == "" or version == 0:
             return versions[max(versions)]
         number = _version_number(version)
         if number not in versions:
             raise NotFound(
                 f"model {name!r} version {version!r} is not served here "
-                f"(serving version{'s' if len(versions) > 1 else ''} {', '.join(map(str, sorted(versions)))})"
+                f"(serving version{'s' if len(versions) > 1 else ''} {', '.join(map(str, sorted(versions)))})",
+                param="model",
             )
         return versions[number]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from mhaserve.runtime.errors import ServiceError
+from mhaserve.runtime.errors import NotFound, ServiceError
 from mhaserve.service.errors import grpc_code, to_http
 
 KSERVE_PREFIX = "/v2"
@@ -41,6 +41,8 @@ def render(
     if scope is not None:
         scope[CODE_KEY] = code
     headers = [(b"content-type", b"application/json")]
+    # OpenAI's API names an unknown model `model_not_found`; the other codes are gRPC's names.
+    body_code = "model_not_found" if isinstance(error, NotFound) and param == "model" else code.lower()
     if http.status in (429, 503):
         headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
-    return http.status, headers, error_body(path, http.status, http.type, message, param, code.lower())
+    return http.status, headers, error_body(path, http.status, http.type, message, param, body_code)

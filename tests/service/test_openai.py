@@ -155,6 +155,9 @@ def test_an_unknown_model_is_not_found(http_server: ServerThread) -> None:
     with pytest.raises(openai.NotFoundError) as e:
         client(http_server).embeddings.create(input="a", model="text-embedding-3-small")
     assert "model 'text-embedding-3-small' is not served here (this server serves 'tiny')" in e.value.message
+    # OpenAI's own code and param for an unknown model, which clients and proxies match on.
+    assert e.value.code == "model_not_found"
+    assert e.value.param == "model"
 
 
 def test_a_full_queue_is_a_rate_limit_error_with_retry_after(start: Start, settings: Settings) -> None:
