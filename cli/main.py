@@ -330,6 +330,10 @@ def _health(args: argparse.Namespace) -> int:
             connection=_connection(args),
         )
     except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.NOT_FOUND and not e.details():
+            # grpc.health.v1 answers an unknown service with a bare NOT_FOUND.
+            print(f"mhaserve health: error: NOT_FOUND: the server has no service {args.service!r}", file=sys.stderr)
+            return 1
         return _rpc_error("health", e)
     except TlsError as e:
         print(f"mhaserve health: error: {e}", file=sys.stderr)

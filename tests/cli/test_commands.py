@@ -203,6 +203,8 @@ def test_health_exit_status(tiny_repo: Path, capsys: pytest.CaptureFixture[str])
         srv.ready()
         assert main(["health", "--address", srv.address]) == 0
         assert capsys.readouterr().out.strip() == "SERVING"
+        assert main(["health", "--address", srv.address, "--service", "nope"]) == 1
+        assert "NOT_FOUND: the server has no service 'nope'" in capsys.readouterr().err
         srv.call(srv.server.drain())
         assert main(["health", "--address", srv.address]) == 1
         assert capsys.readouterr().out.strip() == "NOT_SERVING"
