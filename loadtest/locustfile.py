@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -276,6 +277,17 @@ class HttpClient:
         return self._call({"input": [text, ""], **({"model": model} if model else {})})
 
 
+def workload_names(workload: str, protocol: str) -> list[str]:
+    """The task sets --workload names, or ValueError saying what is wrong with it."""
+    names = [w.strip() for w in workload.split(",") if w.strip()]
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if unknown or not names:
+        raise ValueError(f"--workload {workload!r}: unknown {unknown}; choose from {', '.join(WORKLOADS)}")
+    if protocol == "http" and GRPC_ONLY & set(names):
+        raise ValueError(f"--workload {', '.join(sorted(GRPC_ONLY & set(names)))} is gRPC only")
+    return names
+
+
 class EncoderUser(User):
     """One client of encoder.v1 (or of the OpenAI route, with --protocol http) with its own connection; its
     task set comes from --workload."""
@@ -310,14 +322,9 @@ class EncoderUser(User):
         }
         if opts is not None:
             self.opt.update({k: getattr(opts, k) for k in self.opt if getattr(opts, k, None) is not None})
-        names = [w.strip() for w in str(self.opt["workload"]).split(",") if w.strip()]
-        unknown = sorted(set(names) - set(WORKLOADS))
-        if unknown or not names:
-            raise ValueError(f"--workload {self.opt['workload']!r}: unknown {unknown}; choose from {WORKLOADS}")
+        names = workload_names(str(self.opt["workload"]), str(self.opt["protocol"]))
         host = self.host or DEFAULT_HOST
         if self.opt["protocol"] == "http":
-            if GRPC_ONLY & set(names):
-                raise ValueError(f"--workload {', '.join(sorted(GRPC_ONLY & set(names)))} is gRPC only")
             self.client = HttpClient(host, self.opt["rpc_timeout"], self.opt["encoding_format"])
         else:
             self.client = GrpcClient(host, self.opt["rpc_timeout"])
@@ -455,6 +462,20 @@ def _clock(**_: Any) -> None:
     import gevent
 
     gevent.get_hub().loop.update_now()
+
+
+@events.init.add_listener
+def _check_options(environment: Any, **_: Any) -> None:
+    """Refuse a bad --workload before the run, as argparse refuses a bad option (exit 2): checked only in
+    each user's start, it failed there and the run then idled for its whole --run-time."""
+    opts = environment.parsed_options
+    if opts is None:
+        return
+    try:
+        workload_names(str(getattr(opts, "workload", "mixed")), str(getattr(opts, "protocol", "grpc")))
+    except ValueError as e:
+        log.error("%s", e)
+        sys.exit(2)
 
 
 @events.quitting.add_listener

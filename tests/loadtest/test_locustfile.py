@@ -101,5 +101,15 @@ def test_http_every_task_set_but_stream_succeeds_with_base64_vectors(tiny_server
 
 def test_http_refuses_the_grpc_only_stream(tiny_server: Server, tmp_path: Path) -> None:
     run = _locust(tiny_server, tmp_path, "stream", protocol="http")
-    assert run.returncode == 1
+    assert run.returncode == 2
     assert "--workload stream is gRPC only" in run.stderr
+
+
+def test_an_unknown_workload_is_refused_before_the_run(tiny_server: Server, tmp_path: Path) -> None:
+    # Refused at start-up (exit 2, as argparse does), not in each user after which the run idled; no
+    # request is made, and nothing is written as if a run had happened.
+    run = _locust(tiny_server, tmp_path, "shrot", "-t", "30s")
+    assert run.returncode == 2
+    assert "--workload 'shrot': unknown ['shrot']; choose from" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "stats.json").exists()
