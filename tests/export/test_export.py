@@ -224,6 +224,25 @@ def test_a_repository_that_is_not_a_folder_is_one_clear_line(
     assert e.value.code == 2 and "must be a whole number above 0" in capsys.readouterr().err
 
 
+def test_ctrl_c_during_an_export_is_one_line_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C (KeyboardInterrupt) while the graph is written: exit 130, one line, no traceback, and no
+    scratch folder or entry left in the repository."""
+
+    def interrupted(model: Encoder, path: Path) -> None:
+        path.write_bytes(b"half a graph")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(onnx_graph, "export_graph", interrupted)
+    sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
+    args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "mhaserve export: interrupted" and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_versions_increment_and_existing_ones_are_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
     args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
