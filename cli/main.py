@@ -47,8 +47,8 @@ def _export(args: argparse.Namespace) -> int:
         }.items()
         if v is not None
     }
-    if random_config and args.source != "random":
-        print("mhaserve export: error: size options apply only to --source random", file=sys.stderr)
+    if (random_config or args.seed is not None) and args.source != "random":
+        print("mhaserve export: error: size options and --seed apply only to --source random", file=sys.stderr)
         return 2
     opts = ExportOptions(
         source=args.source,
@@ -60,7 +60,7 @@ def _export(args: argparse.Namespace) -> int:
         int8=args.int8,
         overwrite=args.overwrite,
         random_config=random_config,
-        seed=args.seed,
+        seed=0 if args.seed is None else args.seed,
     )
     try:
         entry = export_entry(opts)
@@ -101,7 +101,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing version")
     g = p.add_argument_group("random models (--source random)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, help="the weights' random seed (default 0)")
     g.add_argument("--layers", type=int)
     g.add_argument("--d-model", type=int)
     g.add_argument("--heads", type=int)

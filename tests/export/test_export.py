@@ -271,5 +271,9 @@ def test_cli_bad_source_is_one_clear_line(
     assert "Traceback" not in "\n".join(err)
 
 
-def test_cli_refuses_size_options_without_random_source(tmp_path: Path) -> None:
+def test_cli_refuses_size_options_without_random_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["export", "--repository", str(tmp_path), "--layers", "2"]) == 2
+    # --seed too: it was ignored without a word for a checkpoint, whose weights are what they are
+    assert main(["export", "--repository", str(tmp_path), "--seed", "3"]) == 2
+    assert "--seed apply only to --source random" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
