@@ -261,6 +261,9 @@ class Supervisor:
             for c in self._children:
                 self._start(c)
             self._watch()
+            # Each process logs its own "stopped"; this line says the whole server has.
+            status = f" (status {self._status})" if self._status else ""
+            log.info("stopped: all %d processes exited%s", s.processes, status)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -98,6 +98,7 @@ def test_two_processes_share_both_ports_and_stop_together_on_sigterm(tiny_repo: 
         server.signal(signal.SIGTERM)
         assert server.wait() == 0, server.log
     assert server.log.count("mhaserve.service.server [-] stopped") == 2, server.log
+    assert "mhaserve.service.processes [-] stopped: all 2 processes exited\n" in server.log, server.log
     assert not [pid for pid in children if os.path.exists(f"/proc/{pid}")]
 
 
