@@ -190,6 +190,8 @@ def test_gpu_image_has_cuda_from_pip_and_cpu_image_does_not() -> None:
 def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
     patterns = {ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".venv", "models", "results", ".git"} <= patterns
+    # pip install -e leaves *.egg-info in loadtest/ too: Docker's patterns match from the root only.
+    assert {"**/build", "**/dist", "**/*.egg-info"} <= patterns
     # What the build needs must not be ignored.
     for needed in ("pyproject.toml", "README.md", "service", "model", "export", "proto", "loadtest"):
         assert needed not in patterns
