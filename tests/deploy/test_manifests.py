@@ -390,6 +390,22 @@ def test_dashboard_queries_only_metrics_the_server_exports() -> None:
     assert set(re.findall(r"\bmhaserve_\w+", alert_exprs)) <= known
 
 
+def test_readme_metrics_table_names_every_metric_the_server_exports() -> None:
+    """The README's table is what operators read: every family the server defines, none it does not (the
+    supervisor's two of --processes aside, defined in service/processes.py)."""
+    from mhaserve.service.metrics import Metrics
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("### Metrics") : readme.index("### Options")]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| `mhaserve_")]
+    named = {m for ln in rows for m in re.findall(r"`(mhaserve_\w+)", ln.split(" | ")[0])}
+    families = set()
+    for family in Metrics().registry.collect():
+        families.add(family.name + ("_total" if family.type == "counter" else ""))
+    supervisor = {"mhaserve_processes_serving", "mhaserve_process_restarts_total"}
+    assert named - supervisor == families
+
+
 def test_grafana_provisioning_is_well_formed() -> None:
     """Grafana's image comes from Docker Hub only, so the container tier cannot start it here: what Grafana
     reads at start-up is checked for the structure its provisioning and dashboard loaders expect."""
