@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError
 from mhaserve.runtime.manifest import is_number
@@ -63,7 +63,7 @@ class InputTensor(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     name: StrictStr
-    shape: list[int]
+    shape: list[StrictInt]  # ["1"] or [1.0] is refused, as Triton's JSON parser does
     datatype: StrictStr
     parameters: dict[str, Any] = Field(default_factory=dict)
     data: Any = Field(default=None, description="the values, row-major (nested or flat); absent for binary data")
@@ -99,10 +99,15 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     return body[:n], memoryview(body)[n:]
 
 
-def _flatten(data: Any) -> list[Any]:
-    """Row-major values from nested lists (Triton accepts both nested and flat `data`)."""
-    if not isinstance(data, list):
-        return [data]
+def _values(tensor: InputTensor) -> list[Any]:
+    """Row-major values of an input's `data`: a JSON array, flat or nested, as Triton reads it (which
+    refuses a bare value)."""
+    if not isinstance(tensor.data, list):
+        raise InvalidArgument(f"input {tensor.name!r}: data must be a JSON array (flat or nested, row-major)")
+    return _flatten(tensor.data)
+
+
+def _flatten(data: list[Any]) -> list[Any]:
     out: list[Any] = []
     for item in data:
         out.extend(_flatten(item) if isinstance(item, list) else [item])
@@ -149,7 +154,7 @@ def _texts(tensor: InputTensor, raw: bytes | None) -> list[str]:
     if raw is not None:
         texts = decode_texts(tensor.name, unpack_bytes(raw, tensor.name))
     else:
-        values = _flatten(tensor.data)
+        values = _values(tensor)
         if not all(isinstance(v, str) for v in values):
             raise InvalidArgument(f"input {tensor.name!r} is BYTES: its data must be strings")
         texts = values
@@ -165,7 +170,7 @@ def _int64(tensor: InputTensor, raw: bytes | None) -> npt.NDArray[np.int64]:
             raise count_error(tensor.name, tensor.shape, n, f"{len(raw)} bytes (expected {8 * n}: 8 per INT64)")
         values = np.frombuffer(raw, dtype="<i8").astype(np.int64)
     else:
-        flat = _flatten(tensor.data)
+        flat = _values(tensor)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
             raise InvalidArgument(f"input {tensor.name!r} is INT64: its data must be integers")
         if len(flat) != n:

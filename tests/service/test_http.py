@@ -80,6 +80,18 @@ def test_kserve_routes_answer_errors_in_their_own_shape(srv: ServerThread) -> No
     assert reply.status == 404 and reply.json() == {
         "error": "model 'nope' is not served here (this server serves 'tiny')"
     }
+    # Strict as Triton: a shape of strings, a bare value for data (the protocol's data is an array)
+    text = {"name": "text", "datatype": "BYTES"}
+    for tensor, message in (
+        ({**text, "shape": ["1"], "data": ["a"]}, "shape"),
+        ({**text, "shape": [1.0], "data": ["a"]}, "shape"),
+        ({**text, "shape": [1], "data": "a"}, "must be a JSON array"),
+        ({**text, "shape": [1]}, "has no data"),
+    ):
+        reply = request("POST", url(srv, "/v2/models/tiny/infer"), {"inputs": [tensor]})
+        assert reply.status == 400 and message in reply.json()["error"], (tensor, reply.body)
+    reply = request("POST", url(srv, "/v2/models/tiny/infer"), {"inputs": [{**text, "shape": [1], "data": ["a"]}]})
+    assert reply.status == 200
 
 
 def test_a_body_in_another_format_is_415(srv: ServerThread) -> None:
