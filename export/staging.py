@@ -62,9 +62,18 @@ def publish(scratch_dir: Path, target: Path, *, overwrite: bool = False) -> None
                 f"{target} was published by someone else while this export ran (pass --overwrite to replace it, "
                 "or another --version)"
             )
+        # The old version is moved aside and the new one renamed in at once, and only then is the old one
+        # deleted: a server polling the repository sees the version missing for two renames, not for the
+        # length of the deletion (a big graph, a network file system).
         old = target.with_name(f".old-{target.name}-{os.getpid()}")
         target.rename(old)
-        shutil.rmtree(old)
+        try:
+            scratch_dir.rename(target)
+        except OSError as e:
+            old.rename(target)
+            raise PublishError(f"{target} could not be published: {e.strerror or e}") from None
+        shutil.rmtree(old, ignore_errors=True)
+        return
     try:
         scratch_dir.rename(target)
     except OSError as e:  # a directory that appeared after the check above: rename refuses a non-empty one

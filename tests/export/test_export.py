@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -190,7 +191,9 @@ def test_a_graph_that_answers_nan_fails_the_gate() -> None:
         parity.gate(model, NanRows(), variant="fp32")
 
 
-def test_a_version_published_while_an_export_ran_is_not_replaced(tmp_path: Path) -> None:
+def test_a_version_published_while_an_export_ran_is_not_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The next free version is chosen at the start; one published meanwhile (another export, a copy) is
     refused at the end unless --overwrite, rather than silently replaced."""
     from mhaserve.export import staging
@@ -203,8 +206,20 @@ def test_a_version_published_while_an_export_ran_is_not_replaced(tmp_path: Path)
     with pytest.raises(staging.PublishError, match="published by someone else while this export ran"):
         staging.publish(scratch, target)
     assert (target / "marker").exists() and scratch.exists()
+    # --overwrite: the new version is in place before the old one is deleted (a polling server saw the
+    # version missing for as long as the deletion took, and fell back to an older one or to nothing)
+    seen_during_deletion: list[list[str]] = []
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path: Path, ignore_errors: bool = False) -> None:
+        seen_during_deletion.append(sorted(p.name for p in target.iterdir()))
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(staging.shutil, "rmtree", rmtree)
     staging.publish(scratch, target, overwrite=True)
+    assert seen_during_deletion == [["new"]]
     assert [p.name for p in target.iterdir()] == ["new"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["1"]  # the old copy is gone
 
 
 def test_a_repository_that_is_not_a_folder_is_one_clear_line(
