@@ -133,6 +133,7 @@ def onnx_engine(
             pooling=entry.pooling,
             overlap_threads=overlap_threads,
             runs=runs,
+            hidden_size=m.hidden_size,
         )
 
     return make

@@ -7,7 +7,9 @@ after a newer was published) stops getting new requests at that same moment; the
 holds finish on it, and then its batcher, its tokeniser threads and its ONNX Runtime session are closed
 and their memory returned. A version that fails to load changes nothing that is served: the log, the
 metrics (`mhaserve_model_load_failures_total`) and the repository index say why, and it is not tried
-again until its files change.
+again until its files change (or a load asks for it). A served version whose files or serving config change
+(an `mhaserve export --overwrite`, a serving.json edit) is loaded again beside it and switched in the same
+way; if the new files fail, the copy loaded before goes on serving.
 
 How changes arrive (`--model-control`): `none`, the models named at start-up and nothing after; `poll`,
 the repository is read again every `--repository-poll-s` seconds; `explicit`, the repository API
@@ -19,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +32,7 @@ from typing import Literal
 
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import serving
-from mhaserve.runtime.engine import warm_up
+from mhaserve.runtime.engine import release_memory, warm_up
 from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
 from mhaserve.runtime.memory import release_free_memory
 from mhaserve.runtime.repository import EngineFactory, GraphChoice, LoadedModel, ModelRepository, RepositoryError
@@ -44,6 +48,8 @@ ALL_MODELS = "*"
 State = Literal["READY", "LOADING", "UNLOADING", "UNAVAILABLE"]
 # Builds a version's pipeline (limits, batcher, hooks) from the loaded model: the server composes it.
 PipelineFactory = Callable[[LoadedModel, ModelMetrics], Pipeline]
+# See ModelManager._fingerprint; None where the files cannot be read.
+Fingerprint = tuple[object, ...] | None
 
 
 @dataclass
@@ -87,10 +93,15 @@ class ModelManager:
         self.all_models = ALL_MODELS in models
         self.wanted: list[str] = [m for m in models if m != ALL_MODELS]
         self.states: dict[tuple[str, int], VersionState] = {}
-        self._failed: dict[tuple[str, int], float] = {}  # version -> manifest mtime when it failed
+        # What a version's files and serving config were when it was loaded, or when it failed to: a served
+        # version is loaded again when they change (an --overwrite, a serving.json edit), a failed one is
+        # tried again (not at every poll).
+        self._loaded: dict[tuple[str, int], Fingerprint] = {}
+        self._failed: dict[tuple[str, int], Fingerprint] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._retiring: dict[asyncio.Task[None], Pipeline] = {}
         self._poller: asyncio.Task[None] | None = None
+        self._root_gone = False  # the repository's folder could not be read at the last poll
 
     # ---- which models ------------------------------------------------------------------------------------
 
@@ -124,34 +135,44 @@ class ModelManager:
                 wanted = self.repository.to_serve(name)
             except (ServiceError, RepositoryError) as e:
                 # The model as a whole (version 0: its serving.json, or no versions): said once, until it changes.
-                if not strict and self._skip(name, 0):
+                fingerprint = self._fingerprint(name, 0)
+                if not strict and self._failed_as(name, 0, fingerprint):
                     return
-                self._report(name, 0, e)
+                self._report(name, 0, e, fingerprint)
                 if strict:
                     raise
                 return
             published = set(self.repository.published(name))
             self._forget(name, lambda version: version == 0 or version not in published)
             served = set(self.dataplane.versions(name))
-            loaded = []
             for version in wanted:
-                if version in served or self._skip(name, version):
+                key = (name, version)
+                fingerprint = self._fingerprint(name, version)
+                if version in served and fingerprint == self._loaded.get(key):
+                    continue  # serving what is there
+                # A failed version waits for its files to change; a load asked for (strict) tries again now.
+                if not strict and self._failed_as(name, version, fingerprint):
                     continue
                 try:
-                    await self._load(name, version)
-                    loaded.append(version)
+                    await self._load(name, version, fingerprint)
                 except Exception as e:  # a graph ONNX Runtime cannot read fails in its own ways
-                    self._report(name, version, e)
+                    self._report(name, version, e, fingerprint)
                     if strict:
                         raise
-            # Retire only once something of the model serves: a failed load never leaves it with nothing.
-            if served & set(wanted) or loaded:
-                for version in sorted(served - set(wanted)):
+            # Retire the versions the policy left only once all it selects serve: a failed load (of a newer
+            # version, or of one of `latest N`) changes nothing that is served.
+            now = set(self.dataplane.versions(name))
+            if set(wanted) <= now:
+                for version in sorted(now - set(wanted)):
                     self._retire(name, version)
 
-    async def _load(self, name: str, version: int) -> None:
+    async def _load(self, name: str, version: int, fingerprint: Fingerprint) -> None:
+        """Load a version and switch it in; one already served (its files or config changed) keeps serving
+        until its new copy is ready, and then finishes what it holds."""
         key = (name, version)
-        self.states[key] = VersionState("LOADING")
+        served = version in self.dataplane.versions(name)
+        if not served:
+            self.states[key] = VersionState("LOADING")
         started = time.perf_counter()
         entry = await asyncio.to_thread(self.repository.entry, name, version, self.graph)
         model = await asyncio.to_thread(self.repository.load, entry, self.engine_factory)
@@ -165,9 +186,14 @@ class ModelManager:
             pipeline.close()
             raise
         pipeline.batcher.start()
+        old = self.dataplane.remove(name, version) if served else None
         self.dataplane.add(pipeline)  # the switch: the next request for this model's latest gets this version
+        if old is not None:
+            log.info("replacing %s version %d: its files or serving config changed", name, version)
+            self._close_later(old)
         metrics.served(model.provider)
         self.states[key] = VersionState("READY")
+        self._loaded[key] = fingerprint
         self._failed.pop(key, None)
         limits = pipeline.limits
         log.info(
@@ -186,12 +212,17 @@ class ModelManager:
             limits.max_client_batch_size,
         )
 
-    def _report(self, name: str, version: int, error: BaseException) -> None:
+    def _report(self, name: str, version: int, error: BaseException, fingerprint: Fingerprint) -> None:
         reason = getattr(error, "message", None) or str(error).strip().splitlines()[0] or type(error).__name__
-        self.states[(name, version)] = VersionState("UNAVAILABLE", reason)
-        self._failed[(name, version)] = self._mtime(name, version)
-        self.metrics.load_failures.labels(name, str(version)).inc()
         serving = self.dataplane.versions(name)
+        if version in serving:  # its files changed and do not load: the copy loaded before goes on serving
+            self.states[(name, version)] = VersionState(
+                "READY", f"serving the copy loaded before; its files or config now: {reason}"
+            )
+        else:
+            self.states[(name, version)] = VersionState("UNAVAILABLE", reason)
+        self._failed[(name, version)] = fingerprint
+        self.metrics.load_failures.labels(name, str(version)).inc()
         log.error(
             "cannot load %s version %s: %s (%s)",
             name,
@@ -200,20 +231,29 @@ class ModelManager:
             f"still serving version {', '.join(map(str, serving))}" if serving else "nothing of it is served",
         )
 
-    def _mtime(self, name: str, version: int) -> float:
-        """When the file a failure was read from last changed: a version's manifest, or (version 0, the model
-        as a whole) its serving config; 0 for one that is not there."""
+    def _failed_as(self, name: str, version: int, fingerprint: Fingerprint) -> bool:
+        """Whether the version failed to load from what is there now (and is not to be tried again yet)."""
+        key = (name, version)
+        return key in self._failed and self._failed[key] == fingerprint
+
+    def _fingerprint(self, name: str, version: int) -> Fingerprint:
+        """What a version's load depends on: each file of its folder (name, size, modification and change
+        times, as Triton's poll compares them; the change time catches a copy that keeps the old times) and
+        the model's serving config but for its version policy. For version 0 (the model as a whole: its
+        serving.json, or which versions it has) the config file's times and the published versions."""
         try:
             if version == 0:
-                return (self.repository.root / mf.check_name(name) / serving.SERVING_FILE).stat().st_mtime
-            return (mf.entry_dir(self.repository.root, name, version) / mf.MANIFEST).stat().st_mtime
+                path = self.repository.root / mf.check_name(name) / serving.SERVING_FILE
+                return (_stat(path), tuple(mf.versions(self.repository.root, name)))
+            directory = mf.entry_dir(self.repository.root, name, version)
+            files = tuple(sorted((p.name, _stat(p)) for p in directory.iterdir()))
         except (OSError, mf.ManifestError):
-            return 0.0
-
-    def _skip(self, name: str, version: int) -> bool:
-        """A version that failed is tried again only once its files change (not at every poll)."""
-        failed = self._failed.get((name, version))
-        return failed is not None and failed == self._mtime(name, version)
+            return None
+        try:
+            config = repr(dataclasses.replace(self.repository.config(name), version_policy=serving.VersionPolicy()))
+        except RepositoryError as e:
+            config = str(e)
+        return (files, config)
 
     def _forget(self, name: str, gone: Callable[[int], bool]) -> None:
         """Drop the failures of a model's versions that `gone` says are behind it (a serving config since
@@ -229,9 +269,16 @@ class ModelManager:
         if pipeline is None:
             return
         self.states[(name, version)] = VersionState("UNLOADING")
+        self._loaded.pop((name, version), None)
         log.info("retiring %s version %d: no new requests; closing once the %d it holds finish", name, version,
                  pipeline.active)  # fmt: skip
-        task = asyncio.get_running_loop().create_task(self._close_when_idle(pipeline), name=f"retire-{name}-{version}")
+        self._close_later(pipeline)
+
+    def _close_later(self, pipeline: Pipeline) -> None:
+        model = pipeline.model
+        task = asyncio.get_running_loop().create_task(
+            self._close_when_idle(pipeline), name=f"retire-{model.name}-{model.version}"
+        )
         self._retiring[task] = pipeline
         task.add_done_callback(lambda t: self._retiring.pop(t, None))
 
@@ -241,9 +288,13 @@ class ModelManager:
         pipeline.close()
         model = pipeline.model
         key = (model.name, model.version)
-        pipeline.metrics.unloaded()
-        if self.states.get(key, VersionState("READY")).state == "UNLOADING":
-            del self.states[key]
+        # A copy replaced by a new one of the same version, or unloaded and loaded again before its queue
+        # emptied: the series and the state are the new copy's now.
+        if model.version not in self.dataplane.versions(model.name):
+            pipeline.metrics.unloaded()
+            if self.states.get(key, VersionState("READY")).state == "UNLOADING":
+                del self.states[key]
+        await asyncio.to_thread(release_memory, model.engine)  # a shared arena's free memory, back to the system
         del pipeline, model
         gc.collect()  # the ONNX Runtime session goes with the last reference; a cycle would keep it
         await asyncio.to_thread(release_free_memory)  # what the session freed, back to the system
@@ -302,6 +353,16 @@ class ModelManager:
     async def _poll(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
+            if not self.repository.root.is_dir():
+                # A remount, a network file system's hiccup, `mv models.new models`: a read error, not a
+                # repository emptied (under `*`, every model would be retired). Nothing changes until it is back.
+                if not self._root_gone:
+                    log.warning("the model repository %s cannot be read; serving what is loaded", self.repository.root)
+                self._root_gone = True
+                continue
+            if self._root_gone:
+                log.info("the model repository %s is back", self.repository.root)
+                self._root_gone = False
             try:
                 names = self.names()
                 for name in names:
@@ -345,6 +406,14 @@ class ModelManager:
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
+
+
+def _stat(path: os.PathLike[str]) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _valid_name(name: str) -> bool:

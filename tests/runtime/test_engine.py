@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mhaserve.runtime.engine import OnnxEngine, Runs, warm_up
+from mhaserve.runtime.engine import OnnxEngine, Runs, release_memory, warm_up
 from mhaserve.runtime.repository import ModelRepository, onnx_engine
 from mhaserve.testing.loopback import WAIT
 
@@ -102,6 +102,27 @@ def test_without_an_overlap_session_every_batch_runs_on_the_main_one(tiny_entry:
     held.release.set()
     eng.run(*batch(2, 8, seed=3))
     assert held.runs == 1 and eng.overlapped_runs == 0
+
+
+def test_releasing_the_shared_arena_leaves_other_engines_on_it_answering_alike(tiny_entry: Path) -> None:
+    """An unloaded engine's shared arena is shrunk by a run on each of its sessions (docs/models.md has the
+    memory it gives back); an engine beside it on the same arena answers as before, and an engine with
+    no shared arena (one session) runs nothing."""
+    leaving, staying = engine(tiny_entry, overlap_threads=1), engine(tiny_entry, overlap_threads=1)
+    ids, mask = batch(4, 40, seed=5)
+    before = staying.run(ids, mask)
+    sessions = [Held(leaving.session), Held(leaving.overlap_session)]
+    for held in sessions:
+        held.release.set()
+    leaving.session, leaving.overlap_session = sessions
+    release_memory(leaving)
+    assert [held.runs for held in sessions] == [1, 1]
+    np.testing.assert_array_equal(staying.run(ids, mask), before)
+    alone = engine(tiny_entry, overlap_threads=None)
+    held = Held(alone.session)
+    alone.session = held
+    release_memory(alone)
+    assert held.runs == 0
 
 
 @pytest.mark.parametrize("overlap_threads", [None, 1])

@@ -37,6 +37,7 @@ from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import entry_dir, read_manifest
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.settings import Settings
+from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.server import ServerThread, bare_settings
@@ -557,3 +558,165 @@ def test_swapped_out_versions_give_their_memory_back(tmp_path: Path) -> None:
     swaps = [v - 1 for v in rss if v - 1 >= WARM_SWAPS]
     slope = float(np.polyfit(swaps, [rss[n + 1] for n in swaps], 1)[0])
     assert slope < RSS_SLOPE_BOUND_MB, f"RSS grew {slope:.1f} MB a swap from swap {WARM_SWAPS} to {SWAPS}: {rss}"
+
+
+# ---- a version's files changing under a polling server -------------------------------------------------
+
+
+def _index(srv: ServerThread) -> dict[tuple[str, str], tuple[str, str]]:
+    return {(e.name, e.version): (e.state, e.reason) for e in srv.server.manager.index()}
+
+
+def test_a_served_version_whose_files_or_config_change_is_loaded_again(tmp_path: Path) -> None:
+    """`mhaserve export --overwrite` of the served version, then a serving.json edit, are served (they were
+    never picked up: the version number alone was compared); files that then fail leave the copy loaded
+    before serving, said in the index and the metrics."""
+    first = reference(export(tmp_path, "m", 1, seed=1))
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        with srv.channel() as channel:
+            assert np.allclose(vectors(encode(channel, "m")), first, atol=1e-6)
+            entry = export_entry(
+                ExportOptions(
+                    source="random", repository=tmp_path, name="m", version=1, overwrite=True,
+                    random_config=dict(TINY), seed=2,
+                ),
+                out=io.StringIO(),
+            )  # fmt: skip
+            second = reference(entry)
+            wait_until(lambda: np.allclose(vectors(encode(channel, "m")), second, atol=1e-6), "the overwritten version")
+            assert info(channel, "m").sha256 == read_manifest(entry).graphs["fp32"].sha256
+            assert srv.samples().get("mhaserve_model_ready", model="m", version="1") == 1
+            assert srv.samples().get("mhaserve_inputs_total", model="m", version="1") > 0
+            # a serving.json edit that is not the version policy: applied to the served version
+            (tmp_path / "m" / "serving.json").write_text(json.dumps({"normalize": False}))
+            wait_until(lambda: not info(channel, "m").normalize, "the edited config")
+            assert not np.allclose(np.linalg.norm(vectors(encode(channel, "m")), axis=1), 1.0)
+            # the graph damaged in place: the copy loaded before goes on serving, and the index says why
+            graph = entry / "model.onnx"
+            graph.write_bytes(graph.read_bytes()[:-1] + b"\x00")
+            wait_until(lambda: "serving the copy loaded before" in _index(srv)[("m", "1")][1], "the failed reload")
+            assert _index(srv)[("m", "1")][0] == "READY"
+            assert srv.samples().get("mhaserve_model_load_failures_total", model="m", version="1") == 1
+            time.sleep(0.5)  # five polls: not tried again until the files change
+            assert srv.samples().get("mhaserve_model_load_failures_total", model="m", version="1") == 1
+            unnormalised = vectors(encode(channel, "m"))
+            assert np.allclose(unnormalised / np.linalg.norm(unnormalised, axis=1, keepdims=True), second, atol=1e-6)
+    finally:
+        srv.stop()
+
+
+def test_a_failed_version_is_tried_again_once_its_files_change_whatever_their_times(tmp_path: Path) -> None:
+    """A broken graph mended by a copy that keeps the source's times (`cp -a`, `rsync -a`): the manifest did
+    not change, and only its time was compared, so the version was never tried again."""
+    export(tmp_path, "m", 1, seed=1)
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        corrupt(tmp_path, "m", 1, 2, "sha")
+        wait_until(lambda: _index(srv).get(("m", "2"), ("",))[0] == "UNAVAILABLE", "the broken version")
+        shutil.copy2(tmp_path / "m" / "1" / "model.onnx", tmp_path / "m" / "2" / "model.onnx")
+        with srv.channel() as channel:
+            wait_until(lambda: serves(channel, 2), "the mended version")
+    finally:
+        srv.stop()
+
+
+def test_latest_two_keeps_both_served_versions_when_a_newer_one_fails(tmp_path: Path) -> None:
+    export(tmp_path, "m", 1, seed=1)
+    publish_copy(tmp_path, "m", 1, 2, seed=2)
+    (tmp_path / "m" / "serving.json").write_text(json.dumps({"version_policy": {"latest": {"num_versions": 2}}}))
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        assert srv.server.dataplane.versions("m") == [1, 2]
+        corrupt(tmp_path, "m", 1, 3, "sha")
+        wait_until(lambda: _index(srv).get(("m", "3"), ("",))[0] == "UNAVAILABLE", "the broken version")
+        time.sleep(0.3)
+        assert srv.server.dataplane.versions("m") == [1, 2]  # version 1 was retired: clients naming it failed
+        with srv.channel() as channel:
+            assert encode(channel, "m", 1).model_version == 1
+    finally:
+        srv.stop()
+
+
+def test_a_repository_that_cannot_be_read_for_a_moment_retires_nothing(two: Path, tmp_path: Path) -> None:
+    """Under `*`, a repository folder missing for a moment (a remount, `mv models.new models`) read as an
+    empty repository: every model was retired, while health said SERVING."""
+    repo = tmp_path / "repo"
+    shutil.copytree(two, repo)
+    srv = ServerThread(settings(repo, "*", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        repo.rename(tmp_path / "away")
+        time.sleep(0.5)  # five polls
+        assert srv.server.dataplane.model_names() == ["narrow", "wide"]
+        (tmp_path / "away").rename(repo)
+        with srv.channel() as channel:
+            assert encode(channel, "wide").model == "wide"
+        assert not [k for k, (state, _) in _index(srv).items() if state != "READY"]
+    finally:
+        srv.stop()
+
+
+def test_an_explicit_load_of_a_failed_model_tries_again_and_fails_again(tmp_path: Path) -> None:
+    """A failed load was remembered, and the next load of the same files answered success without loading."""
+    export(tmp_path, "ok", 1, seed=1)
+    corrupt(tmp_path, "ok", 1, 2, "sha")
+    shutil.move(tmp_path / "ok" / "2", tmp_path / "ok" / ".2")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "ok" / ".2").rename(tmp_path / "broken" / "1")
+    explicit = settings(tmp_path, "ok", model_control="explicit", http_port=free_port())
+    with ServerThread(explicit) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError) as e:
+                kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="broken"), timeout=WAIT)
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "checksum" in str(e.value.details())
+        reply = request("POST", srv.http_url + "/v2/repository/models/broken/load")
+        assert reply.status == 400 and "checksum" in reply.json()["error"]
+        assert not kserve.ModelReady(kpb.ModelReadyRequest(name="broken"), timeout=WAIT).ready
+
+
+def test_a_manifest_that_disagrees_with_its_graph_is_not_served(tmp_path: Path) -> None:
+    """A manifest edited to another hidden size: the server announced one size and answered another."""
+    export(tmp_path, "m", 1, seed=1)
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        scratch = tmp_path / "m" / ".2"
+        shutil.copytree(tmp_path / "m" / "1", scratch)
+        manifest = json.loads((scratch / "manifest.json").read_text())
+        manifest |= {"hidden_size": 64, "version": 2}
+        (scratch / "manifest.json").write_text(json.dumps(manifest))
+        scratch.rename(tmp_path / "m" / "2")
+        wait_until(lambda: _index(srv).get(("m", "2"), ("",))[0] == "UNAVAILABLE", "a try of version 2")
+        state, reason = _index(srv)[("m", "2")]
+        assert (
+            state == "UNAVAILABLE" and "outputs embeddings of 32 values, but its manifest says hidden_size 64" in reason
+        )
+        assert srv.server.dataplane.versions("m") == [1]
+    finally:
+        srv.stop()
+
+
+def test_a_version_unloaded_and_loaded_again_before_its_queue_empties_keeps_its_metrics(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The old copy closed after the new one served, and took the (model, version) series with it:
+    `mhaserve_model_ready` 0 for a served version, its inputs no longer counted."""
+    caplog.set_level(logging.INFO, logger="mhaserve.service.models")
+    export(tmp_path, "m", 1, seed=1)
+    engine = ScriptedEngine(gates=[77])
+    explicit = settings(tmp_path, "m", model_control="explicit")
+    with ServerThread(explicit, engine.factory()) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        stub = pb_grpc.EncoderServiceStub(channel)
+        held = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[77, 5])], model="m"), timeout=WAIT)
+        wait_until(lambda: engine.seen(77), "the held batch")
+        kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="m"), timeout=WAIT)
+        kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
+        engine.gates[77].set()
+        assert held.result(WAIT).model == "m"  # the old copy finished what it held
+        wait_until(lambda: any("closed m version 1" in r.getMessage() for r in caplog.records), "the old copy closed")
+        samples = srv.samples()
+        assert samples.get("mhaserve_model_ready", model="m", version="1") == 1
+        before = samples.get("mhaserve_inputs_total", model="m", version="1")
+        stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[2, 3])], model="m"), timeout=WAIT)
+        assert srv.samples().get("mhaserve_inputs_total", model="m", version="1") == before + 1
