@@ -294,7 +294,10 @@ class ModelManager:
             pipeline.metrics.unloaded()
             if self.states.get(key, VersionState("READY")).state == "UNLOADING":
                 del self.states[key]
-        await asyncio.to_thread(release_memory, model.engine)  # a shared arena's free memory, back to the system
+        try:
+            await asyncio.to_thread(release_memory, model.engine)  # a shared arena's free memory, back to the system
+        except Exception as e:  # memory left in the arena is no reason to keep the version half closed
+            log.warning("could not shrink the ONNX Runtime arena of %s version %d: %s", *key, e)
         del pipeline, model
         gc.collect()  # the ONNX Runtime session goes with the last reference; a cycle would keep it
         await asyncio.to_thread(release_free_memory)  # what the session freed, back to the system
