@@ -4,9 +4,12 @@ uvicorn is run piece by piece rather than through `Server.serve()`, which would 
 handlers of its own: the process's signals belong to `mhaserve.service.server.serve`. The listening
 socket is bound here, before the model loads (as the gRPC port is), so port 0 reports the port it got.
 
-One protection uvicorn lacks: a client that trickles its request headers (slowloris) would hold a
-connection for as long as it likes. `ReadTimeoutProtocol` closes a connection whose headers are not
-complete `read_timeout` seconds after the request began; the body gets the same time (middleware.py).
+Two protections uvicorn's httptools protocol lacks, in `ReadTimeoutProtocol`: a client that trickles its
+request headers (slowloris) would hold a connection for as long as it likes, so a connection whose headers
+are not complete `read_timeout` seconds after the request began is closed (the body gets the same time,
+middleware.py); and headers have no size limit (64 MB of them, before any key is checked, took the server
+from 0.7 to 1.7 GB), so a request line and headers over MAX_HEADER_BYTES get a 431 and the connection is
+closed, as nginx and Node refuse them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ from mhaserve.service.tls import TlsFiles
 log = logging.getLogger(__name__)
 
 BACKLOG = 2048
+# The request line and headers together; nginx's default allows 4 lines of 8 KB, Node 16 KB in all.
+MAX_HEADER_BYTES = 64 * 1024
+LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped before it closes
+TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 52\r\nconnection: close\r\n\r\nthe request line and headers are over 64 KiB in all\n"
+)
 
 
 class ReadTimeoutProtocol(HttpToolsProtocol):
@@ -36,6 +46,8 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._headers_deadline: asyncio.TimerHandle | None = None
+        self._header_bytes = 0
+        self._refused = False  # headers over the limit: answered 431, the connection closing
 
     def _arm(self) -> None:
         self._disarm()
@@ -62,13 +74,53 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._arm()  # the first request's headers; keep-alive idle time is uvicorn's own timeout
 
+    def _count(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > MAX_HEADER_BYTES and not self._refused:
+            self._refused = True
+            self._disarm()
+            log.info("refused an HTTP request whose headers are over %d bytes", MAX_HEADER_BYTES)
+            if not self.transport.is_closing():
+                self.transport.write(TOO_LARGE)
+                if self.transport.can_write_eof():
+                    # Closed with the rest of the request unread, the socket would reset the connection and the
+                    # client might lose the 431: half-close, drop what still comes, and close a moment later.
+                    self.transport.write_eof()
+                    self.loop.call_later(LINGER_S, self.transport.close)
+                else:
+                    self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:  # the rest of a refused request is dropped unread
+            super().data_received(data)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._header_bytes = 0
         self._arm()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        if not self._refused:
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)  # ": " and CRLF
+        if not self._refused:
+            super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._disarm()
-        super().on_headers_complete()
+        if not self._refused:
+            super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

@@ -7,6 +7,7 @@ next request as usual. Request ids, metrics and the OpenAPI document, too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -150,6 +151,28 @@ def test_a_slowloris_client_is_disconnected(srv: ServerThread) -> None:
                 closed = True
                 break
     assert closed, "the server kept a connection whose headers never ended"
+    still_serving(srv)
+
+
+@pytest.mark.parametrize("shape", ["many headers", "one long header", "a long url"])
+def test_headers_over_64_kib_are_431_before_any_key_is_read(srv: ServerThread, shape: str) -> None:
+    """httptools takes headers of any size: 64 MB of them, before the key check, cost a gigabyte."""
+    if shape == "many headers":
+        head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n" + b"X-h: v\r\n" * 20_000
+    elif shape == "one long header":
+        head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nX-h: " + b"v" * 100_000 + b"\r\n"
+    else:
+        head = b"GET /v1/" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n"
+    with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
+        s.sendall(head + b"X-more: " + b"w" * 200_000 + b"\r\n\r\n")
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(4096):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:100]
+    # headers within the limit are served as before
+    reply = request("POST", url(srv, "/v1/embeddings"), {"input": "a"}, {"x-h": "v" * 30_000})
+    assert reply.status == 200
     still_serving(srv)
 
 
