@@ -108,9 +108,17 @@ def _values(tensor: InputTensor) -> list[Any]:
 
 
 def _flatten(data: list[Any]) -> list[Any]:
+    # Without recursion: orjson reads arrays nested 1,024 deep, past Python's recursion limit.
     out: list[Any] = []
-    for item in data:
-        out.extend(_flatten(item) if isinstance(item, list) else [item])
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
     return out
 
 

@@ -93,6 +93,14 @@ def test_kserve_routes_answer_errors_in_their_own_shape(srv: ServerThread) -> No
         assert reply.status == 400 and message in reply.json()["error"], (tensor, reply.body)
     reply = request("POST", url(srv, "/v2/models/tiny/infer"), {"inputs": [{**text, "shape": [1], "data": ["a"]}]})
     assert reply.status == 200
+    # nested as deep as orjson reads (1,024): past Python's recursion limit, it was a 500
+    deep = b"[" * 1001 + b'"a"' + b"]" * 1001
+    body = b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ' + deep + b"}]}"
+    reply = request("POST", url(srv, "/v2/models/tiny/infer"), body, {"content-type": "application/json"})
+    assert reply.status == 200, reply.body[:200]
+    nested = {**text, "shape": [2, 1], "data": [[["a"]], ["b", ["c"]]]}
+    reply = request("POST", url(srv, "/v2/models/tiny/infer"), {"inputs": [nested]})
+    assert reply.status == 400 and "3 elements" in reply.json()["error"], reply.body
 
 
 def test_a_body_in_another_format_is_415(srv: ServerThread) -> None:
