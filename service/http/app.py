@@ -24,7 +24,7 @@ from mhaserve.service.auth import Keys
 from mhaserve.service.context import request_id
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.errors import CODE_KEY, error_body, render
-from mhaserve.service.http.middleware import ASGIApp, CallMiddleware, FastRoute
+from mhaserve.service.http.middleware import ASGIApp, CallMiddleware, FastRoute, loggable
 from mhaserve.service.http.openapi import add_schemas
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve import rest as kserve_rest
@@ -88,7 +88,7 @@ def build(
 
     @app.exception_handler(Exception)
     async def bug(request: Request, error: Exception) -> Response:
-        log.error("%s %s failed", request.method, request.url.path, exc_info=error)
+        log.error("%s %s failed", request.method, loggable(request.url.path), exc_info=error)
         return respond(request, error)
 
     embed = functools.partial(openai.embed, dataplane)

@@ -53,6 +53,13 @@ log = logging.getLogger(__name__)
 # since the answer may wait for a model that is loading (DataPlane.admission).
 Gate = Callable[[float | None], Awaitable[ServiceError | None]]
 
+
+def loggable(path: str) -> str:
+    """A request's path as it may go into a log line: percent-decoded, it may hold a newline (a forged log
+    line, before any key is checked) or a terminal's escape codes; such a path is logged escaped."""
+    return path if path.isprintable() else ascii(path)
+
+
 # A status the error map did not produce (the router's own 404 and 405), in gRPC's vocabulary for the metrics.
 _CODES = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}
 
@@ -165,7 +172,8 @@ class CallMiddleware:
             token, reason = bearer([("authorization", v) for k, v in scope["headers"] if k == b"authorization"])
             refusal = self.keys.refusal(token, admin=admin)
             if refusal is not None:
-                log.info("refused %s %s: %s", scope["method"], path, reason if token is None else refusal.message)
+                why = reason if token is None else refusal.message
+                log.info("refused %s %s: %s", scope["method"], loggable(path), why)
                 return refusal
         if not self.always_answered(path):
             return await self.gate(None)
@@ -288,9 +296,10 @@ class CallMiddleware:
         except Exception as e:  # the app's own error handlers send every error; this is a bug past them
             running = False  # the answer below is not cancelled
             if response["status"]:
-                log.error("%s %s failed after answering", scope["method"], scope["path"], exc_info=e)
+                # Starlette raises again what its error handler answered, which logged it (app.py): once is enough.
+                log.debug("%s %s failed after answering", scope["method"], loggable(scope["path"]), exc_info=e)
                 return
-            log.error("%s %s failed", scope["method"], scope["path"], exc_info=e)
+            log.error("%s %s failed", scope["method"], loggable(scope["path"]), exc_info=e)
             await self._error(e, scope, rid, send)
         finally:
             running = False
@@ -324,4 +333,4 @@ class CallMiddleware:
         code = scope.get(CODE_KEY) or ("OK" if 200 <= status < 400 else _CODES.get(status, "UNKNOWN"))
         self.metrics.requests.labels(method, code).inc()
         self.metrics.request_duration.labels(method).observe(elapsed)
-        log.debug("%s %s %d %s %.1f ms", scope["method"], scope["path"], status, code, elapsed * 1000)
+        log.debug("%s %s %d %s %.1f ms", scope["method"], loggable(scope["path"]), status, code, elapsed * 1000)

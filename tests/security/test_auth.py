@@ -270,6 +270,16 @@ def test_http_wants_the_same_keys(server: ServerThread, wrong: str) -> None:
     assert server.depth() == 0
 
 
+def test_a_path_cannot_forge_a_log_line(server: ServerThread, caplog: pytest.LogCaptureFixture) -> None:
+    """The refusal is logged before any key is checked, with the percent-decoded path: a newline in it
+    forged a well-formed log line, and escape codes reached the operator's terminal."""
+    with caplog.at_level(logging.INFO, logger="mhaserve.service.http.middleware"):
+        forged = "/v1/x%0a2026-11-28%2006:00:00,000%20INFO%20mhaserve:%20key%20accepted%1b[31m"
+        assert request("GET", server.http_url + forged).status == 401
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused GET")]
+    assert "\n" not in line and "\x1b" not in line and "key accepted" in line, line
+
+
 def test_the_openai_client_gets_authentication_errors_and_in_with_a_key(server: ServerThread) -> None:
     import openai
 
