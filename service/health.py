@@ -16,11 +16,23 @@ from mhaserve.service.rpc.registration import GenericOnly
 SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 
+class _Servicer(health_aio.HealthServicer):
+    """grpcio's servicer, with grpc.health.v1's List (added to the protocol in 2024), which grpcio's aio
+    servicer leaves raising NotImplementedError: UNIMPLEMENTED for the client, a traceback in our log at
+    every call."""
+
+    async def List(self, request: health_pb2.HealthListRequest, context: object) -> health_pb2.HealthListResponse:
+        response = health_pb2.HealthListResponse()
+        for service, status in self._server_status.items():
+            response.statuses[service].status = status
+        return response
+
+
 class Health:
     """The health servicer, and the one way to change what it reports."""
 
     def __init__(self, services: Sequence[str]) -> None:
-        self.servicer = health_aio.HealthServicer()
+        self.servicer = _Servicer()
         self.services = ("", *services)
 
     def add_to(self, server: GenericOnly) -> None:

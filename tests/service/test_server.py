@@ -409,6 +409,9 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
         loaded.set()
         srv.ready()
         assert status() == status("encoder.v1.EncoderService") == "SERVING"
+        # List (grpc.health.v1 since 2024): every service and its status, as Check says (it was UNIMPLEMENTED)
+        listed = health.List(health_pb2.HealthListRequest(), timeout=WAIT).statuses
+        assert listed[""].status == listed["encoder.v1.EncoderService"].status == health_pb2.HealthCheckResponse.SERVING
         assert stub.Encode(ids([5]), timeout=WAIT).embeddings
         assert http.request("GET", srv.http_url + "/health").status == 200
 
