@@ -346,6 +346,9 @@ class EncoderServer:
                 len(keys.admin),
                 ", ".join(s.open_methods) or "none",
             )
+        else:
+            # Said at start-up, so that a secret that rendered empty (MHASERVE_API_KEYS="") is seen, not assumed.
+            log.info("API keys: none configured; every method and route is open (--api-keys-file, MHASERVE_API_KEYS)")
         if s.tls_cert is None and not tls.is_loopback(s.host):
             log.warning(
                 "serving plaintext gRPC on %s, which is not a loopback address: traffic%s can be read on the "

@@ -64,7 +64,11 @@ class ApiKeys:
 
     @classmethod
     def parse(cls, s: str) -> ApiKeys:
-        return cls(tuple(k.strip() for k in s.split(",") if k.strip()))
+        keys = tuple(k.strip() for k in s.split(",") if k.strip())
+        if not keys and s:
+            # "," or " ": meant to hold keys, holds none; read as no keys, it served everyone.
+            raise ValueError("it names no key")
+        return cls(keys)
 
     def __repr__(self) -> str:
         return f"ApiKeys(<{len(self.keys)} masked>)"

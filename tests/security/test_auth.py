@@ -158,11 +158,20 @@ def test_open_methods_are_configurable(secured: Settings) -> None:
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_without_keys_nothing_is_asked(tiny_repo: Path) -> None:
+def test_without_keys_nothing_is_asked_and_the_log_says_so(tiny_repo: Path, caplog: pytest.LogCaptureFixture) -> None:
     settings = Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1)
-    with ServerThread(settings) as srv, srv.channel() as channel:
+    with caplog.at_level(logging.INFO), ServerThread(settings) as srv, srv.channel() as channel:
         srv.ready()
         assert pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["x"]), timeout=WAIT).embeddings
+    assert any("API keys: none configured; every method and route is open" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("value", [",", " ", " , ,"])
+def test_a_keys_variable_that_names_no_key_is_refused(value: str) -> None:
+    """Read as no keys, a secret that rendered as separators served everyone, and nothing said so."""
+    for variable in ("MHASERVE_API_KEYS", "MHASERVE_ADMIN_KEYS"):
+        with pytest.raises(SettingsError, match=f"{variable}=.* is not a valid"):
+            build({}, env={variable: value})
 
 
 def test_keys_never_show_in_settings_or_the_log(
