@@ -7,6 +7,7 @@ address says so in its log, once, at start-up.
 from __future__ import annotations
 
 import ipaddress
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,11 +57,36 @@ class TlsMaterial:
     def read(cls, files: TlsFiles) -> TlsMaterial | None:
         if files.cert is None or files.key is None:
             return None
-        return cls(
+        material = cls(
             cert=_read(files.cert, "--tls-cert"),
             key=_read(files.key, "--tls-key"),
             client_ca=_read(files.client_ca, "--tls-client-ca") if files.client_ca is not None else None,
         )
+        _check_pair(files.cert, files.key)
+        if files.client_ca is not None:
+            try:
+                ssl.create_default_context(cafile=str(files.client_ca))
+            except ssl.SSLError as e:
+                raise TlsError(f"--tls-client-ca {files.client_ca} holds no usable certificate ({e.reason})") from None
+        return material
+
+
+def _check_pair(cert: Path, key: Path) -> None:
+    """The certificate and key as OpenSSL reads them, before the ports do: gRPC core's own failure names
+    neither file (it reads as a port that cannot be bound), uvicorn's a stack trace."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(cert))
+    except ssl.SSLError:
+        raise TlsError(f"--tls-cert {cert} holds no PEM certificate") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        # A password callback that gives none: an encrypted key is an error here, not a prompt on the terminal.
+        context.load_cert_chain(str(cert), str(key), password=lambda: b"")
+    except ssl.SSLError as e:
+        reason = e.reason or str(e)
+        if reason == "KEY_VALUES_MISMATCH":
+            raise TlsError(f"--tls-key {key} is not the key of the certificate --tls-cert {cert}") from None
+        raise TlsError(f"--tls-key {key} is not an unencrypted PEM private key (OpenSSL: {reason})") from None
 
 
 def server_credentials(material: TlsMaterial | None) -> grpc.ServerCredentials | None:
