@@ -18,7 +18,8 @@ FORMAT = 1
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAME = "embeddings"
 # Lower-case letters, digits, '.', '_' and '-', not starting with a dot: a name never names a path.
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+# `\Z`, not `$`: `$` also matches before a final newline ("abc\n" would pass).
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}\Z")
 
 
 class ManifestError(ValueError):

@@ -30,6 +30,7 @@ from mhaserve.testing.server import ServerThread
 ROOT = Path(__file__).resolve().parents[2]
 # Names that would walk out of a repository if they were ever joined to a path.
 HOSTILE = [
+    "tiny\n",  # `$` in the name pattern let a final newline through
     "../tiny",
     "..",
     "../../../../etc/passwd",
