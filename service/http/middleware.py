@@ -54,6 +54,11 @@ log = logging.getLogger(__name__)
 Gate = Callable[[float | None], Awaitable[ServiceError | None]]
 
 
+def _has_body(scope: Scope) -> bool:
+    length = _header(scope, b"content-length")
+    return _header(scope, b"transfer-encoding") is not None or (length is not None and length.strip() not in ("", "0"))
+
+
 def loggable(path: str) -> str:
     """A request's path as it may go into a log line: percent-decoded, it may hold a newline (a forged log
     line, before any key is checked) or a terminal's escape codes; such a path is logged escaped."""
@@ -147,6 +152,10 @@ class CallMiddleware:
         try:
             refusal = await self._refusal(scope, path)
             if refusal is not None:
+                if _has_body(scope):
+                    # Refused unread: the connection closes after the answer, or a client without a key could
+                    # trickle that body for as long as it likes (the read timeout guards only bodies read).
+                    scope[UNREAD_KEY] = True
                 await self._error(refusal, scope, rid, send_with_id)
             else:
                 try:

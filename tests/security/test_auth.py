@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import logging
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,18 @@ def test_http_wants_the_same_keys(server: ServerThread, wrong: str) -> None:
     # counted as the answer goes out, so the last count may land just after the client has it
     wait_until(lambda: server.counted_all("UNAUTHENTICATED") - before == len(routes), "every refusal counted")
     assert server.depth() == 0
+
+
+def test_a_refused_request_with_a_body_closes_its_connection(server: ServerThread) -> None:
+    """A 401 sent without reading the body kept the connection open: a client without a key could trickle
+    the body a byte at a time for as long as it liked, one file descriptor each."""
+    with socket.create_connection(("127.0.0.1", server.server.http_port), timeout=WAIT) as s:
+        s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+        s.sendall(b'Content-Length: 1000\r\n\r\n{"input":')
+        answer = b""
+        while chunk := s.recv(4096):  # b"" once the server closes; a timeout (WAIT) if it holds on
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower(), answer[:200]
 
 
 def test_a_path_cannot_forge_a_log_line(server: ServerThread, caplog: pytest.LogCaptureFixture) -> None:
