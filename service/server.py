@@ -75,6 +75,7 @@ from mhaserve.service.threads import named_pool
 log = logging.getLogger(__name__)
 
 MAX_PENDING_CALLS = 20_000
+IDLE_CONNECTION_S = 300  # a gRPC connection with no call for this long is closed (GOAWAY)
 SETTLE_S = 1.0  # the most serve() waits, once stopped, for calls gRPC handed over as it stopped (_settle)
 # Methods that answer while the model loads and while the server drains: health checks, reflection, and
 # the Open Inference Protocol's own health methods (which answer false then). The call interceptor
@@ -256,6 +257,12 @@ class EncoderServer:
                 # (RESOURCE_EXHAUSTED, at once); these only bound a flood faster than the event loop.
                 ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
                 ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
+                # A connection that has not finished its HTTP/2 preface and settings within the same time as
+                # an HTTP client's headers is closed (gRPC's default, 120 s, let a few hundred silent
+                # connections hold every file descriptor); one with no call for IDLE_CONNECTION_S gets a
+                # GOAWAY, which clients answer by connecting again at their next call.
+                ("grpc.server_handshake_timeout_ms", int(s.http_header_timeout * 1000)),
+                ("grpc.max_connection_idle_ms", IDLE_CONNECTION_S * 1000),
             ],
         )
         # Generic handlers only: a registered method costs grpc.aio's accept loop a turn over every method

@@ -268,7 +268,8 @@ class Settings:
     http_header_timeout: float = field(
         default=10.0,
         metadata=_opt(
-            "seconds an HTTP client gets to send a request's headers; a slower one is disconnected",
+            "seconds an HTTP client gets to send a request's headers (and a gRPC client its HTTP/2 preface); "
+            "a slower one is disconnected",
             float,
             metavar="SECONDS",
         ),

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -368,6 +371,23 @@ def test_a_failing_batch_fails_only_its_own_requests(start: Start, settings: Set
             assert vectors(after)[0].tolist() == [2, 7, 12, 1]
     finally:
         engine.release.set()
+
+
+def test_a_grpc_connection_that_sends_nothing_is_closed(start: Start, settings: Settings) -> None:
+    """gRPC's own handshake deadline is 120 s: a few hundred silent connections (none, or only the HTTP/2
+    preface) held every file descriptor. Now they get the HTTP port's header timeout."""
+    srv = start(dataclasses.replace(settings, http_header_timeout=0.5), ScriptedEngine().factory())
+    host, port = srv.address.rsplit(":", 1)
+    for opening in (b"", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"):
+        with socket.create_connection((host, int(port)), timeout=WAIT) as s:
+            s.sendall(opening)
+            started = time.monotonic()
+            with contextlib.suppress(ConnectionResetError):
+                while s.recv(4096):
+                    pass
+            assert time.monotonic() - started < WAIT / 2, opening
+    with srv.channel() as channel:  # and a client that speaks is served
+        assert pb_grpc.EncoderServiceStub(channel).Encode(ids([5]), timeout=WAIT).embeddings
 
 
 def test_health_and_unavailable_while_loading_and_draining(start: Start, settings: Settings) -> None:
