@@ -7,10 +7,13 @@ labelled by model and version (`ModelMetrics`), and a version's series go away w
 from __future__ import annotations
 
 import logging
+import socket
 import threading
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +22,39 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 SIZE_BUCKETS = tuple(float(2**i) for i in range(13))  # 1 .. 4096 inputs
 TOKEN_BUCKETS = tuple(float(2**i) for i in range(4, 18))  # 16 .. 131072 tokens
 FRACTION_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+# A connection to the metrics port that sends no request within this time is closed. prometheus_client's own
+# server has no timeout and starts a thread per connection: 400 silent connections held 400 threads.
+METRICS_READ_TIMEOUT_S = 10.0
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = METRICS_READ_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
+        pass
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    request_queue_size = 128  # the listen backlog (socketserver's default is 5)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out or went away: nothing to print (socketserver writes a traceback to stderr).
+        pass
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
+    """/metrics over HTTP on a daemon thread, a thread per connection, each cut after METRICS_READ_TIMEOUT_S."""
+    family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    server_class = type("MetricsServer", (_Server,), {"address_family": family})
+    httpd: WSGIServer = make_server(
+        host.strip("[]"), port, make_wsgi_app(registry), server_class, handler_class=_Handler
+    )
+    thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
+    return httpd, thread
 
 
 class Metrics:
@@ -90,7 +126,7 @@ class Metrics:
 
     def serve(self, host: str, port: int) -> int:
         """Expose /metrics over HTTP; returns the bound port (useful when `port` is 0)."""
-        self._http = start_http_server(port, addr=host, registry=self.registry)
+        self._http = serve_metrics(self.registry, host, port)
         bound = int(self._http[0].server_port)
         log.info("metrics on http://%s:%d/metrics", host, bound)
         return bound

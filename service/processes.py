@@ -43,11 +43,12 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Metric, start_http_server
+from prometheus_client import CollectorRegistry, Metric
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from mhaserve.runtime.cpus import available_cpus
+from mhaserve.service.metrics import serve_metrics
 from mhaserve.service.settings import Settings, on_cpu
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def claim_ports(settings: Settings) -> Settings:
     if settings.metrics_port and last > 65535:
         raise PortsError(f"metrics ports {settings.metrics_port}-{last} (one per process after it) pass 65535")
     for port in range(settings.metrics_port, last + 1) if settings.metrics_port else ():
-        _bind(settings.host, port)
+        _bind(settings.metrics_address, port)
     return dataclasses.replace(settings, port=ports["gRPC"])
 
 
@@ -165,7 +166,7 @@ class Gathered:
 
     def __init__(self, children: list[_Child], host: str) -> None:
         self.children = children
-        # Processes bind their metrics to --host; a wildcard address is reached on loopback.
+        # Processes bind their metrics to --metrics-host (or --host); a wildcard address is reached on loopback.
         self.host = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}.get(host, host)
 
     def collect(self) -> Iterator[Metric]:
@@ -237,11 +238,13 @@ class Supervisor:
         metrics_server = None
         if s.metrics_port:
             registry = CollectorRegistry()
-            registry.register(Gathered(self._children, s.host))
+            registry.register(Gathered(self._children, s.metrics_address))
             try:
-                metrics_server = start_http_server(s.metrics_port, addr=s.host, registry=registry)
+                metrics_server = serve_metrics(registry, s.metrics_address, s.metrics_port)
             except OSError as e:
-                log.error("cannot start: cannot serve metrics on %s:%d: %s", s.host, s.metrics_port, e.strerror)
+                log.error(
+                    "cannot start: cannot serve metrics on %s:%d: %s", s.metrics_address, s.metrics_port, e.strerror
+                )
                 return 1
         log.info(
             "%d server processes on gRPC %s:%d%s, %s%s",

@@ -224,10 +224,12 @@ class EncoderServer:
             await self._listening()
         if s.metrics_port:
             try:
-                self.metrics_port = self.metrics.serve(s.host, s.metrics_port)
+                self.metrics_port = self.metrics.serve(s.metrics_address, s.metrics_port)
             except OSError as e:
                 await self._stop_listeners(0)
-                raise StartupError(f"cannot serve metrics on {s.host}:{s.metrics_port}: {e.strerror}") from None
+                raise StartupError(
+                    f"cannot serve metrics on {s.metrics_address}:{s.metrics_port}: {e.strerror}"
+                ) from None
         self.state = "loading"
         self._loading = asyncio.get_running_loop().create_task(self._load(), name="load-models")
 

@@ -128,6 +128,14 @@ class Settings:
     host: str = field(default="127.0.0.1", metadata=_opt("address to listen on"))
     port: int = field(default=50051, metadata=_opt("gRPC port (0 picks a free one)", int))
     metrics_port: int = field(default=8000, metadata=_opt("Prometheus metrics port (0 disables)", int))
+    metrics_host: str = field(
+        default="",
+        metadata=_opt(
+            "address the metrics port listens on (default: --host's); e.g. 127.0.0.1 or a private address "
+            "when --host is public, since the metrics port has no keys and no TLS",
+            str,
+        ),
+    )
     http_port: int = field(
         default=8080,
         metadata=_opt("HTTP port: OpenAI embeddings, KServe v2 REST, /tokenize, /info, /health (0 disables)", int),
@@ -399,6 +407,11 @@ class Settings:
                     f"--open-methods: {method!r} is not a full method name like /grpc.health.v1.Health/Check "
                     "or /grpc.health.v1.Health/*"
                 )
+
+    @property
+    def metrics_address(self) -> str:
+        """Where the metrics port listens: --metrics-host, else --host."""
+        return self.metrics_host or self.host
 
     @property
     def workers(self) -> int:

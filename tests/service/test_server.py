@@ -535,6 +535,27 @@ def test_request_id_is_echoed(stub: pb_grpc.EncoderServiceStub) -> None:
     assert ("x-request-id", "bad-1") in e.value.trailing_metadata()
 
 
+def test_the_metrics_port_listens_where_told_and_drops_silent_connections(
+    start: Start, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--metrics-host (docs/security.md said to bind metrics to a private address; nothing let one), and a
+    connection that sends nothing is closed (prometheus_client's server kept each, a thread apiece)."""
+    from mhaserve.service import metrics
+
+    monkeypatch.setattr(metrics._Handler, "timeout", 0.5)
+    port = free_port()
+    srv = start(dataclasses.replace(settings, metrics_port=port, metrics_host="127.0.0.2"), ScriptedEngine().factory())
+    assert srv.server.metrics_port == port
+    assert scrape(port, host="127.0.0.2").get("mhaserve_requests_in_flight") == 0
+    with pytest.raises(OSError):
+        scrape(port, host="127.0.0.1")  # not on --host's address
+    with socket.create_connection(("127.0.0.2", port), timeout=WAIT) as s:
+        started = time.monotonic()
+        assert s.recv(1) == b""
+        assert time.monotonic() - started < WAIT / 2
+    assert scrape(port, host="127.0.0.2").get("mhaserve_requests_in_flight") == 0
+
+
 def test_metrics_move_as_requests_are_served(server: ServerThread) -> None:
     port = server.server.metrics_port
     assert port
