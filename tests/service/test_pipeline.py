@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +16,7 @@ from mhaserve.runtime.repository import ModelRepository
 from mhaserve.service.batching import Batcher
 from mhaserve.service.batching.limits import CPU_LIMITS
 from mhaserve.service.metrics import Metrics, ModelMetrics
-from mhaserve.service.pipeline import INLINE_TOKENIZE_CHARS, Pipeline
+from mhaserve.service.pipeline import INLINE_TOKENIZE_CHARS, PREFIX_CHARS_PER_TOKEN, Pipeline, encode_long
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT
 
@@ -67,7 +68,7 @@ def test_short_requests_are_tokenised_on_the_loop_and_long_ones_by_encode_batch_
         pipeline.close()
         pool.shutdown()
     assert handed == ["one long text", "several texts, over the limit in all"]
-    assert pool.names == ["encode_batch", "encode_batch"]
+    assert pool.names == ["_tokenize_long", "_tokenize_long"]
 
 
 def test_a_long_text_refused_for_its_length_is_measured_on_the_pool_not_the_loop(tiny_repo: Path) -> None:
@@ -102,4 +103,73 @@ def test_a_long_text_refused_for_its_length_is_measured_on_the_pool_not_the_loop
     untruncated.no_truncation()
     for message, text in zip(messages, (long, short), strict=True):
         assert f"input 0 is {len(untruncated.encode(text).ids)} tokens long" in message
-    assert pool.names == ["encode_batch", "encode_batch"]  # the long text: tokenised, then measured
+    assert pool.names == ["_tokenize_long", "encode_batch"]  # the long text: tokenised, then measured
+
+
+def _minilm_tokenizer() -> Tokenizer:
+    from mhaserve.model.checkpoint import default_source
+    from mhaserve.runtime.tokenizer import load_for_serving
+
+    return load_for_serving(default_source() / "tokenizer.json", 256)
+
+
+class Counting:
+    """A tokenizer that counts the characters it is given."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.chars = tokenizer, 0
+
+    def encode_batch(self, texts: list[str]) -> Any:
+        self.chars += sum(map(len, texts))
+        return self.tokenizer.encode_batch(texts)
+
+
+def test_a_long_text_is_tokenised_from_its_start_with_the_same_ids_as_in_full() -> None:
+    """A 4 MB text cost seconds of the tokeniser and a gigabyte for the 256 tokens it is cut to. Cut before a
+    whitespace, a start that already fills the maximum gives the whole text's truncated ids, to the last one;
+    texts whose start does not (whitespace runs, no whitespace at all) are tokenised in full as before."""
+    tokenizer = _minilm_tokenizer()
+    limit = 256 * PREFIX_CHARS_PER_TOKEN
+    prose = " ".join(Path("loadtest/corpus.txt").read_text().split()[:3000])
+    texts = {
+        "prose": prose * 20,
+        "accents and case": "Ça Déjà-vu, NAÏVE café! " * 2000,
+        "newlines and tabs": "first line\n\tsecond\r\nthird " * 3000,
+        "whitespace runs": "word" + " " * (2 * limit) + "tail " * 100,
+        "no whitespace": "a" * (3 * limit) + " then words",
+        "cjk": "中文字符测试" * 5000,
+        "a long word first": "x" * 500 + " " + prose,
+        "exactly at the limit": ("ab " * limit)[:limit],
+        "short": "a short query",
+    }
+    counting = Counting(tokenizer)
+    got = encode_long(counting, list(texts.values()), limit)  # type: ignore[arg-type]
+    want = tokenizer.encode_batch(list(texts.values()))
+    for name, g, w in zip(texts, got, want, strict=True):
+        assert g.ids == w.ids and bool(g.overflowing) == bool(w.overflowing), name
+    # the prose and the like were read from their start only
+    counting.chars = 0
+    encode_long(counting, [prose * 200], limit)  # type: ignore[arg-type]
+    assert counting.chars <= limit < len(prose * 200) // 100
+
+
+def test_a_very_long_text_refused_for_its_length_is_measured_from_its_start(tiny_repo: Path) -> None:
+    repository = ModelRepository(tiny_repo)
+    model = repository.load(repository.entry(), ScriptedEngine().factory())
+    pipeline = Pipeline(model, Batcher(model.engine, limits=CPU_LIMITS), CPU_LIMITS, ModelMetrics(Metrics(), "m", 1))
+    text = "token " * 1_000_000
+
+    async def refusal() -> str:
+        try:
+            await asyncio.wait_for(pipeline.tokenize([text], truncate=False), WAIT)
+        except InvalidArgument as e:
+            return e.message
+        raise AssertionError("not refused")
+
+    try:
+        message = asyncio.run(refusal())
+    finally:
+        pipeline.close()
+    m = re.search(r"input 0 is longer than (\d+) tokens \(its first (\d+) characters alone\)", message)
+    assert m is not None, message
+    assert int(m[1]) > pipeline.max_tokens and int(m[2]) <= pipeline.max_tokens * PREFIX_CHARS_PER_TOKEN
