@@ -160,6 +160,7 @@ class HttpServer:
             ssl_cert_reqs=ssl.CERT_REQUIRED if tls.client_ca else ssl.CERT_NONE,
         )
         self.server = uvicorn.Server(self.config)
+        self.read_timeout = read_timeout
         self.host = host
         self.port = port
         self.reuse_port = reuse_port
@@ -191,7 +192,22 @@ class HttpServer:
         if not self.config.loaded:
             self.config.load()
         self.server.lifespan = self.config.lifespan_class(self.config)
-        await self.server.startup(sockets=[self._socket])
+        # The header deadline starts once a connection is made, which with TLS is after the handshake; asyncio
+        # gives a handshake 60 s and uvicorn has no setting for it: silent TLS connections held for a
+        # minute, not --http-header-timeout. uvicorn's startup creates the listener: give it the timeout there.
+        loop = asyncio.get_running_loop()
+        create_server = loop.create_server
+
+        async def with_handshake_timeout(*args: Any, **kwargs: Any) -> asyncio.Server:
+            if kwargs.get("ssl") is not None:
+                kwargs.setdefault("ssl_handshake_timeout", self.read_timeout)
+            return await create_server(*args, **kwargs)
+
+        loop.create_server = with_handshake_timeout  # type: ignore[method-assign]
+        try:
+            await self.server.startup(sockets=[self._socket])
+        finally:
+            del loop.create_server  # the instance attribute: the loop's own method again
         # uvicorn's main loop only refreshes the Date header once a second: run it for that.
         self._ticks = asyncio.get_running_loop().create_task(self.server.main_loop(), name="http-ticks")
 

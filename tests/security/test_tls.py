@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import logging
+import socket
 import ssl
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,6 +123,22 @@ def test_the_http_port_speaks_the_same_mutual_tls(mtls_server: ServerThread, pki
     for refused in (context(pki.ca), context(pki.ca, pki.stranger_cert, pki.stranger_key)):
         with pytest.raises((ssl.SSLError, OSError)):
             request("POST", https(mtls_server), {"input": "hello"}, key, context=refused)
+
+
+def test_a_silent_connection_to_either_tls_port_is_closed_after_the_header_timeout(plain: Settings, pki: Pki) -> None:
+    """With TLS the HTTP port's header deadline starts after the handshake: a connection that never sent its
+    ClientHello was held for asyncio's 60 s (gRPC's: 120 s), not --http-header-timeout."""
+    settings = dataclasses.replace(
+        plain, tls_cert=pki.server_cert, tls_key=pki.server_key, http_port=free_port(), http_header_timeout=0.5
+    )
+    with ServerThread(settings) as srv:
+        srv.ready()
+        for port in (srv.server.http_port, int(srv.address.rsplit(":", 1)[1])):
+            with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:
+                started = time.monotonic()
+                with contextlib.suppress(ConnectionResetError):
+                    assert s.recv(1) == b""
+                assert time.monotonic() - started < WAIT / 2, port
 
 
 def test_the_cli_speaks_tls_and_mutual_tls(
