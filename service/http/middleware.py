@@ -236,14 +236,26 @@ class CallMiddleware:
         kind = encoding.strip().lower()
         if kind not in ("gzip", "deflate"):
             raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or none)")
-        inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if kind == "gzip" else zlib.MAX_WBITS)
-        try:
-            out = inflate.decompress(body, self.max_body_bytes + 1)
-        except zlib.error as e:
-            raise InvalidArgument(f"the {kind} body does not inflate: {e}") from None
-        if len(out) > self.max_body_bytes:
-            raise TooLarge(self._too_large(len(out), at_least=True) + " once inflated")
-        return out
+        out = bytearray()
+        data = body
+        # Every gzip member (a gzip stream may hold several, as gzip.decompress reads them); a stream cut
+        # short, or bytes after it that are not another member, are refused rather than served as far as
+        # they go.
+        while True:
+            inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if kind == "gzip" else zlib.MAX_WBITS)
+            try:
+                out += inflate.decompress(data, self.max_body_bytes + 1 - len(out))
+            except zlib.error as e:
+                raise InvalidArgument(f"the {kind} body does not inflate: {e}") from None
+            if len(out) > self.max_body_bytes:
+                raise TooLarge(self._too_large(len(out), at_least=True) + " once inflated")
+            if not inflate.eof:
+                raise InvalidArgument(f"the {kind} body is cut short")
+            data = inflate.unused_data.lstrip(b"\x00")  # gzip's tools may pad with zeros
+            if not data:
+                return bytes(out)
+            if kind != "gzip":
+                raise InvalidArgument(f"{len(data)} bytes after the end of the {kind} body")
 
     def _too_large(self, size: int, at_least: bool = False) -> str:
         return (

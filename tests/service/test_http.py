@@ -11,6 +11,7 @@ import contextlib
 import json
 import socket
 import time
+import zlib
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,34 @@ def test_a_body_in_another_format_is_415(srv: ServerThread) -> None:
         assert reply.status == 415, content_type
         assert "Content-Type: application/json" in str(openai_error(reply.body)["message"])
     assert request("POST", url(srv, "/v1/embeddings"), b'{"input":"a"}', {"content-encoding": "br"}).status == 415
+
+
+def test_compressed_bodies_are_read_whole_or_refused(srv: ServerThread) -> None:
+    """gzip and deflate bodies (tritonclient sends them): a gzip stream of several members is read whole (as
+    gzip.decompress reads it); one cut short, or with bytes after its end, is a 400, not served as far as
+    it inflated."""
+    import gzip
+
+    body = b'{"input": ["one", "two"]}'
+    whole = gzip.compress(body)
+    members = gzip.compress(body[:10]) + gzip.compress(body[10:])
+    deflated = zlib.compress(body)
+    headers = {"content-type": "application/json"}
+
+    def post(data: bytes, encoding: str) -> Any:
+        return request("POST", url(srv, "/v1/embeddings"), data, headers | {"content-encoding": encoding})
+
+    for data, encoding in ((whole, "gzip"), (members, "gzip"), (whole + b"\x00" * 8, "gzip"), (deflated, "deflate")):
+        reply = post(data, encoding)
+        assert reply.status == 200 and len(reply.json()["data"]) == 2, (encoding, reply.body[:200])
+    for data, encoding, message in (
+        (whole[:-9], "gzip", "cut short"),
+        (whole + b"garbage", "gzip", "does not inflate"),
+        (deflated + b"garbage", "deflate", "7 bytes after the end"),
+    ):
+        reply = post(data, encoding)
+        assert reply.status == 400 and message in str(openai_error(reply.body)["message"]), (message, reply.body)
+    still_serving(srv)
 
 
 def test_a_body_over_the_limit_is_413_without_being_read(srv: ServerThread) -> None:
