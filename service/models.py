@@ -328,6 +328,9 @@ class ModelManager:
             )
         if not _valid_name(name):
             raise InvalidArgument(f"{name!r} is not a model name")
+        # A name the repository does not hold: NOT_FOUND, and no load failure logged or counted (a series
+        # per name an admin client typed).
+        self.repository.published(name)
         try:
             await self.sync(name, strict=True)
         except NotFound:

@@ -673,6 +673,11 @@ def test_an_explicit_load_of_a_failed_model_tries_again_and_fails_again(tmp_path
         reply = request("POST", srv.http_url + "/v2/repository/models/broken/load")
         assert reply.status == 400 and "checksum" in reply.json()["error"]
         assert not kserve.ModelReady(kpb.ModelReadyRequest(name="broken"), timeout=WAIT).ready
+        # a name the repository does not hold: NOT_FOUND, and no failure series made for it
+        with pytest.raises(grpc.RpcError) as e:
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="nope"), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "not in the repository" in str(e.value.details())
+        assert srv.samples().get("mhaserve_model_load_failures_total", -1.0, model="nope") == -1.0
 
 
 def test_a_manifest_that_disagrees_with_its_graph_is_not_served(tmp_path: Path) -> None:
