@@ -410,6 +410,10 @@ class ModelManager:
                 await pipeline.batcher.close()
                 pipeline.close()
 
+    def pipelines(self) -> list[Pipeline]:
+        """Every pipeline with a batcher: the versions served and those retiring (finishing what they hold)."""
+        return [*self.dataplane.pipelines(), *self._retiring.values()]
+
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 

@@ -38,7 +38,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as encoder_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kserve_grpc
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.engine import Runs
-from mhaserve.runtime.errors import ServiceError
+from mhaserve.runtime.errors import ServiceError, Unavailable
 from mhaserve.runtime.repository import (
     EngineFactory,
     LoadedModel,
@@ -70,7 +70,7 @@ from mhaserve.service.rpc.interceptors import ServiceInterceptor
 from mhaserve.service.rpc.reflection import add_reflection
 from mhaserve.service.rpc.registration import GenericOnly
 from mhaserve.service.settings import Settings, worker_threads
-from mhaserve.service.threads import named_pool
+from mhaserve.service.threads import CountingPool, named_pool
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class EncoderServer:
         )
         # The inference threads every model's batches take turns on (see Batcher's executor), and the
         # tokeniser threads every model shares.
-        self._inference = named_pool("inference", self.workers)
+        self._inference = CountingPool("inference", self.workers)
         self._tokenize = named_pool("tokenize", 2)
         self._stalls = 0
         self._loading: asyncio.Task[None] | None = None
@@ -417,6 +417,16 @@ class EncoderServer:
 
     async def _stalled(self) -> None:
         self._stalls += 1
+        if self._stalls >= self.workers:
+            # Every inference thread holds a batch that has not returned: what waits for one, in any model's
+            # batcher (they share the threads), can no longer run. Its own batcher failed its queue; the
+            # others' requests would wait for as long as the engine hangs (for ever, without a deadline).
+            error = Unavailable(
+                "every inference thread is held by a batch that has not returned (--inference-timeout); "
+                "this server reports NOT_SERVING: retry on another replica"
+            )
+            for pipeline in self.manager.pipelines():
+                pipeline.batcher.fail_waiting(error)
         if self.state == "serving":
             self.state = "stalled"
             await self.health.set(False)
@@ -491,8 +501,9 @@ class EncoderServer:
 
     @property
     def stuck(self) -> bool:
-        """An inference call is still stuck past the watchdog (its thread would hold the process's exit)."""
-        return any(p.batcher.stalled for p in self.dataplane.pipelines())
+        """An inference call is still running once the server has stopped: stalled past the watchdog, or still
+        computing when the grace period ended (its thread would hold the process's exit)."""
+        return self._inference.running > 0 or any(p.batcher.stalled for p in self.dataplane.pipelines())
 
 
 async def serve(
@@ -550,7 +561,10 @@ async def serve(
         await _settle(SETTLE_S)
         if server.stuck:
             # The stuck inference thread would hold the interpreter's exit forever (it joins its threads).
-            log.error("stopped with an inference call still stuck; exiting without waiting for it")
+            log.error(
+                "stopped with an inference call still running (stuck, or past the grace period); exiting "
+                "without waiting for it"
+            )
             logging.shutdown()
             os._exit(1)
         log.info("stopped")

@@ -9,7 +9,12 @@ import ctypes
 import ctypes.util
 import functools
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _PR_SET_NAME = 15  # <linux/prctl.h>
 
@@ -36,3 +41,29 @@ def named_pool(name: str, workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(
         max_workers=workers, thread_name_prefix=name, initializer=name_this_thread, initargs=(name,)
     )
+
+
+class CountingPool(ThreadPoolExecutor):
+    """A named pool that knows how many of its calls are running now: at the end of a stop, one still
+    running (an engine that never returns) would hold the interpreter's exit, which joins these threads."""
+
+    def __init__(self, name: str, workers: int) -> None:
+        super().__init__(max_workers=workers, thread_name_prefix=name, initializer=name_this_thread, initargs=(name,))
+        self._running = 0
+        self._lock = threading.Lock()
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        def counted() -> T:
+            with self._lock:
+                self._running += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self._running -= 1
+
+        return super().submit(counted)

@@ -376,6 +376,12 @@ class Batcher:
         finally:
             del self._submitted[run]
 
+    def fail_waiting(self, error: ServiceError) -> None:
+        """Fail what waits here, queued or batched for a thread, and leave what computes: the server calls it
+        when every inference thread, which this batcher shares with other models', holds a stalled batch."""
+        self._fail_queued(error)
+        self._fail_unstarted(error)
+
     def _fail_unstarted(self, error: ServiceError) -> None:
         """Fail the batches that wait for a thread, and take them out of the threads' queue: each one's worker
         then fails its requests (_execute), and no thread computes it for nobody."""
@@ -401,9 +407,14 @@ class Batcher:
             seconds = time.perf_counter() - t0
             if out.ndim != 2 or out.shape[0] != len(batch):
                 raise RuntimeError(f"engine returned shape {out.shape} for a batch of {len(batch)}")
+            if not np.isfinite(out).all():  # an fp16 overflow, a broken graph: no NaN is served as an embedding
+                raise RuntimeError(f"engine returned NaN or infinite values for a batch of {len(batch)}")
             outcome: Ran | BaseException = Ran(out, seconds, len(batch), ids.size, int(mask.sum()))
-        except BaseException as e:  # whatever the engine raises reaches the batch's future, as it must
+        except Exception as e:  # whatever the engine raises reaches the batch's future, as it must
             outcome = e
+        except BaseException as e:  # SystemExit or KeyboardInterrupt from an engine: set on the loop's future,
+            # asyncio would raise it out of the event loop and stop the server without a drain.
+            outcome = RuntimeError(f"the engine raised {type(e).__name__}: {e}")
         with contextlib.suppress(RuntimeError):  # the loop closed while this batch ran: nobody is waiting
             loop.call_soon_threadsafe(self._finish, batch, run, outcome)
 

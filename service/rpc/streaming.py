@@ -32,14 +32,20 @@ async def ordered(
     window: int = WINDOW,
 ) -> AsyncIterator[Response]:
     """Each request's response, in request order; see the module docstring."""
-    pending: asyncio.Queue[tuple[Request, asyncio.Future[Response]] | None] = asyncio.Queue(maxsize=window)
+    # `space` holds the window: a request's computation starts only once there is room for it, and every one
+    # started is in `pending`, where the end of the stream finds it to cancel. (Started before waiting for
+    # room in a bounded queue, the one waiting was lost when the stream was cancelled, and still reached the
+    # model; the window was 33 or 34.)
+    space = asyncio.Semaphore(window)
+    pending: asyncio.Queue[tuple[Request, asyncio.Future[Response]] | None] = asyncio.Queue()
 
     async def read() -> None:
         try:
             async for request in requests:
-                await pending.put((request, asyncio.ensure_future(compute(request))))
+                await space.acquire()
+                pending.put_nowait((request, asyncio.ensure_future(compute(request))))
         finally:
-            await pending.put(None)
+            pending.put_nowait(None)
 
     reader = asyncio.ensure_future(read())
     try:
@@ -53,11 +59,18 @@ async def ordered(
                 yield on_error(request, e)
             else:
                 yield response
+            finally:
+                space.release()
         await reader  # re-raises a failure to read the stream
     finally:
         reader.cancel()
         while not pending.empty():
             if (left := pending.get_nowait()) is not None:
-                left[1].cancel()
+                task = left[1]
+                if task.done():  # its failure is the stream's end, not news: retrieved, so asyncio logs nothing
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        task.result()
+                else:
+                    task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await reader

@@ -49,6 +49,20 @@ def test_expired_and_cancelled_requests_are_dropped_before_inference_and_free_ev
     assert after.threads <= before.threads + 2  # grpc may keep a poller thread or two
 
 
+def test_streams_cancelled_with_more_requests_than_their_window_compute_none_of_them(settings: Settings) -> None:
+    """40 requests a stream, past its window of 32: the one that waited for room was started anyway, lost
+    when the stream was cancelled, and reached the model once the held batch returned."""
+    engine = ScriptedEngine(hang_on=99)
+    with ServerThread(dataclasses.replace(settings, max_wait_ms=0.0), engine.factory()) as srv:
+        srv.ready()
+        try:
+            result = deadlines(srv, engine, cycles=1, per_cycle=2, streams=2, per_stream=40)
+        finally:
+            engine.release.set()
+    _assert_all_dropped_and_counted(result)
+    assert result.after is not None and (result.after.jobs, result.after.depth) == (0, 0)
+
+
 def _freeze(seconds: float, done: threading.Event) -> None:
     time.sleep(seconds)  # called on the server's loop: nothing of the server runs meanwhile
     done.set()

@@ -5,13 +5,22 @@ server serves again. A process whose engine stays stuck still exits on SIGTERM."
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import signal
+import time
+from pathlib import Path
 
+import grpc
 import pytest
 
 from mhaserve.loadtest.reliability.scenarios.faults import POISON, engine_faults, engine_hangs, stuck_engine_exit
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
-from mhaserve.testing.server import ServerThread
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.metrics import scrape
+from mhaserve.testing.server import ServerThread, health_status
 from tests.reliability.conftest import Spawn
 
 
@@ -45,10 +54,56 @@ def test_a_hung_engine_is_reported_and_the_server_recovers(settings: Settings) -
     assert "more than 0.3 s (--inference-timeout)" in message and "NOT_SERVING" in message
 
 
+def test_a_hung_engine_fails_what_other_models_queued_on_the_same_thread(settings: Settings, tmp_path: Path) -> None:
+    """Two models, one inference thread: model a's engine hangs. Its batcher failed its own queue; model b's
+    request, waiting for the same thread, waited until its deadline (for ever over HTTP): the hang Infinity
+    has and mhaserve says it has not."""
+    repo = tmp_path / "repo"
+    for name in ("a", "b"):
+        shutil.copytree(settings.repository / "tiny", repo / name)
+    engine = ScriptedEngine(hang_on=99)
+    two = dataclasses.replace(
+        settings, repository=repo, model=("a", "b"), inference_workers=1, inference_timeout=0.5, max_wait_ms=0.0
+    )
+    with ServerThread(two, engine.factory()) as srv, srv.ready().channel() as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        try:
+            hung = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99, 5])], model="a"), timeout=WAIT)
+            assert engine.hanging.wait(WAIT)
+            started = time.monotonic()
+            waiting = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])], model="b"), timeout=WAIT)
+            for call in (hung, waiting):
+                error = call.exception(WAIT)
+                assert isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.UNAVAILABLE, error
+            assert time.monotonic() - started < WAIT / 2  # at the watchdog's bound, not the deadline's
+            assert "every inference thread is held" in str(waiting.exception().details())
+        finally:
+            engine.release.set()
+        wait_until(lambda: health_status(channel) == "SERVING", "the server to recover")
+        assert stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])], model="b"), timeout=WAIT).embeddings
+
+
 @pytest.mark.slow
 def test_a_process_with_a_stuck_engine_still_exits_on_sigterm(spawn: Spawn) -> None:
     proc = spawn("--inference-timeout", "0.5", "--grace-period", "5", engine="hang:99")
     result = stuck_engine_exit(proc)
     assert result.hung_code == "UNAVAILABLE"
     assert result.exit_code == 1, proc.log
-    assert "inference call still stuck" in proc.log
+    assert "inference call still running" in proc.log
+
+
+@pytest.mark.slow
+def test_a_batch_still_computing_when_the_grace_period_ends_does_not_hold_the_exit(spawn: Spawn) -> None:
+    """The watchdog's bound (60 s) is past the grace period (1 s): stopping cancelled the watchdog, so the
+    call was never seen as stuck, and the interpreter's exit waited for the engine for ever."""
+    metrics = free_port()
+    proc = spawn("--inference-timeout", "60", "--grace-period", "1", engine="hang:99", metrics_port=metrics)
+    address = proc.wait_serving()
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        held = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99, 5])]), timeout=WAIT)
+        wait_until(lambda: scrape(metrics).get("mhaserve_requests_in_flight") == 1, "the held request")
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(WAIT) == 1, proc.log
+        assert held.exception(WAIT) is not None  # answered (UNAVAILABLE), not left hanging
+    assert "inference call still running" in proc.log

@@ -300,6 +300,37 @@ def test_a_batch_whose_answers_cannot_be_handed_out_fails_its_requests_and_the_b
     run(main())
 
 
+class Faulty(ScriptedEngine):
+    """An engine that answers NaN or inf for a batch holding 13 or 14, and raises SystemExit for one holding 15."""
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        out = super().run(input_ids, attention_mask)
+        if (input_ids == 13).any():
+            out[0, 0] = np.nan
+        if (input_ids == 14).any():
+            out[-1, -1] = np.inf
+        if (input_ids == 15).any():
+            raise SystemExit(3)
+        return out
+
+
+@pytest.mark.parametrize("token", [13, 14, 15])
+def test_nan_inf_or_a_base_exception_from_the_engine_fails_the_batch_and_the_batcher_goes_on(token: int) -> None:
+    """NaN went out as an embedding (JSON null in OpenAI's answer); a SystemExit from an engine, set on the
+    loop's future, would stop the event loop itself."""
+    engine = Faulty()
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0))
+        b.start()
+        with pytest.raises(Internal, match="inference failed on the batch holding this request"):
+            await asyncio.wait_for(b.submit([seq(token, 6)]), timeout=WAIT)
+        assert (await asyncio.wait_for(b.submit([seq(7)]), timeout=WAIT)).shape == (1, 4)
+        await b.close()
+
+    run(main())
+
+
 def test_close_fails_running_and_queued_requests_and_refuses_new_ones() -> None:
     engine = ScriptedEngine(hang_on=99)
 

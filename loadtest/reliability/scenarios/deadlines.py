@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from mhaserve.loadtest.reliability.scenarios.common import HOLD, OK, code_of
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.rpc.streaming import WINDOW
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.process import live_objects
@@ -134,6 +135,7 @@ def deadlines(
     cycles: int,
     per_cycle: int = 20,
     streams: int = 4,
+    per_stream: int = 3,
     deadline: float = 1.0,
 ) -> DeadlineResult:
     """Requests whose deadline passes while queued behind a held batch, requests cancelled while queued,
@@ -180,10 +182,15 @@ def deadlines(
             stop = threading.Event()
             open_streams = []
             for s in range(streams):
-                items = [pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[STREAMED, 20 + s, 20 + k])]) for k in range(3)]
+                items = [
+                    pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[STREAMED, 20 + s, 20 + k])]) for k in range(per_stream)
+                ]
                 open_streams.append(stub.EncodeStream(_blocking_iterator(items, stop), timeout=WAIT))
                 result.stream_requests += len(items)
-            wait_until(lambda: srv.depth() >= queued + 3 * streams, "the streams' requests to be queued")  # noqa: B023
+            # A stream computes up to its window at once; past it, the rest waits in the stream (and must not
+            # reach the model either once the stream is cancelled).
+            in_window = min(per_stream, WINDOW) * streams
+            wait_until(lambda: srv.depth() >= queued + in_window, "the streams' requests to be queued")  # noqa: B023
             for st in open_streams:
                 st.cancel()
             stop.set()
