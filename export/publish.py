@@ -105,6 +105,8 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                     tokenizer = serving_tokenizer.load_for_serving(ckpt.tokenizer_path, cfg.max_seq_len)
             except (CheckpointError, ValueError) as e:
                 raise ExportError(str(e)) from None
+            except (RuntimeError, MemoryError) as e:  # torch cannot allocate a model of these sizes
+                raise ExportError(f"the model cannot be built: {_first_line(e)}") from None
             serving_tokenizer.for_serving(tokenizer, cfg.max_seq_len).save(str(scratch / mf.TOKENIZER))
             if tokenizer.get_vocab_size() > cfg.vocab_size:
                 raise ExportError(
@@ -113,7 +115,10 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
 
         fp32 = scratch / "model.onnx"
         with progress.step("exporting to ONNX (torch.export, dynamic batch and sequence)", reports=True):
-            onnx_graph.export_graph(model, fp32)
+            try:
+                onnx_graph.export_graph(model, fp32)
+            except (RuntimeError, MemoryError) as e:  # torch.export's own failures: one line, no traceback
+                raise ExportError(f"the ONNX export failed: {_first_line(e)}") from None
             opset = onnx_graph.check_graph(fp32, cfg.d_model)
 
         def engine(path: Path, threads: int | None = None) -> OnnxEngine:
@@ -220,3 +225,8 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
         with progress.step(f"publishing {target}"):
             staging.publish(scratch, target, overwrite=opts.overwrite)
     return target
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

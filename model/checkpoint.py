@@ -44,7 +44,8 @@ _LAYER = {
 }
 _LAYER_KEY = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
 # Tensors a sentence encoder does not use: BERT's NSP pooler and the arange buffer of positions.
-_IGNORED = re.compile(r"^(pooler\..*|embeddings\.position_ids)$")
+# A masked-LM checkpoint's head (`cls.predictions.*`, bert-base-uncased's own layout) is not the encoder's either.
+_IGNORED = re.compile(r"^(pooler\..*|embeddings\.position_ids|cls\..*)$")
 
 
 def map_key(hf_key: str) -> str | None:
@@ -67,44 +68,99 @@ class Checkpoint:
     tokenizer_path: Path
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path, kind: type = object) -> Any:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, kind):
+        raise CheckpointError(f"{path} is not a JSON {'object' if kind is dict else 'list'}")
+    return data
+
+
+# sentence-transformers modules the exported graph and the server reproduce; any other (a Dense head, a
+# word-embeddings model...) would change the embedding, so such a checkpoint is refused, not exported without it.
+_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
 def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None, str, bool]:
     """(max sequence length, pooling, normalise) from sentence-transformers' files in `path`, if any.
 
     sentence_bert_config.json's max_seq_length (capped at the position table; None when absent),
-    1_Pooling/config.json's mode (mean by default), and a Normalize module in modules.json.
+    1_Pooling/config.json's mode (mean by default), and a Normalize module in modules.json. What would make
+    sentence-transformers embed otherwise than the graph is refused: a pooling other than exactly one of
+    mean and cls, a module other than Transformer, Pooling and Normalize, a transformer in a subfolder
+    (the older layout), text lower-cased by the config but not by tokenizer.json.
     """
     max_seq_len = None
     st_cfg = path / "sentence_bert_config.json"
-    if st_cfg.is_file() and (n := _read_json(st_cfg).get("max_seq_length")):
-        max_seq_len = min(int(n), max_positions) if max_positions else int(n)
+    if st_cfg.is_file():
+        st = _read_json(st_cfg, dict)
+        if n := st.get("max_seq_length"):
+            max_seq_len = min(int(n), max_positions) if max_positions else int(n)
+        if st.get("do_lower_case"):
+            _check_lower_case(path, True, st_cfg)
 
     pooling = "mean"
     pool_cfg = path / "1_Pooling" / "config.json"
     if pool_cfg.is_file():
-        p = _read_json(pool_cfg)
-        if p.get("pooling_mode_cls_token"):
+        modes = sorted(k for k, v in _read_json(pool_cfg, dict).items() if k.startswith("pooling_mode_") and v)
+        if modes == ["pooling_mode_cls_token"]:
             pooling = "cls"
-        elif not p.get("pooling_mode_mean_tokens"):
-            raise CheckpointError(f"unsupported pooling in {pool_cfg}: only mean or cls")
+        elif modes != ["pooling_mode_mean_tokens"]:
+            raise CheckpointError(
+                f"unsupported pooling in {pool_cfg}: {', '.join(modes) or 'none'}; only one of mean or cls"
+            )
 
+    normalize = False
     modules = path / "modules.json"
-    normalize = modules.is_file() and any(m.get("type", "").endswith(".Normalize") for m in _read_json(modules))
+    if modules.is_file():
+        for m in _read_json(modules, list):
+            kind = str(m.get("type", "")).rpartition(".")[2] if isinstance(m, dict) else ""
+            if kind not in _MODULES:
+                raise CheckpointError(
+                    f"{modules}: module {m!r} is not supported (only {', '.join(_MODULES)}): its output would differ"
+                )
+            if kind == "Transformer" and m.get("path", ""):
+                raise CheckpointError(
+                    f"{modules}: the transformer is in {m['path']}/ (sentence-transformers' older layout): "
+                    "not supported; move its files to the checkpoint's folder"
+                )
+            normalize = normalize or kind == "Normalize"
     return max_seq_len, pooling, normalize
+
+
+def _check_lower_case(path: Path, lower: bool, where: Path) -> None:
+    """Refuse a checkpoint whose config says texts are (or are not) lower-cased while tokenizer.json does
+    otherwise: sentence-transformers and transformers follow the config, the server tokenizer.json."""
+    tokenizer = path / "tokenizer.json"
+    if not tokenizer.is_file():
+        return
+    normalizer = _read_json(tokenizer, dict).get("normalizer") or {}
+    parts = normalizer.get("normalizers", [normalizer]) if normalizer.get("type") == "Sequence" else [normalizer]
+    lowers = any(
+        isinstance(n, dict)
+        and (n.get("type") == "Lowercase" or (n.get("type") == "BertNormalizer" and n.get("lowercase")))
+        for n in parts
+    )
+    if lowers != lower:
+        raise CheckpointError(
+            f"{where} says do_lower_case {str(lower).lower()} but tokenizer.json {'does' if lowers else 'does not'} "
+            "lower-case: the texts would be tokenised otherwise than the checkpoint's users do; make them agree"
+        )
 
 
 def read_config(path: Path) -> EncoderConfig:
     """Build the encoder config from config.json plus the sentence-transformers files, if any."""
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
+        if (path / "modules.json").is_file():
+            raise CheckpointError(
+                f"{path} has no config.json but a modules.json: sentence-transformers' older layout, with the "
+                "transformer in a subfolder, is not supported; move its files to this folder"
+            )
         raise CheckpointError(f"{path} has no config.json: not a Hugging Face checkpoint directory")
-    hf = _read_json(cfg_file)
+    hf = _read_json(cfg_file, dict)
     model_type = hf.get("model_type")
     if model_type != "bert":
         archs = ",".join(hf.get("architectures") or []) or "?"
@@ -115,6 +171,17 @@ def read_config(path: Path) -> EncoderConfig:
         raise CheckpointError(f"unsupported activation {hf['hidden_act']!r}: only exact GELU ('gelu')")
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError(f"unsupported position_embedding_type {hf['position_embedding_type']!r}")
+    if hf.get("is_decoder") or hf.get("add_cross_attention"):
+        raise CheckpointError(
+            "is_decoder: a decoder masks attention causally; only bidirectional encoders are supported"
+        )
+    needed = ("max_position_embeddings", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "intermediate_size")  # fmt: skip
+    if missing := [k for k in needed if not isinstance(hf.get(k), int) or isinstance(hf.get(k), bool)]:
+        raise CheckpointError(f"{cfg_file} lacks whole numbers for {', '.join(missing)}")
+    tokenizer_cfg = path / "tokenizer_config.json"
+    if tokenizer_cfg.is_file() and isinstance(lower := _read_json(tokenizer_cfg, dict).get("do_lower_case"), bool):
+        _check_lower_case(path, lower, tokenizer_cfg)
 
     max_positions = int(hf["max_position_embeddings"])
     st_max_len, pooling, normalize = sentence_settings(path, max_positions)
@@ -153,7 +220,10 @@ def inspect(path: str | Path) -> Checkpoint:
 def load_encoder(path: str | Path) -> tuple[Encoder, Checkpoint]:
     """Build an Encoder from a checkpoint directory, loading every weight strictly."""
     ckpt = inspect(path)
-    tensors = load_file(str(ckpt.path / "model.safetensors"))
+    try:
+        tensors = load_file(str(ckpt.path / "model.safetensors"))
+    except Exception as e:  # safetensors' own error type for a damaged file
+        raise CheckpointError(f"{ckpt.path / 'model.safetensors'} cannot be read: {e}") from None
     state: dict[str, torch.Tensor] = {}
     unexpected = []
     for name, tensor in tensors.items():

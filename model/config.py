@@ -34,17 +34,20 @@ class EncoderConfig:
     pad_token_id: int = 0
 
     def __post_init__(self) -> None:
+        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "type_vocab_size"):
+            if getattr(self, f) <= 0:
+                raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        if self.max_positions < 3:
+            # The export traces sequences of 3 (an example dimension below 2 would be frozen into the graph).
+            raise ValueError(f"max_positions must be at least 3, got {self.max_positions}")
         if not 0 < self.max_seq_len <= self.max_positions:
             raise ValueError(f"max_seq_len {self.max_seq_len} must be in 1..max_positions ({self.max_positions})")
         if self.positional not in ("learned", "sinusoidal"):
             raise ValueError(f"unknown positional encoding {self.positional!r}")
         if self.pooling not in ("mean", "cls"):
             raise ValueError(f"unknown pooling {self.pooling!r}")
-        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "type_vocab_size"):
-            if getattr(self, f) <= 0:
-                raise ValueError(f"{f} must be positive, got {getattr(self, f)}")
 
     @property
     def d_k(self) -> int:

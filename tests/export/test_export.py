@@ -286,6 +286,28 @@ def test_cli_bad_source_is_one_clear_line(
     assert "Traceback" not in "\n".join(err)
 
 
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        (["--heads", "0"], "n_heads must be positive, got 0"),  # was a ZeroDivisionError
+        (["--max-positions", "2"], "max_positions must be at least 3"),  # was torch.export's traceback
+        (["--vocab-size", str(10**13)], "the model cannot be built"),  # torch's allocation error
+    ],
+)
+def test_impossible_random_sizes_are_one_line(
+    sizes: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = {"--layers": "1", "--d-model": "16", "--heads": "2", "--ffn": "32", "--max-positions": "16",
+            "--vocab-size": "128"}  # fmt: skip
+    base.update(dict(zip(sizes[::2], sizes[1::2], strict=True)))
+    args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t"]
+    assert main([*args, *[x for kv in base.items() for x in kv]]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("mhaserve export: error:") and message in err[-1], err
+    assert "Traceback" not in "\n".join(err)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_refuses_size_options_without_random_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["export", "--repository", str(tmp_path), "--layers", "2"]) == 2
     # --seed too: it was ignored without a word for a checkpoint, whose weights are what they are

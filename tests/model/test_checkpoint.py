@@ -60,8 +60,75 @@ def test_missing_weight_is_an_error(ckpt_copy: Path) -> None:
 
 
 def test_unexpected_weight_is_an_error(ckpt_copy: Path) -> None:
+    _rewrite_weights(ckpt_copy, {"encoder.layer.0.attention.self.rotary.weight": torch.zeros(4)})
+    with pytest.raises(CheckpointError, match="unexpected.*rotary"):
+        load_encoder(ckpt_copy)
+
+
+def test_a_masked_lm_head_is_left_out_as_transformers_does(ckpt_copy: Path) -> None:
+    """bert-base-uncased's own layout carries `cls.predictions.*`: not the encoder's, skipped, not refused."""
     _rewrite_weights(ckpt_copy, {"cls.predictions.bias": torch.zeros(30522)})
-    with pytest.raises(CheckpointError, match="unexpected.*cls.predictions.bias"):
+    model, _ = load_encoder(ckpt_copy)
+    assert sum(p.numel() for p in model.parameters()) == 22_565_376
+
+
+def _write(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        # sentence-transformers would embed otherwise than the exported graph: refused, not exported without it
+        ({"1_Pooling/config.json": {"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": True}},
+         "unsupported pooling .*max_tokens, pooling_mode_mean_tokens; only one of mean or cls"),
+        ({"1_Pooling/config.json": {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True}},
+         "unsupported pooling"),
+        ({"modules.json": [*MODULES, {"idx": 2, "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]},
+         "models.Dense.* is not supported"),
+        ({"modules.json": [{**MODULES[0], "path": "0_Transformer"}, MODULES[1]]}, "older layout"),
+        ({"modules.json": {"not": "a list"}}, "is not a JSON list"),
+        ({"config.json": {"is_decoder": True}}, "is_decoder"),
+        ({"sentence_bert_config.json": {"max_seq_length": 256, "do_lower_case": True}, "tokenizer.json": "cased"},
+         "do_lower_case true but tokenizer.json does not lower-case"),
+        ({"tokenizer_config.json": {"do_lower_case": False}}, "do_lower_case false but tokenizer.json does lower-case"),
+        ({"config.json": {"max_position_embeddings": None}}, "lacks whole numbers for max_position_embeddings"),
+        ({"config.json": ["a", "list"]}, "is not a JSON object"),
+    ],
+)  # fmt: skip
+def test_what_would_embed_otherwise_is_refused_in_one_line(ckpt_copy: Path, edit: dict, message: str) -> None:
+    for name, data in edit.items():
+        path = ckpt_copy / name
+        if name == "config.json" and isinstance(data, dict):
+            data = json.loads(path.read_text()) | data
+        if name == "tokenizer.json":
+            tokenizer = json.loads(path.read_text())
+            tokenizer["normalizer"]["lowercase"] = False
+            data = tokenizer
+        if path.is_symlink():
+            path.unlink()
+        _write(path, data)
+    with pytest.raises(CheckpointError, match=message):
+        load_encoder(ckpt_copy)
+
+
+def test_an_older_layout_at_its_root_is_named(tmp_path: Path) -> None:
+    _write(tmp_path / "modules.json", [{**MODULES[0], "path": "0_Transformer"}])
+    with pytest.raises(CheckpointError, match="older layout"):
+        load_encoder(tmp_path)
+
+
+def test_damaged_weights_are_one_line(ckpt_copy: Path) -> None:
+    (ckpt_copy / "model.safetensors").unlink()
+    (ckpt_copy / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(CheckpointError, match="model.safetensors cannot be read"):
         load_encoder(ckpt_copy)
 
 
