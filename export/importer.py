@@ -268,6 +268,20 @@ def read_sentence_config(directory: Path, max_positions: int | None) -> Sentence
     return SentenceConfig(max_seq_len, pooling, normalize)
 
 
+def _runs_at(graph: Path, length: int, vocab_size: int, pooling: str, pad_id: int) -> bool:
+    from mhaserve.runtime.engine import OnnxEngine
+
+    if length < 2:
+        return False
+    ids = np.full((1, length), (pad_id + 1) % vocab_size, dtype=np.int64)
+    try:
+        engine = OnnxEngine(graph, max_seq_len=length, vocab_size=vocab_size, device="cpu", pooling=pooling)
+        engine.run(ids, np.ones_like(ids))
+    except Exception:
+        return False
+    return True
+
+
 def _load_tokenizer(path: Path) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(path))
@@ -341,14 +355,28 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
             serving_tokenizer.for_serving(tokenizer, max_seq_len).save(str(scratch / mf.TOKENIZER))
 
         with progress.step(f"loading in ONNX Runtime, a run at {max_seq_len} tokens"):
+            # Ids that are not the pad id: a graph that numbers positions from its non-pad tokens (RoBERTa,
+            # from padding_idx + 1) reads its position table only for those; all-pad ids never reached its end.
+            ids = np.full((2, max_seq_len), (pad_id + 1) % vocab_size, dtype=np.int64)
             try:
                 engine = OnnxEngine(
                     graph, max_seq_len=max_seq_len, vocab_size=vocab_size, device="cpu", pooling=pooling
                 )
-                ones = np.ones((2, max_seq_len), dtype=np.int64)
-                hidden = int(engine.run(ones, ones).shape[1])
+                hidden = int(engine.run(ids, np.ones_like(ids)).shape[1])
             except Exception as e:  # ORT's own errors (InvalidGraph, Fail, RuntimeException) say what is wrong
-                raise ImportFailed(f"ONNX Runtime cannot run the adapted graph: {e}") from None
+                offset = max_seq_len == positions and not (opts.max_seq_len or sentence.max_seq_len)
+                if not offset or not _runs_at(graph, max_seq_len - 2, vocab_size, pooling, pad_id):
+                    raise ImportFailed(
+                        f"ONNX Runtime cannot run the adapted graph at {max_seq_len} tokens: {e}"
+                    ) from None
+                # Its position table has 2 rows before the first position (RoBERTa's padding_idx + 1): serve
+                # the positions it has, as sentence-transformers does.
+                max_seq_len -= 2
+                serving_tokenizer.for_serving(tokenizer, max_seq_len).save(str(scratch / mf.TOKENIZER))
+                engine = OnnxEngine(
+                    graph, max_seq_len=max_seq_len, vocab_size=vocab_size, device="cpu", pooling=pooling
+                )
+                hidden = int(engine.run(ids[:, :max_seq_len], np.ones_like(ids[:, :max_seq_len])).shape[1])
 
         if opts.reference is not None:
             with progress.step(f"parity gate vs the eager model from {opts.reference}", reports=True):
@@ -366,10 +394,19 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                     report = parity.gate(eager, engine, variant="imported").to_dict()
                 except parity.ParityError as e:
                     raise ImportFailed(f"{e}; nothing was published") from None
+                except Exception as e:  # the reference's lengths or ids past the import's (InvalidArgument, ORT)
+                    message = getattr(e, "message", None) or str(e).strip().splitlines()[0]
+                    raise ImportFailed(
+                        f"the parity gate cannot run the graph on the reference's inputs: {message} (is the "
+                        "reference the model this graph was made from, with its tokenizer and --max-seq-len?)"
+                    ) from None
                 sizes = (eager.cfg.n_layers, eager.cfg.n_heads, eager.cfg.d_ff)
         else:
             with progress.step("padding check (no --reference: a row alone and padded in a batch embed the same)"):
-                diff = parity.padding_diff(engine, max_seq_len=max_seq_len, vocab_size=vocab_size, pad_id=pad_id)
+                try:
+                    diff = parity.padding_diff(engine, max_seq_len=max_seq_len, vocab_size=vocab_size, pad_id=pad_id)
+                except Exception as e:  # ORT's error: the graph's tables are smaller than the tokenizer says
+                    raise ImportFailed(f"the padding check cannot run the graph: {str(e).strip()[:300]}") from None
                 if diff > parity.FP32_TOLERANCE:
                     raise ImportFailed(
                         f"padding changes the embeddings by up to {diff:.3g} (tolerance {parity.FP32_TOLERANCE:g}): "

@@ -326,3 +326,40 @@ def test_a_hugging_face_bert_graph_passes_the_parity_gate_and_serves_as_the_nati
     with served(repo, "all-minilm-l6-v2", "hub") as srv, srv.channel() as channel:
         native, imported = (grpc_vectors(channel, name, VARIED_TEXTS) for name in ("all-minilm-l6-v2", "hub"))
         assert np.abs(native - imported).max() <= 1e-5
+
+
+class RobertaStyle(torch.nn.Module):
+    """Token states whose positions are numbered from the non-pad tokens with RoBERTa's offset (padding_idx
+    1: the first real token at row 2), so its 162-row position table serves 160 tokens."""
+
+    def __init__(self, pad_id: int) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.pad_id = pad_id
+        self.tokens, self.positions = torch.nn.Embedding(256, 16), torch.nn.Embedding(162, 16)
+        self.types = torch.nn.Embedding(1, 16)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        real = (input_ids != self.pad_id).long()
+        positions = torch.cumsum(real, dim=1) * real + 1
+        return self.tokens(input_ids) + self.positions(positions) + self.types(token_type_ids)
+
+
+def test_a_graph_that_offsets_its_positions_is_served_the_positions_it_has(tiny_entry: Path, tmp_path: Path) -> None:
+    """RoBERTa numbers positions from padding_idx + 1: a 514-row table takes 512 tokens. The import's run at
+    full length fed only pad ids, which never reach the table's end: it published 514, and every long text
+    then failed INTERNAL (a Gather out of range)."""
+    from tokenizers import Tokenizer
+
+    pad_id = Tokenizer.from_file(str(tiny_entry / "tokenizer.json")).token_to_id("[PAD]") or 0
+    graph = export_token_states(RobertaStyle(pad_id), tmp_path / "roberta.onnx", 162)
+    entry = do_import(graph, tiny_entry, tmp_path / "repo", name="roberta")
+    m = read_manifest(entry)
+    assert m.max_seq_len == 160
+    ids = np.full((1, 160), (pad_id + 1) % 256, dtype=np.int64)
+    assert engine(entry).run(ids, np.ones_like(ids)).shape == (1, 16)
+    # named by hand past what the table holds: refused at the import, not at the first long request
+    with pytest.raises(ImportFailed, match="cannot run the adapted graph at 162 tokens"):
+        do_import(graph, tiny_entry, tmp_path / "repo", name="roberta2", max_seq_len=162)
