@@ -314,3 +314,16 @@ def test_cli_refuses_size_options_without_random_source(tmp_path: Path, capsys: 
     assert main(["export", "--repository", str(tmp_path), "--seed", "3"]) == 2
     assert "--seed apply only to --source random" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_parity_grid_shrinks_its_batches_past_512_tokens() -> None:
+    """The eager model holds batch x heads x length^2 scores: 32 rows at 2,048 positions took 4 GB for two
+    heads. Up to 512 tokens the grid is the documented one; past it, each length is still checked, with
+    fewer rows."""
+    from mhaserve.export.parity import ATTENTION_BUDGET, grid
+
+    assert grid(256) == [(b, s) for b in (1, 2, 3, 32) for s in (1, 2, 7, 128, 256)]
+    assert (32, 512) in grid(512)
+    long = grid(2048)
+    assert {s for _, s in long} == {1, 2, 7, 128, 2048}
+    assert all(b * s * s <= ATTENTION_BUDGET for b, s in long if b > 3) and (32, 128) in long
