@@ -268,6 +268,25 @@ def read_sentence_config(directory: Path, max_positions: int | None) -> Sentence
     return SentenceConfig(max_seq_len, pooling, normalize)
 
 
+# Texts whose ids tell tokenizers apart: case, accents, punctuation, digits, scripts, a long word.
+_PROBES = ("The Quick Brown Fox, 1984!", "Café déjà vu — naïve façade", "HELLO world: e-mail@example.com",
+           "中文 Ελληνικά русский", "antidisestablishmentarianism's")  # fmt: skip
+
+
+def _check_same_tokenizer(ours: Tokenizer, reference: Tokenizer, path: Path) -> None:
+    ours, reference = (Tokenizer.from_str(t.to_str()) for t in (ours, reference))
+    for t in (ours, reference):  # MiniLM's own file pads to 128: compare the tokens, not the padding
+        t.no_padding()
+        t.no_truncation()
+    for text in _PROBES:
+        a, b = ours.encode(text).ids, reference.encode(text).ids
+        if a != b:
+            raise ImportFailed(
+                f"{path} does not tokenise as the reference's tokenizer.json: {text!r} gives {a[:12]} against "
+                f"{b[:12]}; pass the tokenizer the graph was made with"
+            )
+
+
 def _runs_at(graph: Path, length: int, vocab_size: int, pooling: str, pad_id: int) -> bool:
     from mhaserve.runtime.engine import OnnxEngine
 
@@ -383,9 +402,12 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                 from mhaserve.model.checkpoint import CheckpointError, load_encoder
 
                 try:
-                    eager, _ = load_encoder(opts.reference)
+                    eager, reference = load_encoder(opts.reference)
                 except (CheckpointError, ValueError) as e:
                     raise ImportFailed(str(e)) from None
+                # The gate feeds ids, never text: a tokenizer that is not the reference's (a cased variant of
+                # the same vocabulary) passed it and served capitals as [UNK].
+                _check_same_tokenizer(tokenizer, _load_tokenizer(reference.tokenizer_path), opts.tokenizer)
                 if eager.cfg.d_model != hidden:
                     raise ImportFailed(f"the reference has hidden size {eager.cfg.d_model}, the graph {hidden}")
                 if eager.cfg.pooling != pooling:

@@ -7,6 +7,7 @@ in the slow test from Hugging Face's BertModel through the TorchScript exporter,
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shutil
@@ -326,6 +327,16 @@ def test_a_hugging_face_bert_graph_passes_the_parity_gate_and_serves_as_the_nati
     with served(repo, "all-minilm-l6-v2", "hub") as srv, srv.channel() as channel:
         native, imported = (grpc_vectors(channel, name, VARIED_TEXTS) for name in ("all-minilm-l6-v2", "hub"))
         assert np.abs(native - imported).max() <= 1e-5
+
+    # A cased tokenizer of the same vocabulary passed the gate (which feeds ids, not text), and served every
+    # capital as [UNK]: it is compared with the reference's own tokenizer now.
+    cased = json.loads((src / "tokenizer.json").read_text())
+    cased["normalizer"]["lowercase"] = False
+    (hub / "cased.json").write_text(json.dumps(cased))
+    opts = dataclasses.replace(opts, tokenizer=hub / "cased.json", name="cased")
+    with pytest.raises(ImportFailed, match="does not tokenise as the reference's tokenizer.json: 'The Quick"):
+        import_entry(opts, out=io.StringIO())
+    assert not (repo / "cased").exists()
 
 
 class RobertaStyle(torch.nn.Module):
