@@ -354,4 +354,5 @@ class CallMiddleware:
         code = scope.get(CODE_KEY) or ("OK" if 200 <= status < 400 else _CODES.get(status, "UNKNOWN"))
         self.metrics.requests.labels(method, code).inc()
         self.metrics.request_duration.labels(method).observe(elapsed)
-        log.debug("%s %s %d %s %.1f ms", scope["method"], loggable(scope["path"]), status, code, elapsed * 1000)
+        if log.isEnabledFor(logging.DEBUG):  # every request passes here: escape its path only for a line written
+            log.debug("%s %s %d %s %.1f ms", scope["method"], loggable(scope["path"]), status, code, elapsed * 1000)
