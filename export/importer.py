@@ -29,6 +29,7 @@ from tokenizers import Tokenizer
 from mhaserve.export import staging
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import tokenizer as serving_tokenizer
+from mhaserve.runtime.errors import reason
 from mhaserve.runtime.progress import Progress
 
 TOKEN_TYPES = "token_type_ids"
@@ -417,9 +418,8 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                 except parity.ParityError as e:
                     raise ImportFailed(f"{e}; nothing was published") from None
                 except Exception as e:  # the reference's lengths or ids past the import's (InvalidArgument, ORT)
-                    message = getattr(e, "message", None) or str(e).strip().splitlines()[0]
                     raise ImportFailed(
-                        f"the parity gate cannot run the graph on the reference's inputs: {message} (is the "
+                        f"the parity gate cannot run the graph on the reference's inputs: {reason(e)} (is the "
                         "reference the model this graph was made from, with its tokenizer and --max-seq-len?)"
                     ) from None
                 sizes = (eager.cfg.n_layers, eager.cfg.n_heads, eager.cfg.d_ff)

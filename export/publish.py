@@ -18,6 +18,7 @@ from mhaserve.export import tokenizer as tk
 from mhaserve.runtime import int8_kernels
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import tokenizer as serving_tokenizer
+from mhaserve.runtime.errors import reason
 from mhaserve.runtime.progress import Progress
 
 DEFAULT_SOURCE = "minilm"
@@ -106,7 +107,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
             except (CheckpointError, ValueError) as e:
                 raise ExportError(str(e)) from None
             except (RuntimeError, MemoryError) as e:  # torch cannot allocate a model of these sizes
-                raise ExportError(f"the model cannot be built: {_first_line(e)}") from None
+                raise ExportError(f"the model cannot be built: {reason(e)}") from None
             serving_tokenizer.for_serving(tokenizer, cfg.max_seq_len).save(str(scratch / mf.TOKENIZER))
             if tokenizer.get_vocab_size() > cfg.vocab_size:
                 raise ExportError(
@@ -118,7 +119,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
             try:
                 onnx_graph.export_graph(model, fp32)
             except (RuntimeError, MemoryError) as e:  # torch.export's own failures: one line, no traceback
-                raise ExportError(f"the ONNX export failed: {_first_line(e)}") from None
+                raise ExportError(f"the ONNX export failed: {reason(e)}") from None
             opset = onnx_graph.check_graph(fp32, cfg.d_model)
 
         def engine(path: Path, threads: int | None = None) -> OnnxEngine:
@@ -225,8 +226,3 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
         with progress.step(f"publishing {target}"):
             staging.publish(scratch, target, overwrite=opts.overwrite)
     return target
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -79,3 +79,10 @@ class PermissionDenied(ServiceError):
 
 class Internal(ServiceError):
     """A bug or an engine failure; the message stays short and the details go to the log."""
+
+
+def reason(error: BaseException) -> str:
+    """One line saying why `error` happened, for a log line or a one-line error: a ServiceError's message,
+    else the first line of its text, else its type's name (an empty text has no first line)."""
+    text = getattr(error, "message", None) or str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

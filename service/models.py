@@ -33,7 +33,7 @@ from typing import Literal
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import serving
 from mhaserve.runtime.engine import release_memory, warm_up
-from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError, reason
 from mhaserve.runtime.memory import release_free_memory
 from mhaserve.runtime.repository import EngineFactory, GraphChoice, LoadedModel, ModelRepository, RepositoryError
 from mhaserve.service.dataplane import DataPlane
@@ -213,21 +213,21 @@ class ModelManager:
         )
 
     def _report(self, name: str, version: int, error: BaseException, fingerprint: Fingerprint) -> None:
-        reason = getattr(error, "message", None) or str(error).strip().splitlines()[0] or type(error).__name__
+        why = reason(error)
         serving = self.dataplane.versions(name)
         if version in serving:  # its files changed and do not load: the copy loaded before goes on serving
             self.states[(name, version)] = VersionState(
-                "READY", f"serving the copy loaded before; its files or config now: {reason}"
+                "READY", f"serving the copy loaded before; its files or config now: {why}"
             )
         else:
-            self.states[(name, version)] = VersionState("UNAVAILABLE", reason)
+            self.states[(name, version)] = VersionState("UNAVAILABLE", why)
         self._failed[(name, version)] = fingerprint
         self.metrics.load_failures.labels(name, str(version)).inc()
         log.error(
             "cannot load %s version %s: %s (%s)",
             name,
             version or "-",
-            reason,
+            why,
             f"still serving version {', '.join(map(str, serving))}" if serving else "nothing of it is served",
         )
 
@@ -338,8 +338,8 @@ class ModelManager:
         except Exception as e:  # the reason is in the repository index and the log too
             serving = self.dataplane.versions(name)
             still = f"; still serving version {', '.join(map(str, serving))}" if serving else ""
-            reason = getattr(e, "message", None) or str(e).strip().splitlines()[0]
-            raise FailedPrecondition(f"cannot load {name}: {reason}{still}") from None
+            why = reason(e)
+            raise FailedPrecondition(f"cannot load {name}: {why}{still}") from None
         if name not in self.wanted:
             self.wanted.append(name)
 
