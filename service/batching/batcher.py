@@ -354,8 +354,11 @@ class Batcher:
 
         def overran(error: ServiceError) -> None:  # the watchdog fired: this batch and everything queued
             fail_all(error)
-            self._fail_queued(error)
-            self._fail_unstarted(error)
+            # What never ran did not time out: UNAVAILABLE over both protocols (HTTP 503, which clients and
+            # balancers retry), as new requests are refused while the batch stalls, not the batch's 504.
+            waiting = Unavailable(error.message)
+            self._fail_queued(waiting)
+            self._fail_unstarted(waiting)
 
         try:
             ran = await self.watchdog.guard(run, begun=begun, size=len(batch), request_ids=request_ids, fail=overran)

@@ -3,9 +3,10 @@
 The bound runs from when a thread starts the batch, not from when it was formed: a batch may wait for a
 thread first (the one formed ahead with several workers, or one of a model whose threads other models
 share), and that wait is not the engine hanging. A batch past the bound fails its requests with
-UNAVAILABLE (HTTP 504), the queue is failed and new work refused, and `on_stall` tells the server, which
-reports NOT_SERVING. A thread cannot be stopped from outside, so the batch keeps the inference thread
-until the engine returns (if ever); when it does, `on_recover` tells the server, and batches run again.
+UNAVAILABLE (HTTP 504), the queue is failed (UNAVAILABLE, HTTP 503: it never ran) and new work refused,
+and `on_stall` tells the server, which reports NOT_SERVING. A thread cannot be stopped from outside, so
+the batch keeps the inference thread until the engine returns (if ever); when it does, `on_recover` tells
+the server, and batches run again.
 With several inference workers, each stalled batch calls both hooks once, and `stalled` holds until the
 last of them has returned.
 """

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mhaserve.runtime.engine import OnnxEngine
-from mhaserve.runtime.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
+from mhaserve.runtime.errors import DeadlineExceeded, InferenceTimeout, Internal, ResourceExhausted, Unavailable
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.service.batching import Batcher, Limits
 from mhaserve.service.batching.padding import pad
@@ -541,6 +541,30 @@ def test_the_inference_timeout_bounds_a_batch_from_when_its_thread_starts_it() -
     run_opening_gates(main(), engine)
 
 
+def test_a_stall_fails_its_batch_as_timed_out_and_the_queue_as_unavailable() -> None:
+    """The batch past --inference-timeout ran too long (HTTP 504); the requests queued behind it never ran and
+    are failed as new ones are refused while it stalls (UNAVAILABLE, HTTP 503: retry on another replica)."""
+    engine = ScriptedEngine(gates=[91])
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0, max_batch_tokens=1), inference_timeout=0.2)
+        b.start()
+        held = asyncio.ensure_future(b.submit([seq(91)]))
+        await in_engine(engine, 1)
+        queued = [asyncio.ensure_future(b.submit([seq(t)])) for t in (1, 2)]
+        with pytest.raises(InferenceTimeout):
+            await held
+        for call in queued:
+            with pytest.raises(Unavailable, match="inference-timeout") as failed:
+                await call
+            assert not isinstance(failed.value, InferenceTimeout)
+        engine.gates[91].set()
+        await b.close()
+
+    run_opening_gates(main(), engine)
+    assert engine.batches == [[[91]]]
+
+
 def test_a_stall_fails_the_batch_waiting_for_a_thread_which_never_runs() -> None:
     """Both threads overrun: the batch formed ahead fails with them (like the queue), without a stall of its own,
     and is taken out of the threads' queue, so that the threads, once they return, do not compute it for nobody."""
@@ -549,9 +573,12 @@ def test_a_stall_fails_the_batch_waiting_for_a_thread_which_never_runs() -> None
 
     async def main() -> None:
         b, calls = await three_batches(engine, inference_timeout=0.2, on_stall=hooks.stall, on_recover=hooks.recover)
-        for call in calls:
-            with pytest.raises(Unavailable, match="inference-timeout"):
+        for call in calls[:2]:
+            with pytest.raises(InferenceTimeout, match="inference-timeout"):  # HTTP 504: they ran too long
                 await call
+        with pytest.raises(Unavailable, match="inference-timeout") as never_ran:
+            await calls[2]
+        assert not isinstance(never_ran.value, InferenceTimeout)  # HTTP 503: it never ran, retry elsewhere
         await hooks.until(lambda h: len(h) == 2)
         engine.gates[91].set()
         engine.gates[92].set()
