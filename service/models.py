@@ -304,13 +304,17 @@ class ModelManager:
         log.info("closed %s version %d", *key)
 
     async def unload_model(self, name: str) -> None:
-        """Stop serving every version of `name` (explicit model control)."""
+        """Stop serving every version of `name` (explicit model control). A model not served is not an error:
+        Triton answers success there ("has no effect"), and its clients unload to be sure, before a load."""
+        if not _valid_name(name):
+            raise InvalidArgument(f"{name!r} is not a model name")
         async with self._lock(name):
             if name in self.wanted:
                 self.wanted.remove(name)
             served = self.dataplane.versions(name)
             if not served:
-                raise NotFound(f"model {name!r} is not loaded")
+                log.info("unload of %s: not loaded, nothing to do", name)
+                return
             for version in served:
                 self._retire(name, version)
 

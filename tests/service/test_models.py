@@ -465,6 +465,9 @@ def test_explicit_load_and_unload_through_tritonclient_under_load(tmp_path: Path
             {"op": "load", "model": "nope"},
             {"op": "load_http", "model": "exp"},
             {"op": "index_http"},
+            {"op": "unload", "model": "other"},  # not loaded any more: success, as Triton answers
+            {"op": "unload_http", "model": "other"},
+            {"op": "unload_http", "model": "nope"},
         ]
         out = triton("repository", {"url": srv.address, "http": srv.http_url.removeprefix("http://"), "steps": steps})
         load.wait_for(2, 100)
@@ -480,6 +483,7 @@ def test_explicit_load_and_unload_through_tritonclient_under_load(tmp_path: Path
         assert [s.get("error", "") for s in out[1:3]] == ["", ""]
         assert "StatusCode.NOT_FOUND" in out[5]["error"] or "not in the repository" in out[5]["error"]
         assert out[6].get("error", "") == ""
+        assert [s.get("error", "") for s in out[8:]] == ["", "", ""]
         with srv.channel() as channel:
             assert info(channel, "exp").version == 2
             with pytest.raises(grpc.RpcError) as e:
