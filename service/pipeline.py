@@ -95,6 +95,9 @@ class Pipeline:
         self._own_pool = tokenize_pool is None
         self._tokenize_pool = tokenize_pool or ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         self._untruncated: Tokenizer | None = None
+        # The special tokens the tokenizer ends each text with ([SEP], RoBERTa's </s>): token ids cut to the
+        # maximum keep them, as the tokenizer's own truncation of a text does (the same ids, the same vector).
+        self._tail = special_tail(model.tokenizer)
         # Requests between encode()'s start and its end (queued ones included): a retired version waits for
         # none before it closes; `quiet` is set whenever there are none.
         self.active = 0
@@ -278,6 +281,14 @@ class Pipeline:
             f"(special tokens{' and the prompt' if self.prompts else ''} included); shorten it or set truncate"
         )
 
+    def _truncate(self, ids: Ids) -> Ids:
+        """Token ids cut to the model's maximum; where they end with the tokenizer's closing special tokens,
+        those stay at the end (the ids a text's truncated encoding has), else the first ids are kept."""
+        tail, keep = self._tail, self.max_tokens
+        if 0 < tail.size < keep and np.array_equal(ids[-tail.size :], tail):
+            return np.concatenate((ids[: keep - tail.size], tail))
+        return ids[:keep]
+
     def _check_ids(self, token_ids: Sequence[Sequence[int] | npt.NDArray[np.int64]], *, truncate: bool) -> list[Ids]:
         seqs = []
         for i, ids in enumerate(token_ids):
@@ -292,7 +303,7 @@ class Pipeline:
             if arr.size > self.max_tokens:
                 if not truncate:
                     raise InvalidArgument(self._too_long(i, arr.size), param="input")
-                arr = arr[: self.max_tokens]
+                arr = self._truncate(arr)
             lo, hi = int(arr.min()), int(arr.max())
             if lo < 0 or hi >= self.vocab_size:
                 raise InvalidArgument(
@@ -301,6 +312,14 @@ class Pipeline:
                 )
             seqs.append(arr)
         return seqs
+
+
+def special_tail(tokenizer: Tokenizer) -> npt.NDArray[np.int64]:
+    """The ids of the special tokens `tokenizer` appends to every text (none without a post-processor)."""
+    enc = tokenizer.encode("a")
+    mask = enc.special_tokens_mask
+    n = len(mask) - next((i + 1 for i in reversed(range(len(mask))) if not mask[i]), 0)
+    return np.asarray(enc.ids[len(mask) - n :], dtype=np.int64)
 
 
 def encode_long(tokenizer: Tokenizer, texts: list[str], limit: int) -> list[Encoding]:

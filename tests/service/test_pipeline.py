@@ -16,7 +16,7 @@ from mhaserve.runtime.repository import ModelRepository
 from mhaserve.service.batching import Batcher
 from mhaserve.service.batching.limits import CPU_LIMITS
 from mhaserve.service.metrics import Metrics, ModelMetrics
-from mhaserve.service.pipeline import INLINE_TOKENIZE_CHARS, PREFIX_CHARS_PER_TOKEN, Pipeline, encode_long
+from mhaserve.service.pipeline import INLINE_TOKENIZE_CHARS, PREFIX_CHARS_PER_TOKEN, EncodeInput, Pipeline, encode_long
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT
 
@@ -173,3 +173,37 @@ def test_a_very_long_text_refused_for_its_length_is_measured_from_its_start(tiny
     m = re.search(r"input 0 is longer than (\d+) tokens \(its first (\d+) characters alone\)", message)
     assert m is not None, message
     assert int(m[1]) > pipeline.max_tokens and int(m[2]) <= pipeline.max_tokens * PREFIX_CHARS_PER_TOKEN
+
+
+def test_token_ids_cut_to_the_maximum_keep_their_closing_special_token_as_a_text_truncated_does(
+    minilm_entry: Path,
+) -> None:
+    """A client that tokenised a long text itself ([CLS] ... [SEP]) and asks to truncate reads the same ids, so
+    the same vector, as if it had sent the text with truncate; ids without the closing [SEP] keep their start."""
+    repository = ModelRepository(minilm_entry.parent.parent)
+    model = repository.load(repository.entry(), ScriptedEngine().factory())
+    pipeline = Pipeline(model, Batcher(model.engine, limits=CPU_LIMITS), CPU_LIMITS, ModelMetrics(Metrics(), "m", 1))
+    untruncated = Tokenizer.from_str(model.tokenizer.to_str())
+    untruncated.no_truncation()
+    text = "a sentence of several words, repeated until it is long enough. " * 60
+    full = untruncated.encode(text).ids
+    bare = untruncated.encode(text, add_special_tokens=False).ids
+    assert len(bare) > pipeline.max_tokens and full[-1] == model.tokenizer.token_to_id("[SEP]")
+
+    async def ids(req: EncodeInput) -> list[list[int]]:
+        return [seq.tolist() for seq in await asyncio.wait_for(pipeline.encode_pre(req), WAIT)]
+
+    async def main() -> tuple[list[list[int]], ...]:
+        return (
+            await ids(EncodeInput(texts=[text], truncate=True)),
+            await ids(EncodeInput(token_ids=[full], truncate=True)),
+            await ids(EncodeInput(token_ids=[bare], truncate=True)),
+        )
+
+    try:
+        from_text, from_ids, from_bare = asyncio.run(main())
+    finally:
+        pipeline.close()
+    assert from_ids == from_text == [model.tokenizer.encode(text).ids]
+    assert len(from_text[0]) == pipeline.max_tokens
+    assert from_bare == [bare[: pipeline.max_tokens]]
