@@ -476,6 +476,7 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                     if opts.pool_in_graph
                     else {"name": opts.output, "dtype": "float32", "shape": states_shape}
                 ],
+                tokenizer_sha256=mf.sha256_file(scratch / mf.TOKENIZER),
                 exporter=staging.tool_versions() | {"import": "mhaserve import"},
                 created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             )

@@ -216,6 +216,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 pad_id=cfg.pad_token_id,
                 opset=opset,
                 graphs=graphs,
+                tokenizer_sha256=mf.sha256_file(scratch / mf.TOKENIZER),
                 inputs=[{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in mf.INPUT_NAMES],
                 outputs=[{"name": mf.OUTPUT_NAME, "dtype": "float32", "shape": ["batch", cfg.d_model]}],
                 exporter={"torch": torch.__version__} | staging.tool_versions(),

@@ -200,11 +200,9 @@ class ModelRepository:
             manifest = mf.read_manifest(directory)
             variant = graph if graph != "auto" else ("optimized" if "optimized" in manifest.graphs else "fp32")
             graph_path = mf.verify_graph(directory, manifest.graph(variant))
+            tokenizer_path = mf.verify_tokenizer(directory, manifest)
         except mf.ManifestError as e:
             raise RepositoryError(str(e)) from None
-        tokenizer_path = directory / manifest.tokenizer
-        if Path(manifest.tokenizer).name != manifest.tokenizer or not tokenizer_path.is_file():
-            raise RepositoryError(f"{directory} has no tokenizer file {manifest.tokenizer!r}")
         entry = ModelEntry(manifest, directory, variant, graph_path, tokenizer_path, self.config(name))
         _check_config(entry)
         if (manifest.name, manifest.version) != (entry.name, entry.version):

@@ -20,7 +20,7 @@ from mhaserve.model.config import EncoderConfig
 from mhaserve.model.encoder import Encoder, random_encoder
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.errors import InvalidArgument
-from mhaserve.runtime.manifest import ManifestError, read_manifest, verify_graph
+from mhaserve.runtime.manifest import ManifestError, read_manifest, sha256_file, verify_graph
 from tests.conftest import TINY
 
 GRID = [(b, s) for b in (1, 2, 3, 32) for s in (1, 2, 7, 128, TINY["max_seq_len"])]
@@ -130,6 +130,7 @@ def test_tokenizer_is_configured_for_serving(tiny_entry: Path) -> None:
     spec = json.loads((tiny_entry / "tokenizer.json").read_text())
     assert spec["padding"] is None
     assert spec["truncation"]["max_length"] == 160
+    assert read_manifest(tiny_entry).tokenizer_sha256 == sha256_file(tiny_entry / "tokenizer.json")
 
 
 def test_corrupted_graph_fails_the_checksum(tiny_entry: Path, tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from mhaserve.model.encoder import Encoder, random_encoder
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.runtime.engine import OnnxEngine
-from mhaserve.runtime.manifest import read_manifest
+from mhaserve.runtime.manifest import read_manifest, sha256_file
 from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import WAIT, free_port
 from mhaserve.testing.server import ServerThread
@@ -141,6 +141,7 @@ def test_an_imported_graph_is_served_and_equals_the_native_export(
     entry = do_import(hub_graph, tiny_entry, repo, normalize=read_manifest(tiny_entry).normalize)
 
     m = read_manifest(entry)
+    assert m.tokenizer_sha256 == sha256_file(entry / "tokenizer.json")
     assert (m.architecture, m.hidden_size, m.max_seq_len, m.max_positions, m.pooling) == (
         "imported",
         32,

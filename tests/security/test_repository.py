@@ -4,6 +4,7 @@ graph whose sha256 differs from its manifest, nothing unpickled or evaluated."""
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 import sys
 import threading
@@ -20,7 +21,7 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime.errors import NotFound
-from mhaserve.runtime.repository import ModelRepository
+from mhaserve.runtime.repository import ModelRepository, RepositoryError
 from mhaserve.service.server import StartupError
 from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import WAIT
@@ -194,6 +195,22 @@ def test_a_graph_that_fails_its_sha256_is_never_loaded(tampered: Path) -> None:
         with pytest.raises(StartupError, match="fails its checksum"):
             ServerThread(Settings(**{**settings.__dict__, "graph": graph}), factory)
     assert loaded == []
+
+
+def test_a_tokenizer_that_fails_its_sha256_is_never_loaded(tiny_entry: Path, tmp_path: Path) -> None:
+    """Another tokenizer.json gives other ids, so other vectors, and no error anywhere: it is checked as the
+    graphs are. A manifest written before the tokenizer's sha256 was recorded still loads (unchecked)."""
+    entry = tmp_path / "repo" / "tiny" / "1"
+    shutil.copytree(tiny_entry, entry)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert manifest["tokenizer_sha256"]
+    tokenizer = entry / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text() + "\n")  # still a valid tokenizer, not the one vouched for
+    repository = ModelRepository(tmp_path / "repo")
+    with pytest.raises(RepositoryError, match="tokenizer .* fails its checksum"):
+        repository.entry()
+    (entry / "manifest.json").write_text(json.dumps({k: v for k, v in manifest.items() if k != "tokenizer_sha256"}))
+    assert repository.entry().tokenizer_path == tokenizer
 
 
 @pytest.mark.slow
