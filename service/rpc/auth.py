@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -39,6 +40,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
+        start = time.perf_counter()
         admin = method in self.admin_methods
         if is_open(method, self.open_methods) and not admin:
             return await continuation(handler_call_details)
@@ -52,16 +54,24 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         code, message = to_status(refusal)
         log.info("refused %s: %s", method, reason if token is None else message)
         self.metrics.requests.labels(method.lstrip("/"), code.name).inc()
-        return rewrap(handler, _refusal(code, message, streaming=streams_responses(handler)))
+        # Observed as every answered call is, so that the histogram's _count and the counter agree.
+        duration = self.metrics.request_duration.labels(method.lstrip("/"))
+
+        def observe() -> None:
+            duration.observe(time.perf_counter() - start)
+
+        return rewrap(handler, _refusal(code, message, observe, streaming=streams_responses(handler)))
 
 
-def _refusal(code: grpc.StatusCode, message: str, *, streaming: bool) -> Any:
+def _refusal(code: grpc.StatusCode, message: str, observe: Callable[[], None], *, streaming: bool) -> Any:
     """A handler that answers `code` without reading the request."""
 
     async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        observe()
         await context.abort(code, message)
 
     async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        observe()
         await context.abort(code, message)
         yield  # an async generator, as streaming handlers are
 

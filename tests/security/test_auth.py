@@ -106,6 +106,7 @@ def test_missing_or_wrong_keys_are_unauthenticated_for_every_kind_of_call(
     server: ServerThread, channel: grpc.Channel, wrong: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     before = server.counted_all("UNAUTHENTICATED")
+    observed = server.gauge("mhaserve_request_duration_seconds_count")
     with caplog.at_level(logging.DEBUG):
         for name, call in calls(channel).items():
             with pytest.raises(grpc.RpcError) as e:
@@ -114,6 +115,8 @@ def test_missing_or_wrong_keys_are_unauthenticated_for_every_kind_of_call(
             assert "missing or invalid API key" in e.value.details()
             assert not any(k in e.value.details() for k in KEYS)
     assert server.counted_all("UNAUTHENTICATED") - before == len(calls(channel))
+    # and timed, as every answered call is: the histogram's _count agrees with the counter
+    assert server.gauge("mhaserve_request_duration_seconds_count") - observed == len(calls(channel))
     assert not any(k[:8] in record.getMessage() for record in caplog.records for k in KEYS)
     assert server.depth() == 0
 
