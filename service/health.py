@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
+from prometheus_client import Gauge
 
 from mhaserve.service.rpc.registration import GenericOnly
 
@@ -31,18 +32,25 @@ class _Servicer(health_aio.HealthServicer):
 class Health:
     """The health servicer, and the one way to change what it reports."""
 
-    def __init__(self, services: Sequence[str]) -> None:
+    def __init__(self, services: Sequence[str], gauge: Gauge | None = None) -> None:
         self.servicer = _Servicer()
         self.services = ("", *services)
+        self.gauge = gauge  # mhaserve_ready: what this reports, for Prometheus
+        if gauge is not None:
+            gauge.set(0)
 
     def add_to(self, server: GenericOnly) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
 
     async def set(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        if self.gauge is not None:
+            self.gauge.set(int(serving))
         for service in self.services:
             await self.servicer.set(service, status)
 
     async def shutdown(self) -> None:
         """NOT_SERVING for good: watchers get it, and no later set() changes it."""
+        if self.gauge is not None:
+            self.gauge.set(0)
         await self.servicer.enter_graceful_shutdown()

@@ -74,6 +74,11 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge("mhaserve_requests_in_flight", "RPCs being handled now", registry=r)
+        # What health and readiness report, for alerts: the metrics port answers while the server loads,
+        # stalls or drains, so `up` alone does not tell a replica that serves from one that does not.
+        self.ready = Gauge(
+            "mhaserve_ready", "1 while the server reports SERVING (health, readiness), 0 while it is not", registry=r
+        )
         by_model = ["model", "version"]
         self.tokenize = Histogram(
             "mhaserve_tokenize_duration_seconds",
@@ -113,6 +118,12 @@ class Metrics:
             registry=r,
         )
         self.inputs = Counter("mhaserve_inputs", "Inputs embedded", by_model, registry=r)
+        self.stalls = Counter(
+            "mhaserve_inference_stalls",
+            "Batches that computed past --inference-timeout (the watchdog failed their requests)",
+            by_model,
+            registry=r,
+        )
         self.model_ready = Gauge(
             "mhaserve_model_ready", "1 while a model version is served, 0 once it is unloaded", by_model, registry=r
         )
@@ -154,6 +165,7 @@ class ModelMetrics:
         self.padding_fraction = metrics.padding_fraction.labels(*self.labels)
         self.queue_depth = metrics.queue_depth.labels(*self.labels)
         self.inputs = metrics.inputs.labels(*self.labels)
+        self.stalls = metrics.stalls.labels(*self.labels)
         self._provider: str | None = None
 
     def served(self, provider: str) -> None:
@@ -168,6 +180,7 @@ class ModelMetrics:
             histogram.remove(*self.labels)
         p.queue_depth.remove(*self.labels)
         p.inputs.remove(*self.labels)
+        p.stalls.remove(*self.labels)
         if self._provider is not None:
             p.provider.remove(*self.labels, self._provider)
         p.model_ready.labels(*self.labels).set(0)

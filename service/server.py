@@ -146,7 +146,7 @@ class EncoderServer:
         self.dataplane = DataPlane(
             loading_wait=settings.loading_wait, max_held=settings.max_queue_size or CPU_LIMITS.max_queue_size
         )
-        self.health = Health([ENCODER_SERVICE, KSERVE_SERVICE])
+        self.health = Health([ENCODER_SERVICE, KSERVE_SERVICE], self.metrics.ready)
         self.port = 0
         self.metrics_port: int | None = None
         self.http_port: int | None = None

@@ -353,6 +353,7 @@ class Batcher:
                 self._fail(job, error)
 
         def overran(error: ServiceError) -> None:  # the watchdog fired: this batch and everything queued
+            self.metrics.stalls.inc()
             fail_all(error)
             # What never ran did not time out: UNAVAILABLE over both protocols (HTTP 503, which clients and
             # balancers retry), as new requests are refused while the batch stalls, not the batch's 504.
@@ -366,6 +367,8 @@ class Batcher:
                 # Its requests were answered in the turn that settled `run` (_finish), and run first in this
                 # one: the metrics come after their next steps, off their path.
                 loop.call_soon(self._observe, ran)
+            elif run.done() and not run.cancelled() and run.exception() is None:
+                self._observe(run.result())  # a stalled batch that returned: the tail the histogram is for
         except asyncio.CancelledError:
             started.cancel()
             run.cancel()

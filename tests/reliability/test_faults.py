@@ -41,14 +41,24 @@ def test_a_hung_engine_is_reported_and_the_server_recovers(settings: Settings) -
     engine = ScriptedEngine(hang_on=99)
     with ServerThread(dataclasses.replace(settings, inference_timeout=0.3, max_wait_ms=0.0), engine.factory()) as srv:
         srv.ready()
+        assert srv.gauge("mhaserve_ready") == 1
+        batches = srv.gauge("mhaserve_inference_duration_seconds_count")
         try:
             result = engine_hangs(srv, engine, cycles=2, queued=4)
         finally:
             engine.release.set()
+        # Prometheus sees the stalls, and the stalled batches' time once they return (2 of them, and the 2
+        # requests that found the server back); the queued requests never ran.
+        assert srv.gauge("mhaserve_inference_stalls_total") == 2
+        wait_until(
+            lambda: srv.gauge("mhaserve_inference_duration_seconds_count") - batches == 4, "the 4 batches observed"
+        )
+        assert srv.gauge("mhaserve_inference_duration_seconds_sum") > 2 * 0.3
+        assert srv.gauge("mhaserve_ready") == 1
     assert result.hung_codes == {"UNAVAILABLE": 2}
     assert result.queued_codes == {"UNAVAILABLE": 8}
     assert result.refused_codes == {"UNAVAILABLE": 2}
-    assert result.health_while_stuck == {"NOT_SERVING": 2, "ServerReady=False": 2}
+    assert result.health_while_stuck == {"NOT_SERVING": 2, "ServerReady=False": 2, "mhaserve_ready=0": 2}
     assert result.recovered == 2
     (message,) = result.hang_messages
     assert "more than 0.3 s (--inference-timeout)" in message and "NOT_SERVING" in message

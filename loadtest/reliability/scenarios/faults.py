@@ -110,6 +110,7 @@ def engine_hangs(
             result.health_while_stuck[health_status(channel)] += 1
             ready = inference.ServerReady(kpb.ServerReadyRequest(), timeout=WAIT).ready
             result.health_while_stuck[f"ServerReady={ready}"] += 1
+            result.health_while_stuck[f"mhaserve_ready={srv.gauge('mhaserve_ready'):g}"] += 1
             result.refused_codes[code_of(lambda: stub.Encode(pb.EncodeRequest(texts=["x"]), timeout=WAIT))[0]] += 1  # noqa: B023
             engine.release.set()
             wait_until(lambda: health_status(channel) == "SERVING", "health to report SERVING again")  # noqa: B023
