@@ -14,6 +14,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.runtime.errors import ServiceError
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.errors import to_status
+from mhaserve.service.metrics import Metrics, stream_counter
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 from mhaserve.service.rpc.streaming import ordered
 
@@ -61,9 +62,10 @@ def error_pb(request: pb.EncodeRequest, error: ServiceError) -> pb.EncodeRespons
 class EncoderServicer(pb_grpc.EncoderServiceServicer):
     """The encoder.v1 API over the data plane."""
 
-    def __init__(self, dataplane: DataPlane, *, max_message_bytes: int) -> None:
+    def __init__(self, dataplane: DataPlane, *, max_message_bytes: int, metrics: Metrics | None = None) -> None:
         self.dataplane = dataplane
         self.max_message_bytes = max_message_bytes
+        self.count_stream = stream_counter(metrics, "encoder.v1.EncoderService/EncodeStream")
 
     async def Encode(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:
         output = await self.dataplane.encode(from_pb(request), time_left=context.time_remaining())
@@ -76,7 +78,7 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
             output = await self.dataplane.encode(from_pb(request), time_left=context.time_remaining())
             return to_pb(output, request.packed)
 
-        async for response in ordered(request_iterator, encode, error_pb):
+        async for response in ordered(request_iterator, encode, error_pb, count=self.count_stream):
             yield response
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.GetModelInfoResponse:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -71,6 +72,12 @@ class Metrics:
             "Time from receiving an RPC to answering it",
             ["method"],
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stream_responses = Counter(
+            "mhaserve_stream_responses",
+            "Responses within streams (EncodeStream, ModelStreamInfer), by method and the status each carries",
+            ["method", "code"],
             registry=r,
         )
         self.in_flight = Gauge("mhaserve_requests_in_flight", "RPCs being handled now", registry=r)
@@ -149,6 +156,14 @@ class Metrics:
             server.server_close()
             thread.join(timeout=5)
             self._http = None
+
+
+def stream_counter(metrics: Metrics | None, method: str) -> Callable[[str], None] | None:
+    """What counts one stream method's responses by their status (`rpc.streaming.ordered`), or None."""
+    if metrics is None:
+        return None
+    counter = metrics.stream_responses
+    return lambda code: counter.labels(method, code).inc()
 
 
 class ModelMetrics:

@@ -271,10 +271,10 @@ class EncoderServer:
         # at every call (rpc/registration.py). encoder.v1 first: it is the first handler asked for a method.
         services = GenericOnly(server)
         encoder_grpc.add_EncoderServiceServicer_to_server(
-            EncoderServicer(self.dataplane, max_message_bytes=s.max_message_bytes), services
+            EncoderServicer(self.dataplane, max_message_bytes=s.max_message_bytes, metrics=self.metrics), services
         )
         # The Open Inference Protocol (KServe v2 / Triton clients) on the same port, over the same data plane.
-        kserve = InferenceServicer(self.dataplane, self.manager)
+        kserve = InferenceServicer(self.dataplane, self.manager, self.metrics)
         kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, services)
         self.health.add_to(services)
         add_reflection(services, (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE))

@@ -28,6 +28,7 @@ from mhaserve.service.kserve.model import (
     server_version,
     statistics_of,
 )
+from mhaserve.service.metrics import Metrics, stream_counter
 from mhaserve.service.models import ModelManager
 from mhaserve.service.rpc.streaming import ordered
 
@@ -45,9 +46,10 @@ REPOSITORY_METHODS = tuple(
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The Open Inference Protocol over the data plane."""
 
-    def __init__(self, dataplane: DataPlane, manager: ModelManager) -> None:
+    def __init__(self, dataplane: DataPlane, manager: ModelManager, metrics: Metrics | None = None) -> None:
         self.dataplane = dataplane
         self.manager = manager
+        self.count_stream = stream_counter(metrics, "inference.GRPCInferenceService/ModelStreamInfer")
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -101,7 +103,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def infer(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
             return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
 
-        async for response in ordered(request_iterator, infer, error_pb):
+        async for response in ordered(request_iterator, infer, error_pb, count=self.count_stream):
             yield response
 
     # ---- Triton's model repository extension ------------------------------------------------------------

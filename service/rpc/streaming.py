@@ -5,6 +5,8 @@ Up to `window` requests of a stream are computed at once (so they batch together
 with other clients'), and their responses are sent in request order. A request that fails gets an
 error response (`on_error`) and the stream goes on, unless the failure concerns the whole stream
 (cancelled, past its deadline, or a server that is going away): then the stream ends with that status.
+Each response is counted by the status it carries (`count`): the stream's own status is OK however many
+of its requests failed, and the metrics would not see them otherwise.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from mhaserve.runtime.errors import Cancelled, DeadlineExceeded, ServiceError, Unavailable
+from mhaserve.service.errors import grpc_code
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -30,6 +33,7 @@ async def ordered(
     on_error: Callable[[Request, ServiceError], Response],
     *,
     window: int = WINDOW,
+    count: Callable[[str], None] | None = None,
 ) -> AsyncIterator[Response]:
     """Each request's response, in request order; see the module docstring."""
     # `space` holds the window: a request's computation starts only once there is room for it, and every one
@@ -56,8 +60,12 @@ async def ordered(
             except ServiceError as e:
                 if isinstance(e, FATAL):
                     raise
+                if count is not None:
+                    count(grpc_code(e).name)
                 yield on_error(request, e)
             else:
+                if count is not None:
+                    count("OK")
                 yield response
             finally:
                 space.release()

@@ -404,8 +404,10 @@ def test_metadata_and_config(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     assert config.parameters["max_batch_tokens"].string_value == "8192"
 
 
-def test_stream_answers_in_order_and_survives_bad_requests(stubs: tuple[Any, Any]) -> None:
+def test_stream_answers_in_order_and_survives_bad_requests(server: ServerThread, stubs: tuple[Any, Any]) -> None:
     v2, v1 = stubs
+    codes, method = ("OK", "INVALID_ARGUMENT", "NOT_FOUND"), "inference.GRPCInferenceService/ModelStreamInfer"
+    before = {c: server.samples().get("mhaserve_stream_responses_total", method=method, code=c) for c in codes}
     requests = [text_request([t]) for t in ("first", "second", "third")]
     requests.insert(1, text_request([b"\xff"]))  # not UTF-8: an error response, the stream goes on
     unknown = text_request(["x"])
@@ -417,6 +419,8 @@ def test_stream_answers_in_order_and_survives_bad_requests(stubs: tuple[Any, Any
     assert [r.infer_response.id for r in responses] == [f"r{i}" for i in range(5)]
     assert responses[1].error_message.startswith("INVALID_ARGUMENT: input 'text' element 0 is not UTF-8")
     assert responses[3].error_message.startswith("NOT_FOUND: model 'nope' is not served here")
+    after = {c: server.samples().get("mhaserve_stream_responses_total", method=method, code=c) for c in codes}
+    assert {c: after[c] - before[c] for c in codes} == {"OK": 3, "INVALID_ARGUMENT": 1, "NOT_FOUND": 1}
     expected = vectors(v1.Encode(epb.EncodeRequest(texts=["first", "second", "third"]), timeout=WAIT))
     got = np.concatenate([embeddings(responses[i].infer_response) for i in (0, 2, 4)])
     assert not any(responses[i].error_message for i in (0, 2, 4))

@@ -202,7 +202,14 @@ def test_normalize_and_truncate(stub: pb_grpc.EncoderServiceStub) -> None:
     np.testing.assert_array_equal(vectors(r), vectors(same))
 
 
-def test_encode_stream_answers_in_order_and_survives_a_bad_request(stub: pb_grpc.EncoderServiceStub) -> None:
+CODES = ("OK", "INVALID_ARGUMENT", "NOT_FOUND")
+
+
+def test_encode_stream_answers_in_order_and_survives_a_bad_request(
+    server: ServerThread, stub: pb_grpc.EncoderServiceStub
+) -> None:
+    method = "encoder.v1.EncoderService/EncodeStream"
+    before = {c: server.samples().get("mhaserve_stream_responses_total", method=method, code=c) for c in CODES}
     requests = [
         pb.EncodeRequest(texts=["first"]),
         pb.EncodeRequest(texts=["a " * 200]),  # too long: an error response, not the end of the stream
@@ -215,6 +222,9 @@ def test_encode_stream_answers_in_order_and_survives_a_bad_request(stub: pb_grpc
     assert responses[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert "202 tokens" in responses[1].error.message and not responses[1].embeddings
     assert responses[3].error.code == grpc.StatusCode.NOT_FOUND.value[0]
+    # the stream's status is OK: each response is counted by the status it carries, for the alerts
+    after = {c: server.samples().get("mhaserve_stream_responses_total", method=method, code=c) for c in CODES}
+    assert {c: after[c] - before[c] for c in CODES} == {"OK": 3, "INVALID_ARGUMENT": 1, "NOT_FOUND": 1}
     for i in (0, 2, 4):
         assert not responses[i].HasField("error")
         expected = stub.Encode(requests[i], timeout=WAIT)
