@@ -26,6 +26,7 @@ _PRINTABLE_ASCII = frozenset(chr(c) for c in range(0x21, 0x7F))
 OPEN_METHODS = (
     "/grpc.health.v1.Health/Check",
     "/grpc.health.v1.Health/Watch",
+    "/grpc.health.v1.Health/List",  # every service's status at once: what Check answers one by one
     # the Open Inference Protocol's server probes, open as its REST /v2/health/live and /ready are
     "/inference.GRPCInferenceService/ServerLive",
     "/inference.GRPCInferenceService/ServerReady",

@@ -136,6 +136,8 @@ def test_health_and_reflection_stay_open(channel: grpc.Channel) -> None:
     watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=WAIT)
     assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
     watch.cancel()
+    listed_health = health.List(health_pb2.HealthListRequest(), timeout=WAIT).statuses
+    assert listed_health[""].status == health_pb2.HealthCheckResponse.SERVING
     reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
     (listed,) = reflection.ServerReflectionInfo(
         iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=WAIT
