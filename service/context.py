@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from contextvars import ContextVar
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -18,9 +19,14 @@ MAX_REQUEST_ID = 128
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
 
 
+# What a client's id may hold: UUIDs, W3C trace ids, base64 and the like. No space or bracket: an id is
+# written into every log line between brackets, and "abc] INFO ... [x" would forge a line's start.
+_REQUEST_ID_RE = re.compile(rf"[A-Za-z0-9._:/+=@-]{{1,{MAX_REQUEST_ID}}}\Z")
+
+
 def accept_request_id(value: str | bytes | None) -> str:
-    """The client's id if it is a sane one (printable, at most 128 characters), else a new one."""
-    if isinstance(value, str) and 0 < len(value) <= MAX_REQUEST_ID and value.isprintable():
+    """The client's id if it is a sane one (at most 128 letters, digits and ._:/+=@-), else a new one."""
+    if isinstance(value, str) and _REQUEST_ID_RE.match(value):
         return value
     # 64 random bits from Python's generator, not uuid4: its os.urandom is a system call that lets go of the
     # GIL, and under load the event loop then waited for the tokeniser or inference thread to hand it back

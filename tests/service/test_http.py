@@ -358,6 +358,12 @@ def test_the_request_id_goes_both_ways(srv: ServerThread) -> None:
     reply = request("POST", url(srv, "/v1/embeddings"), {"input": ""}, {"x-request-id": "http-req-8"})
     assert reply.status == 400 and reply.headers["x-request-id"] == "http-req-8"
     assert len(request("GET", url(srv, "/health")).headers["x-request-id"]) == 16  # made up when not sent
+    # An id that could forge a log line's start (spaces, brackets) is replaced by one made up, as is a long one.
+    for forged in ("abc] INFO mhaserve.service.server [-", "x" * 129):
+        got = request("GET", url(srv, "/health"), headers={"x-request-id": forged}).headers["x-request-id"]
+        assert got != forged and len(got) == 16
+    uuid = "0f8fad5b-d9cb-469f-a165-70867728950e"
+    assert request("GET", url(srv, "/health"), headers={"x-request-id": uuid}).headers["x-request-id"] == uuid
 
 
 def test_http_routes_are_in_the_request_metrics(srv: ServerThread) -> None:
