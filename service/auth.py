@@ -101,7 +101,7 @@ def bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> tuple[str | by
     """The token of `authorization: Bearer <token>`, or None and why not (for the log; never the token)."""
     values = [v for k, v in metadata or () if k == AUTHORIZATION]
     if not values:
-        return None, "no authorization metadata"
+        return None, "no authorization header"
     if len(values) > 1:
         return None, "more than one authorization header"
     value = values[0]
