@@ -394,6 +394,16 @@ class Settings:
                 "--model-control explicit needs --processes 1: a load or unload call would reach only the process "
                 "that accepted its connection (poll works: every process reads the repository)"
             )
+        # Refused here, before anything listens or loads, where it fails on every device this may run on (the
+        # defaults differ: a model's serving.json limits, and the device's where it is auto, are checked at load).
+        bases = {"cpu": (CPU_LIMITS,), "cuda": (CUDA_LIMITS,)}.get(self.device, (CPU_LIMITS, CUDA_LIMITS))
+        client = self.max_client_batch_size or min(b.max_client_batch_size for b in bases)
+        queue = self.max_queue_size or max(b.max_queue_size for b in bases)
+        if client > queue:
+            raise SettingsError(
+                f"--max-client-batch-size ({client}) exceeds --max-queue-size ({queue}): such a request could never "
+                "be queued"
+            )
         positive("inference_timeout", self.inference_timeout, zero=True)
         positive("http_header_timeout", self.http_header_timeout)
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -138,9 +138,19 @@ def test_inference_workers_auto_gives_one_per_two_cores_on_a_cpu(
     assert build({}, env={"MHASERVE_GRAPH": "optimized", "MHASERVE_DEVICE": "cuda"}).workers == 1
 
 
-def test_client_batch_larger_than_the_queue_is_refused() -> None:
+def test_client_batch_larger_than_the_queue_is_refused_before_the_server_starts() -> None:
+    """Refused by the settings themselves, before ports or models, where it fails on every device this may
+    run on; a queue only CUDA's larger default client batch exceeds waits for the device to be known."""
     with pytest.raises(SettingsError, match="could never be queued"):
-        Settings(max_queue_size=10, max_client_batch_size=20).limits(on_cuda=False)
+        Settings(max_queue_size=10, max_client_batch_size=20)
+    with pytest.raises(SettingsError, match=r"--max-client-batch-size \(64\) exceeds --max-queue-size \(8\)"):
+        Settings(max_queue_size=8)
+    with pytest.raises(SettingsError, match="could never be queued"):
+        Settings(max_queue_size=100, device="cuda")
+    auto = Settings(max_queue_size=100)  # 64 on the CPU fits, CUDA's 256 would not: known at load
+    assert auto.limits(on_cuda=False).max_client_batch_size == 64
+    with pytest.raises(SettingsError, match="could never be queued"):
+        auto.limits(on_cuda=True)
 
 
 def test_argparse_refuses_bad_choices(capsys: pytest.CaptureFixture[str]) -> None:
