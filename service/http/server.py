@@ -48,6 +48,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._headers_deadline: asyncio.TimerHandle | None = None
         self._header_bytes = 0
         self._in_headers = False  # between a request's first byte and the end of its headers
+        self._in_body = False  # between the end of a request's headers and the end of the request
         self._refused = False  # headers over the limit: answered 431, the connection closing
 
     def _arm(self) -> None:
@@ -94,6 +95,14 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:  # the rest of a refused request is dropped unread
             return
+        # A read long enough to hold the rest of a request's headers past the limit, whole, is looked at
+        # before parsing (the count after it sees only headers still incomplete once a read is parsed): one
+        # length comparison on every other read, a search for the headers' end only on these.
+        counted = self._header_bytes if self._in_headers else 0
+        left = MAX_HEADER_BYTES - counted
+        if not self._in_body and len(data) > left and data.find(b"\r\n\r\n", 0, left + 4) < 0:
+            self._count(len(data))
+            return
         super().data_received(data)
         # Counted by the chunk, after parsing, while a request's headers are incomplete, rather than by a
         # Python call per header on every request (the hot path of every short request).
@@ -109,7 +118,12 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self._in_headers = False
+        self._in_body = True
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
