@@ -225,8 +225,10 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
     p = sub.add_parser(
         "serve",
-        help="serve a model of the repository over gRPC (encoder.v1, health, reflection) with Prometheus metrics",
-        description="Serve one model over gRPC on ONNX Runtime with a dynamic batcher. Every option can also be "
+        help="serve the repository's models over gRPC (encoder.v1, KServe v2) and HTTP (OpenAI, KServe v2 REST)",
+        description="Serve models of the repository on ONNX Runtime with a dynamic batcher, over gRPC (encoder.v1, "
+        "KServe v2, health, reflection) and HTTP (OpenAI embeddings, KServe v2 REST), with Prometheus metrics. "
+        "Every option can also be "
         "set by an MHASERVE_* environment variable; a flag beats its variable, which beats the default.",
     )
     add_arguments(p)

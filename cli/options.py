@@ -71,6 +71,8 @@ def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mappin
             raw = env[env_var(f.name)]
             try:
                 values[f.name] = f.metadata["parse"](raw)
-            except ValueError:
+            except ValueError as e:
+                if f.metadata.get("env_only"):  # keys: no flag to name, and a value never shown
+                    raise SettingsError(f"{env_var(f.name)} is not valid: {e}") from None
                 raise SettingsError(f"{env_var(f.name)}={raw!r} is not a valid {flag(f.name)}") from None
     return Settings(**values)

@@ -34,7 +34,7 @@ OPEN_METHODS = (
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 )
 MESSAGE = "missing or invalid API key: send 'authorization: Bearer <key>'"
-ADMIN_MESSAGE = "this call loads or unloads models: it needs an admin key (--admin-keys-file, MHASERVE_ADMIN_KEYS)"
+ADMIN_MESSAGE = "the repository API (index, load, unload) needs an admin key (--admin-keys-file, MHASERVE_ADMIN_KEYS)"
 
 
 class AuthError(ValueError):

@@ -294,7 +294,7 @@ class Settings:
     tls_cert: Path | None = field(
         default=None,
         metadata=_opt(
-            "PEM certificate chain: serve gRPC over TLS, with --tls-key (default: plaintext)",
+            "PEM certificate chain: serve gRPC over TLS and HTTP as HTTPS, with --tls-key (default: plaintext)",
             _path_or_none,
             metavar="FILE",
         ),
