@@ -301,7 +301,9 @@ class ModelManager:
         del pipeline, model
         gc.collect()  # the ONNX Runtime session goes with the last reference; a cycle would keep it
         await asyncio.to_thread(release_free_memory)  # what the session freed, back to the system
-        log.info("closed %s version %d", *key)
+        # A version that serves on in a new copy (files or config changed): say which copy was closed.
+        replaced = key[1] in self.dataplane.versions(key[0])
+        log.info("closed %s version %d%s", *key, " (its previous copy; the new one serves)" if replaced else "")
 
     async def unload_model(self, name: str) -> None:
         """Stop serving every version of `name` (explicit model control). A model not served is not an error:

@@ -444,7 +444,7 @@ class EncoderServer:
             return
         self.state = "unready"
         await self.health.set(False)
-        log.info("NOT_SERVING for %g s (--drain-delay) while serving on, so balancers move away first", delay)
+        log.debug("NOT_SERVING for %g s (--drain-delay) while serving on, so balancers move away first", delay)
         await asyncio.sleep(delay)
 
     async def drain(self) -> None:
