@@ -125,6 +125,14 @@ class Metrics:
             registry=r,
         )
         self.inputs = Counter("mhaserve_inputs", "Inputs embedded", by_model, registry=r)
+        # mhaserve_requests_total has no model label (a name a client typed is no label value); this counts
+        # what reached a served version, so that a model's own rate and errors can be told apart.
+        self.model_requests = Counter(
+            "mhaserve_model_requests",
+            "Requests that reached a model version, by the status they ended with",
+            [*by_model, "code"],
+            registry=r,
+        )
         self.stalls = Counter(
             "mhaserve_inference_stalls",
             "Batches that computed past --inference-timeout (the watchdog failed their requests)",
@@ -181,7 +189,15 @@ class ModelMetrics:
         self.queue_depth = metrics.queue_depth.labels(*self.labels)
         self.inputs = metrics.inputs.labels(*self.labels)
         self.stalls = metrics.stalls.labels(*self.labels)
+        self._codes: dict[str, Any] = {}  # mhaserve_model_requests_total's children, by code
         self._provider: str | None = None
+
+    def ended(self, code: str) -> None:
+        """A request that reached this version ended with `code` (a gRPC status name)."""
+        child = self._codes.get(code)
+        if child is None:
+            child = self._codes[code] = self.parent.model_requests.labels(*self.labels, code)
+        child.inc()
 
     def served(self, provider: str) -> None:
         self._provider = provider
@@ -196,6 +212,8 @@ class ModelMetrics:
         p.queue_depth.remove(*self.labels)
         p.inputs.remove(*self.labels)
         p.stalls.remove(*self.labels)
+        for code in self._codes:
+            p.model_requests.remove(*self.labels, code)
         if self._provider is not None:
             p.provider.remove(*self.labels, self._provider)
         p.model_ready.labels(*self.labels).set(0)

@@ -23,6 +23,7 @@ from mhaserve.runtime.errors import InvalidArgument, Unavailable
 from mhaserve.runtime.repository import LoadedModel
 from mhaserve.service.batching import Batcher, Embeddings, Ids, Limits, Ticket
 from mhaserve.service.context import request_id
+from mhaserve.service.errors import grpc_code
 from mhaserve.service.metrics import ModelMetrics
 from mhaserve.service.stats import ModelStats
 
@@ -138,14 +139,16 @@ class Pipeline:
             embeddings = await self.batcher.submit(seqs, deadline=deadline, request_id=request_id.get(), ticket=ticket)
             t2 = time.perf_counter_ns()
             output = self.encode_post(req, model, seqs, embeddings)
-        except BaseException:  # cancellation included: the request failed either way
+        except BaseException as e:  # cancellation included: the request failed either way
             self.stats.failed(time.perf_counter_ns() - t0)
+            self.metrics.ended("CANCELLED" if isinstance(e, asyncio.CancelledError) else grpc_code(e).name)
             raise
         finally:
             if ticket is not None:
                 self.batcher.release(ticket)  # what submit did not take (a failure before queueing)
         t3 = time.perf_counter_ns()
         self.stats.succeeded(inputs=len(seqs), total_ns=t3 - t0, input_ns=t1 - t0, output_ns=t3 - t2)
+        self.metrics.ended("OK")
         return output
 
     def validate(self, req: EncodeInput) -> None:

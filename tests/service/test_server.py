@@ -202,6 +202,26 @@ def test_normalize_and_truncate(stub: pb_grpc.EncoderServiceStub) -> None:
     np.testing.assert_array_equal(vectors(r), vectors(same))
 
 
+def test_requests_that_reach_a_model_are_counted_by_model_and_status(
+    server: ServerThread, stub: pb_grpc.EncoderServiceStub
+) -> None:
+    """mhaserve_requests_total has no model label; mhaserve_model_requests_total says which model's requests
+    succeed and fail. A name no model has reaches none: it is in the first only."""
+
+    def counted(code: str) -> float:
+        return server.samples().get("mhaserve_model_requests_total", model="tiny", version="1", code=code)
+
+    before = {code: counted(code) for code in ("OK", "INVALID_ARGUMENT")}
+    stub.Encode(pb.EncodeRequest(texts=["a", "b"]), timeout=WAIT)
+    stub.EncodeStream(iter([pb.EncodeRequest(texts=["c"])]), timeout=WAIT).next()
+    for request in (pb.EncodeRequest(texts=["a " * 200]), pb.EncodeRequest(model="nope", texts=["x"])):
+        with pytest.raises(grpc.RpcError):
+            stub.Encode(request, timeout=WAIT)
+    assert counted("OK") - before["OK"] == 2
+    assert counted("INVALID_ARGUMENT") - before["INVALID_ARGUMENT"] == 1
+    assert server.samples().get("mhaserve_model_requests_total", model="nope") == 0
+
+
 CODES = ("OK", "INVALID_ARGUMENT", "NOT_FOUND")
 
 
