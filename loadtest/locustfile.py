@@ -97,12 +97,16 @@ def _add_arguments(parser: Any) -> None:
     g.add_argument(
         "--stream-requests", type=int, default=8, env_var="LOCUST_STREAM_REQUESTS", help="requests per `stream` call"
     )
-    g.add_argument("--corpus", default=str(DEFAULT_CORPUS), env_var="LOCUST_CORPUS", help="one text per line")
+    # Defaults empty, read as the files beside this locustfile wherever it runs: a path of the master's
+    # own checkout, sent to workers with its options, named nothing on a worker checked out elsewhere.
+    g.add_argument(
+        "--corpus", default="", env_var="LOCUST_CORPUS", help="one text per line (default: loadtest/corpus.txt)"
+    )
     g.add_argument(
         "--short-corpus",
-        default=str(DEFAULT_SHORT_CORPUS),
+        default="",
         env_var="LOCUST_SHORT_CORPUS",
-        help="the `short` workload's texts, one per line",
+        help="the `short` workload's texts, one per line (default: loadtest/texts/short.txt)",
     )
     g.add_argument("--tokenizer", default="", env_var="LOCUST_TOKENIZER", help="tokenizer.json for the `ids` task")
     g.add_argument("--model", default="", env_var="LOCUST_MODEL", help="model name (default: the server's)")
@@ -313,8 +317,8 @@ class EncoderUser(User):
             "workload": "mixed",
             "batch_size": 8,
             "stream_requests": 8,
-            "corpus": str(DEFAULT_CORPUS),
-            "short_corpus": str(DEFAULT_SHORT_CORPUS),
+            "corpus": "",
+            "short_corpus": "",
             "tokenizer": "",
             "model": "",
             "encoding_format": "float",
@@ -328,9 +332,9 @@ class EncoderUser(User):
             self.client = HttpClient(host, self.opt["rpc_timeout"], self.opt["encoding_format"])
         else:
             self.client = GrpcClient(host, self.opt["rpc_timeout"])
-        self.corpus = Corpus.load(self.opt["corpus"])
+        self.corpus = Corpus.load(self.opt["corpus"] or DEFAULT_CORPUS)
         if "short" in names:
-            self.short = Corpus.load(self.opt["short_corpus"]).all
+            self.short = Corpus.load(self.opt["short_corpus"] or DEFAULT_SHORT_CORPUS).all
         self.workloads = [getattr(self, f"task_{n}") for n in names]
         if "ids" in names:
             self.ids = self._load_ids()
@@ -466,13 +470,35 @@ def _clock(**_: Any) -> None:
 
 @events.init.add_listener
 def _check_options(environment: Any, **_: Any) -> None:
-    """Refuse a bad --workload before the run, as argparse refuses a bad option (exit 2): checked only in
-    each user's start, it failed there and the run then idled for its whole --run-time."""
+    """Refuse bad options before the run, as argparse refuses a bad option (exit 2): checked only in each
+    user's start, they failed there and the run then idled for its whole --run-time, blaming the server."""
+    from locust.runners import MasterRunner
+
     opts = environment.parsed_options
     if opts is None:
         return
     try:
         workload_names(str(getattr(opts, "workload", "mixed")), str(getattr(opts, "protocol", "grpc")))
+        problems = [
+            f"--{name.replace('_', '-')} must be {bound}, got {getattr(opts, name)}"
+            for name, ok, bound in (
+                ("batch_size", lambda v: v >= 1, ">= 1"),
+                ("stream_requests", lambda v: v >= 1, ">= 1"),
+                ("rpc_timeout", lambda v: v > 0, "> 0"),
+                ("think_time", lambda v: v >= 0, ">= 0"),
+                ("max_fail_ratio", lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),
+            )
+            if getattr(opts, name, None) is not None and not ok(getattr(opts, name))
+        ]
+        # Files are read by the users: on each worker, not the master (its paths may not be theirs).
+        if not isinstance(environment.runner, MasterRunner):
+            problems += [
+                f"--{name.replace('_', '-')} {path}: no such file"
+                for name in ("corpus", "short_corpus", "tokenizer")
+                if (path := getattr(opts, name, "")) and not Path(path).is_file()
+            ]
+        if problems:
+            raise ValueError("; ".join(problems))
     except ValueError as e:
         log.error("%s", e)
         sys.exit(2)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from mhaserve.loadtest.bench.client import Server
+from mhaserve.testing.loopback import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
@@ -113,3 +114,53 @@ def test_an_unknown_workload_is_refused_before_the_run(tiny_server: Server, tmp_
     assert "--workload 'shrot': unknown ['shrot']; choose from" in run.stderr
     assert "Traceback" not in run.stderr
     assert not (tmp_path / "stats.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--batch-size", "0"), "--batch-size must be >= 1, got 0"),
+        (("--stream-requests", "0"), "--stream-requests must be >= 1, got 0"),
+        (("--max-fail-ratio", "-1"), "--max-fail-ratio must be a fraction in [0, 1], got -1.0"),
+        (("--corpus", "/nonexistent/corpus.txt"), "--corpus /nonexistent/corpus.txt: no such file"),
+        (("--tokenizer", "/nonexistent/tokenizer.json"), "--tokenizer /nonexistent/tokenizer.json: no such file"),
+    ],
+)
+def test_bad_options_are_refused_before_the_run(
+    tiny_server: Server, tmp_path: Path, options: tuple[str, ...], message: str
+) -> None:
+    """Each of these failed in every user's start (or ran requests the server had to refuse, or reported
+    'no requests were made: is the server up?'), and the run idled for its whole --run-time."""
+    run = _locust(tiny_server, tmp_path, "mixed", *options, "-t", "30s")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_worker_reads_the_corpus_beside_its_own_locustfile(tiny_server: Server, tmp_path: Path) -> None:
+    """Distributed: the master sends its options to the workers. A default corpus path of the master's own
+    checkout (here a copy of the locustfile with no corpus beside it) named nothing on the worker."""
+    master_dir = tmp_path / "master"
+    master_dir.mkdir()
+    (master_dir / "locustfile.py").write_text(LOCUSTFILE.read_text())
+    port = str(free_port())
+    master = subprocess.Popen(
+        [
+            sys.executable, "-m", "locust", "-f", str(master_dir / "locustfile.py"), "--master", "--headless",
+            "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--expect-workers", "1",
+            "-H", tiny_server.address, "-u", "2", "-r", "2", "-t", "3s", "--workload", "mixed,short",
+            "--json-file", str(tmp_path / "stats"), "--max-fail-ratio", "0",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=master_dir,
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker", "--master-host", "127.0.0.1",
+         "--master-port", port],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        out, _ = master.communicate(timeout=60)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert master.returncode == 0, out[-3000:]
+    assert sum(e["num_requests"] for e in _entries(tmp_path).values()) > 0
