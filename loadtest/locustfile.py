@@ -332,9 +332,9 @@ class EncoderUser(User):
             self.client = HttpClient(host, self.opt["rpc_timeout"], self.opt["encoding_format"])
         else:
             self.client = GrpcClient(host, self.opt["rpc_timeout"])
-        self.corpus = Corpus.load(self.opt["corpus"] or DEFAULT_CORPUS)
+        self.corpus = Corpus.load(str(self.opt["corpus"] or DEFAULT_CORPUS))
         if "short" in names:
-            self.short = Corpus.load(self.opt["short_corpus"] or DEFAULT_SHORT_CORPUS).all
+            self.short = Corpus.load(str(self.opt["short_corpus"] or DEFAULT_SHORT_CORPUS)).all
         self.workloads = [getattr(self, f"task_{n}") for n in names]
         if "ids" in names:
             self.ids = self._load_ids()
