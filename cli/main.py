@@ -394,7 +394,28 @@ def _bench(args: argparse.Namespace) -> int:
         bench = _loadtest("bench.run")
     except ImportError as e:
         return _missing("bench", e, LOADTEST_HINT)
+    if (refused := _check_server_args(getattr(args, "server_arg", []))) is not None:
+        return refused
     return int(bench.main(args))
+
+
+def _check_server_args(server_args: Sequence[str]) -> int | None:
+    """The bench's --server-arg flags read as `mhaserve serve` will read them, now: refused only when the
+    server starts, a typo cost the minutes of in-process measurement before it. None when they are fine."""
+    from mhaserve.cli.options import add_arguments, build
+    from mhaserve.service.settings import SettingsError
+
+    parser = argparse.ArgumentParser(prog="mhaserve bench --server-arg", add_help=False)
+    add_arguments(parser)
+    try:
+        namespace, unknown = parser.parse_known_args(list(server_args))  # argparse exits 2 on a bad value
+        if unknown:
+            raise SettingsError(f"not a flag of mhaserve serve: {' '.join(unknown)}")
+        build(namespace)
+    except SettingsError as e:
+        print(f"mhaserve bench: error: --server-arg: {e}", file=sys.stderr)
+        return 2
+    return None
 
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:

@@ -75,6 +75,26 @@ def _count(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def _at_least_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 def _names(text: str) -> tuple[str, ...]:
     values = tuple(v.strip() for v in text.split(",") if v.strip())
     if len(values) < 2 or len(set(values)) < len(values):
@@ -120,7 +140,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"], help="where the model runs")
     p.add_argument(
-        "--threads", type=int, help="ONNX Runtime (and PyTorch) intra-op threads (default: the server's, all cores)"
+        "--threads",
+        type=_positive,
+        help="ONNX Runtime (and PyTorch) intra-op threads (default: the server's, all cores)",
     )
     p.add_argument(
         "--concurrency", type=_ints, help=f"client counts to sweep (default {','.join(map(str, DEFAULT_CONCURRENCY))})"
@@ -132,15 +154,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--duration", type=_seconds, help="measured seconds per server point (default 8)")
     p.add_argument("--min-time", type=_seconds, help="least seconds per in-process measurement (default 3)")
-    p.add_argument("--fixed-tokens", type=int, help="tokens per input of the fixed workload (default 128)")
-    p.add_argument("--fixed-pool", type=int, help="distinct inputs of the fixed workload (default 64)")
-    p.add_argument("--mixed-pool", type=int, help="inputs of the mixed workload, drawn from the corpus (default 256)")
+    p.add_argument("--fixed-tokens", type=_positive, help="tokens per input of the fixed workload (default 128)")
+    p.add_argument("--fixed-pool", type=_positive, help="distinct inputs of the fixed workload (default 64)")
+    p.add_argument(
+        "--mixed-pool", type=_positive, help="inputs of the mixed workload, drawn from the corpus (default 256)"
+    )
     p.add_argument(
         "--short-pool",
-        type=int,
+        type=_positive,
         help="inputs of the short workload: the short-text corpus's 2,000 texts, each once, by default",
     )
-    p.add_argument("--torch-batch-size", type=int, help="PyTorch eager batch size (default 32, sentence-transformers')")
+    p.add_argument(
+        "--torch-batch-size", type=_positive, help="PyTorch eager batch size (default 32, sentence-transformers')"
+    )
     p.add_argument(
         "--workloads", type=_choices(WORKLOADS), default=WORKLOADS, help=f"some of {', '.join(WORKLOADS)} (default all)"
     )
@@ -199,15 +225,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("on a shared machine")
     g.add_argument(
         "--max-other-cpu",
-        type=float,
+        type=_at_least_zero,
         default=0.1,
         metavar="CORES",
         help="a measurement during which other processes took more CPU than this is taken again (default 0.1)",
     )
-    g.add_argument("--retries", type=int, help="how many times to measure a disturbed figure again (default 2)")
+    g.add_argument("--retries", type=_count, help="how many times to measure a disturbed figure again (default 2)")
     g.add_argument(
         "--quiet-wait",
-        type=float,
+        type=_at_least_zero,
         default=30.0,
         metavar="S",
         help="longest wait for the machine to calm down before a measurement (default 30)",

@@ -3,6 +3,7 @@ positive. No timings are asserted: they depend on the machine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -248,10 +249,36 @@ def test_command_line_reproduces_the_options() -> None:
         ["--duration", "-1"],  # accepted once: the run started and its stages failed
         ["--duration", "nan"],
         ["--min-time", "0"],
+        # each of these ran, and ended in a traceback from the in-process stage or a flood of retries
+        ["--fixed-pool", "0"],
+        ["--short-pool", "0"],
+        ["--torch-batch-size", "0"],
+        ["--fixed-tokens", "0"],
+        ["--threads", "-2"],
+        ["--retries", "-1"],
+        ["--max-other-cpu", "-1"],
+        ["--quiet-wait", "-1"],
     )
     for bad in bad_args:
         with pytest.raises(SystemExit):
             p.parse_args(bad)
+
+
+@pytest.mark.parametrize(
+    ("server_arg", "message"),
+    [
+        ("--server-arg=--max-wait-ms=abc", "argument --max-wait-ms: invalid"),
+        ("--server-arg=--inference-workers=0", "--server-arg: --inference-workers must be > 0, got 0"),
+        ("--server-arg=--bogus", "--server-arg: not a flag of mhaserve serve: --bogus"),
+    ],
+)
+def test_server_args_are_read_before_the_run(server_arg: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused when the server started, a typo cost the in-process stage's minutes before it."""
+    from mhaserve.cli.main import main
+
+    with contextlib.suppress(SystemExit):
+        assert main(["bench", "--no-torch", "--repository", "/nonexistent/repo", server_arg]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_report_says_how_the_server_split_its_threads(monkeypatch: pytest.MonkeyPatch) -> None:
