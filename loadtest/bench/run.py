@@ -152,6 +152,9 @@ def _paired_short(
         side_by_side_batches=[side["batch_size"]] if side else None,
         workloads=[workload.to_dict()],
         batch_sizes_by_workload={"short": [best]},
+        # The server's batches for the clients these rounds serve, not the sweep's count nearest them (a sweep
+        # of 1 and 4 clients compared 32 clients' throughput with 4 clients' batches).
+        served=dict(spec["served"], clients=clients) if spec.get("served") else None,
     )
 
     def measure(turn: str) -> dict[str, dict[str, Any]]:
@@ -282,6 +285,7 @@ def _paired_round(got: dict[str, dict[str, Any]], turns: list[str]) -> dict[str,
         "ratios": ratios,
         "other_cpu_cores": {name: r.get("other_cpu_cores") for name, r in got.items()},
         "disturbed": any(r.get("disturbed") for r in got.values()),
+        **({"served_clients": got["served"].get("clients")} if "served" in got else {}),
     }
 
 

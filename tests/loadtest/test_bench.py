@@ -113,6 +113,7 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         names |= {"side/ceiling", "grpc/side", "http/side"}
     for r in short["rounds"]:
         assert sorted(r["order"]) == ["grpc", "http", "in process"]
+        assert r["served_clients"] == 32  # the batches of the clients served, whatever the sweep's counts
         assert set(r["ratios"]) == names and all(v > 0 for v in r["ratios"].values()), r
         seq = r["seq_per_s"]
         assert r["ratios"]["grpc/served"] == seq["grpc"] / seq["served"]
