@@ -6,8 +6,8 @@ import argparse
 import math
 import os
 import shlex
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.repository import GRAPHS
@@ -55,44 +55,28 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
-    return value
+N = TypeVar("N", int, float)
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
+def _bounded(cast: Callable[[str], N], low: N, *, above: bool, what: str) -> Callable[[str], N]:
+    """An argparse type: a number (int or float) at least `low`, or above it, and finite."""
+
+    def parse(text: str) -> N:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (above and value == low):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
-def _at_least_zero(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+_seconds = _bounded(float, 0.0, above=True, what="a number of seconds above 0")
+_count = _bounded(int, 0, above=False, what="a whole number >= 0")
+_positive = _bounded(int, 1, above=False, what="a whole number >= 1")
+_at_least_zero = _bounded(float, 0.0, above=False, what="a number >= 0")
 
 
 def _names(text: str) -> tuple[str, ...]:
