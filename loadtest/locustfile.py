@@ -60,6 +60,7 @@ grpc_gevent.init_gevent()
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1:50051"
+DEFAULT_HTTP_HOST = "http://127.0.0.1:8080"  # with --protocol http and no -H
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "corpus.txt"
 DEFAULT_SHORT_CORPUS = Path(__file__).resolve().parent / "texts" / "short.txt"
 PROTOCOLS = ("grpc", "http")
@@ -329,6 +330,8 @@ class EncoderUser(User):
         names = workload_names(str(self.opt["workload"]), str(self.opt["protocol"]))
         host = self.host or DEFAULT_HOST
         if self.opt["protocol"] == "http":
+            if host == DEFAULT_HOST:  # no -H: the server's HTTP port, not its gRPC one
+                host = DEFAULT_HTTP_HOST
             self.client = HttpClient(host, self.opt["rpc_timeout"], self.opt["encoding_format"])
         else:
             self.client = GrpcClient(host, self.opt["rpc_timeout"])
