@@ -399,11 +399,7 @@ class Settings:
         bases = {"cpu": (CPU_LIMITS,), "cuda": (CUDA_LIMITS,)}.get(self.device, (CPU_LIMITS, CUDA_LIMITS))
         client = self.max_client_batch_size or min(b.max_client_batch_size for b in bases)
         queue = self.max_queue_size or max(b.max_queue_size for b in bases)
-        if client > queue:
-            raise SettingsError(
-                f"--max-client-batch-size ({client}) exceeds --max-queue-size ({queue}): such a request could never "
-                "be queued"
-            )
+        _check_client_batch(client, queue)
         positive("inference_timeout", self.inference_timeout, zero=True)
         positive("http_header_timeout", self.http_header_timeout)
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -445,12 +441,16 @@ class Settings:
         )
         if model:
             limits = dataclasses.replace(limits, **{k: type(getattr(limits, k))(v) for k, v in model.items()})
-        if limits.max_client_batch_size > limits.max_queue_size:
-            raise SettingsError(
-                f"--max-client-batch-size ({limits.max_client_batch_size}) exceeds --max-queue-size "
-                f"({limits.max_queue_size}): such a request could never be queued"
-            )
+        _check_client_batch(limits.max_client_batch_size, limits.max_queue_size)
         return limits
+
+
+def _check_client_batch(client: int, queue: int) -> None:
+    if client > queue:
+        raise SettingsError(
+            f"--max-client-batch-size ({client}) exceeds --max-queue-size ({queue}): such a request could never be "
+            "queued"
+        )
 
 
 # The most workers `--inference-workers auto` gives, whatever the core count (see auto_inference_workers).
