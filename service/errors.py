@@ -7,6 +7,7 @@ leaves the server (the interceptor or middleware logs it with the request id).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import grpc
@@ -87,6 +88,12 @@ def grpc_code(error: BaseException) -> grpc.StatusCode:
         if isinstance(error, cls):
             return code
     return grpc.StatusCode.INTERNAL
+
+
+def status_name(error: BaseException) -> str:
+    """The status a request that ended with `error` is counted under in the metrics (a gRPC status name):
+    its class's, and CANCELLED for a cancelled task (the client went away, or the server stopped)."""
+    return "CANCELLED" if isinstance(error, asyncio.CancelledError) else grpc_code(error).name
 
 
 def to_status(error: BaseException) -> tuple[grpc.StatusCode, str]:

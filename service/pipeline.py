@@ -23,7 +23,7 @@ from mhaserve.runtime.errors import InvalidArgument, Unavailable
 from mhaserve.runtime.repository import LoadedModel
 from mhaserve.service.batching import Batcher, Embeddings, Ids, Limits, Ticket
 from mhaserve.service.context import request_id
-from mhaserve.service.errors import grpc_code
+from mhaserve.service.errors import status_name
 from mhaserve.service.metrics import ModelMetrics
 from mhaserve.service.stats import ModelStats
 
@@ -141,7 +141,7 @@ class Pipeline:
             output = self.encode_post(req, model, seqs, embeddings)
         except BaseException as e:  # cancellation included: the request failed either way
             self.stats.failed(time.perf_counter_ns() - t0)
-            self.metrics.ended("CANCELLED" if isinstance(e, asyncio.CancelledError) else grpc_code(e).name)
+            self.metrics.ended(status_name(e))
             raise
         finally:
             if ticket is not None:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from mhaserve.runtime.errors import Cancelled, DeadlineExceeded, ServiceError, Unavailable
-from mhaserve.service.errors import grpc_code
+from mhaserve.service.errors import status_name
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -61,7 +61,7 @@ async def ordered(
                 if isinstance(e, FATAL):
                     raise
                 if count is not None:
-                    count(grpc_code(e).name)
+                    count(status_name(e))
                 yield on_error(request, e)
             else:
                 if count is not None:
