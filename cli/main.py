@@ -399,11 +399,16 @@ def _bench(args: argparse.Namespace) -> int:
     return int(bench.main(args))
 
 
+# The server flags the bench sets itself: through --server-arg, the ports were overridden without a word, and a
+# second repository or model was served while the in-process figures measured the bench's own.
+BENCH_OWNS = ("port", "http_port", "metrics_port", "repository", "model")
+
+
 def _check_server_args(server_args: Sequence[str]) -> int | None:
     """The bench's --server-arg flags read as `mhaserve serve` will read them, now: refused only when the
     server starts, a typo cost the minutes of in-process measurement before it. None when they are fine."""
     from mhaserve.cli.options import add_arguments, build
-    from mhaserve.service.settings import SettingsError
+    from mhaserve.service.settings import SettingsError, flag
 
     parser = argparse.ArgumentParser(prog="mhaserve bench --server-arg", add_help=False)
     add_arguments(parser)
@@ -411,6 +416,11 @@ def _check_server_args(server_args: Sequence[str]) -> int | None:
         namespace, unknown = parser.parse_known_args(list(server_args))  # argparse exits 2 on a bad value
         if unknown:
             raise SettingsError(f"not a flag of mhaserve serve: {' '.join(unknown)}")
+        if owned := [flag(name) for name in BENCH_OWNS if getattr(namespace, name) is not None]:
+            raise SettingsError(
+                f"{', '.join(owned)}: set by the bench itself (free ports, and its own --repository and --model, "
+                "which its in-process figures use too)"
+            )
         build(namespace)
     except SettingsError as e:
         print(f"mhaserve bench: error: --server-arg: {e}", file=sys.stderr)

@@ -108,7 +108,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `mhaserve bench`; None means "the default, or --quick's"."""
     p.add_argument("--repository", help="model repository (default: models; with --quick, a fresh tiny random model)")
     p.add_argument("--model", help="model name (default: the server's default model)")
-    p.add_argument(
+    # Two different runs: argparse refuses both together (exit 2) as it does any other bad option.
+    runs = p.add_mutually_exclusive_group()
+    runs.add_argument(
         "--models",
         type=_names,
         metavar="A,B",
@@ -194,7 +196,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{', '.join(GRAPH_NAMES)} (default: the CPU graphs the entry has, fp32, optimized and int8); one the entry "
         "lacks, or this server cannot serve, is skipped with a note in the report",
     )
-    p.add_argument(
+    runs.add_argument(
         "--memory-only",
         action="store_true",
         help="instead of the sweep: only the server memory (--graphs, --rss-requests); writes its own report",

@@ -587,8 +587,6 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, interrupted)
     try:
-        if args.models and args.memory_only:
-            raise BenchError("--models and --memory-only are two different runs: choose one")
         output = models.run(args) if args.models else memory_only.run(args) if args.memory_only else run(args)
     except KeyboardInterrupt:
         print("mhaserve bench: interrupted", file=sys.stderr)

@@ -247,6 +247,7 @@ def test_command_line_reproduces_the_options() -> None:
         ["--paired", "-1"],
         ["--models", "a"],
         ["--models", "a,a"],
+        ["--models", "a,b", "--memory-only"],  # two different runs: once exit 1, after the parse
         ["--duration", "-1"],  # accepted once: the run started and its stages failed
         ["--duration", "nan"],
         ["--min-time", "0"],
@@ -271,6 +272,9 @@ def test_command_line_reproduces_the_options() -> None:
         ("--server-arg=--max-wait-ms=abc", "argument --max-wait-ms: invalid"),
         ("--server-arg=--inference-workers=0", "--server-arg: --inference-workers must be > 0, got 0"),
         ("--server-arg=--bogus", "--server-arg: not a flag of mhaserve serve: --bogus"),
+        # the bench sets these itself: once overridden without a word, or served another model than it measured
+        ("--server-arg=--port=50052", "--server-arg: --port: set by the bench itself"),
+        ("--server-arg=--model=other", "--server-arg: --model: set by the bench itself"),
     ],
 )
 def test_server_args_are_read_before_the_run(server_arg: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
