@@ -19,6 +19,8 @@ import contextlib
 import logging
 import socket
 import ssl
+import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -36,6 +38,37 @@ TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 52\r\nconnection: close\r\n\r\nthe request line and headers are over 64 KiB in all\n"
 )
+
+
+class Throttle(logging.Filter):
+    """At most one line a minute of each of uvicorn's warnings about a malformed request, with how many were left
+    out. uvicorn logs a WARNING for every one: a TLS handshake or an HTTP/2 client sent to the plain HTTP port, a
+    load balancer's check in the wrong protocol, or a scanner, wrote a line a request and buried the server's log."""
+
+    MESSAGES = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."})
+
+    def __init__(self, interval: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.interval = interval
+        self.clock = clock
+        self._next: dict[str, float] = {}  # message -> when its next line may be written
+        self._left_out: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.msg
+        if not isinstance(message, str) or message not in self.MESSAGES:
+            return True
+        now = self.clock()
+        if now < self._next.get(message, -float("inf")):
+            self._left_out[message] = self._left_out.get(message, 0) + 1
+            return False
+        self._next[message] = now + self.interval
+        if left_out := self._left_out.pop(message, 0):
+            record.msg = f"{message} ({left_out} more since the last such line, not logged)"
+        return True
+
+
+_THROTTLE = Throttle()
 
 
 class ReadTimeoutProtocol(HttpToolsProtocol):
@@ -145,6 +178,9 @@ class HttpServer:
         reuse_port: bool = False,
     ) -> None:
         protocol = type("Protocol", (ReadTimeoutProtocol,), {"read_timeout": read_timeout})
+        uvicorn_log = logging.getLogger("uvicorn.error")
+        if _THROTTLE not in uvicorn_log.filters:
+            uvicorn_log.addFilter(_THROTTLE)
         self.config = uvicorn.Config(
             app,
             host=host,

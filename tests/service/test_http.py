@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
 import time
 import zlib
@@ -22,6 +23,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 
 from mhaserve.service.http.middleware import CallMiddleware
+from mhaserve.service.http.server import Throttle
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.metrics import scrape
@@ -218,6 +220,49 @@ def test_headers_over_64_kib_are_431_before_any_key_is_read(srv: ServerThread, s
     assert len(json.dumps(body)) > 64 * 1024
     assert request("POST", url(srv, "/v1/embeddings"), body).status == 200
     still_serving(srv)
+
+
+def test_malformed_requests_are_400_and_logged_once_a_minute(
+    srv: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """uvicorn warns once per malformed request: a TLS handshake or an HTTP/2 preface on the plain port, or a
+    scanner, buried the log at a line a request."""
+    caplog.set_level(logging.WARNING, logger="uvicorn.error")
+    for garbage in (
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40,
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    ) * 10:
+        with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
+            s.sendall(garbage)
+            answer = b""
+            with contextlib.suppress(OSError):
+                while chunk := s.recv(4096):
+                    answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
+    lines = [r for r in caplog.records if r.name == "uvicorn.error" and "Invalid HTTP request" in r.getMessage()]
+    assert len(lines) <= 1, [r.getMessage() for r in lines]  # one, or none where an earlier test's line was the last
+    still_serving(srv)
+
+
+def test_the_throttle_says_how_many_lines_it_left_out() -> None:
+    now = [0.0]
+    throttle = Throttle(interval=60.0, clock=lambda: now[0])
+
+    def line(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, msg, None, None)
+
+    invalid = "Invalid HTTP request received."
+    assert throttle.filter(line(invalid))
+    assert not any(throttle.filter(line(invalid)) for _ in range(5))
+    assert throttle.filter(line("Unsupported upgrade request."))  # each message has its own minute
+    assert throttle.filter(line("something else"))  # other lines pass untouched
+    now[0] = 61.0
+    record = line(invalid)
+    assert throttle.filter(record)
+    assert record.getMessage() == "Invalid HTTP request received. (5 more since the last such line, not logged)"
+    now[0] = 200.0
+    record = line(invalid)
+    assert throttle.filter(record) and record.getMessage() == invalid
 
 
 def test_a_silent_connection_is_closed_and_a_slow_body_is_408(srv: ServerThread) -> None:
