@@ -11,9 +11,10 @@ import grpc
 import grpc.aio
 
 from mhaserve.service.auth import MESSAGE, Keys, bearer, is_open
+from mhaserve.service.context import REQUEST_ID_HEADER, request_id
 from mhaserve.service.errors import to_status
 from mhaserve.service.metrics import Metrics
-from mhaserve.service.rpc.handlers import Continuation, rewrap, streams_responses
+from mhaserve.service.rpc.handlers import Continuation, call_request_id, rewrap, streams_responses
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +23,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Refuses every call to a method not in `open_methods` that lacks a valid key, with UNAUTHENTICATED, and a
     call to an `admin_methods` one without an admin key with PERMISSION_DENIED (auth.Keys).
 
-    It runs first, so a refused call never reaches the readiness gate, the request id or the handler;
-    it is counted in `mhaserve_requests_total{code=...}` here.
+    It runs first, so a refused call never reaches the readiness gate or the handler; it is counted in
+    `mhaserve_requests_total{code=...}` here, and logged with its request id, which goes back to the client.
     """
 
     MESSAGE = MESSAGE
@@ -52,6 +53,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None  # UNIMPLEMENTED, as for anyone
         code, message = to_status(refusal)
+        # The request id the call would have had (the client's, or a new one), in the log line and sent back,
+        # as the HTTP port does: a client's refused call can be found in the log.
+        rid = call_request_id(handler_call_details)
+        request_id.set(rid)
         log.info("refused %s: %s", method, reason if token is None else message)
         self.metrics.requests.labels(method.lstrip("/"), code.name).inc()
         # Observed as every answered call is, so that the histogram's _count and the counter agree.
@@ -60,19 +65,20 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         def observe() -> None:
             duration.observe(time.perf_counter() - start)
 
-        return rewrap(handler, _refusal(code, message, observe, streaming=streams_responses(handler)))
+        return rewrap(handler, _refusal(code, message, rid, observe, streaming=streams_responses(handler)))
 
 
-def _refusal(code: grpc.StatusCode, message: str, observe: Callable[[], None], *, streaming: bool) -> Any:
+def _refusal(code: grpc.StatusCode, message: str, rid: str, observe: Callable[[], None], *, streaming: bool) -> Any:
     """A handler that answers `code` without reading the request."""
+    trailer = ((REQUEST_ID_HEADER, rid),)
 
     async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         observe()
-        await context.abort(code, message)
+        await context.abort(code, message, trailing_metadata=trailer)
 
     async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         observe()
-        await context.abort(code, message)
+        await context.abort(code, message, trailing_metadata=trailer)
         yield  # an async generator, as streaming handlers are
 
     return stream if streaming else unary

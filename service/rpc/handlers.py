@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import grpc
 
+from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id
+
 Kind = Literal["unary_unary", "stream_unary", "unary_stream", "stream_stream"]
 KINDS: tuple[Kind, ...] = ("unary_unary", "stream_unary", "unary_stream", "stream_stream")
 Behaviour = Callable[..., Any]
@@ -24,6 +26,12 @@ _FACTORIES = {
     "unary_stream": grpc.unary_stream_rpc_method_handler,
     "stream_stream": grpc.stream_stream_rpc_method_handler,
 }
+
+
+def call_request_id(details: grpc.HandlerCallDetails) -> str:
+    """The call's request id: the client's `x-request-id` metadata if it is a sane one, else a new one."""
+    sent = next((v for k, v in details.invocation_metadata or () if k == REQUEST_ID_HEADER), None)
+    return accept_request_id(sent)
 
 
 def kind(handler: grpc.RpcMethodHandler) -> Kind:

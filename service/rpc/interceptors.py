@@ -24,7 +24,7 @@ import grpc
 import grpc.aio
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
-from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
+from mhaserve.service.context import REQUEST_ID_HEADER, request_id
 from mhaserve.service.errors import to_status
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.metrics import Metrics
@@ -32,6 +32,7 @@ from mhaserve.service.rpc.handlers import (
     Behaviour,
     Continuation,
     behaviour,
+    call_request_id,
     rewrap,
     streams_requests,
     streams_responses,
@@ -86,11 +87,6 @@ async def _parsed_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
     """A stream's requests; one that did not parse ends the stream with INVALID_ARGUMENT there."""
     async for request in requests:
         yield _parsed(request)
-
-
-def _request_id(details: grpc.HandlerCallDetails) -> str:
-    sent = next((v for k, v in details.invocation_metadata or () if k == REQUEST_ID_HEADER), None)
-    return accept_request_id(sent)
 
 
 class _Call:
@@ -163,7 +159,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or is_exempt(full, self.exempt):
             return handler
         method = full.lstrip("/")
-        rid = _request_id(handler_call_details)
+        rid = call_request_id(handler_call_details)
         wrap = self._stream if streams_responses(handler) else self._unary
         parsed = _parsed_stream if streams_requests(handler) else _parsed
         return rewrap(

@@ -22,6 +22,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.service import auth
+from mhaserve.service.context import RequestIdFilter
 from mhaserve.service.server import StartupError
 from mhaserve.service.settings import ApiKeys, Settings, SettingsError
 from mhaserve.testing.http import request
@@ -119,6 +120,24 @@ def test_missing_or_wrong_keys_are_unauthenticated_for_every_kind_of_call(
     assert server.gauge("mhaserve_request_duration_seconds_count") - observed == len(calls(channel))
     assert not any(k[:8] in record.getMessage() for record in caplog.records for k in KEYS)
     assert server.depth() == 0
+
+
+def test_a_refused_call_is_logged_with_its_request_id_and_gets_it_back(
+    channel: grpc.Channel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As on the HTTP port: once the refusal's log line had no request id ("-"), and the client none back."""
+    stub = pb_grpc.EncoderServiceStub(channel)
+    caplog.handler.addFilter(RequestIdFilter())  # what the server's log handler does: the id on each record
+    with caplog.at_level(logging.INFO, logger="mhaserve.service.rpc.auth"):
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Encode(pb.EncodeRequest(texts=["x"]), metadata=(("x-request-id", "client-7f3a"),), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert ("x-request-id", "client-7f3a") in tuple(e.value.trailing_metadata())
+        with pytest.raises(grpc.RpcError) as e:  # none sent: one made up, and sent back
+            stub.Encode(pb.EncodeRequest(texts=["x"]), timeout=WAIT)
+        made_up = dict(e.value.trailing_metadata())["x-request-id"]
+    refused = [r for r in caplog.records if r.getMessage().startswith("refused /encoder.v1.EncoderService/Encode")]
+    assert [getattr(r, "request_id", None) for r in refused] == ["client-7f3a", made_up]
 
 
 def test_every_configured_key_is_let_in(server: ServerThread, channel: grpc.Channel) -> None:
