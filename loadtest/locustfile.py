@@ -204,6 +204,7 @@ class GrpcClient:
     """encoder.v1 over one channel per user."""
 
     request_type = "Encode"
+    info_type = "GetModelInfo"
 
     def __init__(self, host: str, timeout: float) -> None:
         for scheme in ("grpc://", "http://", "dns:///"):
@@ -217,7 +218,10 @@ class GrpcClient:
 
     def model_shape(self, model: str) -> tuple[int, int]:
         """(vocabulary size, most tokens per input) of the model."""
-        info = self.stub.GetModelInfo(pb.GetModelInfoRequest(model=model), timeout=self.timeout)
+        try:
+            info = self.stub.GetModelInfo(pb.GetModelInfoRequest(model=model), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise CallError.from_rpc(e) from None
         return info.vocab_size, info.max_tokens_per_input
 
     def _call(self, request: pb.EncodeRequest) -> Answer:
@@ -241,6 +245,7 @@ class HttpClient:
     """OpenAI `POST /v1/embeddings` over one keep-alive connection per user."""
 
     request_type = "POST"
+    info_type = "GET"
 
     def __init__(self, host: str, timeout: float, encoding_format: str) -> None:
         url = host if "://" in host else f"http://{host}"
@@ -263,7 +268,11 @@ class HttpClient:
 
     def model_shape(self, model: str) -> tuple[int, int]:
         info = orjson.loads(self._request("GET", "/info"))
-        served = next((m for m in info["models"] if model in (m["model"], f"{m['model']}:{m['version']}")), info)
+        if not model:
+            return info["vocab_size"], info["max_input_length"]
+        served = next((m for m in info["models"] if model in (m["model"], f"{m['model']}:{m['version']}")), None)
+        if served is None:  # once the default model's shape, silently
+            raise CallError("HTTP 404", f"model {model!r} is not among the served models (GET /info)")
         return served["vocab_size"], served["max_input_length"]
 
     def _call(self, body: dict[str, Any]) -> Answer:
@@ -339,8 +348,9 @@ class EncoderUser(User):
         if "short" in names:
             self.short = Corpus.load(str(self.opt["short_corpus"] or DEFAULT_SHORT_CORPUS)).all
         self.workloads = [getattr(self, f"task_{n}") for n in names]
-        if "ids" in names:
-            self.ids = self._load_ids()
+        # The ids task's inputs need the model's shape: asked for by that task's first call, not here, since
+        # a user whose start failed (the server not up yet, an unknown --model) died, and the run idled.
+        self.ids: list[list[int]] | None = None
 
     def on_stop(self) -> None:
         if self.client is not None:
@@ -413,6 +423,14 @@ class EncoderUser(User):
 
     def task_ids(self) -> None:
         """One pre-tokenised input: no tokenisation on the server."""
+        if self.ids is None:
+            assert self.client is not None
+            started = time.perf_counter()
+            try:
+                self.ids = self._load_ids()
+            except CallError as e:  # recorded as the failed call it is, and asked again after the back-off
+                self._fire(self.client.info_type, "model info", started, 0, e)
+                return
         self._encode("ids", ids=[random.choice(self.ids)])
 
     def task_bad(self) -> None:

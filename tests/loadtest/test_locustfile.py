@@ -66,6 +66,20 @@ def test_successes_and_failures_named_by_their_status(
         assert (tmp_path / csv_file).stat().st_size > 0
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_ids_workload_records_an_unknown_model_as_failures(
+    tiny_server: Server, tmp_path: Path, protocol: str
+) -> None:
+    """Its users ask for the model's shape first: that call failing once killed each user at its start, and
+    the run idled to its end with no request recorded."""
+    run = _locust(tiny_server, tmp_path, "ids", "--model", "nope", protocol=protocol)
+    assert run.returncode == 1, run.stderr[-3000:]
+    info = _entries(tmp_path)["model info"]
+    assert info["num_failures"] == info["num_requests"] > 0
+    assert ("NOT_FOUND" if protocol == "grpc" else "HTTP 404") in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 def test_exit_status_follows_the_failure_threshold(tiny_server: Server, tmp_path: Path) -> None:
     run = _locust(tiny_server, tmp_path, "short,bad", "--max-fail-ratio", "0.05")
     assert run.returncode == 1
