@@ -250,6 +250,7 @@ class HttpClient:
     def __init__(self, host: str, timeout: float, encoding_format: str) -> None:
         url = host if "://" in host else f"http://{host}"
         self.client = HTTPClient.from_url(url, concurrency=1, connection_timeout=timeout, network_timeout=timeout)
+        self.timeout = timeout
         self.encoding_format = encoding_format
         self.headers = {"Content-Type": "application/json"}
 
@@ -260,7 +261,9 @@ class HttpClient:
         try:
             response = self.client.request(method, path, body=body, headers=self.headers)
             content = bytes(response.read())
-        except (OSError, HTTPException) as e:  # refused, reset, timed out, cut short: no answer
+        except TimeoutError:  # connecting or the answer: as a gRPC deadline, not a connection to back off from
+            raise CallError("TIMEOUT", f"no answer within --rpc-timeout {self.timeout:g} s") from None
+        except (OSError, HTTPException) as e:  # refused, reset, cut short: no answer
             raise CallError("CONNECTION", f"{type(e).__name__}: {e}") from None
         if response.status_code != 200:
             raise CallError.from_http(response.status_code, content)

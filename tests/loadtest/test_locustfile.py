@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,23 @@ def test_the_ids_workload_records_an_unknown_model_as_failures(
     assert info["num_failures"] == info["num_requests"] > 0
     assert ("NOT_FOUND" if protocol == "grpc" else "HTTP 404") in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_an_http_call_past_the_rpc_timeout_is_named_a_timeout(tmp_path: Path) -> None:
+    """Once named CONNECTION, as a refused connection is, and backed off from."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections (the backlog) and never answers
+        host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        cmd = [
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--protocol", "http", "-H", host,
+            "-u", "2", "-r", "2", "-t", "2s", "--only-summary", "--workload", "short", "--rpc-timeout", "0.3",
+            "--json-file", str(tmp_path / "stats"),
+        ]  # fmt: skip
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert run.returncode == 1
+    errors = [m.group(1) for m in re.finditer(r"^\s*\d+\s+(\w+ \w+: .+)$", run.stderr, re.M)]
+    assert errors and all(e.startswith("POST short: TIMEOUT: no answer within --rpc-timeout 0.3 s") for e in errors), (
+        errors
+    )
 
 
 def test_exit_status_follows_the_failure_threshold(tiny_server: Server, tmp_path: Path) -> None:
