@@ -258,6 +258,23 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def unmeasured(args: argparse.Namespace) -> str | None:
+    """Why a protocol given in --protocols would not be measured by the sweep these options make, or None: the
+    run once skipped it without a word."""
+    if args.protocols is None or args.models or args.memory_only:
+        return None
+    opt = resolve(args)
+    http = [p for p in opt["protocols"] if p.startswith("http")]
+    if http and not [w for w in opt["workloads"] if w != "fixed"]:
+        return (
+            f"--protocols {','.join(http)}: HTTP is measured on the workloads sent as text (mixed, short), "
+            f"and --workloads {','.join(opt['workloads'])} has none"
+        )
+    if GRPC_SYNC in opt["protocols"] and 1 not in opt["concurrency"]:
+        return f"--protocols {GRPC_SYNC}: the synchronous stub is measured at 1 client: add 1 to --concurrency"
+    return None
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The `mhaserve bench` command that reproduces a run (the options that were given)."""
     parts = ["mhaserve", "bench"]

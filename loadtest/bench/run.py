@@ -585,6 +585,9 @@ def main(args: argparse.Namespace) -> int:
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # so that the servers this run started are stopped on the way out
 
+    if (problem := options.unmeasured(args)) is not None:
+        print(f"mhaserve bench: error: {problem}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, interrupted)
     try:
         output = models.run(args) if args.models else memory_only.run(args) if args.memory_only else run(args)

@@ -286,6 +286,23 @@ def test_server_args_are_read_before_the_run(server_arg: str, message: str, caps
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--workloads", "fixed", "--protocols", "grpc,http"], "--protocols http: HTTP is measured on the workloads"),
+        (["--concurrency", "32", "--protocols", "grpc,grpc-sync"], "--protocols grpc-sync: the synchronous stub is"),
+    ],
+)
+def test_a_protocol_the_run_would_not_measure_is_refused(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once skipped without a word: the report had no row for it."""
+    from mhaserve.cli.main import main
+
+    assert main(["bench", "--no-torch", "--repository", "/nonexistent/repo", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_report_says_how_the_server_split_its_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     # The "Threads" line once said "all cores" for a server run with --inference-workers=2, whose
     # workers each had half of them.
