@@ -1,8 +1,8 @@
 """The request's context: its id, set once per request by whichever protocol received it, and in every log line.
 
 A client may send `x-request-id` (gRPC metadata or an HTTP header); the server makes one up otherwise
-and sends it back. The id lives in a ContextVar, so each request (its own task) sees its own, down to
-the batcher's log lines about the batch that held it.
+and sends it back. The id lives in a ContextVar, so each request (its own task) sees its own; the
+batcher's tasks have none of their own, and its lines about a batch name the requests that batch held.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import math
 import time
@@ -162,7 +163,12 @@ class Batcher:
     def start(self) -> None:
         if not self._workers:
             loop = asyncio.get_running_loop()
-            self._workers = [loop.create_task(self._run(), name=f"batcher-{i}") for i in range(self._n_batches)]
+            # In a context of their own: a task copies its creator's, and one started by a client's load
+            # request wrote that request's id on every line of the batcher's for as long as the model served.
+            self._workers = [
+                loop.create_task(self._run(), name=f"batcher-{i}", context=contextvars.Context())
+                for i in range(self._n_batches)
+            ]
 
     def drain(self) -> None:
         """Stop waiting for batches to fill: everything queued goes to the model at once."""

@@ -4,6 +4,7 @@ several workers."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -17,6 +18,7 @@ from mhaserve.runtime.errors import DeadlineExceeded, InferenceTimeout, Internal
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.service.batching import Batcher, Limits
 from mhaserve.service.batching.padding import pad
+from mhaserve.service.context import RequestIdFilter, request_id
 from mhaserve.service.metrics import Metrics, ModelMetrics
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT, wait_until
@@ -329,6 +331,27 @@ def test_nan_inf_or_a_base_exception_from_the_engine_fails_the_batch_and_the_bat
         await b.close()
 
     run(main())
+
+
+def test_the_batchers_lines_carry_no_request_id_of_whoever_started_it(caplog: pytest.LogCaptureFixture) -> None:
+    """Its tasks copied the context of their creator: a model loaded by a client's request (explicit model
+    control) logged that request's id on every line of its batcher's while it served."""
+    engine = Faulty()
+    caplog.handler.addFilter(RequestIdFilter())
+
+    async def main() -> None:
+        request_id.set("the-loader")
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0))
+        b.start()
+        request_id.set("a-client")
+        with pytest.raises(Internal):
+            await asyncio.wait_for(b.submit([seq(13, 6)], request_id="a-client"), timeout=WAIT)
+        await b.close()
+
+    with caplog.at_level(logging.ERROR, logger="mhaserve.service.batching.batcher"):
+        run(main())
+    (failed,) = [r for r in caplog.records if r.getMessage().startswith("inference failed on a batch")]
+    assert "a-client" in failed.getMessage() and getattr(failed, "request_id", None) == "-"
 
 
 def test_close_fails_running_and_queued_requests_and_refuses_new_ones() -> None:
