@@ -47,27 +47,33 @@ def _check_key(key: str, where: str) -> str:
     return key
 
 
-def read_keys_file(path: Path) -> list[str]:
-    """The keys of a file: one per line, surrounding blanks stripped, blank lines and `#` comments skipped."""
+def read_keys_file(path: Path, flag: str = "--api-keys-file") -> list[str]:
+    """The keys of a file: one per line, surrounding blanks stripped, blank lines and `#` comments skipped;
+    `flag` names the option that gave it in the errors."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise AuthError(f"cannot read --api-keys-file {path}: {e.strerror or e}") from None
+        raise AuthError(f"cannot read {flag} {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
-        raise AuthError(f"--api-keys-file {path} is not UTF-8 text") from None
+        raise AuthError(f"{flag} {path} is not UTF-8 text") from None
     keys = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if line and not line.startswith("#"):
             keys.append(_check_key(line, f"{path} line {number}"))
     if not keys:
-        raise AuthError(f"--api-keys-file {path} holds no key (one per line; '#' starts a comment)")
+        raise AuthError(f"{flag} {path} holds no key (one per line; '#' starts a comment)")
     return keys
 
 
-def load_keys(keys_file: Path | None, env_keys: Sequence[str] = (), env: str = "MHASERVE_API_KEYS") -> list[str]:
+def load_keys(
+    keys_file: Path | None,
+    env_keys: Sequence[str] = (),
+    env: str = "MHASERVE_API_KEYS",
+    flag: str = "--api-keys-file",
+) -> list[str]:
     """Every configured key, the file's first; empty when authentication is off."""
-    keys = read_keys_file(keys_file) if keys_file is not None else []
+    keys = read_keys_file(keys_file, flag) if keys_file is not None else []
     keys += [_check_key(k, env) for k in env_keys]
     return keys
 

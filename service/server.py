@@ -213,7 +213,9 @@ class EncoderServer:
         try:
             keys = Keys(
                 KeyRing(load_keys(s.api_keys_file, s.api_keys.keys)),
-                KeyRing(load_keys(s.admin_keys_file, s.admin_keys.keys, env="MHASERVE_ADMIN_KEYS")),
+                KeyRing(
+                    load_keys(s.admin_keys_file, s.admin_keys.keys, env="MHASERVE_ADMIN_KEYS", flag="--admin-keys-file")
+                ),
             )
             credentials = tls.server_credentials(tls.TlsMaterial.read(tls_files))
         except (AuthError, tls.TlsError) as e:

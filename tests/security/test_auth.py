@@ -255,6 +255,13 @@ def test_a_missing_keys_file_stops_the_server(tiny_repo: Path, tmp_path: Path) -
     settings = Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, api_keys_file=tmp_path / "nope")
     with pytest.raises(StartupError, match="cannot read --api-keys-file"):
         ServerThread(settings)
+    # the admin keys' file is named by its own flag (once as --api-keys-file, which was not given)
+    settings = dataclasses.replace(settings, api_keys_file=None, admin_keys_file=tmp_path / "admin")
+    with pytest.raises(StartupError, match="cannot read --admin-keys-file"):
+        ServerThread(settings)
+    (tmp_path / "admin").write_text("# none yet\n")
+    with pytest.raises(StartupError, match="--admin-keys-file .* holds no key"):
+        ServerThread(settings)
 
 
 def test_bad_open_methods_are_refused_by_name() -> None:
