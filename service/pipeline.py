@@ -262,14 +262,13 @@ class Pipeline:
         A long text is measured on the tokeniser threads, as it was tokenised: a refusal must not hold the
         event loop longer than serving the text would; past the prefix bound only its start is measured.
         """
-        if self._untruncated is None:
-            self._untruncated = Tokenizer.from_str(self.model.tokenizer.to_str())
-            self._untruncated.no_truncation()
+        loop = asyncio.get_running_loop()
+        if self._untruncated is None:  # a copy of the whole tokenizer, rebuilt from its JSON: not on the loop
+            self._untruncated = await loop.run_in_executor(self._tokenize_pool, untruncated, self.model.tokenizer)
         part = _prefix(text, self.max_tokens * PREFIX_CHARS_PER_TOKEN)
         if len(part) <= INLINE_TOKENIZE_CHARS:
             length = len(self._untruncated.encode(part).ids)
         else:
-            loop = asyncio.get_running_loop()
             encodings = await loop.run_in_executor(self._tokenize_pool, self._untruncated.encode_batch, [part])
             length = len(encodings[0].ids)
         return length, None if part is text else len(part)
@@ -315,6 +314,14 @@ class Pipeline:
                 )
             seqs.append(arr)
         return seqs
+
+
+def untruncated(tokenizer: Tokenizer) -> Tokenizer:
+    """A copy of `tokenizer` that does not truncate (serialised and parsed again: tens of milliseconds for a
+    large vocabulary)."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_truncation()
+    return copy
 
 
 def special_tail(tokenizer: Tokenizer) -> npt.NDArray[np.int64]:
