@@ -206,6 +206,11 @@ class ModelMetrics:
 
     def unloaded(self) -> None:
         """The version is gone: its series go (a dashboard would otherwise show it forever), ready says 0."""
+        self.discard()
+        self.parent.model_ready.labels(*self.labels).set(0)
+
+    def discard(self) -> None:
+        """The version's series go: unloaded, or never served (its warm-up failed)."""
         p = self.parent
         for histogram in (p.tokenize, p.queue_wait, p.inference, p.batch_size, p.batch_tokens, p.padding_fraction):
             histogram.remove(*self.labels)
@@ -216,4 +221,3 @@ class ModelMetrics:
             p.model_requests.remove(*self.labels, code)
         if self._provider is not None:
             p.provider.remove(*self.labels, self._provider)
-        p.model_ready.labels(*self.labels).set(0)

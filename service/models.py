@@ -184,6 +184,8 @@ class ModelManager:
             )
         except BaseException:
             pipeline.close()
+            if not served:  # its series, made for it above, would stay exported for the process's life
+                metrics.discard()
             raise
         pipeline.batcher.start()
         old = self.dataplane.remove(name, version) if served else None

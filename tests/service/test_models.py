@@ -684,6 +684,27 @@ def test_an_explicit_load_of_a_failed_model_tries_again_and_fails_again(tmp_path
         assert srv.samples().get("mhaserve_model_load_failures_total", -1.0, model="nope") == -1.0
 
 
+def test_a_version_whose_warm_up_fails_leaves_no_metric_series(tmp_path: Path) -> None:
+    """Its (model, version) series, made before the warm-up, stayed exported for the life of the process."""
+    export(tmp_path, "m", 1, seed=1)
+    engine = ScriptedEngine()
+    with (
+        ServerThread(settings(tmp_path, "m", model_control="explicit"), engine.factory()) as srv,
+        srv.ready().channel() as channel,
+    ):
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="m"), timeout=WAIT)
+        wait_until(lambda: not srv.samples().has("mhaserve_queue_depth"), "the unloaded version's series gone")
+        engine.fail_on = 1  # the warm-up's inputs are all ones
+        with pytest.raises(grpc.RpcError):
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
+        samples = srv.samples()
+        assert samples.get("mhaserve_model_load_failures_total", model="m") >= 1  # the failure is counted
+        left = {s.name for s in samples if s.labels.get("model") == "m" and s.labels.get("version") == "1"}
+        left -= {"mhaserve_model_load_failures_total", "mhaserve_model_load_failures_created"}
+        assert left == {"mhaserve_model_ready"}, left  # 0 since its unload, and nothing made for the failed load
+
+
 def test_a_manifest_that_disagrees_with_its_graph_is_not_served(tmp_path: Path) -> None:
     """A manifest edited to another hidden size: the server announced one size and answered another."""
     export(tmp_path, "m", 1, seed=1)
