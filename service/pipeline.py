@@ -140,8 +140,7 @@ class Pipeline:
             t2 = time.perf_counter_ns()
             output = self.encode_post(req, model, seqs, embeddings)
         except BaseException as e:  # cancellation included: the request failed either way
-            self.stats.failed(time.perf_counter_ns() - t0)
-            self.metrics.ended(status_name(e))
+            self.refused(e, t0)
             raise
         finally:
             if ticket is not None:
@@ -150,6 +149,13 @@ class Pipeline:
         self.stats.succeeded(inputs=len(seqs), total_ns=t3 - t0, input_ns=t1 - t0, output_ns=t3 - t2)
         self.metrics.ended("OK")
         return output
+
+    def refused(self, error: BaseException, started_ns: int) -> None:
+        """A request for this version failed (`started_ns` from `time.perf_counter_ns`): in the statistics and
+        the metrics alike, whether the pipeline refused it or its protocol's boundary did (a KServe tensor
+        that does not decode)."""
+        self.stats.failed(time.perf_counter_ns() - started_ns)
+        self.metrics.ended(status_name(error))
 
     def validate(self, req: EncodeInput) -> None:
         """The checks that need no tokenisation: which inputs, how many."""

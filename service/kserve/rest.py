@@ -379,9 +379,8 @@ def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status:
             req = validate(InferenceRequest, data)
             encode_input = from_request(req, _Binary(binary), model_name, model_version or None)
             as_binary = _wants_binary(req)  # a bad flag is refused before the model runs, not after
-        except ServiceError:
-            # Refused at this boundary rather than in the pipeline: still a failed request for this model.
-            pipeline.stats.failed(time.perf_counter_ns() - t0)
+        except ServiceError as e:
+            pipeline.refused(e, t0)  # at this boundary rather than in the pipeline: still a failed request
             raise
         output = await pipeline.encode(encode_input)
         return to_response(output, req.id, as_binary)

@@ -89,9 +89,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         t0 = time.perf_counter_ns()
         try:
             encode_input = from_pb(request)
-        except ServiceError:
-            # Refused at this boundary rather than in the pipeline: still a failed request for this model.
-            pipeline.stats.failed(time.perf_counter_ns() - t0)
+        except ServiceError as e:
+            pipeline.refused(e, t0)  # at this boundary rather than in the pipeline: still a failed request
             raise
         output = await pipeline.encode(encode_input, time_left=context.time_remaining())
         return to_pb(output, request.id)

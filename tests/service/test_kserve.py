@@ -29,8 +29,9 @@ from mhaserve.service.kserve.tensors import pack_bytes, strip_padding, unpack_by
 from mhaserve.service.rpc.interceptors import is_exempt
 from mhaserve.service.server import ALWAYS_ANSWERED
 from mhaserve.service.settings import Settings
+from mhaserve.testing import http
 from mhaserve.testing.engines import ScriptedEngine
-from mhaserve.testing.loopback import WAIT, wait_until
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.server import ServerThread
 from tests.conftest import TINY
 
@@ -449,7 +450,7 @@ def counted(srv: ServerThread, code: str) -> float:
 
 def test_both_apis_share_the_batcher_statistics_and_metrics(start: Start, settings: Settings) -> None:
     engine = ScriptedEngine(hang_on=99)
-    srv = start(dataclasses.replace(settings, max_wait_ms=0.0), engine.factory())
+    srv = start(dataclasses.replace(settings, max_wait_ms=0.0, http_port=free_port()), engine.factory())
     try:
         with srv.channel() as channel:
             v2, v1 = pb_grpc.GRPCInferenceServiceStub(channel), epb_grpc.EncoderServiceStub(channel)
@@ -465,6 +466,11 @@ def test_both_apis_share_the_batcher_statistics_and_metrics(start: Start, settin
             assert sorted(engine.batches[-1]) == [[5, 6], [7, 8]]  # one batch, padding stripped
             with pytest.raises(grpc.RpcError):
                 v2.ModelInfer(ids_request([[5]], [[2]]), timeout=WAIT)
+            # refused at the REST adapter's boundary too (a mask that is not 0/1): failed for the model
+            mask = {"name": "attention_mask", "datatype": "INT64", "shape": [1, 1], "data": [2]}
+            ids = {"name": "input_ids", "datatype": "INT64", "shape": [1, 1], "data": [5]}
+            reply = http.request("POST", srv.http_url + "/v2/models/tiny/infer", {"inputs": [ids, mask]})
+            assert reply.status == 400, reply.body
 
             stats = v2.ModelStatistics(pb.ModelStatisticsRequest(), timeout=WAIT)
     finally:
@@ -472,12 +478,18 @@ def test_both_apis_share_the_batcher_statistics_and_metrics(start: Start, settin
     (model,) = stats.model_stats
     s = model.inference_stats
     assert (model.name, model.version) == ("tiny", "1")
-    assert (s.success.count, s.fail.count, model.inference_count) == (3, 1, 3)  # both APIs
+    assert (s.success.count, s.fail.count, model.inference_count) == (3, 2, 3)  # both APIs
     assert model.execution_count == 2 and s.compute_infer.count == 2  # batches: [99], then [5, 6] + [7, 8]
     assert s.queue.count == 3 and s.compute_input.count == s.compute_output.count == 3
     assert all(d.ns > 0 for d in (s.success, s.fail, s.queue, s.compute_input, s.compute_infer, s.compute_output))
     assert model.last_inference > 0
     wait_until(lambda: counted(srv, "OK") == 1 and counted(srv, "INVALID_ARGUMENT") == 1, "ModelInfer counted")
+    # each model's requests by status agree with its statistics (the refusals at decode once missed there)
+    samples = srv.samples()
+    by_code = {
+        c: samples.get("mhaserve_model_requests_total", model="tiny", code=c) for c in ("OK", "INVALID_ARGUMENT")
+    }
+    assert by_code == {"OK": 3, "INVALID_ARGUMENT": 2}
 
 
 def test_health_follows_loading_and_draining(start: Start, settings: Settings) -> None:
