@@ -502,3 +502,19 @@ def test_docs_commands_use_real_profiles_and_services() -> None:
     text = deploy_section() + (ROOT / "docs/deploy.md").read_text()
     assert set(re.findall(r"--profile (\w+)", text)) <= profiles
     assert set(re.findall(r"--scale ([\w-]+)=", text)) <= set(services)
+
+
+# retry-on's keywords in HAProxy's configuration manual (2.6 to 3.x), beside HTTP status codes.
+HAPROXY_RETRY_ON = {"none", "conn-failure", "empty-response", "junk-response", "response-timeout", "0rtt-rejected",
+                    "all-retryable-errors"}  # fmt: skip
+
+
+def test_haproxy_cfg_holds_nothing_only_newer_releases_would_read() -> None:
+    """The tests check the file with Debian's HAProxy 2.6; a `.if version_atleast(2.7)` branch went unchecked
+    and named a retry-on keyword no HAProxy has, and the compose default (the official 3.0 image) refused the
+    whole file."""
+    cfg = (DEPLOY / "haproxy" / "haproxy.cfg").read_text()
+    assert not re.search(r"^\s*\.if\b", cfg, re.M)
+    for line in re.findall(r"^\s*retry-on\s+(.+)$", cfg, re.M):
+        for word in line.split():
+            assert word in HAPROXY_RETRY_ON or re.fullmatch(r"[1-5]\d\d", word), word
