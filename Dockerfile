@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # mhaserve images. Targets:
 #   gpu       (default) the server on CUDA: onnxruntime-gpu with CUDA 13 and cuDNN 9 from pip (no CUDA base
 #             image, no torch); needs the NVIDIA driver and the NVIDIA Container Toolkit on the host

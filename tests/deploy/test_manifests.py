@@ -216,6 +216,13 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env", [])}
 
 
+def image_env() -> dict[str, str]:
+    """The MHASERVE_* variables the serving image's ENV sets (the runtime stage of the Dockerfile)."""
+    text = (ROOT / "Dockerfile").read_text()
+    stage = text.split("\nFROM base AS runtime\n", 1)[1].split("\nFROM ", 1)[0]
+    return dict(re.findall(r"\b(MHASERVE_[A-Z_]+)=(\S+)", stage))
+
+
 def check_pod(pod: dict[str, Any], container: dict[str, Any], grpc_port_name: str) -> None:
     """What every pod spec running the server must get right."""
     defaults = server_defaults()
@@ -224,11 +231,15 @@ def check_pod(pod: dict[str, Any], container: dict[str, Any], grpc_port_name: st
     port = int(env.get("MHASERVE_PORT", defaults.port))
     assert container_ports(container)[grpc_port_name] == port == defaults.port
     assert container["readinessProbe"]["grpc"]["port"] == port, "readiness must ask the gRPC health service"
+    # one slow answer on a busy node must not take the pod out of the endpoints
+    assert container["readinessProbe"].get("failureThreshold", 3) >= 2
     # A liveness failure while draining would kill the drain: it must take longer than the whole drain,
     # which is a preStop hook's sleep (if any), then the drain delay, then the grace period.
     live = container["livenessProbe"]
-    grace = float(env.get("MHASERVE_GRACE_PERIOD", defaults.grace_period))
-    delay = float(env.get("MHASERVE_DRAIN_DELAY", defaults.drain_delay))
+    # What the pod does not set, the image's ENV does (MHASERVE_DRAIN_DELAY=5), before the server's default.
+    image = image_env()
+    grace = float(env.get("MHASERVE_GRACE_PERIOD", image.get("MHASERVE_GRACE_PERIOD", defaults.grace_period)))
+    delay = float(env.get("MHASERVE_DRAIN_DELAY", image.get("MHASERVE_DRAIN_DELAY", defaults.drain_delay)))
     prestop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", ["sleep", "0"])
     assert prestop[0] == "sleep"
     drain = float(prestop[1]) + delay + grace
@@ -287,6 +298,9 @@ def test_hpa_scales_the_deployment_on_a_metric_the_server_exports() -> None:
     spec = hpa["spec"]
     assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "mhaserve"}
     assert 1 <= spec["minReplicas"] <= spec["maxReplicas"]
+    # The HPA owns the count: a `replicas` in the Deployment set it back at every `kubectl apply`.
+    (deploy,) = k8s("Deployment", "deployment.yaml")
+    assert "replicas" not in deploy["spec"]
     pods_metrics = [m["pods"]["metric"]["name"] for m in spec["metrics"] if m["type"] == "Pods"]
     assert pods_metrics and set(pods_metrics) <= metric_samples()
     (pdb,) = k8s("PodDisruptionBudget", "pdb.yaml")
