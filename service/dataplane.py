@@ -15,6 +15,7 @@ from typing import Literal
 
 from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError, Unavailable
 from mhaserve.runtime.manifest import is_number
+from mhaserve.runtime.repository import DEFAULT_MODEL
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 
 # unready: NOT_SERVING for balancers, but requests still served (the drain delay); closing: the listeners
@@ -37,6 +38,7 @@ class DataPlane:
         self._state: State = "new"
         self._pipelines: dict[str, dict[int, Pipeline]] = {}  # name -> version -> pipeline
         self._default = ""
+        self._follow = False  # the default was not named (`*`, or no --model): re-chosen among the served
 
     # ---- what the server does ----------------------------------------------------------------------
 
@@ -66,9 +68,13 @@ class DataPlane:
             self._pipelines.pop(name, None)
         return pipeline
 
-    def set_default(self, name: str) -> None:
-        """The model of requests that name none (the first model the server was told to serve)."""
+    def set_default(self, name: str, *, follow: bool = False) -> None:
+        """The model of requests that name none: the first model the server was told to serve. With `follow`
+        (no model was named: `*`, or none), while `name` is not served, the repository's default among the
+        served models instead (all-minilm-l6-v2 if served, else the first by name): once it was unloaded or
+        removed from the repository, every request that named no model failed, /info too."""
         self._default = name
+        self._follow = follow
 
     def pipelines(self) -> list[Pipeline]:
         """Every model version served, by name then version."""
@@ -122,6 +128,8 @@ class DataPlane:
 
     @property
     def default_model(self) -> str:
+        if self._follow and self._default not in self._pipelines and self._pipelines:
+            return DEFAULT_MODEL if DEFAULT_MODEL in self._pipelines else min(self._pipelines)
         return self._default
 
     def model_names(self) -> list[str]:
@@ -141,11 +149,11 @@ class DataPlane:
             if (refusal := self.refusal()) is not None:
                 raise refusal
             raise NotFound(
-                f"model {(name or self._default).partition(':')[0]!r} is not served here (this server serves no "
+                f"model {(name or self.default_model).partition(':')[0]!r} is not served here (this server serves no "
                 "model now: every one was unloaded)",
                 param="model",
             )
-        name, _, named_version = (name or self._default).partition(":")
+        name, _, named_version = (name or self.default_model).partition(":")
         if named_version and version not in (None, "", 0) and str(version) != named_version:
             raise InvalidArgument(
                 f"the model is named {name}:{named_version} and the version asked for is {version}: ask for one"

@@ -119,9 +119,10 @@ class ModelManager:
 
     async def start(self) -> None:
         """Load every model to serve (at start-up: any failure is the caller's to report)."""
+        named = bool(self.wanted)  # the first model named stays the default; otherwise it follows what is served
         if not self.wanted and not self.all_models:
             self.wanted = [self.repository.default_name()]
-        self.dataplane.set_default(self.default_name())
+        self.dataplane.set_default(self.default_name(), follow=not named)
         for name in self.names():
             await self.sync(name, strict=True)
 

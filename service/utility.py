@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from mhaserve.runtime.errors import InvalidArgument
+from mhaserve.runtime.errors import InvalidArgument, NotFound
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
@@ -116,10 +116,13 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
 
     @api.get("/info", summary="What is served: models, versions, dimensions, limits, device")
     async def info() -> Response:
-        default = dataplane.resolve()
+        try:  # the default model's figures at the top, where it is served; the list of every model always
+            default = describe(dataplane.resolve(), max_message_bytes)
+        except NotFound:
+            default = {}
         return json_response(
             {
-                **describe(default, max_message_bytes),
+                **default,
                 "server": {"name": "mhaserve", "version": server_version()},
                 "models": [describe(p, max_message_bytes) for p in dataplane.pipelines()],
             }

@@ -514,6 +514,37 @@ def test_the_repository_api_is_for_explicit_control_only(two: Path) -> None:
         assert request("POST", srv.http_url + "/v2/repository/index", {}).json()[0]["name"] == "narrow"
 
 
+def test_a_default_not_named_follows_the_served_models_and_info_always_answers(two: Path, tmp_path: Path) -> None:
+    """The default (the first model by name under `*`) was fixed at start: once its folder was removed, every
+    request that named no model failed NOT_FOUND, and /info with it, while another model served."""
+    repo = tmp_path / "repo"
+    shutil.copytree(two, repo)
+    srv = ServerThread(settings(repo, "*", model_control="poll", repository_poll_s=0.1, http_port=free_port())).ready()
+    try:
+        with srv.channel() as channel:
+            assert info(channel).name == "narrow"
+            shutil.rmtree(repo / "narrow")
+            wait_until(lambda: srv.server.dataplane.model_names() == ["wide"], "narrow retired")
+            assert info(channel).name == "wide" and encode(channel).model == "wide"
+        reply = request("GET", srv.http_url + "/info")
+        assert reply.status == 200 and reply.json()["model"] == "wide"
+    finally:
+        srv.stop()
+
+    # A default named with --model stays it: unloaded, a request naming no model is NOT_FOUND, and /info
+    # still lists what is served.
+    explicit = settings(two, "narrow", "wide", model_control="explicit", http_port=free_port())
+    with ServerThread(explicit) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="narrow"), timeout=WAIT)
+        with pytest.raises(grpc.RpcError) as e:
+            encode(channel)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "'narrow' is not served" in str(e.value.details())
+        reply = request("GET", srv.http_url + "/info")
+        assert reply.status == 200 and [m["model"] for m in reply.json()["models"]] == ["wide"]
+        assert "model" not in reply.json()
+
+
 def test_with_every_model_unloaded_a_request_is_not_found_and_a_load_serves_again(two: Path) -> None:
     """Unloaded, a model is not served: NOT_FOUND / 404, as for any model not served, not UNAVAILABLE "still
     loading" (which tells a client to retry the same replica for ever)."""
