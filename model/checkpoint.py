@@ -86,7 +86,9 @@ _MODULES = ("Transformer", "Pooling", "Normalize")
 def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None, str, bool]:
     """(max sequence length, pooling, normalise) from sentence-transformers' files in `path`, if any.
 
-    sentence_bert_config.json's max_seq_length (capped at the position table; None when absent),
+    sentence_bert_config.json's max_seq_length (capped at the position table), else tokenizer_config.json's
+    model_max_length (so capped too: what sentence-transformers' Transformer module takes without the
+    first; None when neither says),
     1_Pooling/config.json's mode (mean by default), and a Normalize module in modules.json. What would make
     sentence-transformers embed otherwise than the graph is refused: a pooling other than exactly one of
     mean and cls, a module other than Transformer, Pooling and Normalize, a transformer in a subfolder
@@ -100,6 +102,12 @@ def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None
             max_seq_len = min(int(n), max_positions) if max_positions else int(n)
         if st.get("do_lower_case"):
             _check_lower_case(path, True, st_cfg)
+    tok_cfg = path / "tokenizer_config.json"
+    if max_seq_len is None and tok_cfg.is_file():
+        n = _read_json(tok_cfg, dict).get("model_max_length")
+        # transformers writes 1e30 for "no limit": then the position table's size, as in sentence-transformers
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0 and (max_positions is None or n < max_positions):
+            max_seq_len = n
 
     pooling = "mean"
     pool_cfg = path / "1_Pooling" / "config.json"

@@ -35,6 +35,21 @@ def test_minilm_config_is_read_from_the_checkpoint() -> None:
     assert sum(p.numel() for p in model.parameters()) == 22_565_376  # all-MiniLM-L6-v2 without its pooler
 
 
+@pytest.mark.parametrize("model_max_length", [128, 10**30])
+def test_without_sentence_transformers_config_the_tokenizers_max_length_caps_it(
+    ckpt_copy: Path, model_max_length: int
+) -> None:
+    """As sentence-transformers' Transformer module: min(max_position_embeddings, model_max_length). The
+    position table alone let a checkpoint whose tokenizer says 128 read 512 tokens, another vector."""
+    from sentence_transformers.models import Transformer
+
+    (ckpt_copy / "sentence_bert_config.json").unlink()
+    cfg = json.loads((ckpt_copy / "tokenizer_config.json").read_text())
+    _write(ckpt_copy / "tokenizer_config.json", cfg | {"model_max_length": model_max_length})
+    _, ckpt = load_encoder(ckpt_copy)
+    assert ckpt.config.max_seq_len == min(512, model_max_length) == Transformer(str(ckpt_copy)).max_seq_length
+
+
 def test_key_mapping() -> None:
     assert map_key("encoder.layer.3.attention.self.query.weight") == "layers.3.attn.q.weight"
     assert map_key("bert.encoder.layer.0.output.LayerNorm.bias") == "layers.0.norm2.bias"
