@@ -308,16 +308,17 @@ class Pipeline:
                 ) from None
             if arr.ndim != 1 or arr.size == 0:
                 raise InvalidArgument(f"input {i} is an empty token list", param="input")
-            if arr.size > self.max_tokens:
-                if not truncate:
-                    raise InvalidArgument(self._too_long(i, arr.size), param="input")
-                arr = self._truncate(arr)
+            # Every id is checked, those truncate drops too: a list with a bad id is a bad request either way.
             lo, hi = int(arr.min()), int(arr.max())
             if lo < 0 or hi >= self.vocab_size:
                 raise InvalidArgument(
                     f"input {i} has token id {lo if lo < 0 else hi}, outside the vocabulary [0, {self.vocab_size})",
                     param="input",
                 )
+            if arr.size > self.max_tokens:
+                if not truncate:
+                    raise InvalidArgument(self._too_long(i, arr.size), param="input")
+                arr = self._truncate(arr)
             seqs.append(arr)
         return seqs
 

@@ -9,6 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tokenizers import Tokenizer
 
 from mhaserve.runtime.errors import InvalidArgument
@@ -196,6 +197,10 @@ def test_token_ids_cut_to_the_maximum_keep_their_closing_special_token_as_a_text
         return [seq.tolist() for seq in await asyncio.wait_for(pipeline.encode_pre(req), WAIT)]
 
     async def main() -> tuple[list[list[int]], ...]:
+        # an id outside the vocabulary in the part truncate drops is still refused (once served as it was cut)
+        past_the_cut = [*full[:300], 99_999, *full[300:]]
+        with pytest.raises(InvalidArgument, match="token id 99999, outside the vocabulary"):
+            await ids(EncodeInput(token_ids=[past_the_cut], truncate=True))
         return (
             await ids(EncodeInput(texts=[text], truncate=True)),
             await ids(EncodeInput(token_ids=[full], truncate=True)),
