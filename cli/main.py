@@ -11,6 +11,7 @@ import argparse
 import importlib
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -465,6 +466,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # ONNX Runtime's Linux wheels (1.31) send usage events to Microsoft and keep a device id under
+    # ~/.cache unless this is set before the library starts: off, unless the user's environment says
+    # otherwise (ORT_DISABLE_TELEMETRY=0). Every subcommand that loads onnxruntime does so after this line.
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

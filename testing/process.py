@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,14 +125,17 @@ def sample(pid: int, t0: float) -> Sample:
 class ServerProcess:
     """`mhaserve serve` (or the fake-engine server, `engine=` a spec) as a child process, logging to a file."""
 
-    def __init__(self, flags: Sequence[str], log_path: Path, *, engine: str | None = None) -> None:
+    def __init__(
+        self, flags: Sequence[str], log_path: Path, *, engine: str | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         if engine is None:
             command = [sys.executable, "-m", "mhaserve.cli", "serve", *flags]
         else:
             command = [sys.executable, "-m", "mhaserve.testing.fake_server", "--engine", engine, *flags]
         self.log_path = log_path
         self._log = log_path.open("w")
-        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        # `env`: the child's whole environment (None: this process's)
+        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, text=True, env=env)
 
     @property
     def pid(self) -> int:

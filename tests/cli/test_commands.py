@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import signal
 import subprocess
@@ -214,3 +215,24 @@ def test_health_exit_status(tiny_repo: Path, capsys: pytest.CaptureFixture[str])
     assert main(["health", "--address", address, "--timeout", "2"]) == 1
     err = capsys.readouterr().err
     assert "UNAVAILABLE" in err or "DEADLINE_EXCEEDED" in err
+
+
+def test_serve_keeps_onnx_runtimes_telemetry_off(tiny_repo: Path, tmp_path: Path) -> None:
+    """onnxruntime's Linux wheels send usage events to Microsoft and write a device id under ~/.cache unless
+    ORT_DISABLE_TELEMETRY is set before the library starts; the CLI sets it (a user's own value wins)."""
+    from mhaserve.testing.process import ServerProcess
+
+    home = tmp_path / "home"
+    home.mkdir()
+    flags = ["--repository", str(tiny_repo), "--model", "tiny", "--device", "cpu", "--port", "0", "--metrics-port", "0",
+             "--http-port", "0"]  # fmt: skip
+    # Not inherited from this process: a test that ran main() here has set it in this process's environment.
+    env = {k: v for k, v in os.environ.items() if k not in ("ORT_DISABLE_TELEMETRY", "XDG_CACHE_HOME")}
+    env["HOME"] = str(home)
+    with (
+        ServerProcess(flags, tmp_path / "serve.log", env=env) as proc,
+        grpc.insecure_channel(proc.wait_serving()) as ch,
+    ):
+        reply = pb_grpc.EncoderServiceStub(ch).Encode(pb.EncodeRequest(texts=["hello"]), timeout=WAIT)
+        assert len(reply.embeddings) == 1
+    assert not (home / ".cache" / "Microsoft").exists(), sorted(str(p) for p in home.rglob("*"))
