@@ -68,8 +68,19 @@ class IndexEntry:
     reason: str
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """ModelManager._plan: what the repository holds of a model, read in one go off the event loop."""
+
+    wanted: list[int]
+    published: set[int]
+    fingerprints: dict[int, Fingerprint]
+    refusal: ServiceError | RepositoryError | None = None
+
+
 class ModelManager:
-    """See the module docstring. Every method runs on the server's event loop."""
+    """See the module docstring. Every method runs on the server's event loop, but `_plan` and what it calls,
+    which read the repository's files in a worker thread."""
 
     def __init__(
         self,
@@ -132,23 +143,24 @@ class ModelManager:
         With `strict`, a version that fails to load raises; else it is reported and skipped.
         """
         async with self._lock(name):
-            try:
-                wanted = self.repository.to_serve(name)
-            except (ServiceError, RepositoryError) as e:
+            # Every read of the repository in one worker thread: on a network file system that stalls, the event
+            # loop (every request, health check and drain) would wait for each stat.
+            plan = await asyncio.to_thread(self._plan, name)
+            if plan.refusal is not None:
                 # The model as a whole (version 0: its serving.json, or no versions): said once, until it changes.
-                fingerprint = self._fingerprint(name, 0)
+                fingerprint = plan.fingerprints[0]
                 if not strict and self._failed_as(name, 0, fingerprint):
                     return
-                self._report(name, 0, e, fingerprint)
+                self._report(name, 0, plan.refusal, fingerprint)
                 if strict:
-                    raise
+                    raise plan.refusal
                 return
-            published = set(self.repository.published(name))
+            wanted, published = plan.wanted, plan.published
             self._forget(name, lambda version: version == 0 or version not in published)
             served = set(self.dataplane.versions(name))
             for version in wanted:
                 key = (name, version)
-                fingerprint = self._fingerprint(name, version)
+                fingerprint = plan.fingerprints[version]
                 if version in served and fingerprint == self._loaded.get(key):
                     continue  # serving what is there
                 # A failed version waits for its files to change; a load asked for (strict) tries again now.
@@ -238,6 +250,17 @@ class ModelManager:
         """Whether the version failed to load from what is there now (and is not to be tried again yet)."""
         key = (name, version)
         return key in self._failed and self._failed[key] == fingerprint
+
+    def _plan(self, name: str) -> _Plan:
+        """What the repository holds of `name` now: the versions to serve, the published ones, and the
+        fingerprint of each version to serve (of version 0, the model as a whole, where it cannot be served).
+        Reads files only: run off the event loop."""
+        try:
+            wanted = self.repository.to_serve(name)
+        except (ServiceError, RepositoryError) as e:
+            return _Plan([], set(), {0: self._fingerprint(name, 0)}, e)
+        published = set(self.repository.published(name))
+        return _Plan(wanted, published, {v: self._fingerprint(name, v) for v in wanted})
 
     def _fingerprint(self, name: str, version: int) -> Fingerprint:
         """What a version's load depends on: each file of its folder (name, size, modification and change
@@ -368,7 +391,7 @@ class ModelManager:
     async def _poll(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            if not self.repository.root.is_dir():
+            if not await asyncio.to_thread(self.repository.root.is_dir):
                 # A remount, a network file system's hiccup, `mv models.new models`: a read error, not a
                 # repository emptied (under `*`, every model would be retired). Nothing changes until it is back.
                 if not self._root_gone:
@@ -379,7 +402,7 @@ class ModelManager:
                 log.info("the model repository %s is back", self.repository.root)
                 self._root_gone = False
             try:
-                names = self.names()
+                names = await asyncio.to_thread(self.names)
                 for name in names:
                     await self.sync(name)
                 if self.all_models:  # models removed from the repository

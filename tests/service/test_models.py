@@ -6,6 +6,7 @@ real sockets, real clients (our stubs, the openai client, tritonclient in its ow
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import io
 import json
@@ -35,6 +36,7 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import entry_dir, read_manifest
+from mhaserve.service import models as models_module
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
@@ -671,6 +673,35 @@ def test_latest_two_keeps_both_served_versions_when_a_newer_one_fails(tmp_path: 
             assert encode(channel, "m", 1).model_version == 1
     finally:
         srv.stop()
+
+
+def test_the_repository_is_read_off_the_event_loop(two: Path, tmp_path: Path) -> None:
+    """Each poll listed, read and stat-ed the repository on the event loop: on a network file system that
+    stalls, every request, health check and drain waited for it."""
+    srv = ServerThread(settings(two, "*", model_control="poll", repository_poll_s=0.05)).ready()
+    on_loop: list[bool] = []
+    repository = srv.server.manager.repository
+    published, stat = repository.published, models_module._stat
+
+    def noting(call: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+                on_loop.append(True)
+            except RuntimeError:
+                on_loop.append(False)
+            return call(*args)
+
+        return wrapper
+
+    try:
+        repository.published = noting(published)  # type: ignore[method-assign]
+        models_module._stat = noting(stat)
+        wait_until(lambda: len(on_loop) >= 10, "a few polls")
+    finally:
+        models_module._stat = stat
+        srv.stop()
+    assert not any(on_loop), f"{sum(on_loop)} of {len(on_loop)} reads on the event loop"
 
 
 def test_a_repository_that_cannot_be_read_for_a_moment_retires_nothing(two: Path, tmp_path: Path) -> None:
