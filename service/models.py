@@ -48,6 +48,7 @@ ALL_MODELS = "*"
 State = Literal["READY", "LOADING", "UNLOADING", "UNAVAILABLE"]
 # Builds a version's pipeline (limits, batcher, hooks) from the loaded model: the server composes it.
 PipelineFactory = Callable[[LoadedModel, ModelMetrics], Pipeline]
+MISSING_VERSION = "named by the version policy of serving.json (specific), but not in the repository"
 # See ModelManager._fingerprint; None where the files cannot be read.
 Fingerprint = tuple[object, ...] | None
 
@@ -75,6 +76,7 @@ class _Plan:
     wanted: list[int]
     published: set[int]
     fingerprints: dict[int, Fingerprint]
+    missing: tuple[int, ...] = ()  # named by a `specific` policy, not published
     refusal: ServiceError | RepositoryError | None = None
 
 
@@ -109,6 +111,7 @@ class ModelManager:
         # tried again (not at every poll).
         self._loaded: dict[tuple[str, int], Fingerprint] = {}
         self._failed: dict[tuple[str, int], Fingerprint] = {}
+        self._missing: set[tuple[str, int]] = set()  # versions a `specific` policy names that are not published
         self._locks: dict[str, asyncio.Lock] = {}
         self._retiring: dict[asyncio.Task[None], Pipeline] = {}
         self._poller: asyncio.Task[None] | None = None
@@ -157,6 +160,7 @@ class ModelManager:
                 return
             wanted, published = plan.wanted, plan.published
             self._forget(name, lambda version: version == 0 or version not in published)
+            self._note_missing(name, plan.missing)
             served = set(self.dataplane.versions(name))
             for version in wanted:
                 key = (name, version)
@@ -258,9 +262,26 @@ class ModelManager:
         try:
             wanted = self.repository.to_serve(name)
         except (ServiceError, RepositoryError) as e:
-            return _Plan([], set(), {0: self._fingerprint(name, 0)}, e)
+            return _Plan([], set(), {0: self._fingerprint(name, 0)}, refusal=e)
         published = set(self.repository.published(name))
-        return _Plan(wanted, published, {v: self._fingerprint(name, v) for v in wanted})
+        policy = self.repository.config(name).version_policy
+        missing = tuple(sorted(set(policy.specific) - published)) if policy.kind == "specific" else ()
+        return _Plan(wanted, published, {v: self._fingerprint(name, v) for v in wanted}, missing)
+
+    def _note_missing(self, name: str, missing: tuple[int, ...]) -> None:
+        """Versions a `specific` policy names that the repository does not hold: UNAVAILABLE in the index and
+        said once in the log (Triton fails such a load; they were ignored without a word), until they are
+        published or no longer named."""
+        for key in [k for k in self._missing if k[0] == name and k[1] not in missing]:
+            self._missing.discard(key)
+            if (state := self.states.get(key)) is not None and state.reason == MISSING_VERSION:
+                del self.states[key]
+        for version in missing:
+            key = (name, version)
+            if key not in self._missing:
+                log.warning("%s version %d: %s", name, version, MISSING_VERSION)
+                self._missing.add(key)
+            self.states[key] = VersionState("UNAVAILABLE", MISSING_VERSION)
 
     def _fingerprint(self, name: str, version: int) -> Fingerprint:
         """What a version's load depends on: each file of its folder (name, size, modification and change

@@ -224,6 +224,29 @@ def test_version_policies_and_naming_a_version(tmp_path: Path) -> None:
         assert list(info(channel).versions) == [1, 2, 3]
 
 
+def test_a_specific_version_not_in_the_repository_is_unavailable_in_the_index_until_published(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once ignored without a word: a policy naming versions 1 and 5, with only 1 there, served 1 and said
+    nothing (Triton fails such a load)."""
+    caplog.set_level(logging.WARNING, logger="mhaserve.service.models")
+    export(tmp_path, "m", 1, seed=11)
+    (tmp_path / "m" / "serving.json").write_text(json.dumps({"version_policy": {"specific": {"versions": [1, 5]}}}))
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.05)).ready()
+    try:
+        time.sleep(0.3)  # a few polls: said once
+        state, reason = _index(srv)[("m", "5")]
+        assert state == "UNAVAILABLE" and "not in the repository" in reason
+        assert _index(srv)[("m", "1")][0] == "READY"
+        said = [r for r in caplog.records if "m version 5" in r.getMessage()]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING
+        publish_copy(tmp_path, "m", 1, 5, seed=5)
+        wait_until(lambda: _index(srv).get(("m", "5"), ("",))[0] == "READY", "version 5 served once published")
+        assert srv.server.dataplane.versions("m") == [1, 5]
+    finally:
+        srv.stop()
+
+
 def test_a_version_copied_in_by_hand_is_served_where_it_was_put(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
