@@ -144,6 +144,7 @@ class ModelRepository:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._renamed: set[Path] = set()  # versions whose manifest records another name or version: said once
 
     def names(self) -> list[str]:
         return mf.models(self.root)
@@ -199,13 +200,18 @@ class ModelRepository:
         try:
             manifest = mf.read_manifest(directory)
             variant = graph if graph != "auto" else ("optimized" if "optimized" in manifest.graphs else "fp32")
+            if variant not in manifest.graphs:  # named by its folder, not by the manifest (a copy may differ)
+                raise RepositoryError(
+                    f"model {name} version {version} has no {variant!r} graph (has: {', '.join(manifest.graphs)})"
+                )
             graph_path = mf.verify_graph(directory, manifest.graph(variant))
             tokenizer_path = mf.verify_tokenizer(directory, manifest)
         except mf.ManifestError as e:
             raise RepositoryError(str(e)) from None
         entry = ModelEntry(manifest, directory, variant, graph_path, tokenizer_path, self.config(name))
         _check_config(entry)
-        if (manifest.name, manifest.version) != (entry.name, entry.version):
+        if (manifest.name, manifest.version) != (entry.name, entry.version) and directory not in self._renamed:
+            self._renamed.add(directory)  # said once, not at each of the start's checks and each reload
             log.warning(
                 "%s: its manifest records %s version %d; served as %s version %d, as its place in the repository says",
                 directory,

@@ -36,6 +36,7 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import entry_dir, read_manifest
+from mhaserve.runtime.repository import RepositoryError
 from mhaserve.service import models as models_module
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.settings import Settings
@@ -272,7 +273,13 @@ def test_a_version_copied_in_by_hand_is_served_where_it_was_put(
             assert list(info(channel).versions) == [2] and encode(channel, "m", 2).model_version == 2
         loads = [r for r in caplog.records if "loaded m version 2" in r.getMessage()]
         assert len(loads) == 1
-        assert any("its manifest records m version 1; served as m version 2" in r.getMessage() for r in caplog.records)
+        said = [
+            r for r in caplog.records if "its manifest records m version 1; served as m version 2" in r.getMessage()
+        ]
+        assert len(said) == 1  # once, not at each check of the version
+        # a graph the copy lacks is named by the folder's version, not the manifest's
+        with pytest.raises(RepositoryError, match="model m version 2 has no 'fp16' graph"):
+            srv.server.manager.repository.entry("m", 2, graph="fp16")
     finally:
         srv.stop()
 
