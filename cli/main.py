@@ -260,6 +260,26 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _address(text: str) -> str:
+    """A server's HOST:PORT; the port defaults to the server's (grpc's own default is 443, where nothing is
+    listening). A target grpc reads itself (`dns:///...`, `unix:...`) is left as it is."""
+    from mhaserve.service.client import DEFAULT_ADDRESS
+
+    port = DEFAULT_ADDRESS.rpartition(":")[2]
+    if text.startswith(("dns:", "unix:", "ipv4:", "ipv6:")) or "://" in text:
+        return text
+    if text.startswith("["):  # an IPv6 address: [::1] or [::1]:50051
+        return text if "]:" in text else f"{text}:{port}"
+    host, colon, given = text.partition(":")
+    if not colon:
+        return f"{text}:{port}"
+    if ":" in given:
+        raise argparse.ArgumentTypeError(f"{text!r}: an IPv6 address goes in brackets, e.g. [::1]:{port}")
+    if not given.isdigit() or not host:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return text
+
+
 def _api_key(text: str) -> str:
     """A key as the server takes them: printable ASCII without spaces (gRPC metadata carries it). Another
     reached grpc core as "INTERNAL: Invalid metadata"."""
@@ -354,7 +374,12 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Embed texts with a running server: one JSON array per text, one per line, or a summary.",
     )
     p.add_argument("texts", nargs="+", metavar="TEXT", help="the texts to embed; '-' alone: one text per line of stdin")
-    p.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server HOST:PORT (default: {DEFAULT_ADDRESS})")
+    p.add_argument(
+        "--address",
+        type=_address,
+        default=DEFAULT_ADDRESS,
+        help=f"server HOST:PORT, the port 50051 if left out (default: {DEFAULT_ADDRESS})",
+    )
     p.add_argument("--model", default="", help="model name (default: the server's)")
     p.add_argument(
         "--normalize",
@@ -374,7 +399,12 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="exit 0 if the server reports SERVING (for container health checks)",
         description="Ask a server's grpc.health.v1 service; print the status; exit 0 only for SERVING.",
     )
-    p.add_argument("--address", default=DEFAULT_ADDRESS, help=f"server HOST:PORT (default: {DEFAULT_ADDRESS})")
+    p.add_argument(
+        "--address",
+        type=_address,
+        default=DEFAULT_ADDRESS,
+        help=f"server HOST:PORT, the port 50051 if left out (default: {DEFAULT_ADDRESS})",
+    )
     p.add_argument("--service", default="", help="service name (default: the whole server)")
     p.add_argument("--timeout", type=_seconds, default=5.0, help="seconds (default: 5)")
     _add_connection(p)

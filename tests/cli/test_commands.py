@@ -196,6 +196,26 @@ def test_encode_reads_stdin_and_refuses_bad_timeouts_and_keys(
         assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_an_address_without_a_port_gets_the_servers_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """grpc's own default is 443: `--address 127.0.0.1` reached for a port nothing listens on."""
+    from mhaserve.cli.main import build_parser
+
+    parser = build_parser()
+    for given, expected in [
+        ("127.0.0.1", "127.0.0.1:50051"),
+        ("localhost:6000", "localhost:6000"),
+        ("[::1]", "[::1]:50051"),
+        ("[::1]:6000", "[::1]:6000"),
+        ("dns:///encoder.internal:50051", "dns:///encoder.internal:50051"),
+    ]:
+        assert parser.parse_args(["health", "--address", given]).address == expected
+        assert parser.parse_args(["encode", "x", "--address", given]).address == expected
+    for bad, message in [("::1", "an IPv6 address goes in brackets"), ("host:port", "is not HOST:PORT")]:
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(["health", "--address", bad])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_health_exit_status(tiny_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     srv = ServerThread(
         Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1)
