@@ -48,11 +48,10 @@ class _Server(ThreadingMixIn, WSGIServer):
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
     """/metrics over HTTP on a daemon thread, a thread per connection, each cut after METRICS_READ_TIMEOUT_S."""
+    host = host.strip("[]")  # `[::]` as well as `::`: getaddrinfo takes the address without brackets
     family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
     server_class = type("MetricsServer", (_Server,), {"address_family": family})
-    httpd: WSGIServer = make_server(
-        host.strip("[]"), port, make_wsgi_app(registry), server_class, handler_class=_Handler
-    )
+    httpd: WSGIServer = make_server(host, port, make_wsgi_app(registry), server_class, handler_class=_Handler)
     thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)
     thread.start()
     return httpd, thread

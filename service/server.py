@@ -122,6 +122,12 @@ class StartupError(RuntimeError):
     """The server cannot start: the message says why and what to do."""
 
 
+def grpc_address(host: str, port: int) -> str:
+    """HOST:PORT as grpc reads it: an IPv6 address (`::`, `::1`, or bracketed already) in brackets."""
+    bare = host.strip("[]")
+    return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
+
+
 class EncoderServer:
     """One model served over gRPC (encoder.v1, Open Inference Protocol, health, reflection) and Prometheus metrics."""
 
@@ -280,7 +286,7 @@ class EncoderServer:
         kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, services)
         self.health.add_to(services)
         add_reflection(services, (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE))
-        address = f"{s.host}:{s.port}"
+        address = grpc_address(s.host, s.port)
         try:
             if credentials is None:
                 self.port = server.add_insecure_port(address)

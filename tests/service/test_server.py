@@ -666,3 +666,21 @@ def test_once_stopped_serve_lets_the_calls_still_running_finish_before_the_loop_
 
     assert asyncio.run(scenario()) == (True, True)
     asyncio.run(server_module._settle(5.0))  # nothing left: returns at once
+
+
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_an_ipv6_host_serves_grpc_http_and_metrics(tiny_repo: Path, host: str) -> None:
+    """`--host ::` could not listen (grpc's address was not bracketed) and `--host [::]` could not serve
+    metrics (getaddrinfo was given the brackets): an IPv6-only cluster could not run the server."""
+    from mhaserve.testing.server import local_settings
+
+    settings = local_settings(tiny_repo, host=host)
+    with ServerThread(settings) as srv:
+        srv.ready()
+        with grpc.insecure_channel(f"[::1]:{srv.server.port}") as channel:
+            reply = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["over IPv6"]), timeout=WAIT)
+            assert len(reply.embeddings) == 1
+        assert http.request("GET", f"http://[::1]:{srv.server.http_port}/health").status == 200
+        assert http.request("GET", f"http://[::1]:{settings.metrics_port}/metrics").status == 200
+    assert server_module.grpc_address("0.0.0.0", 1) == "0.0.0.0:1"
+    assert server_module.grpc_address("::", 1) == server_module.grpc_address("[::]", 1) == "[::]:1"
