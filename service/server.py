@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING_CALLS = 20_000
 IDLE_CONNECTION_S = 300  # a gRPC connection with no call for this long is closed (GOAWAY)
+CONNECTION_AGE_GRACE_S = 300  # with --max-connection-age, what calls in flight get after the GOAWAY
 SETTLE_S = 1.0  # the most serve() waits, once stopped, for calls gRPC handed over as it stopped (_settle)
 # Methods that answer while the model loads and while the server drains: health checks, reflection, and
 # the Open Inference Protocol's own health methods (which answer false then). The call interceptor
@@ -273,6 +274,17 @@ class EncoderServer:
                 # GOAWAY, which clients answer by connecting again at their next call.
                 ("grpc.server_handshake_timeout_ms", int(s.http_header_timeout * 1000)),
                 ("grpc.max_connection_idle_ms", IDLE_CONNECTION_S * 1000),
+                # --max-connection-age: a connection's GOAWAY after that long (grpc adds up to 10 % of jitter,
+                # so that replicas' clients do not all reconnect at once), then CONNECTION_AGE_GRACE_S for
+                # the calls in flight: a stream open longer than both is cut and its client starts another.
+                *(
+                    [
+                        ("grpc.max_connection_age_ms", int(s.max_connection_age * 1000)),
+                        ("grpc.max_connection_age_grace_ms", CONNECTION_AGE_GRACE_S * 1000),
+                    ]
+                    if s.max_connection_age
+                    else []
+                ),
             ],
         )
         # Generic handlers only: a registered method costs grpc.aio's accept loop a turn over every method

@@ -282,6 +282,17 @@ class Settings:
             metavar="SECONDS",
         ),
     )
+    max_connection_age: float = field(
+        default=0.0,
+        metadata=_opt(
+            "seconds a gRPC connection lives before the server asks its client to connect again (a GOAWAY; "
+            "calls in flight get 5 more minutes), so that clients spread over replicas added since: a gRPC "
+            "connection otherwise stays with its replica for good, through a Kubernetes Service or a headless "
+            "one (0: no limit)",
+            float,
+            metavar="SECONDS",
+        ),
+    )
     inference_timeout: float = field(
         default=60.0,
         metadata=_opt(
@@ -402,6 +413,7 @@ class Settings:
         _check_client_batch(client, queue)
         positive("inference_timeout", self.inference_timeout, zero=True)
         positive("http_header_timeout", self.http_header_timeout)
+        positive("max_connection_age", self.max_connection_age, zero=True)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError("--tls-cert and --tls-key go together: set both to serve TLS, or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:

@@ -684,3 +684,21 @@ def test_an_ipv6_host_serves_grpc_http_and_metrics(tiny_repo: Path, host: str) -
         assert http.request("GET", f"http://[::1]:{settings.metrics_port}/metrics").status == 200
     assert server_module.grpc_address("0.0.0.0", 1) == "0.0.0.0:1"
     assert server_module.grpc_address("::", 1) == server_module.grpc_address("[::]", 1) == "[::]:1"
+
+
+def test_max_connection_age_sends_clients_away_to_connect_again(tiny_repo: Path) -> None:
+    """A gRPC connection stayed with its replica for good, through a Kubernetes Service or a headless one:
+    replicas the autoscaler added got none of the clients already connected."""
+    from mhaserve.testing.server import bare_settings
+
+    states: list[grpc.ChannelConnectivity] = []
+    with ServerThread(bare_settings(tiny_repo, "tiny", max_connection_age=0.5)) as srv:
+        srv.ready()
+        with srv.channel() as channel:
+            channel.subscribe(states.append, try_to_connect=False)
+            stub = pb_grpc.EncoderServiceStub(channel)
+            assert len(stub.Encode(pb.EncodeRequest(texts=["a"]), timeout=WAIT).embeddings) == 1
+            # the GOAWAY: the channel goes idle, and its next call connects again
+            wait_until(lambda: states[-1] == grpc.ChannelConnectivity.IDLE, "the connection's GOAWAY", 10)
+            assert len(stub.Encode(pb.EncodeRequest(texts=["b"]), timeout=WAIT).embeddings) == 1
+    assert states.count(grpc.ChannelConnectivity.READY) >= 2
