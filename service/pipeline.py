@@ -222,8 +222,8 @@ class Pipeline:
         return encode_long(self.model.tokenizer, texts, self.max_tokens * PREFIX_CHARS_PER_TOKEN)
 
     async def encode_pre(self, req: EncodeInput) -> list[Ids]:
-        """Validate and tokenise: one int64 array per input, within the model's length and vocabulary."""
-        self.validate(req)
+        """Tokenise a request `validate` passed: one int64 array per input, within the model's length and
+        vocabulary."""
         if req.texts:
             encodings = await self.tokenize(self.prompted(req), truncate=req.truncate)
             return [np.asarray(enc.ids, dtype=np.int64) for enc in encodings]
