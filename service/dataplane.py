@@ -187,12 +187,6 @@ def _version_number(version: int | str) -> int | None:
     return int(version) if is_number(version) else None
 
 
-def split_name(name: str) -> tuple[str, int | None]:
-    """`name:version` -> (name, version); a plain name -> (name, None)."""
-    base, _, version = name.partition(":")
-    return base, int(version) if is_number(version) else None
-
-
 def _listing(pipelines: dict[str, dict[int, Pipeline]]) -> str:
     names: Iterable[str] = sorted(pipelines)
     return ", ".join(repr(n) for n in names) or "nothing yet"

@@ -64,11 +64,14 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "mhaserve_requests", "RPCs answered, by method and gRPC status code", ["method", "code"], registry=r
+            "mhaserve_requests",
+            "Requests answered (gRPC calls and HTTP requests), by method or route and gRPC status code",
+            ["method", "code"],
+            registry=r,
         )
         self.request_duration = Histogram(
             "mhaserve_request_duration_seconds",
-            "Time from receiving an RPC to answering it",
+            "Time from receiving a request (gRPC call or HTTP request) to answering it",
             ["method"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -79,7 +82,9 @@ class Metrics:
             ["method", "code"],
             registry=r,
         )
-        self.in_flight = Gauge("mhaserve_requests_in_flight", "RPCs being handled now", registry=r)
+        self.in_flight = Gauge(
+            "mhaserve_requests_in_flight", "Requests being handled now (gRPC calls and HTTP requests)", registry=r
+        )
         # What health and readiness report, for alerts: the metrics port answers while the server loads,
         # stalls or drains, so `up` alone does not tell a replica that serves from one that does not.
         self.ready = Gauge(

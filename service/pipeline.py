@@ -127,7 +127,6 @@ class Pipeline:
     async def _encode(self, req: EncodeInput, time_left: float | None) -> EncodeOutput:
         loop = asyncio.get_running_loop()
         deadline = None if time_left is None else loop.time() + time_left
-        model = self.model
         t0 = time.perf_counter_ns()
         ticket: Ticket | None = None
         try:
@@ -138,7 +137,7 @@ class Pipeline:
             t1 = time.perf_counter_ns()
             embeddings = await self.batcher.submit(seqs, deadline=deadline, request_id=request_id.get(), ticket=ticket)
             t2 = time.perf_counter_ns()
-            output = self.encode_post(req, model, seqs, embeddings)
+            output = self.encode_post(req, seqs, embeddings)
         except BaseException as e:  # cancellation included: the request failed either way
             self.refused(e, t0)
             raise
@@ -237,9 +236,8 @@ class Pipeline:
         prompt = self.prompts[name]
         return [prompt + text for text in req.texts]
 
-    def encode_post(
-        self, req: EncodeInput, model: LoadedModel, seqs: list[Ids], embeddings: Embeddings
-    ) -> EncodeOutput:
+    def encode_post(self, req: EncodeInput, seqs: list[Ids], embeddings: Embeddings) -> EncodeOutput:
+        model = self.model
         if req.dimensions is not None:
             # Matryoshka: the leading dimensions are an embedding of their own once renormalised.
             embeddings = l2_normalize(np.ascontiguousarray(embeddings[:, : req.dimensions]))

@@ -130,7 +130,8 @@ def grpc_address(host: str, port: int) -> str:
 
 
 class EncoderServer:
-    """One model served over gRPC (encoder.v1, Open Inference Protocol, health, reflection) and Prometheus metrics."""
+    """The server: the models of a repository over gRPC (encoder.v1, the Open Inference Protocol, health,
+    reflection) and HTTP (OpenAI's embeddings, KServe REST, /tokenize, /info, /health), and Prometheus metrics."""
 
     def __init__(
         self,
@@ -197,10 +198,6 @@ class EncoderServer:
     def model(self) -> LoadedModel | None:
         return None if self.pipeline is None else self.pipeline.model
 
-    @property
-    def batcher(self) -> Batcher | None:
-        return None if self.pipeline is None else self.pipeline.batcher
-
     async def start(self) -> None:
         """Find and verify the models, bind the ports, and start loading; `ready()` waits for the rest.
 
@@ -254,11 +251,11 @@ class EncoderServer:
             if keys.enabled
             else []
         )
-        self._calls = ServiceInterceptor(
+        calls = ServiceInterceptor(
             self.metrics, self.dataplane.admission, exempt=ALWAYS_ANSWERED, in_flight=self.in_flight
         )
         server = grpc.aio.server(
-            interceptors=[*auth, self._calls, DrainInterceptor(self._drain, exempt=ALWAYS_ANSWERED)],
+            interceptors=[*auth, calls, DrainInterceptor(self._drain, exempt=ALWAYS_ANSWERED)],
             options=[
                 ("grpc.max_receive_message_length", s.max_message_bytes),
                 # A port in use is an error, not a silent share, unless shared on purpose (--processes).

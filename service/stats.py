@@ -1,7 +1,8 @@
 """Per-model inference statistics, in the shape of Triton's ModelStatistics (the "statistics" extension).
 
-The pipeline feeds them for every request of either API (encoder.v1 and the Open Inference Protocol):
-Triton's statistics describe a model's load, whichever client sent it. What the pipeline times per
+The pipeline feeds them for every request of every API (encoder.v1, the Open Inference Protocol, OpenAI's),
+and the KServe adapters for the requests they refuse at decode (Pipeline.refused): Triton's statistics
+describe a model's load, whichever client sent it. What the pipeline times per
 request: the whole request (success or fail), validation and tokenisation (compute_input), and
 normalisation (compute_output). What the batcher already times is read from its Prometheus histograms,
 not measured twice:

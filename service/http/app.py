@@ -82,7 +82,7 @@ def build(
         # 405 (a route without this method): no counterpart in the error map, so said here.
         request.scope[CODE_KEY] = "UNIMPLEMENTED"
         message = f"{request.method} is not allowed on {request.url.path}"
-        body = error_body(request.url.path, error.status_code, "invalid_request_error", message, None, "unimplemented")
+        body = error_body(request.url.path, "invalid_request_error", message, None, "unimplemented")
         headers: dict[str, Any] = dict(error.headers or {})
         return Response(body, status_code=error.status_code, headers=headers, media_type="application/json")
 

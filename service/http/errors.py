@@ -22,7 +22,7 @@ RETRY_AFTER_SECONDS = 1
 CODE_KEY = "mhaserve.code"  # the scope key where the status name in gRPC's vocabulary is left for the metrics
 
 
-def error_body(path: str, status: int, kind: str, message: str, param: str | None, code: str) -> bytes:
+def error_body(path: str, kind: str, message: str, param: str | None, code: str) -> bytes:
     if path == KSERVE_PREFIX or path.startswith(KSERVE_PREFIX + "/"):
         return orjson.dumps({"error": message})
     return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
@@ -45,4 +45,4 @@ def render(
     body_code = "model_not_found" if isinstance(error, NotFound) and param == "model" else code.lower()
     if http.status in (429, 503):
         headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
-    return http.status, headers, error_body(path, http.status, http.type, message, param, body_code)
+    return http.status, headers, error_body(path, http.type, message, param, body_code)

@@ -31,6 +31,9 @@ from mhaserve.service.tls import TlsFiles
 log = logging.getLogger(__name__)
 
 BACKLOG = 2048
+# An idle keep-alive connection is closed after this long; a balancer's pool must close its own sooner
+# (deploy/haproxy and deploy/nginx keep theirs 4 s), or it sends requests on connections being closed.
+KEEP_ALIVE_S = 5
 # The request line and headers together; nginx's default allows 4 lines of 8 KB, Node 16 KB in all.
 MAX_HEADER_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped before it closes
@@ -174,7 +177,6 @@ class HttpServer:
         port: int,
         tls: TlsFiles,
         read_timeout: float,
-        keep_alive: int = 5,
         reuse_port: bool = False,
     ) -> None:
         protocol = type("Protocol", (ReadTimeoutProtocol,), {"read_timeout": read_timeout})
@@ -191,7 +193,7 @@ class HttpServer:
             access_log=False,  # the middleware logs each request, with its id, at debug
             server_header=False,
             proxy_headers=False,
-            timeout_keep_alive=keep_alive,
+            timeout_keep_alive=KEEP_ALIVE_S,
             backlog=BACKLOG,
             ssl_certfile=str(tls.cert) if tls.cert else None,
             ssl_keyfile=str(tls.key) if tls.key else None,

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from mhaserve.service.auth import MESSAGE, Keys, bearer, is_open
+from mhaserve.service.auth import Keys, bearer, is_open
 from mhaserve.service.context import REQUEST_ID_HEADER, request_id
 from mhaserve.service.errors import to_status
 from mhaserve.service.metrics import Metrics
@@ -26,8 +26,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     It runs first, so a refused call never reaches the readiness gate or the handler; it is counted in
     `mhaserve_requests_total{code=...}` here, and logged with its request id, which goes back to the client.
     """
-
-    MESSAGE = MESSAGE
 
     def __init__(
         self, keys: Keys, open_methods: Sequence[str], metrics: Metrics, admin_methods: Sequence[str] = ()
