@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from mhaserve.model.config import EncoderConfig
+from mhaserve.model.config import EncoderConfig, PoolingMode
 from mhaserve.model.encoder import Encoder
 
 
@@ -83,7 +83,7 @@ def _read_json(path: Path, kind: type = object) -> Any:
 _MODULES = ("Transformer", "Pooling", "Normalize")
 
 
-def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None, str, bool]:
+def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None, PoolingMode, bool]:
     """(max sequence length, pooling, normalise) from sentence-transformers' files in `path`, if any.
 
     sentence_bert_config.json's max_seq_length (capped at the position table), else tokenizer_config.json's
@@ -109,7 +109,7 @@ def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None
         if isinstance(n, int) and not isinstance(n, bool) and n > 0 and (max_positions is None or n < max_positions):
             max_seq_len = n
 
-    pooling = "mean"
+    pooling: PoolingMode = "mean"
     pool_cfg = path / "1_Pooling" / "config.json"
     if pool_cfg.is_file():
         modes = sorted(k for k, v in _read_json(pool_cfg, dict).items() if k.startswith("pooling_mode_") and v)
@@ -205,7 +205,7 @@ def read_config(path: Path) -> EncoderConfig:
         max_seq_len=max_seq_len,
         type_vocab_size=int(hf.get("type_vocab_size", 2)),
         layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
-        pooling=pooling,  # type: ignore[arg-type]
+        pooling=pooling,
         normalize=normalize,
         pad_token_id=int(hf.get("pad_token_id") or 0),
     )

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 Positional = Literal["learned", "sinusoidal"]
-Pooling = Literal["mean", "cls"]
+PoolingMode = Literal["mean", "cls"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class EncoderConfig:
     type_vocab_size: int = 2
     positional: Positional = "learned"
     layer_norm_eps: float = 1e-12
-    pooling: Pooling = "mean"
+    pooling: PoolingMode = "mean"
     # Whether the model's users expect unit vectors (the server applies it; the graph does not).
     normalize: bool = True
     pad_token_id: int = 0

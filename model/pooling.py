@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from mhaserve.model.config import PoolingMode
+
 
 class Pooling(nn.Module):
-    """Mean over the real (unmasked) tokens, or the first ([CLS]) token's state."""
+    """Mean over the real (unmasked) tokens, or the first ([CLS]) token's state (EncoderConfig checked which)."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: PoolingMode) -> None:
         super().__init__()
-        if mode not in ("mean", "cls"):
-            raise ValueError(f"unknown pooling {mode!r}")
         self.mode = mode
 
     def forward(self, x: Tensor, attention_mask: Tensor) -> Tensor:

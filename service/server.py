@@ -169,7 +169,7 @@ class EncoderServer:
             graph=settings.graph,
             engine_factory=self.engine_factory,
             make_pipeline=self._pipeline,
-            control=settings.model_control,  # type: ignore[arg-type]
+            control=settings.model_control,
         )
         # The inference threads every model's batches take turns on (see Batcher's executor), and the
         # tokeniser threads every model shares.

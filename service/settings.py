@@ -21,7 +21,7 @@ from mhaserve.runtime.engine import DEVICES, Device, cuda_device_visible
 from mhaserve.runtime.repository import GRAPHS, GraphChoice
 from mhaserve.service.auth import OPEN_METHODS
 from mhaserve.service.batching import BATCHING, CPU_LIMITS, CUDA_LIMITS, Batching, Limits
-from mhaserve.service.models import CONTROLS
+from mhaserve.service.models import CONTROLS, Control
 
 ENV_PREFIX = "MHASERVE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -110,7 +110,7 @@ class Settings:
         )
         | {"repeatable": True},
     )
-    model_control: str = field(
+    model_control: Control = field(
         default="none",
         metadata=_opt(
             "how the served versions change while serving: none (the models named, at start-up), poll (read the "
