@@ -61,6 +61,10 @@ class InferenceTimeout(Unavailable):
     """A batch computed for longer than the inference timeout (the watchdog): HTTP 504."""
 
 
+class Unimplemented(ServiceError):
+    """The server has no such method (gRPC) or the route takes another HTTP method (HTTP 405)."""
+
+
 class DeadlineExceeded(ServiceError):
     """The client's deadline passed."""
 

@@ -1,8 +1,9 @@
 """The one map from an error to what a client sees: a gRPC status, or an HTTP status and error type.
 
 The errors themselves are protocol-neutral (`mhaserve.runtime.errors`); adapters never choose a status
-of their own. Anything that is not a ServiceError is a bug: its text may hold internals, so it never
-leaves the server (the interceptor or middleware logs it with the request id).
+of their own (the HTTP router's own 404 and 405 become NotFound and Unimplemented too). Anything that is
+not a ServiceError is a bug: its text may hold internals, so it never leaves the server (the interceptor
+or middleware logs it with the request id, which the client's message names).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mhaserve.runtime.errors import (
     TooLarge,
     Unauthenticated,
     Unavailable,
+    Unimplemented,
     UnsupportedMediaType,
 )
 
@@ -56,6 +58,7 @@ _GRPC: tuple[tuple[type[ServiceError], grpc.StatusCode], ...] = (
     (Cancelled, grpc.StatusCode.CANCELLED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (Unimplemented, grpc.StatusCode.UNIMPLEMENTED),
     (Internal, grpc.StatusCode.INTERNAL),
 )
 
@@ -77,6 +80,7 @@ _HTTP: tuple[tuple[type[ServiceError], HttpStatus], ...] = (
     (Cancelled, HttpStatus(499, "server_error")),
     (Unauthenticated, HttpStatus(401, "authentication_error")),
     (PermissionDenied, HttpStatus(403, "permission_error")),
+    (Unimplemented, HttpStatus(405, "invalid_request_error")),
     (Internal, HttpStatus(500, "server_error")),
 )
 INTERNAL_HTTP = HttpStatus(500, "server_error")
@@ -96,20 +100,28 @@ def status_name(error: BaseException) -> str:
     return "CANCELLED" if isinstance(error, asyncio.CancelledError) else grpc_code(error).name
 
 
-def to_status(error: BaseException) -> tuple[grpc.StatusCode, str]:
-    """What a gRPC client sees: the error's status and message, or INTERNAL and "internal error" for a bug."""
+def to_status(error: BaseException, request_id: str | None = None) -> tuple[grpc.StatusCode, str]:
+    """What a gRPC client sees: the error's status and message, or INTERNAL and "internal error" for a bug.
+    With `request_id`, an INTERNAL message says where the details are."""
     if isinstance(error, ServiceError):
-        return grpc_code(error), shorten(error.message)
-    return grpc.StatusCode.INTERNAL, "internal error"
+        code, message = grpc_code(error), shorten(error.message)
+    else:
+        code, message = grpc.StatusCode.INTERNAL, "internal error"
+    return code, _pointing_to_the_log(message, request_id) if code == grpc.StatusCode.INTERNAL else message
 
 
-def to_http(error: BaseException) -> tuple[HttpStatus, str]:
+def to_http(error: BaseException, request_id: str | None = None) -> tuple[HttpStatus, str]:
     """What an HTTP client sees: the status and error type, and the message (the same one gRPC sends)."""
+    status, message = INTERNAL_HTTP, "internal error"
     if isinstance(error, ServiceError):
-        for cls, status in _HTTP:
-            if isinstance(error, cls):
-                return status, shorten(error.message)
-    return INTERNAL_HTTP, "internal error"
+        status = next((s for cls, s in _HTTP if isinstance(error, cls)), INTERNAL_HTTP)
+        message = shorten(error.message)
+    return status, _pointing_to_the_log(message, request_id) if status.status == 500 else message
+
+
+def _pointing_to_the_log(message: str, request_id: str | None) -> str:
+    """A server error's message names the request id its details are logged under (they never leave the server)."""
+    return message if request_id is None else f"{message} (request id {request_id}; details are in the server log)"
 
 
 def shorten(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:

@@ -11,19 +11,18 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 from starlette.types import Scope
 
-from mhaserve.runtime.errors import NotFound, ServiceError
+from mhaserve.runtime.errors import NotFound, ServiceError, Unimplemented
 from mhaserve.service import openai, utility
 from mhaserve.service.auth import Keys
 from mhaserve.service.context import request_id
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.errors import CODE_KEY, error_body, render
+from mhaserve.service.http.errors import render
 from mhaserve.service.http.middleware import ASGIApp, CallMiddleware, FastRoute, loggable
 from mhaserve.service.http.openapi import add_schemas
 from mhaserve.service.inflight import InFlight
@@ -67,9 +66,9 @@ def build(
     app.include_router(utility.router(dataplane, max_message_bytes=max_body_bytes))
     add_schemas(app, [openai.EmbeddingRequest, kserve_rest.InferenceRequest, utility.TokenizeRequest])
 
-    def respond(request: Request, error: BaseException) -> Response:
+    def respond(request: Request, error: BaseException, extra: dict[str, str] | None = None) -> Response:
         status, headers, body = render(error, request.url.path, request_id.get(), request.scope)
-        return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
+        return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers} | (extra or {}))
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, error: ServiceError) -> Response:
@@ -79,12 +78,10 @@ def build(
     async def router_error(request: Request, error: StarletteHTTPException) -> Response:
         if error.status_code == 404:
             return respond(request, NotFound(f"no route {request.method} {request.url.path}"))
-        # 405 (a route without this method): no counterpart in the error map, so said here.
-        request.scope[CODE_KEY] = "UNIMPLEMENTED"
-        message = f"{request.method} is not allowed on {request.url.path}"
-        body = error_body(request.url.path, "invalid_request_error", message, None, "unimplemented")
-        headers: dict[str, Any] = dict(error.headers or {})
-        return Response(body, status_code=error.status_code, headers=headers, media_type="application/json")
+        # 405: a route without this method (the router's Allow header says which it takes)
+        return respond(
+            request, Unimplemented(f"{request.method} is not allowed on {request.url.path}"), dict(error.headers or {})
+        )
 
     @app.exception_handler(Exception)
     async def bug(request: Request, error: Exception) -> Response:

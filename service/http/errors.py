@@ -33,10 +33,8 @@ def render(
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """(status, headers, body) for an error raised while handling `path`. Anything that is not a
     ServiceError is a bug: 500, and a message that points to the log by the request id."""
-    http, message = to_http(error)
+    http, message = to_http(error, request_id)
     code = grpc_code(error).name
-    if http.status == 500:
-        message = f"{message} (request id {request_id}; details are in the server log)"
     param = error.param if isinstance(error, ServiceError) else None
     if scope is not None:
         scope[CODE_KEY] = code

@@ -65,10 +65,6 @@ def loggable(path: str) -> str:
     return path if path.isprintable() else ascii(path)
 
 
-# A status the error map did not produce (the router's own 404 and 405), in gRPC's vocabulary for the metrics.
-_CODES = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}
-
-
 # A body over the limit is read and dropped up to this size before the 413, so the client sees the answer.
 DRAIN_BYTES = 64 << 20
 UNREAD_KEY = "mhaserve.unread"  # the scope key set when a request's body was left unread
@@ -351,7 +347,8 @@ class CallMiddleware:
         route = scope.get("route")
         path = route.path if route is not None else self.route_of(scope)
         method = f"{scope['method']} {path or '(no route)'}"
-        code = scope.get(CODE_KEY) or ("OK" if 200 <= status < 400 else _CODES.get(status, "UNKNOWN"))
+        # Every error answer passes the error map (errors.render), which leaves its status name in the scope.
+        code = scope.get(CODE_KEY) or ("OK" if 200 <= status < 400 else "UNKNOWN")
         self.metrics.requests.labels(method, code).inc()
         self.metrics.request_duration.labels(method).observe(elapsed)
         if log.isEnabledFor(logging.DEBUG):  # every request passes here: escape its path only for a line written

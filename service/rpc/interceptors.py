@@ -112,13 +112,15 @@ class _Call:
             raise refusal
 
     async def fail(self, error: Exception) -> None:
-        code, message = to_status(error)
+        code, message = to_status(error, self.rid)
         if code == grpc.StatusCode.INTERNAL:
             # A ServiceError was logged where it arose; anything else is a bug and needs its traceback.
             log.error(
-                "%s failed: %s", self.method, message, exc_info=None if isinstance(error, ServiceError) else error
+                "%s failed: %s",
+                self.method,
+                to_status(error)[1],
+                exc_info=None if isinstance(error, ServiceError) else error,
             )
-            message = f"{message} (request id {self.rid}; details are in the server log)"
         self.code = code
         await self.context.abort(code, message, trailing_metadata=((REQUEST_ID_HEADER, self.rid),))
 

@@ -18,6 +18,7 @@ CASES = [
     (e.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED, 504, "server_error"),
     (e.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, 401, "authentication_error"),
     (e.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED, 403, "permission_error"),
+    (e.Unimplemented, grpc.StatusCode.UNIMPLEMENTED, 405, "invalid_request_error"),
     (e.Internal, grpc.StatusCode.INTERNAL, 500, "server_error"),
 ]
 
@@ -26,9 +27,12 @@ CASES = [
 def test_each_error_has_one_grpc_code_and_one_http_status(
     error: type[e.ServiceError], code: grpc.StatusCode, status: int, kind: str
 ) -> None:
+    internal = " (request id r1; details are in the server log)" if code == grpc.StatusCode.INTERNAL else ""
     assert to_status(error("because")) == (code, "because")
+    assert to_status(error("because"), "r1") == (code, "because" + internal)
     http, message = to_http(error("because"))
     assert (http.status, http.type, message) == (status, kind, "because")
+    assert to_http(error("because"), "r1")[1] == "because" + internal
 
 
 def test_a_subclass_answers_as_its_base() -> None:

@@ -166,8 +166,11 @@ def test_a_chunked_body_over_the_limit_is_413(srv: ServerThread) -> None:
 def test_unknown_routes_and_methods(srv: ServerThread) -> None:
     reply = request("GET", url(srv, "/v1/nothing"))
     assert reply.status == 404 and "no route GET /v1/nothing" in str(openai_error(reply.body)["message"])
+    before = srv.samples().get("mhaserve_requests_total", code="UNIMPLEMENTED")
     reply = request("DELETE", url(srv, "/v1/embeddings"))
     assert reply.status == 405 and openai_error(reply.body)["code"] == "unimplemented"
+    assert reply.headers["allow"] == "POST" and reply.headers["x-request-id"]  # the router's Allow, kept
+    wait_until(lambda: srv.samples().get("mhaserve_requests_total", code="UNIMPLEMENTED") == before + 1, "counted")
     still_serving(srv)
 
 
