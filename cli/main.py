@@ -97,8 +97,8 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "--int8",
         action="store_true",
-        help="also write an int8 graph for CPUs, quantised from the fused graph (implies --optimize), "
-        "published only if it passes the int8 gate",
+        help="also write an int8 graph for CPUs, quantised from the fused graph (implies --optimize); "
+        "if it fails the int8 gate, nothing of the export is published",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing version")
     g = p.add_argument_group("random models (--source random)")

@@ -172,6 +172,13 @@ class Pipeline:
                 f"prompt {req.prompt_name!r} is not one of model {self.model.name!r}'s prompts ({known})",
                 param="prompt_name",
             )
+        if req.dimensions is not None and req.normalize is False:
+            # Once answered with unit vectors without a word: the leading values are renormalised.
+            raise InvalidArgument(
+                "dimensions keeps the leading values L2-normalised, which normalize false refuses: ask for one "
+                "(or for every dimension unnormalised, and keep the first ones yourself)",
+                param="dimensions",
+            )
         if req.dimensions is not None and not 1 <= req.dimensions <= self.dimensions:
             raise InvalidArgument(
                 f"dimensions is {req.dimensions}; this model's embeddings have {self.dimensions}: "

@@ -142,7 +142,13 @@ class Settings:
     )
     device: Device = field(default="auto", metadata=_opt("where to run the model", str, DEVICES))
     graph: GraphChoice = field(
-        default="auto", metadata=_opt("graph variant (auto: optimized if the entry has it, else fp32)", str, GRAPHS)
+        default="auto",
+        metadata=_opt(
+            "graph variant (auto: optimized if the entry has it, else fp32); int8's vectors depend a little on "
+            "the batch they are computed in (README: the int8 graph)",
+            str,
+            GRAPHS,
+        ),
     )
     max_batch_tokens: int | None = field(
         default=None,

@@ -646,6 +646,11 @@ def test_dimensions_keep_the_leading_values_renormalised(stub: pb_grpc.EncoderSe
         with pytest.raises(grpc.RpcError) as e:
             stub.Encode(pb.EncodeRequest(texts=texts, dimensions=bad), timeout=WAIT)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and f"dimensions is {bad}" in str(e.value.details())
+    # normalize false cannot go with it (once answered with unit vectors without a word); true can
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Encode(pb.EncodeRequest(texts=texts, dimensions=8, normalize=False), timeout=WAIT)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "normalize false" in str(e.value.details())
+    assert stub.Encode(pb.EncodeRequest(texts=texts, dimensions=8, normalize=True), timeout=WAIT).embeddings
 
 
 def test_once_stopped_serve_lets_the_calls_still_running_finish_before_the_loop_closes() -> None:
