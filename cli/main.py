@@ -12,6 +12,7 @@ import importlib
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,26 +29,27 @@ Handler = Callable[[argparse.Namespace], int]
 EXPORT_HINT = "the export extra (torch, onnx): pip install 'mhaserve[export]'"
 
 
+# --source random's sizes: EncoderConfig's field -> (the flag's dest, what it sets).
+RANDOM_SIZES = {
+    "n_layers": ("layers", "encoder layers"),
+    "d_model": ("d_model", "hidden size; a multiple of --heads"),
+    "n_heads": ("heads", "attention heads"),
+    "d_ff": ("ffn", "feed-forward inner size"),
+    "max_positions": ("max_positions", "rows of the position table"),
+    "max_seq_len": ("max_seq_len", "longest input served (default the smaller of 256 and --max-positions)"),
+    "vocab_size": ("vocab_size", "vocabulary size (a synthetic tokenizer)"),
+    "positional": ("positional", "position encoding"),
+    "pooling": ("pooling", "pooling of the token states"),
+}
+
+
 def _export(args: argparse.Namespace) -> int:
     from mhaserve.export.publish import ExportError, ExportOptions, export_entry
     from mhaserve.export.staging import PublishError
     from mhaserve.runtime.manifest import ManifestError
 
-    random_config = {
-        k: v
-        for k, v in {
-            "n_layers": args.layers,
-            "d_model": args.d_model,
-            "n_heads": args.heads,
-            "d_ff": args.ffn,
-            "max_positions": args.max_positions,
-            "max_seq_len": args.max_seq_len,
-            "vocab_size": args.vocab_size,
-            "positional": args.positional,
-            "pooling": args.pooling,
-        }.items()
-        if v is not None
-    }
+    given = {field: getattr(args, dest) for field, (dest, _) in RANDOM_SIZES.items()}
+    random_config = {k: v for k, v in given.items() if v is not None}
     if (random_config or args.seed is not None) and args.source != "random":
         print("mhaserve export: error: size options and --seed apply only to --source random", file=sys.stderr)
         return 2
@@ -68,7 +70,11 @@ def _export(args: argparse.Namespace) -> int:
     except ImportError as e:  # torch and onnx are imported by the export itself
         return _missing("export", e, EXPORT_HINT)
     except (ExportError, PublishError, ManifestError) as e:
-        print(f"mhaserve export: error: {e}", file=sys.stderr)
+        message = str(e)
+        if args.source == "random":  # the model config's field names, as the flags that set them
+            for field, (dest, _) in RANDOM_SIZES.items():
+                message = re.sub(rf"\b{field}\b", "--" + dest.replace("_", "-"), message)
+        print(f"mhaserve export: error: {message}", file=sys.stderr)
         return 1
     except OSError as e:  # the repository: a file where a folder goes, no permission, a full disk
         print(f"mhaserve export: error: {e.strerror or e}: {e.filename or args.repository}", file=sys.stderr)
@@ -101,17 +107,19 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "if it fails the int8 gate, nothing of the export is published",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing version")
-    g = p.add_argument_group("random models (--source random)")
+    from mhaserve.model.config import EncoderConfig  # a dataclass: no torch
+
+    g = p.add_argument_group("random models (--source random; the defaults are all-MiniLM-L6-v2's sizes)")
     g.add_argument("--seed", type=int, help="the weights' random seed (default 0)")
-    g.add_argument("--layers", type=int)
-    g.add_argument("--d-model", type=int)
-    g.add_argument("--heads", type=int)
-    g.add_argument("--ffn", type=int)
-    g.add_argument("--max-positions", type=int)
-    g.add_argument("--max-seq-len", type=int)
-    g.add_argument("--vocab-size", type=int)
-    g.add_argument("--positional", choices=["learned", "sinusoidal"])
-    g.add_argument("--pooling", choices=["mean", "cls"])
+    defaults = EncoderConfig()
+    for field, (dest, what) in RANDOM_SIZES.items():
+        default = getattr(defaults, field)
+        if field in ("positional", "pooling"):
+            choices = ["learned", "sinusoidal"] if field == "positional" else ["mean", "cls"]
+            g.add_argument("--" + dest.replace("_", "-"), choices=choices, help=f"{what} (default {default})")
+        else:
+            helps = what if "(default" in what else f"{what} (default {default})"
+            g.add_argument("--" + dest.replace("_", "-"), type=int, help=helps)
     p.set_defaults(handler=_export)
 
 

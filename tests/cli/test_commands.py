@@ -256,3 +256,13 @@ def test_serve_keeps_onnx_runtimes_telemetry_off(tiny_repo: Path, tmp_path: Path
         reply = pb_grpc.EncoderServiceStub(ch).Encode(pb.EncodeRequest(texts=["hello"]), timeout=WAIT)
         assert len(reply.embeddings) == 1
     assert not (home / ".cache" / "Microsoft").exists(), sorted(str(p) for p in home.rglob("*"))
+
+
+def test_random_sizes_are_refused_by_their_flags_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The model config's own names (d_model, n_heads) in a message about flags (--d-model, --heads), with
+    MiniLM's 12 heads as a default the help did not show."""
+    assert main(["export", "--source", "random", "--repository", str(tmp_path), "--d-model", "64"]) == 1
+    assert "error: --d-model 64 is not divisible by --heads 12" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    assert "--heads HEADS         attention heads (default 12)" in capsys.readouterr().out
