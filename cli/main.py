@@ -492,7 +492,11 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mhaserve", description="Serve Transformer encoders over gRPC.")
+    parser = argparse.ArgumentParser(
+        prog="mhaserve",
+        description="Serve Transformer encoders over gRPC and HTTP "
+        "(encoder.v1, the Open Inference Protocol, OpenAI embeddings).",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_export(sub)

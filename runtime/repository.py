@@ -154,7 +154,7 @@ class ModelRepository:
         names = self.names()
         if not names:
             raise NotFound(
-                f"the model repository {self.root} has no models; "
+                f"the model repository {self._where()} has no models; "
                 f"create one with `mhaserve export --repository {self.root}`"
             )
         return DEFAULT_MODEL if DEFAULT_MODEL in names else names[0]
@@ -167,9 +167,18 @@ class ModelRepository:
             raise NotFound(str(e)) from None
         if not published:
             raise NotFound(
-                f"model {name!r} is not in the repository {self.root} (it has: {', '.join(self.names()) or 'nothing'})"
+                f"model {name!r} is not in the repository {self._where()} "
+                f"(it has: {', '.join(self.names()) or 'nothing'})"
             )
         return published
+
+    def _where(self) -> str:
+        """The repository's path for a message; where it does not exist, said so, with the folder a relative
+        path was read from (the default, `models`, is relative: a server started elsewhere finds none)."""
+        if self.root.is_dir():
+            return str(self.root)
+        relative = "" if self.root.is_absolute() else f", relative to {Path.cwd()}"
+        return f"{self.root} (no such folder{relative})"
 
     def config(self, name: str) -> ServingConfig:
         """The model's serving config (its serving.json, or the defaults)."""

@@ -148,6 +148,12 @@ def test_serve_refuses_to_start_without_the_model(tmp_path: Path, tiny_repo: Pat
     assert p.wait() == 1
     assert "model 'nope' is not in the repository" in p.log and "Traceback" not in p.log
 
+    # a folder that is not there is said to be missing (the default, `models`, is relative to where one runs)
+    p = Process("--repository", str(tmp_path / "nowhere"), "--port", "0", "--metrics-port", "0", "--http-port", "0")
+    processes.append(p)
+    assert p.wait() == 1
+    assert f"the model repository {tmp_path / 'nowhere'} (no such folder) has no models" in p.log
+
 
 @pytest.fixture(scope="module")
 def server(tiny_repo: Path) -> Iterator[ServerThread]:
