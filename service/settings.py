@@ -372,6 +372,8 @@ class Settings:
     def __post_init__(self) -> None:
         if isinstance(self.model, str):  # Settings(model="tiny"): one model
             object.__setattr__(self, "model", _names(self.model))
+        # A model named twice is served once (the start-up log said "until tiny, tiny are loaded").
+        object.__setattr__(self, "model", tuple(dict.fromkeys(self.model)))
 
         def positive(name: str, value: float | None, *, zero: bool = False) -> None:
             # NaN compares false both ways: without the isfinite test "nan" passed, and a NaN timeout
@@ -396,6 +398,13 @@ class Settings:
         for name in ("port", "metrics_port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{flag(name)} must be a port number in [0, 65535], got {getattr(self, name)}")
+        # One port for two listeners failed only at bind, after the model had loaded, with exit 1.
+        ports = [(n, getattr(self, n)) for n in ("port", "http_port") if getattr(self, n)]
+        if self.metrics_port and (self.metrics_host or self.host) == self.host:
+            ports.append(("metrics_port", self.metrics_port))
+        for i, (a, pa) in enumerate(ports):
+            if same := [b for b, pb in ports[i + 1 :] if pb == pa]:
+                raise SettingsError(f"{flag(a)} and {flag(same[0])} are both {pa}: each listener needs its own port")
         positive("repository_poll_s", self.repository_poll_s)
         for name, choices in (
             ("model_control", CONTROLS),

@@ -97,6 +97,9 @@ def test_flag_beats_variable_beats_default() -> None:
         ({"MHASERVE_GRACE_PERIOD": "inf"}, "--grace-period must be >= 0, got inf"),
         # grpc core takes its message limit as a C int: past it, the server failed with a traceback
         ({"MHASERVE_MAX_MESSAGE_BYTES": str(2**31)}, "--max-message-bytes must be at most 2147483647"),
+        # one port for two listeners failed at bind, once the model had loaded
+        ({"MHASERVE_PORT": "9000", "MHASERVE_HTTP_PORT": "9000"}, "--port and --http-port are both 9000"),
+        ({"MHASERVE_HTTP_PORT": "9000", "MHASERVE_METRICS_PORT": "9000"}, "--http-port and --metrics-port are both"),
     ],
 )
 def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> None:
@@ -163,3 +166,12 @@ def test_serve_exits_2_on_a_bad_variable(monkeypatch: pytest.MonkeyPatch, capsys
     monkeypatch.setenv("MHASERVE_GRACE_PERIOD", "soon")
     assert main(["serve"]) == 2
     assert "MHASERVE_GRACE_PERIOD='soon' is not a valid --grace-period" in capsys.readouterr().err
+
+
+def test_a_model_named_twice_is_served_once_and_ports_on_other_hosts_may_match() -> None:
+    assert build({}, env={"MHASERVE_MODEL": "a,b,a"}).model == ("a", "b")
+    # the metrics port on another address than the others may reuse a number
+    settings = build(
+        {}, env={"MHASERVE_HTTP_PORT": "9000", "MHASERVE_METRICS_PORT": "9000", "MHASERVE_METRICS_HOST": "10.0.0.1"}
+    )
+    assert settings.http_port == settings.metrics_port == 9000
