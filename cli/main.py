@@ -381,14 +381,19 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="embed texts with a running server and print the embeddings",
         description="Embed texts with a running server: one JSON array per text, one per line, or a summary.",
     )
-    p.add_argument("texts", nargs="+", metavar="TEXT", help="the texts to embed; '-' alone: one text per line of stdin")
+    p.add_argument(
+        "texts",
+        nargs="+",
+        metavar="TEXT",
+        help="the texts to embed; '-' alone: one text per line of standard input (blank lines skipped)",
+    )
     p.add_argument(
         "--address",
         type=_address,
         default=DEFAULT_ADDRESS,
         help=f"server HOST:PORT, the port 50051 if left out (default: {DEFAULT_ADDRESS})",
     )
-    p.add_argument("--model", default="", help="model name (default: the server's)")
+    p.add_argument("--model", default="", help="model name, or name:version (default: the server's)")
     p.add_argument(
         "--normalize",
         action=argparse.BooleanOptionalAction,
@@ -491,6 +496,15 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=_bench)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mhaserve")
+    except PackageNotFoundError:  # run from a checkout without installing it
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mhaserve",
@@ -498,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(encoder.v1, the Open Inference Protocol, OpenAI embeddings).",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"mhaserve {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_export(sub)
     _add_import(sub)

@@ -95,8 +95,9 @@ def embeddings_json(response: pb.EncodeResponse) -> str:
 
 def summary(texts: Sequence[str], response: pb.EncodeResponse) -> str:
     dims = len(response.embeddings[0].values) if response.embeddings else 0
+    n = len(response.embeddings)
     lines = [
-        f"{response.model} version {response.model_version}: {len(response.embeddings)} embeddings of {dims} "
+        f"{response.model} version {response.model_version}: {n} embedding{'' if n == 1 else 's'} of {dims} "
         f"dimensions, {response.usage.input_tokens} input tokens"
     ]
     for i, (text, e) in enumerate(zip(texts, response.embeddings, strict=True)):

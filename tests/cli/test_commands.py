@@ -176,7 +176,7 @@ def test_encode_prints_one_json_array_per_text(server: ServerThread, capsys: pyt
 def test_encode_summary_and_errors(server: ServerThread, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["encode", "hello", "--address", server.address, "--summary"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("tiny version 1: 1 embeddings of 32 dimensions")
+    assert out.startswith("tiny version 1: 1 embedding of 32 dimensions")
     assert "norm 1.0000" in out and "'hello'" in out
     assert main(["encode", "a " * 200, "--address", server.address]) == 1
     assert "INVALID_ARGUMENT: input 0 is 202 tokens long" in capsys.readouterr().err
@@ -272,3 +272,11 @@ def test_random_sizes_are_refused_by_their_flags_names(tmp_path: Path, capsys: p
     with pytest.raises(SystemExit):
         main(["export", "--help"])
     assert "--heads HEADS         attention heads (default 12)" in capsys.readouterr().out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"mhaserve {version('mhaserve')}"

@@ -279,7 +279,7 @@ def test_the_cli_sends_the_key_from_its_flag_or_its_variable(
     assert main(["encode", "hello", "--address", server.address]) == 1
     assert "UNAUTHENTICATED" in capsys.readouterr().err
     assert main(["encode", "hello", "--summary", "--address", server.address, "--api-key", FILE_KEY]) == 0
-    assert "1 embeddings" in capsys.readouterr().out
+    assert "1 embedding of" in capsys.readouterr().out
     monkeypatch.setenv("MHASERVE_API_KEY", ENV_KEY)
     assert main(["encode", "hello", "--summary", "--address", server.address]) == 0
     assert main(["health", "--address", server.address]) == 0
