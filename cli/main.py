@@ -210,7 +210,7 @@ def _missing(command: str, error: ImportError, what: str) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from mhaserve.cli.options import build
+    from mhaserve.cli.options import build, misspelt
     from mhaserve.service.context import configure_logging
     from mhaserve.service.server import serve
     from mhaserve.service.settings import SettingsError
@@ -220,6 +220,8 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as e:
         print(f"mhaserve serve: error: {e}", file=sys.stderr)
         return 2
+    for warning in misspelt():
+        print(f"mhaserve serve: warning: {warning}", file=sys.stderr)
     level = "debug" if args.verbose else settings.log_level
     configure_logging(level)
     if settings.processes > 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -54,6 +55,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar=None if meta["choices"] else meta.get("metavar") or f.name.split("_")[-1].upper(),
             help=f"{meta['help']} [env {env_var(f.name)}{default}]",
         )
+
+
+def misspelt(env: Mapping[str, str] | None = None) -> list[str]:
+    """A warning for each MHASERVE_* variable that is not a setting but is nearly one's name (a typo, ignored
+    without a word: MHASERVE_HTTP_PROT left the default port). Other MHASERVE_* names are left alone: compose
+    files and the client commands have their own (MHASERVE_IMAGE, MHASERVE_API_KEY)."""
+    env = os.environ if env is None else env
+    known = [env_var(f.name) for f in dataclasses.fields(Settings)]
+    warnings = []
+    for name in sorted(env):
+        if name.startswith("MHASERVE_") and name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+            if close:
+                warnings.append(f"{name} is not a setting of mhaserve serve (ignored); did you mean {close[0]}?")
+    return warnings
 
 
 def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:

@@ -175,3 +175,14 @@ def test_a_model_named_twice_is_served_once_and_ports_on_other_hosts_may_match()
         {}, env={"MHASERVE_HTTP_PORT": "9000", "MHASERVE_METRICS_PORT": "9000", "MHASERVE_METRICS_HOST": "10.0.0.1"}
     )
     assert settings.http_port == settings.metrics_port == 9000
+
+
+def test_a_variable_nearly_named_as_a_setting_is_warned_about() -> None:
+    """MHASERVE_HTTP_PROT was ignored without a word; other MHASERVE_* names (compose's) are left alone."""
+    from mhaserve.cli.options import misspelt
+
+    warnings = misspelt({"MHASERVE_HTTP_PROT": "9000", "MHASERVE_IMAGE": "x", "MHASERVE_GRPC_PUBLISH": "1",
+                         "MHASERVE_HTTP_PORT": "9001"})  # fmt: skip
+    assert warnings == [
+        "MHASERVE_HTTP_PROT is not a setting of mhaserve serve (ignored); did you mean MHASERVE_HTTP_PORT?"
+    ]
