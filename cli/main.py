@@ -96,8 +96,12 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="'minilm' (all-MiniLM-L6-v2, offline, the default), 'random', or a local BERT checkpoint directory",
     )
     p.add_argument("--repository", default="models", help="model repository directory (default: models)")
-    p.add_argument("--name", help="model name (default: all-minilm-l6-v2, the directory's name, or random-<seed>)")
-    p.add_argument("--version", type=int, help="version number (default: the next free one)")
+    p.add_argument(
+        "--name",
+        type=_model_name,
+        help="model name (default: all-minilm-l6-v2, the directory's name, or random-<seed>)",
+    )
+    p.add_argument("--version", type=_version_number, help="version number (default: the next free one)")
     p.add_argument("--optimize", action="store_true", help="also write a graph with ONNX Runtime fusions")
     p.add_argument("--fp16", action="store_true", help="also write an fp16 graph (for CUDA hosts)")
     p.add_argument(
@@ -168,9 +172,9 @@ def _add_import(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("--onnx", required=True, help="the ONNX graph (for example a Hub repository's onnx/model.onnx)")
     p.add_argument("--tokenizer", required=True, help="its tokenizers JSON file (tokenizer.json)")
-    p.add_argument("--name", required=True, help="model name in the repository")
+    p.add_argument("--name", type=_model_name, required=True, help="model name in the repository")
     p.add_argument("--repository", default="models", help="model repository directory (default: models)")
-    p.add_argument("--version", type=int, help="version number (default: the next free one)")
+    p.add_argument("--version", type=_version_number, help="version number (default: the next free one)")
     p.add_argument("--output", default="last_hidden_state", help="the graph output holding token states")
     p.add_argument(
         "--pooling", choices=["mean", "cls"], help="default: 1_Pooling/config.json beside the tokenizer, else mean"
@@ -268,6 +272,22 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
     return value
+
+
+def _model_name(text: str) -> str:
+    """A model's name as the repository takes it (a usage error, exit 2, where it once failed at publish)."""
+    from mhaserve.runtime.manifest import ManifestError, check_name
+
+    try:
+        return check_name(text)
+    except ManifestError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _version_number(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a version is a whole number from 1, got {text!r}")
+    return int(text)
 
 
 def _address(text: str) -> str:

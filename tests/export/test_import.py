@@ -270,8 +270,12 @@ def test_the_command_line(
     assert capsys.readouterr().out.strip() == str(tmp_path / "cli" / "1")
     assert main([*args, "--repository", str(tmp_path), "--version", "1"]) == 1
     assert "already exists" in capsys.readouterr().err
-    assert main([*args[:-1], "Bad/Name", "--repository", str(tmp_path)]) == 1
-    assert "invalid model name" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a usage error, refused before anything is read (once exit 1)
+        main([*args[:-1], "Bad/Name", "--repository", str(tmp_path)])
+    assert e.value.code == 2 and "invalid model name" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--repository", str(tmp_path), "--version", "0"])
+    assert e.value.code == 2 and "a version is a whole number from 1" in capsys.readouterr().err
 
 
 @pytest.mark.slow
