@@ -3,7 +3,8 @@ API's clients can read (a body in the wrong format 415, malformed or invalid 400
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import types
+from typing import Any, TypeVar, Union, get_origin
 
 import orjson
 from fastapi import Response
@@ -31,11 +32,22 @@ def validate(model: type[M], data: Any) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
+        errors = e.errors()
+        first = errors[0]
         loc = [str(part) for part in first["loc"]]
+        field = model.model_fields.get(loc[0]) if loc else None
+        # One failure per member of a union ("input.str: Input should be a valid string (and 7 more)", for
+        # [[]] or [101, 1.0]): say what the field takes instead.
+        union = field is not None and field.description and _is_union(field.annotation) and len(errors) > 1
+        if union and all(str(err["loc"][0]) == loc[0] for err in errors):
+            raise InvalidArgument(f"{loc[0]}: must be {field.description}", param=loc[0]) from None
         where = ".".join(part for part in loc if not part.isdigit() and "[" not in part) or "body"
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
         raise InvalidArgument(f"{where}: {first['msg']}{more}", param=loc[0] if loc else None) from None
+
+
+def _is_union(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType)
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -115,7 +115,9 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
         ({"input": "a", "dimensions": 33}, "dimensions is 33; this model's embeddings have 32", "dimensions"),
         ({"input": "a", "dimensions": 0}, "dimensions is 0", "dimensions"),
         ({"input": "a", "encoding_format": "float16"}, "encoding_format", "encoding_format"),
-        ({"input": [1, "a"]}, "input", "input"),
+        # one readable sentence, not pydantic's first union member ("input.str: ... (and 7 more)")
+        ({"input": [1, "a"]}, "input: must be a text, a list of texts, a list of token ids", "input"),
+        ({"input": [101, 1.0, 102]}, "input: must be a text, a list of texts, a list of token ids", "input"),
     ],
     ids=[
         "empty",
@@ -128,6 +130,7 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
         "dimensions-0",
         "format",
         "mixed",
+        "a-float-id",
     ],
 )
 def test_bad_requests_are_bad_request_errors(
