@@ -38,9 +38,9 @@ def validate(model: type[M], data: Any) -> M:
         field = model.model_fields.get(loc[0]) if loc else None
         # One failure per member of a union ("input.str: Input should be a valid string (and 7 more)", for
         # [[]] or [101, 1.0]): say what the field takes instead.
-        union = field is not None and field.description and _is_union(field.annotation) and len(errors) > 1
-        if union and all(str(err["loc"][0]) == loc[0] for err in errors):
-            raise InvalidArgument(f"{loc[0]}: must be {field.description}", param=loc[0]) from None
+        takes = field.description if field is not None and _is_union(field.annotation) else None
+        if takes and len(errors) > 1 and all(str(err["loc"][0]) == loc[0] for err in errors):
+            raise InvalidArgument(f"{loc[0]}: must be {takes}", param=loc[0]) from None
         where = ".".join(part for part in loc if not part.isdigit() and "[" not in part) or "body"
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
         raise InvalidArgument(f"{where}: {first['msg']}{more}", param=loc[0] if loc else None) from None
