@@ -8,33 +8,29 @@ not both. The output always goes in raw_output_contents (tritonclient decodes on
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, TypeAlias
 
 import numpy as np
-import numpy.typing as npt
 
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.errors import to_status
 from mhaserve.service.kserve.tensors import (
-    BOOL_PARAMETERS,
-    IDS_SHAPES,
     OUTPUT,
-    STRING_PARAMETERS,
-    TEXT,
-    TEXT_SHAPES,
+    PARAMETER_TYPES,
+    ParamT,
+    Tensor,
     check_input,
     check_outputs,
-    check_shape,
-    count_error,
-    decode_texts,
     encode_input,
-    unpack_bytes,
+    request_options,
 )
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 
 InputTensor: TypeAlias = pb.ModelInferRequest.InferInputTensor
 TYPED_FIELD = {"BYTES": "bytes_contents", "INT64": "int64_contents"}
+PARAMETER_FIELD = {bool: "bool_param", str: "string_param"}
 
 
 def _classification(parameters: Mapping[str, pb.InferParameter]) -> bool:
@@ -49,42 +45,23 @@ def _classification(parameters: Mapping[str, pb.InferParameter]) -> bool:
 def from_pb(request: pb.ModelInferRequest) -> EncodeInput:
     """The internal request a ModelInferRequest asks for; INVALID_ARGUMENT for anything malformed."""
     check_outputs([(out.name, _classification(out.parameters)) for out in request.outputs])
-    truncate, normalize, prompt_name = _options(request.parameters)
-    tensors = _inputs(request)
-    decoders = {
-        name: (lambda t=tensor, r=raw: _texts(t, r)) if name == TEXT else (lambda t=tensor, r=raw: _int64(t, r))
-        for name, (tensor, raw) in tensors.items()
-    }
-    return encode_input(
-        decoders,
-        model=request.model_name,
-        version=request.model_version or None,
-        truncate=truncate,
-        normalize=normalize,
-        prompt_name=prompt_name,
-    )
+    options = request_options(partial(_parameter, request.parameters))
+    return encode_input(_inputs(request), options, model=request.model_name, version=request.model_version or None)
 
 
-def _options(parameters: Mapping[str, pb.InferParameter]) -> tuple[bool, bool | None, str | None]:
-    """(truncate, normalize, prompt_name) from the mhaserve parameters; others are ignored, as Triton does."""
-    options: dict[str, bool] = {}
-    for key in BOOL_PARAMETERS:
-        if key in parameters:
-            kind = parameters[key].WhichOneof("parameter_choice")
-            if kind != "bool_param":
-                raise InvalidArgument(f"parameter {key!r} must be a bool (bool_param), got {kind or 'no value'}")
-            options[key] = parameters[key].bool_param
-    prompt_name = None
-    for key in STRING_PARAMETERS:
-        if key in parameters:
-            kind = parameters[key].WhichOneof("parameter_choice")
-            if kind != "string_param":
-                raise InvalidArgument(f"parameter {key!r} must be a string (string_param), got {kind or 'no value'}")
-            prompt_name = parameters[key].string_param or None
-    return options.get("truncate", False), options.get("normalize"), prompt_name
+def _parameter(parameters: Mapping[str, pb.InferParameter], key: str, want: type[ParamT]) -> ParamT | None:
+    """A request parameter's value, if set: it must be set in the oneof field of its type."""
+    if key not in parameters:
+        return None
+    kind = parameters[key].WhichOneof("parameter_choice")
+    field = PARAMETER_FIELD[want]
+    if kind != field:
+        raise InvalidArgument(f"parameter {key!r} must be {PARAMETER_TYPES[want]} ({field}), got {kind or 'no value'}")
+    value: ParamT = getattr(parameters[key], field)
+    return value
 
 
-def _inputs(request: pb.ModelInferRequest) -> dict[str, tuple[InputTensor, bytes | None]]:
+def _inputs(request: pb.ModelInferRequest) -> dict[str, Tensor]:
     """Each input by name, with its raw contents when the request uses raw_input_contents."""
     raw = list(request.raw_input_contents)
     if raw:
@@ -97,10 +74,10 @@ def _inputs(request: pb.ModelInferRequest) -> dict[str, tuple[InputTensor, bytes
             raise InvalidArgument(
                 f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: give one per input, in input order"
             )
-    tensors: dict[str, tuple[InputTensor, bytes | None]] = {}
+    tensors: dict[str, Tensor] = {}
     for i, tensor in enumerate(request.inputs):
         check_input(tensor.name, tensor.datatype, tensors)
-        tensors[tensor.name] = (tensor, raw[i] if raw else None)
+        tensors[tensor.name] = Tensor(tensor.name, tensor.shape, raw[i] if raw else None, partial(_typed, tensor))
     return tensors
 
 
@@ -113,28 +90,6 @@ def _typed(tensor: InputTensor) -> Any:
             f"input {tensor.name!r} is {tensor.datatype}: its values go in contents.{want}, not contents.{others[0]}"
         )
     return getattr(tensor.contents, want)
-
-
-def _int64(tensor: InputTensor, raw: bytes | None) -> npt.NDArray[np.int64]:
-    n = check_shape(tensor.name, tensor.shape, IDS_SHAPES, "[rows, tokens]")
-    if raw is not None:
-        if len(raw) != 8 * n:
-            raise count_error(tensor.name, tensor.shape, n, f"{len(raw)} bytes (expected {8 * n}: 8 per INT64)")
-        values = np.frombuffer(raw, dtype="<i8")
-    else:
-        typed = _typed(tensor)
-        if len(typed) != n:
-            raise count_error(tensor.name, tensor.shape, n, f"{len(typed)} values")
-        values = np.asarray(typed, dtype=np.int64)
-    return values.astype(np.int64, copy=False).reshape(tuple(tensor.shape))
-
-
-def _texts(tensor: InputTensor, raw: bytes | None) -> list[str]:
-    n = check_shape(tensor.name, tensor.shape, TEXT_SHAPES, "[n] (or [n, 1])")
-    items = unpack_bytes(raw, tensor.name) if raw is not None else list(_typed(tensor))
-    if len(items) != n:
-        raise count_error(tensor.name, tensor.shape, n, f"{len(items)} elements")
-    return decode_texts(tensor.name, items)
 
 
 def to_pb(output: EncodeOutput, request_id: str = "") -> pb.ModelInferResponse:

@@ -16,6 +16,7 @@ from google.protobuf import json_format
 
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.proto.inference.v2 import model_config_pb2 as mc
+from mhaserve.runtime.errors import InvalidArgument, NotFound
 from mhaserve.runtime.repository import LoadedModel
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.kserve.tensors import IDS, MASK, OUTPUT, TEXT
@@ -103,6 +104,19 @@ def config(pipeline: Pipeline) -> dict[str, Any]:
         "default_model_filename": model.entry.graph_path.name,
         "parameters": {key: {"string_value": str(value)} for key, value in parameters.items()},
     }
+
+
+def model_is_ready(dataplane: DataPlane, name: str, version: str) -> bool:
+    """ModelReady, over either wire. A question, not a command: a model or version not served is simply not
+    ready (as in Triton), answered rather than raised into the error map, as it must be while the server
+    loads or drains."""
+    if not dataplane.ready:
+        return False
+    try:
+        dataplane.resolve(name, version)
+    except (NotFound, InvalidArgument):
+        return False
+    return True
 
 
 def statistics_of(dataplane: DataPlane, name: str, version: str) -> list[Pipeline]:

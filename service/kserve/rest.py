@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError
+from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.runtime.manifest import is_number
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import json_response, parse_json, validate
@@ -32,22 +32,20 @@ from mhaserve.service.kserve.model import (
     SERVER_NAME,
     config,
     metadata,
+    model_is_ready,
     server_version,
     statistics,
     statistics_of,
 )
 from mhaserve.service.kserve.tensors import (
-    IDS_SHAPES,
     OUTPUT,
-    TEXT,
-    TEXT_SHAPES,
+    PARAMETER_TYPES,
+    ParamT,
+    Tensor,
     check_input,
     check_outputs,
-    check_shape,
-    count_error,
-    decode_texts,
     encode_input,
-    unpack_bytes,
+    request_options,
 )
 from mhaserve.service.models import ModelManager
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput
@@ -55,6 +53,8 @@ from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 PREFIX = "/v2"
 HEADER_LENGTH = "inference-header-content-length"
 BINARY_SIZE = "binary_data_size"
+# What an input's `data` must hold, by its datatype: the JSON type and its name in the error.
+JSON_TYPES: dict[str, tuple[type, str]] = {"BYTES": (str, "strings"), "INT64": (int, "integers")}
 # The routes that answer while the model loads and while the server drains (with false), as the gRPC ones.
 HEALTH_PATHS = (f"{PREFIX}/health/live", f"{PREFIX}/health/ready")
 
@@ -101,10 +101,14 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
 
 def _values(tensor: InputTensor) -> list[Any]:
     """Row-major values of an input's `data`: a JSON array, flat or nested, as Triton reads it (which
-    refuses a bare value)."""
+    refuses a bare value), of its datatype's JSON type."""
     if not isinstance(tensor.data, list):
         raise InvalidArgument(f"input {tensor.name!r}: data must be a JSON array (flat or nested, row-major)")
-    return _flatten(tensor.data)
+    values = _flatten(tensor.data)
+    kind, plural = JSON_TYPES[tensor.datatype]
+    if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):  # JSON's true is no integer
+        raise InvalidArgument(f"input {tensor.name!r} is {tensor.datatype}: its data must be {plural}")
+    return values
 
 
 def _flatten(data: list[Any]) -> list[Any]:
@@ -122,12 +126,14 @@ def _flatten(data: list[Any]) -> list[Any]:
     return out
 
 
-def _bool(parameters: dict[str, Any], key: str) -> bool | None:
-    if key not in parameters:
+def _parameter(parameters: dict[str, Any], key: str, want: type[ParamT]) -> ParamT | None:
+    """A parameter's value, if set: a JSON value of its type. A null string parameter is unset (an optional
+    string serialised as null); a flag must be true or false."""
+    value = parameters.get(key)
+    if key not in parameters or (value is None and want is str):
         return None
-    value = parameters[key]
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"parameter {key!r} must be a bool, got {type(value).__name__}")
+    if not isinstance(value, want):
+        raise InvalidArgument(f"parameter {key!r} must be {PARAMETER_TYPES[want]}, got {type(value).__name__}")
     return value
 
 
@@ -157,73 +163,26 @@ class _Binary:
             raise InvalidArgument(f"{len(self.data) - self.pos} bytes of binary data that no input claims")
 
 
-def _texts(tensor: InputTensor, raw: bytes | None) -> list[str]:
-    n = check_shape(tensor.name, tensor.shape, TEXT_SHAPES, "[n] (or [n, 1])")
-    if raw is not None:
-        texts = decode_texts(tensor.name, unpack_bytes(raw, tensor.name))
-    else:
-        values = _values(tensor)
-        if not all(isinstance(v, str) for v in values):
-            raise InvalidArgument(f"input {tensor.name!r} is BYTES: its data must be strings")
-        texts = values
-    if len(texts) != n:
-        raise count_error(tensor.name, tensor.shape, n, f"{len(texts)} elements")
-    return texts
-
-
-def _int64(tensor: InputTensor, raw: bytes | None) -> npt.NDArray[np.int64]:
-    n = check_shape(tensor.name, tensor.shape, IDS_SHAPES, "[rows, tokens]")
-    if raw is not None:
-        if len(raw) != 8 * n:
-            raise count_error(tensor.name, tensor.shape, n, f"{len(raw)} bytes (expected {8 * n}: 8 per INT64)")
-        values = np.frombuffer(raw, dtype="<i8").astype(np.int64)
-    else:
-        flat = _values(tensor)
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
-            raise InvalidArgument(f"input {tensor.name!r} is INT64: its data must be integers")
-        if len(flat) != n:
-            raise count_error(tensor.name, tensor.shape, n, f"{len(flat)} values")
-        try:
-            values = np.asarray(flat, dtype=np.int64)
-        except OverflowError:
-            raise InvalidArgument(f"input {tensor.name!r} holds a value outside INT64") from None
-    return values.reshape(tuple(tensor.shape))
-
-
 def from_request(req: InferenceRequest, binary: _Binary, model: str, version: str | None) -> EncodeInput:
     """The internal request; INVALID_ARGUMENT for anything malformed (the same messages as over gRPC)."""
     check_outputs([(out.name, bool(out.parameters.get("classification"))) for out in req.outputs])
-    truncate, normalize = _bool(req.parameters, "truncate"), _bool(req.parameters, "normalize")
-    prompt_name = req.parameters.get("prompt_name")
-    if prompt_name is not None and not isinstance(prompt_name, str):
-        raise InvalidArgument(f"parameter 'prompt_name' must be a string, got {type(prompt_name).__name__}")
-    tensors: dict[str, tuple[InputTensor, bytes | None]] = {}
+    options = request_options(partial(_parameter, req.parameters))
+    tensors: dict[str, Tensor] = {}
     for tensor in req.inputs:
         check_input(tensor.name, tensor.datatype, tensors)
         raw = binary.take(tensor)
         if raw is None and tensor.data is None:
             raise InvalidArgument(f"input {tensor.name!r} has no data (neither 'data' nor {BINARY_SIZE})")
-        tensors[tensor.name] = (tensor, raw)
+        tensors[tensor.name] = Tensor(tensor.name, tensor.shape, raw, partial(_values, tensor))
     binary.check_used()
-    decoders = {
-        name: (lambda t=tensor, r=raw: _texts(t, r)) if name == TEXT else (lambda t=tensor, r=raw: _int64(t, r))
-        for name, (tensor, raw) in tensors.items()
-    }
-    return encode_input(
-        decoders,
-        model=model,
-        version=version,
-        truncate=bool(truncate),
-        normalize=normalize,
-        prompt_name=prompt_name or None,
-    )
+    return encode_input(tensors, options, model=model, version=version)
 
 
 def _wants_binary(req: InferenceRequest) -> bool:
     """Triton's binary data extension: `binary_data_output` for every output, unless an output's own
     `binary_data` says otherwise (tritonclient sets the latter on each output it asks for)."""
-    default = bool(_bool(req.parameters, "binary_data_output"))
-    wanted = [_bool(out.parameters, "binary_data") for out in req.outputs]
+    default = bool(_parameter(req.parameters, "binary_data_output", bool))
+    wanted = [_parameter(out.parameters, "binary_data", bool) for out in req.outputs]
     return any(default if w is None else w for w in wanted) if wanted else default
 
 
@@ -344,13 +303,7 @@ def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status:
 
     @api.get(base + "/ready", summary="200 when the model is ready, 400 when not (or not served)")
     async def model_ready(model_name: str, model_version: str = "") -> Response:
-        if not dataplane.ready:
-            return ready_status(False)
-        try:
-            dataplane.resolve(model_name, model_version)
-        except (NotFound, InvalidArgument):  # a question, not a command: a name that serves nothing is not ready
-            return ready_status(False)
-        return ready_status(True)
+        return ready_status(model_is_ready(dataplane, model_name, model_version))
 
     @api.get(base + "/config", summary="Triton's model configuration")
     async def model_config(model_name: str, model_version: str = "") -> Response:

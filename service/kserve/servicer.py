@@ -16,13 +16,14 @@ import grpc.aio
 
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
-from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError
+from mhaserve.runtime.errors import ServiceError
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.kserve.codec import error_pb, from_pb, to_pb
 from mhaserve.service.kserve.model import (
     EXTENSIONS,
     SERVER_NAME,
     model_config,
+    model_is_ready,
     model_metadata,
     model_statistics,
     server_version,
@@ -58,14 +59,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.dataplane.ready)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
-        # A question, not a command: a model or version not served is simply not ready (as in Triton).
-        if not self.dataplane.ready:
-            return pb.ModelReadyResponse(ready=False)
-        try:
-            self.dataplane.resolve(request.name, request.version)
-        except (NotFound, InvalidArgument):  # answered outside the error map (it answers while loading)
-            return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=True)
+        return pb.ModelReadyResponse(ready=model_is_ready(self.dataplane, request.name, request.version))
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=server_version(), extensions=EXTENSIONS)

@@ -4,17 +4,20 @@
   INT64 [-1, -1] (rows padded on the right; the mask strips the padding so the batcher can re-pack
   the rows with other requests');
 - output: `embeddings` FP32 [-1, dim];
-- request parameters (an mhaserve extension): `normalize` and `truncate`, both bools, as in encoder.v1's
-  EncodeRequest; the response carries `input_tokens`.
+- request parameters (an mhaserve extension): `normalize` and `truncate`, both bools, and `prompt_name`, a
+  string, as in encoder.v1's EncodeRequest; the response carries `input_tokens`.
 
-The gRPC codec (codec.py) and the REST one (the HTTP API) decode their wire into these checks.
+The gRPC codec (codec.py) and the REST one (rest.py) only take each input's name, datatype, shape and
+contents (raw bytes, or the wire's typed values) and each parameter off their wire; everything from there
+on is here, once, so that the two wires cannot come to disagree.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Container, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -24,8 +27,6 @@ from mhaserve.service.pipeline import EncodeInput
 
 TEXT, IDS, MASK, OUTPUT = "text", "input_ids", "attention_mask", "embeddings"
 INPUT_TYPES = {TEXT: "BYTES", IDS: "INT64", MASK: "INT64"}
-BOOL_PARAMETERS = ("normalize", "truncate")
-STRING_PARAMETERS = ("prompt_name",)
 EXPECTED_INPUTS = f"{TEXT!r} (BYTES [-1]) or {IDS!r} and {MASK!r} (INT64 [-1, -1])"
 TEXT_SHAPES: list[tuple[int | None, ...]] = [(None,), (None, 1)]  # [n], or [n, 1] as Triton's examples send it
 IDS_SHAPES: list[tuple[int | None, ...]] = [(None, None)]
@@ -78,10 +79,14 @@ def pack_bytes(items: Sequence[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(b)) + b for b in items)
 
 
-def decode_texts(name: str, items: Sequence[bytes]) -> list[str]:
-    """BYTES elements as text; INVALID_ARGUMENT naming the element and byte that is not UTF-8."""
+def decode_texts(name: str, items: Sequence[bytes | str]) -> list[str]:
+    """BYTES elements as text; INVALID_ARGUMENT naming the element and byte that is not UTF-8. JSON's
+    elements are strings already and pass as they are."""
     texts = []
     for i, item in enumerate(items):
+        if isinstance(item, str):
+            texts.append(item)
+            continue
         try:
             texts.append(item.decode("utf-8"))
         except UnicodeDecodeError as e:
@@ -134,22 +139,94 @@ def check_input(name: str, datatype: str, seen: Container[str]) -> None:
         raise InvalidArgument(f"input {name!r} has datatype {datatype or '(none)'}; expected {INPUT_TYPES[name]}")
 
 
-Decoder = Callable[[], Any]
+@dataclass(frozen=True)
+class Tensor:
+    """An input as its wire holds it, decoded only once it is used (by `texts` or `int64`): its raw bytes
+    (gRPC's raw_input_contents, REST's binary tensor data) or, without them, `values()`: the typed contents
+    or the JSON data, which the wire reads and checks the types of in its own terms."""
+
+    name: str
+    shape: Sequence[int]
+    raw: bytes | None
+    values: Callable[[], Sequence[Any]]
 
 
-def encode_input(inputs: Mapping[str, Decoder], **common: Any) -> EncodeInput:
-    """The internal request from the inputs given, each decoded (by the wire's codec) only once it is used:
-    `text` (a list of str), or `input_ids` and `attention_mask` (int64 arrays of one shape)."""
+def texts(tensor: Tensor) -> list[str]:
+    """A `text` input: one UTF-8 string per element of its shape."""
+    n = check_shape(tensor.name, tensor.shape, TEXT_SHAPES, "[n] (or [n, 1])")
+    items = unpack_bytes(tensor.raw, tensor.name) if tensor.raw is not None else tensor.values()
+    # Counted before decoding: a tensor of the wrong size is refused without reading its text.
+    if len(items) != n:
+        raise count_error(tensor.name, tensor.shape, n, f"{len(items)} elements")
+    return decode_texts(tensor.name, items)
+
+
+def int64(tensor: Tensor) -> npt.NDArray[np.int64]:
+    """An `input_ids` or `attention_mask` input: an int64 array of its shape."""
+    n = check_shape(tensor.name, tensor.shape, IDS_SHAPES, "[rows, tokens]")
+    if tensor.raw is not None:
+        if len(tensor.raw) != 8 * n:
+            raise count_error(tensor.name, tensor.shape, n, f"{len(tensor.raw)} bytes (expected {8 * n}: 8 per INT64)")
+        values = np.frombuffer(tensor.raw, dtype="<i8")
+    else:
+        flat = tensor.values()
+        if len(flat) != n:
+            raise count_error(tensor.name, tensor.shape, n, f"{len(flat)} values")
+        try:
+            values = np.asarray(flat, dtype=np.int64)
+        except OverflowError:  # JSON integers are unbounded; gRPC's int64_contents cannot overflow
+            raise InvalidArgument(f"input {tensor.name!r} holds a value outside INT64") from None
+    # copy=False: a large raw tensor is not copied again (its array stays read-only, as frombuffer made it).
+    return values.astype(np.int64, copy=False).reshape(tuple(tensor.shape))
+
+
+ParamT = TypeVar("ParamT", bool, str)  # the types of the request parameters read
+PARAMETER_TYPES: dict[type, str] = {bool: "a bool", str: "a string"}  # as errors name them
+
+
+class ParameterReader(Protocol):
+    """A wire's `read(key, type)`: the value of a request parameter, None when it is not set; a value of
+    another type is refused in the wire's own terms (a protobuf oneof, a JSON type)."""
+
+    def __call__(self, key: str, want: type[ParamT], /) -> ParamT | None: ...
+
+
+@dataclass(frozen=True)
+class Options:
+    """The request parameters that shape the answer; any other parameter is ignored, as Triton does."""
+
+    truncate: bool = False
+    normalize: bool | None = None  # None: the model's default
+    prompt_name: str | None = None  # None (or ""): the model's default prompt
+
+
+def request_options(read: ParameterReader) -> Options:
+    """The options from the request parameters, as the wire reads them."""
+    # Read in this order: of several bad parameters, the first named here is the one reported.
+    normalize, truncate = read("normalize", bool), read("truncate", bool)
+    return Options(truncate=bool(truncate), normalize=normalize, prompt_name=read("prompt_name", str) or None)
+
+
+def encode_input(inputs: Mapping[str, Tensor], options: Options, *, model: str, version: str | None) -> EncodeInput:
+    """The internal request from the inputs given, each decoded only if it is used: `text`, or
+    `input_ids` and `attention_mask` (of one shape)."""
+    common: dict[str, Any] = {
+        "model": model,
+        "version": version,
+        "truncate": options.truncate,
+        "normalize": options.normalize,
+        "prompt_name": options.prompt_name,
+    }
     if TEXT in inputs:
         if IDS in inputs or MASK in inputs:
             raise InvalidArgument(f"set either {TEXT!r} or {IDS!r} and {MASK!r}, not both")
-        return EncodeInput(texts=inputs[TEXT](), **common)
+        return EncodeInput(texts=texts(inputs[TEXT]), **common)
     missing = [name for name in (IDS, MASK) if name not in inputs]
     if len(missing) == 2:
         raise InvalidArgument(f"missing input: set {EXPECTED_INPUTS}")
     if missing:
         raise InvalidArgument(f"missing input {missing[0]!r}: {IDS!r} and {MASK!r} go together")
-    ids, mask = inputs[IDS](), inputs[MASK]()
+    ids, mask = int64(inputs[IDS]), int64(inputs[MASK])
     if ids.shape != mask.shape:
         raise InvalidArgument(
             f"{IDS!r} has shape {list(ids.shape)} and {MASK!r} has shape {list(mask.shape)}: they must be the same"
