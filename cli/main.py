@@ -518,23 +518,16 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=_bench)
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mhaserve")
-    except PackageNotFoundError:  # run from a checkout without installing it
-        return "unknown"
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from mhaserve.service.version import server_version
+
     parser = argparse.ArgumentParser(
         prog="mhaserve",
         description="Serve Transformer encoders over gRPC and HTTP "
         "(encoder.v1, the Open Inference Protocol, OpenAI embeddings).",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--version", action="version", version=f"mhaserve {_version()}")
+    parser.add_argument("--version", action="version", version=f"mhaserve {server_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_export(sub)
     _add_import(sub)

@@ -19,8 +19,8 @@ from mhaserve.runtime.errors import InvalidArgument, NotFound
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
-from mhaserve.service.kserve.model import server_version
 from mhaserve.service.pipeline import EncodeInput, Pipeline
+from mhaserve.service.version import SERVER_NAME, server_version
 
 HEALTH_PATH = "/health"
 
@@ -123,7 +123,7 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
         return json_response(
             {
                 **default,
-                "server": {"name": "mhaserve", "version": server_version()},
+                "server": {"name": SERVER_NAME, "version": server_version()},
                 "models": [describe(p, max_message_bytes) for p in dataplane.pipelines()],
             }
         )

@@ -27,9 +27,9 @@ from mhaserve.service.http.middleware import ASGIApp, CallMiddleware, FastRoute,
 from mhaserve.service.http.openapi import add_schemas
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve import rest as kserve_rest
-from mhaserve.service.kserve.model import server_version
 from mhaserve.service.metrics import Metrics
 from mhaserve.service.models import ModelManager
+from mhaserve.service.version import server_version
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,6 @@ numbers); the gRPC messages are parsed from the same dicts, so the two protocols
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
 from typing import Any
 
 from google.protobuf import json_format
@@ -22,21 +19,12 @@ from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.kserve.tensors import IDS, MASK, OUTPUT, TEXT
 from mhaserve.service.pipeline import Pipeline
 
-SERVER_NAME = "mhaserve"
 # Triton's names for what this server implements beyond the core protocol (binary tensor data: REST only,
 # as in Triton; the repository methods answer FAILED_PRECONDITION unless --model-control explicit).
 EXTENSIONS = ("model_configuration", "parameters", "statistics", "model_repository", "binary_tensor_data")
 PLATFORM = "onnxruntime_onnx"
 BACKEND = "onnxruntime"
 CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT64": "TYPE_INT64", "FP32": "TYPE_FP32"}
-
-
-@cache
-def server_version() -> str:
-    try:
-        return package_version("mhaserve")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def tensor_shapes(model: LoadedModel) -> dict[str, tuple[str, list[int]]]:

@@ -29,11 +29,9 @@ from mhaserve.service.http.bodies import json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.kserve.model import (
     EXTENSIONS,
-    SERVER_NAME,
     config,
     metadata,
     model_is_ready,
-    server_version,
     statistics,
     statistics_of,
 )
@@ -49,6 +47,7 @@ from mhaserve.service.kserve.tensors import (
 )
 from mhaserve.service.models import ModelManager
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput
+from mhaserve.service.version import SERVER_NAME, server_version
 
 PREFIX = "/v2"
 HEADER_LENGTH = "inference-header-content-length"

@@ -21,17 +21,16 @@ from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.kserve.codec import error_pb, from_pb, to_pb
 from mhaserve.service.kserve.model import (
     EXTENSIONS,
-    SERVER_NAME,
     model_config,
     model_is_ready,
     model_metadata,
     model_statistics,
-    server_version,
     statistics_of,
 )
 from mhaserve.service.metrics import Metrics, stream_counter
 from mhaserve.service.models import ModelManager
 from mhaserve.service.rpc.streaming import ordered
+from mhaserve.service.version import SERVER_NAME, server_version
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
