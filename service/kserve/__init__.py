@@ -1,2 +1,3 @@
-"""The Open Inference Protocol (KServe v2, with Triton's extensions): the model's tensors (tensors.py), the
-gRPC codec (codec.py), model metadata and configuration (model.py), and the gRPC servicer (servicer.py)."""
+"""The Open Inference Protocol (KServe v2, with Triton's extensions): the model's tensors, decoded and checked
+for both wires (tensors.py), the gRPC codec (codec.py), model metadata, configuration and readiness
+(model.py), the gRPC servicer (servicer.py) and the REST routes (rest.py)."""
