@@ -325,8 +325,17 @@ def _connection(args: argparse.Namespace) -> Connection:
 
 
 def _add_connection(p: argparse.ArgumentParser) -> None:
+    """Where the server is and how to reach it: the client commands' shared options."""
     import os
 
+    from mhaserve.service.client import DEFAULT_ADDRESS
+
+    p.add_argument(
+        "--address",
+        type=_address,
+        default=DEFAULT_ADDRESS,
+        help=f"server HOST:PORT, the port 50051 if left out (default: {DEFAULT_ADDRESS})",
+    )
     g = p.add_argument_group("security (a server with --tls-cert or API keys)")
     g.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CA certificates")
     g.add_argument("--tls-ca", type=Path, metavar="FILE", help="use TLS, trusting the CA certificates in FILE (PEM)")
@@ -396,7 +405,6 @@ def _health(args: argparse.Namespace) -> int:
 
 
 def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from mhaserve.service.client import DEFAULT_ADDRESS
 
     p = sub.add_parser(
         "encode",
@@ -408,12 +416,6 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         nargs="+",
         metavar="TEXT",
         help="the texts to embed; '-' alone: one text per line of standard input (blank lines skipped)",
-    )
-    p.add_argument(
-        "--address",
-        type=_address,
-        default=DEFAULT_ADDRESS,
-        help=f"server HOST:PORT, the port 50051 if left out (default: {DEFAULT_ADDRESS})",
     )
     p.add_argument("--model", default="", help="model name, or name:version (default: the server's)")
     p.add_argument(
@@ -433,12 +435,6 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "health",
         help="exit 0 if the server reports SERVING (for container health checks)",
         description="Ask a server's grpc.health.v1 service; print the status; exit 0 only for SERVING.",
-    )
-    p.add_argument(
-        "--address",
-        type=_address,
-        default=DEFAULT_ADDRESS,
-        help=f"server HOST:PORT, the port 50051 if left out (default: {DEFAULT_ADDRESS})",
     )
     p.add_argument("--service", default="", help="service name (default: the whole server)")
     p.add_argument("--timeout", type=_seconds, default=5.0, help="seconds (default: 5)")
