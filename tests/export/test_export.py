@@ -290,8 +290,8 @@ def test_cli_bad_source_is_one_clear_line(
 @pytest.mark.parametrize(
     ("sizes", "message"),
     [
-        (["--heads", "0"], "n_heads must be positive, got 0"),  # was a ZeroDivisionError
-        (["--max-positions", "2"], "max_positions must be at least 3"),  # was torch.export's traceback
+        (["--heads", "0"], "--heads must be positive, got 0"),  # was a ZeroDivisionError
+        (["--max-positions", "2"], "--max-positions must be at least 3"),  # was torch.export's traceback
         (["--vocab-size", str(10**13)], "the model cannot be built"),  # torch's allocation error
     ],
 )
