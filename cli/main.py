@@ -285,7 +285,9 @@ def _model_name(text: str) -> str:
 
 
 def _version_number(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or int(text) < 1:
+    from mhaserve.runtime.manifest import is_number
+
+    if not is_number(text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"a version is a whole number from 1, got {text!r}")
     return int(text)
 

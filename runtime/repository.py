@@ -7,7 +7,7 @@ a tokenizer file that is missing, or a model that is not there is refused with a
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -139,6 +139,12 @@ def onnx_engine(
     return make
 
 
+def preferred_default(names: Iterable[str]) -> str:
+    """The default model among `names` (one at least): all-minilm-l6-v2 if there, else the first by name."""
+    ordered = sorted(names)
+    return DEFAULT_MODEL if DEFAULT_MODEL in ordered else ordered[0]
+
+
 class ModelRepository:
     """A directory of `<name>/<version>/` entries, as `mhaserve export` writes them."""
 
@@ -157,7 +163,7 @@ class ModelRepository:
                 f"the model repository {self._where()} has no models; "
                 f"create one with `mhaserve export --repository {self.root}`"
             )
-        return DEFAULT_MODEL if DEFAULT_MODEL in names else names[0]
+        return preferred_default(names)
 
     def published(self, name: str) -> list[int]:
         """The versions of a model in the repository, ascending; NOT_FOUND for a model it does not hold."""

@@ -15,7 +15,7 @@ from typing import Literal
 
 from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError, Unavailable
 from mhaserve.runtime.manifest import is_number
-from mhaserve.runtime.repository import DEFAULT_MODEL
+from mhaserve.runtime.repository import preferred_default
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 
 # unready: NOT_SERVING for balancers, but requests still served (the drain delay); closing: the listeners
@@ -129,7 +129,7 @@ class DataPlane:
     @property
     def default_model(self) -> str:
         if self._follow and self._default not in self._pipelines and self._pipelines:
-            return DEFAULT_MODEL if DEFAULT_MODEL in self._pipelines else min(self._pipelines)
+            return preferred_default(self._pipelines)
         return self._default
 
     def model_names(self) -> list[str]:
