@@ -161,7 +161,7 @@ class Settings:
     max_wait_ms: float | None = field(
         default=None,
         metadata=_opt(
-            "longest the oldest input waits for requests still being tokenised to join its batch, or, with "
+            "longest a batch's first input waits for requests still being tokenised to join its batch, or, with "
             "several inference workers, beside a batch computing, for its batch's share of the inputs; a batch "
             f"starts at once when neither is so (default {CPU_LIMITS.max_wait_ms} on CPU, {CUDA_LIMITS.max_wait_ms} "
             "on CUDA)",

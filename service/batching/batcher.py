@@ -2,7 +2,8 @@
 
 Requests are split into their sequences (one per input); a batch is a set of sequences, so one large
 request can share a batch with others and spread over several. The "length" policy anchors each batch
-on the oldest waiting sequence (nothing starves) and grows it with the sequences nearest in length
+on the next sequence of the request whose turn it is (the requests take turns: nothing starves, and a query
+does not wait behind all of a large request's inputs) and grows it with the sequences nearest in length
 while its padding stays under a cap (`max_padding`); "arrival" takes sequences strictly in order (the
 baseline to compare against).
 
@@ -242,7 +243,7 @@ class Batcher:
         self._release(job)
 
     def _fail_queued(self, error: ServiceError) -> None:
-        while (s := self._policy.oldest(self._live)) is not None:
+        while (s := self._policy.first(self._live)) is not None:
             self._fail(s.job, error)
         self._policy.clear()
 
@@ -258,7 +259,7 @@ class Batcher:
     def should_start(self) -> bool:
         """Whether what waits should go to the model now rather than wait for more to join it.
 
-        At once when the budget is full or when draining. Otherwise the oldest input waits, at most
+        At once when the budget is full or when draining. Otherwise the batch's first input waits, at most
         max_wait_ms:
         - while admitted requests are still being tokenised, since they would join it;
         - with several workers, while another batch computes (or waits for a thread) and the queue holds
@@ -280,11 +281,11 @@ class Batcher:
         return True
 
     async def _wait_for_batch(self) -> None:
-        """Return when a batch should start (should_start), or when the oldest input waited long enough."""
+        """Return when a batch should start (should_start), or when its first input waited long enough."""
         while True:
             self._arrived.clear()
-            oldest = self._policy.oldest(self._live)
-            if oldest is None:
+            first = self._policy.first(self._live)
+            if first is None:
                 # Only cancelled or expired entries can be left: drop them now, not when the next batch's
                 # window happens to pass over them (an idle server would hold them, and their ids, forever).
                 self._policy.clear()
@@ -292,10 +293,10 @@ class Batcher:
                 continue
             if self.should_start():
                 return
-            due = oldest.job.enqueued + self.limits.max_wait_ms / 1000 - time.perf_counter()
+            due = first.job.enqueued + self.limits.max_wait_ms / 1000 - time.perf_counter()
             if due <= 0:
                 return
-            # Wake on a new arrival (the budget may now be full) or when the oldest has waited enough.
+            # Wake on a new arrival (the budget may now be full) or when the first has waited enough.
             try:
                 await asyncio.wait_for(self._arrived.wait(), timeout=due)
             except TimeoutError:

@@ -123,6 +123,59 @@ def test_length_aware_groups_similar_lengths_and_serves_the_oldest_first() -> No
     assert sorted(r[0] for b in by_length for r in b) == list(range(20))
 
 
+@pytest.mark.parametrize("batching", ["length", "arrival"])
+def test_a_query_behind_a_large_request_waits_for_one_of_its_batches_not_all(batching: str) -> None:
+    """The length policy gives the waiting requests turns: a lone query queued behind a request of 16 inputs
+    anchors the second batch, where strictly oldest first (and arrival order, the baseline) put it in the
+    fifth, after all 16. Every input is computed once either way."""
+    engine = ScriptedEngine()
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_batch_tokens=40), batching=batching)  # type: ignore[arg-type]
+        bulk = asyncio.ensure_future(b.submit([seq(1, *[7] * 9) for _ in range(16)]))
+        await asyncio.sleep(0)
+        query = asyncio.ensure_future(b.submit([seq(2, *[7] * 9)]))
+        await asyncio.sleep(0)  # both queued before the worker looks
+        b.drain()
+        b.start()
+        await asyncio.gather(bulk, query)
+        await b.close()
+
+    run(main())
+    firsts = [[row[0] for row in batch] for batch in engine.batches]
+    assert [len(batch) for batch in firsts] == [4, 4, 4, 4, 1]  # the budget's 4 rows of 10 tokens, whatever the order
+    assert sorted(i for batch in firsts for i in batch) == [1] * 16 + [2]
+    assert [i for i, batch in enumerate(firsts) if 2 in batch] == ([1] if batching == "length" else [4])
+
+
+def test_the_length_policy_gives_waiting_requests_turns_to_anchor_a_batch() -> None:
+    """Each batch's anchor (its first sequence) comes from the next request in turn; a request that anchored
+    goes behind those waiting then. Three requests, 12 + 1 + 12 inputs, a padding cap of 0 (a batch holds
+    one length), 4 rows a batch: the anchors go A, B, C, A (then whoever has inputs left, as the windows,
+    which take any request's inputs of the anchor's length, left them), and nothing is taken twice or left
+    behind."""
+    from mhaserve.service.batching.policies import LengthAware
+    from mhaserve.service.batching.queue import Job, Seq
+
+    async def main() -> list[list[tuple[str, int]]]:
+        policy = LengthAware(max_padding=0.0)
+        loop, order = asyncio.get_running_loop(), iter(range(100))
+        for name, n, length in (("A", 12, 5), ("B", 1, 9), ("C", 12, 5)):
+            job = Job(loop.create_future(), n, None, name)
+            policy.push([Seq(job, i, seq(*[i] * length), next(order)) for i in range(n)])
+        batches = []
+        while batch := policy.take(10_000, lambda s: not s.taken, max_rows=4):
+            batches.append([(s.job.request_id, s.index) for s in batch])
+        return batches
+
+    batches = run(main())
+    assert [b[0][0] for b in batches][:4] == ["A", "B", "C", "A"]
+    assert batches[1] == [("B", 0)]  # the query, second; oldest first would have put it after A's 12
+    assert sorted(s for b in batches for s in b) == sorted(
+        [("A", i) for i in range(12)] + [("B", 0)] + [("C", i) for i in range(12)]
+    )
+
+
 def test_the_padding_cap_bounds_every_batch_even_when_the_budget_would_take_everything() -> None:
     """Queries and a few long paragraphs, all fitting the budget at once: uncapped, the window takes them all
     and pads the queries to the paragraphs; capped, no batch passes the cap, and nothing is lost or starved."""
