@@ -1,9 +1,9 @@
 """Batching policies: which waiting sequences form the next batch.
 
 "length" anchors each batch on the next sequence of the request whose turn it is (the waiting requests
-take turns, so nothing starves and a lone query never waits behind all of a large request's inputs) and
-grows it with the sequences nearest in length while its padding stays under a cap; "arrival" takes
-sequences strictly in order (the baseline to compare against).
+take turns, newcomers first, so nothing starves and a query does not wait behind all of a large request's
+inputs) and grows it with the sequences nearest in length while its padding stays under a cap; "arrival"
+takes sequences strictly in order (the baseline to compare against).
 """
 
 from __future__ import annotations
@@ -70,16 +70,42 @@ class ArrivalOrder:
 _key = attrgetter("key")
 
 
+class _Turns:
+    """One waiting request's sequences, in order, and when its next turn to anchor a batch is due."""
+
+    __slots__ = ("seqs", "due")
+
+    def __init__(self, seqs: Sequence[Seq]) -> None:
+        self.seqs = deque(seqs)
+        self.due = 0  # the count of newcomers' turns from which this request goes before newcomers
+
+
+def _head(q: deque[_Turns], live: Live) -> Seq | None:
+    """The first live sequence of the first request in `q` that has one; dead ones and spent requests go."""
+    while q:
+        seqs = q[0].seqs
+        while seqs and not live(seqs[0]):
+            seqs.popleft()
+        if seqs:
+            return seqs[0]
+        q.popleft()
+    return None
+
+
 class LengthAware:
     """The next sequence of the request whose turn it is, plus the waiting sequences nearest to it in length.
 
-    The waiting requests take turns to anchor a batch, in the order they came: a request that anchored one
-    goes behind every request waiting then, with the rest of its sequences. With one input a request (the
-    usual traffic) that is arrival order, the oldest first. With a large request waiting (an indexing job's
-    64 texts), a query that comes after it anchors one of the next batches instead of waiting for all 64:
-    on 2 cores, strictly oldest first held a lone query 190 ms at p90 behind one such client (15 ms alone),
-    and 420 ms behind two (docs/benchmarks.md). Nothing starves: a request anchors at least every so many
-    batches as there are requests waiting, and the windows take its sequences as often as their lengths fit.
+    The waiting requests take turns to anchor a batch. A request anchors its first batch in the order the
+    requests came (newcomers); a request that anchored one and has sequences left goes behind the newcomers
+    waiting then, or, when none waits, behind the next one to come, and among those that anchored before it
+    in turn (round robin). With one input a request (the usual traffic) that is arrival order, the oldest
+    first. With a large request waiting (an indexing job's 64 texts), a query that comes meanwhile anchors
+    the next batch to form instead of waiting for all 64: docs/benchmarks.md measured a query's mean latency
+    on 2 cores beside one such client at 0.6x and beside two at 0.5x what strictly oldest first gave. A
+    newcomer going before a request that had its turn is what Linux's fq_codel does for new flows; the
+    bound on how many go before it keeps a stream of newcomers from starving it: a request anchors within
+    as many batches as there were requests waiting when it last did (at least one), and the windows take
+    its sequences whenever their lengths fit.
 
     A list kept sorted by length holds every waiting sequence; the batch is a contiguous window of it
     around the anchor, grown one sequence at a time on the side that adds the least padding, while the
@@ -90,26 +116,29 @@ class LengthAware:
 
     def __init__(self, max_padding: float = 1.0) -> None:
         self.max_padding = max_padding
-        # The waiting requests in turn, each as its sequences in order; taken or dead ones are dropped lazily.
-        self._turns: deque[deque[Seq]] = deque()
+        # Waiting requests, taken or dead sequences dropped lazily: those yet to anchor a batch in the order
+        # they came, and those that anchored one, in turn.
+        self._new: deque[_Turns] = deque()
+        self._old: deque[_Turns] = deque()
+        self._new_turns = 0  # batches newcomers anchored, ever: the clock `_Turns.due` counts on
         self._sorted: list[Seq] = []
 
     def push(self, seqs: Sequence[Seq]) -> None:
         if seqs:
-            self._turns.append(deque(seqs))
+            self._new.append(_Turns(seqs))
         for s in seqs:
             bisect.insort(self._sorted, s, key=_key)
 
+    def _next(self, live: Live) -> deque[_Turns] | None:
+        """The list whose first request anchors the next batch (None when nothing waits)."""
+        new, old = _head(self._new, live), _head(self._old, live)
+        if old is None:
+            return self._new if new is not None else None
+        return self._old if new is None or self._new_turns >= self._old[0].due else self._new
+
     def first(self, live: Live) -> Seq | None:
-        q = self._turns
-        while q:
-            head = q[0]
-            while head and not live(head[0]):
-                head.popleft()
-            if head:
-                return head[0]
-            q.popleft()
-        return None
+        q = self._next(live)
+        return q[0].seqs[0] if q else None
 
     def _fits(self, rows: int, width: int, real: int, budget: int) -> bool:
         """Would a batch of `rows` sequences, padded to `width`, holding `real` tokens, be allowed?"""
@@ -117,14 +146,17 @@ class LengthAware:
         return padded <= budget and padded - real <= self.max_padding * padded
 
     def take(self, budget: int, live: Live, max_rows: int | None = None) -> list[Seq]:
-        anchor = self.first(live)
-        if anchor is None:
+        q = self._next(live)
+        if q is None:
             self._sorted.clear()  # only dead entries can be left
             return []
-        head = self._turns.popleft()  # the anchor's request: its next turn after those waiting now
-        head.popleft()
-        if head:
-            self._turns.append(head)
+        turns = q.popleft()
+        anchor = turns.seqs.popleft()
+        if q is self._new:
+            self._new_turns += 1
+        if turns.seqs:  # its next turn: after the newcomers waiting now, or the next to come
+            turns.due = self._new_turns + max(1, len(self._new))
+            self._old.append(turns)
         srt = self._sorted
         i = bisect.bisect_left(srt, anchor.key, key=_key)
         batch, longest, real = [anchor], anchor.length, anchor.length
@@ -157,7 +189,8 @@ class LengthAware:
         return batch
 
     def clear(self) -> None:
-        self._turns.clear()
+        self._new.clear()
+        self._old.clear()
         self._sorted.clear()
 
 

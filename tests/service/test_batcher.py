@@ -176,6 +176,51 @@ def test_the_length_policy_gives_waiting_requests_turns_to_anchor_a_batch() -> N
     )
 
 
+def _anchors(steps: list[tuple[str, int, int] | None]) -> list[str]:
+    """Drive a LengthAware policy (padding cap 0: a batch holds one length; 4 rows a batch): each step either
+    queues a request (name, inputs, length) or, for None, takes a batch; the name of each batch's anchor."""
+    from mhaserve.service.batching.policies import LengthAware
+    from mhaserve.service.batching.queue import Job, Seq
+
+    async def main() -> list[str]:
+        policy, loop, order, anchors = LengthAware(max_padding=0.0), asyncio.get_running_loop(), iter(range(10_000)), []
+        for step in steps:
+            if step is None:
+                batch = policy.take(10_000, lambda s: not s.taken, max_rows=4)
+                anchors.append(batch[0].job.request_id if batch else "-")
+            else:
+                name, n, length = step
+                job = Job(loop.create_future(), n, None, name)
+                policy.push([Seq(job, i, seq(*[i] * length), next(order)) for i in range(n)])
+        return anchors
+
+    return run(main())
+
+
+def test_a_request_that_had_its_turn_lets_the_next_newcomer_go_first() -> None:
+    """A bulk request alone anchors batch after batch; a query that comes meanwhile anchors the next one
+    (round robin alone would have put it behind the bulk request's next turn), and then the bulk goes on."""
+    take = None
+    assert _anchors([("bulk", 40, 5), take, take, ("query", 1, 9), take, take]) == ["bulk", "bulk", "query", "bulk"]
+
+
+def test_newcomers_do_not_starve_a_request_that_had_its_turn() -> None:
+    """Three newcomers wait when the bulk request anchors; its next turn comes after those three, though a
+    new one arrives before every batch, and so on: it keeps anchoring at bounded intervals. (Each newcomer
+    of its own length, so that no window takes one with another.)"""
+    take = None
+    steps: list[tuple[str, int, int] | None] = [("bulk", 200, 5), ("n1", 1, 10), ("n2", 1, 11), ("n3", 1, 12), take]
+    for i in range(4, 40):
+        steps += [(f"n{i}", 1, 9 + i), take]
+    anchors = _anchors(steps)
+    assert anchors[:5] == ["bulk", "n1", "n2", "n3", "bulk"]
+    turns = [i for i, name in enumerate(anchors) if name == "bulk"]
+    # At its j-th turn 3 + j newcomers wait (each batch it anchors serves none of the one that came): its next
+    # turn comes right after them, as round robin's would.
+    assert len(turns) >= 6
+    assert [b - a for a, b in zip(turns, turns[1:], strict=False)] == [4 + j for j in range(len(turns) - 1)]
+
+
 def test_the_padding_cap_bounds_every_batch_even_when_the_budget_would_take_everything() -> None:
     """Queries and a few long paragraphs, all fitting the budget at once: uncapped, the window takes them all
     and pads the queries to the paragraphs; capped, no batch passes the cap, and nothing is lost or starved."""
