@@ -101,7 +101,7 @@ class LengthAware:
     in turn (round robin). With one input a request (the usual traffic) that is arrival order, the oldest
     first. With a large request waiting (an indexing job's 64 texts), a query that comes meanwhile anchors
     the next batch to form instead of waiting for all 64: docs/benchmarks.md measured a query's mean latency
-    on 2 cores beside one such client at 0.6x and beside two at 0.5x what strictly oldest first gave. A
+    on 2 cores beside one such client at 0.64x and beside two at 0.67x what strictly oldest first gave. A
     newcomer going before a request that had its turn is what Linux's fq_codel does for new flows; the
     bound on how many go before it keeps a stream of newcomers from starving it: a request anchors within
     as many batches as there were requests waiting when it last did (at least one), and the windows take
