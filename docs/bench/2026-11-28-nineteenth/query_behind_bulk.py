@@ -76,7 +76,9 @@ def queries(port: int, seconds: float) -> list[float]:
 def beside(port: int, n_bulk: int, seconds: float) -> dict[str, float]:
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "bulk", str(port), str(seconds + 2), str(1000 + 500 * i)], stdout=subprocess.PIPE, text=True
+            [sys.executable, __file__, "bulk", str(port), str(seconds + 2), str(1000 + 500 * i)],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for i in range(n_bulk)
     ]
