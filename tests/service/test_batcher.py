@@ -126,8 +126,9 @@ def test_length_aware_groups_similar_lengths_and_serves_the_oldest_first() -> No
 @pytest.mark.parametrize("batching", ["length", "arrival"])
 def test_a_query_behind_a_large_request_waits_for_one_of_its_batches_not_all(batching: str) -> None:
     """The length policy gives the waiting requests turns: a lone query queued behind a request of 16 inputs
-    anchors the second batch, where strictly oldest first (and arrival order, the baseline) put it in the
-    fifth, after all 16. Every input is computed once either way."""
+    anchors the second batch, and alone (its window passes over the larger request's inputs), where strictly
+    oldest first (and arrival order, the baseline) put it in the fifth, after all 16. Every input is computed
+    once either way."""
     engine = ScriptedEngine()
 
     async def main() -> None:
@@ -143,9 +144,11 @@ def test_a_query_behind_a_large_request_waits_for_one_of_its_batches_not_all(bat
 
     run(main())
     firsts = [[row[0] for row in batch] for batch in engine.batches]
-    assert [len(batch) for batch in firsts] == [4, 4, 4, 4, 1]  # the budget's 4 rows of 10 tokens, whatever the order
     assert sorted(i for batch in firsts for i in batch) == [1] * 16 + [2]
-    assert [i for i, batch in enumerate(firsts) if 2 in batch] == ([1] if batching == "length" else [4])
+    if batching == "length":
+        assert firsts == [[1] * 4, [2], [1] * 4, [1] * 4, [1] * 4]  # the budget's 4 rows of 10 tokens
+    else:
+        assert firsts == [[1] * 4] * 4 + [[2]]
 
 
 def test_the_length_policy_gives_waiting_requests_turns_to_anchor_a_batch() -> None:
@@ -202,6 +205,32 @@ def test_a_request_that_had_its_turn_lets_the_next_newcomer_go_first() -> None:
     (round robin alone would have put it behind the bulk request's next turn), and then the bulk goes on."""
     take = None
     assert _anchors([("bulk", 40, 5), take, take, ("query", 1, 9), take, take]) == ["bulk", "bulk", "query", "bulk"]
+
+
+def test_a_small_requests_batch_passes_over_larger_requests_inputs_and_a_large_ones_takes_smaller_ones() -> None:
+    """Two queries and a request of 8 inputs, all of one length (10 rows a batch, no padding cap): a query's
+    batch holds the queries only, though the bulk inputs fit it; the bulk request's batch takes a query that
+    waits beside it."""
+    from mhaserve.service.batching.policies import LengthAware
+    from mhaserve.service.batching.queue import Job, Seq
+
+    async def main() -> list[list[str]]:
+        policy, loop, order = LengthAware(), asyncio.get_running_loop(), iter(range(100))
+
+        def push(name: str, n: int) -> None:
+            job = Job(loop.create_future(), n, None, name)
+            policy.push([Seq(job, i, seq(*[i] * 5), next(order)) for i in range(n)])
+
+        def take() -> list[str]:
+            return sorted(s.job.request_id for s in policy.take(10_000, lambda s: not s.taken, max_rows=10))
+
+        for name, n in (("q1", 1), ("bulk", 8), ("q2", 1)):
+            push(name, n)
+        first = take()  # q1 anchors: q2 joins, none of the bulk's inputs
+        push("q3", 1)
+        return [first, take(), take()]  # the bulk anchors (its turn), and takes q3; then nothing waits
+
+    assert run(main()) == [["q1", "q2"], ["bulk"] * 8 + ["q3"], []]
 
 
 def test_newcomers_do_not_starve_a_request_that_had_its_turn() -> None:
