@@ -24,6 +24,8 @@ from pathlib import Path
 
 TEXTS = [line for line in Path("loadtest/texts/short.txt").read_text().splitlines() if line.strip()]
 PER = 64
+# ab_turns.py's 32 gRPC clients (it imports one_client.py from docs/bench), once for every round.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "2026-11-26-turns"), str(Path(__file__).resolve().parents[1])]
 RATE = 10.0  # queries a second
 
 
@@ -93,8 +95,6 @@ def beside(port: int, n_bulk: int, seconds: float) -> dict[str, float]:
 
 
 def served(seconds: float, args: list[str]) -> dict[str, float]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-26-turns"))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from ab_turns import grpc_32
 
     from mhaserve.testing.loopback import free_port
