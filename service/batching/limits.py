@@ -16,15 +16,21 @@ class Limits:
     max_padding: float  # the length policy's cap on a batch's padding, a fraction of its tokens
 
 
-# A GPU turns a wide batch into throughput; a CPU gains little past a few thousand tokens and pays in
-# latency, so it gets a smaller budget and a shorter wait.
+# A GPU turns a wide batch into throughput; a CPU does not, so it gets a far smaller budget and a shorter
+# wait. On a CPU a thread computes about as many tokens a second at 128 as at 1,024 tokens a batch, and
+# fewer past that (MiniLM, one thread: 0.56x at 8,192); what a bigger budget adds is time a batch holds its
+# worker: a query that comes meanwhile waits it out, and the clients of a batch of long texts all wait for
+# its longest. 256 tokens (the model's longest input alone, or about ten short texts) against 8,192, with
+# two workers on 2 cores, alternated: short and mixed texts 1.02-1.11x a second, p99 0.75-0.85x, fixed
+# 128-token inputs 0.99-1.01x, a query beside an indexing client's 64-text requests 0.6x its mean latency
+# (docs/benchmarks.md, "A smaller token budget on a CPU"). An input longer than the budget is a batch alone.
 #
 # Padding is computed like real tokens. On a CPU, batching buys little (MiniLM on 2 cores: 1.3x from
 # batch 1 to its best batch), so padding soon costs more than batching gains: on the mixed workload of
 # docs/benchmarks.md a cap of 0.1 served about 10 % more than 0.2, and 0.35 about 25 % less. A GPU gains
 # more from wide batches, so it may trade more padding for them (an estimate: not yet measured on a GPU).
 CPU_LIMITS = Limits(
-    max_batch_tokens=8192, max_wait_ms=2.0, max_queue_size=2048, max_client_batch_size=64, max_padding=0.1
+    max_batch_tokens=256, max_wait_ms=2.0, max_queue_size=2048, max_client_batch_size=64, max_padding=0.1
 )
 CUDA_LIMITS = Limits(
     max_batch_tokens=32768, max_wait_ms=5.0, max_queue_size=8192, max_client_batch_size=256, max_padding=0.3

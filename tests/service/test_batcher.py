@@ -124,6 +124,16 @@ def test_length_aware_groups_similar_lengths_and_serves_the_oldest_first() -> No
 
 
 @pytest.mark.parametrize("batching", ["length", "arrival"])
+def test_an_input_longer_than_the_budget_is_a_batch_alone(batching: str) -> None:
+    """The CPU's default budget (256 tokens) is below some models' longest input (512): such an input is
+    computed, alone, and the short ones beside it still batch together."""
+    batches = _batches(batching, [3, 50, 3, 3], max_batch_tokens=16)
+    assert sorted(r[0] for b in batches for r in b) == [0, 1, 2, 3]
+    assert [[r[0] for r in b] for b in batches if any(len(r) == 50 for r in b)] == [[1]]
+    assert max(len(b) for b in batches) >= 2  # the 3-token inputs share a batch: the budget still batches
+
+
+@pytest.mark.parametrize("batching", ["length", "arrival"])
 def test_a_query_behind_a_large_request_waits_for_one_of_its_batches_not_all(batching: str) -> None:
     """The length policy gives the waiting requests turns: a lone query queued behind a request of 16 inputs
     anchors the second batch, and alone (its window passes over the larger request's inputs), where strictly

@@ -402,7 +402,7 @@ def test_metadata_and_config(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     assert config.dynamic_batching.default_queue_policy.max_queue_size == 2048
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
     assert config.default_model_filename == "model.optimized.onnx"
-    assert config.parameters["max_batch_tokens"].string_value == "8192"
+    assert config.parameters["max_batch_tokens"].string_value == "256"
 
 
 def test_stream_answers_in_order_and_survives_bad_requests(server: ServerThread, stubs: tuple[Any, Any]) -> None:

@@ -258,7 +258,7 @@ def test_model_info(stub: pb_grpc.EncoderServiceStub, tiny_entry: Path) -> None:
     assert (info.vocab_size, info.layers, info.heads, info.pooling) == (256, 2, 4, m.pooling)
     assert info.graph == "optimized" and info.sha256 == m.graphs["optimized"].sha256
     assert info.execution_provider == "CPUExecutionProvider"
-    assert (info.max_client_batch_size, info.max_batch_tokens, info.max_queue_size) == (8, 8192, 2048)
+    assert (info.max_client_batch_size, info.max_batch_tokens, info.max_queue_size) == (8, 256, 2048)
     assert info.max_message_bytes == 4 * 1024 * 1024
     assert stub.GetModelInfo(pb.GetModelInfoRequest(model="tiny"), timeout=WAIT).name == "tiny"
 
