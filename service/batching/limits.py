@@ -17,13 +17,14 @@ class Limits:
 
 
 # A GPU turns a wide batch into throughput; a CPU does not, so it gets a far smaller budget and a shorter
-# wait. On a CPU a thread computes about as many tokens a second at 128 as at 1,024 tokens a batch, and
-# fewer past that (MiniLM, one thread: 0.56x at 8,192); what a bigger budget adds is time a batch holds its
-# worker: a query that comes meanwhile waits it out, and the clients of a batch of long texts all wait for
-# its longest. 256 tokens (the model's longest input alone, or about ten short texts) against 8,192, with
-# two workers on 2 cores, alternated: short and mixed texts 1.02-1.11x a second, p99 0.75-0.85x, fixed
-# 128-token inputs 0.99-1.01x, a query beside an indexing client's 64-text requests 0.6x its mean latency
-# (docs/benchmarks.md, "A smaller token budget on a CPU"). An input longer than the budget is a batch alone.
+# wait. On a CPU a thread computes within 4 % as many texts a second in batches of 256 tokens as of 1,024,
+# and fewer past that (MiniLM, one thread: about half at 8,192); what a bigger budget adds is time a batch
+# holds its worker: a query that comes meanwhile waits it out, and the clients of a batch of long texts all
+# wait for its longest. 256 tokens (the model's longest input alone, or about ten short texts) against
+# 8,192, with two workers on 2 cores, alternated: short and mixed texts 1.02-1.11x a second, p99
+# 0.75-0.85x, fixed 128-token inputs 0.99-1.01x, a query beside an indexing client's 64-text requests
+# 0.6x its mean latency (docs/benchmarks.md, "A smaller token budget on a CPU"). An input longer than the
+# budget is a batch alone.
 #
 # Padding is computed like real tokens. On a CPU, batching buys little (MiniLM on 2 cores: 1.3x from
 # batch 1 to its best batch), so padding soon costs more than batching gains: on the mixed workload of
