@@ -22,9 +22,9 @@ class Limits:
 # holds its worker: a query that comes meanwhile waits it out, and the clients of a batch of long texts all
 # wait for its longest. 256 tokens (the model's longest input alone, or about ten short texts) against
 # 8,192, with two workers on 2 cores, alternated: short and mixed texts 1.02-1.11x a second, p99
-# 0.75-0.85x, fixed 128-token inputs 0.99-1.01x, a query beside an indexing client's 64-text requests
-# 0.6x its mean latency (docs/benchmarks.md, "A smaller token budget on a CPU"). An input longer than the
-# budget is a batch alone.
+# 0.75-0.85x, fixed 128-token inputs 0.99-1.01x; a query beside indexing clients' 64-text requests 0.54-0.76x
+# its mean latency (docs/benchmarks.md, "A smaller token budget on a CPU"). An input longer than the budget
+# is a batch alone.
 #
 # Padding is computed like real tokens. On a CPU, batching buys little (MiniLM on 2 cores: 1.3x from
 # batch 1 to its best batch), so padding soon costs more than batching gains: on the mixed workload of
