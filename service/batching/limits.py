@@ -17,7 +17,7 @@ class Limits:
 
 
 # A GPU turns a wide batch into throughput; a CPU does not, so it gets a far smaller budget and a shorter
-# wait. On a CPU a thread computes within 4 % as many texts a second in batches of 256 tokens as of 1,024,
+# wait. On a CPU a thread computes within 5 % as many texts a second in batches of 256 tokens as of 1,024,
 # and fewer past that (MiniLM, one thread: about half at 8,192); what a bigger budget adds is time a batch
 # holds its worker: a query that comes meanwhile waits it out, and the clients of a batch of long texts all
 # wait for its longest. 256 tokens (the model's longest input alone, or about ten short texts) against
