@@ -703,7 +703,12 @@ def test_max_connection_age_sends_clients_away_to_connect_again(tiny_repo: Path)
             channel.subscribe(states.append, try_to_connect=False)
             stub = pb_grpc.EncoderServiceStub(channel)
             assert len(stub.Encode(pb.EncodeRequest(texts=["a"]), timeout=WAIT).embeddings) == 1
-            # the GOAWAY: the channel goes idle, and its next call connects again
-            wait_until(lambda: states[-1] == grpc.ChannelConnectivity.IDLE, "the connection's GOAWAY", 10)
+            # the GOAWAY: the channel goes idle after being READY (the callbacks come on grpc's own thread, late:
+            # the first, IDLE before connecting, must not pass for it), and its next call connects again
+            wait_until(
+                lambda: grpc.ChannelConnectivity.READY in states and states[-1] == grpc.ChannelConnectivity.IDLE,
+                "the connection's GOAWAY",
+                10,
+            )
             assert len(stub.Encode(pb.EncodeRequest(texts=["b"]), timeout=WAIT).embeddings) == 1
-    assert states.count(grpc.ChannelConnectivity.READY) >= 2
+            wait_until(lambda: states.count(grpc.ChannelConnectivity.READY) >= 2, "a second connection", 10)
