@@ -15,6 +15,7 @@ import onnxruntime as ort
 from mhaserve.loadtest.bench.workloads import build
 from mhaserve.runtime.repository import ModelRepository
 from mhaserve.runtime.tokenizer import load_for_serving
+from mhaserve.service.batching.padding import pad
 
 
 def batches(ids: list[list[int]], budget: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -26,16 +27,7 @@ def batches(ids: list[list[int]], budget: int) -> list[tuple[np.ndarray, np.ndar
             cur = []
         cur.append(s)
     out.append(cur)
-    arrays = []
-    for b in out:
-        n = max(len(s) for s in b)
-        x = np.zeros((len(b), n), dtype=np.int64)
-        m = np.zeros((len(b), n), dtype=np.int64)
-        for i, s in enumerate(b):
-            x[i, : len(s)] = s
-            m[i, : len(s)] = 1
-        arrays.append((x, m))
-    return arrays
+    return [pad(b, 0) for b in out]
 
 
 def rate(session: ort.InferenceSession, plan: list[tuple[np.ndarray, np.ndarray]], seconds: float) -> float:
