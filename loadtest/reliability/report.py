@@ -179,7 +179,8 @@ def render(run: Run) -> str:
                 [
                     ("requests with the marker", _codes(e.poisoned_codes)),
                     ("the others", _codes(e.codes)),
-                    ("failed without the marker in their batch", e.failed_without_poison_in_batch),
+                    ("the others that shared a batch with the marker (run again without it)", e.shared_with_poison),
+                    ("the others that failed", e.failed_without_poison),
                     ("wrong answers", e.wrong),
                     ("SERVING and right afterwards", e.serving_after),
                 ],

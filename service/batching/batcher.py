@@ -8,8 +8,9 @@ while its padding stays under a cap (`max_padding`); "arrival" takes sequences s
 baseline to compare against).
 
 What Infinity's batch worker got wrong, and what this one does instead:
-- a failed batch fails the futures of exactly the requests that had a sequence in it, then the worker
-  goes on with the next batch;
+- an input the engine fails on (it raises, or answers NaN or infinity for its row) fails its own request
+  only: the batch's other rows are served, run again without it where the engine raised (_compute); a batch
+  fails whole only when every input in it fails alone; either way the worker goes on with the next batch;
 - waiting is event-driven: an `asyncio.Event` set on arrival, and one timed wait for `max_wait_ms`,
   only while admitted requests are still being tokenised or, with several workers, while another batch
   computes and fewer inputs than this batch's share wait (should_start): a lone request never waits;
@@ -65,6 +66,11 @@ class Ran:
     rows: int
     cells: int  # padded tokens
     real: int
+    failed: dict[int, Exception]  # rows whose input alone failed (their embeddings rows are zeros), by row
+
+
+class NonFiniteOutput(RuntimeError):
+    """The engine's row for an input is NaN or infinite: never served as an embedding."""
 
 
 def _settle(run: asyncio.Future[Ran], outcome: Ran | BaseException) -> None:
@@ -414,15 +420,7 @@ class Batcher:
         """
         begun.append(time.monotonic())
         try:
-            ids, mask = pad([s.ids for s in batch], self.pad_id)
-            t0 = time.perf_counter()
-            out = self.engine.run(ids, mask)
-            seconds = time.perf_counter() - t0
-            if out.ndim != 2 or out.shape[0] != len(batch):
-                raise RuntimeError(f"engine returned shape {out.shape} for a batch of {len(batch)}")
-            if not np.isfinite(out).all():  # an fp16 overflow, a broken graph: no NaN is served as an embedding
-                raise RuntimeError(f"engine returned NaN or infinite values for a batch of {len(batch)}")
-            outcome: Ran | BaseException = Ran(out, seconds, len(batch), ids.size, int(mask.sum()))
+            outcome: Ran | BaseException = self._compute(batch)
         except Exception as e:  # whatever the engine raises reaches the batch's future, as it must
             outcome = e
         except BaseException as e:  # SystemExit or KeyboardInterrupt from an engine: set on the loop's future,
@@ -430,6 +428,70 @@ class Batcher:
             outcome = RuntimeError(f"the engine raised {type(e).__name__}: {e}")
         with contextlib.suppress(RuntimeError):  # the loop closed while this batch ran: nobody is waiting
             loop.call_soon_threadsafe(self._finish, batch, run, outcome)
+
+    def _run_once(self, batch: Sequence[Seq]) -> tuple[Embeddings, float, int, int]:
+        """Pad and run `batch`: its rows, the engine's seconds, padded and real tokens."""
+        ids, mask = pad([s.ids for s in batch], self.pad_id)
+        t0 = time.perf_counter()
+        out = self.engine.run(ids, mask)
+        seconds = time.perf_counter() - t0
+        if out.ndim != 2 or out.shape[0] != len(batch):
+            raise RuntimeError(f"engine returned shape {out.shape} for a batch of {len(batch)}")
+        return out, seconds, ids.size, int(mask.sum())
+
+    def _compute(self, batch: list[Seq]) -> Ran:
+        """Run the batch; an input that fails alone fails its own request, not the others in its batch.
+
+        An encoder computes each row of a batch on its own (attention stays inside a row, padding is masked), so
+        a row that comes out NaN or infinite (an fp16 overflow on one text) is that input's failure only, and
+        the batch's other rows are served. A run that raises is split in two and each half run again, down to
+        the inputs that fail (one bad input costs about 2 log2(rows) runs more; _isolate). Raises when no row
+        succeeds, and the batch then fails whole, as an engine error did before."""
+        try:
+            out, seconds, cells, real = self._run_once(batch)
+            failed: dict[int, Exception] = {}
+        except Exception as e:
+            if len(batch) == 1:
+                raise
+            out, seconds, cells, real, failed = self._isolate(batch, e)
+        if not np.isfinite(out).all():  # an fp16 overflow, a broken graph: no NaN is served as an embedding
+            bad = np.logical_not(np.isfinite(out).all(axis=1, keepdims=True))  # (rows, 1)
+            for row in np.flatnonzero(bad):
+                failed.setdefault(int(row), NonFiniteOutput(f"engine returned NaN or infinite values for row {row}"))
+            out = np.where(bad, np.float32(0.0), out)
+        if len(failed) == len(batch):
+            raise next(iter(failed.values()))
+        return Ran(out, seconds, len(batch), cells, real, failed)
+
+    def _isolate(self, batch: list[Seq], error: Exception) -> tuple[Embeddings, float, int, int, dict[int, Exception]]:
+        """`_compute` after the whole batch raised `error`: its halves, and the halves of those that raise, down
+        to the inputs that raise alone. An engine that fails whatever it is given costs 2 x rows - 2 runs more
+        (the rows computed about log2(rows) times over; such failures are raised at once, in practice) before
+        the batch fails whole with `error`."""
+        rows: list[Embeddings | None] = [None] * len(batch)
+        failed: dict[int, Exception] = {}
+        seconds, cells, real = 0.0, 0, 0
+        spans = [(0, len(batch), error)]
+        while spans:
+            start, end, err = spans.pop()
+            if end - start == 1:
+                failed[start] = err
+                continue
+            mid = (start + end) // 2
+            for a, b in ((start, mid), (mid, end)):
+                try:
+                    out, s, c, r = self._run_once(batch[a:b])
+                except Exception as e:
+                    spans.append((a, b, e))
+                    continue
+                rows[a:b] = list(out)
+                seconds, cells, real = seconds + s, cells + c, real + r
+        if len(failed) == len(batch):
+            raise error
+        width = next(r for r in rows if r is not None).shape[0]
+        zeros = np.zeros(width, dtype=np.float32)
+        out = np.stack([zeros if r is None else r for r in rows]).astype(np.float32, copy=False)
+        return out, seconds, cells, real, failed
 
     def _finish(self, batch: list[Seq], run: asyncio.Future[Ran], outcome: Ran | BaseException) -> None:
         """On the loop, in the turn the inference thread wakes it: the batch's requests get their rows, then
@@ -440,7 +502,7 @@ class Batcher:
         would, so that the worker fails the batch's requests and goes on rather than waiting for ever."""
         if not run.done() and isinstance(outcome, Ran):
             try:
-                self._resolve(batch, outcome.embeddings)
+                self._resolve(batch, outcome)
             except Exception as e:
                 outcome = e
         _settle(run, outcome)
@@ -451,11 +513,20 @@ class Batcher:
         self.metrics.batch_tokens.observe(ran.cells)
         self.metrics.padding_fraction.observe(1.0 - ran.real / ran.cells)
 
-    def _resolve(self, batch: list[Seq], embeddings: Embeddings) -> None:
+    def _resolve(self, batch: list[Seq], ran: Ran) -> None:
+        embeddings = ran.embeddings
         done = 0
         for row, s in enumerate(batch):
             job = s.job
             if job.future.done():  # cancelled, or failed in another batch
+                continue
+            if (error := ran.failed.get(row)) is not None:
+                log.error("inference failed on input %d of request %s, in a batch of %d: %s: %s",
+                          s.index, job.request_id or "-", len(batch), type(error).__name__, error)  # fmt: skip
+                what = (
+                    "was NaN or infinite" if isinstance(error, NonFiniteOutput) else f"failed ({type(error).__name__})"
+                )
+                self._fail(job, Internal(f"inference on input {s.index} of this request {what}"))
                 continue
             if job.out is None:
                 job.out = np.empty((job.n, embeddings.shape[1]), dtype=np.float32)

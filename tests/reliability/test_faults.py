@@ -1,4 +1,4 @@
-"""Faults: an engine that raises fails only its batch's requests; one that hangs past --inference-timeout
+"""Faults: an engine that raises on an input fails only that input's request; one that hangs past --inference-timeout
 fails them with UNAVAILABLE, health says NOT_SERVING (and keeps answering), and when it returns the
 server serves again. A process whose engine stays stuck still exits on SIGTERM."""
 
@@ -24,15 +24,17 @@ from mhaserve.testing.server import ServerThread, health_status
 from tests.reliability.conftest import Spawn
 
 
-def test_an_engine_error_fails_only_the_batches_it_hit(settings: Settings) -> None:
+def test_an_engine_error_fails_only_the_requests_whose_input_it_raised_on(settings: Settings) -> None:
+    """Before, it failed every request in the batch: half the innocent requests of a reliability run."""
     engine = ScriptedEngine(fail_on=POISON, seconds_per_batch=0.002)
     with ServerThread(dataclasses.replace(settings, max_wait_ms=2.0), engine.factory()) as srv:
         srv.ready()
         result = engine_faults(srv, engine, requests=300, poison_share=0.1)
     assert result.poisoned > 0
     assert result.poisoned_codes == {"INTERNAL": result.poisoned}
-    assert set(result.codes) <= {"OK", "INTERNAL"} and result.codes["OK"] > 0
-    assert result.failed_without_poison_in_batch == 0
+    assert result.shared_with_poison > 0  # the check below is not empty
+    assert result.codes == {"OK": result.requests - result.poisoned}
+    assert result.failed_without_poison == 0
     assert result.wrong == 0
     assert result.serving_after
 

@@ -470,6 +470,109 @@ def test_nan_inf_or_a_base_exception_from_the_engine_fails_the_batch_and_the_bat
     run(main())
 
 
+class RowFaults(ScriptedEngine):
+    """Rows holding 13 come out NaN, rows holding 14 infinite; a batch holding 15 raises, and so does every
+    batch once `broken` is set (an engine that fails whatever it is given)."""
+
+    broken = False
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        out = super().run(input_ids, attention_mask)
+        if (self.broken and not (input_ids == 90).any()) or (input_ids == 15).any():
+            raise RuntimeError("the engine failed")
+        out[(input_ids == 13).any(axis=1), 1] = np.nan
+        out[(input_ids == 14).any(axis=1), 2] = np.inf
+        return out
+
+
+async def _held_then(
+    b: Batcher, engine: ScriptedEngine, requests: list[list[np.ndarray]], then: Callable[[], None] = lambda: None
+) -> list[Any]:
+    """`requests` queued while a batch holding 90 computes, so that they form one batch (one worker), then
+    `then`, then the held batch released: each request's embeddings or error."""
+    held = asyncio.ensure_future(b.submit([seq(90)]))
+    await asyncio.to_thread(wait_until, lambda: len(engine.batches) == 1, "the held batch to compute")
+    calls = [asyncio.ensure_future(b.submit(r)) for r in requests]
+    await asyncio.sleep(0)
+    then()
+    engine.gates[90].set()
+    await held
+    return list(await asyncio.gather(*calls, return_exceptions=True))
+
+
+def test_an_input_the_engine_answers_nan_or_inf_for_fails_its_request_alone() -> None:
+    """An encoder's rows are independent: one text that overflows (fp16) failed everyone's batch with it."""
+    engine = RowFaults(gates=[90])
+
+    async def main() -> list[Any]:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0))
+        b.start()
+        try:
+            return await _held_then(b, engine, [[seq(5, 6)], [seq(13, 6)], [seq(7)], [seq(8), seq(14, 1)], [seq(9)]])
+        finally:
+            await b.close()
+
+    out = run_opening_gates(main(), engine)
+    assert sorted(len(row) for batch in engine.batches[1:] for row in batch) == [1, 1, 1, 2, 2, 2]  # each once
+    ok, nan, alone, inf, last = out
+    for error, index in ((nan, 0), (inf, 1)):
+        assert isinstance(error, Internal)
+        assert error.message == f"inference on input {index} of this request was NaN or infinite"
+    assert [o.tolist() for o in (ok, alone, last)] == [[[2, 5, 11, 1]], [[1, 7, 7, 1]], [[1, 9, 9, 1]]]
+
+
+def test_an_input_the_engine_raises_on_fails_its_request_and_the_batch_is_run_again_without_it() -> None:
+    engine = RowFaults(gates=[90])
+    requests = [[seq(5, 6)], [seq(7)], [seq(8, 1)], [seq(15, 2)], [seq(10)], [seq(11, 3)], [seq(9), seq(12, 4)]]
+
+    async def main() -> list[Any]:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0))
+        b.start()
+        try:
+            return await _held_then(b, engine, requests)
+        finally:
+            await b.close()
+
+    out = run_opening_gates(main(), engine)
+    failed = out.pop(3)
+    assert (
+        isinstance(failed, Internal) and failed.message == "inference on input 0 of this request failed (RuntimeError)"
+    )
+    assert [o.tolist() for o in out] == [
+        [[2, 5, 11, 1]], [[1, 7, 7, 1]], [[2, 8, 9, 1]], [[1, 10, 10, 1]], [[2, 11, 14, 1]],
+        [[1, 9, 9, 1], [2, 12, 16, 1]],
+    ]  # fmt: skip
+    # Each input computed once in a run that returned, and the one that raised in 1 + log2(rows) runs: its
+    # batch of 6 (request 6's two inputs took their own turn), then the halves that held it, 3, 2 and 1.
+    runs = engine.batches[1:]
+    served = sorted(tuple(row) for r in runs if not any(15 in row for row in r) for row in r)
+    assert served == sorted(tuple(int(i) for i in x) for r in requests for x in r if 15 not in x)
+    assert [len(r) for r in runs if any(15 in row for row in r)] == [6, 3, 2, 1]
+
+
+def test_an_engine_that_fails_every_batch_fails_it_whole_once_every_input_failed_alone() -> None:
+    engine = RowFaults(gates=[90])
+
+    def broken() -> None:
+        engine.broken = True
+
+    async def main() -> list[Any]:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0))
+        b.start()
+        try:
+            return await _held_then(b, engine, [[seq(k)] for k in range(20, 28)], then=broken)
+        finally:
+            await b.close()
+
+    out = run_opening_gates(main(), engine)
+    assert all(
+        isinstance(e, Internal) and e.message.startswith("inference failed on the batch holding this request")
+        for e in out
+    )
+    # The batch, its halves, their halves, and each input alone: 2 x 8 - 1 runs, and no more.
+    assert sorted(len(r) for r in engine.batches[1:]) == [1] * 8 + [2] * 4 + [4] * 2 + [8]
+
+
 def test_the_batchers_lines_carry_no_request_id_of_whoever_started_it(caplog: pytest.LogCaptureFixture) -> None:
     """Its tasks copied the context of their creator: a model loaded by a client's request (explicit model
     control) logged that request's id on every line of its batcher's while it served."""

@@ -374,7 +374,8 @@ def test_deadline_exceeded_while_queued_never_reaches_the_model(start: Start, se
     assert not any(55 in row for batch in engine.batches for row in batch)
 
 
-def test_a_failing_batch_fails_only_its_own_requests(start: Start, settings: Settings) -> None:
+def test_an_input_the_engine_fails_on_fails_only_its_own_request(start: Start, settings: Settings) -> None:
+    """Its batch's neighbour is run again without it and answered (it failed with it before)."""
     engine = ScriptedEngine(fail_on=13, hang_on=99)
     srv = start(dataclasses.replace(settings, max_wait_ms=0.0), engine.factory())
     try:
@@ -383,18 +384,22 @@ def test_a_failing_batch_fails_only_its_own_requests(start: Start, settings: Set
             before = stub.Encode.future(ids([99, 5]), timeout=WAIT)  # batch 1, held
             assert engine.hanging.wait(WAIT)
             poisoned = stub.Encode.future(ids([13, 5]), timeout=WAIT)
-            neighbour = stub.Encode.future(ids([6, 5]), timeout=WAIT)
+            neighbour = ids([6, 5])
+            neighbour.normalize = False
+            beside = stub.Encode.future(neighbour, timeout=WAIT)
             wait_until(lambda: srv.depth() == 2, "both queued behind the held batch")
             engine.release.set()
             assert code_of(before) == grpc.StatusCode.OK
-            for call in (poisoned, neighbour):  # batch 2: both in it, both fail, with a clear message
-                with pytest.raises(grpc.RpcError) as e:
-                    call.result(timeout=WAIT)
-                assert e.value.code() == grpc.StatusCode.INTERNAL
-                details = e.value.details()
-                assert "inference failed on the batch holding this request (RuntimeError)" in details
-                assert "Traceback" not in details and "injected" not in details and "\n" not in details
-            assert sorted(engine.batches[-1]) == [[6, 5], [13, 5]]
+            with pytest.raises(grpc.RpcError) as e:
+                poisoned.result(timeout=WAIT)
+            assert e.value.code() == grpc.StatusCode.INTERNAL
+            details = e.value.details()
+            assert "inference on input 0 of this request failed (RuntimeError)" in details
+            assert "Traceback" not in details and "injected" not in details and "\n" not in details
+            assert vectors(beside.result(timeout=WAIT))[0].tolist() == [2, 6, 11, 1]
+            # batch 2 held both, then each half alone
+            assert sorted(engine.batches[-3]) == [[6, 5], [13, 5]]
+            assert sorted(engine.batches[-2:]) == [[[6, 5]], [[13, 5]]]
             request = ids([7, 5])
             request.normalize = False
             after = stub.Encode(request, timeout=WAIT)  # the batcher goes on
