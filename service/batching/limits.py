@@ -24,7 +24,9 @@ class Limits:
 # 8,192, with two workers on 2 cores, alternated: short and mixed texts 1.02-1.11x a second, p99
 # 0.75-0.85x, fixed 128-token inputs 0.99-1.01x; a query beside indexing clients' 64-text requests 0.54-0.76x
 # its mean latency (docs/benchmarks.md, "A smaller token budget on a CPU"). An input longer than the budget
-# is a batch alone.
+# is a batch alone. A model twice as wide, of 512 tokens, reads the same in process: 256 within the rounds'
+# spread of the best on every workload, its 512-token inputs alone no slower than 16 to a batch
+# (docs/benchmarks.md, "The token budget on a wider, longer model").
 #
 # Padding is computed like real tokens. On a CPU, batching buys little (MiniLM on 2 cores: 1.3x from
 # batch 1 to its best batch), so padding soon costs more than batching gains: on the mixed workload of
