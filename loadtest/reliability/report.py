@@ -123,6 +123,17 @@ def render(run: Run) -> str:
             ),
             "",
         ]
+        short = [o for o in runs if o.sent_rate < 0.9 * o.offered_rate]
+        if short:
+            out += [
+                "At " + ", ".join(f"{o.factor:g}x" for o in short) + " the load generator, on the same cores as the "
+                "server, sent less than 90 % of the offered rate ("
+                + ", ".join(f"{o.sent_rate:.0f} of {o.offered_rate:.0f} a second" for o in short)
+                + "): the cores, shared by the model, the server's front and the client, could not carry the calls. "
+                "There the request path, not the model, is the bottleneck, and calls wait in gRPC before the service "
+                "sees them, so neither the queue limit nor fast refusals hold (Known limits, below).",
+                "",
+            ]
     if "deadlines" in r:
         d = r["deadlines"]
         b, a = d.before, d.after
@@ -287,9 +298,12 @@ def render(run: Run) -> str:
         "  `mhaserve_requests_total`.",
         "- A stuck inference thread cannot be killed from inside the process: the server fails its requests,",
         "  reports NOT_SERVING and waits for it; only a restart (the orchestrator's, on NOT_SERVING) frees it.",
-        "- The queue limit bounds latency when the model is the bottleneck, as here. When the request path",
-        "  itself is (a tiny model, a fast GPU, few cores), calls wait in gRPC before the service sees them;",
-        "  past 20000 of them gRPC sheds the excess itself (CANCELLED). Add replicas, or cores per replica.",
+        "- The queue limit bounds latency when the model is the bottleneck. When the request path itself is (a",
+        "  tiny model, a fast GPU, few cores, a flood of calls), calls wait in gRPC before the service sees them;",
+        "  past 20000 of them gRPC sheds the excess itself (CANCELLED). A refusal is cheap next to the model but",
+        "  not free: one gRPC call refused for a full queue took 0.62-0.67 ms of the server's CPU on a 2-vCPU Intel",
+        "  Xeon, against 0.40-0.41 ms for an empty grpc.aio call there (docs/benchmarks.md), so on such a host",
+        "  a flood of a few thousand calls a second outruns one event loop. Add replicas, or cores per replica.",
         "",
     ]
     return "\n".join(out)

@@ -1,0 +1,29 @@
+"""`make reliability`'s runner itself (loadtest/reliability/run.py), on the tiny model: its in-process scenarios
+run the servers the short versions here run. Its own settings once drifted from theirs: two inference workers by
+default computed the batches its deadline scenario holds back, and `make reliability` stopped with a timeout
+while `make test` passed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mhaserve.loadtest.reliability.run import SCENARIOS, main
+
+
+@pytest.mark.slow
+def test_the_runners_in_process_scenarios_pass_their_checks(tiny_repo: Path, tmp_path: Path) -> None:
+    report = tmp_path / "reliability.md"
+    argv = ["--repository", str(tiny_repo), "--model", "tiny", "--quick", "--scenarios", "deadlines,faults"]
+    assert main([*argv, "--output", str(report)]) == 0
+    text = report.read_text()
+    assert "## Deadlines and cancellation" in text and "## Faults" in text and "## Overload" not in text
+    assert "checks passed.**" in text and "Failed:" not in text and "**FAIL**" not in text
+
+
+def test_an_unknown_scenario_is_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--scenarios", "deadlines,sok", "--output", str(tmp_path / "r.md")])
+    assert e.value.code == 2
+    assert f"unknown scenario(s) sok: choose from {', '.join(SCENARIOS)}" in capsys.readouterr().err
