@@ -215,6 +215,18 @@ def test_loading_is_503_and_an_engine_failure_500_with_the_request_id(start: Sta
     assert len(client(srv).embeddings.create(input=[[7]], model="tiny").data) == 1
 
 
+def test_an_input_the_engine_fails_on_is_named_in_the_500(start: Start, settings: Settings) -> None:
+    """Its neighbours in the batch are run again without it; the request, whole or nothing, fails naming it."""
+    engine = ScriptedEngine(fail_on=66)
+    srv = start(dataclasses.replace(settings, http_port=free_port()), engine.factory())
+    with pytest.raises(openai.InternalServerError) as e:
+        client(srv).embeddings.create(input=[[5], [66], [7]], model="tiny")
+    assert e.value.status_code == 500
+    assert "inference on input 1 of this request failed (RuntimeError)" in e.value.message
+    assert "injected" not in e.value.message
+    assert [[66]] in engine.batches  # run alone at last
+
+
 def test_an_inference_timeout_is_504(start: Start, settings: Settings) -> None:
     engine = ScriptedEngine(hang_on=99, hang_for=WAIT)
     srv = start(
