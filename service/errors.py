@@ -126,6 +126,8 @@ def _pointing_to_the_log(message: str, request_id: str | None) -> str:
 
 def shorten(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
     """The message, cut so that its percent-encoded form (as gRPC sends it) stays under `limit` bytes."""
+    if len(message) * 12 <= limit - 64:  # 4 UTF-8 bytes a character at most, 3 encoded bytes each: fits as it is
+        return message  # (the loop below took 6 us warm, 13 us a refusal on a busy event loop; most are short)
     size = 0
     for i, ch in enumerate(message):
         size += 1 if " " <= ch <= "~" and ch != "%" else 3 * len(ch.encode("utf-8", "surrogatepass"))

@@ -53,3 +53,18 @@ def test_long_messages_are_cut_for_metadata() -> None:
     cut = shorten("é" * 5000)
     assert len(cut.encode()) < 2048 and cut.endswith("(cut: 5000 characters in all)")
     assert to_status(e.InvalidArgument("x" * 10_000))[1] == shorten("x" * 10_000)
+
+
+def _encoded_size(text: str) -> int:
+    """Bytes of `text` percent-encoded as gRPC sends a status message."""
+    return sum(1 if " " <= c <= "~" and c != "%" else 3 * len(c.encode()) for c in text)
+
+
+@pytest.mark.parametrize("ch", ["x", "%", "é", "€", "\U0001f600"])
+def test_a_message_that_fits_is_sent_whole_and_one_that_does_not_is_cut(ch: str) -> None:
+    """Short messages skip the character-by-character count; both sides of that shortcut stay under the limit."""
+    for n in (1, 100, 165, 166, 400, 3000):
+        message = ch * n
+        cut = shorten(message)
+        assert _encoded_size(cut) <= 2048
+        assert (cut == message) == (_encoded_size(message) <= 2048 - 64)
