@@ -103,9 +103,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown := sorted(set(chosen) - set(SCENARIOS)):
         parser.error(f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(SCENARIOS)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("mhaserve.service", "grpc"):
-        logging.getLogger(noisy).setLevel(logging.CRITICAL)  # in-process servers: faults are the point here
+    # In-process servers: faults are the point here. Put back afterwards: main also runs inside a test process,
+    # whose later tests read these loggers' lines.
+    quiet = {name: logging.getLogger(name).level for name in ("mhaserve.service", "grpc")}
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        return _run(args, chosen, argv)
+    finally:
+        for name, level in quiet.items():
+            logging.getLogger(name).setLevel(level)
 
+
+def _run(args: argparse.Namespace, chosen: list[str], argv: Sequence[str] | None) -> int:
     sizes = QUICK if args.quick else Sizes()
     entry = ModelRepository(args.repository).entry(args.model)
     manifest = read_manifest(entry.directory)

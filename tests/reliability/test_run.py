@@ -5,6 +5,7 @@ while `make test` passed."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,10 @@ from mhaserve.loadtest.reliability.run import SCENARIOS, main
 def test_the_runners_in_process_scenarios_pass_their_checks(tiny_repo: Path, tmp_path: Path) -> None:
     report = tmp_path / "reliability.md"
     argv = ["--repository", str(tiny_repo), "--model", "tiny", "--quick", "--scenarios", "deadlines,faults"]
+    levels = {name: logging.getLogger(name).level for name in ("mhaserve.service", "grpc")}
     assert main([*argv, "--output", str(report)]) == 0
+    # It quiets the server's loggers while it runs, and only then: the tests after it read their lines.
+    assert {name: logging.getLogger(name).level for name in levels} == levels
     text = report.read_text()
     assert "## Deadlines and cancellation" in text and "## Faults" in text and "## Overload" not in text
     assert "checks passed.**" in text and "Failed:" not in text and "**FAIL**" not in text
