@@ -301,8 +301,8 @@ def render(run: Run) -> str:
         "- The queue limit bounds latency when the model is the bottleneck. When the request path itself is (a",
         "  tiny model, a fast GPU, few cores, a flood of calls), calls wait in gRPC before the service sees them;",
         "  past 20000 of them gRPC sheds the excess itself (CANCELLED). A refusal is cheap next to the model but",
-        "  not free: one gRPC call refused for a full queue takes 0.55-0.56 ms of the server's CPU on a 2-vCPU",
-        "  Intel Xeon, against 0.40-0.41 ms for an empty grpc.aio call there (docs/benchmarks.md), so on such a host",
+        "  not free: one gRPC call refused for a full queue takes 0.54-0.67 ms of the server's CPU on a 2-vCPU",
+        "  Intel Xeon, against 0.34-0.41 ms for an empty grpc.aio call (docs/benchmarks.md), so on such a host",
         "  a flood of a few thousand calls a second outruns one event loop. Add replicas, or cores per replica.",
         "",
     ]

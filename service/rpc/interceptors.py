@@ -122,6 +122,9 @@ class _Call:
                 exc_info=None if isinstance(error, ServiceError) else error,
             )
         self.code = code
+        # abort, before any answer: a trailers-only response, which a client's retry policy may retry. Setting the
+        # code and returning is 60-100 us cheaper a refusal, but grpc.aio then sends response headers first, and
+        # clients may no longer retry (test_server.py, the retry policy's test).
         await self.context.abort(code, message, trailing_metadata=((REQUEST_ID_HEADER, self.rid),))
 
     def cancelled(self) -> None:

@@ -570,6 +570,25 @@ def test_request_id_is_echoed(stub: pb_grpc.EncoderServiceStub) -> None:
     assert ("x-request-id", "bad-1") in e.value.trailing_metadata()
 
 
+def test_an_error_leaves_the_clients_retry_policy_free_to_retry(start: Start, settings: Settings) -> None:
+    """A gRPC client retries a call (deploy/clients/: UNAVAILABLE from a draining replica) only while nothing of
+    the answer has come: an error must be a trailers-only response. Sent with the handler's return instead of
+    `context.abort`, it came after response headers, and the clients behind nginx saw a draining replica's
+    UNAVAILABLE that their policy would have retried (tests/deploy/test_loadbalancer.py)."""
+    srv = start(settings, ScriptedEngine().factory())
+    config = (
+        '{"methodConfig": [{"name": [{"service": "encoder.v1.EncoderService"}], "retryPolicy": {"maxAttempts": 3, '
+        '"initialBackoff": "0.01s", "maxBackoff": "0.05s", "backoffMultiplier": 2, '
+        '"retryableStatusCodes": ["INVALID_ARGUMENT"]}}]}'
+    )
+    before = srv.counted("INVALID_ARGUMENT")
+    options = [("grpc.enable_retries", 1), ("grpc.service_config", config)]
+    with grpc.insecure_channel(srv.address, options=options) as channel, pytest.raises(grpc.RpcError) as e:
+        pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(), timeout=WAIT)  # no inputs
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    wait_until(lambda: srv.counted("INVALID_ARGUMENT") - before == 3, "the client's two retries to be answered")
+
+
 def test_the_metrics_port_listens_where_told_and_drops_silent_connections(
     start: Start, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
