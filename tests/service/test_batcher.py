@@ -440,16 +440,20 @@ def test_a_batch_whose_answers_cannot_be_handed_out_fails_its_requests_and_the_b
 
 
 class Faulty(ScriptedEngine):
-    """An engine that answers NaN or inf for a batch holding 13 or 14, and raises SystemExit for one holding 15."""
+    """An engine whose rows holding 13 come out NaN and those holding 14 infinite; a batch holding 15 raises
+    SystemExit, one holding 16 RuntimeError, and so does every batch but one holding 90 once `broken` is set
+    (an engine that fails whatever it is given)."""
+
+    broken = False
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         out = super().run(input_ids, attention_mask)
-        if (input_ids == 13).any():
-            out[0, 0] = np.nan
-        if (input_ids == 14).any():
-            out[-1, -1] = np.inf
+        out[(input_ids == 13).any(axis=1), 0] = np.nan
+        out[(input_ids == 14).any(axis=1), -1] = np.inf
         if (input_ids == 15).any():
             raise SystemExit(3)
+        if (self.broken and not (input_ids == 90).any()) or (input_ids == 16).any():
+            raise RuntimeError("the engine failed")
         return out
 
 
@@ -470,21 +474,6 @@ def test_nan_inf_or_a_base_exception_from_the_engine_fails_the_batch_and_the_bat
     run(main())
 
 
-class RowFaults(ScriptedEngine):
-    """Rows holding 13 come out NaN, rows holding 14 infinite; a batch holding 15 raises, and so does every
-    batch once `broken` is set (an engine that fails whatever it is given)."""
-
-    broken = False
-
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        out = super().run(input_ids, attention_mask)
-        if (self.broken and not (input_ids == 90).any()) or (input_ids == 15).any():
-            raise RuntimeError("the engine failed")
-        out[(input_ids == 13).any(axis=1), 1] = np.nan
-        out[(input_ids == 14).any(axis=1), 2] = np.inf
-        return out
-
-
 async def _held_then(
     b: Batcher, engine: ScriptedEngine, requests: list[list[np.ndarray]], then: Callable[[], None] = lambda: None
 ) -> list[Any]:
@@ -502,7 +491,7 @@ async def _held_then(
 
 def test_an_input_the_engine_answers_nan_or_inf_for_fails_its_request_alone() -> None:
     """An encoder's rows are independent: one text that overflows (fp16) failed everyone's batch with it."""
-    engine = RowFaults(gates=[90])
+    engine = Faulty(gates=[90])
 
     async def main() -> list[Any]:
         b = Batcher(engine, limits=limits(max_wait_ms=0.0))
@@ -522,8 +511,8 @@ def test_an_input_the_engine_answers_nan_or_inf_for_fails_its_request_alone() ->
 
 
 def test_an_input_the_engine_raises_on_fails_its_request_and_the_batch_is_run_again_without_it() -> None:
-    engine = RowFaults(gates=[90])
-    requests = [[seq(5, 6)], [seq(7)], [seq(8, 1)], [seq(15, 2)], [seq(10)], [seq(11, 3)], [seq(9), seq(12, 4)]]
+    engine = Faulty(gates=[90])
+    requests = [[seq(5, 6)], [seq(7)], [seq(8, 1)], [seq(16, 2)], [seq(10)], [seq(11, 3)], [seq(9), seq(12, 4)]]
 
     async def main() -> list[Any]:
         b = Batcher(engine, limits=limits(max_wait_ms=0.0))
@@ -545,13 +534,13 @@ def test_an_input_the_engine_raises_on_fails_its_request_and_the_batch_is_run_ag
     # Each input computed once in a run that returned, and the one that raised in 1 + log2(rows) runs: its
     # batch of 6 (request 6's two inputs took their own turn), then the halves that held it, 3, 2 and 1.
     runs = engine.batches[1:]
-    served = sorted(tuple(row) for r in runs if not any(15 in row for row in r) for row in r)
-    assert served == sorted(tuple(int(i) for i in x) for r in requests for x in r if 15 not in x)
-    assert [len(r) for r in runs if any(15 in row for row in r)] == [6, 3, 2, 1]
+    served = sorted(tuple(row) for r in runs if not any(16 in row for row in r) for row in r)
+    assert served == sorted(tuple(int(i) for i in x) for r in requests for x in r if 16 not in x)
+    assert [len(r) for r in runs if any(16 in row for row in r)] == [6, 3, 2, 1]
 
 
 def test_an_engine_that_fails_every_batch_fails_it_whole_once_every_input_failed_alone() -> None:
-    engine = RowFaults(gates=[90])
+    engine = Faulty(gates=[90])
 
     def broken() -> None:
         engine.broken = True
