@@ -67,14 +67,15 @@ def engine_faults(
                 )
             )
         answers = [(ids, *code_of(f.result)) for ids, f in futures]
-        batches = list(engine.batches)  # every batch has run: all answers are in
+        # every batch has run: all answers are in
+        beside_poison = {tuple(row) for batch in engine.batches if any(POISON in r for r in batch) for row in batch}
         for ids, code, response in answers:
             (result.poisoned_codes if POISON in ids else result.codes)[code] += 1
             if code == OK:
                 result.wrong += list(response.embeddings[0].values) != expected_row(ids)
             if POISON not in ids:
                 result.failed_without_poison += code != OK
-                result.shared_with_poison += any(ids in batch and any(POISON in r for r in batch) for batch in batches)
+                result.shared_with_poison += tuple(ids) in beside_poison
         result.serving_after = health_status(channel) == "SERVING"
         check = stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7, 5])], normalize=False), timeout=WAIT)
         result.serving_after &= list(check.embeddings[0].values) == expected_row([7, 5])
