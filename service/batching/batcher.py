@@ -490,7 +490,7 @@ class Batcher:
             raise error
         width = next(r for r in rows if r is not None).shape[0]
         zeros = np.zeros(width, dtype=np.float32)
-        out = np.stack([zeros if r is None else r for r in rows]).astype(np.float32, copy=False)
+        out = np.stack([zeros if r is None else r for r in rows])
         return out, seconds, cells, real, failed
 
     def _finish(self, batch: list[Seq], run: asyncio.Future[Ran], outcome: Ran | BaseException) -> None:
