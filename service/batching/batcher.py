@@ -23,7 +23,9 @@ What Infinity's batch worker got wrong, and what this one does instead:
   batch that overlaps another its share of the cores: OnnxEngine.run), and forms one batch more, which
   waits in the threads' queue so that a thread that finishes a batch starts the next at once, without
   waiting for the event loop to hand it one; each batch takes at most its share of the sequences in
-  the batcher (max_rows), so that the batches keep even shares of the clients;
+  the batcher (max_rows), so that the batches keep even shares of the clients; a batch formed ahead of
+  a large request's inputs goes back to the queue when a smaller request comes (a query beside an
+  indexing job), which then goes first (_make_way);
 - a watchdog bounds each batch's computing (`inference_timeout`, watchdog.py); when a batch overruns, the
   queue fails with it, and so do the batches formed that still wait for a thread (they are taken out of
   the threads' queue: nobody would get their answers).
@@ -71,6 +73,10 @@ class Ran:
 
 class NonFiniteOutput(RuntimeError):
     """The engine's row for an input is NaN or infinite: never served as an embedding."""
+
+
+class _GaveWay(Exception):
+    """A batch waiting for a thread went back to the queue for a smaller request (Batcher._make_way)."""
 
 
 def _settle(run: asyncio.Future[Ran], outcome: Ran | BaseException) -> None:
@@ -122,7 +128,8 @@ class Batcher:
         self._n_batches = workers + 1 if workers > 1 else workers
         self._workers: list[asyncio.Task[None]] = []
         self._computing = 0  # sequences in the batches being computed
-        self._submitted: dict[asyncio.Future[Ran], Future[None]] = {}  # each batch's outcome: its thread's task
+        # Each batch's outcome: its thread's task, and the batch.
+        self._submitted: dict[asyncio.Future[Ran], tuple[Future[None], list[Seq]]] = {}
         self.watchdog = Watchdog(inference_timeout, on_stall, on_recover)
         # As many threads as workers, and the engine's intra-op threads sized to match (the server does both):
         # more concurrent runs than that only fight over the same cores. Several models share the server's
@@ -228,6 +235,7 @@ class Batcher:
         self._tokens += job.queued_tokens
         self.metrics.queue_depth.set(self.depth)
         self._arrived.set()
+        self._make_way(n)
         try:
             return await job.future
         except asyncio.CancelledError:
@@ -236,6 +244,27 @@ class Batcher:
             raise
 
     # ---- the worker -------------------------------------------------------------------------------
+
+    def _make_way(self, n: int) -> None:
+        """A request of `n` inputs just queued: a batch formed ahead that holds only larger requests' inputs
+        (the policy decides: LengthAware.gives_way) is taken out of the threads' queue and goes back, so that
+        the next batch formed is the newcomer's and starts when a thread is free. Beside an indexing client on
+        2 cores, a query otherwise waited for a batch of its inputs on top of the batches computing."""
+        for run, (started, batch) in self._submitted.items():
+            if self._policy.gives_way(batch, n) and started.cancel():  # only while it waits for a thread
+                _settle(run, _GaveWay())
+                return
+
+    def _put_back(self, batch: list[Seq]) -> None:
+        """The live inputs of a batch that gave way wait again, as they did before it was formed."""
+        live = [s for s in batch if not s.job.future.done()]
+        for s in live:
+            s.job.queued += 1
+            s.job.queued_tokens += s.length
+            self._tokens += s.length
+        self._depth += len(live)
+        self._policy.put_back(live)
+        self.metrics.queue_depth.set(self.depth)
 
     def _release(self, job: Job) -> None:
         self._depth -= job.queued
@@ -358,7 +387,7 @@ class Batcher:
         run: asyncio.Future[Ran] = loop.create_future()
         begun: list[float] = []  # when its thread starts it (the watchdog's bound runs from there)
         started = self._executor.submit(self._infer, batch, loop, run, begun)
-        self._submitted[run] = started
+        self._submitted[run] = started, batch
         request_ids = ", ".join(sorted({j.request_id for j in jobs.values() if j.request_id}))
 
         def fail_all(error: Exception) -> None:
@@ -387,6 +416,8 @@ class Batcher:
             run.cancel()
             fail_all(Unavailable("the server stopped while this request was computing"))
             raise
+        except _GaveWay:
+            self._put_back(batch)
         except ServiceError as e:
             fail_all(e)
         except Exception as e:
@@ -404,7 +435,7 @@ class Batcher:
     def _fail_unstarted(self, error: ServiceError) -> None:
         """Fail the batches that wait for a thread, and take them out of the threads' queue: each one's worker
         then fails its requests (_execute), and no thread computes it for nobody."""
-        for run, started in list(self._submitted.items()):
+        for run, (started, _) in list(self._submitted.items()):
             if started.cancel():  # only while it waits: a running one cannot be, and fails on its own
                 _settle(run, error)
 

@@ -31,6 +31,12 @@ class Policy(Protocol):
 
     def take(self, budget: int, live: Live, max_rows: int | None = None) -> list[Seq]: ...
 
+    def gives_way(self, batch: Sequence[Seq], n: int) -> bool:
+        """Whether `batch`, taken and still waiting for a thread, should go back for a newcomer of `n` inputs."""
+
+    def put_back(self, seqs: Sequence[Seq]) -> None:
+        """Queue again the live sequences of a batch that gave way, to be taken before those that waited."""
+
     def clear(self) -> None: ...
 
 
@@ -62,6 +68,12 @@ class ArrivalOrder:
             batch.append(q.popleft())
             longest = wider
         return batch
+
+    def gives_way(self, batch: Sequence[Seq], n: int) -> bool:
+        return False  # strictly in order: nothing goes before what came first
+
+    def put_back(self, seqs: Sequence[Seq]) -> None:
+        self._queue.extendleft(reversed(seqs))
 
     def clear(self) -> None:
         self._queue.clear()
@@ -201,6 +213,28 @@ class LengthAware:
             s.taken = True
         srt[left + 1 : right] = sorted(passed, key=_key)  # the window less the batch and the dead
         return batch
+
+    def gives_way(self, batch: Sequence[Seq], n: int) -> bool:
+        """A batch of larger requests' inputs only, formed ahead, gives way to a newcomer of fewer inputs: the
+        newcomer anchors the next batch, which would otherwise start only after this one. Once: a batch of
+        inputs that gave way before keeps its place, so that a stream of queries cannot hold a large request
+        back for more than one batch each time it anchors."""
+        return all(s.job.n > n and not s.returned for s in batch)
+
+    def put_back(self, seqs: Sequence[Seq]) -> None:
+        """Each request's returned sequences take the next turn after the newcomers waiting now, before the
+        requests that had their turn (they had theirs, and gave it up)."""
+        by_job: dict[int, list[Seq]] = {}
+        for s in seqs:
+            s.taken = False
+            s.returned = True
+            by_job.setdefault(id(s.job), []).append(s)
+            bisect.insort(self._sorted, s, key=_key)
+        due = self._new_turns + max(1, len(self._new))
+        for group in reversed(by_job.values()):
+            turns = _Turns(sorted(group, key=attrgetter("index")))
+            turns.due = due
+            self._old.appendleft(turns)
 
     def clear(self) -> None:
         self._new.clear()

@@ -43,7 +43,7 @@ class Job:
 class Seq:
     """One input of a request, as the policies see it: its ids, its length, whether a batch took it."""
 
-    __slots__ = ("job", "index", "ids", "length", "key", "taken")
+    __slots__ = ("job", "index", "ids", "length", "key", "taken", "returned")
 
     def __init__(self, job: Job, index: int, ids: Ids, order: int) -> None:
         self.job = job
@@ -52,6 +52,7 @@ class Seq:
         self.length = int(ids.shape[0])
         self.key = (self.length, order)  # order breaks ties, so keys are unique
         self.taken = False
+        self.returned = False  # its batch gave way to a smaller request once (policies.LengthAware.gives_way)
 
 
 # Whether a sequence still wants computing (its request neither answered nor cancelled nor expired).

@@ -756,6 +756,107 @@ def test_with_two_workers_a_batch_formed_ahead_starts_without_the_event_loop() -
     assert engine.batches == [[[91]], [[92], [92]], [[92], [92]]]
 
 
+async def bulk_ahead(engine: ScriptedEngine, batching: str = "length") -> tuple[Batcher, list[asyncio.Future[Any]]]:
+    """Two workers held at gates 91 and 92, and a bulk request of four inputs (8, 8) whose batch of two is
+    formed ahead, waiting for a thread; its other two wait in the queue."""
+    b = Batcher(engine, limits=limits(max_wait_ms=60_000.0, max_batch_tokens=10_000), batching=batching, workers=2)  # type: ignore[arg-type]
+    b.start()
+    calls: list[asyncio.Future[Any]] = []
+    for n, token in enumerate((91, 92), 1):
+        calls.append(asyncio.ensure_future(b.submit([seq(token)])))
+        await in_engine(engine, n)
+    calls.append(asyncio.ensure_future(b.submit([seq(8, 8)] * 4)))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert b.depth == 2 and len(engine.batches) == 2  # a share of 6 over three batches (2) is formed ahead
+    return b, calls
+
+
+@pytest.mark.parametrize("batching", ["length", "arrival"])
+def test_a_batch_formed_ahead_of_a_large_requests_inputs_gives_way_to_a_query(batching: str) -> None:
+    """Beside an indexing client both threads compute and the batch formed ahead holds its inputs; a query
+    that comes then would start only after that batch. With the length policy that batch goes back to the
+    queue and the query's batch, formed next, is the one the first free thread starts; the bulk inputs are
+    all computed once, and answered in order. Arrival order keeps strict order."""
+    engine = ScriptedEngine(gates=[91, 92])
+
+    async def main() -> None:
+        b, calls = await bulk_ahead(engine, batching)
+        query = asyncio.ensure_future(b.submit([seq(5)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        engine.gates[91].set()
+        engine.gates[92].set()
+        await asyncio.gather(*calls, query)
+        assert (await query)[:, 1].tolist() == [5]
+        assert calls[2].result()[:, :2].tolist() == [[2, 8]] * 4  # every bulk input's own row
+        assert b.depth == 0
+        await b.close()
+
+    run_opening_gates(main(), engine)
+    assert engine.batches[:2] == [[[91]], [[92]]]
+    after = engine.batches[2:]
+    assert sorted(row[0] for batch in after for row in batch) == [5, 8, 8, 8, 8]
+    if batching == "length":
+        assert after[0] == [[5]]
+    else:
+        assert after[0] == [[8, 8], [8, 8]] and [[5]] in after[1:]
+
+
+def test_a_batch_that_gave_way_once_keeps_its_place() -> None:
+    """The bulk inputs that went back for one query are formed ahead again once the query's batch starts;
+    a second query then waits behind them: a stream of queries holds a large request back by at most one
+    batch at a time."""
+    engine = ScriptedEngine(gates=[91, 92, 5])
+
+    async def main() -> None:
+        b, calls = await bulk_ahead(engine)
+        first = asyncio.ensure_future(b.submit([seq(5)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        engine.gates[91].set()  # its thread takes the query (held at gate 5); the bulk inputs are formed again
+        await in_engine(engine, 3)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        second = asyncio.ensure_future(b.submit([seq(6)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        engine.gates[5].set()
+        engine.gates[92].set()
+        await asyncio.gather(*calls, first, second)
+        await b.close()
+
+    run_opening_gates(main(), engine)
+    assert engine.batches[:3] == [[[91]], [[92]], [[5]]]
+    assert engine.batches[3] == [[8, 8], [8, 8]]  # the batch that gave way, before the second query
+    assert [[6]] in engine.batches[4:]
+
+
+def test_a_cancelled_requests_inputs_in_a_batch_that_gives_way_are_dropped() -> None:
+    """The bulk client went away while its batch waited for a thread: when the batch gives way to a query,
+    its inputs are not queued again, and the queue's count holds only what still waits."""
+    engine = ScriptedEngine(gates=[91, 92])
+
+    async def main() -> None:
+        b, calls = await bulk_ahead(engine)
+        calls[2].cancel()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert b.depth == 0  # its two queued inputs gave their slots back; two are in the batch formed ahead
+        query = asyncio.ensure_future(b.submit([seq(5)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        engine.gates[91].set()
+        engine.gates[92].set()
+        assert (await query)[:, 1].tolist() == [5]
+        await asyncio.gather(*calls[:2])
+        assert b.depth == 0
+        await b.close()
+
+    run_opening_gates(main(), engine)
+    assert engine.batches == [[[91]], [[92]], [[5]]]
+
+
 async def three_batches(engine: ScriptedEngine, **kw: Any) -> tuple[Batcher, list[asyncio.Future[np.ndarray]]]:
     """A batcher with two workers (a minute's max wait) and three batches of one input: 91 and 92 in the engine
     (held at their gates, if the engine has them), 93 formed ahead and waiting for a thread."""
