@@ -38,6 +38,7 @@ QUICK: dict[str, Any] = {
     "retries": 0,
     "paired": 1,
     "rss_requests": 1000,
+    "beside_bulk": (0, 1),
 }
 
 
@@ -77,6 +78,7 @@ _seconds = _bounded(float, 0.0, above=True, what="a number of seconds above 0")
 _count = _bounded(int, 0, above=False, what="a whole number >= 0")
 _positive = _bounded(int, 1, above=False, what="a whole number >= 1")
 _at_least_zero = _bounded(float, 0.0, above=False, what="a number >= 0")
+_rate = _bounded(float, 0.0, above=True, what="a number above 0")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -95,6 +97,19 @@ def _choices(allowed: tuple[str, ...]) -> Any:
         return values
 
     return parse
+
+
+def _bulk_clients(text: str) -> tuple[int, ...]:
+    """--beside-bulk: counts of bulk clients (0: the queries alone), or none."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 0 or len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"expected different whole numbers >= 0, or none; got {text!r}")
+    return values
 
 
 def _protocols(text: str) -> tuple[str, ...]:
@@ -181,6 +196,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "in turns; 0 skips them",
     )
     p.add_argument(
+        "--beside-bulk",
+        type=_bulk_clients,
+        metavar="N,M",
+        help="queries beside indexing clients, on the short workload over HTTP (beside.py): queries at random times "
+        "(--query-rate) for --duration beside each of these counts of bulk clients sending 64 texts a request (0: the "
+        "queries alone), in --paired rounds (at least one); none skips it (default 0,1,2; with --quick 0,1)",
+    )
+    p.add_argument(
+        "--query-rate", type=_rate, default=10.0, metavar="Q", help="queries a second for --beside-bulk (default 10)"
+    )
+    p.add_argument(
         "--rss-requests",
         type=_count,
         metavar="N",
@@ -244,6 +270,7 @@ FULL: dict[str, Any] = {
     "retries": 2,
     "paired": 3,
     "rss_requests": 20_000,
+    "beside_bulk": (0, 1, 2),
 }
 
 
@@ -259,11 +286,18 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def unmeasured(args: argparse.Namespace) -> str | None:
-    """Why a protocol given in --protocols would not be measured by the sweep these options make, or None: the
-    run once skipped it without a word."""
-    if args.protocols is None or args.models or args.memory_only:
+    """Why a protocol given in --protocols, or the queries beside bulk clients, would not be measured by the run
+    these options make, or None: the run once skipped such an option without a word."""
+    if args.models or args.memory_only:
         return None
     opt = resolve(args)
+    if getattr(args, "beside_bulk", None) and "short" not in opt["workloads"]:
+        return (
+            f"--beside-bulk {','.join(map(str, args.beside_bulk))}: the queries and the bulk clients send the short "
+            f"workload's texts, and --workloads {','.join(opt['workloads'])} has none"
+        )
+    if args.protocols is None:
+        return None
     http = [p for p in opt["protocols"] if p.startswith("http")]
     if http and not [w for w in opt["workloads"] if w != "fixed"]:
         return (
@@ -287,6 +321,7 @@ def command_line(args: argparse.Namespace) -> str:
         "seed": 0,
         "max_other_cpu": 0.1,
         "quiet_wait": 30.0,
+        "query_rate": 10.0,
     }
     for key, value in vars(args).items():
         # Identity for None and False: `0 in (False,)` is true, and --retries 0 must be kept.
@@ -298,7 +333,7 @@ def command_line(args: argparse.Namespace) -> str:
         if value is True:
             parts.append(flag)
         elif isinstance(value, tuple):
-            parts += [flag, ",".join(map(str, value))]
+            parts += [flag, ",".join(map(str, value)) or "none"]
         elif isinstance(value, list):
             parts += [f"{flag}={v}" for v in value]
         else:

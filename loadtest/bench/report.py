@@ -237,6 +237,9 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
                 "empty_server_p50_ms": lone.get("median_floor_ms", {}),
                 "above_empty_server_ms": lone.get("median_above_floor_ms", {}),
             }
+        mixed_traffic = report.get("beside_bulk")
+        if mixed_traffic and mixed_traffic["workload"] == wname:
+            w["beside_bulk"] = {"rounds": len(mixed_traffic["rounds"]), "by_bulk_clients": mixed_traffic["median"]}
         out[wname] = w
     return out
 
@@ -378,6 +381,8 @@ def markdown(report: dict[str, Any]) -> str:
             + f"; in process {fmt(lone['median_p50_ms']['in process'], 2)} ms"
             + _floor_clause(lone)
         )
+    if report.get("beside_bulk"):
+        lines.append(_beside_bulk_line(report["beside_bulk"]))
     lines += ["", "## In-process", ""]
     lines += [
         "| workload | what | batch | seq/s | tok/s | p50 ms | p95 ms | p99 ms | padding | / ceiling | other CPU |",
@@ -458,6 +463,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += _threads_section(report)
     lines += _http_section(report)
     lines += _one_client_section(report)
+    lines += _beside_bulk_section(report)
     lines += memory_section(report.get("memory"))
     guard = s.get("guard")
     if guard and guard["retries"]:
@@ -560,6 +566,60 @@ def _one_client_section(report: dict[str, Any]) -> list[str]:
         "callers do: where the two read alike, a lone call's time is not the client's. A single point each, "
         "measured minutes after the in-process figure: the paired check in the summary, when it ran, is the "
         "figure to quote.",
+        "",
+    ]
+    return lines
+
+
+def _alone_or_beside(n: str) -> str:
+    return "alone" if n == "0" else f"beside {n}"
+
+
+def _beside_bulk_line(mixed: dict[str, Any]) -> str:
+    """The summary's line on queries beside indexing clients."""
+    med = mixed["median"]
+    bulk = [f"{fmt(v['bulk_texts_per_s'], 0)} beside {n}" for n, v in med.items() if v["bulk_texts_per_s"] is not None]
+    return (
+        f"- **queries beside indexing clients** ({mixed['workload']} texts, {fmt(mixed['query_rate'], 0)} queries a "
+        f"second at random times, {mixed['route']}, bulk clients of {mixed['bulk_inputs']} texts a request; medians of "
+        f"{len(mixed['rounds'])} round(s)): a query's p50 "
+        + ", ".join(f"**{fmt(v['latency_ms']['p50'])} ms** {_alone_or_beside(n)}" for n, v in med.items())
+        + " (mean "
+        + ", ".join(f"{fmt(v['latency_ms']['mean'])}" for v in med.values())
+        + ")"
+        + (f"; the bulk clients' texts a second: {', '.join(bulk)}" if bulk else "")
+    )
+
+
+def _beside_bulk_section(report: dict[str, Any]) -> list[str]:
+    """Queries at random times beside each count of bulk clients (beside.py)."""
+    mixed = report.get("beside_bulk")
+    if not mixed:
+        return []
+    lines = [
+        f"## Queries beside indexing clients ({mixed['workload']} texts, {mixed['route']}, the {mixed['batching']} "
+        "server)",
+        "",
+        "| bulk clients | query p50 ms | p95 ms | p99 ms | mean ms | bulk texts/s | queries answered / sent | errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for n, v in mixed["median"].items():
+        lat = v["latency_ms"]
+        errors = ", ".join(f"{k} {c}" for k, c in v["errors"].items()) or "0"
+        lines.append(
+            f"| {n}{' (queries alone)' if n == '0' else ''} | {fmt(lat['p50'])} | {fmt(lat['p95'])} | "
+            f"{fmt(lat['p99'])} | {fmt(lat['mean'])} | {fmt(v['bulk_texts_per_s'], 0)} | {v['answered']} / "
+            f"{v['queries']} | {errors} |"
+        )
+    lines += [
+        "",
+        f"Queries come at random times ({fmt(mixed['query_rate'], 0)} a second, Poisson), one text each, for "
+        f"{fmt(mixed['seconds'], 0)} s beside each count of bulk clients, which send {mixed['bulk_inputs']} texts a "
+        "request back to back, each on a connection of its own (both with `encoding_format` "
+        f"{mixed['encoding_format']}, as the official OpenAI client asks). A query's latency runs from when it was "
+        "due to its answer. Medians of the rounds, each measuring every count in turn, the next round starting one "
+        "turn later; the queries and errors are the rounds' sums. Every client shares the load generator's one event "
+        "loop, on the server's machine.",
         "",
     ]
     return lines

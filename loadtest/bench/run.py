@@ -9,7 +9,8 @@
    length policy's server, at the same client counts and in turn with its gRPC points; and at one client
    from grpcio's synchronous stub too (the client `mhaserve encode` uses);
 each for the fixed-length, the mixed-length and the short-text workload; then
-6. the server's memory, each CPU graph of the entry served in turn (memory.py).
+6. queries at random times beside indexing clients' bulk requests, on the short texts over HTTP (beside.py);
+7. the server's memory, each CPU graph of the entry served in turn (memory.py).
 Outputs: report.md, report.json, throughput.png, latency.png and the servers' logs, in
 results/bench-<timestamp>/ or --output. `--models` measures several models in one server instead (models.py),
 `--memory-only` the server's memory alone (memory_only.py).
@@ -18,10 +19,12 @@ results/bench-<timestamp>/ or --output. `--models` measures several models in on
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
 import functools
+import itertools
 import math
 import signal
 import statistics
@@ -31,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from mhaserve.loadtest.bench import entries, memory, memory_only, models, options, report
+from mhaserve.loadtest.bench import beside, entries, memory, memory_only, models, options, report
 from mhaserve.loadtest.bench.client import BenchError, Endpoint, Server, run_point
 from mhaserve.loadtest.bench.empty import EmptyServer
 from mhaserve.loadtest.bench.inprocess import measure_in_child
@@ -266,6 +269,67 @@ def _paired_lone(
     }
 
 
+def _beside_bulk(opt: dict[str, Any], server: Server, workload: Workload, progress: Progress) -> dict[str, Any]:
+    """Queries beside each count of bulk clients (beside.py), in rounds (--paired, at least one) that each measure
+    every count in turn, the next round starting one turn later; the medians of the rounds by count."""
+    seeds = itertools.count(opt["seed"])  # other queries in each turn, the same in every run
+
+    def measure(turn: str) -> dict[str, dict[str, Any]]:
+        got = asyncio.run(
+            beside.measure(server.http_url, workload.texts, int(turn), opt["duration"], opt["query_rate"], next(seeds))
+        )
+        return {turn: got}
+
+    def describe(r: dict[str, Any]) -> str:
+        return ", ".join(
+            f"{n} bulk: queries p50 {m['latency_ms']['p50']:.1f} ms"
+            + (f", bulk {m['bulk_texts_per_s']:.0f} texts/s" if m["bulk_texts_per_s"] is not None else "")
+            + (f", errors {sum(m['errors'].values())}" if m["errors"] else "")
+            for n, m in r["mixes"].items()
+        )
+
+    counts = [str(n) for n in opt["beside_bulk"]]
+    rounds = _rotated_rounds(
+        max(1, opt["paired"]),
+        counts,
+        measure,
+        lambda got, order: {"order": order, "mixes": got},
+        describe,
+        "queries beside bulk clients {}: {} bulk clients",
+        progress,
+    )
+
+    def median(n: str, figure: str) -> float:
+        return statistics.median(r["mixes"][n]["latency_ms"][figure] for r in rounds)
+
+    by_count = {}
+    for n in counts:
+        mixes = [r["mixes"][n] for r in rounds]
+        bulk = [m["bulk_texts_per_s"] for m in mixes if m["bulk_texts_per_s"] is not None]
+        errors: dict[str, int] = {}
+        for m in mixes:
+            for key, count in m["errors"].items():
+                errors[key] = errors.get(key, 0) + count
+        by_count[n] = {
+            "latency_ms": {figure: median(n, figure) for figure in ("p50", "p95", "p99", "mean")},
+            "bulk_texts_per_s": statistics.median(bulk) if bulk else None,
+            "queries": sum(m["queries"] for m in mixes),
+            "answered": sum(m["answered"] for m in mixes),
+            "errors": errors,
+        }
+    return {
+        "workload": workload.name,
+        "batching": server.batching,
+        "route": "POST /v1/embeddings",
+        "encoding_format": beside.ENCODING,
+        "bulk_inputs": beside.BULK_INPUTS,
+        "query_rate": opt["query_rate"],
+        "seconds": opt["duration"],
+        "rounds": rounds,
+        "median": by_count,
+    }
+
+
 def _paired_round(got: dict[str, dict[str, Any]], turns: list[str]) -> dict[str, Any]:
     """One round's figures and their ratios: each protocol to the ceiling, to the server's own batches and to
     the batches side by side, and those in-process figures to the ceiling."""
@@ -355,7 +419,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     paired_steps = opt["paired"] * (
         ("fixed" in opt["workloads"]) + ("short" in opt["workloads"]) * (1 + (1 in opt["concurrency"]))
     )
-    progress = Progress(2 + 2 * len(opt["batching"]) + n_points + paired_steps + 2, out)
+    beside_steps = max(1, opt["paired"]) if opt["beside_bulk"] and "short" in opt["workloads"] else 0
+    progress = Progress(2 + 2 * len(opt["batching"]) + n_points + paired_steps + beside_steps + 2, out)
     machine = describe_machine()
     machine["load_before"] = machine.pop("load")
     guard = Guard(max_other_cores=opt["max_other_cpu"], retries=opt["retries"], quiet_wait_s=opt["quiet_wait"])
@@ -415,6 +480,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
         paired: dict[str, Any] | None = None
         paired_short: dict[str, Any] | None = None
         paired_lone: dict[str, Any] | None = None
+        beside_bulk: dict[str, Any] | None = None
         model_info: dict[str, Any] = {}
         # Every policy's server runs for the whole sweep, and the policies take turns at each point: on a
         # shared machine, whose speed drifts by 10-20 % over minutes, a policy measured in a slow minute
@@ -489,6 +555,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                         guard,
                         progress,
                     )
+            if beside_steps:
+                beside_bulk = _beside_bulk(opt, live[http_batching], workloads["short"], progress)
         finally:
             for batching, server in live.items():
                 with progress.step(f"stop the {batching} server (SIGTERM)") as note:
@@ -557,6 +625,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 "server_args": list(opt["server_arg"]),
                 "server_threads": options.server_threads(opt["threads"], opt["server_arg"], device=opt["device"]),
                 "server_max_wait_ms": options.server_flags(opt["server_arg"]).get("--max-wait-ms", "device default"),
+                "beside_bulk": list(opt["beside_bulk"]),
                 "quick": opt["quick"],
                 "guard": dataclasses.asdict(guard),
             },
@@ -570,6 +639,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             "paired_short": paired_short,
             "lone": {"batching": http_batching, "protocol": GRPC_SYNC, "points": lone_points} if lone_points else None,
             "paired_lone": paired_lone,
+            "beside_bulk": beside_bulk,
             "memory": memory.result(http_batching, memory_runs, memory_skipped) if opt["rss_requests"] else None,
         }
         with progress.step("report and plots") as note:

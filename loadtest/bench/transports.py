@@ -69,19 +69,22 @@ def grpc_requests(workload: Workload, model: str = "") -> list[pb.EncodeRequest]
     return [pb.EncodeRequest(texts=[t], truncate=True, model=model) for t in workload.texts]
 
 
+def http_request(host: str, value: Any, encoding_format: str, model: str = "") -> bytes:
+    """A whole `POST /v1/embeddings` request (request line, headers and JSON body) for the input `value`: a
+    text, a list of texts, or a list of token ids."""
+    fields = {"input": value, "encoding_format": encoding_format, "truncate": True}
+    body = orjson.dumps(fields | ({"model": model} if model else {}))
+    head = (
+        f"POST {ROUTE} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
 def http_requests(workload: Workload, host: str, encoding_format: str, model: str = "") -> list[bytes]:
     """Each input as a whole `POST /v1/embeddings` request: one text, or one list of token ids."""
     inputs: list[Any] = list(workload.ids) if workload.payload == "ids" else list(workload.texts)
-    out = []
-    for value in inputs:
-        fields = {"input": value, "encoding_format": encoding_format, "truncate": True}
-        body = orjson.dumps(fields | ({"model": model} if model else {}))
-        head = (
-            f"POST {ROUTE} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
-        out.append(head.encode("ascii") + body)
-    return out
+    return [http_request(host, value, encoding_format, model) for value in inputs]
 
 
 class GrpcTransport:
@@ -203,6 +206,26 @@ class HttpConnection:
         self.reader = self.writer = None
 
 
+async def call(connection: HttpConnection, raw: bytes, inputs: int) -> Any:
+    """Send one whole request on `connection` and check its answer holds `inputs` embeddings: the answer's JSON.
+    A refusal, a timeout or a broken connection (closed then) raises CallFailed, named as the report counts it."""
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            status, body = await connection.request(raw)
+    except TimeoutError:  # before OSError, of which it is a subclass
+        connection.close()
+        raise CallFailed("timeout") from None
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+        connection.close()
+        raise CallFailed(f"connection: {type(e).__name__}") from None
+    if status != 200:
+        raise CallFailed(f"HTTP {status}")
+    answer = orjson.loads(body)
+    if len(answer["data"]) != inputs:
+        raise CallFailed(f"{len(answer['data'])} embeddings for {inputs} input(s)")
+    return answer
+
+
 class HttpTransport:
     """OpenAI `POST /v1/embeddings`, one keep-alive connection per client."""
 
@@ -227,20 +250,7 @@ class HttpTransport:
         requests = self.requests
 
         async def send(i: int) -> int:
-            try:
-                async with asyncio.timeout(TIMEOUT_S):
-                    status, body = await connection.request(requests[i])
-            except TimeoutError:  # before OSError, of which it is a subclass
-                connection.close()
-                raise CallFailed("timeout") from None
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
-                connection.close()
-                raise CallFailed(f"connection: {type(e).__name__}") from None
-            if status != 200:
-                raise CallFailed(f"HTTP {status}")
-            answer = orjson.loads(body)
-            if len(answer["data"]) != 1:
-                raise CallFailed(f"{len(answer['data'])} embeddings for 1 input")
+            answer = await call(connection, requests[i], 1)
             return int(answer["usage"]["prompt_tokens"])
 
         return send

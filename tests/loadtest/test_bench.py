@@ -166,6 +166,20 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         "above_empty_server_ms": paired_lone["median_above_floor_ms"],
     }
     assert "paired_one_client" not in report["summary"]["mixed"]
+    # Queries at random times beside bulk clients of 64 texts a request, on the short texts over HTTP.
+    mixed_traffic = report["beside_bulk"]
+    assert mixed_traffic["workload"] == "short" and mixed_traffic["batching"] == "length"
+    assert len(mixed_traffic["rounds"]) == options.QUICK["paired"]
+    counts = [str(n) for n in options.QUICK["beside_bulk"]]
+    assert sorted(mixed_traffic["rounds"][0]["order"]) == counts and set(mixed_traffic["median"]) == set(counts)
+    for n, m in mixed_traffic["median"].items():
+        assert m["errors"] == {} and m["answered"] == m["queries"] > 0, (n, m)
+        assert 0 < m["latency_ms"]["p50"] <= m["latency_ms"]["p99"]
+        assert (m["bulk_texts_per_s"] is None) == (n == "0")
+        if n != "0":
+            assert m["bulk_texts_per_s"] > 0
+    assert report["summary"]["short"]["beside_bulk"] == {"rounds": 1, "by_bulk_clients": mixed_traffic["median"]}
+    assert "beside_bulk" not in report["summary"]["mixed"]
     assert report["workloads"]["fixed"]["min_tokens"] == report["workloads"]["fixed"]["max_tokens"] == 32
 
     # The server's memory: every CPU graph the entry has (fp16 is a GPU graph), each from a fresh server.
@@ -193,6 +207,8 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         "paired check, one client, short workload",
         "on an empty server (the same protocol stacks, no pipeline nor model, each call answered after",
         "gRPC (synchronous stub)",
+        "## Queries beside indexing clients (short texts, POST /v1/embeddings, the length server)",
+        "queries beside indexing clients",
     ):
         assert heading in md
     assert report["command"].startswith("mhaserve bench ") and "--quick" in report["command"]
@@ -241,6 +257,10 @@ def test_command_line_reproduces_the_options() -> None:
     # a zero is an option given, not an option left out
     args = p.parse_args(["--retries", "0", "--rss-requests", "0", "--seed", "0"])
     assert options.command_line(args) == "mhaserve bench --rss-requests 0 --retries 0"
+    args = p.parse_args(["--beside-bulk", "none", "--query-rate", "20"])
+    assert options.command_line(args) == "mhaserve bench --beside-bulk none --query-rate 20.0"
+    assert options.resolve(args)["beside_bulk"] == () and options.resolve(p.parse_args([]))["beside_bulk"] == (0, 1, 2)
+    assert p.parse_args(["--beside-bulk", "0,4"]).beside_bulk == (0, 4)
     bad_args = (
         ["--graphs", "fp8"],
         ["--rss-requests", "-1"],
@@ -260,6 +280,10 @@ def test_command_line_reproduces_the_options() -> None:
         ["--retries", "-1"],
         ["--max-other-cpu", "-1"],
         ["--quiet-wait", "-1"],
+        ["--beside-bulk", "-1"],
+        ["--beside-bulk", "1,1"],
+        ["--beside-bulk", "one"],
+        ["--query-rate", "0"],
     )
     for bad in bad_args:
         with pytest.raises(SystemExit):
@@ -291,6 +315,7 @@ def test_server_args_are_read_before_the_run(server_arg: str, message: str, caps
     [
         (["--workloads", "fixed", "--protocols", "grpc,http"], "--protocols http: HTTP is measured on the workloads"),
         (["--concurrency", "32", "--protocols", "grpc,grpc-sync"], "--protocols grpc-sync: the synchronous stub is"),
+        (["--workloads", "fixed,mixed", "--beside-bulk", "0,1"], "--beside-bulk 0,1: the queries and the bulk clients"),
     ],
 )
 def test_a_protocol_the_run_would_not_measure_is_refused(

@@ -1,0 +1,109 @@
+"""Queries beside indexing clients: an interactive query's latency while bulk requests keep the model busy.
+
+Real traffic mixes interactive queries (one short text, someone waiting for it) with indexing jobs that send
+many texts a request (the `openai` client and LangChain send lists); the sweep's workloads send one kind each.
+Here, over the OpenAI route as the clients that index use it (`encoding_format` base64, the official
+client's default):
+- `bulk` clients, each on a connection of its own, send BULK_INPUTS short texts a request, back to back;
+- queries come at random times (Poisson, `rate` a second), whatever the server is doing, as users of a search
+  box send them, one short text each, on connections from a pool. A closed-loop query client would send most
+  of its queries while the server is quick and few while it is slow, and flatter every percentile.
+A query's latency runs from when it was due to its answer: a send the load generator makes late counts
+against the server, not for it. With no bulk client the queries run alone, the reference. docs/benchmarks.md
+measured the same with a process per client (the nineteenth and twenty-second sessions' query_behind_bulk.py);
+here every client shares the bench's one event loop, which costs the queries a little of their own time when
+a bulk answer is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from mhaserve.loadtest.bench.transports import CallFailed, HttpConnection, call, http_request
+from mhaserve.loadtest.stats import latency_summary
+
+BULK_INPUTS = 64  # the server's default --max-client-batch-size, and a common indexing chunk
+WARMUP_S = 1.0  # bulk clients run alone first, so that the first queries meet a server already busy with them
+ENCODING = "base64"
+
+
+async def measure(
+    url: str, texts: Sequence[str], bulk: int, seconds: float, rate: float, seed: int, model: str = ""
+) -> dict[str, Any]:
+    """Queries for `seconds` beside `bulk` bulk clients on the server at `url` (http://host:port): the queries'
+    latencies (ms) and the bulk clients' texts answered a second within the same window."""
+    parts = urlsplit(url)
+    if parts.hostname is None or parts.port is None:
+        raise ValueError(f"expected http://host:port, got {url!r}")
+    host, port = parts.hostname, parts.port
+    rng = random.Random(seed)
+    loop = asyncio.get_running_loop()
+    errors: Counter[str] = Counter()
+    window = (0.0, 0.0)
+    bulk_answers: list[float] = []  # when each bulk request was answered
+    stopping = asyncio.Event()
+
+    async def bulk_client(k: int) -> None:
+        connection = HttpConnection(host, port)
+        i = k * len(texts) // max(1, bulk)  # the clients start at different places in the texts
+        try:
+            while not stopping.is_set():
+                chunk = [texts[(i + j) % len(texts)] for j in range(BULK_INPUTS)]
+                i += BULK_INPUTS
+                try:
+                    await call(connection, http_request(parts.netloc, chunk, ENCODING, model), BULK_INPUTS)
+                except CallFailed as e:
+                    errors[f"bulk: {e.key}"] += 1
+                    await asyncio.sleep(0.05)  # a refused client backs off rather than spin on the refusal
+                    continue
+                bulk_answers.append(loop.time())
+        finally:
+            connection.close()
+
+    pool: list[HttpConnection] = []
+    latencies: list[float] = []
+
+    async def query(due: float, raw: bytes) -> None:
+        await asyncio.sleep(due - loop.time())
+        connection = pool.pop() if pool else HttpConnection(host, port)
+        try:
+            await call(connection, raw, 1)
+            latencies.append((loop.time() - due) * 1000)
+        except CallFailed as e:
+            errors[f"query: {e.key}"] += 1
+        finally:
+            pool.append(connection)  # a connection closed by a failure opens again on its next request
+
+    requests = [http_request(parts.netloc, [text], ENCODING, model) for text in texts]
+    clients = [asyncio.create_task(bulk_client(k)) for k in range(bulk)]
+    try:
+        if bulk:
+            await asyncio.sleep(WARMUP_S)
+        start = loop.time()
+        window = (start, start + seconds)
+        dues, t = [], start
+        while (t := t + rng.expovariate(rate)) < window[1]:
+            dues.append(t)
+        await asyncio.gather(*(query(due, requests[rng.randrange(len(requests))]) for due in dues))
+    finally:
+        stopping.set()
+        await asyncio.gather(*clients)
+        for connection in pool:
+            connection.close()
+    answered = sum(1 for t in bulk_answers if window[0] <= t <= window[1])
+    return {
+        "bulk_clients": bulk,
+        "bulk_inputs": BULK_INPUTS,
+        "seconds": seconds,
+        "rate": rate,
+        "queries": len(dues),
+        "answered": len(latencies),
+        "latency_ms": latency_summary(latencies),
+        "bulk_texts_per_s": answered * BULK_INPUTS / seconds if bulk else None,
+        "errors": dict(errors),
+    }
