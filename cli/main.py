@@ -532,6 +532,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_clients(sub)
     _add_bench(sub)
+    # `-v` after the command too (`mhaserve serve -v`), where users put it: without a default of its own there,
+    # so that one given before the command is not overwritten by the command's "not given".
+    for command in sub.choices.values():
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
     return parser
 
 

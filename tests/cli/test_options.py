@@ -186,3 +186,18 @@ def test_a_variable_nearly_named_as_a_setting_is_warned_about() -> None:
     assert warnings == [
         "MHASERVE_HTTP_PROT is not a setting of mhaserve serve (ignored); did you mean MHASERVE_HTTP_PORT?"
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "verbose"),
+    [
+        (["serve"], False),
+        (["-v", "serve"], True),
+        (["serve", "-v"], True),
+        (["encode", "hi", "--verbose"], True),
+        (["bench", "--quick", "-v"], True),
+    ],
+)
+def test_verbose_before_or_after_the_command(argv: list[str], verbose: bool) -> None:
+    """`mhaserve serve -v` was refused ("unrecognized arguments"): -v was the program's option only."""
+    assert build_parser().parse_args(argv).verbose is verbose
