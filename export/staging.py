@@ -3,15 +3,18 @@
 `mhaserve export` and `mhaserve import` write everything into a scratch directory inside the repository
 (the same filesystem, so the final rename is atomic) and publish `<repository>/<name>/<version>/` only
 once every check has passed; a failure leaves the repository as it was. A polling server never sees a
-half-written version.
+half-written version. An export killed outright (SIGKILL, out of memory) cannot remove its scratch
+directory; the next export or import into the repository does (`_sweep`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -20,6 +23,11 @@ from mhaserve.runtime import manifest as mf
 
 # Past this the protobuf limit (2 GiB) forces weights into an external-data file beside the graph.
 EXTERNAL_DATA_BYTES = 1_500_000_000
+SCRATCH_PREFIX = ".export-"
+# A scratch directory's lock file, held by its export for as long as it runs; one younger than this may be
+# an export's that has created it and not yet taken it.
+LOCK = ".lock"
+LOCK_GRACE_S = 60.0
 
 
 class PublishError(RuntimeError):
@@ -40,14 +48,41 @@ def reserve(repository: Path, name: str, version_: int | None, overwrite: bool) 
 
 @contextlib.contextmanager
 def scratch(repository: Path, name: str, version_: int) -> Iterator[Path]:
-    """A private directory inside the repository, removed afterwards unless `publish` renamed it away."""
+    """A private directory inside the repository, removed afterwards unless `publish` renamed it away. It holds
+    a lock (an flock on its LOCK file) while the export runs, by which `_sweep` tells a dead export's from a
+    running one's."""
     repository.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix=f".export-{name}-{version_}-", dir=repository))
+    _sweep(repository)
+    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{name}-{version_}-", dir=repository))
     path.chmod(0o755)  # mkdtemp makes it private; the published entry must be readable by the server's user
+    lock = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can hold it yet: _sweep skips until then
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        os.close(lock)
+
+
+def _sweep(repository: Path) -> None:
+    """Remove the scratch directories of exports that died without removing them (SIGKILL, out of memory: a
+    graph's worth of disk each time): a running export holds its directory's lock, a dead one's lock is free.
+    A directory without a lock file (made by an older mhaserve, or one being made this instant) is left."""
+    for stale in repository.glob(f"{SCRATCH_PREFIX}*"):
+        try:
+            fd = os.open(stale / LOCK, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime < LOCK_GRACE_S:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its export runs
+        else:
+            shutil.rmtree(stale, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def publish(scratch_dir: Path, target: Path, *, overwrite: bool = False) -> None:
@@ -56,6 +91,8 @@ def publish(scratch_dir: Path, target: Path, *, overwrite: bool = False) -> None
     `reserve` checked the target at the start; a version published meanwhile (another export, a copy) is
     refused here unless --overwrite, not silently replaced."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Not part of the entry; the export holds its lock still, and a sweep passes over a directory without one.
+    (scratch_dir / LOCK).unlink(missing_ok=True)
     if target.exists():
         if not overwrite:
             raise PublishError(

@@ -1,0 +1,62 @@
+"""The scratch directories exports write into: an export killed outright leaves its own behind, which the next
+export into the repository removes, and never a running export's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mhaserve.export import staging
+
+# An export that stops inside its scratch directory: prints the directory, then waits to be killed.
+HOLD = """
+import sys, time
+from pathlib import Path
+from mhaserve.export import staging
+with staging.scratch(Path(sys.argv[1]), "m", 1) as path:
+    print(path, flush=True)
+    time.sleep(120)
+"""
+
+
+def holding(repository: Path) -> tuple[subprocess.Popen[str], Path]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(repository)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_a_killed_exports_scratch_is_removed_by_the_next_and_a_running_ones_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(staging, "LOCK_GRACE_S", 0.0)
+    dead, dead_dir = holding(tmp_path)
+    alive, alive_dir = holding(tmp_path)
+    older = tmp_path / ".export-m-1-older"  # an older mhaserve's: no lock file, so not known to be dead
+    older.mkdir()
+    try:
+        (dead_dir / "model.onnx").write_bytes(b"x" * 1000)
+        dead.send_signal(signal.SIGKILL)
+        dead.wait(30)
+        assert dead_dir.exists()  # nothing ran to remove it
+        with staging.scratch(tmp_path, "m", 2) as mine:
+            assert not dead_dir.exists()
+            assert alive_dir.exists() and older.exists() and mine.exists()
+        assert not mine.exists() and alive_dir.exists()
+    finally:
+        alive.kill()
+        alive.wait(30)
+
+
+def test_a_lock_file_not_yet_taken_is_left_for_a_grace(tmp_path: Path) -> None:
+    """An export creates its lock file and takes the lock in two calls: a sweep between them must not take the
+    directory of an export that is just starting."""
+    starting = tmp_path / ".export-m-1-starting"
+    starting.mkdir()
+    os.close(os.open(starting / staging.LOCK, os.O_RDWR | os.O_CREAT, 0o644))
+    with staging.scratch(tmp_path, "m", 2):
+        assert starting.exists()
