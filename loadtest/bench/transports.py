@@ -167,6 +167,10 @@ class HttpConnection:
 
     async def request(self, raw: bytes) -> tuple[int, bytes]:
         """Send one whole request; the response's status and body."""
+        if self.reader is not None and self.reader.at_eof():
+            # The server closed it while it was idle (its keep-alive timeout, 5 s for ours): a request sent on
+            # it would fail; an HTTP client's pool opens another, as here.
+            self.close()
         if self.writer is None or self.writer.is_closing():
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None

@@ -122,3 +122,29 @@ def test_connection_reads_a_body_delimited_by_close() -> None:
             assert connection.writer is None  # closed: the next request opens a new one
 
     asyncio.run(main())
+
+
+def test_a_connection_the_server_closed_while_idle_is_opened_again() -> None:
+    """The server closes a keep-alive connection idle past its timeout (ours: 5 s) without a word; the next
+    request on it went out and failed (IncompleteReadError) where an HTTP client's pool opens another."""
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")  # keep-alive, as far as the client knows
+        await writer.drain()
+        writer.close()  # then closed while idle
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        connection = HttpConnection("127.0.0.1", server.sockets[0].getsockname()[1])
+        async with server:
+            for _ in range(2):
+                assert await connection.request(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n") == (200, b"ok")
+                await asyncio.sleep(0.1)  # idle: the server's FIN arrives
+            assert connections == 2
+            connection.close()
+
+    asyncio.run(main())
