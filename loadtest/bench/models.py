@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from mhaserve.loadtest.bench import entries, options, report
 from mhaserve.loadtest.bench.client import Server, run_models_point
 from mhaserve.loadtest.bench.quiet import Guard
-from mhaserve.loadtest.bench.report import fmt
+from mhaserve.loadtest.bench.report import errors_cell, fmt
 from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.machine import load
 from mhaserve.loadtest.machine import machine as describe_machine
@@ -232,7 +232,7 @@ def markdown(result: dict[str, Any]) -> str:
     for wname, rows in result["summary"].items():
         for row in rows:
             for name, m in row["models"].items():
-                errors = ", ".join(f"{k} {v}" for k, v in m["errors"].items()) or "0"
+                errors = errors_cell(m["errors"])
                 lines.append(
                     f"| {wname} | {row['clients']} | {name} | {fmt(m['alone_seq_per_s'])} | "
                     f"{fmt(m['together_seq_per_s'])} | {fmt(m['share'], 2)} | "

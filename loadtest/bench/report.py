@@ -14,6 +14,11 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def errors_cell(errors: dict[str, int]) -> str:
+    """A point's failed calls as a table cell: "HTTP 429 3, timeout 1", or 0."""
+    return ", ".join(f"{kind} {count}" for kind, count in errors.items()) or "0"
+
+
 def _size(batch_size: float) -> str:
     """A batch size: whole for a fixed one, one decimal for a mean."""
     return str(batch_size) if isinstance(batch_size, int) else fmt(batch_size)
@@ -442,7 +447,7 @@ def markdown(report: dict[str, Any]) -> str:
         for batching, runs in report["server"].items():
             for p in runs.get(wname, []):
                 lat = p["latency_ms"]
-                errors = ", ".join(f"{k} {v}" for k, v in p["errors"].items()) or "0"
+                errors = errors_cell(p["errors"])
                 lines.append(
                     f"| {wname} | {batching} | {p['concurrency']} | {fmt(p['seq_per_s'])} | {fmt(p['tok_per_s'], 0)} | "
                     f"{fmt(lat['p50'])} | {fmt(lat['p95'])} | {fmt(lat['p99'])} | {p['seq_per_s'] / ceiling:.2f} | "
@@ -605,7 +610,7 @@ def _beside_bulk_section(report: dict[str, Any]) -> list[str]:
     ]
     for n, v in mixed["median"].items():
         lat = v["latency_ms"]
-        errors = ", ".join(f"{k} {c}" for k, c in v["errors"].items()) or "0"
+        errors = errors_cell(v["errors"])
         lines.append(
             f"| {n}{' (queries alone)' if n == '0' else ''} | {fmt(lat['p50'])} | {fmt(lat['p95'])} | "
             f"{fmt(lat['p99'])} | {fmt(lat['mean'])} | {fmt(v['bulk_texts_per_s'], 0)} | {v['answered']} / "
@@ -643,7 +648,7 @@ def _http_section(report: dict[str, Any]) -> list[str]:
             points = _by_clients(http["protocols"][protocol][wname])
             for r in summary:
                 p = points[r["clients"]]
-                errors = ", ".join(f"{k} {v}" for k, v in p["errors"].items()) or "0"
+                errors = errors_cell(p["errors"])
                 lines.append(
                     f"| {wname} | {protocol} | {r['clients']} | {fmt(r['seq_per_s'])} | {fmt(r['grpc_seq_per_s'])} | "
                     f"{fmt(r['ratio'], 2)} | {fmt(r['p50_ms'])} | {fmt(r['grpc_p50_ms'])} | {fmt(r['p99_ms'])} | "
@@ -686,7 +691,7 @@ def memory_section(mem: dict[str, Any] | None) -> list[str]:
     ]
     for graph, r in runs.items():
         s = r["summary"]
-        errors = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "0"
+        errors = errors_cell(r["errors"])
         lines.append(
             f"| {graph} | {fmt(r['file_mib'])} | {_mib(r['start']['rss_kib'])} | {_mib(s['warm']['rss_kib'])} | "
             f"{_mib(s['end']['rss_kib'])} | **{_mib(s['growth_kib'], sign=True)}** | "
