@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -855,6 +856,46 @@ def test_a_cancelled_requests_inputs_in_a_batch_that_gives_way_are_dropped() -> 
 
     run_opening_gates(main(), engine)
     assert engine.batches == [[[91]], [[92]], [[5]]]
+
+
+def test_queries_among_bulk_requests_with_cancellations_get_their_own_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers, queries arriving among requests of 16 inputs, a tenth of the clients cancelling: batches
+    formed ahead give way (counted), and still every request answered holds each of its inputs' own row (the
+    scripted engine echoes an input's first id), and nothing is left counted as queued."""
+    engine = ScriptedEngine(seconds_per_batch=0.002)
+    rng = random.Random(5)
+    ids = iter(range(1000, 10**6))
+
+    async def main() -> int:
+        b = Batcher(engine, limits=limits(max_wait_ms=1.0, max_batch_tokens=40), workers=2)
+        gave_way = 0
+        put_back = b._put_back
+
+        def counting(batch: list[Any]) -> None:
+            nonlocal gave_way
+            gave_way += 1
+            put_back(batch)
+
+        monkeypatch.setattr(b, "_put_back", counting)
+        b.start()
+        calls: list[tuple[list[int], asyncio.Future[np.ndarray]]] = []
+        for _ in range(300):
+            firsts = [next(ids) for _ in range(rng.choice([1, 1, 1, 16]))]
+            call = asyncio.ensure_future(b.submit([seq(f, *[7] * rng.randrange(0, 8)) for f in firsts]))
+            calls.append((firsts, call))
+            if rng.random() < 0.1:
+                asyncio.get_running_loop().call_later(rng.random() * 0.01, call.cancel)
+            await asyncio.sleep(rng.random() * 0.001)
+        await asyncio.gather(*(call for _, call in calls), return_exceptions=True)
+        answered = [(firsts, call.result()) for firsts, call in calls if not call.cancelled()]
+        assert len(answered) > 200
+        for firsts, rows in answered:
+            assert rows[:, 1].tolist() == firsts
+        assert b.depth == 0
+        await b.close()
+        return gave_way
+
+    assert run(main()) > 0
 
 
 async def three_batches(engine: ScriptedEngine, **kw: Any) -> tuple[Batcher, list[asyncio.Future[np.ndarray]]]:
