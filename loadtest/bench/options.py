@@ -288,10 +288,12 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 def unmeasured(args: argparse.Namespace) -> str | None:
     """Why a protocol given in --protocols, or the queries beside bulk clients, would not be measured by the run
     these options make, or None: the run once skipped such an option without a word."""
+    beside_bulk = getattr(args, "beside_bulk", None)
     if args.models or args.memory_only:
-        return None
+        run = "--models" if args.models else "--memory-only"
+        return f"--beside-bulk: measured by the sweep, not by a {run} run" if beside_bulk else None
     opt = resolve(args)
-    if getattr(args, "beside_bulk", None) and "short" not in opt["workloads"]:
+    if beside_bulk and "short" not in opt["workloads"]:
         return (
             f"--beside-bulk {','.join(map(str, args.beside_bulk))}: the queries and the bulk clients send the short "
             f"workload's texts, and --workloads {','.join(opt['workloads'])} has none"

@@ -316,6 +316,7 @@ def test_server_args_are_read_before_the_run(server_arg: str, message: str, caps
         (["--workloads", "fixed", "--protocols", "grpc,http"], "--protocols http: HTTP is measured on the workloads"),
         (["--concurrency", "32", "--protocols", "grpc,grpc-sync"], "--protocols grpc-sync: the synchronous stub is"),
         (["--workloads", "fixed,mixed", "--beside-bulk", "0,1"], "--beside-bulk 0,1: the queries and the bulk clients"),
+        (["--memory-only", "--beside-bulk", "1"], "--beside-bulk: measured by the sweep, not by a --memory-only run"),
     ],
 )
 def test_a_protocol_the_run_would_not_measure_is_refused(
