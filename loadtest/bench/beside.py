@@ -22,9 +22,8 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
-from mhaserve.loadtest.bench.transports import CallFailed, HttpConnection, call, http_request
+from mhaserve.loadtest.bench.transports import CallFailed, HttpConnection, call, http_address, http_request
 from mhaserve.loadtest.stats import latency_summary
 
 BULK_INPUTS = 64  # the server's default --max-client-batch-size, and a common indexing chunk
@@ -37,10 +36,14 @@ async def measure(
 ) -> dict[str, Any]:
     """Queries for `seconds` beside `bulk` bulk clients on the server at `url` (http://host:port): the queries'
     latencies (ms) and the bulk clients' texts answered a second within the same window."""
-    parts = urlsplit(url)
-    if parts.hostname is None or parts.port is None:
-        raise ValueError(f"expected http://host:port, got {url!r}")
-    host, port = parts.hostname, parts.port
+    host, port, netloc = http_address(url)
+    # Every request built once, whole, before the run, as the sweep's clients do: the bulk requests are the
+    # texts in chunks of BULK_INPUTS, in turn (each client starting at its own chunk), the queries one text each.
+    chunks = [
+        http_request(netloc, [texts[(i + j) % len(texts)] for j in range(BULK_INPUTS)], ENCODING, model)
+        for i in range(0, len(texts), BULK_INPUTS)
+    ]
+    requests = [http_request(netloc, [text], ENCODING, model) for text in texts]
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     errors: Counter[str] = Counter()
@@ -50,13 +53,13 @@ async def measure(
 
     async def bulk_client(k: int) -> None:
         connection = HttpConnection(host, port)
-        i = k * len(texts) // max(1, bulk)  # the clients start at different places in the texts
+        i = k * len(chunks) // max(1, bulk)  # the clients start at different places in the texts
         try:
             while not stopping.is_set():
-                chunk = [texts[(i + j) % len(texts)] for j in range(BULK_INPUTS)]
-                i += BULK_INPUTS
+                raw = chunks[i % len(chunks)]
+                i += 1
                 try:
-                    await call(connection, http_request(parts.netloc, chunk, ENCODING, model), BULK_INPUTS)
+                    await call(connection, raw, BULK_INPUTS)
                 except CallFailed as e:
                     errors[f"bulk: {e.key}"] += 1
                     await asyncio.sleep(0.05)  # a refused client backs off rather than spin on the refusal
@@ -79,7 +82,6 @@ async def measure(
         finally:
             pool.append(connection)  # a connection closed by a failure opens again on its next request
 
-    requests = [http_request(parts.netloc, [text], ENCODING, model) for text in texts]
     clients = [asyncio.create_task(bulk_client(k)) for k in range(bulk)]
     try:
         if bulk:

@@ -230,15 +230,20 @@ async def call(connection: HttpConnection, raw: bytes, inputs: int) -> Any:
     return answer
 
 
+def http_address(url: str) -> tuple[str, int, str]:
+    """A plain http://host:port URL's host, port and `Host` header (netloc); ValueError for anything else."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+        raise ValueError(f"expected http://host:port, got {url!r}")
+    return parts.hostname, parts.port, parts.netloc
+
+
 class HttpTransport:
     """OpenAI `POST /v1/embeddings`, one keep-alive connection per client."""
 
     def __init__(self, url: str, workload: Workload, encoding_format: str, model: str = "") -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or parts.hostname is None or parts.port is None:
-            raise ValueError(f"expected http://host:port, got {url!r}")
-        self.host, self.port = parts.hostname, parts.port
-        self.requests = http_requests(workload, parts.netloc, encoding_format, model)
+        self.host, self.port, netloc = http_address(url)
+        self.requests = http_requests(workload, netloc, encoding_format, model)
         self.connections: list[HttpConnection] = []
 
     async def __aenter__(self) -> HttpTransport:
