@@ -30,6 +30,7 @@ import signal
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -306,16 +307,13 @@ def _beside_bulk(opt: dict[str, Any], server: Server, workload: Workload, progre
     for n in counts:
         mixes = [r["mixes"][n] for r in rounds]
         bulk = [m["bulk_texts_per_s"] for m in mixes if m["bulk_texts_per_s"] is not None]
-        errors: dict[str, int] = {}
-        for m in mixes:
-            for key, count in m["errors"].items():
-                errors[key] = errors.get(key, 0) + count
+        errors = sum((Counter(m["errors"]) for m in mixes), Counter[str]())
         by_count[n] = {
             "latency_ms": {figure: median(n, figure) for figure in ("p50", "p95", "p99", "mean")},
             "bulk_texts_per_s": statistics.median(bulk) if bulk else None,
             "queries": sum(m["queries"] for m in mixes),
             "answered": sum(m["answered"] for m in mixes),
-            "errors": errors,
+            "errors": dict(errors),
         }
     return {
         "workload": workload.name,
