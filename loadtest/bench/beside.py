@@ -9,7 +9,8 @@ client's default):
   box send them, one short text each, on connections from a pool. A closed-loop query client would send most
   of its queries while the server is quick and few while it is slow, and flatter every percentile.
 A query's latency runs from when it was due to its answer: a send the load generator makes late counts
-against the server, not for it. With no bulk client the queries run alone, the reference. docs/benchmarks.md
+against the server, not for it. With no bulk client the queries run alone, the reference, and the bench replays
+the same queries in process (`schedule`; inprocess.replay), the reference under that one. docs/benchmarks.md
 measured the same with a process per client (the nineteenth and twenty-second sessions' query_behind_bulk.py);
 here every client shares the bench's one event loop, which costs the queries a little of their own time when
 a bulk answer is read.
@@ -31,6 +32,17 @@ WARMUP_S = 1.0  # bulk clients run alone first, so that the first queries meet a
 ENCODING = "base64"
 
 
+def schedule(n_texts: int, seconds: float, rate: float, seed: int) -> list[tuple[float, int]]:
+    """The queries of a run: (seconds from the start when it is due, which text), Poisson at `rate` a second
+    for `seconds`. The same seed gives the same queries, so the in-process reference (inprocess.py) replays
+    what the server was sent."""
+    rng = random.Random(seed)
+    offsets, t = [], 0.0
+    while (t := t + rng.expovariate(rate)) < seconds:
+        offsets.append(t)
+    return [(t, rng.randrange(n_texts)) for t in offsets]
+
+
 async def measure(
     url: str, texts: Sequence[str], bulk: int, seconds: float, rate: float, seed: int, model: str = ""
 ) -> dict[str, Any]:
@@ -44,7 +56,6 @@ async def measure(
         for i in range(0, len(texts), BULK_INPUTS)
     ]
     requests = [http_request(netloc, [text], ENCODING, model) for text in texts]
-    rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     errors: Counter[str] = Counter()
     window = (0.0, 0.0)
@@ -88,10 +99,8 @@ async def measure(
             await asyncio.sleep(WARMUP_S)
         start = loop.time()
         window = (start, start + seconds)
-        dues, t = [], start
-        while (t := t + rng.expovariate(rate)) < window[1]:
-            dues.append(t)
-        await asyncio.gather(*(query(due, requests[rng.randrange(len(requests))]) for due in dues))
+        dues = schedule(len(requests), seconds, rate, seed)
+        await asyncio.gather(*(query(start + due, requests[i]) for due, i in dues))
     finally:
         stopping.set()
         await asyncio.gather(*clients)

@@ -248,6 +248,38 @@ def measure_onnx(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
     return out
 
 
+def replay(
+    run: RunBatch,
+    queries: Sequence[tuple[float, int]],
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[float]:
+    """Each query's milliseconds from when it was due (seconds from the start) to the end of its `run`, one at a
+    time: a query due while another computes starts late, and its wait counts, as it would at a server."""
+    latencies = []
+    start = clock()
+    for due, i in queries:
+        if (ahead := start + due - clock()) > 0:
+            sleep(ahead)
+        run([i])
+        latencies.append((clock() - start - due) * 1000)
+    return latencies
+
+
+def measure_sporadic(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
+    """ONNX Runtime on the queries the server is sent alone in beside.py (the same texts at the same times), one
+    text a run on every core, tokenising counted: the reference for a query that comes while nothing computes,
+    which on a machine that idled meanwhile takes longer than one of a run back to back."""
+    from mhaserve.loadtest.bench.beside import schedule
+
+    _, _, run = _engine_and_run(spec, workload, spec["threads"])
+    for i in range(min(20, len(workload.texts))):  # as the server's warm-up and the bench's first requests
+        run([i])
+    sporadic = spec["sporadic"]
+    queries = schedule(len(workload.texts), sporadic["seconds"], sporadic["rate"], sporadic["seed"])
+    return {"queries": len(queries), "latency_ms": latency_summary(replay(run, queries))}
+
+
 SIDE_BY_SIDE_BATCHES = (2, 4, 8)  # one text a batch always does less (docs/benchmarks.md, eleventh session)
 
 
@@ -372,6 +404,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     ort.set_default_logger_severity(4)
     logging.getLogger("service.engine").setLevel(logging.ERROR)
     out: dict[str, Any] = {}
+    if spec.get("sporadic"):  # beside.py's queries alone, replayed: nothing else
+        return {w["name"]: {"sporadic": measure_sporadic(spec, Workload.from_dict(w))} for w in spec["workloads"]}
     for w in spec["workloads"]:
         workload = Workload.from_dict(w)
         out[workload.name] = measure_onnx(spec, workload)

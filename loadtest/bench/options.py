@@ -201,7 +201,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N,M",
         help="queries beside indexing clients, on the short workload over HTTP (beside.py): queries at random times "
         "(--query-rate) for --duration beside each of these counts of bulk clients sending 64 texts a request (0: the "
-        "queries alone), in --paired rounds (at least one); none skips it (default 0,1,2; with --quick 0,1)",
+        "queries alone, also replayed in process), in --paired rounds (at least one); none skips it (default 0,1,2; "
+        "with --quick 0,1)",
     )
     p.add_argument(
         "--query-rate", type=_rate, default=10.0, metavar="Q", help="queries a second for --beside-bulk (default 10)"

@@ -58,6 +58,7 @@ _RATIO_NAMES = {
 
 # The paired one-client rounds' name for a protocol's turn on the empty server (empty.py): "empty grpc".
 EMPTY = "empty "
+IN_PROCESS = "in process"  # the paired rounds' turn of ONNX Runtime in a child process of the bench
 
 # The clients of the one-client figures, as the report words them.
 _CLIENT_NAMES = {
@@ -244,7 +245,11 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             }
         mixed_traffic = report.get("beside_bulk")
         if mixed_traffic and mixed_traffic["workload"] == wname:
-            w["beside_bulk"] = {"rounds": len(mixed_traffic["rounds"]), "by_bulk_clients": mixed_traffic["median"]}
+            w["beside_bulk"] = {
+                "rounds": len(mixed_traffic["rounds"]),
+                "by_bulk_clients": mixed_traffic["median"],
+                "alone_in_process": mixed_traffic.get("in_process"),
+            }
         out[wname] = w
     return out
 
@@ -593,6 +598,11 @@ def _beside_bulk_line(mixed: dict[str, Any]) -> str:
         + ", ".join(f"{fmt(v['latency_ms']['mean'])}" for v in med.values())
         + ")"
         + (f"; the bulk clients' texts a second: {', '.join(bulk)}" if bulk else "")
+        + (
+            f"; the queries alone replayed in process: {fmt(mixed['in_process']['latency_ms']['p50'])} ms"
+            if mixed.get("in_process")
+            else ""
+        )
     )
 
 
@@ -616,6 +626,13 @@ def _beside_bulk_section(report: dict[str, Any]) -> list[str]:
             f"{fmt(lat['p99'])} | {fmt(lat['mean'])} | {fmt(v['bulk_texts_per_s'], 0)} | {v['answered']} / "
             f"{v['queries']} | {errors} |"
         )
+    replayed = mixed.get("in_process")
+    if replayed:
+        lat = replayed["latency_ms"]
+        lines.append(
+            f"| 0, in process (no server) | {fmt(lat['p50'])} | {fmt(lat['p95'])} | {fmt(lat['p99'])} | "
+            f"{fmt(lat['mean'])} | - | {replayed['queries']} / {replayed['queries']} | - |"
+        )
     lines += [
         "",
         f"Queries come at random times ({fmt(mixed['query_rate'], 0)} a second, Poisson), one text each, for "
@@ -627,6 +644,15 @@ def _beside_bulk_section(report: dict[str, Any]) -> list[str]:
         "loop, on the server's machine.",
         "",
     ]
+    if replayed:
+        lines += [
+            "The row in process is a turn of the same rounds: ONNX Runtime in a child process of the bench, on every "
+            "core, sent the queries the server was sent alone (the same texts at the same times), one text a run, "
+            "tokenising counted, each timed from when it was due. It is the reference for a query that meets an idle "
+            "server: on a machine whose cores idled meanwhile a run takes longer than one of a run back to back (the "
+            "one-client figures), with no server in the way.",
+            "",
+        ]
     return lines
 
 

@@ -9,7 +9,8 @@
    length policy's server, at the same client counts and in turn with its gRPC points; and at one client
    from grpcio's synchronous stub too (the client `mhaserve encode` uses);
 each for the fixed-length, the mixed-length and the short-text workload; then
-6. queries at random times beside indexing clients' bulk requests, on the short texts over HTTP (beside.py);
+6. queries at random times beside indexing clients' bulk requests, on the short texts over HTTP (beside.py),
+   and the queries alone replayed in process (inprocess.replay);
 7. the server's memory, each CPU graph of the entry served in turn (memory.py).
 Outputs: report.md, report.json, throughput.png, latency.png and the servers' logs, in
 results/bench-<timestamp>/ or --output. `--models` measures several models in one server instead (models.py),
@@ -162,7 +163,7 @@ def _paired_short(
     )
 
     def measure(turn: str) -> dict[str, dict[str, Any]]:
-        if turn != "in process":
+        if turn != report.IN_PROCESS:
             return {turn: _measured_point(opt, server, workload, clients, turn, guard, progress)}
         measured = measure_in_child(one)["short"]
         names = {"ceiling": "ceiling", "served_batching": "served", "side_by_side": "side"}
@@ -170,7 +171,7 @@ def _paired_short(
 
     rounds = _rotated_rounds(
         opt["paired"],
-        ["in process", "grpc", *(["http"] if http else [])],
+        [report.IN_PROCESS, "grpc", *(["http"] if http else [])],
         measure,
         _paired_round,
         lambda r: ", ".join(f"{name} {v:.2f}" for name, v in r["ratios"].items()),
@@ -211,7 +212,7 @@ def _paired_lone(
     empty = EmptyServer(dimensions, delay_ms / 1000, empty_log)
 
     def measure(turn: str) -> dict[str, dict[str, Any]]:
-        if turn == "in process":
+        if turn == report.IN_PROCESS:
             return {turn: measure_in_child(one)[workload.name]["one_at_a_time"]}
         if turn.startswith(report.EMPTY):
             return {turn: _measured_point(opt, empty, workload, 1, turn.removeprefix(report.EMPTY), guard, progress)}
@@ -219,7 +220,7 @@ def _paired_lone(
 
     def summary(got: dict[str, dict[str, Any]], order: list[str]) -> dict[str, Any]:
         p50 = {turn: r["latency_ms"]["p50"] for turn, r in got.items()}
-        gap = {p: p50[p] - p50["in process"] for p in protocols}
+        gap = {p: p50[p] - p50[report.IN_PROCESS] for p in protocols}
         # The empty server's p50 less the time it idles on each call is its whole gap: it has no model.
         floor = {p: p50[report.EMPTY + p] - delay_ms for p in floors}
         return {
@@ -240,7 +241,7 @@ def _paired_lone(
     with empty.running():
         rounds = _rotated_rounds(
             opt["paired"],
-            ["in process", *protocols, *(report.EMPTY + p for p in floors)],
+            [report.IN_PROCESS, *protocols, *(report.EMPTY + p for p in floors)],
             measure,
             summary,
             lambda r: (
@@ -270,33 +271,43 @@ def _paired_lone(
     }
 
 
-def _beside_bulk(opt: dict[str, Any], server: Server, workload: Workload, progress: Progress) -> dict[str, Any]:
+def _beside_bulk(
+    opt: dict[str, Any], spec: dict[str, Any], server: Server, workload: Workload, progress: Progress
+) -> dict[str, Any]:
     """Queries beside each count of bulk clients (beside.py), in rounds (--paired, at least one) that each measure
-    every count in turn, the next round starting one turn later; the medians of the rounds by count."""
-    seeds = itertools.count(opt["seed"])  # other queries in each turn, the same in every run
+    every count in turn, the next round starting one turn later; the medians of the rounds by count. With the
+    queries alone (0) among the counts, a turn replays the same queries in process (one child, ONNX Runtime on
+    every core, tokenising counted): the reference for a query that meets an idle server."""
+    counts = [str(n) for n in opt["beside_bulk"]]
+    turns = [*counts, report.IN_PROCESS] if "0" in counts else counts
+    calls = itertools.count()
+    alone = _alone(spec, workload, 1)
 
     def measure(turn: str) -> dict[str, dict[str, Any]]:
-        got = asyncio.run(
-            beside.measure(server.http_url, workload.texts, int(turn), opt["duration"], opt["query_rate"], next(seeds))
-        )
-        return {turn: got}
+        # Every turn of a round is sent the same queries (the replay too), each round others: the same in every run.
+        seed = opt["seed"] + next(calls) // len(turns)
+        if turn == report.IN_PROCESS:
+            sporadic = {"seconds": opt["duration"], "rate": opt["query_rate"], "seed": seed}
+            return {turn: measure_in_child(dict(alone, sporadic=sporadic))[workload.name]["sporadic"]}
+        bulk, rate = int(turn), opt["query_rate"]
+        return {turn: asyncio.run(beside.measure(server.http_url, workload.texts, bulk, opt["duration"], rate, seed))}
 
     def describe(r: dict[str, Any]) -> str:
         return ", ".join(
-            f"{n} bulk: queries p50 {m['latency_ms']['p50']:.1f} ms"
-            + (f", bulk {m['bulk_texts_per_s']:.0f} texts/s" if m["bulk_texts_per_s"] is not None else "")
-            + (f", errors {sum(m['errors'].values())}" if m["errors"] else "")
+            (n if n == report.IN_PROCESS else f"{n} bulk")
+            + f": queries p50 {m['latency_ms']['p50']:.1f} ms"
+            + (f", bulk {m['bulk_texts_per_s']:.0f} texts/s" if m.get("bulk_texts_per_s") is not None else "")
+            + (f", errors {sum(m['errors'].values())}" if m.get("errors") else "")
             for n, m in r["mixes"].items()
         )
 
-    counts = [str(n) for n in opt["beside_bulk"]]
     rounds = _rotated_rounds(
         max(1, opt["paired"]),
-        counts,
+        turns,
         measure,
         lambda got, order: {"order": order, "mixes": got},
         describe,
-        "queries beside bulk clients {}: {} bulk clients",
+        "queries beside bulk clients {}, in turn: {}",
         progress,
     )
 
@@ -315,6 +326,13 @@ def _beside_bulk(opt: dict[str, Any], server: Server, workload: Workload, progre
             "answered": sum(m["answered"] for m in mixes),
             "errors": dict(errors),
         }
+    in_process = None
+    if report.IN_PROCESS in turns:
+        replays = [r["mixes"][report.IN_PROCESS] for r in rounds]
+        in_process = {
+            "latency_ms": {figure: median(report.IN_PROCESS, figure) for figure in ("p50", "p95", "p99", "mean")},
+            "queries": sum(m["queries"] for m in replays),
+        }
     return {
         "workload": workload.name,
         "batching": server.batching,
@@ -325,6 +343,7 @@ def _beside_bulk(opt: dict[str, Any], server: Server, workload: Workload, progre
         "seconds": opt["duration"],
         "rounds": rounds,
         "median": by_count,
+        "in_process": in_process,
     }
 
 
@@ -554,7 +573,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                         progress,
                     )
             if beside_steps:
-                beside_bulk = _beside_bulk(opt, live[http_batching], workloads["short"], progress)
+                beside_bulk = _beside_bulk(opt, spec, live[http_batching], workloads["short"], progress)
         finally:
             for batching, server in live.items():
                 with progress.step(f"stop the {batching} server (SIGTERM)") as note:

@@ -171,14 +171,23 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
     assert mixed_traffic["workload"] == "short" and mixed_traffic["batching"] == "length"
     assert len(mixed_traffic["rounds"]) == options.QUICK["paired"]
     counts = [str(n) for n in options.QUICK["beside_bulk"]]
-    assert sorted(mixed_traffic["rounds"][0]["order"]) == counts and set(mixed_traffic["median"]) == set(counts)
+    # The queries alone are replayed in process too, a turn of the same rounds.
+    assert mixed_traffic["rounds"][0]["order"] == [*counts, "in process"]
+    assert set(mixed_traffic["median"]) == set(counts)
+    replayed = mixed_traffic["in_process"]
+    assert replayed["queries"] == mixed_traffic["median"]["0"]["queries"] > 0
+    assert 0 < replayed["latency_ms"]["p50"] <= replayed["latency_ms"]["p99"]
     for n, m in mixed_traffic["median"].items():
         assert m["errors"] == {} and m["answered"] == m["queries"] > 0, (n, m)
         assert 0 < m["latency_ms"]["p50"] <= m["latency_ms"]["p99"]
         assert (m["bulk_texts_per_s"] is None) == (n == "0")
         if n != "0":
             assert m["bulk_texts_per_s"] > 0
-    assert report["summary"]["short"]["beside_bulk"] == {"rounds": 1, "by_bulk_clients": mixed_traffic["median"]}
+    assert report["summary"]["short"]["beside_bulk"] == {
+        "rounds": 1,
+        "by_bulk_clients": mixed_traffic["median"],
+        "alone_in_process": replayed,
+    }
     assert "beside_bulk" not in report["summary"]["mixed"]
     assert report["workloads"]["fixed"]["min_tokens"] == report["workloads"]["fixed"]["max_tokens"] == 32
 
@@ -209,6 +218,8 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         "gRPC (synchronous stub)",
         "## Queries beside indexing clients (short texts, POST /v1/embeddings, the length server)",
         "queries beside indexing clients",
+        "| 0, in process (no server) |",
+        "the queries alone replayed in process",
     ):
         assert heading in md
     assert report["command"].startswith("mhaserve bench ") and "--quick" in report["command"]

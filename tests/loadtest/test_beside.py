@@ -70,6 +70,8 @@ def test_queries_alone_have_no_bulk_figure() -> None:
     got = served(server, lambda url: beside.measure(url, TEXTS, 0, 0.3, 30.0, seed=2))
     assert got["bulk_texts_per_s"] is None and got["answered"] == got["queries"] > 0
     assert all(len(b["input"]) == 1 for b in server.bodies)
+    # The texts of the schedule the in-process replay is given (inprocess.py), in its order.
+    assert [b["input"][0] for b in server.bodies] == [TEXTS[i] for _, i in beside.schedule(len(TEXTS), 0.3, 30.0, 2)]
 
 
 def test_refusals_are_counted_by_client_and_kind_not_raised() -> None:

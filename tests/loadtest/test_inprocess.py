@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from mhaserve.loadtest.bench.inprocess import served_batches, timed_passes
+from mhaserve.loadtest.bench.beside import schedule
+from mhaserve.loadtest.bench.inprocess import replay, served_batches, timed_passes
 from mhaserve.loadtest.bench.options import served_batching
 from mhaserve.loadtest.bench.workloads import Workload
 
@@ -102,3 +103,41 @@ def test_timed_passes_run_every_batch_once_a_pass_with_that_many_callers_at_once
     assert len(timing["latencies"]) == 12
     assert sorted(seen[1:]) == list(range(12)) and seen[0] == 0  # the untimed warm-up call, then the pass
     assert most == callers
+
+
+class FakeClock:
+    """A clock that only sleeps and runs move."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds > 0
+        self.now += seconds
+
+
+def test_replay_times_each_query_from_when_it_was_due_and_a_late_start_counts() -> None:
+    clock, ran = FakeClock(), []
+
+    def run(idx: list[int]) -> int:
+        ran.append((clock.now, idx))
+        clock.now += 0.010  # each run takes 10 ms
+        return 1
+
+    # Due at 0, 5 ms (while the first still runs: starts 5 ms late), 50 ms (on time).
+    got = replay(run, [(0.0, 3), (0.005, 7), (0.050, 3)], clock=clock, sleep=clock.sleep)
+    assert got == pytest.approx([10.0, 15.0, 10.0])
+    assert [idx for _, idx in ran] == [[3], [7], [3]]
+    assert [t - 100.0 for t, _ in ran] == pytest.approx([0.0, 0.010, 0.050])
+
+
+def test_the_replay_is_sent_the_queries_the_server_was_sent() -> None:
+    queries = schedule(2000, 12.0, 10.0, seed=7)
+    assert queries == schedule(2000, 12.0, 10.0, seed=7) != schedule(2000, 12.0, 10.0, seed=8)
+    due = [t for t, _ in queries]
+    assert due == sorted(due) and due[0] > 0 and due[-1] < 12.0
+    assert 60 < len(queries) < 180  # about 10 a second for 12 s
+    assert all(0 <= i < 2000 for _, i in queries)
