@@ -25,7 +25,9 @@ What Infinity's batch worker got wrong, and what this one does instead:
   waiting for the event loop to hand it one; each batch takes at most its share of the sequences in
   the batcher (max_rows), so that the batches keep even shares of the clients; a batch formed ahead of
   a large request's inputs goes back to the queue when a smaller request comes (a query beside an
-  indexing job), which then goes first (_make_way);
+  indexing job), which then goes first (_make_way); and while smaller requests come, a larger request's
+  batch takes half the token budget, so that a query that finds every worker computing waits for less
+  (_budget);
 - a watchdog bounds each batch's computing (`inference_timeout`, watchdog.py); when a batch overruns, the
   queue fails with it, and so do the batches formed that still wait for a thread (they are taken out of
   the threads' queue: nobody would get their answers).
@@ -57,6 +59,27 @@ from mhaserve.service.batching.watchdog import Hook, Watchdog
 from mhaserve.service.metrics import Metrics, ModelMetrics
 
 log = logging.getLogger(__name__)
+
+# With the length policy, a batch anchored by a request takes half the token budget while requests of fewer
+# inputs than it have come within this many seconds (_budget): interactive queries beside an indexing job.
+SMALLER_RECENT_S = 1.0
+
+
+class _Sizes:
+    """When requests last came, by size class: 1 input, 2-3, 4-7, 8-15, ... (the bit length of the count)."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: dict[int, float] = {}
+
+    def saw(self, n: int, at: float) -> None:
+        self._last[n.bit_length()] = at
+
+    def smaller_since(self, n: int, since: float) -> bool:
+        """Whether a request of a smaller size class than `n` inputs came at `since` or later."""
+        size = n.bit_length()
+        return any(at >= since for c, at in self._last.items() if c < size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +135,7 @@ class Batcher:
         self.pad_id = pad_id
         self.metrics = metrics or ModelMetrics(Metrics(), "-", 0)
         self._policy = make_policy(batching, limits.max_padding)
+        self._sizes = _Sizes()  # when requests of each size last came (_budget)
         self._depth = 0  # live sequences waiting
         self._reserved = 0  # slots admitted requests hold while they are tokenised
         self._tokens = 0  # their tokens, unpadded
@@ -225,6 +249,7 @@ class Batcher:
             self._refuse(n)
         loop = asyncio.get_running_loop()
         job = Job(loop.create_future(), n, deadline, request_id)
+        self._sizes.saw(n, job.enqueued)
         items = []
         for i, ids in enumerate(seqs):
             self._order += 1
@@ -351,13 +376,32 @@ class Batcher:
             return None
         return max(1, math.ceil((self._depth + self._computing) / self._n_batches))
 
+    def _budget(self) -> int:
+        """The next batch's token budget: the limit's, or half of it (the length policy) when the request that
+        anchors it is larger than one that came within SMALLER_RECENT_S.
+
+        A query that comes while every worker computes waits for the first batch to end, and a batch of a
+        bulk request's inputs at the CPU's budget (256 tokens) holds its core for about 40 ms. Beside an
+        indexing client sending 64 short texts a request, a budget of 128 took a query's median to 0.87x
+        beside one such client and 0.81x beside two, and cost the bulk clients nothing (docs/benchmarks.md,
+        twenty-third session); for every request at 128 it would cost a closed loop of 128-token inputs a
+        row a batch (0.93x in process), so it applies only while smaller requests come, and never to a
+        batch a single-text request anchors."""
+        budget = self.limits.max_batch_tokens
+        if self.batching != "length":  # arrival order: the baseline, as it was
+            return budget
+        first = self._policy.first(self._live)
+        if first is not None and self._sizes.smaller_since(first.job.n, time.perf_counter() - SMALLER_RECENT_S):
+            return max(1, budget // 2)
+        return budget
+
     async def _run(self) -> None:
         """One batch in flight at a time. With several workers, each takes the next batch as soon as it is free:
         what arrived while the others compute starts at once instead of waiting for them, as a smaller batch on
         fewer cores; the batch formed ahead waits for a thread in the executor's queue."""
         while True:
             await self._wait_for_batch()
-            batch = self._policy.take(self.limits.max_batch_tokens, self._live, self.max_rows())
+            batch = self._policy.take(self._budget(), self._live, self.max_rows())
             # A deadline found passed while the window grew may have failed a job with a sequence already in it.
             batch = [s for s in batch if not s.job.future.done()]
             if batch:

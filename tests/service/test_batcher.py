@@ -18,6 +18,7 @@ from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.errors import DeadlineExceeded, InferenceTimeout, Internal, ResourceExhausted, Unavailable
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.service.batching import Batcher, Limits
+from mhaserve.service.batching import batcher as batcher_module
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.context import RequestIdFilter, request_id
 from mhaserve.service.metrics import Metrics, ModelMetrics
@@ -157,9 +158,65 @@ def test_a_query_behind_a_large_request_waits_for_one_of_its_batches_not_all(bat
     firsts = [[row[0] for row in batch] for batch in engine.batches]
     assert sorted(i for batch in firsts for i in batch) == [1] * 16 + [2]
     if batching == "length":
-        assert firsts == [[1] * 4, [2], [1] * 4, [1] * 4, [1] * 4]  # the budget's 4 rows of 10 tokens
+        # With a smaller request just come, the large one's batches take half the budget: 2 rows of 10 tokens.
+        assert firsts == [[1] * 2, [2], *[[1] * 2] * 7]
     else:
-        assert firsts == [[1] * 4] * 4 + [[2]]
+        assert firsts == [[1] * 4] * 4 + [[2]]  # the budget's 4 rows of 10 tokens
+
+
+def _bulk_batches(batching: str, *, query_first: bool) -> list[list[list[int]]]:
+    """A request of 16 inputs of 10 tokens, alone with a 40-token budget; `query_first`: a one-text request
+    came (and was answered) just before it."""
+    engine = ScriptedEngine()
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_batch_tokens=40, max_wait_ms=0.0), batching=batching)  # type: ignore[arg-type]
+        b.start()
+        if query_first:
+            await b.submit([seq(2, *[7] * 9)])
+        await b.submit([seq(1, *[7] * 9) for _ in range(16)])
+        await b.close()
+
+    run(main())
+    return [b for b in engine.batches if b[0][0] == 1]
+
+
+@pytest.mark.parametrize("batching", ["length", "arrival"])
+def test_while_smaller_requests_come_a_larger_requests_batch_takes_half_the_budget(
+    batching: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query that finds the workers computing waits for the first batch to end: while smaller requests come,
+    a larger request's batches hold half the budget's tokens (here 2 rows of 10 tokens, not 4), with the
+    length policy; arrival order, the baseline, keeps the budget. Alone, or once the smaller requests are
+    older than SMALLER_RECENT_S, the budget is whole again."""
+    alone = _bulk_batches(batching, query_first=False)
+    assert [len(b) for b in alone] == [4] * 4
+    beside = _bulk_batches(batching, query_first=True)
+    assert [len(b) for b in beside] == ([2] * 8 if batching == "length" else [4] * 4)
+    monkeypatch.setattr(batcher_module, "SMALLER_RECENT_S", 0.0)
+    assert [len(b) for b in _bulk_batches(batching, query_first=True)] == [4] * 4
+
+
+def test_a_batch_that_single_text_requests_anchor_keeps_the_whole_budget() -> None:
+    """Single-text requests (the usual traffic, and a query's own batch) never halve the budget, whatever came
+    before them: 8 of them waiting take the budget's 4 rows of 10 tokens a batch."""
+    engine = ScriptedEngine(gates=[91])
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_batch_tokens=40, max_wait_ms=0.0))
+        b.start()
+        await b.submit([seq(5, 5)] * 2)  # a request of two inputs came just now
+        held = asyncio.ensure_future(b.submit([seq(91)]))
+        await in_engine(engine, 2)
+        singles = [asyncio.ensure_future(b.submit([seq(3, *[7] * 9)])) for _ in range(8)]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        engine.gates[91].set()
+        await asyncio.gather(held, *singles)
+        await b.close()
+
+    run_opening_gates(main(), engine)
+    assert [len(b) for b in engine.batches if b[0][0] == 3] == [4, 4]
 
 
 def test_the_length_policy_gives_waiting_requests_turns_to_anchor_a_batch() -> None:
