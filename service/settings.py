@@ -154,7 +154,8 @@ class Settings:
         default=None,
         metadata=_opt(
             f"token budget of one batch, padding included (default {CPU_LIMITS.max_batch_tokens} on CPU, "
-            f"{CUDA_LIMITS.max_batch_tokens} on CUDA)",
+            f"{CUDA_LIMITS.max_batch_tokens} on CUDA); a larger request's batch takes half while smaller requests "
+            "come",
             _int_or_none,
         ),
     )

@@ -381,12 +381,12 @@ class Batcher:
         anchors it is larger than one that came within SMALLER_RECENT_S.
 
         A query that comes while every worker computes waits for the first batch to end, and a batch of a
-        bulk request's inputs at the CPU's budget (256 tokens) holds its core for about 40 ms. Beside an
-        indexing client sending 64 short texts a request, a budget of 128 took a query's median to 0.87x
-        beside one such client and 0.81x beside two, and cost the bulk clients nothing (docs/benchmarks.md,
-        twenty-third session); for every request at 128 it would cost a closed loop of 128-token inputs a
-        row a batch (0.93x in process), so it applies only while smaller requests come, and never to a
-        batch a single-text request anchors."""
+        bulk request's inputs at the CPU's budget (256 tokens) holds its core for about 40 ms. On 2 cores,
+        beside one and two indexing clients sending 64 texts a request, this took a query's median to 0.78x
+        and 0.79x, with short texts and with paragraphs of 100-150 tokens alike, and cost the indexing
+        clients nothing (docs/benchmarks.md, twenty-third session). A budget of 128 for every batch would
+        cost a closed loop of 128-token inputs a row a batch (0.93x in process), so it applies only while
+        smaller requests come, and never to a batch a single-text request anchors."""
         budget = self.limits.max_batch_tokens
         if self.batching != "length":  # arrival order: the baseline, as it was
             return budget
