@@ -8,6 +8,7 @@ import asyncio
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -49,8 +50,9 @@ async def http_p50(port: int, texts: list[str]) -> float:
     return 1000 * statistics.median(await oc.http_latencies(port, texts))
 
 
-def main(rounds: int, n: int) -> None:
-    texts = oc.SHORT_TEXTS[:n]
+def setup(texts: list[str]) -> tuple[list[str], Callable[[str], None], dict[str, Callable[[], float]]]:
+    """The server's flags (defaults, fused graph, free ports), ONNX Runtime's one text at a time in process, and
+    each client's p50 over `texts` against that server: in process, sync stub, grpc.aio and HTTP."""
     run = oc.in_process()
     grpc_port, http_port = free_ports(2)
     flags = ["--repository", "models", "--graph", "optimized", "--port", str(grpc_port), "--http-port", str(http_port)]
@@ -61,6 +63,12 @@ def main(rounds: int, n: int) -> None:
         "aio": lambda: asyncio.run(aio_p50(address, texts)),
         "http": lambda: asyncio.run(http_p50(http_port, texts)),
     }
+    return flags, run, measure
+
+
+def main(rounds: int, n: int) -> None:
+    texts = oc.SHORT_TEXTS[:n]
+    flags, run, measure = setup(texts)
     with ServerProcess(flags, Path("/tmp/clients-server.log")) as server:
         server.wait_serving()
         oc.p50_ms(run, texts[:20])

@@ -5,7 +5,6 @@ and puts the value it found back at the end. Run from the repository root:
   python docs/bench/2026-11-29-twentythird/haltpoll.py ROUNDS TEXTS [NS ...]
 """
 
-import asyncio
 import statistics
 import sys
 from pathlib import Path
@@ -15,7 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-27-twelfth
 import clients  # noqa: E402
 import one_client as oc  # noqa: E402
 
-from mhaserve.testing.loopback import free_ports  # noqa: E402
 from mhaserve.testing.process import ServerProcess  # noqa: E402
 
 POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
@@ -23,15 +21,8 @@ POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
 
 def main(rounds: int, n: int, settings: list[int]) -> None:
     texts = oc.SHORT_TEXTS[:n]
-    run = oc.in_process()
-    grpc_port, http_port = free_ports(2)
-    flags = ["--repository", "models", "--graph", "optimized", "--port", str(grpc_port), "--http-port", str(http_port)]
-    address = f"127.0.0.1:{grpc_port}"
-    measure = {
-        "inproc": lambda: oc.p50_ms(run, texts),
-        "aio": lambda: asyncio.run(clients.aio_p50(address, texts)),
-        "http": lambda: asyncio.run(clients.http_p50(http_port, texts)),
-    }
+    flags, run, every = clients.setup(texts)
+    measure = {k: every[k] for k in ("inproc", "aio", "http")}
     found = POLL.read_text().strip()
     rows: dict[int, list[dict[str, float]]] = {ns: [] for ns in settings}
     try:
