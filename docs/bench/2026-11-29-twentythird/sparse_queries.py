@@ -8,8 +8,6 @@ Run from the repository root:
   python docs/bench/2026-11-29-twentythird/sparse_queries.py BEFORE AFTER ROUNDS SECONDS RATE
 """
 
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,10 +18,11 @@ from mhaserve.testing.loopback import free_port  # noqa: E402
 from mhaserve.testing.process import ServerProcess  # noqa: E402
 
 
-def one(seconds: float) -> dict[str, float]:
+def one(seconds: float, args: list[str]) -> dict[str, float]:
+    """In place of q.served: one bulk client beside the queries, nothing else (q.main alternates the versions)."""
     port = free_port()
     flags = ["--repository", "models", "--graph", "optimized", "--port", "0", "--metrics-port", "0"]
-    with ServerProcess([*flags, "--http-port", str(port)], Path("/tmp/sparse-serve.log")) as server:
+    with ServerProcess([*flags, "--http-port", str(port), *args], Path("/tmp/sparse-serve.log")) as server:
         server.wait_serving()
         got = q.beside(port, 1, seconds)
         server.signal()
@@ -33,21 +32,9 @@ def one(seconds: float) -> dict[str, float]:
 
 def main(before: str, after: str, rounds: int, seconds: float, rate: float) -> None:
     q.RATE = rate
-    versions = {"before": before, "after": after}
-    rows: dict[str, dict[str, list[float]]] = {v: {} for v in versions}
-    try:
-        for r in range(rounds):
-            for name in list(versions) if r % 2 == 0 else list(reversed(versions)):
-                subprocess.run(["git", "checkout", versions[name], "--", "service"], check=True)
-                got = one(seconds)
-                for k, v in got.items():
-                    rows[name].setdefault(k, []).append(v)
-                print(f"round {r} {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in got.items()), flush=True)
-    finally:
-        subprocess.run(["git", "checkout", "HEAD", "--", "service"], check=True)
-    print(f"medians of {rounds} rounds (ms; texts a second), {rate} queries a second")
-    for name, row in rows.items():
-        print(f"{name} ({versions[name]}): " + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in row.items()))
+    q.served = one
+    print(f"{rate} queries a second beside one bulk client", flush=True)
+    q.main(before, after, rounds, seconds)
 
 
 if __name__ == "__main__":
