@@ -38,6 +38,8 @@ from tests.deploy.helpers import METHODS, ROOT, http_get
 
 # Cold start of a replica (load, warm-up) and of the engine's containers on a busy 2-core machine.
 START = 120.0
+# How the engine says a host port it was to publish is taken (see Compose.up).
+PORT_TAKEN = "address already in use"
 # What a build may take cold: base image, pip downloads, the export with its parity gate (about 10 min here).
 BUILD = 2400.0
 ENGINE_HINT = "as root on Debian, deploy/images/install-podman.sh installs and configures podman (.ci/run runs it)"
@@ -399,8 +401,23 @@ class Compose:
         args = ["up", "-d"]
         for service, n in (scale or {}).items():
             args += ["--scale", f"{service}={n}"]
-        result = self(*args, *services)
+        result = self._up(*args, *services)
+        if result.returncode != 0 and PORT_TAKEN in result.stderr:
+            # Scaled replicas publish ephemeral host ports that the engine picks itself, from the range
+            # free_port()'s come from; once in many runs it picks one reserved here for another service (or
+            # taken meanwhile), and podman-compose then hangs instead of failing. A race on the host, not a
+            # fault of the stack: take it down and start it once more.
+            self.down()
+            result = self._up(*args, *services)
         assert result.returncode == 0, f"compose up failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+
+    def _up(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`compose up`, a timeout answered as a failed run (with what it printed) rather than raised."""
+        try:
+            return self(*args)
+        except subprocess.TimeoutExpired as e:
+            out, err = (x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.output, e.stderr))
+            return subprocess.CompletedProcess(e.cmd, -9, out, f"{err}\n(timed out after {e.timeout:g} s)")
 
     def down(self) -> subprocess.CompletedProcess[str]:
         # --remove-orphans: podman-compose's down otherwise removes only the first replica of a scaled service.
