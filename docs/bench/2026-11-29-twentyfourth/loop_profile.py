@@ -11,51 +11,26 @@ import asyncio
 import collections
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import grpc.aio
-
-from mhaserve.loadtest.bench.transports import HttpConnection, call, http_request
-from mhaserve.loadtest.bench.workloads import load_corpus
-from mhaserve.loadtest.texts import SHORT
-from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
-from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pbg
+from mhaserve.loadtest.bench.client import _closed_loop
+from mhaserve.loadtest.bench.transports import transport
+from mhaserve.loadtest.bench.workloads import Workload, build
+from mhaserve.runtime.repository import ModelRepository
+from mhaserve.runtime.tokenizer import load_for_serving
 from mhaserve.testing.loopback import free_ports
 from mhaserve.testing.process import ServerProcess
 
 OURS = ("EncoderServicer", "interceptors", "dataplane", "pipeline", "batching", "metrics", "service/http", "openai")
 
 
-async def client(stub: pbg.EncoderServiceStub, texts: list[str], first: int, step: int, stop: float) -> int:
-    k, sent = first, 0
-    while time.monotonic() < stop:
-        await stub.Encode(pb.EncodeRequest(texts=[texts[k % len(texts)]], truncate=True), timeout=60)
-        k += step
-        sent += 1
-    return sent
-
-
-async def load(address: str, texts: list[str], clients: int, seconds: float) -> int:
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = pbg.EncoderServiceStub(channel)
-        stop = time.monotonic() + seconds
-        return sum(await asyncio.gather(*(client(stub, texts, i, clients, stop) for i in range(clients))))
-
-
-async def http_client(port: int, texts: list[str], first: int, step: int, stop: float) -> int:
-    connection, k, sent = HttpConnection("127.0.0.1", port), first, 0
-    while time.monotonic() < stop:
-        await call(connection, http_request("127.0.0.1", texts[k % len(texts)], "float"), 1)
-        k += step
-        sent += 1
-    connection.close()
-    return sent
-
-
-async def http_load(port: int, texts: list[str], clients: int, seconds: float) -> int:
-    stop = time.monotonic() + seconds
-    return sum(await asyncio.gather(*(http_client(port, texts, i, clients, stop) for i in range(clients))))
+def short_texts() -> Workload:
+    """The bench's short workload (one text a request), as `mhaserve bench` builds it."""
+    entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
+    tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
+    max_seq_len = entry.manifest.max_seq_len
+    kw = {"fixed_tokens": 128, "fixed_pool": 64, "mixed_pool": 256, "short_pool": 2000}
+    return build(["short"], tokenizer, max_seq_len=max_seq_len, **kw)["short"]
 
 
 def categories(raw: Path) -> tuple[int, collections.Counter[str]]:
@@ -84,30 +59,26 @@ def categories(raw: Path) -> tuple[int, collections.Counter[str]]:
 def main() -> None:
     clients, seconds, out = int(sys.argv[1]), float(sys.argv[2]), Path(sys.argv[3])
     protocol = sys.argv[4] if len(sys.argv) > 4 else "grpc"
-    texts = load_corpus(SHORT)
+    workload = short_texts()
     grpc_port, http_port = free_ports(2)
     flags = ["--repository", "models", "--graph", "optimized", "--port", str(grpc_port), "--http-port", str(http_port)]
     with ServerProcess([*flags, "--metrics-port", "0"], out.with_suffix(".log")) as server:
         address = server.wait_serving()
-
-        def run(seconds: float) -> int:
-            if protocol == "http":
-                return asyncio.run(http_load(http_port, texts, clients, seconds))
-            return asyncio.run(load(address, texts, clients, seconds))
-
-        run(3)  # warm
+        link = transport(protocol, address, f"http://127.0.0.1:{http_port}", workload)
+        # the bench's closed loop: a warm-up (until every client has had an answer), then a window of `seconds`;
+        # py-spy samples `seconds` from the warm-up's start, so the warm-up's second or so and not the window's end
         spy = [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(server.pid), "--nonblocking"]
-        spy += ["-d", str(int(seconds - 4)), "-r", "250", "--threads", "-f", "raw", "-o", str(out)]
+        spy += ["-d", str(int(seconds)), "-r", "250", "--threads", "-f", "raw", "-o", str(out)]
         sampler = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        sent = run(seconds)
+        raw = asyncio.run(_closed_loop([(link, len(workload.ids))], clients, seconds, 3 * seconds, [server.pid]))
         sampler.wait()
         server.signal()
         server.wait()
+    group, elapsed = raw["groups"][0], raw["window"][1] - raw["window"][0]
     total, counts = categories(out)
     busy = total - counts["waiting in epoll"]
-    print(
-        f"{clients} {protocol} clients: {sent / seconds:.1f} requests/s; the main thread's samples {total}, busy {busy}"
-    )
+    rate = group["completed"] / elapsed
+    print(f"{clients} {protocol} clients: {rate:.1f} requests/s; the main thread's samples {total}, busy {busy}")
     for kind, n in counts.most_common():
         share = "" if kind == "waiting in epoll" else f" ({100 * n / busy:.0f} % of the busy ones)"
         print(f"  {kind}: {n}{share}")
