@@ -102,7 +102,11 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="model name (default: all-minilm-l6-v2, the directory's name, or random-<seed>)",
     )
     p.add_argument("--version", type=_version_number, help="version number (default: the next free one)")
-    p.add_argument("--optimize", action="store_true", help="also write a graph with ONNX Runtime fusions")
+    p.add_argument(
+        "--optimize",
+        action="store_true",
+        help="also write the graphs with ONNX Runtime fusions (optimized, and optimized-cpu for CPUs)",
+    )
     p.add_argument("--fp16", action="store_true", help="also write an fp16 graph (for CUDA hosts)")
     p.add_argument(
         "--int8",

@@ -75,7 +75,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     # Imported here so that `mhaserve --help` and the server never import torch.
     import torch
 
-    from mhaserve.export import int8_gate, onnx_graph, parity, quantize, speed
+    from mhaserve.export import int8_gate, layer_norms, onnx_graph, parity, quantize, speed
     from mhaserve.model.checkpoint import CheckpointError, load_encoder
     from mhaserve.model.config import EncoderConfig
     from mhaserve.model.encoder import random_encoder
@@ -87,7 +87,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     version_, target = staging.reserve(repo, name, opts.version, opts.overwrite)
 
     fuse = opts.optimize or opts.int8
-    steps = 5 + 2 * fuse + opts.fp16 + opts.int8
+    steps = 5 + 3 * fuse + opts.fp16 + opts.int8
     progress = Progress(steps, out)
     with staging.scratch(repo, name, version_) as scratch:
         with progress.step(f"loading {label}"):
@@ -140,14 +140,20 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 parity=figures | {"nodes": sum(nodes.values()), "node_types": nodes},
             )
 
-        def gated(variant: str, path: Path, precision: str, tolerance: float, fusions: dict[str, int]) -> None:
+        def gated(
+            variant: str,
+            path: Path,
+            precision: str,
+            tolerance: float,
+            fusions: dict[str, int],
+            extra: dict[str, object] | None = None,
+        ) -> None:
             try:
                 report = parity.gate(model, engine(path), variant=variant, tolerance=tolerance)
             except parity.ParityError as e:
                 raise ExportError(f"{e}; nothing was published") from None
-            publish(
-                variant, path, precision, report.to_dict() | ({"fusions": fusions} if fusions else {}), bool(fusions)
-            )
+            figures = report.to_dict() | ({"fusions": fusions} if fusions else {}) | (extra or {})
+            publish(variant, path, precision, figures, bool(fusions))
 
         with progress.step(
             f"parity gate, fp32 graph vs eager ({len(parity.grid(cfg.max_seq_len))} shapes)", reports=True
@@ -159,6 +165,15 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
             with progress.step("ONNX Runtime fusions + parity gate", reports=True):
                 fusions = onnx_graph.optimize(fp32, fused)
                 gated("optimized", fused, "fp32", parity.FP32_TOLERANCE, fusions)
+            with progress.step("CPU graph (layer norms as plain operators) + parity gate", reports=True):
+                # the fused graph for CPUs: ONNX Runtime's CPU kernel for the fused layer norm is the slow one
+                cpu = scratch / "model.optimized-cpu.onnx"
+                try:
+                    plain = layer_norms.cpu_graph(fused, cpu)
+                except ValueError as e:
+                    raise ExportError(f"the CPU graph cannot be written: {e}; nothing was published") from None
+                kept = {k: v for k, v in fusions.items() if k != "skip_layer_normalization"}
+                gated(mf.CPU_GRAPH, cpu, "fp32", parity.FP32_TOLERANCE, kept, {"plain_layer_norms": plain})
         if opts.fp16:
             with progress.step("fp16 conversion + parity gate (looser tolerance)", reports=True):
                 half = scratch / "model.fp16.onnx"
@@ -184,7 +199,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
             with progress.step("in-process speed of the CPU graphs (1 thread, CPU time, interleaved)"):
                 # What the fusions and int8 bought on this machine, beside what they cost in fidelity; the
                 # fp16 graph is for CUDA hosts and is not measured on the CPU.
-                cpu_graphs = {v: scratch / graphs[v].file for v in ("fp32", "optimized", "int8") if v in graphs}
+                cpu_graphs = {v: scratch / graphs[v].file for v in mf.CPU_GRAPHS if v in graphs}
                 figures = speed.at_export(
                     {v: engine(p, threads=1) for v, p in cpu_graphs.items()},
                     serving_tokenizer.load_for_serving(scratch / mf.TOKENIZER, cfg.max_seq_len),

@@ -15,10 +15,10 @@ range. It costs five cheap elementwise nodes before the product and one after. `
 products get it and which stay in fp32 (mixed precision); docs/benchmarks.md has the measurements behind the
 default.
 
-The layer norms are written out as plain operators. ONNX Runtime's CPU kernel for (Skip)LayerNormalization
-(1.31) ran 2-3x slower than the same arithmetic in eleven elementwise and reduction nodes, and the rewrite made
-the whole int8 graph 4-19 % faster (docs/benchmarks.md, "int8 on a CPU with VNNI"). Only this graph gets it:
-it runs only on CPUs, while the fused fp32 graph is served on CUDA too, where the fused kernel is the fast one.
+The layer norms are written out as plain operators (export/layer_norms.py, as in the CPU fp32 graph). ONNX
+Runtime's CPU kernel for (Skip)LayerNormalization (1.31) ran 2-3x slower than the same arithmetic in eleven
+elementwise and reduction nodes, and the rewrite made the whole int8 graph 4-19 % faster (docs/benchmarks.md,
+"int8 on a CPU with VNNI").
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from mhaserve.export.fusions import MS
+from mhaserve.export.layer_norms import Nodes, plain_layer_norms
 
 # The roles of a layer's matrix products, in the order they run.
 ROLES = ("qkv", "attn_out", "ffn_up", "ffn_down")
@@ -129,24 +130,6 @@ def products(graph: ir.Graph) -> list[Product]:
 _GELU_FLOOR = 0.17
 
 
-class _Nodes:
-    """The standard-domain nodes of one rewrite, in the order they are made, named `<stem>_<n>_<op>`."""
-
-    def __init__(self, stem: str) -> None:
-        self.stem = stem
-        self.made: list[ir.Node] = []
-
-    def add(self, node: ir.Node) -> ir.Value:
-        self.made.append(node)
-        return node.outputs[0]
-
-    def op(self, op_type: str, inputs: list[ir.Value | None], **attrs: int) -> ir.Value:
-        name = f"{self.stem}_{len(self.made)}_{op_type}"
-        node = ir.Node("", op_type, inputs, [ir.AttrInt64(k, v) for k, v in attrs.items()], name=name, num_outputs=1)
-        node.outputs[0].name = name
-        return self.add(node)
-
-
 def _row_scale(graph: ir.Graph, product: Product, constants: dict[str, ir.Value]) -> None:
     """Replace `X @ W` by `(X * (1 / r)) @ W * r`, r the row-wise max |X|, floored against an all-zero row.
 
@@ -157,7 +140,7 @@ def _row_scale(graph: ir.Graph, product: Product, constants: dict[str, ir.Value]
     old = product.node
     x, w = old.inputs[0], old.inputs[1]
     stem = f"rowscale_{product.layer}_{product.role}"
-    nodes = _Nodes(stem)
+    nodes = Nodes(stem)
     after_gelu = product.role == "ffn_down"
     rmax = nodes.op("ReduceMax", [x if after_gelu else nodes.op("Abs", [x]), constants["axes"]], keepdims=1)
     r = nodes.op("Max", [rmax, constants["gelu_floor" if after_gelu else "eps"]])
@@ -170,46 +153,6 @@ def _row_scale(graph: ir.Graph, product: Product, constants: dict[str, ir.Value]
     old.outputs[0].replace_all_uses_with(y)
     graph.remove(old, safe=True)
     product.node = matmul
-
-
-def _plain_layer_norm(graph: ir.Graph, sln: ir.Node, index: int, axes: ir.Value) -> None:
-    """Replace a SkipLayerNormalization by its arithmetic in standard operators.
-
-    s = x + skip (+ bias); d = s - mean(s); y = d * (1 / sqrt(mean(d * d) + eps)) * gamma + beta.
-    The reciprocal (of one value per row) and a Mul, not a Div over the whole row: cheaper, and a pattern
-    ONNX Runtime's LayerNormFusion does not match, so the session does not fuse it back into the slow kernel.
-    """
-    stem = f"layernorm_{index}"
-    eps_attr = sln.attributes.get("epsilon")
-    eps = ir.Value(
-        name=f"{stem}_eps",
-        const_value=ir.tensor(
-            np.array(eps_attr.as_float() if eps_attr else 1e-12, dtype=np.float32), name=f"{stem}_eps"
-        ),
-    )
-    graph.register_initializer(eps)
-    x, skip, gamma, beta = sln.inputs[:4]
-    bias = sln.inputs[4] if len(sln.inputs) > 4 else None
-    nodes = _Nodes(stem)
-    op = nodes.op
-
-    s = op("Add", [x, skip])
-    if bias is not None:
-        s = op("Add", [s, bias])
-    d = op("Sub", [s, op("ReduceMean", [s, axes], keepdims=1)])
-    variance = op("ReduceMean", [op("Mul", [d, d]), axes], keepdims=1)
-    inv_std = op("Reciprocal", [op("Sqrt", [op("Add", [variance, eps])])])
-    y = op("Add", [op("Mul", [op("Mul", [d, inv_std]), gamma]), beta])
-    out = sln.outputs[0]
-    y.type, y.shape = out.type, out.shape
-    graph.insert_before(sln, nodes.made)
-    out.replace_all_uses_with(y)
-    # outputs 1-2 (mean, inverse std) are for training; output 3 is the sum, which the next layer may take
-    if len(sln.outputs) > 3:
-        sln.outputs[3].replace_all_uses_with(s)
-    if any(v.uses() for v in sln.outputs):
-        raise ValueError(f"{sln.name}: its mean or inverse standard deviation is used; cannot rewrite it")
-    graph.remove(sln, safe=True)
 
 
 @contextlib.contextmanager
@@ -272,14 +215,7 @@ def quantize(src: Path, dst: Path, plan: Int8Plan = DEFAULT_PLAN) -> QuantizeRep
             _row_scale(graph, p, values)
             report.row_scaled.append(p.label)
     if plan.plain_layer_norm:
-        axes = ir.Value(
-            name="layernorm_axes", const_value=ir.tensor(np.array([-1], dtype=np.int64), name="layernorm_axes")
-        )
-        for sln in [n for n in graph if n.op_type == "SkipLayerNormalization" and n.domain == MS]:
-            if not report.plain_layer_norms:
-                graph.register_initializer(axes)
-            _plain_layer_norm(graph, sln, report.plain_layer_norms, axes)
-            report.plain_layer_norms += 1
+        report.plain_layer_norms = plain_layer_norms(graph)
     common_passes.RemoveUnusedNodesPass()(model)  # and the constants no product needed
     with tempfile.TemporaryDirectory() as tmp, _quiet():
         staged = Path(tmp) / "staged.onnx"

@@ -86,6 +86,19 @@ def cuda_device_visible() -> bool:
         return False
 
 
+def wants_cuda(device: str) -> bool:
+    """Whether an engine for `device` asks ONNX Runtime for CUDA: `cuda`, or `auto` on a host that shows a GPU
+    to an ONNX Runtime built with CUDA. (It may still fall back to the CPU when CUDA's libraries do not load:
+    OnnxEngine checks the providers its session got.)"""
+    if device != "auto":
+        return device == "cuda"
+    if not cuda_device_visible():  # first: a CPU host answers without importing ONNX Runtime
+        return False
+    import onnxruntime as ort
+
+    return CUDA in ort.get_available_providers()
+
+
 @functools.cache
 def _register_shared_arena() -> None:
     """One CPU arena in ONNX Runtime's environment, for sessions that ask for it (once per process)."""
@@ -193,9 +206,7 @@ class OnnxEngine:
         self.max_seq_len = max_seq_len
         self.pooling = pooling  # for a graph that outputs token states; a pooled graph's own pooling stands
         self.vocab_size = vocab_size
-        want_cuda = device == "cuda" or (
-            device == "auto" and CUDA in ort.get_available_providers() and cuda_device_visible()
-        )
+        want_cuda = wants_cuda(device)
         providers: list[str | tuple[str, dict[str, str]]] = [CPU]
         if want_cuda:
             # onnxruntime-gpu[cuda,cudnn] installs CUDA and cuDNN as pip packages that the dynamic loader

@@ -17,6 +17,10 @@ TOKENIZER = "tokenizer.json"
 FORMAT = 1
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAME = "embeddings"
+# The fused fp32 graph for CPUs: `optimized` with its layer norms as plain operators (export/layer_norms.py).
+CPU_GRAPH = "optimized-cpu"
+# The graphs written for the CPU, in the order the export measures their speed (fp16 is for CUDA hosts).
+CPU_GRAPHS = ("fp32", "optimized", CPU_GRAPH, "int8")
 # Lower-case letters, digits, '.', '_' and '-', not starting with a dot: a name never names a path.
 # `\Z`, not `$`: `$` also matches before a final newline ("abc\n" would pass).
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}\Z")
@@ -28,7 +32,8 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class GraphEntry:
-    """One ONNX graph of an entry: the plain fp32 export, or a fused, fp16 or int8 variant of it."""
+    """One ONNX graph of an entry: the plain fp32 export, or a fused (`optimized`, and `optimized-cpu` for
+    CPUs), fp16 or int8 variant of it."""
 
     file: str
     sha256: str

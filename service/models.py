@@ -32,7 +32,7 @@ from typing import Literal
 
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import serving
-from mhaserve.runtime.engine import release_memory, warm_up
+from mhaserve.runtime.engine import Device, release_memory, warm_up
 from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError, reason
 from mhaserve.runtime.memory import release_free_memory
 from mhaserve.runtime.repository import EngineFactory, GraphChoice, LoadedModel, ModelRepository, RepositoryError
@@ -95,11 +95,13 @@ class ModelManager:
         engine_factory: EngineFactory,
         make_pipeline: PipelineFactory,
         control: Control = "none",
+        device: Device = "auto",
     ) -> None:
         self.repository = repository
         self.dataplane = dataplane
         self.metrics = metrics
         self.graph = graph
+        self.device = device  # where the engines run: which graph `auto` picks (runtime/repository.py)
         self.engine_factory = engine_factory
         self.make_pipeline = make_pipeline
         self.control = control
@@ -191,7 +193,7 @@ class ModelManager:
         if not served:
             self.states[key] = VersionState("LOADING")
         started = time.perf_counter()
-        entry = await asyncio.to_thread(self.repository.entry, name, version, self.graph)
+        entry = await asyncio.to_thread(self.repository.entry, name, version, self.graph, self.device)
         model = await asyncio.to_thread(self.repository.load, entry, self.engine_factory)
         metrics = ModelMetrics(self.metrics, name, version)
         pipeline = self.make_pipeline(model, metrics)

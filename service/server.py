@@ -170,6 +170,7 @@ class EncoderServer:
             engine_factory=self.engine_factory,
             make_pipeline=self._pipeline,
             control=settings.model_control,
+            device=settings.device,
         )
         # The inference threads every model's batches take turns on (see Batcher's executor), and the
         # tokeniser threads every model shares.
@@ -208,7 +209,7 @@ class EncoderServer:
         try:
             names = self.manager.names() or [self.manager.default_name()]
             for name in names:  # every model named is there and its latest version verifies: fail fast
-                self.repository.entry(name, self.repository.to_serve(name)[-1], graph=s.graph)
+                self.repository.entry(name, self.repository.to_serve(name)[-1], graph=s.graph, device=s.device)
         except ServiceError as e:
             raise StartupError(e.message) from None
         except RepositoryError as e:  # malformed, tampered with, incomplete

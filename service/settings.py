@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mhaserve.runtime.cpus import available_cpus
-from mhaserve.runtime.engine import DEVICES, Device, cuda_device_visible
+from mhaserve.runtime.engine import DEVICES, Device, wants_cuda
 from mhaserve.runtime.repository import GRAPHS, GraphChoice
 from mhaserve.service.auth import OPEN_METHODS
 from mhaserve.service.batching import BATCHING, CPU_LIMITS, CUDA_LIMITS, Batching, Limits
@@ -144,8 +144,9 @@ class Settings:
     graph: GraphChoice = field(
         default="auto",
         metadata=_opt(
-            "graph variant (auto: optimized if the entry has it, else fp32); int8's vectors depend a little on "
-            "the batch they are computed in (README: the int8 graph)",
+            "graph variant (auto: the fused graph for the device: optimized-cpu on a CPU, optimized on CUDA and "
+            "in entries exported before optimized-cpu, else fp32); int8's vectors depend a little on the batch they "
+            "are computed in (README: the int8 graph)",
             str,
             GRAPHS,
         ),
@@ -516,8 +517,9 @@ def auto_inference_workers(device: str, cpus: int) -> int:
 
 
 def on_cpu(device: str) -> bool:
-    """Whether a server with this --device runs its models on the CPU: cpu, or auto on a host that shows no GPU."""
-    return device == "cpu" or (device == "auto" and not cuda_device_visible())
+    """Whether a server with this --device runs its models on the CPU: cpu, or auto on a host that shows no GPU
+    (or whose ONNX Runtime has no CUDA)."""
+    return not wants_cuda(device)
 
 
 def flag(name: str) -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mhaserve.export import onnx_graph, speed
+from mhaserve.runtime import manifest as mf
 from mhaserve.runtime.engine import Engine, OnnxEngine
 from mhaserve.runtime.repository import ModelRepository
 from mhaserve.runtime.tokenizer import load_for_serving
@@ -145,7 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repository", type=Path, default=Path("models"))
     p.add_argument("--model", default=None)
     p.add_argument(
-        "--graphs", nargs="+", default=["fp32", "optimized", "int8"], help="variants of the entry, or name=path.onnx"
+        "--graphs",
+        nargs="+",
+        default=None,
+        help="variants of the entry, or name=path.onnx (default: the entry's CPU graphs)",
     )
     p.add_argument("--ort-reference", action="store_true", help="add ORT's optimizer on a legacy export (MiniLM)")
     p.add_argument("--corpus", type=Path, default=None, help="texts of mixed and fixed (default: the bench's)")
@@ -163,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     entry = repo.entry(args.model)
     m = entry.manifest
     graphs: dict[str, Path] = {}
-    for g in args.graphs:  # a variant of the entry, or name=path.onnx
+    for g in args.graphs or [v for v in mf.CPU_GRAPHS if v in m.graphs]:  # a variant of the entry, or name=path.onnx
         name, _, path = g.partition("=")
         graphs[name] = Path(path) if path else repo.entry(entry.name, entry.version, graph=name).graph_path
     tokenizer = load_for_serving(entry.tokenizer_path, m.max_seq_len)

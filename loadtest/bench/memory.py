@@ -1,8 +1,8 @@
 """The server's memory under load: resident and peak memory after warm-up and after many requests, per graph.
 
 A server that serves for weeks must not grow: each graph asked for (`--graphs`; by default each CPU graph
-the entry has: fp32, the fused `optimized`, and `int8` where the manifest lists one and `serve --graph`
-takes it) is served by a fresh `mhaserve serve`, warmed up, then sent N requests
+the entry has: fp32, the fused `optimized` and `optimized-cpu`, and `int8`, where the manifest lists them and
+`serve --graph` takes them) is served by a fresh `mhaserve serve`, warmed up, then sent N requests
 by a closed loop of clients; its /proc status is read at start-up, after the warm-up and at ten points on
 the way to N. Growth is counted from the warm-up on: what a server takes while it first meets its shapes
 (ONNX Runtime's arenas, the allocator's pools) is its size, not a leak.
@@ -26,7 +26,7 @@ from mhaserve.runtime.repository import ModelEntry
 from mhaserve.testing.process import Memory
 
 # The CPU graphs whose memory is measured, in this order; fp16 is for CUDA, whose memory RSS does not show.
-GRAPHS = ("fp32", "optimized", "int8")
+GRAPHS = ("fp32", "optimized", "optimized-cpu", "int8")
 # Growth after warm-up above this is reported as growth (a leak to look for), not noise.
 BOUND_MIB = 16.0
 CHECKPOINTS = 10

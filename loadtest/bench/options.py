@@ -43,7 +43,7 @@ QUICK: dict[str, Any] = {
 
 
 # Every graph an entry may have (its manifest's keys); which of them the server can serve is GRAPHS.
-GRAPH_NAMES = ("fp32", "optimized", "fp16", "int8")
+GRAPH_NAMES = ("fp32", "optimized", "optimized-cpu", "fp16", "int8")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -220,8 +220,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_choices(GRAPH_NAMES),
         metavar="G,H",
         help="the graphs whose server memory is measured, each served in turn (`mhaserve serve --graph G`): some of "
-        f"{', '.join(GRAPH_NAMES)} (default: the CPU graphs the entry has, fp32, optimized and int8); one the entry "
-        "lacks, or this server cannot serve, is skipped with a note in the report",
+        f"{', '.join(GRAPH_NAMES)} (default: the CPU graphs the entry has, fp32, optimized, optimized-cpu and "
+        "int8); one the entry lacks, or this server cannot serve, is skipped with a note in the report",
     )
     runs.add_argument(
         "--memory-only",

@@ -42,8 +42,9 @@ def test_entry_layout_and_manifest(tiny_entry: Path) -> None:
     assert (m.max_seq_len, m.vocab_size, m.pad_id, m.pooling, m.normalize) == (160, 256, 0, "mean", True)
     assert [i["name"] for i in m.inputs] == ["input_ids", "attention_mask"]
     assert m.outputs == [{"name": "embeddings", "dtype": "float32", "shape": ["batch", 32]}]
-    assert set(m.graphs) == {"fp32", "optimized", "fp16", "int8"}
+    assert set(m.graphs) == {"fp32", "optimized", "optimized-cpu", "fp16", "int8"}
     assert m.graphs["optimized"].optimized and m.graphs["fp16"].precision == "fp16"
+    assert m.graphs["optimized-cpu"].optimized and m.graphs["optimized-cpu"].precision == "fp32"
     assert m.graphs["int8"].precision == "int8"
     assert m.exporter["torch"].startswith("2.13.0")
     for name, g in m.graphs.items():
@@ -55,12 +56,20 @@ def test_entry_layout_and_manifest(tiny_entry: Path) -> None:
         assert len(g.parity["cases"]) == len(GRID)
     # no stray external-data file and no scratch directory left behind
     assert sorted(p.name for p in tiny_entry.iterdir()) == sorted(
-        ["manifest.json", "tokenizer.json", "model.onnx", "model.optimized.onnx", "model.fp16.onnx", "model.int8.onnx"]
+        [
+            "manifest.json",
+            "tokenizer.json",
+            "model.onnx",
+            "model.optimized.onnx",
+            "model.optimized-cpu.onnx",
+            "model.fp16.onnx",
+            "model.int8.onnx",
+        ]
     )
     assert [p.name for p in tiny_entry.parent.parent.iterdir()] == ["tiny"]
 
 
-VARIANTS = ["model.onnx", "model.optimized.onnx", "model.fp16.onnx", "model.int8.onnx"]
+VARIANTS = ["model.onnx", "model.optimized.onnx", "model.optimized-cpu.onnx", "model.fp16.onnx", "model.int8.onnx"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -90,12 +99,12 @@ def test_graph_carries_no_paths_of_the_checkout(tiny_entry: Path, variant: str) 
 
 @pytest.mark.parametrize(("batch", "seq"), GRID)
 def test_parity_eager_vs_onnx_runtime(tiny_entry: Path, batch: int, seq: int) -> None:
-    """fp32 graph and fused graph under plain ONNX Runtime vs the eager model: max abs diff <= 1e-5."""
+    """fp32 graph and fused graphs under plain ONNX Runtime vs the eager model: max abs diff <= 1e-5."""
     model = random_encoder(EncoderConfig(**TINY), seed=7)  # type: ignore[arg-type]
     ids, mask = _padded_batch(batch, seq, seed=batch * 1000 + seq)
     with torch.no_grad():
         want = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-    for graph in ("model.onnx", "model.optimized.onnx"):
+    for graph in ("model.onnx", "model.optimized.onnx", "model.optimized-cpu.onnx"):
         sess = ort.InferenceSession(str(tiny_entry / graph), providers=["CPUExecutionProvider"])
         got = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
         assert got.shape == (batch, TINY["d_model"])

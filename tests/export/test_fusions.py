@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from mhaserve.export import parity
+from mhaserve.export import layer_norms, parity
 from mhaserve.export.publish import ExportOptions, export_entry
 from mhaserve.model.config import EncoderConfig
 from mhaserve.model.encoder import random_encoder
@@ -55,6 +55,35 @@ def test_fused_graph_has_exactly_the_fused_operators(tiny_entry: Path) -> None:
     assert figures["fusions"]["packed_qkv_attention"] == TINY["n_layers"]
     assert figures["fusions"]["embed_layer_norm"] == 1
     assert m.graphs["fp32"].parity["nodes"] > 3 * len(g.graph.node)
+
+
+def test_cpu_graph_is_the_fused_graph_with_plain_layer_norms(tiny_entry: Path) -> None:
+    """`optimized-cpu`: every fusion of the fused graph but SkipLayerNormalization, each of which is eleven or
+    twelve plain operators (twelve where it adds a bias), with the reciprocal of the standard deviation."""
+    g = _graph(tiny_entry / "model.optimized-cpu.onnx")
+    types = Counter(n.op_type for n in g.graph.node)
+    fused = Counter(fused_node_types(TINY["n_layers"], MEAN_POOLING))
+    norms = fused.pop("SkipLayerNormalization")
+    fused_graph = _graph(tiny_entry / "model.optimized.onnx").graph
+    biased = sum(1 for n in fused_graph.node if n.op_type == "SkipLayerNormalization" and len(n.input) > 4)
+    assert "SkipLayerNormalization" not in types
+    plain = types - fused
+    assert plain == Counter(
+        {"Add": 3 * norms + biased, "ReduceMean": 2 * norms, "Sub": norms, "Mul": 3 * norms}
+    ) + Counter({"Sqrt": norms, "Reciprocal": norms})
+    assert fused - types == Counter()  # and the rest, the other fusions, all there
+    m = read_manifest(tiny_entry)
+    figures = m.graphs["optimized-cpu"].parity
+    assert figures["plain_layer_norms"] == norms and figures["node_types"] == dict(sorted(types.items()))
+    assert "skip_layer_normalization" not in figures["fusions"]
+    assert figures["fusions"]["packed_qkv_attention"] == TINY["n_layers"]
+    assert figures["passed"] and figures["max_abs_diff"] <= figures["tolerance"] == 1e-5
+
+
+def test_cpu_graph_refuses_a_graph_without_fused_layer_norms(tiny_entry: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"model.onnx has no SkipLayerNormalization: write the CPU graph from"):
+        layer_norms.cpu_graph(tiny_entry / "model.onnx", tmp_path / "cpu.onnx")
+    assert not (tmp_path / "cpu.onnx").exists()
 
 
 def test_attention_packs_the_models_own_weights_and_masks_padding_as_it_does(tiny_entry: Path) -> None:
@@ -111,5 +140,5 @@ def test_fused_and_int8_graphs_are_reproducible(tiny_entry: Path, tmp_path: Path
         ExportOptions(source="random", repository=tmp_path, name="tiny", random_config=dict(TINY), seed=7, int8=True),
         out=io.StringIO(),
     )
-    for variant in ("model.optimized.onnx", "model.int8.onnx"):
+    for variant in ("model.optimized.onnx", "model.optimized-cpu.onnx", "model.int8.onnx"):
         assert (again / variant).read_bytes() == (tiny_entry / variant).read_bytes(), variant

@@ -137,7 +137,7 @@ def test_the_gate_figures_are_in_the_manifest(tiny_entry: Path) -> None:
 def test_the_manifest_records_each_cpu_graphs_speed_against_the_plain_graph(tiny_entry: Path) -> None:
     graphs = read_manifest(tiny_entry).graphs
     assert "speed_at_export" not in graphs["fp16"].parity  # for CUDA hosts: not measured on the CPU
-    for variant in ("fp32", "optimized", "int8"):
+    for variant in ("fp32", "optimized", "optimized-cpu", "int8"):
         figures = graphs[variant].parity["speed_at_export"]
         assert figures["relative_to"] == "fp32"
         for workload in ("short", "mixed"):
@@ -208,7 +208,7 @@ def test_serve_graph_int8(tiny_entry: Path, caplog: pytest.LogCaptureFixture) ->
     load line says which int8 kernels the CPU gave it."""
     caplog.set_level(logging.INFO, logger="mhaserve.runtime.repository")
     repo = tiny_entry.parent.parent
-    assert ModelRepository(repo).entry("tiny", graph="auto").graph == "optimized"  # auto does not pick int8
+    assert ModelRepository(repo).entry("tiny", graph="auto", device="cpu").graph == "optimized-cpu"  # never int8
     texts = ["a short one", "Ok.", "a somewhat longer sentence about quantisation " * 3]
     srv = ServerThread(Settings(repository=repo, port=0, metrics_port=0, device="cpu", graph="int8")).ready()
     try:

@@ -28,10 +28,14 @@ def test_manifest(minilm_entry: Path) -> None:
     assert (m.name, m.version) == ("all-minilm-l6-v2", 1)
     assert (m.hidden_size, m.layers, m.heads, m.max_seq_len, m.vocab_size) == (384, 6, 12, 256, 30522)
     assert m.pooling == "mean" and m.normalize
-    assert set(m.graphs) == {"fp32", "optimized", "int8"}
+    assert set(m.graphs) == {"fp32", "optimized", "optimized-cpu", "int8"}
     fused = m.graphs["optimized"].parity
     assert fused["fusions"]["skip_layer_normalization"] == 12
     assert fused["fusions"]["packed_qkv_attention"] == 6 and fused["fusions"]["embed_layer_norm"] == 1
+    cpu = m.graphs["optimized-cpu"].parity
+    assert cpu["plain_layer_norms"] == 12 and "SkipLayerNormalization" not in cpu["node_types"]
+    # the export measured every CPU graph against the plain fp32 graph
+    assert set(cpu["speed_at_export"]) >= {"short", "mixed"} and cpu["speed_at_export"]["relative_to"] == "fp32"
 
 
 def test_fused_graph_node_types(minilm_entry: Path) -> None:
@@ -49,7 +53,7 @@ def test_parity_on_the_grid(minilm_entry: Path) -> None:
     model, _ = load_encoder(default_source())
     sessions = [
         ort.InferenceSession(str(minilm_entry / f), providers=["CPUExecutionProvider"])
-        for f in ("model.onnx", "model.optimized.onnx")
+        for f in ("model.onnx", "model.optimized.onnx", "model.optimized-cpu.onnx")
     ]
     rng = np.random.default_rng(42)
     worst = 0.0
@@ -76,7 +80,7 @@ def test_exported_tokenizer_matches_sentence_transformers(minilm_entry: Path, se
     assert len(tok.encode(VARIED_TEXTS[-1]).ids) == 256
 
 
-@pytest.mark.parametrize("graph", ["model.onnx", "model.optimized.onnx"])
+@pytest.mark.parametrize("graph", ["model.onnx", "model.optimized.onnx", "model.optimized-cpu.onnx"])
 def test_exported_graph_matches_sentence_transformers(minilm_entry: Path, sentence_transformer, graph: str) -> None:
     """Exported tokenizer + graph + L2 normalisation vs sentence-transformers' encode."""
     tok = load_for_serving(minilm_entry / "tokenizer.json", 256)

@@ -193,7 +193,7 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
 
     # The server's memory: every CPU graph the entry has (fp16 is a GPU graph), each from a fresh server.
     mem = report["memory"]
-    assert list(mem["graphs"]) == ["fp32", "optimized", "int8"] and mem["skipped"] == {}
+    assert list(mem["graphs"]) == ["fp32", "optimized", "optimized-cpu", "int8"] and mem["skipped"] == {}
     assert mem["verdict"].startswith(("no growth", "GROWTH"))
     for graph, r in mem["graphs"].items():
         assert r["errors"] == {} and r["requests"] == options.QUICK["rss_requests"], graph

@@ -256,7 +256,8 @@ def test_model_info(stub: pb_grpc.EncoderServiceStub, tiny_entry: Path) -> None:
     m = read_manifest(tiny_entry)
     assert (info.name, info.version, info.dimensions, info.max_tokens_per_input) == ("tiny", 1, 32, MAX)
     assert (info.vocab_size, info.layers, info.heads, info.pooling) == (256, 2, 4, m.pooling)
-    assert info.graph == "optimized" and info.sha256 == m.graphs["optimized"].sha256
+    # --graph auto on the CPU: the fused graph with its layer norms as plain operators
+    assert info.graph == "optimized-cpu" and info.sha256 == m.graphs["optimized-cpu"].sha256
     assert info.execution_provider == "CPUExecutionProvider"
     assert (info.max_client_batch_size, info.max_batch_tokens, info.max_queue_size) == (8, 256, 2048)
     assert info.max_message_bytes == 4 * 1024 * 1024

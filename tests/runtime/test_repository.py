@@ -1,0 +1,56 @@
+"""Which graph `--graph auto` serves: the fused graph for where the model runs, older entries falling back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mhaserve.runtime import manifest as mf
+from mhaserve.runtime.repository import ModelRepository, RepositoryError, auto_graph
+
+ALL = ("fp32", "optimized", "optimized-cpu", "fp16", "int8")
+
+
+@pytest.mark.parametrize(
+    ("graphs", "device", "want"),
+    [
+        (ALL, "cpu", "optimized-cpu"),  # the layer norms as plain operators: ONNX Runtime's CPU kernel is slow
+        (ALL, "cuda", "optimized"),  # CUDA's fused layer norm is the fast one
+        (("fp32", "optimized", "fp16", "int8"), "cpu", "optimized"),  # exported before optimized-cpu existed
+        (("fp32", "fp16", "int8"), "cpu", "fp32"),  # never int8 or fp16: not within the parity gate
+        (("fp32", "optimized-cpu"), "cuda", "fp32"),  # never the CPU graph on CUDA
+    ],
+)
+def test_auto_picks_the_fused_graph_for_the_device(graphs: tuple[str, ...], device: str, want: str) -> None:
+    assert auto_graph(graphs, device) == want  # type: ignore[arg-type]
+
+
+def _without_cpu_graph(tiny_entry: Path, tmp_path: Path) -> Path:
+    """A copy of the tiny model as an export before the CPU graph wrote it."""
+    entry = tmp_path / "old" / "1"
+    shutil.copytree(tiny_entry, entry)
+    (entry / "model.optimized-cpu.onnx").unlink()
+    manifest = json.loads((entry / mf.MANIFEST).read_text())
+    del manifest["graphs"]["optimized-cpu"]
+    (entry / mf.MANIFEST).write_text(json.dumps(manifest))
+    return entry
+
+
+def test_the_repository_serves_auto_as_the_device_asks(tiny_entry: Path, tmp_path: Path) -> None:
+    repo = ModelRepository(tiny_entry.parent.parent)
+    cpu = repo.entry("tiny", graph="auto", device="cpu")
+    assert cpu.graph == "optimized-cpu" and cpu.graph_path.name == "model.optimized-cpu.onnx"
+    assert cpu.sha256 == mf.read_manifest(tiny_entry).graphs["optimized-cpu"].sha256
+    assert repo.entry("tiny", graph="auto", device="cuda").graph == "optimized"
+    assert repo.entry("tiny", graph="optimized", device="cpu").graph == "optimized"  # named: served as named
+
+
+def test_an_entry_exported_before_the_cpu_graph_serves_the_fused_graph(tiny_entry: Path, tmp_path: Path) -> None:
+    _without_cpu_graph(tiny_entry, tmp_path)
+    repo = ModelRepository(tmp_path)
+    assert repo.entry("old", graph="auto", device="cpu").graph == "optimized"
+    with pytest.raises(RepositoryError, match=r"model old version 1 has no 'optimized-cpu' graph \(has: fp32, optim"):
+        repo.entry("old", graph="optimized-cpu", device="cpu")
