@@ -1,5 +1,6 @@
 """The fused fp32 graph against the same graph with its 12 SkipLayerNormalization nodes written as plain
-operators (export/quantize.py's rewrite, which the int8 graph has had since 2026-11-24), in process on the
+operators (the int8 graph's rewrite since 2026-11-24; since the twenty-fifth session export/layer_norms.py's
+`cpu_graph`, which the export publishes as optimized-cpu), in process on the
 first 400 short texts sorted by length, in batches of 1, 4 and 16; one intra-op thread (CPU time of the
 calling thread) and two (wall clock); 3 rounds, interleaved as the export's speed figures are (export/speed.py).
 Run from the repository root:
@@ -9,27 +10,13 @@ Run from the repository root:
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import onnx_ir as ir
-
-from mhaserve.export.quantize import MS, _plain_layer_norm
+from mhaserve.export.layer_norms import cpu_graph
 from mhaserve.export.speed import batches, interleaved
 from mhaserve.loadtest.bench.workloads import load_corpus
 from mhaserve.loadtest.texts import SHORT
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.repository import ModelRepository
 from mhaserve.runtime.tokenizer import load_for_serving
-
-
-def rewrite(src: Path, dst: Path) -> int:
-    model = ir.load(str(src))
-    axes = ir.Value(name="layernorm_axes", const_value=ir.tensor(np.array([-1], dtype=np.int64), name="layernorm_axes"))
-    model.graph.register_initializer(axes)
-    found = [n for n in model.graph if n.op_type == "SkipLayerNormalization" and n.domain == MS]
-    for i, node in enumerate(found):
-        _plain_layer_norm(model.graph, node, i, axes)
-    ir.save(model, str(dst))
-    return len(found)
 
 
 def main() -> None:
@@ -39,7 +26,7 @@ def main() -> None:
     rows = [e.ids for e in tokenizer.encode_batch(load_corpus(SHORT)[:400])]
     with tempfile.TemporaryDirectory() as tmp:
         plain = Path(tmp) / "plain.onnx"
-        print(f"rewrote {rewrite(entry.graph_path, plain)} SkipLayerNormalization nodes")
+        print(f"rewrote {cpu_graph(entry.graph_path, plain)} SkipLayerNormalization nodes")
         for threads in (1, 2):
             engines = {
                 name: OnnxEngine(
