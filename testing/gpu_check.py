@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     graph: GraphChoice = args.graph
     try:
-        entry = ModelRepository(args.repository).entry(args.model, graph=graph)
+        entry = ModelRepository(args.repository).entry(args.model, graph=graph, device="cuda")  # as served below
         print(f"gpu-check: {entry.name} version {entry.version}, {entry.graph} graph")
         cuda, cpu, lines = check_engine(entry, threads=None)
         for line in lines:

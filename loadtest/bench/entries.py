@@ -11,6 +11,7 @@ from typing import Any
 
 from mhaserve.loadtest.bench.workloads import Workload, build
 from mhaserve.model.config import TINY
+from mhaserve.runtime.engine import Device
 from mhaserve.runtime.repository import GraphChoice, ModelEntry, ModelRepository
 from mhaserve.runtime.tokenizer import load_for_serving
 
@@ -44,9 +45,10 @@ def chosen_entry(opt: dict[str, Any], stack: contextlib.ExitStack) -> tuple[Path
     if opt["quick"] and not opt["repository"]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mhaserve-bench-")))
         repository, name = quick_repository(tmp, ["bench-tiny"]), "bench-tiny"
-    return repository, entry(repository, name, opt["graph"])
+    return repository, entry(repository, name, opt["graph"], opt["device"])
 
 
-def entry(repository: Path, name: str | None, graph: GraphChoice) -> ModelEntry:
-    """A model's latest version in the repository, verified, with the graph `graph` picks."""
-    return ModelRepository(repository).entry(name, graph=graph)
+def entry(repository: Path, name: str | None, graph: GraphChoice, device: Device) -> ModelEntry:
+    """A model's latest version in the repository, verified, with the graph `graph` picks for `device` (the
+    server's `--device`: `auto` serves another graph on the CPU than on CUDA)."""
+    return ModelRepository(repository).entry(name, graph=graph, device=device)

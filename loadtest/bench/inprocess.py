@@ -205,7 +205,7 @@ def _engine_and_run(
     from mhaserve.runtime.repository import ModelRepository, onnx_engine
     from mhaserve.runtime.tokenizer import load_for_serving
 
-    entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"])
+    entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"], device=spec["device"])
     engine = onnx_engine(spec["device"], threads, overlap_threads)(entry)
     tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
     pad_id, inputs = entry.manifest.pad_id, _inputs(workload, tokenizer)
@@ -366,7 +366,7 @@ def measure_torch(spec: dict[str, Any], workload: Workload) -> dict[str, Any]:
     from mhaserve.runtime.tokenizer import load_for_serving
 
     torch.set_num_threads(spec["threads"] or os.cpu_count() or 1)
-    entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"])
+    entry = ModelRepository(Path(spec["repository"])).entry(spec["model"], graph=spec["graph"], device=spec["device"])
     model, origin = _torch_model(entry.manifest)
     # On a GPU host the eager baseline runs on the GPU too, as its user would run it.
     device = "cuda" if spec["device"] != "cpu" and torch.cuda.is_available() else "cpu"

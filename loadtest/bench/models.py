@@ -81,7 +81,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             if opt["quick"] and not opt["repository"]:
                 tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mhaserve-bench-")))
                 repository = entries.quick_repository(tmp, names, optimize=False)
-            found = {name: entries.entry(repository, name, opt["graph"]) for name in names}
+            found = {name: entries.entry(repository, name, opt["graph"], opt["device"]) for name in names}
             workloads = {name: entries.workloads(opt, e) for name, e in found.items()}
             note["result"] = ", ".join(f"{e.name} v{e.version} ({e.graph})" for e in found.values())
 

@@ -1,0 +1,20 @@
+"""The entry a bench measures in process is the one its server serves: the same graph for the same device."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from mhaserve.loadtest.bench import entries
+
+
+@pytest.mark.parametrize(("device", "graph"), [("cpu", "optimized-cpu"), ("cuda", "optimized")])
+def test_the_bench_picks_the_graph_its_server_serves_on_its_device(tiny_repo: Path, device: str, graph: str) -> None:
+    """`--graph auto` serves another graph on the CPU than on CUDA: the in-process ceiling must run the same one
+    (the bench refuses a server whose graph differs from what it ran in process)."""
+    opt = {"repository": str(tiny_repo), "model": "tiny", "graph": "auto", "quick": False, "device": device}
+    with contextlib.ExitStack() as stack:
+        _, entry = entries.chosen_entry(opt, stack)
+    assert entry.graph == graph and entry.graph_path.name == f"model.{graph}.onnx"
