@@ -2,8 +2,9 @@
 
 ONNX Runtime's CPU kernel for SkipLayerNormalization (1.31) is a scalar loop with a division per element:
 `perf` on one thread running the fused fp32 graph put 12 % of its samples there (docs/benchmarks.md, "A new
-draw, an AMD EPYC Zen 5"). The same arithmetic in eleven elementwise and reduction nodes, which ONNX Runtime
-vectorises, made the int8 graph 4-19 % faster and the fused fp32 graph 3-13 % (one thread, by CPU). The fused
+draw, an AMD EPYC Zen 5"). The same arithmetic in eleven or twelve elementwise and reduction nodes, which ONNX
+Runtime vectorises, made the int8 graph 4-19 % faster, and the fused fp32 graph 7-15 % on one thread (Zen 5;
+3-8 % on an Intel Xeon) and 9-12 % through the server (docs/benchmarks.md, "The fused graph for CPUs"). The fused
 `optimized` graph keeps the fused node: CUDA serves it, and there the fused kernel is the fast one. So the
 export writes the rewrite beside it as `optimized-cpu`, with its own parity gate, and `--graph auto` serves
 it where the model runs on the CPU.
