@@ -228,7 +228,7 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_memory_only_skips_the_graphs_it_cannot_measure_and_says_why(tmp_path: Path) -> None:
     out = tmp_path / "memory"
-    # --quick's own tiny model has fp32 and fused graphs only (the suite's tiny_entry has int8 too).
+    # --quick's own tiny model has fp32 and the fused graphs only (the suite's tiny_entry has int8 too).
     cmd = [
         sys.executable, "-m", "mhaserve.cli", "bench", "--quick", "--memory-only", "--output", str(out),
         "--graphs", "int8,optimized", "--rss-requests", "200",
@@ -239,7 +239,7 @@ def test_memory_only_skips_the_graphs_it_cannot_measure_and_says_why(tmp_path: P
     assert report["kind"] == "memory" and "--memory-only" in report["command"]
     mem = report["memory"]
     assert list(mem["graphs"]) == ["optimized"] and mem["graphs"]["optimized"]["requests"] == 200
-    assert mem["skipped"] == {"int8": "the entry has no int8 graph (it has fp32, optimized)"}
+    assert mem["skipped"] == {"int8": "the entry has no int8 graph (it has fp32, optimized, optimized-cpu)"}
     assert (out / "server-memory-optimized.log").exists() and not (out / "server-memory-fp32.log").exists()
     md = (out / "report.md").read_text()
     assert "## Server memory" in md and "- not measured: int8: the entry has no int8 graph" in md
