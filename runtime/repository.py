@@ -162,6 +162,7 @@ class ModelRepository:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._renamed: set[Path] = set()  # versions whose manifest records another name or version: said once
+        self._no_cpu_graph: set[Path] = set()  # versions served `optimized` on a CPU for want of optimized-cpu
 
     def names(self) -> list[str]:
         return mf.models(self.root)
@@ -239,6 +240,16 @@ class ModelRepository:
             raise RepositoryError(str(e)) from None
         entry = ModelEntry(manifest, directory, variant, graph_path, tokenizer_path, self.config(name))
         _check_config(entry)
+        exported_before = graph == "auto" and variant == "optimized" and not wants_cuda(device)
+        if exported_before and directory not in self._no_cpu_graph:
+            self._no_cpu_graph.add(directory)  # said once, as a renamed version is below
+            log.info(
+                "%s version %d has no %s graph (exported before it existed): serving optimized on the CPU; "
+                "`mhaserve export --optimize` writes a new version with it, about 1.1x the texts a second on a CPU",
+                entry.name,
+                entry.version,
+                mf.CPU_GRAPH,
+            )
         if (manifest.name, manifest.version) != (entry.name, entry.version) and directory not in self._renamed:
             self._renamed.add(directory)  # said once, not at each of the start's checks and each reload
             log.warning(

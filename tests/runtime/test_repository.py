@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -54,3 +55,24 @@ def test_an_entry_exported_before_the_cpu_graph_serves_the_fused_graph(tiny_entr
     assert repo.entry("old", graph="auto", device="cpu").graph == "optimized"
     with pytest.raises(RepositoryError, match=r"model old version 1 has no 'optimized-cpu' graph \(has: fp32, optim"):
         repo.entry("old", graph="optimized-cpu", device="cpu")
+
+
+def test_an_entry_without_the_cpu_graph_says_once_how_to_get_it(
+    tiny_entry: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A repository exported before optimized-cpu keeps working; its user learns, once, what a new export gives."""
+    caplog.set_level(logging.INFO, logger="mhaserve.runtime.repository")
+    _without_cpu_graph(tiny_entry, tmp_path)
+    repo = ModelRepository(tmp_path)
+    for _ in range(3):  # the server's start-up check, the load, a reload
+        repo.entry("old", graph="auto", device="cpu")
+    said = [r.getMessage() for r in caplog.records if "has no optimized-cpu graph" in r.getMessage()]
+    assert said == [
+        "old version 1 has no optimized-cpu graph (exported before it existed): serving optimized on the CPU; "
+        "`mhaserve export --optimize` writes a new version with it, about 1.1x the texts a second on a CPU"
+    ]
+    caplog.clear()
+    ModelRepository(tiny_entry.parent.parent).entry("tiny", graph="auto", device="cpu")  # has it: nothing to say
+    repo.entry("old", graph="optimized", device="cpu")  # asked for by name: nothing to say
+    ModelRepository(tmp_path).entry("old", graph="auto", device="cuda")  # what CUDA serves anyway
+    assert not [r for r in caplog.records if "optimized-cpu" in r.getMessage()]
