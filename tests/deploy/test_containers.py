@@ -28,6 +28,7 @@ import os
 import re
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -459,10 +460,13 @@ def test_the_images_a_build_made_are_removed_and_the_base_stays(images: Images, 
     tag = f"mhaserve-cleanup:{checkout_tag()}"
     before = image_table()
     network = ["--network", "host"] if engine().name == "podman" else []
+    # Steps of this run's own: a run stopped before its cleanup leaves its layers cached, and builds of the same
+    # steps would reuse them and make no image at all.
+    nonce = uuid.uuid4().hex
     for n in (1, 2):
         (tmp_path / "Containerfile").write_text(
-            f"FROM {images.nginx} AS stage\nRUN echo {n} > /tmp/stage\n"
-            f"FROM {images.nginx}\nCOPY --from=stage /tmp/stage /tmp/stage\nRUN echo {n} > /tmp/final\n"
+            f"FROM {images.nginx} AS stage\nRUN echo {n} {nonce} > /tmp/stage\n"
+            f"FROM {images.nginx}\nCOPY --from=stage /tmp/stage /tmp/stage\nRUN echo {n} {nonce} > /tmp/final\n"
         )
         engine()("build", *network, "-t", tag, str(tmp_path), timeout=600)
     made = set(image_table()) - set(before)
