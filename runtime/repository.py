@@ -146,7 +146,7 @@ def auto_graph(graphs: Iterable[str], device: Device) -> str:
     entries exported before it existed. fp32 where neither is there; never fp16 or int8, whose vectors differ
     from the eager model's by more than the parity gate's 1e-5."""
     have = set(graphs)
-    order = ("optimized", "fp32") if wants_cuda(device) else (mf.CPU_GRAPH, "optimized", "fp32")
+    order = ("optimized",) if wants_cuda(device) else (mf.CPU_GRAPH, "optimized")
     return next((g for g in order if g in have), "fp32")
 
 

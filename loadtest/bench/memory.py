@@ -21,12 +21,13 @@ from mhaserve.loadtest.bench.client import BenchError, Server
 from mhaserve.loadtest.bench.transports import CallFailed, Send, transport
 from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.stats import slope
+from mhaserve.runtime import manifest as mf
 from mhaserve.runtime.progress import Progress
 from mhaserve.runtime.repository import ModelEntry
 from mhaserve.testing.process import Memory
 
 # The CPU graphs whose memory is measured, in this order; fp16 is for CUDA, whose memory RSS does not show.
-GRAPHS = ("fp32", "optimized", "optimized-cpu", "int8")
+GRAPHS = mf.CPU_GRAPHS
 # Growth after warm-up above this is reported as growth (a leak to look for), not noise.
 BOUND_MIB = 16.0
 CHECKPOINTS = 10
