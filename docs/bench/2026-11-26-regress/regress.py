@@ -76,12 +76,16 @@ def measure(python: str, workloads, points, seconds: float) -> dict[str, float]:
     return out
 
 
-def main(base: str, rounds: int, seconds: float, which: str) -> None:
+def workloads_of(names: list[str]):  # type: ignore[no-untyped-def]
+    """The bench's workloads of these names, with its default seeds and pools, tokenised by models/'s."""
     entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
     tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
-    names = which.removesuffix("32").split(",")
-    workloads = build(names, tokenizer, max_seq_len=entry.manifest.max_seq_len, fixed_tokens=128,
-                      fixed_pool=64, mixed_pool=256, short_pool=2000)  # fmt: skip
+    return build(names, tokenizer, max_seq_len=entry.manifest.max_seq_len, fixed_tokens=128,
+                 fixed_pool=64, mixed_pool=256, short_pool=2000)  # fmt: skip
+
+
+def main(base: str, rounds: int, seconds: float, which: str) -> None:
+    workloads = workloads_of(which.removesuffix("32").split(","))
     versions = {"before (9555cd6)": base, "now": sys.executable}
     rows: dict[str, dict[str, list[float]]] = {v: {} for v in versions}
     for r in range(rounds):

@@ -30,10 +30,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-26-regress"))
 import regress  # noqa: E402
 
-from mhaserve.loadtest.bench.workloads import build  # noqa: E402
-from mhaserve.runtime.repository import ModelRepository  # noqa: E402
-from mhaserve.runtime.tokenizer import load_for_serving  # noqa: E402
-
 START = regress.start
 # regress.start passes `--graph optimized`; a later `--graph` wins (argparse keeps the last).
 BASE_MODELS = "/tmp/base-models"
@@ -45,11 +41,7 @@ FLAGS = {
 
 
 def main(base: str, rounds: int, seconds: float, which: str) -> None:
-    entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
-    tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
-    names = which.removesuffix("32").split(",")
-    workloads = build(names, tokenizer, max_seq_len=entry.manifest.max_seq_len, fixed_tokens=128,
-                      fixed_pool=64, mixed_pool=256, short_pool=2000)  # fmt: skip
+    workloads = regress.workloads_of(which.removesuffix("32").split(","))
     pythons = {"before (9555cd6)": base, "now, fused": sys.executable, "now": sys.executable}
     rows: dict[str, dict[str, list[float]]] = {v: {} for v in pythons}
     order = list(pythons)

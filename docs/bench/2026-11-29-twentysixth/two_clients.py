@@ -17,9 +17,6 @@ import regress  # noqa: E402
 
 from mhaserve.loadtest.bench.client import _closed_loop  # noqa: E402
 from mhaserve.loadtest.bench.transports import transport  # noqa: E402
-from mhaserve.loadtest.bench.workloads import build  # noqa: E402
-from mhaserve.runtime.repository import ModelRepository  # noqa: E402
-from mhaserve.runtime.tokenizer import load_for_serving  # noqa: E402
 
 SERVERS = {"two workers": ("--graph", "auto"), "one worker": ("--graph", "auto", "--inference-workers", "1")}
 CLIENTS = (1, 2, 4)
@@ -41,10 +38,7 @@ def measure(flags: tuple[str, ...], workload, seconds: float) -> dict[int, float
 
 
 def main(rounds: int, seconds: float) -> None:
-    entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
-    tokenizer = load_for_serving(entry.tokenizer_path, entry.manifest.max_seq_len)
-    workload = build(["fixed"], tokenizer, max_seq_len=entry.manifest.max_seq_len, fixed_tokens=128,
-                     fixed_pool=64, mixed_pool=256, short_pool=2000)["fixed"]  # fmt: skip
+    workload = regress.workloads_of(["fixed"])["fixed"]
     rows: dict[str, dict[int, list[float]]] = {name: {c: [] for c in CLIENTS} for name in SERVERS}
     for r in range(rounds):
         for name in SERVERS if r % 2 == 0 else list(reversed(SERVERS)):
