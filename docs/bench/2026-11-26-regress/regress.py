@@ -56,8 +56,8 @@ def start(python: str, log: Path, flags: tuple[str, ...] = ()) -> tuple[subproce
     return server, f"127.0.0.1:{port}", f"http://127.0.0.1:{http}"
 
 
-def measure(python: str, workloads, points, seconds: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    server, address, url = start(python, Path("/tmp/regress-serve.log"))
+def measure(python: str, workloads, points, seconds: float, flags: tuple[str, ...] = ()) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    server, address, url = start(python, Path("/tmp/regress-serve.log"), flags)
     out = {}
     try:
         for name, protocol, clients in points:

@@ -22,7 +22,6 @@ commands below). Set up BASE as regress.py says, then from the repository root:
   python docs/bench/2026-11-29-twentysixth/regress.py /tmp/base/.venv/bin/python ROUNDS SECONDS [WORKLOADS]
 """
 
-import functools
 import statistics
 import sys
 from pathlib import Path
@@ -30,7 +29,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-26-regress"))
 import regress  # noqa: E402
 
-START = regress.start
 # regress.start passes `--graph optimized`; a later `--graph` wins (argparse keeps the last).
 BASE_MODELS = "/tmp/base-models"
 FLAGS = {
@@ -47,8 +45,7 @@ def main(base: str, rounds: int, seconds: float, which: str) -> None:
     order = list(pythons)
     for r in range(rounds):
         for name in order[r % len(order) :] + order[: r % len(order)]:  # rotated every round
-            regress.start = functools.partial(START, flags=FLAGS[name])
-            got = regress.measure(pythons[name], workloads, regress.POINTS[which], seconds)
+            got = regress.measure(pythons[name], workloads, regress.POINTS[which], seconds, FLAGS[name])
             for k, v in got.items():
                 rows[name].setdefault(k, []).append(v)
             print(f"round {r} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
