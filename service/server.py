@@ -67,6 +67,7 @@ from mhaserve.service.pipeline import Pipeline
 from mhaserve.service.rpc.auth import AuthInterceptor
 from mhaserve.service.rpc.drain import Drain, DrainInterceptor
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
+from mhaserve.service.rpc.lean.server import LeanServer
 from mhaserve.service.rpc.reflection import add_reflection
 from mhaserve.service.rpc.registration import GenericOnly
 from mhaserve.service.settings import Settings, worker_threads
@@ -76,6 +77,9 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING_CALLS = 20_000
 IDLE_CONNECTION_S = 300  # a gRPC connection with no call for this long is closed (GOAWAY)
+# The lean front's streams a connection at once (SETTINGS_MAX_CONCURRENT_STREAMS): a client past it waits
+# for one to end; past the queue limit, calls are refused anyway.
+LEAN_MAX_STREAMS = 1000
 CONNECTION_AGE_GRACE_S = 300  # with --max-connection-age, what calls in flight get after the GOAWAY
 SETTLE_S = 1.0  # the most serve() waits, once stopped, for calls gRPC handed over as it stopped (_settle)
 # Methods that answer while the model loads and while the server drains: health checks, reflection, and
@@ -159,7 +163,7 @@ class EncoderServer:
         self.metrics_port: int | None = None
         self.http_port: int | None = None
         self.in_flight = InFlight()  # calls of both protocols: the drain waits for none
-        self._server: grpc.aio.Server | None = None
+        self._server: grpc.aio.Server | LeanServer | None = None
         self._http: HttpServer | None = None
         self.manager = ModelManager(
             self.repository,
@@ -255,36 +259,50 @@ class EncoderServer:
         calls = ServiceInterceptor(
             self.metrics, self.dataplane.admission, exempt=ALWAYS_ANSWERED, in_flight=self.in_flight
         )
-        server = grpc.aio.server(
-            interceptors=[*auth, calls, DrainInterceptor(self._drain, exempt=ALWAYS_ANSWERED)],
-            options=[
-                ("grpc.max_receive_message_length", s.max_message_bytes),
-                # A port in use is an error, not a silent share, unless shared on purpose (--processes).
-                ("grpc.so_reuseport", int(s.reuse_port)),
-                # gRPC sheds calls the service has not picked up yet past 1000 (at random) and 3000, with
-                # CANCELLED, a code clients read as their own doing. Let the queue limit decide instead
-                # (RESOURCE_EXHAUSTED, at once); these only bound a flood faster than the event loop.
-                ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
-                ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
-                # A connection that has not finished its HTTP/2 preface and settings within the same time as
-                # an HTTP client's headers is closed (gRPC's default, 120 s, let a few hundred silent
-                # connections hold every file descriptor); one with no call for IDLE_CONNECTION_S gets a
-                # GOAWAY, which clients answer by connecting again at their next call.
-                ("grpc.server_handshake_timeout_ms", int(s.http_header_timeout * 1000)),
-                ("grpc.max_connection_idle_ms", IDLE_CONNECTION_S * 1000),
-                # --max-connection-age: a connection's GOAWAY after that long (grpc adds up to 10 % of jitter,
-                # so that replicas' clients do not all reconnect at once), then CONNECTION_AGE_GRACE_S for
-                # the calls in flight: a stream open longer than both is cut and its client starts another.
-                *(
-                    [
-                        ("grpc.max_connection_age_ms", int(s.max_connection_age * 1000)),
-                        ("grpc.max_connection_age_grace_ms", CONNECTION_AGE_GRACE_S * 1000),
-                    ]
-                    if s.max_connection_age
-                    else []
-                ),
-            ],
-        )
+        interceptors = [*auth, calls, DrainInterceptor(self._drain, exempt=ALWAYS_ANSWERED)]
+        server: grpc.aio.Server | LeanServer
+        if s.grpc_front == "lean":
+            server = LeanServer(
+                interceptors,
+                max_message_bytes=s.max_message_bytes,
+                max_streams=LEAN_MAX_STREAMS,
+                handshake_timeout=s.http_header_timeout,
+                idle_s=IDLE_CONNECTION_S,
+                max_age_s=s.max_connection_age,
+                max_age_grace_s=CONNECTION_AGE_GRACE_S,
+                reuse_port=s.reuse_port,
+            )
+        else:
+            server = grpc.aio.server(
+                interceptors=interceptors,
+                options=[
+                    ("grpc.max_receive_message_length", s.max_message_bytes),
+                    # A port in use is an error, not a silent share, unless shared on purpose (--processes).
+                    ("grpc.so_reuseport", int(s.reuse_port)),
+                    # gRPC sheds calls the service has not picked up yet past 1000 (at random) and 3000, with
+                    # CANCELLED, a code clients read as their own doing. Let the queue limit decide instead
+                    # (RESOURCE_EXHAUSTED, at once); these only bound a flood faster than the event loop.
+                    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                    ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
+                    # A connection that has not finished its HTTP/2 preface and settings within the same time as
+                    # an HTTP client's headers is closed (gRPC's default, 120 s, let a few hundred silent
+                    # connections hold every file descriptor); one with no call for IDLE_CONNECTION_S gets a
+                    # GOAWAY, which clients answer by connecting again at their next call.
+                    ("grpc.server_handshake_timeout_ms", int(s.http_header_timeout * 1000)),
+                    ("grpc.max_connection_idle_ms", IDLE_CONNECTION_S * 1000),
+                    # --max-connection-age: a connection's GOAWAY after that long (grpc adds up to 10 % of jitter,
+                    # so that replicas' clients do not all reconnect at once), then CONNECTION_AGE_GRACE_S for
+                    # the calls in flight: a stream open longer than both is cut and its client starts another.
+                    *(
+                        [
+                            ("grpc.max_connection_age_ms", int(s.max_connection_age * 1000)),
+                            ("grpc.max_connection_age_grace_ms", CONNECTION_AGE_GRACE_S * 1000),
+                        ]
+                        if s.max_connection_age
+                        else []
+                    ),
+                ],
+            )
         # Generic handlers only: a registered method costs grpc.aio's accept loop a turn over every method
         # at every call (rpc/registration.py). encoder.v1 first: it is the first handler asked for a method.
         services = GenericOnly(server)
@@ -300,9 +318,16 @@ class EncoderServer:
         try:
             if credentials is None:
                 self.port = server.add_insecure_port(address)
+            elif isinstance(server, LeanServer):
+                self.port = server.add_secure_port(address, tls.server_ssl_context(tls_files))
             else:
                 self.port = server.add_secure_port(address, credentials)
-        except RuntimeError:
+        except (RuntimeError, OSError) as e:
+            if isinstance(server, LeanServer):  # it knows the reason: the OS's, or the TLS files'
+                raise StartupError(
+                    str(e) if isinstance(e, RuntimeError) else f"cannot listen on {address}: {e}"
+                ) from None
+            # grpc says only that it failed (its reason goes to its own log line)
             raise StartupError(
                 f"cannot listen on {address} (in use, not an address of this host, or a TLS key that does not "
                 "match its certificate)"

@@ -265,6 +265,16 @@ class Settings:
             metavar="N",
         ),
     )
+    grpc_front: str = field(
+        default="grpc",
+        metadata=_opt(
+            "what serves the gRPC port: grpc (grpc.aio's server) or lean (HTTP/2 and gRPC's framing in the event "
+            "loop's own thread: less CPU and latency a call, every service and method the same; "
+            "docs/grpc-fronts.md says what it does not do)",
+            str.lower,
+            ("grpc", "lean"),
+        ),
+    )
     reuse_port: bool = field(
         default=False,
         metadata=_opt(

@@ -49,6 +49,12 @@ def minilm_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return export_entry(ExportOptions(repository=repo, optimize=True, int8=True), out=io.StringIO())
 
 
+@pytest.fixture(scope="module", params=["grpc", "lean"])
+def grpc_front(request: pytest.FixtureRequest) -> str:
+    """Each `--grpc-front`: the tests of a fixture that asks for it run on both (docs/grpc-fronts.md)."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
 def sentence_transformer():
     """The reference implementation, loaded offline from the same checkpoint directory."""

@@ -46,8 +46,9 @@ def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def secured(tiny_repo: Path, keys_file: Path) -> Settings:
+def secured(tiny_repo: Path, keys_file: Path, grpc_front: str) -> Settings:
     return Settings(
+        grpc_front=grpc_front,
         repository=tiny_repo,
         model=("tiny",),
         port=0,

@@ -43,9 +43,16 @@ def encode(address: str, connection: Connection, timeout: float = WAIT) -> grpc.
 
 
 @pytest.fixture(scope="module")
-def plain(tiny_repo: Path) -> Settings:
+def plain(tiny_repo: Path, grpc_front: str) -> Settings:
     return Settings(
-        repository=tiny_repo, model=("tiny",), port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1
+        repository=tiny_repo,
+        model=("tiny",),
+        port=0,
+        metrics_port=0,
+        http_port=0,
+        device="cpu",
+        intra_op_threads=1,
+        grpc_front=grpc_front,
     )
 
 

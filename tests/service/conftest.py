@@ -17,9 +17,9 @@ from mhaserve.testing.server import ServerThread, bare_settings, local_settings
 
 
 @pytest.fixture(scope="module")
-def server(tiny_repo: Path) -> Iterator[ServerThread]:
-    """One real server per test module, for the tests that only read; max 8 inputs per request."""
-    with ServerThread(local_settings(tiny_repo)).ready() as srv:
+def server(tiny_repo: Path, grpc_front: str) -> Iterator[ServerThread]:
+    """One real server per test module and gRPC front, for the tests that only read; max 8 inputs per request."""
+    with ServerThread(local_settings(tiny_repo, grpc_front=grpc_front)).ready() as srv:
         yield srv
 
 

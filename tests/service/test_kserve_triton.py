@@ -105,9 +105,15 @@ def interop(server: ServerThread, entry: Path, texts: list[str]) -> Interop:
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_repo: Path, tiny_entry: Path) -> Iterator[Interop]:
+def tiny(tiny_repo: Path, tiny_entry: Path, grpc_front: str) -> Iterator[Interop]:
     settings = Settings(
-        repository=tiny_repo, port=0, metrics_port=0, http_port=free_port(), device="cpu", intra_op_threads=1
+        repository=tiny_repo,
+        port=0,
+        metrics_port=0,
+        http_port=free_port(),
+        device="cpu",
+        intra_op_threads=1,
+        grpc_front=grpc_front,
     )
     server = ServerThread(settings).ready()
     try:

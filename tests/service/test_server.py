@@ -32,7 +32,7 @@ from mhaserve.testing import http
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.metrics import scrape
-from mhaserve.testing.server import ServerThread
+from mhaserve.testing.server import ServerThread, bare_settings
 from tests.conftest import TINY
 
 Start = Callable[..., ServerThread]
@@ -68,6 +68,12 @@ def code_of(call: grpc.Future) -> grpc.StatusCode:
 def counted(srv: ServerThread, code: str, method: str = ENCODE) -> float:
     value = srv.server.metrics.registry.get_sample_value("mhaserve_requests_total", {"method": method, "code": code})
     return value or 0.0
+
+
+@pytest.fixture
+def settings(tiny_repo: Path, grpc_front: str) -> Settings:
+    """The package's settings fixture (conftest.py) on each gRPC front: this module's servers are gRPC's."""
+    return bare_settings(tiny_repo, "tiny", grpc_front=grpc_front)
 
 
 @pytest.fixture
@@ -699,12 +705,12 @@ def test_once_stopped_serve_lets_the_calls_still_running_finish_before_the_loop_
 
 
 @pytest.mark.parametrize("host", ["::1", "[::1]"])
-def test_an_ipv6_host_serves_grpc_http_and_metrics(tiny_repo: Path, host: str) -> None:
+def test_an_ipv6_host_serves_grpc_http_and_metrics(tiny_repo: Path, host: str, grpc_front: str) -> None:
     """`--host ::` could not listen (grpc's address was not bracketed) and `--host [::]` could not serve
     metrics (getaddrinfo was given the brackets): an IPv6-only cluster could not run the server."""
     from mhaserve.testing.server import local_settings
 
-    settings = local_settings(tiny_repo, host=host)
+    settings = local_settings(tiny_repo, host=host, grpc_front=grpc_front)
     with ServerThread(settings) as srv:
         srv.ready()
         with grpc.insecure_channel(f"[::1]:{srv.server.port}") as channel:
@@ -716,13 +722,11 @@ def test_an_ipv6_host_serves_grpc_http_and_metrics(tiny_repo: Path, host: str) -
     assert server_module.grpc_address("::", 1) == server_module.grpc_address("[::]", 1) == "[::]:1"
 
 
-def test_max_connection_age_sends_clients_away_to_connect_again(tiny_repo: Path) -> None:
+def test_max_connection_age_sends_clients_away_to_connect_again(tiny_repo: Path, grpc_front: str) -> None:
     """A gRPC connection stayed with its replica for good, through a Kubernetes Service or a headless one:
     replicas the autoscaler added got none of the clients already connected."""
-    from mhaserve.testing.server import bare_settings
-
     states: list[grpc.ChannelConnectivity] = []
-    with ServerThread(bare_settings(tiny_repo, "tiny", max_connection_age=0.5)) as srv:
+    with ServerThread(bare_settings(tiny_repo, "tiny", max_connection_age=0.5, grpc_front=grpc_front)) as srv:
         srv.ready()
         with srv.channel() as channel:
             channel.subscribe(states.append, try_to_connect=False)

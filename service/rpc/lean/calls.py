@@ -1,0 +1,202 @@
+"""One call on the lean gRPC front: the interceptors and the handler, its context, its status.
+
+The handlers are the generic handlers grpc.aio's server would get, and the interceptors grpc.aio's
+(`intercept_service`), called the same way: so a call meets the same authentication, bookkeeping, error
+map and drain on either front. `Context` is the part of grpc.aio's ServicerContext those use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from mhaserve.runtime.errors import InvalidArgument, ServiceError
+from mhaserve.service.errors import to_status
+from mhaserve.service.rpc.handlers import behaviour, kind
+from mhaserve.service.rpc.lean import frames as f
+from mhaserve.service.rpc.lean.connection import Connection, Stream
+
+log = logging.getLogger(__name__)
+
+Metadata = tuple[tuple[str, str | bytes], ...]
+
+
+def trailer_block(code: int, message: str, metadata: Iterable[tuple[str, str | bytes]]) -> bytes:
+    """The trailers' header block: `grpc-status`, `grpc-message` if any, then the trailing metadata."""
+    if code == 0 and not message and not metadata:
+        return f.OK_TRAILER
+    fields: list[tuple[str, str | bytes]] = [("grpc-status", str(code))]
+    if message:
+        fields.append(("grpc-message", f.grpc_message(message)))
+    fields += [(key, f.metadata_value(key, value)) for key, value in metadata]
+    return f.header_block(fields)
+
+
+class CallDetails(grpc.HandlerCallDetails):
+    """What an interceptor is told of a call: its method and metadata."""
+
+    __slots__ = ("method", "invocation_metadata")
+
+    def __init__(self, method: str, invocation_metadata: Metadata) -> None:
+        self.method = method
+        self.invocation_metadata = invocation_metadata
+
+
+class Context:
+    """The call's side of grpc.aio's ServicerContext that our services and interceptors use."""
+
+    __slots__ = ("_connection", "_stream", "_serialize", "_code", "_details", "_trailing")
+
+    def __init__(self, connection: Connection, stream: Stream) -> None:
+        self._connection = connection
+        self._stream = stream
+        self._serialize: Callable[[Any], bytes] = _identity
+        self._code = grpc.StatusCode.OK
+        self._details = ""
+        self._trailing: Metadata = ()
+
+    def time_remaining(self) -> float | None:
+        return self._connection.time_remaining(self._stream)
+
+    def invocation_metadata(self) -> Metadata:
+        return self._stream.metadata
+
+    def peer(self) -> str:
+        return self._connection.peer
+
+    def set_trailing_metadata(self, metadata: Iterable[tuple[str, str | bytes]]) -> None:
+        self._trailing = tuple(metadata)
+
+    def trailing_metadata(self) -> Metadata:
+        return self._trailing
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def details(self) -> str:
+        return self._details
+
+    def cancelled(self) -> bool:
+        return self._stream.reset or self._stream.expired
+
+    def done(self) -> bool:
+        return self._stream.closed
+
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Iterable[tuple[str, str | bytes]] = ()
+    ) -> None:
+        if code == grpc.StatusCode.OK:
+            raise ValueError("abort() needs a status other than OK")
+        self._code, self._details = code, details
+        if trailing_metadata:
+            self._trailing = tuple(trailing_metadata)
+        raise grpc.aio.AbortError()
+
+    async def write(self, message: Any) -> None:
+        await self._connection.send(self._stream, self._serialize(message))
+
+    def trailer(self) -> bytes:
+        return trailer_block(self._code.value[0], self._details, self._trailing)
+
+
+def _identity(data: Any) -> Any:
+    return data
+
+
+class Calls:
+    """Serves every call of a connection's streams, through the interceptors, with the handlers."""
+
+    def __init__(self, interceptors: Sequence[grpc.aio.ServerInterceptor]) -> None:
+        self.interceptors = tuple(interceptors)
+        self.handlers: list[grpc.GenericRpcHandler] = []
+
+    async def _find(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        for handler in self.handlers:
+            method = handler.service(details)
+            if method is not None:
+                return method
+        return None
+
+    async def lookup(self, details: grpc.HandlerCallDetails, at: int = 0) -> grpc.RpcMethodHandler | None:
+        """The method's handler as the interceptors from `at` on wrap it."""
+        if at == len(self.interceptors):
+            return await self._find(details)
+        return await self.interceptors[at].intercept_service(lambda d: self.lookup(d, at + 1), details)
+
+    async def serve(self, connection: Connection, stream: Stream) -> None:
+        context = Context(connection, stream)
+        try:
+            handler = await self.lookup(CallDetails(stream.method, stream.metadata))
+            if handler is None:
+                context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+                context.set_details("Method not found!")
+                connection.finish(stream, context.trailer())
+                return
+            k = kind(handler)
+            context._serialize = handler.response_serializer or _identity
+            deserialize = handler.request_deserializer or _identity
+            request: Any
+            if k in ("unary_unary", "unary_stream"):
+                request = await self._one(connection, stream, deserialize)
+            else:
+                request = self._many(connection, stream, deserialize)
+            handle = behaviour(handler)
+            if k in ("unary_unary", "stream_unary"):
+                response = await handle(request, context)
+                if context.code() == grpc.StatusCode.OK:
+                    connection.respond(stream, context._serialize(response), context.trailer())
+                else:
+                    connection.finish(stream, context.trailer())
+                return
+            result = handle(request, context)
+            if inspect.isasyncgen(result):
+                async for response in result:
+                    await context.write(response)
+            else:
+                await result
+            connection.finish(stream, context.trailer())
+        except grpc.aio.AbortError:
+            connection.finish(stream, context.trailer())
+        except ServiceError as e:  # reading the request, before any interceptor's error map
+            code, message = to_status(e)
+            connection.finish(stream, trailer_block(code.value[0], message, context.trailing_metadata()))
+        except asyncio.CancelledError:
+            if stream.expired:
+                connection.finish(
+                    stream, trailer_block(grpc.StatusCode.DEADLINE_EXCEEDED.value[0], "Deadline Exceeded", ())
+                )
+            # otherwise the client reset the stream or left: there is no one to answer
+        except Exception as e:
+            log.error("%s failed: %s", stream.method, e, exc_info=e)
+            connection.finish(stream, trailer_block(grpc.StatusCode.UNKNOWN.value[0], "Unexpected error", ()))
+
+    @staticmethod
+    async def _one(connection: Connection, stream: Stream, deserialize: Callable[[bytes], Any]) -> Any:
+        message = await connection.message(stream)
+        if message is None:
+            raise InvalidArgument("a unary call without its request message")
+        return _parse(deserialize, message)
+
+    @staticmethod
+    async def _many(connection: Connection, stream: Stream, deserialize: Callable[[bytes], Any]) -> AsyncIterator[Any]:
+        while (message := await connection.message(stream)) is not None:
+            yield _parse(deserialize, message)
+
+
+def _parse(deserialize: Callable[[bytes], Any], message: bytes) -> Any:
+    try:
+        return deserialize(message)
+    except Exception as e:  # a method no interceptor guards (health, reflection)
+        raise InvalidArgument(f"the request is not a valid message for this method: {e}") from None

@@ -1,0 +1,578 @@
+"""One HTTP/2 connection of the lean gRPC front: frames in, streams, flow control both ways, frames out.
+
+Everything runs on the event loop's thread. `data_received` parses every whole frame it was given and
+answers the connection's own frames (SETTINGS, PING, WINDOW_UPDATE) in one write; a new stream's call
+is started as a task (calls.py), which reads its messages and writes its answer through the methods
+below. A unary answer that fits the peer's windows goes out in one write: headers, message, trailers.
+
+Flow control: the peer's windows bound what we send (a stream whose DATA does not fit waits in
+`pending` for a WINDOW_UPDATE); ours are credited back as messages are taken by their call, so a stream
+holds at most one message beyond what its call has read, and the connection's window stays wide open
+(the stream limit bounds the streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+import hpack
+
+from mhaserve.runtime.errors import InvalidArgument, ServiceError, TooLarge, Unimplemented
+from mhaserve.service.rpc.lean import frames as f
+
+if TYPE_CHECKING:
+    from mhaserve.service.rpc.lean.server import LeanServer
+
+log = logging.getLogger(__name__)
+# hpack logs every header it decodes at debug level: API keys included, and a cost on every call.
+logging.getLogger("hpack").setLevel(logging.INFO)
+
+STREAM_WINDOW = 1 << 20  # what a stream may send ahead of its call's reads
+CONNECTION_WINDOW = f.MAX_WINDOW
+MAX_HEADER_LIST = 16 << 10  # grpc core's own limit on a call's metadata
+# Headers that are HTTP/2's or gRPC's own, not the call's metadata.
+_RESERVED = frozenset({"content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding"})
+_DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {
+    "gzip": lambda b: zlib.decompress(b, 16 + zlib.MAX_WBITS),
+    "deflate": zlib.decompress,
+}
+
+
+class ConnectionError_(Exception):
+    """A breach of HTTP/2 by the peer: the connection ends with a GOAWAY carrying `code`."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Stream:
+    """One call's HTTP/2 stream: what came in, what waits to go out."""
+
+    __slots__ = (
+        "id",
+        "method",
+        "metadata",
+        "deadline",
+        "encoding",
+        "buffer",
+        "messages",
+        "waiter",
+        "remote_closed",
+        "error",
+        "credit",
+        "send_window",
+        "pending",
+        "trailer",
+        "headers_sent",
+        "closed",
+        "expired",
+        "reset",
+        "task",
+        "timer",
+        "drained",
+    )
+
+    def __init__(self, stream_id: int, method: str, metadata: tuple[tuple[str, str | bytes], ...], send_window: int):
+        self.id = stream_id
+        self.method = method
+        self.metadata = metadata
+        self.deadline: float | None = None
+        self.encoding = "identity"
+        self.buffer = bytearray()
+        self.messages: collections.deque[bytes] = collections.deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.remote_closed = False
+        self.error: ServiceError | None = None  # raised at the call's next read
+        self.credit = 0  # bytes received and not yet credited back to the peer
+        self.send_window = send_window
+        self.pending = bytearray()  # DATA payload waiting for the peer's windows
+        self.trailer: bytes | None = None  # the trailers' header block, sent once `pending` is out
+        self.headers_sent = False
+        self.closed = False  # our side has ended it (trailers or RST_STREAM)
+        self.expired = False  # its deadline passed
+        self.reset = False  # the client reset it, or the connection is gone
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.drained: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
+class Connection(asyncio.Protocol):
+    """See the module docstring. `server` starts the calls and keeps the connections' timers."""
+
+    def __init__(self, server: LeanServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.preface = False
+        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self.streams: dict[int, Stream] = {}
+        self.last_stream = 0
+        self.block: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
+        self.peer_window = f.DEFAULT_WINDOW  # a new stream's send window, from the peer's SETTINGS
+        self.peer_max_frame = f.DEFAULT_MAX_FRAME
+        self.send_window = f.DEFAULT_WINDOW  # the connection's
+        self.blocked: dict[int, Stream] = {}  # streams whose DATA waits for a window, in order
+        self.received = 0  # connection-level bytes not yet credited back
+        self.going_away = False  # a GOAWAY sent: no new streams
+        self.peer_going_away = False
+        self.opened = server.loop.time()
+        self.last_call = self.opened
+        self.handshake: asyncio.TimerHandle | None = None
+        self.peer = ""
+
+    # -- the transport's callbacks --
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            host = peer[0]
+            self.peer = f"ipv6:[{host}]:{peer[1]}" if ":" in host else f"ipv4:{host}:{peer[1]}"
+        self.server.connections.add(self)
+        transport.write(
+            f.settings(
+                (f.MAX_CONCURRENT_STREAMS, self.server.max_streams),
+                (f.INITIAL_WINDOW_SIZE, STREAM_WINDOW),
+                (f.MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
+            )
+            + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW)
+        )
+        self.handshake = self.server.loop.call_later(self.server.handshake_timeout, self._handshake_expired)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        if self.handshake is not None:
+            self.handshake.cancel()
+        for stream in list(self.streams.values()):
+            self._abandon(stream)
+        self.streams.clear()
+        self.blocked.clear()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buffer
+        buf += data
+        out: list[bytes] = []
+        try:
+            if not self.preface:
+                if len(buf) < len(f.PREFACE):
+                    if not f.PREFACE.startswith(bytes(buf)):
+                        raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                    return
+                if bytes(buf[: len(f.PREFACE)]) != f.PREFACE:
+                    raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                del buf[: len(f.PREFACE)]
+                self.preface = True
+            at, size = 0, len(buf)
+            while size - at >= 9:
+                length = (buf[at] << 16) | (buf[at + 1] << 8) | buf[at + 2]
+                if length > f.DEFAULT_MAX_FRAME:
+                    raise ConnectionError_(f.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+                end = at + 9 + length
+                if end > size:
+                    break
+                kind, flags = buf[at + 3], buf[at + 4]
+                stream_id = int.from_bytes(buf[at + 5 : at + 9], "big") & 0x7FFFFFFF
+                self._frame(kind, flags, stream_id, bytes(buf[at + 9 : end]), out)
+                at = end
+            del buf[:at]
+        except ConnectionError_ as e:
+            self._close(e.code, str(e), out)
+            return
+        if self.received >= CONNECTION_WINDOW // 2:
+            out.append(f.window_update(0, self.received))
+            self.received = 0
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+    # -- frames in --
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes, out: list[bytes]) -> None:
+        if self.block is not None and kind != f.CONTINUATION:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "a header block interrupted")
+        if kind == f.DATA:
+            self._data(flags, stream_id, payload, out)
+        elif kind == f.HEADERS:
+            if flags & f.PADDED:
+                payload = _unpad(payload)
+            if flags & f.PRIORITY_FLAG:
+                payload = payload[5:]
+            self.block = (stream_id, flags, bytearray(payload))
+            if flags & f.END_HEADERS:
+                self._headers(out)
+        elif kind == f.CONTINUATION:
+            if self.block is None or self.block[0] != stream_id:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+            self.block[2].extend(payload)
+            if len(self.block[2]) > 4 * MAX_HEADER_LIST:
+                raise ConnectionError_(f.ENHANCE_YOUR_CALM, "a header block too large")
+            if flags & f.END_HEADERS:
+                self._headers(out)
+        elif kind == f.SETTINGS:
+            if not flags & f.ACK:
+                self._settings(payload, out)
+                if self.handshake is not None:  # the preface and its SETTINGS: the handshake is complete
+                    self.handshake.cancel()
+                    self.handshake = None
+        elif kind == f.PING:
+            if not flags & f.ACK:
+                out.append(f.frame(f.PING, f.ACK, 0, payload))
+        elif kind == f.WINDOW_UPDATE:
+            self._window_update(stream_id, int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, out)
+        elif kind == f.RST_STREAM:
+            stream = self.streams.pop(stream_id, None)
+            if stream is not None:
+                self.blocked.pop(stream_id, None)
+                self._abandon(stream)
+        elif kind == f.GOAWAY:
+            self.peer_going_away = True
+            if not self.streams and self.transport is not None:
+                self.transport.close()
+        elif kind == f.PUSH_PROMISE:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "a client may not push")
+        # PRIORITY and unknown frame types are ignored, as HTTP/2 asks.
+
+    def _data(self, flags: int, stream_id: int, payload: bytes, out: list[bytes]) -> None:
+        self.received += len(payload)
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.remote_closed:
+            return  # a stream we ended or reset: its bytes still count against the connection's window
+        if flags & f.PADDED:
+            payload = _unpad(payload)
+        stream.credit += len(payload)
+        if stream.error is None:
+            stream.buffer += payload
+            try:
+                self._messages(stream)
+            except ServiceError as e:
+                stream.error = e
+                stream.buffer.clear()
+                stream.wake()
+        if flags & f.END_STREAM:
+            stream.remote_closed = True
+            if stream.buffer and stream.error is None:
+                stream.error = InvalidArgument("the request's last message is incomplete")
+            stream.wake()
+        elif stream.credit >= STREAM_WINDOW // 2 and len(stream.messages) <= 1:
+            out.append(f.window_update(stream_id, stream.credit))
+            stream.credit = 0
+
+    def _messages(self, stream: Stream) -> None:
+        """Whole gRPC messages (a 5-byte prefix, then the message) out of the stream's bytes."""
+        buf = stream.buffer
+        while len(buf) >= 5:
+            size = int.from_bytes(buf[1:5], "big")
+            if size > self.server.max_message_bytes:
+                raise TooLarge(f"Received message larger than max ({size} vs. {self.server.max_message_bytes})")
+            if len(buf) < 5 + size:
+                return
+            compressed = buf[0]
+            message = bytes(buf[5 : 5 + size])
+            del buf[: 5 + size]
+            if compressed:
+                decompress = _DECOMPRESS.get(stream.encoding)
+                if decompress is None:
+                    raise Unimplemented(
+                        f"a message compressed with {stream.encoding!r}: this server reads gzip, deflate or "
+                        "uncompressed messages"
+                    )
+                try:
+                    message = decompress(message)
+                except zlib.error as e:
+                    raise InvalidArgument(f"a compressed message that does not decompress: {e}") from None
+                if len(message) > self.server.max_message_bytes:
+                    raise TooLarge(
+                        f"Received message larger than max ({len(message)} vs. {self.server.max_message_bytes})"
+                    )
+            stream.messages.append(message)
+            stream.wake()
+
+    def _headers(self, out: list[bytes]) -> None:
+        assert self.block is not None
+        stream_id, flags, block = self.block
+        self.block = None
+        try:
+            # Decoded to str (the decoder's default); a header that is not UTF-8 fails the block.
+            fields = cast(list[tuple[str, str]], self.decoder.decode(bytes(block)))
+        except hpack.OversizedHeaderListError:
+            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "a call's metadata over 16 KiB") from None
+        except hpack.HPACKError as e:
+            raise ConnectionError_(f.COMPRESSION_ERROR, f"a header block that does not decode: {e}") from None
+        existing = self.streams.get(stream_id)
+        if existing is not None:  # trailers from the client: the end of its messages
+            if flags & f.END_STREAM:
+                existing.remote_closed = True
+                existing.wake()
+            return
+        if stream_id % 2 == 0 or stream_id <= self.last_stream:
+            if stream_id <= self.last_stream:
+                return  # headers for a stream already over (we reset or ended it): nothing to answer
+            raise ConnectionError_(f.PROTOCOL_ERROR, f"a client stream with an even id ({stream_id})")
+        self.last_stream = stream_id
+        if self.going_away or len(self.streams) >= self.server.max_streams:
+            out.append(f.rst_stream(stream_id, f.REFUSED_STREAM))
+            return
+        self._open(stream_id, flags, fields, out)
+
+    def _open(self, stream_id: int, flags: int, fields: list[tuple[str, str]], out: list[bytes]) -> None:
+        method = path = content_type = ""
+        timeout = encoding = None
+        metadata: list[tuple[str, str | bytes]] = []
+        for name, value in fields:
+            if name[0] == ":":
+                if name == ":path":
+                    path = value
+                elif name == ":method":
+                    method = value
+            elif name == "content-type":
+                content_type = value
+            elif name == "grpc-timeout":
+                timeout = value
+            elif name == "grpc-encoding":
+                encoding = value
+            elif name not in _RESERVED:
+                with contextlib.suppress(ValueError):  # a -bin value that is not base64: dropped, as grpc core does
+                    metadata.append((name, f.metadata_from_header(name, value)))
+        if method != "POST" or not content_type.startswith("application/grpc"):
+            # Not a gRPC call: HTTP's own refusal, as gRPC's protocol asks (415 for a content type).
+            status = "405" if method != "POST" else "415"
+            out.append(
+                f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, f.header_block(((":status", status),)))
+            )
+            return
+        stream = Stream(stream_id, path, tuple(metadata), self.peer_window)
+        if encoding is not None:
+            stream.encoding = encoding
+        loop = self.server.loop
+        if timeout is not None:
+            seconds = f.grpc_timeout(timeout)
+            if seconds is not None:
+                stream.deadline = loop.time() + seconds
+                stream.timer = loop.call_at(stream.deadline, self._expire, stream)
+        if flags & f.END_STREAM:
+            stream.remote_closed = True
+        self.streams[stream_id] = stream
+        self.last_call = loop.time()
+        stream.task = loop.create_task(self.server.calls.serve(self, stream))
+
+    def _settings(self, payload: bytes, out: list[bytes]) -> None:
+        if len(payload) % 6:
+            raise ConnectionError_(f.FRAME_SIZE_ERROR, "a SETTINGS frame of a length not a multiple of 6")
+        for at in range(0, len(payload), 6):
+            key = int.from_bytes(payload[at : at + 2], "big")
+            value = int.from_bytes(payload[at + 2 : at + 6], "big")
+            if key == f.INITIAL_WINDOW_SIZE:
+                if value > f.MAX_WINDOW:
+                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "an initial window over 2^31 - 1")
+                delta, self.peer_window = value - self.peer_window, value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+            elif key == f.MAX_FRAME_SIZE:
+                if not f.DEFAULT_MAX_FRAME <= value <= (1 << 24) - 1:
+                    raise ConnectionError_(f.PROTOCOL_ERROR, "a maximum frame size out of range")
+                self.peer_max_frame = value
+        out.append(f.frame(f.SETTINGS, f.ACK, 0))
+        self._unblock(out)
+
+    def _window_update(self, stream_id: int, increment: int, out: list[bytes]) -> None:
+        if stream_id == 0:
+            self.send_window += increment
+            if self.send_window > f.MAX_WINDOW:
+                raise ConnectionError_(f.FLOW_CONTROL_ERROR, "the connection's window over 2^31 - 1")
+            self._unblock(out)
+            return
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            stream.send_window += increment
+            if stream_id in self.blocked:
+                self._flush(stream, out)
+
+    # -- what the calls use --
+
+    async def message(self, stream: Stream) -> bytes | None:
+        """The stream's next request message; None once the client has sent its last."""
+        while True:
+            if stream.error is not None:
+                raise stream.error
+            if stream.messages:
+                message = stream.messages.popleft()
+                if stream.credit and not stream.remote_closed and not stream.messages:
+                    self._write(f.window_update(stream.id, stream.credit))
+                    stream.credit = 0
+                return message
+            if stream.remote_closed:
+                return None
+            stream.waiter = self.server.loop.create_future()
+            await stream.waiter
+            stream.waiter = None
+
+    def respond(self, stream: Stream, message: bytes, trailer: bytes) -> None:
+        """A unary call's answer: headers, the message, the trailers; in one write when the windows allow."""
+        if stream.closed:
+            return
+        stream.closed = True
+        n = len(message) + 5
+        head = b"" if stream.headers_sent else f.frame(f.HEADERS, f.END_HEADERS, stream.id, f.RESPONSE_HEADERS)
+        stream.headers_sent = True
+        body = b"\x00" + len(message).to_bytes(4, "big") + message
+        if not stream.pending and n <= stream.send_window and n <= self.send_window and n <= self.peer_max_frame:
+            stream.send_window -= n
+            self.send_window -= n
+            self._write(
+                head
+                + f.frame(f.DATA, 0, stream.id, body)
+                + f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream.id, trailer)
+                + self._stop_reading(stream)
+            )
+            self._done(stream)
+            return
+        out = [head] if head else []
+        stream.pending += body
+        stream.trailer = trailer
+        self._flush(stream, out)
+        self._write(b"".join(out))
+
+    async def send(self, stream: Stream, message: bytes) -> None:
+        """One message of a streamed answer; waits while the peer's windows hold earlier ones back."""
+        if stream.closed:
+            raise asyncio.CancelledError()  # the client reset it: the handler's loop ends here
+        out = []
+        if not stream.headers_sent:
+            out.append(f.frame(f.HEADERS, f.END_HEADERS, stream.id, f.RESPONSE_HEADERS))
+            stream.headers_sent = True
+        stream.pending += b"\x00" + len(message).to_bytes(4, "big") + message
+        self._flush(stream, out)
+        self._write(b"".join(out))
+        while stream.pending and not stream.closed:
+            stream.drained = self.server.loop.create_future()
+            await stream.drained
+
+    def finish(self, stream: Stream, trailer: bytes) -> None:
+        """End the stream with these trailers: after what it still sends, or as the whole answer
+        (trailers-only) if it sent nothing."""
+        if stream.closed:
+            return
+        stream.closed = True
+        if not stream.headers_sent:
+            stream.headers_sent = True
+            self._write(
+                f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream.id, f.RESPONSE_HEADERS + trailer)
+                + self._stop_reading(stream)
+            )
+            self._done(stream)
+            return
+        stream.trailer = trailer
+        out: list[bytes] = []
+        self._flush(stream, out)
+        self._write(b"".join(out))
+
+    def time_remaining(self, stream: Stream) -> float | None:
+        if stream.deadline is None:
+            return None
+        return max(0.0, stream.deadline - self.server.loop.time())
+
+    def goaway(self) -> None:
+        """No new streams on this connection: the ones open are served; it closes after the last."""
+        if not self.going_away:
+            self.going_away = True
+            self._write(f.goaway(self.last_stream, f.NO_ERROR))
+            if not self.streams and self.transport is not None:
+                self.transport.close()
+
+    def abort(self) -> None:
+        """Cut the connection now (the end of a grace period): its calls are cancelled."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- frames out --
+
+    def _flush(self, stream: Stream, out: list[bytes]) -> None:
+        """As much of the stream's pending DATA as the windows allow, then its trailers once all is out."""
+        pending = stream.pending
+        while pending and stream.send_window > 0 and self.send_window > 0:
+            n = min(len(pending), stream.send_window, self.send_window, self.peer_max_frame)
+            out.append(f.frame(f.DATA, 0, stream.id, bytes(pending[:n])))
+            del pending[:n]
+            stream.send_window -= n
+            self.send_window -= n
+        if pending:
+            self.blocked[stream.id] = stream
+            return
+        self.blocked.pop(stream.id, None)
+        if stream.drained is not None and not stream.drained.done():
+            stream.drained.set_result(None)
+        if stream.trailer is not None:
+            out.append(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream.id, stream.trailer))
+            out.append(self._stop_reading(stream))
+            stream.trailer = None
+            self._done(stream)
+
+    def _unblock(self, out: list[bytes]) -> None:
+        for stream in list(self.blocked.values()):
+            if self.send_window <= 0:
+                return
+            self._flush(stream, out)
+
+    def _stop_reading(self, stream: Stream) -> bytes:
+        # The answer is complete while the client may still be sending: tell it to stop (RFC 9113 8.1).
+        return b"" if stream.remote_closed else f.rst_stream(stream.id, f.NO_ERROR)
+
+    def _expire(self, stream: Stream) -> None:
+        stream.timer = None
+        if stream.task is not None and not stream.task.done():
+            stream.expired = True
+            stream.task.cancel()
+
+    def _abandon(self, stream: Stream) -> None:
+        """The client reset the stream or the connection is gone: its call is cancelled, nothing is sent."""
+        stream.closed = stream.reset = True
+        if stream.timer is not None:
+            stream.timer.cancel()
+        if stream.task is not None and not stream.task.done():
+            stream.task.cancel()
+        if stream.drained is not None and not stream.drained.done():
+            stream.drained.set_result(None)
+        stream.wake()
+
+    def _done(self, stream: Stream) -> None:
+        if stream.timer is not None:
+            stream.timer.cancel()
+            stream.timer = None
+        self.streams.pop(stream.id, None)
+        self.blocked.pop(stream.id, None)
+        self.last_call = self.server.loop.time()
+        if (self.going_away or self.peer_going_away) and not self.streams and self.transport is not None:
+            self.transport.close()
+
+    def _write(self, data: bytes) -> None:
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _close(self, code: int, message: str, out: list[bytes]) -> None:
+        log.info("closing a gRPC connection from %s: %s", self.peer or "a client", message)
+        out.append(f.goaway(self.last_stream, code, message.encode("utf-8", "replace")[:256]))
+        if self.transport is not None:
+            self.transport.write(b"".join(out))
+            self.transport.close()
+
+    def _handshake_expired(self) -> None:
+        self.handshake = None
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _unpad(payload: bytes) -> bytes:
+    if not payload or payload[0] >= len(payload):
+        raise ConnectionError_(f.PROTOCOL_ERROR, "padding longer than its frame")
+    return payload[1 : len(payload) - payload[0]]

@@ -1,0 +1,119 @@
+"""HTTP/2 frames (RFC 9113) and the header blocks the lean front sends.
+
+Every header block it writes uses HPACK's literal representation without indexing (RFC 7541 6.2.2) and
+no Huffman coding, so it never changes either side's dynamic table: a block can be made once and sent on
+any connection, in any order. Only decoding needs a table (the `hpack` package, one decoder a connection).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+# flags
+END_STREAM = 0x1
+ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+# settings
+HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = (
+    range(1, 7)
+)
+# error codes
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x6, 0x7, 0x8, 0x9, 0xB
+
+DEFAULT_WINDOW = 65_535
+DEFAULT_MAX_FRAME = 16_384
+MAX_WINDOW = (1 << 31) - 1
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    """One frame: its 9-byte header, then the payload."""
+    n = len(payload)
+    return bytes((n >> 16, (n >> 8) & 0xFF, n & 0xFF, kind, flags)) + stream.to_bytes(4, "big") + payload
+
+
+def settings(*pairs: tuple[int, int]) -> bytes:
+    return frame(SETTINGS, 0, 0, b"".join(k.to_bytes(2, "big") + v.to_bytes(4, "big") for k, v in pairs))
+
+
+def window_update(stream: int, increment: int) -> bytes:
+    return frame(WINDOW_UPDATE, 0, stream, increment.to_bytes(4, "big"))
+
+
+def rst_stream(stream: int, code: int) -> bytes:
+    return frame(RST_STREAM, 0, stream, code.to_bytes(4, "big"))
+
+
+def goaway(last_stream: int, code: int, debug: bytes = b"") -> bytes:
+    return frame(GOAWAY, 0, 0, last_stream.to_bytes(4, "big") + code.to_bytes(4, "big") + debug)
+
+
+def _integer(value: int, prefix_bits: int) -> bytes:
+    """HPACK's integer with an N-bit prefix (RFC 7541 5.1); the representation's own bits are zero here."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((value,))
+    out = bytearray((limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _string(data: bytes) -> bytes:
+    return _integer(len(data), 7) + data  # the top bit 0: not Huffman-coded
+
+
+def header_block(fields: Iterable[tuple[str, str | bytes]]) -> bytes:
+    """Literal fields without indexing, new names: a block that leaves HPACK's dynamic table alone."""
+    out = bytearray()
+    for name, value in fields:
+        raw = value if isinstance(value, bytes) else value.encode("latin-1")
+        out += b"\x00" + _string(name.encode("ascii")) + _string(raw)
+    return bytes(out)
+
+
+# `:status: 200` is entry 8 of HPACK's static table, one byte.
+STATUS_200 = b"\x88"
+RESPONSE_HEADERS = STATUS_200 + header_block((("content-type", "application/grpc"),))
+OK_TRAILER = header_block((("grpc-status", "0"),))
+
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+
+
+def grpc_timeout(value: str) -> float | None:
+    """Seconds from a `grpc-timeout` header (up to 8 digits and a unit); None if it is not one."""
+    if 2 <= len(value) <= 9 and value[:-1].isdigit() and value[-1] in _TIMEOUT_UNITS:
+        return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
+    return None
+
+
+def grpc_message(text: str) -> bytes:
+    """`grpc-message`'s percent-encoding of UTF-8 (gRPC's HTTP/2 protocol): printable ASCII but `%` as is."""
+    out = bytearray()
+    for b in text.encode("utf-8"):
+        out += bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else f"%{b:02X}".encode()
+    return bytes(out)
+
+
+def metadata_value(key: str, value: str | bytes) -> bytes:
+    """A metadata value as sent: a `-bin` key's bytes in base64 without padding, any other as text."""
+    if key.endswith("-bin"):
+        raw = value if isinstance(value, bytes) else value.encode()
+        return base64.b64encode(raw).rstrip(b"=")
+    return value if isinstance(value, bytes) else value.encode("latin-1")
+
+
+def metadata_from_header(key: str, value: str) -> str | bytes:
+    """A received metadata value: a `-bin` key's base64 (padded or not) as bytes, any other as its text."""
+    if key.endswith("-bin"):
+        return base64.b64decode(value + "=" * (-len(value) % 4))
+    return value

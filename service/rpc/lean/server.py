@@ -1,0 +1,153 @@
+"""The lean gRPC front's listening sockets, its connections' timers, and stopping with a grace period.
+
+`LeanServer` answers to what the composition root asks of grpc.aio's server (`add_generic_rpc_handlers`,
+`add_insecure_port`, `add_secure_port`, `start`, `stop`), so either front is built and stopped the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+import ssl
+from collections.abc import Iterable, Sequence
+
+import grpc
+import grpc.aio
+
+from mhaserve.service.rpc.lean.calls import Calls
+from mhaserve.service.rpc.lean.connection import Connection
+
+SWEEP_S = 1.0  # how often the connections' timers are looked at
+
+
+class LeanServer:
+    """See the module docstring. The options are grpc.aio's server options of the same meaning."""
+
+    def __init__(
+        self,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        *,
+        max_message_bytes: int = 4 << 20,
+        max_streams: int = 1000,
+        handshake_timeout: float = 10.0,
+        idle_s: float = 0.0,
+        max_age_s: float = 0.0,
+        max_age_grace_s: float = 0.0,
+        reuse_port: bool = False,
+    ) -> None:
+        self.calls = Calls(interceptors)
+        self.max_message_bytes = max_message_bytes
+        self.max_streams = max_streams
+        self.handshake_timeout = handshake_timeout
+        self.idle_s = idle_s
+        self.max_age_s = max_age_s
+        self.max_age_grace_s = max_age_grace_s
+        self.reuse_port = reuse_port
+        self.connections: set[Connection] = set()
+        self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
+        self._servers: list[asyncio.Server] = []
+        self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "the server has not started"
+        return self._loop
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self.calls.handlers.extend(handlers)
+
+    def add_insecure_port(self, address: str) -> int:
+        return self._bind(address, None)
+
+    def add_secure_port(self, address: str, context: ssl.SSLContext) -> int:
+        return self._bind(address, context)
+
+    def _bind(self, address: str, context: ssl.SSLContext | None) -> int:
+        """Bind now, as grpc does, so that the port is known (and a port in use an error) before start()."""
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]") or None  # type: ignore[assignment]
+        try:
+            family, kind, proto, _, where = socket.getaddrinfo(
+                host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            sock = socket.socket(family, kind, proto)
+        except (OSError, ValueError) as e:
+            raise RuntimeError(f"cannot listen on {address}: {e}") from None
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # "[::]" takes IPv4 too, as grpc's
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind(where)
+        except OSError as e:
+            sock.close()
+            raise RuntimeError(f"cannot listen on {address}: {e.strerror or e}") from None
+        self._sockets.append((sock, context))
+        return int(sock.getsockname()[1])
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for sock, context in self._sockets:
+            self._servers.append(
+                await self._loop.create_server(
+                    lambda: Connection(self),
+                    sock=sock,
+                    ssl=context,
+                    ssl_handshake_timeout=self.handshake_timeout if context else None,
+                    backlog=1024,
+                )
+            )
+        self._sweeper = self._loop.create_task(self._sweep(), name="lean-grpc-connections")
+
+    async def stop(self, grace: float | None) -> None:
+        """Listen no more, send every connection a GOAWAY, wait up to `grace` seconds for the calls in flight,
+        then cut what is left (its calls are cancelled)."""
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
+        for connection in list(self.connections):
+            connection.goaway()
+        if self._loop is not None:
+            end = self._loop.time() + (grace or 0.0)
+            while any(c.streams for c in self.connections) and self._loop.time() < end:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)  # calls end in their own tasks; polling them is simpler than signals
+        for connection in list(self.connections):
+            connection.abort()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        await asyncio.sleep(0)  # let the cancelled calls run their endings
+
+    async def _sweep(self) -> None:
+        """GOAWAY to a connection idle for `idle_s` or older than `max_age_s` (give or take 10 %, so that a
+        replica's clients do not all reconnect at once); cut one still open `max_age_grace_s` after that."""
+        ages: dict[Connection, float] = {}
+        goaway_at: dict[Connection, float] = {}
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = self.loop.time()
+            for connection in list(self.connections):
+                if connection.going_away:
+                    since = goaway_at.setdefault(connection, now)
+                    if self.max_age_grace_s and now - since > self.max_age_grace_s:
+                        connection.abort()
+                    continue
+                idle = not connection.streams and now - connection.last_call > self.idle_s
+                if self.max_age_s:
+                    age = ages.setdefault(connection, self.max_age_s * random.uniform(1.0, 1.1))
+                    if now - connection.opened > age:
+                        connection.goaway()
+                        continue
+                if self.idle_s and idle:
+                    connection.goaway()
+            for gone in [c for c in ages if c not in self.connections]:
+                del ages[gone]
+            for gone in [c for c in goaway_at if c not in self.connections]:
+                del goaway_at[gone]

@@ -1,0 +1,295 @@
+"""The lean gRPC front (service/rpc/lean) with grpcio's own clients, over real loopback sockets.
+
+A LeanServer serves a small test service of every kind of method here; the real server behind it is
+tested by the server and KServe modules, whose servers run on both fronts (conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+import grpc.aio
+import hpack
+import pytest
+
+from mhaserve.service.rpc.lean import frames as f
+from mhaserve.service.rpc.lean.server import LeanServer
+
+SERVICE = "test.Lean"
+
+
+class Toy:
+    """The test service's handlers; `cancelled` records calls that were cancelled on the server."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+        self.release = asyncio.Event()
+
+    async def echo(self, request: bytes, context: Any) -> bytes:
+        metadata = dict(context.invocation_metadata())
+        context.set_trailing_metadata((("echo-bin", metadata.get("tag-bin", b"")), ("seen", metadata.get("who", ""))))
+        return request
+
+    async def big(self, request: bytes, context: Any) -> bytes:
+        return bytes(range(256)) * (int(request.decode()) // 256)
+
+    async def fail(self, request: bytes, context: Any) -> bytes:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "ça ne va pas: 100%")
+        return b""
+
+    async def crash(self, request: bytes, context: Any) -> bytes:
+        raise RuntimeError("a bug")
+
+    async def slow(self, request: bytes, context: Any) -> bytes:
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(f"slow, {context.time_remaining()!r} s left")
+            raise
+        return b"released"
+
+    async def count(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
+        for i in range(int(request.decode())):
+            yield str(i).encode()
+
+    async def written(self, request: bytes, context: Any) -> None:
+        for i in range(3):
+            await context.write(f"w{i}".encode())
+
+    async def total(self, requests: AsyncIterator[bytes], context: Any) -> bytes:
+        return str(sum([len(r) async for r in requests])).encode()
+
+    async def chat(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async for r in requests:
+            yield r.upper()
+
+
+def _handlers(toy: Toy) -> grpc.GenericRpcHandler:
+    unary = {
+        name: grpc.unary_unary_rpc_method_handler(getattr(toy, name))
+        for name in ("echo", "big", "fail", "crash", "slow")
+    }
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            **unary,
+            "count": grpc.unary_stream_rpc_method_handler(toy.count),
+            "written": grpc.unary_stream_rpc_method_handler(toy.written),
+            "total": grpc.stream_unary_rpc_method_handler(toy.total),
+            "chat": grpc.stream_stream_rpc_method_handler(toy.chat),
+        },
+    )
+
+
+class Running:
+    """A LeanServer on its own event loop in a thread."""
+
+    def __init__(self, **options: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.toy = Toy()
+        self.server = LeanServer(max_message_bytes=1 << 20, **options)
+        self.server.add_generic_rpc_handlers([_handlers(self.toy)])
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self.server.start())
+
+    def call(self, coroutine: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def release(self) -> None:
+        self.loop.call_soon_threadsafe(self.toy.release.set)
+
+    def stop(self, grace: float | None = 0) -> None:
+        self.call(self.server.stop(grace))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def lean() -> Iterator[Running]:
+    running = Running()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def channel(lean: Running) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(f"127.0.0.1:{lean.port}") as ch:
+        yield ch
+
+
+def method(channel: grpc.Channel, name: str, kind: str = "unary_unary") -> Any:
+    return getattr(channel, kind)(f"/{SERVICE}/{name}")
+
+
+def test_header_blocks_decode_to_what_was_written_and_leave_the_table_alone() -> None:
+    decoder = hpack.Decoder()
+    fields = [("grpc-status", "0"), ("x-long", "v" * 300), ("k", "")]
+    block = f.header_block(fields)
+    assert decoder.decode(block) == fields
+    assert decoder.decode(f.RESPONSE_HEADERS) == [(":status", "200"), ("content-type", "application/grpc")]
+    assert len(decoder.header_table.dynamic_entries) == 0
+
+
+def test_grpc_timeouts_and_messages_are_read_and_written_as_grpc_does() -> None:
+    assert f.grpc_timeout("100m") == pytest.approx(0.1)
+    assert f.grpc_timeout("2S") == 2.0
+    assert f.grpc_timeout("1H") == 3600.0
+    assert f.grpc_timeout("123456789S") is None  # over 8 digits
+    assert f.grpc_timeout("10x") is None
+    assert f.grpc_message("a b%c é") == b"a b%25c %C3%A9"
+
+
+def test_unary_calls_carry_metadata_both_ways(channel: grpc.Channel) -> None:
+    response, call = method(channel, "echo").with_call(
+        b"hello", metadata=(("who", "me"), ("tag-bin", b"\x00\xff")), timeout=10
+    )
+    assert response == b"hello"
+    trailing = dict(call.trailing_metadata())
+    assert trailing == {"echo-bin": b"\x00\xff", "seen": "me"}
+
+
+def test_an_answer_larger_than_a_frame_and_the_window_arrives_whole(channel: grpc.Channel) -> None:
+    size = 1 << 20  # 64 frames of 16 KiB, 16 times the default window of 64 KiB
+    assert method(channel, "big")(str(size).encode(), timeout=20) == bytes(range(256)) * (size // 256)
+
+
+def test_a_request_over_the_message_limit_is_resource_exhausted(channel: grpc.Channel) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        method(channel, "echo")(b"x" * (2 << 20), timeout=10)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "larger than max" in e.value.details()
+    assert method(channel, "echo")(b"after", timeout=10) == b"after"  # the connection serves on
+
+
+def test_a_compressed_request_is_read(channel: grpc.Channel) -> None:
+    payload = b"squeeze me " * 1000
+    assert method(channel, "echo")(payload, compression=grpc.Compression.Gzip, timeout=10) == payload
+
+
+def test_abort_and_errors_reach_the_client_with_their_status(channel: grpc.Channel) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        method(channel, "fail")(b"", timeout=10)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert e.value.details() == "ça ne va pas: 100%"
+    with pytest.raises(grpc.RpcError) as e:
+        method(channel, "crash")(b"", timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNKNOWN
+    with pytest.raises(grpc.RpcError) as e:
+        method(channel, "nope")(b"", timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_deadline_cancels_the_handler_and_the_client_reads_deadline_exceeded(
+    lean: Running, channel: grpc.Channel
+) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        method(channel, "slow")(b"", timeout=0.3)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    deadline = time.monotonic() + 5
+    while not lean.toy.cancelled and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lean.toy.cancelled == ["slow, 0.0 s left"]
+
+
+def test_a_call_the_client_cancels_is_cancelled_on_the_server(lean: Running, channel: grpc.Channel) -> None:
+    call = method(channel, "slow").future(b"")
+    time.sleep(0.2)
+    call.cancel()
+    deadline = time.monotonic() + 5
+    while not lean.toy.cancelled and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lean.toy.cancelled == ["slow, None s left"]
+
+
+def test_streams_every_way(channel: grpc.Channel) -> None:
+    assert list(method(channel, "count", "unary_stream")(b"4", timeout=10)) == [b"0", b"1", b"2", b"3"]
+    assert list(method(channel, "written", "unary_stream")(b"", timeout=10)) == [b"w0", b"w1", b"w2"]
+    assert method(channel, "total", "stream_unary")(iter([b"ab", b"cde", b""]), timeout=10) == b"5"
+    assert list(method(channel, "chat", "stream_stream")(iter([b"a", b"b"]), timeout=10)) == [b"A", b"B"]
+
+
+def test_many_concurrent_calls_on_one_connection_each_get_their_own_answer(channel: grpc.Channel) -> None:
+    calls = [method(channel, "echo").future(str(i).encode() * 50, timeout=30) for i in range(300)]
+    assert [c.result() for c in calls] == [str(i).encode() * 50 for i in range(300)]
+
+
+def test_grpc_aio_clients_are_served_too(lean: Running) -> None:
+    async def main() -> list[bytes]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{lean.port}") as ch:
+            echo = ch.unary_unary(f"/{SERVICE}/echo")
+            return list(await asyncio.gather(*(echo(bytes([i]) * 10, timeout=10) for i in range(64))))
+
+    assert asyncio.run(main()) == [bytes([i]) * 10 for i in range(64)]
+
+
+def test_stop_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
+    running = Running()
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+        assert method(ch, "echo")(b"warm", timeout=10) == b"warm"
+        slow = method(ch, "slow").future(b"", timeout=20)
+        time.sleep(0.2)
+        stopping = threading.Thread(target=running.call, args=(running.server.stop(10),))
+        stopping.start()
+        time.sleep(0.3)
+        running.release()
+        assert slow.result() == b"released"
+        stopping.join(15)
+        with pytest.raises(grpc.RpcError) as e:
+            method(ch, "echo")(b"late", timeout=2)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    running.loop.call_soon_threadsafe(running.loop.stop)
+
+
+def test_a_connection_that_is_not_http2_is_closed_and_the_server_serves_on(
+    lean: Running, channel: grpc.Channel
+) -> None:
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=5) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        while chunk := raw.recv(4096):
+            received += chunk
+    kinds = []
+    while received:  # the server's SETTINGS, its window, then a GOAWAY that says why
+        length = int.from_bytes(received[:3], "big")
+        kinds.append(received[3])
+        last, received = received[9 : 9 + length], received[9 + length :]
+    assert kinds[-1] == f.GOAWAY
+    assert int.from_bytes(last[4:8], "big") == f.PROTOCOL_ERROR
+    assert last[8:] == b"not an HTTP/2 connection preface"
+    assert method(channel, "echo")(b"still", timeout=10) == b"still"
+
+
+def test_a_silent_connection_is_closed_after_the_handshake_timeout() -> None:
+    running = Running(handshake_timeout=0.3)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=5) as raw:
+            started = time.monotonic()
+            while raw.recv(4096):
+                pass
+            assert time.monotonic() - started < 3
+    finally:
+        running.stop()
+
+
+def test_metadata_never_reaches_the_log(channel: grpc.Channel, caplog: pytest.LogCaptureFixture) -> None:
+    """hpack logs each header it decodes at debug level: an API key would land in a debug log."""
+    caplog.set_level(logging.DEBUG)
+    method(channel, "echo")(b"", metadata=(("authorization", "Bearer sk-secret-key"),), timeout=10)
+    assert not any("sk-secret-key" in record.getMessage() for record in caplog.records)
+
+
+def test_a_port_in_use_is_an_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(RuntimeError, match="cannot listen"):
+            LeanServer().add_insecure_port(f"127.0.0.1:{taken.getsockname()[1]}")
