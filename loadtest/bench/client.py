@@ -81,8 +81,10 @@ class Server:
         threads: int | None,
         extra: Sequence[str],
         log_path: Path,
+        grpc_client: str = "aio",
     ) -> None:
         self.batching = batching
+        self.grpc_client = grpc_client  # how the bench's gRPC clients reach it (transports.transport)
         self.processes = server_processes(extra)
         self._serve_args = [
             sys.executable, "-m", "mhaserve.cli", "serve",
@@ -225,6 +227,7 @@ class Endpoint(Protocol):
 
     address: str
     http_url: str
+    grpc_client: str
 
     @property
     def own_channels(self) -> bool: ...
@@ -487,7 +490,14 @@ def run_point(
                 server, lambda: _lone_sync(client, len(workload.ids), duration, warmup_max, server.pids())
             )
     else:
-        link = transport(protocol, server.address, server.http_url, workload, own_channels=server.own_channels)
+        link = transport(
+            protocol,
+            server.address,
+            server.http_url,
+            workload,
+            own_channels=server.own_channels,
+            grpc_client=server.grpc_client,
+        )
         loads = [(link, len(workload.ids))]
         raw, before, after = _measure(
             server, lambda: asyncio.run(_closed_loop(loads, concurrency, duration, warmup_max, server.pids()))
@@ -513,7 +523,18 @@ def run_models_point(
     """`concurrency` gRPC clients for each model named in `workloads`, all at once, against one server:
     throughput, latency and batches per model (`models`), CPU shares of the whole point."""
     loads = [
-        (transport("grpc", server.address, server.http_url, w, model, own_channels=server.own_channels), len(w.ids))
+        (
+            transport(
+                "grpc",
+                server.address,
+                server.http_url,
+                w,
+                model,
+                own_channels=server.own_channels,
+                grpc_client=server.grpc_client,
+            ),
+            len(w.ids),
+        )
         for model, w in workloads.items()
     ]
     raw, before, after = _measure(

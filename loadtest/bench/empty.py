@@ -101,6 +101,7 @@ class EmptyServer:
     batches to count)."""
 
     own_channels = False
+    grpc_client = "aio"  # the bench's run sets its --grpc-client
 
     def __init__(self, dimensions: int, delay: float, log_path: Path) -> None:
         self.dimensions = dimensions

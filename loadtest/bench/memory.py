@@ -85,7 +85,15 @@ async def _load(
             except CallFailed as e:
                 errors[e.key] = errors.get(e.key, 0) + 1
 
-    async with transport("grpc", server.address, server.http_url, workload, own_channels=server.own_channels) as link:
+    link = transport(
+        "grpc",
+        server.address,
+        server.http_url,
+        workload,
+        own_channels=server.own_channels,
+        grpc_client=server.grpc_client,
+    )
+    async with link:
         sends = [link.client() for _ in range(clients)]
         for mark in marks:
             todo = iter(range(sent, mark))

@@ -186,6 +186,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"workloads, and {GRPC_SYNC} (grpcio's synchronous stub, as `mhaserve encode` calls) at 1 client only "
         f"(default {','.join(DEFAULT_PROTOCOLS)})",
     )
+    p.add_argument(
+        "--grpc-client",
+        choices=("aio", "h2"),
+        default="aio",
+        help="the gRPC load generator: grpc.aio's client (aio, the default), or the bench's own HTTP/2 client "
+        "(h2), which costs the load generator as little a request as its HTTP client does (default aio)",
+    )
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
     p.add_argument(
         "--paired",
@@ -321,6 +328,7 @@ def command_line(args: argparse.Namespace) -> str:
         "workloads": WORKLOADS,
         "batching": BATCHING,
         "protocols": DEFAULT_PROTOCOLS,
+        "grpc_client": "aio",
         "seed": 0,
         "max_other_cpu": 0.1,
         "quiet_wait": 30.0,

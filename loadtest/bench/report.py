@@ -69,6 +69,13 @@ _CLIENT_NAMES = {
 }
 
 
+def client_names(report: dict[str, Any]) -> dict[str, str]:
+    """_CLIENT_NAMES for this run: gRPC's client is the bench's own HTTP/2 client with `--grpc-client h2`."""
+    if (report.get("settings") or {}).get("grpc_client") == "h2":
+        return _CLIENT_NAMES | {"grpc": "gRPC (the bench's HTTP/2 client)"}
+    return _CLIENT_NAMES
+
+
 def _disturbed(report: dict[str, Any]) -> list[str]:
     """The figures taken beside more other work than the guard allows."""
     out = []
@@ -294,6 +301,7 @@ def _paired_line(
 
 
 def markdown(report: dict[str, Any]) -> str:
+    names = client_names(report)
     m, s, machine = report["model"], report["settings"], report["machine"]
     lines = [
         *header(report, "mhaserve bench"),
@@ -348,7 +356,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"1 client ({one_client['batching']}), p50 against {fmt(one_client['reference_p50_ms'], 2)} ms for "
                 "ONNX Runtime one input at a time: "
                 + ", ".join(
-                    f"{_CLIENT_NAMES.get(name, name)} {fmt(c['p50_ms'], 2)} ms ({c['gap_ms']:+.2f})"
+                    f"{names.get(name, name)} {fmt(c['p50_ms'], 2)} ms ({c['gap_ms']:+.2f})"
                     for name, c in one_client["clients"].items()
                 )
             )
@@ -385,11 +393,11 @@ def markdown(report: dict[str, Any]) -> str:
                 f"paired check, one client, {lone['workload']} workload** ({lone['batching']} batching;",
                 lone["rounds"],
                 "p50 less ONNX Runtime's one input at a time in process, medians",
-                {_CLIENT_NAMES.get(p, p): (gaps[p], [r["gap_ms"][p] for r in lone["rounds"]], "{:+.2f}") for p in gaps},
+                {names.get(p, p): (gaps[p], [r["gap_ms"][p] for r in lone["rounds"]], "{:+.2f}") for p in gaps},
                 unit=" ms",
             )
             + f"; in process {fmt(lone['median_p50_ms']['in process'], 2)} ms"
-            + _floor_clause(lone)
+            + _floor_clause(lone, names)
         )
     if report.get("beside_bulk"):
         lines.append(_beside_bulk_line(report["beside_bulk"]))
@@ -528,7 +536,7 @@ def _threads_section(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _floor_clause(lone: dict[str, Any]) -> str:
+def _floor_clause(lone: dict[str, Any], names: dict[str, str]) -> str:
     """The paired one-client line's floor: one client's p50 on the empty server (the protocol stack alone,
     idle on each call as long as the model computes one text) less that idle time, and how far the server's
     gap lies above it."""
@@ -541,7 +549,7 @@ def _floor_clause(lone: dict[str, Any]) -> str:
         f"{fmt(lone.get('empty_server_delay_ms'), 0)} ms idle, ONNX Runtime's one-text p50 in whole milliseconds), "
         "p50 less that, medians: "
         + ", ".join(
-            f"{_CLIENT_NAMES.get(p, p)} {fmt(floors[p], 2)} ms ({fmt(cpu.get(EMPTY + p), 2)} ms of its CPU a call), "
+            f"{names.get(p, p)} {fmt(floors[p], 2)} ms ({fmt(cpu.get(EMPTY + p), 2)} ms of its CPU a call), "
             f"the server's gap **{above[p]:+.2f} ms** above it"
             for p in floors
         )
@@ -549,6 +557,7 @@ def _floor_clause(lone: dict[str, Any]) -> str:
 
 
 def _one_client_section(report: dict[str, Any]) -> list[str]:
+    names = client_names(report)
     """A lone client's latency by client, against ONNX Runtime's on one input at a time."""
     rows = {wname: w["one_client"] for wname, w in report["summary"].items() if "one_client" in w}
     if not rows or all(len(r["clients"]) == 1 for r in rows.values()):
@@ -565,7 +574,7 @@ def _one_client_section(report: dict[str, Any]) -> list[str]:
         )
         for name, c in r["clients"].items():
             lines.append(
-                f"| {wname} | {r['batching']} | {_CLIENT_NAMES.get(name, name)} | {fmt(c['p50_ms'], 2)}{_mark(c)} | "
+                f"| {wname} | {r['batching']} | {names.get(name, name)} | {fmt(c['p50_ms'], 2)}{_mark(c)} | "
                 f"{c['gap_ms']:+.2f} | {fmt(c['p99_ms'], 2)} | {fmt(c['client_cpu_ms_per_request'], 2)} |"
             )
     lines += [

@@ -210,6 +210,7 @@ def _paired_lone(
     one = _alone(spec, workload, 1)
     floors = [p for p in ("grpc", "http") if p in protocols]
     empty = EmptyServer(dimensions, delay_ms / 1000, empty_log)
+    empty.grpc_client = opt["grpc_client"]
 
     def measure(turn: str) -> dict[str, dict[str, Any]]:
         if turn == report.IN_PROCESS:
@@ -514,6 +515,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                     threads=opt["threads"],
                     extra=opt["server_arg"],
                     log_path=output / f"server-{batching}.log",
+                    grpc_client=opt["grpc_client"],
                 )
                 live[batching] = server
                 with progress.step(f"start `mhaserve serve --batching {batching}`") as note:
@@ -615,6 +617,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 threads=opt["threads"],
                 extra=opt["server_arg"],
                 log_path=output / f"server-memory-{graph}.log",
+                grpc_client=opt["grpc_client"],
             ),
             workloads[memory.pick_workload(workloads)],
             requests=opt["rss_requests"],
@@ -636,6 +639,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
                 "graph": opt["graph"],
                 "concurrency": list(opt["concurrency"]),
                 "protocols": list(opt["protocols"]),
+                "grpc_client": opt["grpc_client"],
                 "batch_sizes": list(opt["batch_sizes"]),
                 "duration_s": opt["duration"],
                 "min_time_s": opt["min_time"],

@@ -1,9 +1,11 @@
 """How the bench's simulated clients reach the server: encoder.v1 over gRPC, or OpenAI embeddings over HTTP.
 
-Both are asyncio, in the bench's one event loop, and cost about the same per request, so that on a small
-machine the load generator takes as little from the server over one protocol as over the other:
+All are asyncio, in the bench's one event loop, and meant to cost the load generator little a request, since on
+a small machine what they take is taken from the server:
 
-- gRPC: grpc.aio, every client on one channel (HTTP/2 streams), as before.
+- gRPC: grpc.aio, every client on one channel (HTTP/2 streams), as before; or, with `--grpc-client h2`, the
+  bench's own HTTP/2 client (h2client.py), as small a client as the HTTP one: grpc.aio's costs the load
+  generator twice the CPU a request that the HTTP client does.
 - gRPC from a synchronous stub (`GrpcSyncClient`): one client only, outside the event loop, to tell a
   lone call's client side from the server's. grpc.aio's client runs its own event loop, which grpc's poller
   thread wakes on each call; the synchronous stub blocks in grpc core instead, as `mhaserve encode` and most
@@ -32,6 +34,7 @@ import grpc
 import grpc.aio
 import orjson
 
+from mhaserve.loadtest.bench.h2client import GrpcH2Transport
 from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
@@ -273,10 +276,16 @@ def transport(
     model: str = "",
     *,
     own_channels: bool = False,
+    grpc_client: str = "aio",
 ) -> Transport:
     """The transport of a protocol name (grpc, http, http-base64), ready for `async with`; its requests name
     `model` (none when empty: the server's default model); `own_channels`: a gRPC channel per client
-    (HTTP clients always hold a connection each)."""
+    (HTTP clients always hold a connection each); `grpc_client`: grpc.aio's client (aio) or the bench's own
+    HTTP/2 client (h2, h2client.py)."""
+    if protocol == "grpc" and grpc_client == "h2":
+        return GrpcH2Transport(
+            grpc_address, workload, grpc_requests(workload, model), TIMEOUT_S, CallFailed, own_channels=own_channels
+        )
     if protocol == "grpc":
         return GrpcTransport(grpc_address, workload, model, own_channels=own_channels)
     if protocol in HTTP_ENCODINGS:

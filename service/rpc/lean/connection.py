@@ -161,6 +161,8 @@ class Connection(asyncio.Protocol):
         self.blocked.clear()
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # a GOAWAY has ended it: what the peer still sends is not read
         buf = self.buffer
         buf += data
         out: list[bytes] = []

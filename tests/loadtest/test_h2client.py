@@ -1,0 +1,59 @@
+"""The bench's own HTTP/2 gRPC client (`--grpc-client h2`) against real servers on both gRPC fronts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mhaserve.loadtest.bench.transports import CallFailed, transport
+from mhaserve.loadtest.bench.workloads import Workload
+from mhaserve.testing.server import ServerThread, local_settings
+
+TEXTS = [f"text number {i}, " + "word " * (i % 7) for i in range(64)]
+
+
+def _workload() -> Workload:
+    return Workload("short", "test", "texts", [[101, 102]] * len(TEXTS), TEXTS)
+
+
+async def _tokens(address: str, grpc_client: str, model: str = "", own_channels: bool = False) -> list[int]:
+    link = transport("grpc", address, "", _workload(), model, own_channels=own_channels, grpc_client=grpc_client)
+    async with link:
+        sends = [link.client() for _ in range(8)]
+        return list(await asyncio.gather(*(sends[i % 8](i) for i in range(len(TEXTS)))))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repo: Path, grpc_front: str) -> Iterator[ServerThread]:
+    with ServerThread(local_settings(tiny_repo, grpc_front=grpc_front)).ready() as srv:
+        yield srv
+
+
+def test_each_call_gets_the_answer_grpc_aio_gets(server: ServerThread) -> None:
+    expected = asyncio.run(_tokens(server.address, "aio"))
+    assert asyncio.run(_tokens(server.address, "h2")) == expected
+    assert asyncio.run(_tokens(server.address, "h2", own_channels=True)) == expected
+    assert len(set(expected)) > 1  # the texts differ in length: each answer is its own call's
+
+
+def test_a_refused_call_is_counted_by_its_status(server: ServerThread) -> None:
+    with pytest.raises(CallFailed) as e:
+        asyncio.run(_tokens(server.address, "h2", model="no-such-model"))
+    assert e.value.key == "NOT_FOUND"
+
+
+def test_a_server_that_is_not_there_fails_at_once() -> None:
+    from mhaserve.testing.loopback import free_port
+
+    with pytest.raises(OSError):
+        asyncio.run(_tokens(f"127.0.0.1:{free_port()}", "h2"))
+
+
+def test_the_report_names_the_grpc_client_it_measured_with() -> None:
+    from mhaserve.loadtest.bench.report import client_names
+
+    assert client_names({"settings": {"grpc_client": "h2"}})["grpc"] == "gRPC (the bench's HTTP/2 client)"
+    assert client_names({"settings": {"grpc_client": "aio"}})["grpc"] == "gRPC (grpc.aio)"
