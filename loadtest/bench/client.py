@@ -221,6 +221,20 @@ class Server:
             self.stop()
 
 
+def reach(server: Endpoint, protocol: str, workload: Workload, model: str = "") -> Transport:
+    """The transport to `server` over `protocol`, with a gRPC channel per client where it needs one and the
+    gRPC client the run measures with."""
+    return transport(
+        protocol,
+        server.address,
+        server.http_url,
+        workload,
+        model,
+        own_channels=server.own_channels,
+        grpc_client=server.grpc_client,
+    )
+
+
 class Endpoint(Protocol):
     """What a point is measured against: a server's addresses, its processes and its metrics (Server, and
     the empty server of the paired one-client rounds)."""
@@ -490,14 +504,7 @@ def run_point(
                 server, lambda: _lone_sync(client, len(workload.ids), duration, warmup_max, server.pids())
             )
     else:
-        link = transport(
-            protocol,
-            server.address,
-            server.http_url,
-            workload,
-            own_channels=server.own_channels,
-            grpc_client=server.grpc_client,
-        )
+        link = reach(server, protocol, workload)
         loads = [(link, len(workload.ids))]
         raw, before, after = _measure(
             server, lambda: asyncio.run(_closed_loop(loads, concurrency, duration, warmup_max, server.pids()))
@@ -522,21 +529,7 @@ def run_models_point(
 ) -> dict[str, Any]:
     """`concurrency` gRPC clients for each model named in `workloads`, all at once, against one server:
     throughput, latency and batches per model (`models`), CPU shares of the whole point."""
-    loads = [
-        (
-            transport(
-                "grpc",
-                server.address,
-                server.http_url,
-                w,
-                model,
-                own_channels=server.own_channels,
-                grpc_client=server.grpc_client,
-            ),
-            len(w.ids),
-        )
-        for model, w in workloads.items()
-    ]
+    loads = [(reach(server, "grpc", w, model), len(w.ids)) for model, w in workloads.items()]
     raw, before, after = _measure(
         server, lambda: asyncio.run(_closed_loop(loads, concurrency, duration, warmup_max, server.pids()))
     )

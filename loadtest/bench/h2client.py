@@ -99,17 +99,8 @@ class H2Connection(asyncio.Protocol):
         buf = self.buffer
         buf += data
         out: list[bytes] = []
-        at, size = 0, len(buf)
-        while size - at >= 9:
-            length = (buf[at] << 16) | (buf[at + 1] << 8) | buf[at + 2]
-            end = at + 9 + length
-            if end > size:
-                break
-            kind, flags = buf[at + 3], buf[at + 4]
-            stream = int.from_bytes(buf[at + 5 : at + 9], "big") & 0x7FFFFFFF
-            self._frame(kind, flags, stream, bytes(buf[at + 9 : end]), out)
-            at = end
-        del buf[:at]
+        for kind, flags, stream, payload in f.whole_frames(buf):
+            self._frame(kind, flags, stream, payload, out)
         if self.received >= WINDOW // 2:
             out.append(f.window_update(0, self.received))
             self.received = 0

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from mhaserve.loadtest.bench.client import BenchError, Server
-from mhaserve.loadtest.bench.transports import CallFailed, Send, transport
+from mhaserve.loadtest.bench.client import BenchError, Server, reach
+from mhaserve.loadtest.bench.transports import CallFailed, Send
 from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.stats import slope
 from mhaserve.runtime import manifest as mf
@@ -85,14 +85,7 @@ async def _load(
             except CallFailed as e:
                 errors[e.key] = errors.get(e.key, 0) + 1
 
-    link = transport(
-        "grpc",
-        server.address,
-        server.http_url,
-        workload,
-        own_channels=server.own_channels,
-        grpc_client=server.grpc_client,
-    )
+    link = reach(server, "grpc", workload)
     async with link:
         sends = [link.client() for _ in range(clients)]
         for mark in marks:

@@ -23,7 +23,7 @@ import grpc
 import grpc.aio
 
 from mhaserve.runtime.errors import Unavailable
-from mhaserve.service.rpc.handlers import Behaviour, Continuation, behaviour, kind, rewrap
+from mhaserve.service.rpc.handlers import Behaviour, Continuation, behaviour, kind, rewrap, stream_out
 from mhaserve.service.rpc.interceptors import is_exempt
 
 T = TypeVar("T")
@@ -134,16 +134,8 @@ class DrainInterceptor(grpc.aio.ServerInterceptor):
     def _subscription(self, handle: Behaviour) -> Behaviour:
         drain = self.drain
 
-        async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            result = handle(request, context)
-            if inspect.isasyncgen(result):
-                async for response in result:
-                    await context.write(response)
-            else:
-                await result
-
         async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            task = asyncio.ensure_future(run(request, context))
+            task = asyncio.ensure_future(stream_out(handle, request, context))
             try:
                 await asyncio.wait((task, drain.future()), return_when=asyncio.FIRST_COMPLETED)
                 if not task.done():

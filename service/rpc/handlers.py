@@ -8,6 +8,7 @@ stream-stream) wraps an async generator.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -55,6 +56,17 @@ def streams_responses(handler: grpc.RpcMethodHandler) -> bool:
 def behaviour(handler: grpc.RpcMethodHandler) -> Behaviour:
     """The function that handles the call."""
     return getattr(handler, kind(handler))
+
+
+async def stream_out(handle: Behaviour, request: Any, context: Any) -> None:
+    """Run a streaming-response behaviour to its end: an async generator's responses written to the call one by
+    one, or a coroutine that writes them itself (`context.write`), as grpcio's health servicer's Watch does."""
+    result = handle(request, context)
+    if inspect.isasyncgen(result):
+        async for response in result:
+            await context.write(response)
+    else:
+        await result
 
 
 def rewrap(

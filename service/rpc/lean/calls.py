@@ -8,7 +8,6 @@ map and drain on either front. `Context` is the part of grpc.aio's ServicerConte
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
@@ -18,7 +17,7 @@ import grpc.aio
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.errors import to_status
-from mhaserve.service.rpc.handlers import behaviour, kind
+from mhaserve.service.rpc.handlers import behaviour, kind, stream_out
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.connection import Connection, Stream
 
@@ -160,12 +159,7 @@ class Calls:
                 else:
                     connection.finish(stream, context.trailer())
                 return
-            result = handle(request, context)
-            if inspect.isasyncgen(result):
-                async for response in result:
-                    await context.write(response)
-            else:
-                await result
+            await stream_out(handle, request, context)
             connection.finish(stream, context.trailer())
         except grpc.aio.AbortError:
             connection.finish(stream, context.trailer())

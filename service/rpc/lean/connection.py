@@ -176,19 +176,11 @@ class Connection(asyncio.Protocol):
                     raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 del buf[: len(f.PREFACE)]
                 self.preface = True
-            at, size = 0, len(buf)
-            while size - at >= 9:
-                length = (buf[at] << 16) | (buf[at + 1] << 8) | buf[at + 2]
-                if length > f.DEFAULT_MAX_FRAME:
-                    raise ConnectionError_(f.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
-                end = at + 9 + length
-                if end > size:
-                    break
-                kind, flags = buf[at + 3], buf[at + 4]
-                stream_id = int.from_bytes(buf[at + 5 : at + 9], "big") & 0x7FFFFFFF
-                self._frame(kind, flags, stream_id, bytes(buf[at + 9 : end]), out)
-                at = end
-            del buf[:at]
+            for kind, flags, stream_id, payload in f.whole_frames(buf, f.DEFAULT_MAX_FRAME):
+                self._frame(kind, flags, stream_id, payload, out)
+        except f.FrameTooLarge as e:
+            self._close(f.FRAME_SIZE_ERROR, str(e), out)
+            return
         except ConnectionError_ as e:
             self._close(e.code, str(e), out)
             return

@@ -8,7 +8,7 @@ any connection, in any order. Only decoding needs a table (the `hpack` package, 
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -30,6 +30,26 @@ FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM =
 DEFAULT_WINDOW = 65_535
 DEFAULT_MAX_FRAME = 16_384
 MAX_WINDOW = (1 << 31) - 1
+
+
+class FrameTooLarge(ValueError):
+    """A frame longer than the receiver allows (FRAME_SIZE_ERROR)."""
+
+
+def whole_frames(buf: bytearray, max_length: int = 1 << 24) -> Iterator[tuple[int, int, int, bytes]]:
+    """(type, flags, stream id, payload) of each whole frame at the start of `buf`, removed from it as they are
+    taken; a partial frame stays for the next read."""
+    while len(buf) >= 9:
+        length = (buf[0] << 16) | (buf[1] << 8) | buf[2]
+        if length > max_length:
+            raise FrameTooLarge(f"a frame of {length} bytes")
+        if len(buf) < 9 + length:
+            return
+        kind, flags = buf[3], buf[4]
+        stream = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+        payload = bytes(buf[9 : 9 + length])
+        del buf[: 9 + length]
+        yield kind, flags, stream, payload
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
