@@ -18,16 +18,13 @@ import collections
 import contextlib
 import logging
 import zlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, cast
 
 import hpack
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError, TooLarge, Unimplemented
 from mhaserve.service.rpc.lean import frames as f
-
-if TYPE_CHECKING:
-    from mhaserve.service.rpc.lean.server import LeanServer
 
 log = logging.getLogger(__name__)
 # hpack logs every header it decodes at debug level: API keys included, and a cost on every call.
@@ -107,10 +104,25 @@ class Stream:
             self.waiter.set_result(None)
 
 
+class Front(Protocol):
+    """What a connection needs of its server (server.LeanServer): its limits, its loop, the set of open
+    connections it keeps, and a call served on a stream."""
+
+    max_message_bytes: int
+    max_streams: int
+    handshake_timeout: float
+    connections: set[Connection]
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def serve(self, connection: Connection, stream: Stream) -> Coroutine[Any, Any, None]: ...
+
+
 class Connection(asyncio.Protocol):
     """See the module docstring. `server` starts the calls and keeps the connections' timers."""
 
-    def __init__(self, server: LeanServer) -> None:
+    def __init__(self, server: Front) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
@@ -358,7 +370,7 @@ class Connection(asyncio.Protocol):
             stream.remote_closed = True
         self.streams[stream_id] = stream
         self.last_call = loop.time()
-        stream.task = loop.create_task(self.server.calls.serve(self, stream))
+        stream.task = loop.create_task(self.server.serve(self, stream))
 
     def _settings(self, payload: bytes, out: list[bytes]) -> None:
         if len(payload) % 6:

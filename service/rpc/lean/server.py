@@ -11,13 +11,14 @@ import contextlib
 import random
 import socket
 import ssl
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import Any
 
 import grpc
 import grpc.aio
 
 from mhaserve.service.rpc.lean.calls import Calls
-from mhaserve.service.rpc.lean.connection import Connection
+from mhaserve.service.rpc.lean.connection import Connection, Stream
 
 SWEEP_S = 1.0  # how often the connections' timers are looked at
 
@@ -55,6 +56,10 @@ class LeanServer:
     def loop(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "the server has not started"
         return self._loop
+
+    def serve(self, connection: Connection, stream: Stream) -> Coroutine[Any, Any, None]:
+        """The call on a connection's new stream, as a coroutine for the connection to run as a task."""
+        return self.calls.serve(connection, stream)
 
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         self.calls.handlers.extend(handlers)
