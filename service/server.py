@@ -334,14 +334,22 @@ class EncoderServer:
             ) from None
         await server.start()
         self._server = server
+        front = "the lean gRPC front" if isinstance(server, LeanServer) else "grpc.aio"
         if s.reuse_port:
-            log.info("listening on %s:%d, %s, beside other processes (SO_REUSEPORT)", s.host, self.port, tls_files.mode)
-        else:
             log.info(
-                "listening on %s:%d, %s (NOT_SERVING until %s %s loaded and warmed up; calls meanwhile %s)",
+                "listening on %s:%d, %s, %s, beside other processes (SO_REUSEPORT)",
                 s.host,
                 self.port,
                 tls_files.mode,
+                front,
+            )
+        else:
+            log.info(
+                "listening on %s:%d, %s, %s (NOT_SERVING until %s %s loaded and warmed up; calls meanwhile %s)",
+                s.host,
+                self.port,
+                tls_files.mode,
+                front,
                 ", ".join(names),
                 "is" if len(names) == 1 else "are",
                 f"wait for it up to {s.loading_wait:g} s (--loading-wait)" if s.loading_wait > 0 else "are refused",

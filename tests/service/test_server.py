@@ -192,6 +192,16 @@ def test_the_threads_in_the_start_up_log_count_the_cores_the_process_may_use(
     assert words(dataclasses.replace(one, intra_op_threads=3), cpus=16, shared=True) == "3"
 
 
+def test_the_start_up_log_names_the_grpc_front(
+    start: Start, settings: Settings, grpc_front: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="mhaserve.service.server")
+    start(settings, ScriptedEngine().factory())
+    listening = [r.getMessage() for r in caplog.records if r.getMessage().startswith("listening on")]
+    front = "the lean gRPC front" if grpc_front == "lean" else "grpc.aio"
+    assert len(listening) == 1 and f"plaintext, {front} (NOT_SERVING" in listening[0]
+
+
 def test_normalize_and_truncate(stub: pb_grpc.EncoderServiceStub) -> None:
     raw = vectors(stub.Encode(pb.EncodeRequest(texts=["hello"], normalize=False), timeout=WAIT))
     unit = vectors(stub.Encode(pb.EncodeRequest(texts=["hello"], normalize=True), timeout=WAIT))
