@@ -50,12 +50,13 @@ class CallDetails(grpc.HandlerCallDetails):
 class Context:
     """The call's side of grpc.aio's ServicerContext that our services and interceptors use."""
 
-    __slots__ = ("_connection", "_stream", "_serialize", "_code", "_details", "_trailing")
+    __slots__ = ("_connection", "_stream", "serialize", "_code", "_details", "_trailing")
 
     def __init__(self, connection: Connection, stream: Stream) -> None:
         self._connection = connection
         self._stream = stream
-        self._serialize: Callable[[Any], bytes] = _identity
+        # The method's response serializer, set by `Calls.serve` once the handler is found.
+        self.serialize: Callable[[Any], bytes] = _identity
         self._code = grpc.StatusCode.OK
         self._details = ""
         self._trailing: Metadata = ()
@@ -104,7 +105,7 @@ class Context:
         raise grpc.aio.AbortError()
 
     async def write(self, message: Any) -> None:
-        await self._connection.send(self._stream, self._serialize(message))
+        await self._connection.send(self._stream, self.serialize(message))
 
     def trailer(self) -> bytes:
         return trailer_block(self._code.value[0], self._details, self._trailing)
@@ -144,7 +145,7 @@ class Calls:
                 connection.finish(stream, context.trailer())
                 return
             k = kind(handler)
-            context._serialize = handler.response_serializer or _identity
+            context.serialize = handler.response_serializer or _identity
             deserialize = handler.request_deserializer or _identity
             request: Any
             if k in ("unary_unary", "unary_stream"):
@@ -155,7 +156,7 @@ class Calls:
             if k in ("unary_unary", "stream_unary"):
                 response = await handle(request, context)
                 if context.code() == grpc.StatusCode.OK:
-                    connection.respond(stream, context._serialize(response), context.trailer())
+                    connection.respond(stream, context.serialize(response), context.trailer())
                 else:
                     connection.finish(stream, context.trailer())
                 return
