@@ -38,8 +38,10 @@ class Engine(Protocol):
     def providers(self) -> list[str]: ...
 
     def run(
-        self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.float32]: ...
+        self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64], *, beside: bool = False
+    ) -> npt.NDArray[np.float32]:
+        """`beside`: the caller knows of another batch that computes or is about to (see OnnxEngine.run)."""
+        ...
 
 
 def check_batch(
@@ -262,14 +264,16 @@ class OnnxEngine:
         return list(self.session.get_providers())
 
     @contextlib.contextmanager
-    def _counted(self) -> Iterator[bool]:
+    def _counted(self, beside: bool) -> Iterator[bool]:
         """Count this run among those in progress; yields whether it goes to the overlap session."""
         with self._runs.counted() as others:
-            overlapped = others > 0 and self.overlap_session is not None
+            overlapped = (beside or others > 0) and self.overlap_session is not None
             self.overlapped_runs += overlapped
             yield overlapped
 
-    def run(self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+    def run(
+        self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64], *, beside: bool = False
+    ) -> npt.NDArray[np.float32]:
         """Embed a padded batch: (B, d) float32.
 
         With an overlap session (several inference workers on the CPU), a batch that starts while another
@@ -278,8 +282,14 @@ class OnnxEngine:
         makes concurrent batches fight over the same pool (0.97x one worker's throughput at 32 clients),
         a share for every batch leaves a lone request on one core (0.58x at one client); the two
         sessions keep one worker's speed at one client and two workers' under load (docs/benchmarks.md).
+
+        `beside`: the caller (the batcher) knows of another batch that computes or waits to, so this one takes
+        its share even when no other run is counted at this instant. Under load a worker that has just ended
+        a batch is between runs for a moment; a batch that started then took every core for its whole run,
+        and the next batch beside it its share on top: three threads on two cores for ~25 ms, a run in
+        eleven at 32 clients (docs/benchmarks.md, twenty-eighth session).
         """
-        with self._counted() as overlapped:
+        with self._counted(beside) as overlapped:
             return self._run(input_ids, attention_mask, overlapped=overlapped)
 
     def _run(

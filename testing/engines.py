@@ -53,13 +53,17 @@ class ScriptedEngine:
         self.gates = {token: threading.Event() for token in gates}
         self.record = record  # off for long runs, where the record would itself grow memory
         self.batches: list[list[list[int]]] = []
+        self.besides: list[bool] = []  # each recorded batch's `beside`, as the batcher told it
         self._lock = threading.Lock()
 
-    def run(self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+    def run(
+        self, input_ids: npt.NDArray[np.int64], attention_mask: npt.NDArray[np.int64], *, beside: bool = False
+    ) -> npt.NDArray[np.float32]:
         if self.record:
             rows = [[int(i) for i in ids[m == 1]] for ids, m in zip(input_ids, attention_mask, strict=True)]
             with self._lock:
                 self.batches.append(rows)
+                self.besides.append(beside)
         if self.seconds_per_batch:
             time.sleep(self.seconds_per_batch)
         if (gate := self.gates.get(int(input_ids[0, 0]))) is not None:

@@ -427,10 +427,13 @@ class Batcher:
                 self.metrics.queue_wait.observe(now - job.enqueued)
         self._depth -= len(batch)
         self.metrics.queue_depth.set(self.depth)
+        # Another batch computes, waits for a thread, or will start within max_wait_ms from what is queued:
+        # this one takes its share of the cores even if, the instant it starts, no other run is counted.
+        beside = self._computing > len(batch) or self._depth > 0
         loop = asyncio.get_running_loop()
         run: asyncio.Future[Ran] = loop.create_future()
         begun: list[float] = []  # when its thread starts it (the watchdog's bound runs from there)
-        started = self._executor.submit(self._infer, batch, loop, run, begun)
+        started = self._executor.submit(self._infer, batch, loop, run, begun, beside)
         self._submitted[run] = started, batch
         request_ids = ", ".join(sorted({j.request_id for j in jobs.values() if j.request_id}))
 
@@ -484,7 +487,12 @@ class Batcher:
                 _settle(run, error)
 
     def _infer(
-        self, batch: list[Seq], loop: asyncio.AbstractEventLoop, run: asyncio.Future[Ran], begun: list[float]
+        self,
+        batch: list[Seq],
+        loop: asyncio.AbstractEventLoop,
+        run: asyncio.Future[Ran],
+        begun: list[float],
+        beside: bool,
     ) -> None:
         """On the inference thread: note when it starts (`begun`, read by the watchdog), pad, run, check the
         shape, and hand the outcome to the loop.
@@ -495,7 +503,7 @@ class Batcher:
         """
         begun.append(time.monotonic())
         try:
-            outcome: Ran | BaseException = self._compute(batch)
+            outcome: Ran | BaseException = self._compute(batch, beside)
         except Exception as e:  # whatever the engine raises reaches the batch's future, as it must
             outcome = e
         except BaseException as e:  # SystemExit or KeyboardInterrupt from an engine: set on the loop's future,
@@ -504,17 +512,17 @@ class Batcher:
         with contextlib.suppress(RuntimeError):  # the loop closed while this batch ran: nobody is waiting
             loop.call_soon_threadsafe(self._finish, batch, run, outcome)
 
-    def _run_once(self, batch: Sequence[Seq]) -> tuple[Embeddings, float, int, int]:
-        """Pad and run `batch`: its rows, the engine's seconds, padded and real tokens."""
+    def _run_once(self, batch: Sequence[Seq], beside: bool) -> tuple[Embeddings, float, int, int]:
+        """Pad and run `batch`: its rows, the engine's seconds, padded and real tokens. `beside`: see Engine.run."""
         ids, mask = pad([s.ids for s in batch], self.pad_id)
         t0 = time.perf_counter()
-        out = self.engine.run(ids, mask)
+        out = self.engine.run(ids, mask, beside=beside)
         seconds = time.perf_counter() - t0
         if out.ndim != 2 or out.shape[0] != len(batch):
             raise RuntimeError(f"engine returned shape {out.shape} for a batch of {len(batch)}")
         return out, seconds, ids.size, int(mask.sum())
 
-    def _compute(self, batch: list[Seq]) -> Ran:
+    def _compute(self, batch: list[Seq], beside: bool) -> Ran:
         """Run the batch; an input that fails alone fails its own request, not the others in its batch.
 
         An encoder computes each row of a batch on its own (attention stays inside a row, padding is masked), so
@@ -523,12 +531,12 @@ class Batcher:
         the inputs that fail (one bad input costs about 2 log2(rows) runs more; _isolate). Raises when no row
         succeeds, and the batch then fails whole, as an engine error did before."""
         try:
-            out, seconds, cells, real = self._run_once(batch)
+            out, seconds, cells, real = self._run_once(batch, beside)
             failed: dict[int, Exception] = {}
         except Exception as e:
             if len(batch) == 1:
                 raise
-            out, seconds, cells, real, failed = self._isolate(batch, e)
+            out, seconds, cells, real, failed = self._isolate(batch, e, beside)
         if not np.isfinite(out).all():  # an fp16 overflow, a broken graph: no NaN is served as an embedding
             bad = np.logical_not(np.isfinite(out).all(axis=1, keepdims=True))  # (rows, 1)
             for row in np.flatnonzero(bad):
@@ -538,7 +546,9 @@ class Batcher:
             raise next(iter(failed.values()))
         return Ran(out, seconds, len(batch), cells, real, failed)
 
-    def _isolate(self, batch: list[Seq], error: Exception) -> tuple[Embeddings, float, int, int, dict[int, Exception]]:
+    def _isolate(
+        self, batch: list[Seq], error: Exception, beside: bool
+    ) -> tuple[Embeddings, float, int, int, dict[int, Exception]]:
         """`_compute` after the whole batch raised `error`: its halves, and the halves of those that raise, down
         to the inputs that raise alone. An engine that fails whatever it is given costs 2 x rows - 2 runs more
         (the rows computed about log2(rows) times over; such failures are raised at once, in practice) before
@@ -555,7 +565,7 @@ class Batcher:
             mid = (start + end) // 2
             for a, b in ((start, mid), (mid, end)):
                 try:
-                    out, s, c, r = self._run_once(batch[a:b])
+                    out, s, c, r = self._run_once(batch[a:b], beside)
                 except Exception as e:
                     spans.append((a, b, e))
                     continue

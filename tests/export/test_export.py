@@ -188,7 +188,7 @@ def test_a_graph_that_answers_nan_fails_the_gate() -> None:
     class NanRows:
         providers = ["CPUExecutionProvider"]
 
-        def run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        def run(self, ids: np.ndarray, mask: np.ndarray, *, beside: bool = False) -> np.ndarray:
             with torch.no_grad():
                 out = model(torch.from_numpy(ids), torch.from_numpy(mask)).float().numpy()
             if len(out) > 1:

@@ -176,7 +176,7 @@ def test_the_gate_fails_a_graph_that_answers_nan(tiny_entry: Path) -> None:
     class NanInBatches:
         providers = int8.providers
 
-        def run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        def run(self, ids: np.ndarray, mask: np.ndarray, *, beside: bool = False) -> np.ndarray:
             out = int8.run(ids, mask)
             if len(out) > 1:
                 out[-1] = np.nan

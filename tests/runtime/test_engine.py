@@ -94,6 +94,21 @@ def test_a_batch_that_starts_while_another_computes_runs_on_the_overlap_session(
     assert eng.overlapped_runs == 1
 
 
+def test_a_batch_run_beside_another_takes_the_overlap_session_when_none_is_counted(tiny_entry: Path) -> None:
+    """`beside` (the batcher knows of another batch, which may be between runs this instant): the overlap
+    session, with its share of the cores, though no other run is in progress; without it, the main one."""
+    eng = engine(tiny_entry, overlap_threads=1)
+    ids, mask = batch(2, 9, seed=4)
+    alone = eng.run(ids, mask)
+    assert eng.overlapped_runs == 0
+    beside = eng.run(ids, mask, beside=True)
+    assert eng.overlapped_runs == 1
+    np.testing.assert_allclose(beside, alone, rtol=1e-5, atol=1e-6)
+    without = engine(tiny_entry, overlap_threads=None)
+    without.run(ids, mask, beside=True)  # nothing to take: the main session
+    assert without.overlapped_runs == 0
+
+
 def test_without_an_overlap_session_every_batch_runs_on_the_main_one(tiny_entry: Path) -> None:
     eng = engine(tiny_entry, overlap_threads=None)
     assert eng.overlap_session is None

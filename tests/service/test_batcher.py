@@ -504,8 +504,8 @@ class Faulty(ScriptedEngine):
 
     broken = False
 
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        out = super().run(input_ids, attention_mask)
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray, *, beside: bool = False) -> np.ndarray:
+        out = super().run(input_ids, attention_mask, beside=beside)
         out[(input_ids == 13).any(axis=1), 0] = np.nan
         out[(input_ids == 14).any(axis=1), -1] = np.inf
         if (input_ids == 15).any():
@@ -812,6 +812,29 @@ def test_with_two_workers_a_batch_formed_ahead_starts_without_the_event_loop() -
 
     run_opening_gates(main(), engine)
     assert engine.batches == [[[91]], [[92], [92]], [[92], [92]]]
+
+
+def test_a_batch_is_told_whether_another_computes_or_waits_beside_it() -> None:
+    """The engine gives a batch every core only when it computes alone; the batcher tells it (`beside`) when
+    another batch computes or inputs wait to start one, since the other worker may be between two runs at
+    the instant this one starts. A lone request: alone; one that comes while another computes: beside; the
+    first batch of a request whose other inputs wait for the second worker: beside."""
+    engine = ScriptedEngine(gates=[91, 92])
+
+    async def main() -> None:
+        b, first = await two_workers_one_held(engine)
+        second = asyncio.ensure_future(b.submit([seq(92)]))
+        await in_engine(engine, 2)
+        engine.gates[91].set()
+        engine.gates[92].set()
+        await asyncio.gather(first, second)
+        await b.submit([seq(5)])  # alone again
+        await b.submit([seq(6)] * 3)  # a share of 3 over three batches is 1: two inputs wait for the next
+        await b.close()
+
+    run_opening_gates(main(), engine)
+    assert engine.batches[:4] == [[[91]], [[92]], [[5]], [[6]]]
+    assert engine.besides[:4] == [False, True, False, True]
 
 
 async def bulk_ahead(engine: ScriptedEngine, batching: str = "length") -> tuple[Batcher, list[asyncio.Future[Any]]]:

@@ -94,12 +94,17 @@ def main(base: str, rounds: int, seconds: float, which: str) -> None:
             for k, v in got.items():
                 rows[name].setdefault(k, []).append(v)
             print(f"round {r} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
-    print(f"medians of {rounds} rounds; now against before in the same round (median of the rounds' ratios):")
-    before, now = rows["before (9555cd6)"], rows["now"]
+    print_ratios(rows, "before (9555cd6)", "now", rounds)
+
+
+def print_ratios(rows: dict[str, dict[str, list[float]]], base: str, new: str, rounds: int) -> None:
+    """Each measure's medians over the rounds, and `new` against `base` as the median of the rounds' ratios."""
+    print(f"medians of {rounds} rounds; {new} against {base} in the same round (median of the rounds' ratios):")
+    before, now = rows[base], rows[new]
     for k in now:
         ratios = [n / b for n, b in zip(now[k], before[k], strict=True)]
-        print(f"  {k:22s} before {statistics.median(before[k]):7.2f}  now {statistics.median(now[k]):7.2f}  "
-              f"now/before {statistics.median(ratios):.3f} ({', '.join(f'{x:.2f}' for x in ratios)})")  # fmt: skip
+        print(f"  {k:22s} {base} {statistics.median(before[k]):7.2f}  {new} {statistics.median(now[k]):7.2f}  "
+              f"{new}/{base} {statistics.median(ratios):.3f} ({', '.join(f'{x:.2f}' for x in ratios)})")  # fmt: skip
 
 
 if __name__ == "__main__":

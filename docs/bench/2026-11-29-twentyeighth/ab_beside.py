@@ -1,0 +1,65 @@
+"""The batcher telling the engine of a batch beside (`beside`, twenty-eighth session) against the code just
+before it, in alternated rounds.
+
+BASE is a checkout of 023f169 installed in a venv of its own; this tree is the other. Each round starts each
+server afresh with its defaults (`--graph auto`, grpc.aio's front) and measures with the bench's transports
+and closed loop: short texts at 32 clients over gRPC and over HTTP (texts a second; the server's CPU a
+request, and that of its threads other than the inference workers and the loop: ONNX Runtime's pool), then
+one client over each (p50). Set up BASE and run from the repository root:
+    git worktree add /tmp/base 023f169 && ln -s "$PWD/models" /tmp/base/models
+    python3.11 -m venv /tmp/base/.venv && /tmp/base/.venv/bin/pip install -e /tmp/base
+    python docs/bench/2026-11-29-twentyeighth/ab_beside.py /tmp/base/.venv/bin/python ROUNDS SECONDS
+"""
+
+import asyncio
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-26-regress"))
+import regress  # noqa: E402
+
+from mhaserve.loadtest.bench.client import _closed_loop  # noqa: E402
+from mhaserve.loadtest.bench.transports import transport  # noqa: E402
+
+POINTS = [("short", "grpc", 32), ("short", "http", 32), ("short", "grpc", 1), ("short", "http", 1)]
+
+
+def measure(python: str, workloads, seconds: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    server, address, url = regress.start(python, Path("/tmp/ab-beside-serve.log"), ("--graph", "auto"))
+    out = {}
+    try:
+        for name, protocol, clients in POINTS:
+            link = transport(protocol, address, url, workloads[name])
+            raw = asyncio.run(_closed_loop([(link, len(workloads[name].ids))], clients, seconds, 3 * seconds,
+                                           [server.pid]))  # fmt: skip
+            group, elapsed = raw["groups"][0], raw["window"][1] - raw["window"][0]
+            key = f"{protocol} {clients}"
+            if clients == 1:
+                out[f"{key} p50 ms"] = statistics.median(group["latencies"])
+                continue
+            n = group["completed"]
+            out[f"{key} seq/s"] = n / elapsed
+            out[f"{key} server us"] = raw["server_cpu_s"] / n * 1e6
+            out[f"{key} other us"] = (raw["server_threads_cpu_s"] or {}).get("other", float("nan")) / n * 1e6
+    finally:
+        server.terminate()
+        server.wait(60)
+    return out
+
+
+def main(base: str, rounds: int, seconds: float) -> None:
+    workloads = regress.workloads_of(["short"])
+    versions = {"base": base, "beside": sys.executable}
+    rows: dict[str, dict[str, list[float]]] = {v: {} for v in versions}
+    for r in range(rounds):
+        for name in versions if r % 2 == 0 else list(reversed(versions)):
+            got = measure(versions[name], workloads, seconds)
+            for k, v in got.items():
+                rows[name].setdefault(k, []).append(v)
+            print(f"round {r} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
+    regress.print_ratios(rows, "base", "beside", rounds)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
