@@ -102,7 +102,7 @@ def print_ratios(rows: dict[str, dict[str, list[float]]], base: str, new: str, r
     print(f"medians of {rounds} rounds; {new} against {base} in the same round (median of the rounds' ratios):")
     before, now = rows[base], rows[new]
     for k in now:
-        ratios = [n / b for n, b in zip(now[k], before[k], strict=True)]
+        ratios = [n / b if b else float("nan") for n, b in zip(now[k], before[k], strict=True)]
         print(f"  {k:22s} {base} {statistics.median(before[k]):7.2f}  {new} {statistics.median(now[k]):7.2f}  "
               f"{new}/{base} {statistics.median(ratios):.3f} ({', '.join(f'{x:.2f}' for x in ratios)})")  # fmt: skip
 

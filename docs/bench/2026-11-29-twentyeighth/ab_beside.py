@@ -25,12 +25,21 @@ from mhaserve.loadtest.bench.transports import transport  # noqa: E402
 POINTS = [("short", "grpc", 32), ("short", "http", 32), ("short", "grpc", 1), ("short", "http", 1)]
 
 
-def measure(python: str, workloads, seconds: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    server, address, url = regress.start(python, Path("/tmp/ab-beside-serve.log"), ("--graph", "auto"))
+def measure(  # type: ignore[no-untyped-def]
+    python: str,
+    workloads,
+    seconds: float,
+    flags: tuple[str, ...] = ("--graph", "auto"),
+    points: list[tuple[str, str, int]] = POINTS,
+    grpc_client: str = "aio",
+) -> dict[str, float]:
+    """One server's points (ab_send.py passes its own flags, points and gRPC client); with 32 clients also the
+    CPU a request of the server, its event loop, its other threads (ONNX Runtime's pool) and the client."""
+    server, address, url = regress.start(python, Path("/tmp/ab-serve.log"), flags)
     out = {}
     try:
-        for name, protocol, clients in POINTS:
-            link = transport(protocol, address, url, workloads[name])
+        for name, protocol, clients in points:
+            link = transport(protocol, address, url, workloads[name], grpc_client=grpc_client)
             raw = asyncio.run(_closed_loop([(link, len(workloads[name].ids))], clients, seconds, 3 * seconds,
                                            [server.pid]))  # fmt: skip
             group, elapsed = raw["groups"][0], raw["window"][1] - raw["window"][0]
@@ -41,7 +50,10 @@ def measure(python: str, workloads, seconds: float) -> dict[str, float]:  # type
             n = group["completed"]
             out[f"{key} seq/s"] = n / elapsed
             out[f"{key} server us"] = raw["server_cpu_s"] / n * 1e6
-            out[f"{key} other us"] = (raw["server_threads_cpu_s"] or {}).get("other", float("nan")) / n * 1e6
+            threads = raw["server_threads_cpu_s"] or {}
+            out[f"{key} loop us"] = threads.get("event loop", float("nan")) / n * 1e6
+            out[f"{key} other us"] = threads.get("other", float("nan")) / n * 1e6
+            out[f"{key} client us"] = raw["client_cpu_s"] / n * 1e6
     finally:
         server.terminate()
         server.wait(60)
