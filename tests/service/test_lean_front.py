@@ -7,6 +7,7 @@ tested by the server and KServe modules, whose servers run on both fronts (conft
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
@@ -55,6 +56,15 @@ class Toy:
             raise
         return b"released"
 
+    async def stubborn(self, request: bytes, context: Any) -> bytes:
+        """Keeps running when its call is cancelled, until `release`: a handler slow to unwind."""
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            await self.release.wait()
+            raise
+        return b"released"
+
     async def count(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
         for i in range(int(request.decode())):
             yield str(i).encode()
@@ -74,7 +84,7 @@ class Toy:
 def _handlers(toy: Toy) -> grpc.GenericRpcHandler:
     unary = {
         name: grpc.unary_unary_rpc_method_handler(getattr(toy, name))
-        for name in ("echo", "big", "fail", "crash", "slow")
+        for name in ("echo", "big", "fail", "crash", "slow", "stubborn")
     }
     return grpc.method_handlers_generic_handler(
         SERVICE,
@@ -285,6 +295,114 @@ def test_metadata_never_reaches_the_log(channel: grpc.Channel, caplog: pytest.Lo
     caplog.set_level(logging.DEBUG)
     method(channel, "echo")(b"", metadata=(("authorization", "Bearer sk-secret-key"),), timeout=10)
     assert not any("sk-secret-key" in record.getMessage() for record in caplog.records)
+
+
+def raw_call(stream_id: int, name: str) -> bytes:
+    """A unary call to the test service with an empty request, as a raw client writes it: HEADERS, then the
+    message in a DATA frame that ends the client's side."""
+    block = f.header_block(
+        (
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", f"/{SERVICE}/{name}"),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        )
+    )
+    return f.frame(f.HEADERS, f.END_HEADERS, stream_id, block) + f.frame(f.DATA, f.END_STREAM, stream_id, bytes(5))
+
+
+def raw_exchange(port: int, frames: bytes, until_closed: bool = True) -> list[tuple[int, int, int, bytes]]:
+    """Send the preface, an empty SETTINGS and `frames`; the frames the server sends back, until it closes
+    the connection (or, with `until_closed` False, for half a second)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.settings() + frames)
+        received = bytearray()
+        if not until_closed:
+            raw.settimeout(0.5)
+        try:
+            while chunk := raw.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pass
+    return list(f.whole_frames(received))
+
+
+def goaway_code(frames: list[tuple[int, int, int, bytes]]) -> int | None:
+    codes = [int.from_bytes(payload[4:8], "big") for kind, _, _, payload in frames if kind == f.GOAWAY]
+    return codes[-1] if codes else None
+
+
+def test_a_flood_of_pings_ends_the_connection_with_enhance_your_calm(lean: Running, channel: grpc.Channel) -> None:
+    """Each PING costs an acknowledgement and no call counts it: past the stream limit's number (1,000) in a
+    second the connection ends, and the server serves others on."""
+    pings = b"".join(f.frame(f.PING, 0, 0, i.to_bytes(8, "big")) for i in range(1100))
+    got = raw_exchange(lean.port, pings)
+    assert goaway_code(got) == f.ENHANCE_YOUR_CALM
+    assert 990 <= sum(kind == f.PING for kind, *_ in got) <= 1000
+    assert method(channel, "echo")(b"still", timeout=10) == b"still"
+
+
+def test_pings_within_the_limit_are_answered_and_the_connection_kept(lean: Running) -> None:
+    pings = b"".join(f.frame(f.PING, 0, 0, i.to_bytes(8, "big")) for i in range(500))
+    got = raw_exchange(lean.port, pings, until_closed=False)
+    assert goaway_code(got) is None
+    assert sum(kind == f.PING and flags & f.ACK for kind, flags, *_ in got) == 500
+
+
+def test_calls_reset_as_fast_as_they_open_end_the_connection(lean: Running, channel: grpc.Channel) -> None:
+    """ "Rapid reset": streams opened and reset at once, each starting a call the client never waits for."""
+    frames = b"".join(raw_call(sid, "slow") + f.rst_stream(sid, f.CANCEL) for sid in range(1, 2 * 1100, 2))
+    got = raw_exchange(lean.port, frames)
+    assert goaway_code(got) == f.ENHANCE_YOUR_CALM
+    assert method(channel, "echo")(b"still", timeout=10) == b"still"
+
+
+def test_a_reset_call_counts_against_the_stream_limit_until_its_handler_ends() -> None:
+    """A handler still unwinding after its client reset the call holds its place: a client that resets calls
+    cannot run more handlers at once than the limit."""
+    running = Running(max_streams=2)
+    try:
+        opened = raw_call(1, "stubborn") + raw_call(3, "stubborn")
+        reset = f.rst_stream(1, f.CANCEL) + f.rst_stream(3, f.CANCEL)
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            raw.sendall(f.PREFACE + f.settings() + opened)
+            time.sleep(0.3)  # both handlers waiting
+            raw.sendall(reset)
+            time.sleep(0.3)  # both cancelled, both still running
+            raw.sendall(raw_call(5, "echo"))
+            raw.settimeout(0.5)
+            received = bytearray()
+            with contextlib.suppress(TimeoutError):
+                while chunk := raw.recv(65536):
+                    received += chunk
+        resets = [
+            (sid, int.from_bytes(p, "big")) for kind, _, sid, p in f.whole_frames(received) if kind == f.RST_STREAM
+        ]
+        assert resets == [(5, f.REFUSED_STREAM)]
+    finally:
+        running.release()
+        running.stop()
+
+
+def test_a_peer_that_does_not_read_is_not_read_from(lean: Running) -> None:
+    """Over its transport's high-water mark the connection stops reading; below it, reads again."""
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.settings())
+        deadline = time.monotonic() + 5
+        while not lean.server.connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+        async def pause_then_resume() -> tuple[bool, bool]:
+            (connection,) = lean.server.connections
+            assert connection.transport is not None
+            connection.pause_writing()
+            paused = connection.transport.is_reading()
+            connection.resume_writing()
+            return paused, connection.transport.is_reading()
+
+        assert lean.call(pause_then_resume()) == (False, True)
 
 
 def test_a_port_in_use_is_an_error() -> None:

@@ -9,6 +9,14 @@ Flow control: the peer's windows bound what we send (a stream whose DATA does no
 `pending` for a WINDOW_UPDATE); ours are credited back as messages are taken by their call, so a stream
 holds at most one message beyond what its call has read, and the connection's window stays wide open
 (the stream limit bounds the streams).
+
+Abusive peers: what a client can make us do without a call counting against the stream limit is bounded.
+Calls count until their handler has ended, not until the client resets them (a reset handler still unwinds),
+so resetting streams as fast as they open ("rapid reset") does not run more handlers than the limit; the
+frames that cost us work without a call (PINGs and SETTINGS to acknowledge, streams reset while their call
+runs) may come at most `max_glitches` times in a second, past which the connection ends with a GOAWAY
+ENHANCE_YOUR_CALM; and while the peer does not read what we write (the transport's buffer over its high-water
+mark) we stop reading from it, so acknowledgements cannot pile up in memory.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ logging.getLogger("hpack").setLevel(logging.INFO)
 STREAM_WINDOW = 1 << 20  # what a stream may send ahead of its call's reads
 CONNECTION_WINDOW = f.MAX_WINDOW
 MAX_HEADER_LIST = 16 << 10  # grpc core's own limit on a call's metadata
+CALM_WINDOW_S = 1.0  # the window over which PINGs, SETTINGS and resets of running calls are counted
 # Headers that are HTTP/2's or gRPC's own, not the call's metadata.
 _RESERVED = frozenset({"content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding"})
 _DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {
@@ -110,6 +119,7 @@ class Front(Protocol):
 
     max_message_bytes: int
     max_streams: int
+    max_glitches: int
     handshake_timeout: float
     connections: set[Connection]
 
@@ -142,6 +152,9 @@ class Connection(asyncio.Protocol):
         self.last_call = self.opened
         self.handshake: asyncio.TimerHandle | None = None
         self.peer = ""
+        self.running = 0  # calls whose handler has not ended, reset ones included
+        self.glitches = 0  # PINGs, SETTINGS and resets of running calls since `glitches_since`
+        self.glitches_since = self.opened
 
     # -- the transport's callbacks --
 
@@ -162,6 +175,15 @@ class Connection(asyncio.Protocol):
             + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW)
         )
         self.handshake = self.server.loop.call_later(self.server.handshake_timeout, self._handshake_expired)
+
+    def pause_writing(self) -> None:
+        # The peer does not read what we write: stop reading what it sends until it does.
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -227,12 +249,14 @@ class Connection(asyncio.Protocol):
                 self._headers(out)
         elif kind == f.SETTINGS:
             if not flags & f.ACK:
+                self._glitch()
                 self._settings(payload, out)
                 if self.handshake is not None:  # the preface and its SETTINGS: the handshake is complete
                     self.handshake.cancel()
                     self.handshake = None
         elif kind == f.PING:
             if not flags & f.ACK:
+                self._glitch()
                 out.append(f.frame(f.PING, f.ACK, 0, payload))
         elif kind == f.WINDOW_UPDATE:
             self._window_update(stream_id, int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, out)
@@ -241,6 +265,7 @@ class Connection(asyncio.Protocol):
             if stream is not None:
                 self.blocked.pop(stream_id, None)
                 self._abandon(stream)
+                self._glitch()
         elif kind == f.GOAWAY:
             self.peer_going_away = True
             if not self.streams and self.transport is not None:
@@ -326,7 +351,7 @@ class Connection(asyncio.Protocol):
                 return  # headers for a stream already over (we reset or ended it): nothing to answer
             raise ConnectionError_(f.PROTOCOL_ERROR, f"a client stream with an even id ({stream_id})")
         self.last_stream = stream_id
-        if self.going_away or len(self.streams) >= self.server.max_streams:
+        if self.going_away or max(len(self.streams), self.running) >= self.server.max_streams:
             out.append(f.rst_stream(stream_id, f.REFUSED_STREAM))
             return
         self._open(stream_id, flags, fields, out)
@@ -370,7 +395,24 @@ class Connection(asyncio.Protocol):
             stream.remote_closed = True
         self.streams[stream_id] = stream
         self.last_call = loop.time()
+        self.running += 1
         stream.task = loop.create_task(self.server.serve(self, stream))
+        stream.task.add_done_callback(self._ended)
+
+    def _ended(self, _: asyncio.Task[None]) -> None:
+        self.running -= 1
+
+    def _glitch(self) -> None:
+        """Count a frame that costs us work without a call; past `max_glitches` in CALM_WINDOW_S, the end."""
+        now = self.server.loop.time()
+        if now - self.glitches_since >= CALM_WINDOW_S:
+            self.glitches, self.glitches_since = 0, now
+        self.glitches += 1
+        if self.glitches > self.server.max_glitches:
+            raise ConnectionError_(
+                f.ENHANCE_YOUR_CALM,
+                f"more than {self.server.max_glitches} PINGs, SETTINGS and reset calls in {CALM_WINDOW_S:g} s",
+            )
 
     def _settings(self, payload: bytes, out: list[bytes]) -> None:
         if len(payload) % 6:

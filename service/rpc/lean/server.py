@@ -32,6 +32,7 @@ class LeanServer:
         *,
         max_message_bytes: int = 4 << 20,
         max_streams: int = 1000,
+        max_glitches: int = 1000,
         handshake_timeout: float = 10.0,
         idle_s: float = 0.0,
         max_age_s: float = 0.0,
@@ -41,6 +42,9 @@ class LeanServer:
         self.calls = Calls(interceptors)
         self.max_message_bytes = max_message_bytes
         self.max_streams = max_streams
+        # PINGs, SETTINGS and calls reset while they run, a connection and a second, before its GOAWAY
+        # (connection.py). grpc's clients send a few PINGs a second at most (BDP probes, keepalives).
+        self.max_glitches = max_glitches
         self.handshake_timeout = handshake_timeout
         self.idle_s = idle_s
         self.max_age_s = max_age_s
