@@ -17,6 +17,10 @@ from typing import Any
 
 import grpc
 import grpc.aio
+import grpclib.client
+import grpclib.const
+import grpclib.encoding.base
+import grpclib.exceptions
 import hpack
 import pytest
 
@@ -230,6 +234,51 @@ def test_streams_every_way(channel: grpc.Channel) -> None:
 def test_many_concurrent_calls_on_one_connection_each_get_their_own_answer(channel: grpc.Channel) -> None:
     calls = [method(channel, "echo").future(str(i).encode() * 50, timeout=30) for i in range(300)]
     assert [c.result() for c in calls] == [str(i).encode() * 50 for i in range(300)]
+
+
+class RawCodec(grpclib.encoding.base.CodecBase):
+    """grpclib's messages as the bytes they are (the test service has no protobuf types)."""
+
+    __content_subtype__ = "proto"
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        return bytes(message)
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        return data
+
+
+def test_a_client_on_another_http2_stack_is_served(lean: Running) -> None:
+    """grpclib speaks HTTP/2 with hyper-h2, not grpc core: its HPACK indexes and Huffman-codes its headers,
+    and it frames and credits windows its own way. Unary with metadata both ways, a stream of answers, an
+    error's status and message, a deadline."""
+
+    async def main() -> None:
+        async with grpclib.client.Channel("127.0.0.1", lean.port, codec=RawCodec()) as channel:
+            echo = grpclib.client.UnaryUnaryMethod(channel, f"/{SERVICE}/echo", bytes, bytes)
+            for i in range(3):  # again on the same connection: the headers now refer to HPACK's table
+                async with echo.open(metadata={"who": f"grpclib {i}"}, timeout=10) as stream:
+                    await stream.send_message(b"hi" * 1000, end=True)
+                    assert await stream.recv_message() == b"hi" * 1000
+                    await stream.recv_trailing_metadata()
+                    assert stream.trailing_metadata is not None
+                    assert dict(stream.trailing_metadata)["seen"] == f"grpclib {i}"
+            count = grpclib.client.UnaryStreamMethod(channel, f"/{SERVICE}/count", bytes, bytes)
+            assert await count(b"3", timeout=10) == [b"0", b"1", b"2"]
+            fail = grpclib.client.UnaryUnaryMethod(channel, f"/{SERVICE}/fail", bytes, bytes)
+            with pytest.raises(grpclib.exceptions.GRPCError) as error:
+                await fail(b"", timeout=10)
+            assert error.value.status == grpclib.const.Status.FAILED_PRECONDITION
+            assert error.value.message == "ça ne va pas: 100%"
+            slow = grpclib.client.UnaryUnaryMethod(channel, f"/{SERVICE}/slow", bytes, bytes)
+            # Whichever reaches the deadline first: the client's own timer, or the server's DEADLINE_EXCEEDED.
+            with pytest.raises((asyncio.TimeoutError, grpclib.exceptions.GRPCError)) as late:
+                await slow(b"", timeout=0.3)
+            if isinstance(late.value, grpclib.exceptions.GRPCError):
+                assert late.value.status == grpclib.const.Status.DEADLINE_EXCEEDED
+            assert await echo(b"after", timeout=10) == b"after"
+
+    asyncio.run(main())
 
 
 def test_grpc_aio_clients_are_served_too(lean: Running) -> None:

@@ -13,6 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import grpclib.client
+import grpclib.const
+import grpclib.exceptions
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -141,6 +144,26 @@ def concurrent_answers(srv: ServerThread, texts: list[str]) -> npt.NDArray[np.fl
     finally:
         for ch in channels:
             ch.close()
+
+
+def test_a_grpc_client_on_another_http2_stack_encodes_and_reads_errors(server: ServerThread, reference: dict) -> None:
+    """grpclib (hyper-h2, not grpc core) against the server on each front: embeddings, and the error map's
+    status and message for a model that does not exist."""
+
+    async def main() -> None:
+        host, port = server.address.rsplit(":", 1)
+        async with grpclib.client.Channel(host, int(port)) as channel:
+            encode = grpclib.client.UnaryUnaryMethod(
+                channel, "/encoder.v1.EncoderService/Encode", pb.EncodeRequest, pb.EncodeResponse
+            )
+            r = await encode(pb.EncodeRequest(texts=TEXTS, normalize=False), timeout=WAIT)
+            np.testing.assert_allclose(vectors(r), np.stack([reference[t] for t in TEXTS]), atol=1e-5, rtol=0)
+            with pytest.raises(grpclib.exceptions.GRPCError) as error:
+                await encode(pb.EncodeRequest(texts=["x"], model="nope"), timeout=WAIT)
+            assert error.value.status == grpclib.const.Status.NOT_FOUND
+            assert "nope" in (error.value.message or "")
+
+    asyncio.run(main())
 
 
 CLIENTS = [f"client {i} says {'ab ' * (i % 37)}" for i in range(200)]
