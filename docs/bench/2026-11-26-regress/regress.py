@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mhaserve.loadtest.bench.client import _closed_loop
@@ -87,14 +88,22 @@ def workloads_of(names: list[str]):  # type: ignore[no-untyped-def]
 def main(base: str, rounds: int, seconds: float, which: str) -> None:
     workloads = workloads_of(which.removesuffix("32").split(","))
     versions = {"before (9555cd6)": base, "now": sys.executable}
+    points = POINTS[which]
+    rows = alternate({k: lambda p=p: measure(p, workloads, points, seconds) for k, p in versions.items()}, rounds)
+    print_ratios(rows, "before (9555cd6)", "now", rounds)
+
+
+def alternate(versions: dict[str, Callable[[], dict[str, float]]], rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Each version's measure once a round, in alternated order (the first round in the order given, the next
+    reversed, ...), each round's figures printed as they come: every measure's figures by version."""
     rows: dict[str, dict[str, list[float]]] = {v: {} for v in versions}
     for r in range(rounds):
         for name in versions if r % 2 == 0 else list(reversed(versions)):
-            got = measure(versions[name], workloads, POINTS[which], seconds)
+            got = versions[name]()
             for k, v in got.items():
                 rows[name].setdefault(k, []).append(v)
             print(f"round {r} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
-    print_ratios(rows, "before (9555cd6)", "now", rounds)
+    return rows
 
 
 def print_ratios(rows: dict[str, dict[str, list[float]]], base: str, new: str, rounds: int) -> None:

@@ -63,13 +63,7 @@ def measure(  # type: ignore[no-untyped-def]
 def main(base: str, rounds: int, seconds: float) -> None:
     workloads = regress.workloads_of(["short"])
     versions = {"base": base, "beside": sys.executable}
-    rows: dict[str, dict[str, list[float]]] = {v: {} for v in versions}
-    for r in range(rounds):
-        for name in versions if r % 2 == 0 else list(reversed(versions)):
-            got = measure(versions[name], workloads, seconds)
-            for k, v in got.items():
-                rows[name].setdefault(k, []).append(v)
-            print(f"round {r} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
+    rows = regress.alternate({k: lambda p=p: measure(p, workloads, seconds) for k, p in versions.items()}, rounds)
     regress.print_ratios(rows, "base", "beside", rounds)
 
 

@@ -25,14 +25,11 @@ POINTS = [("short", "grpc", 32), ("short", "grpc", 1)]
 
 def main(base: str, rounds: int, seconds: float) -> None:
     workloads = regress.workloads_of(["short"])
-    versions = {"base": base, "one-send": sys.executable}
-    rows: dict[str, dict[str, list[float]]] = {v: {} for v in versions}
-    for r in range(rounds):
-        for name in versions if r % 2 == 0 else list(reversed(versions)):
-            got = measure(versions[name], workloads, seconds, FLAGS, POINTS, grpc_client="h2")
-            for k, v in got.items():
-                rows[name].setdefault(k, []).append(v)
-            print(f"round {r} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
+
+    def one(python: str) -> dict[str, float]:
+        return measure(python, workloads, seconds, FLAGS, POINTS, grpc_client="h2")
+
+    rows = regress.alternate({"base": lambda: one(base), "one-send": lambda: one(sys.executable)}, rounds)
     regress.print_ratios(rows, "base", "one-send", rounds)
 
 

@@ -7,36 +7,24 @@ Run from the repository root, then read OUT with pstats:
 """
 
 import asyncio
-import re
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-26-regress"))
+from profile_fake import start_fake  # noqa: E402
 from regress import workloads_of  # noqa: E402
 
 from mhaserve.loadtest.bench.client import _closed_loop  # noqa: E402
 from mhaserve.loadtest.bench.transports import transport  # noqa: E402
-from mhaserve.testing.loopback import free_ports  # noqa: E402
 
 
 def main(protocol: str, out: str) -> None:
     workloads = workloads_of(["short"])
-    port, metrics, http = free_ports(3)
-    log = Path("/tmp/cprofile-fake-serve.log")
-    cmd = [sys.executable, "-m", "cProfile", "-o", out, "-m", "mhaserve.testing.fake_server", "--engine", "slow:0.01",
-           "--repository", "models", "--port", str(port), "--metrics-port", str(metrics), "--http-port", str(http),
-           "--grpc-front", "lean"]  # fmt: skip
-    with log.open("w") as f:
-        server = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    python = [sys.executable, "-m", "cProfile", "-o", out]
+    server, port, http = start_fake(python, "0.01", ["--grpc-front", "lean"], Path("/tmp/cprofile-fake-serve.log"))
     try:
-        deadline = time.time() + 120
-        while not re.search(r"serving all-minilm\S* version \d+ .*after", log.read_text()):
-            if server.poll() is not None or time.time() > deadline:
-                raise RuntimeError(log.read_text())
-            time.sleep(0.2)
         link = transport(protocol, f"127.0.0.1:{port}", f"http://127.0.0.1:{http}", workloads["short"],
                          grpc_client="h2")  # fmt: skip
         raw = asyncio.run(_closed_loop([(link, len(workloads["short"].ids))], 32, 15.0, 5.0, [server.pid]))

@@ -21,20 +21,28 @@ from mhaserve.loadtest.bench.transports import transport  # noqa: E402
 from mhaserve.testing.loopback import free_ports  # noqa: E402
 
 
-def main(py_spy: str, seconds: float, protocol: str, slow: str, out: str, flags: list[str]) -> None:
-    workloads = workloads_of(["short"])
+def start_fake(python: list[str], slow: str, flags: list[str], log: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+    """`python -m mhaserve.testing.fake_server` (after `python`, the interpreter and its own options) on this
+    repository's models, its engine sleeping `slow` seconds a batch; returns it, its gRPC and HTTP ports, once
+    it serves (it is terminated if it does not)."""
     port, metrics, http = free_ports(3)
-    log = Path("/tmp/profile-fake-serve.log")
-    cmd = [sys.executable, "-m", "mhaserve.testing.fake_server", "--engine", f"slow:{slow}", "--repository", "models",
+    cmd = [*python, "-m", "mhaserve.testing.fake_server", "--engine", f"slow:{slow}", "--repository", "models",
            "--port", str(port), "--metrics-port", str(metrics), "--http-port", str(http), *flags]  # fmt: skip
     with log.open("w") as f:
         server = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while not re.search(r"serving all-minilm\S* version \d+ .*after", log.read_text()):
+        if server.poll() is not None or time.time() > deadline:
+            server.kill()
+            raise RuntimeError(log.read_text())
+        time.sleep(0.2)
+    return server, port, http
+
+
+def main(py_spy: str, seconds: float, protocol: str, slow: str, out: str, flags: list[str]) -> None:
+    workloads = workloads_of(["short"])
+    server, port, http = start_fake([sys.executable], slow, flags, Path("/tmp/profile-fake-serve.log"))
     try:
-        deadline = time.time() + 120
-        while not re.search(r"serving all-minilm\S* version \d+ .*after", log.read_text()):
-            if server.poll() is not None or time.time() > deadline:
-                raise RuntimeError(log.read_text())
-            time.sleep(0.2)
         link = transport(protocol, f"127.0.0.1:{port}", f"http://127.0.0.1:{http}", workloads["short"],
                          grpc_client="h2")  # fmt: skip
         load = [(link, len(workloads["short"].ids))]
