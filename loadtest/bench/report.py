@@ -557,8 +557,8 @@ def _floor_clause(lone: dict[str, Any], names: dict[str, str]) -> str:
 
 
 def _one_client_section(report: dict[str, Any]) -> list[str]:
-    names = client_names(report)
     """A lone client's latency by client, against ONNX Runtime's on one input at a time."""
+    names = client_names(report)
     rows = {wname: w["one_client"] for wname, w in report["summary"].items() if "one_client" in w}
     if not rows or all(len(r["clients"]) == 1 for r in rows.values()):
         return []  # the gRPC table has it already
@@ -580,7 +580,7 @@ def _one_client_section(report: dict[str, Any]) -> list[str]:
     lines += [
         "",
         "One client sending its next input as soon as the last is answered, on the server HTTP is measured on. "
-        "gRPC (grpc.aio) is the load generator's client, which runs an event loop of its own; the synchronous "
+        f"{names['grpc']} is the load generator's client, which runs an event loop of its own; the synchronous "
         "stub (`--protocols` with grpc-sync) blocks in grpc core instead, as `mhaserve encode` and most Python "
         "callers do: where the two read alike, a lone call's time is not the client's. A single point each, "
         "measured minutes after the in-process figure: the paired check in the summary, when it ran, is the "
