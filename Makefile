@@ -81,7 +81,7 @@ typecheck: $(VENV)/.stamp-dev
 	@for d in $(NAMESPACE_DIRS); do ln -s ../../../$$d build/typecheck/mhaserve/$$d; done
 	$(BIN)/mypy
 
-pytest: $(VENV)/.stamp-dev .venv-triton/.stamp tests/service/grpc_js/node_modules/.stamp
+pytest: $(VENV)/.stamp-dev .venv-triton/.stamp tests/service/grpc_js/node_modules/.stamp grpc-go-client
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Node's gRPC client for the interop tests (tests/service/test_grpc_js.py), from the npm registry with the
@@ -89,6 +89,13 @@ pytest: $(VENV)/.stamp-dev .venv-triton/.stamp tests/service/grpc_js/node_module
 tests/service/grpc_js/node_modules/.stamp: tests/service/grpc_js/package.json tests/service/grpc_js/package-lock.json
 	cd tests/service/grpc_js && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
+
+# Go's gRPC client for the interop tests (tests/service/test_grpc_go.py), built offline from Debian's Go
+# packages (.ci/run installs them); where they are missing the script says so, builds nothing, and those
+# tests skip. Phony: the script is quick, and rebuilds only what changed (Go's own cache).
+.PHONY: grpc-go-client
+grpc-go-client:
+	@tests/service/grpc_go/build.sh
 
 # Triton's client for the Open Inference Protocol interop tests (tests/service/test_kserve_triton.py), in a
 # venv of its own: tritonclient pins protobuf < 7 and mhaserve's stubs need protobuf >= 7. Nothing of
@@ -114,7 +121,7 @@ proto-generate:
 	  -e "s/(BuildTopDescriptorsAndMessages\(DESCRIPTOR, )'proto\./\1'mhaserve.proto./" {} +
 
 clean:
-	rm -rf $(VENV) .venv-triton tests/service/grpc_js/node_modules .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .venv-triton tests/service/grpc_js/node_modules tests/service/grpc_go/build .pytest_cache .mypy_cache .ruff_cache build *.egg-info
 
 # Load test a running server (`make serve` in another shell) with loadtest/locustfile.py, headless.
 # Reports (CSV, JSON, HTML) go to $(LOADTEST_RESULTS)/loadtest-<timestamp>/; the exit status is 1 only
