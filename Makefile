@@ -81,7 +81,8 @@ typecheck: $(VENV)/.stamp-dev
 	@for d in $(NAMESPACE_DIRS); do ln -s ../../../$$d build/typecheck/mhaserve/$$d; done
 	$(BIN)/mypy
 
-pytest: $(VENV)/.stamp-dev .venv-triton/.stamp tests/service/grpc_js/node_modules/.stamp grpc-go-client
+pytest: $(VENV)/.stamp-dev .venv-triton/.stamp tests/service/grpc_js/node_modules/.stamp grpc-go-client \
+  tests/service/grpc_java/build/.stamp
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Node's gRPC client for the interop tests (tests/service/test_grpc_js.py), from the npm registry with the
@@ -96,6 +97,12 @@ tests/service/grpc_js/node_modules/.stamp: tests/service/grpc_js/package.json te
 .PHONY: grpc-go-client
 grpc-go-client:
 	@tests/service/grpc_go/build.sh
+
+# Java's gRPC client for the interop tests (tests/service/test_grpc_java.py), built offline from Debian's
+# grpc-java on Netty (.ci/run installs it); where it is missing the script says so and those tests skip.
+tests/service/grpc_java/build/.stamp: tests/service/grpc_java/Client.java tests/service/grpc_java/build.sh \
+  proto/encoder/v1/encoder.proto
+	@tests/service/grpc_java/build.sh
 
 # Triton's client for the Open Inference Protocol interop tests (tests/service/test_kserve_triton.py), in a
 # venv of its own: tritonclient pins protobuf < 7 and mhaserve's stubs need protobuf >= 7. Nothing of
@@ -121,7 +128,8 @@ proto-generate:
 	  -e "s/(BuildTopDescriptorsAndMessages\(DESCRIPTOR, )'proto\./\1'mhaserve.proto./" {} +
 
 clean:
-	rm -rf $(VENV) .venv-triton tests/service/grpc_js/node_modules tests/service/grpc_go/build .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .venv-triton tests/service/grpc_js/node_modules tests/service/grpc_go/build \
+  tests/service/grpc_java/build .pytest_cache .mypy_cache .ruff_cache build *.egg-info
 
 # Load test a running server (`make serve` in another shell) with loadtest/locustfile.py, headless.
 # Reports (CSV, JSON, HTML) go to $(LOADTEST_RESULTS)/loadtest-<timestamp>/; the exit status is 1 only
