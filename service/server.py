@@ -77,9 +77,11 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING_CALLS = 20_000
 IDLE_CONNECTION_S = 300  # a gRPC connection with no call for this long is closed (GOAWAY)
-# The lean front's streams a connection at once (SETTINGS_MAX_CONCURRENT_STREAMS): a client past it waits
-# for one to end; past the queue limit, calls are refused anyway.
-LEAN_MAX_STREAMS = 1000
+# Calls a connection may have open at once, on either front (SETTINGS_MAX_CONCURRENT_STREAMS): a client past
+# it waits for one to end, and a stream opened past it is refused (REFUSED_STREAM, which clients retry).
+# One connection cannot hold more than that of the server's tasks and memory; the queue limit still
+# refuses inputs past it across all connections.
+MAX_STREAMS = 1000
 CONNECTION_AGE_GRACE_S = 300  # with --max-connection-age, what calls in flight get after the GOAWAY
 SETTLE_S = 1.0  # the most serve() waits, once stopped, for calls gRPC handed over as it stopped (_settle)
 # Methods that answer while the model loads and while the server drains: health checks, reflection, and
@@ -265,7 +267,7 @@ class EncoderServer:
             server = LeanServer(
                 interceptors,
                 max_message_bytes=s.max_message_bytes,
-                max_streams=LEAN_MAX_STREAMS,
+                max_streams=MAX_STREAMS,
                 handshake_timeout=s.http_header_timeout,
                 idle_s=IDLE_CONNECTION_S,
                 max_age_s=s.max_connection_age,
@@ -279,6 +281,8 @@ class EncoderServer:
                     ("grpc.max_receive_message_length", s.max_message_bytes),
                     # A port in use is an error, not a silent share, unless shared on purpose (--processes).
                     ("grpc.so_reuseport", int(s.reuse_port)),
+                    # grpc core advertises no limit of its own.
+                    ("grpc.max_concurrent_streams", MAX_STREAMS),
                     # gRPC sheds calls the service has not picked up yet past 1000 (at random) and 3000, with
                     # CANCELLED, a code clients read as their own doing. Let the queue limit decide instead
                     # (RESOURCE_EXHAUSTED, at once); these only bound a flood faster than the event loop.

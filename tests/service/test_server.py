@@ -30,6 +30,7 @@ from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.tokenizer import load_for_serving
 from mhaserve.service import client
 from mhaserve.service import server as server_module
+from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.settings import BATCHING, Batching, Settings
 from mhaserve.testing import http
 from mhaserve.testing.engines import ScriptedEngine
@@ -164,6 +165,47 @@ def test_a_grpc_client_on_another_http2_stack_encodes_and_reads_errors(server: S
             assert "nope" in (error.value.message or "")
 
     asyncio.run(main())
+
+
+def test_a_connection_holds_at_most_max_streams_calls_at_once_on_either_front(server: ServerThread) -> None:
+    """The server advertises its limit of calls a connection (grpc core advertises none of its own) and refuses a
+    stream opened past it with REFUSED_STREAM, which clients retry; the calls within it stay open."""
+    limit = server_module.MAX_STREAMS
+    encode = f.header_block(
+        (
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/encoder.v1.EncoderService/Encode"),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        )
+    )
+    host, port = server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=WAIT) as raw:
+        raw.sendall(f.PREFACE + f.settings())
+        buf = bytearray()  # whole_frames takes each frame out of buf
+        frames: list[tuple[int, int, int, bytes]] = []
+        while not any(k == f.SETTINGS and not flags & f.ACK for k, flags, *_ in frames):
+            buf += raw.recv(65536)
+            frames += f.whole_frames(buf)
+        advertised = next(p for k, flags, _, p in frames if k == f.SETTINGS and not flags & f.ACK)
+        settings = {
+            int.from_bytes(advertised[i : i + 2], "big"): advertised[i + 2 : i + 6]
+            for i in range(0, len(advertised), 6)
+        }
+        assert int.from_bytes(settings[f.MAX_CONCURRENT_STREAMS], "big") == limit
+        # Acknowledged, the limit holds (grpc core applies the settings its peer has acknowledged). Each call
+        # opens and waits for its request, which never comes; one more is opened past the limit.
+        opened = [f.frame(f.HEADERS, f.END_HEADERS, 2 * i + 1, encode) for i in range(limit + 1)]
+        raw.sendall(f.frame(f.SETTINGS, f.ACK, 0, b"") + b"".join(opened))
+        raw.settimeout(1.0)
+        with contextlib.suppress(TimeoutError):
+            while chunk := raw.recv(65536):
+                buf += chunk
+                frames += f.whole_frames(buf)
+    resets = {sid: int.from_bytes(p[:4], "big") for k, _, sid, p in frames if k == f.RST_STREAM}
+    assert resets == {2 * limit + 1: f.REFUSED_STREAM}
 
 
 CLIENTS = [f"client {i} says {'ab ' * (i % 37)}" for i in range(200)]
