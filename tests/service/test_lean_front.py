@@ -25,6 +25,7 @@ import hpack
 import pytest
 
 from mhaserve.service.rpc.lean import frames as f
+from mhaserve.service.rpc.lean.connection import MAX_PING_STRIKES
 from mhaserve.service.rpc.lean.server import LeanServer
 
 SERVICE = "test.Lean"
@@ -383,21 +384,53 @@ def goaway_code(frames: list[tuple[int, int, int, bytes]]) -> int | None:
     return codes[-1] if codes else None
 
 
-def test_a_flood_of_pings_ends_the_connection_with_enhance_your_calm(lean: Running, channel: grpc.Channel) -> None:
-    """Each PING costs an acknowledgement and no call counts it: past the stream limit's number (1,000) in a
-    second the connection ends, and the server serves others on."""
+def goaway_debug(frames: list[tuple[int, int, int, bytes]]) -> bytes | None:
+    debug = [payload[8:] for kind, _, _, payload in frames if kind == f.GOAWAY]
+    return debug[-1] if debug else None
+
+
+def test_a_flood_of_pings_ends_the_connection_with_too_many_pings(lean: Running, channel: grpc.Channel) -> None:
+    """grpc core's keepalive policy: with nothing sent since, a PING sooner than the allowed interval after the
+    last is a strike, and the third ends the connection with the debug data grpc's clients back off on."""
     pings = b"".join(f.frame(f.PING, 0, 0, i.to_bytes(8, "big")) for i in range(1100))
     got = raw_exchange(lean.port, pings)
-    assert goaway_code(got) == f.ENHANCE_YOUR_CALM
-    assert 990 <= sum(kind == f.PING for kind, *_ in got) <= 1000
+    assert goaway_code(got) == f.ENHANCE_YOUR_CALM and goaway_debug(got) == b"too_many_pings"
+    assert sum(kind == f.PING and flags & f.ACK for kind, flags, *_ in got) == MAX_PING_STRIKES + 1
     assert method(channel, "echo")(b"still", timeout=10) == b"still"
 
 
-def test_pings_within_the_limit_are_answered_and_the_connection_kept(lean: Running) -> None:
-    pings = b"".join(f.frame(f.PING, 0, 0, i.to_bytes(8, "big")) for i in range(500))
-    got = raw_exchange(lean.port, pings, until_closed=False)
+def test_pings_while_a_call_waits_count_as_strikes_too(lean: Running) -> None:
+    """A call open, nothing sent on it: pings still come too soon (grpc allows one in 5 minutes then)."""
+    pings = b"".join(f.frame(f.PING, 0, 0, i.to_bytes(8, "big")) for i in range(MAX_PING_STRIKES + 2))
+    got = raw_exchange(lean.port, raw_call(1, "slow") + pings, until_closed=False)
+    assert goaway_code(got) == f.ENHANCE_YOUR_CALM and goaway_debug(got) == b"too_many_pings"
+
+
+def test_pings_between_answers_never_strike(lean: Running) -> None:
+    """grpc's clients ping after data they receive (BDP probes): each answer we send counts PINGs afresh."""
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.settings())
+        buf = bytearray()
+        got: list[tuple[int, int, int, bytes]] = []
+        for i in range(3 * (MAX_PING_STRIKES + 1)):
+            sid = 2 * i + 1
+            raw.sendall(f.frame(f.PING, 0, 0, i.to_bytes(8, "big")) + raw_call(sid, "echo"))
+            while not any(k == f.HEADERS and flags & f.END_STREAM and s == sid for k, flags, s, _ in got):
+                chunk = raw.recv(65536)
+                assert chunk, f"the connection closed: {got[-3:]}"
+                buf += chunk
+                got += f.whole_frames(buf)
     assert goaway_code(got) is None
-    assert sum(kind == f.PING and flags & f.ACK for kind, flags, *_ in got) == 500
+    assert sum(kind == f.PING and flags & f.ACK for kind, flags, *_ in got) == 3 * (MAX_PING_STRIKES + 1)
+
+
+def test_a_flood_of_settings_ends_the_connection_with_enhance_your_calm(lean: Running, channel: grpc.Channel) -> None:
+    """Each SETTINGS costs an acknowledgement and no call counts it: past the stream limit's number (1,000) of
+    PINGs, SETTINGS and reset calls in a second the connection ends, and the server serves others on."""
+    got = raw_exchange(lean.port, f.settings() * 1100)
+    assert goaway_code(got) == f.ENHANCE_YOUR_CALM and (goaway_debug(got) or b"").startswith(b"more than 1000")
+    assert 990 <= sum(kind == f.SETTINGS and flags & f.ACK for kind, flags, *_ in got) <= 1000
+    assert method(channel, "echo")(b"still", timeout=10) == b"still"
 
 
 def test_calls_reset_as_fast_as_they_open_end_the_connection(lean: Running, channel: grpc.Channel) -> None:

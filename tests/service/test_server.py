@@ -208,6 +208,23 @@ def test_a_connection_holds_at_most_max_streams_calls_at_once_on_either_front(se
     assert resets == {2 * limit + 1: f.REFUSED_STREAM}
 
 
+def test_keepalive_pings_are_held_to_grpc_cores_policy_on_either_front(server: ServerThread) -> None:
+    """Four PINGs on a connection with no call: three answered, then a GOAWAY ENHANCE_YOUR_CALM saying
+    "too_many_pings" (grpc's clients then ping half as often), whichever front serves the port."""
+    host, port = server.address.rsplit(":", 1)
+    pings = b"".join(f.frame(f.PING, 0, 0, i.to_bytes(8, "big")) for i in range(4))
+    with socket.create_connection((host, int(port)), timeout=WAIT) as raw:
+        raw.sendall(f.PREFACE + f.settings() + pings)
+        buf = bytearray()
+        frames: list[tuple[int, int, int, bytes]] = []
+        while chunk := raw.recv(65536):
+            buf += chunk
+            frames += f.whole_frames(buf)
+    goaways = [(int.from_bytes(p[4:8], "big"), p[8:]) for k, _, _, p in frames if k == f.GOAWAY]
+    assert goaways == [(f.ENHANCE_YOUR_CALM, b"too_many_pings")]
+    assert sum(k == f.PING and flags & f.ACK for k, flags, *_ in frames) >= 3
+
+
 CLIENTS = [f"client {i} says {'ab ' * (i % 37)}" for i in range(200)]
 
 

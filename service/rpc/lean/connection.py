@@ -17,6 +17,11 @@ frames that cost us work without a call (PINGs and SETTINGS to acknowledge, stre
 runs) may come at most `max_glitches` times in a second, past which the connection ends with a GOAWAY
 ENHANCE_YOUR_CALM; and while the peer does not read what we write (the transport's buffer over its high-water
 mark) we stop reading from it, so acknowledgements cannot pile up in memory.
+
+Keepalive PINGs are held to grpc core's policy, so that a client configured for one front behaves the same on
+the other: since we last sent a call's headers or data, a PING sooner than 5 minutes after the last (2 hours
+while no call is open) is a strike, and the third strike ends the connection with a GOAWAY ENHANCE_YOUR_CALM
+whose debug data, "too_many_pings", tells grpc's clients to ping half as often.
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ STREAM_WINDOW = 1 << 20  # what a stream may send ahead of its call's reads
 CONNECTION_WINDOW = f.MAX_WINDOW
 MAX_HEADER_LIST = 16 << 10  # grpc core's own limit on a call's metadata
 CALM_WINDOW_S = 1.0  # the window over which PINGs, SETTINGS and resets of running calls are counted
+# grpc core's server defaults (grpc.http2.min_ping_interval_without_data_ms, grpc.http2.max_ping_strikes, and
+# the 2 hours it allows while no call is open): see the module docstring.
+PING_INTERVAL_S = 300.0
+PING_INTERVAL_IDLE_S = 7200.0
+MAX_PING_STRIKES = 2
 # Headers that are HTTP/2's or gRPC's own, not the call's metadata.
 _RESERVED = frozenset({"content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding"})
 _DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {
@@ -155,6 +165,8 @@ class Connection(asyncio.Protocol):
         self.running = 0  # calls whose handler has not ended, reset ones included
         self.glitches = 0  # PINGs, SETTINGS and resets of running calls since `glitches_since`
         self.glitches_since = self.opened
+        self.last_ping: float | None = None  # when the last PING came, since we last sent a call's frames
+        self.ping_strikes = 0
 
     # -- the transport's callbacks --
 
@@ -257,6 +269,7 @@ class Connection(asyncio.Protocol):
         elif kind == f.PING:
             if not flags & f.ACK:
                 self._glitch()
+                self._ping()
                 out.append(f.frame(f.PING, f.ACK, 0, payload))
         elif kind == f.WINDOW_UPDATE:
             self._window_update(stream_id, int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, out)
@@ -414,6 +427,21 @@ class Connection(asyncio.Protocol):
                 f"more than {self.server.max_glitches} PINGs, SETTINGS and reset calls in {CALM_WINDOW_S:g} s",
             )
 
+    def _ping(self) -> None:
+        """A keepalive PING, held to grpc core's policy (the module docstring)."""
+        now, last = self.server.loop.time(), self.last_ping
+        self.last_ping = now
+        if last is None or now - last >= (PING_INTERVAL_S if self.streams else PING_INTERVAL_IDLE_S):
+            return
+        self.ping_strikes += 1
+        if self.ping_strikes > MAX_PING_STRIKES:
+            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "too_many_pings")
+
+    def _answering(self) -> None:
+        """We send a call's headers or data: PINGs count afresh (a client's BDP pings follow our data)."""
+        self.last_ping = None
+        self.ping_strikes = 0
+
     def _settings(self, payload: bytes, out: list[bytes]) -> None:
         if len(payload) % 6:
             raise ConnectionError_(f.FRAME_SIZE_ERROR, "a SETTINGS frame of a length not a multiple of 6")
@@ -470,6 +498,7 @@ class Connection(asyncio.Protocol):
         if stream.closed:
             return
         stream.closed = True
+        self._answering()
         n = len(message) + 5
         head = b"" if stream.headers_sent else f.frame(f.HEADERS, f.END_HEADERS, stream.id, f.RESPONSE_HEADERS)
         stream.headers_sent = True
@@ -495,6 +524,7 @@ class Connection(asyncio.Protocol):
         """One message of a streamed answer; waits while the peer's windows hold earlier ones back."""
         if stream.closed:
             raise asyncio.CancelledError()  # the client reset it: the handler's loop ends here
+        self._answering()
         out = []
         if not stream.headers_sent:
             out.append(f.frame(f.HEADERS, f.END_HEADERS, stream.id, f.RESPONSE_HEADERS))
@@ -512,6 +542,7 @@ class Connection(asyncio.Protocol):
         if stream.closed:
             return
         stream.closed = True
+        self._answering()
         if not stream.headers_sent:
             stream.headers_sent = True
             self._write(
@@ -570,6 +601,7 @@ class Connection(asyncio.Protocol):
         for stream in list(self.blocked.values()):
             if self.send_window <= 0:
                 return
+            self._answering()
             self._flush(stream, out)
 
     def _stop_reading(self, stream: Stream) -> bytes:
