@@ -23,6 +23,8 @@ import grpclib.encoding.base
 import grpclib.exceptions
 import hpack
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.connection import MAX_PING_STRIKES
@@ -493,3 +495,131 @@ def test_a_port_in_use_is_an_error() -> None:
         taken.listen()
         with pytest.raises(RuntimeError, match="cannot listen"):
             LeanServer().add_insecure_port(f"127.0.0.1:{taken.getsockname()[1]}")
+
+
+# -- frames no client should send: property-based --
+
+_PATHS = [f"/{SERVICE}/{m}" for m in ("echo", "echo", "echo", "fail", "count", "chat", "total")] + ["/x/y", "/"]
+_stream_ids = st.sampled_from([0, 1, 2, 3, 5, 7, 1001, (1 << 31) - 1])
+
+
+@st.composite
+def _header_blocks(draw: st.DrawFn) -> bytes:
+    """A header block: a call's, with fields dropped, changed or added, or bytes that are not HPACK at all."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(st.binary(max_size=64))
+    fields = [
+        (":method", draw(st.sampled_from(["POST", "POST", "POST", "GET", ""]))),
+        (":scheme", "http"),
+        (":path", draw(st.sampled_from(_PATHS))),
+        (":authority", "localhost"),
+        ("content-type", draw(st.sampled_from(["application/grpc"] * 3 + ["application/grpc+proto", "text/plain"]))),
+        ("te", "trailers"),
+    ]
+    fields = [fd for fd in fields if draw(st.integers(0, 19))]  # each dropped one time in twenty
+    extra = st.tuples(
+        st.sampled_from(["grpc-timeout", "grpc-encoding", "x-bin", "tag-bin", "who", ":status", "Upper"]),
+        st.text(max_size=12),
+    )
+    fields += draw(st.lists(extra, max_size=3))
+    block = f.header_block((n, v.encode("utf-8", "surrogatepass")) for n, v in fields)
+    return block[: draw(st.integers(0, len(block)))] if draw(st.integers(0, 9)) == 0 else block
+
+
+@st.composite
+def _payloads(draw: st.DrawFn, kind: int) -> bytes:
+    if kind in (f.HEADERS, f.CONTINUATION, f.PUSH_PROMISE):
+        return draw(_header_blocks())
+    if kind == f.DATA:  # a gRPC message: compressed flag, length (true or not), bytes
+        body = draw(st.binary(max_size=40))
+        length = draw(st.sampled_from([len(body), len(body), len(body), len(body) + 1, 1 << 24, 0]))
+        return bytes([draw(st.sampled_from([0, 0, 0, 1, 2]))]) + length.to_bytes(4, "big") + body
+    if kind == f.SETTINGS:
+        pairs = st.tuples(
+            st.integers(0, 8), st.sampled_from([0, 1, 16_383, 16_384, 1 << 24, (1 << 31) - 1, 1 << 31, (1 << 32) - 1])
+        )
+        raw = b"".join(i.to_bytes(2, "big") + v.to_bytes(4, "big") for i, v in draw(st.lists(pairs, max_size=4)))
+        return raw + draw(st.sampled_from([b"", b"\x00", b"\x00\x01\x02"]))
+    if kind == f.WINDOW_UPDATE:
+        return draw(st.sampled_from([0, 1, 1 << 16, (1 << 31) - 1, (1 << 32) - 1])).to_bytes(4, "big")[
+            : draw(st.sampled_from([4, 4, 3]))
+        ]
+    return draw(st.binary(max_size=24))
+
+
+# Frames that end the connection at once (PUSH_PROMISE, a CONTINUATION out of place) come rarely, so that
+# most cases go on to later frames.
+_KINDS = [f.DATA, f.HEADERS, f.PRIORITY, f.RST_STREAM, f.SETTINGS, f.PING, f.GOAWAY, f.WINDOW_UPDATE] * 4 + [
+    f.PUSH_PROMISE,
+    f.CONTINUATION,
+]
+
+
+@st.composite
+def _frames(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(_KINDS) | st.integers(10, 255))
+    flags = draw(
+        st.sampled_from([0, f.END_STREAM, f.END_HEADERS, f.END_STREAM | f.END_HEADERS, f.PADDED, f.PRIORITY_FLAG])
+        | st.integers(0, 255)
+    )
+    return f.frame(kind, flags, draw(_stream_ids), draw(_payloads(kind)))
+
+
+@st.composite
+def _calls(draw: st.DrawFn) -> tuple[int, bytes, int, bytes]:
+    """A call's HEADERS and DATA (flags and payload of each), as likely to be wrong as the frames above; the
+    test gives each call the next stream id, as a client does."""
+    head_flags = f.END_HEADERS | draw(st.sampled_from([0, 0, 0, f.END_STREAM]))
+    return (
+        head_flags,
+        draw(_header_blocks()),
+        draw(st.sampled_from([f.END_STREAM, f.END_STREAM, 0])),
+        draw(_payloads(f.DATA)),
+    )
+
+
+def _bytes(items: list[bytes | tuple[int, bytes, int, bytes]]) -> bytes:
+    out, stream = [], -1
+    for item in items:
+        if isinstance(item, bytes):
+            out.append(item)
+            continue
+        stream += 2
+        head_flags, block, data_flags, message = item
+        out += [f.frame(f.HEADERS, head_flags, stream, block), f.frame(f.DATA, data_flags, stream, message)]
+    return b"".join(out)
+
+
+def test_no_sequence_of_frames_makes_the_connection_fail_unhandled() -> None:
+    """Random frames after the preface (calls with fields missing or wrong, bad lengths, windows and settings
+    out of range, unknown types): the server answers, resets the stream or ends the connection with a GOAWAY,
+    and nothing escapes to the event loop's handler of unhandled errors; it serves a good call after them."""
+    running = Running()
+    errors: list[str] = []
+    running.loop.set_exception_handler(lambda loop, context: errors.append(repr(context)))
+    end = f.frame(f.PING, 0, 0, b"the end!")
+
+    @given(st.lists(st.one_of(_calls(), _calls(), _frames()), min_size=1, max_size=8))
+    @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def case(items: list[bytes | tuple[int, bytes, int, bytes]]) -> None:
+        errors.clear()  # what an earlier case left is reported there
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            raw.sendall(f.PREFACE + f.settings() + _bytes(items) + end)
+            buf = bytearray()
+            # The PING after them is answered once every frame before it has been read, unless the connection
+            # ended first (a GOAWAY, then the close).
+            with contextlib.suppress(ConnectionResetError):
+                while (chunk := raw.recv(65536)) and not any(
+                    k == f.PING and fl & f.ACK and p == b"the end!" for k, fl, _, p in f.whole_frames(buf + chunk)
+                ):
+                    buf += chunk
+        assert not errors, errors
+
+    try:
+        case()
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            assert method(channel, "echo")(b"still", timeout=10) == b"still"
+        time.sleep(0.2)  # a call's task that failed after its connection closed reports as it is collected
+        assert not errors, errors
+    finally:
+        running.stop()
