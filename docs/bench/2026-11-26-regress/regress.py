@@ -11,7 +11,8 @@ Each round starts each server afresh and measures, with the bench's own transpor
 (loadtest/bench/client.py) and its workloads (the same seeds and pools as `mhaserve bench`):
 one gRPC client on mixed texts (p50), 32 gRPC clients on mixed texts, 32 HTTP clients (OpenAI route,
 float) on mixed texts, and 32 gRPC clients on the fixed workload, SECONDS each; with WORKLOADS `short`,
-one client (p50) and 32 clients over gRPC and over HTTP on the short texts instead (`short32`: the 32 only).
+one client (p50) and 32 clients over gRPC and over HTTP on the short texts instead (`short32`: the 32 only,
+`short1`: the one client only).
 Set up BASE and run from the repository root:
   git worktree add /tmp/base 9555cd6 && python3.11 -m venv /tmp/base/.venv
   /tmp/base/.venv/bin/pip install -e /tmp/base
@@ -38,6 +39,7 @@ POINTS = {
     "fixed,mixed": [("mixed", "grpc", 1), ("mixed", "grpc", 32), ("mixed", "http", 32), ("fixed", "grpc", 32)],
     "short": [("short", "grpc", 1), ("short", "http", 1), ("short", "grpc", 32), ("short", "http", 32)],
     "short32": [("short", "grpc", 32), ("short", "http", 32)],
+    "short1": [("short", "grpc", 1), ("short", "http", 1)],
 }
 
 
@@ -86,11 +88,19 @@ def workloads_of(names: list[str]):  # type: ignore[no-untyped-def]
 
 
 def main(base: str, rounds: int, seconds: float, which: str) -> None:
-    workloads = workloads_of(which.removesuffix("32").split(","))
-    versions = {"before (9555cd6)": base, "now": sys.executable}
     points = POINTS[which]
+    workloads = workloads_of(sorted({w for w, _, _ in points}))
+    before = f"before ({revision(base)})"
+    versions = {before: base, "now": sys.executable}
     rows = alternate({k: lambda p=p: measure(p, workloads, points, seconds) for k, p in versions.items()}, rounds)
-    print_ratios(rows, "before (9555cd6)", "now", rounds)
+    print_ratios(rows, before, "now", rounds)
+
+
+def revision(python: str) -> str:
+    """The commit of the checkout whose venv `python` is (BASE/.venv/bin/python), as `git` names it short."""
+    checkout = Path(python).parents[2]
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or str(checkout)
 
 
 def alternate(versions: dict[str, Callable[[], dict[str, float]]], rounds: int) -> dict[str, dict[str, list[float]]]:
