@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.connection import MAX_PING_STRIKES
 from mhaserve.service.rpc.lean.server import LeanServer
+from tests.service.raw_h2 import call_block, goaway_code, goaway_debug, raw_exchange
 
 SERVICE = "test.Lean"
 
@@ -352,43 +353,8 @@ def test_metadata_never_reaches_the_log(channel: grpc.Channel, caplog: pytest.Lo
 def raw_call(stream_id: int, name: str) -> bytes:
     """A unary call to the test service with an empty request, as a raw client writes it: HEADERS, then the
     message in a DATA frame that ends the client's side."""
-    block = f.header_block(
-        (
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", f"/{SERVICE}/{name}"),
-            (":authority", "localhost"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        )
-    )
+    block = call_block(f"/{SERVICE}/{name}")
     return f.frame(f.HEADERS, f.END_HEADERS, stream_id, block) + f.frame(f.DATA, f.END_STREAM, stream_id, bytes(5))
-
-
-def raw_exchange(port: int, frames: bytes, until_closed: bool = True) -> list[tuple[int, int, int, bytes]]:
-    """Send the preface, an empty SETTINGS and `frames`; the frames the server sends back, until it closes
-    the connection (or, with `until_closed` False, for half a second)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-        raw.sendall(f.PREFACE + f.settings() + frames)
-        received = bytearray()
-        if not until_closed:
-            raw.settimeout(0.5)
-        try:
-            while chunk := raw.recv(65536):
-                received += chunk
-        except TimeoutError:
-            pass
-    return list(f.whole_frames(received))
-
-
-def goaway_code(frames: list[tuple[int, int, int, bytes]]) -> int | None:
-    codes = [int.from_bytes(payload[4:8], "big") for kind, _, _, payload in frames if kind == f.GOAWAY]
-    return codes[-1] if codes else None
-
-
-def goaway_debug(frames: list[tuple[int, int, int, bytes]]) -> bytes | None:
-    debug = [payload[8:] for kind, _, _, payload in frames if kind == f.GOAWAY]
-    return debug[-1] if debug else None
 
 
 def test_a_flood_of_pings_ends_the_connection_with_too_many_pings(lean: Running, channel: grpc.Channel) -> None:

@@ -38,6 +38,7 @@ from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.metrics import scrape
 from mhaserve.testing.server import ServerThread, bare_settings
 from tests.conftest import TINY
+from tests.service.raw_h2 import call_block, raw_exchange
 
 Start = Callable[..., ServerThread]
 ENCODE = "encoder.v1.EncoderService/Encode"
@@ -171,16 +172,7 @@ def test_a_connection_holds_at_most_max_streams_calls_at_once_on_either_front(se
     """The server advertises its limit of calls a connection (grpc core advertises none of its own) and refuses a
     stream opened past it with REFUSED_STREAM, which clients retry; the calls within it stay open."""
     limit = server_module.MAX_STREAMS
-    encode = f.header_block(
-        (
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", "/encoder.v1.EncoderService/Encode"),
-            (":authority", "localhost"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        )
-    )
+    encode = call_block("/encoder.v1.EncoderService/Encode")
     host, port = server.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=WAIT) as raw:
         raw.sendall(f.PREFACE + f.settings())
@@ -211,15 +203,8 @@ def test_a_connection_holds_at_most_max_streams_calls_at_once_on_either_front(se
 def test_keepalive_pings_are_held_to_grpc_cores_policy_on_either_front(server: ServerThread) -> None:
     """Four PINGs on a connection with no call: three answered, then a GOAWAY ENHANCE_YOUR_CALM saying
     "too_many_pings" (grpc's clients then ping half as often), whichever front serves the port."""
-    host, port = server.address.rsplit(":", 1)
     pings = b"".join(f.frame(f.PING, 0, 0, i.to_bytes(8, "big")) for i in range(4))
-    with socket.create_connection((host, int(port)), timeout=WAIT) as raw:
-        raw.sendall(f.PREFACE + f.settings() + pings)
-        buf = bytearray()
-        frames: list[tuple[int, int, int, bytes]] = []
-        while chunk := raw.recv(65536):
-            buf += chunk
-            frames += f.whole_frames(buf)
+    frames = raw_exchange(server.server.port, pings)
     goaways = [(int.from_bytes(p[4:8], "big"), p[8:]) for k, _, _, p in frames if k == f.GOAWAY]
     assert goaways == [(f.ENHANCE_YOUR_CALM, b"too_many_pings")]
     assert sum(k == f.PING and flags & f.ACK for k, flags, *_ in frames) >= 3

@@ -1,0 +1,50 @@
+"""A raw HTTP/2 client for the tests that send what no gRPC client would (floods, limits, broken frames), on
+either gRPC front: the frames are service/rpc/lean/frames.py's."""
+
+from __future__ import annotations
+
+import socket
+
+from mhaserve.service.rpc.lean import frames as f
+
+Frame = tuple[int, int, int, bytes]  # type, flags, stream id, payload
+
+
+def call_block(path: str) -> bytes:
+    """The header block of a gRPC call to `path`, as a client sends it."""
+    return f.header_block(
+        (
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        )
+    )
+
+
+def raw_exchange(port: int, frames: bytes, until_closed: bool = True) -> list[Frame]:
+    """Send the preface, an empty SETTINGS and `frames`; the frames the server sends back, until it closes
+    the connection (or, with `until_closed` False, for half a second)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.settings() + frames)
+        received = bytearray()
+        if not until_closed:
+            raw.settimeout(0.5)
+        try:
+            while chunk := raw.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pass
+    return list(f.whole_frames(received))
+
+
+def goaway_code(frames: list[Frame]) -> int | None:
+    codes = [int.from_bytes(payload[4:8], "big") for kind, _, _, payload in frames if kind == f.GOAWAY]
+    return codes[-1] if codes else None
+
+
+def goaway_debug(frames: list[Frame]) -> bytes | None:
+    debug = [payload[8:] for kind, _, _, payload in frames if kind == f.GOAWAY]
+    return debug[-1] if debug else None
