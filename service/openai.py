@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from mhaserve.runtime.errors import InvalidArgument
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import json_response, parse_json, validate
+from mhaserve.service.http.bodies import documented, json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 
@@ -31,21 +31,28 @@ EMBEDDINGS_PATH = f"{PREFIX}/embeddings"
 OWNER = "mhaserve"
 
 TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
+Text = Annotated[StrictStr, documented(minLength=1)]
 
 
 class EmbeddingRequest(BaseModel):
     """The body of `POST /v1/embeddings`."""
 
-    model_config = ConfigDict(extra="ignore")  # clients add fields of their own; OpenAI ignores them too
+    # Clients add fields of their own; OpenAI ignores them too.
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"input": ["a query", "a passage"]}]})
 
-    input: StrictStr | list[StrictStr] | TokenIds | list[TokenIds] = Field(
-        description="a text, a list of texts, a list of token ids, or a list of lists of token ids"
-    )
+    input: (
+        Text
+        | Annotated[list[Text], documented(minItems=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], documented(minItems=1)]
+    ) = Field(description="a text, a list of texts, a list of token ids, or a list of lists of token ids")
     model: StrictStr = Field(
         default="", description="a served model's name, or name:version (default: the server's default model)"
     )
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = Field(default=None, description="keep the leading dimensions, renormalised")
+    dimensions: Annotated[StrictInt, documented(minimum=1)] | None = Field(
+        default=None, description="keep the leading dimensions, renormalised"
+    )
     user: StrictStr | None = Field(default=None, description="accepted and ignored")
     truncate: StrictBool = Field(
         default=False, description="cut inputs past the model's maximum instead of refusing them"

@@ -10,14 +10,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from mhaserve.runtime.errors import InvalidArgument, NotFound
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import json_response, parse_json, validate
+from mhaserve.service.http.bodies import documented, json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput, Pipeline
 from mhaserve.service.version import SERVER_NAME, server_version
@@ -28,14 +28,21 @@ HEALTH_PATH = "/health"
 class TokenizeRequest(BaseModel):
     """The body of `POST /tokenize`."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"inputs": "hello world"}]})
 
-    inputs: StrictStr | list[StrictStr] = Field(description="a text or a list of texts")
+    inputs: StrictStr | Annotated[list[StrictStr], documented(minItems=1)] = Field(
+        description="a text or a list of texts"
+    )
     model: StrictStr = Field(default="", description="a served model's name (default: the first served)")
     truncate: StrictBool = Field(
         default=False, description="cut inputs past the model's maximum instead of refusing them"
     )
     prompt_name: StrictStr | None = Field(default=None, description="a prompt of the model's serving config")
+
+
+class Health(BaseModel):
+    status: Literal["SERVING", "NOT_SERVING"]
+    reason: str | None = Field(default=None, description="why not serving: loading, stalled, or draining")
 
 
 class Token(BaseModel):
@@ -128,7 +135,12 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
             }
         )
 
-    @api.get(HEALTH_PATH, summary="200 while the server serves; 503 while it loads, stalls or drains")
+    @api.get(
+        HEALTH_PATH,
+        summary="200 while the server serves; 503 while it loads, stalls or drains",
+        response_model=Health,
+        responses={503: {"model": Health, "description": "not serving: loading, stalled, or draining"}},
+    )
     async def health() -> Response:
         reason = dataplane.not_ready()
         if reason is None:

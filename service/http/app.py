@@ -24,7 +24,7 @@ from mhaserve.service.context import request_id
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.errors import render
 from mhaserve.service.http.middleware import ASGIApp, CallMiddleware, FastRoute, loggable
-from mhaserve.service.http.openapi import add_schemas
+from mhaserve.service.http.openapi import complete
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve import rest as kserve_rest
 from mhaserve.service.metrics import Metrics
@@ -64,7 +64,7 @@ def build(
     app.include_router(openai.router(dataplane))
     app.include_router(kserve_rest.router(dataplane, manager))
     app.include_router(utility.router(dataplane, max_message_bytes=max_body_bytes))
-    add_schemas(app, [openai.EmbeddingRequest, kserve_rest.InferenceRequest, utility.TokenizeRequest])
+    complete(app)
 
     def respond(request: Request, error: BaseException, extra: dict[str, str] | None = None) -> Response:
         status, headers, body = render(error, request.url.path, request_id.get(), request.scope)

@@ -15,18 +15,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.runtime.manifest import is_number
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import json_response, parse_json, validate
-from mhaserve.service.http.openapi import request_body
+from mhaserve.service.http.bodies import documented, json_response, parse_json, validate
+from mhaserve.service.http.openapi import request_body, status_only
 from mhaserve.service.kserve.model import (
     EXTENSIONS,
     config,
@@ -36,6 +36,7 @@ from mhaserve.service.kserve.model import (
     statistics_of,
 )
 from mhaserve.service.kserve.tensors import (
+    INPUT_TYPES,
     OUTPUT,
     PARAMETER_TYPES,
     ParamT,
@@ -61,9 +62,9 @@ HEALTH_PATHS = (f"{PREFIX}/health/live", f"{PREFIX}/health/ready")
 class InputTensor(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    name: StrictStr
+    name: Annotated[StrictStr, documented(enum=list(INPUT_TYPES))]
     shape: list[StrictInt]  # ["1"] or [1.0] is refused, as Triton's JSON parser does
-    datatype: StrictStr
+    datatype: Annotated[StrictStr, documented(enum=sorted(set(INPUT_TYPES.values())))]
     parameters: dict[str, Any] = Field(default_factory=dict)
     data: Any = Field(default=None, description="the values, row-major (nested or flat); absent for binary data")
 
@@ -71,18 +72,25 @@ class InputTensor(BaseModel):
 class OutputTensor(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    name: StrictStr
+    name: Annotated[StrictStr, documented(enum=[OUTPUT])]
     parameters: dict[str, Any] = Field(default_factory=dict)
 
 
 class InferenceRequest(BaseModel):
     """The JSON part of `POST /v2/models/{name}[/versions/{version}]/infer`."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "examples": [
+                {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a query", "a passage"]}]}
+            ]
+        },
+    )
 
     id: StrictStr = ""
     parameters: dict[str, Any] = Field(default_factory=dict)
-    inputs: list[InputTensor]
+    inputs: Annotated[list[InputTensor], documented(minItems=1)]
     outputs: list[OutputTensor] = Field(default_factory=list)
 
 
@@ -212,7 +220,7 @@ def to_response(output: EncodeOutput, request_id: str, binary: bool) -> Response
 class RepositoryIndexRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    ready: bool = False
+    ready: StrictBool = False
 
 
 class RepositoryLoadRequest(BaseModel):
@@ -235,11 +243,15 @@ def router(dataplane: DataPlane, manager: ModelManager) -> APIRouter:
     async def server_metadata() -> Response:
         return json_response({"name": SERVER_NAME, "version": server_version(), "extensions": list(EXTENSIONS)})
 
-    @api.get("/health/live", summary="200 while the process runs")
+    @api.get("/health/live", summary="200 while the process runs", **status_only("live"))
     async def live() -> Response:
         return ready_status(True)
 
-    @api.get("/health/ready", summary="200 when the server serves, 400 while it loads or drains")
+    @api.get(
+        "/health/ready",
+        summary="200 when the server serves, 400 while it loads or drains",
+        **status_only("ready", "loading or draining"),
+    )
     async def ready() -> Response:
         return ready_status(dataplane.ready)
 
@@ -258,7 +270,7 @@ def router(dataplane: DataPlane, manager: ModelManager) -> APIRouter:
 async def _optional_json(request: Request) -> Any:
     """A repository call's body: tritonclient sends none, or JSON."""
     body = await request.body()
-    return parse_json(body, request.headers.get("content-type")) if body.strip() else {}
+    return parse_json(body, request.headers.get("content-type")) if body else {}
 
 
 def _repository_routes(api: APIRouter, manager: ModelManager) -> None:
@@ -267,7 +279,7 @@ def _repository_routes(api: APIRouter, manager: ModelManager) -> None:
     @api.post(
         "/repository/index",
         summary="Every model of the repository and each version's state (READY, LOADING, UNAVAILABLE and why)",
-        openapi_extra=request_body(RepositoryIndexRequest),
+        openapi_extra=request_body(RepositoryIndexRequest, required=False),
     )
     async def repository_index(request: Request) -> Response:
         req = validate(RepositoryIndexRequest, await _optional_json(request))
@@ -276,7 +288,7 @@ def _repository_routes(api: APIRouter, manager: ModelManager) -> None:
     @api.post(
         "/repository/models/{model_name}/load",
         summary="Load (or reload) a model by its version policy: --model-control explicit",
-        openapi_extra=request_body(RepositoryLoadRequest),
+        openapi_extra=request_body(RepositoryLoadRequest, required=False),
     )
     async def repository_load(request: Request, model_name: str) -> Response:
         manager.check_control()
@@ -300,7 +312,11 @@ def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status:
         pipeline = dataplane.resolve(model_name, model_version)
         return json_response(metadata(pipeline.model, dataplane.versions(pipeline.model.name)))
 
-    @api.get(base + "/ready", summary="200 when the model is ready, 400 when not (or not served)")
+    @api.get(
+        base + "/ready",
+        summary="200 when the model is ready, 400 when not (or not served)",
+        **status_only("ready", "not ready, or not served"),
+    )
     async def model_ready(model_name: str, model_version: str = "") -> Response:
         return ready_status(model_is_ready(dataplane, model_name, model_version))
 
@@ -318,6 +334,7 @@ def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status:
         base + "/infer",
         summary="Inference: text or token ids in, embeddings out (JSON, or Triton's binary tensor data)",
         openapi_extra=request_body(InferenceRequest, "application/json", "application/octet-stream"),
+        responses={200: {"content": {"application/octet-stream": {}}}},  # binary outputs after the JSON header
     )
     async def infer(request: Request, model_name: str, model_version: str = "") -> Response:
         pipeline = dataplane.resolve(model_name, model_version)
