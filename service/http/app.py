@@ -64,7 +64,7 @@ def build(
     app.include_router(openai.router(dataplane))
     app.include_router(kserve_rest.router(dataplane, manager))
     app.include_router(utility.router(dataplane, max_message_bytes=max_body_bytes))
-    complete(app)
+    complete(app, keys=keys.enabled, open_paths=OPEN_PATHS)
 
     def respond(request: Request, error: BaseException, extra: dict[str, str] | None = None) -> Response:
         status, headers, body = render(error, request.url.path, request_id.get(), request.scope)

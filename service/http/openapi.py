@@ -12,6 +12,8 @@ FastAPI's own document is not that here, in three ways this module mends:
   an error in its API's shape, OpenAI's `{"error": {...}}` or the Open Inference Protocol's
   `{"error": "..."}` under /v2 (http/errors.py renders both).
 - The KServe health routes answer with a status and no body (`status_only`).
+- With API keys, every route but the open ones (health, and the document itself) needs one: `complete`
+  declares the bearer scheme and puts it on those operations (Swagger UI at /docs then asks for the key).
 
 A client generated from the document (openapi-generator, or schemathesis checking the server against it:
 tests/service/test_openapi.py) then finds every answer documented.
@@ -19,7 +21,7 @@ tests/service/test_openapi.py) then finds every answer documented.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Response
@@ -38,6 +40,12 @@ ERRORS = (
     "it in the log), 503 loading or draining (retry after Retry-After), 504 no answer within the timeout"
 )
 
+SECURITY = "apiKey"
+BEARER = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "an API key (--api-keys-file, MHASERVE_API_KEYS); the repository API needs an admin key",
+}
 # Every model a route's body is described by, by name (filled as the routers are built).
 _bodies: dict[str, type[BaseModel]] = {}
 
@@ -82,8 +90,9 @@ def status_only(yes: str, no: str | None = None) -> dict[str, Any]:
     return {"response_class": Response, "responses": responses}
 
 
-def complete(app: FastAPI) -> None:
-    """Generate the document once, as the module docstring says."""
+def complete(app: FastAPI, *, keys: bool = False, open_paths: Sequence[str] = ()) -> None:
+    """Generate the document once, as the module docstring says; `keys`: the server asks for API keys on
+    every path but `open_paths`."""
     generate: Callable[[], dict[str, Any]] = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -108,6 +117,10 @@ def complete(app: FastAPI) -> None:
                         "content": {"application/json": {"schema": {"$ref": REF.format(model=error.__name__)}}},
                     },
                 )
+                if keys and path not in open_paths:
+                    operation["security"] = [{SECURITY: []}]
+        if keys:
+            document["components"]["securitySchemes"] = {SECURITY: BEARER}
         for name in FASTAPI_VALIDATION:
             if not any(ref == REF.format(model=name) for ref in refs(document)):
                 schemas.pop(name, None)

@@ -8,6 +8,7 @@ every answer's status, content type, headers and body checked against it, and ne
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,11 +17,13 @@ from typing import Any
 
 import pytest
 
-from mhaserve.service.http.openapi import FASTAPI_VALIDATION, REF, refs
+from mhaserve.service.http.openapi import FASTAPI_VALIDATION, REF, SECURITY, refs
+from mhaserve.service.settings import ApiKeys
 from mhaserve.testing.http import request
 from mhaserve.testing.server import ServerThread, local_settings
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
+KEY = "a-test-key"
 # The model routes take the served model's name and version: schemathesis then reaches past the lookup into
 # the routes' own checks (an unknown model is a 404 either way, tested in test_http.py and test_kserve.py).
 CONFIG = """\
@@ -82,14 +85,48 @@ def test_health_answers_are_documented_without_a_body(document: dict[str, Any]) 
     assert paths["/v2/repository/index"]["post"]["requestBody"]["required"] is False
 
 
+def test_without_api_keys_no_operation_asks_for_one(document: dict[str, Any]) -> None:
+    assert "securitySchemes" not in document["components"]
+    assert not any("security" in operation for _, _, operation in operations(document))
+
+
+def test_with_api_keys_every_operation_but_the_open_ones_asks_for_one(tiny_repo: Path) -> None:
+    with ServerThread(local_settings(tiny_repo, api_keys=ApiKeys((KEY,)))).ready() as keyed:
+        document = request("GET", keyed.http_url + "/openapi.json").json()  # open: no key
+    assert document["components"]["securitySchemes"][SECURITY] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": document["components"]["securitySchemes"][SECURITY]["description"],
+    }
+    asks = {(method, path) for path, method, operation in operations(document) if operation.get("security")}
+    everything = {(method, path) for path, method, _ in operations(document)}
+    assert everything - asks == {("get", "/health"), ("get", "/v2/health/live"), ("get", "/v2/health/ready")}
+
+
 @pytest.mark.slow
-def test_the_server_answers_as_its_document_says(srv: ServerThread, tmp_path: Path) -> None:
+@pytest.mark.parametrize("keys", [False, True], ids=["open", "api-keys"])
+def test_the_server_answers_as_its_document_says(
+    srv: ServerThread, tiny_repo: Path, tmp_path: Path, keys: bool
+) -> None:
+    """With API keys, schemathesis sends the key, and (its `ignored_auth` check) each operation the document
+    says needs one again without it and with a wrong one, expecting a 401."""
+    with contextlib.ExitStack() as stack:
+        if keys:
+            srv = stack.enter_context(ServerThread(local_settings(tiny_repo, api_keys=ApiKeys((KEY,)))).ready())
+        run_schemathesis(srv, tmp_path, ["--header", f"Authorization: Bearer {KEY}"] if keys else [])
+        headers = {"authorization": f"Bearer {KEY}"} if keys else {}
+        reply = request("POST", srv.http_url + "/v1/embeddings", {"input": "still serving", "model": "tiny"}, headers)
+        assert reply.status == 200
+
+
+def run_schemathesis(srv: ServerThread, tmp_path: Path, options: list[str]) -> None:
     (tmp_path / "schemathesis.toml").write_text(CONFIG)
     run = subprocess.run(
         [
             str(SCHEMATHESIS),
             "run",
             srv.http_url + "/openapi.json",
+            *options,
             "--checks",
             "all",
             # A request the document allows may still be refused with a 400 for what no schema states: a model
@@ -114,5 +151,3 @@ def test_the_server_answers_as_its_document_says(srv: ServerThread, tmp_path: Pa
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "passed" in run.stdout and "Fuzzing" in run.stdout
-    reply = request("POST", srv.http_url + "/v1/embeddings", {"input": "still serving", "model": "tiny"})
-    assert reply.status == 200
