@@ -289,6 +289,7 @@ def _repository_routes(api: APIRouter, manager: ModelManager) -> None:
         "/repository/models/{model_name}/load",
         summary="Load (or reload) a model by its version policy: --model-control explicit",
         openapi_extra=request_body(RepositoryLoadRequest, required=False),
+        **status_only("loaded (and serving)"),
     )
     async def repository_load(request: Request, model_name: str) -> Response:
         manager.check_control()
@@ -296,7 +297,9 @@ def _repository_routes(api: APIRouter, manager: ModelManager) -> None:
         await manager.load_model(model_name, parameters=list(parameters))
         return Response(status_code=200)
 
-    @api.post("/repository/models/{model_name}/unload", summary="Unload every version of a model")
+    @api.post(
+        "/repository/models/{model_name}/unload", summary="Unload every version of a model", **status_only("unloaded")
+    )
     async def repository_unload(request: Request, model_name: str) -> Response:
         manager.check_control()
         await _optional_json(request)

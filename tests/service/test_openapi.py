@@ -104,18 +104,22 @@ def test_with_api_keys_every_operation_but_the_open_ones_asks_for_one(tiny_repo:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("keys", [False, True], ids=["open", "api-keys"])
+@pytest.mark.parametrize("variant", ["defaults", "api-keys", "explicit"])
 def test_the_server_answers_as_its_document_says(
-    srv: ServerThread, tiny_repo: Path, tmp_path: Path, keys: bool
+    srv: ServerThread, tiny_repo: Path, tmp_path: Path, variant: str
 ) -> None:
     """With API keys, schemathesis sends the key, and (its `ignored_auth` check) each operation the document
-    says needs one again without it and with a wrong one, expecting a 401."""
+    says needs one again without it and with a wrong one, expecting a 401. Under `--model-control explicit`
+    the repository API loads and unloads the model as the calls come."""
+    key = {"authorization": f"Bearer {KEY}"} if variant == "api-keys" else {}
     with contextlib.ExitStack() as stack:
-        if keys:
-            srv = stack.enter_context(ServerThread(local_settings(tiny_repo, api_keys=ApiKeys((KEY,)))).ready())
-        run_schemathesis(srv, tmp_path, ["--header", f"Authorization: Bearer {KEY}"] if keys else [])
-        headers = {"authorization": f"Bearer {KEY}"} if keys else {}
-        reply = request("POST", srv.http_url + "/v1/embeddings", {"input": "still serving", "model": "tiny"}, headers)
+        if variant != "defaults":
+            own = {"api_keys": ApiKeys((KEY,))} if key else {"model_control": "explicit"}
+            srv = stack.enter_context(ServerThread(local_settings(tiny_repo, **own)).ready())
+        run_schemathesis(srv, tmp_path, [f"--header=Authorization: {key['authorization']}"] if key else [])
+        if variant == "explicit":  # whatever the last call left, the model can be loaded and served again
+            assert request("POST", srv.http_url + "/v2/repository/models/tiny/load").status == 200
+        reply = request("POST", srv.http_url + "/v1/embeddings", {"input": "still serving", "model": "tiny"}, key)
         assert reply.status == 200
 
 
