@@ -143,8 +143,14 @@ class CallMiddleware:
                 response["complete"] = True
             await send(message)
 
-        self.in_flight.begin()
-        self.metrics.in_flight.inc()
+        # Health probes and the docs are not counted, as gRPC's health and reflection are not: a probe's
+        # "not ready" (503, or KServe's 400) is an answer, not a failed request, and a balancer's probes
+        # every 250 ms would otherwise fill the request rate and, counted UNKNOWN, the server-error alert.
+        # Nor are they in flight: the drain does not wait on them, nor does the gauge show them.
+        counted = not self.always_answered(path)
+        if counted:
+            self.in_flight.begin()
+            self.metrics.in_flight.inc()
         try:
             refusal = await self._refusal(scope, path)
             if refusal is not None:
@@ -163,12 +169,9 @@ class CallMiddleware:
                 else:
                     await self._run(scope, body, receive, send_with_id, response, rid)
         finally:
-            self.in_flight.end()
-            self.metrics.in_flight.dec()
-            # Health probes and the docs are not counted, as gRPC's health and reflection are not: a probe's
-            # "not ready" (503, or KServe's 400) is an answer, not a failed request, and a balancer's probes
-            # every 250 ms would otherwise fill the request rate and, counted UNKNOWN, the server-error alert.
-            if not self.always_answered(path):
+            if counted:
+                self.in_flight.end()
+                self.metrics.in_flight.dec()
                 self._count(scope, response["status"], time.perf_counter() - started)
 
     async def _refusal(self, scope: Scope, path: str) -> ServiceError | None:

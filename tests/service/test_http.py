@@ -268,6 +268,23 @@ def test_the_throttle_says_how_many_lines_it_left_out() -> None:
     assert throttle.filter(record) and record.getMessage() == invalid
 
 
+def test_a_probe_is_not_in_flight(srv: ServerThread) -> None:
+    """A probe held open (its body never sent) is not in the in-flight gauge, which the drain waits on too,
+    while a model request held the same way is."""
+    port = srv.server.metrics_port
+    assert port
+    for path, counted in (("/health", 0), ("/v2/health/ready", 0), ("/v2/models/tiny/ready", 0), ("/info", 1)):
+        with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=10 * READ_TIMEOUT) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n".encode())
+            if counted:
+                wait_until(lambda: scrape(port).get("mhaserve_requests_in_flight") == 1, "the request in flight")
+            else:
+                time.sleep(READ_TIMEOUT / 4)  # the request read and held: nothing to wait for but its arrival
+                assert scrape(port).get("mhaserve_requests_in_flight") == 0, path
+            assert s.recv(4096).startswith(b"HTTP/1.1 408")
+    assert scrape(port).get("mhaserve_requests_in_flight") == 0
+
+
 def test_a_silent_connection_is_closed_and_a_slow_body_is_408(srv: ServerThread) -> None:
     with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=10 * READ_TIMEOUT) as s:
         assert s.recv(1) == b""  # nothing sent: closed after the read timeout, not held forever
