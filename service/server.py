@@ -82,6 +82,7 @@ IDLE_CONNECTION_S = 300  # a gRPC connection with no call for this long is close
 # One connection cannot hold more than that of the server's tasks and memory; the queue limit still
 # refuses inputs past it across all connections.
 MAX_STREAMS = 1000
+ABANDON_S = 1.0  # at most this long for the calls still running at the grace period's end to be answered
 CONNECTION_AGE_GRACE_S = 300  # with --max-connection-age, what calls in flight get after the GOAWAY
 SETTLE_S = 1.0  # the most serve() waits, once stopped, for calls gRPC handed over as it stopped (_settle)
 # Methods that answer while the model loads and while the server drains: health checks, reflection, and
@@ -166,6 +167,7 @@ class EncoderServer:
         self.http_port: int | None = None
         self.in_flight = InFlight()  # calls of both protocols: the drain waits for none
         self._server: grpc.aio.Server | LeanServer | None = None
+        self._calls: ServiceInterceptor | None = None  # the gRPC calls' bookkeeping, which can abandon them
         self._http: HttpServer | None = None
         self.manager = ModelManager(
             self.repository,
@@ -261,6 +263,7 @@ class EncoderServer:
         calls = ServiceInterceptor(
             self.metrics, self.dataplane.admission, exempt=ALWAYS_ANSWERED, in_flight=self.in_flight
         )
+        self._calls = calls
         interceptors = [*auth, calls, DrainInterceptor(self._drain, exempt=ALWAYS_ANSWERED)]
         server: grpc.aio.Server | LeanServer
         if s.grpc_front == "lean":
@@ -525,6 +528,18 @@ class EncoderServer:
         await asyncio.sleep(max(0.0, min(0.05, deadline - time.monotonic())))  # calls already received get their turn
         return max(0.0, deadline - time.monotonic())
 
+    async def _abandon(self) -> None:
+        """The grace period is over: answer the gRPC calls still running UNAVAILABLE, with a message that says
+        why (grpc's stop would cancel them: "Cancelling all calls", counted CANCELLED, as if their clients had
+        gone), as the HTTP requests still running are answered 503 (http/middleware.py)."""
+        if self._calls is None or not self._calls.abandon(
+            Unavailable("the server stopped before this call was answered (its grace period ended); retry")
+        ):
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._calls.running.idle.wait(), timeout=ABANDON_S)
+        await asyncio.sleep(0.05)  # the answers' trailers reach the socket before the ports close
+
     async def stop(self, grace: float | None = None, *, delay: float = 0.0) -> None:
         """Drain, give in-flight calls `grace` seconds (default: the settings'), then release everything.
 
@@ -547,7 +562,10 @@ class EncoderServer:
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
         if self._server is not None or self._http is not None:
-            await self._stop_listeners(await self._quiesce(grace))
+            left = await self._quiesce(grace)
+            if left <= 0:
+                await self._abandon()
+            await self._stop_listeners(left)
         await self.manager.close()
         self._inference.shutdown(wait=False, cancel_futures=True)
         self._tokenize.shutdown(wait=False, cancel_futures=True)

@@ -101,11 +101,15 @@ class _Call:
         self.context = context
         self.code = grpc.StatusCode.OK
         self.start = time.perf_counter()
+        self.task = asyncio.current_task()
+        self.abandoned: ServiceError | None = None  # what to answer once `abandon` has cancelled the call
 
     async def begin(self) -> None:
         request_id.set(self.rid)  # each RPC runs in its own task, hence its own context
         self.interceptor.metrics.in_flight.inc()
         self.interceptor.in_flight.begin()
+        self.interceptor.calls.add(self)
+        self.interceptor.running.begin()
         self.context.set_trailing_metadata(((REQUEST_ID_HEADER, self.rid),))
         refusal = await self.interceptor.gate(self.context.time_remaining())
         if refusal is not None:
@@ -127,7 +131,12 @@ class _Call:
         # clients may no longer retry (test_server.py, the retry policy's test).
         await self.context.abort(code, message, trailing_metadata=((REQUEST_ID_HEADER, self.rid),))
 
-    def cancelled(self) -> None:
+    async def cancelled(self) -> None:
+        """The call's task was cancelled: by its client (counted CANCELLED, or DEADLINE_EXCEEDED), or by the
+        server at the end of its grace period (`abandon`: answered with the error it was given)."""
+        if self.abandoned is not None and (task := asyncio.current_task()) is not None:
+            task.uncancel()
+            await self.fail(self.abandoned)  # raises AbortError: answered, not cancelled
         remaining = self.context.time_remaining()
         # The client's deadline fires first and cancels the call; the server's copy of it starts when the
         # headers arrive, a little later (milliseconds on a busy machine), so "just before" means expired.
@@ -142,6 +151,8 @@ class _Call:
         m.request_duration.labels(self.method).observe(elapsed)
         m.in_flight.dec()
         self.interceptor.in_flight.end()
+        self.interceptor.calls.discard(self)
+        self.interceptor.running.end()
         log.debug("%s %s %.1f ms", self.method, self.code.name, elapsed * 1000)
 
 
@@ -155,6 +166,18 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         self.gate = gate
         self.exempt = tuple(exempt)
         self.in_flight = in_flight or InFlight()  # shared with the HTTP server: the drain waits on both
+        self.calls: set[_Call] = set()  # the calls begun and not yet ended
+        self.running = InFlight()  # their count (the drain's in_flight has the HTTP requests too)
+
+    def abandon(self, error: ServiceError) -> int:
+        """Answer every call still running with `error` (the server's grace period is over: UNAVAILABLE, which
+        clients retry, rather than the CANCELLED grpc's own stop would count); how many there were."""
+        calls = [call for call in self.calls if call.task is not None and not call.task.done()]
+        for call in calls:
+            call.abandoned = error
+            assert call.task is not None
+            call.task.cancel()
+        return len(calls)
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -182,7 +205,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             except grpc.aio.AbortError:
                 raise
             except asyncio.CancelledError:
-                call.cancelled()
+                await call.cancelled()
                 raise
             except Exception as e:
                 await call.fail(e)
@@ -201,7 +224,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             except grpc.aio.AbortError:
                 raise
             except asyncio.CancelledError:
-                call.cancelled()
+                await call.cancelled()
                 raise
             except Exception as e:
                 await call.fail(e)

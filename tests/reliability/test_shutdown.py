@@ -224,6 +224,38 @@ def test_sigterm_waits_the_drain_delay_and_sigint_does_not(spawn: Spawn) -> None
         assert said == (sig == signal.SIGTERM), proc.log
 
 
+@pytest.mark.parametrize("front", ["grpc", "lean"])
+def test_grpc_calls_still_running_when_the_grace_period_ends_are_answered_unavailable(
+    settings: Settings, front: str
+) -> None:
+    """grpc's own stop cancels them: its clients read UNAVAILABLE "Cancelling all calls" (or a closed socket
+    on the lean front) and the metrics counted CANCELLED, as if the clients had gone. The server answers them
+    itself, as it does HTTP's, with a status clients retry and a message that says why."""
+    engine = ScriptedEngine(hang_on=99, hang_for=WAIT)
+    srv = ServerThread(dataclasses.replace(settings, max_wait_ms=0.0, grpc_front=front), engine.factory()).ready()
+    feed = Feed()
+    try:
+        with srv.channel() as channel:
+            stub = pb_grpc.EncoderServiceStub(channel)
+            unary = stub.Encode.future(ids(99, 5), timeout=2 * WAIT)
+            stream = stub.EncodeStream(iter(feed), timeout=2 * WAIT)
+            feed.send(ids(99, 6))
+            wait_until(lambda: srv.server.in_flight.count == 2, "both calls in flight")
+            srv.call(srv.server.stop(grace=0.5), timeout=WAIT)
+            with pytest.raises(grpc.RpcError) as refused:
+                unary.result(timeout=WAIT)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "its grace period ended" in (refused.value.details() or "")
+            assert ending(stream)[1:] == (grpc.StatusCode.UNAVAILABLE, refused.value.details())
+        for method in ("Encode", "EncodeStream"):
+            assert srv.counted("UNAVAILABLE", f"encoder.v1.EncoderService/{method}") == 1, method
+            assert srv.counted("CANCELLED", f"encoder.v1.EncoderService/{method}") == 0, method
+    finally:
+        engine.release.set()
+        feed.close()
+        srv.stop()
+
+
 def test_an_http_request_still_running_when_the_grace_period_ends_is_answered_503(
     settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
