@@ -557,7 +557,12 @@ class EncoderServer:
             self._drain.begin()
             for pipeline in self.dataplane.pipelines():
                 pipeline.batcher.drain()
-            await self._stop_listeners(grace)
+            # The ports wait a little past the grace period: what still runs then is answered by _abandon
+            # first, rather than cancelled by grpc's stop.
+            stopping = asyncio.ensure_future(self._stop_listeners(grace + ABANDON_S))
+            if await self._quiesce(grace) <= 0:
+                await self._abandon()
+            await stopping
         await self.drain()
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()

@@ -225,12 +225,14 @@ def test_sigterm_waits_the_drain_delay_and_sigint_does_not(spawn: Spawn) -> None
 
 
 @pytest.mark.parametrize("front", ["grpc", "lean"])
+@pytest.mark.parametrize("delay", [0.0, 0.2], ids=["no-delay", "drain-delay"])
 def test_grpc_calls_still_running_when_the_grace_period_ends_are_answered_unavailable(
-    settings: Settings, front: str
+    settings: Settings, front: str, delay: float
 ) -> None:
     """grpc's own stop cancels them: its clients read UNAVAILABLE "Cancelling all calls" (or a closed socket
     on the lean front) and the metrics counted CANCELLED, as if the clients had gone. The server answers them
-    itself, as it does HTTP's, with a status clients retry and a message that says why."""
+    itself, as it does HTTP's, with a status clients retry and a message that says why; with a drain delay
+    (SIGTERM's, the ports closed before the grace period) as without one."""
     engine = ScriptedEngine(hang_on=99, hang_for=WAIT)
     srv = ServerThread(dataclasses.replace(settings, max_wait_ms=0.0, grpc_front=front), engine.factory()).ready()
     feed = Feed()
@@ -241,7 +243,7 @@ def test_grpc_calls_still_running_when_the_grace_period_ends_are_answered_unavai
             stream = stub.EncodeStream(iter(feed), timeout=2 * WAIT)
             feed.send(ids(99, 6))
             wait_until(lambda: srv.server.in_flight.count == 2, "both calls in flight")
-            srv.call(srv.server.stop(grace=0.5), timeout=WAIT)
+            srv.call(srv.server.stop(grace=0.5, delay=delay), timeout=WAIT)
             with pytest.raises(grpc.RpcError) as refused:
                 unary.result(timeout=WAIT)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
