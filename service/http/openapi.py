@@ -1,6 +1,6 @@
 """The OpenAPI document at /openapi.json, made to say what the server answers.
 
-FastAPI's own document is not that here, in three ways this module mends:
+FastAPI's own document is not that here, in four ways this module mends:
 
 - The model routes parse their own bodies (orjson, then pydantic) so that a malformed one gets the error
   each API's clients expect and a KServe request may carry binary tensors after its JSON. FastAPI then
