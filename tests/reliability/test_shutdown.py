@@ -240,9 +240,11 @@ def test_grpc_calls_still_running_when_the_grace_period_ends_are_answered_unavai
         with srv.channel() as channel:
             stub = pb_grpc.EncoderServiceStub(channel)
             unary = stub.Encode.future(ids(99, 5), timeout=2 * WAIT)
+            assert engine.hanging.wait(WAIT)
             stream = stub.EncodeStream(iter(feed), timeout=2 * WAIT)
             feed.send(ids(99, 6))
-            wait_until(lambda: srv.server.in_flight.count == 2, "both calls in flight")
+            # queued: read from its stream (a stream with nothing read is closed when the drain begins)
+            wait_until(lambda: srv.depth() == 1, "the stream's request queued behind the unary call's")
             srv.call(srv.server.stop(grace=0.5, delay=delay), timeout=WAIT)
             with pytest.raises(grpc.RpcError) as refused:
                 unary.result(timeout=WAIT)
