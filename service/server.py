@@ -532,12 +532,14 @@ class EncoderServer:
         """The grace period is over: answer the gRPC calls still running UNAVAILABLE, with a message that says
         why (grpc's stop would cancel them: "Cancelling all calls", counted CANCELLED, as if their clients had
         gone), as the HTTP requests still running are answered 503 (http/middleware.py)."""
-        if self._calls is None or not self._calls.abandon(
-            Unavailable("the server stopped before this call was answered (its grace period ended); retry")
-        ):
+        if self._calls is None:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._calls.running.idle.wait(), timeout=ABANDON_S)
+        tasks = self._calls.abandon(
+            Unavailable("the server stopped before this call was answered (its grace period ended); retry")
+        )
+        if not tasks:
+            return
+        await asyncio.wait(tasks, timeout=ABANDON_S)
         await asyncio.sleep(0.05)  # the answers' trailers reach the socket before the ports close
 
     async def stop(self, grace: float | None = None, *, delay: float = 0.0) -> None:

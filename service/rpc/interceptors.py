@@ -109,7 +109,6 @@ class _Call:
         self.interceptor.metrics.in_flight.inc()
         self.interceptor.in_flight.begin()
         self.interceptor.calls.add(self)
-        self.interceptor.running.begin()
         self.context.set_trailing_metadata(((REQUEST_ID_HEADER, self.rid),))
         refusal = await self.interceptor.gate(self.context.time_remaining())
         if refusal is not None:
@@ -152,7 +151,6 @@ class _Call:
         m.in_flight.dec()
         self.interceptor.in_flight.end()
         self.interceptor.calls.discard(self)
-        self.interceptor.running.end()
         log.debug("%s %s %.1f ms", self.method, self.code.name, elapsed * 1000)
 
 
@@ -167,17 +165,17 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         self.exempt = tuple(exempt)
         self.in_flight = in_flight or InFlight()  # shared with the HTTP server: the drain waits on both
         self.calls: set[_Call] = set()  # the calls begun and not yet ended
-        self.running = InFlight()  # their count (the drain's in_flight has the HTTP requests too)
 
-    def abandon(self, error: ServiceError) -> int:
+    def abandon(self, error: ServiceError) -> list[asyncio.Task[Any]]:
         """Answer every call still running with `error` (the server's grace period is over: UNAVAILABLE, which
-        clients retry, rather than the CANCELLED grpc's own stop would count); how many there were."""
-        calls = [call for call in self.calls if call.task is not None and not call.task.done()]
-        for call in calls:
-            call.abandoned = error
-            assert call.task is not None
-            call.task.cancel()
-        return len(calls)
+        clients retry, rather than the CANCELLED grpc's own stop would count); their tasks, to wait for."""
+        tasks = []
+        for call in self.calls:
+            if call.task is not None and not call.task.done():
+                call.abandoned = error
+                call.task.cancel()
+                tasks.append(call.task)
+        return tasks
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
