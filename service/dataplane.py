@@ -110,7 +110,8 @@ class DataPlane:
         self._held += 1
         try:
             with contextlib.suppress(TimeoutError):  # still loading: refused below
-                await asyncio.wait_for(self._settled.wait(), wait)
+                async with asyncio.timeout(wait):  # not wait_for, which can swallow the client's cancellation
+                    await self._settled.wait()
         finally:
             self._held -= 1
         return self.refusal()

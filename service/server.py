@@ -524,7 +524,8 @@ class EncoderServer:
         """
         deadline = time.monotonic() + grace
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.in_flight.idle.wait(), timeout=grace)
+            async with asyncio.timeout(grace):  # not wait_for, which can swallow a cancellation (Batcher)
+                await self.in_flight.idle.wait()
         await asyncio.sleep(max(0.0, min(0.05, deadline - time.monotonic())))  # calls already received get their turn
         return max(0.0, deadline - time.monotonic())
 

@@ -356,9 +356,13 @@ class Batcher:
             due = first.job.enqueued + self.limits.max_wait_ms / 1000 - time.perf_counter()
             if due <= 0:
                 return
-            # Wake on a new arrival (the budget may now be full) or when the first has waited enough.
+            # Wake on a new arrival (the budget may now be full) or when the first has waited enough. Not
+            # asyncio.wait_for: on Python 3.11 it swallows a cancellation that comes in the turn its wait ends,
+            # and close() sets `_arrived` (drain) and cancels the workers in one turn: the worker went on, and
+            # close() waited for it for ever.
             try:
-                await asyncio.wait_for(self._arrived.wait(), timeout=due)
+                async with asyncio.timeout(due):
+                    await self._arrived.wait()
             except TimeoutError:
                 return
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import threading
 from collections.abc import Callable, Coroutine
@@ -13,6 +14,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.errors import DeadlineExceeded, InferenceTimeout, Internal, ResourceExhausted, Unavailable
@@ -663,6 +666,31 @@ def test_close_fails_running_and_queued_requests_and_refuses_new_ones() -> None:
         engine.release.set()
 
 
+def test_close_stops_a_worker_that_waits_for_its_batch_to_fill() -> None:
+    """A request queued while another is tokenised waits for it to join its batch; close() then drains (which
+    wakes that wait) and cancels the worker in one turn. On Python 3.11 asyncio.wait_for swallowed that
+    cancellation: the worker went on and close() waited for it for ever (found by the random schedules
+    below)."""
+    engine = ScriptedEngine()
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=60_000.0))
+        b.start()
+        tokenising = b.admit(1)
+        call = asyncio.ensure_future(b.submit([seq(5)]))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not call.done() and not engine.batches  # waiting for the one being tokenised
+        closing = asyncio.ensure_future(b.close())
+        await asyncio.wait([closing], timeout=WAIT)
+        assert closing.done(), "close() never returned"
+        with pytest.raises(Unavailable, match="stopped before this request reached the model"):
+            await call
+        b.release(tokenising)
+
+    run(main())
+
+
 def test_pad() -> None:
     ids, mask = pad([seq(5, 6, 7), seq(8)], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [8, 0, 0]]
@@ -1165,3 +1193,163 @@ def test_a_batch_is_handed_back_once_and_its_metrics_are_observed_on_the_loop() 
     assert samples.get("mhaserve_inference_duration_seconds_count", model="m") == len(engine.batches)
     assert samples.get("mhaserve_batch_tokens_count", model="m") == len(engine.batches)
     assert observed_on == ["MainThread"] * len(engine.batches)
+
+
+# ---- random schedules: whatever happens, every request is answered once, with its own rows ------------------
+
+
+class Poisoned(ScriptedEngine):
+    """Rows holding 13 come out NaN; a batch holding 16 raises (the batcher splits it to find the input)."""
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray, *, beside: bool = False) -> np.ndarray:
+        out = super().run(input_ids, attention_mask, beside=beside)
+        out[(input_ids == 13).any(axis=1), 0] = np.nan
+        if (input_ids == 16).any():
+            raise RuntimeError("the engine failed")
+        return out
+
+
+# Examples a run: 150 in the suite (a few seconds); more by hand, BATCHER_EXAMPLES=3000 (about two minutes).
+EXAMPLES = int(os.environ.get("BATCHER_EXAMPLES", "150"))
+# A schedule's requests end within milliseconds; one that hangs is found after this many seconds.
+SCHEDULE_WAIT = float(os.environ.get("BATCHER_SCHEDULE_WAIT", "10"))
+
+# One request: its inputs' lengths, a poison token in one of them (None, 13 or 16), a deadline in ms (None for
+# none), a cancel after so many ms (None for none), and whether it is admitted first and tokenised for a
+# while (the servers' path) or submitted at once; then a pause in ms before the next request.
+_requests = st.tuples(
+    st.lists(st.integers(1, 12), min_size=1, max_size=6),
+    st.sampled_from([None, None, None, 13, 16]),
+    st.sampled_from([None, None, None, 0.0, 0.5, 3.0]),
+    st.sampled_from([None, None, None, None, 0.0, 0.3, 2.0]),
+    st.booleans(),
+    st.sampled_from([0.0, 0.0, 0.2, 1.0]),
+)
+
+
+@given(
+    schedule=st.lists(_requests, min_size=1, max_size=25),
+    workers=st.sampled_from([1, 2]),
+    batching=st.sampled_from(["length", "arrival"]),
+    budget=st.sampled_from([6, 24, 400]),
+    max_padding=st.sampled_from([1.0, 0.2]),
+    max_wait_ms=st.sampled_from([0.0, 1.0]),
+    queue=st.sampled_from([8, 1000]),
+    close_after=st.one_of(st.none(), st.integers(0, 25)),
+)
+@settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+def test_any_schedule_answers_every_request_once_with_its_own_rows(
+    schedule: list[tuple[list[int], int | None, float | None, float | None, bool, float]],
+    workers: int,
+    batching: str,
+    budget: int,
+    max_padding: float,
+    max_wait_ms: float,
+    queue: int,
+    close_after: int | None,
+) -> None:
+    """Requests of several inputs, some with a poisoned input (NaN, or a batch that raises), deadlines,
+    cancellations, a tokenising wait, a small queue, one or two workers, either policy, the server closing
+    midway: every request ends (nothing hangs), refused at once, or failed for a reason it had (its own
+    poisoned input, its deadline, its cancellation, the close), or answered with each of its inputs' own
+    rows; the others in a poisoned batch are served; no batch passes its budget or, with the length policy,
+    its padding cap; and nothing is left counted as waiting."""
+    engine = Poisoned(seconds_per_batch=0.0003)
+    ids = iter(range(1000, 10**6))
+
+    async def main() -> None:
+        b = Batcher(
+            engine,
+            limits=limits(
+                max_batch_tokens=budget, max_wait_ms=max_wait_ms, max_queue_size=queue, max_padding=max_padding
+            ),
+            batching=batching,  # type: ignore[arg-type]
+            workers=workers,
+        )
+        put_back = b._put_back
+
+        def counted(batch: list[Any]) -> None:
+            event("a batch formed ahead gave way")
+            put_back(batch)
+
+        b._put_back = counted  # type: ignore[method-assign]
+        b.start()
+        loop = asyncio.get_running_loop()
+
+        async def request(inputs: list[np.ndarray], deadline_ms: float | None, admitted: bool) -> np.ndarray:
+            deadline = None if deadline_ms is None else loop.time() + deadline_ms / 1000
+            if not admitted:
+                return await b.submit(inputs, deadline=deadline)
+            ticket = b.admit(len(inputs))
+            try:
+                await asyncio.sleep(0.0002)  # tokenising
+                return await b.submit(inputs, deadline=deadline, ticket=ticket)
+            finally:
+                b.release(ticket)  # what a failed or cancelled request's ticket still holds
+
+        async def close() -> None:
+            closing = asyncio.ensure_future(b.close())
+            await asyncio.wait([closing], timeout=SCHEDULE_WAIT)
+            assert closing.done(), "close() never returned"
+
+        calls: list[tuple[list[int], int | None, float | None, float | None, bool, asyncio.Task[np.ndarray]]] = []
+        closed = False
+        for n, (lengths, poison, deadline_ms, cancel_ms, admitted, pause_ms) in enumerate(schedule):
+            if n == close_after:
+                await close()
+                closed = True
+            firsts = [next(ids) for _ in lengths]
+            inputs = [seq(f, *[7] * (length - 1)) for f, length in zip(firsts, lengths, strict=True)]
+            if poison is not None:
+                inputs[-1] = seq(firsts[-1], poison, *[7] * (lengths[-1] - 1))
+            task = asyncio.ensure_future(request(inputs, deadline_ms, admitted))
+            if cancel_ms is not None:
+                loop.call_later(cancel_ms / 1000, task.cancel)
+            calls.append((firsts, poison, deadline_ms, cancel_ms, closed, task))
+            if pause_ms:
+                await asyncio.sleep(pause_ms / 1000)
+        _, pending = await asyncio.wait([c[-1] for c in calls], timeout=SCHEDULE_WAIT)
+        assert not pending, f"{len(pending)} requests never answered"
+        if not closed:
+            await close()
+
+        served: set[int] = set()
+        for firsts, poison, deadline_ms, cancel_ms, after_close, task in calls:
+            if task.cancelled():
+                assert cancel_ms is not None, "a request nobody cancelled was cancelled"
+                continue
+            error = task.exception()
+            if error is None:
+                rows = task.result()
+                assert poison is None, "a poisoned input was served"
+                assert rows[:, 1].tolist() == firsts, "a request got rows that are not its inputs'"
+                assert deadline_ms != 0.0, "served after its deadline"
+                served.update(firsts)
+                continue
+            if isinstance(error, ResourceExhausted):
+                assert queue < 1000, f"refused with room in the queue: {error}"
+            elif isinstance(error, DeadlineExceeded):
+                assert deadline_ms is not None, "a request without a deadline failed on one"
+            elif isinstance(error, Internal):
+                assert poison is not None, f"a request with no poisoned input failed: {error}"
+            elif isinstance(error, Unavailable):
+                assert close_after is not None, f"unavailable with no close: {error}"
+            else:
+                raise AssertionError(f"unexpected {type(error).__name__}: {error}")
+            assert not after_close or isinstance(error, Unavailable) or cancel_ms is not None
+        raised: list[set[int]] = []  # batches that raised: their halves run again, padded as they come
+        for batch in engine.batches:
+            firsts_in = {row[0] for row in batch}
+            halves = any(firsts_in < whole for whole in raised)
+            if any(16 in row for row in batch):
+                raised.append(firsts_in)
+            if len(batch) > 1:
+                width = max(map(len, batch))
+                assert len(batch) * width <= budget, "a batch passed its token budget"
+                if batching == "length" and not halves:
+                    assert padding([batch]) <= max_padding + 1e-9, "a batch passed the padding cap"
+        computed = {row[0] for batch in engine.batches for row in batch}
+        assert served <= computed
+        assert b.depth == 0 and b._tokens == 0 and b._computing == 0, "inputs left counted as waiting"
+
+    run(main())

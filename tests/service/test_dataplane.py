@@ -55,3 +55,22 @@ def test_a_drain_or_a_failed_load_ends_the_wait_with_its_own_refusal() -> None:
         assert refused is not None and "shutting down" in refused.message
 
     asyncio.run(scenario())
+
+
+def test_a_call_cancelled_in_the_turn_the_load_ends_stays_cancelled() -> None:
+    """The client went away (its call cancelled) in the same turn as the model came up: the hold ends in the
+    cancellation, not in an admission for a call nobody waits for (asyncio.wait_for on Python 3.11 returned
+    the wait's result instead)."""
+
+    async def scenario() -> None:
+        plane = DataPlane(loading_wait=5.0)
+        plane.state = "loading"
+        held = asyncio.create_task(plane.admission(None))
+        await asyncio.sleep(0.05)
+        plane.state = "serving"
+        held.cancel()
+        await asyncio.wait([held], timeout=1.0)
+        assert held.cancelled()
+        assert plane._held == 0
+
+    asyncio.run(scenario())
