@@ -23,6 +23,7 @@ from mhaserve.runtime.manifest import read_manifest
 from mhaserve.service.batching import Batcher, Limits
 from mhaserve.service.batching import batcher as batcher_module
 from mhaserve.service.batching.padding import pad
+from mhaserve.service.batching.queue import Live, Seq
 from mhaserve.service.context import RequestIdFilter, request_id
 from mhaserve.service.metrics import Metrics, ModelMetrics
 from mhaserve.testing.engines import ScriptedEngine
@@ -1278,14 +1279,14 @@ def test_any_schedule_answers_every_request_once_with_its_own_rows(
         # taken) are dropped, and a batch that raised runs again in halves.
         take, over_cap = b._policy.take, list[list[int]]()
 
-        def capped(tokens: int, live: Any, max_rows: int | None = None) -> list[Any]:
+        def capped(tokens: int, live: Live, max_rows: int | None = None) -> list[Seq]:
             batch = take(tokens, live, max_rows)
             lengths = [s.length for s in batch]
             if batching == "length" and len(batch) > 1 and 1 - sum(lengths) / (len(batch) * max(lengths)) > max_padding:
                 over_cap.append(lengths)
             return batch
 
-        b._policy.take = capped  # type: ignore[method-assign]
+        b._policy.take = capped  # type: ignore[method-assign,assignment]
         b.start()
         loop = asyncio.get_running_loop()
 

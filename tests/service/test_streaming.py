@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -84,6 +84,7 @@ def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
         got: list[tuple[str, int]] = []
         ended: BaseException | None = None
         stream = ordered(incoming(), compute, on_error, window=window, count=counted.append)
+        assert isinstance(stream, AsyncGenerator)  # closed early below, as grpc closes a cancelled call's
         try:
             async for response in stream:
                 got.append(response)
