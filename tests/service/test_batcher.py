@@ -1230,7 +1230,8 @@ _requests = st.tuples(
 
 @given(
     schedule=st.lists(_requests, min_size=1, max_size=25),
-    workers=st.sampled_from([1, 2]),
+    workers=st.sampled_from([1, 2, 3]),
+    engine_ms=st.sampled_from([0.0, 0.3, 2.0]),
     batching=st.sampled_from(["length", "arrival"]),
     budget=st.sampled_from([6, 24, 400]),
     max_padding=st.sampled_from([1.0, 0.2]),
@@ -1242,6 +1243,7 @@ _requests = st.tuples(
 def test_any_schedule_answers_every_request_once_with_its_own_rows(
     schedule: list[tuple[list[int], int | None, float | None, float | None, bool, float]],
     workers: int,
+    engine_ms: float,
     batching: str,
     budget: int,
     max_padding: float,
@@ -1250,12 +1252,12 @@ def test_any_schedule_answers_every_request_once_with_its_own_rows(
     close_after: int | None,
 ) -> None:
     """Requests of several inputs, some with a poisoned input (NaN, or a batch that raises), deadlines,
-    cancellations, a tokenising wait, a small queue, one or two workers, either policy, the server closing
-    midway: every request ends (nothing hangs), refused at once, or failed for a reason it had (its own
-    poisoned input, its deadline, its cancellation, the close), or answered with each of its inputs' own
-    rows; the others in a poisoned batch are served; no batch passes its budget or, with the length policy,
-    its padding cap; and nothing is left counted as waiting."""
-    engine = Poisoned(seconds_per_batch=0.0003)
+    cancellations, a tokenising wait, a small queue, one to three workers, batches that take no time to 2 ms,
+    either policy, the server closing midway: every request ends (nothing hangs), refused at once, or failed
+    for a reason it had (its own poisoned input, its deadline, its cancellation, the close), or answered with
+    each of its inputs' own rows; the others in a poisoned batch are served; no batch passes its budget or,
+    with the length policy, its padding cap; and nothing is left counted as waiting."""
+    engine = Poisoned(seconds_per_batch=engine_ms / 1000)
     ids = iter(range(1000, 10**6))
 
     async def main() -> None:
