@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import socket
 import time
 import zlib
@@ -576,3 +577,79 @@ def test_the_fast_embeddings_route_answers_as_the_documented_route_does(srv: Ser
         request("POST", url(srv, "/v1/embeddings"), b, headers={"content-type": t}).status for b, t in PARITY_BODIES
     ]
     assert statuses == [200, 200, 200, 400, 415, 400, 400, 400, 404, 400, 400]
+
+
+# ---- random connections: requests pipelined, split anywhere, chunked or not, and clients that leave -----------
+
+CONNECTIONS = int(os.environ.get("HTTP_CONNECTIONS", "60"))  # examples a run; more by hand
+_GOOD = (b'{"input": ["a text", "another"], "model": "tiny"}', 200)
+_BAD = (b'{"input": 5, "model": "tiny"}', 400)
+_UNKNOWN = (b'{"input": "a", "model": "nope"}', 404)
+
+
+def _message(body: bytes, chunked: bool, chunk: int) -> bytes:
+    head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if not chunked:
+        return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    parts = [body[i : i + chunk] for i in range(0, len(body), chunk)]
+    return (
+        head
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+        + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+        + b"0\r\n\r\n"
+    )
+
+
+def _responses(s: socket.socket, n: int) -> list[int]:
+    """The statuses of the next `n` responses on a keep-alive connection (each read whole)."""
+    data, statuses = b"", list[int]()
+    while len(statuses) < n:
+        while b"\r\n\r\n" not in data:
+            got = s.recv(65536)
+            assert got, f"the connection closed after {len(statuses)} responses of {n}"
+            data += got
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        statuses.append(int(lines[0].split()[1]))
+        length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:"))
+        while len(data) < length:
+            got = s.recv(65536)
+            assert got, "the connection closed in a response's body"
+            data += got
+        data = data[length:]
+    return statuses
+
+
+@hsettings(max_examples=CONNECTIONS, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    requests=st.lists(
+        st.tuples(st.sampled_from([_GOOD, _GOOD, _BAD, _UNKNOWN]), st.booleans(), st.integers(1, 20)),
+        min_size=1,
+        max_size=5,
+    ),
+    cuts=st.lists(st.integers(1, 60), max_size=6),
+    leave=st.sampled_from([None, None, "sent", "mid"]),
+)
+def test_pipelined_requests_split_anywhere_are_answered_in_order_and_a_client_that_leaves_leaves_nothing(
+    srv: ServerThread, requests: list[tuple[tuple[bytes, int], bool, int]], cuts: list[int], leave: str | None
+) -> None:
+    """One keep-alive connection: requests (good, invalid, of an unknown model; Content-Length or chunked in
+    chunks of any size) pipelined, the bytes sent in pieces cut anywhere. Read whole, each gets its own status
+    in order; a client that leaves after sending them all, or in the middle of one, leaves no request in
+    flight, and the server goes on serving."""
+    wire = b"".join(_message(body, chunked, chunk) for (body, _), chunked, chunk in requests)
+    if leave == "mid":
+        wire = wire[: len(wire) // 2]
+    with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
+        at = 0
+        for cut in cuts:
+            s.sendall(wire[at : at + cut])
+            at += cut
+            time.sleep(0.001)
+        s.sendall(wire[at:])
+        if leave is None:
+            assert _responses(s, len(requests)) == [status for (_, status), _, _ in requests]
+    port = srv.server.metrics_port
+    assert port
+    wait_until(lambda: scrape(port).get("mhaserve_requests_in_flight") == 0, "no request left in flight")
+    still_serving(srv)
