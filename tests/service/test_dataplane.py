@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from mhaserve.runtime.errors import ServiceError
 from mhaserve.service.dataplane import HOLD_MARGIN, DataPlane
 
 
@@ -44,12 +45,18 @@ def test_a_short_deadline_is_refused_before_it_and_no_wait_refuses_at_once() -> 
     asyncio.run(scenario())
 
 
+async def _held() -> tuple[DataPlane, asyncio.Task[ServiceError | None]]:
+    """A data plane whose model loads, and a call held for it."""
+    plane = DataPlane(loading_wait=5.0)
+    plane.state = "loading"
+    held = asyncio.create_task(plane.admission(None))
+    await asyncio.sleep(0.05)
+    return plane, held
+
+
 def test_a_drain_or_a_failed_load_ends_the_wait_with_its_own_refusal() -> None:
     async def scenario() -> None:
-        plane = DataPlane(loading_wait=5.0)
-        plane.state = "loading"
-        held = asyncio.create_task(plane.admission(None))
-        await asyncio.sleep(0.05)
+        plane, held = await _held()
         plane.state = "draining"
         refused = await asyncio.wait_for(held, 1.0)
         assert refused is not None and "shutting down" in refused.message
@@ -63,10 +70,7 @@ def test_a_call_cancelled_in_the_turn_the_load_ends_stays_cancelled() -> None:
     the wait's result instead)."""
 
     async def scenario() -> None:
-        plane = DataPlane(loading_wait=5.0)
-        plane.state = "loading"
-        held = asyncio.create_task(plane.admission(None))
-        await asyncio.sleep(0.05)
+        plane, held = await _held()
         plane.state = "serving"
         held.cancel()
         await asyncio.wait([held], timeout=1.0)
