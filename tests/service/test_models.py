@@ -11,12 +11,15 @@ import gc
 import io
 import json
 import logging
+import os
+import random
 import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,9 @@ import numpy as np
 import numpy.typing as npt
 import openai
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from mhaserve.export.publish import ExportOptions, export_entry
 from mhaserve.model.config import TINY
@@ -39,7 +45,7 @@ from mhaserve.runtime.repository import RepositoryError
 from mhaserve.service import models as models_module
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.settings import Settings
-from mhaserve.testing.engines import ScriptedEngine
+from mhaserve.testing.engines import ScriptedEngine, expected_row
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.server import ServerThread, bare_settings
@@ -848,3 +854,287 @@ def test_a_version_unloaded_and_loaded_again_before_its_queue_empties_keeps_its_
         before = samples.get("mhaserve_inputs_total", model="m", version="1")
         stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[2, 3])], model="m"), timeout=WAIT)
         assert srv.samples().get("mhaserve_inputs_total", model="m", version="1") == before + 1
+
+
+# ---- random schedules: loads, unloads and publications while clients encode ---------------------------------------
+
+LIFECYCLE_EXAMPLES = int(os.environ.get("LIFECYCLE_EXAMPLES", "25"))  # examples a run (each control); more by hand
+LIFECYCLE_WAIT = float(os.environ.get("LIFECYCLE_WAIT", "30"))  # seconds before a step that has not ended fails
+MODELS = ("a", "b")
+Step = tuple[str, str, float]  # what, which model, seconds before it starts
+
+_EXPLICIT_STEPS = st.tuples(
+    st.sampled_from(["encode", "encode", "encode", "encode_named", "load", "unload", "publish", "publish_bad"]),
+    st.sampled_from(MODELS),
+    st.sampled_from([0.0, 0.0, 0.001, 0.005, 0.02]),
+)
+# Under poll, spread over a few polls (every 50 ms) so that the server reads the repository between steps.
+_POLL_STEPS = st.tuples(
+    st.sampled_from(["encode", "encode", "encode", "encode_named", "publish", "publish_bad", "delete_bad"]),
+    st.sampled_from(MODELS),
+    st.sampled_from([0.0, 0.01, 0.03, 0.06, 0.12]),
+)
+
+
+def copy_version(repo: Path, name: str, source: int, version: int) -> None:
+    """Publish `version` as a plain copy of `source`, by one rename (a scripted engine answers alike)."""
+    scratch = repo / name / f".copy-{version}"
+    shutil.copytree(entry_dir(repo, name, source), scratch)
+    manifest = json.loads((scratch / "manifest.json").read_text())
+    manifest["version"] = version
+    (scratch / "manifest.json").write_text(json.dumps(manifest))
+    scratch.rename(repo / name / str(version))
+
+
+@dataclass
+class _Published:
+    """The versions of one model in the repository: the latest number, those that load, those that cannot."""
+
+    latest: int = 1
+    good: set[int] = field(default_factory=lambda: {1})
+    bad: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Lifecycle:
+    """A server of models `a` and `b` on a scripted engine (a batch takes 2 ms: loads are quick), its repository,
+    and what the schedules published there."""
+
+    srv: ServerThread
+    repo: Path
+    published: dict[str, _Published] = field(default_factory=lambda: {m: _Published() for m in MODELS})
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def restore(self) -> None:
+        """Both models served at their latest version that loads, as at the start, whatever the last schedule
+        left (a failed one included): the versions that cannot load deleted, both models loaded (explicit
+        control) or read again (poll)."""
+        for model, mine in self.published.items():
+            for version in mine.bad:
+                shutil.rmtree(self.repo / model / str(version))
+            mine.bad.clear()
+            mine.latest = max(mine.good)
+            if self.srv.server.manager.control == "explicit":
+                with self.srv.channel() as channel:
+                    kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+                    request = kpb.RepositoryModelLoadRequest(model_name=model)
+                    kserve.RepositoryModelLoad(request, timeout=LIFECYCLE_WAIT)
+            wanted = [mine.latest]
+            wait_until(lambda: self.srv.server.dataplane.versions(model) == wanted, f"{model} {wanted}", LIFECYCLE_WAIT)  # noqa: B023
+
+    def encode(self, channel: grpc.Channel, model: str, version: int) -> str:
+        """An encode call's status; OK only with the vector of its input, from a version of its model that loads
+        (and the one it asked for, if it did)."""
+        ids = [int(random.randrange(5, 90)), 7, 8]
+        request = pb.EncodeRequest(token_ids=[pb.TokenIds(ids=ids)], model=model, model_version=version)
+        try:
+            reply = pb_grpc.EncoderServiceStub(channel).Encode(request, timeout=LIFECYCLE_WAIT)
+        except grpc.RpcError as e:
+            return f"{e.code().name}: {e.details()}"
+        expected = np.array(expected_row(ids), dtype=np.float32)
+        assert reply.model == model and reply.model_version in self.published[model].good, reply
+        assert version in (0, reply.model_version), (version, reply.model_version)
+        assert np.allclose(vectors(reply)[0], expected / np.linalg.norm(expected), atol=1e-6)
+        return "OK"
+
+    def publish(self, model: str, *, bad: bool) -> None:
+        """A new version of `model`, a copy of its latest that loads, or one that cannot (its checksum)."""
+        with self.lock:
+            mine = self.published[model]
+            mine.latest += 1
+            version, source = mine.latest, max(mine.good)
+            (mine.bad if bad else mine.good).add(version)
+            if bad:
+                corrupt(self.repo, model, source, version, "sha")
+            else:
+                copy_version(self.repo, model, source, version)
+
+    def delete_bad(self, model: str) -> None:
+        """The newest version of `model` that cannot load, deleted (an operator mends what they published)."""
+        with self.lock:
+            mine = self.published[model]
+            if mine.bad:
+                version = max(mine.bad)
+                mine.bad.discard(version)
+                staged = self.repo / model / f".gone-{version}"
+                (self.repo / model / str(version)).rename(staged)  # gone at once, as a reader sees it
+                shutil.rmtree(staged)
+
+    def run(self, steps: list[Step], step: Callable[[str, str], str]) -> list[str]:
+        """Every step at once, each in its thread after its delay: how each ended (a status, or OK)."""
+
+        def delayed(kind: str, model: str, delay: float) -> str:
+            time.sleep(delay)
+            return step(kind, model)
+
+        with ThreadPoolExecutor(len(steps)) as pool:
+            futures = [pool.submit(delayed, *s) for s in steps]
+            ended = []
+            for s, future in zip(steps, futures, strict=True):
+                try:
+                    ended.append(future.result(LIFECYCLE_WAIT + 10))
+                except TimeoutError:
+                    pytest.fail(f"a step never ended: {s} of {steps}")
+        return ended
+
+    def check_settled(self) -> _State:
+        """Once every step has ended: the retired versions close and nothing stays in flight; then the versions
+        served, the repository index and the ready gauge agree, no version is left loading or unloading, and
+        every served version is open, idle, and one that loads."""
+        srv = self.srv
+        wait_until(lambda: srv.call(_settled(srv)), "the retired versions closed and nothing in flight", LIFECYCLE_WAIT)
+        state = srv.call(_state(srv))
+        assert state.ready == state.served, state
+        assert state.others == [], state
+        assert state.busy == [], state
+        samples = srv.samples()
+        for model in MODELS:
+            assert not {v for m, v in state.served if m == model} & self.published[model].bad, state
+            for s in samples:
+                if s.name == "mhaserve_model_ready" and s.labels["model"] == model:
+                    assert s.value == ((model, int(s.labels["version"])) in state.served), (s, state)
+        return state
+
+
+@pytest.fixture(scope="module")
+def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
+    repo = tmp_path_factory.mktemp("explicit")
+    export(repo, "a", 1, seed=1)
+    export(repo, "b", 1, seed=2)
+    engine = ScriptedEngine(seconds_per_batch=0.002, record=False)
+    with ServerThread(settings(repo, *MODELS, model_control="explicit"), engine.factory()) as srv:
+        yield _Lifecycle(srv.ready(), repo)
+
+
+@pytest.fixture(scope="module")
+def polled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
+    repo = tmp_path_factory.mktemp("polled")
+    export(repo, "a", 1, seed=1)
+    export(repo, "b", 1, seed=2)
+    engine = ScriptedEngine(seconds_per_batch=0.002, record=False)
+    poll = settings(repo, *MODELS, model_control="poll", repository_poll_s=0.05)
+    with ServerThread(poll, engine.factory()) as srv:
+        yield _Lifecycle(srv.ready(), repo)
+
+
+@hsettings(max_examples=LIFECYCLE_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps=st.lists(_EXPLICIT_STEPS, min_size=1, max_size=12))
+def test_random_loads_unloads_and_publications_while_clients_encode(explicit: _Lifecycle, steps: list[Step]) -> None:
+    """Explicit control. Encode calls (for a model's latest version, or for the version served when the schedule
+    began), loads and unloads, and versions published (some that cannot load), all at once: each call ends as
+    it should (an encode OK with its own vector from a version of its model, or NOT_FOUND only where its model
+    was unloaded or its version could have been replaced; a load OK, or FAILED_PRECONDITION only where a
+    version that cannot load was published; an unload OK), nothing hangs, and then everything settles and
+    agrees (`check_settled`)."""
+    explicit.restore()
+    srv = explicit.srv
+    start = {m: srv.server.dataplane.versions(m)[-1] for m in MODELS}
+
+    def step(kind: str, model: str) -> str:
+        with srv.channel() as channel:
+            kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+            try:
+                if kind in ("encode", "encode_named"):
+                    return explicit.encode(channel, model, start[model] if kind == "encode_named" else 0)
+                if kind == "load":
+                    kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name=model), timeout=LIFECYCLE_WAIT)
+                elif kind == "unload":
+                    request = kpb.RepositoryModelUnloadRequest(model_name=model)
+                    kserve.RepositoryModelUnload(request, timeout=LIFECYCLE_WAIT)
+                else:
+                    explicit.publish(model, bad=kind == "publish_bad")
+            except grpc.RpcError as e:
+                return f"{e.code().name}: {e.details()}"
+            return "OK"
+
+    ended = explicit.run(steps, step)
+    kinds = {(kind, model) for kind, model, _ in steps}
+    for (kind, model, _), outcome in zip(steps, ended, strict=True):
+        allowed = {"OK"}
+        if kind in ("encode", "encode_named") and ("unload", model) in kinds:
+            allowed.add("NOT_FOUND")  # unloaded before it came
+        if kind == "encode_named" and {("load", model), ("publish", model)} <= kinds:
+            allowed.add("NOT_FOUND")  # its version replaced by a newer one before it came
+        if kind == "load" and ("publish_bad", model) in kinds:
+            allowed.add("FAILED_PRECONDITION")
+        assert outcome.partition(":")[0] in allowed, (kind, model, outcome, steps)
+    explicit.check_settled()
+
+
+@hsettings(max_examples=LIFECYCLE_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps=st.lists(_POLL_STEPS, min_size=1, max_size=12))
+def test_random_publications_under_poll_while_clients_encode(polled: _Lifecycle, steps: list[Step]) -> None:
+    """Poll control (every 50 ms). Encode calls, and versions published while they run (some that cannot load,
+    and those deleted again): every encode of a model's latest version ends OK (a version is swapped in at
+    once, and a failed one changes nothing served), one for the version served when the schedule began OK or,
+    where a newer one was published, NOT_FOUND; nothing hangs; then everything settles and agrees
+    (`check_settled`), and each model is served at its newest version if that one loads, else at one that
+    does, with the newest listed UNAVAILABLE in the repository index."""
+    polled.restore()
+    srv = polled.srv
+    start = {m: srv.server.dataplane.versions(m)[-1] for m in MODELS}
+
+    def step(kind: str, model: str) -> str:
+        if kind == "delete_bad":
+            polled.delete_bad(model)
+        elif kind.startswith("publish"):
+            polled.publish(model, bad=kind == "publish_bad")
+        else:
+            with srv.channel() as channel:
+                return polled.encode(channel, model, start[model] if kind == "encode_named" else 0)
+        return "OK"
+
+    ended = polled.run(steps, step)
+    kinds = {(kind, model) for kind, model, _ in steps}
+    for (kind, model, _), outcome in zip(steps, ended, strict=True):
+        allowed = {"OK"} | ({"NOT_FOUND"} if kind == "encode_named" and ("publish", model) in kinds else set())
+        assert outcome.partition(":")[0] in allowed, (kind, model, outcome, steps)
+
+    def newest_settled() -> bool:
+        index = {(e.name, e.version): e.state for e in srv.server.manager.index()}
+        for model, mine in polled.published.items():
+            newest = max(mine.good | mine.bad)
+            served = srv.server.dataplane.versions(model)
+            if newest in mine.good and served != [newest]:
+                return False
+            if newest in mine.bad and (len(served) != 1 or index.get((model, str(newest))) != "UNAVAILABLE"):
+                return False
+        return True
+
+    wait_until(lambda: srv.call(_async(newest_settled)), "each model's newest version tried", LIFECYCLE_WAIT)
+    polled.check_settled()
+
+
+async def _async(check: Callable[[], bool]) -> bool:
+    """`check`, run on the server's loop (what it reads does not change while it reads)."""
+    return check()
+
+
+async def _settled(srv: ServerThread) -> bool:
+    manager = srv.server.manager
+    in_flight = srv.samples().get("mhaserve_requests_in_flight")
+    return len(manager.pipelines()) == len(srv.server.dataplane.pipelines()) and in_flight == 0
+
+
+@dataclass
+class _State:
+    """The server's view of its models: the versions served, those READY in the index, the index's entries
+    still LOADING or UNLOADING, and the served versions that are closed or still hold requests."""
+
+    served: set[tuple[str, int]]
+    ready: set[tuple[str, int]]
+    others: list[tuple[str, str, str]]
+    busy: list[tuple[str, int]]
+
+
+async def _state(srv: ServerThread) -> _State:
+    """The server's view of its models, read on its own loop (nothing changes in between)."""
+    dataplane, manager = srv.server.dataplane, srv.server.manager
+    served = {(m, v) for m in dataplane.model_names() for v in dataplane.versions(m)}
+    index = manager.index()
+    return _State(
+        served=served,
+        ready={(e.name, int(e.version)) for e in index if e.state == "READY"},
+        others=[(e.name, e.version, e.state) for e in index if e.state in ("LOADING", "UNLOADING")],
+        busy=[(p.model.name, p.model.version) for p in dataplane.pipelines() if p.closed or p.active],
+    )
