@@ -455,7 +455,9 @@ class Batcher:
             self._fail_unstarted(waiting)
 
         try:
-            ran = await self.watchdog.guard(run, begun=begun, size=len(batch), request_ids=request_ids, fail=overran)
+            ran = await self.watchdog.guard(
+                run, begun=begun, size=len(batch), request_ids=request_ids, fail=overran, thread=started
+            )
             if ran is not None:
                 # Its requests were answered in the turn that settled `run` (_finish), and run first in this
                 # one: the metrics come after their next steps, off their path.

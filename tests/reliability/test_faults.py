@@ -22,6 +22,7 @@ from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.metrics import scrape
 from mhaserve.testing.server import ServerThread, health_status
 from tests.reliability.conftest import Spawn
+from tests.service.test_models import copy_version
 
 
 def test_an_engine_error_fails_only_the_requests_whose_input_it_raised_on(settings: Settings) -> None:
@@ -119,3 +120,33 @@ def test_a_batch_still_computing_when_the_grace_period_ends_does_not_hold_the_ex
         assert proc.wait(WAIT) == 1, proc.log
         assert held.exception(WAIT) is not None  # answered (UNAVAILABLE), not left hanging
     assert "inference call still running" in proc.log
+
+
+def test_a_stalled_version_replaced_while_its_engine_hangs_lets_the_server_serve_once_the_engine_returns(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A version whose batch stalled, retired while its engine still hangs (a fixed version published, or the
+    model unloaded and loaded again): its batcher was closed with the stalled batch's worker cancelled, so the
+    server never heard that the batch returned, and stayed NOT_SERVING, refusing every request, for good."""
+    repo = tmp_path / "repo"
+    shutil.copytree(settings.repository / "tiny", repo / "tiny")
+    engine = ScriptedEngine(hang_on=99)
+    polled = dataclasses.replace(
+        settings, repository=repo, inference_timeout=0.3, max_wait_ms=0.0, model_control="poll", repository_poll_s=0.1
+    )
+    with ServerThread(polled, engine.factory()) as srv, srv.ready().channel() as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        try:
+            hung = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99, 5])]), timeout=WAIT)
+            error = hung.exception(WAIT)
+            assert isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.UNAVAILABLE, error
+            assert health_status(channel) == "NOT_SERVING"
+            copy_version(repo, "tiny", 1, 2)
+            # version 2 serves, and version 1, which holds no request (the stalled one was answered), is closed
+            wait_until(lambda: srv.server.dataplane.versions("tiny") == [2], "version 2 served")
+            wait_until(lambda: len(srv.server.manager.pipelines()) == 1, "version 1 closed")
+        finally:
+            engine.release.set()
+        wait_until(lambda: health_status(channel) == "SERVING", "the server to serve again")
+        assert stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])]), timeout=WAIT).model_version == 2
+        assert srv.gauge("mhaserve_ready") == 1

@@ -1095,6 +1095,33 @@ def test_a_stall_fails_the_batch_waiting_for_a_thread_which_never_runs() -> None
     assert engine.batches == [[[91]], [[92]], [[1]]]
 
 
+def test_a_stalled_batch_of_a_closed_batcher_still_recovers_when_its_engine_returns() -> None:
+    """A version retired while its batch stalled (unloaded, or replaced by a newer one): close() cancelled the
+    worker waiting for the engine, and with it the recovery, so the server, told of the stall but never of the
+    return, reported NOT_SERVING and refused every request for good."""
+    engine = ScriptedEngine(gates=[91])
+    hooks = Hooks()
+
+    async def main() -> None:
+        b = Batcher(
+            engine,
+            limits=limits(max_wait_ms=0.0),
+            inference_timeout=0.1,
+            on_stall=hooks.stall,
+            on_recover=hooks.recover,
+        )
+        b.start()
+        with pytest.raises(InferenceTimeout):
+            await b.submit([seq(91)])
+        await hooks.until(lambda h: h == ["stall"])
+        await b.close()  # the engine still holds the batch
+        engine.gates[91].set()
+        await hooks.until(lambda h: h == ["stall", "recover"])
+        assert not b.stalled
+
+    run_opening_gates(main(), engine)
+
+
 def test_with_two_workers_a_batch_beside_another_waits_for_its_share() -> None:
     """The start rule with several workers, not a timing (a minute's max wait). While other batches compute,
     a request waits until the queue holds its share of the inputs (max_rows, over the two workers' batches
