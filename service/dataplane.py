@@ -82,26 +82,30 @@ class DataPlane:
 
     # ---- what adapters ask --------------------------------------------------------------------------
 
-    def refusal(self) -> ServiceError | None:
-        """Why a model call would be refused now (loading, stalled, draining), or None when serving."""
+    def refusal(self, *, control: bool = False) -> ServiceError | None:
+        """Why a model call would be refused now (loading, stalled, draining), or None when serving. `control`:
+        a call of the repository API (index, load, unload), which is answered while a model is stalled, since
+        loading a version again or unloading it is what an operator does about one."""
         if self.state in ("draining", "stopped"):
             return Unavailable("the server is shutting down; retry on another replica")
         if self.state == "stalled":
+            if control:
+                return None
             return Unavailable("the model is not responding (--inference-timeout passed); retry on another replica")
         if self.state not in ("serving", "unready", "closing"):
             return Unavailable("the model is still loading; retry when health reports SERVING")
         return None
 
-    async def admission(self, time_left: float | None = None) -> ServiceError | None:
-        """`refusal()`, after waiting up to `loading_wait` seconds (and no later than the call's deadline,
-        `time_left` seconds away) for a model that is still loading.
+    async def admission(self, time_left: float | None = None, *, control: bool = False) -> ServiceError | None:
+        """`refusal(control=control)`, after waiting up to `loading_wait` seconds (and no later than the call's
+        deadline, `time_left` seconds away) for a model that is still loading.
 
         Why wait: a balancer may send a call to a replica that has just started before its health checks
         have found it loading (HAProxy 2.6 takes a restarted replica's new address as UP until its first
         check; docs/deploy.md). Refused, a gRPC call fails at its client, since the error travels in a
         response no proxy can replay; held, it is answered a few seconds late instead.
         """
-        refusal = self.refusal()
+        refusal = self.refusal(control=control)
         if refusal is None or self.loading_wait <= 0 or self._state not in ("new", "loading"):
             return refusal
         wait = self.loading_wait if time_left is None else min(self.loading_wait, time_left - HOLD_MARGIN)
@@ -114,7 +118,7 @@ class DataPlane:
                     await self._settled.wait()
         finally:
             self._held -= 1
-        return self.refusal()
+        return self.refusal(control=control)
 
     def not_ready(self) -> str | None:
         """Why a health check says NOT_SERVING now (loading, stalled, draining, or about to), or None."""

@@ -261,7 +261,12 @@ class EncoderServer:
             else []
         )
         calls = ServiceInterceptor(
-            self.metrics, self.dataplane.admission, exempt=ALWAYS_ANSWERED, in_flight=self.in_flight
+            self.metrics,
+            self.dataplane.admission,
+            exempt=ALWAYS_ANSWERED,
+            in_flight=self.in_flight,
+            control=KSERVE_REPOSITORY_METHODS,
+            control_gate=functools.partial(self.dataplane.admission, control=True),
         )
         self._calls = calls
         interceptors = [*auth, calls, DrainInterceptor(self._drain, exempt=ALWAYS_ANSWERED)]

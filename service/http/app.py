@@ -94,6 +94,7 @@ def build(
         metrics=metrics,
         in_flight=in_flight,
         gate=dataplane.admission,
+        control_gate=functools.partial(dataplane.admission, control=True),
         keys=keys,
         max_body_bytes=max_body_bytes,
         read_timeout=read_timeout,

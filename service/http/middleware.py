@@ -5,7 +5,8 @@ The HTTP counterpart of the gRPC interceptors (service/rpc/), in front of every 
 - API keys: `Authorization: Bearer <key>`, before anything else (health probes and the API's own
   description are open, as health checks and reflection are on the gRPC port);
 - readiness: while the model loads (after waiting for it up to --loading-wait), stalls or the server
-  drains, 503 with Retry-After (health routes answer regardless, saying so);
+  drains, 503 with Retry-After (health routes answer regardless, saying so; the repository API, under
+  `admin_prefix`, answers while a model stalls: loading it again is the remedy);
 - the body, read whole before any route sees it: over the size limit, 413 (at once when its
   Content-Length says so); slower than the read timeout, 408; gzip or deflate, inflated within the limit;
 - a client that disconnects cancels its request, which then gives its queue slots back, as a cancelled
@@ -109,11 +110,13 @@ class CallMiddleware:
         admin_prefix: str = "",
         fast_routes: Mapping[tuple[str, str], FastRoute] | None = None,
         route_of: Callable[[Scope], str | None] = lambda scope: None,
+        control_gate: Gate | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.in_flight = in_flight
         self.gate = gate
+        self.control_gate = control_gate or gate  # the repository API's (under admin_prefix)
         self.keys = keys
         self.max_body_bytes = max_body_bytes
         self.read_timeout = read_timeout
@@ -184,7 +187,7 @@ class CallMiddleware:
                 log.info("refused %s %s: %s", scope["method"], loggable(path), why)
                 return refusal
         if not self.always_answered(path):
-            return await self.gate(None)
+            return await (self.control_gate if admin else self.gate)(None)
         return None
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:

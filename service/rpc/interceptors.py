@@ -4,7 +4,7 @@
 and the Open Inference Protocol's own health methods, which answer while the model loads and drains):
 - sets the request id (the client's `x-request-id`, or a new one) in a ContextVar and sends it back;
 - refuses calls with UNAVAILABLE while the model loads (after waiting for it up to --loading-wait) or the
-  server drains;
+  server drains, and but for the `control` methods (the repository API) while a model is stalled;
 - turns a raised ServiceError into its status, and anything else into INTERNAL with a short message
   (the stack trace goes to the log with the request id, never to the client);
 - refuses a request message that does not parse with INVALID_ARGUMENT, as any other bad input (grpc.aio
@@ -93,9 +93,10 @@ class _Call:
     """The bookkeeping of one RPC: request id, gate, error map, metrics, log line."""
 
     def __init__(
-        self, interceptor: ServiceInterceptor, method: str, rid: str, context: grpc.aio.ServicerContext
+        self, interceptor: ServiceInterceptor, method: str, rid: str, context: grpc.aio.ServicerContext, gate: Gate
     ) -> None:
         self.interceptor = interceptor
+        self.gate = gate
         self.method = method
         self.rid = rid
         self.context = context
@@ -110,7 +111,7 @@ class _Call:
         self.interceptor.in_flight.begin()
         self.interceptor.calls.add(self)
         self.context.set_trailing_metadata(((REQUEST_ID_HEADER, self.rid),))
-        refusal = await self.interceptor.gate(self.context.time_remaining())
+        refusal = await self.gate(self.context.time_remaining())
         if refusal is not None:
             raise refusal
 
@@ -155,13 +156,23 @@ class _Call:
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    """See the module docstring. `gate` returns the error to refuse calls with, or None to let them in."""
+    """See the module docstring. `gate` returns the error to refuse calls with, or None to let them in;
+    `control_gate` does for the `control` methods."""
 
     def __init__(
-        self, metrics: Metrics, gate: Gate, exempt: Sequence[str] = (), in_flight: InFlight | None = None
+        self,
+        metrics: Metrics,
+        gate: Gate,
+        exempt: Sequence[str] = (),
+        in_flight: InFlight | None = None,
+        *,
+        control: Sequence[str] = (),
+        control_gate: Gate | None = None,
     ) -> None:
         self.metrics = metrics
         self.gate = gate
+        self.control = tuple(control)
+        self.control_gate = control_gate or gate
         self.exempt = tuple(exempt)
         self.in_flight = in_flight or InFlight()  # shared with the HTTP server: the drain waits on both
         self.calls: set[_Call] = set()  # the calls begun and not yet ended
@@ -188,15 +199,16 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         rid = call_request_id(handler_call_details)
         wrap = self._stream if streams_responses(handler) else self._unary
         parsed = _parsed_stream if streams_requests(handler) else _parsed
+        gate = self.control_gate if is_exempt(full, self.control) else self.gate
         return rewrap(
             handler,
-            wrap(behaviour(handler), method, rid, parsed),
+            wrap(behaviour(handler), method, rid, parsed, gate),
             request_deserializer=_tolerant(handler.request_deserializer),
         )
 
-    def _unary(self, handle: Behaviour, method: str, rid: str, parsed: Callable[[Any], Any]) -> Behaviour:
+    def _unary(self, handle: Behaviour, method: str, rid: str, parsed: Callable[[Any], Any], gate: Gate) -> Behaviour:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            call = _Call(self, method, rid, context)
+            call = _Call(self, method, rid, context, gate)
             try:
                 await call.begin()
                 return await handle(parsed(request), context)
@@ -212,9 +224,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 
         return wrapper
 
-    def _stream(self, handle: Behaviour, method: str, rid: str, parsed: Callable[[Any], Any]) -> Behaviour:
+    def _stream(self, handle: Behaviour, method: str, rid: str, parsed: Callable[[Any], Any], gate: Gate) -> Behaviour:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            call = _Call(self, method, rid, context)
+            call = _Call(self, method, rid, context, gate)
             try:
                 await call.begin()
                 async for response in handle(parsed(request), context):

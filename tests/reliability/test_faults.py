@@ -16,7 +16,10 @@ import pytest
 from mhaserve.loadtest.reliability.scenarios.faults import POISON, engine_faults, engine_hangs, stuck_engine_exit
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
+from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.service.settings import Settings
+from mhaserve.testing import http
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.metrics import scrape
@@ -150,3 +153,34 @@ def test_a_stalled_version_replaced_while_its_engine_hangs_lets_the_server_serve
         wait_until(lambda: health_status(channel) == "SERVING", "the server to serve again")
         assert stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])]), timeout=WAIT).model_version == 2
         assert srv.gauge("mhaserve_ready") == 1
+
+
+def test_the_repository_api_answers_while_a_model_is_stalled(settings: Settings) -> None:
+    """Loading a stalled model again (or unloading it) is what an operator does about it; the repository API was
+    refused like the model calls ("the model is not responding"), over gRPC and HTTP. Model calls are still
+    refused while the batch stalls, and the server serves again once the engine returns."""
+    engine = ScriptedEngine(hang_on=99)
+    explicit = dataclasses.replace(
+        settings, inference_timeout=0.3, max_wait_ms=0.0, model_control="explicit", http_port=free_port()
+    )
+    with ServerThread(explicit, engine.factory()) as srv, srv.ready().channel() as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            hung = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99, 5])]), timeout=WAIT)
+            error = hung.exception(WAIT)
+            assert isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.UNAVAILABLE, error
+            with pytest.raises(grpc.RpcError) as refused:  # model calls: refused while it stalls
+                stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])]), timeout=WAIT)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            index = kserve.RepositoryIndex(kpb.RepositoryIndexRequest(), timeout=WAIT)
+            assert [(m.name, m.state) for m in index.models] == [("tiny", "READY")]
+            reply = http.request("POST", f"{srv.http_url}/v2/repository/index", body=b"{}")
+            assert reply.status == 200 and reply.json()[0]["state"] == "READY"
+            kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="tiny"), timeout=WAIT)
+            assert http.request("POST", f"{srv.http_url}/v2/repository/models/tiny/load", body=b"{}").status == 200
+            assert health_status(channel) == "NOT_SERVING"  # the stalled batch still holds the thread
+        finally:
+            engine.release.set()
+        wait_until(lambda: health_status(channel) == "SERVING", "the server to serve again")
+        assert stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])]), timeout=WAIT).embeddings
