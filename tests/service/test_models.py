@@ -861,6 +861,7 @@ def test_a_version_unloaded_and_loaded_again_before_its_queue_empties_keeps_its_
 LIFECYCLE_EXAMPLES = int(os.environ.get("LIFECYCLE_EXAMPLES", "25"))  # examples a run (each control); more by hand
 LIFECYCLE_WAIT = float(os.environ.get("LIFECYCLE_WAIT", "30"))  # seconds before a step that has not ended fails
 MODELS = ("a", "b")
+STALL = 99  # a token the explicit schedules' engine hangs on
 Step = tuple[str, str, float]  # what, which model, seconds before it starts
 
 _EXPLICIT_STEPS = st.tuples(
@@ -922,10 +923,10 @@ class _Lifecycle:
             wanted = [mine.latest]
             wait_until(lambda: self.srv.server.dataplane.versions(model) == wanted, f"{model} {wanted}", LIFECYCLE_WAIT)  # noqa: B023
 
-    def encode(self, channel: grpc.Channel, model: str, version: int) -> str:
-        """An encode call's status; OK only with the vector of its input, from a version of its model that loads
-        (and the one it asked for, if it did)."""
-        ids = [int(random.randrange(5, 90)), 7, 8]
+    def encode(self, channel: grpc.Channel, model: str, version: int, *, first: int | None = None) -> str:
+        """An encode call's status; OK only with the vector of its input (`first` and two more ids), from a
+        version of its model that loads (and the one it asked for, if it did)."""
+        ids = [first or int(random.randrange(5, 90)), 7, 8]
         request = pb.EncodeRequest(token_ids=[pb.TokenIds(ids=ids)], model=model, model_version=version)
         try:
             reply = pb_grpc.EncoderServiceStub(channel).Encode(request, timeout=LIFECYCLE_WAIT)
@@ -978,11 +979,14 @@ class _Lifecycle:
         return ended
 
     def check_settled(self) -> _State:
-        """Once every step has ended: the retired versions close and nothing stays in flight; then the versions
-        served, the repository index and the ready gauge agree, no version is left loading or unloading, and
-        every served version is open, idle, and one that loads."""
+        """Once every step has ended: the retired versions close, nothing stays in flight and the server serves
+        (a stall is over once its engine returns); then the versions served, the repository index and the
+        ready gauge agree, no version is left loading or unloading, and every served version is open, idle,
+        and one that loads."""
         srv = self.srv
-        wait_until(lambda: srv.call(_settled(srv)), "the retired versions closed and nothing in flight", LIFECYCLE_WAIT)
+        wait_until(
+            lambda: srv.call(_settled(srv)), "the retired versions closed, nothing in flight, serving", LIFECYCLE_WAIT
+        )
         state = srv.call(_state(srv))
         assert state.ready == state.served, state
         assert state.others == [], state
@@ -1001,8 +1005,13 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
     repo = tmp_path_factory.mktemp("explicit")
     export(repo, "a", 1, seed=1)
     export(repo, "b", 1, seed=2)
-    engine = ScriptedEngine(seconds_per_batch=0.002, record=False)
-    with ServerThread(settings(repo, *MODELS, model_control="explicit"), engine.factory()) as srv:
+    # An input holding STALL keeps its batch past the inference timeout: the server stalls, then recovers. (The
+    # timeout is well above the event loop's longest pause here: the full collection after a version closes
+    # takes up to 0.4 s in a test process, whose heap is large; a timer that fires that late finds a batch
+    # that has ended but could not yet hand back its result.)
+    engine = ScriptedEngine(seconds_per_batch=0.002, record=False, hang_on=STALL, hang_for=1.3)
+    explicit = settings(repo, *MODELS, model_control="explicit", inference_timeout=1.0)
+    with ServerThread(explicit, engine.factory()) as srv:
         yield _Lifecycle(srv.ready(), repo)
 
 
@@ -1018,14 +1027,23 @@ def polled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
 
 
 @hsettings(max_examples=LIFECYCLE_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(steps=st.lists(_EXPLICIT_STEPS, min_size=1, max_size=12))
-def test_random_loads_unloads_and_publications_while_clients_encode(explicit: _Lifecycle, steps: list[Step]) -> None:
+@given(
+    steps=st.lists(_EXPLICIT_STEPS, min_size=1, max_size=12),
+    stall=st.one_of(st.none(), st.tuples(st.integers(0, 12), st.sampled_from(MODELS), st.sampled_from([0.0, 0.005]))),
+)
+def test_random_loads_unloads_and_publications_while_clients_encode(
+    explicit: _Lifecycle, steps: list[Step], stall: tuple[int, str, float] | None
+) -> None:
     """Explicit control. Encode calls (for a model's latest version, or for the version served when the schedule
-    began), loads and unloads, and versions published (some that cannot load), all at once: each call ends as
-    it should (an encode OK with its own vector from a version of its model, or NOT_FOUND only where its model
-    was unloaded or its version could have been replaced; a load OK, or FAILED_PRECONDITION only where a
-    version that cannot load was published; an unload OK), nothing hangs, and then everything settles and
-    agrees (`check_settled`)."""
+    began), loads and unloads, versions published (some that cannot load), and a batch that stalls past the
+    inference timeout, all at once: each call ends as it should (an encode OK with its own vector from a
+    version of its model, or NOT_FOUND only where its model was unloaded or its version could have been
+    replaced, UNAVAILABLE only beside a stall; a load OK, or FAILED_PRECONDITION only where a version that
+    cannot load was published; an unload OK), nothing hangs, and then everything settles and agrees
+    (`check_settled`: the server serves again after a stall, whatever was unloaded or replaced meanwhile)."""
+    if stall is not None:  # at most one a schedule: each keeps the inference thread for over a second
+        at, model, delay = stall
+        steps = [*steps[:at], ("stall", model, delay), *steps[at:]]
     explicit.restore()
     srv = explicit.srv
     start = {m: srv.server.dataplane.versions(m)[-1] for m in MODELS}
@@ -1034,8 +1052,9 @@ def test_random_loads_unloads_and_publications_while_clients_encode(explicit: _L
         with srv.channel() as channel:
             kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
             try:
-                if kind in ("encode", "encode_named"):
-                    return explicit.encode(channel, model, start[model] if kind == "encode_named" else 0)
+                if kind in ("encode", "encode_named", "stall"):
+                    version = start[model] if kind == "encode_named" else 0
+                    return explicit.encode(channel, model, version, first=STALL if kind == "stall" else None)
                 if kind == "load":
                     kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name=model), timeout=LIFECYCLE_WAIT)
                 elif kind == "unload":
@@ -1050,9 +1069,11 @@ def test_random_loads_unloads_and_publications_while_clients_encode(explicit: _L
     ended = explicit.run(steps, step)
     kinds = {(kind, model) for kind, model, _ in steps}
     for (kind, model, _), outcome in zip(steps, ended, strict=True):
-        allowed = {"OK"}
-        if kind in ("encode", "encode_named") and ("unload", model) in kinds:
+        allowed = {"UNAVAILABLE"} if kind == "stall" else {"OK"}
+        if kind in ("encode", "encode_named", "stall") and ("unload", model) in kinds:
             allowed.add("NOT_FOUND")  # unloaded before it came
+        if kind in ("encode", "encode_named") and any(k == "stall" for k, _, _ in steps):
+            allowed.add("UNAVAILABLE")  # refused while a batch stalled (its threads are every model's)
         if kind == "encode_named" and {("load", model), ("publish", model)} <= kinds:
             allowed.add("NOT_FOUND")  # its version replaced by a newer one before it came
         if kind == "load" and ("publish_bad", model) in kinds:
@@ -1111,9 +1132,11 @@ async def _async(check: Callable[[], bool]) -> bool:
 
 
 async def _settled(srv: ServerThread) -> bool:
+    """Whether the retired versions are closed, nothing is in flight, and the server serves (no stall left)."""
     manager = srv.server.manager
     in_flight = srv.samples().get("mhaserve_requests_in_flight")
-    return len(manager.pipelines()) == len(srv.server.dataplane.pipelines()) and in_flight == 0
+    retired = len(manager.pipelines()) == len(srv.server.dataplane.pipelines())
+    return retired and in_flight == 0 and srv.server.state == "serving"
 
 
 @dataclass
