@@ -3,8 +3,9 @@
 `ServiceInterceptor` wraps every method of the model APIs (not the `exempt` ones: health, reflection,
 and the Open Inference Protocol's own health methods, which answer while the model loads and drains):
 - sets the request id (the client's `x-request-id`, or a new one) in a ContextVar and sends it back;
-- refuses calls with UNAVAILABLE while the model loads (after waiting for it up to --loading-wait) or the
-  server drains, and but for the `control` methods (the repository API) while a model is stalled;
+- refuses calls with UNAVAILABLE while the model loads (after waiting for it up to --loading-wait), while a
+  batch stalls (but the `control` methods, the repository API: loading a model again is the remedy) and
+  while the server drains;
 - turns a raised ServiceError into its status, and anything else into INTERNAL with a short message
   (the stack trace goes to the log with the request id, never to the client);
 - refuses a request message that does not parse with INVALID_ARGUMENT, as any other bad input (grpc.aio
