@@ -312,6 +312,30 @@ def test_stop_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
     running.loop.call_soon_threadsafe(running.loop.stop)
 
 
+def test_a_connection_accepted_as_the_listener_closes_is_sent_away_at_once() -> None:
+    """asyncio makes a connection's transport a turn or more after it accepts the socket: one accepted as the
+    stop closed the listener came up after the stop had sent away and cut the others, and was left open and
+    unserved (a grpcio client waited for its deadline, 10 s, for a call sent 50 ms into a stop). Now it gets
+    the server's SETTINGS and a GOAWAY that takes no stream, and is closed: its client retries elsewhere."""
+    running = Running()
+    try:
+        running.server.stopping = True  # the instant between the stop's start and the listener's close
+        with socket.create_connection(("127.0.0.1", running.port), timeout=5) as raw:
+            received = b""  # (what the client sends, unread, would turn the close into a reset)
+            while chunk := raw.recv(4096):  # ends: the server closes the connection
+                received += chunk
+        kinds = []
+        while received:
+            length = int.from_bytes(received[:3], "big")
+            kinds.append(received[3])
+            last, received = received[9 : 9 + length], received[9 + length :]
+        assert kinds == [f.SETTINGS, f.GOAWAY]
+        assert int.from_bytes(last[:4], "big") == 0 and int.from_bytes(last[4:8], "big") == f.NO_ERROR
+        assert not running.server.connections
+    finally:
+        running.stop()
+
+
 def test_a_connection_that_is_not_http2_is_closed_and_the_server_serves_on(
     lean: Running, channel: grpc.Channel
 ) -> None:

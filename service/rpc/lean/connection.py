@@ -125,13 +125,14 @@ class Stream:
 
 class Front(Protocol):
     """What a connection needs of its server (server.LeanServer): its limits, its loop, the set of open
-    connections it keeps, and a call served on a stream."""
+    connections it keeps, whether it is stopping, and a call served on a stream."""
 
     max_message_bytes: int
     max_streams: int
     max_glitches: int
     handshake_timeout: float
     connections: set[Connection]
+    stopping: bool
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -177,6 +178,10 @@ class Connection(asyncio.Protocol):
         if isinstance(peer, tuple):
             host = peer[0]
             self.peer = f"ipv6:[{host}]:{peer[1]}" if ":" in host else f"ipv4:{host}:{peer[1]}"
+        if self.server.stopping:  # accepted in the listener's last instant: no stream of it will be served
+            transport.write(f.settings() + f.goaway(0, f.NO_ERROR))
+            transport.close()
+            return
         self.server.connections.add(self)
         transport.write(
             f.settings(

@@ -51,6 +51,10 @@ class LeanServer:
         self.max_age_grace_s = max_age_grace_s
         self.reuse_port = reuse_port
         self.connections: set[Connection] = set()
+        # Set once stop() begins: a connection accepted as the listener closed (asyncio makes its transport a
+        # turn or more after the accept) is sent away at once, rather than left unserved until its client's
+        # deadline.
+        self.stopping = False
         self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
         self._servers: list[asyncio.Server] = []
         self._sweeper: asyncio.Task[None] | None = None
@@ -116,6 +120,7 @@ class LeanServer:
     async def stop(self, grace: float | None) -> None:
         """Listen no more, send every connection a GOAWAY, wait up to `grace` seconds for the calls in flight,
         then cut what is left (its calls are cancelled)."""
+        self.stopping = True
         for server in self._servers:
             server.close()
         self._servers.clear()
