@@ -84,7 +84,7 @@ IDLE_CONNECTION_S = 300  # a gRPC connection with no call for this long is close
 MAX_STREAMS = 1000
 ABANDON_S = 1.0  # at most this long for the calls still running at the grace period's end to be answered
 CONNECTION_AGE_GRACE_S = 300  # with --max-connection-age, what calls in flight get after the GOAWAY
-SETTLE_S = 1.0  # the most serve() waits, once stopped, for calls gRPC handed over as it stopped (_settle)
+SETTLE_S = 1.0  # the most serve() waits, once stopped, for calls gRPC handed over as it stopped (settle)
 # Methods that answer while the model loads and while the server drains: health checks, reflection, and
 # the Open Inference Protocol's own health methods (which answer false then). The call interceptor
 # neither gates nor counts them.
@@ -644,7 +644,7 @@ async def serve(
         await server.stop(delay=delay)
         with contextlib.suppress(BaseException):
             await ready
-        await _settle(SETTLE_S)
+        await settle(SETTLE_S)
         if server.stuck:
             # The stuck inference thread would hold the interpreter's exit forever (it joins its threads).
             log.error(
@@ -660,11 +660,12 @@ async def serve(
             loop.remove_signal_handler(sig)
 
 
-async def _settle(seconds: float) -> None:
+async def settle(seconds: float) -> None:
     """Let the calls that gRPC handed over as it stopped finish: the gate refuses each UNAVAILABLE at once.
     Left to asyncio.run's close, they are cancelled mid-answer, and gRPC logs each one as an unhandled
     error with a traceback (seen under SIGTERM with clients sending). After a stop with no such call in
-    the last instant, no task is left, and this returns at once."""
+    the last instant, no task is left, and this returns at once (but for a stalled batch's recovery, which
+    waits for its engine: then it waits the whole `seconds`)."""
     others = asyncio.all_tasks() - {asyncio.current_task()}
     if others:
         await asyncio.wait(others, timeout=seconds)

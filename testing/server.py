@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mhaserve.runtime.repository import EngineFactory
 from mhaserve.service.client import CHANNEL_OPTIONS
-from mhaserve.service.server import EncoderServer
+from mhaserve.service.server import SETTLE_S, EncoderServer, settle
 from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import WAIT, free_port
 from mhaserve.testing.metrics import Samples, from_registry
@@ -119,9 +119,12 @@ class ServerThread:
         return self.call(count())
 
     def stop(self, grace: float = 5.0) -> None:
+        """Stop the server as `mhaserve serve` does: its drain and grace period, then the calls gRPC handed over
+        as it stopped let finish (refused), before the loop closes (which would cancel them)."""
         try:
             if self.server.state != "stopped":
                 self.call(self.server.stop(grace), timeout=grace + WAIT)
+                self.call(settle(SETTLE_S), timeout=SETTLE_S + WAIT)
         finally:
             self._close_loop()
 

@@ -4,22 +4,29 @@ exits 0; a second signal exits at once with 128 + its number; a stuck engine can
 from __future__ import annotations
 
 import dataclasses
+import http.client
+import os
 import queue
 import signal
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from mhaserve.loadtest.reliability.scenarios.load import scripted_requests
 from mhaserve.loadtest.reliability.scenarios.shutdown import second_signal, shutdown_under_load
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.service.rpc.drain import STREAM_CLOSED
 from mhaserve.service.settings import Settings
@@ -283,3 +290,106 @@ def test_an_http_request_still_running_when_the_grace_period_ends_is_answered_50
         engine.release.set()
         srv.stop()
     assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
+
+
+# ---- random schedules: a stop at any moment of any traffic ----------------------------------------------------
+
+STOP_EXAMPLES = int(os.environ.get("STOP_EXAMPLES", "15"))  # examples a run (a server each); more by hand
+
+# A call: what (a gRPC encode, an HTTP one, a stream of three, an explicit load, an encode whose batch stalls
+# past the inference timeout), and how long after the schedule starts it is sent.
+_STOP_CALLS = st.tuples(
+    st.sampled_from(["grpc", "grpc", "http", "http", "stream", "load", "stall"]),
+    st.sampled_from([0.0, 0.01, 0.05, 0.15]),
+)
+
+
+@hsettings(max_examples=STOP_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    calls=st.lists(_STOP_CALLS, min_size=1, max_size=10),
+    stop_after=st.sampled_from([0.0, 0.01, 0.05, 0.2]),
+    grace=st.sampled_from([0.05, 0.5, 3.0]),
+    batch_s=st.sampled_from([0.0, 0.01, 0.1]),
+)
+def test_a_stop_at_any_moment_answers_or_refuses_every_call_and_returns(
+    settings: Settings,
+    grpc_front: str,
+    calls: list[tuple[str, float]],
+    stop_after: float,
+    grace: float,
+    batch_s: float,
+) -> None:
+    """Calls of each kind sent around a stop (after none of them, some or all), batches of 0 to 100 ms, a
+    grace period of 50 ms to 3 s: the stop returns within its grace period and a second more, and every call
+    ends, answered (OK, HTTP 200) or refused UNAVAILABLE (HTTP 503: the drain, the grace period's end, a stalled
+    batch); never CANCELLED, INTERNAL or a request the server read and then dropped. A call that finds the
+    port closed (connection refused, or over HTTP closed before its request was read) was sent once the stop
+    had begun; so was one that grpc.aio's front answers CANCELLED (grpc core cancels a call that reaches it
+    as its listener stops, before any handler runs: docs/grpc-fronts.md). Nothing is left in flight."""
+    engine = ScriptedEngine(seconds_per_batch=batch_s, record=False, hang_on=99, hang_for=0.6)
+    http_port = free_port()
+    stopping = dataclasses.replace(
+        settings,
+        model_control="explicit",
+        http_port=http_port,
+        inference_timeout=0.3,
+        max_wait_ms=0.0,
+        grpc_front=grpc_front,
+    )
+    srv = ServerThread(stopping, engine.factory()).ready()
+    address, url = srv.address, f"http://127.0.0.1:{http_port}/v1/embeddings"
+    began: list[float] = []  # when the stop began (time.monotonic())
+
+    def call(kind: str, delay: float) -> tuple[str, float]:
+        time.sleep(delay)
+        sent = time.monotonic()
+        if kind == "http":
+            try:
+                reply = request("POST", url, {"input": [[5, 6, 7]]}, timeout=WAIT)
+                return str(reply.status), sent
+            except ConnectionRefusedError:
+                return "refused", sent
+            except (ConnectionError, http.client.RemoteDisconnected) as e:
+                return f"closed: {type(e).__name__}", sent
+        with grpc.insecure_channel(address) as channel:
+            try:
+                if kind == "stream":
+                    answers = pb_grpc.EncoderServiceStub(channel).EncodeStream(iter([ids(5, 6)] * 3), timeout=WAIT)
+                    assert len(list(answers)) == 3
+                elif kind == "load":
+                    request_ = kpb.RepositoryModelLoadRequest(model_name="tiny")
+                    kpb_grpc.GRPCInferenceServiceStub(channel).RepositoryModelLoad(request_, timeout=WAIT)
+                else:
+                    first = 99 if kind == "stall" else 5
+                    pb_grpc.EncoderServiceStub(channel).Encode(ids(first, 6, 7), timeout=WAIT)
+            except grpc.RpcError as e:
+                return f"{e.code().name}: {e.details()}", sent
+        return "OK", sent
+
+    try:
+        with ThreadPoolExecutor(len(calls)) as pool:
+            futures = [pool.submit(call, *c) for c in calls]
+            time.sleep(stop_after)
+            began.append(time.monotonic())
+            srv.stop(grace)
+            took = time.monotonic() - began[0]
+            ended = [f.result(WAIT) for f in futures]
+    finally:
+        if srv.server.state != "stopped":
+            srv.stop(0.1)
+    assert took < grace + 1.0 + 1.0, f"the stop took {took:.2f} s with a grace period of {grace} s"
+    for (kind, _), (outcome, sent) in zip(calls, ended, strict=True):
+        if kind == "http":
+            if outcome.startswith(("refused", "closed")):
+                assert sent >= began[0] - 0.005, (kind, outcome, "sent before the stop", calls)
+            else:
+                # 504: batched with the stalled input, past the inference timeout
+                allowed_http = {"200", "503"} | ({"504"} if any(k == "stall" for k, _ in calls) else set())
+                assert outcome in allowed_http, (kind, outcome, calls)
+        else:
+            allowed = {"UNAVAILABLE"} if kind == "stall" else {"OK", "UNAVAILABLE"}
+            if grpc_front == "grpc" and sent >= began[0] - 0.005:
+                allowed.add("CANCELLED")
+            when = f"sent {sent - began[0]:+.3f} s from the stop's start, which took {took:.3f} s"
+            assert outcome.partition(":")[0] in allowed, (kind, outcome, when, calls, stop_after, grace, batch_s)
+    assert srv.samples().get("mhaserve_requests_in_flight") == 0

@@ -768,21 +768,21 @@ def test_dimensions_keep_the_leading_values_renormalised(stub: pb_grpc.EncoderSe
 def test_once_stopped_serve_lets_the_calls_still_running_finish_before_the_loop_closes() -> None:
     """gRPC may hand over a call as it stops; the gate refuses it at once, but only if the loop runs it.
     Cancelled by asyncio.run's close instead, gRPC logs it as an unhandled error with a traceback (seen once
-    in a full run of the suite). _settle gives such tasks their turn, bounded for one that never ends."""
+    in a full run of the suite). settle gives such tasks their turn, bounded for one that never ends."""
 
     async def scenario() -> tuple[bool, bool]:
         answered = asyncio.ensure_future(asyncio.sleep(0.05))  # a call refused a moment after the stop
-        await server_module._settle(5.0)
+        await server_module.settle(5.0)
         finished = answered.done() and not answered.cancelled()
         forever = asyncio.ensure_future(asyncio.Event().wait())
         t0 = asyncio.get_running_loop().time()
-        await server_module._settle(0.1)  # bounded: returns with the task still waiting
+        await server_module.settle(0.1)  # bounded: returns with the task still waiting
         bounded = not forever.done() and asyncio.get_running_loop().time() - t0 < 2.0
         forever.cancel()
         return finished, bounded
 
     assert asyncio.run(scenario()) == (True, True)
-    asyncio.run(server_module._settle(5.0))  # nothing left: returns at once
+    asyncio.run(server_module.settle(5.0))  # nothing left: returns at once
 
 
 @pytest.mark.parametrize("host", ["::1", "[::1]"])
