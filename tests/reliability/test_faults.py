@@ -140,9 +140,7 @@ def test_a_stalled_version_replaced_while_its_engine_hangs_lets_the_server_serve
     with ServerThread(polled, engine.factory()) as srv, srv.ready().channel() as channel:
         stub = pb_grpc.EncoderServiceStub(channel)
         try:
-            hung = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99, 5])]), timeout=WAIT)
-            error = hung.exception(WAIT)
-            assert isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.UNAVAILABLE, error
+            stall(stub)
             assert health_status(channel) == "NOT_SERVING"
             copy_version(repo, "tiny", 1, 2)
             # version 2 serves, and version 1, which holds no request (the stalled one was answered), is closed
@@ -167,9 +165,7 @@ def test_the_repository_api_answers_while_a_model_is_stalled(settings: Settings)
         stub = pb_grpc.EncoderServiceStub(channel)
         kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
         try:
-            hung = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99, 5])]), timeout=WAIT)
-            error = hung.exception(WAIT)
-            assert isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.UNAVAILABLE, error
+            stall(stub)
             with pytest.raises(grpc.RpcError) as refused:  # model calls: refused while it stalls
                 stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])]), timeout=WAIT)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -184,3 +180,10 @@ def test_the_repository_api_answers_while_a_model_is_stalled(settings: Settings)
             engine.release.set()
         wait_until(lambda: health_status(channel) == "SERVING", "the server to serve again")
         assert stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])]), timeout=WAIT).embeddings
+
+
+def stall(stub: pb_grpc.EncoderServiceStub) -> None:
+    """A request whose batch hangs on the engine (token 99) past the inference timeout: UNAVAILABLE."""
+    hung = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99, 5])]), timeout=WAIT)
+    error = hung.exception(WAIT)
+    assert isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.UNAVAILABLE, error

@@ -398,15 +398,21 @@ class Load:
 
 def corrupt(repo: Path, name: str, source: int, version: int, how: str) -> None:
     """Publish `version` as a copy of `source` that cannot be served: a graph whose sha256 no longer matches
-    its manifest, or a truncated graph whose manifest vouches for it (so only loading it can fail)."""
+    its manifest (`sha`), or a truncated graph whose manifest vouches for it (so only loading it can fail)."""
+    copy_version(repo, name, source, version, damage=how)
+
+
+def copy_version(repo: Path, name: str, source: int, version: int, damage: str | None = None) -> None:
+    """Publish `version` as a copy of `source`, by one rename (a scripted engine answers alike), or one that
+    `damage` breaks (see corrupt)."""
     scratch = repo / name / f".copy-{version}"
     shutil.copytree(entry_dir(repo, name, source), scratch)
     manifest = json.loads((scratch / "manifest.json").read_text())
     manifest["version"] = version
     graph = scratch / "model.onnx"
-    if how == "sha":
+    if damage == "sha":
         graph.write_bytes(graph.read_bytes()[:-1] + b"\x00")
-    else:
+    elif damage is not None:
         from mhaserve.runtime.manifest import sha256_file
 
         graph.write_bytes(graph.read_bytes()[:2000])
@@ -875,16 +881,6 @@ _POLL_STEPS = st.tuples(
     st.sampled_from(MODELS),
     st.sampled_from([0.0, 0.01, 0.03, 0.06, 0.12]),
 )
-
-
-def copy_version(repo: Path, name: str, source: int, version: int) -> None:
-    """Publish `version` as a plain copy of `source`, by one rename (a scripted engine answers alike)."""
-    scratch = repo / name / f".copy-{version}"
-    shutil.copytree(entry_dir(repo, name, source), scratch)
-    manifest = json.loads((scratch / "manifest.json").read_text())
-    manifest["version"] = version
-    (scratch / "manifest.json").write_text(json.dumps(manifest))
-    scratch.rename(repo / name / str(version))
 
 
 @dataclass
