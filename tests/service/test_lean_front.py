@@ -324,11 +324,8 @@ def test_a_connection_accepted_as_the_listener_closes_is_sent_away_at_once() -> 
             received = b""  # (what the client sends, unread, would turn the close into a reset)
             while chunk := raw.recv(4096):  # ends: the server closes the connection
                 received += chunk
-        kinds = []
-        while received:
-            length = int.from_bytes(received[:3], "big")
-            kinds.append(received[3])
-            last, received = received[9 : 9 + length], received[9 + length :]
+        frames = list(f.whole_frames(bytearray(received)))
+        kinds, last = [kind for kind, _, _, _ in frames], frames[-1][3]
         assert kinds == [f.SETTINGS, f.GOAWAY]
         assert int.from_bytes(last[:4], "big") == 0 and int.from_bytes(last[4:8], "big") == f.NO_ERROR
         assert not running.server.connections
@@ -344,11 +341,8 @@ def test_a_connection_that_is_not_http2_is_closed_and_the_server_serves_on(
         received = b""
         while chunk := raw.recv(4096):
             received += chunk
-    kinds = []
-    while received:  # the server's SETTINGS, its window, then a GOAWAY that says why
-        length = int.from_bytes(received[:3], "big")
-        kinds.append(received[3])
-        last, received = received[9 : 9 + length], received[9 + length :]
+    frames = list(f.whole_frames(bytearray(received)))  # SETTINGS, the window, then a GOAWAY that says why
+    kinds, last = [kind for kind, _, _, _ in frames], frames[-1][3]
     assert kinds[-1] == f.GOAWAY
     assert int.from_bytes(last[4:8], "big") == f.PROTOCOL_ERROR
     assert last[8:] == b"not an HTTP/2 connection preface"
