@@ -141,8 +141,8 @@ def onnx_engine(
 
 def auto_graph(graphs: Iterable[str], device: Device) -> str:
     """`--graph auto`: the fused fp32 graph for where the model runs. On CUDA `optimized`; on the CPU
-    `optimized-cpu`, the same graph with its layer norms as plain operators (on a Zen 5 EPYC 1.09-1.12x the
-    texts a second through the server; docs/benchmarks.md, "The fused graph for CPUs"), or `optimized` for
+    `optimized-cpu`, the same graph with its layer norms as plain operators (through the server 1.09-1.12x the
+    texts a second on a Zen 5 EPYC, 1.03-1.10x on an AVX2-only Zen 3; docs/benchmarks.md), or `optimized` for
     entries exported before it existed. fp32 where neither is there; never fp16 or int8, whose vectors differ
     from the eager model's by more than the parity gate's 1e-5."""
     have = set(graphs)
