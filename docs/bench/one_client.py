@@ -1,6 +1,6 @@
 """What the dated folders' A/B scripts measure the same way, in one place: a lone request.
 
-- `in_process()`: ONNX Runtime in this process on one text at a time (the fused graph, all cores,
+- `in_process()`: ONNX Runtime in this process on one text at a time (the fused graph or `graph`, all cores,
   tokeniser counted), the reference of issue 18's one-client target;
 - `latencies(call, texts, pause)`: the seconds of each `call(text)`, one at a time, idle `pause` s after
   each; `p50_ms(call, texts)`: their median without pauses, in ms;
@@ -50,10 +50,11 @@ def p50_ms(call: Callable[[str], object], texts: Sequence[str]) -> float:
     return 1000 * statistics.median(latencies(call, texts))
 
 
-def in_process() -> Callable[[str], None]:
-    """One text through the tokeniser and ONNX Runtime, as the server would run it alone."""
-    entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph="optimized")
-    engine = onnx_engine("cpu")(entry)
+def in_process(graph: str = "optimized", overlap_threads: int | None = None) -> Callable[[str], None]:
+    """One text through the tokeniser and ONNX Runtime, as the server would run it alone (`overlap_threads`:
+    with the overlap session the server builds beside the main one with two inference workers)."""
+    entry = ModelRepository(Path("models")).entry("all-minilm-l6-v2", graph=graph)
+    engine = onnx_engine("cpu", None, overlap_threads)(entry)
     tok = Tokenizer.from_file(str(entry.tokenizer_path))
     tok.no_padding()
     tok.enable_truncation(256)
