@@ -454,6 +454,29 @@ def test_a_reset_call_counts_against_the_stream_limit_until_its_handler_ends() -
         running.stop()
 
 
+def test_calls_refused_at_the_stream_limit_count_as_glitches() -> None:
+    """A call opened past the limit costs a refusal and no handler: as many as resets would end the connection.
+    The rapid reset above, read in one go, has its last calls refused while the first ones' handlers unwind."""
+    running = Running(max_streams=2, max_glitches=3)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            raw.sendall(f.PREFACE + f.settings() + raw_call(1, "slow") + raw_call(3, "slow"))  # a glitch: SETTINGS
+            time.sleep(0.3)  # both handlers waiting
+            raw.sendall(raw_call(5, "echo") + raw_call(7, "echo") + raw_call(9, "echo"))
+            raw.settimeout(2)
+            received = bytearray()
+            with contextlib.suppress(TimeoutError):
+                while chunk := raw.recv(65536):
+                    received += chunk
+        got = list(f.whole_frames(received))
+        refused = [sid for kind, _, sid, p in got if kind == f.RST_STREAM and p == f.REFUSED_STREAM.to_bytes(4, "big")]
+        assert refused == [5, 7]  # the third refusal is the fourth glitch: the GOAWAY instead
+        assert goaway_code(got) == f.ENHANCE_YOUR_CALM
+    finally:
+        running.release()
+        running.stop()
+
+
 def test_a_peer_that_does_not_read_is_not_read_from(lean: Running) -> None:
     """Over its transport's high-water mark the connection stops reading; below it, reads again."""
     with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:

@@ -14,9 +14,10 @@ Abusive peers: what a client can make us do without a call counting against the 
 Calls count until their handler has ended, not until the client resets them (a reset handler still unwinds),
 so resetting streams as fast as they open ("rapid reset") does not run more handlers than the limit; the
 frames that cost us work without a call (PINGs and SETTINGS to acknowledge, streams reset while their call
-runs) may come at most `max_glitches` times in a second, past which the connection ends with a GOAWAY
-ENHANCE_YOUR_CALM; and while the peer does not read what we write (the transport's buffer over its high-water
-mark) we stop reading from it, so acknowledgements cannot pile up in memory.
+runs, streams refused at the limit) may come at most `max_glitches` times in a second, past which the
+connection ends with a GOAWAY ENHANCE_YOUR_CALM; and while the peer does not read what we write (the
+transport's buffer over its high-water mark) we stop reading from it, so acknowledgements cannot pile up in
+memory.
 
 Keepalive PINGs are held to grpc core's policy, so that a client configured for one front behaves the same on
 the other: since we last sent a call's headers or data, a PING sooner than 5 minutes after the last (2 hours
@@ -370,6 +371,10 @@ class Connection(asyncio.Protocol):
             raise ConnectionError_(f.PROTOCOL_ERROR, f"a client stream with an even id ({stream_id})")
         self.last_stream = stream_id
         if self.going_away or max(len(self.streams), self.running) >= self.server.max_streams:
+            if not self.going_away:
+                # Work without a call, as a reset is: opened and reset calls past the limit while their handlers
+                # unwind are refused here, and must end a rapid reset as the resets would have.
+                self._glitch()
             out.append(f.rst_stream(stream_id, f.REFUSED_STREAM))
             return
         self._open(stream_id, flags, fields, out)
@@ -429,7 +434,8 @@ class Connection(asyncio.Protocol):
         if self.glitches > self.server.max_glitches:
             raise ConnectionError_(
                 f.ENHANCE_YOUR_CALM,
-                f"more than {self.server.max_glitches} PINGs, SETTINGS and reset calls in {CALM_WINDOW_S:g} s",
+                f"more than {self.server.max_glitches} PINGs, SETTINGS and reset or refused calls "
+                f"in {CALM_WINDOW_S:g} s",
             )
 
     def _ping(self) -> None:
