@@ -370,11 +370,13 @@ class Connection(asyncio.Protocol):
                 return  # headers for a stream already over (we reset or ended it): nothing to answer
             raise ConnectionError_(f.PROTOCOL_ERROR, f"a client stream with an even id ({stream_id})")
         self.last_stream = stream_id
-        if self.going_away or max(len(self.streams), self.running) >= self.server.max_streams:
-            if not self.going_away:
-                # Work without a call, as a reset is: opened and reset calls past the limit while their handlers
-                # unwind are refused here, and must end a rapid reset as the resets would have.
-                self._glitch()
+        if self.going_away:
+            out.append(f.rst_stream(stream_id, f.REFUSED_STREAM))
+            return
+        if max(len(self.streams), self.running) >= self.server.max_streams:
+            # Work without a call, as a reset is: opened and reset calls past the limit while their handlers
+            # unwind are refused here, and must end a rapid reset as the resets would have.
+            self._glitch()
             out.append(f.rst_stream(stream_id, f.REFUSED_STREAM))
             return
         self._open(stream_id, flags, fields, out)
