@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mhaserve.runtime.engine import OnnxEngine, Runs, release_memory, warm_up
-from mhaserve.runtime.repository import ModelRepository, onnx_engine
+from mhaserve.runtime import engine as engine_module
+from mhaserve.runtime.engine import CPU, OnnxEngine, Runs, cuda_loads, release_memory, wants_cuda, warm_up
+from mhaserve.runtime.repository import ModelRepository, auto_graph, onnx_engine
+from mhaserve.service.settings import auto_inference_workers
 from mhaserve.testing.loopback import WAIT
 
 
@@ -228,3 +230,46 @@ def test_the_pool_threads_spin_only_while_a_batch_computes(tiny_entry: Path) -> 
         time.sleep(0.05)
         idle_cpu += time.process_time() - t0
     assert idle_cpu < 0.05, f"{idle_cpu * 1000:.0f} ms of CPU in 0.5 s between runs: the pool thread kept spinning"
+
+
+def test_the_cuda_probe_graph_is_a_valid_onnx_model_that_runs() -> None:
+    """cuda_loads answers no to a graph ONNX Runtime refuses, so a broken one would serve a GPU host on the CPU."""
+    import onnx
+    import onnxruntime as ort
+
+    model = engine_module._identity_model()
+    onnx.checker.check_model(onnx.load_from_string(model), full_check=True)
+    x = np.arange(5, dtype=np.float32)
+    (y,) = ort.InferenceSession(model, providers=[CPU]).run(None, {"x": x})
+    np.testing.assert_array_equal(y, x)
+
+
+@pytest.fixture
+def gpu_without_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A host that shows a GPU where ONNX Runtime cannot load CUDA: this one, told a GPU is there (onnxruntime-gpu
+    lists CUDAExecutionProvider here, and its libraries do not load)."""
+    monkeypatch.setattr(engine_module, "cuda_device_visible", lambda: True)
+    cuda_loads.cache_clear()
+    yield
+    cuda_loads.cache_clear()
+
+
+@pytest.mark.usefixtures("gpu_without_cuda")
+def test_a_host_showing_a_gpu_whose_cuda_does_not_load_is_served_as_a_cpu_host(
+    tiny_entry: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It used to be served as a GPU host computing on the CPU: the GPU graph (`optimized`, not `optimized-cpu`),
+    one inference worker, no overlap session, its threads never spinning, and ONNX Runtime's load error again
+    for every session."""
+    if cuda_loads():
+        pytest.skip("CUDA loads here")
+    assert not wants_cuda("auto") and wants_cuda("cuda")
+    assert auto_graph(["fp32", "optimized", "optimized-cpu", "int8"], "auto") == "optimized-cpu"
+    assert auto_inference_workers("auto", 4) == 2
+    eng = OnnxEngine(
+        tiny_entry / "model.onnx", max_seq_len=160, vocab_size=256, device="auto", intra_op_threads=1,
+        overlap_threads=1,
+    )  # fmt: skip
+    assert eng.providers == [CPU] and eng.overlap_session is not None
+    said = [r.getMessage() for r in caplog.records if "could not load CUDA" in r.getMessage()]
+    assert len(said) == 1 and "--device auto serves on the CPU" in said[0], said
