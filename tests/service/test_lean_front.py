@@ -477,6 +477,30 @@ def test_calls_refused_at_the_stream_limit_count_as_glitches() -> None:
         running.stop()
 
 
+def test_glitches_are_counted_within_any_second_not_per_window() -> None:
+    """A burst timed across the edge of a window that restarts every second was allowed up to twice the limit: here
+    4 SETTINGS within 0.25 s, where 3 are allowed within a second, because a window began with the first, 0.9 s
+    before them, and ended between them."""
+    running = Running(max_glitches=3)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            raw.sendall(f.PREFACE + f.settings())  # 1
+            time.sleep(0.9)
+            raw.sendall(f.settings() * 2)  # 3 within the second: allowed
+            time.sleep(0.25)
+            raw.sendall(f.settings() * 2)  # 4 and 5 within a second of the last 2: the end
+            raw.settimeout(2)
+            received = bytearray()
+            with contextlib.suppress(TimeoutError):
+                while chunk := raw.recv(65536):
+                    received += chunk
+        got = list(f.whole_frames(received))
+        assert goaway_code(got) == f.ENHANCE_YOUR_CALM
+        assert sum(kind == f.SETTINGS and flags & f.ACK for kind, flags, *_ in got) == 4  # the 5th: the GOAWAY
+    finally:
+        running.stop()
+
+
 def test_a_peer_that_does_not_read_is_not_read_from(lean: Running) -> None:
     """Over its transport's high-water mark the connection stops reading; below it, reads again."""
     with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:

@@ -14,7 +14,7 @@ Abusive peers: what a client can make us do without a call counting against the 
 Calls count until their handler has ended, not until the client resets them (a reset handler still unwinds),
 so resetting streams as fast as they open ("rapid reset") does not run more handlers than the limit; the
 frames that cost us work without a call (PINGs and SETTINGS to acknowledge, streams reset while their call
-runs, streams refused at the limit) may come at most `max_glitches` times in a second, past which the
+runs, streams refused at the limit) may come at most `max_glitches` times within any second, past which the
 connection ends with a GOAWAY ENHANCE_YOUR_CALM; and while the peer does not read what we write (the
 transport's buffer over its high-water mark) we stop reading from it, so acknowledgements cannot pile up in
 memory.
@@ -165,8 +165,8 @@ class Connection(asyncio.Protocol):
         self.handshake: asyncio.TimerHandle | None = None
         self.peer = ""
         self.running = 0  # calls whose handler has not ended, reset ones included
-        self.glitches = 0  # PINGs, SETTINGS and resets of running calls since `glitches_since`
-        self.glitches_since = self.opened
+        # When the PINGs, SETTINGS, reset and refused calls of the last CALM_WINDOW_S came (max_glitches at most)
+        self.glitches: collections.deque[float] = collections.deque()
         self.last_ping: float | None = None  # when the last PING came, since we last sent a call's frames
         self.ping_strikes = 0
 
@@ -428,12 +428,16 @@ class Connection(asyncio.Protocol):
         self.running -= 1
 
     def _glitch(self) -> None:
-        """Count a frame that costs us work without a call; past `max_glitches` in CALM_WINDOW_S, the end."""
+        """Count a frame that costs us work without a call; past `max_glitches` within any CALM_WINDOW_S, the end.
+
+        A sliding count: a window that restarted every CALM_WINDOW_S let a peer that timed its burst across the
+        restart have up to twice the limit within one window."""
         now = self.server.loop.time()
-        if now - self.glitches_since >= CALM_WINDOW_S:
-            self.glitches, self.glitches_since = 0, now
-        self.glitches += 1
-        if self.glitches > self.server.max_glitches:
+        glitches = self.glitches
+        while glitches and now - glitches[0] >= CALM_WINDOW_S:
+            glitches.popleft()
+        glitches.append(now)
+        if len(glitches) > self.server.max_glitches:
             raise ConnectionError_(
                 f.ENHANCE_YOUR_CALM,
                 f"more than {self.server.max_glitches} PINGs, SETTINGS and reset or refused calls "
