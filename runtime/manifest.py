@@ -21,6 +21,8 @@ OUTPUT_NAME = "embeddings"
 CPU_GRAPH = "optimized-cpu"
 # The graphs written for the CPU, in the order the export measures their speed (fp16 is for CUDA hosts).
 CPU_GRAPHS = ("fp32", "optimized", CPU_GRAPH, "int8")
+# Every graph an entry may have: its manifest's `graphs` keys.
+GRAPH_NAMES = ("fp32", "optimized", CPU_GRAPH, "fp16", "int8")
 # Lower-case letters, digits, '.', '_' and '-', not starting with a dot: a name never names a path.
 # `\Z`, not `$`: `$` also matches before a final newline ("abc\n" would pass).
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}\Z")

@@ -24,7 +24,7 @@ from mhaserve.runtime.tokenizer import load_for_serving
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
-GRAPHS = ("auto", "fp32", "optimized", mf.CPU_GRAPH, "fp16", "int8")
+GRAPHS = ("auto", *mf.GRAPH_NAMES)
 GraphChoice = Literal["auto", "fp32", "optimized", "optimized-cpu", "fp16", "int8"]
 
 

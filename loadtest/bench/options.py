@@ -9,6 +9,7 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from mhaserve.runtime import manifest as mf
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.repository import GRAPHS
 from mhaserve.service.settings import auto_inference_workers, on_cpu, worker_threads
@@ -40,10 +41,6 @@ QUICK: dict[str, Any] = {
     "rss_requests": 1000,
     "beside_bulk": (0, 1),
 }
-
-
-# Every graph an entry may have (its manifest's keys); which of them the server can serve is GRAPHS.
-GRAPH_NAMES = ("fp32", "optimized", "optimized-cpu", "fp16", "int8")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -224,10 +221,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--graphs",
-        type=_choices(GRAPH_NAMES),
+        type=_choices(mf.GRAPH_NAMES),
         metavar="G,H",
         help="the graphs whose server memory is measured, each served in turn (`mhaserve serve --graph G`): some of "
-        f"{', '.join(GRAPH_NAMES)} (default: the CPU graphs the entry has, fp32, optimized, optimized-cpu and "
+        f"{', '.join(mf.GRAPH_NAMES)} (default: the CPU graphs the entry has, fp32, optimized, optimized-cpu and "
         "int8); one the entry lacks, or this server cannot serve, is skipped with a note in the report",
     )
     runs.add_argument(
