@@ -19,6 +19,12 @@ connection ends with a GOAWAY ENHANCE_YOUR_CALM; and while the peer does not rea
 transport's buffer over its high-water mark) we stop reading from it, so acknowledgements cannot pile up in
 memory.
 
+Frames HTTP/2 forbids are answered as RFC 9113 asks: a connection error (GOAWAY) for a frame on the wrong
+stream, of the wrong length, or on a stream never opened; a stream error (RST_STREAM, no call or the call
+abandoned) for a malformed request or trailers (frames.malformed), DATA or HEADERS after a stream's end, a
+stream's window overflowed. What a client sent before it read our reset of a stream is ignored: the last
+ENDED_MEMORY streams to end are remembered with whether we reset them. h2spec's cases: docs/grpc-fronts.md.
+
 Keepalive PINGs are held to grpc core's policy, so that a client configured for one front behaves the same on
 the other: since we last sent a call's headers or data, a PING sooner than 5 minutes after the last (2 hours
 while no call is open) is a strike, and the third strike ends the connection with a GOAWAY ENHANCE_YOUR_CALM
@@ -53,6 +59,13 @@ CALM_WINDOW_S = 1.0  # the window over which PINGs, SETTINGS and resets of runni
 PING_INTERVAL_S = 300.0
 PING_INTERVAL_IDLE_S = 7200.0
 MAX_PING_STRIKES = 2
+# How many ended streams a connection remembers, to tell a frame still in flight on a stream we reset (ignored)
+# from one on a stream the client itself ended (a stream error) or never opened (a connection error).
+ENDED_MEMORY = 1024
+# Frames that belong to a stream, and frames of the connection itself (RFC 9113 6.1-6.10).
+_ON_A_STREAM = frozenset({f.DATA, f.HEADERS, f.PRIORITY, f.RST_STREAM, f.CONTINUATION})
+_ON_THE_CONNECTION = frozenset({f.SETTINGS, f.PING, f.GOAWAY})
+_LENGTHS = {f.RST_STREAM: 4, f.PING: 8, f.WINDOW_UPDATE: 4}
 # Headers that are HTTP/2's or gRPC's own, not the call's metadata.
 _RESERVED = frozenset({"content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding"})
 _DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {
@@ -152,7 +165,10 @@ class Connection(asyncio.Protocol):
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         self.streams: dict[int, Stream] = {}
         self.last_stream = 0
-        self.block: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
+        # A header block awaiting CONTINUATION: its stream, flags, bytes, and why the stream fails (decoded first,
+        # as every block must be, to keep HPACK's table in step with the peer's)
+        self.block: tuple[int, int, bytearray, str | None] | None = None
+        self.ended: dict[int, bool] = {}  # the last ENDED_MEMORY streams ended: True where we reset it
         self.peer_window = f.DEFAULT_WINDOW  # a new stream's send window, from the peer's SETTINGS
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self.send_window = f.DEFAULT_WINDOW  # the connection's
@@ -247,14 +263,25 @@ class Connection(asyncio.Protocol):
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes, out: list[bytes]) -> None:
         if self.block is not None and kind != f.CONTINUATION:
             raise ConnectionError_(f.PROTOCOL_ERROR, "a header block interrupted")
+        if kind in _ON_A_STREAM and stream_id == 0:
+            raise ConnectionError_(f.PROTOCOL_ERROR, f"a {f.NAMES[kind]} frame on stream 0")
+        if kind in _ON_THE_CONNECTION and stream_id != 0:
+            raise ConnectionError_(f.PROTOCOL_ERROR, f"a {f.NAMES[kind]} frame on stream {stream_id}")
+        if len(payload) != _LENGTHS.get(kind, len(payload)):
+            raise ConnectionError_(f.FRAME_SIZE_ERROR, f"a {f.NAMES[kind]} frame of {len(payload)} bytes")
         if kind == f.DATA:
             self._data(flags, stream_id, payload, out)
         elif kind == f.HEADERS:
             if flags & f.PADDED:
                 payload = _unpad(payload)
+            why = None
             if flags & f.PRIORITY_FLAG:
+                if len(payload) < 5:
+                    raise ConnectionError_(f.FRAME_SIZE_ERROR, "a HEADERS frame too short for its priority")
+                if int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == stream_id:
+                    why = "a stream that depends on itself"
                 payload = payload[5:]
-            self.block = (stream_id, flags, bytearray(payload))
+            self.block = (stream_id, flags, bytearray(payload), why)
             if flags & f.END_HEADERS:
                 self._headers(out)
         elif kind == f.CONTINUATION:
@@ -266,6 +293,8 @@ class Connection(asyncio.Protocol):
             if flags & f.END_HEADERS:
                 self._headers(out)
         elif kind == f.SETTINGS:
+            if flags & f.ACK and payload:
+                raise ConnectionError_(f.FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload")
             if not flags & f.ACK:
                 self._glitch()
                 self._settings(payload, out)
@@ -278,28 +307,65 @@ class Connection(asyncio.Protocol):
                 self._ping()
                 out.append(f.frame(f.PING, f.ACK, 0, payload))
         elif kind == f.WINDOW_UPDATE:
-            self._window_update(stream_id, int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, out)
+            self._idle(kind, stream_id)
+            self._window_update(stream_id, int.from_bytes(payload, "big") & 0x7FFFFFFF, out)
         elif kind == f.RST_STREAM:
+            self._idle(kind, stream_id)
             stream = self.streams.pop(stream_id, None)
             if stream is not None:
                 self.blocked.pop(stream_id, None)
+                self._remember(stream_id, reset=False)
                 self._abandon(stream)
                 self._glitch()
+        elif kind == f.PRIORITY:  # read only to be checked: the calls take no priorities
+            if len(payload) != 5:
+                self._stream_error(stream_id, f.FRAME_SIZE_ERROR, f"a PRIORITY frame of {len(payload)} bytes", out)
+            elif int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == stream_id:
+                self._stream_error(stream_id, f.PROTOCOL_ERROR, "a stream that depends on itself", out)
         elif kind == f.GOAWAY:
             self.peer_going_away = True
             if not self.streams and self.transport is not None:
                 self.transport.close()
         elif kind == f.PUSH_PROMISE:
             raise ConnectionError_(f.PROTOCOL_ERROR, "a client may not push")
-        # PRIORITY and unknown frame types are ignored, as HTTP/2 asks.
+        # Unknown frame types are ignored, as HTTP/2 asks.
+
+    def _idle(self, kind: int, stream_id: int) -> None:
+        """Only HEADERS and PRIORITY may come on a stream the client has not opened (RFC 9113 5.1)."""
+        if stream_id > self.last_stream or (stream_id and stream_id % 2 == 0):
+            raise ConnectionError_(f.PROTOCOL_ERROR, f"a {f.NAMES[kind]} frame on idle stream {stream_id}")
+
+    def _remember(self, stream_id: int, *, reset: bool) -> None:
+        """A stream ended: `reset` if we reset it, so that what the client sent before it knew is ignored."""
+        ended = self.ended
+        ended[stream_id] = reset
+        if len(ended) > ENDED_MEMORY:
+            del ended[next(iter(ended))]
+
+    def _stream_error(self, stream_id: int, code: int, message: str, out: list[bytes]) -> None:
+        """A stream error (RFC 9113 5.4.2): RST_STREAM, and the stream's call, if one runs, abandoned. On a stream
+        not yet opened, which cannot be reset, a connection error. It costs us work: a glitch."""
+        if stream_id > self.last_stream:
+            raise ConnectionError_(code, f"{message} (stream {stream_id})")
+        log.info("resetting stream %d from %s: %s", stream_id, self.peer or "a client", message)
+        out.append(f.rst_stream(stream_id, code))
+        self._remember(stream_id, reset=True)
+        stream = self.streams.pop(stream_id, None)
+        if stream is not None:
+            self.blocked.pop(stream_id, None)
+            self._abandon(stream)
+        self._glitch()
 
     def _data(self, flags: int, stream_id: int, payload: bytes, out: list[bytes]) -> None:
-        self.received += len(payload)
-        stream = self.streams.get(stream_id)
-        if stream is None or stream.remote_closed:
-            return  # a stream we ended or reset: its bytes still count against the connection's window
+        self._idle(f.DATA, stream_id)
+        self.received += len(payload)  # whatever its stream: the connection's window counts it
         if flags & f.PADDED:
             payload = _unpad(payload)
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.remote_closed:
+            if not self.ended.get(stream_id, False):  # not one we reset, whose client may not know yet
+                self._stream_error(stream_id, f.STREAM_CLOSED, "DATA after the stream's end", out)
+            return
         stream.credit += len(payload)
         if stream.error is None:
             stream.buffer += payload
@@ -350,7 +416,7 @@ class Connection(asyncio.Protocol):
 
     def _headers(self, out: list[bytes]) -> None:
         assert self.block is not None
-        stream_id, flags, block = self.block
+        stream_id, flags, block, why = self.block
         self.block = None
         try:
             # Decoded to str (the decoder's default); a header that is not UTF-8 fails the block.
@@ -361,22 +427,37 @@ class Connection(asyncio.Protocol):
             raise ConnectionError_(f.COMPRESSION_ERROR, f"a header block that does not decode: {e}") from None
         existing = self.streams.get(stream_id)
         if existing is not None:  # trailers from the client: the end of its messages
-            if flags & f.END_STREAM:
+            if existing.remote_closed:
+                why = "HEADERS after the stream's end"
+                self._stream_error(stream_id, f.STREAM_CLOSED, why, out)
+            elif why := why or f.malformed(fields, trailers=True) or ("" if flags & f.END_STREAM else "no END_STREAM"):
+                self._stream_error(stream_id, f.PROTOCOL_ERROR, f"trailers with {why}", out)
+            else:
                 existing.remote_closed = True
                 existing.wake()
             return
-        if stream_id % 2 == 0 or stream_id <= self.last_stream:
-            if stream_id <= self.last_stream:
-                return  # headers for a stream already over (we reset or ended it): nothing to answer
+        if stream_id % 2 == 0:
             raise ConnectionError_(f.PROTOCOL_ERROR, f"a client stream with an even id ({stream_id})")
+        if stream_id <= self.last_stream:
+            reset = self.ended.get(stream_id)
+            if reset:
+                return  # trailers for a stream we reset, sent before the client knew: nothing to answer
+            if reset is None:
+                raise ConnectionError_(f.PROTOCOL_ERROR, f"a new stream ({stream_id}) below one opened before")
+            raise ConnectionError_(f.STREAM_CLOSED, f"HEADERS on stream {stream_id} after its end")
         self.last_stream = stream_id
         if self.going_away:
+            self._remember(stream_id, reset=True)
             out.append(f.rst_stream(stream_id, f.REFUSED_STREAM))
+            return
+        if why := why or f.malformed(fields):
+            self._stream_error(stream_id, f.PROTOCOL_ERROR, f"a request with {why}", out)
             return
         if max(len(self.streams), self.running) >= self.server.max_streams:
             # Work without a call, as a reset is: opened and reset calls past the limit while their handlers
             # unwind are refused here, and must end a rapid reset as the resets would have.
             self._glitch()
+            self._remember(stream_id, reset=True)
             out.append(f.rst_stream(stream_id, f.REFUSED_STREAM))
             return
         self._open(stream_id, flags, fields, out)
@@ -406,6 +487,9 @@ class Connection(asyncio.Protocol):
             out.append(
                 f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, f.header_block(((":status", status),)))
             )
+            if not flags & f.END_STREAM:  # a body may follow: not read (RFC 9113 8.1)
+                out.append(f.rst_stream(stream_id, f.NO_ERROR))
+            self._remember(stream_id, reset=not flags & f.END_STREAM)
             return
         stream = Stream(stream_id, path, tuple(metadata), self.peer_window)
         if encoding is not None:
@@ -471,6 +555,8 @@ class Connection(asyncio.Protocol):
                 delta, self.peer_window = value - self.peer_window, value
                 for stream in self.streams.values():
                     stream.send_window += delta
+            elif key == f.ENABLE_PUSH and value > 1:
+                raise ConnectionError_(f.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}, neither 0 nor 1")
             elif key == f.MAX_FRAME_SIZE:
                 if not f.DEFAULT_MAX_FRAME <= value <= (1 << 24) - 1:
                     raise ConnectionError_(f.PROTOCOL_ERROR, "a maximum frame size out of range")
@@ -480,6 +566,8 @@ class Connection(asyncio.Protocol):
 
     def _window_update(self, stream_id: int, increment: int, out: list[bytes]) -> None:
         if stream_id == 0:
+            if not increment:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0 on the connection")
             self.send_window += increment
             if self.send_window > f.MAX_WINDOW:
                 raise ConnectionError_(f.FLOW_CONTROL_ERROR, "the connection's window over 2^31 - 1")
@@ -487,8 +575,13 @@ class Connection(asyncio.Protocol):
             return
         stream = self.streams.get(stream_id)
         if stream is not None:
+            if not increment:
+                self._stream_error(stream_id, f.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0", out)
+                return
             stream.send_window += increment
-            if stream_id in self.blocked:
+            if stream.send_window > f.MAX_WINDOW:
+                self._stream_error(stream_id, f.FLOW_CONTROL_ERROR, "a stream's window over 2^31 - 1", out)
+            elif stream_id in self.blocked:
                 self._flush(stream, out)
 
     # -- what the calls use --
@@ -643,6 +736,7 @@ class Connection(asyncio.Protocol):
         stream.wake()
 
     def _done(self, stream: Stream) -> None:
+        self._remember(stream.id, reset=not stream.remote_closed)  # _stop_reading reset it
         if stream.timer is not None:
             stream.timer.cancel()
             stream.timer = None

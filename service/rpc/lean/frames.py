@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+NAMES = ("DATA", "HEADERS", "PRIORITY", "RST_STREAM", "SETTINGS", "PUSH_PROMISE", "PING", "GOAWAY", "WINDOW_UPDATE",
+         "CONTINUATION")  # fmt: skip
 # flags
 END_STREAM = 0x1
 ACK = 0x1
@@ -24,7 +26,7 @@ HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX
     range(1, 7)
 )
 # error codes
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED = 0x0, 0x1, 0x2, 0x3, 0x5
 FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x6, 0x7, 0x8, 0x9, 0xB
 
 DEFAULT_WINDOW = 65_535
@@ -137,3 +139,40 @@ def metadata_from_header(key: str, value: str) -> str | bytes:
     if key.endswith("-bin"):
         return base64.b64decode(value + "=" * (-len(value) % 4))
     return value
+
+
+_REQUEST_PSEUDO = frozenset({":method", ":scheme", ":path", ":authority"})
+# Headers of one hop of HTTP/1.1, which HTTP/2 forbids (RFC 9113 8.2.2).
+_CONNECTION_SPECIFIC = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"})
+
+
+def malformed(fields: Iterable[tuple[str, str]], *, trailers: bool = False) -> str | None:
+    """Why a request's header block (or, with `trailers`, its trailers) is malformed by RFC 9113 8.2 and 8.3,
+    or None: a name not in lowercase; a pseudo-header unknown, repeated, after a regular header or in
+    trailers; a connection-specific header; TE other than "trailers"; :method, :scheme or :path missing, or
+    :path empty. Such a request is a stream error, answered with RST_STREAM PROTOCOL_ERROR, not a call."""
+    seen: set[str] = set()
+    regular = False
+    for name, value in fields:
+        if not name.islower() and name != name.lower():
+            return f"a header name not in lowercase ({name!r})"
+        if name[:1] == ":":
+            if trailers:
+                return f"a pseudo-header in trailers ({name})"
+            if regular:
+                return f"a pseudo-header after a regular header ({name})"
+            if name not in _REQUEST_PSEUDO or name in seen:
+                return f"{'a repeated' if name in seen else 'an unknown'} pseudo-header ({name})"
+            if name == ":path" and not value:
+                return "an empty :path"
+            seen.add(name)
+        else:
+            regular = True
+            if name in _CONNECTION_SPECIFIC:
+                return f"a connection-specific header ({name})"
+            if name == "te" and value != "trailers":
+                return f"TE {value!r}, where only 'trailers' is allowed"
+    if not trailers and len(seen - {":authority"}) < 3:
+        missing = sorted({":method", ":scheme", ":path"} - seen)
+        return f"no {' or '.join(missing)}"
+    return None
