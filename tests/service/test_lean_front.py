@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -155,6 +155,61 @@ def test_header_blocks_decode_to_what_was_written_and_leave_the_table_alone() ->
     assert decoder.decode(block) == fields
     assert decoder.decode(f.RESPONSE_HEADERS) == [(":status", "200"), ("content-type", "application/grpc")]
     assert len(decoder.header_table.dynamic_entries) == 0
+
+
+_GRPC_HEADERS = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", "/encoder.v1.Encoder/Encode"),
+    (":authority", "localhost"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+    ("grpc-timeout", "29999m"),
+]
+
+
+def _read_as_the_front_does(decoder: hpack.Decoder, block: bytes, limit: int = 16 << 10) -> list[tuple[str, str]]:
+    fields = f.indexed_fields(block, decoder.header_table, limit)
+    return fields if fields is not None else cast(list[tuple[str, str]], decoder.decode(block))
+
+
+def test_a_call_after_the_first_is_read_from_the_table_as_hpack_reads_it() -> None:
+    """A grpc core client's calls after its first are one-byte indexes (hpack's encoder does the same)."""
+    encoder, decoder = hpack.Encoder(), hpack.Decoder()
+    first, second = encoder.encode(_GRPC_HEADERS), encoder.encode(_GRPC_HEADERS)
+    assert f.indexed_fields(first, decoder.header_table, 16 << 10) is None  # literals that fill the table
+    assert decoder.decode(first) == _GRPC_HEADERS
+    assert len(second) == len(_GRPC_HEADERS)
+    assert f.indexed_fields(second, decoder.header_table, 16 << 10) == _GRPC_HEADERS
+    # An index past the table, index 0, a two-byte index, or a list past the limit: hpack decides.
+    assert f.indexed_fields(bytes([0x80 | 70]), decoder.header_table, 16 << 10) is None
+    assert f.indexed_fields(b"\x80", decoder.header_table, 16 << 10) is None
+    assert f.indexed_fields(b"\xff\x00", decoder.header_table, 16 << 10) is None
+    assert f.indexed_fields(second, decoder.header_table, 100) is None
+
+
+_NAMES = st.sampled_from([":path", ":authority", "content-type", "grpc-timeout", "x-tag", "user-agent", "x-é"])
+_VALUES = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
+
+
+@given(
+    st.lists(st.tuples(_NAMES, _VALUES), min_size=1, max_size=12, unique=True),
+    st.lists(st.lists(st.integers(0, 11), max_size=8), min_size=1, max_size=8),
+    st.integers(0, 4096),
+)
+@settings(max_examples=300, deadline=None)
+def test_every_block_reads_as_hpack_reads_it(
+    pool: list[tuple[str, str]], calls: list[list[int]], table_size: int
+) -> None:
+    """Calls drawn from a few fields, as a client repeats them: whichever way the front reads a block (the
+    indexes alone or hpack's decoder), it reads what hpack's decoder reads, and both tables stay alike."""
+    encoder, reference, ours = hpack.Encoder(), hpack.Decoder(), hpack.Decoder()
+    encoder.header_table_size = table_size
+    for call in calls:
+        fields = [pool[i % len(pool)] for i in call]
+        block = encoder.encode(fields)
+        assert _read_as_the_front_does(ours, block) == [tuple(h) for h in reference.decode(block)] == fields
+        assert ours.header_table.dynamic_entries == reference.header_table.dynamic_entries
 
 
 def test_grpc_timeouts_and_messages_are_read_and_written_as_grpc_does() -> None:

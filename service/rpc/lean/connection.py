@@ -420,7 +420,10 @@ class Connection(asyncio.Protocol):
         self.block = None
         try:
             # Decoded to str (the decoder's default); a header that is not UTF-8 fails the block.
-            fields = cast(list[tuple[str, str]], self.decoder.decode(bytes(block)))
+            raw = bytes(block)
+            fields = f.indexed_fields(raw, self.decoder.header_table, MAX_HEADER_LIST)
+            if fields is None:
+                fields = cast(list[tuple[str, str]], self.decoder.decode(raw))
         except hpack.OversizedHeaderListError:
             raise ConnectionError_(f.ENHANCE_YOUR_CALM, "a call's metadata over 16 KiB") from None
         except hpack.HPACKError as e:

@@ -2,13 +2,17 @@
 
 Every header block it writes uses HPACK's literal representation without indexing (RFC 7541 6.2.2) and
 no Huffman coding, so it never changes either side's dynamic table: a block can be made once and sent on
-any connection, in any order. Only decoding needs a table (the `hpack` package, one decoder a connection).
+any connection, in any order. Only decoding needs a table (the `hpack` package, one decoder a connection);
+`indexed_fields` reads the block a grpc core client sends on every call after its first.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Iterable, Iterator
+
+import hpack
+from hpack.table import HeaderTable
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -101,6 +105,29 @@ def header_block(fields: Iterable[tuple[str, str | bytes]]) -> bytes:
         raw = value if isinstance(value, bytes) else value.encode("latin-1")
         out += b"\x00" + _string(name.encode("ascii")) + _string(raw)
     return bytes(out)
+
+
+def indexed_fields(block: bytes, table: HeaderTable, max_list_size: int) -> list[tuple[str, str]] | None:
+    """The fields of a header block made only of one-byte indexed fields (RFC 7541 6.1), read from `table`;
+    None for any other block, to be decoded by `hpack` (which also raises what a bad one deserves).
+
+    After its first call on a connection a grpc core client (Python's, C++'s, C#'s, Ruby's...) sends every
+    header as an index into the table, `grpc-timeout` included (it reuses the index of a timeout it sent
+    before): 8 or 9 bytes a call. `hpack`'s decoder, pure Python, took 35-39 us on such a block of 8 fields;
+    this takes 7 us. Such a block leaves the table as it was, so skipping the decoder keeps both sides' tables
+    in step."""
+    if not block or min(block) <= 0x80 or max(block) == 0xFF:  # 0x80: index 0; 0xFF: an index of two bytes
+        return None
+    fields = []
+    size = 0
+    try:
+        for b in block:
+            name, value = table.get_by_index(b & 0x7F)
+            size += 32 + len(name) + len(value)  # RFC 7541 4.1's entry size, which the list limit counts
+            fields.append((name.decode("utf-8"), value.decode("utf-8")))
+    except (hpack.HPACKError, UnicodeDecodeError):  # an index past the table, a value not UTF-8
+        return None
+    return fields if size <= max_list_size else None
 
 
 # `:status: 200` is entry 8 of HPACK's static table, one byte.
