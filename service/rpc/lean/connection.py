@@ -347,7 +347,8 @@ class Connection(asyncio.Protocol):
         not yet opened, which cannot be reset, a connection error. It costs us work: a glitch."""
         if stream_id > self.last_stream:
             raise ConnectionError_(code, f"{message} (stream {stream_id})")
-        log.info("resetting stream %d from %s: %s", stream_id, self.peer or "a client", message)
+        # Debug only: a peer may cause up to max_glitches of these a second (the connection's end is logged)
+        log.debug("resetting stream %d from %s: %s", stream_id, self.peer or "a client", message)
         out.append(f.rst_stream(stream_id, code))
         self._remember(stream_id, reset=True)
         stream = self.streams.pop(stream_id, None)
