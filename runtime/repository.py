@@ -16,7 +16,8 @@ from tokenizers import Tokenizer
 
 from mhaserve.runtime import int8_kernels, serving
 from mhaserve.runtime import manifest as mf
-from mhaserve.runtime.engine import CUDA, Device, Engine, OnnxEngine, Runs, wants_cuda
+from mhaserve.runtime.devices import CUDA, Device, wants_cuda
+from mhaserve.runtime.engine import Engine, OnnxEngine, Runs
 from mhaserve.runtime.errors import NotFound
 from mhaserve.runtime.serving import ServingConfig
 from mhaserve.runtime.tokenizer import load_for_serving

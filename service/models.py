@@ -32,7 +32,8 @@ from typing import Literal
 
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import serving
-from mhaserve.runtime.engine import Device, release_memory, warm_up
+from mhaserve.runtime.devices import Device
+from mhaserve.runtime.engine import release_memory, warm_up
 from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError, reason
 from mhaserve.runtime.memory import release_free_memory
 from mhaserve.runtime.repository import EngineFactory, GraphChoice, LoadedModel, ModelRepository, RepositoryError

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mhaserve.runtime.cpus import available_cpus
-from mhaserve.runtime.engine import DEVICES, Device, wants_cuda
+from mhaserve.runtime.devices import DEVICES, Device, wants_cuda
 from mhaserve.runtime.repository import GRAPHS, GraphChoice
 from mhaserve.service.auth import OPEN_METHODS
 from mhaserve.service.batching import BATCHING, CPU_LIMITS, CUDA_LIMITS, Batching, Limits

@@ -27,7 +27,8 @@ import numpy.typing as npt
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from mhaserve.runtime.engine import CUDA, Device, OnnxEngine
+from mhaserve.runtime.devices import CUDA, Device
+from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.errors import ServiceError
 from mhaserve.runtime.repository import GraphChoice, ModelEntry, ModelRepository, RepositoryError
 from mhaserve.service.batching.padding import pad

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,15 @@ VARIED_TEXTS = [
     "a",
     "Transformers " * 300,  # ~600 tokens: must be truncated to 256
 ]
+
+
+@pytest.fixture
+def gpu_without_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A host that shows a GPU where ONNX Runtime cannot load CUDA: this one, told a GPU is there (onnxruntime-gpu
+    lists CUDAExecutionProvider here, and its libraries do not load)."""
+    from mhaserve.runtime import devices
+
+    monkeypatch.setattr(devices, "cuda_device_visible", lambda: True)
+    devices.cuda_loads.cache_clear()
+    yield
+    devices.cuda_loads.cache_clear()

@@ -11,7 +11,7 @@ from typing import Any
 
 from mhaserve.loadtest.bench.workloads import Workload, build
 from mhaserve.model.config import TINY
-from mhaserve.runtime.engine import Device
+from mhaserve.runtime.devices import Device
 from mhaserve.runtime.repository import GraphChoice, ModelEntry, ModelRepository
 from mhaserve.runtime.tokenizer import load_for_serving
 

@@ -107,6 +107,17 @@ def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> No
         build({}, env=env)
 
 
+@pytest.mark.usefixtures("gpu_without_cuda")
+def test_device_auto_where_cuda_does_not_load_gets_a_cpus_workers() -> None:
+    """A host that shows a GPU whose CUDA does not load: `--device auto` sizes the workers as on a CPU host (one
+    worker, CUDA's, before runtime.devices.cuda_loads; tests/runtime/test_engine.py has the rest)."""
+    from mhaserve.runtime.devices import cuda_loads
+
+    if cuda_loads():
+        pytest.skip("CUDA loads here")
+    assert st.auto_inference_workers("auto", 4) == 2
+
+
 def test_inference_workers_auto_gives_two_on_a_cpu_of_two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("mhaserve.service.settings.available_cpus", lambda: 2)
     assert build({}, env={}).inference_workers is None  # auto, the default

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mhaserve.runtime import engine as engine_module
-from mhaserve.runtime.engine import CPU, OnnxEngine, Runs, cuda_loads, release_memory, wants_cuda, warm_up
+from mhaserve.runtime import devices
+from mhaserve.runtime.devices import CPU, cuda_loads, wants_cuda
+from mhaserve.runtime.engine import OnnxEngine, Runs, release_memory, warm_up
 from mhaserve.runtime.repository import ModelRepository, auto_graph, onnx_engine
-from mhaserve.service.settings import auto_inference_workers
 from mhaserve.testing.loopback import WAIT
 
 
@@ -237,21 +237,11 @@ def test_the_cuda_probe_graph_is_a_valid_onnx_model_that_runs() -> None:
     import onnx
     import onnxruntime as ort
 
-    model = engine_module._identity_model()
+    model = devices._identity_model()
     onnx.checker.check_model(onnx.load_from_string(model), full_check=True)
     x = np.arange(5, dtype=np.float32)
     (y,) = ort.InferenceSession(model, providers=[CPU]).run(None, {"x": x})
     np.testing.assert_array_equal(y, x)
-
-
-@pytest.fixture
-def gpu_without_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A host that shows a GPU where ONNX Runtime cannot load CUDA: this one, told a GPU is there (onnxruntime-gpu
-    lists CUDAExecutionProvider here, and its libraries do not load)."""
-    monkeypatch.setattr(engine_module, "cuda_device_visible", lambda: True)
-    cuda_loads.cache_clear()
-    yield
-    cuda_loads.cache_clear()
 
 
 @pytest.mark.usefixtures("gpu_without_cuda")
@@ -259,13 +249,12 @@ def test_a_host_showing_a_gpu_whose_cuda_does_not_load_is_served_as_a_cpu_host(
     tiny_entry: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """It used to be served as a GPU host computing on the CPU: the GPU graph (`optimized`, not `optimized-cpu`),
-    one inference worker, no overlap session, its threads never spinning, and ONNX Runtime's load error again
-    for every session."""
+    one inference worker (tests/cli/test_options.py), no overlap session, its threads never spinning, and ONNX
+    Runtime's load error again for every session."""
     if cuda_loads():
         pytest.skip("CUDA loads here")
     assert not wants_cuda("auto") and wants_cuda("cuda")
     assert auto_graph(["fp32", "optimized", "optimized-cpu", "int8"], "auto") == "optimized-cpu"
-    assert auto_inference_workers("auto", 4) == 2
     eng = OnnxEngine(
         tiny_entry / "model.onnx", max_seq_len=160, vocab_size=256, device="auto", intra_op_threads=1,
         overlap_threads=1,

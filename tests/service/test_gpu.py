@@ -11,7 +11,7 @@ import grpc.aio
 import pytest
 
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from mhaserve.runtime import engine
+from mhaserve.runtime import devices
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.errors import Unavailable
 from mhaserve.runtime.manifest import read_manifest
@@ -47,10 +47,10 @@ def test_gpu_check_passes_on_cuda(tiny_entry: Path, graph: str, capsys: pytest.C
 
 @pytest.mark.gpu
 def test_device_auto_finds_cuda_where_it_loads(tiny_entry: Path) -> None:
-    """The probe behind `--device auto` (engine.cuda_loads) says yes where a session gets CUDA."""
+    """The probe behind `--device auto` (devices.cuda_loads) says yes where a session gets CUDA."""
     if not cuda_loads(tiny_entry):
         pytest.skip("ONNX Runtime cannot load CUDA on this host")
-    assert engine.cuda_loads() and engine.wants_cuda("auto")
+    assert devices.cuda_loads() and devices.wants_cuda("auto")
 
 
 def test_gpu_check_fails_clearly_without_cuda(tiny_entry: Path, capsys: pytest.CaptureFixture[str]) -> None:
