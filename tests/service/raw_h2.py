@@ -3,6 +3,7 @@ either gRPC front: the frames are service/rpc/lean/frames.py's."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 from mhaserve.service.rpc.lean import frames as f
@@ -29,14 +30,16 @@ def raw_exchange(port: int, frames: bytes, until_closed: bool = True) -> list[Fr
     the connection (or, with `until_closed` False, for half a second)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
         raw.sendall(f.PREFACE + f.settings() + frames)
-        received = bytearray()
-        if not until_closed:
-            raw.settimeout(0.5)
-        try:
-            while chunk := raw.recv(65536):
-                received += chunk
-        except TimeoutError:
-            pass
+        return read_frames(raw, 10 if until_closed else 0.5)
+
+
+def read_frames(raw: socket.socket, quiet: float) -> list[Frame]:
+    """The frames the server sends until it closes the connection or stays silent for `quiet` seconds."""
+    raw.settimeout(quiet)
+    received = bytearray()
+    with contextlib.suppress(TimeoutError):
+        while chunk := raw.recv(65536):
+            received += chunk
     return list(f.whole_frames(received))
 
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.connection import MAX_PING_STRIKES
 from mhaserve.service.rpc.lean.server import LeanServer
-from tests.service.raw_h2 import call_block, goaway_code, goaway_debug, raw_exchange
+from tests.service.raw_h2 import call_block, goaway_code, goaway_debug, raw_exchange, read_frames
 
 SERVICE = "test.Lean"
 
@@ -482,16 +482,6 @@ def test_calls_reset_as_fast_as_they_open_end_the_connection(lean: Running, chan
     assert method(channel, "echo")(b"still", timeout=10) == b"still"
 
 
-def _read(raw: socket.socket, quiet: float) -> list[tuple[int, int, int, bytes]]:
-    """The frames the server sends until it closes the connection or stays silent for `quiet` seconds."""
-    raw.settimeout(quiet)
-    received = bytearray()
-    with contextlib.suppress(TimeoutError):
-        while chunk := raw.recv(65536):
-            received += chunk
-    return list(f.whole_frames(received))
-
-
 def test_a_reset_call_counts_against_the_stream_limit_until_its_handler_ends() -> None:
     """A handler still unwinding after its client reset the call holds its place: a client that resets calls
     cannot run more handlers at once than the limit."""
@@ -505,7 +495,7 @@ def test_a_reset_call_counts_against_the_stream_limit_until_its_handler_ends() -
             raw.sendall(reset)
             time.sleep(0.3)  # both cancelled, both still running
             raw.sendall(raw_call(5, "echo"))
-            got = _read(raw, 0.5)
+            got = read_frames(raw, 0.5)
         resets = [(sid, int.from_bytes(p, "big")) for kind, _, sid, p in got if kind == f.RST_STREAM]
         assert resets == [(5, f.REFUSED_STREAM)]
     finally:
@@ -522,7 +512,7 @@ def test_calls_refused_at_the_stream_limit_count_as_glitches() -> None:
             raw.sendall(f.PREFACE + f.settings() + raw_call(1, "slow") + raw_call(3, "slow"))  # a glitch: SETTINGS
             time.sleep(0.3)  # both handlers waiting
             raw.sendall(raw_call(5, "echo") + raw_call(7, "echo") + raw_call(9, "echo"))
-            got = _read(raw, 2)
+            got = read_frames(raw, 2)
         refused = [sid for kind, _, sid, p in got if kind == f.RST_STREAM and p == f.REFUSED_STREAM.to_bytes(4, "big")]
         assert refused == [5, 7]  # the third refusal is the fourth glitch: the GOAWAY instead
         assert goaway_code(got) == f.ENHANCE_YOUR_CALM
@@ -543,7 +533,7 @@ def test_glitches_are_counted_within_any_second_not_per_window() -> None:
             raw.sendall(f.settings() * 2)  # 3 within the second: allowed
             time.sleep(0.25)
             raw.sendall(f.settings() * 2)  # 4 and 5 within a second of the last 2: the end
-            got = _read(raw, 2)
+            got = read_frames(raw, 2)
         assert goaway_code(got) == f.ENHANCE_YOUR_CALM
         assert sum(kind == f.SETTINGS and flags & f.ACK for kind, flags, *_ in got) == 4  # the 5th: the GOAWAY
     finally:
