@@ -311,11 +311,8 @@ class Connection(asyncio.Protocol):
             self._window_update(stream_id, int.from_bytes(payload, "big") & 0x7FFFFFFF, out)
         elif kind == f.RST_STREAM:
             self._idle(kind, stream_id)
-            stream = self.streams.pop(stream_id, None)
-            if stream is not None:
-                self.blocked.pop(stream_id, None)
+            if self._drop(stream_id):  # a running call reset: work without a call
                 self._remember(stream_id, reset=False)
-                self._abandon(stream)
                 self._glitch()
         elif kind == f.PRIORITY:  # read only to be checked: the calls take no priorities
             if len(payload) != 5:
@@ -349,13 +346,23 @@ class Connection(asyncio.Protocol):
             raise ConnectionError_(code, f"{message} (stream {stream_id})")
         # Debug only: a peer may cause up to max_glitches of these a second (the connection's end is logged)
         log.debug("resetting stream %d from %s: %s", stream_id, self.peer or "a client", message)
+        self._reset(stream_id, code, out)
+        self._drop(stream_id)
+        self._glitch()
+
+    def _reset(self, stream_id: int, code: int, out: list[bytes]) -> None:
+        """Our RST_STREAM, remembered: what the client sent on the stream before it reads it is ignored."""
         out.append(f.rst_stream(stream_id, code))
         self._remember(stream_id, reset=True)
+
+    def _drop(self, stream_id: int) -> bool:
+        """The stream over: its call, if one runs, abandoned (True where one ran)."""
         stream = self.streams.pop(stream_id, None)
-        if stream is not None:
-            self.blocked.pop(stream_id, None)
-            self._abandon(stream)
-        self._glitch()
+        if stream is None:
+            return False
+        self.blocked.pop(stream_id, None)
+        self._abandon(stream)
+        return True
 
     def _data(self, flags: int, stream_id: int, payload: bytes, out: list[bytes]) -> None:
         self._idle(f.DATA, stream_id)
@@ -451,8 +458,7 @@ class Connection(asyncio.Protocol):
             raise ConnectionError_(f.STREAM_CLOSED, f"HEADERS on stream {stream_id} after its end")
         self.last_stream = stream_id
         if self.going_away:
-            self._remember(stream_id, reset=True)
-            out.append(f.rst_stream(stream_id, f.REFUSED_STREAM))
+            self._reset(stream_id, f.REFUSED_STREAM, out)
             return
         if why := why or f.malformed(fields):
             self._stream_error(stream_id, f.PROTOCOL_ERROR, f"a request with {why}", out)
@@ -461,8 +467,7 @@ class Connection(asyncio.Protocol):
             # Work without a call, as a reset is: opened and reset calls past the limit while their handlers
             # unwind are refused here, and must end a rapid reset as the resets would have.
             self._glitch()
-            self._remember(stream_id, reset=True)
-            out.append(f.rst_stream(stream_id, f.REFUSED_STREAM))
+            self._reset(stream_id, f.REFUSED_STREAM, out)
             return
         self._open(stream_id, flags, fields, out)
 
@@ -491,9 +496,10 @@ class Connection(asyncio.Protocol):
             out.append(
                 f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, f.header_block(((":status", status),)))
             )
-            if not flags & f.END_STREAM:  # a body may follow: not read (RFC 9113 8.1)
-                out.append(f.rst_stream(stream_id, f.NO_ERROR))
-            self._remember(stream_id, reset=not flags & f.END_STREAM)
+            if flags & f.END_STREAM:
+                self._remember(stream_id, reset=False)
+            else:  # a body may follow: not read (RFC 9113 8.1)
+                self._reset(stream_id, f.NO_ERROR, out)
             return
         stream = Stream(stream_id, path, tuple(metadata), self.peer_window)
         if encoding is not None:
