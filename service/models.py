@@ -26,6 +26,7 @@ import gc
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -348,9 +349,16 @@ class ModelManager:
             await asyncio.to_thread(release_memory, model.engine)  # a shared arena's free memory, back to the system
         except Exception as e:  # memory left in the arena is no reason to keep the version half closed
             log.warning("could not shrink the ONNX Runtime arena of %s version %d: %s", *key, e)
+        # The ONNX Runtime sessions go with the engine's last reference: the retiring list's and ours. A full
+        # collection costs the event loop 20-25 ms (every request waits), so it runs only if a cycle kept them.
+        engine = weakref.ref(model.engine)
+        this = asyncio.current_task()
+        if this is not None:
+            self._retiring.pop(this, None)
         del pipeline, model
-        gc.collect()  # the ONNX Runtime session goes with the last reference; a cycle would keep it
-        await asyncio.to_thread(release_free_memory)  # what the session freed, back to the system
+        if engine() is not None:
+            gc.collect()
+        await asyncio.to_thread(release_free_memory)  # what the sessions freed, back to the system
         # A version that serves on in a new copy (files or config changed): say which copy was closed.
         replaced = key[1] in self.dataplane.versions(key[0])
         log.info("closed %s version %d%s", *key, " (its previous copy; the new one serves)" if replaced else "")

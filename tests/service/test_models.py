@@ -120,9 +120,11 @@ def serves(channel: grpc.Channel, version: int) -> bool:
     return info(channel).version == version
 
 
-def live_engines(repo: Path) -> list[Path]:
-    """The ONNX Runtime engines alive in this process on graphs of `repo`."""
-    gc.collect()
+def live_engines(repo: Path, *, collect: bool = True) -> list[Path]:
+    """The ONNX Runtime engines alive in this process on graphs of `repo` (without collecting first: those a
+    collection would free too)."""
+    if collect:
+        gc.collect()
     return [o.graph for o in gc.get_objects() if isinstance(o, OnnxEngine) and repo in o.graph.parents]
 
 
@@ -643,6 +645,39 @@ def test_swapped_out_versions_give_their_memory_back(tmp_path: Path) -> None:
     swaps = [v - 1 for v in rss if v - 1 >= WARM_SWAPS]
     slope = float(np.polyfit(swaps, [rss[n + 1] for n in swaps], 1)[0])
     assert slope < RSS_SLOPE_BOUND_MB, f"RSS grew {slope:.1f} MB a swap from swap {WARM_SWAPS} to {SWAPS}: {rss}"
+
+
+@pytest.mark.parametrize("cycle", [False, True])
+def test_a_closed_version_frees_its_sessions_before_the_heap_is_trimmed_and_collects_only_for_a_cycle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cycle: bool
+) -> None:
+    """The heap is trimmed for the memory the closed version's sessions held, so they must be gone by then; and
+    a full collection, which holds the event loop 20-25 ms, runs only when a reference cycle keeps them."""
+    collections: list[list[str]] = []
+    trims: list[list[str]] = []
+    real_collect = gc.collect
+
+    def alive() -> list[str]:
+        return sorted(graph.parent.name for graph in live_engines(tmp_path, collect=False))
+
+    def collect() -> int:
+        collections.append(alive())
+        return real_collect()
+
+    monkeypatch.setattr(models_module.gc, "collect", collect)  # the gc module itself: real_collect is kept
+    monkeypatch.setattr(models_module, "release_free_memory", lambda: trims.append(alive()))
+    export(tmp_path, "m", 1, seed=1)
+    settings_ = settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)
+    with ServerThread(settings_) as srv, srv.ready().channel() as channel:
+        if cycle:
+            (old,) = [p.model.engine for p in srv.server.manager.pipelines()]
+            old.itself = old  # type: ignore[attr-defined]
+            del old
+        publish_copy(tmp_path, "m", 1, 2, seed=2)
+        wait_until(partial(serves, channel, 2), "version 2 served")
+        wait_until(lambda: bool(trims), "version 1 closed")
+    assert trims == [["2"]]
+    assert collections == ([["1", "2"]] if cycle else [])
 
 
 # ---- a version's files changing under a polling server -------------------------------------------------
