@@ -3,6 +3,7 @@ API's clients can read (a body in the wrong format 415, malformed or invalid 400
 
 from __future__ import annotations
 
+import gc
 import types
 from typing import Any, TypeVar, Union, get_origin
 
@@ -29,9 +30,27 @@ def parse_json(body: bytes, content_type: str | None) -> Any:
         if media != "application/json" and not media.endswith("+json"):
             raise UnsupportedMediaType(f"send the body as JSON with 'Content-Type: application/json', not {media!r}")
     try:
-        return orjson.loads(body)
+        if len(body) < PAUSE_COLLECTOR_BYTES:
+            return orjson.loads(body)
+        return _parse_uncollected(body)
     except orjson.JSONDecodeError as e:
         raise InvalidArgument(f"the body is not valid JSON: {e}") from None
+
+
+# A body this large may hold many arrays: orjson makes each a tracked container, and every 700 of them start a
+# collection that walks the young heap (300,000 token-id lists, 3 MB or 8 KB gzipped: 210-270 ms to parse
+# on the event loop, 53-58 ms with the collector paused). A parsed body holds no cycles, so none is lost.
+PAUSE_COLLECTOR_BYTES = 64 * 1024
+
+
+def _parse_uncollected(body: bytes) -> Any:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return orjson.loads(body)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def validate(model: type[M], data: Any) -> M:

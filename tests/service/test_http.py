@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 
+from mhaserve.service.http.bodies import PAUSE_COLLECTOR_BYTES, parse_json
 from mhaserve.service.http.middleware import CallMiddleware
 from mhaserve.service.http.server import Throttle
 from mhaserve.testing.http import request
@@ -653,3 +654,32 @@ def test_pipelined_requests_split_anywhere_are_answered_in_order_and_a_client_th
     assert port
     wait_until(lambda: scrape(port).get("mhaserve_requests_in_flight") == 0, "no request left in flight")
     still_serving(srv)
+
+
+def test_a_large_body_is_parsed_without_starting_a_collection() -> None:
+    """Each of a body's arrays is a tracked container, and every 700 started a collection of the young heap:
+    300,000 token-id lists took 210-270 ms to parse on the event loop, 53-58 ms without. Small bodies are
+    parsed as they come, and a collector disabled before stays disabled."""
+    import gc
+
+    started: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    large = json.dumps({"input": [[2, 5, 3]] * 20_000}).encode()
+    small = json.dumps({"input": [[2, 5, 3]] * 1_000}).encode()
+    assert len(small) < PAUSE_COLLECTOR_BYTES < len(large)
+    gc.callbacks.append(note)
+    try:
+        assert len(parse_json(large, "application/json")["input"]) == 20_000
+        assert started == [] and gc.isenabled()
+        parse_json(small, None)
+        assert started  # 1,000 lists: the collector ran as usual
+        gc.disable()
+        parse_json(large, None)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.callbacks.remove(note)

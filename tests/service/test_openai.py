@@ -147,6 +147,44 @@ def test_bad_requests_are_bad_request_errors(
     assert len(c.embeddings.create(input="still here", model="tiny").data) == 1
 
 
+def test_too_many_inputs_are_refused_before_each_is_validated(
+    http_server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validating 300,000 token-id lists (3 MB, 8 KB gzipped) held the event loop half a second before the
+    count was refused: the count comes first, and the refusal is in the model's statistics as any other."""
+    from mhaserve.service import openai as openai_module
+
+    validated: list[Any] = []
+    real = openai_module.validate
+
+    def validate(model: Any, data: Any) -> Any:
+        validated.append(data)
+        return real(model, data)
+
+    monkeypatch.setattr(openai_module, "validate", validate)
+
+    def fails() -> int:
+        stats = request("GET", http_server.http_url + "/v2/models/tiny/stats").json()["model_stats"][0]
+        return int(stats["inference_stats"]["fail"]["count"])
+
+    before = fails()
+    for input_ in ([[2, 5, 3]] * 9, ["a"] * 9, [[2, 5, 3]] * 8 + ["a"]):
+        reply = request("POST", http_server.http_url + "/v1/embeddings", {"input": input_, "model": "tiny"})
+        assert reply.status == 400 and "9 inputs in one request; the limit is 8" in reply.json()["error"]["message"]
+    assert validated == [] and fails() == before + 3
+    # a model not served is said as before, by the validated request
+    reply = request("POST", http_server.http_url + "/v1/embeddings", {"input": ["a"] * 9, "model": "nope"})
+    assert reply.status == 404 and len(validated) == 1
+    assert len(encode_http(http_server, ["a"] * 8)) == 8  # within the limit: validated and served
+    assert len(validated) == 2
+
+
+def encode_http(server: ServerThread, texts: list[str]) -> list[Any]:
+    reply = request("POST", server.http_url + "/v1/embeddings", {"input": texts, "model": "tiny"})
+    assert reply.status == 200, reply.body[:300]
+    return list(reply.json()["data"])
+
+
 def test_truncate_is_an_extension_field(http_server: ServerThread) -> None:
     c = client(http_server)
     long = "word " * 400
