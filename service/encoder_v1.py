@@ -68,6 +68,12 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         self.count_stream = stream_counter(metrics, "encoder.v1.EncoderService/EncodeStream")
 
     async def Encode(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:
+        return await self._encode(request, context)
+
+    async def _encode(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:
+        # Counted before the token-id lists become arrays (5 us each: a 4 MB message of 500,000 took 2.5 s).
+        model, version = request.model, request.model_version or None
+        self.dataplane.count_first(model, version, len(request.texts) or len(request.token_ids))
         output = await self.dataplane.encode(from_pb(request), time_left=context.time_remaining())
         return to_pb(output, request.packed)
 
@@ -75,8 +81,7 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         self, request_iterator: AsyncIterator[pb.EncodeRequest], context: Context
     ) -> AsyncIterator[pb.EncodeResponse]:
         async def encode(request: pb.EncodeRequest) -> pb.EncodeResponse:
-            output = await self.dataplane.encode(from_pb(request), time_left=context.time_remaining())
-            return to_pb(output, request.packed)
+            return await self._encode(request, context)
 
         async for response in ordered(request_iterator, encode, error_pb, count=self.count_stream):
             yield response

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.runtime.manifest import is_number
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import documented, json_response, parse_json, validate
+from mhaserve.service.http.bodies import documented, json_response, loads, parse_json, validate
 from mhaserve.service.http.openapi import request_body, status_only
 from mhaserve.service.kserve.model import (
     EXTENSIONS,
@@ -43,6 +43,7 @@ from mhaserve.service.kserve.tensors import (
     Tensor,
     check_input,
     check_outputs,
+    declared_inputs,
     encode_input,
     request_options,
 )
@@ -345,10 +346,12 @@ def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status:
         try:
             head, binary = _split(await request.body(), request.headers.get(HEADER_LENGTH))
             try:
-                data = orjson.loads(head)
+                data = loads(head)
             except orjson.JSONDecodeError as e:
                 raise InvalidArgument(f"the inference request is not valid JSON: {e}") from None
             req = validate(InferenceRequest, data)
+            if (inputs := declared_inputs({t.name: t.shape for t in req.inputs})) is not None:
+                pipeline.validate_count(inputs)  # before the data is flattened and decoded, value by value
             encode_input = from_request(req, _Binary(binary), model_name, model_version or None)
             as_binary = _wants_binary(req)  # a bad flag is refused before the model runs, not after
         except ServiceError as e:

@@ -27,6 +27,7 @@ from mhaserve.service.kserve.model import (
     model_statistics,
     statistics_of,
 )
+from mhaserve.service.kserve.tensors import declared_inputs
 from mhaserve.service.metrics import Metrics, stream_counter
 from mhaserve.service.models import ModelManager
 from mhaserve.service.rpc.streaming import ordered
@@ -81,6 +82,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         pipeline = self.dataplane.resolve(request.model_name, request.model_version)
         t0 = time.perf_counter_ns()
         try:
+            if (inputs := declared_inputs({t.name: t.shape for t in request.inputs})) is not None:
+                pipeline.validate_count(inputs)  # before the contents are decoded, row by row
             encode_input = from_pb(request)
         except ServiceError as e:
             pipeline.refused(e, t0)  # at this boundary rather than in the pipeline: still a failed request

@@ -47,6 +47,15 @@ def check_shape(name: str, shape: Sequence[int], forms: Sequence[tuple[int | Non
     return n
 
 
+def declared_inputs(shapes: Mapping[str, Sequence[int]]) -> int | None:
+    """How many inputs a request's tensors declare (the first dimension of `text`, else of `input_ids`), read
+    from their shapes before any data is decoded; None where no shape says."""
+    shape = shapes.get(TEXT, shapes.get(IDS))
+    if not shape or not isinstance(shape[0], int) or shape[0] < 0:
+        return None
+    return shape[0]
+
+
 def count_error(name: str, shape: Sequence[int], elements: int, given: str) -> InvalidArgument:
     return InvalidArgument(
         f"input {name!r} has shape {list(shape)} ({elements} elements) but its contents hold {given}"

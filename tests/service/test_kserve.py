@@ -338,6 +338,59 @@ def test_bad_tensors_are_invalid_argument_and_the_server_goes_on(
     ok_afterwards(stub)
 
 
+def test_too_many_inputs_are_refused_by_their_shape_or_count_before_they_are_decoded(
+    server: ServerThread, stubs: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every protocol counts a request's inputs before decoding them, which costs per input on the event loop:
+    500,000 token-id lists in encoder.v1 (a 4 MB message) took 2.5 s to become arrays, and then were refused;
+    KServe's tensors are counted by their declared shape. Each refusal is in the model's statistics."""
+    from mhaserve.service import encoder_v1
+    from mhaserve.service.kserve import rest, servicer
+
+    decoded: list[str] = []
+
+    def spy(module: Any, name: str) -> None:
+        real = getattr(module, name)
+
+        def decode(*args: Any) -> Any:
+            decoded.append(module.__name__)
+            return real(*args)
+
+        monkeypatch.setattr(module, name, decode)
+
+    for module, name in ((encoder_v1, "from_pb"), (servicer, "from_pb"), (rest, "from_request")):
+        spy(module, name)
+    v2, v1 = stubs
+    nine = [[2, 5, 3]] * 9
+    fails = v2.ModelStatistics(pb.ModelStatisticsRequest(name="tiny"), timeout=WAIT).model_stats[0]
+    before = fails.inference_stats.fail.count
+    calls: list[Callable[[], Any]] = [
+        lambda: v1.Encode(epb.EncodeRequest(token_ids=[epb.TokenIds(ids=r) for r in nine]), timeout=WAIT),
+        lambda: next(iter(v1.EncodeStream(iter([epb.EncodeRequest(texts=["a"] * 9)]), timeout=WAIT))),
+        lambda: v2.ModelInfer(ids_request(nine), timeout=WAIT),
+        lambda: v2.ModelInfer(text_request(["a"] * 9, raw=False), timeout=WAIT),
+    ]
+    for call in calls:
+        try:
+            reply = call()
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "9 inputs in one request" in str(e.details())
+        else:  # EncodeStream answers a failed request in its stream
+            assert "9 inputs in one request" in reply.error.message
+    ids = [{"name": n, "datatype": "INT64", "shape": [9, 3], "data": nine} for n in ("input_ids", "attention_mask")]
+    reply = http.request("POST", server.http_url + "/v2/models/tiny/infer", {"inputs": ids})
+    assert reply.status == 400 and "9 inputs in one request" in reply.json()["error"]
+    assert decoded == []
+    after = v2.ModelStatistics(pb.ModelStatisticsRequest(name="tiny"), timeout=WAIT).model_stats[0]
+    assert after.inference_stats.fail.count == before + 5
+    ok_afterwards(v2)
+    assert (
+        len(v1.Encode(epb.EncodeRequest(token_ids=[epb.TokenIds(ids=r) for r in nine[:8]]), timeout=WAIT).embeddings)
+        == 8
+    )
+    assert decoded == ["mhaserve.service.kserve.servicer", "mhaserve.service.encoder_v1"]  # within the limit
+
+
 def test_unknown_models_and_versions_are_not_found(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     def other(model: str = "tiny", version: str = "") -> list[tuple[Callable[..., Any], Any]]:
         infer = text_request(["a"])
