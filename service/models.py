@@ -129,6 +129,12 @@ class ModelManager:
             return sorted(set(self.wanted) | set(self.repository.names()))
         return list(self.wanted)
 
+    def must_serve(self, name: str) -> bool:
+        """Whether a model that fails to load stops start-up: one named does (serving it is what was asked);
+        one that `*` found in the repository is reported and skipped, as a poll would (a broken entry takes
+        the rest of the repository down neither at start-up nor later)."""
+        return not self.all_models or name in self.wanted
+
     def default_name(self) -> str:
         """The model of requests that name none: the first model named, else the repository's default."""
         return self.wanted[0] if self.wanted else self.repository.default_name()
@@ -142,7 +148,14 @@ class ModelManager:
             self.wanted = [self.repository.default_name()]
         self.dataplane.set_default(self.default_name(), follow=not named)
         for name in self.names():
-            await self.sync(name, strict=True)
+            try:
+                await self.sync(name, strict=self.must_serve(name))
+            except Exception as e:  # said once, by the caller, naming the model (ONNX Runtime's errors do not)
+                raise RepositoryError(f"{name}: {reason(e)}") from e
+        if not self.dataplane.model_names():
+            raise RepositoryError(
+                f"no model of the repository {self.repository.root} could be served (each one's reason is above)"
+            )
 
     async def sync(self, name: str, *, strict: bool = False) -> None:
         """Serve the versions of `name` that its version policy selects now: load the new ones, retire the rest.

@@ -216,7 +216,7 @@ class EncoderServer:
         s = self.settings
         try:
             names = self.manager.names() or [self.manager.default_name()]
-            for name in names:  # every model named is there and its latest version verifies: fail fast
+            for name in filter(self.manager.must_serve, names):  # every model named verifies: fail fast
                 self.repository.entry(name, self.repository.to_serve(name)[-1], graph=s.graph, device=s.device)
         except ServiceError as e:
             raise StartupError(e.message) from None
@@ -624,7 +624,7 @@ async def serve(
         await asyncio.wait((ready, stopping), return_when=asyncio.FIRST_COMPLETED)
         if ready.done() and ready.exception() is not None:
             error = ready.exception()
-            log.error("cannot serve %s: %s", ", ".join(settings.model) or "the model", getattr(error, "message", error))
+            log.error("cannot serve: %s", getattr(error, "message", error))
             stopping.cancel()
             await server.stop(0)
             return 1

@@ -183,6 +183,36 @@ def test_every_model_of_the_repository_with_a_star(two: Path) -> None:
         assert info(channel).name == "narrow"  # no default named: the repository's first by name
 
 
+def test_a_star_serves_the_models_that_load_and_reports_the_rest(
+    two: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`*` takes what the repository holds: a broken entry is reported (log, index, metric) and the others
+    served, as a poll would, rather than a restart refusing to serve any; a model named must still serve,
+    and with nothing that loads the server does not start."""
+    from mhaserve.service.server import StartupError
+
+    repo = tmp_path / "repo"
+    shutil.copytree(two, repo)
+    corrupt(repo, "narrow", 1, 2, "sha")  # its latest version: what start-up verifies
+    corrupt(repo, "wide", 1, 2, "truncated")  # verifies, and fails to load
+    export(repo, "ok", 1, seed=3)
+    shutil.rmtree(repo / "narrow" / "1")
+    shutil.rmtree(repo / "wide" / "1")
+    with ServerThread(settings(repo, "*")) as srv, srv.ready().channel() as channel:
+        assert [m.name for m in pb_grpc.EncoderServiceStub(channel).ListModels(pb.ListModelsRequest()).models] == ["ok"]
+        assert info(channel).name == "ok"
+        index = {(e.name, e.version): (e.state, e.reason) for e in srv.server.manager.index()}
+        assert index[("narrow", "2")][0] == "UNAVAILABLE" and "fails its checksum" in index[("narrow", "2")][1]
+        assert index[("wide", "2")][0] == "UNAVAILABLE" and index[("ok", "1")] == ("READY", "")
+        assert srv.samples().get("mhaserve_model_load_failures_total", model="wide") == 1
+    assert any("cannot load narrow version 2" in r.getMessage() for r in caplog.records)
+    with pytest.raises(StartupError, match="fails its checksum"):
+        ServerThread(settings(repo, "narrow", "*"))  # named: it must serve
+    shutil.rmtree(repo / "ok")
+    with ServerThread(settings(repo, "*")) as srv, pytest.raises(Exception, match="no model of the repository"):
+        srv.ready()
+
+
 def test_version_policies_and_naming_a_version(tmp_path: Path) -> None:
     v1 = export(tmp_path, "m", 1, seed=11)
     v2, v3 = (publish_copy(tmp_path, "m", 1, v, seed=v) for v in (2, 3))
