@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +81,19 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Manifest:
-        d = dict(d)
-        if d.get("format") != FORMAT:
-            raise ManifestError(f"unsupported manifest format {d.get('format')!r} (expected {FORMAT})")
-        try:
-            d["graphs"] = {k: GraphEntry(**v) for k, v in d["graphs"].items()}
-            return cls(**d)
-        except (TypeError, KeyError, AttributeError) as e:
-            raise ManifestError(f"malformed manifest: {e}") from None
+    def from_dict(cls, d: Any) -> Manifest:
+        """A manifest from its JSON; ManifestError naming the key at fault (a hand-edited or truncated file is
+        refused in one line, not by a TypeError deep in the loader)."""
+        d = dict(_checked(cls, d, "the manifest"))
+        if d["format"] != FORMAT:
+            raise ManifestError(f"unsupported manifest format {d['format']!r} (expected {FORMAT})")
+        for key in ("max_seq_len", "vocab_size"):
+            if d[key] < 1:
+                raise ManifestError(f"manifest key {key!r} must be at least 1, got {d[key]}")
+        if not isinstance(d["graphs"], dict) or not d["graphs"]:
+            raise ManifestError("manifest key 'graphs' must be an object naming at least one graph")
+        d["graphs"] = {k: GraphEntry(**_checked(GraphEntry, v, f"graph {k!r}")) for k, v in d["graphs"].items()}
+        return cls(**d)
 
     def graph(self, variant: str) -> GraphEntry:
         try:
@@ -98,6 +102,40 @@ class Manifest:
             raise ManifestError(
                 f"model {self.name} version {self.version} has no {variant!r} graph (has: {', '.join(self.graphs)})"
             ) from None
+
+
+# The JSON type each field's annotation asks for (annotations are strings here: `from __future__ import annotations`).
+_JSON_TYPES: dict[str, tuple[type, str]] = {
+    "str": (str, "a string"),
+    "int": (int, "an integer"),
+    "bool": (bool, "true or false"),
+    "dict[str, Any]": (dict, "an object"),
+    "dict[str, str]": (dict, "an object"),
+    "dict[str, GraphEntry]": (dict, "an object"),
+    "list[dict[str, Any]]": (list, "a list"),
+}
+
+
+def _checked(cls: type, d: Any, what: str) -> dict[str, Any]:
+    """`d`, checked against `cls`'s fields: an object, no key missing or unknown, each of its field's JSON type
+    (true is not an integer), integers not negative."""
+    if not isinstance(d, dict):
+        raise ManifestError(f"{what} must be a JSON object, got {type(d).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    if unknown := sorted(set(d) - set(known)):
+        raise ManifestError(f"{what} has an unknown key {unknown[0]!r}")
+    for name, f in known.items():
+        if name not in d:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ManifestError(f"{what} lacks the key {name!r}")
+            continue
+        want, said = _JSON_TYPES[str(f.type)]
+        value = d[name]
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise ManifestError(f"{what}: {name!r} must be {said}, got {json.dumps(value)[:60]}")
+        if isinstance(value, int) and value < 0:
+            raise ManifestError(f"{what}: {name!r} must not be negative, got {value}")
+    return d
 
 
 def sha256_file(path: Path) -> str:
@@ -116,7 +154,10 @@ def read_manifest(entry_dir: Path) -> Manifest:
         raise ManifestError(f"{entry_dir} has no {MANIFEST}") from None
     except json.JSONDecodeError as e:
         raise ManifestError(f"{path} is not valid JSON: {e}") from None
-    return Manifest.from_dict(data)
+    try:
+        return Manifest.from_dict(data)
+    except ManifestError as e:
+        raise ManifestError(f"{path}: {e}") from None
 
 
 def verify_graph(entry_dir: Path, entry: GraphEntry) -> Path:
