@@ -57,6 +57,9 @@ def build(
         title="mhaserve",
         version=server_version(),
         summary="Transformer encoder embeddings: OpenAI's embeddings API, the Open Inference Protocol, utilities.",
+        # A path with a trailing slash is not found, not redirected: Starlette's redirect names the scheme and
+        # host it was reached by (http, behind a proxy that ends TLS), and was counted as an answered request.
+        redirect_slashes=False,
         openapi_url="/openapi.json",
         docs_url="/docs",
         redoc_url="/redoc",
@@ -77,7 +80,9 @@ def build(
     @app.exception_handler(StarletteHTTPException)
     async def router_error(request: Request, error: StarletteHTTPException) -> Response:
         if error.status_code == 404:
-            return respond(request, NotFound(f"no route {request.method} {request.url.path}"))
+            path = request.url.path
+            hint = f" (without the trailing slash: {path.rstrip('/')})" if path != "/" and path.endswith("/") else ""
+            return respond(request, NotFound(f"no route {request.method} {path}{hint}"))
         # 405: a route without this method (the router's Allow header says which it takes)
         return respond(
             request, Unimplemented(f"{request.method} is not allowed on {request.url.path}"), dict(error.headers or {})

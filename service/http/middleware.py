@@ -137,13 +137,21 @@ class CallMiddleware:
         request_id.set(rid)
         path: str = scope["path"]
         response: dict[str, Any] = {"status": 0, "complete": False}
+        # HEAD is GET's answer without its body (RFC 9110 9.3.2; uptime monitors and some balancers' checks
+        # send it), where GET has a route; FastAPI's routes take only the methods they name.
+        head = scope["method"] == "HEAD" and self.route_of({**scope, "method": "GET"}) is not None
+        if head:
+            scope = {**scope, "method": "GET"}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 response["status"] = message["status"]
                 message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER.encode(), rid.encode())]
-            elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                response["complete"] = True
+            elif message["type"] == "http.response.body":
+                if head:
+                    message = {**message, "body": b""}
+                if not message.get("more_body", False):
+                    response["complete"] = True
             await send(message)
 
         # Health probes and the docs are not counted, as gRPC's health and reflection are not: a probe's

@@ -176,6 +176,27 @@ def test_unknown_routes_and_methods(srv: ServerThread) -> None:
     still_serving(srv)
 
 
+def test_head_is_gets_answer_without_its_body(srv: ServerThread) -> None:
+    """Uptime monitors and some balancers' checks send HEAD (RFC 9110: general-purpose servers support it)."""
+    for path in ("/health", "/v1/models", "/v2/health/ready", "/info"):
+        got, head = request("GET", url(srv, path)), request("HEAD", url(srv, path))
+        assert (head.status, head.body) == (got.status, b""), path
+        assert head.headers["content-length"] == got.headers["content-length"] and head.headers["x-request-id"]
+    reply = request("HEAD", url(srv, "/v1/embeddings"))  # no GET there: the method the client sent is refused
+    assert reply.status == 405 and reply.headers["allow"] == "POST"
+    still_serving(srv)
+
+
+def test_a_trailing_slash_is_not_found_with_a_hint_not_redirected(srv: ServerThread) -> None:
+    """A redirect named the scheme and host it was reached by (wrong behind a proxy that ends TLS)."""
+    before = srv.samples().get("mhaserve_requests_total", method="POST (no route)", code="OK")
+    reply = request("POST", url(srv, "/v1/embeddings/"), {"input": "a"}, {"host": "example.com:443"})
+    assert reply.status == 404 and "location" not in reply.headers
+    assert "(without the trailing slash: /v1/embeddings)" in str(openai_error(reply.body)["message"])
+    assert request("GET", url(srv, "/v1/models/")).status == 404
+    assert srv.samples().get("mhaserve_requests_total", method="POST (no route)", code="OK") == before
+
+
 def test_a_slowloris_client_is_disconnected(srv: ServerThread) -> None:
     """Headers trickled a byte at a time never finish: the server closes the connection after the read timeout."""
     with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
