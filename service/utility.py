@@ -49,7 +49,9 @@ class Token(BaseModel):
     id: int
     text: str
     special: bool
-    start: int | None = Field(description="character offset in the input; null for special tokens")
+    start: int | None = Field(
+        description="character offset in the input; null for special tokens and for the prompt's tokens"
+    )
     stop: int | None
 
 
@@ -101,8 +103,16 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
             raise InvalidArgument("inputs is empty: send a text or a list of texts", param="inputs")
         pipeline = dataplane.resolve(req.model)
         asked = EncodeInput(texts=texts, model=req.model, truncate=req.truncate, prompt_name=req.prompt_name)
-        pipeline.validate(asked)
-        encodings = await pipeline.tokenize(pipeline.prompted(asked), truncate=req.truncate)
+        prompted = pipeline.prompted(asked)
+        try:
+            pipeline.validate(asked)
+            encodings = await pipeline.tokenize(prompted, truncate=req.truncate)
+        except InvalidArgument as e:
+            if e.param == "input":  # the pipeline's checks name the embeddings APIs' field; this route's is inputs
+                raise InvalidArgument(e.message, param="inputs") from None
+            raise
+        # Offsets count in the text sent: the prompt put before it (the same for every text) is not in it.
+        shift = len(prompted[0]) - len(texts[0])
         return json_response(
             [
                 [
@@ -110,8 +120,8 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
                         "id": token_id,
                         "text": token,
                         "special": bool(special),
-                        "start": None if special else start,
-                        "stop": None if special else stop,
+                        "start": None if special or stop <= shift else max(start - shift, 0),
+                        "stop": None if special or stop <= shift else stop - shift,
                     }
                     for token_id, token, special, (start, stop) in zip(
                         enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True

@@ -524,6 +524,9 @@ def test_tokenize_gives_ids_and_offsets_with_the_truncation_rule(srv: ServerThre
     long = "word " * 400
     reply = request("POST", url(srv, "/tokenize"), {"inputs": [long]})
     assert reply.status == 400 and "more than the model's maximum of 160" in reply.json()["error"]["message"]
+    assert reply.json()["error"]["param"] == "inputs"  # this route's field, not the embeddings APIs' input
+    reply = request("POST", url(srv, "/tokenize"), {"inputs": ["a"] * 9})
+    assert reply.status == 400 and reply.json()["error"]["param"] == "inputs"
     (cut,) = request("POST", url(srv, "/tokenize"), {"inputs": [long], "truncate": True}).json()
     assert len(cut) == 160
 

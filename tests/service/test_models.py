@@ -340,6 +340,10 @@ def test_prompts_max_length_and_normalize_from_the_serving_config(tmp_path: Path
         # the prompt's tokens count toward the length limit
         tokens = request("POST", srv.http_url + "/tokenize", {"inputs": "what is it", "prompt_name": "query"}).json()[0]
         assert [t["text"] for t in tokens[1:4]] == ["q", "##u", "##e"]
+        # offsets count in the text sent: the prompt's tokens have none, the others point into "what is it"
+        own = [t for t in tokens if t["start"] is not None]
+        assert all(t["stop"] is None for t in tokens if t["start"] is None) and len(own) < len(tokens) - 2
+        assert "".join("what is it"[t["start"] : t["stop"]] for t in own) == "whatisit"
         with pytest.raises(grpc.RpcError) as e:
             texts(["x" * 30])
         assert "more than the model's maximum of 24 (special tokens and the prompt included)" in str(e.value.details())
