@@ -88,7 +88,14 @@ SETTLE_S = 1.0  # the most serve() waits, once stopped, for calls gRPC handed ov
 # Methods that answer while the model loads and while the server drains: health checks, reflection, and
 # the Open Inference Protocol's own health methods (which answer false then). The call interceptor
 # neither gates nor counts them.
-ALWAYS_ANSWERED = (f"/{HEALTH_SERVICE}/", "/grpc.reflection.", *KSERVE_HEALTH_METHODS)
+# ServerMetadata too: it describes the server (its extensions), not the models, and Triton answers it in every
+# state; a client that reads the extensions before waiting for readiness would fail for nothing.
+ALWAYS_ANSWERED = (
+    f"/{HEALTH_SERVICE}/",
+    "/grpc.reflection.",
+    *KSERVE_HEALTH_METHODS,
+    f"/{KSERVE_SERVICE}/ServerMetadata",
+)
 
 
 @dataclass(frozen=True)
@@ -534,10 +541,17 @@ class EncoderServer:
         await asyncio.sleep(max(0.0, min(0.05, deadline - time.monotonic())))  # calls already received get their turn
         return max(0.0, deadline - time.monotonic())
 
-    async def _abandon(self) -> None:
+    async def _abandon(self, grace: float) -> None:
         """The grace period is over: answer the gRPC calls still running UNAVAILABLE, with a message that says
         why (grpc's stop would cancel them: "Cancelling all calls", counted CANCELLED, as if their clients had
         gone), as the HTTP requests still running are answered 503 (http/middleware.py)."""
+        if self.in_flight.count:  # what an operator looks for when clients report UNAVAILABLE at a deploy
+            log.warning(
+                "the grace period (%g s) ended with %d request(s) unanswered: they are answered UNAVAILABLE "
+                "(retry); --grace-period gives them longer",
+                grace,
+                self.in_flight.count,
+            )
         if self._calls is None:
             return
         tasks = self._calls.abandon(
@@ -569,7 +583,7 @@ class EncoderServer:
             # first, rather than cancelled by grpc's stop.
             stopping = asyncio.ensure_future(self._stop_listeners(grace + ABANDON_S))
             if await self._quiesce(grace) <= 0:
-                await self._abandon()
+                await self._abandon(grace)
             await stopping
         await self.drain()
         if self._loading is not None and not self._loading.done():
@@ -577,7 +591,7 @@ class EncoderServer:
         if self._server is not None or self._http is not None:
             left = await self._quiesce(grace)
             if left <= 0:
-                await self._abandon()
+                await self._abandon(grace)
             await self._stop_listeners(left)
         await self.manager.close()
         self._inference.shutdown(wait=False, cancel_futures=True)

@@ -39,8 +39,9 @@ OPEN_PATHS = (utility.HEALTH_PATH, *kserve_rest.HEALTH_PATHS, *DOCS_PATHS)
 
 
 def always_answered(path: str) -> bool:
-    """Routes that answer while the model loads and while the server drains: health (saying so) and docs."""
-    return path in OPEN_PATHS or (path.startswith("/v2/models/") and path.endswith("/ready"))
+    """Routes that answer while the model loads and while the server drains: health (saying so), docs, and
+    KServe's server metadata (it describes the server, not the models; Triton answers it in every state)."""
+    return path in OPEN_PATHS or path == "/v2" or (path.startswith("/v2/models/") and path.endswith("/ready"))
 
 
 def build(

@@ -290,6 +290,11 @@ def test_an_http_request_still_running_when_the_grace_period_ends_is_answered_50
         engine.release.set()
         srv.stop()
     assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
+    # said once, for the operator who hears of UNAVAILABLE answers at a deploy
+    said = [
+        r for r in caplog.records if "the grace period (0.5 s) ended with 1 request(s) unanswered" in r.getMessage()
+    ]
+    assert len(said) == 1 and said[0].levelname == "WARNING"
 
 
 # ---- random schedules: a stop at any moment of any traffic ----------------------------------------------------

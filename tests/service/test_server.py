@@ -29,6 +29,8 @@ from hypothesis import strategies as st
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
+from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.tokenizer import load_for_serving
@@ -531,6 +533,12 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
         assert health.status == 503 and health.json()["status"] == "NOT_SERVING"
         assert http.request("GET", srv.http_url + "/v2/health/ready").status == 400
         assert http.request("GET", srv.http_url + "/v2/health/live").status == 200
+        # the server's metadata describes the server, not the models: answered in every state, as Triton does
+        assert http.request("GET", srv.http_url + "/v2").json()["name"] == "mhaserve"
+
+    def metadata(channel: grpc.Channel) -> str:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        return str(kserve.ServerMetadata(kpb.ServerMetadataRequest(), timeout=WAIT).name)
 
     with srv.channel() as channel:
         health = health_pb2_grpc.HealthStub(channel)
@@ -549,6 +557,7 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
         assert status() == status("encoder.v1.EncoderService") == "NOT_SERVING"
         assert "still loading" in refused(lambda: stub.Encode(ids([5]), timeout=WAIT))
         http_refused("still loading")
+        assert metadata(channel) == "mhaserve"
         loaded.set()
         srv.ready()
         assert status() == status("encoder.v1.EncoderService") == "SERVING"
@@ -563,6 +572,7 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
         assert "shutting down" in refused(lambda: stub.Encode(ids([5]), timeout=WAIT))
         assert "shutting down" in refused(lambda: stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT))
         http_refused("shutting down")
+        assert metadata(channel) == "mhaserve"
     assert counted(srv, "UNAVAILABLE") == 2
 
 
