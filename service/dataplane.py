@@ -159,7 +159,12 @@ class DataPlane:
                 "model now: every one was unloaded)",
                 param="model",
             )
-        name, _, named_version = (name or self.default_model).partition(":")
+        asked = name or self.default_model
+        name, colon, named_version = asked.partition(":")
+        if colon and not (name and named_version):
+            raise InvalidArgument(
+                f"model {asked!r}: name a model, or name:version (e.g. {name or 'model'}:1)", param="model"
+            )
         if named_version and version not in (None, "", 0) and str(version) != named_version:
             raise InvalidArgument(
                 f"the model is named {name}:{named_version} and the version asked for is {version}: ask for one"

@@ -101,6 +101,14 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
     assert c.models.retrieve("tiny:1").id == "tiny:1"
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("nope")
+    # a colon with nothing on one side of it names no model version: said, not read as the latest
+    for model in ("tiny:", ":1"):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.models.retrieve(model)
+        assert "name a model, or name:version" in e.value.message
+        with pytest.raises(openai.BadRequestError) as e:
+            c.embeddings.create(input="a", model=model)
+        assert e.value.param == "model"
 
 
 @pytest.mark.parametrize(
