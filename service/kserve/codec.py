@@ -44,7 +44,7 @@ def _classification(parameters: Mapping[str, pb.InferParameter]) -> bool:
 
 def from_pb(request: pb.ModelInferRequest) -> EncodeInput:
     """The internal request a ModelInferRequest asks for; INVALID_ARGUMENT for anything malformed."""
-    check_outputs([(out.name, _classification(out.parameters)) for out in request.outputs])
+    check_outputs([(out.name, out.parameters, _classification(out.parameters)) for out in request.outputs])
     options = request_options(partial(_parameter, request.parameters))
     return encode_input(_inputs(request), options, model=request.model_name, version=request.model_version or None)
 
@@ -63,6 +63,12 @@ def _parameter(parameters: Mapping[str, pb.InferParameter], key: str, want: type
 
 def _inputs(request: pb.ModelInferRequest) -> dict[str, Tensor]:
     """Each input by name, with its raw contents when the request uses raw_input_contents."""
+    # Every input checked before the raw contents are counted: one in shared memory has none, and is refused
+    # as such rather than for the count.
+    seen: set[str] = set()
+    for tensor in request.inputs:
+        check_input(tensor.name, tensor.datatype, tensor.parameters, seen)
+        seen.add(tensor.name)
     raw = list(request.raw_input_contents)
     if raw:
         typed = [t.name for t in request.inputs if t.HasField("contents")]
@@ -74,11 +80,10 @@ def _inputs(request: pb.ModelInferRequest) -> dict[str, Tensor]:
             raise InvalidArgument(
                 f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: give one per input, in input order"
             )
-    tensors: dict[str, Tensor] = {}
-    for i, tensor in enumerate(request.inputs):
-        check_input(tensor.name, tensor.datatype, tensors)
-        tensors[tensor.name] = Tensor(tensor.name, tensor.shape, raw[i] if raw else None, partial(_typed, tensor))
-    return tensors
+    return {
+        tensor.name: Tensor(tensor.name, tensor.shape, raw[i] if raw else None, partial(_typed, tensor))
+        for i, tensor in enumerate(request.inputs)
+    }
 
 
 def _typed(tensor: InputTensor) -> Any:

@@ -45,6 +45,7 @@ from mhaserve.service.kserve.tensors import (
     check_outputs,
     declared_inputs,
     encode_input,
+    outside_int64,
     request_options,
 )
 from mhaserve.service.models import ModelManager
@@ -99,7 +100,12 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     """(the JSON, the binary data after it)."""
     if header_length is None:
         return body, memoryview(b"")
-    if not is_number(header_length) or int(header_length) > len(body):
+    if not is_number(header_length):
+        raise InvalidArgument(
+            f"Inference-Header-Content-Length is {header_length!r}: not a byte count (the length of the JSON "
+            "before the binary data, in bytes)"
+        )
+    if int(header_length) > len(body):
         raise InvalidArgument(
             f"Inference-Header-Content-Length is {header_length!r} but the body is {len(body)} bytes long"
         )
@@ -114,7 +120,15 @@ def _values(tensor: InputTensor) -> list[Any]:
         raise InvalidArgument(f"input {tensor.name!r}: data must be a JSON array (flat or nested, row-major)")
     values = _flatten(tensor.data)
     kind, plural = JSON_TYPES[tensor.datatype]
-    if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):  # JSON's true is no integer
+
+    def fits(value: Any) -> bool:
+        return isinstance(value, kind) and not isinstance(value, bool)  # JSON's true is no integer
+
+    if not all(map(fits, values)):
+        bad = next(v for v in values if not fits(v))
+        # orjson reads an integer past 64 bits as a float (-2**63 - 1 as -2.0**63): an integer still, outside INT64.
+        if kind is int and isinstance(bad, float) and abs(bad) >= 2**63:
+            raise outside_int64(tensor.name)
         raise InvalidArgument(f"input {tensor.name!r} is {tensor.datatype}: its data must be {plural}")
     return values
 
@@ -173,11 +187,13 @@ class _Binary:
 
 def from_request(req: InferenceRequest, binary: _Binary, model: str, version: str | None) -> EncodeInput:
     """The internal request; INVALID_ARGUMENT for anything malformed (the same messages as over gRPC)."""
-    check_outputs([(out.name, bool(out.parameters.get("classification"))) for out in req.outputs])
+    check_outputs([(out.name, out.parameters, bool(out.parameters.get("classification"))) for out in req.outputs])
     options = request_options(partial(_parameter, req.parameters))
     tensors: dict[str, Tensor] = {}
     for tensor in req.inputs:
-        check_input(tensor.name, tensor.datatype, tensors)
+        check_input(tensor.name, tensor.datatype, tensor.parameters, tensors)
+        if tensor.data is not None and BINARY_SIZE in tensor.parameters:
+            raise InvalidArgument(f"input {tensor.name!r} sets both 'data' and {BINARY_SIZE}: use one or the other")
         raw = binary.take(tensor)
         if raw is None and tensor.data is None:
             raise InvalidArgument(f"input {tensor.name!r} has no data (neither 'data' nor {BINARY_SIZE})")
@@ -269,9 +285,10 @@ def router(dataplane: DataPlane, manager: ModelManager) -> APIRouter:
 
 
 async def _optional_json(request: Request) -> Any:
-    """A repository call's body: tritonclient sends none, or JSON."""
+    """A repository call's body: tritonclient sends none, or JSON. Read as JSON whatever its Content-Type says,
+    as /infer's is (tritonclient declares none, `curl -d` a form)."""
     body = await request.body()
-    return parse_json(body, request.headers.get("content-type")) if body else {}
+    return parse_json(body, None) if body else {}
 
 
 def _repository_routes(api: APIRouter, manager: ModelManager) -> None:

@@ -30,6 +30,11 @@ INPUT_TYPES = {TEXT: "BYTES", IDS: "INT64", MASK: "INT64"}
 EXPECTED_INPUTS = f"{TEXT!r} (BYTES [-1]) or {IDS!r} and {MASK!r} (INT64 [-1, -1])"
 TEXT_SHAPES: list[tuple[int | None, ...]] = [(None,), (None, 1)]  # [n], or [n, 1] as Triton's examples send it
 IDS_SHAPES: list[tuple[int | None, ...]] = [(None, None)]
+# Triton's shared-memory extensions (system and CUDA): a tensor whose parameters name a region registered with
+# the server. Not implemented here (the server metadata does not list them), so such a tensor is refused: an
+# output answered inline would leave the client reading stale data from its region, and an input's data is
+# not in the request at all.
+SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
 def check_shape(name: str, shape: Sequence[int], forms: Sequence[tuple[int | None, ...]], expected: str) -> int:
@@ -54,6 +59,15 @@ def declared_inputs(shapes: Mapping[str, Sequence[int]]) -> int | None:
     if not shape or not isinstance(shape[0], int) or shape[0] < 0:
         return None
     return shape[0]
+
+
+def outside_int64(name: str) -> InvalidArgument:
+    return InvalidArgument(f"input {name!r} holds a value outside INT64")
+
+
+def no_inputs(name: str, shape: Sequence[int]) -> InvalidArgument:
+    # In KServe's terms: the pipeline's own message names encoder.v1's fields (texts, token_ids).
+    return InvalidArgument(f"input {name!r} has shape {list(shape)}: no inputs to embed; send at least one")
 
 
 def count_error(name: str, shape: Sequence[int], elements: int, given: str) -> InvalidArgument:
@@ -125,27 +139,39 @@ def strip_padding(ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]) -> li
     return [ids[r, : int(lengths[r])] for r in range(ids.shape[0])]
 
 
-def check_outputs(outputs: Sequence[tuple[str, bool]]) -> None:
-    """The requested outputs: each one's name, and whether it asks for Triton's classification extension
-    (`class_count` in tritonclient), which an embedding has no classes for: refused rather than answered
-    with the embeddings the client did not ask for."""
-    for name, classification in outputs:
+def check_shared_memory(kind: str, name: str, parameters: Container[str]) -> None:
+    """An input's or output's parameters: none may name a shared-memory region (SHARED_MEMORY)."""
+    named = [key for key in SHARED_MEMORY if key in parameters]
+    if named:
+        where = "send the data in the request" if kind == "input" else "read the output from the response"
+        raise InvalidArgument(
+            f"{kind} {name!r} sets {named[0]}: shared memory is not supported by this server; {where}"
+        )
+
+
+def check_outputs(outputs: Sequence[tuple[str, Container[str], bool]]) -> None:
+    """The requested outputs: each one's name, its parameters' names, and whether it asks for Triton's
+    classification extension (`class_count` in tritonclient), which an embedding has no classes for: refused
+    rather than answered with the embeddings the client did not ask for."""
+    for name, parameters, classification in outputs:
         if name != OUTPUT:
             raise InvalidArgument(f"unknown output {name!r}: this model has one output, {OUTPUT!r}")
+        check_shared_memory("output", name, parameters)
         if classification:
             raise InvalidArgument(
                 f"output {name!r} asks for classification (class_count); this server returns embeddings, not classes"
             )
 
 
-def check_input(name: str, datatype: str, seen: Container[str]) -> None:
-    """An input's name and datatype, before its contents are read."""
+def check_input(name: str, datatype: str, parameters: Container[str], seen: Container[str]) -> None:
+    """An input's name, datatype and parameters' names, before its contents are read."""
     if name not in INPUT_TYPES:
         raise InvalidArgument(f"unknown input {name!r}: this model takes {EXPECTED_INPUTS}")
     if name in seen:
         raise InvalidArgument(f"input {name!r} is given twice")
     if datatype != INPUT_TYPES[name]:
         raise InvalidArgument(f"input {name!r} has datatype {datatype or '(none)'}; expected {INPUT_TYPES[name]}")
+    check_shared_memory("input", name, parameters)
 
 
 @dataclass(frozen=True)
@@ -184,7 +210,7 @@ def int64(tensor: Tensor) -> npt.NDArray[np.int64]:
         try:
             values = np.asarray(flat, dtype=np.int64)
         except OverflowError:  # JSON integers are unbounded; gRPC's int64_contents cannot overflow
-            raise InvalidArgument(f"input {tensor.name!r} holds a value outside INT64") from None
+            raise outside_int64(tensor.name) from None
     # copy=False: a large raw tensor is not copied again (its array stays read-only, as frombuffer made it).
     return values.astype(np.int64, copy=False).reshape(tuple(tensor.shape))
 
@@ -229,7 +255,10 @@ def encode_input(inputs: Mapping[str, Tensor], options: Options, *, model: str, 
     if TEXT in inputs:
         if IDS in inputs or MASK in inputs:
             raise InvalidArgument(f"set either {TEXT!r} or {IDS!r} and {MASK!r}, not both")
-        return EncodeInput(texts=texts(inputs[TEXT]), **common)
+        given = texts(inputs[TEXT])
+        if not given:
+            raise no_inputs(TEXT, inputs[TEXT].shape)
+        return EncodeInput(texts=given, **common)
     missing = [name for name in (IDS, MASK) if name not in inputs]
     if len(missing) == 2:
         raise InvalidArgument(f"missing input: set {EXPECTED_INPUTS}")
@@ -240,4 +269,6 @@ def encode_input(inputs: Mapping[str, Tensor], options: Options, *, model: str, 
         raise InvalidArgument(
             f"{IDS!r} has shape {list(ids.shape)} and {MASK!r} has shape {list(mask.shape)}: they must be the same"
         )
+    if not len(ids):
+        raise no_inputs(IDS, ids.shape)
     return EncodeInput(token_ids=strip_padding(ids, mask), **common)

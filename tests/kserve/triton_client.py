@@ -116,8 +116,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
         bad_dtype = grpcclient.InferInput("input_ids", [1, 2], "INT32")
         bad_dtype.set_data_from_numpy(np.array([[2, 3]], dtype=np.int32))
+        # Shared memory (never registered: the server refuses the tensors that name a region, whatever it holds)
+        shm_input = grpcclient.InferInput("text", [1], "BYTES")
+        shm_input.set_shared_memory("in0", 16)
+        shm_output = grpcclient.InferRequestedOutput("embeddings")
+        shm_output.set_shared_memory("out0", 4 * 32 * len(texts))
         out["errors"] = {
             "wrong_datatype": status_of(lambda: client.infer(model, [bad_dtype], client_timeout=TIMEOUT)),
+            "shared_memory_input": status_of(lambda: client.infer(model, [shm_input], client_timeout=TIMEOUT)),
+            "shared_memory_output": status_of(
+                lambda: client.infer(model, [text_input(texts)], outputs=[shm_output], client_timeout=TIMEOUT)
+            ),
             "missing_input": status_of(
                 lambda: client.infer(model, ids_inputs(spec["ids"], spec["mask"])[:1], client_timeout=TIMEOUT)
             ),
@@ -204,8 +213,14 @@ def run_http(spec: dict[str, Any]) -> dict[str, Any]:
         out["infer_gzip"] = result(client.infer(model, [text_tensor(texts)], request_compression_algorithm="gzip"))
         bad_dtype = httpclient.InferInput("input_ids", [1, 2], "INT32")
         bad_dtype.set_data_from_numpy(np.array([[2, 3]], dtype=np.int32))
+        shm_input = httpclient.InferInput("text", [1], "BYTES")
+        shm_input.set_shared_memory("in0", 16)
+        shm_output = httpclient.InferRequestedOutput("embeddings")
+        shm_output.set_shared_memory("out0", 4 * 32 * len(texts))
         out["errors"] = {
             "wrong_datatype": status(lambda: client.infer(model, [bad_dtype])),
+            "shared_memory_input": status(lambda: client.infer(model, [shm_input])),
+            "shared_memory_output": status(lambda: client.infer(model, [text_tensor(texts)], outputs=[shm_output])),
             "missing_input": status(lambda: client.infer(model, ids_tensors()[:1])),
             "unknown_model": status(lambda: client.infer("no-such-model", [text_tensor(texts)])),
             "unknown_version": status(lambda: client.infer(model, [text_tensor(texts)], model_version="999")),

@@ -5,6 +5,7 @@ test_kserve_triton.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -213,6 +214,41 @@ def _output(name: str, class_count: int = 0) -> Any:
     return request
 
 
+def _in_shared_memory(tensor: Any, region: str, size: int) -> None:
+    """As tritonclient's set_shared_memory(region, size) marks an input or a requested output."""
+    tensor.parameters["shared_memory_region"].string_param = region
+    tensor.parameters["shared_memory_byte_size"].int64_param = size
+
+
+def _input_in_shared_memory() -> Any:
+    request = pb.ModelInferRequest(model_name="tiny", inputs=[Tensor(name="text", datatype="BYTES", shape=[1])])
+    _in_shared_memory(request.inputs[0], "in0", 9)
+    return request
+
+
+def _mask_in_shared_memory() -> Any:
+    """tritonclient sends the raw contents of the other inputs only: one raw entry for two inputs."""
+    request = ids_request([[2, 3]])
+    del request.raw_input_contents[1]
+    _in_shared_memory(request.inputs[1], "mask0", 16)
+    return request
+
+
+def _output_in_shared_memory() -> Any:
+    request = text_request(["a"])
+    _in_shared_memory(request.outputs.add(name="embeddings"), "out0", 1536)
+    return request
+
+
+def _no_id_rows(raw: bool) -> Any:
+    request = pb.ModelInferRequest(model_name="tiny")
+    for name in ("input_ids", "attention_mask"):
+        request.inputs.append(Tensor(name=name, datatype="INT64", shape=[0, 4]))
+        if raw:
+            request.raw_input_contents.append(b"")
+    return request
+
+
 def _retyped(request: Any, index: int, datatype: str) -> Any:
     request.inputs[index].datatype = datatype
     return request
@@ -315,6 +351,22 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
     ),
     "unknown output": (lambda: _output("logits"), "unknown output 'logits': this model has one output, 'embeddings'"),
     "classification": (lambda: _output("embeddings", class_count=3), "asks for classification (class_count)"),
+    "input in shared memory": (
+        _input_in_shared_memory,
+        "input 'text' sets shared_memory_region: shared memory is not supported by this server; send the data in",
+    ),
+    "one input in shared memory, the other raw": (
+        _mask_in_shared_memory,
+        "input 'attention_mask' sets shared_memory_region: shared memory is not supported by this server",
+    ),
+    "output in shared memory": (
+        _output_in_shared_memory,
+        "output 'embeddings' sets shared_memory_region: shared memory is not supported by this server",
+    ),
+    "no texts, raw": (lambda: text_request([], shape=[0]), "input 'text' has shape [0]: no inputs to embed"),
+    "no texts, typed": (lambda: text_request([], raw=False), "input 'text' has shape [0]: no inputs to embed"),
+    "no id rows, raw": (lambda: _no_id_rows(True), "input 'input_ids' has shape [0, 4]: no inputs to embed"),
+    "no id rows, typed": (lambda: _no_id_rows(False), "input 'input_ids' has shape [0, 4]: no inputs to embed"),
     "normalize as a string": (
         lambda: _param("normalize", pb.InferParameter(string_param="false")),
         "parameter 'normalize' must be a bool (bool_param), got string_param",
@@ -336,6 +388,97 @@ def test_bad_tensors_are_invalid_argument_and_the_server_goes_on(
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
     assert message in e.value.details()
     ok_afterwards(stub)
+
+
+def _rest_text(**fields: Any) -> dict[str, Any]:
+    return {"name": "text", "shape": [1], "datatype": "BYTES"} | fields
+
+
+def _rest_ids(shape: list[int], ids: list[Any], mask: list[Any]) -> list[dict[str, Any]]:
+    return [
+        {"name": name, "shape": shape, "datatype": "INT64", "data": data}
+        for name, data in (("input_ids", ids), ("attention_mask", mask))
+    ]
+
+
+def _rest_binary(header: dict[str, Any], binary: bytes) -> tuple[bytes, dict[str, str]]:
+    head = json.dumps(header).encode()
+    return head + binary, {"inference-header-content-length": str(len(head))}
+
+
+def _rest_header_length(length: str) -> tuple[bytes, dict[str, str]]:
+    body, _ = _rest_binary({"inputs": [_rest_text(data=["a"])]}, b"")
+    return body, {"inference-header-content-length": length}
+
+
+SHM = {"shared_memory_region": "r0", "shared_memory_byte_size": 1536}
+# The same checks over REST: each body (a dict sent as JSON, or bytes with their headers) and the message of its 400.
+REST_BAD: dict[str, tuple[Any, str]] = {
+    "input in shared memory": (
+        {"inputs": [_rest_text(parameters=SHM)]},
+        "input 'text' sets shared_memory_region: shared memory is not supported by this server; send the data in",
+    ),
+    "output in shared memory": (
+        {"inputs": [_rest_text(data=["a"])], "outputs": [{"name": "embeddings", "parameters": SHM}]},
+        "output 'embeddings' sets shared_memory_region: shared memory is not supported by this server",
+    ),
+    "data and binary data": (
+        _rest_binary({"inputs": [_rest_text(data=["a"], parameters={"binary_data_size": 5})]}, pack_bytes([b"b"])),
+        "input 'text' sets both 'data' and binary_data_size: use one or the other",
+    ),
+    "header length not a number": (
+        _rest_header_length("abc"),
+        "Inference-Header-Content-Length is 'abc': not a byte count",
+    ),
+    "header length negative": (_rest_header_length("-1"), "Inference-Header-Content-Length is '-1': not a byte count"),
+    "no texts": ({"inputs": [_rest_text(shape=[0], data=[])]}, "input 'text' has shape [0]: no inputs to embed"),
+    "no id rows": ({"inputs": _rest_ids([0, 4], [], [])}, "input 'input_ids' has shape [0, 4]: no inputs to embed"),
+    "id past 2**64": (
+        {"inputs": _rest_ids([1, 2], [[2, 2**64]], [[1, 1]])},
+        "input 'input_ids' holds a value outside INT64",
+    ),
+    "id below -2**63": (
+        {"inputs": _rest_ids([1, 2], [[2, -(2**63) - 1]], [[1, 1]])},
+        "input 'input_ids' holds a value outside INT64",
+    ),
+    "id as a fraction": (
+        {"inputs": _rest_ids([1, 1], [[2.5]], [[1]])},
+        "'input_ids' is INT64: its data must be integers",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REST_BAD)
+def test_bad_tensors_over_rest_are_400_with_the_same_checks(
+    server: ServerThread, stub: pb_grpc.GRPCInferenceServiceStub, case: str
+) -> None:
+    body, message = REST_BAD[case]
+    body, headers = body if isinstance(body, tuple) else (body, {})
+    reply = http.request("POST", server.http_url + "/v2/models/tiny/infer", body, headers)
+    assert reply.status == 400, reply.body
+    assert message in reply.json()["error"]
+    ok_afterwards(stub)
+
+
+def test_repository_routes_read_json_whatever_the_content_type(start: Start, settings: Settings) -> None:
+    """tritonclient declares no Content-Type, `curl -d` a form's: the repository routes read JSON as /infer does."""
+    srv = start(dataclasses.replace(settings, model_control="explicit", http_port=free_port()))
+    repository = srv.http_url + "/v2/repository"
+
+    def post(path: str, body: bytes, content_type: str) -> http.Reply:
+        return http.request("POST", repository + path, body, {"content-type": content_type})
+
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        reply = post("/index", b'{"ready": true}', content_type)
+        assert reply.status == 200, reply.body
+        assert [(e["name"], e["state"]) for e in reply.json()] == [("tiny", "READY")]
+        assert post("/models/tiny/unload", b"{}", content_type).status == 200
+        assert post("/models/tiny/load", b'{"parameters": {}}', content_type).status == 200
+        # read, not skipped: a load's parameters are refused, whatever the content type
+        reply = post("/models/tiny/load", b'{"parameters": {"config": "{}"}}', content_type)
+        assert reply.status == 400 and "load parameters are not supported" in reply.json()["error"]
+        reply = post("/index", b"ready=true", content_type)
+        assert reply.status == 400 and "not valid JSON" in reply.json()["error"]
 
 
 def test_too_many_inputs_are_refused_by_their_shape_or_count_before_they_are_decoded(

@@ -190,6 +190,10 @@ def test_errors_have_the_encode_status_codes(tiny: Interop) -> None:
     assert "missing input 'attention_mask'" in errors["missing_input"]["message"]
     for case in ("unknown_model", "unknown_version", "metadata_unknown_model"):
         assert errors[case]["status"] == "StatusCode.NOT_FOUND", case
+    # set_shared_memory on an input or an output: refused, not answered inline (the client would read its region)
+    for case, tensor in (("shared_memory_input", "input 'text'"), ("shared_memory_output", "output 'embeddings'")):
+        assert errors[case]["status"] == "StatusCode.INVALID_ARGUMENT", case
+        assert f"{tensor} sets shared_memory_region: shared memory is not supported" in errors[case]["message"]
 
 
 def test_statistics_count_what_the_client_did(tiny: Interop) -> None:
@@ -209,10 +213,10 @@ def test_statistics_count_what_the_client_did(tiny: Interop) -> None:
     def delta(*path: str) -> int:
         return count(after, *path) - count(before, *path)
 
-    # 4 infers and 5 stream requests succeeded; the wrong datatype, the missing input and the stream's
-    # bad request failed (requests for other models or versions are not this model's).
+    # 4 infers and 5 stream requests succeeded; the wrong datatype, the missing input, the two in shared memory
+    # and the stream's bad request failed (requests for other models or versions are not this model's).
     assert delta("inference_stats", "success", "count") == 9
-    assert delta("inference_stats", "fail", "count") == 3
+    assert delta("inference_stats", "fail", "count") == 5
     assert delta("inference_count") == 4 * len(TEXTS) + len(TEXTS)
     assert delta("execution_count") > 0
     for part in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
@@ -303,12 +307,15 @@ def test_http_errors_have_the_mapped_statuses(tiny: Interop) -> None:
     assert "missing input 'attention_mask'" in errors["missing_input"]["message"]
     for case in ("unknown_model", "unknown_version", "metadata_unknown_model"):
         assert errors[case]["status"] == "404", case
+    for case, tensor in (("shared_memory_input", "input 'text'"), ("shared_memory_output", "output 'embeddings'")):
+        assert errors[case]["status"] == "400", case
+        assert f"{tensor} sets shared_memory_region: shared memory is not supported" in errors[case]["message"]
 
 
 def test_http_statistics_count_what_the_client_did(tiny: Interop) -> None:
     (before,) = tiny.http["statistics_before"]["model_stats"]
     (after,) = tiny.http["statistics_after"]["model_stats"]
-    # 7 infers succeeded; the wrong datatype and the missing input failed.
+    # 7 infers succeeded; the wrong datatype, the missing input and the two in shared memory failed.
     assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 7
-    assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 2
+    assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 4
     assert after["inference_count"] - before["inference_count"] == 7 * len(TEXTS)
