@@ -80,6 +80,7 @@ class _Plan:
     fingerprints: dict[int, Fingerprint]
     missing: tuple[int, ...] = ()  # named by a `specific` policy, not published
     refusal: ServiceError | RepositoryError | None = None
+    policy: serving.VersionPolicy | None = None
 
 
 class ModelManager:
@@ -199,6 +200,11 @@ class ModelManager:
             if set(wanted) <= now:
                 for version in sorted(now - set(wanted)):
                     self._retire(name, version)
+                # The policy is in force: every served version says so (ModelConfig, /info), those loaded under
+                # an earlier one too. Not before: a failed load changes nothing that is served, nor its policy.
+                if (policy := plan.policy) is not None:
+                    for version in sorted(now & set(wanted)):
+                        self.dataplane.resolve(name, version).version_policy = policy
 
     async def _load(self, name: str, version: int, fingerprint: Fingerprint) -> None:
         """Load a version and switch it in; one already served (its files or config changed) keeps serving
@@ -283,7 +289,7 @@ class ModelManager:
         published = set(self.repository.published(name))
         policy = self.repository.config(name).version_policy
         missing = tuple(sorted(set(policy.specific) - published)) if policy.kind == "specific" else ()
-        return _Plan(wanted, published, {v: self._fingerprint(name, v) for v in wanted}, missing)
+        return _Plan(wanted, published, {v: self._fingerprint(name, v) for v in wanted}, missing, policy=policy)
 
     def _note_missing(self, name: str, missing: tuple[int, ...]) -> None:
         """Versions a `specific` policy names that the repository does not hold: UNAVAILABLE in the index and

@@ -91,6 +91,9 @@ class Pipeline:
         self.dimensions = model.entry.manifest.hidden_size
         self.prompts = model.entry.config.prompts
         self.default_prompt = model.entry.config.default_prompt_name
+        # The model's version policy in force: the manager sets it when serving.json's policy alone changes
+        # (which reloads no version, so the entry keeps the policy it was loaded under).
+        self.version_policy = model.entry.config.version_policy
         # Long texts are tokenised off the event loop. tokenizers releases the GIL and parallelises a batch
         # itself, so two threads are enough to overlap requests; the server shares its two among every model.
         self._own_pool = tokenize_pool is None

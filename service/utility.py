@@ -70,7 +70,7 @@ def describe(pipeline: Pipeline, max_message_bytes: int) -> dict[str, Any]:
         "normalize": entry.normalize,
         "prompts": entry.config.prompts,
         "default_prompt_name": entry.config.default_prompt_name,
-        "version_policy": entry.config.version_policy.describe(),
+        "version_policy": pipeline.version_policy.describe(),
         "vocab_size": m.vocab_size,
         "graph": model.entry.graph,
         "sha256": model.entry.sha256,

@@ -74,7 +74,7 @@ def config(pipeline: Pipeline) -> dict[str, Any]:
         "name": model.name,
         "platform": PLATFORM,
         "backend": BACKEND,
-        "version_policy": model.entry.config.version_policy.describe(),
+        "version_policy": pipeline.version_policy.describe(),
         "max_batch_size": limits.max_client_batch_size,
         # All optional: a request sends text, or input_ids and attention_mask.
         "input": [

@@ -372,6 +372,41 @@ def test_prompts_max_length_and_normalize_from_the_serving_config(tmp_path: Path
         )
 
 
+def test_every_served_version_reports_the_policy_in_force(tmp_path: Path) -> None:
+    """A policy change alone reloads no version: those kept were loaded under the old policy and reported it
+    (ModelConfig, /info) beside a newly loaded one reporting the new, once the change was loaded."""
+    export(tmp_path, "m", 1, seed=1)
+    copy_version(tmp_path, "m", 1, 2)
+    config = tmp_path / "m" / "serving.json"
+    config.write_text(json.dumps({"version_policy": {"latest": {"num_versions": 1}}}))
+    explicit = settings(tmp_path, "m", model_control="explicit", http_port=free_port())
+    with ServerThread(explicit) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+
+        def policies() -> dict[int, Any]:
+            rest = {
+                v: request("GET", f"{srv.http_url}/v2/models/m/versions/{v}/config").json()["version_policy"]
+                for v in info(channel).versions
+            }
+            grpc_ = {
+                v: kserve.ModelConfig(kpb.ModelConfigRequest(name="m", version=str(v)), timeout=WAIT).config
+                for v in rest
+            }
+            assert {v: c.version_policy.WhichOneof("policy_choice") for v, c in grpc_.items()} == {
+                v: next(iter(p)) for v, p in rest.items()
+            }
+            shown = {m["version"]: m["version_policy"] for m in request("GET", srv.http_url + "/info").json()["models"]}
+            assert shown == rest
+            return rest
+
+        assert policies() == {2: {"latest": {"num_versions": 1}}}
+        for policy, served in (({"all": {}}, [1, 2]), ({"latest": {"num_versions": 2}}, [1, 2])):
+            config.write_text(json.dumps({"version_policy": policy}))
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
+            assert list(info(channel).versions) == served
+            assert policies() == {v: policy for v in served}
+
+
 def test_a_bad_serving_config_stops_start_up_naming_the_key(tmp_path: Path) -> None:
     from mhaserve.service.server import StartupError
 
