@@ -103,9 +103,9 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
             raise InvalidArgument("inputs is empty: send a text or a list of texts", param="inputs")
         pipeline = dataplane.resolve(req.model)
         asked = EncodeInput(texts=texts, model=req.model, truncate=req.truncate, prompt_name=req.prompt_name)
-        prompted = pipeline.prompted(asked)
         try:
-            pipeline.validate(asked)
+            pipeline.validate(asked)  # the prompt named among them: before it is put in
+            prompted = pipeline.prompted(asked)
             encodings = await pipeline.tokenize(prompted, truncate=req.truncate)
         except InvalidArgument as e:
             if e.param == "input":  # the pipeline's checks name the embeddings APIs' field; this route's is inputs

@@ -527,6 +527,8 @@ def test_tokenize_gives_ids_and_offsets_with_the_truncation_rule(srv: ServerThre
     assert reply.json()["error"]["param"] == "inputs"  # this route's field, not the embeddings APIs' input
     reply = request("POST", url(srv, "/tokenize"), {"inputs": ["a"] * 9})
     assert reply.status == 400 and reply.json()["error"]["param"] == "inputs"
+    reply = request("POST", url(srv, "/tokenize"), {"inputs": "a", "prompt_name": "nope"})
+    assert reply.status == 400 and reply.json()["error"]["param"] == "prompt_name"
     (cut,) = request("POST", url(srv, "/tokenize"), {"inputs": [long], "truncate": True}).json()
     assert len(cut) == 160
 
