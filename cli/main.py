@@ -43,6 +43,19 @@ RANDOM_SIZES = {
 }
 
 
+def _add_repository(p: argparse.ArgumentParser) -> None:
+    """--repository of export and import: the folder `mhaserve serve` reads under the same environment (they
+    wrote ./models while serve read MHASERVE_REPOSITORY's folder)."""
+    from mhaserve.service.settings import Settings, env_var
+
+    variable = env_var("repository")
+    p.add_argument(
+        "--repository",
+        default=os.environ.get(variable) or str(Settings.repository),
+        help=f"model repository directory [env {variable}, as for mhaserve serve; default: {Settings.repository}]",
+    )
+
+
 def _export(args: argparse.Namespace) -> int:
     from mhaserve.export.publish import ExportError, ExportOptions, export_entry
     from mhaserve.export.staging import PublishError
@@ -95,7 +108,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default="minilm",
         help="'minilm' (all-MiniLM-L6-v2, offline, the default), 'random', or a local BERT checkpoint directory",
     )
-    p.add_argument("--repository", default="models", help="model repository directory (default: models)")
+    _add_repository(p)
     p.add_argument(
         "--name",
         type=_model_name,
@@ -177,7 +190,7 @@ def _add_import(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--onnx", required=True, help="the ONNX graph (for example a Hub repository's onnx/model.onnx)")
     p.add_argument("--tokenizer", required=True, help="its tokenizers JSON file (tokenizer.json)")
     p.add_argument("--name", type=_model_name, required=True, help="model name in the repository")
-    p.add_argument("--repository", default="models", help="model repository directory (default: models)")
+    _add_repository(p)
     p.add_argument("--version", type=_version_number, help="version number (default: the next free one)")
     p.add_argument("--output", default="last_hidden_state", help="the graph output holding token states")
     p.add_argument(
@@ -254,9 +267,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=_serve)
 
 
-def _rpc_error(command: str, e: grpc.RpcError) -> int:
+def _rpc_error(command: str, e: grpc.RpcError, where: str = "") -> int:
     code = e.code()
-    print(f"mhaserve {command}: error: {code.name}: {e.details()}", file=sys.stderr)
+    print(f"mhaserve {command}: error: {where}{code.name}: {e.details()}", file=sys.stderr)
     return 1
 
 
@@ -305,14 +318,20 @@ def _address(text: str) -> str:
     if text.startswith(("dns:", "unix:", "ipv4:", "ipv6:")) or "://" in text:
         return text
     if text.startswith("["):  # an IPv6 address: [::1] or [::1]:50051
-        return text if "]:" in text else f"{text}:{port}"
-    host, colon, given = text.partition(":")
-    if not colon:
-        return f"{text}:{port}"
-    if ":" in given:
-        raise argparse.ArgumentTypeError(f"{text!r}: an IPv6 address goes in brackets, e.g. [::1]:{port}")
+        if "]:" not in text:
+            return f"{text}:{port}"
+        host, given = text.rsplit("]:", 1)
+    else:
+        host, colon, given = text.partition(":")
+        if not colon:
+            return f"{text}:{port}"
+        if ":" in given:
+            raise argparse.ArgumentTypeError(f"{text!r}: an IPv6 address goes in brackets, e.g. [::1]:{port}")
     if not given.isdigit() or not host:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    # grpc takes the port modulo 65536: host:100587 dialled port 35051, where another server may answer.
+    if not 1 <= int(given) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is a number from 1 to 65535")
     return text
 
 
@@ -321,6 +340,19 @@ def _api_key(text: str) -> str:
     reached grpc core as "INTERNAL: Invalid metadata"."""
     if not text.isascii() or not text.isprintable() or " " in text:
         raise argparse.ArgumentTypeError("an API key is printable ASCII without spaces")
+    return text
+
+
+def _request_id(text: str) -> str:
+    """An id the server takes as it is. It makes up its own for another (the user's id then named nothing in
+    the log), and grpc core refused a newline as "INTERNAL: Invalid metadata" and a long one as
+    RESOURCE_EXHAUSTED."""
+    from mhaserve.service.context import MAX_REQUEST_ID, accept_request_id
+
+    if accept_request_id(text) != text:  # what it does not take, it replaces
+        raise argparse.ArgumentTypeError(
+            f"a request id is 1 to {MAX_REQUEST_ID} letters, digits and ._:/+=@- (what the server takes)"
+        )
     return text
 
 
@@ -366,22 +398,36 @@ def _encode(args: argparse.Namespace) -> int:
         if not texts:
             print("mhaserve encode: error: no text on standard input", file=sys.stderr)
             return 2
-    try:
-        response = client.encode(
-            args.address,
-            texts,
-            model=args.model,
-            normalize=args.normalize,
-            truncate=args.truncate,
-            timeout=args.timeout,
-            request_id=args.request_id,
-            connection=_connection(args),
-        )
-    except grpc.RpcError as e:
-        return _rpc_error("encode", e)
-    except TlsError as e:
-        print(f"mhaserve encode: error: {e}", file=sys.stderr)
-        return 2
+    response = None
+    model = args.model
+    for start in range(0, len(texts), args.batch_size):
+        batch = texts[start : start + args.batch_size]
+        try:
+            part = client.encode(
+                args.address,
+                batch,
+                model=model,
+                normalize=args.normalize,
+                truncate=args.truncate,
+                timeout=args.timeout,
+                request_id=args.request_id,
+                connection=_connection(args),
+            )
+        except grpc.RpcError as e:
+            # The server numbers the inputs of its request ("input 0 is 202 tokens long"), not the texts.
+            where = f"the request of texts {start} to {start + len(batch) - 1}: " if len(texts) > len(batch) else ""
+            return _rpc_error("encode", e, where)
+        except TlsError as e:
+            print(f"mhaserve encode: error: {e}", file=sys.stderr)
+            return 2
+        if response is None:
+            response = part
+            # The rest from the same version: one published while the texts are sent would mix two models.
+            model = f"{part.model}:{part.model_version}"
+        else:
+            response.embeddings.extend(part.embeddings)
+            response.usage.input_tokens += part.usage.input_tokens
+    assert response is not None  # texts is never empty
     print(client.summary(texts, response) if args.summary else client.embeddings_json(response))
     return 0
 
@@ -432,8 +478,20 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("--truncate", action="store_true", help="cut texts longer than the model's maximum")
     p.add_argument("--summary", action="store_true", help="print a short summary instead of the vectors")
-    p.add_argument("--timeout", type=_seconds, default=30.0, help="seconds (default: 30)")
-    p.add_argument("--request-id", help="sent as x-request-id; the server logs it")
+    p.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=64,
+        metavar="N",
+        help="texts sent in one request, the requests one after another (default: 64, the most a server takes "
+        "by default on a CPU; lower it for a server with a smaller --max-client-batch-size)",
+    )
+    p.add_argument("--timeout", type=_seconds, default=30.0, help="seconds each request may take (default: 30)")
+    p.add_argument(
+        "--request-id",
+        type=_request_id,
+        help="sent as x-request-id (with every request of the texts); the server logs it",
+    )
     _add_connection(p)
     p.set_defaults(handler=_encode)
 

@@ -222,6 +222,93 @@ def test_an_address_without_a_port_gets_the_servers_default(capsys: pytest.Captu
         assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("address", ["localhost:100587", "localhost:65536", "localhost:0", "[::1]:70000", "[::1]:0"])
+def test_an_address_with_a_port_past_65535_or_0_is_refused(address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """grpc takes the port modulo 65536: `--address host:100587` asked port 35051, where another server may
+    answer SERVING."""
+    from mhaserve.cli.main import build_parser
+
+    for command in (["health"], ["encode", "x"]):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args([*command, "--address", address])
+        assert e.value.code == 2 and "a port is a number from 1 to 65535" in capsys.readouterr().err
+    assert build_parser().parse_args(["health", "--address", "localhost:65535"]).address == "localhost:65535"
+
+
+@pytest.mark.parametrize(
+    "request_id",
+    ["two\nlines", "x" * 20_000, "with space", "crochet]", "clé"],
+    ids=["newline", "long", "space", "bracket", "accent"],
+)
+def test_a_request_id_the_server_would_not_take_is_refused(request_id: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A newline got grpc core's C log lines and "INTERNAL: Invalid metadata", 20,000 characters RESOURCE_EXHAUSTED;
+    an id the server replaces with its own named nothing in its log."""
+    from mhaserve.cli.main import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["encode", "x", "--request-id", request_id])
+    assert e.value.code == 2 and "a request id is 1 to 128 letters, digits and ._:/+=@-" in capsys.readouterr().err
+
+
+def test_a_request_id_the_server_takes_is_sent(server: ServerThread, capsys: pytest.CaptureFixture[str]) -> None:
+    request_id = "0af7651916cd43dd8448eb211c80319c:b7ad6b7169203331/" + "x" * 76  # 128 characters
+    assert main(["encode", "hello", "--address", server.address, "--request-id", request_id, "--summary"]) == 0
+    assert capsys.readouterr().out.startswith("tiny version 1: 1 embedding")
+
+
+def test_encode_sends_many_texts_in_requests_the_server_takes(
+    server: ServerThread, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mhaserve encode - < queries.txt` failed with "100 inputs in one request; the limit is 64" for a file of
+    more lines than the server takes in one request; the output stays that of one request."""
+    texts = [f"query number {i}" for i in range(100)]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(texts) + "\n"))
+    assert main(["encode", "-", "--address", server.address, "--no-normalize"]) == 0
+    vectors = np.array([json.loads(line) for line in capsys.readouterr().out.splitlines()])
+    expected = [
+        e.values
+        for part in (texts[:50], texts[50:])
+        for e in client.encode(server.address, part, normalize=False).embeddings
+    ]
+    np.testing.assert_allclose(vectors, expected, atol=1e-6)
+
+    one = client.encode(server.address, texts[:7])
+    assert main(["encode", *texts[:7], "--address", server.address, "--summary", "--batch-size", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"tiny version 1: 7 embeddings of 32 dimensions, {one.usage.input_tokens} input tokens")
+    assert out.splitlines()[-1].startswith("[6] norm 1.0000") and "'query number 6'" in out
+
+    # an error in a later request says which texts that request held: the server numbers its own inputs
+    texts[70] = "a " * 200
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(texts)))
+    assert main(["encode", "-", "--address", server.address]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert err.startswith("mhaserve encode: error: the request of texts 64 to 99: INVALID_ARGUMENT: input 6 is 202")
+    with pytest.raises(SystemExit) as e:
+        main(["encode", "x", "--batch-size", "0"])
+    assert e.value.code == 2
+
+
+def test_export_and_import_write_where_serve_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`mhaserve export` wrote ./models while `mhaserve serve` under the same environment read
+    MHASERVE_REPOSITORY's folder."""
+    from mhaserve.cli.main import build_parser
+
+    importing = ["import", "--onnx", "m.onnx", "--tokenizer", "t.json", "--name", "m"]
+    monkeypatch.setenv("MHASERVE_REPOSITORY", str(tmp_path))
+    for command in (["export"], importing):
+        assert build_parser().parse_args(command).repository == str(tmp_path)
+        assert build_parser().parse_args([*command, "--repository", "elsewhere"]).repository == "elsewhere"
+    monkeypatch.setenv("MHASERVE_REPOSITORY", "")  # empty is unset, as for serve
+    assert build_parser().parse_args(["export"]).repository == "models"
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    assert "MHASERVE_REPOSITORY" in capsys.readouterr().out
+
+
 def test_health_exit_status(tiny_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     srv = ServerThread(
         Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1)
