@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -77,6 +78,7 @@ def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mappin
     given = dict(vars(cli) if isinstance(cli, argparse.Namespace) else (cli or {}))
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
+    from_env: list[str] = []
     for f in dataclasses.fields(Settings):
         if given.get(f.name) is not None:
             value = given[f.name]
@@ -91,4 +93,14 @@ def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mappin
                 if f.metadata.get("env_only"):  # keys: no flag to name, and a value never shown
                     raise SettingsError(f"{env_var(f.name)} is not valid: {e}") from None
                 raise SettingsError(f"{env_var(f.name)}={raw!r} is not a valid {flag(f.name)}") from None
-    return Settings(**values)
+            from_env.append(f.name)
+    try:
+        return Settings(**values)
+    except SettingsError as e:
+        # Settings names the flags; a value the user set through a variable is named by that variable
+        # ("--device must be one of ..." answered MHASERVE_DEVICE=tpu). Not followed by a letter or a dash:
+        # --repository is not --repository-poll-s.
+        message = str(e)
+        for name in from_env:
+            message = re.sub(rf"{re.escape(flag(name))}(?![\w-])", env_var(name), message)
+        raise SettingsError(message) from None

@@ -197,7 +197,7 @@ class ModelRepository:
         if self.root.is_dir():
             return str(self.root)
         relative = "" if self.root.is_absolute() else f", relative to {Path.cwd()}"
-        return f"{self.root} (no such folder{relative})"
+        return f"{self.root} ({'a file, not a folder' if self.root.is_file() else 'no such folder'}{relative})"
 
     def config(self, name: str) -> ServingConfig:
         """The model's serving config (its serving.json, or the defaults)."""

@@ -42,6 +42,11 @@ def _int_or_none(s: str) -> int | None:
     return None if s.strip().lower() in ("", "none", "auto") else int(s)
 
 
+# argparse names a type by its __name__ when it refuses a value: "invalid _int_or_none value: 'abc'" told the
+# user nothing; these now read as int's and float's own ("invalid int value: 'abc'").
+_int_or_none.__name__ = "int"
+
+
 def parse_bool(s: str) -> bool:
     """true/false, yes/no, on/off, 1/0 (case-insensitive): how a boolean is written in a variable."""
     value = s.strip().lower()
@@ -54,6 +59,9 @@ def parse_bool(s: str) -> bool:
 
 def _float_or_none(s: str) -> float | None:
     return None if s.strip().lower() in ("", "none", "auto") else float(s)
+
+
+_float_or_none.__name__ = "float"
 
 
 @dataclass(frozen=True, repr=False)
@@ -382,6 +390,8 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        if Path(self.repository).is_file():  # else refused at load as "(no such folder)", with export suggested there
+            raise SettingsError(f"--repository: {self.repository} is a file, not a folder")
         if isinstance(self.model, str):  # Settings(model="tiny"): one model
             object.__setattr__(self, "model", _names(self.model))
         # A model named twice is served once (the start-up log said "until tiny, tiny are loaded").
@@ -432,12 +442,20 @@ class Settings:
                 "--model-control explicit needs --processes 1: a load or unload call would reach only the process "
                 "that accepted its connection (poll works: every process reads the repository)"
             )
-        # Refused here, before anything listens or loads, where it fails on every device this may run on (the
-        # defaults differ: a model's serving.json limits, and the device's where it is auto, are checked at load).
-        bases = {"cpu": (CPU_LIMITS,), "cuda": (CUDA_LIMITS,)}.get(self.device, (CPU_LIMITS, CUDA_LIMITS))
-        client = self.max_client_batch_size or min(b.max_client_batch_size for b in bases)
-        queue = self.max_queue_size or max(b.max_queue_size for b in bases)
-        _check_client_batch(client, queue)
+        # Refused here, before anything listens or loads, with the device's defaults for what is not set (a
+        # model's serving.json limits are checked at load). `auto` is resolved only where its two devices' defaults
+        # disagree (--max-client-batch-size 5000 fits CUDA's queue, not a CPU's): on a GPU host that imports ONNX
+        # Runtime and tries CUDA, which the server does next anyway (the answer is cached).
+        pairs = {
+            name: (self.max_client_batch_size or base.max_client_batch_size, self.max_queue_size or base.max_queue_size)
+            for name, base in (("cpu", CPU_LIMITS), ("cuda", CUDA_LIMITS))
+        }
+        device = self.device
+        if device == "auto" and len({client > queue for client, queue in pairs.values()}) > 1:
+            device = "cpu" if on_cpu(device) else "cuda"
+        for name, (client, queue) in pairs.items():
+            if device in ("auto", name):
+                _check_client_batch(client, queue)
         positive("inference_timeout", self.inference_timeout, zero=True)
         positive("http_header_timeout", self.http_header_timeout)
         positive("max_connection_age", self.max_connection_age, zero=True)

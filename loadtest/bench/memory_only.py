@@ -29,8 +29,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     if not opt["rss_requests"]:
         raise BenchError("--memory-only with --rss-requests 0 would measure nothing")
     started = time.perf_counter()
-    output = Path(opt["output"] or f"results/bench-memory-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    output.mkdir(parents=True, exist_ok=True)
+    output = Path(opt["output"])  # made by run.main()
     batching = "length" if "length" in opt["batching"] else opt["batching"][0]
     progress = Progress(2, out)
     machine = describe_machine()

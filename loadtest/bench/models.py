@@ -66,8 +66,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     opt = options.resolve(args)
     names = list(opt["models"])
     started = time.perf_counter()
-    output = Path(opt["output"] or f"results/bench-models-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    output.mkdir(parents=True, exist_ok=True)
+    output = Path(opt["output"])  # made by run.main()
     batching = "length" if "length" in opt["batching"] else opt["batching"][0]
     n_points = len(opt["workloads"]) * len(opt["concurrency"]) * (len(names) + 1)
     progress = Progress(4 + n_points, out)

@@ -421,9 +421,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     """The whole benchmark; returns the results directory."""
     opt = options.resolve(args)
     started = time.perf_counter()
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    output = Path(opt["output"] or f"results/bench-{stamp}")
-    output.mkdir(parents=True, exist_ok=True)
+    output = Path(opt["output"])  # made by main()
     # HTTP is measured beside gRPC with one policy's server (the default policy's, when it runs), on the
     # workloads sent as text: the OpenAI route is for text, and one policy shows the protocol's cost.
     http_protocols = [p for p in opt["protocols"] if p.startswith("http")]
@@ -679,6 +677,16 @@ def main(args: argparse.Namespace) -> int:
     if (problem := options.unmeasured(args)) is not None:
         print(f"mhaserve bench: error: {problem}", file=sys.stderr)
         return 2
+    kind = "bench-models" if args.models else "bench-memory" if args.memory_only else "bench"
+    args.output = args.output or f"results/{kind}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    # Made here for the three runs, before anything is measured: a file there, or a path through one, ended in
+    # a traceback.
+    try:
+        Path(args.output).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "a file of that name is there" if isinstance(e, FileExistsError) else e.strerror
+        print(f"mhaserve bench: error: cannot make the results folder {args.output}: {why}", file=sys.stderr)
+        return 1
     signal.signal(signal.SIGTERM, interrupted)
     try:
         output = models.run(args) if args.models else memory_only.run(args) if args.memory_only else run(args)

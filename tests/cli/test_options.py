@@ -81,25 +81,28 @@ def test_flag_beats_variable_beats_default() -> None:
     ("env", "message"),
     [
         ({"MHASERVE_PORT": "fifty"}, "MHASERVE_PORT='fifty' is not a valid --port"),
-        ({"MHASERVE_PORT": "70000"}, "--port must be a port number"),
-        ({"MHASERVE_DEVICE": "tpu"}, "--device must be one of auto, cuda, cpu"),
-        ({"MHASERVE_MAX_BATCH_TOKENS": "0"}, "--max-batch-tokens must be > 0"),
-        ({"MHASERVE_MAX_WAIT_MS": "-1"}, "--max-wait-ms must be >= 0"),
-        ({"MHASERVE_MAX_PADDING": "1.5"}, "--max-padding must be a fraction in .0, 1., got 1.5"),
-        ({"MHASERVE_HTTP_PORT": "-1"}, "--http-port must be a port number"),
-        ({"MHASERVE_MODEL_CONTROL": "auto"}, "--model-control must be one of none, poll, explicit"),
-        ({"MHASERVE_REPOSITORY_POLL_S": "0"}, "--repository-poll-s must be > 0"),
+        ({"MHASERVE_PORT": "70000"}, "MHASERVE_PORT must be a port number"),
+        ({"MHASERVE_DEVICE": "tpu"}, "MHASERVE_DEVICE must be one of auto, cuda, cpu"),
+        ({"MHASERVE_MAX_BATCH_TOKENS": "0"}, "MHASERVE_MAX_BATCH_TOKENS must be > 0"),
+        ({"MHASERVE_MAX_WAIT_MS": "-1"}, "MHASERVE_MAX_WAIT_MS must be >= 0"),
+        ({"MHASERVE_MAX_PADDING": "1.5"}, "MHASERVE_MAX_PADDING must be a fraction in .0, 1., got 1.5"),
+        ({"MHASERVE_HTTP_PORT": "-1"}, "MHASERVE_HTTP_PORT must be a port number"),
+        ({"MHASERVE_MODEL_CONTROL": "auto"}, "MHASERVE_MODEL_CONTROL must be one of none, poll, explicit"),
+        ({"MHASERVE_REPOSITORY_POLL_S": "0"}, "MHASERVE_REPOSITORY_POLL_S must be > 0"),
         ({"MHASERVE_AUTO_TRUNCATE": "maybe"}, "MHASERVE_AUTO_TRUNCATE='maybe' is not a valid --auto-truncate"),
-        ({"MHASERVE_HTTP_HEADER_TIMEOUT": "0"}, "--http-header-timeout must be > 0"),
+        ({"MHASERVE_HTTP_HEADER_TIMEOUT": "0"}, "MHASERVE_HTTP_HEADER_TIMEOUT must be > 0"),
         # float() reads these; NaN compares false with everything, so only a test for it refuses it
-        ({"MHASERVE_MAX_WAIT_MS": "nan"}, "--max-wait-ms must be >= 0, got nan"),
-        ({"MHASERVE_INFERENCE_TIMEOUT": "nan"}, "--inference-timeout must be >= 0, got nan"),
-        ({"MHASERVE_GRACE_PERIOD": "inf"}, "--grace-period must be >= 0, got inf"),
+        ({"MHASERVE_MAX_WAIT_MS": "nan"}, "MHASERVE_MAX_WAIT_MS must be >= 0, got nan"),
+        ({"MHASERVE_INFERENCE_TIMEOUT": "nan"}, "MHASERVE_INFERENCE_TIMEOUT must be >= 0, got nan"),
+        ({"MHASERVE_GRACE_PERIOD": "inf"}, "MHASERVE_GRACE_PERIOD must be >= 0, got inf"),
         # grpc core takes its message limit as a C int: past it, the server failed with a traceback
-        ({"MHASERVE_MAX_MESSAGE_BYTES": str(2**31)}, "--max-message-bytes must be at most 2147483647"),
+        ({"MHASERVE_MAX_MESSAGE_BYTES": str(2**31)}, "MHASERVE_MAX_MESSAGE_BYTES must be at most 2147483647"),
         # one port for two listeners failed at bind, once the model had loaded
-        ({"MHASERVE_PORT": "9000", "MHASERVE_HTTP_PORT": "9000"}, "--port and --http-port are both 9000"),
-        ({"MHASERVE_HTTP_PORT": "9000", "MHASERVE_METRICS_PORT": "9000"}, "--http-port and --metrics-port are both"),
+        ({"MHASERVE_PORT": "9000", "MHASERVE_HTTP_PORT": "9000"}, "MHASERVE_PORT and MHASERVE_HTTP_PORT are both 9000"),
+        (
+            {"MHASERVE_HTTP_PORT": "9000", "MHASERVE_METRICS_PORT": "9000"},
+            "MHASERVE_HTTP_PORT and MHASERVE_METRICS_PORT are both",
+        ),
     ],
 )
 def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> None:
@@ -132,7 +135,7 @@ def test_inference_workers_auto_gives_two_on_a_cpu_of_two_cores(monkeypatch: pyt
     monkeypatch.setattr("mhaserve.service.settings.available_cpus", lambda: 1)
     assert build({}, env={"MHASERVE_GRAPH": "int8", "MHASERVE_DEVICE": "cpu"}).workers == 1
     assert build({}, env={"MHASERVE_DEVICE": "cpu"}).workers == 1
-    with pytest.raises(SettingsError, match="--inference-workers must be > 0"):
+    with pytest.raises(SettingsError, match="MHASERVE_INFERENCE_WORKERS must be > 0"):
         build({}, env={"MHASERVE_INFERENCE_WORKERS": "0"})
 
 
@@ -152,19 +155,77 @@ def test_inference_workers_auto_gives_one_per_two_cores_on_a_cpu(
     assert build({}, env={"MHASERVE_GRAPH": "optimized", "MHASERVE_DEVICE": "cuda"}).workers == 1
 
 
-def test_client_batch_larger_than_the_queue_is_refused_before_the_server_starts() -> None:
-    """Refused by the settings themselves, before ports or models, where it fails on every device this may
-    run on; a queue only CUDA's larger default client batch exceeds waits for the device to be known."""
+def test_client_batch_larger_than_the_queue_is_refused_before_the_server_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refused by the settings themselves, before ports or models, with the device's defaults for the limits not
+    set; `auto` is resolved for it only where a CPU's and CUDA's defaults disagree."""
+    monkeypatch.setattr("mhaserve.service.settings.wants_cuda", lambda device: device == "cuda")  # a CPU host
     with pytest.raises(SettingsError, match="could never be queued"):
         Settings(max_queue_size=10, max_client_batch_size=20)
     with pytest.raises(SettingsError, match=r"--max-client-batch-size \(64\) exceeds --max-queue-size \(8\)"):
         Settings(max_queue_size=8)
     with pytest.raises(SettingsError, match="could never be queued"):
         Settings(max_queue_size=100, device="cuda")
-    auto = Settings(max_queue_size=100)  # 64 on the CPU fits, CUDA's 256 would not: known at load
+    auto = Settings(max_queue_size=100)  # 64 on the CPU fits, CUDA's 256 would not
     assert auto.limits(on_cuda=False).max_client_batch_size == 64
     with pytest.raises(SettingsError, match="could never be queued"):
         auto.limits(on_cuda=True)
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-host", "gpu-host"])
+def test_client_batch_past_the_devices_default_queue_is_refused_before_the_server_starts(
+    monkeypatch: pytest.MonkeyPatch, gpu: bool
+) -> None:
+    """--max-client-batch-size 5000 fits CUDA's default queue (8192), not a CPU's (2048): with --device auto on a
+    CPU host it was refused only once the ports were bound and the model loaded."""
+    monkeypatch.setattr("mhaserve.service.settings.wants_cuda", lambda device: device == "cuda" or gpu)
+    if gpu:
+        assert Settings(max_client_batch_size=5000).max_client_batch_size == 5000
+    else:
+        with pytest.raises(SettingsError, match=r"--max-client-batch-size \(5000\) exceeds --max-queue-size \(2048\)"):
+            Settings(max_client_batch_size=5000)
+    with pytest.raises(SettingsError, match=r"\(5000\) exceeds --max-queue-size \(2048\)"):
+        Settings(max_client_batch_size=5000, device="cpu")
+    assert Settings(max_client_batch_size=5000, device="cuda").max_client_batch_size == 5000
+    assert Settings(max_client_batch_size=5000, max_queue_size=5000).max_client_batch_size == 5000
+
+
+def test_a_bad_value_is_named_by_the_variable_or_the_flag_that_set_it() -> None:
+    """MHASERVE_DEVICE=tpu was reported as "--device must be one of ...", a flag the user never typed."""
+    with pytest.raises(SettingsError, match="^MHASERVE_DEVICE must be one of auto, cuda, cpu, got 'tpu'$"):
+        build({}, env={"MHASERVE_DEVICE": "tpu"})
+    with pytest.raises(SettingsError, match="^--device must be one of"):
+        build({"device": "tpu"}, env={"MHASERVE_DEVICE": "cpu"})  # the flag beat the variable
+    with pytest.raises(SettingsError, match="^--port and MHASERVE_HTTP_PORT are both 9000"):
+        build(parse("--port", "9000"), env={"MHASERVE_HTTP_PORT": "9000"})
+    # one variable's name is not taken for the start of another's flag
+    with pytest.raises(SettingsError, match="^--repository-poll-s must be > 0"):
+        build({"repository_poll_s": 0.0}, env={"MHASERVE_REPOSITORY": "models"})
+
+
+def test_argparse_names_the_type_not_a_function(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse said "invalid _int_or_none value: 'abc'": a function of the code, not what the flag takes."""
+    for argv, message in [
+        (["--max-batch-tokens", "abc"], "argument --max-batch-tokens: invalid int value: 'abc'"),
+        (["--max-wait-ms", "abc"], "argument --max-wait-ms: invalid float value: 'abc'"),
+        (["--max-padding", "abc"], "argument --max-padding: invalid float value: 'abc'"),
+    ]:
+        with pytest.raises(SystemExit):
+            parse(*argv)
+        assert message in capsys.readouterr().err
+    assert parse("--max-batch-tokens", "auto")["max_batch_tokens"] is None
+
+
+def test_a_repository_that_is_a_file_is_refused_as_one(tmp_path: Path) -> None:
+    """`serve --repository FILE` said "(no such folder)" once the ports were bound, and suggested
+    `mhaserve export --repository FILE`."""
+    file = tmp_path / "models"
+    file.write_text("")
+    with pytest.raises(SettingsError, match=f"^--repository: {file} is a file, not a folder$"):
+        build(parse("--repository", str(file)), env={})
+    with pytest.raises(SettingsError, match="^MHASERVE_REPOSITORY: .* is a file, not a folder"):
+        build({}, env={"MHASERVE_REPOSITORY": str(file)})
 
 
 def test_argparse_refuses_bad_choices(capsys: pytest.CaptureFixture[str]) -> None:

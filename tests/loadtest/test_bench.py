@@ -407,3 +407,18 @@ def test_report_says_how_many_server_processes_ran(monkeypatch: pytest.MonkeyPat
     assert server_threads(None, ["--processes=2"], env={}, device="cuda").endswith(
         "(each pinned to its share of the cores)"
     )
+
+
+@pytest.mark.parametrize("mode", [[], ["--models", "a,b"], ["--memory-only"]], ids=["sweep", "models", "memory"])
+def test_an_output_that_cannot_be_a_folder_is_one_line_before_the_run(
+    mode: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--output FILE` or a path through a file ended in a FileExistsError or NotADirectoryError traceback."""
+    from mhaserve.cli.main import main
+
+    file = tmp_path / "report"
+    file.write_text("")
+    for output, why in [(file, "a file of that name is there"), (file / "x", "Not a directory")]:
+        assert main(["bench", "--no-torch", "--repository", "/nonexistent/repo", *mode, "--output", str(output)]) == 1
+        err = capsys.readouterr().err
+        assert err == f"mhaserve bench: error: cannot make the results folder {output}: {why}\n"

@@ -266,7 +266,7 @@ def test_a_missing_keys_file_stops_the_server(tiny_repo: Path, tmp_path: Path) -
 
 
 def test_bad_open_methods_are_refused_by_name() -> None:
-    with pytest.raises(SettingsError, match="--open-methods: 'Check' is not a full method name"):
+    with pytest.raises(SettingsError, match="MHASERVE_OPEN_METHODS: 'Check' is not a full method name"):
         build({}, env={"MHASERVE_OPEN_METHODS": "Check"})
     assert build({"open_methods": ()}, env={}).open_methods == ()
     # through the environment an empty value means unset (the default); "none" closes every method

@@ -193,9 +193,9 @@ def test_start_up_refuses_unusable_certificates(plain: Settings, pki: Pki, tmp_p
 
 
 def test_tls_settings_go_together() -> None:
-    with pytest.raises(SettingsError, match="--tls-cert and --tls-key go together"):
+    with pytest.raises(SettingsError, match="MHASERVE_TLS_CERT and --tls-key go together"):
         build({}, env={"MHASERVE_TLS_CERT": "server.pem"})
-    with pytest.raises(SettingsError, match="--tls-client-ca .* needs --tls-cert"):
+    with pytest.raises(SettingsError, match="MHASERVE_TLS_CLIENT_CA .* needs --tls-cert"):
         build({}, env={"MHASERVE_TLS_CLIENT_CA": "ca.pem"})
     s = build({}, env={"MHASERVE_TLS_CERT": "s.pem", "MHASERVE_TLS_KEY": "s.key", "MHASERVE_TLS_CLIENT_CA": "ca.pem"})
     assert (s.tls_cert, s.tls_key, s.tls_client_ca) == (Path("s.pem"), Path("s.key"), Path("ca.pem"))
