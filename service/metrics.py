@@ -158,7 +158,8 @@ class Metrics:
         """Expose /metrics over HTTP; returns the bound port (useful when `port` is 0)."""
         self._http = serve_metrics(self.registry, host, port)
         bound = int(self._http[0].server_port)
-        log.info("metrics on http://%s:%d/metrics", host, bound)
+        shown = f"[{host.strip('[]')}]" if ":" in host else host  # an IPv6 address, as a URL writes it
+        log.info("metrics on http://%s:%d/metrics", shown, bound)
         return bound
 
     def close(self) -> None:

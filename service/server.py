@@ -138,7 +138,8 @@ class StartupError(RuntimeError):
 
 
 def grpc_address(host: str, port: int) -> str:
-    """HOST:PORT as grpc reads it: an IPv6 address (`::`, `::1`, or bracketed already) in brackets."""
+    """HOST:PORT as grpc reads it and as a log line shows it: an IPv6 address (`::`, `::1`, or bracketed
+    already) in brackets."""
     bare = host.strip("[]")
     return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
 
@@ -356,17 +357,15 @@ class EncoderServer:
         front = "the lean gRPC front" if isinstance(server, LeanServer) else "grpc.aio"
         if s.reuse_port:
             log.info(
-                "listening on %s:%d, %s, %s, beside other processes (SO_REUSEPORT)",
-                s.host,
-                self.port,
+                "listening on %s, %s, %s, beside other processes (SO_REUSEPORT)",
+                grpc_address(s.host, self.port),
                 tls_files.mode,
                 front,
             )
         else:
             log.info(
-                "listening on %s:%d, %s, %s (NOT_SERVING until %s %s loaded and warmed up; calls meanwhile %s)",
-                s.host,
-                self.port,
+                "listening on %s, %s, %s (NOT_SERVING until %s %s loaded and warmed up; calls meanwhile %s)",
+                grpc_address(s.host, self.port),
                 tls_files.mode,
                 front,
                 ", ".join(names),
@@ -403,7 +402,11 @@ class EncoderServer:
             self._http = None
             await self._stop_listeners(0)
             raise StartupError(f"cannot serve HTTP on {s.host}:{s.http_port}: {e.strerror or e}") from None
-        log.info("HTTP on %s:%d, %s: OpenAI /v1/embeddings, KServe /v2, /docs", s.host, self.http_port, tls_files.mode)
+        log.info(
+            "HTTP on %s, %s: OpenAI /v1/embeddings, KServe /v2, /docs",
+            grpc_address(s.host, self.http_port),
+            tls_files.mode,
+        )
 
     async def _stop_listeners(self, grace: float) -> None:
         """Stop both ports at once (gRPC's GOAWAY, HTTP's closed connections); wait for what is in flight."""

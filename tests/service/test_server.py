@@ -796,14 +796,21 @@ def test_once_stopped_serve_lets_the_calls_still_running_finish_before_the_loop_
 
 
 @pytest.mark.parametrize("host", ["::1", "[::1]"])
-def test_an_ipv6_host_serves_grpc_http_and_metrics(tiny_repo: Path, host: str, grpc_front: str) -> None:
+def test_an_ipv6_host_serves_grpc_http_and_metrics(
+    tiny_repo: Path, host: str, grpc_front: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """`--host ::` could not listen (grpc's address was not bracketed) and `--host [::]` could not serve
-    metrics (getaddrinfo was given the brackets): an IPv6-only cluster could not run the server."""
+    metrics (getaddrinfo was given the brackets): an IPv6-only cluster could not run the server. Its log
+    lines write the address as a URL does ("listening on :::50051" read as nothing)."""
     from mhaserve.testing.server import local_settings
 
+    caplog.set_level("INFO", logger="mhaserve.service")
     settings = local_settings(tiny_repo, host=host, grpc_front=grpc_front)
     with ServerThread(settings) as srv:
         srv.ready()
+        said = " | ".join(r.getMessage() for r in caplog.records)
+        assert f"listening on [::1]:{srv.server.port}," in said and f"HTTP on [::1]:{srv.server.http_port}," in said
+        assert f"metrics on http://[::1]:{settings.metrics_port}/metrics" in said
         with grpc.insecure_channel(f"[::1]:{srv.server.port}") as channel:
             reply = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["over IPv6"]), timeout=WAIT)
             assert len(reply.embeddings) == 1
