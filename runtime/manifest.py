@@ -85,8 +85,8 @@ class Manifest:
         """A manifest from its JSON; ManifestError naming the key at fault (a hand-edited or truncated file is
         refused in one line, not by a TypeError deep in the loader)."""
         d = dict(_checked(cls, d, "the manifest"))
-        if d["format"] != FORMAT:
-            raise ManifestError(f"unsupported manifest format {d['format']!r} (expected {FORMAT})")
+        if d.get("format") != FORMAT:
+            raise ManifestError(f"unsupported manifest format {d.get('format')!r} (expected {FORMAT})")
         for key in ("max_seq_len", "vocab_size"):
             if d[key] < 1:
                 raise ManifestError(f"manifest key {key!r} must be at least 1, got {d[key]}")

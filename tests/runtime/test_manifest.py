@@ -49,6 +49,7 @@ def _graph(key: str, value: Any) -> Any:
         (_graph("extra", 1), "graph 'fp32' has an unknown key 'extra'"),
         (_set("surprise", 1), "the manifest has an unknown key 'surprise'"),
         (_set("format", 2), "unsupported manifest format 2"),
+        (_drop("format"), "unsupported manifest format None"),
     ],
 )
 def test_a_malformed_manifest_is_refused_naming_the_key(
