@@ -302,8 +302,8 @@ class Settings:
     http_header_timeout: float = field(
         default=10.0,
         metadata=_opt(
-            "seconds an HTTP client gets to send a request's headers (and a gRPC client its HTTP/2 preface); "
-            "a slower one is disconnected",
+            "seconds an HTTP client gets to send a request's headers (and a gRPC client its HTTP/2 preface), "
+            "a slower one disconnected, and then its body, a slower one answered 408",
             float,
             metavar="SECONDS",
         ),
