@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterable
 from typing import Literal
 
@@ -186,22 +185,6 @@ class DataPlane:
                 param="model",
             )
         return versions[number]
-
-    def count_first(self, model: str, version: int | str | None, inputs: int) -> None:
-        """Refuse a request of more inputs than its model version takes before a protocol decodes them, which
-        costs per input on the event loop: 500,000 token-id lists (a 4 MB gRPC message, a 3 MB JSON body) took
-        0.6-2.5 s to become arrays or pass validation, and then were refused. The refusal counts in the model's
-        statistics, as the pipeline's own do; a model not served is said by the request's own path."""
-        try:
-            pipeline = self.resolve(model, version)
-        except ServiceError:
-            return
-        started = time.perf_counter_ns()
-        try:
-            pipeline.validate_count(inputs)
-        except ServiceError as e:
-            pipeline.refused(e, started)
-            raise
 
     async def encode(self, request: EncodeInput, *, time_left: float | None = None) -> EncodeOutput:
         """Embed a request with the model version it names; `time_left` is the seconds until its deadline."""

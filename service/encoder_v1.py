@@ -71,10 +71,10 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         return await self._encode(request, context)
 
     async def _encode(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:
+        pipeline = self.dataplane.resolve(request.model, request.model_version or None)
         # Counted before the token-id lists become arrays (5 us each: a 4 MB message of 500,000 took 2.5 s).
-        model, version = request.model, request.model_version or None
-        self.dataplane.count_first(model, version, len(request.texts) or len(request.token_ids))
-        output = await self.dataplane.encode(from_pb(request), time_left=context.time_remaining())
+        pipeline.count_first(len(request.texts) or len(request.token_ids))
+        output = await pipeline.encode(from_pb(request), time_left=context.time_remaining())
         return to_pb(output, request.packed)
 
     async def EncodeStream(

@@ -20,7 +20,7 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from mhaserve.runtime.errors import InvalidArgument
+from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import documented, json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
@@ -151,7 +151,11 @@ def _count_first(dataplane: DataPlane, data: Any) -> None:
         return
     inputs, model = data.get("input"), data.get("model", "")
     if isinstance(inputs, list) and inputs and isinstance(inputs[0], (str, list)) and isinstance(model, str):
-        dataplane.count_first(model, None, len(inputs))  # (a text, or token ids, is one input)
+        try:
+            pipeline = dataplane.resolve(model)
+        except ServiceError:
+            return  # said by the validated request, as for any other
+        pipeline.count_first(len(inputs))  # (a text, or token ids, is one input)
 
 
 def router(dataplane: DataPlane) -> APIRouter:

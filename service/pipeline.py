@@ -189,6 +189,18 @@ class Pipeline:
                 param="dimensions",
             )
 
+    def count_first(self, n: int) -> None:
+        """Refuse a request of more inputs than this version takes before a protocol decodes them, which costs
+        per input on the event loop: 500,000 token-id lists (a 4 MB gRPC message, a 3 MB JSON body) took
+        0.6-2.5 s to become arrays or pass validation, and then were refused. In the statistics, as the
+        pipeline's own refusals are."""
+        started = time.perf_counter_ns()
+        try:
+            self.validate_count(n)
+        except InvalidArgument as e:
+            self.refused(e, started)
+            raise
+
     def validate_count(self, n: int) -> None:
         if n > self.limits.max_client_batch_size:
             raise InvalidArgument(
