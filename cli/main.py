@@ -398,35 +398,40 @@ def _encode(args: argparse.Namespace) -> int:
         if not texts:
             print("mhaserve encode: error: no text on standard input", file=sys.stderr)
             return 2
+    connection = _connection(args)
+    try:
+        channel = connection.channel(args.address, client.CHANNEL_OPTIONS)
+    except TlsError as e:
+        print(f"mhaserve encode: error: {e}", file=sys.stderr)
+        return 2
     response = None
     model = args.model
-    for start in range(0, len(texts), args.batch_size):
-        batch = texts[start : start + args.batch_size]
-        try:
-            part = client.encode(
-                args.address,
-                batch,
-                model=model,
-                normalize=args.normalize,
-                truncate=args.truncate,
-                timeout=args.timeout,
-                request_id=args.request_id,
-                connection=_connection(args),
-            )
-        except grpc.RpcError as e:
-            # The server numbers the inputs of its request ("input 0 is 202 tokens long"), not the texts.
-            where = f"the request of texts {start} to {start + len(batch) - 1}: " if len(texts) > len(batch) else ""
-            return _rpc_error("encode", e, where)
-        except TlsError as e:
-            print(f"mhaserve encode: error: {e}", file=sys.stderr)
-            return 2
-        if response is None:
-            response = part
-            # The rest from the same version: one published while the texts are sent would mix two models.
-            model = f"{part.model}:{part.model_version}"
-        else:
-            response.embeddings.extend(part.embeddings)
-            response.usage.input_tokens += part.usage.input_tokens
+    with channel:  # one connection for every batch
+        for start in range(0, len(texts), args.batch_size):
+            batch = texts[start : start + args.batch_size]
+            try:
+                part = client.encode(
+                    args.address,
+                    batch,
+                    model=model,
+                    normalize=args.normalize,
+                    truncate=args.truncate,
+                    timeout=args.timeout,
+                    request_id=args.request_id,
+                    connection=connection,
+                    channel=channel,
+                )
+            except grpc.RpcError as e:
+                # The server numbers the inputs of its request ("input 0 is 202 tokens long"), not the texts.
+                where = f"the request of texts {start} to {start + len(batch) - 1}: " if len(texts) > len(batch) else ""
+                return _rpc_error("encode", e, where)
+            if response is None:
+                response = part
+                # The rest from the same version: one published while the texts are sent would mix two models.
+                model = f"{part.model}:{part.model_version}"
+            else:
+                response.embeddings.extend(part.embeddings)
+                response.usage.input_tokens += part.usage.input_tokens
     assert response is not None  # texts is never empty
     print(client.summary(texts, response) if args.summary else client.embeddings_json(response))
     return 0

@@ -59,16 +59,24 @@ def encode(
     timeout: float = 30.0,
     request_id: str | None = None,
     connection: Connection = PLAINTEXT,
+    channel: grpc.Channel | None = None,
 ) -> pb.EncodeResponse:
-    """One Encode call; raises grpc.RpcError with the server's status."""
+    """One Encode call; raises grpc.RpcError with the server's status.
+
+    `channel` (from `connection.channel(address, CHANNEL_OPTIONS)`) lets several calls share one
+    connection: a new one per call pays the TCP (and TLS) handshake each time.
+    """
     request = pb.EncodeRequest(texts=list(texts), model=model, truncate=truncate)
     if normalize is not None:
         request.normalize = normalize
     metadata = connection.metadata(*(((REQUEST_ID_HEADER, request_id),) if request_id else ()))
-    with connection.channel(address, CHANNEL_OPTIONS) as channel:
+    if channel is not None:
         response: pb.EncodeResponse = pb_grpc.EncoderServiceStub(channel).Encode(
             request, timeout=timeout, metadata=metadata
         )
+        return response
+    with connection.channel(address, CHANNEL_OPTIONS) as own:
+        response = pb_grpc.EncoderServiceStub(own).Encode(request, timeout=timeout, metadata=metadata)
         return response
 
 

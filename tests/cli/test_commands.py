@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -288,6 +290,59 @@ def test_encode_sends_many_texts_in_requests_the_server_takes(
     with pytest.raises(SystemExit) as e:
         main(["encode", "x", "--batch-size", "0"])
     assert e.value.code == 2
+
+
+class CountingForwarder:
+    """A TCP forwarder to a server that counts the connections clients open through it."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                near, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            self.connections += 1
+            far = socket.create_connection(self.target)
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_encode_sends_its_requests_over_one_connection(
+    server: ServerThread, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mhaserve encode - < queries.txt` opened a connection (a handshake, TLS's too) for every request."""
+    forwarder = CountingForwarder(server.address)
+    try:
+        texts = [f"query number {i}" for i in range(10)]
+        monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(texts) + "\n"))
+        assert main(["encode", "-", "--address", forwarder.address, "--batch-size", "3"]) == 0
+        assert len(capsys.readouterr().out.splitlines()) == 10
+        assert forwarder.connections == 1
+    finally:
+        forwarder.close()
 
 
 def test_export_and_import_write_where_serve_reads(
