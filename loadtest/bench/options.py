@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.repository import GRAPHS
-from mhaserve.service.settings import auto_inference_workers, on_cpu, worker_threads
+from mhaserve.service.settings import auto_inference_workers, env_var, on_cpu, worker_threads
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -118,7 +118,11 @@ def _protocols(text: str) -> tuple[str, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `mhaserve bench`; None means "the default, or --quick's"."""
-    p.add_argument("--repository", help="model repository (default: models; with --quick, a fresh tiny random model)")
+    p.add_argument(
+        "--repository",
+        help="model repository (default: env MHASERVE_REPOSITORY as for mhaserve serve, else models; with --quick, "
+        "a fresh tiny random model)",
+    )
     p.add_argument("--model", help="model name (default: the server's default model)")
     # Two different runs: argparse refuses both together (exit 2) as it does any other bad option.
     runs = p.add_mutually_exclusive_group()
@@ -279,11 +283,16 @@ FULL: dict[str, Any] = {
 }
 
 
-def resolve(args: argparse.Namespace) -> dict[str, Any]:
-    """The options in force: those given, then --quick's or the full run's defaults."""
+def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The options in force: those given, then --quick's or the full run's defaults. The repository, unless
+    given or --quick's scratch one, is MHASERVE_REPOSITORY's as for `mhaserve serve` (the bench measured
+    ./models while the server under the same environment served another folder), else models/."""
+    env = os.environ if env is None else env
     base = QUICK if args.quick else FULL
     out = dict(vars(args))
     out.pop("handler", None)
+    if out.get("repository") is None and not args.quick:
+        out["repository"] = env.get(env_var("repository")) or None
     for key, default in base.items():
         if out.get(key) is None:
             out[key] = default

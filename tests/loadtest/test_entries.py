@@ -18,3 +18,24 @@ def test_the_bench_picks_the_graph_its_server_serves_on_its_device(tiny_repo: Pa
     with contextlib.ExitStack() as stack:
         _, entry = entries.chosen_entry(opt, stack)
     assert entry.graph == graph and entry.graph_path.name == f"model.{graph}.onnx"
+
+
+def test_the_bench_reads_the_repository_serve_reads(tiny_repo: Path, tmp_path: Path) -> None:
+    """MHASERVE_REPOSITORY is the repository of `mhaserve bench` as of `mhaserve serve`: the bench measured
+    ./models while a server under the same environment served another folder. --repository still wins, and
+    --quick without one still makes its own tiny model."""
+    import argparse
+
+    from mhaserve.loadtest.bench import options
+
+    p = argparse.ArgumentParser()
+    options.add_arguments(p)
+    env = {"MHASERVE_REPOSITORY": str(tiny_repo)}
+    opt = options.resolve(p.parse_args(["--model", "tiny", "--device", "cpu"]), env)
+    with contextlib.ExitStack() as stack:
+        repository, entry = entries.chosen_entry(opt, stack)
+    assert repository == tiny_repo and entry.name == "tiny"
+    given = options.resolve(p.parse_args(["--repository", str(tmp_path)]), env)
+    assert given["repository"] == str(tmp_path)
+    assert options.resolve(p.parse_args(["--quick"]), env)["repository"] is None
+    assert options.resolve(p.parse_args([]), {})["repository"] is None  # then models/
