@@ -178,7 +178,7 @@ def test_unknown_routes_and_methods(srv: ServerThread) -> None:
 
 def test_head_is_gets_answer_without_its_body(srv: ServerThread) -> None:
     """Uptime monitors and some balancers' checks send HEAD (RFC 9110: general-purpose servers support it)."""
-    for path in ("/health", "/v1/models", "/v2/health/ready", "/info"):
+    for path in ("/health", "/v1/models", "/v2/health/ready", "/info", "/openapi.json", "/docs", "/redoc"):
         got, head = request("GET", url(srv, path)), request("HEAD", url(srv, path))
         assert (head.status, head.body) == (got.status, b""), path
         assert head.headers["content-length"] == got.headers["content-length"] and head.headers["x-request-id"]
