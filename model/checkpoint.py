@@ -112,13 +112,7 @@ def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None
     pooling: PoolingMode = "mean"
     pool_cfg = path / "1_Pooling" / "config.json"
     if pool_cfg.is_file():
-        modes = sorted(k for k, v in _read_json(pool_cfg, dict).items() if k.startswith("pooling_mode_") and v)
-        if modes == ["pooling_mode_cls_token"]:
-            pooling = "cls"
-        elif modes != ["pooling_mode_mean_tokens"]:
-            raise CheckpointError(
-                f"unsupported pooling in {pool_cfg}: {', '.join(modes) or 'none'}; only one of mean or cls"
-            )
+        pooling = _pooling(pool_cfg)
 
     normalize = False
     modules = path / "modules.json"
@@ -136,6 +130,39 @@ def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None
                 )
             normalize = normalize or kind == "Normalize"
     return max_seq_len, pooling, normalize
+
+
+# sentence-transformers' pooling modes by their older boolean keys (before 5: `pooling_mode_mean_tokens: true`).
+_LEGACY_POOLING = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+def _pooling(pool_cfg: Path) -> PoolingMode:
+    """1_Pooling/config.json's mode, read as sentence-transformers reads it: `pooling_mode` (a name or a list of
+    them, what it writes since 5), else the older boolean keys (none set: mean)."""
+    cfg = _read_json(pool_cfg, dict)
+    mode = cfg.get("pooling_mode")
+    if mode is None:
+        modes = [name for key, name in _LEGACY_POOLING.items() if cfg.get(key)] or ["mean"]
+    else:
+        modes = [mode] if isinstance(mode, str) else list(mode) if isinstance(mode, list) else [repr(mode)]
+    if len(modes) != 1 or modes[0] not in ("mean", "cls"):
+        raise CheckpointError(
+            f"unsupported pooling in {pool_cfg}: {', '.join(map(str, modes))}; only one of mean or cls"
+        )
+    if cfg.get("include_prompt", True) is False:
+        # The graph pools over every token its attention mask keeps; leaving a prompt's tokens out of the mean
+        # while they are still attended to would need another mask: refused rather than embedded otherwise.
+        raise CheckpointError(
+            f"{pool_cfg} has include_prompt false (a prompt's tokens left out of the pooling): not supported"
+        )
+    return "cls" if modes[0] == "cls" else "mean"
 
 
 def _check_lower_case(path: Path, lower: bool, where: Path) -> None:
@@ -158,6 +185,58 @@ def _check_lower_case(path: Path, lower: bool, where: Path) -> None:
         )
 
 
+# A BERT tokenizer's text normalisation, by its tokenizer_config.json key, with transformers' default for each.
+_BERT_NORMALIZER = {"do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": True}
+
+
+def _check_tokenizer_config(path: Path, tokenizer_cfg: Path) -> None:
+    """Refuse a tokenizer.json that normalises text otherwise than tokenizer_config.json says.
+
+    transformers' BertTokenizer (4.x's fast one too, when they differ) builds its normaliser from
+    tokenizer_config.json's do_lower_case, strip_accents and tokenize_chinese_chars, each with its default
+    when absent, whatever tokenizer.json holds; sentence-transformers loads it so. The server tokenises with
+    tokenizer.json: where they differ, "Café" or a line of Chinese would embed otherwise than the checkpoint's
+    users see.
+    """
+    cfg = _read_json(tokenizer_cfg, dict)
+    if cfg.get("tokenizer_class") not in (None, "BertTokenizer", "BertTokenizerFast"):
+        if isinstance(lower := cfg.get("do_lower_case"), bool):
+            _check_lower_case(path, lower, tokenizer_cfg)
+        return
+    tokenizer = path / "tokenizer.json"
+    normalizer = (_read_json(tokenizer, dict).get("normalizer") or {}) if tokenizer.is_file() else {}
+    if normalizer.get("type") != "BertNormalizer":  # transformers 4.x keeps another normaliser as it is
+        if isinstance(lower := cfg.get("do_lower_case"), bool):
+            _check_lower_case(path, lower, tokenizer_cfg)
+        return
+    want = {key: cfg.get(key, default) for key, default in _BERT_NORMALIZER.items()}
+    lowercase = bool(normalizer.get("lowercase", True))
+    strip = normalizer.get("strip_accents")
+    have = {
+        "do_lower_case": lowercase,
+        "strip_accents": lowercase if strip is None else bool(strip),  # unset: as lower-casing
+        "tokenize_chinese_chars": bool(normalizer.get("handle_chinese_chars", True)),
+    }
+    want["strip_accents"] = bool(want["do_lower_case"]) if want["strip_accents"] is None else want["strip_accents"]
+    said = {
+        "do_lower_case": "lower-case",
+        "strip_accents": "strip accents",
+        "tokenize_chinese_chars": "split Chinese characters",
+    }
+    differ = [
+        f"{key} {str(bool(want[key])).lower()}{'' if key in cfg else ' (its default)'} but tokenizer.json "
+        f"{'does' if have[key] else 'does not'} {said[key]}"
+        for key in _BERT_NORMALIZER
+        if bool(want[key]) != have[key]
+    ]
+    if differ:
+        raise CheckpointError(
+            f"{tokenizer_cfg} says {'; '.join(differ)}: transformers and sentence-transformers tokenise by "
+            "tokenizer_config.json, the server by tokenizer.json, so the texts would be tokenised otherwise than "
+            "the checkpoint's users do; make them agree"
+        )
+
+
 def read_config(path: Path) -> EncoderConfig:
     """Build the encoder config from config.json plus the sentence-transformers files, if any."""
     cfg_file = path / "config.json"
@@ -175,7 +254,8 @@ def read_config(path: Path) -> EncoderConfig:
         raise CheckpointError(
             f"unsupported architecture: model_type={model_type!r} ({archs}); only BERT-family (bert) is supported"
         )
-    if hf.get("hidden_act", "gelu") != "gelu":
+    # transformers' "gelu_python" is the same exact (erf) GELU written out; gelu_new and the others approximate it
+    if hf.get("hidden_act", "gelu") not in ("gelu", "gelu_python"):
         raise CheckpointError(f"unsupported activation {hf['hidden_act']!r}: only exact GELU ('gelu')")
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError(f"unsupported position_embedding_type {hf['position_embedding_type']!r}")
@@ -187,9 +267,14 @@ def read_config(path: Path) -> EncoderConfig:
               "intermediate_size")  # fmt: skip
     if missing := [k for k in needed if not isinstance(hf.get(k), int) or isinstance(hf.get(k), bool)]:
         raise CheckpointError(f"{cfg_file} lacks whole numbers for {', '.join(missing)}")
+    if hf["num_attention_heads"] <= 0 or hf["hidden_size"] % hf["num_attention_heads"]:
+        raise CheckpointError(
+            f"{cfg_file}: hidden_size {hf['hidden_size']} is not a multiple of num_attention_heads "
+            f"{hf['num_attention_heads']}"
+        )
     tokenizer_cfg = path / "tokenizer_config.json"
-    if tokenizer_cfg.is_file() and isinstance(lower := _read_json(tokenizer_cfg, dict).get("do_lower_case"), bool):
-        _check_lower_case(path, lower, tokenizer_cfg)
+    if tokenizer_cfg.is_file():
+        _check_tokenizer_config(path, tokenizer_cfg)
 
     max_positions = int(hf["max_position_embeddings"])
     st_max_len, pooling, normalize = sentence_settings(path, max_positions)

@@ -103,7 +103,10 @@ MODULES = [
     [
         # sentence-transformers would embed otherwise than the exported graph: refused, not exported without it
         ({"1_Pooling/config.json": {"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": True}},
-         "unsupported pooling .*max_tokens, pooling_mode_mean_tokens; only one of mean or cls"),
+         "unsupported pooling .*: max, mean; only one of mean or cls"),
+        ({"1_Pooling/config.json": {"pooling_mode": "max"}}, "unsupported pooling .*: max; only one"),
+        ({"1_Pooling/config.json": {"pooling_mode": ["mean", "cls"]}}, "unsupported pooling .*: mean, cls; only one"),
+        ({"1_Pooling/config.json": {"pooling_mode": "mean", "include_prompt": False}}, "include_prompt false"),
         ({"1_Pooling/config.json": {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True}},
          "unsupported pooling"),
         ({"modules.json": [*MODULES, {"idx": 2, "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]},
@@ -114,15 +117,24 @@ MODULES = [
         ({"sentence_bert_config.json": {"max_seq_length": 256, "do_lower_case": True}, "tokenizer.json": "cased"},
          "do_lower_case true but tokenizer.json does not lower-case"),
         ({"tokenizer_config.json": {"do_lower_case": False}}, "do_lower_case false but tokenizer.json does lower-case"),
+        # transformers builds a BERT tokenizer's normaliser from tokenizer_config.json, each key's default if absent
+        ({"tokenizer_config.json": {"do_lower_case": None}, "tokenizer.json": "cased"},
+         "do_lower_case true [(]its default[)] but tokenizer.json does not lower-case"),
+        ({"tokenizer_config.json": {"strip_accents": False}},
+         "strip_accents false but tokenizer.json does strip accents"),
+        ({"tokenizer_config.json": {"tokenize_chinese_chars": False}},
+         "tokenize_chinese_chars false but tokenizer.json does split Chinese characters"),
         ({"config.json": {"max_position_embeddings": None}}, "lacks whole numbers for max_position_embeddings"),
+        ({"config.json": {"num_attention_heads": 7}}, "hidden_size 384 is not a multiple of num_attention_heads 7"),
+        ({"config.json": {"hidden_act": "gelu_new"}}, "unsupported activation 'gelu_new'"),  # tanh's approximation
         ({"config.json": ["a", "list"]}, "is not a JSON object"),
     ],
 )  # fmt: skip
 def test_what_would_embed_otherwise_is_refused_in_one_line(ckpt_copy: Path, edit: dict, message: str) -> None:
     for name, data in edit.items():
         path = ckpt_copy / name
-        if name == "config.json" and isinstance(data, dict):
-            data = json.loads(path.read_text()) | data
+        if name in ("config.json", "tokenizer_config.json") and isinstance(data, dict):
+            data = {k: v for k, v in (json.loads(path.read_text()) | data).items() if v is not None}
         if name == "tokenizer.json":
             tokenizer = json.loads(path.read_text())
             tokenizer["normalizer"]["lowercase"] = False
@@ -132,6 +144,56 @@ def test_what_would_embed_otherwise_is_refused_in_one_line(ckpt_copy: Path, edit
         _write(path, data)
     with pytest.raises(CheckpointError, match=message):
         load_encoder(ckpt_copy)
+
+
+def test_a_checkpoint_saved_by_sentence_transformers_5_or_later_is_read(sentence_transformer, tmp_path: Path) -> None:
+    """Since 5, sentence-transformers writes `"pooling_mode": "mean"` where it wrote one boolean per mode: such a
+    checkpoint (any saved by the installed version) was refused as "unsupported pooling: none"."""
+    saved = tmp_path / "saved"
+    sentence_transformer.save(str(saved))
+    pool_cfg = json.loads((saved / "1_Pooling" / "config.json").read_text())
+    _, ckpt = load_encoder(saved)
+    assert (ckpt.config.pooling, ckpt.config.normalize, ckpt.config.max_seq_len) == ("mean", True, 256), pool_cfg
+    for mode, pooling in (("cls", "cls"), (["cls"], "cls"), (["mean"], "mean")):
+        _write(saved / "1_Pooling" / "config.json", pool_cfg | {"pooling_mode": mode})
+        assert load_encoder(saved)[1].config.pooling == pooling
+    _write(saved / "1_Pooling" / "config.json", {"pooling_mode_max_tokens": False})  # the older keys, none set
+    assert load_encoder(saved)[1].config.pooling == "mean"  # as sentence-transformers reads it
+
+
+@pytest.mark.parametrize(
+    ("config", "normalizer"),
+    [
+        ({"strip_accents": False}, {"strip_accents": False}),
+        ({"tokenize_chinese_chars": False}, {"handle_chinese_chars": False}),
+        ({"do_lower_case": False}, {"lowercase": False}),  # strip_accents unset: as lower-casing, in both
+    ],
+)
+def test_a_tokenizer_that_agrees_with_its_config_tokenises_as_sentence_transformers(
+    ckpt_copy: Path, config: dict, normalizer: dict
+) -> None:
+    """Where tokenizer_config.json and tokenizer.json agree, the export's tokenizer gives sentence-transformers'
+    tokens, on the texts the settings change."""
+    from sentence_transformers import SentenceTransformer
+
+    path = ckpt_copy / "tokenizer_config.json"
+    _write(path, json.loads(path.read_text()) | config)
+    tokenizer = json.loads((ckpt_copy / "tokenizer.json").read_text())
+    tokenizer["normalizer"] |= normalizer
+    (ckpt_copy / "tokenizer.json").unlink()
+    _write(ckpt_copy / "tokenizer.json", tokenizer)
+    _, ckpt = load_encoder(ckpt_copy)
+    ours = for_serving(Tokenizer.from_file(str(ckpt.tokenizer_path)), ckpt.config.max_seq_len)
+    theirs = SentenceTransformer(str(ckpt_copy), device="cpu").tokenizer
+    for text in ("naïve Café Été", "中文的句子", "The Quick BROWN fox"):
+        assert ours.encode(text).ids == theirs(text)["input_ids"], text
+
+
+def test_gelu_python_is_the_same_exact_gelu(ckpt_copy: Path) -> None:
+    """transformers' "gelu_python" writes out the same erf GELU as "gelu": refused once, as if it approximated it."""
+    cfg = json.loads((ckpt_copy / "config.json").read_text())
+    _write(ckpt_copy / "config.json", cfg | {"hidden_act": "gelu_python"})
+    assert load_encoder(ckpt_copy)[1].config.d_model == 384
 
 
 def test_an_older_layout_at_its_root_is_named(tmp_path: Path) -> None:
