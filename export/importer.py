@@ -263,9 +263,14 @@ def position_rows(graph: onnx.GraphProto, vocab_size: int) -> int | None:
 
 def read_sentence_config(directory: Path, max_positions: int | None) -> SentenceConfig:
     """sentence-transformers' files beside the tokenizer (as a Hub model repository has them), if any."""
-    from mhaserve.model.checkpoint import sentence_settings
+    from mhaserve.model.checkpoint import CheckpointError, sentence_settings
 
-    max_seq_len, pooling, normalize = sentence_settings(directory, max_positions)
+    try:
+        max_seq_len, pooling, normalize = sentence_settings(directory, max_positions)
+    except CheckpointError as e:
+        raise ImportFailed(
+            f"{e} (or give --pooling, --normalize or --no-normalize, and --max-seq-len: then they are not read)"
+        ) from None
     return SentenceConfig(max_seq_len, pooling, normalize)
 
 
@@ -335,9 +340,12 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
     with staging.scratch(opts.repository, name, version_) as scratch:
         with progress.step(f"reading {opts.onnx}"):
             try:
-                model = onnx.load(str(opts.onnx))
+                # The binary format whatever the name: onnx reads a .json file as JSON protobuf, whose errors
+                # list the message's fields over several lines.
+                model = onnx.load(str(opts.onnx), format="protobuf")
             except Exception as e:  # onnx raises DecodeError, OSError, ValueError, ...
-                raise ImportFailed(f"{opts.onnx} is not an ONNX model: {e}") from None
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ImportFailed(f"{opts.onnx} is not an ONNX model: {first}") from None
             tokenizer = _load_tokenizer(opts.tokenizer)
             pad_id = _pad_id(tokenizer)  # before for_serving turns its padding off
             vocab_size = tokenizer.get_vocab_size()
@@ -348,7 +356,10 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                     f"the tokenizer has {vocab_size} tokens but the graph's largest table {graph_vocab} rows"
                 )
             positions = position_rows(model.graph, vocab_size)
-            sentence = read_sentence_config(opts.tokenizer.parent, positions)
+            if opts.pooling is not None and opts.normalize is not None and opts.max_seq_len is not None:
+                sentence = SentenceConfig(opts.max_seq_len, opts.pooling, opts.normalize)  # all given: none read
+            else:
+                sentence = read_sentence_config(opts.tokenizer.parent, positions)
             max_seq_len = opts.max_seq_len or sentence.max_seq_len or positions
             if max_seq_len is None:
                 raise ImportFailed(

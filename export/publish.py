@@ -67,7 +67,11 @@ def _default_name(source: str, ckpt: Path | None, seed: int) -> str:
         return DEFAULT_NAME
     if ckpt is None:
         return f"random-{seed}"
-    return mf.check_name(ckpt.resolve().name.lower())
+    folder = ckpt.resolve().name
+    try:
+        return mf.check_name(folder.lower())
+    except mf.ManifestError as e:
+        raise mf.ManifestError(f"{e}; the name comes from the folder {folder!r}: pass --name") from None
 
 
 def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:

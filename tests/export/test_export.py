@@ -296,6 +296,18 @@ def test_cli_bad_source_is_one_clear_line(
     assert "Traceback" not in "\n".join(err)
 
 
+def test_a_checkpoint_folder_that_is_no_model_name_says_to_pass_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mhaserve.model.checkpoint import default_source
+
+    source = tmp_path / "My Model"
+    shutil.copytree(default_source(), source)
+    assert main(["export", "--source", str(source), "--repository", str(tmp_path / "repo")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "invalid model name 'my model'" in err and "from the folder 'My Model': pass --name" in err, err
+
+
 @pytest.mark.parametrize(
     ("sizes", "message"),
     [

@@ -278,6 +278,39 @@ def test_the_command_line(
     assert e.value.code == 2 and "a version is a whole number from 1" in capsys.readouterr().err
 
 
+def test_refused_sentence_transformers_files_are_one_line_and_flags_stand_in_for_them(
+    hub_graph: Path, tiny_entry: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Dense module or an unsupported pooling beside the tokenizer ended `mhaserve import` in a traceback, and the
+    flags that set what those files would have said could not get past them."""
+    hub = tmp_path / "hub"
+    (hub / "1_Pooling").mkdir(parents=True)
+    shutil.copy(tiny_entry / "tokenizer.json", hub / "tokenizer.json")
+    (hub / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "max"}))
+    args = ["import", "--onnx", str(hub_graph), "--tokenizer", str(hub / "tokenizer.json"), "--name", "st"]
+    assert main([*args, "--repository", str(tmp_path / "repo")]) == 1
+    err = capsys.readouterr().err.splitlines()[-1]  # after the progress lines (a traceback would have raised)
+    assert err.startswith("mhaserve import: error: unsupported pooling") and "--max-seq-len" in err, err
+    overrides = ["--pooling", "cls", "--no-normalize", "--max-seq-len", "64"]
+    assert main([*args, "--repository", str(tmp_path / "repo"), *overrides]) == 0
+    m = read_manifest(Path(capsys.readouterr().out.strip()))
+    assert (m.max_seq_len, m.pooling, m.normalize) == (64, "cls", False)
+
+
+def test_a_file_that_is_not_an_onnx_graph_is_one_line(
+    tiny_entry: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """onnx reads a .json file as JSON protobuf, whose error listed the message's fields on further lines."""
+    tokenizer = str(tiny_entry / "tokenizer.json")
+    assert (
+        main(["import", "--onnx", tokenizer, "--tokenizer", tokenizer, "--name", "n", "--repository", str(tmp_path)])
+        == 1
+    )
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("mhaserve import: error:") and "is not an ONNX model" in err, err
+    assert err.splitlines()[-2].startswith("[1/5] reading"), err
+
+
 @pytest.mark.slow
 def test_a_hugging_face_bert_graph_passes_the_parity_gate_and_serves_as_the_native_export(
     minilm_entry: Path, tmp_path: Path
