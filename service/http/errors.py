@@ -43,4 +43,6 @@ def render(
     body_code = "model_not_found" if isinstance(error, NotFound) and param == "model" else code.lower()
     if http.status in (429, 503):
         headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
+    if http.status == 401:  # RFC 9110 11.6.1: a 401 says which scheme it takes (the API keys are bearer tokens)
+        headers.append((b"www-authenticate", b'Bearer realm="mhaserve"'))
     return http.status, headers, error_body(path, http.type, message, param, body_code)

@@ -159,12 +159,14 @@ class CallMiddleware:
         # every 250 ms would otherwise fill the request rate and, counted UNKNOWN, the server-error alert.
         # Nor are they in flight: the drain does not wait on them, nor does the gauge show them.
         counted = not self.always_answered(path)
+        refused = False
         if counted:
             self.in_flight.begin()
             self.metrics.in_flight.inc()
         try:
             refusal = await self._refusal(scope, path)
             if refusal is not None:
+                refused = True
                 if _has_body(scope):
                     # Refused unread: the connection closes after the answer, or a client without a key could
                     # trickle that body for as long as it likes (the read timeout guards only bodies read).
@@ -183,6 +185,7 @@ class CallMiddleware:
             if counted:
                 self.in_flight.end()
                 self.metrics.in_flight.dec()
+            if counted or refused:  # a probe refused for want of a key is counted, as gRPC's auth counts it
                 self._count(scope, response["status"], time.perf_counter() - started)
 
     async def _refusal(self, scope: Scope, path: str) -> ServiceError | None:
@@ -269,7 +272,7 @@ class CallMiddleware:
 
     def _too_large(self, size: int, at_least: bool = False) -> str:
         return (
-            f"the request body is {'more than ' if at_least else ''}{size} bytes; the limit is "
+            f"the request body is {'at least ' if at_least else ''}{size} bytes; the limit is "
             f"{self.max_body_bytes} (--max-message-bytes): split the request"
         )
 

@@ -307,6 +307,7 @@ def test_http_wants_the_same_keys(server: ServerThread, wrong: str) -> None:
         reply = request(method, server.http_url + path, body, HTTP_WRONG[wrong] or {})
         assert reply.status == 401, (path, reply.body)
         assert "missing or invalid API key" in reply.body.decode() and not any(k in reply.body.decode() for k in KEYS)
+        assert reply.headers["www-authenticate"] == 'Bearer realm="mhaserve"'  # RFC 9110: a 401 names its scheme
     # counted as the answer goes out, so the last count may land just after the client has it
     wait_until(lambda: server.counted_all("UNAUTHENTICATED") - before == len(routes), "every refusal counted")
     assert server.depth() == 0
@@ -349,7 +350,10 @@ def test_the_openai_client_gets_authentication_errors_and_in_with_a_key(server: 
 def test_http_health_probes_and_the_api_description_are_open(server: ServerThread) -> None:
     for path in ("/health", "/v2/health/live", "/v2/health/ready", "/openapi.json", "/docs"):
         assert request("GET", server.http_url + path).status == 200, path
+    before = server.counted_all("UNAUTHENTICATED")
     assert request("GET", server.http_url + "/v2/models/tiny/ready").status == 401  # as ModelReady on gRPC
+    # a probe refused for want of a key is counted, as gRPC counts ModelReady's refusal (it was not)
+    wait_until(lambda: server.counted_all("UNAUTHENTICATED") - before == 1, "the refusal counted")
 
 
 # ---- admin keys: the repository API ---------------------------------------------------------------------
