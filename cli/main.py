@@ -624,6 +624,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # export's scratch folder is removed); a traceback would only hide that line.
         print(f"mhaserve {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `mhaserve encode ... | head -1`: the reader has what it wanted. Quiet, as other commands in a
+        # pipe are; stdout goes to /dev/null so that the interpreter's own flush at exit raises nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe stopped
 
 
 if __name__ == "__main__":

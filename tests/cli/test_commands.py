@@ -292,6 +292,24 @@ def test_encode_sends_many_texts_in_requests_the_server_takes(
     assert e.value.code == 2
 
 
+def test_encode_into_a_pipe_closed_early_is_quiet(server: ServerThread) -> None:
+    """`mhaserve encode ... | head -1` printed a BrokenPipeError traceback under head's line."""
+    texts = "\n".join(f"text number {i}" for i in range(400))  # more output than a pipe holds (64 KiB)
+    proc = subprocess.Popen(
+        [MHASERVE, "encode", "-", "--address", server.address],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write(texts.encode())
+    proc.stdin.close()
+    assert proc.stdout.readline().startswith(b"[")
+    proc.stdout.close()  # as head does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=WAIT) == 141 and err == "", err
+
+
 class CountingForwarder:
     """A TCP forwarder to a server that counts the connections clients open through it."""
 
