@@ -55,6 +55,7 @@ from mhaserve.service.encoder_v1 import EncoderServicer
 from mhaserve.service.health import SERVICE_NAME as HEALTH_SERVICE
 from mhaserve.service.health import Health
 from mhaserve.service.http import app as http_app
+from mhaserve.service.http.middleware import CallMiddleware
 from mhaserve.service.http.server import HttpServer
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve.servicer import HEALTH_METHODS as KSERVE_HEALTH_METHODS
@@ -176,6 +177,7 @@ class EncoderServer:
         self.in_flight = InFlight()  # calls of both protocols: the drain waits for none
         self._server: grpc.aio.Server | LeanServer | None = None
         self._calls: ServiceInterceptor | None = None  # the gRPC calls' bookkeeping, which can abandon them
+        self._requests: CallMiddleware | None = None  # the HTTP requests' (http/middleware.py), which can too
         self._http: HttpServer | None = None
         self.manager = ModelManager(
             self.repository,
@@ -387,6 +389,7 @@ class EncoderServer:
             max_body_bytes=s.max_message_bytes,
             read_timeout=s.http_header_timeout,
         )
+        self._requests = app
         self._http = HttpServer(
             app,
             host=s.host,
@@ -555,11 +558,11 @@ class EncoderServer:
                 grace,
                 self.in_flight.count,
             )
-        if self._calls is None:
-            return
-        tasks = self._calls.abandon(
-            Unavailable("the server stopped before this call was answered (its grace period ended); retry")
-        )
+        tasks = [] if self._requests is None else self._requests.abandon()
+        if self._calls is not None:
+            tasks += self._calls.abandon(
+                Unavailable("the server stopped before this call was answered (its grace period ended); retry")
+            )
         if not tasks:
             return
         await asyncio.wait(tasks, timeout=ABANDON_S)

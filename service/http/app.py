@@ -23,7 +23,7 @@ from mhaserve.service.auth import Keys
 from mhaserve.service.context import request_id
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.errors import render
-from mhaserve.service.http.middleware import ASGIApp, CallMiddleware, FastRoute, loggable
+from mhaserve.service.http.middleware import CallMiddleware, FastRoute, loggable
 from mhaserve.service.http.openapi import complete
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve import rest as kserve_rest
@@ -53,7 +53,7 @@ def build(
     max_body_bytes: int,
     read_timeout: float,
     manager: ModelManager,
-) -> ASGIApp:
+) -> CallMiddleware:
     app = FastAPI(
         title="mhaserve",
         version=server_version(),

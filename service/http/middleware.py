@@ -127,6 +127,17 @@ class CallMiddleware:
         # The route template a request's path and method would reach: the metrics' label for a request
         # refused before it reached its route (API key, loading or draining, body limits).
         self.route_of = route_of
+        self.running: set[asyncio.Task[Any]] = set()  # the requests whose app is running, for `abandon`
+
+    def abandon(self) -> list[asyncio.Task[Any]]:
+        """Answer every request still running 503 (the server's grace period is over), as the gRPC calls are
+        answered UNAVAILABLE at that moment: left to uvicorn, they waited out its own graceful-shutdown
+        timeout (a second or more past the grace period) and were cancelled with an ERROR log line. Their
+        tasks, to wait for."""
+        tasks = [task for task in self.running if not task.done()]
+        for task in tasks:
+            task.cancel()
+        return tasks
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -291,6 +302,7 @@ class CallMiddleware:
         assert this is not None
         running = True
         left = False
+        self.running.add(this)
 
         def on_disconnect(_: asyncio.Future[Message]) -> None:
             nonlocal left
@@ -338,6 +350,7 @@ class CallMiddleware:
         finally:
             running = False
             disconnected.cancel()
+            self.running.discard(this)
 
     async def _fast(self, fast: FastRoute, scope: Scope, body: bytes, send: Send, rid: str) -> None:
         """A fast route's answer: its handler's JSON, or its error through the one error map (anything but a
