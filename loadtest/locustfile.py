@@ -25,6 +25,16 @@ Options this file adds (also settable as LOCUST_* variables, and sent by a maste
     --think-time S        pause between a user's calls, uniform in [0, S] (default 0: closed loop)
     --max-fail-ratio F    exit 1 when more than this fraction of requests failed (default 0.01)
 
+A server with API keys or TLS (as `mhaserve encode`'s --api-key and --tls options; Locust's own
+--tls-cert/--tls-key serve its web UI, hence the client certificate's longer names):
+
+    --api-key KEY         sent as `authorization: Bearer KEY` on every call (default: the variable
+                          MHASERVE_API_KEY, which keeps it out of ps; never logged nor shown in the web UI)
+    --tls                 TLS, trusting the system's CA certificates (also: an https:// host)
+    --tls-ca FILE         TLS, trusting the CA certificates in FILE (PEM)
+    --tls-client-cert FILE, --tls-client-key FILE
+                          a client certificate and its key (PEM), for a server with mutual TLS
+
 A user pauses 0.1 s after UNAVAILABLE or RESOURCE_EXHAUSTED (HTTP: 429, 503, or no connection), as a
 client should, instead of spinning on instant failures. `make loadtest` runs it headless and keeps the
 CSV, JSON and HTML reports (`PROTOCOL=http` for the HTTP API); distributed mode works from the same file
@@ -34,7 +44,9 @@ CSV, JSON and HTML reports (`PROTOCOL=http` for the HTTP API); distributed mode 
 from __future__ import annotations
 
 import logging
+import os
 import random
+import ssl
 import sys
 import time
 from collections import deque
@@ -52,7 +64,7 @@ from geventhttpclient import HTTPClient  # isort: skip
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from mhaserve.service.client import CHANNEL_OPTIONS
+from mhaserve.service.client import CHANNEL_OPTIONS, Connection
 
 # Before any channel exists: without it every gRPC call blocks the whole process and users run one at a time.
 grpc_gevent.init_gevent()
@@ -75,6 +87,8 @@ STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 BACKOFF_CODES = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "HTTP 429", "HTTP 503", "CONNECTION"}
 BACKOFF_S = 0.1
 ROUTE = "/v1/embeddings"
+API_KEY_ENV = "MHASERVE_API_KEY"  # as `mhaserve encode --api-key`
+TLS_FILES = (("tls_ca", "--tls-ca"), ("tls_client_cert", "--tls-client-cert"), ("tls_client_key", "--tls-client-key"))
 
 
 @events.init_command_line_parser.add_listener
@@ -126,6 +140,38 @@ def _add_arguments(parser: Any) -> None:
         default=0.01,
         env_var="LOCUST_MAX_FAIL_RATIO",
         help="exit 1 only when more than this fraction of requests failed (default 0.01)",
+    )
+    s = parser.add_argument_group(
+        "mhaserve security", "a server with API keys or TLS (options of loadtest/locustfile.py)"
+    )
+    # Read from the environment by default, as `mhaserve encode` does: a key on the command line shows in ps.
+    # An argument group's options stay out of the web UI, whose form would carry the key in its page.
+    s.add_argument(
+        "--api-key",
+        default="",
+        env_var=API_KEY_ENV,
+        metavar="KEY",
+        help=f"sent as 'authorization: Bearer KEY' on every call [default: ${API_KEY_ENV}]",
+    )
+    s.add_argument(
+        "--tls",
+        action="store_true",
+        default=False,
+        env_var="LOCUST_TLS",
+        help="use TLS, trusting the system's CA certificates (an https:// host does too)",
+    )
+    s.add_argument(
+        "--tls-ca", default="", env_var="LOCUST_TLS_CA", metavar="FILE", help="use TLS, trusting the CA in FILE (PEM)"
+    )
+    s.add_argument(
+        "--tls-client-cert",
+        default="",
+        env_var="LOCUST_TLS_CLIENT_CERT",
+        metavar="FILE",
+        help="client certificate for mutual TLS (PEM; Locust's own --tls-cert is its web UI's)",
+    )
+    s.add_argument(
+        "--tls-client-key", default="", env_var="LOCUST_TLS_CLIENT_KEY", metavar="FILE", help="its private key (PEM)"
     )
 
 
@@ -200,16 +246,40 @@ _ids_cache: dict[tuple[str, str, int, int], list[list[int]]] = {}
 Answer = tuple[int, int]
 
 
+def connection(opt: dict[str, Any], host: str) -> Connection:
+    """How a user reaches the server, as `mhaserve encode` does: TLS with --tls, --tls-ca, a client
+    certificate or an https:// host, and the API key as bearer metadata. The key is --api-key, sent by a
+    master to its workers, or else this process's own MHASERVE_API_KEY (a worker's, when the master has none)."""
+
+    def path(name: str) -> Path | None:
+        return Path(opt[name]) if opt.get(name) else None
+
+    return Connection(
+        tls=bool(opt.get("tls")) or host.startswith(("https://", "grpcs://")),
+        ca=path("tls_ca"),
+        cert=path("tls_client_cert"),
+        key=path("tls_client_key"),
+        api_key=opt.get("api_key") or os.environ.get(API_KEY_ENV) or None,
+    )
+
+
+def uses_tls(conn: Connection) -> bool:
+    """Whether `conn` speaks TLS (Connection.channel's rule)."""
+    return conn.tls or conn.ca is not None or conn.cert is not None
+
+
 class GrpcClient:
-    """encoder.v1 over one channel per user."""
+    """encoder.v1 over one channel per user, its calls with the connection's metadata (the API key)."""
 
     request_type = "Encode"
     info_type = "GetModelInfo"
 
-    def __init__(self, host: str, timeout: float) -> None:
-        for scheme in ("grpc://", "http://", "dns:///"):
+    def __init__(self, host: str, timeout: float, conn: Connection | None = None) -> None:
+        conn = conn or Connection()
+        for scheme in ("grpcs://", "https://", "grpc://", "http://", "dns:///"):
             host = host.removeprefix(scheme)
-        self.channel = grpc.insecure_channel(host.rstrip("/"), options=CHANNEL_OPTIONS)
+        self.channel = conn.channel(host.rstrip("/"), CHANNEL_OPTIONS)
+        self.metadata = conn.metadata()
         self.stub = pb_grpc.EncoderServiceStub(self.channel)
         self.timeout = timeout
 
@@ -219,14 +289,16 @@ class GrpcClient:
     def model_shape(self, model: str) -> tuple[int, int]:
         """(vocabulary size, most tokens per input) of the model."""
         try:
-            info = self.stub.GetModelInfo(pb.GetModelInfoRequest(model=model), timeout=self.timeout)
+            info = self.stub.GetModelInfo(
+                pb.GetModelInfoRequest(model=model), timeout=self.timeout, metadata=self.metadata
+            )
         except grpc.RpcError as e:
             raise CallError.from_rpc(e) from None
         return info.vocab_size, info.max_tokens_per_input
 
     def _call(self, request: pb.EncodeRequest) -> Answer:
         try:
-            response = self.stub.Encode(request, timeout=self.timeout)
+            response = self.stub.Encode(request, timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as e:
             raise CallError.from_rpc(e) from None
         return response.ByteSize(), len(response.embeddings)
@@ -242,17 +314,29 @@ class GrpcClient:
 
 
 class HttpClient:
-    """OpenAI `POST /v1/embeddings` over one keep-alive connection per user."""
+    """OpenAI `POST /v1/embeddings` over one keep-alive connection per user (HTTPS with the connection's TLS),
+    the API key in its Authorization header."""
 
     request_type = "POST"
     info_type = "GET"
 
-    def __init__(self, host: str, timeout: float, encoding_format: str) -> None:
-        url = host if "://" in host else f"http://{host}"
-        self.client = HTTPClient.from_url(url, concurrency=1, connection_timeout=timeout, network_timeout=timeout)
+    def __init__(self, host: str, timeout: float, encoding_format: str, conn: Connection | None = None) -> None:
+        conn = conn or Connection()
+        url = host if "://" in host else f"{'https' if uses_tls(conn) else 'http'}://{host}"
+        tls: dict[str, Any] = {}
+        if url.startswith("https://"):
+            # Verified against --tls-ca, or the system's CA certificates; the client certificate for mutual TLS.
+            options = {"ca_certs": str(conn.ca)} if conn.ca is not None else {}
+            if conn.cert is not None and conn.key is not None:
+                options |= {"certfile": str(conn.cert), "keyfile": str(conn.key)}
+            tls = {"ssl_options": options}
+        self.client = HTTPClient.from_url(
+            url, concurrency=1, connection_timeout=timeout, network_timeout=timeout, **tls
+        )
         self.timeout = timeout
         self.encoding_format = encoding_format
-        self.headers = {"Content-Type": "application/json"}
+        # The same `authorization: Bearer KEY` as the gRPC metadata: HTTP header names are case-insensitive.
+        self.headers = {"Content-Type": "application/json", **dict(conn.metadata() or ())}
 
     def close(self) -> None:
         self.client.close()
@@ -263,7 +347,7 @@ class HttpClient:
             content = bytes(response.read())
         except TimeoutError:  # connecting or the answer: as a gRPC deadline, not a connection to back off from
             raise CallError("TIMEOUT", f"no answer within --rpc-timeout {self.timeout:g} s") from None
-        except (OSError, HTTPException) as e:  # refused, reset, cut short: no answer
+        except (OSError, HTTPException) as e:  # refused, reset, cut short, a failed TLS handshake: no answer
             raise CallError("CONNECTION", f"{type(e).__name__}: {e}") from None
         if response.status_code != 200:
             raise CallError.from_http(response.status_code, content)
@@ -336,17 +420,23 @@ class EncoderUser(User):
             "model": "",
             "encoding_format": "float",
             "rpc_timeout": 30.0,
+            "api_key": "",
+            "tls": False,
+            "tls_ca": "",
+            "tls_client_cert": "",
+            "tls_client_key": "",
         }
         if opts is not None:
             self.opt.update({k: getattr(opts, k) for k in self.opt if getattr(opts, k, None) is not None})
         names = workload_names(str(self.opt["workload"]), str(self.opt["protocol"]))
         host = self.host or DEFAULT_HOST
         if self.opt["protocol"] == "http":
-            if host == DEFAULT_HOST:  # no -H: the server's HTTP port, not its gRPC one
-                host = DEFAULT_HTTP_HOST
-            self.client = HttpClient(host, self.opt["rpc_timeout"], self.opt["encoding_format"])
+            if host == DEFAULT_HOST:  # no -H: the server's HTTP port, not its gRPC one (HTTPS with TLS)
+                host = DEFAULT_HTTP_HOST.removeprefix("http://")
+            conn = connection(self.opt, host)
+            self.client = HttpClient(host, self.opt["rpc_timeout"], self.opt["encoding_format"], conn)
         else:
-            self.client = GrpcClient(host, self.opt["rpc_timeout"])
+            self.client = GrpcClient(host, self.opt["rpc_timeout"], connection(self.opt, host))
         self.corpus = Corpus.load(str(self.opt["corpus"] or DEFAULT_CORPUS))
         if "short" in names:
             self.short = Corpus.load(str(self.opt["short_corpus"] or DEFAULT_SHORT_CORPUS)).all
@@ -464,7 +554,10 @@ class EncoderUser(User):
         started = time.perf_counter()
         received = 0
         try:
-            for response in self.client.stub.EncodeStream(requests(), timeout=self.opt["rpc_timeout"]):
+            stream = self.client.stub.EncodeStream(
+                requests(), timeout=self.opt["rpc_timeout"], metadata=self.client.metadata
+            )
+            for response in stream:
                 t0 = sent.popleft() if sent else started
                 received += 1
                 error = None
@@ -521,11 +614,60 @@ def _check_options(environment: Any, **_: Any) -> None:
                 for name in ("corpus", "short_corpus", "tokenizer")
                 if (path := getattr(opts, name, "")) and not Path(path).is_file()
             ]
+        problems += _security_problems(environment, opts)
         if problems:
             raise ValueError("; ".join(problems))
     except ValueError as e:
         log.error("%s", e)
         sys.exit(2)
+
+
+def _security_problems(environment: Any, opts: Any) -> list[str]:
+    """What is wrong with the key and TLS options; no message shows the key."""
+    from locust.runners import MasterRunner
+
+    problems = []
+    key = getattr(opts, "api_key", "") or ""
+    # What the server takes, as `mhaserve encode` checks it: grpc core refused another as "Invalid metadata".
+    if key and (not key.isascii() or not key.isprintable() or " " in key):
+        problems.append(f"--api-key (or ${API_KEY_ENV}): an API key is printable ASCII without spaces")
+    files = {name: getattr(opts, name, "") or "" for name, _ in TLS_FILES}
+    tls = bool(getattr(opts, "tls", False)) or any(files.values())
+    if bool(files["tls_client_cert"]) != bool(files["tls_client_key"]):
+        problems.append("--tls-client-cert and --tls-client-key go together (the client certificate and its key)")
+    host = environment.host or ""
+    if tls and getattr(opts, "protocol", "grpc") == "http" and host.startswith("http://"):
+        problems.append(f"-H {host} is plaintext HTTP, but the TLS options ask for TLS: give https://")
+    # Files are read by the users: on each worker, not the master (its paths may not be theirs).
+    if problems or isinstance(environment.runner, MasterRunner):
+        return problems
+    missing = [
+        f"{flag} {files[name]}: no such file"
+        for name, flag in TLS_FILES
+        if files[name] and not Path(files[name]).is_file()
+    ]
+    if missing:
+        return missing
+    # Read as the users will, so that a file that is no PEM certificate or key is named now, not in each call.
+    context = ssl.create_default_context()
+    try:
+        if files["tls_ca"]:
+            context.load_verify_locations(cafile=files["tls_ca"])
+    except OSError as e:  # ssl.SSLError among them
+        return [f"--tls-ca {files['tls_ca']} holds no usable PEM certificate ({_reason(e)})"]
+    try:
+        if files["tls_client_cert"]:
+            context.load_cert_chain(files["tls_client_cert"], files["tls_client_key"], password=lambda: b"")
+    except OSError as e:  # ssl.SSLError among them
+        return [
+            f"--tls-client-cert {files['tls_client_cert']} and --tls-client-key {files['tls_client_key']} "
+            f"are no PEM certificate and its unencrypted key ({_reason(e)})"
+        ]
+    return []
+
+
+def _reason(e: OSError) -> str:
+    return str(getattr(e, "reason", None) or e.strerror or e)
 
 
 @events.quitting.add_listener

@@ -1,38 +1,61 @@
 """The locustfile, headless against a real server over gRPC and over HTTP: successes recorded, and failures
-by gRPC status or HTTP status."""
+by gRPC status or HTTP status; against servers with API keys, TLS and mutual TLS."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mhaserve.loadtest.bench.client import Server
+from mhaserve.service.settings import ApiKeys
 from mhaserve.testing.loopback import free_port
+from mhaserve.testing.server import ServerThread, local_settings
+from tests.security import conftest as security
+from tests.security.conftest import Pki
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
 
+KEY = "k-locust-7f3a9c"  # the keyed servers' API key
+# What would reach the locustfile from the environment of whoever runs the tests.
+OWN_SETTINGS = ("MHASERVE_API_KEY", "LOCUST_TLS", "LOCUST_TLS_CA", "LOCUST_TLS_CLIENT_CERT", "LOCUST_TLS_CLIENT_KEY")
+
 pytestmark = pytest.mark.slow
+
+# The security tests' certificates (a CA, a server's for 127.0.0.1, a client's), made once per session.
+pki = security.pki
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in OWN_SETTINGS} | extra
 
 
 def _locust(
-    server: Server, out: Path, workload: str, *extra: str, protocol: str = "grpc"
+    server: Server | ServerThread,
+    out: Path,
+    workload: str,
+    *extra: str,
+    protocol: str = "grpc",
+    host: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    host = server.http_url if protocol == "http" else server.address
+    host = host or (server.http_url if protocol == "http" else server.address)
     cmd = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--protocol", protocol,
         "-H", host, "-u", "4", "-r", "4", "-t", "2s", "--only-summary",
         "--workload", workload, "--csv", str(out / "stats"), "--json-file", str(out / "stats"),
         *extra,
     ]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env or _env())
 
 
 def _entries(out: Path) -> dict[str, dict[str, Any]]:
@@ -156,6 +179,12 @@ def test_an_unknown_workload_is_refused_before_the_run(tiny_server: Server, tmp_
         (("--max-fail-ratio", "-1"), "--max-fail-ratio must be a fraction in [0, 1], got -1.0"),
         (("--corpus", "/nonexistent/corpus.txt"), "--corpus /nonexistent/corpus.txt: no such file"),
         (("--tokenizer", "/nonexistent/tokenizer.json"), "--tokenizer /nonexistent/tokenizer.json: no such file"),
+        (("--tls-ca", "/nonexistent/ca.pem"), "--tls-ca /nonexistent/ca.pem: no such file"),
+        (("--tls-ca", str(LOCUSTFILE)), f"--tls-ca {LOCUSTFILE} holds no usable PEM certificate"),
+        (
+            ("--tls-client-cert", str(LOCUSTFILE)),
+            "--tls-client-cert and --tls-client-key go together (the client certificate and its key)",
+        ),
     ],
 )
 def test_bad_options_are_refused_before_the_run(
@@ -196,3 +225,174 @@ def test_a_worker_reads_the_corpus_beside_its_own_locustfile(tiny_server: Server
         worker.wait()
     assert master.returncode == 0, out[-3000:]
     assert sum(e["num_requests"] for e in _entries(tmp_path).values()) > 0
+
+
+# ---- API keys and TLS ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tiny_repo: Path) -> Iterator[ServerThread]:
+    with ServerThread(local_settings(tiny_repo, api_keys=ApiKeys((KEY,)))) as srv:
+        yield srv.ready()
+
+
+@pytest.fixture(scope="module")
+def tls_server(tiny_repo: Path, pki: Pki) -> Iterator[ServerThread]:
+    with ServerThread(local_settings(tiny_repo, tls_cert=pki.server_cert, tls_key=pki.server_key)) as srv:
+        yield srv.ready()
+
+
+@pytest.fixture(scope="module")
+def mtls_server(tiny_repo: Path, pki: Pki) -> Iterator[ServerThread]:
+    settings = local_settings(
+        tiny_repo, tls_cert=pki.server_cert, tls_key=pki.server_key, tls_client_ca=pki.ca, api_keys=ApiKeys((KEY,))
+    )
+    with ServerThread(settings) as srv:
+        yield srv.ready()
+
+
+def _https(server: ServerThread) -> str:
+    return f"https://127.0.0.1:{server.server.http_port}"
+
+
+def _no_key_shown(run: subprocess.CompletedProcess[str], out: Path) -> None:
+    """The key is in no output and no report: the log, the summary, the CSV, JSON and HTML files."""
+    assert KEY not in run.stdout + run.stderr
+    for written in out.iterdir():
+        assert KEY not in written.read_text(errors="replace"), written.name
+
+
+@pytest.mark.parametrize(
+    ("protocol", "workload", "given"),
+    [("grpc", "short,ids,stream", "env"), ("http", "short,ids", "flag")],
+)
+def test_the_api_key_goes_with_every_call(
+    keyed_server: ServerThread, tmp_path: Path, protocol: str, workload: str, given: str
+) -> None:
+    """From MHASERVE_API_KEY, as `mhaserve encode` takes it, or --api-key: as the bearer metadata of every
+    gRPC call (Encode, GetModelInfo, EncodeStream), and as the Authorization header of every HTTP request."""
+    ok, refused = keyed_server.counted_all("OK"), keyed_server.counted_all("UNAUTHENTICATED")
+    run = _locust(
+        keyed_server, tmp_path, workload, "-u", "2", "-r", "2", "--max-fail-ratio", "0",
+        "--html", str(tmp_path / "report.html"),
+        *(["--api-key", KEY] if given == "flag" else []),
+        protocol=protocol,
+        env=_env(MHASERVE_API_KEY=KEY) if given == "env" else None,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    entries = _entries(tmp_path)
+    for name in workload.split(","):
+        assert entries[name]["num_requests"] > 0 and entries[name]["num_failures"] == 0, name
+    # The server answered them all (an EncodeStream call carries several of Locust's requests; the ids task's
+    # model info, one call more).
+    calls = sum(e["num_requests"] for e in entries.values() if e["method"] != "EncodeStream")
+    assert keyed_server.counted_all("OK") - ok >= calls
+    assert keyed_server.counted_all("UNAUTHENTICATED") == refused
+    _no_key_shown(run, tmp_path)
+
+
+@pytest.mark.parametrize(("protocol", "failure"), [("grpc", "UNAUTHENTICATED"), ("http", "HTTP 401")])
+def test_without_the_key_every_call_is_refused(
+    keyed_server: ServerThread, tmp_path: Path, protocol: str, failure: str
+) -> None:
+    refused = keyed_server.counted_all("UNAUTHENTICATED")
+    run = _locust(keyed_server, tmp_path, "short", "-u", "2", "-r", "2", protocol=protocol)
+    assert run.returncode == 1, run.stderr[-3000:]
+    short = _entries(tmp_path)["short"]
+    assert short["num_failures"] == short["num_requests"] > 0
+    assert f"short: {failure}" in run.stderr
+    assert keyed_server.counted_all("UNAUTHENTICATED") - refused >= short["num_requests"]
+
+
+def test_a_bad_api_key_is_refused_before_the_run_and_not_shown(keyed_server: ServerThread, tmp_path: Path) -> None:
+    """One the server cannot take (grpc core refused it as "INTERNAL: Invalid metadata" in every call)."""
+    run = _locust(keyed_server, tmp_path, "short", env=_env(MHASERVE_API_KEY="k-1 hush-hush"))
+    assert run.returncode == 2
+    assert "--api-key (or $MHASERVE_API_KEY): an API key is printable ASCII without spaces" in run.stderr
+    assert "hush-hush" not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("holder", ["master", "worker"])
+def test_distributed_the_key_of_the_master_or_of_each_worker(
+    keyed_server: ServerThread, tmp_path: Path, holder: str
+) -> None:
+    """The master sends its options to its workers, the key among them; a worker given none by its master
+    uses its own MHASERVE_API_KEY (a deployment may set it on the workers only)."""
+    port = str(free_port())
+    master = subprocess.Popen(
+        [
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--master", "--headless",
+            "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--expect-workers", "1",
+            "-H", keyed_server.address, "-u", "2", "-r", "2", "-t", "3s", "--workload", "short,stream",
+            "--json-file", str(tmp_path / "stats"), "--max-fail-ratio", "0",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        env=_env(MHASERVE_API_KEY=KEY) if holder == "master" else _env(),
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker", "--master-host", "127.0.0.1",
+         "--master-port", port],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        env=_env(MHASERVE_API_KEY=KEY) if holder == "worker" else _env(),
+    )  # fmt: skip
+    try:
+        out, _ = master.communicate(timeout=60)
+    finally:
+        worker.kill()
+        worker_out, _ = worker.communicate()
+    assert master.returncode == 0, out[-3000:]
+    assert sum(e["num_requests"] for e in _entries(tmp_path).values()) > 0
+    assert KEY not in out + worker_out
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_tls_trusting_the_servers_ca(tls_server: ServerThread, pki: Pki, tmp_path: Path, protocol: str) -> None:
+    """--tls-ca: gRPC over TLS, and HTTPS (an https:// host) verified against that CA."""
+    host = _https(tls_server) if protocol == "http" else None
+    run = _locust(
+        tls_server, tmp_path, "short,ids", "-u", "2", "-r", "2", "--tls-ca", str(pki.ca), "--max-fail-ratio", "0",
+        protocol=protocol, host=host,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    entries = _entries(tmp_path)
+    assert entries["short"]["num_requests"] > 0 and entries["short"]["num_failures"] == 0
+
+
+@pytest.mark.parametrize(
+    ("protocol", "options", "failure"),
+    [
+        ("grpc", (), "short: UNAVAILABLE"),  # plaintext to a TLS port
+        ("grpc", ("--tls",), "short: UNAVAILABLE"),  # the system's roots do not know the test CA
+        ("http", (), "short: CONNECTION: SSL"),  # https:// with the system's roots
+    ],
+)
+def test_tls_without_the_servers_ca_fails(
+    tls_server: ServerThread, tmp_path: Path, protocol: str, options: tuple[str, ...], failure: str
+) -> None:
+    host = _https(tls_server) if protocol == "http" else None
+    run = _locust(tls_server, tmp_path, "short", "-u", "1", "-r", "1", *options, protocol=protocol, host=host)
+    assert run.returncode == 1, run.stderr[-3000:]
+    short = _entries(tmp_path)["short"]
+    assert short["num_failures"] == short["num_requests"] > 0
+    assert failure in run.stderr, run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_mutual_tls_with_a_client_certificate_and_the_key(
+    mtls_server: ServerThread,
+    pki: Pki,
+    tmp_path: Path,
+    protocol: str,
+) -> None:
+    """A client certificate the server's client CA signed, and the API key: the two combine. Over HTTP the
+    host has no scheme: the TLS options make it https://."""
+    host = f"127.0.0.1:{mtls_server.server.http_port}" if protocol == "http" else None
+    run = _locust(
+        mtls_server, tmp_path, "short,ids", "-u", "2", "-r", "2", "--tls-ca", str(pki.ca),
+        "--tls-client-cert", str(pki.client_cert), "--tls-client-key", str(pki.client_key), "--max-fail-ratio", "0",
+        protocol=protocol, host=host, env=_env(MHASERVE_API_KEY=KEY),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    entries = _entries(tmp_path)
+    assert entries["short"]["num_requests"] > 0 and entries["short"]["num_failures"] == 0
+    _no_key_shown(run, tmp_path)
