@@ -274,6 +274,16 @@ def read_sentence_config(directory: Path, max_positions: int | None) -> Sentence
     return SentenceConfig(max_seq_len, pooling, normalize)
 
 
+def read_prompts(directory: Path) -> tuple[dict[str, str], str]:
+    """sentence-transformers' named prompts and default prompt beside the tokenizer, if any."""
+    from mhaserve.model.checkpoint import CheckpointError, sentence_prompts
+
+    try:
+        return sentence_prompts(directory)
+    except CheckpointError as e:
+        raise ImportFailed(str(e)) from None
+
+
 # Texts whose ids tell tokenizers apart: case, accents, punctuation, digits, scripts, a long word.
 _PROBES = ("The Quick Brown Fox, 1984!", "Café déjà vu — naïve façade", "HELLO world: e-mail@example.com",
            "中文 Ελληνικά русский", "antidisestablishmentarianism's")  # fmt: skip
@@ -356,6 +366,7 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                     f"the tokenizer has {vocab_size} tokens but the graph's largest table {graph_vocab} rows"
                 )
             positions = position_rows(model.graph, vocab_size)
+            prompts, default_prompt = read_prompts(opts.tokenizer.parent)
             if opts.pooling is not None and opts.normalize is not None and opts.max_seq_len is not None:
                 sentence = SentenceConfig(opts.max_seq_len, opts.pooling, opts.normalize)  # all given: none read
             else:
@@ -490,6 +501,8 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                 tokenizer_sha256=mf.sha256_file(scratch / mf.TOKENIZER),
                 exporter=staging.tool_versions() | {"import": "mhaserve import"},
                 created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                prompts=prompts,
+                default_prompt_name=default_prompt,
             )
             (scratch / mf.MANIFEST).write_text(manifest.to_json())
             staging.publish(scratch, target, overwrite=opts.overwrite)

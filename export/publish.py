@@ -80,7 +80,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     import torch
 
     from mhaserve.export import int8_gate, layer_norms, onnx_graph, parity, quantize, speed
-    from mhaserve.model.checkpoint import CheckpointError, load_encoder
+    from mhaserve.model.checkpoint import CheckpointError, load_encoder, sentence_prompts
     from mhaserve.model.config import EncoderConfig
     from mhaserve.model.encoder import random_encoder
     from mhaserve.runtime.engine import OnnxEngine
@@ -104,9 +104,12 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                     cfg = EncoderConfig(**sizes)  # type: ignore[arg-type]
                     model = random_encoder(cfg, seed=opts.seed)
                     tokenizer = tk.synthetic(cfg.vocab_size)
+                    prompts: dict[str, str] = {}
+                    default_prompt = ""
                 else:
                     model, ckpt = load_encoder(ckpt_dir)
                     cfg = model.cfg
+                    prompts, default_prompt = sentence_prompts(ckpt_dir)
                     tokenizer = serving_tokenizer.load_for_serving(ckpt.tokenizer_path, cfg.max_seq_len)
             except (CheckpointError, ValueError) as e:
                 raise ExportError(str(e)) from None
@@ -240,6 +243,8 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 outputs=[{"name": mf.OUTPUT_NAME, "dtype": "float32", "shape": ["batch", cfg.d_model]}],
                 exporter={"torch": torch.__version__} | staging.tool_versions(),
                 created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                prompts=prompts,
+                default_prompt_name=default_prompt,
             )
             (scratch / mf.MANIFEST).write_text(manifest.to_json())
 

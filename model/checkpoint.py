@@ -132,6 +132,24 @@ def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None
     return max_seq_len, pooling, normalize
 
 
+def sentence_prompts(path: Path) -> tuple[dict[str, str], str]:
+    """(prompts, default prompt name or "") from sentence-transformers' config_sentence_transformers.json in
+    `path`, if any: the named prompts its `encode(prompt_name=...)` puts before a text (E5's "query: "), and
+    the one it puts before every text that names none. Without them a served model would embed a text
+    otherwise than sentence-transformers does by default, and take no prompt_name its users know."""
+    cfg_file = path / "config_sentence_transformers.json"
+    if not cfg_file.is_file():
+        return {}, ""
+    cfg = _read_json(cfg_file, dict)
+    prompts = cfg.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise CheckpointError(f"{cfg_file}: prompts must map names to prompt texts")
+    default = cfg.get("default_prompt_name") or ""
+    if not isinstance(default, str) or (default and default not in prompts):
+        raise CheckpointError(f"{cfg_file}: default_prompt_name {default!r} is not one of its prompts")
+    return dict(prompts), default
+
+
 # sentence-transformers' pooling modes by their older boolean keys (before 5: `pooling_mode_mean_tokens: true`).
 _LEGACY_POOLING = {
     "pooling_mode_cls_token": "cls",

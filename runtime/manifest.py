@@ -76,6 +76,10 @@ class Manifest:
     exporter: dict[str, str] = field(default_factory=dict)
     created: str = ""
     format: int = FORMAT
+    # sentence-transformers' named prompts and default prompt of the source (config_sentence_transformers.json),
+    # served unless the model's serving.json names prompts of its own.
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
@@ -93,6 +97,11 @@ class Manifest:
         if not isinstance(d["graphs"], dict) or not d["graphs"]:
             raise ManifestError("manifest key 'graphs' must be an object naming at least one graph")
         d["graphs"] = {k: GraphEntry(**_checked(GraphEntry, v, f"graph {k!r}")) for k, v in d["graphs"].items()}
+        prompts = d.get("prompts", {})
+        if not all(isinstance(v, str) for v in prompts.values()):
+            raise ManifestError("manifest key 'prompts' must map names to prompt texts")
+        if d.get("default_prompt_name") and d["default_prompt_name"] not in prompts:
+            raise ManifestError(f"manifest: default_prompt_name {d['default_prompt_name']!r} is not one of its prompts")
         return cls(**d)
 
     def graph(self, variant: str) -> GraphEntry:

@@ -77,6 +77,21 @@ class ModelEntry:
         return self.manifest.normalize if self.config.normalize is None else self.config.normalize
 
     @property
+    def prompts(self) -> dict[str, str]:
+        """serving.json's prompts when it names any, else those the export found beside the source."""
+        return self.config.prompts if self._own_prompts else self.manifest.prompts
+
+    @property
+    def default_prompt_name(self) -> str | None:
+        if self._own_prompts:
+            return self.config.default_prompt_name
+        return self.manifest.default_prompt_name or None
+
+    @property
+    def _own_prompts(self) -> bool:
+        return bool(self.config.prompts) or self.config.default_prompt_name is not None
+
+    @property
     def pools_in_graph(self) -> bool:
         """Whether the graph outputs pooled embeddings (rank 2) rather than token states (rank 3)."""
         return not self.manifest.outputs or len(self.manifest.outputs[0].get("shape", ())) != 3

@@ -119,6 +119,6 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
             max_queue_size=pipeline.limits.max_queue_size,
             max_message_bytes=self.max_message_bytes,
             versions=self.dataplane.versions(model.name),
-            prompts=entry.config.prompts,
-            default_prompt_name=entry.config.default_prompt_name or "",
+            prompts=entry.prompts,
+            default_prompt_name=entry.default_prompt_name or "",
         )

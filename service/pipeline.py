@@ -89,8 +89,8 @@ class Pipeline:
         self.max_tokens = model.entry.max_tokens
         self.vocab_size = model.entry.manifest.vocab_size
         self.dimensions = model.entry.manifest.hidden_size
-        self.prompts = model.entry.config.prompts
-        self.default_prompt = model.entry.config.default_prompt_name
+        self.prompts = model.entry.prompts
+        self.default_prompt = model.entry.default_prompt_name
         # The model's version policy in force: the manager sets it when serving.json's policy alone changes
         # (which reloads no version, so the entry keeps the policy it was loaded under).
         self.version_policy = model.entry.config.version_policy

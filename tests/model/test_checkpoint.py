@@ -189,6 +189,21 @@ def test_a_tokenizer_that_agrees_with_its_config_tokenises_as_sentence_transform
         assert ours.encode(text).ids == theirs(text)["input_ids"], text
 
 
+def test_sentence_transformers_prompts_are_read(ckpt_copy: Path) -> None:
+    from mhaserve.model.checkpoint import sentence_prompts
+
+    assert sentence_prompts(ckpt_copy) == ({}, "")  # MiniLM's names none
+    cfg = {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "query"}
+    _write(ckpt_copy / "config_sentence_transformers.json", cfg)
+    assert sentence_prompts(ckpt_copy) == (cfg["prompts"], "query")
+    _write(ckpt_copy / "config_sentence_transformers.json", cfg | {"default_prompt_name": "doc"})
+    with pytest.raises(CheckpointError, match="default_prompt_name 'doc' is not one of its prompts"):
+        sentence_prompts(ckpt_copy)
+    _write(ckpt_copy / "config_sentence_transformers.json", {"prompts": {"q": 1}})
+    with pytest.raises(CheckpointError, match="prompts must map names to prompt texts"):
+        sentence_prompts(ckpt_copy)
+
+
 def test_gelu_python_is_the_same_exact_gelu(ckpt_copy: Path) -> None:
     """transformers' "gelu_python" writes out the same erf GELU as "gelu": refused once, as if it approximated it."""
     cfg = json.loads((ckpt_copy / "config.json").read_text())

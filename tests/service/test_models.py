@@ -372,6 +372,32 @@ def test_prompts_max_length_and_normalize_from_the_serving_config(tmp_path: Path
         )
 
 
+def test_the_prompts_an_export_found_are_served_unless_the_serving_config_names_its_own(tmp_path: Path) -> None:
+    """sentence-transformers' config_sentence_transformers.json names prompts, and a default one it puts before
+    every text that names none: the export keeps them in the manifest, and the server uses them as it would."""
+    entry = export(tmp_path, "st", 1, seed=5)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    manifest |= {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "query"}
+    (entry / "manifest.json").write_text(json.dumps(manifest))
+    with ServerThread(settings(tmp_path, "st", http_port=free_port())) as srv, srv.ready().channel() as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+
+        def texts(items: list[str], **kw: Any) -> npt.NDArray[np.float32]:
+            return vectors(stub.Encode(pb.EncodeRequest(texts=items, **kw), timeout=WAIT))
+
+        np.testing.assert_array_equal(texts(["what is it"]), texts(["what is it"], prompt_name="query"))
+        assert not np.allclose(texts(["what is it"]), texts(["what is it"], prompt_name="passage"))
+        tokens = request("POST", srv.http_url + "/tokenize", {"inputs": "what is it"}).json()[0]
+        assert [t["text"] for t in tokens[1:4]] == ["q", "##u", "##e"]  # the default prompt's
+        model = info(channel)
+        assert (dict(model.prompts), model.default_prompt_name) == (manifest["prompts"], "query")
+    # the model's serving.json, where it names prompts, is what is served
+    (tmp_path / "st" / "serving.json").write_text(json.dumps({"prompts": {"q": "q: "}}))
+    with ServerThread(settings(tmp_path, "st")) as srv, srv.ready().channel() as channel:
+        model = info(channel)
+        assert (dict(model.prompts), model.default_prompt_name) == ({"q": "q: "}, "")
+
+
 def test_every_served_version_reports_the_policy_in_force(tmp_path: Path) -> None:
     """A policy change alone reloads no version: those kept were loaded under the old policy and reported it
     (ModelConfig, /info) beside a newly loaded one reporting the new, once the change was loaded."""
