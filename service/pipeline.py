@@ -300,13 +300,20 @@ class Pipeline:
         return length, None if part is text else len(part)
 
     def _too_long(self, index: int, length: int, measured_chars: int | None = None) -> str:
+        included = f"(special tokens{' and the prompt' if self.prompts else ''} included)"
+        if measured_chars is not None and length <= self.max_tokens:
+            # Its start alone did not overflow (20,000 spaces before the words): no count worth giving.
+            return (
+                f"input {index} is more than the model's maximum of {self.max_tokens} tokens {included}; "
+                "shorten it or set truncate"
+            )
         if measured_chars is None:
             size = f"is {length} tokens long"
         else:
             size = f"is longer than {length} tokens (its first {measured_chars} characters alone)"
         return (
-            f"input {index} {size}, more than the model's maximum of {self.max_tokens} "
-            f"(special tokens{' and the prompt' if self.prompts else ''} included); shorten it or set truncate"
+            f"input {index} {size}, more than the model's maximum of {self.max_tokens} {included}; "
+            "shorten it or set truncate"
         )
 
     def _truncate(self, ids: Ids) -> Ids:

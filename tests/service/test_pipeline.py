@@ -161,8 +161,10 @@ def test_a_very_long_text_refused_for_its_length_is_measured_from_its_start(tiny
     model = repository.load(repository.entry(), ScriptedEngine().factory())
     pipeline = Pipeline(model, Batcher(model.engine, limits=CPU_LIMITS), CPU_LIMITS, ModelMetrics(Metrics(), "m", 1))
     text = "token " * 1_000_000
+    # its start all whitespace: that start alone is a few tokens, which was said as "longer than 2 tokens"
+    spaced = " " * (pipeline.max_tokens * PREFIX_CHARS_PER_TOKEN + 10) + "token " * 1_000
 
-    async def refusal() -> str:
+    async def refusal(text: str) -> str:
         try:
             await asyncio.wait_for(pipeline.tokenize([text], truncate=False), WAIT)
         except InvalidArgument as e:
@@ -170,12 +172,13 @@ def test_a_very_long_text_refused_for_its_length_is_measured_from_its_start(tiny
         raise AssertionError("not refused")
 
     try:
-        message = asyncio.run(refusal())
+        message, spaced_message = asyncio.run(refusal(text)), asyncio.run(refusal(spaced))
     finally:
         pipeline.close()
     m = re.search(r"input 0 is longer than (\d+) tokens \(its first (\d+) characters alone\)", message)
     assert m is not None, message
     assert int(m[1]) > pipeline.max_tokens and int(m[2]) <= pipeline.max_tokens * PREFIX_CHARS_PER_TOKEN
+    assert spaced_message.startswith(f"input 0 is more than the model's maximum of {pipeline.max_tokens} tokens")
 
 
 def test_token_ids_cut_to_the_maximum_keep_their_closing_special_token_as_a_text_truncated_does(
