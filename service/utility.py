@@ -38,6 +38,11 @@ class TokenizeRequest(BaseModel):
         default=False, description="cut inputs past the model's maximum instead of refusing them"
     )
     prompt_name: StrictStr | None = Field(default=None, description="a prompt of the model's serving config")
+    add_special_tokens: StrictBool = Field(
+        default=True,
+        description="false: the answer leaves the special tokens ([CLS], [SEP]) out (the model still gets them, "
+        "and the length limit counts them)",
+    )
 
 
 class Health(BaseModel):
@@ -126,6 +131,7 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
                     for token_id, token, special, (start, stop) in zip(
                         enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
                     )
+                    if req.add_special_tokens or not special
                 ]
                 for enc in encodings
             ]

@@ -531,6 +531,9 @@ def test_tokenize_gives_ids_and_offsets_with_the_truncation_rule(srv: ServerThre
     assert reply.status == 400 and reply.json()["error"]["param"] == "prompt_name"
     (cut,) = request("POST", url(srv, "/tokenize"), {"inputs": [long], "truncate": True}).json()
     assert len(cut) == 160
+    # text-embeddings-inference's option, once taken and ignored (the answer kept [CLS] and [SEP])
+    (bare,) = request("POST", url(srv, "/tokenize"), {"inputs": "hi there", "add_special_tokens": False}).json()
+    assert bare == words
 
 
 PARITY_BODIES: list[tuple[bytes, str]] = [
