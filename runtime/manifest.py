@@ -213,11 +213,16 @@ def is_number(text: str) -> bool:
 
 
 def versions(repository: Path, name: str) -> list[int]:
-    """The published versions of a model, ascending (directories named by a positive integer)."""
+    """The published versions of a model, ascending (directories named by a positive integer, written as one:
+    `08` was counted as version 8 while its files were looked for in `8/`)."""
     base = repository / check_name(name)
     if not base.is_dir():
         return []
-    return sorted(int(p.name) for p in base.iterdir() if p.is_dir() and is_number(p.name) and int(p.name) > 0)
+    return sorted(
+        int(p.name)
+        for p in base.iterdir()
+        if p.is_dir() and is_number(p.name) and int(p.name) > 0 and p.name == str(int(p.name))
+    )
 
 
 def models(repository: Path) -> list[str]:

@@ -20,6 +20,7 @@ N versions (1 by default), specific versions, or all.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -137,11 +138,20 @@ def parse(data: Any, where: str = SERVING_FILE) -> ServingConfig:
         kind = LIMIT_KEYS.get(key)
         if kind is None:
             raise ServingConfigError(f"{where}: unknown limit {key!r} (known: {', '.join(LIMIT_KEYS)})")
-        number_ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number_ok or (kind is int and not isinstance(value, int)) or value < 0:
-            raise ServingConfigError(f"{where}: limits.{key} must be a {'whole ' if kind is int else ''}number >= 0")
+        number_ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        # As the flags: sizes at least 1 (a limit of 0 inputs refused every request), a wait or a padding 0 or more.
+        least = 1 if kind is int else 0
+        if not number_ok or (kind is int and not isinstance(value, int)) or value < least:
+            raise ServingConfigError(
+                f"{where}: limits.{key} must be a {'whole ' if kind is int else ''}number >= {least}, got {value!r}"
+            )
     if "max_padding" in limits and limits["max_padding"] > 1:
         raise ServingConfigError(f"{where}: limits.max_padding must be a fraction in [0, 1]")
+    if limits.get("max_client_batch_size", 0) > limits.get("max_queue_size", math.inf):
+        raise ServingConfigError(
+            f"{where}: limits.max_client_batch_size ({limits['max_client_batch_size']}) exceeds limits.max_queue_size "
+            f"({limits['max_queue_size']}): such a request could never be queued"
+        )
     return ServingConfig(policy, pooling, normalize, max_length, dict(prompts), default_prompt, dict(limits))
 
 

@@ -498,6 +498,13 @@ class Settings:
         )
         if model:
             limits = dataclasses.replace(limits, **{k: type(getattr(limits, k))(v) for k, v in model.items()})
+        given = model and ("max_client_batch_size" in model or "max_queue_size" in model)
+        if given and limits.max_client_batch_size > limits.max_queue_size:  # one from serving.json, one from flags
+            raise SettingsError(
+                f"the model's serving.json limits with the server's: max_client_batch_size "
+                f"({limits.max_client_batch_size}) exceeds max_queue_size ({limits.max_queue_size}): such a "
+                "request could never be queued"
+            )
         _check_client_batch(limits.max_client_batch_size, limits.max_queue_size)
         return limits
 

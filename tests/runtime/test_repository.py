@@ -76,3 +76,12 @@ def test_an_entry_without_the_cpu_graph_says_once_how_to_get_it(
     repo.entry("old", graph="optimized", device="cpu")  # asked for by name: nothing to say
     ModelRepository(tmp_path).entry("old", graph="auto", device="cuda")  # what CUDA serves anyway
     assert not [r for r in caplog.records if "optimized-cpu" in r.getMessage()]
+
+
+def test_a_version_folder_not_written_as_its_number_is_not_a_version(tiny_entry: Path, tmp_path: Path) -> None:
+    """`08` was counted as version 8 (the newest, for a `latest` policy) while its files were looked for in `8/`:
+    a load failure naming a folder that does not exist, and `08` and `8` the same version."""
+    for folder in ("2", "08", "0", "+3", " 4"):
+        shutil.copytree(tiny_entry, tmp_path / "m" / folder)
+    assert mf.versions(tmp_path, "m") == [2]
+    assert ModelRepository(tmp_path).entry("m").version == 2

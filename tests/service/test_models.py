@@ -443,10 +443,22 @@ def test_a_bad_serving_config_stops_start_up_naming_the_key(tmp_path: Path) -> N
         ({"max_length": 10_000}, "max_length 10000 is more than version 1 was exported for (160 tokens)"),
         ({"pooling": "cls"}, "pooling 'cls', but version 1's graph pools by 'mean' itself"),
         ({"limit": {}}, "unknown key 'limit'"),
+        # as the flags refuse them: a limit of 0 inputs per request refused every request once served
+        ({"limits": {"max_client_batch_size": 0}}, "limits.max_client_batch_size must be a whole number >= 1, got 0"),
+        ({"limits": {"max_batch_tokens": 0}}, "limits.max_batch_tokens must be a whole number >= 1"),
+        ({"limits": {"max_client_batch_size": 10, "max_queue_size": 5}}, "limits.max_client_batch_size (10) exceeds"),
     ]:
         (tmp_path / "m" / "serving.json").write_text(json.dumps(config))
         with pytest.raises(StartupError, match=re.escape(message)):
             ServerThread(settings(tmp_path, "m"))
+    # one from the file, one from the flags (64 inputs per request): named as such, not as two flags it never set
+    (tmp_path / "m" / "serving.json").write_text(json.dumps({"limits": {"max_queue_size": 10}}))
+    srv = ServerThread(settings(tmp_path, "m"))
+    try:
+        with pytest.raises(RepositoryError, match=re.escape("serving.json limits with the server's: max_client_b")):
+            srv.ready()
+    finally:
+        srv.stop()
 
 
 # ---- publishing while serving ---------------------------------------------------------------------------
