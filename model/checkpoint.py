@@ -217,13 +217,10 @@ def _check_tokenizer_config(path: Path, tokenizer_cfg: Path) -> None:
     users see.
     """
     cfg = _read_json(tokenizer_cfg, dict)
-    if cfg.get("tokenizer_class") not in (None, "BertTokenizer", "BertTokenizerFast"):
-        if isinstance(lower := cfg.get("do_lower_case"), bool):
-            _check_lower_case(path, lower, tokenizer_cfg)
-        return
     tokenizer = path / "tokenizer.json"
     normalizer = (_read_json(tokenizer, dict).get("normalizer") or {}) if tokenizer.is_file() else {}
-    if normalizer.get("type") != "BertNormalizer":  # transformers 4.x keeps another normaliser as it is
+    bert = cfg.get("tokenizer_class") in (None, "BertTokenizer", "BertTokenizerFast")
+    if not bert or normalizer.get("type") != "BertNormalizer":  # transformers 4.x keeps another normaliser
         if isinstance(lower := cfg.get("do_lower_case"), bool):
             _check_lower_case(path, lower, tokenizer_cfg)
         return

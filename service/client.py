@@ -6,6 +6,7 @@ mutual TLS) and an API key, sent as `authorization: Bearer <key>` metadata.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -70,13 +71,11 @@ def encode(
     if normalize is not None:
         request.normalize = normalize
     metadata = connection.metadata(*(((REQUEST_ID_HEADER, request_id),) if request_id else ()))
-    if channel is not None:
-        response: pb.EncodeResponse = pb_grpc.EncoderServiceStub(channel).Encode(
+    shared = contextlib.nullcontext(channel) if channel is not None else None
+    with shared or connection.channel(address, CHANNEL_OPTIONS) as used:
+        response: pb.EncodeResponse = pb_grpc.EncoderServiceStub(used).Encode(
             request, timeout=timeout, metadata=metadata
         )
-        return response
-    with connection.channel(address, CHANNEL_OPTIONS) as own:
-        response = pb_grpc.EncoderServiceStub(own).Encode(request, timeout=timeout, metadata=metadata)
         return response
 
 

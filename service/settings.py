@@ -498,23 +498,20 @@ class Settings:
         )
         if model:
             limits = dataclasses.replace(limits, **{k: type(getattr(limits, k))(v) for k, v in model.items()})
-        given = model and ("max_client_batch_size" in model or "max_queue_size" in model)
-        if given and limits.max_client_batch_size > limits.max_queue_size:  # one from serving.json, one from flags
-            raise SettingsError(
-                f"the model's serving.json limits with the server's: max_client_batch_size "
-                f"({limits.max_client_batch_size}) exceeds max_queue_size ({limits.max_queue_size}): such a "
-                "request could never be queued"
-            )
-        _check_client_batch(limits.max_client_batch_size, limits.max_queue_size)
+        # One from serving.json and one from the flags: named as such, not as two flags the operator never set.
+        from_file = bool(model) and bool({"max_client_batch_size", "max_queue_size"} & set(model or ()))
+        _check_client_batch(limits.max_client_batch_size, limits.max_queue_size, from_file=from_file)
         return limits
 
 
-def _check_client_batch(client: int, queue: int) -> None:
+def _check_client_batch(client: int, queue: int, *, from_file: bool = False) -> None:
     if client > queue:
-        raise SettingsError(
-            f"--max-client-batch-size ({client}) exceeds --max-queue-size ({queue}): such a request could never be "
-            "queued"
+        said = (
+            "the model's serving.json limits with the server's: max_client_batch_size ({}) exceeds max_queue_size ({})"
+            if from_file
+            else "--max-client-batch-size ({}) exceeds --max-queue-size ({})"
         )
+        raise SettingsError(said.format(client, queue) + ": such a request could never be queued")
 
 
 # The most workers `--inference-workers auto` gives, whatever the core count (see auto_inference_workers).
