@@ -1143,14 +1143,37 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
     repo = tmp_path_factory.mktemp("explicit")
     export(repo, "a", 1, seed=1)
     export(repo, "b", 1, seed=2)
-    # An input holding STALL keeps its batch past the inference timeout: the server stalls, then recovers. (The
-    # timeout is well above the event loop's longest pause here: the full collection after a version closes
-    # takes up to 0.4 s in a test process, whose heap is large; a timer that fires that late finds a batch
-    # that has ended but could not yet hand back its result.)
-    engine = ScriptedEngine(seconds_per_batch=0.002, record=False, hang_on=STALL, hang_for=1.3)
+    # An input holding STALL keeps its batch until the server has reported the stall (its inference timeout
+    # fired), then the batch returns and the server recovers. (Not for a fixed while: a timer fires late when
+    # the event loop pauses, for a full collection after a version closes or on a loaded CI host, and one
+    # that fires after the batch has returned finds nothing stalled.)
+    engine = ScriptedEngine(seconds_per_batch=0.002, record=False, hang_on=STALL)
     explicit = settings(repo, *MODELS, model_control="explicit", inference_timeout=1.0)
     with ServerThread(explicit, engine.factory()) as srv:
-        yield _Lifecycle(srv.ready(), repo)
+        done = threading.Event()
+        releaser = threading.Thread(target=_release_stalls, args=(engine, srv, done), daemon=True)
+        releaser.start()
+        try:
+            yield _Lifecycle(srv.ready(), repo)
+        finally:
+            done.set()
+            engine.release.set()  # a batch left hanging returns, so that the server can stop
+            releaser.join()
+
+
+def _release_stalls(engine: ScriptedEngine, srv: ServerThread, done: threading.Event) -> None:
+    """Each batch hanging on STALL released once the server says it stalled (or after LIFECYCLE_WAIT, so that
+    a stall never reported fails its schedule rather than hanging it)."""
+    while not done.is_set():
+        if not engine.hanging.wait(0.05):
+            continue
+        deadline = time.monotonic() + LIFECYCLE_WAIT
+        while srv.server.state != "stalled" and time.monotonic() < deadline and not done.is_set():
+            time.sleep(0.01)
+        engine.release.set()
+        while engine.hanging.is_set():
+            time.sleep(0.001)
+        engine.release.clear()
 
 
 @pytest.fixture(scope="module")
