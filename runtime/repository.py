@@ -179,9 +179,35 @@ class ModelRepository:
         self.root = root
         self._renamed: set[Path] = set()  # versions whose manifest records another name or version: said once
         self._no_cpu_graph: set[Path] = set()  # versions served `optimized` on a CPU for want of optimized-cpu
+        self._ignored: set[Path] = set()  # folders that are no model or no version: said once
 
     def names(self) -> list[str]:
+        self._say_ignored(self.root)
         return mf.models(self.root)
+
+    def _say_ignored(self, folder: Path) -> None:
+        """Each folder of the repository (`folder` is its root) or of a model (`folder` is the model's) that is
+        no model or no version, said once at WARNING: one published as `MiniLM/1/` or `minilm/v1/` was left out
+        with no word. Hidden folders (an export's scratch, a Kubernetes volume's `..data`) and lost+found pass."""
+        try:
+            children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "lost+found")))
+        except OSError:
+            return  # a repository that cannot be read is reported where it is read
+        for child in children:
+            name = child.name
+            if folder == self.root:
+                if mf.NAME_RE.match(name):
+                    self._say_ignored(child)
+                    continue
+                lower = f" (as {name.lower()!r} it would be one)" if mf.NAME_RE.match(name.lower()) else ""
+                why = f"not a model name{lower}: lower-case letters, digits, '.', '_' and '-'"
+            elif mf.is_number(name) and name == str(int(name)) and int(name) > 0:
+                continue
+            else:
+                why = "not a version: versions are folders named by a number from 1, written as one (1, 2, 10)"
+            if child not in self._ignored:
+                self._ignored.add(child)
+                log.warning("ignoring %s in the model repository: %s", child, why)
 
     def default_name(self) -> str:
         """all-minilm-l6-v2 if the repository has it, else its first model by name."""
@@ -199,6 +225,7 @@ class ModelRepository:
             published = mf.versions(self.root, name)
         except mf.ManifestError as e:
             raise NotFound(str(e)) from None
+        self._say_ignored(self.root / name)
         if not published:
             raise NotFound(
                 f"model {name!r} is not in the repository {self._where()} "

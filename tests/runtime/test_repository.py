@@ -85,3 +85,44 @@ def test_a_version_folder_not_written_as_its_number_is_not_a_version(tiny_entry:
         shutil.copytree(tiny_entry, tmp_path / "m" / folder)
     assert mf.versions(tmp_path, "m") == [2]
     assert ModelRepository(tmp_path).entry("m").version == 2
+
+
+def test_folders_that_are_no_model_or_no_version_are_said_once(
+    tiny_entry: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model published as `MiniLM/1/` or a version as `v1/` was left out with no word: each such folder is
+    named once, with why; hidden folders (an export's scratch), lost+found and files pass without one."""
+    for folder in ("MiniLM/1", "m/2", "m/v1", "m/0", "m/08", ".export-m-3-x/1", "lost+found/1"):
+        shutil.copytree(tiny_entry, tmp_path / folder)
+    (tmp_path / "README.md").write_text("models\n")
+    (tmp_path / "m" / "serving.json").write_text("{}")
+    caplog.set_level(logging.WARNING, logger="mhaserve.runtime.repository")
+    repository = ModelRepository(tmp_path)
+    for _ in range(2):  # every poll reads the repository again
+        assert repository.names() == ["m"]
+        assert repository.published("m") == [2]
+    said = sorted(r.getMessage() for r in caplog.records)
+    assert said == [
+        f"ignoring {tmp_path / 'MiniLM'} in the model repository: not a model name (as 'minilm' it would be one): "
+        "lower-case letters, digits, '.', '_' and '-'",
+        *(
+            f"ignoring {tmp_path / 'm' / v} in the model repository: not a version: versions are folders named by a "
+            "number from 1, written as one (1, 2, 10)"
+            for v in ("0", "08", "v1")
+        ),
+    ]
+
+
+def test_a_named_model_says_which_of_its_folders_are_no_version(
+    tiny_entry: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model served by name (not found by listing the repository) names its folders that are no version too:
+    one published only as `v1/` is not in the repository, and the log says why."""
+    shutil.copytree(tiny_entry, tmp_path / "m" / "v1")
+    caplog.set_level(logging.WARNING, logger="mhaserve.runtime.repository")
+    with pytest.raises(Exception, match="'m' is not in the repository"):
+        ModelRepository(tmp_path).published("m")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ignoring {tmp_path / 'm' / 'v1'} in the model repository: not a version: versions are folders named by a "
+        "number from 1, written as one (1, 2, 10)"
+    ]
