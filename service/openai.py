@@ -116,7 +116,13 @@ def from_request(req: EmbeddingRequest) -> EncodeInput:
     return EncodeInput(texts=texts, **common)
 
 
-def to_response(output: EncodeOutput, encoding_format: str) -> bytes:
+def model_id(asked: str, name: str, version: int) -> str:
+    """The model a response names, as `/v1/models` lists it: `name` for a model asked for by name (its latest
+    version), `name:version` for one asked for at a version (`name:01` is listed, and answered, as `name:1`)."""
+    return f"{name}:{version}" if ":" in asked else name
+
+
+def to_response(output: EncodeOutput, encoding_format: str, model: str) -> bytes:
     """The response body, encoded once (orjson writes numpy rows without a Python float per value)."""
     rows = np.ascontiguousarray(output.embeddings, dtype="<f4")
     if encoding_format == "base64":
@@ -127,7 +133,7 @@ def to_response(output: EncodeOutput, encoding_format: str) -> bytes:
         {
             "object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
-            "model": output.model,
+            "model": model,
             "usage": {"prompt_tokens": output.input_tokens, "total_tokens": output.input_tokens},
         },
         option=orjson.OPT_SERIALIZE_NUMPY,
@@ -141,7 +147,7 @@ async def embed(dataplane: DataPlane, body: bytes, content_type: str | None) -> 
     _count_first(dataplane, data)
     req = validate(EmbeddingRequest, data)
     output = await dataplane.encode(from_request(req))
-    return to_response(output, req.encoding_format)
+    return to_response(output, req.encoding_format, model_id(req.model, output.model, output.version))
 
 
 def _count_first(dataplane: DataPlane, data: Any) -> None:
@@ -173,7 +179,7 @@ def router(dataplane: DataPlane) -> APIRouter:
 
     def listing(name: str) -> Model:
         pipeline = dataplane.resolve(name)
-        return Model(id=name, created=pipeline.created)
+        return Model(id=model_id(name, pipeline.model.name, pipeline.model.version), created=pipeline.created)
 
     @api.get(
         "/models",

@@ -99,6 +99,11 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
     assert all((m.object, m.owned_by) == ("model", "mhaserve") and m.created > 1_700_000_000 for m in listed)
     assert c.models.retrieve("tiny").id == "tiny"
     assert c.models.retrieve("tiny:1").id == "tiny:1"
+    assert c.models.retrieve("tiny:01").id == "tiny:1"  # as listed
+    # a response names the model as the request did, by name or at a version (as /v1/models lists them)
+    assert c.embeddings.create(input="a", model="tiny").model == "tiny"
+    assert c.embeddings.create(input="a", model="tiny:1").model == "tiny:1"
+    assert c.embeddings.create(input="a", model="tiny:01").model == "tiny:1"
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("nope")
     # a colon with nothing on one side of it names no model version: said, not read as the latest
