@@ -1011,6 +1011,7 @@ LIFECYCLE_EXAMPLES = int(os.environ.get("LIFECYCLE_EXAMPLES", "25"))  # examples
 LIFECYCLE_WAIT = float(os.environ.get("LIFECYCLE_WAIT", "30"))  # seconds before a step that has not ended fails
 MODELS = ("a", "b")
 STALL = 99  # a token the explicit schedules' engine hangs on
+STALL_AT_MOST = 3.0  # seconds
 Step = tuple[str, str, float]  # what, which model, seconds before it starts
 
 _EXPLICIT_STEPS = st.tuples(
@@ -1042,6 +1043,7 @@ class _Lifecycle:
 
     srv: ServerThread
     repo: Path
+    engine: ScriptedEngine
     published: dict[str, _Published] = field(default_factory=lambda: {m: _Published() for m in MODELS})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -1076,6 +1078,13 @@ class _Lifecycle:
         assert version in (0, reply.model_version), (version, reply.model_version)
         assert np.allclose(vectors(reply)[0], expected / np.linalg.norm(expected), atol=1e-6)
         return "OK"
+
+    def release_stall(self) -> None:
+        """A batch hanging on STALL returns, now that its call has its answer."""
+        engine = self.engine
+        engine.release.set()
+        wait_until(lambda: not engine.hanging.is_set(), "the stalled batch returned", LIFECYCLE_WAIT)
+        engine.release.clear()
 
     def publish(self, model: str, *, bad: bool) -> None:
         """A new version of `model`, a copy of its latest that loads, or one that cannot (its checksum)."""
@@ -1144,37 +1153,15 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
     repo = tmp_path_factory.mktemp("explicit")
     export(repo, "a", 1, seed=1)
     export(repo, "b", 1, seed=2)
-    # An input holding STALL keeps its batch until the server has reported the stall (its inference timeout
-    # fired), then the batch returns and the server recovers. (Not for a fixed while: a timer fires late when
-    # the event loop pauses, for a full collection after a version closes or on a loaded CI host, and one
-    # that fires after the batch has returned finds nothing stalled.)
-    engine = ScriptedEngine(seconds_per_batch=0.002, record=False, hang_on=STALL)
+    # An input holding STALL keeps its batch until its call has its answer (the inference timeout's, or an
+    # unload's), then the batch returns and the server recovers (`_Lifecycle.release_stall`). Not for a fixed
+    # while: a timer fires late when the event loop pauses, for a full collection after a version closes or on
+    # a loaded CI host, and one that fires after the batch has returned finds nothing stalled. (STALL_AT_MOST
+    # bounds a hang that begins after its call was answered: a batch formed before its input was failed.)
+    engine = ScriptedEngine(seconds_per_batch=0.002, record=False, hang_on=STALL, hang_for=STALL_AT_MOST)
     explicit = settings(repo, *MODELS, model_control="explicit", inference_timeout=1.0)
     with ServerThread(explicit, engine.factory()) as srv:
-        done = threading.Event()
-        releaser = threading.Thread(target=_release_stalls, args=(engine, srv, done), daemon=True)
-        releaser.start()
-        try:
-            yield _Lifecycle(srv.ready(), repo)
-        finally:
-            done.set()
-            engine.release.set()  # a batch left hanging returns, so that the server can stop
-            releaser.join()
-
-
-def _release_stalls(engine: ScriptedEngine, srv: ServerThread, done: threading.Event) -> None:
-    """Each batch hanging on STALL released once the server says it stalled (or after LIFECYCLE_WAIT, so that
-    a stall never reported fails its schedule rather than hanging it)."""
-    while not done.is_set():
-        if not engine.hanging.wait(0.05):
-            continue
-        deadline = time.monotonic() + LIFECYCLE_WAIT
-        while srv.server.state != "stalled" and time.monotonic() < deadline and not done.is_set():
-            time.sleep(0.01)
-        engine.release.set()
-        while engine.hanging.is_set():
-            time.sleep(0.001)
-        engine.release.clear()
+        yield _Lifecycle(srv.ready(), repo, engine)
 
 
 @pytest.fixture(scope="module")
@@ -1185,7 +1172,7 @@ def polled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
     engine = ScriptedEngine(seconds_per_batch=0.002, record=False)
     poll = settings(repo, *MODELS, model_control="poll", repository_poll_s=0.05)
     with ServerThread(poll, engine.factory()) as srv:
-        yield _Lifecycle(srv.ready(), repo)
+        yield _Lifecycle(srv.ready(), repo, engine)
 
 
 @hsettings(max_examples=LIFECYCLE_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -1214,9 +1201,14 @@ def test_random_loads_unloads_and_publications_while_clients_encode(
         with srv.channel() as channel:
             kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
             try:
-                if kind in ("encode", "encode_named", "stall"):
+                if kind == "stall":
+                    try:
+                        return explicit.encode(channel, model, 0, first=STALL)
+                    finally:
+                        explicit.release_stall()
+                if kind in ("encode", "encode_named"):
                     version = start[model] if kind == "encode_named" else 0
-                    return explicit.encode(channel, model, version, first=STALL if kind == "stall" else None)
+                    return explicit.encode(channel, model, version)
                 if kind == "load":
                     kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name=model), timeout=LIFECYCLE_WAIT)
                 elif kind == "unload":
