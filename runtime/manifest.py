@@ -218,11 +218,12 @@ def versions(repository: Path, name: str) -> list[int]:
     base = repository / check_name(name)
     if not base.is_dir():
         return []
-    return sorted(
-        int(p.name)
-        for p in base.iterdir()
-        if p.is_dir() and is_number(p.name) and int(p.name) > 0 and p.name == str(int(p.name))
-    )
+    return sorted(int(p.name) for p in base.iterdir() if p.is_dir() and is_version(p.name))
+
+
+def is_version(folder: str) -> bool:
+    """Whether a model's folder of this name is a version: a number from 1, written as one (not `08`)."""
+    return is_number(folder) and int(folder) > 0 and folder == str(int(folder))
 
 
 def models(repository: Path) -> list[str]:

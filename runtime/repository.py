@@ -190,7 +190,7 @@ class ModelRepository:
         no model or no version, said once at WARNING: one published as `MiniLM/1/` or `minilm/v1/` was left out
         with no word. Hidden folders (an export's scratch, a Kubernetes volume's `..data`) and lost+found pass."""
         try:
-            children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "lost+found")))
+            children = sorted(p for p in folder.iterdir() if p.is_dir() and p.name[0] != "." and p.name != "lost+found")
         except OSError:
             return  # a repository that cannot be read is reported where it is read
         for child in children:
@@ -201,7 +201,7 @@ class ModelRepository:
                     continue
                 lower = f" (as {name.lower()!r} it would be one)" if mf.NAME_RE.match(name.lower()) else ""
                 why = f"not a model name{lower}: lower-case letters, digits, '.', '_' and '-'"
-            elif mf.is_number(name) and name == str(int(name)) and int(name) > 0:
+            elif mf.is_version(name):
                 continue
             else:
                 why = "not a version: versions are folders named by a number from 1, written as one (1, 2, 10)"

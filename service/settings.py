@@ -499,7 +499,7 @@ class Settings:
         if model:
             limits = dataclasses.replace(limits, **{k: type(getattr(limits, k))(v) for k, v in model.items()})
         # One from serving.json and one from the flags: named as such, not as two flags the operator never set.
-        from_file = bool(model) and bool({"max_client_batch_size", "max_queue_size"} & set(model or ()))
+        from_file = bool({"max_client_batch_size", "max_queue_size"} & set(model or ()))
         _check_client_batch(limits.max_client_batch_size, limits.max_queue_size, from_file=from_file)
         return limits
 
