@@ -34,7 +34,7 @@ from typing import Literal
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import serving
 from mhaserve.runtime.devices import Device
-from mhaserve.runtime.engine import release_memory, warm_up
+from mhaserve.runtime.engine import Engine, release_memory, warm_up
 from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError, reason
 from mhaserve.runtime.memory import release_free_memory
 from mhaserve.runtime.repository import EngineFactory, GraphChoice, LoadedModel, ModelRepository, RepositoryError
@@ -364,13 +364,13 @@ class ModelManager:
             pipeline.metrics.unloaded()
             if self.states.get(key, VersionState("READY")).state == "UNLOADING":
                 del self.states[key]
-        try:
-            await asyncio.to_thread(release_memory, model.engine)  # a shared arena's free memory, back to the system
+        engine = weakref.ref(model.engine)
+        try:  # a shared arena's free memory, back to the system
+            await asyncio.to_thread(_release_memory, engine)
         except Exception as e:  # memory left in the arena is no reason to keep the version half closed
             log.warning("could not shrink the ONNX Runtime arena of %s version %d: %s", *key, e)
         # The ONNX Runtime sessions go with the engine's last reference: the retiring list's and ours. A full
         # collection costs the event loop 20-25 ms (every request waits), so it runs only if a cycle kept them.
-        engine = weakref.ref(model.engine)
         this = asyncio.current_task()
         if this is not None:
             self._retiring.pop(this, None)
@@ -499,6 +499,15 @@ class ModelManager:
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
+
+
+def _release_memory(engine: weakref.ref[Engine]) -> None:
+    """`release_memory` on an inference thread, given the engine weakly: an executor's thread drops its call's
+    arguments only after the caller is told the result, so a strong one could still hold the engine, and its
+    sessions, when the closing coroutine checks for the last reference (then a needless full collection)."""
+    alive = engine()
+    if alive is not None:
+        release_memory(alive)
 
 
 def _stat(path: os.PathLike[str]) -> tuple[int, int, int] | None:
