@@ -378,7 +378,8 @@ def test_the_prompts_an_export_found_are_served_unless_the_serving_config_names_
     every text that names none: the export keeps them in the manifest, and the server uses them as it would."""
     entry = export(tmp_path, "st", 1, seed=5)
     manifest = json.loads((entry / "manifest.json").read_text())
-    manifest |= {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "query"}
+    prompts = {"query": "query: ", "passage": "passage: ", "document": ""}  # an empty one: how to ask for none
+    manifest |= {"prompts": prompts, "default_prompt_name": "query"}
     (entry / "manifest.json").write_text(json.dumps(manifest))
     with ServerThread(settings(tmp_path, "st", http_port=free_port())) as srv, srv.ready().channel() as channel:
         stub = pb_grpc.EncoderServiceStub(channel)
@@ -388,6 +389,7 @@ def test_the_prompts_an_export_found_are_served_unless_the_serving_config_names_
 
         np.testing.assert_array_equal(texts(["what is it"]), texts(["what is it"], prompt_name="query"))
         assert not np.allclose(texts(["what is it"]), texts(["what is it"], prompt_name="passage"))
+        unprompted = texts(["what is it"], prompt_name="document")
         tokens = request("POST", srv.http_url + "/tokenize", {"inputs": "what is it"}).json()[0]
         assert [t["text"] for t in tokens[1:4]] == ["q", "##u", "##e"]  # the default prompt's
         model = info(channel)
@@ -397,6 +399,9 @@ def test_the_prompts_an_export_found_are_served_unless_the_serving_config_names_
     with ServerThread(settings(tmp_path, "st")) as srv, srv.ready().channel() as channel:
         model = info(channel)
         assert (dict(model.prompts), model.default_prompt_name) == ({"q": "q: "}, "")
+        # no default here: a text is sent as it is, as the empty prompt sent it above
+        plain = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["what is it"]), timeout=WAIT)
+        np.testing.assert_allclose(vectors(plain), unprompted, atol=1e-6)
 
 
 def test_every_served_version_reports_the_policy_in_force(tmp_path: Path) -> None:
