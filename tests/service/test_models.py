@@ -7,6 +7,7 @@ real sockets, real clients (our stubs, the openai client, tritonclient in its ow
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import io
 import json
@@ -41,7 +42,7 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import entry_dir, read_manifest
-from mhaserve.runtime.repository import RepositoryError
+from mhaserve.runtime.repository import EngineFactory, RepositoryError
 from mhaserve.service import models as models_module
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.settings import Settings
@@ -1153,6 +1154,15 @@ class _Lifecycle:
         return state
 
 
+def _own_engines(engine: ScriptedEngine) -> EngineFactory:
+    """Each version its own engine object, a shallow copy of `engine` (the same script, events and record),
+    freed when the version closes, as a real engine is. `engine.factory()` gives every version `engine` itself,
+    which outlives them all, so each close ran the server's full collection (`_close_when_idle`): in the whole
+    suite's process that holds the GIL for about a second, past the 1 s inference timeout, and an encode in a
+    schedule with no stall read UNAVAILABLE (two CI runs; here, with a heap whose collection takes 1 s)."""
+    return lambda entry: copy.copy(engine)
+
+
 @pytest.fixture(scope="module")
 def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
     repo = tmp_path_factory.mktemp("explicit")
@@ -1165,7 +1175,7 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
     # bounds a hang that begins after its call was answered: a batch formed before its input was failed.)
     engine = ScriptedEngine(seconds_per_batch=0.002, record=False, hang_on=STALL, hang_for=STALL_AT_MOST)
     explicit = settings(repo, *MODELS, model_control="explicit", inference_timeout=1.0)
-    with ServerThread(explicit, engine.factory()) as srv:
+    with ServerThread(explicit, _own_engines(engine)) as srv:
         yield _Lifecycle(srv.ready(), repo, engine)
 
 
@@ -1176,7 +1186,7 @@ def polled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
     export(repo, "b", 1, seed=2)
     engine = ScriptedEngine(seconds_per_batch=0.002, record=False)
     poll = settings(repo, *MODELS, model_control="poll", repository_poll_s=0.05)
-    with ServerThread(poll, engine.factory()) as srv:
+    with ServerThread(poll, _own_engines(engine)) as srv:
         yield _Lifecycle(srv.ready(), repo, engine)
 
 
