@@ -85,6 +85,10 @@ class ScriptedEngine:
             return any(token in row for batch in self.batches for row in batch)
 
     def factory(self) -> EngineFactory:
+        """Every version served on this one engine, which outlives them: so each version's close finds its engine
+        alive and runs the server's full collection (tests/service/test_models.py `_own_engines` where that
+        matters: a close then costs about a second in the whole suite's process)."""
+
         def make(entry: ModelEntry) -> ScriptedEngine:
             return self
 
