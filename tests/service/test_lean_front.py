@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
@@ -56,6 +57,13 @@ class Toy:
     async def crash(self, request: bytes, context: Any) -> bytes:
         raise RuntimeError("a bug")
 
+    async def busy(self, request: bytes, context: Any) -> bytes:
+        """Holds the event loop for a moment, as a server's work between two awaits does on a loaded host."""
+        until = time.perf_counter() + 0.0005
+        while time.perf_counter() < until:
+            pass
+        return request
+
     async def slow(self, request: bytes, context: Any) -> bytes:
         try:
             await self.release.wait()
@@ -92,7 +100,7 @@ class Toy:
 def _handlers(toy: Toy) -> grpc.GenericRpcHandler:
     unary = {
         name: grpc.unary_unary_rpc_method_handler(getattr(toy, name))
-        for name in ("echo", "big", "fail", "crash", "slow", "stubborn")
+        for name in ("echo", "big", "fail", "crash", "busy", "slow", "stubborn")
     }
     return grpc.method_handlers_generic_handler(
         SERVICE,
@@ -311,6 +319,26 @@ def test_streams_every_way(channel: grpc.Channel) -> None:
 def test_many_concurrent_calls_on_one_connection_each_get_their_own_answer(channel: grpc.Channel) -> None:
     calls = [method(channel, "echo").future(str(i).encode() * 50, timeout=30) for i in range(300)]
     assert [c.result() for c in calls] == [str(i).encode() * 50 for i in range(300)]
+
+
+def test_a_client_that_keeps_to_the_stream_limit_is_never_refused_however_busy_the_loop() -> None:
+    """A call counts against the limit until its handler ends, and it ends as its trailers go out: a client
+    that read them opens its next call at once, and the loop, busy with many calls' turns, may read that
+    call in the same turn. Counted until the task's done callback (a turn later), such calls were refused
+    past the limit the client kept, and past 1,000 refusals in a second the connection was ended as abusive."""
+    running = Running(max_streams=50)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            busy = method(ch, "busy")
+            assert busy(b"warm", timeout=10) == b"warm"  # the server's SETTINGS (its limit) read
+            calls = [busy.future(str(i).encode(), timeout=60) for i in range(1000)]
+            codes = Counter(c.code() for c in calls)
+            assert codes == {grpc.StatusCode.OK: 1000}, [c.details() for c in calls if c.code() != grpc.StatusCode.OK][
+                :3
+            ]
+            assert [c.result() for c in calls] == [str(i).encode() for i in range(1000)]
+    finally:
+        running.stop()
 
 
 class RawCodec(grpclib.encoding.base.CodecBase):

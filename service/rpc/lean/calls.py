@@ -176,6 +176,8 @@ class Calls:
         except Exception as e:
             log.error("%s failed: %s", stream.method, e, exc_info=e)
             connection.finish(stream, trailer_block(grpc.StatusCode.UNKNOWN.value[0], "Unexpected error", ()))
+        finally:
+            connection.handler_ended(stream)
 
     @staticmethod
     async def _one(connection: Connection, stream: Stream, deserialize: Callable[[bytes], Any]) -> Any:

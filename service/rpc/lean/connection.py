@@ -105,6 +105,7 @@ class Stream:
         "expired",
         "reset",
         "task",
+        "counted",
         "timer",
         "drained",
     )
@@ -129,6 +130,7 @@ class Stream:
         self.expired = False  # its deadline passed
         self.reset = False  # the client reset it, or the connection is gone
         self.task: asyncio.Task[None] | None = None
+        self.counted = False  # in the connection's `running` until its handler has ended
         self.timer: asyncio.TimerHandle | None = None
         self.drained: asyncio.Future[None] | None = None
 
@@ -515,11 +517,20 @@ class Connection(asyncio.Protocol):
         self.streams[stream_id] = stream
         self.last_call = loop.time()
         self.running += 1
+        stream.counted = True
         stream.task = loop.create_task(self.server.serve(self, stream))
-        stream.task.add_done_callback(self._ended)
+        stream.task.add_done_callback(lambda _: self.handler_ended(stream))
 
-    def _ended(self, _: asyncio.Task[None]) -> None:
-        self.running -= 1
+    def handler_ended(self, stream: Stream) -> None:
+        """The stream's handler has ended: it no longer counts against the stream limit. Called by the call
+        itself once it has answered, in the same turn of the loop as its trailers were written: the task's
+        done callback comes a turn later, and a client that read those trailers meanwhile may already have
+        opened its next call, which was then refused past the limit the client kept (and, 1,000 of them in a
+        second, ended the connection as abusive: a flood of calls on a busy host). The done callback remains
+        for a task cancelled before it ran."""
+        if stream.counted:
+            stream.counted = False
+            self.running -= 1
 
     def _glitch(self) -> None:
         """Count a frame that costs us work without a call; past `max_glitches` within any CALM_WINDOW_S, the end.
