@@ -11,8 +11,9 @@ from mhaserve.service.rpc.lean import frames as f
 Frame = tuple[int, int, int, bytes]  # type, flags, stream id, payload
 
 
-def call_block(path: str) -> bytes:
-    """The header block of a gRPC call to `path`, as a client sends it."""
+def call_block(path: str, *extra: tuple[str, str]) -> bytes:
+    """The header block of a gRPC call to `path`, as a client sends it, with `extra` fields after (a
+    `grpc-timeout`, metadata)."""
     return f.header_block(
         (
             (":method", "POST"),
@@ -21,6 +22,7 @@ def call_block(path: str) -> bytes:
             (":authority", "localhost"),
             ("content-type", "application/grpc"),
             ("te", "trailers"),
+            *extra,
         )
     )
 
