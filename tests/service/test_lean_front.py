@@ -409,6 +409,89 @@ def test_stop_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
     running.loop.call_soon_threadsafe(running.loop.stop)
 
 
+def _goaways(frames: list[tuple[int, int, int, bytes]]) -> list[int]:
+    """The last stream of each GOAWAY among `frames`."""
+    return [int.from_bytes(p[:4], "big") & 0x7FFFFFFF for k, _, _, p in frames if k == f.GOAWAY]
+
+
+def _trailers_ok(frames: list[tuple[int, int, int, bytes]], stream_id: int) -> bool:
+    """Stream `stream_id` was answered with grpc-status 0 (its trailers: the HEADERS that end it)."""
+    decoder = hpack.Decoder()
+    ok = False
+    for kind, flags, sid, payload in frames:
+        if kind == f.HEADERS:
+            fields = {str(k): str(v) for k, v in decoder.decode(payload)}
+            ok = ok or (sid == stream_id and bool(flags & f.END_STREAM) and fields.get("grpc-status") == "0")
+    return ok
+
+
+def _goaway_all(running: Running) -> None:
+    def goaway() -> None:
+        for connection in list(running.server.connections):
+            connection.goaway()
+
+    running.loop.call_soon_threadsafe(goaway)
+
+
+def _until_no_connection(running: Running) -> None:
+    """The server's connections end once their clients have closed theirs (it lingers until then)."""
+    end = time.monotonic() + 5
+    while running.server.connections and time.monotonic() < end:
+        time.sleep(0.01)
+    assert not running.server.connections
+
+
+def test_a_call_sent_before_the_client_read_the_goaway_is_served() -> None:
+    """A drain (or an idle or aged connection) sends a GOAWAY that refuses no stream and a PING, and only once
+    the PING comes back the final GOAWAY with the last stream taken (RFC 9113 6.8). A single GOAWAY refused
+    the call a client had already sent: grpc core's clients resend it, but nginx's grpc_pass, having sent the
+    body, cannot and answered 502 (tests/deploy/test_loadbalancer.py)."""
+    running = Running()
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            raw.sendall(f.PREFACE + f.settings() + raw_call(1, "echo"))
+            got = read_frames(raw, 0.5)
+            assert _trailers_ok(got, 1)
+            _goaway_all(running)
+            time.sleep(0.3)  # the GOAWAY and its PING wait, unread, while the client's next call goes out
+            raw.sendall(raw_call(3, "echo"))
+            got = read_frames(raw, 0.5)
+            assert _goaways(got) == [f.MAX_WINDOW], got
+            pings = [p for k, flags, _, p in got if k == f.PING and not flags & f.ACK]
+            assert len(pings) == 1
+            assert _trailers_ok(got, 3), "the call sent before the client read the GOAWAY was not answered"
+            assert not any(k == f.RST_STREAM for k, *_ in got)
+            raw.sendall(f.frame(f.PING, f.ACK, 0, pings[0]))  # the client has read the GOAWAY
+            got = read_frames(raw, 5)  # until the server closes its end of the connection
+            assert _goaways(got) == [3]
+            # The server still reads, so what the client sends late meets no reset (which can cost a client the
+            # end of an answer it has not read yet: HAProxy's, in tests/deploy/test_loadbalancer.py).
+            for _ in range(2):
+                raw.sendall(f.frame(f.WINDOW_UPDATE, 0, 0, (1000).to_bytes(4, "big")))
+                time.sleep(0.1)
+            assert raw.recv(100) == b""
+        _until_no_connection(running)
+    finally:
+        running.stop()
+
+
+def test_a_client_that_does_not_acknowledge_the_goaways_ping_gets_the_final_one_a_second_later() -> None:
+    running = Running()
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            raw.sendall(f.PREFACE + f.settings() + raw_call(1, "echo"))
+            assert _trailers_ok(read_frames(raw, 0.5), 1)
+            started = time.monotonic()
+            _goaway_all(running)
+            got = read_frames(raw, 5)  # until the server closes the connection
+            waited = time.monotonic() - started
+        assert _goaways(got) == [f.MAX_WINDOW, 1]
+        assert 0.9 < waited < 4, waited
+        _until_no_connection(running)
+    finally:
+        running.stop()
+
+
 def test_a_connection_accepted_as_the_listener_closes_is_sent_away_at_once() -> None:
     """asyncio makes a connection's transport a turn or more after it accepts the socket: one accepted as the
     stop closed the listener came up after the stop had sent away and cut the others, and was left open and

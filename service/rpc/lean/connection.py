@@ -29,6 +29,17 @@ Keepalive PINGs are held to grpc core's policy, so that a client configured for 
 the other: since we last sent a call's headers or data, a PING sooner than 5 minutes after the last (2 hours
 while no call is open) is a strike, and the third strike ends the connection with a GOAWAY ENHANCE_YOUR_CALM
 whose debug data, "too_many_pings", tells grpc's clients to ping half as often.
+
+A GOAWAY of ours (a drain, an idle or aged connection) goes in two steps, as RFC 9113 6.8 advises: first one
+that refuses no stream (the last stream 2^31 - 1) and a PING; once the PING's acknowledgement comes back, the
+client has read the GOAWAY and has no call still on its way, and the final GOAWAY names the last stream we
+took. A single GOAWAY refused the calls a client had sent before it read it: grpc core's clients send those
+again by themselves, but a proxy that has forwarded a request's body cannot (nginx's grpc_pass answered 502).
+Then, with no call left, the connection ends without a reset: we send our end (a FIN), and read and drop what
+the client still sends until it closes its end or LINGER_S pass. Closing the socket outright resets the
+connection if anything the client sent is unread or still on its way (a WINDOW_UPDATE, the PING's
+acknowledgement), and a reset can cost the client the last answer it had not yet read: HAProxy 2.6 cut a
+response's trailers so (a call read UNKNOWN "Stream removed").
 """
 
 from __future__ import annotations
@@ -62,6 +73,11 @@ MAX_PING_STRIKES = 2
 # How many ended streams a connection remembers, to tell a frame still in flight on a stream we reset (ignored)
 # from one on a stream the client itself ended (a stream error) or never opened (a connection error).
 ENDED_MEMORY = 1024
+# The PING that follows our first GOAWAY, and how long its acknowledgement is waited for before the final one
+# (a client that does not acknowledge PINGs must not keep a draining connection open)
+GOAWAY_PING = b"draining"
+GOAWAY_ACK_WAIT_S = 1.0
+LINGER_S = 5.0  # how long an ended connection waits for the client to close its end (the module docstring)
 # Frames that belong to a stream, and frames of the connection itself (RFC 9113 6.1-6.10).
 _ON_A_STREAM = frozenset({f.DATA, f.HEADERS, f.PRIORITY, f.RST_STREAM, f.CONTINUATION})
 _ON_THE_CONNECTION = frozenset({f.SETTINGS, f.PING, f.GOAWAY})
@@ -176,7 +192,10 @@ class Connection(asyncio.Protocol):
         self.send_window = f.DEFAULT_WINDOW  # the connection's
         self.blocked: dict[int, Stream] = {}  # streams whose DATA waits for a window, in order
         self.received = 0  # connection-level bytes not yet credited back
-        self.going_away = False  # a GOAWAY sent: no new streams
+        self.going_away = False  # our first GOAWAY sent: the client opens no new streams
+        self.refusing = False  # our final GOAWAY sent: a stream the client opens now is refused
+        self.final_goaway: asyncio.TimerHandle | None = None
+        self.lingering: asyncio.TimerHandle | None = None  # our end sent: what the client sends is dropped
         self.peer_going_away = False
         self.opened = server.loop.time()
         self.last_call = self.opened
@@ -225,13 +244,17 @@ class Connection(asyncio.Protocol):
         self.server.connections.discard(self)
         if self.handshake is not None:
             self.handshake.cancel()
+        if self.final_goaway is not None:
+            self.final_goaway.cancel()
+        if self.lingering is not None:
+            self.lingering.cancel()
         for stream in list(self.streams.values()):
             self._abandon(stream)
         self.streams.clear()
         self.blocked.clear()
 
     def data_received(self, data: bytes) -> None:
-        if self.transport is None or self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing() or self.lingering is not None:
             return  # a GOAWAY has ended it: what the peer still sends is not read
         buf = self.buffer
         buf += data
@@ -257,8 +280,8 @@ class Connection(asyncio.Protocol):
         if self.received >= CONNECTION_WINDOW // 2:
             out.append(f.window_update(0, self.received))
             self.received = 0
-        if out and self.transport is not None:
-            self.transport.write(b"".join(out))
+        if out:
+            self._write(b"".join(out))
 
     # -- frames in --
 
@@ -308,6 +331,8 @@ class Connection(asyncio.Protocol):
                 self._glitch()
                 self._ping()
                 out.append(f.frame(f.PING, f.ACK, 0, payload))
+            elif payload == GOAWAY_PING and self.going_away and not self.refusing:
+                self._refuse_new_streams()
         elif kind == f.WINDOW_UPDATE:
             self._idle(kind, stream_id)
             self._window_update(stream_id, int.from_bytes(payload, "big") & 0x7FFFFFFF, out)
@@ -323,8 +348,8 @@ class Connection(asyncio.Protocol):
                 self._stream_error(stream_id, f.PROTOCOL_ERROR, "a stream that depends on itself", out)
         elif kind == f.GOAWAY:
             self.peer_going_away = True
-            if not self.streams and self.transport is not None:
-                self.transport.close()
+            if not self.streams:
+                self._end()
         elif kind == f.PUSH_PROMISE:
             raise ConnectionError_(f.PROTOCOL_ERROR, "a client may not push")
         # Unknown frame types are ignored, as HTTP/2 asks.
@@ -459,7 +484,7 @@ class Connection(asyncio.Protocol):
                 raise ConnectionError_(f.PROTOCOL_ERROR, f"a new stream ({stream_id}) below one opened before")
             raise ConnectionError_(f.STREAM_CLOSED, f"HEADERS on stream {stream_id} after its end")
         self.last_stream = stream_id
-        if self.going_away:
+        if self.refusing:
             self._reset(stream_id, f.REFUSED_STREAM, out)
             return
         if why := why or f.malformed(fields):
@@ -693,12 +718,35 @@ class Connection(asyncio.Protocol):
         return max(0.0, stream.deadline - self.server.loop.time())
 
     def goaway(self) -> None:
-        """No new streams on this connection: the ones open are served; it closes after the last."""
-        if not self.going_away:
-            self.going_away = True
-            self._write(f.goaway(self.last_stream, f.NO_ERROR))
-            if not self.streams and self.transport is not None:
-                self.transport.close()
+        """No new streams on this connection: the ones open are served, and those the client sent before it read
+        our GOAWAY too; it closes after the last (the module docstring)."""
+        if self.going_away or self.transport is None or self.lingering is not None:
+            return
+        self.going_away = True
+        self._write(f.goaway(f.MAX_WINDOW, f.NO_ERROR) + f.frame(f.PING, 0, 0, GOAWAY_PING))
+        self.final_goaway = self.server.loop.call_later(GOAWAY_ACK_WAIT_S, self._refuse_new_streams)
+
+    def _refuse_new_streams(self) -> None:
+        """The final GOAWAY: the client has read the first (its PING came back), or did not answer in time."""
+        if self.final_goaway is not None:
+            self.final_goaway.cancel()
+            self.final_goaway = None
+        self.refusing = True
+        self._write(f.goaway(self.last_stream, f.NO_ERROR))
+        if not self.streams:
+            self._end()
+
+    def _end(self) -> None:
+        """No call left on a connection going away: our end of it, then the client's (the module docstring)."""
+        transport = self.transport
+        if transport is None or transport.is_closing() or self.lingering is not None:
+            return
+        self.refusing = True
+        if not transport.can_write_eof():  # TLS: its close_notify ends our side
+            transport.close()
+            return
+        transport.write_eof()  # sent once what is buffered has gone
+        self.lingering = self.server.loop.call_later(LINGER_S, transport.close)
 
     def abort(self) -> None:
         """Cut the connection now (the end of a grace period): its calls are cancelled."""
@@ -764,18 +812,18 @@ class Connection(asyncio.Protocol):
         self.streams.pop(stream.id, None)
         self.blocked.pop(stream.id, None)
         self.last_call = self.server.loop.time()
-        if (self.going_away or self.peer_going_away) and not self.streams and self.transport is not None:
-            self.transport.close()
+        if (self.refusing or self.peer_going_away) and not self.streams:
+            self._end()
 
     def _write(self, data: bytes) -> None:
-        if data and self.transport is not None and not self.transport.is_closing():
+        if data and self.transport is not None and not self.transport.is_closing() and self.lingering is None:
             self.transport.write(data)
 
     def _close(self, code: int, message: str, out: list[bytes]) -> None:
         log.info("closing a gRPC connection from %s: %s", self.peer or "a client", message)
         out.append(f.goaway(self.last_stream, code, message.encode("utf-8", "replace")[:256]))
         if self.transport is not None:
-            self.transport.write(b"".join(out))
+            self._write(b"".join(out))
             self.transport.close()
 
     def _handshake_expired(self) -> None:

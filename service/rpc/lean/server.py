@@ -128,7 +128,9 @@ class LeanServer:
             connection.goaway()
         if self._loop is not None:
             end = self._loop.time() + (grace or 0.0)
-            while any(c.streams for c in self.connections) and self._loop.time() < end:  # noqa: ASYNC110
+            # Until every connection has ended: its calls, those its client sent before it read the GOAWAY included,
+            # and then its client's end (connection.py's docstring)
+            while self.connections and self._loop.time() < end:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)  # calls end in their own tasks; polling them is simpler than signals
         for connection in list(self.connections):
             connection.abort()
