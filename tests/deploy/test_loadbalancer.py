@@ -143,11 +143,17 @@ def lb(tmp_path: Path) -> Iterator[Callable[[list[Replica]], Nginx]]:
             n.stop()
 
 
+# The gRPC port's front of each replica (docs/grpc-fronts.md, which names a proxy in front as the place for the lean
+# one): each proxy's own HTTP/2 client (nginx's grpc_pass, HAProxy's) is tested against both.
+FRONTS = ["grpc", "lean"]
+
+
 @needs("nginx")
+@pytest.mark.parametrize("front", FRONTS)
 def test_calls_on_one_connection_are_spread_over_replicas(
-    replicas: Callable[..., list[Replica]], lb: Callable[[list[Replica]], Nginx]
+    replicas: Callable[..., list[Replica]], lb: Callable[[list[Replica]], Nginx], front: str
 ) -> None:
-    a, b = replicas(2, http=True)
+    a, b = replicas(2, http=True, grpc_front=front)
     nginx = lb([a, b])
     before = a.encode_ok() + b.encode_ok()
     n_seq, n_par = 30, 60
@@ -181,9 +187,10 @@ def lb_failures(nginx: Nginx) -> list[str]:
 
 
 @needs("nginx")
+@pytest.mark.parametrize("front", FRONTS)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["drain", "crash"])
 def test_clients_keep_getting_answers_when_a_replica_stops(
-    replicas: Callable[..., list[Replica]], lb: Callable[[list[Replica]], Nginx], sig: int
+    replicas: Callable[..., list[Replica]], lb: Callable[[list[Replica]], Nginx], sig: int, front: str
 ) -> None:
     """Clients with the retry policy from deploy/clients/ see no error while a replica drains or dies.
 
@@ -191,7 +198,7 @@ def test_clients_keep_getting_answers_when_a_replica_stops(
     already sent to it cannot be replayed by nginx (it streams request bodies) and comes back
     UNAVAILABLE; only those, at most one per client in flight, may need the client's retry.
     """
-    a, b = replicas(2, http=True)
+    a, b = replicas(2, http=True, grpc_front=front)
     nginx = lb([a, b])
     done = threading.Event()
     ok: list[float] = []
@@ -334,7 +341,9 @@ def balancer(tmp_path: Path) -> Iterator[Callable[[str, list[Replica]], Balancer
             b.stop()
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize(
+    ("protocol", "front"), [("grpc", "grpc"), ("grpc", "lean"), ("http", "grpc")], ids=["grpc", "grpc-lean", "http"]
+)
 @pytest.mark.parametrize(
     "kind", [pytest.param("haproxy", marks=needs("haproxy")), pytest.param("nginx", marks=needs("nginx"))]
 )
@@ -343,14 +352,16 @@ def test_plain_clients_while_a_replica_drains_with_a_delay(
     balancer: Callable[[str, list[Replica]], Balancer],
     kind: str,
     protocol: Protocol,
+    front: str,
 ) -> None:
     """16 plain clients (no retry policy) through the balancer while one replica drains with a delay.
 
     HAProxy sees /health go 503 and takes the replica out before it stops listening: no call fails. nginx
-    has no active health checks and sends the replica calls until it stops listening; what gRPC had
-    received but not started then comes back CANCELLED, which nginx passes on: counted and printed (the
-    figures in docs/deploy.md), bounded by the calls that can be in flight, not asserted zero."""
-    a, b = replicas(2, http=True, drain_delay="2")
+    has no active health checks and sends the replica calls until it stops listening; what grpc.aio had
+    received but not started then comes back CANCELLED, which nginx passes on, and on either front a call sent
+    on a connection the instant the listener closed fails: counted and printed (the figures in docs/deploy.md),
+    bounded by the calls that can be in flight, not asserted zero."""
+    a, b = replicas(2, http=True, drain_delay="2", grpc_front=front)
     lb = balancer(kind, [a, b])
     n_clients = 16
     load = Load(protocol, lb.address if protocol == "grpc" else lb.http_address, clients=n_clients)
@@ -365,11 +376,50 @@ def test_plain_clients_while_a_replica_drains_with_a_delay(
     finally:
         load.stop()
     retried = lb.retries() if isinstance(lb, HAProxy) else float("nan")
-    print(f"\n{kind} {protocol}: {load.summary()}; retried by the balancer: {retried:g}")
+    print(f"\n{kind} {protocol} ({front} front): {load.summary()}; retried by the balancer: {retried:g}")
     if kind == "haproxy":
         assert not load.errors, f"{load.summary()}\n{lb.log()}"
     else:
         assert sum(load.errors.values()) <= 2 * n_clients, load.summary()
+
+
+@pytest.mark.parametrize(
+    ("kind", "front"),
+    [
+        pytest.param("haproxy", "grpc", marks=needs("haproxy")),
+        pytest.param("haproxy", "lean", marks=needs("haproxy")),
+        pytest.param("nginx", "grpc", marks=needs("nginx")),
+        pytest.param("nginx", "lean", marks=needs("nginx")),
+    ],
+)
+def test_no_call_is_lost_when_replicas_send_the_balancers_connections_away(
+    replicas: Callable[..., list[Replica]], balancer: Callable[[str, list[Replica]], Balancer], kind: str, front: str
+) -> None:
+    """`--max-connection-age` sends each of the balancer's connections to a replica a GOAWAY every second or so
+    while 8 plain clients (no retry policy) call through it. A proxy cannot resend a call it has forwarded
+    (nginx streams the body), and nginx then holds the replica failed for 5 s (`max_fails=1`). The lean front's
+    single GOAWAY refused calls already sent: 2 of 1,500 in one run, and with both replicas held failed 18,483
+    in another (2 runs of 3). Its close reset the connection when the balancer's last frames came after it,
+    and HAProxy 2.6 then cut the answer it was passing on (UNKNOWN "Stream removed"; 3 runs of 5).
+
+    grpc core closes its connections at once too (no option of it we found lingers): behind HAProxy, grpc.aio's
+    front loses a call to it now and then (1-2 of 1,500 in 3 runs of 5 here, with connections sent away every
+    second; docs/deploy.md). That case is held to those truncated answers only, and to under 1 % of calls."""
+    a, b = replicas(2, http=True, grpc_front=front, max_connection_age="0.5")
+    lb = balancer(kind, [a, b])
+    load = Load("grpc", lb.address, clients=8)
+    try:
+        load.wait_for_answers(1500, 0.0, "calls through connections sent away", WAIT)
+    finally:
+        load.stop()
+    print(f"\n{kind}, {front} front, connections sent away every second: {load.summary()}")
+    failed_at_lb = lb_failures(lb) if isinstance(lb, Nginx) else []
+    failed = sum(load.errors.values())
+    if kind == "haproxy" and front == "grpc":
+        truncated = "UNKNOWN: Stream removed (Data frame with END_STREAM flag received)"
+        assert set(load.errors) <= {truncated} and failed < len(load.ok) / 100, load.summary()
+    else:
+        assert not failed, f"{load.summary()}\n" + "\n".join(failed_at_lb[:10])
 
 
 class LoadingReplica:
