@@ -496,14 +496,22 @@ def test_a_connection_accepted_as_the_listener_closes_is_sent_away_at_once() -> 
     """asyncio makes a connection's transport a turn or more after it accepts the socket: one accepted as the
     stop closed the listener came up after the stop had sent away and cut the others, and was left open and
     unserved (a grpcio client waited for its deadline, 10 s, for a call sent 50 ms into a stop). Now it gets
-    the server's SETTINGS and a GOAWAY that takes no stream, and is closed: its client retries elsewhere."""
+    the server's SETTINGS and a GOAWAY that takes no stream, and is closed without a reset: its client retries
+    elsewhere."""
     running = Running()
     try:
         running.server.stopping = True  # the instant between the stop's start and the listener's close
         with socket.create_connection(("127.0.0.1", running.port), timeout=5) as raw:
-            received = b""  # (what the client sends, unread, would turn the close into a reset)
-            while chunk := raw.recv(4096):  # ends: the server closes the connection
+            # A client that sends its call at once, before it reads anything (nginx does): the server's close
+            # must not reset the connection, which could cost the client the GOAWAY that says to retry.
+            raw.sendall(f.PREFACE + f.settings() + raw_call(1, "echo"))
+            time.sleep(0.1)
+            received = b""
+            while chunk := raw.recv(4096):  # ends: the server closes its end of the connection
                 received += chunk
+            raw.sendall(f.frame(f.PING, 0, 0, bytes(8)))  # late frames meet no reset either
+            time.sleep(0.1)
+            raw.sendall(f.frame(f.PING, 0, 0, bytes(8)))
         frames = list(f.whole_frames(bytearray(received)))
         kinds, last = [kind for kind, _, _, _ in frames], frames[-1][3]
         assert kinds == [f.SETTINGS, f.GOAWAY]

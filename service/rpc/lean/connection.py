@@ -218,7 +218,7 @@ class Connection(asyncio.Protocol):
             self.peer = f"ipv6:[{host}]:{peer[1]}" if ":" in host else f"ipv4:{host}:{peer[1]}"
         if self.server.stopping:  # accepted in the listener's last instant: no stream of it will be served
             transport.write(f.settings() + f.goaway(0, f.NO_ERROR))
-            transport.close()
+            self._end()  # no reset, which could keep its client from reading that GOAWAY
             return
         self.server.connections.add(self)
         transport.write(
