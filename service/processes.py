@@ -67,15 +67,23 @@ def claim_ports(settings: Settings) -> Settings:
     """The settings with the ports every process binds: each checked free by binding it now (without
     SO_REUSEPORT, so that another program's listener is found), the gRPC port chosen when it is 0; and
     the metrics ports, the supervisor's and one per process after it."""
-    ports = {"gRPC": _bind(settings.host, settings.port)}
-    if settings.http_port:
-        ports["HTTP"] = _bind(settings.host, settings.http_port)
     last = settings.metrics_port + settings.processes
     if settings.metrics_port and last > 65535:
         raise PortsError(f"metrics ports {settings.metrics_port}-{last} (one per process after it) pass 65535")
-    for port in range(settings.metrics_port, last + 1) if settings.metrics_port else ():
+    metrics = range(settings.metrics_port, last + 1) if settings.metrics_port else range(0)
+    # A gRPC port the kernel chooses is free now, and so may be one of the others, which nothing holds yet:
+    # chosen again then (a process given the same port twice refuses its settings and the start fails).
+    taken = {*metrics, settings.http_port}
+    grpc_port = _bind(settings.host, settings.port)
+    for _ in range(100):
+        if settings.port or grpc_port not in taken:
+            break
+        grpc_port = _bind(settings.host, 0)
+    if settings.http_port:
+        _bind(settings.host, settings.http_port)
+    for port in metrics:
         _bind(settings.metrics_address, port)
-    return dataclasses.replace(settings, port=ports["gRPC"])
+    return dataclasses.replace(settings, port=grpc_port)
 
 
 def _bind(host: str, port: int) -> int:

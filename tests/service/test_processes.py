@@ -171,6 +171,18 @@ def test_a_port_in_use_is_an_error_before_any_process_starts(tiny_repo: Path, tm
     assert "listening on" not in server.log
 
 
+def test_a_grpc_port_the_kernel_chooses_is_none_of_the_other_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `--port 0` the supervisor has the kernel choose the gRPC port, then checks the metrics ports free:
+    the kernel chose one of them (free then) in a CI run, and every process refused its settings ("--port and
+    --metrics-port are both ..."). It is chosen again instead."""
+    chosen = iter([9102, 8080, 9100, 40000])
+    monkeypatch.setattr(processes, "_bind", lambda host, port: port or next(chosen))
+    settings = Settings(port=0, http_port=8080, metrics_port=9100, processes=2)  # metrics 9100, 9101, 9102
+    assert processes.claim_ports(settings).port == 40000
+    # A port asked for is kept as it is (a clash with another is refused by the settings themselves).
+    assert processes.claim_ports(Settings(port=50051, http_port=8080, metrics_port=9100, processes=2)).port == 50051
+
+
 def test_a_process_failing_at_start_up_stops_the_supervisor_with_its_status(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
     server = ServerProcess(
