@@ -73,8 +73,9 @@ MAX_PING_STRIKES = 2
 # How many ended streams a connection remembers, to tell a frame still in flight on a stream we reset (ignored)
 # from one on a stream the client itself ended (a stream error) or never opened (a connection error).
 ENDED_MEMORY = 1024
-# The PING that follows our first GOAWAY, and how long its acknowledgement is waited for before the final one
-# (a client that does not acknowledge PINGs must not keep a draining connection open)
+# The PING that follows our first GOAWAY, and how long its acknowledgement is waited for before the final one.
+# grpc core waits 20 s; 1 s here, since the stop waits for the connections to end: the peers that cannot resend
+# a refused call (proxies) answer a PING at once, and grpc's clients resend a call refused by a GOAWAY themselves.
 GOAWAY_PING = b"draining"
 GOAWAY_ACK_WAIT_S = 1.0
 LINGER_S = 5.0  # how long an ended connection waits for the client to close its end (the module docstring)
