@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from collections.abc import Callable
 
 from mhaserve.service.rpc.lean import frames as f
 
@@ -43,6 +44,25 @@ def read_frames(raw: socket.socket, quiet: float) -> list[Frame]:
         while chunk := raw.recv(65536):
             received += chunk
     return list(f.whole_frames(received))
+
+
+def read_until(raw: socket.socket, done: Callable[[list[Frame]], bool]) -> list[Frame]:
+    """The frames the server sends until `done` says so of them (10 s at most, or the connection's end)."""
+    got: list[Frame] = []
+    buf = bytearray()
+    raw.settimeout(10)
+    while not done(got):
+        chunk = raw.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        got += f.whole_frames(buf)
+    return got
+
+
+def goaway_streams(frames: list[Frame]) -> list[int]:
+    """The last stream each GOAWAY among `frames` names."""
+    return [int.from_bytes(payload[:4], "big") & 0x7FFFFFFF for kind, _, _, payload in frames if kind == f.GOAWAY]
 
 
 def goaway_code(frames: list[Frame]) -> int | None:

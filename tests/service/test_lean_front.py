@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
 import grpc
@@ -30,7 +30,16 @@ from hypothesis import strategies as st
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.connection import MAX_PING_STRIKES
 from mhaserve.service.rpc.lean.server import LeanServer
-from tests.service.raw_h2 import call_block, goaway_code, goaway_debug, raw_exchange, read_frames
+from tests.service.raw_h2 import (
+    Frame,
+    call_block,
+    goaway_code,
+    goaway_debug,
+    goaway_streams,
+    raw_exchange,
+    read_frames,
+    read_until,
+)
 
 SERVICE = "test.Lean"
 
@@ -409,12 +418,7 @@ def test_stop_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
     running.loop.call_soon_threadsafe(running.loop.stop)
 
 
-def _goaways(frames: list[tuple[int, int, int, bytes]]) -> list[int]:
-    """The last stream of each GOAWAY among `frames`."""
-    return [int.from_bytes(p[:4], "big") & 0x7FFFFFFF for k, _, _, p in frames if k == f.GOAWAY]
-
-
-def _trailers_ok(frames: list[tuple[int, int, int, bytes]], stream_id: int) -> bool:
+def _trailers_ok(frames: list[Frame], stream_id: int) -> bool:
     """Stream `stream_id` was answered with grpc-status 0 (its trailers: the HEADERS that end it)."""
     decoder = hpack.Decoder()
     ok = False
@@ -423,22 +427,6 @@ def _trailers_ok(frames: list[tuple[int, int, int, bytes]], stream_id: int) -> b
             fields = {str(k): str(v) for k, v in decoder.decode(payload)}
             ok = ok or (sid == stream_id and bool(flags & f.END_STREAM) and fields.get("grpc-status") == "0")
     return ok
-
-
-def _read_until(
-    raw: socket.socket, done: Callable[[list[tuple[int, int, int, bytes]]], bool]
-) -> list[tuple[int, int, int, bytes]]:
-    """The frames the server sends until `done` says so of them (10 s at most, or the connection's end)."""
-    got: list[tuple[int, int, int, bytes]] = []
-    buf = bytearray()
-    raw.settimeout(10)
-    while not done(got):
-        chunk = raw.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-        got += f.whole_frames(buf)
-    return got
 
 
 def _goaway_all(running: Running) -> None:
@@ -466,23 +454,23 @@ def test_a_call_sent_before_the_client_read_the_goaway_is_served() -> None:
     try:
         with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
             raw.sendall(f.PREFACE + f.settings() + raw_call(1, "echo"))
-            assert _trailers_ok(_read_until(raw, lambda got: _trailers_ok(got, 1)), 1)
+            assert _trailers_ok(read_until(raw, lambda got: _trailers_ok(got, 1)), 1)
             _goaway_all(running)
-            got = _read_until(raw, lambda got: bool(_goaways(got)))
-            assert _goaways(got) == [f.MAX_WINDOW], got
+            got = read_until(raw, lambda got: bool(goaway_streams(got)))
+            assert goaway_streams(got) == [f.MAX_WINDOW], got
             pings = [p for k, flags, _, p in got if k == f.PING and not flags & f.ACK]
             assert len(pings) == 1
             # The server cannot tell whether the client has read these: its next call, sent now, is one it sent
             # before it read them.
             raw.sendall(raw_call(3, "echo"))
-            got = _read_until(
+            got = read_until(
                 raw, lambda got: _trailers_ok(got, 3) or any(k in (f.RST_STREAM, f.GOAWAY) for k, *_ in got)
             )
             assert _trailers_ok(got, 3), f"the call sent before the client read the GOAWAY was not answered: {got}"
             assert not any(k in (f.RST_STREAM, f.GOAWAY) for k, *_ in got)
             raw.sendall(f.frame(f.PING, f.ACK, 0, pings[0]))  # the client has read the GOAWAY
             got = read_frames(raw, 5)  # until the server closes its end of the connection
-            assert _goaways(got) == [3]
+            assert goaway_streams(got) == [3]
             # The server still reads, so what the client sends late meets no reset (which can cost a client the
             # end of an answer it has not read yet: HAProxy's, in tests/deploy/test_loadbalancer.py).
             for _ in range(2):
@@ -499,12 +487,12 @@ def test_a_client_that_does_not_acknowledge_the_goaways_ping_gets_the_final_one_
     try:
         with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
             raw.sendall(f.PREFACE + f.settings() + raw_call(1, "echo"))
-            assert _trailers_ok(_read_until(raw, lambda got: _trailers_ok(got, 1)), 1)
+            assert _trailers_ok(read_until(raw, lambda got: _trailers_ok(got, 1)), 1)
             started = time.monotonic()
             _goaway_all(running)
             got = read_frames(raw, 5)  # until the server closes the connection
             waited = time.monotonic() - started
-        assert _goaways(got) == [f.MAX_WINDOW, 1]
+        assert goaway_streams(got) == [f.MAX_WINDOW, 1]
         assert 0.9 < waited < 4, waited
         _until_no_connection(running)
     finally:
