@@ -82,7 +82,7 @@ typecheck: $(VENV)/.stamp-dev
 	$(BIN)/mypy
 
 pytest: $(VENV)/.stamp-dev .venv-triton/.stamp tests/service/grpc_js/node_modules/.stamp grpc-go-client \
-  tests/service/grpc_java/build/.stamp
+  tests/service/grpc_java/build/.stamp rust-h2-client
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Node's gRPC client for the interop tests (tests/service/test_grpc_js.py), from the npm registry with the
@@ -97,6 +97,13 @@ tests/service/grpc_js/node_modules/.stamp: tests/service/grpc_js/package.json te
 .PHONY: grpc-go-client
 grpc-go-client:
 	@tests/service/grpc_go/build.sh
+
+# A gRPC client on Rust's h2 crate (hyper's and tonic's HTTP/2) for tests/service/test_rust_h2.py, built
+# offline from Debian's crates with the machine's cargo (.ci/run installs what is missing); where they are
+# missing the script says so, builds nothing, and those tests skip. Phony: cargo rebuilds only what changed.
+.PHONY: rust-h2-client
+rust-h2-client:
+	@tests/service/rust_h2/build.sh
 
 # Java's gRPC client for the interop tests (tests/service/test_grpc_java.py), built offline from Debian's
 # grpc-java on Netty (.ci/run installs it); where it is missing the script says so and those tests skip.
@@ -129,7 +136,7 @@ proto-generate:
 
 clean:
 	rm -rf $(VENV) .venv-triton tests/service/grpc_js/node_modules tests/service/grpc_go/build \
-  tests/service/grpc_java/build .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+  tests/service/grpc_java/build tests/service/rust_h2/build .pytest_cache .mypy_cache .ruff_cache build *.egg-info
 
 # Load test a running server (`make serve` in another shell) with loadtest/locustfile.py, headless.
 # Reports (CSV, JSON, HTML) go to $(LOADTEST_RESULTS)/loadtest-<timestamp>/; the exit status is 1 only

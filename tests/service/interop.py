@@ -1,5 +1,6 @@
-"""What the interop tests (test_grpc_js.py, test_grpc_go.py, test_grpc_java.py) check of another language's
-gRPC client: each runs a client program that makes the same calls and prints what it got as JSON."""
+"""What the interop tests (test_grpc_js.py, test_grpc_go.py, test_grpc_java.py, test_rust_h2.py) check of
+another language's gRPC client: each runs a client program that makes the same calls and prints what it got as
+JSON."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ TEXTS = ["hello world", "héllo wörld 🤖", "the quick brown fox " * 5]
 OK, NOT_FOUND = 0, 5  # grpc's status codes as numbers, as the other clients report them
 
 
-def run_client(argv: list[str], name: str) -> Any:
-    """Run a client program; what it printed, as JSON."""
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+def run_client(argv: list[str], name: str, stdin: str | None = None) -> Any:
+    """Run a client program (given `stdin`, if any); what it printed, as JSON."""
+    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"{name} failed:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout)
 
