@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from mhaserve.cli.main import main
 from mhaserve.cli.options import build
@@ -29,6 +30,7 @@ from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port
 from mhaserve.testing.server import ServerThread, health_status
 from tests.security.conftest import Pki
+from tests.service.h2client import CHECK, ENCODE, call, h2_client, h2_client_fails, needs_client, only
 
 TEXT = pb.EncodeRequest(texts=["over TLS"])
 
@@ -100,6 +102,35 @@ def test_mutual_tls_wants_a_client_certificate_from_its_ca(mtls_server: ServerTh
         Connection(ca=pki.ca, cert=pki.server_cert, key=pki.server_key, api_key="k-1"),  # not for clients
     ):
         assert encode(address, refused, timeout=5) == grpc.StatusCode.UNAVAILABLE
+
+
+@needs_client
+def test_tonics_tls_rustls_chooses_h2_by_alpn_and_is_served(tls_server: ServerThread, pki: Pki) -> None:
+    """tonic's TLS is rustls: it checks the server's name (only a subjectAltName counts), offers h2 alone by ALPN,
+    and tonic refuses a connection on which the server did not choose it (tests/service/rust_h2)."""
+    calls = [call(ENCODE, TEXT.SerializeToString()), call(CHECK, health_pb2.HealthCheckRequest().SerializeToString())]
+    got = h2_client(tls_server.address, calls, tls={"ca": str(pki.ca), "server_name": "localhost"})
+    assert got["alpn"] == "h2"
+    [[[encoded], [health]]] = got["rounds"]
+    assert len(pb.EncodeResponse.FromString(only(encoded)).embeddings) == 1
+    assert health_pb2.HealthCheckResponse.FromString(only(health)).status == health_pb2.HealthCheckResponse.SERVING
+    assert "UnknownIssuer" in h2_client_fails(tls_server.address, calls, tls={"ca": str(pki.other_ca)})
+
+
+@needs_client
+def test_tonics_mutual_tls_with_rustls_wants_a_client_certificate_from_the_ca(
+    mtls_server: ServerThread, pki: Pki
+) -> None:
+    calls = [call(ENCODE, TEXT.SerializeToString(), metadata=(("authorization", "Bearer k-1"),))]
+    good = {"ca": str(pki.ca), "cert": str(pki.client_cert), "key": str(pki.client_key)}
+    [[[encoded]]] = h2_client(mtls_server.address, calls, tls=good)["rounds"]
+    assert len(pb.EncodeResponse.FromString(only(encoded)).embeddings) == 1
+    for refused in (
+        {"ca": str(pki.ca)},  # no certificate
+        {**good, "cert": str(pki.stranger_cert), "key": str(pki.stranger_key)},  # another CA's
+    ):
+        # The server ends the connection after the handshake (rustls reads its end, or a reset), on either front.
+        assert "Io(Kind(" in h2_client_fails(mtls_server.address, calls, tls=refused)
 
 
 def https(server: ServerThread) -> str:

@@ -5,7 +5,8 @@ and grpc-java Netty's (test_grpc_{js,go,java}.py); Rust services call gRPC with 
 implementation. tonic itself is not packaged where the suite installs from, so tests/service/rust_h2 is a
 client on h2 alone, with hyper's settings for a client (its windows), built by `make test` from Debian's crates
 (tests/service/rust_h2/build.sh; .ci/run installs them). It carries gRPC's framing and no protobuf: these tests
-encode each request and decode each answer with the project's stubs.
+encode each request and decode each answer with the project's stubs. Over TLS with rustls, tonic's TLS, it is
+tested in tests/security/test_tls.py.
 """
 
 from __future__ import annotations
@@ -14,13 +15,11 @@ import dataclasses
 import json
 import subprocess
 import threading
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pytest
 from grpc_health.v1 import health_pb2
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
@@ -30,6 +29,7 @@ from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.server import ServerThread
+from tests.service.h2client import CHECK, CLIENT, ENCODE, ENCODE_STREAM, call, h2_client, needs_client, only, status
 from tests.service.interop import (
     NOT_FOUND,
     OK,
@@ -37,43 +37,13 @@ from tests.service.interop import (
     assert_answered_as_grpcio_was,
     assert_packed_as_plain,
     grpcio_answer,
-    run_client,
 )
 
-BUILD = Path(__file__).resolve().parent / "rust_h2" / "build"
-CLIENT = BUILD / "client"
-ENCODE, ENCODE_STREAM = "/encoder.v1.EncoderService/Encode", "/encoder.v1.EncoderService/EncodeStream"
-CHECK = "/grpc.health.v1.Health/Check"
-
-pytestmark = pytest.mark.skipif(
-    not (BUILD / ".stamp").is_file(),
-    reason="the h2 client is not built (tests/service/rust_h2/build): run the suite with `make test`, with cargo "
-    "and Debian's librust-h2-dev, librust-tokio-dev, librust-serde-json-dev and librust-hex-dev installed",
-)
+pytestmark = needs_client
 
 
-def call(path: str, *messages: bytes, copies: int = 1, metadata: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
-    return {"path": path, "messages": [m.hex() for m in messages], "copies": copies, "metadata": metadata}
-
-
-def h2_client(address: str, *rounds: list[dict[str, Any]], window: int | None = None) -> list[list[list[Any]]]:
-    """Each round's calls at once on one connection, round after round; per round, per call, its answers."""
-    spec = {"address": address, "rounds": rounds, **({"window": window} if window is not None else {})}
-    return run_client([str(CLIENT)], "the h2 client", stdin=json.dumps(spec))["rounds"]
-
-
-def status(answer: dict[str, Any]) -> tuple[int, str]:
-    """A gRPC answer's status and message: in its trailers, or in its headers alone (Trailers-Only)."""
-    assert answer["status"] == 200 and answer["headers"]["content-type"] == "application/grpc", answer
-    ending = answer["trailers"] if answer["trailers"] is not None else answer["headers"]
-    return int(ending["grpc-status"]), urllib.parse.unquote(ending.get("grpc-message", ""))
-
-
-def only(answer: dict[str, Any]) -> bytes:
-    """The one message of an answer that ended with OK."""
-    assert status(answer) == (OK, ""), answer
-    assert len(answer["messages"]) == 1, answer
-    return bytes.fromhex(answer["messages"][0])
+def rounds(address: str, *calls: list[dict[str, Any]], **options: Any) -> list[list[list[Any]]]:
+    return h2_client(address, *calls, **options)["rounds"]
 
 
 def embeddings(message: bytes) -> npt.NDArray[np.float32]:
@@ -85,7 +55,7 @@ def test_hypers_http2_encodes_as_grpcio_does_and_reads_errors_streams_and_health
     plain = pb.EncodeRequest(texts=TEXTS, normalize=False)
     packed = pb.EncodeRequest(texts=TEXTS, normalize=False, packed=True)
     nope = pb.EncodeRequest(texts=["x"], model="nope")
-    [[encoded], [as_bytes], [not_found], [stream], [health]] = h2_client(
+    [[encoded], [as_bytes], [not_found], [stream], [health]] = rounds(
         server.address,
         [
             call(ENCODE, plain.SerializeToString(), metadata=(("x-request-id", "rs-1"), ("grpc-timeout", "30S"))),
@@ -126,7 +96,7 @@ def test_flow_control_both_ways_a_request_past_the_servers_window_and_a_one_byte
     large = pb.EncodeRequest(texts=texts, normalize=False, truncate=True)
     assert large.ByteSize() > 2 * f.DEFAULT_WINDOW
     small = pb.EncodeRequest(texts=TEXTS, normalize=False)
-    [[big], [tiny]] = h2_client(
+    [[big], [tiny]] = rounds(
         server.address, [call(ENCODE, large.SerializeToString()), call(ENCODE, small.SerializeToString())], window=1
     )[0]
     np.testing.assert_allclose(embeddings(only(tiny)), grpcio_answer(server), atol=1e-6, rtol=0)
@@ -141,7 +111,7 @@ def test_a_client_that_keeps_the_stream_limit_full_is_answered(server: ServerThr
     service, which tonic reads as UNAVAILABLE (docs/grpc-fronts.md)."""
     request = pb.EncodeRequest(texts=TEXTS[:2], normalize=False).SerializeToString()
     many = 2 * server_module.MAX_STREAMS + 500
-    [[[first]], [answers]] = h2_client(server.address, [call(ENCODE, request)], [call(ENCODE, request, copies=many)])
+    [[[first]], [answers]] = rounds(server.address, [call(ENCODE, request)], [call(ENCODE, request, copies=many)])
     want = embeddings(only(first))
     refused = [a for a in answers if "reset" in a]
     assert all(a["reset"] == f.REFUSED_STREAM for a in refused), refused[:3]

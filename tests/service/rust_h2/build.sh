@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds tests/service/rust_h2 (a gRPC client on Rust's h2 crate, hyper's and so tonic's HTTP/2) into
 # tests/service/rust_h2/build/client, offline, from the crates Debian packages under /usr/share/cargo/registry
-# (librust-h2-dev, librust-tokio-dev, librust-serde-json-dev, librust-hex-dev: .ci/run installs them) and
+# (librust-h2-dev, librust-tokio-dev, librust-tokio-rustls-dev, librust-rustls-pemfile-dev, librust-serde-json-dev,
+# librust-hex-dev: .ci/run installs them) and
 # whichever cargo the machine has (rustup's, or Debian's `cargo`). Where either is missing, says so and builds
 # nothing: tests/service/test_rust_h2.py then skips and says why.
 set -euo pipefail
@@ -16,10 +17,11 @@ if [ -z "$cargo" ]; then
   echo "rust_h2: cargo not found (rustup's, or Debian's cargo): tests/service/test_rust_h2.py will skip" >&2
   exit 0
 fi
-for crate in h2-0.3 tokio-1 serde_json-1 hex-0.4; do
+for crate in h2-0.3 tokio-1 tokio-rustls-0.23 rustls-pemfile-1 serde_json-1 hex-0.4; do
   if ! compgen -G "$registry/$crate.*" >/dev/null; then
     echo "rust_h2: the $crate crate is not under $registry (Debian: librust-h2-dev librust-tokio-dev" \
-      "librust-serde-json-dev librust-hex-dev): tests/service/test_rust_h2.py will skip" >&2
+      "librust-tokio-rustls-dev librust-rustls-pemfile-dev librust-serde-json-dev librust-hex-dev):" \
+      "tests/service/test_rust_h2.py will skip" >&2
     exit 0
   fi
 done

@@ -5,6 +5,7 @@
 //! Reads one JSON object on stdin:
 //!
 //!     {"address": "127.0.0.1:PORT", "window": 65535,
+//!      "tls": {"ca": "ca.pem", "server_name": "localhost", "cert": "client.pem", "key": "client.key"},
 //!      "rounds": [[{"path": "/pkg.Service/Method", "messages": ["<hex>", ...],
 //!                   "metadata": [["name", "value"], ...], "copies": 1, "concurrency": 900}, ...], ...]}
 //!
@@ -12,11 +13,12 @@
 //! each; at most `concurrency` of a call's copies open at once, where given), then the next round's: a
 //! round of one call first lets the server's SETTINGS arrive, whose limit of streams at once h2 keeps
 //! (before them it knows none). A call sends its messages, each with gRPC's 5-byte prefix, then the end
-//! of its stream. `window` is the client's initial stream window (hyper's
-//! default, 2 MiB, where absent). Prints one JSON object:
+//! of its stream. `window` is the client's initial stream window (hyper's default, 2 MiB, where absent).
+//! With `tls` the connection is TLS with rustls, as tonic's is (`cert` and `key` for mutual TLS), and h2
+//! must have been chosen by ALPN. Prints one JSON object:
 //!
-//!     {"rounds": [[[{"status": 200, "headers": {...}, "messages": ["<hex>", ...], "trailers": {...}}, ...],
-//!                  ...], ...]}
+//!     {"alpn": "h2", "rounds": [[[{"status": 200, "headers": {...}, "messages": ["<hex>", ...],
+//!                                  "trailers": {...}}, ...], ...], ...]}
 //!
 //! a list a round, in it a list a call, in that an answer a copy: `trailers` is null when the answer was
 //! headers alone (gRPC's Trailers-Only), and a stream the server reset (REFUSED_STREAM, say) reads
@@ -26,15 +28,19 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
-use std::io::Read;
+use std::fs::File;
+use std::io::{BufReader, Read};
 use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use h2::client::SendRequest;
 use http::{HeaderMap, Request};
 use serde_json::{json, Value};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
+use tokio_rustls::rustls::{Certificate, ClientConfig, PrivateKey, RootCertStore, ServerName};
+use tokio_rustls::TlsConnector;
 
 type Failure = Box<dyn Error + Send + Sync>;
 
@@ -151,16 +157,70 @@ async fn exchange(client: SendRequest<Bytes>, authority: &str, what: &Call) -> R
     }))
 }
 
+/// tonic's TLS, rustls: the CA to trust, the name to check, and a certificate and key (PKCS#8) for
+/// mutual TLS where given; ALPN offers h2 alone.
+fn tls_config(tls: &Value) -> Result<ClientConfig, Failure> {
+    let pem = |key: &str| -> Result<BufReader<File>, Failure> {
+        Ok(BufReader::new(File::open(
+            tls[key].as_str().ok_or("a TLS file not named")?,
+        )?))
+    };
+    let mut roots = RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem("ca")?)? {
+        roots.add(&Certificate(cert))?;
+    }
+    let builder = ClientConfig::builder()
+        .with_safe_defaults()
+        .with_root_certificates(roots);
+    let mut config = if tls["cert"].is_string() {
+        let chain = rustls_pemfile::certs(&mut pem("cert")?)?
+            .into_iter()
+            .map(Certificate)
+            .collect();
+        let key = rustls_pemfile::pkcs8_private_keys(&mut pem("key")?)?
+            .pop()
+            .ok_or("no PKCS#8 key")?;
+        builder.with_single_cert(chain, PrivateKey(key))?
+    } else {
+        builder.with_no_client_auth()
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
 async fn run(input: Value) -> Result<Value, Failure> {
     let address = input["address"].as_str().ok_or("no address")?.to_owned();
-    let window = input["window"].as_u64().unwrap_or(2 * 1024 * 1024) as u32;
     let tcp = TcpStream::connect(&address).await?;
     tcp.set_nodelay(true)?;
+    if input["tls"].is_null() {
+        return calls(tcp, &input, None).await;
+    }
+    let config = Arc::new(tls_config(&input["tls"])?);
+    let name = ServerName::try_from(input["tls"]["server_name"].as_str().unwrap_or("localhost"))?;
+    let tls = TlsConnector::from(config).connect(name, tcp).await?;
+    // As tonic does: HTTP/2 over TLS only where the server chose it by ALPN.
+    let alpn = tls
+        .get_ref()
+        .1
+        .alpn_protocol()
+        .map(|p| String::from_utf8_lossy(p).into_owned());
+    if alpn.as_deref() != Some("h2") {
+        return Err(format!("the server chose {alpn:?} by ALPN, not h2").into());
+    }
+    calls(tls, &input, alpn).await
+}
+
+async fn calls<T>(io: T, input: &Value, alpn: Option<String>) -> Result<Value, Failure>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let address = input["address"].as_str().ok_or("no address")?.to_owned();
+    let window = input["window"].as_u64().unwrap_or(2 * 1024 * 1024) as u32;
     // hyper's defaults for a client (its http2 module): a 2 MiB stream window, 5 MiB for the connection.
     let (client, connection) = h2::client::Builder::new()
         .initial_window_size(window)
         .initial_connection_window_size(5 * 1024 * 1024)
-        .handshake::<_, Bytes>(tcp)
+        .handshake::<_, Bytes>(io)
         .await?;
     // The connection makes progress only while polled: it runs as a task of its own beside the calls.
     let connection = tokio::spawn(connection);
@@ -200,7 +260,7 @@ async fn run(input: Value) -> Result<Value, Failure> {
     // GOAWAY (NO_ERROR) and ends; an error the server caused surfaces here.
     drop(client);
     connection.await??;
-    Ok(json!({"rounds": rounds}))
+    Ok(json!({"rounds": rounds, "alpn": alpn}))
 }
 
 fn main() -> Result<(), Failure> {
