@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.connection import MAX_PING_STRIKES
 from mhaserve.service.rpc.lean.server import LeanServer
+from mhaserve.testing.loopback import wait_until
 from tests.service.raw_h2 import (
     Frame,
     call_block,
@@ -245,6 +246,33 @@ def test_unary_calls_carry_metadata_both_ways(channel: grpc.Channel) -> None:
     assert response == b"hello"
     trailing = dict(call.trailing_metadata())
     assert trailing == {"echo-bin": b"\x00\xff", "seen": "me"}
+
+
+def test_a_call_whose_metadata_is_over_16_kib_is_resource_exhausted_and_the_connection_serves_on(
+    lean: Running, channel: grpc.Channel
+) -> None:
+    """As grpc core answers one over its limit: the call is refused, not the connection. It used to end the
+    connection (GOAWAY ENHANCE_YOUR_CALM), failing the other calls on it, and its client read UNAVAILABLE, which
+    says to retry a call that can only fail again."""
+    slow = method(channel, "slow").future(b"meanwhile", timeout=10)
+    wait_until(lambda: any(c.streams for c in lean.server.connections), "the slow call to be running")
+    with pytest.raises(grpc.RpcError) as e:
+        method(channel, "echo")(b"hi", metadata=(("x-big", "v" * (17 << 10)),), timeout=10)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "over the limit of 16384" in e.value.details()
+    lean.release()
+    assert slow.result() == b"released"  # the call already on the connection was answered
+    assert method(channel, "echo")(b"after", metadata=(("x-fits", "v" * (15 << 10)),), timeout=10) == b"after"
+
+
+def test_a_header_block_that_decodes_past_64_kib_ends_the_connection(lean: Running) -> None:
+    """A byte of a header block can stand for a large entry of HPACK's table, again and again: past 64 KiB decoded
+    the decoder stops, and the connection, whose table can no longer be kept in step, ends."""
+    large = hpack.Encoder().encode([("x-a", "v" * 4000)], huffman=False)  # with indexing: the table's entry 62
+    block = call_block(f"/{SERVICE}/echo") + large + bytes([0x80 | 62]) * 20  # 20 x 4,035 bytes decoded
+    got = raw_exchange(lean.port, f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, block))
+    assert goaway_code(got) == f.ENHANCE_YOUR_CALM
+    assert goaway_debug(got) == b"a header block that decodes past 64 KiB"
 
 
 def test_an_answer_larger_than_a_frame_and_the_window_arrives_whole(channel: grpc.Channel) -> None:

@@ -55,6 +55,7 @@ from typing import Any, Protocol, cast
 import hpack
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError, TooLarge, Unimplemented
+from mhaserve.service.errors import to_status
 from mhaserve.service.rpc.lean import frames as f
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,11 @@ logging.getLogger("hpack").setLevel(logging.INFO)
 STREAM_WINDOW = 1 << 20  # what a stream may send ahead of its call's reads
 CONNECTION_WINDOW = f.MAX_WINDOW
 MAX_HEADER_LIST = 16 << 10  # grpc core's own limit on a call's metadata
+# A call whose metadata is over MAX_HEADER_LIST is answered RESOURCE_EXHAUSTED, as grpc core answers, and the
+# connection serves on. Its header block must still be decoded whole, to keep HPACK's table in step with the
+# peer's; past this many bytes decoded (a block of references to one large table entry can decode to far more
+# than it is), the decoder stops and the connection ends instead.
+MAX_HEADER_LIST_DECODED = 4 * MAX_HEADER_LIST
 CALM_WINDOW_S = 1.0  # the window over which PINGs, SETTINGS and resets of running calls are counted
 # grpc core's server defaults (grpc.http2.min_ping_interval_without_data_ms, grpc.http2.max_ping_strikes, and
 # the 2 hours it allows while no call is open): see the module docstring.
@@ -181,7 +187,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface = False
-        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST_DECODED)
         self.streams: dict[int, Stream] = {}
         self.last_stream = 0
         # A header block awaiting CONTINUATION: its stream, flags, bytes, and why the stream fails (decoded first,
@@ -314,7 +320,7 @@ class Connection(asyncio.Protocol):
             if self.block is None or self.block[0] != stream_id:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
             self.block[2].extend(payload)
-            if len(self.block[2]) > 4 * MAX_HEADER_LIST:
+            if len(self.block[2]) > MAX_HEADER_LIST_DECODED:
                 raise ConnectionError_(f.ENHANCE_YOUR_CALM, "a header block too large")
             if flags & f.END_HEADERS:
                 self._headers(out)
@@ -457,16 +463,20 @@ class Connection(asyncio.Protocol):
         try:
             # Decoded to str (the decoder's default); a header that is not UTF-8 fails the block.
             raw = bytes(block)
+            size = 0  # counted where it may be over the limit: indexed_fields returns None for such a list
             fields = f.indexed_fields(raw, self.decoder.header_table, MAX_HEADER_LIST)
             if fields is None:
                 fields = cast(list[tuple[str, str]], self.decoder.decode(raw))
+                size = f.header_list_size(fields)
         except hpack.OversizedHeaderListError:
-            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "a call's metadata over 16 KiB") from None
+            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "a header block that decodes past 64 KiB") from None
         except hpack.HPACKError as e:
             raise ConnectionError_(f.COMPRESSION_ERROR, f"a header block that does not decode: {e}") from None
         existing = self.streams.get(stream_id)
         if existing is not None:  # trailers from the client: the end of its messages
-            if existing.remote_closed:
+            if size > MAX_HEADER_LIST:
+                self._stream_error(stream_id, f.ENHANCE_YOUR_CALM, f"trailers of {size} bytes", out)
+            elif existing.remote_closed:
                 why = "HEADERS after the stream's end"
                 self._stream_error(stream_id, f.STREAM_CLOSED, why, out)
             elif why := why or f.malformed(fields, trailers=True) or ("" if flags & f.END_STREAM else "no END_STREAM"):
@@ -491,6 +501,10 @@ class Connection(asyncio.Protocol):
         if why := why or f.malformed(fields):
             self._stream_error(stream_id, f.PROTOCOL_ERROR, f"a request with {why}", out)
             return
+        if size > MAX_HEADER_LIST:
+            why = f"received metadata of {size} bytes, over the limit of {MAX_HEADER_LIST} (16 KiB)"
+            self._refuse_call(stream_id, flags, TooLarge(why), out)
+            return
         if max(len(self.streams), self.running) >= self.server.max_streams:
             # Work without a call, as a reset is: opened and reset calls past the limit while their handlers
             # unwind are refused here, and must end a rapid reset as the resets would have.
@@ -498,6 +512,19 @@ class Connection(asyncio.Protocol):
             self._reset(stream_id, f.REFUSED_STREAM, out)
             return
         self._open(stream_id, flags, fields, out)
+
+    def _refuse_call(self, stream_id: int, flags: int, error: ServiceError, out: list[bytes]) -> None:
+        """Answer a call with `error`'s status before it starts (its headers alone, gRPC's Trailers-Only), as grpc
+        core answers one over its limits: no handler runs, and the connection's other calls go on. Work without
+        a call: a glitch."""
+        code, message = to_status(error)
+        trailers = f.header_block((("grpc-status", str(code.value[0])), ("grpc-message", f.grpc_message(message))))
+        out.append(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, f.RESPONSE_HEADERS + trailers))
+        if flags & f.END_STREAM:
+            self._remember(stream_id, reset=False)
+        else:  # its request may follow: not read (RFC 9113 8.1)
+            self._reset(stream_id, f.NO_ERROR, out)
+        self._glitch()
 
     def _open(self, stream_id: int, flags: int, fields: list[tuple[str, str]], out: list[bytes]) -> None:
         method = path = content_type = ""

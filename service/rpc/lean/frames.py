@@ -145,6 +145,12 @@ def grpc_timeout(value: str) -> float | None:
     return None
 
 
+def header_list_size(fields: Iterable[tuple[str, str]]) -> int:
+    """A header list's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it: each field's name and value in bytes,
+    and 32 more (RFC 9113 6.5.2)."""
+    return sum(32 + len(name.encode()) + len(value.encode()) for name, value in fields)
+
+
 def grpc_message(text: str) -> bytes:
     """`grpc-message`'s percent-encoding of UTF-8 (gRPC's HTTP/2 protocol): printable ASCII but `%` as is."""
     out = bytearray()
