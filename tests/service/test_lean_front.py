@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
@@ -263,6 +264,33 @@ def test_a_call_whose_metadata_is_over_16_kib_is_resource_exhausted_and_the_conn
     lean.release()
     assert slow.result() == b"released"  # the call already on the connection was answered
     assert method(channel, "echo")(b"after", metadata=(("x-fits", "v" * (15 << 10)),), timeout=10) == b"after"
+
+
+@pytest.mark.parametrize(
+    ("field", "why"),
+    [
+        (("x-id-bin", "!!!"), "metadata 'x-id-bin' is not base64"),
+        (("x-id-bin", "YWJj!ZA"), "metadata 'x-id-bin' is not base64"),  # b64decode alone skips the "!"
+        (("grpc-timeout", "abc"), "grpc-timeout 'abc' is not a timeout"),
+        (("grpc-timeout", "123456789S"), "grpc-timeout '123456789S' is not a timeout"),  # 9 digits
+    ],
+)
+def test_metadata_that_cannot_be_read_refuses_the_call(lean: Running, field: tuple[str, str], why: str) -> None:
+    """As grpc core refuses it (INTERNAL there, "Error parsing ... metadata"): the call is answered
+    INVALID_ARGUMENT and its handler never runs. A -bin value that was not base64 used to be dropped, and a
+    timeout that was not one ignored, so the handler ran without what the client sent; the connection serves
+    on."""
+    unreadable = f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(f"/{SERVICE}/echo", field))
+    unreadable += f.frame(f.DATA, f.END_STREAM, 1, bytes(5))
+    got = raw_exchange(lean.port, unreadable + raw_call(3, "echo"), until_closed=False)
+    decoder = hpack.Decoder()
+    answers = {
+        sid: {str(k): str(v) for k, v in decoder.decode(block)} for kind, _, sid, block in got if kind == f.HEADERS
+    }
+    assert answers[1]["grpc-status"] == str(grpc.StatusCode.INVALID_ARGUMENT.value[0])
+    assert why in urllib.parse.unquote(answers[1]["grpc-message"])
+    assert _trailers_ok(got, 3)
+    assert goaway_code(got) is None
 
 
 def test_a_header_block_that_decodes_past_64_kib_ends_the_connection(lean: Running) -> None:

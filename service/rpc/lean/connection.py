@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import zlib
 from collections.abc import Callable, Coroutine
@@ -530,6 +529,7 @@ class Connection(asyncio.Protocol):
         method = path = content_type = ""
         timeout = encoding = None
         metadata: list[tuple[str, str | bytes]] = []
+        bad: ServiceError | None = None  # metadata that cannot be read: the call is refused, as grpc core does
         for name, value in fields:
             if name[0] == ":":
                 if name == ":path":
@@ -543,8 +543,10 @@ class Connection(asyncio.Protocol):
             elif name == "grpc-encoding":
                 encoding = value
             elif name not in _RESERVED:
-                with contextlib.suppress(ValueError):  # a -bin value that is not base64: dropped, as grpc core does
+                try:
                     metadata.append((name, f.metadata_from_header(name, value)))
+                except ValueError:
+                    bad = InvalidArgument(f"metadata {name!r} is not base64, as a -bin key's value must be")
         if method != "POST" or not content_type.startswith("application/grpc"):
             # Not a gRPC call: HTTP's own refusal, as gRPC's protocol asks (415 for a content type).
             status = "405" if method != "POST" else "415"
@@ -556,15 +558,19 @@ class Connection(asyncio.Protocol):
             else:  # a body may follow: not read (RFC 9113 8.1)
                 self._reset(stream_id, f.NO_ERROR, out)
             return
+        seconds = None if timeout is None else f.grpc_timeout(timeout)
+        if timeout is not None and seconds is None:
+            bad = InvalidArgument(f"grpc-timeout {timeout!r} is not a timeout (up to 8 digits, then H, M, S, m, u, n)")
+        if bad is not None:
+            self._refuse_call(stream_id, flags, bad, out)
+            return
         stream = Stream(stream_id, path, tuple(metadata), self.peer_window)
         if encoding is not None:
             stream.encoding = encoding
         loop = self.server.loop
-        if timeout is not None:
-            seconds = f.grpc_timeout(timeout)
-            if seconds is not None:
-                stream.deadline = loop.time() + seconds
-                stream.timer = loop.call_at(stream.deadline, self._expire, stream)
+        if seconds is not None:
+            stream.deadline = loop.time() + seconds
+            stream.timer = loop.call_at(stream.deadline, self._expire, stream)
         if flags & f.END_STREAM:
             stream.remote_closed = True
         self.streams[stream_id] = stream

@@ -168,9 +168,10 @@ def metadata_value(key: str, value: str | bytes) -> bytes:
 
 
 def metadata_from_header(key: str, value: str) -> str | bytes:
-    """A received metadata value: a `-bin` key's base64 (padded or not) as bytes, any other as its text."""
+    """A received metadata value: a `-bin` key's base64 (padded or not) as bytes, any other as its text. A `-bin`
+    value that is not base64 raises ValueError (b64decode would otherwise skip what is not of its alphabet)."""
     if key.endswith("-bin"):
-        return base64.b64decode(value + "=" * (-len(value) % 4))
+        return base64.b64decode(value + "=" * (-len(value) % 4), validate=True)
     return value
 
 
