@@ -30,7 +30,7 @@ from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port
 from mhaserve.testing.server import ServerThread, health_status
 from tests.security.conftest import Pki
-from tests.service.h2client import CHECK, ENCODE, call, h2_client, h2_client_fails, needs_client, only
+from tests.service.rust_h2_client import CHECK, ENCODE, call, h2_client, h2_client_fails, needs_client, only
 
 TEXT = pb.EncodeRequest(texts=["over TLS"])
 

@@ -29,7 +29,6 @@ from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.server import ServerThread
-from tests.service.h2client import CHECK, CLIENT, ENCODE, ENCODE_STREAM, call, h2_client, needs_client, only, status
 from tests.service.interop import (
     NOT_FOUND,
     OK,
@@ -37,6 +36,17 @@ from tests.service.interop import (
     assert_answered_as_grpcio_was,
     assert_packed_as_plain,
     grpcio_answer,
+)
+from tests.service.rust_h2_client import (
+    CHECK,
+    CLIENT,
+    ENCODE,
+    ENCODE_STREAM,
+    call,
+    h2_client,
+    needs_client,
+    only,
+    status,
 )
 
 pytestmark = needs_client
