@@ -26,17 +26,6 @@ log = logging.getLogger(__name__)
 Metadata = tuple[tuple[str, str | bytes], ...]
 
 
-def trailer_block(code: int, message: str, metadata: Iterable[tuple[str, str | bytes]]) -> bytes:
-    """The trailers' header block: `grpc-status`, `grpc-message` if any, then the trailing metadata."""
-    if code == 0 and not message and not metadata:
-        return f.OK_TRAILER
-    fields: list[tuple[str, str | bytes]] = [("grpc-status", str(code))]
-    if message:
-        fields.append(("grpc-message", f.grpc_message(message)))
-    fields += [(key, f.metadata_value(key, value)) for key, value in metadata]
-    return f.header_block(fields)
-
-
 class CallDetails(grpc.HandlerCallDetails):
     """What an interceptor is told of a call: its method and metadata."""
 
@@ -108,7 +97,7 @@ class Context:
         await self._connection.send(self._stream, self.serialize(message))
 
     def trailer(self) -> bytes:
-        return trailer_block(self._code.value[0], self._details, self._trailing)
+        return f.trailer_block(self._code.value[0], self._details, self._trailing)
 
 
 def _identity(data: Any) -> Any:
@@ -166,16 +155,16 @@ class Calls:
             connection.finish(stream, context.trailer())
         except ServiceError as e:  # reading the request, before any interceptor's error map
             code, message = to_status(e)
-            connection.finish(stream, trailer_block(code.value[0], message, context.trailing_metadata()))
+            connection.finish(stream, f.trailer_block(code.value[0], message, context.trailing_metadata()))
         except asyncio.CancelledError:
             if stream.expired:
                 connection.finish(
-                    stream, trailer_block(grpc.StatusCode.DEADLINE_EXCEEDED.value[0], "Deadline Exceeded", ())
+                    stream, f.trailer_block(grpc.StatusCode.DEADLINE_EXCEEDED.value[0], "Deadline Exceeded", ())
                 )
             # otherwise the client reset the stream or left: there is no one to answer
         except Exception as e:
             log.error("%s failed: %s", stream.method, e, exc_info=e)
-            connection.finish(stream, trailer_block(grpc.StatusCode.UNKNOWN.value[0], "Unexpected error", ()))
+            connection.finish(stream, f.trailer_block(grpc.StatusCode.UNKNOWN.value[0], "Unexpected error", ()))
         finally:
             connection.handler_ended(stream)
 

@@ -517,13 +517,17 @@ class Connection(asyncio.Protocol):
         core answers one over its limits: no handler runs, and the connection's other calls go on. Work without
         a call: a glitch."""
         code, message = to_status(error)
-        trailers = f.header_block((("grpc-status", str(code.value[0])), ("grpc-message", f.grpc_message(message))))
-        out.append(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, f.RESPONSE_HEADERS + trailers))
+        self._answer_alone(stream_id, flags, f.RESPONSE_HEADERS + f.trailer_block(code.value[0], message, ()), out)
+        self._glitch()
+
+    def _answer_alone(self, stream_id: int, flags: int, block: bytes, out: list[bytes]) -> None:
+        """A stream answered by one header block that ends it, before any call: the stream is over, and a
+        request body that may follow is not read (RFC 9113 8.1: our RST_STREAM NO_ERROR says so)."""
+        out.append(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, block))
         if flags & f.END_STREAM:
             self._remember(stream_id, reset=False)
-        else:  # its request may follow: not read (RFC 9113 8.1)
+        else:
             self._reset(stream_id, f.NO_ERROR, out)
-        self._glitch()
 
     def _open(self, stream_id: int, flags: int, fields: list[tuple[str, str]], out: list[bytes]) -> None:
         method = path = content_type = ""
@@ -550,13 +554,7 @@ class Connection(asyncio.Protocol):
         if method != "POST" or not content_type.startswith("application/grpc"):
             # Not a gRPC call: HTTP's own refusal, as gRPC's protocol asks (415 for a content type).
             status = "405" if method != "POST" else "415"
-            out.append(
-                f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, f.header_block(((":status", status),)))
-            )
-            if flags & f.END_STREAM:
-                self._remember(stream_id, reset=False)
-            else:  # a body may follow: not read (RFC 9113 8.1)
-                self._reset(stream_id, f.NO_ERROR, out)
+            self._answer_alone(stream_id, flags, f.header_block(((":status", status),)), out)
             return
         seconds = None if timeout is None else f.grpc_timeout(timeout)
         if timeout is not None and seconds is None:

@@ -167,6 +167,17 @@ def metadata_value(key: str, value: str | bytes) -> bytes:
     return value if isinstance(value, bytes) else value.encode("latin-1")
 
 
+def trailer_block(code: int, message: str, metadata: Iterable[tuple[str, str | bytes]]) -> bytes:
+    """The trailers' header block: `grpc-status`, `grpc-message` if any, then the trailing metadata."""
+    if code == 0 and not message and not metadata:
+        return OK_TRAILER
+    fields: list[tuple[str, str | bytes]] = [("grpc-status", str(code))]
+    if message:
+        fields.append(("grpc-message", grpc_message(message)))
+    fields += [(key, metadata_value(key, value)) for key, value in metadata]
+    return header_block(fields)
+
+
 def metadata_from_header(key: str, value: str) -> str | bytes:
     """A received metadata value: a `-bin` key's base64 (padded or not) as bytes, any other as its text. A `-bin`
     value that is not base64 raises ValueError (b64decode would otherwise skip what is not of its alphabet)."""
