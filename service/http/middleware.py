@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,6 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mhaserve.runtime.errors import (
-    InvalidArgument,
     RequestTimeout,
     ServiceError,
     TooLarge,
@@ -45,6 +43,7 @@ from mhaserve.runtime.manifest import is_number
 from mhaserve.service.auth import Keys, bearer
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
 from mhaserve.service.http.errors import CODE_KEY, render
+from mhaserve.service.inflate import KINDS, inflate
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.metrics import Metrics
 
@@ -258,28 +257,12 @@ class CallMiddleware:
         if encoding is None or encoding.strip().lower() in ("", "identity"):
             return body
         kind = encoding.strip().lower()
-        if kind not in ("gzip", "deflate"):
+        if kind not in KINDS:
             raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or none)")
-        out = bytearray()
-        data = body
-        # Every gzip member (a gzip stream may hold several, as gzip.decompress reads them); a stream cut
-        # short, or bytes after it that are not another member, are refused rather than served as far as
-        # they go.
-        while True:
-            inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if kind == "gzip" else zlib.MAX_WBITS)
-            try:
-                out += inflate.decompress(data, self.max_body_bytes + 1 - len(out))
-            except zlib.error as e:
-                raise InvalidArgument(f"the {kind} body does not inflate: {e}") from None
-            if len(out) > self.max_body_bytes:
-                raise TooLarge(self._too_large(len(out), at_least=True) + " once inflated")
-            if not inflate.eof:
-                raise InvalidArgument(f"the {kind} body is cut short")
-            data = inflate.unused_data.lstrip(b"\x00")  # gzip's tools may pad with zeros
-            if not data:
-                return bytes(out)
-            if kind != "gzip":
-                raise InvalidArgument(f"{len(data)} bytes after the end of the {kind} body")
+        out = inflate(body, kind, self.max_body_bytes, f"the {kind} body")
+        if len(out) > self.max_body_bytes:
+            raise TooLarge(self._too_large(len(out), at_least=True) + " once inflated")
+        return out
 
     def _too_large(self, size: int, at_least: bool = False) -> str:
         return (

@@ -47,14 +47,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import zlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, Protocol, cast
 
 import hpack
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError, TooLarge, Unimplemented
 from mhaserve.service.errors import to_status
+from mhaserve.service.inflate import KINDS, inflate
 from mhaserve.service.rpc.lean import frames as f
 
 log = logging.getLogger(__name__)
@@ -90,10 +90,6 @@ _ON_THE_CONNECTION = frozenset({f.SETTINGS, f.PING, f.GOAWAY})
 _LENGTHS = {f.RST_STREAM: 4, f.PING: 8, f.WINDOW_UPDATE: 4}
 # Headers that are HTTP/2's or gRPC's own, not the call's metadata.
 _RESERVED = frozenset({"content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding"})
-_DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {
-    "gzip": lambda b: zlib.decompress(b, 16 + zlib.MAX_WBITS),
-    "deflate": zlib.decompress,
-}
 
 
 class ConnectionError_(Exception):
@@ -427,31 +423,25 @@ class Connection(asyncio.Protocol):
 
     def _messages(self, stream: Stream) -> None:
         """Whole gRPC messages (a 5-byte prefix, then the message) out of the stream's bytes."""
-        buf = stream.buffer
+        buf, limit = stream.buffer, self.server.max_message_bytes
         while len(buf) >= 5:
             size = int.from_bytes(buf[1:5], "big")
-            if size > self.server.max_message_bytes:
-                raise TooLarge(f"Received message larger than max ({size} vs. {self.server.max_message_bytes})")
+            if size > limit:
+                raise TooLarge(f"Received message larger than max ({size} vs. {limit})")
             if len(buf) < 5 + size:
                 return
             compressed = buf[0]
             message = bytes(buf[5 : 5 + size])
             del buf[: 5 + size]
             if compressed:
-                decompress = _DECOMPRESS.get(stream.encoding)
-                if decompress is None:
+                if stream.encoding not in KINDS:
                     raise Unimplemented(
                         f"a message compressed with {stream.encoding!r}: this server reads gzip, deflate or "
                         "uncompressed messages"
                     )
-                try:
-                    message = decompress(message)
-                except zlib.error as e:
-                    raise InvalidArgument(f"a compressed message that does not decompress: {e}") from None
-                if len(message) > self.server.max_message_bytes:
-                    raise TooLarge(
-                        f"Received message larger than max ({len(message)} vs. {self.server.max_message_bytes})"
-                    )
+                message = inflate(message, stream.encoding, limit, f"a {stream.encoding} message")
+                if len(message) > limit:  # grpc core's words for it
+                    raise TooLarge(f"Decompressed message larger than max (over {limit} bytes)")
             stream.messages.append(message)
             stream.wake()
 

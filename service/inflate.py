@@ -1,0 +1,39 @@
+"""Compressed requests, inflated within the size limit: HTTP bodies (`Content-Encoding`) and gRPC messages
+(`grpc-encoding`, on the lean front; grpc core inflates grpc.aio's).
+
+Inflating stops one byte past the limit instead of running to the end and measuring: a gzip of zeros
+inflates about 1,000-fold, so a request well under the limit can hold gigabytes (a 61 KB message inflated
+to 60 MiB took 120 MiB of the lean front's memory before it was refused, 2026-12-01).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from mhaserve.runtime.errors import InvalidArgument
+
+KINDS = ("gzip", "deflate")
+
+
+def inflate(data: bytes, kind: str, limit: int, what: str) -> bytes:
+    """`data` inflated (`kind`: gzip, every member of it, as gzip.decompress reads them; or deflate, zlib's
+    format, as HTTP and gRPC name it), at most `limit` + 1 bytes of it: longer means over the limit, which
+    the caller words. A stream that does not inflate, is cut short, or has bytes after its end (zeros after
+    a gzip member are padding that gzip's tools write) is InvalidArgument, never served as far as it went;
+    `what` names it in the message ("the gzip body")."""
+    out = bytearray()
+    while True:
+        inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if kind == "gzip" else zlib.MAX_WBITS)
+        try:
+            out += inflater.decompress(data, limit + 1 - len(out))
+        except zlib.error as e:
+            raise InvalidArgument(f"{what} does not inflate: {e}") from None
+        if len(out) > limit:
+            return bytes(out)
+        if not inflater.eof:
+            raise InvalidArgument(f"{what} is cut short")
+        data = inflater.unused_data.lstrip(b"\x00")
+        if not data:
+            return bytes(out)
+        if kind != "gzip":
+            raise InvalidArgument(f"{len(data)} bytes after the end of {what}")
