@@ -7,6 +7,7 @@ real sockets, real clients (our stubs, the openai client, tritonclient in its ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import gc
 import io
@@ -1163,6 +1164,24 @@ def _own_engines(engine: ScriptedEngine) -> EngineFactory:
     return lambda entry: copy.copy(engine)
 
 
+@contextlib.contextmanager
+def _heap_frozen() -> Iterator[None]:
+    """The test process's heap as it is, out of the collector's sight while the schedules run (gc.freeze). The
+    server shares this process, and a full collection of a heap the whole suite has grown (torch, the earlier
+    tests) takes 0.5-0.7 s, more on a loaded host; one on the event loop's thread (the server's own after a
+    version closes, or one an allocation there sets off) while a 2 ms batch computes, past the 1 s inference
+    timeout, fails that batch as stalled, and an encode in a schedule with no stall read UNAVAILABLE (a CI
+    run of 44d01f8). Reproduced with a heap of 15 million lists (collections of 1.2-1.4 s) and the loop made
+    to collect while batches computed: a failure in the first run before, none after (collections of 0-10
+    ms). A server has its own process, a small heap, and a 60 s timeout by default."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 @pytest.fixture(scope="module")
 def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
     repo = tmp_path_factory.mktemp("explicit")
@@ -1175,7 +1194,7 @@ def explicit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
     # bounds a hang that begins after its call was answered: a batch formed before its input was failed.)
     engine = ScriptedEngine(seconds_per_batch=0.002, record=False, hang_on=STALL, hang_for=STALL_AT_MOST)
     explicit = settings(repo, *MODELS, model_control="explicit", inference_timeout=1.0)
-    with ServerThread(explicit, _own_engines(engine)) as srv:
+    with _heap_frozen(), ServerThread(explicit, _own_engines(engine)) as srv:
         yield _Lifecycle(srv.ready(), repo, engine)
 
 
@@ -1186,7 +1205,7 @@ def polled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Lifecycle]:
     export(repo, "b", 1, seed=2)
     engine = ScriptedEngine(seconds_per_batch=0.002, record=False)
     poll = settings(repo, *MODELS, model_control="poll", repository_poll_s=0.05)
-    with ServerThread(poll, _own_engines(engine)) as srv:
+    with _heap_frozen(), ServerThread(poll, _own_engines(engine)) as srv:
         yield _Lifecycle(srv.ready(), repo, engine)
 
 
