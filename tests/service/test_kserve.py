@@ -17,6 +17,9 @@ import pytest
 from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as epb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as epb_grpc
@@ -728,3 +731,75 @@ def test_health_follows_loading_and_draining(start: Start, settings: Settings) -
             assert "shutting down" in refused()
     finally:
         loaded.set()
+
+
+# ---- arbitrary requests ------------------------------------------------------------------------------------
+
+_INT64 = st.integers(-(2**63), 2**63 - 1)
+_PARAMETER = st.one_of(
+    st.builds(pb.InferParameter, bool_param=st.booleans()),
+    st.builds(pb.InferParameter, int64_param=_INT64),
+    st.builds(pb.InferParameter, string_param=st.text(max_size=8)),
+    st.builds(pb.InferParameter, double_param=st.floats()),
+    st.builds(pb.InferParameter, uint64_param=st.integers(0, 2**64 - 1)),
+)
+_PARAMETERS = st.dictionaries(
+    st.sampled_from(["binary_data", "normalize", "truncate", "dimensions", "prompt_name", "x", ""]),
+    _PARAMETER,
+    max_size=3,
+)
+_CONTENTS = st.one_of(
+    st.builds(pb.InferTensorContents),
+    st.builds(pb.InferTensorContents, bytes_contents=st.lists(st.binary(max_size=12), max_size=5)),
+    st.builds(pb.InferTensorContents, int64_contents=st.lists(_INT64, max_size=8)),
+    st.builds(pb.InferTensorContents, int_contents=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=8)),
+    st.builds(pb.InferTensorContents, fp32_contents=st.lists(st.floats(width=32), max_size=8)),
+    st.builds(pb.InferTensorContents, bool_contents=st.lists(st.booleans(), max_size=8)),
+    st.builds(pb.InferTensorContents, uint64_contents=st.lists(st.integers(0, 2**64 - 1), max_size=8)),
+)
+_TENSOR = st.builds(
+    Tensor,
+    name=st.sampled_from(["text", "input_ids", "attention_mask", "token_type_ids", "x", ""]),
+    datatype=st.sampled_from(["BYTES", "INT64", "INT32", "FP32", "BOOL", "UINT64", "FP16", "bytes", ""]),
+    shape=st.lists(st.sampled_from([-1, 0, 1, 2, 3, 5, MAX + 1, 2**31, 2**62]), max_size=3),
+    parameters=_PARAMETERS,
+    contents=_CONTENTS,
+)
+
+
+@hsettings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    inputs=st.lists(_TENSOR, max_size=3),
+    raw=st.none() | st.lists(st.binary(max_size=48), max_size=3),
+    outputs=st.lists(st.sampled_from(["embeddings", "x", ""]), max_size=2),
+    parameters=_PARAMETERS,
+    version=st.sampled_from(["", "1", "2", "0", "-1", "01", "x"]),
+)
+def test_arbitrary_infer_requests_are_answered_or_refused_never_failed(
+    stub: pb_grpc.GRPCInferenceServiceStub,
+    inputs: list[Any],
+    raw: list[bytes] | None,
+    outputs: list[str],
+    parameters: dict[str, Any],
+    version: str,
+) -> None:
+    """Any tensors (names, datatypes, shapes, contents of any field or raw), parameters, outputs and version:
+    the call is answered, or refused with a status that says what was wrong with it; never INTERNAL or
+    UNKNOWN (an error of ours), and the server serves on."""
+    request = pb.ModelInferRequest(
+        model_name="tiny",
+        model_version=version,
+        inputs=inputs,
+        parameters=parameters,
+        outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name=n) for n in outputs],
+    )
+    if raw is not None:
+        request.raw_input_contents.extend(raw)
+    try:
+        stub.ModelInfer(request, timeout=WAIT)
+    except grpc.RpcError as e:
+        assert e.code() in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.NOT_FOUND,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ), (e.code(), e.details(), request)

@@ -938,3 +938,41 @@ def test_random_concurrent_calls_end_as_they_should_and_leave_nothing_in_flight(
     with grpc.insecure_channel(server.address) as channel:
         answer = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["still here"], model="tiny"))
         assert len(answer.embeddings) == 1
+
+
+_ENCODE_REQUESTS = st.builds(
+    pb.EncodeRequest,
+    texts=st.lists(st.text(max_size=30), max_size=4),
+    token_ids=st.lists(
+        st.builds(pb.TokenIds, ids=st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(0, 40), max_size=40)),
+        max_size=3,
+    ),
+    model=st.sampled_from(["", "tiny", "tiny:1", "tiny:2", "tiny:", ":1", "tiny:x", "nope", "tiny:1:1"]),
+    truncate=st.booleans(),
+    normalize=st.none() | st.booleans(),
+    model_version=st.sampled_from([0, 1, 2, -1, 2**63 - 1]),
+    prompt_name=st.sampled_from(["", "query", "x"]),
+    packed=st.booleans(),
+    dimensions=st.none() | st.sampled_from([-1, 0, 1, 16, 32, 33, 2**31 - 1]),
+)
+
+
+@hsettings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(request=_ENCODE_REQUESTS)
+def test_arbitrary_encode_requests_are_answered_or_refused_never_failed(
+    stub: pb_grpc.EncoderServiceStub, request: pb.EncodeRequest
+) -> None:
+    """Any combination of Encode's fields: answered with a vector a row, or refused with a status that says
+    what was wrong with the request (INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED); never INTERNAL or
+    UNKNOWN."""
+    try:
+        reply = stub.Encode(request, timeout=WAIT)
+    except grpc.RpcError as e:
+        assert e.code() in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.NOT_FOUND,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ), (e.code(), e.details(), request)
+        return
+    rows = len(request.texts) or len(request.token_ids)
+    assert (reply.dimensions and len(reply.packed) == 4 * rows * reply.dimensions) or len(reply.embeddings) == rows
