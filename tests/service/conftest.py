@@ -9,11 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from mhaserve.runtime.repository import EngineFactory
 from mhaserve.service.settings import Settings
 from mhaserve.testing.server import ServerThread, bare_settings, local_settings
+
+# The statuses that say what was wrong with a request, the client's to mend, as against an error of the server's.
+REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 @pytest.fixture(scope="module")
