@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import gzip
 import sys
+import tracemalloc
 import zlib
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -39,6 +40,10 @@ from mhaserve.service.rpc.lean.connection import Connection
 from mhaserve.service.rpc.lean.server import LeanServer
 
 SERVICE = "fuzz.Lean"
+# The most one client may make the front hold at once (a handful of messages at the harness's 64 KiB limit,
+# and answers of 100 KiB): a request that inflates, or a buffer that grows with what a client sends, beyond
+# the limits shows here.
+PEAK_BYTES = 4 << 20
 METHODS = ("echo", "fail", "crash", "count", "total", "chat", "big", "nope")
 
 
@@ -133,6 +138,7 @@ _KINDS = (f.DATA, f.HEADERS, f.HEADERS, f.HEADERS, f.PRIORITY, f.RST_STREAM, f.S
           f.GOAWAY, f.WINDOW_UPDATE, f.CONTINUATION, 0xFA)  # fmt: skip
 _FLAGS = (0, f.END_STREAM, f.END_HEADERS, f.END_HEADERS | f.END_STREAM, f.PADDED, f.PRIORITY_FLAG, f.ACK)
 _BIG = "v" * 20_000  # past the metadata limit (16 KiB)
+_BOMB = gzip.compress(bytes(16 << 20), 9)  # 16 KB inflating to 16 MiB, past the message limit (64 KiB)
 _EXTRA = (
     ("grpc-timeout", "1S"),
     ("grpc-timeout", "99999999n"),
@@ -181,7 +187,7 @@ def _message(src: Source, encoding: str) -> bytes:
     if src.below(4) == 0:
         compressed = 1
         if encoding == "gzip":
-            body = gzip.compress(body * src.pick((1, 1, 1000, 5000)))  # 5000: past the limit (64 KiB) inflated
+            body = src.pick((gzip.compress(body), gzip.compress(body), gzip.compress(body * 1000), _BOMB))
         elif encoding == "deflate":
             body = zlib.compress(body)
     length = len(body) if src.below(8) else src.pick((len(body) + 1, 0, 1 << 24))
@@ -290,7 +296,11 @@ class Transport(asyncio.Transport):
 class Harness:
     """One event loop and one server for every input (as a fuzzer runs millions of them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory: bool = False) -> None:
+        """`memory`: trace Python's allocations and hold each input to PEAK_BYTES (slower: the suite's runs)."""
+        self.memory = memory
+        if memory:
+            tracemalloc.start()
         self.loop = asyncio.new_event_loop()
         self.errors: list[str] = []
         self.loop.set_exception_handler(lambda loop, context: self.errors.append(repr(context)))
@@ -306,6 +316,9 @@ class Harness:
         """What the connection wrote for the client `data` makes (check() has passed on it)."""
         src = Source(data)
         sent = client_bytes(src)
+        if self.memory:
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
         connection = Connection(self.server)
         transport = Transport(connection, self.loop)
         self.errors.clear()
@@ -324,11 +337,16 @@ class Harness:
             if not connection.streams and connection.running == 0:
                 break
         check(connection, transport, self.server, self.errors, sent)
+        if self.memory:
+            peak = tracemalloc.get_traced_memory()[1] - before
+            assert peak < PEAK_BYTES, f"{peak} bytes at once for a client that sent {len(sent)}"
         return bytes(transport.written)
 
     def close(self) -> None:
         self.loop.run_until_complete(self.server.stop(0))
         self.loop.close()
+        if self.memory:
+            tracemalloc.stop()
 
 
 def frames_of(written: bytes) -> Iterator[tuple[int, int, int, bytes]]:

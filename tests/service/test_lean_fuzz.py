@@ -19,7 +19,7 @@ from tests.service.lean_fuzz import Harness, frames_of, unpack
 
 @pytest.fixture(scope="module")
 def harness() -> Iterator[Harness]:
-    h = Harness()
+    h = Harness(memory=True)
     yield h
     h.close()
 
