@@ -5,13 +5,16 @@ HPACK encoder of the client's wrote, gRPC messages, some of them compressed, cut
 places), feeds it to a `Connection` on a transport in memory, lets its calls run between reads, then drops
 the connection, and holds the front to what it must do whatever it was sent: nothing raised out of the
 protocol's callbacks or left to the event loop's handler of unhandled errors; what it wrote is whole HTTP/2
-frames whose header blocks decode in order with one HPACK decoder; every call's handler has ended and the
-connection is forgotten once it is gone. Whatever breaks that raises AssertionError (or the error itself).
+frames, within the client's windows and largest frame, whose header blocks decode in order with one HPACK
+decoder, none on a stream after its end; every call's handler has ended and the connection is forgotten once
+it is gone; and (`memory`) it held no more than PEAK_BYTES at once. Whatever breaks that raises
+AssertionError (or the error itself).
 
-Run by hand with atheris (from PyPI; not in the suite's dependencies), from the repository's root:
+Run by hand with atheris (from PyPI; not in the suite's dependencies), from the repository's root
+(`--memory`: with the memory check, a third as fast):
 
     .venv/bin/pip install atheris
-    .venv/bin/python -m tests.service.lean_fuzz -max_total_time=600 /tmp/lean-corpus
+    .venv/bin/python -m tests.service.lean_fuzz -max_total_time=600 -max_len=4096 -len_control=0 /tmp/lean-corpus
 
 tests/service/test_lean_fuzz.py runs, in the suite, inputs from a seeded random source and a corpus a
 coverage-guided run left (lean_fuzz_corpus.bin; `python -m tests.service.lean_fuzz --pack DIR` writes one
@@ -415,12 +418,13 @@ def check(connection: Connection, transport: Transport, server: LeanServer, erro
 
 
 _HARNESS: Harness | None = None
+_MEMORY = "--memory" in sys.argv  # a fuzzer's run holding each input to PEAK_BYTES too (a third as fast)
 
 
 def one_input(data: bytes) -> None:
     global _HARNESS
     if _HARNESS is None:
-        _HARNESS = Harness()
+        _HARNESS = Harness(memory=_MEMORY)
     _HARNESS.run(data)
 
 
@@ -453,7 +457,7 @@ def main() -> None:
 
     logging.disable(logging.CRITICAL)  # the front's log lines for each broken input
     atheris.instrument_all()
-    atheris.Setup(sys.argv, one_input)
+    atheris.Setup([a for a in sys.argv if a != "--memory"], one_input)
     atheris.Fuzz()
 
 
