@@ -18,7 +18,6 @@ from __future__ import annotations
 import gzip
 import select
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -27,48 +26,33 @@ from pathlib import Path
 
 sys.path.insert(0, ".")
 from mhaserve.service.rpc.lean import frames as f  # noqa: E402
+from mhaserve.testing.process import ServerProcess, status  # noqa: E402
 from tests.service.raw_h2 import call_block, read_frames  # noqa: E402
 
 ENCODE = "/encoder.v1.EncoderService/Encode"
 
 
-def status(pid: int, key: str) -> int:
-    """A /proc/PID/status line's value, in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key):
-            return int(line.split()[1]) // 1024
-    raise KeyError(key)
+def mib_of(pid: int, key: str) -> int:
+    """A /proc/PID/status line's value (VmRSS, VmHWM), in MiB."""
+    return status(pid)[key] // 1024
 
 
 @contextmanager
 def server(front: str) -> Iterator[tuple[int, int]]:
-    """(pid, port) of a server on `front`, ready."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [".venv/bin/python", "-m", "mhaserve.testing.fake_server", "--repository", "models",
-               "--model", "all-minilm-l6-v2", "--port", str(port), "--http-port", "0", "--metrics-port", "0",
-               "--grpc-front", front]  # fmt: skip
-    p = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    """(pid, port) of a server on `front` (a scripted engine), serving; its log in /tmp."""
+    flags = ["--repository", "models", "--model", "all-minilm-l6-v2", "--port", "0", "--http-port", "0",
+             "--metrics-port", "0", "--grpc-front", front]  # fmt: skip
+    with ServerProcess(flags, Path(f"/tmp/request_memory-{front}.log"), engine="") as p:
+        address = p.wait_serving()
         time.sleep(1)
-        yield p.pid, port
-    finally:
-        p.terminate()
-        p.wait(10)
+        yield p.pid, int(address.rpartition(":")[2])
 
 
 def bomb(front: str, mib: int) -> None:
     payload = gzip.compress(bytes(mib << 20), 9)
     message = b"\x01" + len(payload).to_bytes(4, "big") + payload
     with server(front) as (pid, port):
-        before = status(pid, "VmHWM")
+        before = mib_of(pid, "VmHWM")
         with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
             frames = [f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(ENCODE, ("grpc-encoding", "gzip")))]
             chunks = [message[i : i + f.DEFAULT_MAX_FRAME] for i in range(0, len(message), f.DEFAULT_MAX_FRAME)]
@@ -76,14 +60,14 @@ def bomb(front: str, mib: int) -> None:
             raw.sendall(f.PREFACE + f.settings() + b"".join(frames))
             got = read_frames(raw, 5)
         answer = [p for k, _, _, p in got if k == f.HEADERS][-1:]
-        print(f"{front}: {len(payload)} bytes inflating to {mib} MiB; peak RSS {before} -> {status(pid, 'VmHWM')} MiB;")
+        print(f"{front}: {len(payload)} bytes inflating to {mib} MiB; peak RSS {before} -> {mib_of(pid, 'VmHWM')} MiB;")
         print(f"  its trailers: {answer}")
 
 
 def partial(front: str, streams: int, mib: float) -> None:
     target = int(mib * (1 << 20))
     with server(front) as (pid, port):
-        before = status(pid, "VmRSS")
+        before = mib_of(pid, "VmRSS")
         s = socket.create_connection(("127.0.0.1", port))
         s.setblocking(False)
         out = bytearray(f.PREFACE + f.settings())
@@ -133,11 +117,11 @@ def partial(front: str, streams: int, mib: float) -> None:
             if writable and out:
                 del out[: s.send(out)]
         time.sleep(2)
-        held = status(pid, "VmRSS")
+        held = mib_of(pid, "VmRSS")
         print(f"{front}: {len(sent)} calls open, {sum(sent.values()) >> 20} MiB sent; RSS {before} -> {held} MiB")
         s.close()
         time.sleep(2)
-        print(f"{front}: once the connection closed, RSS {status(pid, 'VmRSS')} MiB")
+        print(f"{front}: once the connection closed, RSS {mib_of(pid, 'VmRSS')} MiB")
 
 
 if __name__ == "__main__":
