@@ -85,6 +85,12 @@ class Metrics:
         self.in_flight = Gauge(
             "mhaserve_requests_in_flight", "Requests being handled now (gRPC calls and HTTP requests)", registry=r
         )
+        self.incoming = Gauge(
+            "mhaserve_incoming_request_bytes",
+            "Request bytes held while they arrive (HTTP bodies, the lean gRPC front's messages), against "
+            "--max-incoming-bytes",
+            registry=r,
+        )
         # What health and readiness report, for alerts: the metrics port answers while the server loads,
         # stalls or drains, so `up` alone does not tell a replica that serves from one that does not.
         self.ready = Gauge(

@@ -57,6 +57,7 @@ from mhaserve.service.health import Health
 from mhaserve.service.http import app as http_app
 from mhaserve.service.http.middleware import CallMiddleware
 from mhaserve.service.http.server import HttpServer
+from mhaserve.service.incoming import Incoming
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve.servicer import HEALTH_METHODS as KSERVE_HEALTH_METHODS
 from mhaserve.service.kserve.servicer import REPOSITORY_METHODS as KSERVE_REPOSITORY_METHODS
@@ -175,6 +176,10 @@ class EncoderServer:
         self.metrics_port: int | None = None
         self.http_port: int | None = None
         self.in_flight = InFlight()  # calls of both protocols: the drain waits for none
+        # Request bytes held while they arrive, over HTTP and the lean gRPC front together (incoming.py)
+        assert settings.max_incoming_bytes is not None  # Settings resolves it
+        self.incoming = Incoming(settings.max_incoming_bytes)
+        self.metrics.incoming.set_function(lambda: self.incoming.held)
         self._server: grpc.aio.Server | LeanServer | None = None
         self._calls: ServiceInterceptor | None = None  # the gRPC calls' bookkeeping, which can abandon them
         self._requests: CallMiddleware | None = None  # the HTTP requests' (http/middleware.py), which can too
@@ -285,6 +290,8 @@ class EncoderServer:
             server = LeanServer(
                 interceptors,
                 max_message_bytes=s.max_message_bytes,
+                incoming=self.incoming,
+                message_timeout=s.http_header_timeout,
                 max_streams=MAX_STREAMS,
                 handshake_timeout=s.http_header_timeout,
                 idle_s=IDLE_CONNECTION_S,
@@ -388,6 +395,7 @@ class EncoderServer:
             manager=self.manager,
             max_body_bytes=s.max_message_bytes,
             read_timeout=s.http_header_timeout,
+            incoming=self.incoming,
         )
         self._requests = app
         self._http = HttpServer(

@@ -19,6 +19,7 @@ from typing import Any
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.devices import DEVICES, Device, wants_cuda
 from mhaserve.runtime.repository import GRAPHS, GraphChoice
+from mhaserve.service import incoming
 from mhaserve.service.auth import OPEN_METHODS
 from mhaserve.service.batching import BATCHING, CPU_LIMITS, CUDA_LIMITS, Batching, Limits
 from mhaserve.service.models import CONTROLS, Control
@@ -206,6 +207,16 @@ class Settings:
     max_message_bytes: int = field(
         default=4 * 1024 * 1024, metadata=_opt("largest request message; past it RESOURCE_EXHAUSTED", int)
     )
+    max_incoming_bytes: int | None = field(
+        default=None,
+        metadata=_opt(
+            "request bytes held at once while they arrive (incomplete HTTP bodies; on the lean gRPC front, messages "
+            "still arriving or not yet read by their call), across the process's connections: a request past it is "
+            f"refused RESOURCE_EXHAUSTED / 429, retry later (default {incoming.DEFAULT_LIMIT >> 20} MiB, or twice "
+            "--max-message-bytes if that is more)",
+            _int_or_none,
+        ),
+    )
     batching: Batching = field(
         default="length",
         metadata=_opt("batch by similar length (less padding) or strictly in arrival order", str, BATCHING),
@@ -303,7 +314,8 @@ class Settings:
         default=10.0,
         metadata=_opt(
             "seconds an HTTP client gets to send a request's headers (and a gRPC client its HTTP/2 preface), "
-            "a slower one disconnected, and then its body, a slower one answered 408",
+            "a slower one disconnected, and then its body, a slower one answered 408 (on the lean gRPC front, "
+            "each request message, a slower one INVALID_ARGUMENT)",
             float,
             metavar="SECONDS",
         ),
@@ -409,6 +421,14 @@ class Settings:
             raise SettingsError(
                 f"--max-message-bytes must be at most {MAX_GRPC_MESSAGE_BYTES} (gRPC's limit), "
                 f"got {self.max_message_bytes}"
+            )
+        if self.max_incoming_bytes is None:
+            object.__setattr__(self, "max_incoming_bytes", incoming.default_limit(self.max_message_bytes))
+        elif self.max_incoming_bytes < self.max_message_bytes + 5:
+            raise SettingsError(
+                f"{flag('max_incoming_bytes')} must be at least {flag('max_message_bytes')} + 5 "
+                f"({self.max_message_bytes + 5}: a message at that limit, with gRPC's 5-byte prefix, must fit), "
+                f"got {self.max_incoming_bytes}"
             )
         for name in ("max_wait_ms", "grace_period", "drain_delay", "loading_wait"):
             positive(name, getattr(self, name), zero=True)

@@ -25,6 +25,7 @@ from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.errors import render
 from mhaserve.service.http.middleware import CallMiddleware, FastRoute, loggable
 from mhaserve.service.http.openapi import complete
+from mhaserve.service.incoming import Incoming
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.kserve import rest as kserve_rest
 from mhaserve.service.metrics import Metrics
@@ -53,6 +54,7 @@ def build(
     max_body_bytes: int,
     read_timeout: float,
     manager: ModelManager,
+    incoming: Incoming | None = None,
 ) -> CallMiddleware:
     app = FastAPI(
         title="mhaserve",
@@ -104,6 +106,7 @@ def build(
         keys=keys,
         max_body_bytes=max_body_bytes,
         read_timeout=read_timeout,
+        incoming=incoming,
         open_paths=OPEN_PATHS,
         always_answered=always_answered,
         admin_prefix=kserve_rest.REPOSITORY_PREFIX,

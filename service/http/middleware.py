@@ -9,6 +9,7 @@ The HTTP counterpart of the gRPC interceptors (service/rpc/), in front of every 
   `admin_prefix`, answers while a model stalls: loading it again is the remedy);
 - the body, read whole before any route sees it: over the size limit, 413 (at once when its
   Content-Length says so); slower than the read timeout, 408; gzip or deflate, inflated within the limit;
+  while it arrives, counted against the process's --max-incoming-bytes (incoming.py), past which 429;
 - a client that disconnects cancels its request, which then gives its queue slots back, as a cancelled
   gRPC call does;
 - the same request counters and histograms as gRPC (`mhaserve_requests_total{method="POST /v1/embeddings",
@@ -43,6 +44,7 @@ from mhaserve.runtime.manifest import is_number
 from mhaserve.service.auth import Keys, bearer
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
 from mhaserve.service.http.errors import CODE_KEY, render
+from mhaserve.service.incoming import Incoming, default_limit
 from mhaserve.service.inflate import KINDS, inflate
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.metrics import Metrics
@@ -110,6 +112,7 @@ class CallMiddleware:
         fast_routes: Mapping[tuple[str, str], FastRoute] | None = None,
         route_of: Callable[[Scope], str | None] = lambda scope: None,
         control_gate: Gate | None = None,
+        incoming: Incoming | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
@@ -119,6 +122,8 @@ class CallMiddleware:
         self.keys = keys
         self.max_body_bytes = max_body_bytes
         self.read_timeout = read_timeout
+        # Bodies still arriving count against the process's limit, with the lean gRPC front's messages
+        self.incoming = incoming or Incoming(default_limit(max_body_bytes))
         self.open_paths = frozenset(open_paths)
         self.always_answered = always_answered
         self.admin_prefix = admin_prefix
@@ -225,9 +230,11 @@ class CallMiddleware:
             raise TooLarge(self._too_large(declared))
         chunks: list[bytes] = []
         size = 0
+        incoming = self.incoming
+        held = 0  # counted in `incoming` until the body is complete
 
         async def read() -> None:
-            nonlocal size
+            nonlocal size, held
             more = True
             while more:
                 message = await receive()
@@ -237,6 +244,12 @@ class CallMiddleware:
                 size += len(chunk)
                 more = message.get("more_body", False)
                 if size <= self.max_body_bytes:
+                    if not incoming.admits(len(chunk)):
+                        if more:
+                            scope[UNREAD_KEY] = True
+                        raise incoming.refusal()
+                    incoming.held += len(chunk)
+                    held += len(chunk)
                     chunks.append(chunk)
                 elif size > DRAIN_BYTES and more:
                     scope[UNREAD_KEY] = True
@@ -248,6 +261,8 @@ class CallMiddleware:
         except TimeoutError:
             scope[UNREAD_KEY] = True
             raise RequestTimeout(f"the request body took more than {self.read_timeout:g} s to arrive") from None
+        finally:
+            incoming.held -= held
         if size > self.max_body_bytes:
             raise TooLarge(self._too_large(size, at_least=declared is None))
         return self._decode(b"".join(chunks), _header(scope, b"content-encoding"))

@@ -26,6 +26,9 @@ def test_defaults() -> None:
     assert (s.device, s.graph, s.batching, s.grace_period, s.log_level) == ("auto", "auto", "length", 30.0, "info")
     assert s.limits(on_cuda=False) == CPU_LIMITS
     assert s.limits(on_cuda=True) == CUDA_LIMITS
+    # 256 MiB of requests still arriving, or two messages at the limit where that is more
+    assert s.max_incoming_bytes == 256 << 20
+    assert build({}, env={"MHASERVE_MAX_MESSAGE_BYTES": str(200 << 20)}).max_incoming_bytes == 400 << 20
 
 
 def test_every_field_has_a_flag_and_a_variable_named_after_it() -> None:
@@ -97,6 +100,11 @@ def test_flag_beats_variable_beats_default() -> None:
         ({"MHASERVE_GRACE_PERIOD": "inf"}, "MHASERVE_GRACE_PERIOD must be >= 0, got inf"),
         # grpc core takes its message limit as a C int: past it, the server failed with a traceback
         ({"MHASERVE_MAX_MESSAGE_BYTES": str(2**31)}, "MHASERVE_MAX_MESSAGE_BYTES must be at most 2147483647"),
+        # a request at the message limit could never be read
+        (
+            {"MHASERVE_MAX_INCOMING_BYTES": "4194303"},
+            "MHASERVE_MAX_INCOMING_BYTES must be at least --max-message-bytes [+] 5 (4194309",
+        ),
         # one port for two listeners failed at bind, once the model had loaded
         ({"MHASERVE_PORT": "9000", "MHASERVE_HTTP_PORT": "9000"}, "MHASERVE_PORT and MHASERVE_HTTP_PORT are both 9000"),
         (

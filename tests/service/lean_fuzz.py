@@ -6,8 +6,11 @@ places), feeds it to a `Connection` on a transport in memory, lets its calls run
 the connection, and holds the front to what it must do whatever it was sent: nothing raised out of the
 protocol's callbacks or left to the event loop's handler of unhandled errors; what it wrote is whole HTTP/2
 frames, within the client's windows and largest frame, whose header blocks decode in order with one HPACK
-decoder, none on a stream after its end; every call's handler has ended and the connection is forgotten once
-it is gone; and (`memory`) it held no more than PEAK_BYTES at once. Whatever breaks that raises
+decoder, none on a stream after its end; every call's handler has ended, the connection is forgotten and none
+of its request bytes is still counted (service/incoming.py) once it is gone; and (`memory`) it held no more than
+PEAK_BYTES at once. The count's limit is small (INCOMING_BYTES), so that clients meet it, and before the client
+goes every call whose message is still arriving is failed as too slow (as the server's sweep does after
+--http-header-timeout). Whatever breaks that raises
 AssertionError (or the error itself).
 
 Run by hand with atheris (from PyPI; not in the suite's dependencies), from the repository's root
@@ -38,6 +41,7 @@ from typing import Any
 import grpc
 import hpack
 
+from mhaserve.service.incoming import Incoming
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.connection import Connection
 from mhaserve.service.rpc.lean.server import LeanServer
@@ -47,6 +51,7 @@ SERVICE = "fuzz.Lean"
 # and answers of 100 KiB): a request that inflates, or a buffer that grows with what a client sends, beyond
 # the limits shows here.
 PEAK_BYTES = 4 << 20
+INCOMING_BYTES = 3 << 10  # of the 4 KiB an input is at most: several calls' messages reach it
 METHODS = ("echo", "fail", "crash", "count", "total", "chat", "big", "nope")
 
 
@@ -307,7 +312,9 @@ class Harness:
         self.loop = asyncio.new_event_loop()
         self.errors: list[str] = []
         self.loop.set_exception_handler(lambda loop, context: self.errors.append(repr(context)))
-        self.server = LeanServer(max_message_bytes=1 << 16, max_streams=8, max_glitches=50)
+        self.server = LeanServer(
+            max_message_bytes=1 << 16, incoming=Incoming(INCOMING_BYTES), max_streams=8, max_glitches=50
+        )
         self.server.add_generic_rpc_handlers([handlers()])
         self.loop.run_until_complete(self.server.start())
 
@@ -333,6 +340,8 @@ class Harness:
                 connection.data_received(sent[at : at + n])
             at += n
             self.turns(src.below(4))
+        self.turns(8)
+        connection.expire_arrivals(self.loop.time() + 1)  # what it has not finished sending has taken too long
         self.turns(8)
         transport.close()  # the client goes: every call still running is cancelled
         for _ in range(200):
@@ -397,6 +406,7 @@ def check(connection: Connection, transport: Transport, server: LeanServer, erro
     assert connection.running == 0, f"{connection.running} handlers still running after the connection went"
     assert not connection.streams, connection.streams
     assert connection not in server.connections
+    assert server.incoming.held == 0, f"{server.incoming.held} request bytes still counted after the client went"
     decoder = hpack.Decoder()
     decoder.max_header_list_size = 1 << 20
     g = granted(sent)

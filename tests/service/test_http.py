@@ -18,11 +18,14 @@ from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import grpc
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service.http.bodies import PAUSE_COLLECTOR_BYTES, parse_json
 from mhaserve.service.http.middleware import CallMiddleware
 from mhaserve.service.http.server import Throttle
@@ -317,6 +320,46 @@ def test_a_silent_connection_is_closed_and_a_slow_body_is_408(srv: ServerThread)
         answer = s.recv(4096)
     assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
     still_serving(srv)
+
+
+def test_request_bytes_still_arriving_are_bounded_over_http_and_the_lean_grpc_front_together(
+    tiny_repo: Path,
+) -> None:
+    """One limit for the process (--max-incoming-bytes, 1.5 MiB here): an HTTP body held 900 KB short of its end
+    leaves too little for a gRPC message of 700 KB on the lean front (RESOURCE_EXHAUSTED) and for an HTTP body of
+    700 KB (429, Retry-After), while small requests are served; once that client goes, both are read. Before
+    service/incoming.py nothing bounded what such clients held together (docs/grpc-fronts.md)."""
+    settings = local_settings(
+        tiny_repo,
+        grpc_front="lean",
+        max_message_bytes=1 << 20,
+        max_incoming_bytes=3 << 19,
+        http_header_timeout=30.0,
+    )
+    text = "word " * 140_000  # 700 KB
+    with ServerThread(settings).ready() as server:
+        port = server.server.metrics_port
+        assert port
+        encode = pb_grpc.EncoderServiceStub(server.channel()).Encode
+        http = ("127.0.0.1", server.server.http_port)
+        with socket.create_connection(http, timeout=30) as held:
+            held.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+            held.sendall(b" " * 900_000)
+            wait_until(lambda: scrape(port).get("mhaserve_incoming_request_bytes") == 900_000, "the body held")
+            with pytest.raises(grpc.RpcError) as refused:
+                encode(pb.EncodeRequest(texts=[text], truncate=True), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--max-incoming-bytes" in str(refused.value.details())
+            body = json.dumps({"input": text, "model": "tiny"})
+            reply = request("POST", url(server, "/v1/embeddings"), body)
+            assert reply.status == 429 and "retry-after" in reply.headers, (reply.status, reply.headers)
+            assert "--max-incoming-bytes" in str(openai_error(reply.body)["message"])
+            assert len(encode(pb.EncodeRequest(texts=["small"]), timeout=30).embeddings) == 1
+            still_serving(server)
+        wait_until(lambda: scrape(port).get("mhaserve_incoming_request_bytes") == 0, "the body let go")
+        assert len(encode(pb.EncodeRequest(texts=[text], truncate=True), timeout=30).embeddings) == 1
+        reply = request("POST", url(server, "/v1/embeddings"), body)
+        assert reply.status != 429, reply.body[:200]  # read whole now, and answered for what it says
 
 
 JSON = st.recursive(

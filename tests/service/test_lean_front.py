@@ -29,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mhaserve.service.incoming import Incoming
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.connection import MAX_PING_STRIKES
 from mhaserve.service.rpc.lean.server import LeanServer
@@ -924,6 +925,103 @@ def test_a_peer_that_does_not_read_is_not_read_from(lean: Running) -> None:
             return paused, connection.transport.is_reading()
 
         assert lean.call(pause_then_resume()) == (False, True)
+
+
+def _answers(frames: list[Frame]) -> dict[int, dict[str, str]]:
+    """The fields of the HEADERS that ended each stream (its trailers, or its whole answer), by stream."""
+    decoder = hpack.Decoder()
+    answers = {}
+    for kind, flags, sid, payload in frames:
+        if kind == f.HEADERS:
+            fields = {str(k): urllib.parse.unquote(str(v)) for k, v in decoder.decode(payload)}
+            if flags & f.END_STREAM:
+                answers[sid] = fields
+    return answers
+
+
+def _part_of_a_message(stream_id: int, size: int, sent: int) -> bytes:
+    """A call to echo whose message of `size` bytes is sent only as far as `sent` bytes (with its prefix)."""
+    message = b"\x00" + size.to_bytes(4, "big") + bytes(size)
+    head = f.frame(f.HEADERS, f.END_HEADERS, stream_id, call_block(f"/{SERVICE}/echo"))
+    return head + b"".join(
+        f.frame(f.DATA, 0, stream_id, message[i : min(i + 16384, sent)]) for i in range(0, sent, 16384)
+    )
+
+
+def test_requests_still_arriving_are_held_to_the_limit_shared_by_the_process() -> None:
+    """Three calls each hold 800 KiB of a message they never finish; a fourth would pass the 2.5 MiB limit and is
+    refused RESOURCE_EXHAUSTED, letting go what it sent; a call that arrives whole within the limit is served;
+    once the client goes, nothing is held and a message of 900 KiB is served. Before service/incoming.py the
+    calls held whatever their clients sent (200 calls, 469 MiB: docs/grpc-fronts.md)."""
+    running = Running(incoming=Incoming(5 << 19))
+    counted = running.server.incoming
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            raw.sendall(f.PREFACE + f.settings())
+            raw.sendall(b"".join(_part_of_a_message(sid, 1 << 20, 800 << 10) for sid in (1, 3, 5)))
+            wait_until(lambda: counted.held == 3 * (800 << 10), "three calls' parts counted")
+            raw.sendall(_part_of_a_message(7, 1 << 20, 300 << 10))
+            got = read_until(raw, lambda frames: 7 in _answers(frames))
+            answer = _answers(got)[7]
+            assert answer["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+            assert "--max-incoming-bytes" in answer["grpc-message"], answer
+            assert (f.RST_STREAM, 7) in [(kind, sid) for kind, _, sid, _ in got]  # stop sending, it says
+            assert counted.held == 3 * (800 << 10)
+            with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                assert method(channel, "echo")(b"whole", timeout=10) == b"whole"
+        wait_until(lambda: counted.held == 0, "the client's bytes let go")
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            assert len(method(channel, "echo")(bytes(900 << 10), timeout=10)) == 900 << 10
+        assert counted.held == 0
+    finally:
+        running.stop()
+
+
+def test_a_message_still_arriving_after_the_timeout_fails_its_call() -> None:
+    """A client that sends part of its message and then nothing: its call is answered INVALID_ARGUMENT once the
+    message has been arriving for longer than the timeout (--http-header-timeout), and what it held let go,
+    where it held them until its client went; a call whose message arrives in time is served."""
+    running = Running(message_timeout=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            began = time.monotonic()
+            raw.sendall(f.PREFACE + f.settings() + _part_of_a_message(1, 4096, 1000))
+            answer = _answers(read_until(raw, lambda frames: 1 in _answers(frames)))[1]
+            assert 0.5 <= time.monotonic() - began < 5  # the server looks at its calls once a second
+            assert answer["grpc-status"] == str(grpc.StatusCode.INVALID_ARGUMENT.value[0])
+            assert "took more than 0.5 s to arrive" in answer["grpc-message"], answer
+            assert running.server.incoming.held == 0
+            with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                assert method(channel, "echo")(bytes(4096), timeout=10) == bytes(4096)
+    finally:
+        running.stop()
+
+
+def test_a_message_held_back_by_a_call_that_has_not_read_the_one_before_is_not_failed_as_slow() -> None:
+    """While a call has a whole message it has not read (its handler waits to send an answer the client has no
+    window for), the next message's clock stands: the server, not the client, holds it back."""
+    running = Running(message_timeout=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            whole = [b"\x00" + (3).to_bytes(4, "big") + word for word in (b"one", b"two")]
+            last = b"\x00" + (5).to_bytes(4, "big") + b"three"
+            head = f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(f"/{SERVICE}/chat"))
+            raw.sendall(
+                f.PREFACE
+                + f.settings((f.INITIAL_WINDOW_SIZE, 0))  # no answer can be sent until the window below
+                + head
+                + b"".join(f.frame(f.DATA, 0, 1, m) for m in whole)
+                + f.frame(f.DATA, 0, 1, last[:6])
+            )
+            time.sleep(2.0)  # four times the timeout; the server looks at its calls once a second
+            raw.sendall(f.window_update(1, 1 << 20) + f.frame(f.DATA, f.END_STREAM, 1, last[6:]))
+            got = read_until(raw, lambda frames: 1 in _answers(frames))
+            assert _answers(got)[1]["grpc-status"] == "0", _answers(got)
+            data = b"".join(payload for kind, _, sid, payload in got if kind == f.DATA and sid == 1)
+            assert data == b"".join(b"\x00" + len(w).to_bytes(4, "big") + w for w in (b"ONE", b"TWO", b"THREE"))
+        wait_until(lambda: running.server.incoming.held == 0, "the call's bytes let go")
+    finally:
+        running.stop()
 
 
 def test_a_port_in_use_is_an_error() -> None:

@@ -30,6 +30,11 @@ def outcomes(written: bytes) -> Iterator[str]:
         if kind == f.HEADERS:
             fields = cast(list[tuple[str, str]], decoder.decode(payload))  # str: the decoder's default
             yield from (f"status {v}" for k, v in fields if k == "grpc-status")
+            message = dict(fields).get("grpc-message", "")
+            if "--max-incoming-bytes" in message:
+                yield "incoming limit"
+            elif "to arrive" in message:
+                yield "message too slow"
         elif kind == f.GOAWAY:
             yield f"goaway {int.from_bytes(payload[4:8], 'big')}"
         elif kind == f.RST_STREAM:
@@ -60,5 +65,8 @@ def test_the_fuzzers_corpus_is_answered_within_the_protocol(harness: Harness) ->
     # refused for each reason, streams reset, and connections ended for each kind of error.
     for outcome in ("status 0", "status 3", "status 8", "status 9", "status 12", "status 2", "reset"):
         assert seen[outcome] > 0, (outcome, seen)
+    # Calls refused at the small limit on request bytes still arriving, and failed as too slow (the harness
+    # fails every call whose message is still arriving before the client goes): service/incoming.py
+    assert seen["incoming limit"] > 0 and seen["message too slow"] > 0, seen
     for code in (f.PROTOCOL_ERROR, f.FLOW_CONTROL_ERROR, f.FRAME_SIZE_ERROR, f.COMPRESSION_ERROR, f.ENHANCE_YOUR_CALM):
         assert seen[f"goaway {code}"] > 0, (code, seen)

@@ -52,8 +52,9 @@ from typing import Any, Protocol, cast
 
 import hpack
 
-from mhaserve.runtime.errors import InvalidArgument, ServiceError, TooLarge, Unimplemented
+from mhaserve.runtime.errors import InvalidArgument, RequestTimeout, ServiceError, TooLarge, Unimplemented
 from mhaserve.service.errors import to_status
+from mhaserve.service.incoming import Incoming
 from mhaserve.service.inflate import KINDS, inflate
 from mhaserve.service.rpc.lean import frames as f
 
@@ -126,6 +127,9 @@ class Stream:
         "counted",
         "timer",
         "drained",
+        "queued",
+        "held",
+        "arriving",
     )
 
     def __init__(self, stream_id: int, method: str, metadata: tuple[tuple[str, str | bytes], ...], send_window: int):
@@ -151,6 +155,9 @@ class Stream:
         self.counted = False  # in the connection's `running` until its handler has ended
         self.timer: asyncio.TimerHandle | None = None
         self.drained: asyncio.Future[None] | None = None
+        self.queued = 0  # bytes of the whole messages in `messages`
+        self.held = 0  # bytes of `buffer` and `messages` counted in the server's Incoming
+        self.arriving: float | None = None  # when the message still in `buffer` began to arrive
 
     def wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -162,6 +169,8 @@ class Front(Protocol):
     connections it keeps, whether it is stopping, and a call served on a stream."""
 
     max_message_bytes: int
+    message_timeout: float
+    incoming: Incoming
     max_streams: int
     max_glitches: int
     handshake_timeout: float
@@ -208,6 +217,7 @@ class Connection(asyncio.Protocol):
         self.glitches: collections.deque[float] = collections.deque()
         self.last_ping: float | None = None  # when the last PING came, since we last sent a call's frames
         self.ping_strikes = 0
+        self.paused = False  # not reading, while the peer does not read what we write
 
     # -- the transport's callbacks --
 
@@ -237,10 +247,16 @@ class Connection(asyncio.Protocol):
         # The peer does not read what we write: stop reading what it sends until it does.
         if self.transport is not None:
             self.transport.pause_reading()
+            self.paused = True
 
     def resume_writing(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
+            self.paused = False
+            now = self.server.loop.time()
+            for stream in self.streams.values():  # their messages' clocks stood while we did not read
+                if stream.arriving is not None:
+                    stream.arriving = now
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -405,17 +421,21 @@ class Connection(asyncio.Protocol):
             return
         stream.credit += len(payload)
         if stream.error is None:
-            stream.buffer += payload
-            try:
-                self._messages(stream)
-            except ServiceError as e:
-                stream.error = e
-                stream.buffer.clear()
-                stream.wake()
+            incoming = self.server.incoming
+            if not incoming.admits(len(payload)):
+                self._fail(stream, incoming.refusal())
+            else:
+                stream.buffer += payload
+                try:
+                    self._messages(stream)
+                except ServiceError as e:
+                    self._fail(stream, e)
+                else:
+                    self._hold(stream)
         if flags & f.END_STREAM:
             stream.remote_closed = True
             if stream.buffer and stream.error is None:
-                stream.error = InvalidArgument("the request's last message is incomplete")
+                self._fail(stream, InvalidArgument("the request's last message is incomplete"))
             stream.wake()
         elif stream.credit >= STREAM_WINDOW // 2 and len(stream.messages) <= 1:
             out.append(f.window_update(stream_id, stream.credit))
@@ -433,6 +453,7 @@ class Connection(asyncio.Protocol):
             compressed = buf[0]
             message = bytes(buf[5 : 5 + size])
             del buf[: 5 + size]
+            stream.arriving = None  # what follows in `buffer` is the next message: its own clock
             if compressed:
                 if stream.encoding not in KINDS:
                     raise Unimplemented(
@@ -443,6 +464,7 @@ class Connection(asyncio.Protocol):
                 if len(message) > limit:  # grpc core's words for it
                     raise TooLarge(f"Decompressed message larger than max (over {limit} bytes)")
             stream.messages.append(message)
+            stream.queued += len(message)
             stream.wake()
 
     def _headers(self, out: list[bytes]) -> None:
@@ -661,6 +683,10 @@ class Connection(asyncio.Protocol):
                 raise stream.error
             if stream.messages:
                 message = stream.messages.popleft()
+                stream.queued -= len(message)
+                self._hold(stream)
+                if stream.arriving is not None:  # its clock stood while the call had a message to read
+                    stream.arriving = self.server.loop.time()
                 if stream.credit and not stream.remote_closed and not stream.messages:
                     self._write(f.window_update(stream.id, stream.credit))
                     stream.credit = 0
@@ -818,6 +844,7 @@ class Connection(asyncio.Protocol):
     def _abandon(self, stream: Stream) -> None:
         """The client reset the stream or the connection is gone: its call is cancelled, nothing is sent."""
         stream.closed = stream.reset = True
+        self._let_go(stream)
         if stream.timer is not None:
             stream.timer.cancel()
         if stream.task is not None and not stream.task.done():
@@ -828,6 +855,7 @@ class Connection(asyncio.Protocol):
 
     def _done(self, stream: Stream) -> None:
         self._remember(stream.id, reset=not stream.remote_closed)  # _stop_reading reset it
+        self._let_go(stream)
         if stream.timer is not None:
             stream.timer.cancel()
             stream.timer = None
@@ -836,6 +864,48 @@ class Connection(asyncio.Protocol):
         self.last_call = self.server.loop.time()
         if (self.refusing or self.peer_going_away) and not self.streams:
             self._end()
+
+    # -- what the requests still arriving hold (incoming.py) --
+
+    def _hold(self, stream: Stream) -> None:
+        """Count what the stream holds now in the server's Incoming, and start or stop its message's clock."""
+        held = len(stream.buffer) + stream.queued
+        self.server.incoming.held += held - stream.held
+        stream.held = held
+        if not stream.buffer:
+            stream.arriving = None
+        elif stream.arriving is None:
+            stream.arriving = self.server.loop.time()
+
+    def _let_go(self, stream: Stream) -> None:
+        """The stream's messages, read or not, are no longer needed."""
+        stream.buffer.clear()
+        stream.messages.clear()
+        stream.queued = 0
+        self._hold(stream)
+
+    def _fail(self, stream: Stream, error: ServiceError) -> None:
+        """The call fails with `error` at its next read; what it holds is let go, and the rest of its request is
+        not read (its DATA is still credited back)."""
+        stream.error = error
+        self._let_go(stream)
+        stream.wake()
+
+    def expire_arrivals(self, before: float) -> None:
+        """Fail the calls whose message began to arrive before `before` and is still incomplete, unless the call
+        has a message it has not read (then we hold the client's window back, and its clock stands)."""
+        if self.paused:  # nothing arrives while we do not read: the clocks restart when we do
+            return
+        for stream in list(self.streams.values()):
+            if stream.arriving is not None and stream.arriving < before and not stream.messages:
+                timeout = self.server.message_timeout
+                log.debug("failing a gRPC call from %s whose message took more than %g s", self.peer, timeout)
+                self._fail(
+                    stream,
+                    RequestTimeout(
+                        f"the request message took more than {timeout:g} s to arrive (--http-header-timeout)"
+                    ),
+                )
 
     def _write(self, data: bytes) -> None:
         if data and self.transport is not None and not self.transport.is_closing() and self.lingering is None:

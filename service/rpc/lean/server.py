@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from mhaserve.service.incoming import Incoming, default_limit
 from mhaserve.service.rpc.lean.calls import Calls
 from mhaserve.service.rpc.lean.connection import Connection, Stream
 
@@ -31,6 +32,8 @@ class LeanServer:
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         *,
         max_message_bytes: int = 4 << 20,
+        incoming: Incoming | None = None,
+        message_timeout: float = 10.0,
         max_streams: int = 1000,
         max_glitches: int = 1000,
         handshake_timeout: float = 10.0,
@@ -41,6 +44,10 @@ class LeanServer:
     ) -> None:
         self.calls = Calls(interceptors)
         self.max_message_bytes = max_message_bytes
+        # Request bytes held while they arrive, shared with the HTTP server (incoming.py); a call whose message
+        # is still incomplete `message_timeout` seconds after it began to arrive is failed (connection.py).
+        self.incoming = incoming or Incoming(default_limit(max_message_bytes))
+        self.message_timeout = message_timeout
         self.max_streams = max_streams
         # PINGs, SETTINGS and calls reset while they run, a connection and a second, before its GOAWAY
         # (connection.py). grpc's clients send a few PINGs a second at most (BDP probes, keepalives).
@@ -143,13 +150,15 @@ class LeanServer:
 
     async def _sweep(self) -> None:
         """GOAWAY to a connection idle for `idle_s` or older than `max_age_s` (give or take 10 %, so that a
-        replica's clients do not all reconnect at once); cut one still open `max_age_grace_s` after that."""
+        replica's clients do not all reconnect at once); cut one still open `max_age_grace_s` after that. Fail
+        the calls whose message has been arriving for more than `message_timeout`."""
         ages: dict[Connection, float] = {}
         goaway_at: dict[Connection, float] = {}
         while True:
             await asyncio.sleep(SWEEP_S)
             now = self.loop.time()
             for connection in list(self.connections):
+                connection.expire_arrivals(now - self.message_timeout)
                 if connection.going_away:
                     since = goaway_at.setdefault(connection, now)
                     if self.max_age_grace_s and now - since > self.max_age_grace_s:
