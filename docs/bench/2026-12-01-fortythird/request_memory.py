@@ -2,6 +2,7 @@
 
     .venv/bin/python docs/bench/2026-12-01-fortythird/request_memory.py bomb lean 60
     .venv/bin/python docs/bench/2026-12-01-fortythird/request_memory.py partial grpc 200 2
+    .venv/bin/python docs/bench/2026-12-01-fortythird/request_memory.py partial lean 200 2 --max-incoming-bytes 33554432
 
 Run from the repository's root, after `make install-dev` and an export into models/ (the README). Each starts
 `mhaserve serve` (a scripted engine: no model runs) on a free port and reads its memory from /proc:
@@ -9,8 +10,10 @@ Run from the repository's root, after `make install-dev` and an export into mode
 - `bomb FRONT MIB`: one Encode call whose message is MIB MiB of zeros, gzipped (about 1,000-fold smaller);
   the server's peak RSS (VmHWM) before and after, and what the call read.
 - `partial FRONT STREAMS MIB`: STREAMS calls on one connection, each MIB MiB into a message that declares
-  4 MiB and is never finished (flow control respected); the server's RSS while they are open, and once the
-  connection has closed.
+  4 MiB and is never finished (flow control respected); the server's RSS while they are open, 12 s later
+  (past --http-header-timeout, 10 s), and once the connection has closed; how many calls were answered before
+  they ended (2026-12-02: refused at --max-incoming-bytes, or failed as too slow). Flags after the numbers go to
+  `mhaserve serve`.
 """
 
 from __future__ import annotations
@@ -38,10 +41,10 @@ def mib_of(pid: int, key: str) -> int:
 
 
 @contextmanager
-def server(front: str) -> Iterator[tuple[int, int]]:
+def server(front: str, extra: list[str] | None = None) -> Iterator[tuple[int, int]]:
     """(pid, port) of a server on `front` (a scripted engine), serving; its log in /tmp."""
     flags = ["--repository", "models", "--model", "all-minilm-l6-v2", "--port", "0", "--http-port", "0",
-             "--metrics-port", "0", "--grpc-front", front]  # fmt: skip
+             "--metrics-port", "0", "--grpc-front", front, *(extra or [])]  # fmt: skip
     with ServerProcess(flags, Path(f"/tmp/request_memory-{front}.log"), engine="") as p:
         address = p.wait_serving()
         time.sleep(1)
@@ -64,9 +67,10 @@ def bomb(front: str, mib: int) -> None:
         print(f"  its trailers: {answer}")
 
 
-def partial(front: str, streams: int, mib: float) -> None:
+def partial(front: str, streams: int, mib: float, extra: list[str]) -> None:
     target = int(mib * (1 << 20))
-    with server(front) as (pid, port):
+    answered = 0
+    with server(front, extra) as (pid, port):
         before = mib_of(pid, "VmRSS")
         s = socket.create_connection(("127.0.0.1", port))
         s.setblocking(False)
@@ -102,6 +106,7 @@ def partial(front: str, streams: int, mib: float) -> None:
                     elif kind == f.PING and not flags & f.ACK:
                         out += f.frame(f.PING, f.ACK, 0, payload)
                     elif kind in (f.RST_STREAM, f.HEADERS):
+                        answered += kind == f.HEADERS and stream in sent
                         sent.pop(stream, None)
             for stream, n in sent.items():
                 room = min(f.DEFAULT_MAX_FRAME, windows.get(stream, initial), window, target - n)
@@ -119,6 +124,13 @@ def partial(front: str, streams: int, mib: float) -> None:
         time.sleep(2)
         held = mib_of(pid, "VmRSS")
         print(f"{front}: {len(sent)} calls open, {sum(sent.values()) >> 20} MiB sent; RSS {before} -> {held} MiB")
+        print(f"  {answered} calls answered while the client sent")
+        time.sleep(12)
+        s.setblocking(True)
+        s.settimeout(1)
+        late = read_frames(s, 1)
+        late_answers = sum(kind == f.HEADERS for kind, *_ in late)
+        print(f"  12 s later: RSS {mib_of(pid, 'VmRSS')} MiB; {late_answers} more calls answered")
         s.close()
         time.sleep(2)
         print(f"{front}: once the connection closed, RSS {mib_of(pid, 'VmRSS')} MiB")
@@ -129,4 +141,4 @@ if __name__ == "__main__":
     if what == "bomb":
         bomb(front, int(numbers[0]))
     else:
-        partial(front, int(numbers[0]), float(numbers[1]))
+        partial(front, int(numbers[0]), float(numbers[1]), numbers[2:])
