@@ -285,11 +285,11 @@ class Settings:
         ),
     )
     grpc_front: str = field(
-        default="grpc",
+        default="lean",
         metadata=_opt(
-            "what serves the gRPC port: grpc (grpc.aio's server) or lean (HTTP/2 and gRPC's framing in the event "
-            "loop's own thread: less CPU and latency a call, every service and method the same; "
-            "docs/grpc-fronts.md says what it does not do)",
+            "what serves the gRPC port: lean (HTTP/2 and gRPC's framing in the event loop's own thread: less CPU "
+            "and latency a call) or grpc (grpc.aio's server, on grpc core's HTTP/2); every service and method the "
+            "same on both; docs/grpc-fronts.md says where they differ",
             str.lower,
             ("grpc", "lean"),
         ),
