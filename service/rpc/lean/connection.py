@@ -17,7 +17,11 @@ frames that cost us work without a call (PINGs and SETTINGS to acknowledge, stre
 runs, streams refused at the limit) may come at most `max_glitches` times within any second, past which the
 connection ends with a GOAWAY ENHANCE_YOUR_CALM; and while the peer does not read what we write (the
 transport's buffer over its high-water mark) we stop reading from it, so acknowledgements cannot pile up in
-memory.
+memory. What calls hold of their requests before their handlers take it (a message still arriving, whole
+messages not yet read) counts against the process's --max-incoming-bytes (service/incoming.py), shared with
+HTTP bodies: a call whose next bytes would pass it fails RESOURCE_EXHAUSTED, and what it held is let go; and a
+message still incomplete --http-header-timeout after its first byte fails its call (`expire_arrivals`, from
+the server's sweep), its clock standing while the call has an earlier message to read or we do not read.
 
 Frames HTTP/2 forbids are answered as RFC 9113 asks: a connection error (GOAWAY) for a frame on the wrong
 stream, of the wrong length, or on a stream never opened; a stream error (RST_STREAM, no call or the call
