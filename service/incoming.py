@@ -3,12 +3,12 @@
 A request is read whole before anything runs it (a gRPC message up to --max-message-bytes, an HTTP body up to
 the same), so what a client has sent of a request it has not finished is memory of ours it chooses how long to
 hold. A connection may hold many such requests (1,000 calls on the lean gRPC front; HTTP connections are not
-counted at all), and nothing else bounds them together: 200 calls on one connection, each 2 MiB into a 4 MiB
+limited in number), and nothing else bounds them together: 200 calls on one connection, each 2 MiB into a 4 MiB
 message, held 469 MiB of the lean front (docs/grpc-fronts.md). So the bytes received and not yet taken by their
 call (an HTTP body until it is complete; on the lean front a message still arriving, and whole messages its call
 has not read yet) are counted here, and a request whose next bytes would pass the limit is refused (QueueFull:
 RESOURCE_EXHAUSTED, HTTP 429 with Retry-After), its bytes let go; a request that arrives whole in one read is
-counted and let go in the same turn, and is refused only when the limit is already reached. grpc.aio's front
+counted only until its call takes it, and is refused only when the limit is already reached. grpc.aio's front
 reads messages in grpc core, out of our reach: it is not counted (docs/grpc-fronts.md).
 """
 
