@@ -498,13 +498,7 @@ def test_stop_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
 
 def _trailers_ok(frames: list[Frame], stream_id: int) -> bool:
     """Stream `stream_id` was answered with grpc-status 0 (its trailers: the HEADERS that end it)."""
-    decoder = hpack.Decoder()
-    ok = False
-    for kind, flags, sid, payload in frames:
-        if kind == f.HEADERS:
-            fields = {str(k): str(v) for k, v in decoder.decode(payload)}
-            ok = ok or (sid == stream_id and bool(flags & f.END_STREAM) and fields.get("grpc-status") == "0")
-    return ok
+    return _answers(frames).get(stream_id, {}).get("grpc-status") == "0"
 
 
 def _goaway_all(running: Running) -> None:
