@@ -1,18 +1,22 @@
 """An empty server: the server's two protocol stacks with nothing behind them.
 
-grpc.aio (no interceptors) answers encoder.v1 `Encode`, and our HTTP server (uvicorn with httptools, as
-`mhaserve serve` runs it) answers `POST /v1/embeddings`, both on one event loop, with a fixed answer of one
-embedding: no validation, tokenising, batching, model or metrics. Each call waits `delay` seconds before
-its answer, idle on the loop: the server's loop idles while the model computes a lone text, and on a VM a
-loop that has idled a few milliseconds wakes slower and runs colder than one answering back to back (an
-empty grpc.aio server took 0.6 ms a call back to back and 1.4-1.95 ms with 5 ms idle between calls,
-docs/benchmarks.md). One client's p50 against it, less the delay, is what the protocol stack, the loopback
-and the client cost a lone call on this machine; the paired one-client rounds measure it beside the
-server, with ONNX Runtime's one-text p50 in whole milliseconds as the delay (the loop waits in epoll, which
-counts whole milliseconds and rounds a fraction up), so that the server's gap to ONNX Runtime in process
-(issue 18: within 1.5 ms) splits into that floor and what the server adds above it.
+The gRPC front the server under test runs (the lean front by default, or grpc.aio's with `--grpc-front grpc`;
+no interceptors) answers encoder.v1 `Encode`, and our HTTP server (uvicorn with httptools, as `mhaserve
+serve` runs it) answers `POST /v1/embeddings`, both on one event loop, with a fixed answer of one embedding:
+no validation, tokenising, batching, model or metrics. Each call waits `delay` seconds before its answer,
+idle on the loop: the server's loop idles while the model computes a lone text, and on a VM a loop that has
+idled a few milliseconds wakes slower and runs colder than one answering back to back (an empty grpc.aio
+server took 0.6 ms a call back to back and 1.4-1.95 ms with 5 ms idle between calls, docs/benchmarks.md).
+One client's p50 against it, less the delay, is what the protocol stack, the loopback and the client cost a
+lone call on this machine; the paired one-client rounds measure it beside the server, with ONNX Runtime's
+one-text p50 in whole milliseconds as the delay (the loop waits in epoll, which counts whole milliseconds and
+rounds a fraction up), so that the server's gap to ONNX Runtime in process (issue 18: within 1.5 ms) splits
+into that floor and what the server adds above it. The floor is the served front's: an empty grpc.aio
+server under a lean-front server would count grpc core's cost a lone call (0.42 ms against the lean front's
+0.18 on the Zen 5 draw, docs/grpc-fronts.md) as floor, and hide part of what our server adds above it.
 
-Run as `python -m mhaserve.loadtest.bench.empty GRPC_PORT HTTP_PORT DIMENSIONS DELAY_S` (EmptyServer does).
+Run as `python -m mhaserve.loadtest.bench.empty GRPC_PORT HTTP_PORT DIMENSIONS DELAY_S FRONT` (EmptyServer
+does).
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ import grpc.aio
 import orjson
 
 from mhaserve.loadtest.bench.client import BenchError, terminate
+from mhaserve.loadtest.bench.options import FRONTS
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.service.http.server import HttpServer
+from mhaserve.service.rpc.lean.server import LeanServer
 from mhaserve.service.tls import TlsFiles
 from mhaserve.testing.loopback import free_ports
 from mhaserve.testing.metrics import Samples
@@ -60,7 +66,7 @@ def answers(dimensions: int) -> tuple[bytes, bytes]:
     return grpc_answer, http_answer
 
 
-async def serve(grpc_port: int, http_port: int, dimensions: int, delay: float) -> None:
+async def serve(grpc_port: int, http_port: int, dimensions: int, delay: float, front: str) -> None:
     grpc_answer, http_answer = answers(dimensions)
 
     async def encode(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
@@ -78,7 +84,7 @@ async def serve(grpc_port: int, http_port: int, dimensions: int, delay: float) -
         await send({"type": "http.response.start", "status": 200, "headers": head})
         await send({"type": "http.response.body", "body": http_answer})
 
-    server = grpc.aio.server()
+    server = LeanServer() if front == "lean" else grpc.aio.server()
     handler = grpc.unary_unary_rpc_method_handler(encode)  # no (de)serializers: bytes in, bytes out
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Encode": handler}),))
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
@@ -96,16 +102,19 @@ async def serve(grpc_port: int, http_port: int, dimensions: int, delay: float) -
 
 
 class EmptyServer:
-    """The empty server in a process of its own on free ports, each call answered `delay` seconds after it
-    arrives; measured by `run_point` as a server is: its addresses, its process's CPU; it has no metrics (no
-    batches to count)."""
+    """The empty server in a process of its own on free ports, its gRPC port served by `front` (lean or grpc,
+    as `mhaserve serve --grpc-front`), each call answered `delay` seconds after it arrives; measured by
+    `run_point` as a server is: its addresses, its process's CPU; it has no metrics (no batches to count)."""
 
     own_channels = False
     grpc_client = "aio"  # the bench's run sets its --grpc-client
 
-    def __init__(self, dimensions: int, delay: float, log_path: Path) -> None:
+    def __init__(self, dimensions: int, delay: float, log_path: Path, front: str = "lean") -> None:
+        if front not in FRONTS:
+            raise ValueError(f"no gRPC front {front!r}: one of {', '.join(FRONTS)}")
         self.dimensions = dimensions
         self.delay = delay
+        self.front = front
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -123,6 +132,7 @@ class EmptyServer:
             str(http_port),
             str(self.dimensions),
             str(self.delay),
+            self.front,
         ]
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -156,4 +166,4 @@ class EmptyServer:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
+    asyncio.run(serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]))

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.repository import GRAPHS
-from mhaserve.service.settings import auto_inference_workers, env_var, on_cpu, worker_threads
+from mhaserve.service.settings import Settings, auto_inference_workers, env_var, on_cpu, worker_threads
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -372,6 +372,23 @@ def server_processes(server_args: Sequence[str], env: Mapping[str, str] | None =
         return int(value) if value else 1
     except ValueError:
         raise ValueError(f"the server's --processes {value!r} is not a number") from None
+
+
+# `mhaserve serve --grpc-front`: its default and its choices, read from the setting itself.
+_FRONT = Settings.__dataclass_fields__["grpc_front"]
+FRONTS: tuple[str, ...] = _FRONT.metadata["choices"]
+
+
+def server_front(server_args: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """What serves the server's gRPC port (`--grpc-front`, through --server-arg or the environment the server
+    inherits; the server's default unless told): the empty server of the paired one-client rounds runs the
+    same, so that its floor is the served front's."""
+    env = os.environ if env is None else env
+    value = server_flags(server_args).get("--grpc-front", env.get(env_var("grpc_front"), _FRONT.default))
+    front = str(value).strip().lower()
+    if front not in FRONTS:
+        raise ValueError(f"the server's --grpc-front {value!r} is not one of {', '.join(FRONTS)}")
+    return front
 
 
 def served_batching(

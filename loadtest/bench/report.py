@@ -544,8 +544,11 @@ def _floor_clause(lone: dict[str, Any], names: dict[str, str]) -> str:
     if not floors:
         return ""
     cpu = lone.get("median_server_cpu_ms_per_request") or {}
+    # Reports before the empty server took the served front had grpc.aio's, whatever the server ran.
+    front = "the lean gRPC front" if lone.get("empty_server_front", "grpc") == "lean" else "grpc.aio's gRPC front"
     return (
-        "; on an empty server (the same protocol stacks, no pipeline nor model, each call answered after "
+        f"; on an empty server (the same protocol stacks, {front} and HTTP, no pipeline nor model, each call "
+        "answered after "
         f"{fmt(lone.get('empty_server_delay_ms'), 0)} ms idle, ONNX Runtime's one-text p50 in whole milliseconds), "
         "p50 less that, medians: "
         + ", ".join(

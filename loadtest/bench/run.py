@@ -209,7 +209,8 @@ def _paired_lone(
     single point compares figures minutes apart, and the floor under it measured in the same minutes."""
     one = _alone(spec, workload, 1)
     floors = [p for p in ("grpc", "http") if p in protocols]
-    empty = EmptyServer(dimensions, delay_ms / 1000, empty_log)
+    front = options.server_front(opt["server_arg"])  # the served front's floor, not another's
+    empty = EmptyServer(dimensions, delay_ms / 1000, empty_log, front)
     empty.grpc_client = opt["grpc_client"]
 
     def measure(turn: str) -> dict[str, dict[str, Any]]:
@@ -266,6 +267,7 @@ def _paired_lone(
         "median_p50_ms": median("p50_ms"),
         "median_gap_ms": median("gap_ms"),
         "empty_server_delay_ms": delay_ms,
+        "empty_server_front": front,
         "median_floor_ms": median("floor_ms"),
         "median_above_floor_ms": median("above_floor_ms"),
         "median_server_cpu_ms_per_request": median("server_cpu_ms_per_request"),

@@ -143,6 +143,7 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
     # client of gRPC and of HTTP on the empty server (the protocol stacks alone): the floor under the gap.
     paired_lone = report["paired_lone"]
     assert paired_lone["workload"] == "short" and len(paired_lone["rounds"]) == options.QUICK["paired"]
+    assert paired_lone["empty_server_front"] == "lean"  # the served front's (the default) floor
     servers = ["grpc", "grpc-sync", "http"]
     for r in paired_lone["rounds"]:
         assert sorted(r["order"]) == ["empty grpc", "empty http", *servers, "in process"], r["order"]
@@ -214,7 +215,9 @@ def test_quick_bench_end_to_end(tiny_entry: Path, tmp_path: Path) -> None:
         "paired check, short workload",
         "## One client",
         "paired check, one client, short workload",
-        "on an empty server (the same protocol stacks, no pipeline nor model, each call answered after",
+        # The default server's front, the lean one, on the empty server too: the floor is the served front's.
+        "on an empty server (the same protocol stacks, the lean gRPC front and HTTP, no pipeline nor model, each "
+        "call answered after",
         "gRPC (synchronous stub)",
         "## Queries beside indexing clients (short texts, POST /v1/embeddings, the length server)",
         "queries beside indexing clients",
@@ -384,6 +387,16 @@ def test_batches_side_by_side_are_laid_out_as_the_server_splits_its_cores(monkey
     assert side_by_side(None, ["--inference-workers=x"], env={}, device="cpu") is None
     monkeypatch.setattr("mhaserve.loadtest.bench.options.available_cpus", lambda: 16)
     assert side_by_side(None, ["--inference-workers=4"], env={}, device="cpu") == {"workers": 4, "overlap_threads": 4}
+
+
+def test_the_empty_server_runs_the_front_the_server_is_told() -> None:
+    from mhaserve.loadtest.bench.options import server_front
+
+    assert server_front([], env={}) == "lean"  # the server's default
+    assert server_front([], env={"MHASERVE_GRPC_FRONT": "grpc"}) == "grpc"
+    assert server_front(["--grpc-front=Lean"], env={"MHASERVE_GRPC_FRONT": "grpc"}) == "lean"  # the flag wins
+    with pytest.raises(ValueError, match="--grpc-front 'aio' is not one of grpc, lean"):
+        server_front(["--grpc-front=aio"], env={})
 
 
 def test_report_says_how_many_server_processes_ran(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,8 +16,11 @@ from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 
 
-def test_the_empty_server_answers_the_real_clients_after_its_delay_and_stops_on_sigterm(tmp_path: Path) -> None:
-    server = EmptyServer(48, 0.05, tmp_path / "empty.log")
+@pytest.mark.parametrize("front", ["lean", "grpc"])
+def test_the_empty_server_answers_the_real_clients_after_its_delay_and_stops_on_sigterm(
+    tmp_path: Path, front: str
+) -> None:
+    server = EmptyServer(48, 0.05, tmp_path / "empty.log", front)
     with server.running():
         with grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.EncoderServiceStub(channel)
@@ -38,6 +41,18 @@ def test_the_empty_server_answers_the_real_clients_after_its_delay_and_stops_on_
         with pytest.raises(OSError):
             server.scrape()  # no metrics: the bench's points read None batches
     assert server.proc is not None and server.proc.returncode == 0  # SIGTERM: a clean exit
+
+
+def test_the_empty_server_serves_grpc_on_the_front_it_is_given(tmp_path: Path) -> None:
+    """Its floor is the served front's: grpc core's threads run in it only on grpc.aio's front."""
+    for front in ("lean", "grpc"):
+        server = EmptyServer(8, 0.0, tmp_path / f"{front}.log", front)
+        with server.running(), grpc.insecure_channel(server.address) as channel:
+            pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["a"]), timeout=10)
+            threads = {p.read_text().strip() for p in Path(f"/proc/{server.pids()[0]}/task").glob("*/comm")}
+        assert ("grpc_global_tim" in threads) == (front == "grpc"), (front, threads)
+    with pytest.raises(ValueError, match="no gRPC front 'aio'"):
+        EmptyServer(8, 0.0, tmp_path / "x.log", "aio")
 
 
 def test_an_empty_server_that_cannot_start_says_why(tmp_path: Path) -> None:
