@@ -91,6 +91,12 @@ class Metrics:
             "--max-incoming-bytes",
             registry=r,
         )
+        self.incoming_limit = Gauge(
+            "mhaserve_incoming_request_bytes_limit",
+            "--max-incoming-bytes: past it, a request whose bytes are still arriving is refused (RESOURCE_EXHAUSTED, "
+            "HTTP 429)",
+            registry=r,
+        )
         # What health and readiness report, for alerts: the metrics port answers while the server loads,
         # stalls or drains, so `up` alone does not tell a replica that serves from one that does not.
         self.ready = Gauge(

@@ -180,6 +180,7 @@ class EncoderServer:
         assert settings.max_incoming_bytes is not None  # Settings resolves it
         self.incoming = Incoming(settings.max_incoming_bytes)
         self.metrics.incoming.set_function(lambda: self.incoming.held)
+        self.metrics.incoming_limit.set(self.incoming.limit)  # for a dashboard's or an alert's ratio
         self._server: grpc.aio.Server | LeanServer | None = None
         self._calls: ServiceInterceptor | None = None  # the gRPC calls' bookkeeping, which can abandon them
         self._requests: CallMiddleware | None = None  # the HTTP requests' (http/middleware.py), which can too

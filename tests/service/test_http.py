@@ -340,6 +340,8 @@ def test_request_bytes_still_arriving_are_bounded_over_http_and_the_lean_grpc_fr
     with ServerThread(settings).ready() as server:
         port = server.server.metrics_port
         assert port
+        # The limit beside the count, for the dashboard's panel and an alert's ratio.
+        assert scrape(port).get("mhaserve_incoming_request_bytes_limit") == 3 << 19
         encode = pb_grpc.EncoderServiceStub(server.channel()).Encode
         http = ("127.0.0.1", server.server.http_port)
         with socket.create_connection(http, timeout=30) as held:
