@@ -62,7 +62,7 @@ IN_PROCESS = "in process"  # the paired rounds' turn of ONNX Runtime in a child 
 
 # The clients of the one-client figures, as the report words them.
 _CLIENT_NAMES = {
-    "grpc": "gRPC (grpc.aio)",
+    "grpc": "gRPC (grpc.aio's client)",  # the load generator: the front is the server's
     "grpc-sync": "gRPC (synchronous stub)",
     "http": "HTTP",
     "http-base64": "HTTP (base64)",

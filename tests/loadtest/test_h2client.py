@@ -56,7 +56,7 @@ def test_the_report_names_the_grpc_client_it_measured_with() -> None:
     from mhaserve.loadtest.bench.report import client_names
 
     assert client_names({"settings": {"grpc_client": "h2"}})["grpc"] == "gRPC (the bench's HTTP/2 client)"
-    assert client_names({"settings": {"grpc_client": "aio"}})["grpc"] == "gRPC (grpc.aio)"
+    assert client_names({"settings": {"grpc_client": "aio"}})["grpc"] == "gRPC (grpc.aio's client)"
 
 
 def test_the_one_client_section_says_which_grpc_client_it_measured_with() -> None:
@@ -64,7 +64,7 @@ def test_the_one_client_section_says_which_grpc_client_it_measured_with() -> Non
 
     point = {"p50_ms": 3.0, "gap_ms": 1.0, "p99_ms": 4.0, "client_cpu_ms_per_request": 0.2}
     lone = {"reference_p50_ms": 2.0, "batching": "length", "clients": {"grpc": point, "http": point}}
-    for client, name in (("h2", "gRPC (the bench's HTTP/2 client)"), ("aio", "gRPC (grpc.aio)")):
+    for client, name in (("h2", "gRPC (the bench's HTTP/2 client)"), ("aio", "gRPC (grpc.aio's client)")):
         text = "\n".join(
             _one_client_section({"settings": {"grpc_client": client}, "summary": {"short": {"one_client": lone}}})
         )
