@@ -359,8 +359,18 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def server_flags(server_args: Sequence[str]) -> dict[str, str]:
-    """The `--flag=value` flags passed to the server through --server-arg, by flag."""
-    return dict(a.split("=", 1) for a in server_args if a.startswith("--") and "=" in a)
+    """The flags with a value passed to the server through --server-arg, by flag: `--flag=value`, or `--flag`
+    and `value` as two (`--server-arg=--grpc-front --server-arg=grpc`, which the server reads alike)."""
+    flags: dict[str, str] = {}
+    for i, arg in enumerate(server_args):
+        if not arg.startswith("--"):
+            continue
+        if "=" in arg:
+            flag, value = arg.split("=", 1)
+            flags[flag] = value
+        elif i + 1 < len(server_args) and not server_args[i + 1].startswith("-"):
+            flags[arg] = server_args[i + 1]
+    return flags
 
 
 def server_processes(server_args: Sequence[str], env: Mapping[str, str] | None = None) -> int:

@@ -395,6 +395,8 @@ def test_the_empty_server_runs_the_front_the_server_is_told() -> None:
     assert server_front([], env={}) == "lean"  # the server's default
     assert server_front([], env={"MHASERVE_GRPC_FRONT": "grpc"}) == "grpc"
     assert server_front(["--grpc-front=Lean"], env={"MHASERVE_GRPC_FRONT": "grpc"}) == "lean"  # the flag wins
+    # The flag and its value as two --server-arg, as the server reads them too (a boolean flag takes none).
+    assert server_front(["--reuse-port", "--grpc-front", "grpc", "--max-wait-ms=2"], env={}) == "grpc"
     with pytest.raises(ValueError, match="--grpc-front 'aio' is not one of grpc, lean"):
         server_front(["--grpc-front=aio"], env={})
 
