@@ -30,7 +30,7 @@ from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 
 InputTensor: TypeAlias = pb.ModelInferRequest.InferInputTensor
 TYPED_FIELD = {"BYTES": "bytes_contents", "INT64": "int64_contents"}
-PARAMETER_FIELD = {bool: "bool_param", str: "string_param"}
+PARAMETER_FIELD = {bool: "bool_param", str: "string_param", int: "int64_param"}  # tritonclient's for each
 
 
 def _classification(parameters: Mapping[str, pb.InferParameter]) -> bool:

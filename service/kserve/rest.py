@@ -91,7 +91,11 @@ class InferenceRequest(BaseModel):
     )
 
     id: StrictStr = ""
-    parameters: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, Any] = Field(
+        default_factory=dict,
+        description="normalize and truncate (bools), prompt_name (a string) and dimensions (an integer), as in "
+        "encoder.v1's Encode; binary_data_output (a bool: every output as binary data); others are ignored",
+    )
     inputs: Annotated[list[InputTensor], documented(minItems=1)]
     outputs: list[OutputTensor] = Field(default_factory=list)
 
@@ -149,12 +153,13 @@ def _flatten(data: list[Any]) -> list[Any]:
 
 
 def _parameter(parameters: dict[str, Any], key: str, want: type[ParamT]) -> ParamT | None:
-    """A parameter's value, if set: a JSON value of its type. A null string parameter is unset (an optional
-    string serialised as null); a flag must be true or false."""
+    """A parameter's value, if set: a JSON value of its type (an integer is no flag: Python's bool is an int,
+    JSON's true is not a number). A null parameter is unset: clients serialise an optional field they leave
+    unset as null (pydantic's models, Go's pointers), as the OpenAI route reads `dimensions: null`."""
     value = parameters.get(key)
-    if key not in parameters or (value is None and want is str):
+    if value is None:
         return None
-    if not isinstance(value, want):
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
         raise InvalidArgument(f"parameter {key!r} must be {PARAMETER_TYPES[want]}, got {type(value).__name__}")
     return value
 

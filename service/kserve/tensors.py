@@ -4,8 +4,8 @@
   INT64 [-1, -1] (rows padded on the right; the mask strips the padding so the batcher can re-pack
   the rows with other requests');
 - output: `embeddings` FP32 [-1, dim];
-- request parameters (an mhaserve extension): `normalize` and `truncate`, both bools, and `prompt_name`, a
-  string, as in encoder.v1's EncodeRequest; the response carries `input_tokens`.
+- request parameters (an mhaserve extension): `normalize` and `truncate`, both bools, `prompt_name`, a
+  string, and `dimensions`, an integer, as in encoder.v1's EncodeRequest; the response carries `input_tokens`.
 
 The gRPC codec (codec.py) and the REST one (rest.py) only take each input's name, datatype, shape and
 contents (raw bytes, or the wire's typed values) and each parameter off their wire; everything from there
@@ -215,8 +215,8 @@ def int64(tensor: Tensor) -> npt.NDArray[np.int64]:
     return values.astype(np.int64, copy=False).reshape(tuple(tensor.shape))
 
 
-ParamT = TypeVar("ParamT", bool, str)  # the types of the request parameters read
-PARAMETER_TYPES: dict[type, str] = {bool: "a bool", str: "a string"}  # as errors name them
+ParamT = TypeVar("ParamT", bool, str, int)  # the types of the request parameters read
+PARAMETER_TYPES: dict[type, str] = {bool: "a bool", str: "a string", int: "an integer"}  # as errors name them
 
 
 class ParameterReader(Protocol):
@@ -233,13 +233,15 @@ class Options:
     truncate: bool = False
     normalize: bool | None = None  # None: the model's default
     prompt_name: str | None = None  # None (or ""): the model's default prompt
+    dimensions: int | None = None  # None: every dimension; else the leading ones, renormalised (the pipeline checks)
 
 
 def request_options(read: ParameterReader) -> Options:
     """The options from the request parameters, as the wire reads them."""
     # Read in this order: of several bad parameters, the first named here is the one reported.
     normalize, truncate = read("normalize", bool), read("truncate", bool)
-    return Options(truncate=bool(truncate), normalize=normalize, prompt_name=read("prompt_name", str) or None)
+    prompt_name, dimensions = read("prompt_name", str) or None, read("dimensions", int)
+    return Options(truncate=bool(truncate), normalize=normalize, prompt_name=prompt_name, dimensions=dimensions)
 
 
 def encode_input(inputs: Mapping[str, Tensor], options: Options, *, model: str, version: str | None) -> EncodeInput:
@@ -251,6 +253,7 @@ def encode_input(inputs: Mapping[str, Tensor], options: Options, *, model: str, 
         "truncate": options.truncate,
         "normalize": options.normalize,
         "prompt_name": options.prompt_name,
+        "dimensions": options.dimensions,
     }
     if TEXT in inputs:
         if IDS in inputs or MASK in inputs:

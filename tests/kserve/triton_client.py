@@ -94,6 +94,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             model, [text_input(texts)], parameters={"normalize": False}, model_version="", client_timeout=TIMEOUT
         )
         out["infer_text_raw"] = embeddings(result)
+        result = client.infer(model, [text_input(texts)], parameters={"dimensions": 8}, client_timeout=TIMEOUT)
+        out["infer_text_dims"] = embeddings(result)
         result = client.infer(model, ids_inputs(spec["ids"], spec["mask"]), client_timeout=TIMEOUT)
         out["infer_ids"] = embeddings(result)
 
@@ -123,6 +125,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         shm_output.set_shared_memory("out0", 4 * 32 * len(texts))
         out["errors"] = {
             "wrong_datatype": status_of(lambda: client.infer(model, [bad_dtype], client_timeout=TIMEOUT)),
+            "dimensions_too_many": status_of(
+                lambda: client.infer(model, [text_input(texts)], parameters={"dimensions": 33}, client_timeout=TIMEOUT)
+            ),
+            "dimensions_not_int": status_of(
+                lambda: client.infer(model, [text_input(texts)], parameters={"dimensions": "8"}, client_timeout=TIMEOUT)
+            ),
             "shared_memory_input": status_of(lambda: client.infer(model, [shm_input], client_timeout=TIMEOUT)),
             "shared_memory_output": status_of(
                 lambda: client.infer(model, [text_input(texts)], outputs=[shm_output], client_timeout=TIMEOUT)
@@ -208,6 +216,7 @@ def run_http(spec: dict[str, Any]) -> dict[str, Any]:
             )
         )
         out["infer_text_raw"] = result(client.infer(model, [text_tensor(texts)], parameters={"normalize": False}))
+        out["infer_text_dims"] = result(client.infer(model, [text_tensor(texts)], parameters={"dimensions": 8}))
         out["infer_ids"] = result(client.infer(model, ids_tensors(), model_version="1"))
         out["infer_ids_json"] = result(client.infer(model, ids_tensors(binary=False)))
         out["infer_gzip"] = result(client.infer(model, [text_tensor(texts)], request_compression_algorithm="gzip"))
@@ -219,6 +228,12 @@ def run_http(spec: dict[str, Any]) -> dict[str, Any]:
         shm_output.set_shared_memory("out0", 4 * 32 * len(texts))
         out["errors"] = {
             "wrong_datatype": status(lambda: client.infer(model, [bad_dtype])),
+            "dimensions_too_many": status(
+                lambda: client.infer(model, [text_tensor(texts)], parameters={"dimensions": 33})
+            ),
+            "dimensions_not_int": status(
+                lambda: client.infer(model, [text_tensor(texts)], parameters={"dimensions": True})
+            ),
             "shared_memory_input": status(lambda: client.infer(model, [shm_input])),
             "shared_memory_output": status(lambda: client.infer(model, [text_tensor(texts)], outputs=[shm_output])),
             "missing_input": status(lambda: client.infer(model, ids_tensors()[:1])),

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import hypothesis.strategies as st
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
@@ -475,6 +476,26 @@ def test_kserve_binary_output_follows_the_request_flag_unless_the_output_says_ot
         reply = infer(bad, outputs)
         assert reply.status == 400 and "must be a bool" in reply.json()["error"]
     assert counts() == (success, fail + 2, embedded)  # refused, and nothing computed for them
+
+
+def test_kserve_parameters_set_to_null_are_unset_and_dimensions_shape_the_output(srv: ServerThread) -> None:
+    """A client that writes an optional field it leaves unset as null (pydantic's models, Go's pointers) gets the
+    defaults, as the OpenAI route reads `dimensions: null`: a null flag was refused 400 ("must be a bool, got
+    NoneType") where a null prompt_name was unset. `dimensions` keeps the leading values, renormalised."""
+    text = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a null parameter"]}
+    infer = url(srv, "/v2/models/tiny/infer")
+    plain = request("POST", infer, {"inputs": [text]})
+    keys = ("normalize", "truncate", "prompt_name", "dimensions", "binary_data_output")
+    nulls = request("POST", infer, {"inputs": [text], "parameters": dict.fromkeys(keys)})
+    assert plain.status == nulls.status == 200, nulls.body[:300]
+    assert nulls.json()["outputs"] == plain.json()["outputs"]
+    full = np.array(plain.json()["outputs"][0]["data"], dtype=np.float32)
+    short = request("POST", infer, {"inputs": [text], "parameters": {"dimensions": 8}}).json()["outputs"][0]
+    assert short["shape"] == [1, 8]
+    np.testing.assert_allclose(short["data"], full[:8] / np.linalg.norm(full[:8]), atol=1e-6)
+    for bad, says in (({"dimensions": 8.0}, "must be an integer, got float"), ({"dimensions": 0}, "ask for 1 to")):
+        reply = request("POST", infer, {"inputs": [text], "parameters": bad})
+        assert reply.status == 400 and says in reply.json()["error"], (bad, reply.body[:300])
 
 
 def test_responses_are_not_held_back_by_nagles_algorithm(srv: ServerThread) -> None:

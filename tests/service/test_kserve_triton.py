@@ -82,6 +82,7 @@ class Interop:
     http: dict[str, Any]  # the same through tritonclient.http
     encoded: npt.NDArray[np.float32]  # texts, the model's default normalisation
     encoded_raw: npt.NDArray[np.float32]  # texts, not normalised
+    encoded_dims: npt.NDArray[np.float32]  # texts, their first 8 dimensions renormalised
     encoded_ids: npt.NDArray[np.float32]  # the texts' token ids, unpadded
     tokens: list[list[int]]
     server: ServerThread
@@ -99,9 +100,10 @@ def interop(server: ServerThread, entry: Path, texts: list[str]) -> Interop:
         stub = pb_grpc.EncoderServiceStub(channel)
         encoded = vectors(stub.Encode(pb.EncodeRequest(texts=texts), timeout=30))
         encoded_raw = vectors(stub.Encode(pb.EncodeRequest(texts=texts, normalize=False), timeout=30))
+        encoded_dims = vectors(stub.Encode(pb.EncodeRequest(texts=texts, dimensions=8), timeout=30))
         by_ids = pb.EncodeRequest(token_ids=[pb.TokenIds(ids=r) for r in tokens])
         encoded_ids = vectors(stub.Encode(by_ids, timeout=30))
-    return Interop(results, http, encoded, encoded_raw, encoded_ids, tokens, server)
+    return Interop(results, http, encoded, encoded_raw, encoded_dims, encoded_ids, tokens, server)
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +164,8 @@ def test_infer_equals_encode(tiny: Interop) -> None:
     r = tiny.results
     assert_close(r["infer_text"], tiny.encoded)
     assert_close(r["infer_text_raw"], tiny.encoded_raw)  # the `normalize` parameter
+    assert_close(r["infer_text_dims"], tiny.encoded_dims)  # the `dimensions` parameter (int64_param)
+    assert r["infer_text_dims"]["shape"] == [len(TEXTS), 8]
     assert_close(r["infer_ids"], tiny.encoded_ids)  # padded rows, stripped by the mask
     assert_close(r["infer_after_errors"], tiny.encoded)
     text = r["infer_text"]
@@ -188,6 +192,14 @@ def test_errors_have_the_encode_status_codes(tiny: Interop) -> None:
     assert "datatype INT32; expected INT64" in errors["wrong_datatype"]["message"]
     assert errors["missing_input"]["status"] == "StatusCode.INVALID_ARGUMENT"
     assert "missing input 'attention_mask'" in errors["missing_input"]["message"]
+    # `dimensions` as Encode reads it: 1 to the model's 32, and an integer (int64_param), not a string
+    assert errors["dimensions_too_many"]["status"] == "StatusCode.INVALID_ARGUMENT"
+    assert "ask for 1 to 32" in errors["dimensions_too_many"]["message"]
+    assert errors["dimensions_not_int"]["status"] == "StatusCode.INVALID_ARGUMENT"
+    assert (
+        "parameter 'dimensions' must be an integer (int64_param), got string_param"
+        in (errors["dimensions_not_int"]["message"])
+    )
     for case in ("unknown_model", "unknown_version", "metadata_unknown_model"):
         assert errors[case]["status"] == "StatusCode.NOT_FOUND", case
     # set_shared_memory on an input or an output: refused, not answered inline (the client would read its region)
@@ -213,11 +225,12 @@ def test_statistics_count_what_the_client_did(tiny: Interop) -> None:
     def delta(*path: str) -> int:
         return count(after, *path) - count(before, *path)
 
-    # 4 infers and 5 stream requests succeeded; the wrong datatype, the missing input, the two in shared memory
-    # and the stream's bad request failed (requests for other models or versions are not this model's).
-    assert delta("inference_stats", "success", "count") == 9
-    assert delta("inference_stats", "fail", "count") == 5
-    assert delta("inference_count") == 4 * len(TEXTS) + len(TEXTS)
+    # 5 infers and 5 stream requests succeeded; the wrong datatype, the two bad `dimensions`, the missing input,
+    # the two in shared memory and the stream's bad request failed (requests for other models or versions are
+    # not this model's).
+    assert delta("inference_stats", "success", "count") == 10
+    assert delta("inference_stats", "fail", "count") == 7
+    assert delta("inference_count") == 5 * len(TEXTS) + len(TEXTS)
     assert delta("execution_count") > 0
     for part in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
         assert delta("inference_stats", part, "ns") > 0, part
@@ -288,6 +301,7 @@ def test_http_infer_equals_encode_in_binary_and_json(tiny: Interop) -> None:
     assert_close(r["infer_text"], tiny.encoded)
     assert_close(r["infer_text_json"], tiny.encoded)
     assert_close(r["infer_text_raw"], tiny.encoded_raw)  # the `normalize` parameter
+    assert_close(r["infer_text_dims"], tiny.encoded_dims)  # the `dimensions` parameter (a JSON integer)
     assert_close(r["infer_ids"], tiny.encoded_ids)  # binary INT64 inputs, padding stripped by the mask
     assert_close(r["infer_ids_json"], tiny.encoded_ids)  # nested JSON INT64 data
     assert_close(r["infer_gzip"], tiny.encoded)  # a gzip request body
@@ -305,6 +319,10 @@ def test_http_errors_have_the_mapped_statuses(tiny: Interop) -> None:
     assert "datatype INT32; expected INT64" in errors["wrong_datatype"]["message"]
     assert errors["missing_input"]["status"] == "400"
     assert "missing input 'attention_mask'" in errors["missing_input"]["message"]
+    assert errors["dimensions_too_many"]["status"] == "400"
+    assert "ask for 1 to 32" in errors["dimensions_too_many"]["message"]
+    assert errors["dimensions_not_int"]["status"] == "400"  # JSON true is no integer, though Python's bool is one
+    assert "parameter 'dimensions' must be an integer, got bool" in errors["dimensions_not_int"]["message"]
     for case in ("unknown_model", "unknown_version", "metadata_unknown_model"):
         assert errors[case]["status"] == "404", case
     for case, tensor in (("shared_memory_input", "input 'text'"), ("shared_memory_output", "output 'embeddings'")):
@@ -315,7 +333,8 @@ def test_http_errors_have_the_mapped_statuses(tiny: Interop) -> None:
 def test_http_statistics_count_what_the_client_did(tiny: Interop) -> None:
     (before,) = tiny.http["statistics_before"]["model_stats"]
     (after,) = tiny.http["statistics_after"]["model_stats"]
-    # 7 infers succeeded; the wrong datatype, the missing input and the two in shared memory failed.
-    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 7
-    assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 4
-    assert after["inference_count"] - before["inference_count"] == 7 * len(TEXTS)
+    # 8 infers succeeded; the wrong datatype, the two bad `dimensions`, the missing input and the two in shared
+    # memory failed.
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 8
+    assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 6
+    assert after["inference_count"] - before["inference_count"] == 8 * len(TEXTS)
