@@ -416,6 +416,8 @@ def _encode(args: argparse.Namespace) -> int:
                     model=model,
                     normalize=args.normalize,
                     truncate=args.truncate,
+                    dimensions=args.dimensions,
+                    prompt_name=args.prompt_name,
                     timeout=args.timeout,
                     request_id=args.request_id,
                     connection=connection,
@@ -482,6 +484,19 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="L2-normalise the embeddings (default: the model's own default)",
     )
     p.add_argument("--truncate", action="store_true", help="cut texts longer than the model's maximum")
+    p.add_argument(
+        "--dimensions",
+        type=_positive_int,
+        metavar="N",
+        help="keep the first N values of each embedding, renormalised (Matryoshka-trained models; default: all)",
+    )
+    p.add_argument(
+        "--prompt-name",
+        default="",
+        metavar="NAME",
+        help="one of the model's prompts (GET /info and GetModelInfo list them), put before each text (default: "
+        "the model's default prompt, if it has one)",
+    )
     p.add_argument("--summary", action="store_true", help="print a short summary instead of the vectors")
     p.add_argument(
         "--batch-size",

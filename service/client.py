@@ -57,6 +57,8 @@ def encode(
     model: str = "",
     normalize: bool | None = None,
     truncate: bool = False,
+    dimensions: int | None = None,
+    prompt_name: str = "",
     timeout: float = 30.0,
     request_id: str | None = None,
     connection: Connection = PLAINTEXT,
@@ -67,9 +69,11 @@ def encode(
     `channel` (from `connection.channel(address, CHANNEL_OPTIONS)`) lets several calls share one
     connection: a new one per call pays the TCP (and TLS) handshake each time.
     """
-    request = pb.EncodeRequest(texts=list(texts), model=model, truncate=truncate)
+    request = pb.EncodeRequest(texts=list(texts), model=model, truncate=truncate, prompt_name=prompt_name)
     if normalize is not None:
         request.normalize = normalize
+    if dimensions is not None:
+        request.dimensions = dimensions
     metadata = connection.metadata(*(((REQUEST_ID_HEADER, request_id),) if request_id else ()))
     shared = contextlib.nullcontext(channel) if channel is not None else None
     with shared or connection.channel(address, CHANNEL_OPTIONS) as used:

@@ -186,6 +186,22 @@ def test_encode_summary_and_errors(server: ServerThread, capsys: pytest.CaptureF
     assert "160 input tokens" in capsys.readouterr().out
 
 
+def test_encode_asks_for_dimensions_and_a_prompt(server: ServerThread, capsys: pytest.CaptureFixture[str]) -> None:
+    """The Encode request's `dimensions` and `prompt_name`, which the command could not send."""
+    assert main(["encode", "hello", "second text", "--dimensions", "8", "--address", server.address]) == 0
+    vectors = np.array([json.loads(line) for line in capsys.readouterr().out.splitlines()])
+    assert vectors.shape == (2, 8)
+    expected = client.encode(server.address, ["hello", "second text"], dimensions=8)
+    np.testing.assert_allclose(vectors, [e.values for e in expected.embeddings], atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # the tiny model has no prompts: the server's refusal, said as for any other
+    assert main(["encode", "hello", "--prompt-name", "query", "--address", server.address]) == 1
+    assert "INVALID_ARGUMENT" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["encode", "hello", "--dimensions", "0", "--address", server.address])
+    assert e.value.code == 2 and "above 0" in capsys.readouterr().err
+
+
 def test_encode_reads_stdin_and_refuses_bad_timeouts_and_keys(
     server: ServerThread, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
