@@ -170,10 +170,10 @@ class Pipeline:
         if req.prompt_name and req.token_ids:
             raise InvalidArgument("prompt_name applies to texts; token ids are sent as they are", param="prompt_name")
         if req.prompt_name and req.prompt_name not in self.prompts:
-            known = ", ".join(repr(p) for p in sorted(self.prompts)) or "none"
+            known = ", ".join(repr(p) for p in sorted(self.prompts))
+            has = f"its prompts are {known}" if known else "it has none (serving.json can name some: docs/models.md)"
             raise InvalidArgument(
-                f"prompt {req.prompt_name!r} is not one of model {self.model.name!r}'s prompts ({known})",
-                param="prompt_name",
+                f"model {self.model.name!r} has no prompt {req.prompt_name!r}: {has}", param="prompt_name"
             )
         if req.dimensions is not None and req.normalize is False:
             # Once answered with unit vectors without a word: the leading values are renormalised.

@@ -196,7 +196,8 @@ def test_encode_asks_for_dimensions_and_a_prompt(server: ServerThread, capsys: p
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     # the tiny model has no prompts: the server's refusal, said as for any other
     assert main(["encode", "hello", "--prompt-name", "query", "--address", server.address]) == 1
-    assert "INVALID_ARGUMENT" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "INVALID_ARGUMENT: model 'tiny' has no prompt 'query': it has none" in err, err
     with pytest.raises(SystemExit) as e:
         main(["encode", "hello", "--dimensions", "0", "--address", server.address])
     assert e.value.code == 2 and "above 0" in capsys.readouterr().err
