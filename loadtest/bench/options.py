@@ -395,7 +395,7 @@ def server_front(server_args: Sequence[str], env: Mapping[str, str] | None = Non
     same, so that its floor is the served front's."""
     env = os.environ if env is None else env
     value = server_flags(server_args).get("--grpc-front", env.get(env_var("grpc_front"), _FRONT.default))
-    front = str(value).strip().lower()
+    front: str = _FRONT.metadata["parse"](value)  # as the server reads it (its case folded)
     if front not in FRONTS:
         raise ValueError(f"the server's --grpc-front {value!r} is not one of {', '.join(FRONTS)}")
     return front
