@@ -231,7 +231,7 @@ def _missing(command: str, error: ImportError, what: str) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from mhaserve.cli.options import build, misspelt
+    from mhaserve.cli.options import build, inert, misspelt
     from mhaserve.service.context import configure_logging
     from mhaserve.service.server import serve
     from mhaserve.service.settings import SettingsError
@@ -241,7 +241,7 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as e:
         print(f"mhaserve serve: error: {e}", file=sys.stderr)
         return 2
-    for warning in misspelt():
+    for warning in misspelt() + inert(settings, args):
         print(f"mhaserve serve: warning: {warning}", file=sys.stderr)
     level = "debug" if args.verbose else settings.log_level
     configure_logging(level)

@@ -75,8 +75,7 @@ def misspelt(env: Mapping[str, str] | None = None) -> list[str]:
 
 def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Settings from parsed flags (None where not given), then `MHASERVE_*` variables, then the defaults."""
-    given = dict(vars(cli) if isinstance(cli, argparse.Namespace) else (cli or {}))
-    env = os.environ if env is None else env
+    given, env = _given(cli), os.environ if env is None else env
     values: dict[str, Any] = {}
     from_env: list[str] = []
     for f in dataclasses.fields(Settings):
@@ -97,10 +96,26 @@ def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mappin
     try:
         return Settings(**values)
     except SettingsError as e:
-        # Settings names the flags; a value the user set through a variable is named by that variable
-        # ("--device must be one of ..." answered MHASERVE_DEVICE=tpu). Not followed by a letter or a dash:
-        # --repository is not --repository-poll-s.
-        message = str(e)
-        for name in from_env:
-            message = re.sub(rf"{re.escape(flag(name))}(?![\w-])", env_var(name), message)
-        raise SettingsError(message) from None
+        raise SettingsError(_as_set(str(e), from_env)) from None
+
+
+def inert(settings: Settings, cli: argparse.Namespace | Mapping[str, Any] | None = None,
+          env: Mapping[str, str] | None = None) -> list[str]:  # fmt: skip
+    """A warning for each setting given a value that the others leave without effect (`Settings.inert`), named
+    as the user set it, by its flag or its variable."""
+    given, env = _given(cli), os.environ if env is None else env
+    from_env = [f.name for f in dataclasses.fields(Settings) if given.get(f.name) is None and env.get(env_var(f.name))]
+    return [_as_set(f"{flag(name)} {why} (ignored)", from_env) for name, why in settings.inert()]
+
+
+def _given(cli: argparse.Namespace | Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict(vars(cli) if isinstance(cli, argparse.Namespace) else (cli or {}))
+
+
+def _as_set(message: str, from_env: list[str]) -> str:
+    """`message` with the flag of each setting set through its variable replaced by that variable: Settings
+    names flags, and "--device must be one of ..." answered MHASERVE_DEVICE=tpu. Not followed by a letter or a
+    dash: --repository is not --repository-poll-s."""
+    for name in from_env:
+        message = re.sub(rf"{re.escape(flag(name))}(?![\w-])", env_var(name), message)
+    return message

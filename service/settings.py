@@ -491,6 +491,30 @@ class Settings:
                     "or /grpc.health.v1.Health/*"
                 )
 
+    def inert(self) -> list[tuple[str, str]]:
+        """The settings given a value of their own that the others leave without effect, each with why. Not
+        refused (a deployment's variables may set more than one command line uses), but not silent either:
+        MHASERVE_REPOSITORY_POLL_S=1 without polling served what start-up loaded, and said nothing."""
+        inert = []
+        if self.repository_poll_s != _default("repository_poll_s") and self.model_control != "poll":
+            inert.append(
+                ("repository_poll_s", f"is read only with {flag('model_control')} poll, not {self.model_control}")
+            )
+        if self.metrics_host and not self.metrics_port:
+            inert.append(("metrics_host", f"has no listener to place: {flag('metrics_port')} is 0"))
+        if self.max_padding is not None and self.batching != "length":
+            inert.append(("max_padding", f"is read only with {flag('batching')} length, not {self.batching}"))
+        keys = self.api_keys_file or self.admin_keys_file or self.api_keys.keys or self.admin_keys.keys
+        if self.open_methods != _default("open_methods") and not keys:
+            inert.append(
+                (
+                    "open_methods",
+                    f"has nothing to open: with no API keys ({flag('api_keys_file')}, MHASERVE_API_KEYS) every "
+                    "method is open",
+                )
+            )
+        return inert
+
     @property
     def metrics_address(self) -> str:
         """Where the metrics port listens: --metrics-host, else --host."""
@@ -580,3 +604,8 @@ def flag(name: str) -> str:
 
 def env_var(name: str) -> str:
     return ENV_PREFIX + name.upper()
+
+
+def _default(name: str) -> Any:
+    """The default of the setting `name`."""
+    return next(f.default for f in dataclasses.fields(Settings) if f.name == name)

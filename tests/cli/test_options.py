@@ -269,6 +269,67 @@ def test_a_variable_nearly_named_as_a_setting_is_warned_about() -> None:
 
 
 @pytest.mark.parametrize(
+    ("given", "env", "warning"),
+    [
+        (("--repository-poll-s", "1"), {},
+         "--repository-poll-s is read only with --model-control poll, not none (ignored)"),
+        ((), {"MHASERVE_REPOSITORY_POLL_S": "1", "MHASERVE_MODEL_CONTROL": "explicit"},
+         "MHASERVE_REPOSITORY_POLL_S is read only with MHASERVE_MODEL_CONTROL poll, not explicit (ignored)"),
+        (("--metrics-port", "0", "--metrics-host", "10.0.0.1"), {},
+         "--metrics-host has no listener to place: --metrics-port is 0 (ignored)"),
+        (("--batching", "arrival"), {"MHASERVE_MAX_PADDING": "0.2"},
+         "MHASERVE_MAX_PADDING is read only with --batching length, not arrival (ignored)"),
+        (("--open-methods", "none"), {},
+         "--open-methods has nothing to open: with no API keys (--api-keys-file, MHASERVE_API_KEYS) every method "
+         "is open (ignored)"),
+    ],
+    ids=["poll-s without poll", "poll-s by variable", "metrics host without a port", "padding cap on arrival",
+         "open methods without keys"],
+)  # fmt: skip
+def test_a_setting_the_others_leave_without_effect_is_warned_about(
+    given: tuple[str, ...], env: dict[str, str], warning: str
+) -> None:
+    """MHASERVE_REPOSITORY_POLL_S=1 without --model-control poll served what start-up loaded, without a word."""
+    from mhaserve.cli.options import inert
+
+    args = parse(*given)
+    assert inert(build(args, env=env), args, env=env) == [warning]
+
+
+@pytest.mark.parametrize(
+    ("given", "env"),
+    [
+        ((), {}),
+        (("--metrics-port", "0", "--http-port", "0"), {}),
+        (("--model-control", "poll", "--repository-poll-s", "1"), {}),
+        (("--metrics-host", "10.0.0.1"), {"MHASERVE_MAX_PADDING": "0.2"}),
+        (("--open-methods", "none"), {"MHASERVE_API_KEYS": "k"}),
+        (("--open-methods", "none", "--admin-keys-file", "admin.txt"), {}),
+    ],
+)
+def test_settings_that_take_effect_are_not_warned_about(given: tuple[str, ...], env: dict[str, str]) -> None:
+    from mhaserve.cli.options import inert
+
+    args = parse(*given)
+    assert inert(build(args, env=env), args, env=env) == []
+
+
+def test_serve_prints_the_warning_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The serve command says it, on stderr, before anything loads (here a repository with no model, which
+    then fails to serve)."""
+    monkeypatch.setenv("MHASERVE_REPOSITORY_POLL_S", "2")
+    argv = ["serve", "--repository", str(tmp_path), "--port", "0", "--http-port", "0", "--metrics-port", "0"]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "mhaserve serve: warning: MHASERVE_REPOSITORY_POLL_S is read only with --model-control poll, not none "
+        "(ignored)\n"
+    )
+
+
+@pytest.mark.parametrize(
     ("argv", "verbose"),
     [
         (["serve"], False),
