@@ -77,7 +77,6 @@ def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mappin
     """Settings from parsed flags (None where not given), then `MHASERVE_*` variables, then the defaults."""
     given, env = _given(cli), os.environ if env is None else env
     values: dict[str, Any] = {}
-    from_env: list[str] = []
     for f in dataclasses.fields(Settings):
         if given.get(f.name) is not None:
             value = given[f.name]
@@ -92,24 +91,27 @@ def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mappin
                 if f.metadata.get("env_only"):  # keys: no flag to name, and a value never shown
                     raise SettingsError(f"{env_var(f.name)} is not valid: {e}") from None
                 raise SettingsError(f"{env_var(f.name)}={raw!r} is not a valid {flag(f.name)}") from None
-            from_env.append(f.name)
     try:
         return Settings(**values)
     except SettingsError as e:
-        raise SettingsError(_as_set(str(e), from_env)) from None
+        raise SettingsError(_as_set(str(e), _from_env(given, env))) from None
 
 
 def inert(settings: Settings, cli: argparse.Namespace | Mapping[str, Any] | None = None,
           env: Mapping[str, str] | None = None) -> list[str]:  # fmt: skip
     """A warning for each setting given a value that the others leave without effect (`Settings.inert`), named
     as the user set it, by its flag or its variable."""
-    given, env = _given(cli), os.environ if env is None else env
-    from_env = [f.name for f in dataclasses.fields(Settings) if given.get(f.name) is None and env.get(env_var(f.name))]
+    from_env = _from_env(_given(cli), os.environ if env is None else env)
     return [_as_set(f"{flag(name)} {why} (ignored)", from_env) for name, why in settings.inert()]
 
 
 def _given(cli: argparse.Namespace | Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(vars(cli) if isinstance(cli, argparse.Namespace) else (cli or {}))
+
+
+def _from_env(given: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
+    """The settings a variable set: not given as a flag, their variable set and not empty."""
+    return [f.name for f in dataclasses.fields(Settings) if given.get(f.name) is None and env.get(env_var(f.name))]
 
 
 def _as_set(message: str, from_env: list[str]) -> str:

@@ -496,7 +496,7 @@ class Settings:
         refused (a deployment's variables may set more than one command line uses), but not silent either:
         MHASERVE_REPOSITORY_POLL_S=1 without polling served what start-up loaded, and said nothing."""
         inert = []
-        if self.repository_poll_s != _default("repository_poll_s") and self.model_control != "poll":
+        if self.repository_poll_s != Settings.repository_poll_s and self.model_control != "poll":
             inert.append(
                 ("repository_poll_s", f"is read only with {flag('model_control')} poll, not {self.model_control}")
             )
@@ -505,7 +505,7 @@ class Settings:
         if self.max_padding is not None and self.batching != "length":
             inert.append(("max_padding", f"is read only with {flag('batching')} length, not {self.batching}"))
         keys = self.api_keys_file or self.admin_keys_file or self.api_keys.keys or self.admin_keys.keys
-        if self.open_methods != _default("open_methods") and not keys:
+        if self.open_methods != OPEN_METHODS and not keys:
             inert.append(
                 (
                     "open_methods",
@@ -604,8 +604,3 @@ def flag(name: str) -> str:
 
 def env_var(name: str) -> str:
     return ENV_PREFIX + name.upper()
-
-
-def _default(name: str) -> Any:
-    """The default of the setting `name`."""
-    return next(f.default for f in dataclasses.fields(Settings) if f.name == name)
