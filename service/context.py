@@ -1,4 +1,5 @@
-"""The request's context: its id, set once per request by whichever protocol received it, and in every log line.
+"""The request's context: its id, set once per request by whichever protocol received it, and in every log line;
+and the server's log lines themselves (their format, and a throttle for lines a client can make many of).
 
 A client may send `x-request-id` (gRPC metadata or an HTTP header); the server makes one up otherwise
 and sends it back. The id lives in a ContextVar, so each request (its own task) sees its own; the
@@ -10,6 +11,8 @@ from __future__ import annotations
 import logging
 import random
 import re
+import time
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -51,3 +54,33 @@ def configure_logging(level: str, process: str | None = None) -> None:
     fmt = LOG_FORMAT if process is None else LOG_FORMAT.replace("%(levelname)s", f"%(levelname)s {process}", 1)
     handler.setFormatter(logging.Formatter(fmt))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+class Throttle(logging.Filter):
+    """At most one line an `interval` of each of `messages` (a record whose message starts with it), the next
+    saying how many were left out; other lines pass untouched. For a logger that writes a line for each of
+    something a client can send as often as it likes."""
+
+    def __init__(
+        self, messages: Iterable[str], interval: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.messages = tuple(messages)
+        self.interval = interval
+        self.clock = clock
+        self._next: dict[str, float] = {}  # message -> when its next line may be written
+        self._left_out: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.msg
+        if not isinstance(text, str) or not text.startswith(self.messages):
+            return True
+        message = next(m for m in self.messages if text.startswith(m))
+        now = self.clock()
+        if now < self._next.get(message, -float("inf")):
+            self._left_out[message] = self._left_out.get(message, 0) + 1
+            return False
+        self._next[message] = now + self.interval
+        if left_out := self._left_out.pop(message, 0):
+            record.msg = f"{text} ({left_out} more since the last such line, not logged)"
+        return True

@@ -97,6 +97,22 @@ class Metrics:
             "HTTP 429)",
             registry=r,
         )
+        self.connections = Gauge(
+            "mhaserve_connections",
+            "Client connections open (the lean gRPC front's and HTTP's), against --max-connections",
+            registry=r,
+        )
+        self.connections_limit = Gauge(
+            "mhaserve_connections_limit",
+            "--max-connections: past it, a new connection is closed at once (HTTP answers it 503 first)",
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            "mhaserve_connections_refused",
+            "Connections closed at once because --max-connections were open, by protocol",
+            ["protocol"],
+            registry=r,
+        )
         # What health and readiness report, for alerts: the metrics port answers while the server loads,
         # stalls or drains, so `up` alone does not tell a replica that serves from one that does not.
         self.ready = Gauge(

@@ -46,9 +46,10 @@ from mhaserve.runtime.repository import (
     RepositoryError,
     onnx_engine,
 )
-from mhaserve.service import tls
+from mhaserve.service import connections, tls
 from mhaserve.service.auth import AuthError, KeyRing, Keys, load_keys
 from mhaserve.service.batching import CPU_LIMITS, Batcher
+from mhaserve.service.connections import ConnectionLimit
 from mhaserve.service.dataplane import DataPlane, State
 from mhaserve.service.encoder_v1 import SERVICE as ENCODER_SERVICE
 from mhaserve.service.encoder_v1 import EncoderServicer
@@ -139,6 +140,26 @@ class StartupError(RuntimeError):
     """The server cannot start: the message says why and what to do."""
 
 
+def _connection_limit(setting: int | None) -> int:
+    """--max-connections, or its default for this process's open-file limit, raised first to the hard limit."""
+    before, files = connections.raise_file_limit()
+    connections.throttle_accept_failures()
+    if before != files:
+        log.info("raised the limit of open files from %d to %d (the hard limit)", before, files)
+    if setting is None:
+        return connections.default_limit(files)
+    if setting > files - connections.RESERVE:
+        log.warning(
+            "--max-connections %d leaves fewer than %d of the %d files this process may open for its own use: "
+            "past %d connections, accepting one may fail (raise the hard limit, `ulimit -Hn`, or lower the setting)",
+            setting,
+            connections.RESERVE,
+            files,
+            max(0, files - connections.RESERVE),
+        )
+    return setting
+
+
 def grpc_address(host: str, port: int) -> str:
     """HOST:PORT as grpc reads it and as a log line shows it: an IPv6 address (`::`, `::1`, or bracketed
     already) in brackets."""
@@ -181,6 +202,12 @@ class EncoderServer:
         self.incoming = Incoming(settings.max_incoming_bytes)
         self.metrics.incoming.set_function(lambda: self.incoming.held)
         self.metrics.incoming_limit.set(self.incoming.limit)  # for a dashboard's or an alert's ratio
+        # Client connections over both fronts, against the descriptors the process may hold (connections.py)
+        self.connection_limit = ConnectionLimit(
+            _connection_limit(settings.max_connections), refused=self.metrics.connections_refused
+        )
+        self.metrics.connections.set_function(lambda: self.connection_limit.open)
+        self.metrics.connections_limit.set(self.connection_limit.limit)
         self._server: grpc.aio.Server | LeanServer | None = None
         self._calls: ServiceInterceptor | None = None  # the gRPC calls' bookkeeping, which can abandon them
         self._requests: CallMiddleware | None = None  # the HTTP requests' (http/middleware.py), which can too
@@ -299,6 +326,7 @@ class EncoderServer:
                 max_age_s=s.max_connection_age,
                 max_age_grace_s=CONNECTION_AGE_GRACE_S,
                 reuse_port=s.reuse_port,
+                connection_limit=self.connection_limit,
             )
         else:
             server = grpc.aio.server(
@@ -320,6 +348,8 @@ class EncoderServer:
                     # GOAWAY, which clients answer by connecting again at their next call.
                     ("grpc.server_handshake_timeout_ms", int(s.http_header_timeout * 1000)),
                     ("grpc.max_connection_idle_ms", IDLE_CONNECTION_S * 1000),
+                    # --max-connections: grpc core accepts the connections of this front, so it counts them itself.
+                    ("grpc.max_allowed_incoming_connections", self.connection_limit.limit),
                     # --max-connection-age: a connection's GOAWAY after that long (grpc adds up to 10 % of jitter,
                     # so that replicas' clients do not all reconnect at once), then CONNECTION_AGE_GRACE_S for
                     # the calls in flight: a stream open longer than both is cut and its client starts another.
@@ -406,6 +436,7 @@ class EncoderServer:
             tls=tls_files,
             read_timeout=s.http_header_timeout,
             reuse_port=s.reuse_port,
+            connection_limit=self.connection_limit,
         )
         try:
             self.http_port = self._http.bind()

@@ -19,7 +19,7 @@ from typing import Any
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.devices import DEVICES, Device, wants_cuda
 from mhaserve.runtime.repository import GRAPHS, GraphChoice
-from mhaserve.service import incoming
+from mhaserve.service import connections, incoming
 from mhaserve.service.auth import OPEN_METHODS
 from mhaserve.service.batching import BATCHING, CPU_LIMITS, CUDA_LIMITS, Batching, Limits
 from mhaserve.service.models import CONTROLS, Control
@@ -214,6 +214,16 @@ class Settings:
             "still arriving or not yet read by their call), across the process's connections: a request past it is "
             f"refused RESOURCE_EXHAUSTED / 429, retry later (default {incoming.DEFAULT_LIMIT >> 20} MiB, or twice "
             "--max-message-bytes if that is more)",
+            _int_or_none,
+        ),
+    )
+    max_connections: int | None = field(
+        default=None,
+        metadata=_opt(
+            "client connections held open at once, the lean gRPC front's and HTTP's together: past it a new "
+            "connection is closed at once (HTTP answers it 503 first); grpc.aio's front counts its own (default: "
+            f"the process's open-file limit, raised to its hard limit at start-up, less {connections.RESERVE}, at "
+            f"most {connections.DEFAULT_LIMIT})",
             _int_or_none,
         ),
     )
@@ -415,7 +425,13 @@ class Settings:
             if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
                 raise SettingsError(f"{flag(name)} must be {'>= 0' if zero else '> 0'}, got {value}")
 
-        for name in ("max_batch_tokens", "max_queue_size", "max_client_batch_size", "max_message_bytes"):
+        for name in (
+            "max_batch_tokens",
+            "max_queue_size",
+            "max_client_batch_size",
+            "max_message_bytes",
+            "max_connections",
+        ):
             positive(name, getattr(self, name))
         if self.max_message_bytes > MAX_GRPC_MESSAGE_BYTES:  # grpc core reads its channel arguments as C ints
             raise SettingsError(

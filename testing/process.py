@@ -5,9 +5,11 @@ For what a thread cannot show: signals, exit statuses, a stuck engine, memory ov
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -126,8 +128,15 @@ class ServerProcess:
     """`mhaserve serve` (or the fake-engine server, `engine=` a spec) as a child process, logging to a file."""
 
     def __init__(
-        self, flags: Sequence[str], log_path: Path, *, engine: str | None = None, env: Mapping[str, str] | None = None
+        self,
+        flags: Sequence[str],
+        log_path: Path,
+        *,
+        engine: str | None = None,
+        env: Mapping[str, str] | None = None,
+        files: int | None = None,
     ) -> None:
+        """`files`: the child's limit of open files, soft and hard (None: this process's)."""
         if engine is None:
             command = [sys.executable, "-m", "mhaserve.cli", "serve", *flags]
         else:
@@ -135,7 +144,10 @@ class ServerProcess:
         self.log_path = log_path
         self._log = log_path.open("w")
         # `env`: the child's whole environment (None: this process's)
-        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, text=True, env=env)
+        limit = None if files is None else functools.partial(resource.setrlimit, resource.RLIMIT_NOFILE, (files, files))
+        self.proc = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=limit
+        )
 
     @property
     def pid(self) -> int:

@@ -10,6 +10,10 @@ are not complete `read_timeout` seconds after the request began is closed (the b
 middleware.py); and headers have no size limit (64 MB of them, before any key is checked, took the server
 from 0.7 to 1.7 GB), so a request line and headers over MAX_HEADER_BYTES get a 431 and the connection is
 closed, as nginx and Node refuse them.
+
+A connection past the process's --max-connections (service/connections.py, counted with the lean gRPC front's)
+is turned away: its request line is read (for the body's shape, which depends on the API of the route), answered
+503 with Retry-After and `connection: close`, and the connection closed a moment later, as a 431 is.
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ import contextlib
 import logging
 import socket
 import ssl
-import time
-from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from mhaserve.runtime.errors import Unavailable
+from mhaserve.service.connections import ACCEPT_BATCH, ConnectionLimit, bounded_accepts
+from mhaserve.service.context import Throttle, accept_request_id
+from mhaserve.service.http.errors import render
 from mhaserve.service.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -37,47 +43,23 @@ KEEP_ALIVE_S = 5
 # The request line and headers together; nginx's default allows 4 lines of 8 KB, Node 16 KB in all.
 MAX_HEADER_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped before it closes
+MAX_REQUEST_LINE = 8 * 1024  # what a turned-away connection's request line is read up to, for its path
 TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 52\r\nconnection: close\r\n\r\nthe request line and headers are over 64 KiB in all\n"
 )
 
 
-class Throttle(logging.Filter):
-    """At most one line a minute of each of uvicorn's warnings about a malformed request, with how many were left
-    out. uvicorn logs a WARNING for every one: a TLS handshake or an HTTP/2 client sent to the plain HTTP port, a
-    load balancer's check in the wrong protocol, or a scanner, wrote a line a request and buried the server's log."""
-
-    MESSAGES = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."})
-
-    def __init__(self, interval: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__()
-        self.interval = interval
-        self.clock = clock
-        self._next: dict[str, float] = {}  # message -> when its next line may be written
-        self._left_out: dict[str, int] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.msg
-        if not isinstance(message, str) or message not in self.MESSAGES:
-            return True
-        now = self.clock()
-        if now < self._next.get(message, -float("inf")):
-            self._left_out[message] = self._left_out.get(message, 0) + 1
-            return False
-        self._next[message] = now + self.interval
-        if left_out := self._left_out.pop(message, 0):
-            record.msg = f"{message} ({left_out} more since the last such line, not logged)"
-        return True
-
-
-_THROTTLE = Throttle()
+# uvicorn logs a WARNING for every malformed request: a TLS handshake or an HTTP/2 client sent to the plain HTTP
+# port, a load balancer's check in the wrong protocol, or a scanner, wrote a line a request and buried the log.
+REQUEST_WARNINGS = Throttle(("Invalid HTTP request received.", "Unsupported upgrade request."))
 
 
 class ReadTimeoutProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, with a deadline on receiving each request's headers."""
 
     read_timeout = 30.0  # set per server by HttpServer, on a subclass
+    connection_limit: ConnectionLimit | None = None  # the same
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -86,6 +68,10 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._in_headers = False  # between a request's first byte and the end of its headers
         self._in_body = False  # between the end of a request's headers and the end of the request
         self._refused = False  # headers over the limit: answered 431, the connection closing
+        self._admitted = False  # counted against --max-connections
+        self._over_limit = False  # not admitted: uvicorn never sees it
+        self._answering = False  # holds one of the limit's places for answers to turned-away connections
+        self._turned_away: bytearray | None = None  # over --max-connections: its request line as it arrives
 
     def _arm(self) -> None:
         self._disarm()
@@ -98,11 +84,25 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
     def _too_slow(self) -> None:
         self._headers_deadline = None
-        if not self.transport.is_closing():
+        if self._turned_away is not None:  # sent no request line: closed unanswered
+            self.transport.close()
+        elif not self.transport.is_closing():
             log.info("closing an HTTP connection whose request headers took more than %g s", self.read_timeout)
             self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        limit = self.connection_limit
+        if limit is not None and not limit.admit("http"):
+            self.transport = transport
+            self._over_limit = True
+            if not limit.start_answer():  # a flood of them: each answer would hold a descriptor a moment
+                transport.abort()
+                return
+            self._answering = True
+            self._turned_away = bytearray()
+            self._arm()
+            return
+        self._admitted = limit is not None
         super().connection_made(transport)
         # uvicorn writes a response's head and body as two sends; with Nagle's algorithm on, the body
         # waits for the client's delayed ACK of the head (~40 ms on Linux) on every keep-alive request.
@@ -111,6 +111,35 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._arm()  # the first request's headers; keep-alive idle time is uvicorn's own timeout
+
+    def _turn_away(self, data: bytes) -> None:
+        """More of a turned-away connection's request: once its request line is whole, answer it 503."""
+        assert self._turned_away is not None
+        self._turned_away += data
+        line, found, _ = bytes(self._turned_away[:MAX_REQUEST_LINE]).partition(b"\r\n")
+        if not found and len(self._turned_away) < MAX_REQUEST_LINE:
+            return
+        self._disarm()
+        self._turned_away = None
+        self._refused = True  # what else comes is dropped
+        parts = line.split(b" ")
+        path = parts[1].decode("latin-1").partition("?")[0] if len(parts) == 3 else "/"
+        assert self.connection_limit is not None
+        error = Unavailable(
+            f"the server holds its limit of {self.connection_limit.limit} open connections (--max-connections): "
+            "retry later, or on another replica"
+        )
+        rid = accept_request_id(None)
+        status, headers, body = render(error, path, rid)
+        head = [f"HTTP/1.1 {status} Service Unavailable".encode()]
+        head += [name + b": " + value for name, value in headers]
+        head += [b"content-length: " + str(len(body)).encode(), b"connection: close", b"x-request-id: " + rid.encode()]
+        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # as a 431's: the rest of the request read and dropped, then closed
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
 
     def _count(self, size: int) -> None:
         self._header_bytes += size
@@ -129,6 +158,9 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
                     self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self._turned_away is not None:
+            self._turn_away(data)
+            return
         if self._refused:  # the rest of a refused request is dropped unread
             return
         # A read long enough to hold the rest of a request's headers past the limit, whole, is looked at
@@ -163,6 +195,15 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        limit = self.connection_limit
+        if limit is not None and self._over_limit:
+            if self._answering:
+                self._answering = False
+                limit.end_answer()
+            return
+        if limit is not None and self._admitted:
+            self._admitted = False
+            limit.release()
         super().connection_lost(exc)
 
 
@@ -178,11 +219,14 @@ class HttpServer:
         tls: TlsFiles,
         read_timeout: float,
         reuse_port: bool = False,
+        connection_limit: ConnectionLimit | None = None,
     ) -> None:
-        protocol = type("Protocol", (ReadTimeoutProtocol,), {"read_timeout": read_timeout})
+        protocol = type(
+            "Protocol", (ReadTimeoutProtocol,), {"read_timeout": read_timeout, "connection_limit": connection_limit}
+        )
         uvicorn_log = logging.getLogger("uvicorn.error")
-        if _THROTTLE not in uvicorn_log.filters:
-            uvicorn_log.addFilter(_THROTTLE)
+        if REQUEST_WARNINGS not in uvicorn_log.filters:
+            uvicorn_log.addFilter(REQUEST_WARNINGS)
         self.config = uvicorn.Config(
             app,
             host=host,
@@ -194,7 +238,7 @@ class HttpServer:
             server_header=False,
             proxy_headers=False,
             timeout_keep_alive=KEEP_ALIVE_S,
-            backlog=BACKLOG,
+            backlog=ACCEPT_BATCH,  # the connections asyncio accepts at a time (service/connections.py); see start()
             ssl_certfile=str(tls.cert) if tls.cert else None,
             ssl_keyfile=str(tls.key) if tls.key else None,
             ssl_ca_certs=str(tls.client_ca) if tls.client_ca else None,
@@ -249,6 +293,7 @@ class HttpServer:
             await self.server.startup(sockets=[self._socket])
         finally:
             del loop.create_server  # the instance attribute: the loop's own method again
+        bounded_accepts(self._socket, BACKLOG)
         # uvicorn's main loop only refreshes the Date header once a second: run it for that.
         self._ticks = asyncio.get_running_loop().create_task(self.server.main_loop(), name="http-ticks")
 

@@ -27,9 +27,10 @@ from hypothesis import settings as hsettings
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.context import Throttle
 from mhaserve.service.http.bodies import PAUSE_COLLECTOR_BYTES, parse_json
 from mhaserve.service.http.middleware import CallMiddleware
-from mhaserve.service.http.server import Throttle
+from mhaserve.service.http.server import REQUEST_WARNINGS
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.metrics import scrape
@@ -276,7 +277,7 @@ def test_malformed_requests_are_400_and_logged_once_a_minute(
 
 def test_the_throttle_says_how_many_lines_it_left_out() -> None:
     now = [0.0]
-    throttle = Throttle(interval=60.0, clock=lambda: now[0])
+    throttle = Throttle(REQUEST_WARNINGS.messages, interval=60.0, clock=lambda: now[0])
 
     def line(msg: str) -> logging.LogRecord:
         return logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, msg, None, None)

@@ -34,6 +34,11 @@ the other: since we last sent a call's headers or data, a PING sooner than 5 min
 while no call is open) is a strike, and the third strike ends the connection with a GOAWAY ENHANCE_YOUR_CALM
 whose debug data, "too_many_pings", tells grpc's clients to ping half as often.
 
+A connection past the process's --max-connections (service/connections.py, counted with HTTP's) is closed at
+once, unread and unanswered: grpc's clients then report UNAVAILABLE and wait their reconnect backoff, where a
+GOAWAY on a connection that has carried no stream had grpcio connect again at once, hundreds of times a second
+until its call's deadline.
+
 A GOAWAY of ours (a drain, an idle or aged connection) goes in two steps, as RFC 9113 6.8 advises: first one
 that refuses no stream (the last stream 2^31 - 1) and a PING; once the PING's acknowledgement comes back, the
 client has read the GOAWAY and has no call still on its way, and the final GOAWAY names the last stream we
@@ -57,6 +62,7 @@ from typing import Any, Protocol, cast
 import hpack
 
 from mhaserve.runtime.errors import InvalidArgument, RequestTimeout, ServiceError, TooLarge, Unimplemented
+from mhaserve.service.connections import ConnectionLimit
 from mhaserve.service.errors import to_status
 from mhaserve.service.incoming import Incoming
 from mhaserve.service.inflate import KINDS, inflate
@@ -179,6 +185,7 @@ class Front(Protocol):
     max_glitches: int
     handshake_timeout: float
     connections: set[Connection]
+    connection_limit: ConnectionLimit
     stopping: bool
 
     @property
@@ -222,6 +229,7 @@ class Connection(asyncio.Protocol):
         self.last_ping: float | None = None  # when the last PING came, since we last sent a call's frames
         self.ping_strikes = 0
         self.paused = False  # not reading, while the peer does not read what we write
+        self.admitted = False  # counted against --max-connections
 
     # -- the transport's callbacks --
 
@@ -236,6 +244,10 @@ class Connection(asyncio.Protocol):
             transport.write(f.settings() + f.goaway(0, f.NO_ERROR))
             self._end()  # no reset, which could keep its client from reading that GOAWAY
             return
+        if not self.server.connection_limit.admit("grpc"):
+            transport.abort()  # see the module docstring: no GOAWAY
+            return
+        self.admitted = True
         self.server.connections.add(self)
         transport.write(
             f.settings(
@@ -263,6 +275,9 @@ class Connection(asyncio.Protocol):
                     stream.arriving = now
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.admitted:
+            self.admitted = False
+            self.server.connection_limit.release()
         self.server.connections.discard(self)
         if self.handshake is not None:
             self.handshake.cancel()

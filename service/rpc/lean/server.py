@@ -17,10 +17,13 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from mhaserve.service.connections import ACCEPT_BATCH, ConnectionLimit, bounded_accepts
+from mhaserve.service.connections import DEFAULT_LIMIT as DEFAULT_CONNECTION_LIMIT
 from mhaserve.service.incoming import Incoming, default_limit
 from mhaserve.service.rpc.lean.calls import Calls
 from mhaserve.service.rpc.lean.connection import Connection, Stream
 
+BACKLOG = 1024  # connections the kernel holds for us before we accept them
 SWEEP_S = 1.0  # how often the connections' timers are looked at
 
 
@@ -41,6 +44,7 @@ class LeanServer:
         max_age_s: float = 0.0,
         max_age_grace_s: float = 0.0,
         reuse_port: bool = False,
+        connection_limit: ConnectionLimit | None = None,
     ) -> None:
         self.calls = Calls(interceptors)
         self.max_message_bytes = max_message_bytes
@@ -58,6 +62,8 @@ class LeanServer:
         self.max_age_grace_s = max_age_grace_s
         self.reuse_port = reuse_port
         self.connections: set[Connection] = set()
+        # Open connections against --max-connections, shared with the HTTP server (service/connections.py)
+        self.connection_limit = connection_limit or ConnectionLimit(DEFAULT_CONNECTION_LIMIT)
         # Set once stop() begins: a connection accepted as the listener closed (asyncio makes its transport a
         # turn or more after the accept) is sent away at once, rather than left unserved until its client's
         # deadline.
@@ -119,9 +125,10 @@ class LeanServer:
                     sock=sock,
                     ssl=context,
                     ssl_handshake_timeout=self.handshake_timeout if context else None,
-                    backlog=1024,
+                    backlog=ACCEPT_BATCH,  # the connections asyncio accepts at a time (service/connections.py)
                 )
             )
+            bounded_accepts(sock, BACKLOG)
         self._sweeper = self._loop.create_task(self._sweep(), name="lean-grpc-connections")
 
     async def stop(self, grace: float | None) -> None:

@@ -1,0 +1,204 @@
+"""--max-connections: connections past the limit are refused at once, with the answer each protocol's clients read
+(the `openai` client's 503, KServe REST's error body, gRPC's UNAVAILABLE), the server serves on, and a burst of
+connections past the process's open files no longer floods its log or stops it answering."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service import connections
+from mhaserve.service.connections import ConnectionLimit
+from mhaserve.testing.http import request
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.metrics import scrape
+from mhaserve.testing.process import ServerProcess
+from mhaserve.testing.server import ServerThread, local_settings
+
+# Channels of one process to one address share a connection unless each has a subchannel pool of its own.
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+
+
+def encode(address: str, timeout: float = WAIT) -> int:
+    with grpc.insecure_channel(address, options=OWN_CONNECTION) as channel:
+        reply = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["hello"]), timeout=timeout)
+    return len(reply.embeddings)
+
+
+@contextlib.contextmanager
+def held_channels(address: str, n: int) -> Iterator[list[grpc.Channel]]:
+    """`n` gRPC connections, each connected by a call it made."""
+    channels = [grpc.insecure_channel(address, options=OWN_CONNECTION) for _ in range(n)]
+    try:
+        for channel in channels:
+            pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["hi"]), timeout=WAIT)
+        yield channels
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def open_count(srv: ServerThread) -> float:
+    assert srv.server.metrics_port is not None
+    return scrape(srv.server.metrics_port).get("mhaserve_connections", -1.0)
+
+
+def refused(srv: ServerThread, protocol: str) -> float:
+    assert srv.server.metrics_port is not None
+    return scrape(srv.server.metrics_port).get("mhaserve_connections_refused_total", 0.0, protocol=protocol)
+
+
+# -- the count itself --
+
+
+def test_the_limit_admits_up_to_its_count_and_refuses_past_it(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    limit = ConnectionLimit(2, log_every=60.0, clock=lambda: now[0])
+    assert limit.admit("grpc") and limit.admit("http")
+    with caplog.at_level(logging.WARNING, logger="mhaserve.service.connections"):
+        assert not limit.admit("http")
+        assert not limit.admit("grpc") and not limit.admit("grpc")
+        now[0] = 61.0
+        assert not limit.admit("http")
+    assert limit.refused == {"http": 2, "grpc": 2}
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines  # one a minute, the next saying how many it left out
+    assert "2 connections are open" in lines[0] and "--max-connections" in lines[0]
+    assert "(2 more since the last such line)" in lines[1]
+    limit.release()
+    assert limit.admit("grpc") and limit.open == 2
+
+
+def test_refusals_are_answered_only_a_few_at_once() -> None:
+    limit = ConnectionLimit(0)
+    assert all(limit.start_answer() for _ in range(connections.ANSWERED_AT_ONCE))
+    assert not limit.start_answer()
+    limit.end_answer()
+    assert limit.start_answer()
+
+
+def test_the_default_leaves_the_reserve_and_stays_within_bounds() -> None:
+    assert connections.default_limit(1024) == 1024 - connections.RESERVE
+    assert connections.default_limit(1 << 20) == connections.DEFAULT_LIMIT
+    assert connections.default_limit(100) == connections.FEWEST
+
+
+def test_start_up_raises_the_soft_limit_of_open_files_to_the_hard_one() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft = 200 if hard == resource.RLIM_INFINITY or hard > 200 else hard
+    script = (
+        "import resource; from mhaserve.service.connections import raise_file_limit; "
+        "print(*raise_file_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    before, after, now_soft, now_hard = map(int, out)
+    assert before == soft
+    assert after == now_soft and now_hard == hard
+    assert now_soft == hard or (hard == resource.RLIM_INFINITY and now_soft > soft)
+
+
+# -- through real sockets, with the real clients --
+
+
+@pytest.fixture
+def limited(tiny_repo: Path, grpc_front: str) -> Iterator[ServerThread]:
+    with ServerThread(local_settings(tiny_repo, max_connections=2, grpc_front=grpc_front)).ready() as srv:
+        yield srv
+
+
+def test_a_grpc_connection_past_the_limit_fails_unavailable_at_once(limited: ServerThread) -> None:
+    with held_channels(limited.address, 2):
+        start = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            encode(limited.address, timeout=10.0)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - start < 5.0  # refused, not left to its deadline
+    wait_until(lambda: encode(limited.address) == 1, "a connection once the others closed")
+
+
+def test_http_past_the_limit_gets_503_with_retry_after_and_the_server_serves_on(tiny_repo: Path) -> None:
+    settings = local_settings(tiny_repo, max_connections=2, grpc_front="lean")
+    with ServerThread(settings).ready() as srv:
+        with (
+            held_channels(srv.address, 1),
+            openai.OpenAI(base_url=srv.http_url + "/v1", api_key="unused", max_retries=0) as first,
+        ):
+            assert open_count(srv) == 1  # the gRPC channel's (the metrics port's own connections are not counted)
+            assert len(first.embeddings.create(input=["kept"], model="tiny").data) == 1  # its connection: the 2nd
+            second = openai.OpenAI(base_url=srv.http_url + "/v1", api_key="unused", max_retries=0)
+            with second, pytest.raises(openai.APIStatusError) as e:
+                second.embeddings.create(input=["refused"], model="tiny")
+            assert e.value.status_code == 503
+            assert e.value.response.headers["retry-after"] == "1"
+            assert e.value.response.headers["connection"] == "close"
+            assert "--max-connections" in e.value.message and "2 open connections" in e.value.message
+            assert isinstance(e.value.body, dict) and e.value.body["code"] == "unavailable"
+            # KServe REST's routes get their own body's shape, as tritonclient reads it
+            kserve = request("GET", srv.http_url + "/v2/health/live")
+            assert kserve.status == 503 and "--max-connections" in json.loads(kserve.body)["error"]
+            with pytest.raises(grpc.RpcError) as g:
+                encode(srv.address, timeout=10.0)
+            assert g.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert refused(srv, "http") == 2 and refused(srv, "grpc") == 1
+            assert open_count(srv) == 2
+            assert len(first.embeddings.create(input=["still"], model="tiny").data) == 1  # the admitted one serves on
+        wait_until(lambda: open_count(srv) == 0, "the closed connections to be let go")
+        assert encode(srv.address) == 1
+
+
+def test_a_silent_connection_past_the_limit_is_closed_at_the_header_timeout(tiny_repo: Path) -> None:
+    settings = local_settings(tiny_repo, max_connections=1, grpc_front="lean", http_header_timeout=0.5)
+    with ServerThread(settings).ready() as srv, held_channels(srv.address, 1) as (held,):
+        port = int(srv.http_url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as silent:
+            assert silent.recv(1024) == b""  # closed unanswered, at the header timeout: it sent no request line
+        reply = pb_grpc.EncoderServiceStub(held).Encode(pb.EncodeRequest(texts=["hi"]), timeout=WAIT)
+        assert len(reply.embeddings) == 1
+
+
+@pytest.mark.slow
+def test_a_burst_past_the_open_files_is_refused_without_a_flood_of_log_lines(tmp_path: Path, tiny_repo: Path) -> None:
+    """The bug: with 256 open files, 600 idle connections had asyncio log EMFILE 120,000 times in 15 s, and no new
+    client was answered. Now the default limit (the files less the reserve) turns the burst away."""
+    files = connections.RESERVE + 64
+    http_port = free_port()
+    flags = ["--repository", str(tiny_repo), "--port", "0", "--http-port", str(http_port), "--metrics-port", "0"]
+    with ServerProcess(flags, tmp_path / "server.log", files=files) as server:
+        address = server.wait_serving()
+        grpc_port = int(address.rsplit(":", 1)[1])
+        burst = []
+        try:
+            for port in (grpc_port, http_port):
+                for _ in range(2 * files):
+                    burst.append(socket.create_connection(("127.0.0.1", port), timeout=WAIT))
+            with pytest.raises(grpc.RpcError) as e:
+                encode(address, timeout=10.0)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        finally:
+            for s in burst:
+                s.close()
+        wait_until(lambda: encode(address, timeout=5.0) == 1, "the server to answer after the burst")
+        log = server.log
+        assert "Too many open files" not in log and "out of system resource" not in log, log[-3000:]
+        assert log.count("refused a new") == 1, log[-3000:]  # one line a minute
+        assert "connections are open, the limit (--max-connections)" in log
