@@ -113,6 +113,8 @@ class Metrics:
             ["protocol"],
             registry=r,
         )
+        for protocol in ("grpc", "http"):  # at 0 from the start: a rate or an alert's increase sees the first
+            self.connections_refused.labels(protocol)
         # What health and readiness report, for alerts: the metrics port answers while the server loads,
         # stalls or drains, so `up` alone does not tell a replica that serves from one that does not.
         self.ready = Gauge(
