@@ -23,6 +23,7 @@ import contextlib
 import logging
 import socket
 import ssl
+from http import HTTPStatus
 from typing import Any
 
 import uvicorn
@@ -131,7 +132,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         )
         rid = accept_request_id(None)
         status, headers, body = render(error, path, rid)
-        head = [f"HTTP/1.1 {status} Service Unavailable".encode()]
+        head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
         head += [name + b": " + value for name, value in headers]
         head += [b"content-length: " + str(len(body)).encode(), b"connection: close", b"x-request-id: " + rid.encode()]
         self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
