@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import resource
 import socket
 import time
@@ -121,10 +120,7 @@ class ConnectionLimit:
         self.answering = 0  # refused connections still being answered (start_answer)
         self.refused: collections.Counter[str] = collections.Counter()
         self._metric = refused
-        self._log_every = log_every
-        self._clock = clock
-        self._next_line = -math.inf
-        self._unlogged = 0
+        self._lines = Throttle((), interval=log_every, clock=clock)
 
     def admit(self, protocol: str) -> bool:
         """Count a new connection of `protocol` in, or, at the limit, refuse it (the caller closes it)."""
@@ -134,19 +130,14 @@ class ConnectionLimit:
         self.refused[protocol] += 1
         if self._metric is not None:
             self._metric.labels(protocol).inc()
-        now = self._clock()
-        if now < self._next_line:
-            self._unlogged += 1
-        else:
-            more = f" ({self._unlogged} more since the last such line)" if self._unlogged else ""
+        left_out = self._lines.passes("refused")
+        if left_out is not None:
             log.warning(
                 "refused a new %s connection: %d connections are open, the limit (--max-connections)%s",
                 protocol,
                 self.open,
-                more,
+                f" ({left_out} more since the last such line)" if left_out else "",
             )
-            self._next_line = now + self._log_every
-            self._unlogged = 0
         return False
 
     def start_answer(self) -> bool:

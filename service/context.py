@@ -75,12 +75,19 @@ class Throttle(logging.Filter):
         text = record.msg
         if not isinstance(text, str) or not text.startswith(self.messages):
             return True
-        message = next(m for m in self.messages if text.startswith(m))
+        left_out = self.passes(next(m for m in self.messages if text.startswith(m)))
+        if left_out is None:
+            return False
+        if left_out:
+            record.msg = f"{text} ({left_out} more since the last such line, not logged)"
+        return True
+
+    def passes(self, message: str) -> int | None:
+        """Whether a line of `message` may be written now: None if not (it is counted as left out), else how many
+        were left out since the last one. For a caller that words the count itself."""
         now = self.clock()
         if now < self._next.get(message, -float("inf")):
             self._left_out[message] = self._left_out.get(message, 0) + 1
-            return False
+            return None
         self._next[message] = now + self.interval
-        if left_out := self._left_out.pop(message, 0):
-            record.msg = f"{text} ({left_out} more since the last such line, not logged)"
-        return True
+        return self._left_out.pop(message, 0)
