@@ -6,15 +6,19 @@ labelled by model and version (`ModelMetrics`), and a version's series go away w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+from mhaserve.service.context import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +33,28 @@ FRACTION_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9
 # server has no timeout and starts a thread per connection: 400 silent connections held 400 threads.
 METRICS_READ_TIMEOUT_S = 10.0
 
+# At most this many connections to the metrics port at once (a thread and a descriptor each). Its connections
+# are not counted by --max-connections, and come out of the descriptors kept for the server's own files: 440
+# silent ones took 316 threads and every descriptor of a process allowed 320, and the client ports failed to
+# accept (EMFILE) until they timed out. A scraper or two, and a person with curl, need a few.
+METRICS_CONNECTIONS = 16
+# A connection past that closes the oldest one still sending its request (a scraper sends its request as soon
+# as it connects), or else the oldest whose answer has been going out for longer than this (a client that does
+# not read it); with neither, the newcomer is closed unanswered.
+METRICS_SLOW_ANSWER_S = 1.0
+
+CROWDED = "the metrics port holds its limit of"
+
 
 class _Handler(WSGIRequestHandler):
     timeout = METRICS_READ_TIMEOUT_S
+    server: _Server
+
+    def parse_request(self) -> bool:
+        whole = super().parse_request()  # the request line and the headers read
+        if whole:
+            self.server.answering(self.request)
+        return whole
 
     def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
         pass
@@ -41,13 +64,73 @@ class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     request_queue_size = 128  # the listen backlog (socketserver's default is 5)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._lock = threading.Lock()
+        # the connections held, oldest first: None while its request arrives, else when its answer began
+        self._held: dict[socket.socket, float | None] = {}
+        self._closing: set[socket.socket] = set()  # shut to make room, their threads ending
+        self._lines = Throttle((), interval=60.0)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            if len(self._held) - len(self._closing) >= METRICS_CONNECTIONS and not self._make_room():
+                request.close()
+                return
+            self._held[request] = None
+        super().process_request(request, client_address)  # its thread
+
+    def _make_room(self) -> bool:
+        """Shut the oldest connection still sending its request, else the oldest slow to read its answer; its
+        thread then reads the end (or fails its write) and ends. False if every place is answering a scrape."""
+        now = time.monotonic()
+        shut = next((s for s, began in self._held.items() if began is None and s not in self._closing), None)
+        if shut is None:
+            shut = next(
+                (
+                    s
+                    for s, began in self._held.items()
+                    if began is not None and now - began > METRICS_SLOW_ANSWER_S and s not in self._closing
+                ),
+                None,
+            )
+        left_out = self._lines.passes(CROWDED)
+        if left_out is not None:
+            log.warning(
+                "%s %d connections (--metrics-host should keep it private): %s%s",
+                CROWDED,
+                METRICS_CONNECTIONS,
+                "closed an older one for a new one (the oldest still sending its request, or slow to read its answer)"
+                if shut
+                else "turned a new one away, every one answering a request",
+                f" ({left_out} more since the last such line)" if left_out else "",
+            )
+        if shut is None:
+            return False
+        self._closing.add(shut)
+        with contextlib.suppress(OSError):
+            shut.shutdown(socket.SHUT_RDWR)
+        return True
+
+    def answering(self, request: socket.socket) -> None:
+        with self._lock:
+            if request in self._held:
+                self._held[request] = time.monotonic()
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._lock:
+            self._held.pop(request, None)
+            self._closing.discard(request)
+        super().shutdown_request(request)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that timed out or went away: nothing to print (socketserver writes a traceback to stderr).
         pass
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[WSGIServer, threading.Thread]:
-    """/metrics over HTTP on a daemon thread, a thread per connection, each cut after METRICS_READ_TIMEOUT_S."""
+    """/metrics over HTTP on a daemon thread, a thread per connection, each cut after METRICS_READ_TIMEOUT_S, at
+    most METRICS_CONNECTIONS of them at once."""
     host = host.strip("[]")  # `[::]` as well as `::`: getaddrinfo takes the address without brackets
     family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
     server_class = type("MetricsServer", (_Server,), {"address_family": family})
