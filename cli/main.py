@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from mhaserve.service.context import StderrHandler
+
 if TYPE_CHECKING:
     from mhaserve.service.client import Connection
 
@@ -630,6 +632,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[StderrHandler()],
     )
     handler: Handler = args.handler
     try:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import random
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
+from typing import TextIO
 
 REQUEST_ID_HEADER = "x-request-id"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
@@ -46,10 +48,28 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class StderrHandler(logging.StreamHandler[TextIO]):
+    """Writes to whatever `sys.stderr` is when a line is written, not to the stream it was when logging was
+    configured (as the standard library's own last-resort handler does). A host that replaces stderr and
+    closes the old one (pytest's capture between tests, an application that runs the server in process)
+    otherwise leaves every later line lost to "Logging error ... I/O operation on closed file"."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: TextIO) -> None:
+        pass  # always sys.stderr
+
+
 def configure_logging(level: str, process: str | None = None) -> None:
     """The server's log lines: time, level, logger, request id, message, on stderr; with `process`, that
     name after the level (one of several server processes writing to the same stream)."""
-    handler = logging.StreamHandler()
+    handler = StderrHandler()
     handler.addFilter(RequestIdFilter())
     fmt = LOG_FORMAT if process is None else LOG_FORMAT.replace("%(levelname)s", f"%(levelname)s {process}", 1)
     handler.setFormatter(logging.Formatter(fmt))
