@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,17 @@ from mhaserve.model.config import TINY, EncoderConfig
 @pytest.fixture
 def tiny_cfg() -> EncoderConfig:
     return EncoderConfig(**TINY)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """For a test that configures logging (configure_logging, `main`): the root logger's handlers and level
+    as they were, put back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

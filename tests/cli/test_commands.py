@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import re
 import signal
@@ -457,3 +458,20 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"mhaserve {version('mhaserve')}"
+
+
+def test_a_serve_run_in_process_leaves_its_log_on_the_stderr_of_the_moment(
+    root_logging: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`main(["serve", ...])` called in process (as tests/cli does) configures the server's logging, and its
+    handler outlived the stderr it was made with: CI's "Logging error" lines came from it."""
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    # a repository with no model: logging is configured, then the server fails to serve
+    assert main(["serve", "--repository", str(tmp_path), "--port", "0", "--http-port", "0", "--metrics-port", "0"]) != 0
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    first.close()
+    logging.getLogger("mhaserve.test").info("after")
+    assert "Logging error" not in second.getvalue()
+    assert second.getvalue().rstrip().endswith("INFO mhaserve.test [-] after")

@@ -315,7 +315,7 @@ def test_settings_that_take_effect_are_not_warned_about(given: tuple[str, ...], 
 
 
 def test_serve_prints_the_warning_before_it_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], root_logging: None
 ) -> None:
     """The serve command says it, on stderr, before anything loads (here a repository with no model, which
     then fails to serve)."""
