@@ -18,18 +18,27 @@ client, and could not read its model repository (no descriptor left to open a fi
   answers 503 with Retry-After, at most ANSWERED_AT_ONCE at a time). Each is counted in
   `mhaserve_connections_refused_total`.
 
+A TLS connection is counted from its accept, not from the end of its handshake (`create_server`): asyncio tells
+the protocol of a connection only once its handshake is done, and never of one that failed, so silent connections
+to a TLS port held a descriptor each, uncounted, for the whole handshake timeout: 640 of them took every descriptor
+of a server allowed 320 (tests/security/test_tls.py).
+
 grpc.aio's front accepts connections in grpc core, out of our count: it gets the same limit as a channel option
 of its own (`grpc.max_allowed_incoming_connections`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import resource
 import socket
+import ssl
 import time
+from asyncio import sslproto
 from collections.abc import Callable
+from functools import partial
 
 from prometheus_client import Counter
 
@@ -119,11 +128,20 @@ class ConnectionLimit:
         self.open = 0
         self.answering = 0  # refused connections still being answered (start_answer)
         self.refused: collections.Counter[str] = collections.Counter()
+        # A TLS connection's protocol -> whether it was admitted at its accept (True) or refused with a place to be
+        # answered (False), until the protocol's own admit() takes that over at the end of the handshake.
+        self._at_accept: dict[asyncio.BaseProtocol, bool] = {}
         self._metric = refused
         self._lines = Throttle((), interval=log_every, clock=clock)
 
-    def admit(self, protocol: str) -> bool:
-        """Count a new connection of `protocol` in, or, at the limit, refuse it (the caller closes it)."""
+    def admit(self, protocol: str, connection: asyncio.BaseProtocol | None = None) -> bool:
+        """Count a new connection of `protocol` in, or, at the limit, refuse it (the caller closes it). `connection`,
+        its protocol: a TLS connection was admitted or refused at its accept (`create_server`), and keeps that."""
+        if connection is not None and connection in self._at_accept:
+            if self._at_accept[connection]:
+                del self._at_accept[connection]
+                return True
+            return False  # refused at its accept: start_answer() takes the answer's place it holds
         if self.open < self.limit:
             self.open += 1
             return True
@@ -140,13 +158,30 @@ class ConnectionLimit:
             )
         return False
 
-    def start_answer(self) -> bool:
+    def start_answer(self, connection: asyncio.BaseProtocol | None = None) -> bool:
         """Take a place for answering a refused connection before it closes (HTTP's 503), if one is free: each
-        holds a descriptor a moment, so at most ANSWERED_AT_ONCE are, and past them a refusal is closed unanswered."""
+        holds a descriptor a moment, so at most ANSWERED_AT_ONCE are, and past them a refusal is closed unanswered.
+        A TLS connection took its place at its accept."""
+        if connection is not None and self._at_accept.get(connection) is False:
+            del self._at_accept[connection]
+            return True
         if self.answering >= ANSWERED_AT_ONCE:
             return False
         self.answering += 1
         return True
+
+    def hold(self, connection: asyncio.BaseProtocol, admitted: bool) -> None:
+        """A TLS connection admitted (or refused, with an answer's place) at its accept, for `connection`, its
+        protocol, to take over with admit() (and start_answer()) once its handshake is done."""
+        self._at_accept[connection] = admitted
+
+    def let_go(self, connection: asyncio.BaseProtocol) -> None:
+        """A TLS connection's handshake has ended: what it held, if its protocol did not take it over, is free."""
+        admitted = self._at_accept.pop(connection, None)
+        if admitted is True:
+            self.release()
+        elif admitted is False:
+            self.end_answer()
 
     def end_answer(self) -> None:
         self.answering -= 1
@@ -154,3 +189,88 @@ class ConnectionLimit:
     def release(self) -> None:
         """An admitted connection has closed."""
         self.open -= 1
+
+
+async def create_server(
+    loop: asyncio.AbstractEventLoop,
+    factory: Callable[[], asyncio.BaseProtocol],
+    *,
+    sock: socket.socket,
+    context: ssl.SSLContext | None,
+    handshake_timeout: float,
+    limit: ConnectionLimit | None,
+    protocol: str,
+    answer_refused: bool,
+    backlog: int = ACCEPT_BATCH,
+) -> asyncio.Server:
+    """`loop.create_server` on `sock`, TLS with `context`, whose connections are counted against `limit` from their
+    accept. The protocols `factory` makes count themselves in on `connection_made`, with `limit.admit(protocol,
+    self)`, and out on `connection_lost`; asyncio calls both only for a connection whose handshake succeeded. So the
+    TLS layer is put under them here, at the accept, where the connection is admitted (or refused: closed at once,
+    or, with `answer_refused`, let through its handshake to be answered when an answer's place is free), and a
+    handshake that fails or times out gives its place back."""
+    if context is None or limit is None:
+        return await loop.create_server(
+            factory,
+            sock=sock,
+            ssl=context,
+            ssl_handshake_timeout=handshake_timeout if context is not None else None,
+            backlog=backlog,
+        )
+    return await loop.create_server(
+        partial(_Handshake, loop, factory, context, handshake_timeout, limit, protocol, answer_refused),
+        sock=sock,
+        backlog=backlog,
+    )
+
+
+class _Handshake(asyncio.Protocol):
+    """A TLS connection's protocol for the instant of its accept: it admits the connection, then hands the transport
+    to asyncio's TLS protocol, with the server's protocol above it, as `loop.create_server(ssl=...)` would."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        factory: Callable[[], asyncio.BaseProtocol],
+        context: ssl.SSLContext,
+        timeout: float,
+        limit: ConnectionLimit,
+        protocol: str,
+        answer_refused: bool,
+    ) -> None:
+        self.loop, self.factory, self.context, self.timeout = loop, factory, context, timeout
+        self.limit, self.protocol, self.answer_refused = limit, protocol, answer_refused
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        limit = self.limit
+        admitted = limit.admit(self.protocol)
+        if not admitted and not (self.answer_refused and limit.start_answer()):
+            transport.abort()
+            return
+        app = self.factory()
+        limit.hold(app, admitted)
+        handshake = self.loop.create_future()
+        handshake.add_done_callback(partial(_handshake_ended, limit, app))
+        # What loop.start_tls does, but with the server's protocol told of the connection by the TLS layer itself
+        # when the handshake is done: start_tls leaves that to its caller, after the TLS layer may already have
+        # passed the protocol the client's first request. The socket is read only after this returns (asyncio
+        # adds the reader after connection_made), so nothing is read before the TLS layer is in place.
+        tls = sslproto.SSLProtocol(
+            self.loop,
+            app,
+            self.context,
+            handshake,
+            server_side=True,
+            ssl_handshake_timeout=self.timeout,  # type: ignore[arg-type]  # seconds, a float (typeshed says int)
+        )
+        transport.set_protocol(tls)
+        tls.connection_made(transport)
+
+
+def _handshake_ended(limit: ConnectionLimit, app: asyncio.BaseProtocol, handshake: asyncio.Future[None]) -> None:
+    """A handshake's end, either way: if the server's protocol never took the connection's place over (a failed or
+    timed-out handshake, or a connection closed during it), give it back."""
+    if not handshake.cancelled():
+        handshake.exception()  # retrieved: the failure is asyncio's to log (at debug), as for its own TLS servers
+    limit.let_go(app)

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import socket
 import ssl
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -30,7 +31,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mhaserve.runtime.errors import Unavailable
-from mhaserve.service.connections import ACCEPT_BATCH, ConnectionLimit, bounded_accepts
+from mhaserve.service.connections import ACCEPT_BATCH, ConnectionLimit, bounded_accepts, create_server
 from mhaserve.service.context import Throttle, accept_request_id
 from mhaserve.service.http.errors import render
 from mhaserve.service.tls import TlsFiles
@@ -93,10 +94,10 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         limit = self.connection_limit
-        if limit is not None and not limit.admit("http"):
+        if limit is not None and not limit.admit("http", self):
             self.transport = transport
             self._over_limit = True
-            if not limit.start_answer():  # a flood of them: each answer would hold a descriptor a moment
+            if not limit.start_answer(self):  # a flood of them: each answer would hold a descriptor a moment
                 transport.abort()
                 return
             self._answering = True
@@ -250,6 +251,7 @@ class HttpServer:
         self.host = host
         self.port = port
         self.reuse_port = reuse_port
+        self.connection_limit = connection_limit
         self._socket: socket.socket | None = None
         self._ticks: asyncio.Task[None] | None = None
 
@@ -280,20 +282,36 @@ class HttpServer:
         self.server.lifespan = self.config.lifespan_class(self.config)
         # The header deadline starts once a connection is made, which with TLS is after the handshake; asyncio
         # gives a handshake 60 s and uvicorn has no setting for it: silent TLS connections held for a
-        # minute, not --http-header-timeout. uvicorn's startup creates the listener: give it the timeout there.
+        # minute, not --http-header-timeout. And a connection in its handshake is counted against
+        # --max-connections only as service/connections.py's create_server makes it. uvicorn's startup creates
+        # the listener: make it there.
         loop = asyncio.get_running_loop()
-        create_server = loop.create_server
 
-        async def with_handshake_timeout(*args: Any, **kwargs: Any) -> asyncio.Server:
-            if kwargs.get("ssl") is not None:
-                kwargs.setdefault("ssl_handshake_timeout", self.read_timeout)
-            return await create_server(*args, **kwargs)
+        async def create_counted_server(
+            factory: Callable[[], asyncio.BaseProtocol],
+            *,
+            sock: socket.socket,
+            ssl: ssl.SSLContext | None,
+            backlog: int,
+        ) -> asyncio.Server:
+            del loop.create_server  # the instance attribute: the loop's own method again, which create_server calls
+            return await create_server(
+                loop,
+                factory,
+                sock=sock,
+                context=ssl,
+                handshake_timeout=self.read_timeout,
+                limit=self.connection_limit,
+                protocol="http",
+                answer_refused=True,  # answered 503 once its handshake is done (ReadTimeoutProtocol)
+                backlog=backlog,
+            )
 
-        loop.create_server = with_handshake_timeout  # type: ignore[method-assign]
+        loop.create_server = create_counted_server  # type: ignore[method-assign,assignment]
         try:
             await self.server.startup(sockets=[self._socket])
         finally:
-            del loop.create_server  # the instance attribute: the loop's own method again
+            vars(loop).pop("create_server", None)  # should uvicorn not have called it
         bounded_accepts(self._socket, BACKLOG)
         # uvicorn's main loop only refreshes the Date header once a second: run it for that.
         self._ticks = asyncio.get_running_loop().create_task(self.server.main_loop(), name="http-ticks")

@@ -21,13 +21,15 @@ from mhaserve.cli.main import main
 from mhaserve.cli.options import build
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from mhaserve.service import tls
+from mhaserve.service import connections, tls
 from mhaserve.service.auth import KeyRing, Keys
 from mhaserve.service.client import Connection
 from mhaserve.service.server import EncoderServer, StartupError
 from mhaserve.service.settings import ApiKeys, Settings, SettingsError
 from mhaserve.testing.http import request
-from mhaserve.testing.loopback import WAIT, free_port
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.metrics import scrape
+from mhaserve.testing.process import ServerProcess
 from mhaserve.testing.server import ServerThread, health_status
 from tests.security.conftest import Pki
 from tests.service.rust_h2_client import CHECK, ENCODE, call, h2_client, h2_client_fails, needs_client, only
@@ -177,6 +179,92 @@ def test_a_silent_connection_to_either_tls_port_is_closed_after_the_header_timeo
                 with contextlib.suppress(ConnectionResetError):
                     assert s.recv(1) == b""
                 assert time.monotonic() - started < WAIT / 2, port
+
+
+def test_connections_in_their_tls_handshake_count_against_the_limit(plain: Settings, pki: Pki) -> None:
+    """The bug: asyncio tells a protocol of a TLS connection only once its handshake is done, and never of one that
+    failed, so connections that sent no ClientHello held a descriptor each outside --max-connections until the
+    handshake timed out. Now a connection is counted from its accept, and let go when its handshake fails, times
+    out or is cut; a client past the limit gets the refusal its protocol reads, counted once."""
+    settings = dataclasses.replace(
+        plain,
+        tls_cert=pki.server_cert,
+        tls_key=pki.server_key,
+        http_port=free_port(),
+        metrics_port=free_port(),
+        http_header_timeout=2.0,  # the handshake's timeout too
+        max_connections=2,
+    )
+    with ServerThread(settings) as srv:
+        srv.ready()
+        assert srv.server.metrics_port is not None and srv.server.http_port is not None
+        metrics, http_port = srv.server.metrics_port, srv.server.http_port
+        lean = plain.grpc_front == "lean"  # grpc.aio's front is counted by grpc core (service/connections.py)
+        ports = [http_port, srv.server.port] if lean else [http_port, http_port]
+
+        def count(name: str = "mhaserve_connections", **labels: str) -> float:
+            return scrape(metrics).get(name, 0.0, **labels)
+
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=WAIT) for port in ports]
+        try:
+            wait_until(lambda: count() == 2, "the silent connections to be counted")
+            refused = request("POST", https(srv), {"input": "hello"}, context=context(pki.ca))
+            assert refused.status == 503 and b"--max-connections" in refused.body
+            assert count("mhaserve_connections_refused_total", protocol="http") == 1  # once, not at each stage
+            if lean:
+                assert encode(srv.address, Connection(ca=pki.ca), timeout=10) == grpc.StatusCode.UNAVAILABLE
+        finally:
+            for s in silent:
+                s.close()  # cut during the handshake: their places are given back
+        wait_until(lambda: count() == 0, "the cut handshakes to be let go")
+        assert request("POST", https(srv), {"input": "hello"}, context=context(pki.ca)).status == 200
+        assert encode(srv.address, Connection(ca=pki.ca)) == grpc.StatusCode.OK
+
+        # A handshake that fails (plaintext to the TLS port), and one that times out, are let go too.
+        with socket.create_connection(("127.0.0.1", http_port), timeout=WAIT) as failing:
+            failing.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\n\r\n")
+            with contextlib.suppress(ConnectionResetError):
+                failing.recv(1024)
+            wait_until(lambda: count() == 0, "the failed handshake to be let go")
+        with socket.create_connection(("127.0.0.1", ports[-1]), timeout=WAIT) as slow:
+            wait_until(lambda: count() == 1, "the silent connection to be counted")
+            with contextlib.suppress(ConnectionResetError):
+                assert slow.recv(1) == b""  # closed at the handshake's timeout
+            wait_until(lambda: count() == 0, "the timed-out handshake to be let go")
+
+
+@pytest.mark.slow
+def test_a_burst_of_silent_tls_connections_leaves_the_server_its_descriptors(
+    tmp_path: Path, tiny_repo: Path, pki: Pki
+) -> None:
+    """The same bug at scale: a server allowed 320 open files, sent 640 connections that never begin their
+    handshake (to its TLS ports, half each), ran out of descriptors (asyncio's accept failing with EMFILE) while
+    they waited for their handshake timeout. Now the default limit (the files less the reserve) holds them."""
+    files = connections.RESERVE + 64
+    http_port = free_port()
+    flags = ["--repository", str(tiny_repo), "--port", "0", "--http-port", str(http_port), "--metrics-port", "0"]
+    flags += ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--http-header-timeout", "60"]
+    with ServerProcess(flags, tmp_path / "server.log", files=files) as server:
+        address = server.address()
+        with Connection(ca=pki.ca).channel(address) as channel:
+            wait_until(lambda: health_status(channel, timeout=2.0) == "SERVING", "the server to serve", 180)
+        burst = []
+        try:
+            for port in (int(address.rsplit(":", 1)[1]), http_port):
+                for _ in range(files):
+                    burst.append(socket.create_connection(("127.0.0.1", port), timeout=WAIT))
+            time.sleep(1.0)  # for the server to accept what it will
+            # Past the limit, and past the places for answering refusals (the silent ones may hold them all):
+            # answered 503 or cut unanswered, at once; not left in the listen queue until its timeout
+            url = f"https://127.0.0.1:{http_port}/v1/embeddings"
+            with contextlib.suppress(ssl.SSLError, ConnectionError, http.client.HTTPException):
+                assert request("POST", url, {}, timeout=10.0, context=context(pki.ca)).status == 503
+        finally:
+            for s in burst:
+                s.close()
+        wait_until(lambda: encode(address, Connection(ca=pki.ca), timeout=5.0) == grpc.StatusCode.OK, "an answer")
+        log = server.log
+        assert "Too many open files" not in log and "out of system resource" not in log, log[-3000:]
 
 
 def test_the_cli_speaks_tls_and_mutual_tls(

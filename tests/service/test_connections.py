@@ -4,6 +4,7 @@ connections past the process's open files no longer floods its log or stops it a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -89,6 +90,35 @@ def test_refusals_are_answered_only_a_few_at_once() -> None:
     assert not limit.start_answer()
     limit.end_answer()
     assert limit.start_answer()
+
+
+def test_a_tls_connection_keeps_the_place_it_was_given_at_its_accept() -> None:
+    """create_server admits a TLS connection (or refuses it with an answer's place) at its accept; its protocol's
+    own admit() and start_answer() take that over once the handshake is done, counted once; if they never do (a
+    failed handshake), let_go gives it back."""
+    limit = ConnectionLimit(1)
+    served, failed = asyncio.Protocol(), asyncio.Protocol()
+    assert limit.admit("http")
+    limit.hold(served, True)
+    assert limit.admit("http", served) and limit.open == 1  # taken over, not counted again
+    limit.let_go(served)
+    assert limit.open == 1  # its protocol holds it now, and releases it on connection_lost
+    limit.release()
+    assert limit.admit("grpc")
+    limit.hold(failed, True)
+    limit.let_go(failed)  # its handshake failed
+    assert limit.open == 0
+
+    refused = asyncio.Protocol()
+    assert limit.admit("http") and not limit.admit("http") and limit.start_answer()
+    limit.hold(refused, False)
+    assert not limit.admit("http", refused) and limit.start_answer(refused)  # the place it holds
+    assert limit.refused == {"http": 1} and limit.answering == 1
+    limit.end_answer()
+    assert not limit.admit("http") and limit.start_answer()
+    limit.hold(refused, False)
+    limit.let_go(refused)
+    assert limit.answering == 0 and limit.refused == {"http": 2}
 
 
 def test_the_default_leaves_the_reserve_and_stays_within_bounds() -> None:

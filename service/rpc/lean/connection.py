@@ -244,7 +244,7 @@ class Connection(asyncio.Protocol):
             transport.write(f.settings() + f.goaway(0, f.NO_ERROR))
             self._end()  # no reset, which could keep its client from reading that GOAWAY
             return
-        if not self.server.connection_limit.admit("grpc"):
+        if not self.server.connection_limit.admit("grpc", self):
             transport.abort()  # see the module docstring: no GOAWAY
             return
         self.admitted = True

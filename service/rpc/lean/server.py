@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from mhaserve.service.connections import ACCEPT_BATCH, ConnectionLimit, bounded_accepts
 from mhaserve.service.connections import DEFAULT_LIMIT as DEFAULT_CONNECTION_LIMIT
+from mhaserve.service.connections import ConnectionLimit, bounded_accepts, create_server
 from mhaserve.service.incoming import Incoming, default_limit
 from mhaserve.service.rpc.lean.calls import Calls
 from mhaserve.service.rpc.lean.connection import Connection, Stream
@@ -120,12 +120,15 @@ class LeanServer:
         self._loop = asyncio.get_running_loop()
         for sock, context in self._sockets:
             self._servers.append(
-                await self._loop.create_server(
+                await create_server(
+                    self._loop,
                     lambda: Connection(self),
                     sock=sock,
-                    ssl=context,
-                    ssl_handshake_timeout=self.handshake_timeout if context else None,
-                    backlog=ACCEPT_BATCH,  # the connections asyncio accepts at a time (service/connections.py)
+                    context=context,
+                    handshake_timeout=self.handshake_timeout,
+                    limit=self.connection_limit,
+                    protocol="grpc",
+                    answer_refused=False,  # closed unread, as a plain one (connection.py)
                 )
             )
             bounded_accepts(sock, BACKLOG)
