@@ -191,6 +191,13 @@ class ConnectionLimit:
         self.open -= 1
 
 
+# What a front does with a connection to its TLS port whose first bytes are not a TLS handshake: given the protocol
+# made for the connection, its transport, and those bytes, it answers them in its own protocol and returns True
+# (the transport is then its, or it closed it), or returns False, and the handshake fails on them as it would.
+Plaintext = Callable[[asyncio.BaseProtocol, asyncio.Transport, bytes], bool]
+TLS_HANDSHAKE = 0x16  # the first byte of a TLS record that carries a handshake message (a ClientHello's)
+
+
 async def create_server(
     loop: asyncio.AbstractEventLoop,
     factory: Callable[[], asyncio.BaseProtocol],
@@ -201,6 +208,7 @@ async def create_server(
     limit: ConnectionLimit | None,
     protocol: str,
     answer_refused: bool,
+    plaintext: Plaintext | None = None,
     backlog: int = ACCEPT_BATCH,
 ) -> asyncio.Server:
     """`loop.create_server` on `sock`, TLS with `context`, whose connections are counted against `limit` from their
@@ -208,7 +216,8 @@ async def create_server(
     self)`, and out on `connection_lost`; asyncio calls both only for a connection whose handshake succeeded. So the
     TLS layer is put under them here, at the accept, where the connection is admitted (or refused: closed at once,
     or, with `answer_refused`, let through its handshake to be answered when an answer's place is free), and a
-    handshake that fails or times out gives its place back."""
+    handshake that fails or times out gives its place back. A client that speaks plaintext to the port is
+    answered by `plaintext`, in words it reads, where a failed handshake would only have closed its connection."""
     if context is None or limit is None:
         return await loop.create_server(
             factory,
@@ -218,15 +227,16 @@ async def create_server(
             backlog=backlog,
         )
     return await loop.create_server(
-        partial(_Handshake, loop, factory, context, handshake_timeout, limit, protocol, answer_refused),
+        partial(_Handshake, loop, factory, context, handshake_timeout, limit, protocol, answer_refused, plaintext),
         sock=sock,
         backlog=backlog,
     )
 
 
 class _Handshake(asyncio.Protocol):
-    """A TLS connection's protocol for the instant of its accept: it admits the connection, then hands the transport
-    to asyncio's TLS protocol, with the server's protocol above it, as `loop.create_server(ssl=...)` would."""
+    """A TLS connection's protocol from its accept to its first bytes: it admits the connection, then hands the
+    transport to asyncio's TLS protocol, with the server's protocol above it, as `loop.create_server(ssl=...)`
+    would; or, if those bytes are not a TLS handshake, to the front's `plaintext`."""
 
     def __init__(
         self,
@@ -237,9 +247,15 @@ class _Handshake(asyncio.Protocol):
         limit: ConnectionLimit,
         protocol: str,
         answer_refused: bool,
+        plaintext: Plaintext | None,
     ) -> None:
         self.loop, self.factory, self.context, self.timeout = loop, factory, context, timeout
-        self.limit, self.protocol, self.answer_refused = limit, protocol, answer_refused
+        self.limit, self.protocol, self.answer_refused, self.plaintext = limit, protocol, answer_refused, plaintext
+        self.transport: asyncio.Transport | None = None
+        self.app: asyncio.BaseProtocol | None = None
+        self.accepted = 0.0
+        self.deadline: asyncio.TimerHandle | None = None
+        self.answered = False  # by `plaintext`, on this protocol: what comes next is dropped
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -248,24 +264,62 @@ class _Handshake(asyncio.Protocol):
         if not admitted and not (self.answer_refused and limit.start_answer()):
             transport.abort()
             return
-        app = self.factory()
-        limit.hold(app, admitted)
+        self.transport = transport
+        self.app = self.factory()
+        limit.hold(self.app, admitted)
+        self.accepted = self.loop.time()
+        self.deadline = self.loop.call_later(self.timeout, transport.abort)  # no first byte: as a silent handshake
+
+    def data_received(self, data: bytes) -> None:
+        transport, app = self.transport, self.app
+        assert transport is not None and app is not None
+        if self.answered:
+            return
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+        if data[0] != TLS_HANDSHAKE and self.plaintext is not None and self.plaintext(app, transport, data):
+            if transport.get_protocol() is not self:  # the front's protocol took it over, and the place with it
+                self.limit.let_go(app)
+                return
+            # Answered here, its end sent: what the client still sends is dropped until it closes its end, for at
+            # most the handshake's time (closing at once would reset a connection with unread bytes, and the
+            # reset can cost the client the answer). Its place is given back in connection_lost.
+            self.answered = True
+            self.deadline = self.loop.call_later(self.timeout, transport.close)
+            return
         handshake = self.loop.create_future()
-        handshake.add_done_callback(partial(_handshake_ended, limit, app))
+        handshake.add_done_callback(partial(_handshake_ended, self.limit, app))
         # What loop.start_tls does, but with the server's protocol told of the connection by the TLS layer itself
         # when the handshake is done: start_tls leaves that to its caller, after the TLS layer may already have
-        # passed the protocol the client's first request. The socket is read only after this returns (asyncio
-        # adds the reader after connection_made), so nothing is read before the TLS layer is in place.
+        # passed the protocol the client's first request. The bytes read so far go to the TLS layer first. Its
+        # timeout is what is left of the handshake's (typeshed has it an int; asyncio takes seconds as a float).
         tls = sslproto.SSLProtocol(
             self.loop,
             app,
             self.context,
             handshake,
             server_side=True,
-            ssl_handshake_timeout=self.timeout,  # type: ignore[arg-type]  # seconds, a float (typeshed says int)
+            ssl_handshake_timeout=max(0.001, self.timeout - (self.loop.time() - self.accepted)),  # type: ignore[arg-type]
         )
         transport.set_protocol(tls)
         tls.connection_made(transport)
+        view = memoryview(data)
+        while view and not transport.is_closing():  # a handshake failed on the first bytes closes it
+            buffer = tls.get_buffer(len(view))
+            n = min(len(buffer), len(view))
+            buffer[:n] = view[:n]
+            tls.buffer_updated(n)
+            view = view[n:]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Closed before its first bytes were handed on (the client gone, the deadline passed), or after the front's
+        `plaintext` answered it on this protocol."""
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+        if self.app is not None:
+            self.limit.let_go(self.app)
 
 
 def _handshake_ended(limit: ConnectionLimit, app: asyncio.BaseProtocol, handshake: asyncio.Future[None]) -> None:

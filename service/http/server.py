@@ -30,7 +30,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from mhaserve.runtime.errors import Unavailable
+from mhaserve.runtime.errors import InvalidArgument, ServiceError, Unavailable
 from mhaserve.service.connections import ACCEPT_BATCH, ConnectionLimit, bounded_accepts, create_server
 from mhaserve.service.context import Throttle, accept_request_id
 from mhaserve.service.http.errors import render
@@ -55,6 +55,31 @@ TOO_LARGE = (
 # uvicorn logs a WARNING for every malformed request: a TLS handshake or an HTTP/2 client sent to the plain HTTP
 # port, a load balancer's check in the wrong protocol, or a scanner, wrote a line a request and buried the log.
 REQUEST_WARNINGS = Throttle(("Invalid HTTP request received.", "Unsupported upgrade request."))
+
+
+def closing_answer(error: ServiceError, target: bytes) -> bytes:
+    """A whole HTTP/1.1 response that answers a request for `target` with `error`, in its route's API's shape, and
+    closes the connection: for requests refused before uvicorn reads them."""
+    rid = accept_request_id(None)
+    status, headers, body = render(error, target.decode("latin-1").partition("?")[0], rid)
+    head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
+    head += [name + b": " + value for name, value in headers]
+    head += [b"content-length: " + str(len(body)).encode(), b"connection: close", b"x-request-id: " + rid.encode()]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def answer_plaintext(_protocol: asyncio.BaseProtocol, transport: asyncio.Transport, data: bytes) -> bool:
+    """A plain HTTP request to the TLS port (connections.create_server's `plaintext`): answered 400 saying so, as
+    Go's servers and nginx do, where a failed handshake would only close the connection ("Remote end closed
+    connection without response")."""
+    line, found, _ = data[:MAX_REQUEST_LINE].partition(b"\r\n")
+    parts = line.split(b" ")
+    if not found or len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        return False  # not HTTP/1.x either: the handshake fails on it
+    error = InvalidArgument("this port speaks HTTPS, and the request came in plain HTTP: send it to https://")
+    transport.write(closing_answer(error, parts[1]))
+    transport.write_eof()  # then what else the client sends is read and dropped until it closes (create_server)
+    return True
 
 
 class ReadTimeoutProtocol(HttpToolsProtocol):
@@ -125,18 +150,12 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._turned_away = None
         self._refused = True  # what else comes is dropped
         parts = line.split(b" ")
-        path = parts[1].decode("latin-1").partition("?")[0] if len(parts) == 3 else "/"
         assert self.connection_limit is not None
         error = Unavailable(
             f"the server holds its limit of {self.connection_limit.limit} open connections (--max-connections): "
             "retry later, or on another replica"
         )
-        rid = accept_request_id(None)
-        status, headers, body = render(error, path, rid)
-        head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
-        head += [name + b": " + value for name, value in headers]
-        head += [b"content-length: " + str(len(body)).encode(), b"connection: close", b"x-request-id: " + rid.encode()]
-        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        self.transport.write(closing_answer(error, parts[1] if len(parts) == 3 else b"/"))
         if self.transport.can_write_eof():
             self.transport.write_eof()  # as a 431's: the rest of the request read and dropped, then closed
             self.loop.call_later(LINGER_S, self.transport.close)
@@ -304,6 +323,7 @@ class HttpServer:
                 limit=self.connection_limit,
                 protocol="http",
                 answer_refused=True,  # answered 503 once its handshake is done (ReadTimeoutProtocol)
+                plaintext=answer_plaintext,
                 backlog=backlog,
             )
 

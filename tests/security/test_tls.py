@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.client
+import json
 import logging
 import socket
 import ssl
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import openai
 import pytest
 from grpc_health.v1 import health_pb2
 
@@ -151,8 +153,33 @@ def test_the_http_port_speaks_the_same_tls(tls_server: ServerThread, pki: Pki) -
     assert reply.status == 200 and len(reply.json()["data"]) == 1
     with pytest.raises(ssl.SSLError):
         request("POST", https(tls_server), {"input": "hello"}, context=context(pki.other_ca))
-    with pytest.raises((http.client.HTTPException, OSError)):  # plaintext to a TLS port gets no answer
-        request("POST", https(tls_server).replace("https", "http"), {"input": "hello"}, timeout=5)
+
+
+def test_a_client_speaking_plaintext_to_a_tls_port_is_told_so(tls_server: ServerThread, pki: Pki) -> None:
+    """The bug: a client that forgot TLS read only "Remote end closed connection without response" (HTTP) or
+    "Socket closed" (gRPC), as the handshake failed on its first bytes. HTTP now gets a 400 saying so, in its
+    route's shape (as Go's servers and nginx answer), and on the lean front a gRPC client's calls UNAVAILABLE."""
+    plain = f"http://127.0.0.1:{tls_server.server.http_port}"
+    with (
+        openai.OpenAI(base_url=plain + "/v1", api_key="unused", max_retries=0) as client,
+        pytest.raises(openai.BadRequestError) as e,
+    ):
+        client.embeddings.create(input=["hello"], model="tiny")
+    assert "this port speaks HTTPS" in e.value.message and "https://" in e.value.message
+    kserve = request("GET", plain + "/v2/health/ready")  # KServe's routes: their own body's shape
+    assert kserve.status == 400 and "this port speaks HTTPS" in json.loads(kserve.body)["error"]
+    with grpc.insecure_channel(tls_server.address) as channel:
+        with pytest.raises(grpc.RpcError) as g:
+            pb_grpc.EncoderServiceStub(channel).Encode(TEXT, timeout=10)
+        assert g.value.code() == grpc.StatusCode.UNAVAILABLE
+        if tls_server.server.settings.grpc_front == "lean":  # grpc.aio's front: grpc core's handshake, unchanged
+            assert "this port speaks TLS" in g.value.details() and "--tls-ca" in g.value.details()
+            with pytest.raises(grpc.RpcError) as h:  # a health probe's call reads the same
+                health_status(channel, timeout=10)
+            assert "this port speaks TLS" in h.value.details()
+    # and the clients that speak TLS are served as ever
+    assert request("POST", https(tls_server), {"input": "hello"}, context=context(pki.ca)).status == 200
+    assert encode(tls_server.address, Connection(ca=pki.ca)) == grpc.StatusCode.OK
 
 
 def test_the_http_port_speaks_the_same_mutual_tls(mtls_server: ServerThread, pki: Pki) -> None:
@@ -220,12 +247,19 @@ def test_connections_in_their_tls_handshake_count_against_the_limit(plain: Setti
         assert request("POST", https(srv), {"input": "hello"}, context=context(pki.ca)).status == 200
         assert encode(srv.address, Connection(ca=pki.ca)) == grpc.StatusCode.OK
 
-        # A handshake that fails (plaintext to the TLS port), and one that times out, are let go too.
-        with socket.create_connection(("127.0.0.1", http_port), timeout=WAIT) as failing:
-            failing.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\n\r\n")
-            with contextlib.suppress(ConnectionResetError):
-                failing.recv(1024)
-            wait_until(lambda: count() == 0, "the failed handshake to be let go")
+        # A handshake that fails (bytes of no protocol), and one that times out, are let go too; and a request
+        # in plain HTTP, answered 400, once its client closes.
+        for port in ports:
+            with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as failing:
+                failing.sendall(b"\x00" * 64)
+                with contextlib.suppress(ConnectionResetError):
+                    assert failing.recv(1024) == b""
+                wait_until(lambda: count() == 0, "the failed handshake to be let go")
+        with socket.create_connection(("127.0.0.1", http_port), timeout=WAIT) as plaintext:
+            plaintext.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+            assert plaintext.recv(1024).startswith(b"HTTP/1.1 400 ")
+            assert count() == 1
+        wait_until(lambda: count() == 0, "the plaintext connection to be let go")
         with socket.create_connection(("127.0.0.1", ports[-1]), timeout=WAIT) as slow:
             wait_until(lambda: count() == 1, "the silent connection to be counted")
             with contextlib.suppress(ConnectionResetError):

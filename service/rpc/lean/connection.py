@@ -230,6 +230,8 @@ class Connection(asyncio.Protocol):
         self.ping_strikes = 0
         self.paused = False  # not reading, while the peer does not read what we write
         self.admitted = False  # counted against --max-connections
+        # Every call's answer, when set: a client that spoke plaintext to the TLS port (server.py's `plaintext`)
+        self.refusal: ServiceError | None = None
 
     # -- the transport's callbacks --
 
@@ -590,6 +592,7 @@ class Connection(asyncio.Protocol):
         seconds = None if timeout is None else f.grpc_timeout(timeout)
         if timeout is not None and seconds is None:
             bad = InvalidArgument(f"grpc-timeout {timeout!r} is not a timeout (up to 8 digits, then H, M, S, m, u, n)")
+        bad = bad or self.refusal
         if bad is not None:
             self._refuse_call(stream_id, flags, bad, out)
             return

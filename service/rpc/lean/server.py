@@ -17,9 +17,11 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from mhaserve.runtime.errors import Unavailable
 from mhaserve.service.connections import DEFAULT_LIMIT as DEFAULT_CONNECTION_LIMIT
 from mhaserve.service.connections import ConnectionLimit, bounded_accepts, create_server
 from mhaserve.service.incoming import Incoming, default_limit
+from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.calls import Calls
 from mhaserve.service.rpc.lean.connection import Connection, Stream
 
@@ -129,10 +131,27 @@ class LeanServer:
                     limit=self.connection_limit,
                     protocol="grpc",
                     answer_refused=False,  # closed unread, as a plain one (connection.py)
+                    plaintext=self._plaintext,
                 )
             )
             bounded_accepts(sock, BACKLOG)
         self._sweeper = self._loop.create_task(self._sweep(), name="lean-grpc-connections")
+
+    def _plaintext(self, connection: asyncio.BaseProtocol, transport: asyncio.Transport, data: bytes) -> bool:
+        """A client speaking plaintext HTTP/2 to the TLS port (connections.create_server's `plaintext`): served in
+        plaintext, every call answered UNAVAILABLE saying why, where a failed handshake reads "Socket closed" to
+        grpc's clients and nothing more. Anything else fails the handshake."""
+        if not f.PREFACE.startswith(data[: len(f.PREFACE)]):
+            return False
+        assert isinstance(connection, Connection)
+        connection.refusal = Unavailable(
+            "this port speaks TLS, and the client connected in plaintext: connect with TLS and the server's CA "
+            "(grpc.secure_channel; mhaserve's commands: --tls-ca)"
+        )
+        transport.set_protocol(connection)
+        connection.connection_made(transport)
+        connection.data_received(data)
+        return True
 
     async def stop(self, grace: float | None) -> None:
         """Listen no more, send every connection a GOAWAY, wait up to `grace` seconds for the calls in flight,
