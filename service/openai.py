@@ -60,6 +60,11 @@ class EmbeddingRequest(BaseModel):
     prompt_name: StrictStr | None = Field(
         default=None, description="a prompt of the model's serving config to put before each text (e.g. query)"
     )
+    # OpenAI's embeddings are unit length, whatever the model's manifest says; TEI's and encoder.v1's clients
+    # turn it off with this (it was ignored as an unknown field: such a client got normalised vectors, unwarned).
+    normalize: StrictBool = Field(
+        default=True, description="L2-normalise each embedding, as OpenAI's are; false: the model's pooled vector"
+    )
 
 
 class Embedding(BaseModel):
@@ -96,7 +101,7 @@ def from_request(req: EmbeddingRequest) -> EncodeInput:
     common: dict[str, Any] = {
         "model": req.model,
         "truncate": req.truncate,
-        "normalize": True,
+        "normalize": req.normalize,
         "dimensions": req.dimensions,
         "prompt_name": req.prompt_name,
     }

@@ -90,6 +90,22 @@ def test_dimensions_truncate_and_renormalise(http_server: ServerThread) -> None:
         np.testing.assert_allclose(cut, expected, atol=1e-6)
 
 
+def test_normalize_false_gives_the_pooled_vector(http_server: ServerThread) -> None:
+    """The bug: the route ignored `normalize` as an unknown field, so a client that asked for the raw vector (as
+    TEI's API and encoder.v1 take it) got a normalised one, unwarned."""
+    c = client(http_server)
+    raw = vectors(c.embeddings.create(input=TEXTS, model="tiny", extra_body={"normalize": False}))
+    np.testing.assert_array_equal(raw, encode(http_server, texts=TEXTS, normalize=False))
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0, atol=1e-3)
+    unit = vectors(c.embeddings.create(input=TEXTS, model="tiny", extra_body={"normalize": True}))
+    np.testing.assert_allclose(unit, raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-6)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.embeddings.create(input=TEXTS, model="tiny", dimensions=8, extra_body={"normalize": False})
+    assert "normalize" in e.value.message
+    with pytest.raises(openai.BadRequestError):
+        c.embeddings.create(input=TEXTS, model="tiny", extra_body={"normalize": "no"})
+
+
 def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None:
     c = client(http_server)
     without = request("POST", http_server.http_url + "/v1/embeddings", {"input": "hello"}).json()
