@@ -1,9 +1,10 @@
 """The HTTP API as one ASGI app: the protocol adapters' routes behind the call middleware.
 
 Routes: OpenAI's embeddings API (service/openai.py), the Open Inference Protocol's REST API
-(service/kserve/rest.py), and the utility routes (service/utility.py), over the same data plane as the
-gRPC adapters. The OpenAPI document is at /openapi.json, with interactive docs at /docs and /redoc.
-Every error goes through the one error map (http/errors.py renders it in each API's shape).
+(service/kserve/rest.py), text-embeddings-inference's embedding route (service/tei.py) and the utility
+routes (service/utility.py), over the same data plane as the gRPC adapters. The OpenAPI document is at
+/openapi.json, with interactive docs at /docs and /redoc. Every error goes through the one error map
+(http/errors.py renders it in each API's shape).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from starlette.routing import compile_path
 from starlette.types import Scope
 
 from mhaserve.runtime.errors import NotFound, ServiceError, Unimplemented
-from mhaserve.service import openai, utility
+from mhaserve.service import openai, tei, utility
 from mhaserve.service.auth import Keys
 from mhaserve.service.context import request_id
 from mhaserve.service.dataplane import DataPlane
@@ -69,6 +70,7 @@ def build(
     )
     app.include_router(openai.router(dataplane))
     app.include_router(kserve_rest.router(dataplane, manager))
+    app.include_router(tei.router(dataplane))
     app.include_router(utility.router(dataplane, max_message_bytes=max_body_bytes))
     complete(app, keys=keys.enabled, open_paths=OPEN_PATHS)
 
@@ -97,6 +99,7 @@ def build(
         return respond(request, error)
 
     embed = functools.partial(openai.embed, dataplane)
+    tei_embed = functools.partial(tei.embed, dataplane)
     return CallMiddleware(
         app,
         metrics=metrics,
@@ -110,7 +113,10 @@ def build(
         open_paths=OPEN_PATHS,
         always_answered=always_answered,
         admin_prefix=kserve_rest.REPOSITORY_PREFIX,
-        fast_routes={("POST", openai.EMBEDDINGS_PATH): FastRoute(openai.EMBEDDINGS_PATH, embed)},
+        fast_routes={
+            ("POST", openai.EMBEDDINGS_PATH): FastRoute(openai.EMBEDDINGS_PATH, embed),
+            **{("POST", path): FastRoute(path, tei_embed) for path in tei.PATHS},
+        },
         route_of=_route_finder(app),
     )
 

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import gc
 import types
-from typing import Any, TypeVar, Union, get_origin
+from typing import Annotated, Any, TypeVar, Union, get_origin
 
 import orjson
 from fastapi import Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, StrictInt, ValidationError
 from pydantic.fields import FieldInfo
 
-from mhaserve.runtime.errors import InvalidArgument, UnsupportedMediaType
+from mhaserve.runtime.errors import InvalidArgument, ServiceError, UnsupportedMediaType
+from mhaserve.service.dataplane import DataPlane
 
 M = TypeVar("M", bound=BaseModel)
+
+# A list of token ids, one input of the embedding routes that take ids as well as texts.
+TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
 
 
 def documented(**constraints: Any) -> FieldInfo:
@@ -81,3 +85,17 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
     """A JSON response; bytes are sent as they are (already encoded), anything else goes through orjson."""
     body = content if isinstance(content, bytes) else orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def count_first(dataplane: DataPlane, data: Any, field: str) -> None:
+    """A list of more inputs (in the body's `field`) than the model takes, refused before pydantic validates
+    each (300,000 token-id lists, 3 MB or 8 KB gzipped, took it about half a second)."""
+    if not isinstance(data, dict):
+        return
+    inputs, model = data.get(field), data.get("model", "")
+    if isinstance(inputs, list) and inputs and isinstance(inputs[0], (str, list)) and isinstance(model, str):
+        try:
+            pipeline = dataplane.resolve(model)
+        except ServiceError:
+            return  # said by the validated request, as for any other
+        pipeline.count_first(len(inputs))  # (a text, or token ids, is one input)

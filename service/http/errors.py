@@ -3,7 +3,9 @@
 The status comes from `mhaserve.service.errors.to_http`, the one map every protocol shares. The body
 follows the API of the route: OpenAI's `{"error": {"message", "type", "param", "code"}}` (which the
 official clients turn into their exception classes) everywhere but the Open Inference Protocol's
-routes, which answer `{"error": "<message>"}` as its REST specification and Triton do.
+routes, which answer `{"error": "<message>"}` as its REST specification and Triton do, and
+text-embeddings-inference's embedding routes, which answer `{"error": "<message>", "error_type": "..."}`
+as TEI does.
 """
 
 from __future__ import annotations
@@ -17,14 +19,34 @@ from mhaserve.runtime.errors import NotFound, ServiceError
 from mhaserve.service.errors import grpc_code, to_http
 
 KSERVE_PREFIX = "/v2"
+TEI_PATHS = ("/embed", "/")  # text-embeddings-inference's embedding routes (service/tei.py)
 # Clients may retry these: the queue was full, or the server is loading or draining.
 RETRY_AFTER_SECONDS = 1
 CODE_KEY = "mhaserve.code"  # the scope key where the status name in gRPC's vocabulary is left for the metrics
 
 
-def error_body(path: str, kind: str, message: str, param: str | None, code: str) -> bytes:
+def api_of(path: str) -> str:
+    """Whose error shape a path answers in: "kserve", "tei" or "openai"."""
     if path == KSERVE_PREFIX or path.startswith(KSERVE_PREFIX + "/"):
+        return "kserve"
+    return "tei" if path in TEI_PATHS else "openai"
+
+
+def tei_error_type(status: int) -> str:
+    """TEI's `error_type` for a status, among the names TEI itself answers with."""
+    if status == 429:
+        return "Overloaded"
+    if status == 503:
+        return "Unhealthy"
+    return "Backend" if status >= 500 else "Validation"
+
+
+def error_body(path: str, status: int, kind: str, message: str, param: str | None, code: str) -> bytes:
+    api = api_of(path)
+    if api == "kserve":
         return orjson.dumps({"error": message})
+    if api == "tei":
+        return orjson.dumps({"error": message, "error_type": tei_error_type(status)})
     return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
@@ -45,4 +67,4 @@ def render(
         headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
     if http.status == 401:  # RFC 9110 11.6.1: a 401 says which scheme it takes (the API keys are bearer tokens)
         headers.append((b"www-authenticate", b'Bearer realm="mhaserve"'))
-    return http.status, headers, error_body(path, http.type, message, param, body_code)
+    return http.status, headers, error_body(path, http.status, http.type, message, param, body_code)

@@ -9,8 +9,9 @@ FastAPI's own document is not that here, in four ways this module mends:
 - FastAPI documents a 422 "Validation Error" for every route with a parameter. None is answered: the
   parameters are strings and the bodies are read by the routes, so bad input is a 400 from the one error
   map (service/errors.py). `complete` documents that map instead: every operation's `default` response is
-  an error in its API's shape, OpenAI's `{"error": {...}}` or the Open Inference Protocol's
-  `{"error": "..."}` under /v2 (http/errors.py renders both).
+  an error in its API's shape, OpenAI's `{"error": {...}}`, the Open Inference Protocol's
+  `{"error": "..."}` under /v2, or text-embeddings-inference's `{"error": "...", "error_type": "..."}` on its
+  embedding routes (http/errors.py renders each).
 - The KServe health routes answer with a status and no body (`status_only`).
 - With API keys, every route but the open ones (health, and the document itself) needs one: `complete`
   declares the bearer scheme and puts it on those operations (Swagger UI at /docs then asks for the key).
@@ -22,12 +23,12 @@ tests/service/test_openapi.py) then finds every answer documented.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Response
 from pydantic import BaseModel, Field
 
-from mhaserve.service.http.errors import KSERVE_PREFIX
+from mhaserve.service.http.errors import api_of
 
 REF = "#/components/schemas/{model}"
 # FastAPI's schemas for the 422 it documents and never answers here.
@@ -69,6 +70,18 @@ class KServeError(BaseModel):
     error: str
 
 
+class TEIError(BaseModel):
+    """An error as text-embeddings-inference answers it."""
+
+    error: str
+    error_type: Literal["Unhealthy", "Backend", "Overloaded", "Validation"] = Field(
+        description="Overloaded for a 429, Unhealthy for a 503, Backend for another 5xx, Validation for a 4xx"
+    )
+
+
+ERROR_SHAPES: dict[str, type[BaseModel]] = {"openai": OpenAIError, "kserve": KServeError, "tei": TEIError}
+
+
 def request_body(model: type[BaseModel], *media_types: str, required: bool = True) -> dict[str, Any]:
     """`openapi_extra` for a route whose body is `model` (JSON unless other media types are named)."""
     _bodies[model.__name__] = model
@@ -100,13 +113,13 @@ def complete(app: FastAPI, *, keys: bool = False, open_paths: Sequence[str] = ()
             return app.openapi_schema
         document = generate()
         schemas = document.setdefault("components", {}).setdefault("schemas", {})
-        models: list[type[BaseModel]] = [*_bodies.values(), OpenAIError, KServeError]
+        models: list[type[BaseModel]] = [*_bodies.values(), *ERROR_SHAPES.values()]
         for model in models:
             schema = model.model_json_schema(ref_template=REF)
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
         for path, operations in document.get("paths", {}).items():
-            error = KServeError if path == KSERVE_PREFIX or path.startswith(KSERVE_PREFIX + "/") else OpenAIError
+            error = ERROR_SHAPES[api_of(path)]
             for operation in operations.values():
                 responses = operation.setdefault("responses", {})
                 responses.pop("422", None)

@@ -300,6 +300,8 @@ def test_http_wants_the_same_keys(server: ServerThread, wrong: str) -> None:
         ("GET", "/v1/models", None),
         ("POST", "/v2/models/tiny/infer", {"inputs": []}),
         ("GET", "/v2/models/tiny", None),
+        ("POST", "/embed", {"inputs": "hi"}),
+        ("POST", "/", {"inputs": "hi"}),
         ("POST", "/tokenize", {"inputs": "hi"}),
         ("GET", "/info", None),
     ]

@@ -380,6 +380,8 @@ FIELDS = st.fixed_dictionaries(
         "encoding_format": JSON,
         "dimensions": JSON,
         "truncate": JSON,
+        "normalize": JSON,
+        "truncation_direction": JSON,
         "parameters": JSON,
         "outputs": JSON,
     },
@@ -387,7 +389,7 @@ FIELDS = st.fixed_dictionaries(
 
 
 @hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=JSON | FIELDS, path=st.sampled_from(["/v1/embeddings", "/tokenize", "/v2/models/tiny/infer"]))
+@given(body=JSON | FIELDS, path=st.sampled_from(["/v1/embeddings", "/embed", "/tokenize", "/v2/models/tiny/infer"]))
 def test_arbitrary_json_never_gets_a_5xx(srv: ServerThread, body: object, path: str) -> None:
     reply = request("POST", url(srv, path), json.dumps(body).encode(), {"content-type": "application/json"})
     assert reply.status < 500, (path, body, reply.status, reply.body[:300])
@@ -618,10 +620,35 @@ PARITY_BODIES: list[tuple[bytes, str]] = [
 ]
 
 
-def test_the_fast_embeddings_route_answers_as_the_documented_route_does(srv: ServerThread) -> None:
-    """POST /v1/embeddings is answered by the middleware itself, past FastAPI (service/http/middleware.py);
-    FastAPI keeps the route for the OpenAPI document. Both must answer every request alike: each body
-    above goes through the socket (the fast route) and straight into the FastAPI app."""
+TEI_PARITY_BODIES: list[tuple[bytes, str]] = [
+    (b'{"inputs": ["hello world", "a"], "model": "tiny"}', "application/json"),
+    (b'{"inputs": "hello world", "dimensions": 8, "normalize": true}', "application/json"),
+    (b'{"inputs": [[2, 3, 4], [5, 6]], "normalize": false}', "application/json"),
+    (b'{"inputs": "hello"', "application/json"),  # not JSON
+    (b'{"inputs": "hello"}', "text/plain"),  # not declared as JSON
+    (b'{"inputs": []}', "application/json"),
+    (b'{"inputs": 3}', "application/json"),
+    (b'{"inputs": ""}', "application/json"),
+    (b'{"inputs": "x", "model": "nope"}', "application/json"),
+    (b'{"inputs": "x", "truncation_direction": "left"}', "application/json"),
+    (json.dumps({"inputs": "word " * 300}).encode(), "application/json"),  # past the maximum, no truncate
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "bodies", "statuses"),
+    [
+        ("/v1/embeddings", PARITY_BODIES, [200, 200, 200, 400, 415, 400, 400, 400, 404, 400, 400]),
+        ("/embed", TEI_PARITY_BODIES, [200, 200, 200, 400, 415, 400, 400, 400, 404, 400, 400]),
+        ("/", TEI_PARITY_BODIES, [200, 200, 200, 400, 415, 400, 400, 400, 404, 400, 400]),
+    ],
+)
+def test_the_fast_embeddings_routes_answer_as_the_documented_routes_do(
+    srv: ServerThread, path: str, bodies: list[tuple[bytes, str]], statuses: list[int]
+) -> None:
+    """POST /v1/embeddings and TEI's POST /embed (and /) are answered by the middleware itself, past FastAPI
+    (service/http/middleware.py); FastAPI keeps the routes for the OpenAPI document. Both must answer every
+    request alike: each body above goes through the socket (the fast route) and straight into the FastAPI app."""
     assert srv.server._http is not None
     middleware = srv.server._http.config.app
     assert isinstance(middleware, CallMiddleware)
@@ -634,8 +661,8 @@ def test_the_fast_embeddings_route_answers_as_the_documented_route_does(srv: Ser
             "http_version": "1.1",
             "method": "POST",
             "scheme": "http",
-            "path": "/v1/embeddings",
-            "raw_path": b"/v1/embeddings",
+            "path": path,
+            "raw_path": path.encode(),
             "query_string": b"",
             "root_path": "",
             "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())],
@@ -656,24 +683,25 @@ def test_the_fast_embeddings_route_answers_as_the_documented_route_does(srv: Ser
         headers = dict(start["headers"])
         return start["status"], headers, b"".join(m.get("body", b"") for m in sent[1:])
 
-    for body, content_type in PARITY_BODIES:
-        fast = request("POST", url(srv, "/v1/embeddings"), body, headers={"content-type": content_type})
+    def rows(answer: Any) -> list[Any]:
+        return [d["embedding"] for d in answer["data"]] if isinstance(answer, dict) else list(answer)
+
+    for body, content_type in bodies:
+        fast = request("POST", url(srv, path), body, headers={"content-type": content_type})
         status, headers, slow = srv.call(through_framework(body, content_type))
         assert (fast.status, fast.headers["content-type"]) == (status, headers[b"content-type"].decode()), body
         if status == 200:
             got, want = json.loads(fast.body), json.loads(slow)
-            assert got["usage"] == want["usage"] and got["model"] == want["model"], body
-            for a, b in zip(got["data"], want["data"], strict=True):
-                if isinstance(a["embedding"], str):
-                    assert a["embedding"] == b["embedding"], body
+            if isinstance(got, dict):
+                assert got["usage"] == want["usage"] and got["model"] == want["model"], body
+            for a, b in zip(rows(got), rows(want), strict=True):
+                if isinstance(a, str):
+                    assert a == b, body
                 else:
-                    assert max(abs(x - y) for x, y in zip(a["embedding"], b["embedding"], strict=True)) <= 1e-6
+                    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 1e-6
         else:
             assert fast.body == slow, body
-    statuses = [
-        request("POST", url(srv, "/v1/embeddings"), b, headers={"content-type": t}).status for b, t in PARITY_BODIES
-    ]
-    assert statuses == [200, 200, 200, 400, 415, 400, 400, 400, 404, 400, 400]
+    assert [request("POST", url(srv, path), b, headers={"content-type": t}).status for b, t in bodies] == statuses
 
 
 # ---- random connections: requests pipelined, split anywhere, chunked or not, and clients that leave -----------

@@ -65,12 +65,13 @@ def test_errors_are_documented_in_each_apis_shape_and_no_422(document: dict[str,
         responses = operation["responses"]
         assert "422" not in responses, (method, path)
         schema = responses["default"]["content"]["application/json"]["schema"]
-        shape = "KServeError" if path.startswith("/v2") else "OpenAIError"
+        shape = "KServeError" if path.startswith("/v2") else "TEIError" if path in ("/embed", "/") else "OpenAIError"
         assert schema == {"$ref": REF.format(model=shape)}, (method, path)
     schemas = document["components"]["schemas"]
     assert not set(FASTAPI_VALIDATION) & set(schemas)
     assert schemas["KServeError"]["properties"]["error"]["type"] == "string"
     assert set(schemas["OpenAIErrorDetail"]["properties"]) == {"message", "type", "param", "code"}
+    assert set(schemas["TEIError"]["properties"]) == {"error", "error_type"}
 
 
 def test_health_answers_are_documented_without_a_body(document: dict[str, Any]) -> None:

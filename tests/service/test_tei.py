@@ -1,0 +1,145 @@
+"""text-embeddings-inference's embedding API (`POST /embed`, `POST /`) against a real mhaserve, through the
+client TEI's users have, huggingface_hub's `InferenceClient`, and plain HTTP: the vectors are Encode's, the
+options do what TEI's do, and errors come in TEI's shape, after which the server answers as usual."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from huggingface_hub import InferenceClient
+from huggingface_hub.errors import HfHubHTTPError
+
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.settings import Settings
+from mhaserve.testing.http import request
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.server import ServerThread, local_settings
+
+TEXTS = ["hello world", "a", "héllo wörld 🤖", "the quick brown fox jumps over the lazy dog " * 3]
+Start = Callable[..., ServerThread]
+
+
+def encode(server: ServerThread, **fields: Any) -> npt.NDArray[np.float32]:
+    with server.channel() as channel:
+        reply = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(**fields), timeout=WAIT)
+    return np.array([e.values for e in reply.embeddings], dtype=np.float32)
+
+
+def embed(server: ServerThread, body: Any, path: str = "/embed", **kw: Any) -> Any:
+    return request("POST", server.http_url + path, body, **kw)
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_repo: Any) -> Iterator[ServerThread]:
+    with ServerThread(local_settings(tiny_repo)).ready() as server:
+        yield server
+
+
+def test_huggingface_hubs_client_gets_encodes_vectors(srv: ServerThread) -> None:
+    """Given the server's URL, InferenceClient posts to `/` (TEI serves an embedding model there too); given
+    `/embed`, there. Either way, the vectors encoder.v1 gives, normalised by default as TEI's are."""
+    expected = encode(srv, texts=TEXTS, normalize=True)
+    for url in (srv.http_url, srv.http_url + "/embed"):
+        client = InferenceClient(model=url, timeout=WAIT)
+        np.testing.assert_allclose(client.feature_extraction(TEXTS[0]), expected[:1], atol=1e-6)
+        np.testing.assert_allclose(client.feature_extraction(TEXTS), expected, atol=1e-6)
+    client = InferenceClient(model=srv.http_url, timeout=WAIT)
+    raw = client.feature_extraction(TEXTS, normalize=False)
+    np.testing.assert_array_equal(raw, encode(srv, texts=TEXTS, normalize=False))
+    cut = client.feature_extraction(TEXTS, dimensions=8)
+    full = expected[:, :8]
+    np.testing.assert_allclose(cut, full / np.linalg.norm(full, axis=1, keepdims=True), atol=1e-6)
+    long = "word " * 400
+    truncated = client.feature_extraction(long, truncate=True, truncation_direction="right")
+    np.testing.assert_allclose(truncated, encode(srv, texts=[long], normalize=True, truncate=True), atol=1e-6)
+
+
+def test_huggingface_hubs_client_raises_with_the_servers_message(srv: ServerThread) -> None:
+    client = InferenceClient(model=srv.http_url, timeout=WAIT)
+    with pytest.raises(HfHubHTTPError) as e:
+        client.feature_extraction("word " * 400)
+    assert e.value.response is not None and e.value.response.status_code == 400
+    assert "more than the model's maximum of 160" in str(e.value)
+    with pytest.raises(HfHubHTTPError) as e:
+        client.feature_extraction("a", truncate=True, truncation_direction="left")
+    assert "truncation_direction left is not served" in str(e.value)
+    assert client.feature_extraction("still here").shape == (1, 32)
+
+
+def test_token_ids_and_the_model_extension(srv: ServerThread) -> None:
+    ids = [[2, 40, 41, 42, 3], [2, 7, 3]]
+    by_ids = encode(srv, token_ids=[pb.TokenIds(ids=r) for r in ids], normalize=True)
+    np.testing.assert_allclose(embed(srv, {"inputs": ids}).json(), by_ids, atol=1e-6)
+    np.testing.assert_allclose(embed(srv, {"inputs": ids[0]}, path="/").json(), by_ids[:1], atol=1e-6)
+    named = embed(srv, {"inputs": "hello world", "model": "tiny:1", "truncation_direction": "Right"})
+    np.testing.assert_allclose(named.json(), encode(srv, texts=["hello world"], normalize=True), atol=1e-6)
+    assert named.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"inputs": []}, 400, "inputs is empty"),
+        ({"inputs": ""}, 400, "input 0 is an empty string"),
+        ({"inputs": ["a", ""]}, 400, "input 1 is an empty string"),
+        ({"inputs": ["a"] * 9}, 400, "9 inputs in one request; the limit is 8"),
+        ({"inputs": [[2, 300, 3]]}, 400, "token id 300, outside the vocabulary [0, 256)"),
+        ({"inputs": ["a", [2, 3]]}, 400, "inputs: must be a text, a list of texts, a list of token ids"),
+        ({"inputs": "word " * 400}, 400, "more than the model's maximum of 160"),
+        ({"inputs": "a", "truncation_direction": "left"}, 400, "truncation_direction left is not served"),
+        ({"inputs": "a", "truncation_direction": "middle"}, 400, "truncation_direction"),
+        ({"inputs": "a", "dimensions": 33}, 400, "dimensions is 33; this model's embeddings have 32"),
+        ({"inputs": "a", "dimensions": 8, "normalize": False}, 400, "normalize false refuses"),
+        ({"inputs": "a", "prompt_name": "query"}, 400, "has no prompt 'query'"),
+        ({"inputs": "a", "normalize": "yes"}, 400, "normalize"),
+        ({"input": "a"}, 400, "inputs"),  # OpenAI's field name on TEI's route
+        ({"inputs": "a", "model": "nope"}, 404, "model 'nope' is not served here"),
+    ],
+)
+def test_bad_requests_are_answered_in_teis_shape(srv: ServerThread, body: Any, status: int, message: str) -> None:
+    for path in ("/embed", "/"):
+        reply = embed(srv, body, path=path)
+        assert reply.status == status, (path, reply.body[:300])
+        error = reply.json()
+        assert set(error) == {"error", "error_type"} and message in error["error"], error
+        assert error["error_type"] == "Validation"
+        assert reply.headers["x-request-id"]
+    assert len(embed(srv, {"inputs": "still here"}).json()) == 1
+
+
+def test_truncate_null_is_the_servers_choice(start: Start, settings: Settings) -> None:
+    """TEI reads a missing or null truncate as the server's --auto-truncate."""
+    long = "word " * 400
+    assert embed(start(dataclasses.replace(settings, http_port=free_port())), {"inputs": long}).status == 400
+    auto = start(dataclasses.replace(settings, http_port=free_port(), auto_truncate=True))
+    for body in ({"inputs": long}, {"inputs": long, "truncate": None}):
+        reply = embed(auto, body)
+        assert reply.status == 200 and len(reply.json()[0]) == 32
+
+
+def test_refusals_before_the_route_are_in_teis_shape_too(start: Start, settings: Settings, tmp_path: Any) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("secret\n")
+    srv = start(dataclasses.replace(settings, http_port=free_port(), api_keys_file=keys))
+    reply = embed(srv, {"inputs": "a"})
+    assert reply.status == 401 and reply.json()["error_type"] == "Validation" and "API key" in reply.json()["error"]
+    reply = embed(srv, b'{"inputs": "a"', headers={"authorization": "Bearer secret"})
+    assert reply.status == 400 and reply.json()["error"].startswith("the body is not valid JSON")
+    client = InferenceClient(model=srv.http_url, token="secret", timeout=WAIT)
+    assert client.feature_extraction("a").shape == (1, 32)
+
+
+def test_the_routes_are_counted_in_the_request_metrics(srv: ServerThread) -> None:
+    counts = [("OK", "POST /embed"), ("OK", "POST /"), ("INVALID_ARGUMENT", "POST /embed")]
+    before = [srv.counted(*c) for c in counts]
+    embed(srv, {"inputs": "a"})
+    embed(srv, {"inputs": "a"}, path="/")
+    embed(srv, {"inputs": ""})
+    # (a request is counted as its answer goes out, after the client may have read it)
+    wait_until(lambda: [srv.counted(*c) - b for c, b in zip(counts, before, strict=True)] == [1, 1, 1], "counted")
