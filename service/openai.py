@@ -20,17 +20,22 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from mhaserve.runtime.errors import InvalidArgument
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import TokenIds, count_first, documented, json_response, parse_json, validate
+from mhaserve.service.http.bodies import (
+    EmbeddingInputs,
+    count_first,
+    documented,
+    encode_input,
+    json_response,
+    parse_json,
+    validate,
+)
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 
 PREFIX = "/v1"
 EMBEDDINGS_PATH = f"{PREFIX}/embeddings"
 OWNER = "mhaserve"
-
-Text = Annotated[StrictStr, documented(minLength=1)]
 
 
 class EmbeddingRequest(BaseModel):
@@ -39,12 +44,9 @@ class EmbeddingRequest(BaseModel):
     # Clients add fields of their own; OpenAI ignores them too.
     model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"input": ["a query", "a passage"]}]})
 
-    input: (
-        Text
-        | Annotated[list[Text], documented(minItems=1)]
-        | TokenIds
-        | Annotated[list[TokenIds], documented(minItems=1)]
-    ) = Field(description="a text, a list of texts, a list of token ids, or a list of lists of token ids")
+    input: EmbeddingInputs = Field(
+        description="a text, a list of texts, a list of token ids, or a list of lists of token ids"
+    )
     model: StrictStr = Field(
         default="", description="a served model's name, or name:version (default: the server's default model)"
     )
@@ -97,27 +99,15 @@ class ModelList(BaseModel):
 
 
 def from_request(req: EmbeddingRequest) -> EncodeInput:
-    common: dict[str, Any] = {
-        "model": req.model,
-        "truncate": req.truncate,
-        "normalize": req.normalize,
-        "dimensions": req.dimensions,
-        "prompt_name": req.prompt_name,
-    }
-    if isinstance(req.input, str):
-        texts: list[str] = [req.input]
-    elif req.input and isinstance(req.input[0], str):
-        texts = req.input
-    elif req.input and isinstance(req.input[0], int):
-        return EncodeInput(token_ids=[req.input], **common)
-    elif req.input:
-        return EncodeInput(token_ids=req.input, **common)  # type: ignore[arg-type]
-    else:
-        raise InvalidArgument("input is empty: send a text, a list of texts, or token ids", param="input")
-    for i, text in enumerate(texts):
-        if not text:
-            raise InvalidArgument(f"input {i} is an empty string", param="input")
-    return EncodeInput(texts=texts, **common)
+    return encode_input(
+        req.input,
+        "input",
+        model=req.model,
+        truncate=req.truncate,
+        normalize=req.normalize,
+        dimensions=req.dimensions,
+        prompt_name=req.prompt_name,
+    )
 
 
 def model_id(asked: str, name: str, version: int) -> str:

@@ -18,7 +18,7 @@ What TEI's clients send and read, so that they work with this server unchanged: 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import orjson
@@ -27,15 +27,21 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from mhaserve.runtime.errors import InvalidArgument
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import TokenIds, count_first, documented, json_response, parse_json, validate
+from mhaserve.service.http.bodies import (
+    EmbeddingInputs,
+    count_first,
+    documented,
+    encode_input,
+    json_response,
+    parse_json,
+    validate,
+)
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput
 
 EMBED_PATH = "/embed"
 ROOT_PATH = "/"  # TEI answers an embedding model's POST / as /embed: huggingface_hub's client posts there
 PATHS = (EMBED_PATH, ROOT_PATH)
-
-Text = Annotated[StrictStr, documented(minLength=1)]
 
 
 class EmbedRequest(BaseModel):
@@ -44,12 +50,9 @@ class EmbedRequest(BaseModel):
     # TEI ignores the fields it does not know (huggingface_hub's client sends encoding_format): so does this.
     model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"inputs": ["a query", "a passage"]}]})
 
-    inputs: (
-        Text
-        | Annotated[list[Text], documented(minItems=1)]
-        | TokenIds
-        | Annotated[list[TokenIds], documented(minItems=1)]
-    ) = Field(description="a text, a list of texts, a list of token ids, or a list of lists of token ids")
+    inputs: EmbeddingInputs = Field(
+        description="a text, a list of texts, a list of token ids, or a list of lists of token ids"
+    )
     normalize: StrictBool = Field(default=True, description="L2-normalise each embedding")
     truncate: StrictBool | None = Field(
         default=None,
@@ -76,27 +79,15 @@ def from_request(req: EmbedRequest) -> EncodeInput:
             "sentence-transformers does; send right (the default), or cut the input's start yourself",
             param="truncation_direction",
         )
-    common: dict[str, Any] = {
-        "model": req.model,
-        "truncate": bool(req.truncate),
-        "normalize": req.normalize,
-        "dimensions": req.dimensions,
-        "prompt_name": req.prompt_name,
-    }
-    if isinstance(req.inputs, str):
-        texts: list[str] = [req.inputs]
-    elif req.inputs and isinstance(req.inputs[0], str):
-        texts = req.inputs
-    elif req.inputs and isinstance(req.inputs[0], int):
-        return EncodeInput(token_ids=[req.inputs], **common)
-    elif req.inputs:
-        return EncodeInput(token_ids=req.inputs, **common)  # type: ignore[arg-type]
-    else:
-        raise InvalidArgument("inputs is empty: send a text, a list of texts, or token ids", param="inputs")
-    for i, text in enumerate(texts):
-        if not text:  # TEI refuses an empty text too ("`inputs` cannot be empty")
-            raise InvalidArgument(f"input {i} is an empty string", param="inputs")
-    return EncodeInput(texts=texts, **common)
+    return encode_input(
+        req.inputs,
+        "inputs",
+        model=req.model,
+        truncate=bool(req.truncate),
+        normalize=req.normalize,
+        dimensions=req.dimensions,
+        prompt_name=req.prompt_name,
+    )
 
 
 async def embed(dataplane: DataPlane, body: bytes, content_type: str | None) -> bytes:

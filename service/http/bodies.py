@@ -9,11 +9,12 @@ from typing import Annotated, Any, TypeVar, Union, get_origin
 
 import orjson
 from fastapi import Response
-from pydantic import BaseModel, Field, StrictInt, ValidationError
+from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError
 from pydantic.fields import FieldInfo
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError, UnsupportedMediaType
 from mhaserve.service.dataplane import DataPlane
+from mhaserve.service.pipeline import EncodeInput
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -25,6 +26,13 @@ def documented(**constraints: Any) -> FieldInfo:
     """JSON Schema constraints (`minLength=1`) that the OpenAPI document states and the route checks itself,
     where its own check says more than pydantic's message would ("input 0 is an empty string")."""
     return Field(json_schema_extra=constraints)
+
+
+Text = Annotated[StrictStr, documented(minLength=1)]
+# What the JSON embedding routes (OpenAI's `input`, TEI's `inputs`) take, read by `encode_input`.
+EmbeddingInputs = (
+    Text | Annotated[list[Text], documented(minItems=1)] | TokenIds | Annotated[list[TokenIds], documented(minItems=1)]
+)
 
 
 def parse_json(body: bytes, content_type: str | None) -> Any:
@@ -99,3 +107,23 @@ def count_first(dataplane: DataPlane, data: Any, field: str) -> None:
         except ServiceError:
             return  # said by the validated request, as for any other
         pipeline.count_first(len(inputs))  # (a text, or token ids, is one input)
+
+
+def encode_input(inputs: Any, field: str, **options: Any) -> EncodeInput:
+    """The embedding routes' inputs (a text, texts, token ids, or lists of them; validated by their shape),
+    as the pipeline's request; an empty list or text is refused naming `field`, as OpenAI's API and TEI do
+    (encoder.v1 and KServe embed an empty text)."""
+    if isinstance(inputs, str):
+        texts: list[str] = [inputs]
+    elif inputs and isinstance(inputs[0], str):
+        texts = inputs
+    elif inputs and isinstance(inputs[0], int):
+        return EncodeInput(token_ids=[inputs], **options)
+    elif inputs:
+        return EncodeInput(token_ids=inputs, **options)
+    else:
+        raise InvalidArgument(f"{field} is empty: send a text, a list of texts, or token ids", param=field)
+    for i, text in enumerate(texts):
+        if not text:
+            raise InvalidArgument(f"input {i} is an empty string", param=field)
+    return EncodeInput(texts=texts, **options)
