@@ -36,12 +36,14 @@ from mhaserve.service.http.bodies import (
     parse_json,
     validate,
 )
+from mhaserve.service.http.errors import TEI_PATHS
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput
 
-EMBED_PATH = "/embed"
-ROOT_PATH = "/"  # TEI answers an embedding model's POST / as /embed: huggingface_hub's client posts there
-PATHS = (EMBED_PATH, ROOT_PATH)
+# /embed, and /, where TEI answers an embedding model's POST as /embed (huggingface_hub's client posts there):
+# defined once, with the error map that answers these paths in TEI's shape.
+PATHS = TEI_PATHS
+EMBED_PATH, ROOT_PATH = PATHS
 
 
 class EmbedRequest(BaseModel):

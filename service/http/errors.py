@@ -19,7 +19,8 @@ from mhaserve.runtime.errors import NotFound, ServiceError
 from mhaserve.service.errors import grpc_code, to_http
 
 KSERVE_PREFIX = "/v2"
-TEI_PATHS = ("/embed", "/")  # text-embeddings-inference's embedding routes (service/tei.py)
+# text-embeddings-inference's embedding routes (service/tei.py serves them at these paths)
+TEI_PATHS = ("/embed", "/")
 # Clients may retry these: the queue was full, or the server is loading or draining.
 RETRY_AFTER_SECONDS = 1
 CODE_KEY = "mhaserve.code"  # the scope key where the status name in gRPC's vocabulary is left for the metrics
