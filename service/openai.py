@@ -1,5 +1,5 @@
-"""OpenAI's embeddings API (`POST /v1/embeddings`, `GET /v1/models`): JSON in and out at the edge, the data
-plane in between.
+"""OpenAI's embeddings API (`POST /v1/embeddings`, also at `/embeddings`; `GET /v1/models`): JSON in and out
+at the edge, the data plane in between.
 
 What the official clients send and read: `input` as a string, a list of strings, a list of token ids
 or a list of lists of token ids; `model`; `encoding_format` `float` or `base64` (little-endian float32,
@@ -35,6 +35,8 @@ from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 
 PREFIX = "/v1"
 EMBEDDINGS_PATH = f"{PREFIX}/embeddings"
+# and without the prefix, for a client whose base URL leaves /v1 out (TEI answers there too)
+EMBEDDINGS_PATHS = (EMBEDDINGS_PATH, "/embeddings")
 OWNER = "mhaserve"
 
 
@@ -146,23 +148,31 @@ async def embed(dataplane: DataPlane, body: bytes, content_type: str | None) -> 
 
 def router(dataplane: DataPlane) -> APIRouter:
     """The OpenAI-compatible routes over the data plane."""
-    api = APIRouter(prefix=PREFIX, tags=["OpenAI"])
+    api = APIRouter(tags=["OpenAI"])
 
-    @api.post(
-        "/embeddings",
-        summary="Embed texts or token ids (OpenAI embeddings API)",
-        response_model=EmbeddingResponse,
-        openapi_extra=request_body(EmbeddingRequest),
-    )
     async def embeddings(request: Request) -> Response:
         return json_response(await embed(dataplane, await request.body(), request.headers.get("content-type")))
+
+    for path, name, summary in (
+        (EMBEDDINGS_PATH, "embeddings", "Embed texts or token ids (OpenAI embeddings API)"),
+        ("/embeddings", "embeddings_unprefixed", "POST /v1/embeddings, for a base URL without /v1"),
+    ):
+        api.add_api_route(
+            path,
+            embeddings,
+            methods=["POST"],
+            summary=summary,
+            response_model=EmbeddingResponse,
+            openapi_extra=request_body(EmbeddingRequest),
+            name=name,
+        )
 
     def listing(name: str) -> Model:
         pipeline = dataplane.resolve(name)
         return Model(id=model_id(name, pipeline.model.name, pipeline.model.version), created=pipeline.created)
 
     @api.get(
-        "/models",
+        f"{PREFIX}/models",
         summary="The models served (OpenAI's list shape): each by its name (its latest version) and as name:version",
         response_model=ModelList,
     )
@@ -175,7 +185,7 @@ def router(dataplane: DataPlane) -> APIRouter:
         ]
         return json_response(ModelList(data=[listing(i) for i in ids]).model_dump())
 
-    @api.get("/models/{model}", summary="One served model (name, or name:version)", response_model=Model)
+    @api.get(PREFIX + "/models/{model}", summary="One served model (name, or name:version)", response_model=Model)
     async def model(model: str) -> Response:
         return json_response(listing(model).model_dump())
 

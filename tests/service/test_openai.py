@@ -60,6 +60,16 @@ def test_float_and_base64_give_the_same_vectors_as_encode(http_server: ServerThr
     assert all(d.object == "embedding" for d in as_float.data)
 
 
+def test_a_base_url_without_v1_is_served_too(http_server: ServerThread) -> None:
+    """A client given the server's bare URL posts to `/embeddings` (TEI answers there too)."""
+    bare = openai.OpenAI(base_url=http_server.http_url, api_key="unused", max_retries=0)
+    response = bare.embeddings.create(input=TEXTS, model="tiny")
+    np.testing.assert_array_equal(vectors(response), encode(http_server, texts=TEXTS, normalize=True))
+    with pytest.raises(openai.BadRequestError) as e:
+        bare.embeddings.create(input="", model="tiny")
+    assert "input 0 is an empty string" in e.value.message
+
+
 def test_usage_counts_the_real_tokens(http_server: ServerThread) -> None:
     response = client(http_server).embeddings.create(input=TEXTS, model="tiny")
     tokens = request("POST", http_server.http_url + "/tokenize", {"inputs": TEXTS}).json()
