@@ -27,4 +27,6 @@ def synthetic(vocab_size: int) -> Tokenizer:
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
     )
     tok.decoder = decoders.WordPiece()
+    # Known as special, as a checkpoint's tokenizer has them: decoding skips them when asked
+    tok.add_special_tokens(SPECIALS)
     return tok

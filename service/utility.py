@@ -1,28 +1,33 @@
-"""The utility routes users of text-embeddings-inference expect: `POST /tokenize`, `GET /info`, `GET /health`.
+"""The utility routes users of text-embeddings-inference expect: `POST /tokenize`, `POST /decode`, `GET /info`,
+`GET /health` (and `GET /ping`, SageMaker's name for it).
 
 - `/tokenize`: each input's tokens as the model will see them (ids, the token text, whether it is a
   special token, and the character offsets in the input), with the same truncation rule as embedding:
   an input past the model's maximum is refused unless the request (or the server) truncates.
 - `/info`: what is served and how: model, version, dimensions, maximum length, pooling, graph, device,
   limits, and the server's version.
-- `/health`: 200 only while the server serves (for the image's health check and Kubernetes probes).
+- `/decode`: token ids back to text, as the model's tokenizer decodes them (special tokens skipped unless
+  asked for).
+- `/health`: 200 only while the server serves (for the image's health check and Kubernetes probes); `/ping`
+  answers the same, for SageMaker, whose containers are asked there.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from mhaserve.runtime.errors import InvalidArgument, NotFound
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import documented, json_response, parse_json, validate
+from mhaserve.service.http.bodies import count_list, documented, json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput, Pipeline
 from mhaserve.service.version import SERVER_NAME, server_version
 
-HEALTH_PATH = "/health"
+# /health, and /ping, where SageMaker asks a container (and TEI answers it)
+HEALTH_PATHS = ("/health", "/ping")
 
 
 class TokenizeRequest(BaseModel):
@@ -43,6 +48,18 @@ class TokenizeRequest(BaseModel):
         description="false: the answer leaves the special tokens ([CLS], [SEP]) out (the model still gets them, "
         "and the length limit counts them)",
     )
+
+
+class DecodeRequest(BaseModel):
+    """The body of `POST /decode`."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"ids": [101, 7592, 2088, 102]}]})
+
+    ids: list[StrictInt] | Annotated[list[list[StrictInt]], documented(minItems=1)] = Field(
+        description="a list of token ids, or a list of lists of them"
+    )
+    skip_special_tokens: StrictBool = Field(default=True, description="leave the special tokens ([CLS], [SEP]) out")
+    model: StrictStr = Field(default="", description="a served model's name (default: the first served)")
 
 
 class Health(BaseModel):
@@ -137,6 +154,25 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
             ]
         )
 
+    @api.post(
+        "/decode",
+        summary="Token ids back to text, as the model's tokenizer decodes them",
+        response_model=list[str],
+        openapi_extra=request_body(DecodeRequest),
+    )
+    async def decode(request: Request) -> Response:
+        data = parse_json(await request.body(), request.headers.get("content-type"))
+        if isinstance(data, dict):  # many lists are refused before each is validated, as on the embedding routes
+            ids = data.get("ids")
+            if isinstance(ids, list) and ids and isinstance(ids[0], list):
+                count_list(dataplane, ids, data.get("model", ""))
+        req = validate(DecodeRequest, data)
+        ids = req.ids
+        # one list, or a list of them (an empty list is one, decoded to "", as TEI reads it)
+        batch = cast(list[list[int]], ids if ids and isinstance(ids[0], list) else [ids])
+        pipeline = dataplane.resolve(req.model)
+        return json_response(await pipeline.decode(batch, skip_special_tokens=req.skip_special_tokens))
+
     @api.get("/info", summary="What is served: models, versions, dimensions, limits, device")
     async def info() -> Response:
         try:  # the default model's figures at the top, where it is served; the list of every model always
@@ -151,16 +187,22 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
             }
         )
 
-    @api.get(
-        HEALTH_PATH,
-        summary="200 while the server serves; 503 while it loads, stalls or drains",
-        response_model=Health,
-        responses={503: {"model": Health, "description": "not serving: loading, stalled, or draining"}},
-    )
     async def health() -> Response:
         reason = dataplane.not_ready()
         if reason is None:
             return json_response({"status": "SERVING"})
         return json_response({"status": "NOT_SERVING", "reason": reason}, status=503)
+
+    for path, name in zip(HEALTH_PATHS, ("health", "ping"), strict=True):
+        api.add_api_route(
+            path,
+            health,
+            methods=["GET"],
+            summary="200 while the server serves; 503 while it loads, stalls or drains"
+            + (" (SageMaker's health check)" if name == "ping" else ""),
+            response_model=Health,
+            responses={503: {"model": Health, "description": "not serving: loading, stalled, or draining"}},
+            name=name,
+        )
 
     return api

@@ -1,7 +1,7 @@
 """The HTTP API as one ASGI app: the protocol adapters' routes behind the call middleware.
 
 Routes: OpenAI's embeddings API (service/openai.py), the Open Inference Protocol's REST API
-(service/kserve/rest.py), text-embeddings-inference's embedding route (service/tei.py) and the utility
+(service/kserve/rest.py), text-embeddings-inference's embedding and similarity routes (service/tei.py) and the utility
 routes (service/utility.py), over the same data plane as the gRPC adapters. The OpenAPI document is at
 /openapi.json, with interactive docs at /docs and /redoc. Every error goes through the one error map
 (http/errors.py renders it in each API's shape).
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 DOCS_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 # Open without an API key: health probes and the API's own description (as health and reflection on gRPC).
-OPEN_PATHS = (utility.HEALTH_PATH, *kserve_rest.HEALTH_PATHS, *DOCS_PATHS)
+OPEN_PATHS = (*utility.HEALTH_PATHS, *kserve_rest.HEALTH_PATHS, *DOCS_PATHS)
 
 
 def always_answered(path: str) -> bool:
@@ -99,7 +99,11 @@ def build(
         return respond(request, error)
 
     embed = functools.partial(openai.embed, dataplane)
-    tei_embed = functools.partial(tei.embed, dataplane)
+    tei_routes = {
+        tei.EMBED_PATH: tei.embed,
+        tei.SIMILARITY_PATH: tei.similarity,
+        **dict.fromkeys(tei.ROOT_PATHS, tei.root),
+    }
     return CallMiddleware(
         app,
         metrics=metrics,
@@ -114,8 +118,8 @@ def build(
         always_answered=always_answered,
         admin_prefix=kserve_rest.REPOSITORY_PREFIX,
         fast_routes={
-            ("POST", openai.EMBEDDINGS_PATH): FastRoute(openai.EMBEDDINGS_PATH, embed),
-            **{("POST", path): FastRoute(path, tei_embed) for path in tei.PATHS},
+            **{("POST", path): FastRoute(path, embed) for path in openai.EMBEDDINGS_PATHS},
+            **{("POST", path): FastRoute(path, functools.partial(run, dataplane)) for path, run in tei_routes.items()},
         },
         route_of=_route_finder(app),
     )

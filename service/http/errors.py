@@ -19,8 +19,10 @@ from mhaserve.runtime.errors import NotFound, ServiceError
 from mhaserve.service.errors import grpc_code, to_http
 
 KSERVE_PREFIX = "/v2"
-# text-embeddings-inference's embedding routes (service/tei.py serves them at these paths)
-TEI_PATHS = ("/embed", "/")
+# text-embeddings-inference's routes, as service/tei.py serves them: `/embed`; `/`, and SageMaker's
+# `/invocations`, where TEI serves an embedding model too; `/similarity`
+TEI_EMBED_PATH, TEI_ROOT_PATHS, TEI_SIMILARITY_PATH = "/embed", ("/", "/invocations"), "/similarity"
+TEI_PATHS = (TEI_EMBED_PATH, *TEI_ROOT_PATHS, TEI_SIMILARITY_PATH)
 # Clients may retry these: the queue was full, or the server is loading or draining.
 RETRY_AFTER_SECONDS = 1
 CODE_KEY = "mhaserve.code"  # the scope key where the status name in gRPC's vocabulary is left for the metrics

@@ -183,7 +183,7 @@ def test_unknown_routes_and_methods(srv: ServerThread) -> None:
 
 def test_head_is_gets_answer_without_its_body(srv: ServerThread) -> None:
     """Uptime monitors and some balancers' checks send HEAD (RFC 9110: general-purpose servers support it)."""
-    for path in ("/health", "/v1/models", "/v2/health/ready", "/info", "/openapi.json", "/docs", "/redoc"):
+    for path in ("/health", "/ping", "/v1/models", "/v2/health/ready", "/info", "/openapi.json", "/docs", "/redoc"):
         got, head = request("GET", url(srv, path)), request("HEAD", url(srv, path))
         assert (head.status, head.body) == (got.status, b""), path
         assert head.headers["content-length"] == got.headers["content-length"] and head.headers["x-request-id"]
@@ -375,7 +375,10 @@ FIELDS = st.fixed_dictionaries(
     {},
     optional={
         "input": JSON,
-        "inputs": JSON,
+        # (TEI's similarity inputs are an object of two fields, which arbitrary keys would seldom name)
+        "inputs": JSON | st.fixed_dictionaries({}, optional={"source_sentence": JSON, "sentences": JSON}),
+        "ids": JSON,
+        "skip_special_tokens": JSON,
         "model": JSON,
         "encoding_format": JSON,
         "dimensions": JSON,
@@ -388,8 +391,13 @@ FIELDS = st.fixed_dictionaries(
 )
 
 
-@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=JSON | FIELDS, path=st.sampled_from(["/v1/embeddings", "/embed", "/tokenize", "/v2/models/tiny/infer"]))
+@hsettings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=JSON | FIELDS,
+    path=st.sampled_from(
+        ["/v1/embeddings", "/embed", "/", "/similarity", "/tokenize", "/decode", "/v2/models/tiny/infer"]
+    ),
+)
 def test_arbitrary_json_never_gets_a_5xx(srv: ServerThread, body: object, path: str) -> None:
     reply = request("POST", url(srv, path), json.dumps(body).encode(), {"content-type": "application/json"})
     assert reply.status < 500, (path, body, reply.status, reply.body[:300])
@@ -569,6 +577,7 @@ def test_http_routes_are_in_the_request_metrics(srv: ServerThread) -> None:
 
 def test_health_info_and_the_openapi_document(srv: ServerThread) -> None:
     assert request("GET", url(srv, "/health")).json() == {"status": "SERVING"}
+    assert request("GET", url(srv, "/ping")).json() == {"status": "SERVING"}  # SageMaker's health check
     info = request("GET", url(srv, "/info")).json()
     assert (info["model"], info["version"], info["dimensions"], info["max_input_length"]) == ("tiny", 1, 32, 160)
     assert info["device"] == "CPUExecutionProvider" and info["limits"]["max_client_batch_size"] == 8
@@ -605,6 +614,30 @@ def test_tokenize_gives_ids_and_offsets_with_the_truncation_rule(srv: ServerThre
     assert bare == words
 
 
+def test_decode_gives_the_text_of_token_ids(srv: ServerThread) -> None:
+    """`/decode` (TEI's) undoes `/tokenize`: the ids of a text give the text back, as the tokenizer decodes."""
+    texts = ["hello world", "the quick brown fox"]
+    ids = [[t["id"] for t in tokens] for tokens in request("POST", url(srv, "/tokenize"), {"inputs": texts}).json()]
+    assert request("POST", url(srv, "/decode"), {"ids": ids}).json() == texts
+    assert request("POST", url(srv, "/decode"), {"ids": ids[0]}).json() == texts[:1]
+    (kept,) = request("POST", url(srv, "/decode"), {"ids": ids[0], "skip_special_tokens": False}).json()
+    assert kept.startswith("[CLS]") and kept.endswith("[SEP]")
+    assert request("POST", url(srv, "/decode"), {"ids": [], "model": "tiny:1"}).json() == [""]
+    many = request("POST", url(srv, "/decode"), {"ids": [ids[1] * 30] * 8}).json()  # decoded off the event loop
+    assert many == [" ".join([texts[1]] * 30)] * 8
+    for body, status, message in (
+        ({"ids": [[2, 3], [2, 300]]}, 400, "ids 1 has token id 300, outside the vocabulary [0, 256)"),
+        ({"ids": [-1]}, 400, "ids 0 has token id -1"),
+        ({"ids": [[2]] * 9}, 400, "9 inputs in one request; the limit is 8"),
+        ({"ids": [[2], 3]}, 400, "ids: must be a list of token ids"),
+        ({"ids": "hello"}, 400, "ids"),
+        ({"ids": [2], "model": "nope"}, 404, "model 'nope' is not served here"),
+    ):
+        reply = request("POST", url(srv, "/decode"), body)
+        assert reply.status == status and message in reply.json()["error"]["message"], (body, reply.body[:300])
+    still_serving(srv)
+
+
 PARITY_BODIES: list[tuple[bytes, str]] = [
     (b'{"input": ["hello world", "a"], "model": "tiny", "encoding_format": "float"}', "application/json"),
     (b'{"input": "hello world", "encoding_format": "base64", "dimensions": 8}', "application/json"),
@@ -636,21 +669,41 @@ TEI_PARITY_BODIES: list[tuple[bytes, str]] = [
     (json.dumps({"inputs": "word " * 300}).encode(), "application/json"),  # past the maximum, no truncate
 ]
 
+SIMILARITY = {"source_sentence": "hello world", "sentences": ["a", "b"]}
+SIMILARITY_PARITY_BODIES: list[tuple[bytes, str]] = [
+    (json.dumps({"inputs": SIMILARITY, "model": "tiny"}).encode(), "application/json"),
+    (json.dumps({"inputs": SIMILARITY, "parameters": {"truncate": True}}).encode(), "application/json"),
+    (json.dumps({"inputs": SIMILARITY, "parameters": None}).encode(), "application/json"),
+    (b'{"inputs": {"source_sentence": "hello"', "application/json"),  # not JSON
+    (json.dumps({"inputs": SIMILARITY}).encode(), "text/plain"),  # not declared as JSON
+    (b'{"inputs": {"source_sentence": "hello", "sentences": []}}', "application/json"),
+    (b'{"inputs": {"source_sentence": "hello", "sentences": 3}}', "application/json"),
+    (b'{"inputs": {"source_sentence": "", "sentences": ["a"]}}', "application/json"),
+    (json.dumps({"inputs": SIMILARITY, "model": "nope"}).encode(), "application/json"),
+    (json.dumps({"inputs": SIMILARITY, "parameters": {"truncation_direction": "left"}}).encode(), "application/json"),
+    (json.dumps({"inputs": {"source_sentence": "word " * 300, "sentences": ["a"]}}).encode(), "application/json"),
+]
+
 
 @pytest.mark.parametrize(
     ("path", "bodies", "statuses"),
     [
         ("/v1/embeddings", PARITY_BODIES, PARITY_STATUSES),
+        ("/embeddings", PARITY_BODIES, PARITY_STATUSES),
         ("/embed", TEI_PARITY_BODIES, PARITY_STATUSES),
         ("/", TEI_PARITY_BODIES, PARITY_STATUSES),
+        ("/invocations", TEI_PARITY_BODIES, PARITY_STATUSES),
+        ("/similarity", SIMILARITY_PARITY_BODIES, PARITY_STATUSES),
+        ("/", SIMILARITY_PARITY_BODIES, PARITY_STATUSES),
     ],
 )
 def test_the_fast_embeddings_routes_answer_as_the_documented_routes_do(
     srv: ServerThread, path: str, bodies: list[tuple[bytes, str]], statuses: list[int]
 ) -> None:
-    """POST /v1/embeddings and TEI's POST /embed (and /) are answered by the middleware itself, past FastAPI
-    (service/http/middleware.py); FastAPI keeps the routes for the OpenAPI document. Both must answer every
-    request alike: each body above goes through the socket (the fast route) and straight into the FastAPI app."""
+    """POST /v1/embeddings (and /embeddings) and TEI's POST /embed and /similarity (and / and /invocations,
+    either) are answered by the middleware itself, past FastAPI (service/http/middleware.py); FastAPI keeps the
+    routes for the OpenAPI document. Both must answer every request alike: each body above goes through the
+    socket (the fast route) and straight into the FastAPI app."""
     assert srv.server._http is not None
     middleware = srv.server._http.config.app
     assert isinstance(middleware, CallMiddleware)
@@ -699,8 +752,8 @@ def test_the_fast_embeddings_routes_answer_as_the_documented_routes_do(
             for a, b in zip(rows(got), rows(want), strict=True):
                 if isinstance(a, str):
                     assert a == b, body
-                else:
-                    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 1e-6
+                else:  # a vector, or a similarity
+                    assert np.max(np.abs(np.subtract(a, b))) <= 1e-6, body
         else:
             assert fast.body == slow, body
     assert [request("POST", url(srv, path), b, headers={"content-type": t}).status for b, t in bodies] == statuses

@@ -1,6 +1,7 @@
-"""text-embeddings-inference's embedding API (`POST /embed`, `POST /`) against a real mhaserve, through the
-client TEI's users have, huggingface_hub's `InferenceClient`, and plain HTTP: the vectors are Encode's, the
-options do what TEI's do, and errors come in TEI's shape, after which the server answers as usual."""
+"""text-embeddings-inference's embedding API (`POST /embed`, `POST /similarity`, `POST /` and `/invocations`)
+against a real mhaserve, through the client TEI's users have, huggingface_hub's `InferenceClient`, and plain
+HTTP: the vectors are Encode's and the similarities their cosines, the options do what TEI's do, and errors
+come in TEI's shape, after which the server answers as usual."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_huggingface_hubs_client_gets_encodes_vectors(srv: ServerThread) -> None
     """Given the server's URL, InferenceClient posts to `/` (TEI serves an embedding model there too); given
     `/embed`, there. Either way, the vectors encoder.v1 gives, normalised by default as TEI's are."""
     expected = encode(srv, texts=TEXTS, normalize=True)
-    for url in (srv.http_url, srv.http_url + "/embed"):
+    for url in (srv.http_url, srv.http_url + "/embed", srv.http_url + "/invocations"):
         client = InferenceClient(model=url, timeout=WAIT)
         np.testing.assert_allclose(client.feature_extraction(TEXTS[0]), expected[:1], atol=1e-6)
         np.testing.assert_allclose(client.feature_extraction(TEXTS), expected, atol=1e-6)
@@ -70,6 +71,67 @@ def test_huggingface_hubs_client_raises_with_the_servers_message(srv: ServerThre
         client.feature_extraction("a", truncate=True, truncation_direction="left")
     assert "truncation_direction left is not served" in str(e.value)
     assert client.feature_extraction("still here").shape == (1, 32)
+
+
+def cosines(server: ServerThread, source: str, sentences: list[str], **fields: Any) -> npt.NDArray[np.float64]:
+    """The cosine of each sentence's Encode vector with the source's, in float64."""
+    vectors = encode(server, texts=[source, *sentences], normalize=False, **fields).astype(np.float64)
+    return (vectors[1:] @ vectors[0]) / (np.linalg.norm(vectors[1:], axis=1) * np.linalg.norm(vectors[0]))
+
+
+def test_huggingface_hubs_client_gets_similarities(srv: ServerThread) -> None:
+    """`sentence_similarity` posts `inputs` as an object to the URL it is given: the server's own (`/`, where
+    TEI answers it only when started for that task), `/similarity` or `/invocations` each answer the cosines
+    of Encode's vectors, in order, rounded to float32 from float64."""
+    expected = cosines(srv, TEXTS[0], TEXTS[1:])
+    for path in ("", "/similarity", "/invocations"):
+        client = InferenceClient(model=srv.http_url + path, timeout=WAIT)
+        got = client.sentence_similarity(TEXTS[0], TEXTS[1:])
+        assert len(got) == len(TEXTS) - 1
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    assert InferenceClient(model=srv.http_url, timeout=WAIT).sentence_similarity("hello", ["hello"]) == [
+        pytest.approx(1.0, abs=1e-6)
+    ]
+    long = "word " * 400
+    body = {"inputs": {"source_sentence": long, "sentences": ["a", "word"]}, "parameters": {"truncate": True}}
+    reply = embed(srv, {**body, "model": "tiny:1"}, path="/similarity")
+    assert reply.status == 200 and reply.headers["content-type"] == "application/json"
+    np.testing.assert_allclose(reply.json(), cosines(srv, long, ["a", "word"], truncate=True), rtol=1e-6, atol=1e-7)
+
+
+SIMILARITY_ERRORS = [
+    ({"inputs": {"source_sentence": "a", "sentences": []}}, 400, "inputs.sentences is empty"),
+    ({"inputs": {"source_sentence": "", "sentences": ["a"]}}, 400, "inputs.source_sentence is an empty string"),
+    ({"inputs": {"source_sentence": "a", "sentences": ["b", ""]}}, 400, "inputs.sentences 1 is an empty string"),
+    # the source is one more input to embed, as TEI counts it
+    ({"inputs": {"source_sentence": "a", "sentences": ["b"] * 8}}, 400, "9 inputs in one request; the limit is 8"),
+    ({"inputs": {"source_sentence": "a"}}, 400, "inputs.sentences: Field required"),
+    ({"inputs": {"source_sentence": "a", "sentences": "b"}}, 400, "inputs.sentences"),
+    ({"inputs": {"source_sentence": "a", "sentences": [1]}}, 400, "inputs.sentences"),
+    ({"inputs": {"source_sentence": "word " * 400, "sentences": ["a"]}}, 400, "more than the model's maximum of 160"),
+    (
+        {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"truncation_direction": "left"}},
+        400,
+        "truncation_direction left is not served",
+    ),
+    ({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"prompt_name": "q"}}, 400, "prompt 'q'"),
+    ({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "model": "nope"}, 404, "model 'nope' is not served"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), SIMILARITY_ERRORS)
+def test_bad_similarity_requests_are_answered_in_teis_shape(
+    srv: ServerThread, body: Any, status: int, message: str
+) -> None:
+    for path in ("/similarity", "/", "/invocations"):
+        reply = embed(srv, body, path=path)
+        assert reply.status == status, (path, reply.body[:300])
+        error = reply.json()
+        assert set(error) == {"error", "error_type"} and message in error["error"], error
+        assert error["error_type"] == "Validation"
+    reply = embed(srv, {"inputs": "a"}, path="/similarity")  # an embedding request is not one
+    assert reply.status == 400 and "inputs" in reply.json()["error"]
+    assert embed(srv, {"inputs": {"source_sentence": "a", "sentences": ["b"]}}, path="/similarity").status == 200
 
 
 def test_token_ids_and_the_model_extension(srv: ServerThread) -> None:
@@ -127,19 +189,30 @@ def test_refusals_before_the_route_are_in_teis_shape_too(start: Start, settings:
     keys = tmp_path / "keys"
     keys.write_text("secret\n")
     srv = start(dataclasses.replace(settings, http_port=free_port(), api_keys_file=keys))
-    reply = embed(srv, {"inputs": "a"})
-    assert reply.status == 401 and reply.json()["error_type"] == "Validation" and "API key" in reply.json()["error"]
+    for path in ("/embed", "/similarity", "/invocations"):
+        reply = embed(srv, {"inputs": "a"}, path=path)
+        error = reply.json()
+        assert reply.status == 401 and error["error_type"] == "Validation" and "API key" in error["error"], path
     reply = embed(srv, b'{"inputs": "a"', headers={"authorization": "Bearer secret"})
     assert reply.status == 400 and reply.json()["error"].startswith("the body is not valid JSON")
     client = InferenceClient(model=srv.http_url, token="secret", timeout=WAIT)
     assert client.feature_extraction("a").shape == (1, 32)
+    assert len(client.sentence_similarity("a", ["b"])) == 1
 
 
 def test_the_routes_are_counted_in_the_request_metrics(srv: ServerThread) -> None:
-    counts = [("OK", "POST /embed"), ("OK", "POST /"), ("INVALID_ARGUMENT", "POST /embed")]
+    counts = [
+        ("OK", "POST /embed"),
+        ("OK", "POST /"),
+        ("INVALID_ARGUMENT", "POST /embed"),
+        ("OK", "POST /similarity"),
+        ("OK", "POST /invocations"),
+    ]
     before = [srv.counted(*c) for c in counts]
     embed(srv, {"inputs": "a"})
     embed(srv, {"inputs": "a"}, path="/")
     embed(srv, {"inputs": ""})
+    embed(srv, {"inputs": {"source_sentence": "a", "sentences": ["b"]}}, path="/similarity")
+    embed(srv, {"inputs": "a"}, path="/invocations")
     # (a request is counted as its answer goes out, after the client may have read it)
-    wait_until(lambda: [srv.counted(*c) - b for c, b in zip(counts, before, strict=True)] == [1, 1, 1], "counted")
+    wait_until(lambda: [srv.counted(*c) - b for c, b in zip(counts, before, strict=True)] == [1] * 5, "counted")
