@@ -1,5 +1,5 @@
-"""OpenAI's embeddings API (`POST /v1/embeddings`, also at `/embeddings`; `GET /v1/models`): JSON in and out
-at the edge, the data plane in between.
+"""OpenAI's embeddings API (`POST /v1/embeddings`, `GET /v1/models`; also without `/v1`): JSON in and out at
+the edge, the data plane in between.
 
 What the official clients send and read: `input` as a string, a list of strings, a list of token ids
 or a list of lists of token ids; `model`; `encoding_format` `float` or `base64` (little-endian float32,
@@ -35,7 +35,8 @@ from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 
 PREFIX = "/v1"
 EMBEDDINGS_PATH = f"{PREFIX}/embeddings"
-# and without the prefix, for a client whose base URL leaves /v1 out (TEI answers there too)
+# and without the prefix, for a client whose base URL leaves /v1 out, as one set up for Infinity (which serves
+# the API there) or TEI (which answers /embeddings too) does; /models likewise
 EMBEDDINGS_PATHS = (EMBEDDINGS_PATH, "/embeddings")
 OWNER = "mhaserve"
 
@@ -171,11 +172,6 @@ def router(dataplane: DataPlane) -> APIRouter:
         pipeline = dataplane.resolve(name)
         return Model(id=model_id(name, pipeline.model.name, pipeline.model.version), created=pipeline.created)
 
-    @api.get(
-        f"{PREFIX}/models",
-        summary="The models served (OpenAI's list shape): each by its name (its latest version) and as name:version",
-        response_model=ModelList,
-    )
     async def models() -> Response:
         ids = [
             i
@@ -185,8 +181,26 @@ def router(dataplane: DataPlane) -> APIRouter:
         ]
         return json_response(ModelList(data=[listing(i) for i in ids]).model_dump())
 
-    @api.get(PREFIX + "/models/{model}", summary="One served model (name, or name:version)", response_model=Model)
     async def model(model: str) -> Response:
         return json_response(listing(model).model_dump())
+
+    for prefix, suffix in ((PREFIX, ""), ("", " (for a base URL without /v1)")):
+        api.add_api_route(
+            f"{prefix}/models",
+            models,
+            methods=["GET"],
+            summary="The models served (OpenAI's list shape): each by its name (its latest version) and as "
+            "name:version" + suffix,
+            response_model=ModelList,
+            name="models" + ("_unprefixed" if suffix else ""),
+        )
+        api.add_api_route(
+            prefix + "/models/{model}",
+            model,
+            methods=["GET"],
+            summary="One served model (name, or name:version)" + suffix,
+            response_model=Model,
+            name="model" + ("_unprefixed" if suffix else ""),
+        )
 
     return api

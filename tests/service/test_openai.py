@@ -61,8 +61,11 @@ def test_float_and_base64_give_the_same_vectors_as_encode(http_server: ServerThr
 
 
 def test_a_base_url_without_v1_is_served_too(http_server: ServerThread) -> None:
-    """A client given the server's bare URL posts to `/embeddings` (TEI answers there too)."""
+    """A client given the server's bare URL, as one set up for Infinity (which serves OpenAI's API without the
+    prefix) is, asks for `/embeddings` and `/models`."""
     bare = openai.OpenAI(base_url=http_server.http_url, api_key="unused", max_retries=0)
+    assert [m.id for m in bare.models.list().data] == ["tiny", "tiny:1"]
+    assert bare.models.retrieve("tiny:1").id == "tiny:1"
     response = bare.embeddings.create(input=TEXTS, model="tiny")
     np.testing.assert_array_equal(vectors(response), encode(http_server, texts=TEXTS, normalize=True))
     with pytest.raises(openai.BadRequestError) as e:
