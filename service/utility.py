@@ -1,5 +1,5 @@
 """The utility routes users of text-embeddings-inference expect: `POST /tokenize`, `POST /decode`, `GET /info`,
-`GET /health` (and `GET /ping`, SageMaker's name for it).
+`GET /health` (and `GET /ping` and `GET /`, SageMaker's and TEI's names for it).
 
 - `/tokenize`: each input's tokens as the model will see them (ids, the token text, whether it is a
   special token, and the character offsets in the input), with the same truncation rule as embedding:
@@ -9,7 +9,8 @@
 - `/decode`: token ids back to text, as the model's tokenizer decodes them (special tokens skipped unless
   asked for).
 - `/health`: 200 only while the server serves (for the image's health check and Kubernetes probes); `/ping`
-  answers the same, for SageMaker, whose containers are asked there.
+  answers the same, for SageMaker, whose containers are asked there, and so does a GET of `/`, as TEI's does
+  (where cloud load balancers probe unless told otherwise).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput, Pipeline
 from mhaserve.service.version import SERVER_NAME, server_version
 
-# /health, and /ping, where SageMaker asks a container (and TEI answers it)
-HEALTH_PATHS = ("/health", "/ping")
+# /health; /ping, where SageMaker asks a container; and a GET of /, where TEI answers health and cloud load
+# balancers probe by default (TEI answers the last two too)
+HEALTH_PATHS = ("/health", "/ping", "/")
 
 
 class TokenizeRequest(BaseModel):
@@ -193,13 +195,13 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
             return json_response({"status": "SERVING"})
         return json_response({"status": "NOT_SERVING", "reason": reason}, status=503)
 
-    for path, name in zip(HEALTH_PATHS, ("health", "ping"), strict=True):
+    names = (("health", ""), ("ping", " (SageMaker's health check)"), ("health_root", " (TEI's, and probes')"))
+    for path, (name, whose) in zip(HEALTH_PATHS, names, strict=True):
         api.add_api_route(
             path,
             health,
             methods=["GET"],
-            summary="200 while the server serves; 503 while it loads, stalls or drains"
-            + (" (SageMaker's health check)" if name == "ping" else ""),
+            summary="200 while the server serves; 503 while it loads, stalls or drains" + whose,
             response_model=Health,
             responses={503: {"model": Health, "description": "not serving: loading, stalled, or draining"}},
             name=name,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
 
 from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -36,14 +35,18 @@ from mhaserve.service.version import server_version
 log = logging.getLogger(__name__)
 
 DOCS_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
-# Open without an API key: health probes and the API's own description (as health and reflection on gRPC).
-OPEN_PATHS = (*utility.HEALTH_PATHS, *kserve_rest.HEALTH_PATHS, *DOCS_PATHS)
+# Open to a GET (and HEAD) without an API key: health probes and the API's own description (as health and
+# reflection on gRPC). `/` among them, where TEI answers a GET as health and cloud load balancers probe by
+# default; a POST there embeds, and needs a key.
+OPEN_GETS = (*utility.HEALTH_PATHS, *kserve_rest.HEALTH_PATHS, *DOCS_PATHS)
 
 
-def always_answered(path: str) -> bool:
+def always_answered(method: str, path: str) -> bool:
     """Routes that answer while the model loads and while the server drains: health (saying so), docs, and
     KServe's server metadata (it describes the server, not the models; Triton answers it in every state)."""
-    return path in OPEN_PATHS or path == "/v2" or (path.startswith("/v2/models/") and path.endswith("/ready"))
+    if method in ("GET", "HEAD") and path in OPEN_GETS:
+        return True
+    return path == "/v2" or (path.startswith("/v2/models/") and path.endswith("/ready"))
 
 
 def build(
@@ -72,7 +75,7 @@ def build(
     app.include_router(kserve_rest.router(dataplane, manager))
     app.include_router(tei.router(dataplane))
     app.include_router(utility.router(dataplane, max_message_bytes=max_body_bytes))
-    complete(app, keys=keys.enabled, open_paths=OPEN_PATHS)
+    complete(app, keys=keys.enabled, open_gets=OPEN_GETS)
 
     def respond(request: Request, error: BaseException, extra: dict[str, str] | None = None) -> Response:
         status, headers, body = render(error, request.url.path, request_id.get(), request.scope)
@@ -88,16 +91,18 @@ def build(
             path = request.url.path
             hint = f" (without the trailing slash: {path.rstrip('/')})" if path != "/" and path.endswith("/") else ""
             return respond(request, NotFound(f"no route {request.method} {path}{hint}"))
-        # 405: a route without this method (the router's Allow header says which it takes)
-        return respond(
-            request, Unimplemented(f"{request.method} is not allowed on {request.url.path}"), dict(error.headers or {})
-        )
+        # 405: a route without this method. The router's Allow header names the methods of the first route it
+        # found for the path; `/` has two (GET is health, POST embeds), so the header is made from them all.
+        methods = routes.methods_of(request.url.path)
+        allow = {"allow": ", ".join(methods)} if methods else dict(error.headers or {})
+        return respond(request, Unimplemented(f"{request.method} is not allowed on {request.url.path}"), allow)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, error: Exception) -> Response:
         log.error("%s %s failed", request.method, loggable(request.url.path), exc_info=error)
         return respond(request, error)
 
+    routes = _Routes(app)
     embed = functools.partial(openai.embed, dataplane)
     tei_routes = {
         tei.EMBED_PATH: tei.embed,
@@ -114,30 +119,35 @@ def build(
         max_body_bytes=max_body_bytes,
         read_timeout=read_timeout,
         incoming=incoming,
-        open_paths=OPEN_PATHS,
+        open_gets=OPEN_GETS,
         always_answered=always_answered,
         admin_prefix=kserve_rest.REPOSITORY_PREFIX,
         fast_routes={
             **{("POST", path): FastRoute(path, embed) for path in openai.EMBEDDINGS_PATHS},
             **{("POST", path): FastRoute(path, functools.partial(run, dataplane)) for path, run in tei_routes.items()},
         },
-        route_of=_route_finder(app),
+        route_of=routes.route_of,
     )
 
 
-def _route_finder(app: FastAPI) -> Callable[[Scope], str | None]:
-    """What finds the template of the route a request's method and path reach (`/v2/models/{model_name}/infer`),
-    from the API's own description, in the order the router tries them (FastAPI's included routers do not
-    expose their routes for matching)."""
-    templates = [
-        (template, compile_path(template)[0], {method.upper() for method in operations})
-        for template, operations in app.openapi().get("paths", {}).items()
-    ]
+class _Routes:
+    """The API's routes, from its own description, in the order the router tries them (FastAPI's included
+    routers do not expose their routes for matching)."""
 
-    def route_of(scope: Scope) -> str | None:
-        for template, pattern, methods in templates:
+    def __init__(self, app: FastAPI) -> None:
+        self.templates = [
+            (template, compile_path(template)[0], {method.upper() for method in operations})
+            for template, operations in app.openapi().get("paths", {}).items()
+        ]
+
+    def route_of(self, scope: Scope) -> str | None:
+        """The template of the route a request's method and path reach (`/v2/models/{model_name}/infer`)."""
+        for template, pattern, methods in self.templates:
             if scope["method"] in methods and pattern.match(scope["path"]):
                 return template
         return None
 
-    return route_of
+    def methods_of(self, path: str) -> list[str]:
+        """Every method some route takes at `path` (HEAD wherever GET is), as an Allow header lists them."""
+        methods = set().union(*(m for _, pattern, m in self.templates if pattern.match(path)))
+        return sorted(methods | ({"HEAD"} if "GET" in methods else set()))

@@ -106,8 +106,8 @@ class CallMiddleware:
         keys: Keys,
         max_body_bytes: int,
         read_timeout: float,
-        open_paths: Sequence[str],
-        always_answered: Callable[[str], bool],
+        open_gets: Sequence[str],
+        always_answered: Callable[[str, str], bool],
         admin_prefix: str = "",
         fast_routes: Mapping[tuple[str, str], FastRoute] | None = None,
         route_of: Callable[[Scope], str | None] = lambda scope: None,
@@ -124,7 +124,7 @@ class CallMiddleware:
         self.read_timeout = read_timeout
         # Bodies still arriving count against the process's limit, with the lean gRPC front's messages
         self.incoming = incoming or Incoming(default_limit(max_body_bytes))
-        self.open_paths = frozenset(open_paths)
+        self.open_gets = frozenset(open_gets)  # paths a GET (or HEAD) of needs no API key
         self.always_answered = always_answered
         self.admin_prefix = admin_prefix
         self.fast_routes = dict(fast_routes or {})  # (method, path) -> FastRoute
@@ -173,7 +173,7 @@ class CallMiddleware:
         # "not ready" (503, or KServe's 400) is an answer, not a failed request, and a balancer's probes
         # every 250 ms would otherwise fill the request rate and, counted UNKNOWN, the server-error alert.
         # Nor are they in flight: the drain does not wait on them, nor does the gauge show them.
-        counted = not self.always_answered(path)
+        counted = not self.always_answered(scope["method"], path)
         refused = False
         if counted:
             self.in_flight.begin()
@@ -205,14 +205,15 @@ class CallMiddleware:
 
     async def _refusal(self, scope: Scope, path: str) -> ServiceError | None:
         admin = bool(self.admin_prefix) and path.startswith(self.admin_prefix)
-        if self.keys.enabled and (path not in self.open_paths or admin):
+        open_get = scope["method"] in ("GET", "HEAD") and path in self.open_gets
+        if self.keys.enabled and (not open_get or admin):
             token, reason = bearer([("authorization", v) for k, v in scope["headers"] if k == b"authorization"])
             refusal = self.keys.refusal(token, admin=admin)
             if refusal is not None:
                 why = reason if token is None else refusal.message
                 log.info("refused %s %s: %s", scope["method"], loggable(path), why)
                 return refusal
-        if not self.always_answered(path):
+        if not self.always_answered(scope["method"], path):
             return await (self.control_gate if admin else self.gate)(None)
         return None
 

@@ -103,9 +103,9 @@ def status_only(yes: str, no: str | None = None) -> dict[str, Any]:
     return {"response_class": Response, "responses": responses}
 
 
-def complete(app: FastAPI, *, keys: bool = False, open_paths: Sequence[str] = ()) -> None:
+def complete(app: FastAPI, *, keys: bool = False, open_gets: Sequence[str] = ()) -> None:
     """Generate the document once, as the module docstring says; `keys`: the server asks for API keys on
-    every path but `open_paths`."""
+    every operation but a GET of `open_gets`."""
     generate: Callable[[], dict[str, Any]] = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -120,7 +120,7 @@ def complete(app: FastAPI, *, keys: bool = False, open_paths: Sequence[str] = ()
             schemas[model.__name__] = schema
         for path, operations in document.get("paths", {}).items():
             error = ERROR_SHAPES[api_of(path)]
-            for operation in operations.values():
+            for method, operation in operations.items():
                 responses = operation.setdefault("responses", {})
                 responses.pop("422", None)
                 responses.setdefault(
@@ -130,7 +130,7 @@ def complete(app: FastAPI, *, keys: bool = False, open_paths: Sequence[str] = ()
                         "content": {"application/json": {"schema": {"$ref": REF.format(model=error.__name__)}}},
                     },
                 )
-                if keys and path not in open_paths:
+                if keys and not (method == "get" and path in open_gets):
                     operation["security"] = [{SECURITY: []}]
         if keys:
             document["components"]["securitySchemes"] = {SECURITY: BEARER}

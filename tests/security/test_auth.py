@@ -350,8 +350,12 @@ def test_the_openai_client_gets_authentication_errors_and_in_with_a_key(server: 
 
 
 def test_http_health_probes_and_the_api_description_are_open(server: ServerThread) -> None:
-    for path in ("/health", "/ping", "/v2/health/live", "/v2/health/ready", "/openapi.json", "/docs"):
+    for path in ("/health", "/ping", "/", "/v2/health/live", "/v2/health/ready", "/openapi.json", "/docs"):
         assert request("GET", server.http_url + path).status == 200, path
+        assert request("HEAD", server.http_url + path).status == 200, path
+    # open to a probe's GET, not to the model: a POST of / embeds (TEI's), and needs a key
+    assert request("POST", server.http_url + "/", {"inputs": "hi"}).status == 401
+    assert request("POST", server.http_url + "/health", {}).status == 401
     before = server.counted_all("UNAUTHENTICATED")
     assert request("GET", server.http_url + "/v2/models/tiny/ready").status == 401  # as ModelReady on gRPC
     # a probe refused for want of a key is counted, as gRPC counts ModelReady's refusal (it was not)

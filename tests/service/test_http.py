@@ -176,14 +176,27 @@ def test_unknown_routes_and_methods(srv: ServerThread) -> None:
     before = srv.samples().get("mhaserve_requests_total", code="UNIMPLEMENTED")
     reply = request("DELETE", url(srv, "/v1/embeddings"))
     assert reply.status == 405 and openai_error(reply.body)["code"] == "unimplemented"
-    assert reply.headers["allow"] == "POST" and reply.headers["x-request-id"]  # the router's Allow, kept
-    wait_until(lambda: srv.samples().get("mhaserve_requests_total", code="UNIMPLEMENTED") == before + 1, "counted")
+    assert reply.headers["allow"] == "POST" and reply.headers["x-request-id"]
+    # every method the path takes, where two routes share it (GET / is health, POST / embeds)
+    assert request("DELETE", url(srv, "/")).headers["allow"] == "GET, HEAD, POST"
+    assert request("PUT", url(srv, "/health")).headers["allow"] == "GET, HEAD"
+    wait_until(lambda: srv.samples().get("mhaserve_requests_total", code="UNIMPLEMENTED") == before + 3, "counted")
     still_serving(srv)
 
 
 def test_head_is_gets_answer_without_its_body(srv: ServerThread) -> None:
     """Uptime monitors and some balancers' checks send HEAD (RFC 9110: general-purpose servers support it)."""
-    for path in ("/health", "/ping", "/v1/models", "/v2/health/ready", "/info", "/openapi.json", "/docs", "/redoc"):
+    for path in (
+        "/health",
+        "/ping",
+        "/",
+        "/v1/models",
+        "/v2/health/ready",
+        "/info",
+        "/openapi.json",
+        "/docs",
+        "/redoc",
+    ):
         got, head = request("GET", url(srv, path)), request("HEAD", url(srv, path))
         assert (head.status, head.body) == (got.status, b""), path
         assert head.headers["content-length"] == got.headers["content-length"] and head.headers["x-request-id"]
@@ -301,7 +314,13 @@ def test_a_probe_is_not_in_flight(srv: ServerThread) -> None:
     while a model request held the same way is."""
     port = srv.server.metrics_port
     assert port
-    for path, counted in (("/health", 0), ("/v2/health/ready", 0), ("/v2/models/tiny/ready", 0), ("/info", 1)):
+    for path, counted in (
+        ("/health", 0),
+        ("/", 0),
+        ("/v2/health/ready", 0),
+        ("/v2/models/tiny/ready", 0),
+        ("/info", 1),
+    ):
         with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=10 * READ_TIMEOUT) as s:
             s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n".encode())
             if counted:
@@ -578,6 +597,7 @@ def test_http_routes_are_in_the_request_metrics(srv: ServerThread) -> None:
 def test_health_info_and_the_openapi_document(srv: ServerThread) -> None:
     assert request("GET", url(srv, "/health")).json() == {"status": "SERVING"}
     assert request("GET", url(srv, "/ping")).json() == {"status": "SERVING"}  # SageMaker's health check
+    assert request("GET", url(srv, "/")).json() == {"status": "SERVING"}  # TEI's, and load balancers' default
     info = request("GET", url(srv, "/info")).json()
     assert (info["model"], info["version"], info["dimensions"], info["max_input_length"]) == ("tiny", 1, 32, 160)
     assert info["device"] == "CPUExecutionProvider" and info["limits"]["max_client_batch_size"] == 8

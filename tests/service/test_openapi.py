@@ -107,6 +107,7 @@ def test_with_api_keys_every_operation_but_the_open_ones_asks_for_one(tiny_repo:
     assert everything - asks == {
         ("get", "/health"),
         ("get", "/ping"),
+        ("get", "/"),
         ("get", "/v2/health/live"),
         ("get", "/v2/health/ready"),
     }
