@@ -57,16 +57,12 @@ EMBED_PATH, ROOT_PATHS, SIMILARITY_PATH = TEI_EMBED_PATH, TEI_ROOT_PATHS, TEI_SI
 Direction = Literal["right", "Right", "left", "Left"]
 
 
-class EmbedRequest(BaseModel):
-    """The body of `POST /embed` (and `POST /`)."""
+class TextOptions(BaseModel):
+    """How TEI's embedding and similarity requests have their texts read."""
 
     # TEI ignores the fields it does not know (huggingface_hub's client sends encoding_format): so does this.
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"inputs": ["a query", "a passage"]}]})
+    model_config = ConfigDict(extra="ignore")
 
-    inputs: EmbeddingInputs = Field(
-        description="a text, a list of texts, a list of token ids, or a list of lists of token ids"
-    )
-    normalize: StrictBool = Field(default=True, description="L2-normalise each embedding")
     truncate: StrictBool | None = Field(
         default=None,
         description="cut inputs past the model's maximum instead of refusing them (null: the server's --auto-truncate)",
@@ -77,6 +73,17 @@ class EmbedRequest(BaseModel):
     prompt_name: StrictStr | None = Field(
         default=None, description="a prompt of the model's serving config to put before each text (e.g. query)"
     )
+
+
+class EmbedRequest(TextOptions):
+    """The body of `POST /embed` (and `POST /`)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"inputs": ["a query", "a passage"]}]})
+
+    inputs: EmbeddingInputs = Field(
+        description="a text, a list of texts, a list of token ids, or a list of lists of token ids"
+    )
+    normalize: StrictBool = Field(default=True, description="L2-normalise each embedding")
     dimensions: Annotated[StrictInt, documented(minimum=1)] | None = Field(
         default=None, description="keep the leading dimensions, renormalised"
     )
@@ -92,19 +99,8 @@ class SimilarityInputs(BaseModel):
     )
 
 
-class SimilarityParameters(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    truncate: StrictBool | None = Field(
-        default=None,
-        description="cut texts past the model's maximum instead of refusing them (null: the server's --auto-truncate)",
-    )
-    truncation_direction: Direction = Field(
-        default="right", description="right keeps a long text's start (left is refused: not served here)"
-    )
-    prompt_name: StrictStr | None = Field(
-        default=None, description="a prompt of the model's serving config to put before each text"
-    )
+class SimilarityParameters(TextOptions):
+    """The `parameters` of `POST /similarity`."""
 
 
 class SimilarityRequest(BaseModel):
