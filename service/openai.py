@@ -154,10 +154,8 @@ def router(dataplane: DataPlane) -> APIRouter:
     async def embeddings(request: Request) -> Response:
         return json_response(await embed(dataplane, await request.body(), request.headers.get("content-type")))
 
-    for path, name, summary in (
-        (EMBEDDINGS_PATH, "embeddings", "Embed texts or token ids (OpenAI embeddings API)"),
-        ("/embeddings", "embeddings_unprefixed", "POST /v1/embeddings, for a base URL without /v1"),
-    ):
+    summaries = ("Embed texts or token ids (OpenAI embeddings API)", "POST /v1/embeddings, for a base URL without /v1")
+    for path, name, summary in zip(EMBEDDINGS_PATHS, ("embeddings", "embeddings_unprefixed"), summaries, strict=True):
         api.add_api_route(
             path,
             embeddings,

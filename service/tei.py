@@ -217,39 +217,27 @@ def router(dataplane: DataPlane) -> APIRouter:
 
         return answer
 
+    either = list[list[float]] | list[float]
+    embed_or_similarity = "POST /embed, or /similarity where inputs is an object"
     routes: list[tuple[str, str, str, Handler, type[BaseModel], Any]] = [
-        (
-            EMBED_PATH,
-            "embed",
-            "Embed texts or token ids (text-embeddings-inference's API)",
-            embed,
-            EmbedRequest,
-            list[list[float]],
-        ),
+        (EMBED_PATH, "embed", "Embed texts or token ids (TEI's API)", embed, EmbedRequest, list[list[float]]),
         (
             SIMILARITY_PATH,
             "similarity",
-            "The cosine of each sentence with the source sentence (TEI's API)",
+            "Each sentence's cosine with the source (TEI's API)",
             similarity,
             SimilarityRequest,
             list[float],
         ),
-        *(
-            (
-                path,
-                name,
-                f"POST /embed, or /similarity where inputs is an object ({who})",
-                root,
-                RootRequest,
-                list[list[float]] | list[float],
-            )
-            for path, name, who in zip(
-                ROOT_PATHS,
-                ("embed_root", "invocations"),
-                ("huggingface_hub's client posts here", "SageMaker"),
-                strict=True,
-            )
+        (
+            ROOT_PATHS[0],
+            "embed_root",
+            f"{embed_or_similarity} (huggingface_hub's client posts here)",
+            root,
+            RootRequest,
+            either,
         ),
+        (ROOT_PATHS[1], "invocations", f"{embed_or_similarity} (SageMaker)", root, RootRequest, either),
     ]
     for path, name, summary, handler, body, answers in routes:
         api.add_api_route(

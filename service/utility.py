@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from mhaserve.runtime.errors import InvalidArgument, NotFound
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import count_list, documented, json_response, parse_json, validate
+from mhaserve.service.http.bodies import count_first, documented, json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput, Pipeline
 from mhaserve.service.version import SERVER_NAME, server_version
@@ -164,10 +164,7 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
     )
     async def decode(request: Request) -> Response:
         data = parse_json(await request.body(), request.headers.get("content-type"))
-        if isinstance(data, dict):  # many lists are refused before each is validated, as on the embedding routes
-            ids = data.get("ids")
-            if isinstance(ids, list) and ids and isinstance(ids[0], list):
-                count_list(dataplane, ids, data.get("model", ""))
+        count_first(dataplane, data, "ids")  # many lists refused before each is validated, as on the embedding routes
         req = validate(DecodeRequest, data)
         ids = req.ids
         # one list, or a list of them (an empty list is one, decoded to "", as TEI reads it)

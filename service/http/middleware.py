@@ -205,8 +205,7 @@ class CallMiddleware:
 
     async def _refusal(self, scope: Scope, path: str) -> ServiceError | None:
         admin = bool(self.admin_prefix) and path.startswith(self.admin_prefix)
-        open_get = scope["method"] in ("GET", "HEAD") and path in self.open_gets
-        if self.keys.enabled and (not open_get or admin):
+        if self.keys.enabled and (admin or not (scope["method"] in ("GET", "HEAD") and path in self.open_gets)):
             token, reason = bearer([("authorization", v) for k, v in scope["headers"] if k == b"authorization"])
             refusal = self.keys.refusal(token, admin=admin)
             if refusal is not None:
