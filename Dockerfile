@@ -168,7 +168,10 @@ EXPOSE 50051 8080 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
     CMD mhaserve health --address "127.0.0.1:${MHASERVE_PORT:-50051}"
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["mhaserve", "serve"]
+# `mhaserve serve` with the container's arguments as its options; a first argument `serve` is Amazon
+# SageMaker's hosting contract (deploy/images/entrypoint.sh; docs/deploy.md, "Amazon SageMaker").
+COPY --chmod=0755 deploy/images/entrypoint.sh /usr/local/bin/mhaserve-entrypoint
+ENTRYPOINT ["mhaserve-entrypoint"]
 
 FROM runtime AS cpu
 COPY --from=deps-cpu /opt/venv /opt/venv

@@ -270,10 +270,11 @@ def remove_built_images(tags: Sequence[str], before: dict[str, set[str]], ours_b
 
 
 @contextmanager
-def container(image: str, *args: str, name: str) -> Iterator[str]:
-    """`run -d` a container; it is removed afterwards, whatever happened."""
+def container(image: str, *args: str, name: str, command: Sequence[str] = ()) -> Iterator[str]:
+    """`run -d` a container (`args` are the engine's options, `command` the container's arguments); it is
+    removed afterwards, whatever happened."""
     try:
-        engine()("run", "-d", "--name", name, *args, image, timeout=START)
+        engine()("run", "-d", "--name", name, *args, image, *command, timeout=START)
         yield name
     finally:
         engine().remove(name)

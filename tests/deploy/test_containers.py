@@ -5,7 +5,8 @@ when the session ends (MHASERVE_TEST_KEEP_IMAGES=1 keeps them, and the engine's 
 then:
 1. the cpu image on its own: non-root, no torch, compilers or tests inside, healthy, the same Encode and
    KServe answers through its published port as a server on the host serving the same repository, the
-   metrics port, and SIGTERM: exit 0 within the grace period;
+   metrics port, and SIGTERM: exit 0 within the grace period; and started as Amazon SageMaker starts it
+   (`serve`, a model at /opt/ml/model, its port variables);
 2. compose (docker-compose.yml + docker-compose.cpu.yml): up, healthy, encode, down leaving nothing;
 3. the `lb` profile: two replicas behind HAProxy, calls spread over both; rolling restarts (each replica
    stopped with SIGTERM and started again in turn) under 16 plain gRPC or HTTP clients, and under a
@@ -39,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import yaml
+from huggingface_hub import InferenceClient
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as epb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as epb_grpc
@@ -169,7 +171,7 @@ def test_cpu_image_runs_several_server_processes_as_pid_1(images: Images) -> Non
             0.2,
         )
         assert e.state(name)["Running"], f"the container exited:\n{e.logs(name)}"
-        # The image's entrypoint is `mhaserve serve`: the supervisor is pid 1, its processes' parent.
+        # The image's entry point execs `mhaserve serve`: the supervisor is pid 1, its processes' parent.
         pid1 = e.exec(name, "cat", "/proc/1/cmdline").stdout.split("\0")
         assert any(a.endswith("/mhaserve") for a in pid1) and "serve" in pid1, pid1
         calls = 16
@@ -189,6 +191,70 @@ def test_cpu_image_runs_several_server_processes_as_pid_1(images: Images) -> Non
         e("stop", "-t", "40", name, timeout=60)
         assert e.exit_code(name) == 0, f"exit code {e.exit_code(name)} after SIGTERM:\n{e.logs(name)}"
         assert e.logs(name).count("mhaserve.service.server [-] stopped") == 2
+
+
+def test_cpu_image_started_as_sagemaker_starts_it_serves_the_model_unpacked_for_it(
+    images: Images, tmp_path: Path
+) -> None:
+    """`run IMAGE serve`, Amazon SageMaker's hosting contract: `serve` is not refused as an option; the model
+    repository in /opt/ml/model (read-only, where SageMaker unpacks ModelDataUrl) is served in place of the
+    image's own; /ping and /invocations answer on SAGEMAKER_BIND_TO_PORT, gRPC and the metrics on the first
+    two ports of SAGEMAKER_SAFE_PORT_RANGE; SIGTERM drains and exits 0."""
+    e = engine()
+    # A model under a name of its own (its folder's), as a user's model.tar.gz of a repository unpacks:
+    # the image's model copied out of it, world-readable as the exporter writes it.
+    unpacked = tmp_path / "opt-ml-model"
+    (unpacked / "my-embedder").mkdir(parents=True)
+    holder = f"mhaserve-test-sagemaker-model-{uuid.uuid4().hex[:8]}"
+    e("create", "--name", holder, images.cpu)
+    try:
+        e("cp", f"{holder}:/models/all-minilm-l6-v2/1", str(unpacked / "my-embedder" / "3"))
+    finally:
+        e.remove(holder)
+    for path in [unpacked, *unpacked.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    name = f"mhaserve-test-sagemaker-{http_port}"
+    options = [
+        *("-p", f"127.0.0.1:{http_port}:8081", "-p", f"127.0.0.1:{grpc_port}:29000"),
+        *("-p", f"127.0.0.1:{metrics_port}:29001", "-v", f"{unpacked}:/opt/ml/model:ro"),
+        *("-e", "SAGEMAKER_BIND_TO_PORT=8081", "-e", "SAGEMAKER_SAFE_PORT_RANGE=29000-29999"),
+        *("-e", "MHASERVE_INTRA_OP_THREADS=1"),
+    ]
+    url = f"http://127.0.0.1:{http_port}"
+
+    def pinged() -> bool:
+        try:
+            return http_get(url + "/ping") is not None
+        except OSError:  # not listening yet, or 503 while the model loads
+            return not e.state(name)["Running"]
+
+    with container(images.cpu, *options, name=name, command=["serve"]):
+        wait_until(pinged, "the container to answer /ping", START, 0.2)
+        assert e.state(name)["Running"], f"the container exited:\n{e.logs(name)}"
+
+        models = json.loads(http_get(url + "/v1/models"))
+        assert {m["id"] for m in models["data"]} == {"my-embedder", "my-embedder:3"}, models
+        # /invocations as SageMaker forwards a TEI body, from huggingface_hub's client (TEI's users' client,
+        # given the route's URL); the same vectors as Encode over gRPC on the safe range's first port.
+        texts = VARIED_TEXTS[:4]
+        theirs = InferenceClient(model=url + "/invocations", timeout=WAIT).feature_extraction(texts)
+        ours = client.encode(f"127.0.0.1:{grpc_port}", texts, truncate=True)
+        assert ours.model == "my-embedder"
+        np.testing.assert_allclose(np.asarray(theirs), vectors(ours), rtol=0, atol=1e-6)
+
+        invocations = sum(
+            s.value
+            for s in scrape(metrics_port)
+            if s.name == "mhaserve_requests_total"
+            and s.labels.get("method") == "POST /invocations"
+            and s.labels.get("code") == "OK"
+        )
+        assert invocations == 1, "the metrics, on the safe range's second port, count the call"
+
+        e("stop", "-t", "40", name, timeout=60)
+        assert e.exit_code(name) == 0, f"exit code {e.exit_code(name)} after SIGTERM:\n{e.logs(name)}"
 
 
 # ---- 2. compose: the default file with the CPU override --------------------------------------------------

@@ -10,6 +10,7 @@ test_containers.py.
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
 import re
 from collections.abc import Callable
@@ -172,7 +173,13 @@ def test_serving_image_runtime_contract(target: str) -> None:
     assert f"MHASERVE_HTTP_PORT={defaults.http_port}" in env
     # A stop (SIGTERM) says NOT_SERVING while serving on, so that balancers move away before refusals.
     assert float(re.search(r"MHASERVE_DRAIN_DELAY=(\S+)", env).group(1)) > 0  # type: ignore[union-attr]
-    assert last("ENTRYPOINT") == '["mhaserve", "serve"]'
+    # The entry point execs `mhaserve serve` with the container's arguments; under SageMaker's `serve` it moves
+    # the ports the image sets, and no others.
+    assert last("ENTRYPOINT") == '["mhaserve-entrypoint"]'
+    script = (DEPLOY / "images" / "entrypoint.sh").read_text()
+    assert script.rstrip().endswith('exec mhaserve serve "$@"')
+    assert f'"${{MHASERVE_PORT:-{defaults.port}}}" = {defaults.port}' in script
+    assert f'"${{MHASERVE_METRICS_PORT:-{defaults.metrics_port}}}" = {defaults.metrics_port}' in script
 
 
 def test_gpu_image_has_cuda_from_pip_and_cpu_image_does_not() -> None:
@@ -195,6 +202,34 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
     # What the build needs must not be ignored.
     for needed in ("pyproject.toml", "README.md", "service", "model", "export", "proto", "loadtest"):
         assert needed not in patterns
+
+
+def test_every_file_the_dockerfile_copies_from_the_context_is_sent() -> None:
+    """A COPY of a file .dockerignore leaves out fails only when an image is built (minutes into the
+    container tier): the entry point did, once. Docker's rules: the last pattern that matches a path or a
+    folder above it decides, `!` sends it after all."""
+    patterns = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
+    patterns = [p for p in patterns if p and not p.startswith("#")]
+
+    def ignored(path: str) -> bool:
+        parts = path.split("/")
+        above = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        decided = False
+        for pattern in patterns:
+            if any(fnmatch.fnmatchcase(p, pattern.removeprefix("!")) for p in above):
+                decided = not pattern.startswith("!")
+        return decided
+
+    sources = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY ") and "--from=" not in line:
+            words = [w for w in line.split()[1:] if not w.startswith("--")]
+            sources += [w for w in words[:-1] if w != "."]
+    assert "deploy/images/entrypoint.sh" in sources
+    for source in sources:
+        assert (ROOT / source).exists(), source
+        assert not ignored(source), f"the Dockerfile copies {source}, which .dockerignore leaves out of the context"
+    assert ignored("tests/deploy/test_manifests.py") and ignored("deploy/k8s/deployment.yaml"), "the rules read right"
 
 
 # ---- Kubernetes -------------------------------------------------------------------------------------

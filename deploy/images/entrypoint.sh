@@ -1,0 +1,43 @@
+#!/bin/sh
+# The serving images' entry point: `mhaserve serve` with the container's arguments, which are its options
+# (`docker run IMAGE --graph int8`), as when the entry point was `mhaserve serve` itself.
+#
+# Amazon SageMaker's hosting contract starts a container as `docker run IMAGE serve`, and mhaserve serve
+# would refuse `serve` as an unknown argument. So a first argument `serve` is read as that contract
+# (docs/deploy.md, "Amazon SageMaker"), and under it:
+# - the model SageMaker unpacked from ModelDataUrl into /opt/ml/model is served, where there is one, in place
+#   of the image's own /models (a model repository: <name>/<version>/ folders, as `mhaserve export` writes);
+#   a MHASERVE_REPOSITORY set to another folder than the image's still wins;
+# - the HTTP API listens on SAGEMAKER_BIND_TO_PORT where SageMaker sets it (the containers of an inference
+#   pipeline share the host's ports), else on 8080, the image's HTTP port already; and gRPC and the metrics
+#   take the first two ports of SAGEMAKER_SAFE_PORT_RANGE ("29000-29999"), the range SageMaker keeps for a
+#   container's other ports, where it sets one, in place of the image's 50051 and 8000;
+# - in-flight calls get 20 s to finish on SIGTERM unless MHASERVE_GRACE_PERIOD says otherwise: SageMaker
+#   sends SIGKILL 30 s after SIGTERM, and the image's drain delay (5 s) comes first.
+# `exec`, so that the server is the container's pid 1 and gets SageMaker's (and docker's) SIGTERM itself.
+set -eu
+
+SAGEMAKER_MODEL=/opt/ml/model
+
+if [ "${1:-}" = serve ]; then
+    shift
+    if [ "${MHASERVE_REPOSITORY:-/models}" = /models ] && [ -d "$SAGEMAKER_MODEL" ] \
+        && [ -n "$(ls -A "$SAGEMAKER_MODEL")" ]; then
+        export MHASERVE_REPOSITORY="$SAGEMAKER_MODEL"
+    fi
+    if [ -n "${SAGEMAKER_BIND_TO_PORT:-}" ]; then
+        export MHASERVE_HTTP_PORT="$SAGEMAKER_BIND_TO_PORT"
+    fi
+    export MHASERVE_GRACE_PERIOD="${MHASERVE_GRACE_PERIOD:-20}"
+    if [ -n "${SAGEMAKER_SAFE_PORT_RANGE:-}" ]; then
+        first=${SAGEMAKER_SAFE_PORT_RANGE%%-*}
+        if [ "${MHASERVE_PORT:-50051}" = 50051 ]; then
+            export MHASERVE_PORT="$first"
+        fi
+        if [ "${MHASERVE_METRICS_PORT:-8000}" = 8000 ]; then
+            export MHASERVE_METRICS_PORT=$((first + 1))
+        fi
+    fi
+fi
+
+exec mhaserve serve "$@"
