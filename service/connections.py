@@ -196,6 +196,16 @@ class ConnectionLimit:
 # (the transport is then its, or it closed it), or returns False, and the handshake fails on them as it would.
 Plaintext = Callable[[asyncio.BaseProtocol, asyncio.Transport, bytes], bool]
 TLS_HANDSHAKE = 0x16  # the first byte of a TLS record that carries a handshake message (a ClientHello's)
+MAX_REQUEST_LINE = 8 * 1024  # how far an HTTP/1.x request line is looked for
+
+
+def http1_request_target(data: bytes) -> bytes | None:
+    """The target (path) of the HTTP/1.x request line `data` starts with; None if it starts with none."""
+    line, found, _ = data[:MAX_REQUEST_LINE].partition(b"\r\n")
+    parts = line.split(b" ")
+    if not found or len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        return None
+    return parts[1]
 
 
 async def create_server(

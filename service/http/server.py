@@ -31,7 +31,14 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError, Unavailable
-from mhaserve.service.connections import ACCEPT_BATCH, ConnectionLimit, bounded_accepts, create_server
+from mhaserve.service.connections import (
+    ACCEPT_BATCH,
+    MAX_REQUEST_LINE,
+    ConnectionLimit,
+    bounded_accepts,
+    create_server,
+    http1_request_target,
+)
 from mhaserve.service.context import Throttle, accept_request_id
 from mhaserve.service.http.errors import render
 from mhaserve.service.tls import TlsFiles
@@ -45,7 +52,6 @@ KEEP_ALIVE_S = 5
 # The request line and headers together; nginx's default allows 4 lines of 8 KB, Node 16 KB in all.
 MAX_HEADER_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped before it closes
-MAX_REQUEST_LINE = 8 * 1024  # what a turned-away connection's request line is read up to, for its path
 TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 52\r\nconnection: close\r\n\r\nthe request line and headers are over 64 KiB in all\n"
@@ -72,12 +78,11 @@ def answer_plaintext(_protocol: asyncio.BaseProtocol, transport: asyncio.Transpo
     """A plain HTTP request to the TLS port (connections.create_server's `plaintext`): answered 400 saying so, as
     Go's servers and nginx do, where a failed handshake would only close the connection ("Remote end closed
     connection without response")."""
-    line, found, _ = data[:MAX_REQUEST_LINE].partition(b"\r\n")
-    parts = line.split(b" ")
-    if not found or len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+    target = http1_request_target(data)
+    if target is None:
         return False  # not HTTP/1.x either: the handshake fails on it
     error = InvalidArgument("this port speaks HTTPS, and the request came in plain HTTP: send it to https://")
-    transport.write(closing_answer(error, parts[1]))
+    transport.write(closing_answer(error, target))
     transport.write_eof()  # then what else the client sends is read and dropped until it closes (create_server)
     return True
 

@@ -158,7 +158,8 @@ def test_the_http_port_speaks_the_same_tls(tls_server: ServerThread, pki: Pki) -
 def test_a_client_speaking_plaintext_to_a_tls_port_is_told_so(tls_server: ServerThread, pki: Pki) -> None:
     """The bug: a client that forgot TLS read only "Remote end closed connection without response" (HTTP) or
     "Socket closed" (gRPC), as the handshake failed on its first bytes. HTTP now gets a 400 saying so, in its
-    route's shape (as Go's servers and nginx answer), and on the lean front a gRPC client's calls UNAVAILABLE."""
+    route's shape (as Go's servers and nginx answer), and on the lean front a gRPC client's calls UNAVAILABLE
+    and a plain HTTP request to the gRPC port a 400 (it read "Empty reply from server")."""
     plain = f"http://127.0.0.1:{tls_server.server.http_port}"
     with (
         openai.OpenAI(base_url=plain + "/v1", api_key="unused", max_retries=0) as client,
@@ -177,6 +178,10 @@ def test_a_client_speaking_plaintext_to_a_tls_port_is_told_so(tls_server: Server
             with pytest.raises(grpc.RpcError) as h:  # a health probe's call reads the same
                 health_status(channel, timeout=10)
             assert "this port speaks TLS" in h.value.details()
+            # and a plain HTTP/1.1 request to the gRPC port (curl http://) reads what the port speaks
+            misplaced = request("GET", f"http://{tls_server.address}/v1/models")
+            assert misplaced.status == 400 and b"this port speaks gRPC over TLS" in misplaced.body
+            assert b"--http-port" in misplaced.body
     # and the clients that speak TLS are served as ever
     assert request("POST", https(tls_server), {"input": "hello"}, context=context(pki.ca)).status == 200
     assert encode(tls_server.address, Connection(ca=pki.ca)) == grpc.StatusCode.OK

@@ -19,7 +19,7 @@ import grpc.aio
 
 from mhaserve.runtime.errors import Unavailable
 from mhaserve.service.connections import DEFAULT_LIMIT as DEFAULT_CONNECTION_LIMIT
-from mhaserve.service.connections import ConnectionLimit, bounded_accepts, create_server
+from mhaserve.service.connections import ConnectionLimit, bounded_accepts, create_server, http1_request_target
 from mhaserve.service.incoming import Incoming, default_limit
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.calls import Calls
@@ -27,6 +27,14 @@ from mhaserve.service.rpc.lean.connection import Connection, Stream
 
 BACKLOG = 1024  # connections the kernel holds for us before we accept them
 SWEEP_S = 1.0  # how often the connections' timers are looked at
+_HTTP1_BODY = (
+    b"this port speaks gRPC over TLS: call it with a gRPC client and TLS (the server's CA: --tls-ca); HTTP "
+    b"requests go to the HTTP port (--http-port), with https://\n"
+)
+HTTP1_ANSWER = (  # to a plain HTTP/1.x request on the TLS port
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+    b"content-length: " + str(len(_HTTP1_BODY)).encode() + b"\r\n\r\n" + _HTTP1_BODY
+)
 
 
 class LeanServer:
@@ -140,7 +148,13 @@ class LeanServer:
     def _plaintext(self, connection: asyncio.BaseProtocol, transport: asyncio.Transport, data: bytes) -> bool:
         """A client speaking plaintext HTTP/2 to the TLS port (connections.create_server's `plaintext`): served in
         plaintext, every call answered UNAVAILABLE saying why, where a failed handshake reads "Socket closed" to
-        grpc's clients and nothing more. Anything else fails the handshake."""
+        grpc's clients and nothing more. A plain HTTP/1.x request (curl http:// to the gRPC port) is answered
+        400 saying what the port speaks, where it read "Empty reply from server". Anything else fails the
+        handshake."""
+        if http1_request_target(data) is not None:
+            transport.write(HTTP1_ANSWER)
+            transport.write_eof()  # then what else the client sends is read and dropped until it closes
+            return True
         if not f.PREFACE.startswith(data[: len(f.PREFACE)]):
             return False
         assert isinstance(connection, Connection)
