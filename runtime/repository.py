@@ -213,6 +213,12 @@ class ModelRepository:
         """all-minilm-l6-v2 if the repository has it, else its first model by name."""
         names = self.names()
         if not names:
+            if (self.root / mf.MANIFEST).is_file():  # one version's files, unpacked or copied without their folders
+                raise NotFound(
+                    f"the model repository {self.root} has no models: it holds one model version's files at its "
+                    f"top, where a repository holds them in <name>/<version>/ folders (as {self.root}/<name>/1/; "
+                    "an archive of a repository: `tar -czf model.tar.gz -C models .`)"
+                )
             raise NotFound(
                 f"the model repository {self._where()} has no models; "
                 f"create one with `mhaserve export --repository {self.root}`"

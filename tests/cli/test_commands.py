@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -150,6 +151,14 @@ def test_serve_refuses_to_start_without_the_model(tmp_path: Path, tiny_repo: Pat
     processes.append(p)
     assert p.wait() == 1
     assert "model 'nope' is not in the repository" in p.log and "Traceback" not in p.log
+
+    # one version's files at the repository's top (a SageMaker model.tar.gz of a version's folder) are said so
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_repo / "tiny" / "1", bare)
+    p = Process("--repository", str(bare), "--port", "0", "--metrics-port", "0", "--http-port", "0")
+    processes.append(p)
+    assert p.wait() == 1
+    assert "holds one model version's files at its top" in p.log and f"{bare}/<name>/1/" in p.log
 
     # a folder that is not there is said to be missing (the default, `models`, is relative to where one runs)
     p = Process("--repository", str(tmp_path / "nowhere"), "--port", "0", "--metrics-port", "0", "--http-port", "0")
