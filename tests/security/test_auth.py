@@ -354,12 +354,13 @@ def test_http_health_probes_and_the_api_description_are_open(server: ServerThrea
         assert request("GET", server.http_url + path).status == 200, path
         assert request("HEAD", server.http_url + path).status == 200, path
     # open to a probe's GET, not to the model: a POST of / embeds (TEI's), and needs a key
+    before = server.counted_all("UNAUTHENTICATED")
     assert request("POST", server.http_url + "/", {"inputs": "hi"}).status == 401
     assert request("POST", server.http_url + "/health", {}).status == 401
-    before = server.counted_all("UNAUTHENTICATED")
     assert request("GET", server.http_url + "/v2/models/tiny/ready").status == 401  # as ModelReady on gRPC
-    # a probe refused for want of a key is counted, as gRPC counts ModelReady's refusal (it was not)
-    wait_until(lambda: server.counted_all("UNAUTHENTICATED") - before == 1, "the refusal counted")
+    # a probe refused for want of a key is counted, as gRPC counts ModelReady's refusal (it was not); each
+    # refusal is counted as its answer goes out, after the client may have read it, so all three are waited for
+    wait_until(lambda: server.counted_all("UNAUTHENTICATED") - before == 3, "the refusals counted")
 
 
 # ---- admin keys: the repository API ---------------------------------------------------------------------
