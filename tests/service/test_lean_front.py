@@ -33,6 +33,7 @@ from mhaserve.service.incoming import Incoming
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.connection import MAX_PING_STRIKES
 from mhaserve.service.rpc.lean.server import LeanServer
+from mhaserve.testing.http import request
 from mhaserve.testing.loopback import wait_until
 from tests.service.raw_h2 import (
     Frame,
@@ -600,11 +601,28 @@ def test_a_connection_accepted_as_the_listener_closes_is_sent_away_at_once() -> 
         running.stop()
 
 
+def test_an_http1_request_is_answered_in_http1_and_the_server_serves_on(lean: Running, channel: grpc.Channel) -> None:
+    """The bug: curl http:// to the gRPC port read "Received HTTP/0.9 when not allowed" (our SETTINGS, then a
+    GOAWAY), as the server's preface went out before the client's first bytes. Now it waits for them."""
+    reply = request("POST", f"http://127.0.0.1:{lean.port}/v1/embeddings", {"input": "a"})
+    assert reply.status == 400 and reply.headers["content-type"].startswith("text/plain")
+    assert b"this port speaks gRPC (HTTP/2)" in reply.body and b"--http-port" in reply.body
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=5) as raw:  # a request line in pieces
+        raw.sendall(b"GET /hea")
+        time.sleep(0.1)
+        raw.sendall(b"lth HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        while chunk := raw.recv(4096):
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"gRPC" in received
+    assert method(channel, "echo")(b"still", timeout=10) == b"still"
+
+
 def test_a_connection_that_is_not_http2_is_closed_and_the_server_serves_on(
     lean: Running, channel: grpc.Channel
 ) -> None:
     with socket.create_connection(("127.0.0.1", lean.port), timeout=5) as raw:
-        raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        raw.sendall(b"NOT HTTP/2 AT ALL\r\n\r\n")
         received = b""
         while chunk := raw.recv(4096):
             received += chunk

@@ -23,6 +23,10 @@ HTTP bodies: a call whose next bytes would pass it fails RESOURCE_EXHAUSTED, and
 message still incomplete --http-header-timeout after its first byte fails its call (`expire_arrivals`, from
 the server's sweep), its clock standing while the call has an earlier message to read or we do not read.
 
+Our preface (SETTINGS and the connection's window) goes out with our first frames once the client's has come,
+as RFC 9113 3.4 allows, not at accept: an HTTP/1.x request in its place (curl http:// to the gRPC port) is
+answered 400 in HTTP/1.1 saying what the port speaks, where it read binary frames ("Received HTTP/0.9").
+
 Frames HTTP/2 forbids are answered as RFC 9113 asks: a connection error (GOAWAY) for a frame on the wrong
 stream, of the wrong length, or on a stream never opened; a stream error (RST_STREAM, no call or the call
 abandoned) for a malformed request or trailers (frames.malformed), DATA or HEADERS after a stream's end, a
@@ -62,7 +66,7 @@ from typing import Any, Protocol, cast
 import hpack
 
 from mhaserve.runtime.errors import InvalidArgument, RequestTimeout, ServiceError, TooLarge, Unimplemented
-from mhaserve.service.connections import ConnectionLimit
+from mhaserve.service.connections import MAX_REQUEST_LINE, ConnectionLimit, http1_request_target
 from mhaserve.service.errors import to_status
 from mhaserve.service.incoming import Incoming
 from mhaserve.service.inflate import KINDS, inflate
@@ -95,6 +99,20 @@ ENDED_MEMORY = 1024
 GOAWAY_PING = b"draining"
 GOAWAY_ACK_WAIT_S = 1.0
 LINGER_S = 5.0  # how long an ended connection waits for the client to close its end (the module docstring)
+
+
+def http1_answer(text: str) -> bytes:
+    """A 400 in HTTP/1.1, in plain text, the connection closing: to an HTTP/1.x request on a gRPC port."""
+    body = text.encode() + b"\n"
+    return (
+        b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+
+
+HTTP1_ANSWER = http1_answer(
+    "this port speaks gRPC (HTTP/2): call it with a gRPC client; HTTP requests go to the HTTP port (--http-port)"
+)
 # Frames that belong to a stream, and frames of the connection itself (RFC 9113 6.1-6.10).
 _ON_A_STREAM = frozenset({f.DATA, f.HEADERS, f.PRIORITY, f.RST_STREAM, f.CONTINUATION})
 _ON_THE_CONNECTION = frozenset({f.SETTINGS, f.PING, f.GOAWAY})
@@ -230,6 +248,7 @@ class Connection(asyncio.Protocol):
         self.ping_strikes = 0
         self.paused = False  # not reading, while the peer does not read what we write
         self.admitted = False  # counted against --max-connections
+        self.greeting = b""  # our preface (SETTINGS), until our first write
         # Every call's answer, when set: a client that spoke plaintext to the TLS port (server.py's `plaintext`)
         self.refusal: ServiceError | None = None
 
@@ -251,14 +270,13 @@ class Connection(asyncio.Protocol):
             return
         self.admitted = True
         self.server.connections.add(self)
-        transport.write(
-            f.settings(
-                (f.MAX_CONCURRENT_STREAMS, self.server.max_streams),
-                (f.INITIAL_WINDOW_SIZE, STREAM_WINDOW),
-                (f.MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
-            )
-            + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW)
-        )
+        # Our preface goes out with our first frames, once the client's has come (RFC 9113 3.4 lets it wait):
+        # a client speaking HTTP/1.1 to this port (curl) is answered in HTTP/1.1, not with frames it cannot read.
+        self.greeting = f.settings(
+            (f.MAX_CONCURRENT_STREAMS, self.server.max_streams),
+            (f.INITIAL_WINDOW_SIZE, STREAM_WINDOW),
+            (f.MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
+        ) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW)
         self.handshake = self.server.loop.call_later(self.server.handshake_timeout, self._handshake_expired)
 
     def pause_writing(self) -> None:
@@ -300,14 +318,14 @@ class Connection(asyncio.Protocol):
         out: list[bytes] = []
         try:
             if not self.preface:
-                if len(buf) < len(f.PREFACE):
-                    if not f.PREFACE.startswith(bytes(buf)):
-                        raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                    return
-                if bytes(buf[: len(f.PREFACE)]) != f.PREFACE:
+                start = bytes(buf[: len(f.PREFACE)])
+                if start != f.PREFACE:
+                    if f.PREFACE.startswith(start) or self._http1(bytes(buf)):
+                        return  # the preface's start, or an HTTP/1.x request (answered, or its line still coming)
                     raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 del buf[: len(f.PREFACE)]
                 self.preface = True
+                self._write(b"")  # our preface
             for kind, flags, stream_id, payload in f.whole_frames(buf, f.DEFAULT_MAX_FRAME):
                 self._frame(kind, flags, stream_id, payload, out)
         except f.FrameTooLarge as e:
@@ -930,8 +948,27 @@ class Connection(asyncio.Protocol):
                 )
 
     def _write(self, data: bytes) -> None:
+        if self.greeting:  # our preface before anything else
+            data, self.greeting = self.greeting + data, b""
         if data and self.transport is not None and not self.transport.is_closing() and self.lingering is None:
             self.transport.write(data)
+
+    def _http1(self, data: bytes) -> bool:
+        """An HTTP/1.x request where the client's preface should be (curl http:// to the gRPC port): answered 400
+        in HTTP/1.1 saying what the port speaks, then our end sent (True); True too while its request line may
+        still be coming; False for anything else."""
+        if http1_request_target(data) is None:
+            line = data[:MAX_REQUEST_LINE]
+            return b"\r\n" not in line and len(line) < MAX_REQUEST_LINE and line.split(b" ", 1)[0].isalpha()
+        if self.transport is not None and self.lingering is None:
+            log.info("answered an HTTP/1.x request on the gRPC port from %s", self.peer or "a client")
+            self.greeting = b""
+            self.transport.write(HTTP1_ANSWER)
+            if self.handshake is not None:
+                self.handshake.cancel()
+                self.handshake = None
+            self._end()  # what the client still sends is dropped (data_received), then the connection closes
+        return True
 
     def _close(self, code: int, message: str, out: list[bytes]) -> None:
         log.info("closing a gRPC connection from %s: %s", self.peer or "a client", message)

@@ -23,17 +23,13 @@ from mhaserve.service.connections import ConnectionLimit, bounded_accepts, creat
 from mhaserve.service.incoming import Incoming, default_limit
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.calls import Calls
-from mhaserve.service.rpc.lean.connection import Connection, Stream
+from mhaserve.service.rpc.lean.connection import Connection, Stream, http1_answer
 
 BACKLOG = 1024  # connections the kernel holds for us before we accept them
 SWEEP_S = 1.0  # how often the connections' timers are looked at
-_HTTP1_BODY = (
-    b"this port speaks gRPC over TLS: call it with a gRPC client and TLS (the server's CA: --tls-ca); HTTP "
-    b"requests go to the HTTP port (--http-port), with https://\n"
-)
-HTTP1_ANSWER = (  # to a plain HTTP/1.x request on the TLS port
-    b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-    b"content-length: " + str(len(_HTTP1_BODY)).encode() + b"\r\n\r\n" + _HTTP1_BODY
+HTTP1_TLS_ANSWER = http1_answer(  # to a plain HTTP/1.x request on the TLS port
+    "this port speaks gRPC over TLS: call it with a gRPC client and TLS (the server's CA: --tls-ca); HTTP "
+    "requests go to the HTTP port (--http-port), with https://"
 )
 
 
@@ -152,7 +148,7 @@ class LeanServer:
         400 saying what the port speaks, where it read "Empty reply from server". Anything else fails the
         handshake."""
         if http1_request_target(data) is not None:
-            transport.write(HTTP1_ANSWER)
+            transport.write(HTTP1_TLS_ANSWER)
             transport.write_eof()  # then what else the client sends is read and dropped until it closes
             return True
         if not f.PREFACE.startswith(data[: len(f.PREFACE)]):
