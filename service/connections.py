@@ -39,6 +39,7 @@ import time
 from asyncio import sslproto
 from collections.abc import Callable
 from functools import partial
+from http import HTTPStatus
 
 from prometheus_client import Counter
 
@@ -197,6 +198,19 @@ class ConnectionLimit:
 Plaintext = Callable[[asyncio.BaseProtocol, asyncio.Transport, bytes], bool]
 TLS_HANDSHAKE = 0x16  # the first byte of a TLS record that carries a handshake message (a ClientHello's)
 MAX_REQUEST_LINE = 8 * 1024  # how far an HTTP/1.x request line is looked for
+
+
+def plain_answer(status: int, text: str) -> bytes:
+    """A whole HTTP/1.1 answer in plain text that closes the connection: for requests refused before any HTTP
+    server reads them (headers over the limit, HTTP/1.x sent to a gRPC port)."""
+    body = text.encode() + b"\n"
+    return (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n".encode()
+        + b"content-length: "
+        + str(len(body)).encode()
+        + b"\r\nconnection: close\r\n\r\n"
+        + body
+    )
 
 
 def http1_request_target(data: bytes) -> bytes | None:

@@ -38,6 +38,7 @@ from mhaserve.service.connections import (
     bounded_accepts,
     create_server,
     http1_request_target,
+    plain_answer,
 )
 from mhaserve.service.context import Throttle, accept_request_id
 from mhaserve.service.http.errors import render
@@ -52,10 +53,7 @@ KEEP_ALIVE_S = 5
 # The request line and headers together; nginx's default allows 4 lines of 8 KB, Node 16 KB in all.
 MAX_HEADER_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped before it closes
-TOO_LARGE = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
-    b"content-length: 52\r\nconnection: close\r\n\r\nthe request line and headers are over 64 KiB in all\n"
-)
+TOO_LARGE = plain_answer(431, "the request line and headers are over 64 KiB in all")
 
 
 # uvicorn logs a WARNING for every malformed request: a TLS handshake or an HTTP/2 client sent to the plain HTTP

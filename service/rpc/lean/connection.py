@@ -66,7 +66,7 @@ from typing import Any, Protocol, cast
 import hpack
 
 from mhaserve.runtime.errors import InvalidArgument, RequestTimeout, ServiceError, TooLarge, Unimplemented
-from mhaserve.service.connections import MAX_REQUEST_LINE, ConnectionLimit, http1_request_target
+from mhaserve.service.connections import MAX_REQUEST_LINE, ConnectionLimit, http1_request_target, plain_answer
 from mhaserve.service.errors import to_status
 from mhaserve.service.incoming import Incoming
 from mhaserve.service.inflate import KINDS, inflate
@@ -100,18 +100,8 @@ GOAWAY_PING = b"draining"
 GOAWAY_ACK_WAIT_S = 1.0
 LINGER_S = 5.0  # how long an ended connection waits for the client to close its end (the module docstring)
 
-
-def http1_answer(text: str) -> bytes:
-    """A 400 in HTTP/1.1, in plain text, the connection closing: to an HTTP/1.x request on a gRPC port."""
-    body = text.encode() + b"\n"
-    return (
-        b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-    )
-
-
-HTTP1_ANSWER = http1_answer(
-    "this port speaks gRPC (HTTP/2): call it with a gRPC client; HTTP requests go to the HTTP port (--http-port)"
+HTTP1_ANSWER = plain_answer(  # to an HTTP/1.x request where the client's preface should be
+    400, "this port speaks gRPC (HTTP/2): call it with a gRPC client; HTTP requests go to the HTTP port (--http-port)"
 )
 # Frames that belong to a stream, and frames of the connection itself (RFC 9113 6.1-6.10).
 _ON_A_STREAM = frozenset({f.DATA, f.HEADERS, f.PRIORITY, f.RST_STREAM, f.CONTINUATION})
@@ -960,14 +950,14 @@ class Connection(asyncio.Protocol):
         if http1_request_target(data) is None:
             line = data[:MAX_REQUEST_LINE]
             return b"\r\n" not in line and len(line) < MAX_REQUEST_LINE and line.split(b" ", 1)[0].isalpha()
-        if self.transport is not None and self.lingering is None:
-            log.info("answered an HTTP/1.x request on the gRPC port from %s", self.peer or "a client")
-            self.greeting = b""
-            self.transport.write(HTTP1_ANSWER)
-            if self.handshake is not None:
-                self.handshake.cancel()
-                self.handshake = None
-            self._end()  # what the client still sends is dropped (data_received), then the connection closes
+        assert self.transport is not None  # data_received reads nothing once it is gone or we have ended
+        log.info("answered an HTTP/1.x request on the gRPC port from %s", self.peer or "a client")
+        self.greeting = b""
+        self.transport.write(HTTP1_ANSWER)
+        if self.handshake is not None:  # its abort could cut the answer short
+            self.handshake.cancel()
+            self.handshake = None
+        self._end()  # what the client still sends is dropped (data_received), then the connection closes
         return True
 
     def _close(self, code: int, message: str, out: list[bytes]) -> None:

@@ -19,17 +19,24 @@ import grpc.aio
 
 from mhaserve.runtime.errors import Unavailable
 from mhaserve.service.connections import DEFAULT_LIMIT as DEFAULT_CONNECTION_LIMIT
-from mhaserve.service.connections import ConnectionLimit, bounded_accepts, create_server, http1_request_target
+from mhaserve.service.connections import (
+    ConnectionLimit,
+    bounded_accepts,
+    create_server,
+    http1_request_target,
+    plain_answer,
+)
 from mhaserve.service.incoming import Incoming, default_limit
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.calls import Calls
-from mhaserve.service.rpc.lean.connection import Connection, Stream, http1_answer
+from mhaserve.service.rpc.lean.connection import Connection, Stream
 
 BACKLOG = 1024  # connections the kernel holds for us before we accept them
 SWEEP_S = 1.0  # how often the connections' timers are looked at
-HTTP1_TLS_ANSWER = http1_answer(  # to a plain HTTP/1.x request on the TLS port
+HTTP1_TLS_ANSWER = plain_answer(  # to a plain HTTP/1.x request on the TLS port
+    400,
     "this port speaks gRPC over TLS: call it with a gRPC client and TLS (the server's CA: --tls-ca); HTTP "
-    "requests go to the HTTP port (--http-port), with https://"
+    "requests go to the HTTP port (--http-port), with https://",
 )
 
 
