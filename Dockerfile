@@ -166,7 +166,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 EXPOSE 50051 8080 8000
 # SERVING only after warm-up; the start period covers loading the model and, on a GPU, CUDA's start.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
-    CMD mhaserve health --address "127.0.0.1:${MHASERVE_PORT:-50051}"
+    CMD ["mhaserve-entrypoint", "healthcheck"]
 STOPSIGNAL SIGTERM
 # `mhaserve serve` with the container's arguments as its options; a first argument `serve` is Amazon
 # SageMaker's hosting contract (deploy/images/entrypoint.sh; docs/deploy.md, "Amazon SageMaker").

@@ -15,20 +15,20 @@
 # - in-flight calls get 20 s to finish on SIGTERM unless MHASERVE_GRACE_PERIOD says otherwise: SageMaker
 #   sends SIGKILL 30 s after SIGTERM, and the image's drain delay (5 s) comes first.
 # `exec`, so that the server is the container's pid 1 and gets SageMaker's (and docker's) SIGTERM itself.
+#
+# A first argument `healthcheck` is the image's HEALTHCHECK: `mhaserve health` on the gRPC port the server
+# listens on, the rest of the arguments its options (`--tls-ca ...`). Docker runs the check as a process of its
+# own, with the image's environment and not what this script exported to the server, so the port is worked out
+# here again the same way: under SageMaker's range, the check asked 50051 while the server listened on 29000.
 set -eu
 
 SAGEMAKER_MODEL=/opt/ml/model
 
-if [ "${1:-}" = serve ]; then
-    shift
-    if [ "${MHASERVE_REPOSITORY:-/models}" = /models ] && [ -d "$SAGEMAKER_MODEL" ] \
-        && [ -n "$(ls -A "$SAGEMAKER_MODEL")" ]; then
-        export MHASERVE_REPOSITORY="$SAGEMAKER_MODEL"
-    fi
+# SageMaker's ports in place of the image's own (see above); a port set explicitly is kept.
+sagemaker_ports() {
     if [ -n "${SAGEMAKER_BIND_TO_PORT:-}" ]; then
         export MHASERVE_HTTP_PORT="$SAGEMAKER_BIND_TO_PORT"
     fi
-    export MHASERVE_GRACE_PERIOD="${MHASERVE_GRACE_PERIOD:-20}"
     if [ -n "${SAGEMAKER_SAFE_PORT_RANGE:-}" ]; then
         first=${SAGEMAKER_SAFE_PORT_RANGE%%-*}
         if [ "${MHASERVE_PORT:-50051}" = 50051 ]; then
@@ -38,6 +38,24 @@ if [ "${1:-}" = serve ]; then
             export MHASERVE_METRICS_PORT=$((first + 1))
         fi
     fi
-fi
+}
+
+case "${1:-}" in
+    serve)
+        shift
+        if [ "${MHASERVE_REPOSITORY:-/models}" = /models ] && [ -d "$SAGEMAKER_MODEL" ] \
+            && [ -n "$(ls -A "$SAGEMAKER_MODEL")" ]; then
+            export MHASERVE_REPOSITORY="$SAGEMAKER_MODEL"
+        fi
+        sagemaker_ports
+        export MHASERVE_GRACE_PERIOD="${MHASERVE_GRACE_PERIOD:-20}"
+        ;;
+    healthcheck)
+        shift
+        # Only SageMaker sets its range, and it always starts the container with `serve`.
+        sagemaker_ports
+        exec mhaserve health --address "127.0.0.1:${MHASERVE_PORT:-50051}" "$@"
+        ;;
+esac
 
 exec mhaserve serve "$@"

@@ -199,7 +199,7 @@ def test_cpu_image_started_as_sagemaker_starts_it_serves_the_model_unpacked_for_
     """`run IMAGE serve`, Amazon SageMaker's hosting contract: `serve` is not refused as an option; the model
     repository in /opt/ml/model (read-only, where SageMaker unpacks ModelDataUrl) is served in place of the
     image's own; /ping and /invocations answer on SAGEMAKER_BIND_TO_PORT, gRPC and the metrics on the first
-    two ports of SAGEMAKER_SAFE_PORT_RANGE; SIGTERM drains and exits 0."""
+    two ports of SAGEMAKER_SAFE_PORT_RANGE, where the image's HEALTHCHECK finds gRPC; SIGTERM drains and exits 0."""
     e = engine()
     # A model under a name of its own (its folder's), as a user's model.tar.gz of a repository unpacks:
     # the image's model copied out of it, world-readable as the exporter writes it.
@@ -233,6 +233,8 @@ def test_cpu_image_started_as_sagemaker_starts_it_serves_the_model_unpacked_for_
     with container(images.cpu, *options, name=name, command=["serve"]):
         wait_until(pinged, "the container to answer /ping", START, 0.2)
         assert e.state(name)["Running"], f"the container exited:\n{e.logs(name)}"
+        # The image's HEALTHCHECK, run as a process of its own, finds gRPC on the range's port too.
+        e.wait_healthy(name)
 
         models = json.loads(http_get(url + "/v1/models"))
         assert {m["id"] for m in models["data"]} == {"my-embedder", "my-embedder:3"}, models

@@ -13,8 +13,10 @@ import copy
 import fnmatch
 import json
 import re
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -161,9 +163,8 @@ def test_serving_image_runtime_contract(target: str) -> None:
 
     user = last("USER").split(":")[0]
     assert user not in ("root", "0"), "the server must not run as root"
-    healthcheck = last("HEALTHCHECK")
-    assert re.search(r"CMD mhaserve health --address \S*127\.0\.0\.1:\$\{MHASERVE_PORT:-(\d+)\}", healthcheck)
-    assert f":-{defaults.port}}}" in healthcheck
+    # The check is the entry point's, which works out the port the server listens on as it does for the server.
+    assert last("HEALTHCHECK").endswith('CMD ["mhaserve-entrypoint", "healthcheck"]')
     exposed = {int(p) for args in (a for kw, a in instructions if kw == "EXPOSE") for p in args.split()}
     assert exposed == {defaults.port, defaults.http_port, defaults.metrics_port}
     env = " ".join(a for kw, a in instructions if kw == "ENV")
@@ -180,6 +181,61 @@ def test_serving_image_runtime_contract(target: str) -> None:
     assert script.rstrip().endswith('exec mhaserve serve "$@"')
     assert f'"${{MHASERVE_PORT:-{defaults.port}}}" = {defaults.port}' in script
     assert f'"${{MHASERVE_METRICS_PORT:-{defaults.metrics_port}}}" = {defaults.metrics_port}' in script
+    assert f'--address "127.0.0.1:${{MHASERVE_PORT:-{defaults.port}}}"' in script
+
+
+ENTRYPOINT_CASES = {
+    # (arguments, environment besides the image's) -> (what mhaserve is run with, its environment's changes)
+    "options only": ((["--graph", "int8"], {}), (["serve", "--graph", "int8"], {})),
+    "healthcheck": ((["healthcheck"], {}), (["health", "--address", "127.0.0.1:50051"], {})),
+    "healthcheck with its options": (
+        (["healthcheck", "--tls-ca", "/etc/mhaserve/ca.pem"], {}),
+        (["health", "--address", "127.0.0.1:50051", "--tls-ca", "/etc/mhaserve/ca.pem"], {}),
+    ),
+    "sagemaker": (
+        (["serve"], {"SAGEMAKER_SAFE_PORT_RANGE": "29000-29999", "SAGEMAKER_BIND_TO_PORT": "8081"}),
+        (
+            ["serve"],
+            {
+                "MHASERVE_PORT": "29000",
+                "MHASERVE_METRICS_PORT": "29001",
+                "MHASERVE_HTTP_PORT": "8081",
+                "MHASERVE_GRACE_PERIOD": "20",
+            },
+        ),
+    ),
+    # Docker runs the check with the image's environment, not the server's: it must find the moved port itself.
+    "healthcheck under sagemaker": (
+        (["healthcheck"], {"SAGEMAKER_SAFE_PORT_RANGE": "29000-29999"}),
+        (["health", "--address", "127.0.0.1:29000"], {"MHASERVE_PORT": "29000", "MHASERVE_METRICS_PORT": "29001"}),
+    ),
+    "healthcheck under sagemaker, a port set": (
+        (["healthcheck"], {"SAGEMAKER_SAFE_PORT_RANGE": "29000-29999", "MHASERVE_PORT": "6000"}),
+        (["health", "--address", "127.0.0.1:6000"], {"MHASERVE_METRICS_PORT": "29001"}),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ENTRYPOINT_CASES)
+def test_entrypoint_runs_mhaserve_with_the_ports_the_server_listens_on(case: str, tmp_path: Path) -> None:
+    """The entry point script itself, run by sh with the image's environment, and an `mhaserve` of the test's
+    on the PATH that writes what it was run with."""
+    (arguments, extra), (expected_args, changes) = ENTRYPOINT_CASES[case]
+    image_env = {
+        "MHASERVE_PORT": "50051",
+        "MHASERVE_HTTP_PORT": "8080",
+        "MHASERVE_METRICS_PORT": "8000",
+        "MHASERVE_REPOSITORY": "/models",
+    }
+    fake = tmp_path / "mhaserve"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$OUT.args"\nenv > "$OUT.env"\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "OUT": str(tmp_path / "run"), **image_env, **extra}
+    subprocess.run(["sh", str(DEPLOY / "images" / "entrypoint.sh"), *arguments], env=env, check=True, timeout=30)
+    assert (tmp_path / "run.args").read_text().splitlines() == expected_args
+    ran_with = dict(line.split("=", 1) for line in (tmp_path / "run.env").read_text().splitlines() if "=" in line)
+    mhaserve_env = {k: v for k, v in ran_with.items() if k.startswith("MHASERVE_")}
+    assert mhaserve_env == {**image_env, **{k: v for k, v in extra.items() if k.startswith("MHASERVE_")}, **changes}
 
 
 def test_gpu_image_has_cuda_from_pip_and_cpu_image_does_not() -> None:
