@@ -74,6 +74,8 @@ from mhaserve.service.rpc.lean.server import LeanServer
 from mhaserve.service.rpc.reflection import add_reflection
 from mhaserve.service.rpc.registration import GenericOnly
 from mhaserve.service.settings import Settings, worker_threads
+from mhaserve.service.tei_v1 import SERVICES as TEI_SERVICES
+from mhaserve.service.tei_v1 import TeiServicer
 from mhaserve.service.threads import CountingPool, named_pool
 
 log = logging.getLogger(__name__)
@@ -373,7 +375,9 @@ class EncoderServer:
         kserve = InferenceServicer(self.dataplane, self.manager, self.metrics)
         kserve_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, services)
         self.health.add_to(services)
-        add_reflection(services, (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE))
+        # text-embeddings-inference's gRPC API, for its clients, over the same data plane.
+        TeiServicer(self.dataplane, metrics=self.metrics).add_to(services)
+        add_reflection(services, (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE, *TEI_SERVICES))
         address = grpc_address(s.host, s.port)
         try:
             if credentials is None:

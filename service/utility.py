@@ -15,16 +15,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from mhaserve.runtime.errors import InvalidArgument, NotFound
+from mhaserve.runtime.errors import NotFound
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import count_first, documented, json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
-from mhaserve.service.pipeline import EncodeInput, Pipeline
+from mhaserve.service.pipeline import Pipeline
+from mhaserve.service.tokens import tokenize as tokenize_texts
 from mhaserve.service.version import SERVER_NAME, server_version
 
 # /health; /ping, where SageMaker asks a container; and a GET of /, where TEI answers health and cloud load
@@ -122,39 +124,14 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
     )
     async def tokenize(request: Request) -> Response:
         req = validate(TokenizeRequest, parse_json(await request.body(), request.headers.get("content-type")))
-        texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
-        if not texts:
-            raise InvalidArgument("inputs is empty: send a text or a list of texts", param="inputs")
-        pipeline = dataplane.resolve(req.model)
-        asked = EncodeInput(texts=texts, model=req.model, truncate=req.truncate, prompt_name=req.prompt_name)
-        try:
-            pipeline.validate(asked)  # the prompt named among them: before it is put in
-            prompted = pipeline.prompted(asked)
-            encodings = await pipeline.tokenize(prompted, truncate=req.truncate)
-        except InvalidArgument as e:
-            if e.param == "input":  # the pipeline's checks name the embeddings APIs' field; this route's is inputs
-                raise InvalidArgument(e.message, param="inputs") from None
-            raise
-        # Offsets count in the text sent: the prompt put before it (the same for every text) is not in it.
-        shift = len(prompted[0]) - len(texts[0])
-        return json_response(
-            [
-                [
-                    {
-                        "id": token_id,
-                        "text": token,
-                        "special": bool(special),
-                        "start": None if special or stop <= shift else max(start - shift, 0),
-                        "stop": None if special or stop <= shift else stop - shift,
-                    }
-                    for token_id, token, special, (start, stop) in zip(
-                        enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
-                    )
-                    if req.add_special_tokens or not special
-                ]
-                for enc in encodings
-            ]
+        tokens = await tokenize_texts(
+            dataplane.resolve(req.model),
+            [req.inputs] if isinstance(req.inputs, str) else req.inputs,
+            truncate=req.truncate,
+            prompt_name=req.prompt_name,
+            add_special_tokens=req.add_special_tokens,
         )
+        return json_response([[dataclasses.asdict(token) for token in text] for text in tokens])
 
     @api.post(
         "/decode",

@@ -21,6 +21,8 @@ from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
+from mhaserve.proto.tei.v1 import tei_pb2 as tpb
+from mhaserve.proto.tei.v1 import tei_pb2_grpc as tpb_grpc
 from mhaserve.service import auth
 from mhaserve.service.context import RequestIdFilter
 from mhaserve.service.server import StartupError
@@ -77,6 +79,7 @@ def calls(channel: grpc.Channel) -> dict[str, Callable[[Any], Any]]:
     """One call of every kind the model APIs have, each taking the metadata to send."""
     enc = pb_grpc.EncoderServiceStub(channel)
     inf = kpb_grpc.GRPCInferenceServiceStub(channel)
+    tei_embed = tpb_grpc.EmbedStub(channel)
     return {
         "Encode": lambda md: enc.Encode(pb.EncodeRequest(texts=["hi"]), metadata=md, timeout=WAIT),
         "EncodeStream": lambda md: list(
@@ -88,6 +91,12 @@ def calls(channel: grpc.Channel) -> dict[str, Callable[[Any], Any]]:
         "ModelStreamInfer": lambda md: list(
             inf.ModelStreamInfer(iter([kpb.ModelInferRequest(model_name="tiny")]), metadata=md, timeout=WAIT)
         ),
+        # text-embeddings-inference's gRPC API
+        "tei.v1 Embed": lambda md: tei_embed.Embed(tpb.EmbedRequest(inputs="hi"), metadata=md, timeout=WAIT),
+        "tei.v1 EmbedStream": lambda md: list(
+            tei_embed.EmbedStream(iter([tpb.EmbedRequest(inputs="hi")]), metadata=md, timeout=WAIT)
+        ),
+        "tei.v1 Info": lambda md: tpb_grpc.InfoStub(channel).Info(tpb.InfoRequest(), metadata=md, timeout=WAIT),
     }
 
 

@@ -1,0 +1,247 @@
+"""text-embeddings-inference's gRPC API, tei.v1: protobuf in and out at the edge, the data plane in between.
+
+So that TEI's gRPC clients (stubs made from TEI's proto/tei.proto, grpcurl) work against this server
+unchanged: `Embed` and `EmbedStream`, `Info`, `Tokenize`, `Decode` and their streams, as TEI has them.
+
+- One text a request, as TEI's; a stream's requests are computed up to `streaming.WINDOW` at once, so they
+  batch together (and with other clients'), and answered in order. A request that fails ends its stream with
+  its status, as in TEI (whose responses carry no error field; encoder.v1's stream goes on instead).
+- TEI serves one model. Here the default model, or the one a call's `model` metadata names (name, or
+  name:version): an extension, as `model` is on TEI's HTTP routes here.
+- `truncation_direction` LEFT is refused, as on TEI's HTTP routes here (a long input's start is kept).
+- `Metadata`: the text's characters and tokens, and the call's time in the server; the tokenisation, queue
+  and inference times are not measured a request here, and are 0.
+- Errors: the one error map's status (service/errors.py) with its message, as on every gRPC method here.
+- What this server has no model for (the Predict and Rerank services: classifiers and rerankers; sparse and
+  token-level embeddings) is UNIMPLEMENTED, saying what is served.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeAlias, TypeVar
+
+import grpc
+import grpc.aio
+
+from mhaserve.proto.tei.v1 import tei_pb2 as pb
+from mhaserve.proto.tei.v1 import tei_pb2_grpc as pb_grpc
+from mhaserve.runtime.errors import InvalidArgument, ServiceError, Unimplemented
+from mhaserve.service.dataplane import DataPlane
+from mhaserve.service.metrics import Metrics, stream_counter
+from mhaserve.service.pipeline import EncodeInput, Pipeline
+from mhaserve.service.rpc.streaming import ordered
+from mhaserve.service.tokens import tokenize
+from mhaserve.service.version import server_version
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+SERVICES = tuple(service.full_name for service in pb.DESCRIPTOR.services_by_name.values())
+# The call metadata that names a served model (name, or name:version); absent, the default model.
+MODEL_METADATA = "model"
+DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
+NOT_SERVED = (
+    "this server serves embedding models: tei.v1's Embed, EmbedStream, Info, Tokenize and Decode; {what} is not served"
+)
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+
+
+def model_of(context: Context) -> str:
+    return next((str(v) for k, v in context.invocation_metadata() or () if k == MODEL_METADATA), "")
+
+
+def served_direction(direction: int) -> None:
+    if direction == pb.TRUNCATION_DIRECTION_LEFT:
+        raise InvalidArgument(
+            "truncation_direction LEFT is not served: this server keeps a long input's start, as "
+            "sentence-transformers does; send RIGHT (the default), or cut the input's start yourself",
+            param="truncation_direction",
+        )
+
+
+def end_stream(request: Any, error: ServiceError) -> Any:
+    """A failed request of a stream ends it with its status, as TEI's streams do."""
+    raise error
+
+
+def not_served(what: str) -> Unimplemented:
+    return Unimplemented(NOT_SERVED.format(what=what))
+
+
+async def refused(error: ServiceError) -> AsyncIterator[Any]:
+    """A streaming response that ends with `error` before any message: a streaming method's behaviour is an
+    async generator, which the interceptors iterate."""
+    raise error
+    yield  # (unreachable: it makes this an async generator)
+
+
+class TeiServicer:
+    """tei.v1's five services over the data plane; `add_to` puts each on a gRPC server."""
+
+    def __init__(self, dataplane: DataPlane, *, metrics: Metrics | None = None) -> None:
+        self.dataplane = dataplane
+        self.metrics = metrics
+
+    def add_to(self, server: Any) -> None:
+        pb_grpc.add_InfoServicer_to_server(_Info(self), server)
+        pb_grpc.add_EmbedServicer_to_server(_Embed(self), server)
+        pb_grpc.add_TokenizeServicer_to_server(_Tokenize(self), server)
+        pb_grpc.add_PredictServicer_to_server(_Predict(), server)
+        pb_grpc.add_RerankServicer_to_server(_Rerank(), server)
+
+    def stream(
+        self,
+        method: str,
+        requests: AsyncIterator[Request],
+        compute: Callable[[Request], Awaitable[Response]],
+    ) -> AsyncIterator[Response]:
+        return ordered(requests, compute, end_stream, count=stream_counter(self.metrics, method))
+
+    async def embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
+        started = time.perf_counter_ns()
+        served_direction(request.truncation_direction)
+        if not request.inputs:  # as TEI refuses it (encoder.v1 embeds an empty text)
+            raise InvalidArgument("inputs is an empty string", param="inputs")
+        asked = EncodeInput(
+            texts=[request.inputs],
+            model=model_of(context),
+            truncate=request.truncate,
+            normalize=request.normalize if request.HasField("normalize") else None,
+            prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
+            dimensions=request.dimensions if request.HasField("dimensions") else None,
+        )
+        output = await self.dataplane.encode(asked, time_left=context.time_remaining())
+        return pb.EmbedResponse(
+            embeddings=output.embeddings[0].tolist(),
+            metadata=pb.Metadata(
+                compute_chars=len(request.inputs),
+                compute_tokens=output.input_tokens,
+                total_time_ns=time.perf_counter_ns() - started,
+            ),
+        )
+
+    def info(self, pipeline: Pipeline) -> pb.InfoResponse:
+        entry, limits = pipeline.model.entry, pipeline.limits
+        return pb.InfoResponse(
+            version=server_version(),
+            model_id=entry.manifest.source,
+            model_sha=entry.sha256,
+            model_dtype=DTYPES.get(entry.manifest.graph(entry.graph).precision, "float32"),
+            model_type=pb.MODEL_TYPE_EMBEDDING,
+            max_concurrent_requests=limits.max_queue_size,
+            max_input_length=entry.max_tokens,
+            max_batch_tokens=limits.max_batch_tokens,
+            max_client_batch_size=limits.max_client_batch_size,
+        )
+
+    async def tokenize(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:
+        pipeline = self.dataplane.resolve(model_of(context))
+        (tokens,) = await tokenize(
+            pipeline,
+            [request.inputs],
+            truncate=False,
+            prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
+            add_special_tokens=request.add_special_tokens,
+        )
+        return pb.EncodeResponse(
+            tokens=[pb.SimpleToken(id=t.id, text=t.text, special=t.special, start=t.start, stop=t.stop) for t in tokens]
+        )
+
+    async def decode(self, request: pb.DecodeRequest, context: Context) -> pb.DecodeResponse:
+        pipeline = self.dataplane.resolve(model_of(context))
+        (text,) = await pipeline.decode([list(request.ids)], skip_special_tokens=request.skip_special_tokens)
+        return pb.DecodeResponse(text=text)
+
+
+class _Info(pb_grpc.InfoServicer):
+    def __init__(self, tei: TeiServicer) -> None:
+        self.tei = tei
+
+    async def Info(self, request: pb.InfoRequest, context: Context) -> pb.InfoResponse:
+        return self.tei.info(self.tei.dataplane.resolve(model_of(context)))
+
+
+class _Embed(pb_grpc.EmbedServicer):
+    def __init__(self, tei: TeiServicer) -> None:
+        self.tei = tei
+
+    async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
+        return await self.tei.embed(request, context)
+
+    async def EmbedStream(
+        self, request_iterator: AsyncIterator[pb.EmbedRequest], context: Context
+    ) -> AsyncIterator[pb.EmbedResponse]:
+        async def embed(request: pb.EmbedRequest) -> pb.EmbedResponse:
+            return await self.tei.embed(request, context)
+
+        async for response in self.tei.stream("tei.v1.Embed/EmbedStream", request_iterator, embed):
+            yield response
+
+    async def EmbedSparse(self, request: Any, context: Context) -> Any:
+        raise not_served("EmbedSparse (sparse embeddings, a SPLADE model's)")
+
+    def EmbedSparseStream(self, request_iterator: Any, context: Context) -> AsyncIterator[Any]:
+        return refused(not_served("EmbedSparseStream (sparse embeddings, a SPLADE model's)"))
+
+    async def EmbedAll(self, request: Any, context: Context) -> Any:
+        raise not_served("EmbedAll (each token's embedding)")
+
+    def EmbedAllStream(self, request_iterator: Any, context: Context) -> AsyncIterator[Any]:
+        return refused(not_served("EmbedAllStream (each token's embedding)"))
+
+
+class _Tokenize(pb_grpc.TokenizeServicer):
+    def __init__(self, tei: TeiServicer) -> None:
+        self.tei = tei
+
+    async def Tokenize(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:
+        return await self.tei.tokenize(request, context)
+
+    async def TokenizeStream(
+        self, request_iterator: AsyncIterator[pb.EncodeRequest], context: Context
+    ) -> AsyncIterator[pb.EncodeResponse]:
+        async def tokenize(request: pb.EncodeRequest) -> pb.EncodeResponse:
+            return await self.tei.tokenize(request, context)
+
+        async for response in self.tei.stream("tei.v1.Tokenize/TokenizeStream", request_iterator, tokenize):
+            yield response
+
+    async def Decode(self, request: pb.DecodeRequest, context: Context) -> pb.DecodeResponse:
+        return await self.tei.decode(request, context)
+
+    async def DecodeStream(
+        self, request_iterator: AsyncIterator[pb.DecodeRequest], context: Context
+    ) -> AsyncIterator[pb.DecodeResponse]:
+        async def decode(request: pb.DecodeRequest) -> pb.DecodeResponse:
+            return await self.tei.decode(request, context)
+
+        async for response in self.tei.stream("tei.v1.Tokenize/DecodeStream", request_iterator, decode):
+            yield response
+
+
+class _Predict(pb_grpc.PredictServicer):
+    """A classifier's service: no classifier is served here."""
+
+    async def Predict(self, request: Any, context: Context) -> Any:
+        raise not_served("Predict (a classifier's)")
+
+    async def PredictPair(self, request: Any, context: Context) -> Any:
+        raise not_served("PredictPair (a classifier's)")
+
+    def PredictStream(self, request_iterator: Any, context: Context) -> AsyncIterator[Any]:
+        return refused(not_served("PredictStream (a classifier's)"))
+
+    def PredictPairStream(self, request_iterator: Any, context: Context) -> AsyncIterator[Any]:
+        return refused(not_served("PredictPairStream (a classifier's)"))
+
+
+class _Rerank(pb_grpc.RerankServicer):
+    """A reranker's service: no reranker is served here."""
+
+    async def Rerank(self, request: Any, context: Context) -> Any:
+        raise not_served("Rerank (a reranker's)")
+
+    async def RerankStream(self, request_iterator: Any, context: Context) -> Any:
+        raise not_served("RerankStream (a reranker's)")

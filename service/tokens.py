@@ -1,0 +1,62 @@
+"""A text's tokens as the model sees them, for every API that shows them: text-embeddings-inference's
+`POST /tokenize` (service/utility.py) and its gRPC `tei.v1.Tokenize/Tokenize` (service/tei_v1.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mhaserve.runtime.errors import InvalidArgument
+from mhaserve.service.pipeline import EncodeInput, Pipeline
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str
+    special: bool
+    # Character offsets in the text sent; None for special tokens and for the prompt's tokens.
+    start: int | None
+    stop: int | None
+
+
+async def tokenize(
+    pipeline: Pipeline,
+    texts: Sequence[str],
+    *,
+    truncate: bool,
+    prompt_name: str | None,
+    add_special_tokens: bool,
+) -> list[list[Token]]:
+    """Each text's tokens, with the same rule as embedding: a text past the model's maximum is refused unless
+    the request (or the server) truncates. `add_special_tokens` false leaves [CLS] and [SEP] out of the answer
+    (the model still gets them, and the limit counts them). Errors name `inputs`, both APIs' field."""
+    if not texts:
+        raise InvalidArgument("inputs is empty: send a text or a list of texts", param="inputs")
+    asked = EncodeInput(texts=texts, truncate=truncate, prompt_name=prompt_name)
+    try:
+        pipeline.validate(asked)  # the prompt named among them: before it is put in
+        prompted = pipeline.prompted(asked)
+        encodings = await pipeline.tokenize(prompted, truncate=truncate)
+    except InvalidArgument as e:
+        if e.param == "input":  # the pipeline's checks name the embeddings APIs' field
+            raise InvalidArgument(e.message, param="inputs") from None
+        raise
+    # Offsets count in the text sent: the prompt put before it (the same for every text) is not in it.
+    shift = len(prompted[0]) - len(texts[0])
+    return [
+        [
+            Token(
+                id=token_id,
+                text=token,
+                special=bool(special),
+                start=None if special or stop <= shift else max(start - shift, 0),
+                stop=None if special or stop <= shift else stop - shift,
+            )
+            for token_id, token, special, (start, stop) in zip(
+                enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
+            )
+            if add_special_tokens or not special
+        ]
+        for enc in encodings
+    ]

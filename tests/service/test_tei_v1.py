@@ -1,0 +1,222 @@
+"""text-embeddings-inference's gRPC API (tei.v1) against a real mhaserve, on both gRPC fronts, through stubs made
+from the tei.v1 proto as TEI's gRPC clients make theirs: the vectors are encoder.v1's, the tokens and texts are
+TEI's HTTP routes', streams answer in order and end at a failed request, what is not served says so, and the
+server answers as usual after every refusal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+import pytest
+from google.protobuf.descriptor_pb2 import FileDescriptorProto
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from mhaserve.proto.encoder.v1 import encoder_pb2 as epb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as epb_grpc
+from mhaserve.proto.tei.v1 import tei_pb2 as pb
+from mhaserve.proto.tei.v1 import tei_pb2_grpc as pb_grpc
+from mhaserve.testing.http import request
+from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.metrics import scrape
+from mhaserve.testing.server import ServerThread
+
+TEXTS = ["hello world", "a", "héllo wörld 🤖", "the quick brown fox jumps over the lazy dog " * 3]
+
+
+@pytest.fixture(scope="module")
+def channel(server: ServerThread) -> Iterator[grpc.Channel]:
+    with server.channel() as channel:
+        yield channel
+
+
+def encode(channel: grpc.Channel, texts: list[str], **fields: Any) -> npt.NDArray[np.float32]:
+    reply = epb_grpc.EncoderServiceStub(channel).Encode(epb.EncodeRequest(texts=texts, **fields), timeout=WAIT)
+    return np.array([e.values for e in reply.embeddings], dtype=np.float32)
+
+
+def refused(call: Any, *args: Any, **kw: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as e:
+        result = call(*args, timeout=WAIT, **kw)
+        if hasattr(result, "__iter__"):  # a stream of responses (a message is not iterable)
+            list(result)
+    return e.value
+
+
+def test_embed_gives_encodes_vectors(channel: grpc.Channel) -> None:
+    """Normalised unless asked otherwise, as TEI's; `dimensions` keeps the leading values renormalised; a long
+    text is cut with `truncate`; the metadata counts the text's characters and tokens."""
+    stub = pb_grpc.EmbedStub(channel)
+    expected = encode(channel, TEXTS, normalize=True)
+    for text, vector in zip(TEXTS, expected, strict=True):
+        reply = stub.Embed(pb.EmbedRequest(inputs=text), timeout=WAIT)
+        np.testing.assert_allclose(reply.embeddings, vector, rtol=0, atol=1e-6)  # alone, against in a batch
+        tokens = pb_grpc.TokenizeStub(channel).Tokenize(pb.EncodeRequest(inputs=text, add_special_tokens=True))
+        assert reply.metadata.compute_tokens == len(tokens.tokens)
+        assert reply.metadata.compute_chars == len(text)
+        assert reply.metadata.total_time_ns > 0
+    raw = stub.Embed(pb.EmbedRequest(inputs=TEXTS[0], normalize=False), timeout=WAIT)
+    np.testing.assert_allclose(raw.embeddings, encode(channel, TEXTS[:1], normalize=False)[0], rtol=0, atol=1e-6)
+    cut = np.asarray(stub.Embed(pb.EmbedRequest(inputs=TEXTS[0], dimensions=8), timeout=WAIT).embeddings)
+    np.testing.assert_allclose(cut, expected[0, :8] / np.linalg.norm(expected[0, :8]), atol=1e-6)
+    long = "word " * 400
+    truncated = stub.Embed(pb.EmbedRequest(inputs=long, truncate=True), timeout=WAIT)
+    np.testing.assert_allclose(truncated.embeddings, encode(channel, [long], truncate=True)[0], rtol=0, atol=1e-6)
+    assert truncated.metadata.compute_tokens == 160
+
+
+def test_embed_stream_answers_in_order_and_a_failed_request_ends_it(channel: grpc.Channel) -> None:
+    stub = pb_grpc.EmbedStub(channel)
+    texts = [f"text number {i}" for i in range(40)]  # more than the stream's window
+    replies = list(stub.EmbedStream(iter(pb.EmbedRequest(inputs=t) for t in texts), timeout=WAIT))
+    expected = np.vstack([encode(channel, texts[i : i + 8], normalize=True) for i in range(0, 40, 8)])
+    np.testing.assert_allclose([r.embeddings for r in replies], expected, rtol=0, atol=1e-6)
+    # TEI's responses carry no error: a request that fails ends the stream with its status, after the answers
+    # to the requests before it.
+    requests = [pb.EmbedRequest(inputs="fine"), pb.EmbedRequest(inputs="word " * 400), pb.EmbedRequest(inputs="x")]
+    call = stub.EmbedStream(iter(requests), timeout=WAIT)
+    got = []
+    with pytest.raises(grpc.RpcError) as e:
+        for reply in call:
+            got.append(reply)
+    assert len(got) == 1
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "more than the model's maximum of 160" in (e.value.details() or "")
+
+
+@pytest.mark.parametrize(
+    ("embed", "code", "message"),
+    [
+        (pb.EmbedRequest(inputs=""), grpc.StatusCode.INVALID_ARGUMENT, "inputs is an empty string"),
+        (pb.EmbedRequest(inputs="word " * 400), grpc.StatusCode.INVALID_ARGUMENT, "more than the model's maximum"),
+        (
+            pb.EmbedRequest(inputs="a", truncation_direction=pb.TRUNCATION_DIRECTION_LEFT),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "truncation_direction LEFT is not served",
+        ),
+        (pb.EmbedRequest(inputs="a", dimensions=33), grpc.StatusCode.INVALID_ARGUMENT, "embeddings have 32"),
+        (pb.EmbedRequest(inputs="a", prompt_name="query"), grpc.StatusCode.INVALID_ARGUMENT, "no prompt 'query'"),
+    ],
+)
+def test_bad_embed_requests_are_refused_saying_why(
+    channel: grpc.Channel, embed: pb.EmbedRequest, code: grpc.StatusCode, message: str
+) -> None:
+    stub = pb_grpc.EmbedStub(channel)
+    error = refused(stub.Embed, embed)
+    assert error.code() == code and message in (error.details() or ""), error
+    assert len(stub.Embed(pb.EmbedRequest(inputs="still here"), timeout=WAIT).embeddings) == 32
+
+
+def test_the_model_metadata_names_a_served_model(channel: grpc.Channel) -> None:
+    """TEI serves one model; here the `model` metadata names one of the served (name, or name:version)."""
+    stub = pb_grpc.EmbedStub(channel)
+    named = stub.Embed(pb.EmbedRequest(inputs="hello"), metadata=(("model", "tiny:1"),), timeout=WAIT)
+    np.testing.assert_allclose(named.embeddings, encode(channel, ["hello"], normalize=True)[0], rtol=0, atol=1e-6)
+    error = refused(stub.Embed, pb.EmbedRequest(inputs="hello"), metadata=(("model", "nope"),))
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "model 'nope' is not served here" in (error.details() or "")
+    info = refused(pb_grpc.InfoStub(channel).Info, pb.InfoRequest(), metadata=(("model", "nope"),))
+    assert info.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_info_says_what_is_served(server: ServerThread, channel: grpc.Channel) -> None:
+    info = pb_grpc.InfoStub(channel).Info(pb.InfoRequest(), timeout=WAIT)
+    http = request("GET", server.http_url + "/info").json()
+    assert info.model_type == pb.MODEL_TYPE_EMBEDDING
+    assert info.model_id == http["source"] and info.model_sha == http["sha256"]
+    assert info.model_dtype == "float32"
+    assert info.max_input_length == http["max_input_length"] == 160
+    assert info.max_client_batch_size == http["limits"]["max_client_batch_size"] == 8
+    assert info.max_batch_tokens == http["limits"]["max_batch_tokens"]
+    assert info.max_concurrent_requests == http["limits"]["max_queue_size"]
+    assert info.version == http["server"]["version"]
+
+
+def test_tokenize_and_decode_answer_as_teis_http_routes(server: ServerThread, channel: grpc.Channel) -> None:
+    stub = pb_grpc.TokenizeStub(channel)
+    for text in TEXTS:
+        for special in (True, False):
+            reply = stub.Tokenize(pb.EncodeRequest(inputs=text, add_special_tokens=special), timeout=WAIT)
+            body: dict[str, Any] = {"inputs": text, "add_special_tokens": special}
+            (http,) = request("POST", server.http_url + "/tokenize", body).json()
+            ours = [
+                {
+                    "id": t.id,
+                    "text": t.text,
+                    "special": t.special,
+                    "start": t.start if t.HasField("start") else None,
+                    "stop": t.stop if t.HasField("stop") else None,
+                }
+                for t in reply.tokens
+            ]
+            assert ours == http
+            ids = [t.id for t in reply.tokens]
+            for skip in (True, False):
+                decoded = stub.Decode(pb.DecodeRequest(ids=ids, skip_special_tokens=skip), timeout=WAIT).text
+                body = {"ids": ids, "skip_special_tokens": skip}
+                assert [decoded] == request("POST", server.http_url + "/decode", body).json()
+    streamed = list(stub.TokenizeStream(iter(pb.EncodeRequest(inputs=t) for t in TEXTS), timeout=WAIT))
+    assert [[t.id for t in r.tokens] for r in streamed] == [
+        [t.id for t in stub.Tokenize(pb.EncodeRequest(inputs=t), timeout=WAIT).tokens] for t in TEXTS
+    ]
+    decoded = list(stub.DecodeStream(iter(pb.DecodeRequest(ids=[40, 41]) for _ in range(3)), timeout=WAIT))
+    assert [d.text for d in decoded] == [stub.Decode(pb.DecodeRequest(ids=[40, 41]), timeout=WAIT).text] * 3
+    error = refused(stub.Decode, pb.DecodeRequest(ids=[2, 300]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "outside the vocabulary" in (error.details() or "")
+    error = refused(stub.Tokenize, pb.EncodeRequest(inputs="word " * 400))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_what_is_not_served_is_unimplemented_saying_so(channel: grpc.Channel) -> None:
+    embed, predict, rerank = pb_grpc.EmbedStub(channel), pb_grpc.PredictStub(channel), pb_grpc.RerankStub(channel)
+    calls = [
+        (embed.EmbedSparse, pb.EmbedSparseRequest(inputs="a"), "EmbedSparse"),
+        (embed.EmbedAll, pb.EmbedAllRequest(inputs="a"), "EmbedAll"),
+        (embed.EmbedSparseStream, iter([pb.EmbedSparseRequest(inputs="a")]), "EmbedSparseStream"),
+        (embed.EmbedAllStream, iter([pb.EmbedAllRequest(inputs="a")]), "EmbedAllStream"),
+        (predict.Predict, pb.PredictRequest(inputs="a"), "Predict"),
+        (predict.PredictPair, pb.PredictPairRequest(inputs=["a", "b"]), "PredictPair"),
+        (predict.PredictStream, iter([pb.PredictRequest(inputs="a")]), "PredictStream"),
+        (predict.PredictPairStream, iter([pb.PredictPairRequest(inputs=["a", "b"])]), "PredictPairStream"),
+        (rerank.Rerank, pb.RerankRequest(query="q", texts=["a"]), "Rerank"),
+        (rerank.RerankStream, iter([pb.RerankStreamRequest(query="q", text="a")]), "RerankStream"),
+    ]
+    for call, message, method in calls:
+        error = refused(call, message)
+        assert error.code() == grpc.StatusCode.UNIMPLEMENTED, (method, error)
+        assert "this server serves embedding models" in (error.details() or "") and method in (error.details() or "")
+    assert len(embed.Embed(pb.EmbedRequest(inputs="still here"), timeout=WAIT).embeddings) == 32
+
+
+def test_reflection_describes_tei_v1_and_the_calls_are_counted(server: ServerThread, channel: grpc.Channel) -> None:
+    """grpcurl finds tei.v1 by reflection (TEI's documentation calls it so), and the calls are in the metrics."""
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    requests = [
+        reflection_pb2.ServerReflectionRequest(list_services=""),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol="tei.v1.Embed"),
+    ]
+    listed, described = list(stub.ServerReflectionInfo(iter(requests), timeout=WAIT))
+    names = {s.name for s in listed.list_services_response.service}
+    assert {"tei.v1.Info", "tei.v1.Embed", "tei.v1.Predict", "tei.v1.Rerank", "tei.v1.Tokenize"} <= names
+    files = [FileDescriptorProto.FromString(b) for b in described.file_descriptor_response.file_descriptor_proto]
+    tei = next(f for f in files if f.package == "tei.v1")
+    embed = next(s for s in tei.service if s.name == "Embed")
+    assert {"Embed", "EmbedStream"} <= {m.name for m in embed.method}
+
+    port = server.server.metrics_port
+    assert port is not None
+
+    def embeds() -> float:
+        return sum(
+            s.value
+            for s in scrape(port)
+            if s.name == "mhaserve_requests_total"
+            and s.labels.get("method") == "tei.v1.Embed/Embed"
+            and s.labels.get("code") == "OK"
+        )
+
+    before = embeds()
+    pb_grpc.EmbedStub(channel).Embed(pb.EmbedRequest(inputs="counted"), timeout=WAIT)
+    assert embeds() == before + 1
