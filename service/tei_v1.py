@@ -9,6 +9,7 @@ unchanged: `Embed` and `EmbedStream`, `Info`, `Tokenize`, `Decode` and their str
 - TEI serves one model. Here the default model, or the one a call's `model` metadata names (name, or
   name:version): an extension, as `model` is on TEI's HTTP routes here.
 - `truncation_direction` LEFT is refused, as on TEI's HTTP routes here (a long input's start is kept).
+- An unset `normalize` is true, as TEI reads it, whatever the model's own default.
 - `Metadata`: the text's characters and tokens, and the call's time in the server; the tokenisation, queue
   and inference times are not measured a request here, and are 0.
 - Errors: the one error map's status (service/errors.py) with its message, as on every gRPC method here.
@@ -108,7 +109,8 @@ class TeiServicer:
             texts=[request.inputs],
             model=model_of(context),
             truncate=request.truncate,
-            normalize=request.normalize if request.HasField("normalize") else None,
+            # unset: true, as TEI reads it (and as TEI's HTTP routes here default it), whatever the model's default
+            normalize=request.normalize if request.HasField("normalize") else True,
             prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
             dimensions=request.dimensions if request.HasField("dimensions") else None,
         )

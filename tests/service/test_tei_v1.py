@@ -5,7 +5,10 @@ server answers as usual after every refusal."""
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -15,6 +18,8 @@ import pytest
 from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from mhaserve.export.publish import ExportOptions, export_entry
+from mhaserve.model.config import TINY
 from mhaserve.proto.encoder.v1 import encoder_pb2 as epb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as epb_grpc
 from mhaserve.proto.tei.v1 import tei_pb2 as pb
@@ -22,7 +27,7 @@ from mhaserve.proto.tei.v1 import tei_pb2_grpc as pb_grpc
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT
 from mhaserve.testing.metrics import scrape
-from mhaserve.testing.server import ServerThread
+from mhaserve.testing.server import ServerThread, local_settings
 
 TEXTS = ["hello world", "a", "héllo wörld 🤖", "the quick brown fox jumps over the lazy dog " * 3]
 
@@ -220,3 +225,33 @@ def test_reflection_describes_tei_v1_and_the_calls_are_counted(server: ServerThr
     before = embeds()
     pb_grpc.EmbedStub(channel).Embed(pb.EmbedRequest(inputs="counted"), timeout=WAIT)
     assert embeds() == before + 1
+
+
+def test_normalize_unset_is_true_and_prompts_are_the_models(tmp_path: Path) -> None:
+    """TEI reads an unset `normalize` as true, whatever the model's default (here false, from its serving
+    config); `prompt_name` puts the config's prompt before the text, and Tokenize shows the prompt's tokens
+    with no offsets in the text sent, as TEI's HTTP route here does."""
+    opts = ExportOptions(source="random", repository=tmp_path, name="e5", version=1, random_config=dict(TINY), seed=5)
+    export_entry(opts, out=io.StringIO())
+    config = {"prompts": {"query": "query: "}, "normalize": False}
+    (tmp_path / "e5" / "serving.json").write_text(json.dumps(config))
+    with ServerThread(local_settings(tmp_path)) as srv, srv.ready().channel() as channel:
+        stub = pb_grpc.EmbedStub(channel)
+        unset = np.asarray(stub.Embed(pb.EmbedRequest(inputs="what is it"), timeout=WAIT).embeddings)
+        assert abs(float(np.linalg.norm(unset)) - 1.0) < 1e-6
+        raw = stub.Embed(pb.EmbedRequest(inputs="what is it", normalize=False), timeout=WAIT).embeddings
+        np.testing.assert_allclose(raw, encode(channel, ["what is it"])[0], rtol=0, atol=1e-6)  # the model's default
+        prompted = stub.Embed(pb.EmbedRequest(inputs="what is it", prompt_name="query"), timeout=WAIT)
+        np.testing.assert_allclose(
+            prompted.embeddings, encode(channel, ["query: what is it"], normalize=True)[0], rtol=0, atol=1e-6
+        )
+        tokens = pb_grpc.TokenizeStub(channel).Tokenize(
+            pb.EncodeRequest(inputs="what is it", prompt_name="query", add_special_tokens=True), timeout=WAIT
+        )
+        body = {"inputs": "what is it", "prompt_name": "query"}
+        (http,) = request("POST", srv.http_url + "/tokenize", body).json()
+        assert [(t.id, t.start if t.HasField("start") else None) for t in tokens.tokens] == [
+            (t["id"], t["start"]) for t in http
+        ]
+        assert [t.HasField("start") for t in tokens.tokens[:4]] == [False, False, False, False]  # [CLS], q ##u ##e
+        assert prompted.metadata.compute_tokens == len(tokens.tokens)
