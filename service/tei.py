@@ -21,22 +21,29 @@ invocations of a TEI container (`/invocations`; its health check, `GET /ping`, i
   is), so huggingface_hub's `sentence_similarity` needs no second server.
 - Errors are TEI's shape, `{"error": "...", "error_type": "..."}` (http/errors.py), with the status of the
   one error map: 400 where TEI answers 413 or 422, as on every other route of this server.
+- `/invocations` reads a JSON Lines body too (`application/jsonlines`): a SageMaker batch transform's mini-batch
+  under BatchStrategy MultiRecord, a request a line, answered a line each, in order (`_records`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, StrictStr
 
-from mhaserve.runtime.errors import InvalidArgument
+from mhaserve.runtime.errors import InvalidArgument, ServiceError, TooLarge
+from mhaserve.service.batching import Embeddings
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import (
+    Chunked,
     EmbeddingInputs,
     Text,
     count_first,
@@ -44,17 +51,30 @@ from mhaserve.service.http.bodies import (
     documented,
     encode_input,
     json_response,
+    media_type,
     parse_json,
     validate,
 )
 from mhaserve.service.http.errors import TEI_EMBED_PATH, TEI_PATHS, TEI_ROOT_PATHS, TEI_SIMILARITY_PATH
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput
+from mhaserve.service.rpc.streaming import ordered
 
 # Defined once, with the error map that answers these paths in TEI's shape.
 PATHS = TEI_PATHS
 EMBED_PATH, ROOT_PATHS, SIMILARITY_PATH = TEI_EMBED_PATH, TEI_ROOT_PATHS, TEI_SIMILARITY_PATH
 Direction = Literal["right", "Right", "left", "Left"]
+# A JSON Lines body on `/invocations`: a SageMaker batch transform's mini-batch under BatchStrategy MultiRecord
+# (its ContentType as the job names it: application/jsonlines is SageMaker's own name).
+JSON_LINES = frozenset(
+    {"application/jsonlines", "application/jsonl", "application/x-jsonlines", "application/x-ndjson"}
+)
+JSON_LINES_MEDIA = "application/jsonlines"
+# The most lines in one body: what a 1 MB mini-batch (MaxPayloadInMB's least) of the shortest lines holds, about
+# 16 bytes each; their vectors, held until all are computed, about 100 MB at 384 dimensions.
+MAX_RECORDS = 65536
+YIELD_EVERY = 256  # lines read and validated between turns of the event loop given to other requests
+CHUNK_BYTES = 64 * 1024  # the answer is written and sent in pieces of about this size
 
 
 class TextOptions(BaseModel):
@@ -147,31 +167,56 @@ def from_request(req: EmbedRequest) -> EncodeInput:
 async def embed(dataplane: DataPlane, body: bytes, content_type: str | None) -> bytes:
     """`POST /embed` from the body to the response body: the documented route and the middleware's fast
     route both run this."""
-    return await _embed(dataplane, parse_json(body, content_type))
+    return await _answer(dataplane, _embed_call(dataplane, parse_json(body, content_type)))
 
 
 async def similarity(dataplane: DataPlane, body: bytes, content_type: str | None) -> bytes:
     """`POST /similarity`, from the body to the response body."""
-    return await _similarity(dataplane, parse_json(body, content_type))
+    return await _answer(dataplane, _similarity_call(dataplane, parse_json(body, content_type)))
 
 
 async def root(dataplane: DataPlane, body: bytes, content_type: str | None) -> bytes:
-    """`POST /` and `POST /invocations`: a similarity request where `inputs` is an object, else an embedding one."""
-    data = parse_json(body, content_type)
+    """`POST /`: a similarity request where `inputs` is an object, else an embedding one."""
+    return await _answer(dataplane, _call(dataplane, parse_json(body, content_type)))
+
+
+async def invocations(dataplane: DataPlane, body: bytes, content_type: str | None) -> bytes | Chunked:
+    """`POST /invocations`: as `POST /`, or, for a JSON Lines body, each line as one such request and the
+    answers a line each (SageMaker's batch transform with BatchStrategy MultiRecord)."""
+    if media_type(content_type) in JSON_LINES:
+        return await _records(dataplane, body)
+    return await root(dataplane, body, content_type)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A validated request of these routes: what to encode, and how its answer is written from the vectors."""
+
+    input: EncodeInput
+    answer: Callable[[Embeddings], bytes]
+
+
+def _call(dataplane: DataPlane, data: Any) -> _Call:
     if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
-        return await _similarity(dataplane, data)
-    return await _embed(dataplane, data)
+        return _similarity_call(dataplane, data)
+    return _embed_call(dataplane, data)
 
 
-async def _embed(dataplane: DataPlane, data: Any) -> bytes:
+async def _answer(dataplane: DataPlane, call: _Call) -> bytes:
+    return call.answer((await dataplane.encode(call.input)).embeddings)
+
+
+def _embed_call(dataplane: DataPlane, data: Any) -> _Call:
     count_first(dataplane, data, "inputs")
-    req = validate(EmbedRequest, data)
-    output = await dataplane.encode(from_request(req))
+    return _Call(from_request(validate(EmbedRequest, data)), _vectors)
+
+
+def _vectors(embeddings: Embeddings) -> bytes:
     # orjson writes the float32 rows itself, each value as its shortest exact form
-    return orjson.dumps(np.ascontiguousarray(output.embeddings, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY)
+    return orjson.dumps(np.ascontiguousarray(embeddings, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-async def _similarity(dataplane: DataPlane, data: Any) -> bytes:
+def _similarity_call(dataplane: DataPlane, data: Any) -> _Call:
     if isinstance(data, dict) and isinstance(data.get("inputs"), dict):  # the source sentence is one more input
         count_list(dataplane, data["inputs"].get("sentences"), data.get("model", ""), more=1)
     req = validate(SimilarityRequest, data)
@@ -184,16 +229,91 @@ async def _similarity(dataplane: DataPlane, data: Any) -> bytes:
         if not text:
             which = "inputs.source_sentence" if i == 0 else f"inputs.sentences {i - 1}"
             raise InvalidArgument(f"{which} is an empty string", param="inputs")
-    output = await dataplane.encode(
-        EncodeInput(
-            texts=texts,
-            model=req.model,
-            truncate=bool(parameters.truncate),
-            normalize=False,
-            prompt_name=parameters.prompt_name,
-        )
+    asked = EncodeInput(
+        texts=texts,
+        model=req.model,
+        truncate=bool(parameters.truncate),
+        normalize=False,
+        prompt_name=parameters.prompt_name,
     )
-    return orjson.dumps(cosines(output.embeddings), option=orjson.OPT_SERIALIZE_NUMPY)
+    return _Call(asked, lambda embeddings: orjson.dumps(cosines(embeddings), option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
+    """A JSON Lines body's answer: every line read and validated before any is computed, so that a bad line
+    is a 400 naming it with nothing computed, and every line computed before the answer starts, so that any
+    failure is the answer's status (SageMaker retries or fails the mini-batch by it) and never an answer cut
+    short. Up to `streaming.WINDOW` lines are computed at once, batching together and with other clients'
+    requests; the vectors are held, not their JSON, which is written out in chunks as it is sent."""
+    lines = body.split(b"\n")
+    if lines and not lines[-1].strip():
+        lines.pop()  # the newline that ends the last line
+    if not lines:
+        raise InvalidArgument("the JSON Lines body has no lines: send one request body a line", param="inputs")
+    if len(lines) > MAX_RECORDS:
+        raise TooLarge(
+            f"{len(lines)} lines in one JSON Lines body; the most in one is {MAX_RECORDS}: lower the batch "
+            "transform's MaxPayloadInMB"
+        )
+    calls: list[tuple[int, _Call]] = []
+    for number, line in enumerate(lines, 1):
+        try:
+            if not line.strip():
+                raise InvalidArgument("it is empty: each line is one request's JSON body", param="inputs")
+            try:
+                data = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                raise InvalidArgument(f"it is not valid JSON: {e}") from None
+            calls.append((number, _call(dataplane, data)))
+        except ServiceError as e:
+            raise _on_line(e, number) from None
+        if number % YIELD_EVERY == 0:
+            await asyncio.sleep(0)  # a long body is read in turns with the other requests on the event loop
+
+    async def each() -> AsyncIterator[tuple[int, _Call]]:
+        for item in calls:
+            yield item
+
+    async def compute(item: tuple[int, _Call]) -> tuple[_Call, Embeddings]:
+        number, call = item
+        try:
+            return call, (await dataplane.encode(call.input)).embeddings
+        except ServiceError as e:
+            raise _on_line(e, number) from None
+
+    answers: list[tuple[_Call, Embeddings] | None] = [a async for a in ordered(each(), compute, _end)]
+    return Chunked(JSON_LINES_MEDIA, _written(answers))
+
+
+def _on_line(error: ServiceError, number: int) -> ServiceError:
+    """The error, its message saying which line of the body it concerns."""
+    error.message = f"line {number}: {error.message}"
+    error.args = (error.message,)
+    return error
+
+
+def _end(item: Any, error: ServiceError) -> Any:
+    """A line that fails fails the whole body (its answer must hold every line's, in order)."""
+    raise error
+
+
+async def _written(answers: list[tuple[_Call, Embeddings] | None]) -> AsyncIterator[bytes]:
+    """The answers, a line each, without a newline after the last (SageMaker's AssembleWith Line adds one
+    after each mini-batch's answer), in chunks, each sent before the next is written."""
+    chunk = bytearray()
+    for i, answer in enumerate(answers):
+        assert answer is not None
+        answers[i] = None  # written: its vectors may go
+        call, embeddings = answer
+        if i:
+            chunk += b"\n"
+        chunk += call.answer(embeddings)
+        if len(chunk) >= CHUNK_BYTES:
+            yield bytes(chunk)
+            chunk.clear()
+            await asyncio.sleep(0)
+    if chunk:
+        yield bytes(chunk)
 
 
 def cosines(embeddings: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.float32]:
@@ -209,11 +329,14 @@ def cosines(embeddings: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.float32
 def router(dataplane: DataPlane) -> APIRouter:
     api = APIRouter(tags=["text-embeddings-inference"])
 
-    Handler = Callable[[DataPlane, bytes, str | None], Awaitable[bytes]]
+    Handler = Callable[[DataPlane, bytes, str | None], Awaitable[bytes | Chunked]]
 
     def route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def answer(request: Request) -> Response:
-            return json_response(await handler(dataplane, await request.body(), request.headers.get("content-type")))
+            out = await handler(dataplane, await request.body(), request.headers.get("content-type"))
+            if isinstance(out, Chunked):
+                return StreamingResponse(out.chunks, media_type=out.media_type)
+            return json_response(out)
 
         return answer
 
@@ -237,7 +360,14 @@ def router(dataplane: DataPlane) -> APIRouter:
             RootRequest,
             either,
         ),
-        (ROOT_PATHS[1], "invocations", f"{embed_or_similarity} (SageMaker)", root, RootRequest, either),
+        (
+            ROOT_PATHS[1],
+            "invocations",
+            f"{embed_or_similarity} (SageMaker; a JSON Lines body, application/jsonlines, a request a line)",
+            invocations,
+            RootRequest,
+            either,
+        ),
     ]
     for path, name, summary, handler, body, answers in routes:
         api.add_api_route(

@@ -107,7 +107,8 @@ def build(
     tei_routes = {
         tei.EMBED_PATH: tei.embed,
         tei.SIMILARITY_PATH: tei.similarity,
-        **dict.fromkeys(tei.ROOT_PATHS, tei.root),
+        tei.ROOT_PATHS[0]: tei.root,
+        tei.ROOT_PATHS[1]: tei.invocations,
     }
     return CallMiddleware(
         app,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 import types
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar, Union, get_origin
 
 import orjson
@@ -35,12 +37,25 @@ EmbeddingInputs = (
 )
 
 
+@dataclass(frozen=True)
+class Chunked:
+    """A response body sent in chunks as they are written (HTTP/1.1's chunked transfer coding), in place of
+    one `bytes`, where the whole would be large to hold at once."""
+
+    media_type: str
+    chunks: AsyncIterator[bytes]
+
+
+def media_type(content_type: str | None) -> str | None:
+    """A Content-Type's media type, lowercased, without its parameters (`; charset=utf-8`)."""
+    return None if content_type is None else content_type.split(";", 1)[0].strip().lower()
+
+
 def parse_json(body: bytes, content_type: str | None) -> Any:
     """A JSON body; 415 for a body declared as something else, 400 for one that is not JSON."""
-    if content_type is not None:
-        media = content_type.split(";", 1)[0].strip().lower()
-        if media != "application/json" and not media.endswith("+json"):
-            raise UnsupportedMediaType(f"send the body as JSON with 'Content-Type: application/json', not {media!r}")
+    media = media_type(content_type)
+    if media is not None and media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaType(f"send the body as JSON with 'Content-Type: application/json', not {media!r}")
     try:
         return loads(body)
     except orjson.JSONDecodeError as e:

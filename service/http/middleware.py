@@ -43,6 +43,7 @@ from mhaserve.runtime.errors import (
 from mhaserve.runtime.manifest import is_number
 from mhaserve.service.auth import Keys, bearer
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
+from mhaserve.service.http.bodies import Chunked
 from mhaserve.service.http.errors import CODE_KEY, render
 from mhaserve.service.incoming import Incoming, default_limit
 from mhaserve.service.inflate import KINDS, inflate
@@ -75,11 +76,11 @@ UNREAD_KEY = "mhaserve.unread"  # the scope key set when a request's body was le
 @dataclass(frozen=True)
 class FastRoute:
     """A route this middleware answers itself: `handler` takes the body and its Content-Type and returns the
-    JSON response body, or raises a ServiceError. It stands in the scope as the route (`_count` names the
-    metrics by its `path`, as by a framework route's)."""
+    JSON response body (or a body in chunks, of its own media type), or raises a ServiceError. It stands in the
+    scope as the route (`_count` names the metrics by its `path`, as by a framework route's)."""
 
     path: str
-    handler: Callable[[bytes, str | None], Awaitable[bytes]]
+    handler: Callable[[bytes, str | None], Awaitable[bytes | Chunked]]
 
 
 class _ClientGone(Exception):
@@ -358,6 +359,14 @@ class CallMiddleware:
             out = await fast.handler(body, _header(scope, b"content-type"))
         except ServiceError as e:
             await self._error(e, scope, rid, send)
+            return
+        if isinstance(out, Chunked):  # no length: HTTP/1.1 sends it chunked
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", out.media_type.encode())]}
+            )
+            async for chunk in out.chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
             return
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(out)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})

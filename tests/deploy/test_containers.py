@@ -48,6 +48,7 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
 from mhaserve.service import client
 from mhaserve.service.kserve.tensors import pack_bytes
+from mhaserve.testing.http import request
 from mhaserve.testing.loopback import free_port, wait_until
 from mhaserve.testing.metrics import scrape
 from tests.conftest import VARIED_TEXTS
@@ -245,6 +246,12 @@ def test_cpu_image_started_as_sagemaker_starts_it_serves_the_model_unpacked_for_
         ours = client.encode(f"127.0.0.1:{grpc_port}", texts, truncate=True)
         assert ours.model == "my-embedder"
         np.testing.assert_allclose(np.asarray(theirs), vectors(ours), rtol=0, atol=1e-6)
+        # a batch transform's MultiRecord mini-batch: JSON Lines in, an answer a line out, in order
+        lines = b"\n".join(json.dumps({"inputs": text}).encode() for text in texts)
+        reply = request("POST", url + "/invocations", lines, headers={"content-type": "application/jsonlines"})
+        assert reply.status == 200, reply.body[:300]
+        answers = np.asarray([json.loads(line)[0] for line in reply.body.split(b"\n")])
+        np.testing.assert_allclose(answers, vectors(ours), rtol=0, atol=1e-6)
 
         invocations = sum(
             s.value
@@ -253,7 +260,7 @@ def test_cpu_image_started_as_sagemaker_starts_it_serves_the_model_unpacked_for_
             and s.labels.get("method") == "POST /invocations"
             and s.labels.get("code") == "OK"
         )
-        assert invocations == 1, "the metrics, on the safe range's second port, count the call"
+        assert invocations == 2, "the metrics, on the safe range's second port, count the calls"
 
         e("stop", "-t", "40", name, timeout=60)
         assert e.exit_code(name) == 0, f"exit code {e.exit_code(name)} after SIGTERM:\n{e.logs(name)}"

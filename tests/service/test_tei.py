@@ -6,6 +6,7 @@ come in TEI's shape, after which the server answers as usual."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -216,3 +217,61 @@ def test_the_routes_are_counted_in_the_request_metrics(srv: ServerThread) -> Non
     embed(srv, {"inputs": "a"}, path="/invocations")
     # (a request is counted as its answer goes out, after the client may have read it)
     wait_until(lambda: [srv.counted(*c) - b for c, b in zip(counts, before, strict=True)] == [1] * 5, "counted")
+
+
+def jsonl(server: ServerThread, lines: list[Any] | bytes, media: str = "application/jsonlines") -> Any:
+    """POST /invocations with a JSON Lines body, as a SageMaker batch transform sends a MultiRecord mini-batch."""
+    body = lines if isinstance(lines, bytes) else b"\n".join(json.dumps(line).encode() for line in lines)
+    return request("POST", server.http_url + "/invocations", body, headers={"content-type": media})
+
+
+def test_a_json_lines_body_on_invocations_is_answered_a_line_each(srv: ServerThread) -> None:
+    """SageMaker's batch transform with BatchStrategy MultiRecord and SplitType Line sends many lines of its
+    input file in one request: each line is answered as /invocations answers it alone, a line each, in order
+    (embeddings and similarities alike), with no newline after the last (AssembleWith Line adds one)."""
+    records = [
+        {"inputs": "hello world"},
+        {"inputs": ["a", "héllo wörld 🤖"], "normalize": False},
+        {"inputs": {"source_sentence": "a query", "sentences": ["a passage", "another"]}},
+        {"inputs": "word " * 400, "truncate": True},
+        *({"inputs": f"text number {i}"} for i in range(60)),  # more lines than are computed at once
+    ]
+    for media in ("application/jsonlines", "application/x-ndjson; charset=utf-8"):
+        reply = jsonl(srv, records, media)
+        assert reply.status == 200, reply.body[:300]
+        assert reply.headers["content-type"] == "application/jsonlines"
+        assert reply.headers.get("transfer-encoding") == "chunked" and not reply.body.endswith(b"\n")
+        lines = reply.body.split(b"\n")
+        assert len(lines) == len(records)
+        for record, line in zip(records, lines, strict=True):
+            alone = embed(srv, record, path="/invocations").json()
+            np.testing.assert_allclose(json.loads(line), alone, rtol=0, atol=1e-6)
+    # a file's last newline, and Windows' line ends, change nothing
+    body = b"\r\n".join(json.dumps(r).encode() for r in records[:3]) + b"\r\n"
+    reply = jsonl(srv, body)
+    assert reply.status == 200 and len(reply.body.split(b"\n")) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (b'{"inputs": "a"}\n{"inputs": "b"\n{"inputs": "c"}', 400, "line 2: it is not valid JSON"),
+        (b'{"inputs": "a"}\n\n{"inputs": "c"}', 400, "line 2: it is empty"),
+        (b'{"inputs": "a"}\n{"inputs": ""}', 400, "line 2: input 0 is an empty string"),
+        (b'{"inputs": "a"}\n{"inputs": "a", "model": "nope"}', 404, "line 2: model 'nope' is not served here"),
+        # found only once computed: nothing is answered but the error
+        (b'{"inputs": "a"}\n{"inputs": "a"}\n{"inputs": "' + b"word " * 400 + b'"}', 400, "line 3: input 0 is"),
+        (b"", 400, "the JSON Lines body has no lines"),
+        (b'{"inputs": "a"}\n' * 65537, 413, "65537 lines in one JSON Lines body; the most in one is 65536"),
+    ],
+)
+def test_a_bad_json_lines_body_is_refused_naming_its_line(
+    srv: ServerThread, body: bytes, status: int, message: str
+) -> None:
+    reply = jsonl(srv, body)
+    assert reply.status == status, reply.body[:300]
+    error = reply.json()
+    assert set(error) == {"error", "error_type"} and message in error["error"], error
+    assert jsonl(srv, [{"inputs": "still here"}]).status == 200
+    # JSON Lines are read on /invocations only: the other routes take one JSON body
+    assert embed(srv, b'{"inputs": "a"}', headers={"content-type": "application/jsonlines"}).status == 415
