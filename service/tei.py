@@ -266,7 +266,7 @@ async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
                 raise InvalidArgument(f"it is not valid JSON: {e}") from None
             calls.append((number, _call(dataplane, data)))
         except ServiceError as e:
-            raise _on_line(e, number) from None
+            raise on_line(e, number) from None
         if number % YIELD_EVERY == 0:
             await asyncio.sleep(0)  # a long body is read in turns with the other requests on the event loop
 
@@ -279,17 +279,16 @@ async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
         try:
             return call, (await dataplane.encode(call.input)).embeddings
         except ServiceError as e:
-            raise _on_line(e, number) from None
+            raise on_line(e, number) from None
 
     answers: list[tuple[_Call, Embeddings] | None] = [a async for a in ordered(each(), compute, _end)]
     return Chunked(JSON_LINES_MEDIA, _written(answers))
 
 
-def _on_line(error: ServiceError, number: int) -> ServiceError:
-    """The error, its message saying which line of the body it concerns."""
-    error.message = f"line {number}: {error.message}"
-    error.args = (error.message,)
-    return error
+def on_line(error: ServiceError, number: int) -> ServiceError:
+    """The error, of the same kind, its message saying which line of the body it concerns. A new one: a batch's
+    failure is one object raised to every request that had an input in it, other clients' among them."""
+    return type(error)(f"line {number}: {error.message}", param=error.param)
 
 
 def _end(item: Any, error: ServiceError) -> Any:

@@ -18,7 +18,9 @@ from huggingface_hub.errors import HfHubHTTPError
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.runtime.errors import Internal, InvalidArgument
 from mhaserve.service.settings import Settings
+from mhaserve.service.tei import on_line
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.server import ServerThread, local_settings
@@ -275,3 +277,13 @@ def test_a_bad_json_lines_body_is_refused_naming_its_line(
     assert jsonl(srv, [{"inputs": "still here"}]).status == 200
     # JSON Lines are read on /invocations only: the other routes take one JSON body
     assert embed(srv, b'{"inputs": "a"}', headers={"content-type": "application/jsonlines"}).status == 415
+
+
+def test_a_lines_error_names_its_line_and_leaves_the_error_others_share_alone() -> None:
+    """A batch's failure is one error object, raised to every request with an input in the batch: naming the
+    line in it would tell another client of a line it never sent."""
+    shared = Internal("a batch failed in the engine (request id abc)")
+    named = on_line(shared, 3)
+    assert type(named) is Internal and named.message == "line 3: a batch failed in the engine (request id abc)"
+    assert shared.message == str(shared) == "a batch failed in the engine (request id abc)"
+    assert on_line(InvalidArgument("input 0 is an empty string", param="inputs"), 2).param == "inputs"
