@@ -22,7 +22,7 @@ from mhaserve.service import openai, tei, utility
 from mhaserve.service.auth import Keys
 from mhaserve.service.context import request_id
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.errors import render
+from mhaserve.service.http.errors import TEI_UNSERVED, render
 from mhaserve.service.http.middleware import CallMiddleware, FastRoute, loggable
 from mhaserve.service.http.openapi import complete
 from mhaserve.service.incoming import Incoming
@@ -90,6 +90,11 @@ def build(
         if error.status_code == 404:
             path = request.url.path
             hint = f" (without the trailing slash: {path.rstrip('/')})" if path != "/" and path.endswith("/") else ""
+            if path in TEI_UNSERVED:
+                hint = (
+                    f": text-embeddings-inference's route {TEI_UNSERVED[path]}; this server serves embedding models "
+                    "(POST /embed, /similarity, /v1/embeddings)"
+                )
             return respond(request, NotFound(f"no route {request.method} {path}{hint}"))
         # 405: a route without this method. The router's Allow header names the methods of the first route it
         # found for the path; `/` has two (GET is health, POST embeds), so the header is made from them all.

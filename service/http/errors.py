@@ -23,6 +23,14 @@ KSERVE_PREFIX = "/v2"
 # `/invocations`, where TEI serves an embedding model too; `/similarity`
 TEI_EMBED_PATH, TEI_ROOT_PATHS, TEI_SIMILARITY_PATH = "/embed", ("/", "/invocations"), "/similarity"
 TEI_PATHS = (TEI_EMBED_PATH, *TEI_ROOT_PATHS, TEI_SIMILARITY_PATH)
+# TEI's routes for models of other kinds than an embedding model, which this server does not serve: a request
+# to one is told so, in TEI's error shape (app.py), where it read "no route".
+TEI_UNSERVED = {
+    "/rerank": "a reranker's",
+    "/predict": "a classifier's",
+    "/embed_sparse": "a sparse embedding model's (SPLADE)",
+    "/embed_all": "for each token's embedding",
+}
 # Clients may retry these: the queue was full, or the server is loading or draining.
 RETRY_AFTER_SECONDS = 1
 CODE_KEY = "mhaserve.code"  # the scope key where the status name in gRPC's vocabulary is left for the metrics
@@ -32,7 +40,7 @@ def api_of(path: str) -> str:
     """Whose error shape a path answers in: "kserve", "tei" or "openai"."""
     if path == KSERVE_PREFIX or path.startswith(KSERVE_PREFIX + "/"):
         return "kserve"
-    return "tei" if path in TEI_PATHS else "openai"
+    return "tei" if path in TEI_PATHS or path in TEI_UNSERVED else "openai"
 
 
 def tei_error_type(status: int) -> str:

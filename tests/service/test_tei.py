@@ -287,3 +287,15 @@ def test_a_lines_error_names_its_line_and_leaves_the_error_others_share_alone() 
     assert type(named) is Internal and named.message == "line 3: a batch failed in the engine (request id abc)"
     assert shared.message == str(shared) == "a batch failed in the engine (request id abc)"
     assert on_line(InvalidArgument("input 0 is an empty string", param="inputs"), 2).param == "inputs"
+
+
+@pytest.mark.parametrize("path", ["/rerank", "/predict", "/embed_sparse", "/embed_all"])
+def test_teis_routes_for_other_kinds_of_model_say_what_is_served(srv: ServerThread, path: str) -> None:
+    """A client of a TEI serving a reranker, a classifier or a sparse model, pointed here, is told so in TEI's
+    error shape, where it read "no route"."""
+    reply = embed(srv, {"query": "q", "texts": ["a"], "inputs": "a"}, path=path)
+    assert reply.status == 404
+    error = reply.json()
+    assert set(error) == {"error", "error_type"}, error
+    assert "text-embeddings-inference's route" in error["error"] and "serves embedding models" in error["error"]
+    assert embed(srv, {"inputs": "a"}, path="/nope").json()["error"]["message"] == "no route POST /nope"
