@@ -5,18 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from mhaserve.runtime.errors import InvalidArgument
 from mhaserve.service.pipeline import EncodeInput, Pipeline
 
 
+# One token of a text; also `POST /tokenize`'s answer schema, as FastAPI reads a dataclass (with no docstring,
+# which would become the schema's description).
 @dataclass(frozen=True)
 class Token:
     id: int
     text: str
     special: bool
-    # Character offsets in the text sent; None for special tokens and for the prompt's tokens.
-    start: int | None
+    start: Annotated[
+        int | None,
+        Field(description="character offset in the input; null for special tokens and for the prompt's tokens"),
+    ]
     stop: int | None
 
 

@@ -26,6 +26,7 @@ from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import count_first, documented, json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import Pipeline
+from mhaserve.service.tokens import Token
 from mhaserve.service.tokens import tokenize as tokenize_texts
 from mhaserve.service.version import SERVER_NAME, server_version
 
@@ -69,16 +70,6 @@ class DecodeRequest(BaseModel):
 class Health(BaseModel):
     status: Literal["SERVING", "NOT_SERVING"]
     reason: str | None = Field(default=None, description="why not serving: loading, stalled, or draining")
-
-
-class Token(BaseModel):
-    id: int
-    text: str
-    special: bool
-    start: int | None = Field(
-        description="character offset in the input; null for special tokens and for the prompt's tokens"
-    )
-    stop: int | None
 
 
 def describe(pipeline: Pipeline, max_message_bytes: int) -> dict[str, Any]:
