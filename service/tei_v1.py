@@ -98,6 +98,8 @@ class TeiServicer:
         requests: AsyncIterator[Request],
         compute: Callable[[Request], Awaitable[Response]],
     ) -> AsyncIterator[Response]:
+        """A stream's responses, in order (an async generator: a streaming method's behaviour, as the interceptors
+        iterate it, may return one rather than be one)."""
         return ordered(requests, compute, end_stream, count=stream_counter(self.metrics, method))
 
     async def embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
@@ -172,14 +174,10 @@ class _Embed(pb_grpc.EmbedServicer):
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
         return await self.tei.embed(request, context)
 
-    async def EmbedStream(
+    def EmbedStream(
         self, request_iterator: AsyncIterator[pb.EmbedRequest], context: Context
     ) -> AsyncIterator[pb.EmbedResponse]:
-        async def embed(request: pb.EmbedRequest) -> pb.EmbedResponse:
-            return await self.tei.embed(request, context)
-
-        async for response in self.tei.stream("tei.v1.Embed/EmbedStream", request_iterator, embed):
-            yield response
+        return self.tei.stream("tei.v1.Embed/EmbedStream", request_iterator, lambda r: self.tei.embed(r, context))
 
     async def EmbedSparse(self, request: Any, context: Context) -> Any:
         raise not_served("EmbedSparse (sparse embeddings, a SPLADE model's)")
@@ -201,26 +199,20 @@ class _Tokenize(pb_grpc.TokenizeServicer):
     async def Tokenize(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:
         return await self.tei.tokenize(request, context)
 
-    async def TokenizeStream(
+    def TokenizeStream(
         self, request_iterator: AsyncIterator[pb.EncodeRequest], context: Context
     ) -> AsyncIterator[pb.EncodeResponse]:
-        async def tokenize(request: pb.EncodeRequest) -> pb.EncodeResponse:
-            return await self.tei.tokenize(request, context)
-
-        async for response in self.tei.stream("tei.v1.Tokenize/TokenizeStream", request_iterator, tokenize):
-            yield response
+        return self.tei.stream(
+            "tei.v1.Tokenize/TokenizeStream", request_iterator, lambda r: self.tei.tokenize(r, context)
+        )
 
     async def Decode(self, request: pb.DecodeRequest, context: Context) -> pb.DecodeResponse:
         return await self.tei.decode(request, context)
 
-    async def DecodeStream(
+    def DecodeStream(
         self, request_iterator: AsyncIterator[pb.DecodeRequest], context: Context
     ) -> AsyncIterator[pb.DecodeResponse]:
-        async def decode(request: pb.DecodeRequest) -> pb.DecodeResponse:
-            return await self.tei.decode(request, context)
-
-        async for response in self.tei.stream("tei.v1.Tokenize/DecodeStream", request_iterator, decode):
-            yield response
+        return self.tei.stream("tei.v1.Tokenize/DecodeStream", request_iterator, lambda r: self.tei.decode(r, context))
 
 
 class _Predict(pb_grpc.PredictServicer):
