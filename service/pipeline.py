@@ -22,7 +22,7 @@ from tokenizers import Encoding, Tokenizer
 
 from mhaserve.runtime.errors import InvalidArgument, Unavailable
 from mhaserve.runtime.repository import LoadedModel
-from mhaserve.service.batching import Batcher, Embeddings, Ids, Limits, Ticket
+from mhaserve.service.batching import Batcher, Embeddings, Ids, Limits, Spent, Ticket
 from mhaserve.service.context import request_id
 from mhaserve.service.errors import status_name
 from mhaserve.service.metrics import ModelMetrics
@@ -63,6 +63,11 @@ class EncodeOutput:
     model: str
     version: int
     input_tokens: int
+    # Where the request's time went in the pipeline, in nanoseconds (what TEI's API reports a request): until it
+    # was queued (validation and tokenisation), then in the queue, then in the model (Spent).
+    tokenization_ns: int = 0
+    queue_ns: int = 0
+    inference_ns: int = 0
 
 
 def l2_normalize(x: Embeddings) -> Embeddings:
@@ -142,9 +147,12 @@ class Pipeline:
             ticket = self.batcher.admit(len(req.texts) or len(req.token_ids))
             seqs = await self.encode_pre(req)
             t1 = time.perf_counter_ns()
-            embeddings = await self.batcher.submit(seqs, deadline=deadline, request_id=request_id.get(), ticket=ticket)
+            spent = Spent()
+            embeddings = await self.batcher.submit(
+                seqs, deadline=deadline, request_id=request_id.get(), ticket=ticket, spent=spent
+            )
             t2 = time.perf_counter_ns()
-            output = self.encode_post(req, seqs, embeddings)
+            output = self.encode_post(req, seqs, embeddings, tokenization_ns=t1 - t0, spent=spent)
         except BaseException as e:  # cancellation included: the request failed either way
             self.refused(e, t0)
             raise
@@ -282,7 +290,15 @@ class Pipeline:
         prompt = self.prompts[name]
         return [prompt + text for text in req.texts]
 
-    def encode_post(self, req: EncodeInput, seqs: list[Ids], embeddings: Embeddings) -> EncodeOutput:
+    def encode_post(
+        self,
+        req: EncodeInput,
+        seqs: list[Ids],
+        embeddings: Embeddings,
+        *,
+        tokenization_ns: int = 0,
+        spent: Spent | None = None,
+    ) -> EncodeOutput:
         model = self.model
         if req.dimensions is not None:
             # Matryoshka: the leading dimensions are an embedding of their own once renormalised.
@@ -295,6 +311,9 @@ class Pipeline:
             model=model.name,
             version=model.version,
             input_tokens=sum(len(s) for s in seqs),
+            tokenization_ns=tokenization_ns,
+            queue_ns=0 if spent is None else round(spent.queue * 1e9),
+            inference_ns=0 if spent is None else round(spent.inference * 1e9),
         )
 
     # ---- helpers ----------------------------------------------------------------------------------

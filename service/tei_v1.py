@@ -10,8 +10,9 @@ unchanged: `Embed` and `EmbedStream`, `Info`, `Tokenize`, `Decode` and their str
   name:version): an extension, as `model` is on TEI's HTTP routes here.
 - `truncation_direction` LEFT is refused, as on TEI's HTTP routes here (a long input's start is kept).
 - An unset `normalize` is true, as TEI reads it, whatever the model's own default.
-- `Metadata`: the text's characters and tokens, and the call's time in the server; the tokenisation, queue
-  and inference times are not measured a request here, and are 0.
+- `Metadata`: the text's characters and tokens (its prompt and special tokens included), the call's time in
+  the server, and where it went: tokenisation (with the checks before it), the queue, and the model
+  (EncodeOutput's times).
 - Errors: the one error map's status (service/errors.py) with its message, as on every gRPC method here.
 - What this server has no model for (the Predict and Rerank services: classifiers and rerankers; sparse and
   token-level embeddings) is UNIMPLEMENTED, saying what is served.
@@ -123,6 +124,9 @@ class TeiServicer:
                 compute_chars=len(request.inputs),
                 compute_tokens=output.input_tokens,
                 total_time_ns=time.perf_counter_ns() - started,
+                tokenization_time_ns=output.tokenization_ns,
+                queue_time_ns=output.queue_ns,
+                inference_time_ns=output.inference_ns,
             ),
         )
 

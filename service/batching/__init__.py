@@ -8,6 +8,17 @@ each batch's compute time).
 from mhaserve.service.batching.batcher import Batcher
 from mhaserve.service.batching.limits import CPU_LIMITS, CUDA_LIMITS, Limits
 from mhaserve.service.batching.policies import BATCHING, Batching
-from mhaserve.service.batching.queue import Embeddings, Ids, Ticket
+from mhaserve.service.batching.queue import Embeddings, Ids, Spent, Ticket
 
-__all__ = ["BATCHING", "CPU_LIMITS", "CUDA_LIMITS", "Batcher", "Batching", "Embeddings", "Ids", "Limits", "Ticket"]
+__all__ = [
+    "BATCHING",
+    "CPU_LIMITS",
+    "CUDA_LIMITS",
+    "Batcher",
+    "Batching",
+    "Embeddings",
+    "Ids",
+    "Limits",
+    "Spent",
+    "Ticket",
+]

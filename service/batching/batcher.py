@@ -54,7 +54,7 @@ from mhaserve.runtime.errors import DeadlineExceeded, Internal, QueueFull, Servi
 from mhaserve.service.batching.limits import Limits
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.batching.policies import Batching, make_policy
-from mhaserve.service.batching.queue import Embeddings, Ids, Job, Seq, Ticket
+from mhaserve.service.batching.queue import Embeddings, Ids, Job, Seq, Spent, Ticket
 from mhaserve.service.batching.watchdog import Hook, Watchdog
 from mhaserve.service.metrics import Metrics, ModelMetrics
 
@@ -92,6 +92,8 @@ class Ran:
     cells: int  # padded tokens
     real: int
     failed: dict[int, Exception]  # rows whose input alone failed (their embeddings rows are zeros), by row
+    began: float  # when the engine began the batch, and ended it (perf_counter): its requests' Spent
+    ended: float
 
 
 class NonFiniteOutput(RuntimeError):
@@ -234,8 +236,10 @@ class Batcher:
         deadline: float | None = None,
         request_id: str = "",
         ticket: Ticket | None = None,
+        spent: Spent | None = None,
     ) -> Embeddings:
-        """Embed one request's sequences: (len(seqs), d) float32, in order.
+        """Embed one request's sequences: (len(seqs), d) float32, in order; `spent`, when given, is filled in
+        with the request's time in the queue and in the model.
 
         Raises ResourceExhausted at once when the queue is full (unless `ticket` holds the slots already),
         Unavailable once closed, and the batch's error when the batch holding one of these sequences fails.
@@ -262,11 +266,14 @@ class Batcher:
         self._arrived.set()
         self._make_way(n)
         try:
-            return await job.future
+            out = await job.future
         except asyncio.CancelledError:
             # The client went away (or the RPC's deadline passed): give its slots back now.
             self._release(job)
             raise
+        if spent is not None:
+            spent.queue, spent.inference = job.first - job.enqueued, job.last - job.first
+        return out
 
     # ---- the worker -------------------------------------------------------------------------------
 
@@ -536,6 +543,7 @@ class Batcher:
         the batch's other rows are served. A run that raises is split in two and each half run again, down to
         the inputs that fail (one bad input costs about 2 log2(rows) runs more; _isolate). Raises when no row
         succeeds, and the batch then fails whole, as an engine error did before."""
+        began = time.perf_counter()
         try:
             out, seconds, cells, real = self._run_once(batch, beside)
             failed: dict[int, Exception] = {}
@@ -550,7 +558,7 @@ class Batcher:
             out = np.where(bad, np.float32(0.0), out)
         if len(failed) == len(batch):
             raise next(iter(failed.values()))
-        return Ran(out, seconds, len(batch), cells, real, failed)
+        return Ran(out, seconds, len(batch), cells, real, failed, began, time.perf_counter())
 
     def _isolate(
         self, batch: list[Seq], error: Exception, beside: bool
@@ -621,6 +629,9 @@ class Batcher:
                 continue
             if job.out is None:
                 job.out = np.empty((job.n, embeddings.shape[1]), dtype=np.float32)
+                job.first, job.last = ran.began, ran.ended
+            else:  # its inputs in several batches, which two workers may compute at once
+                job.first, job.last = min(job.first, ran.began), max(job.last, ran.ended)
             job.out[s.index] = embeddings[row]
             job.remaining -= 1
             done += 1

@@ -27,6 +27,8 @@ class Job:
         "request_id",
         "enqueued",
         "started",
+        "first",
+        "last",
     )
 
     def __init__(self, future: asyncio.Future[Embeddings], n: int, deadline: float | None, request_id: str) -> None:
@@ -38,6 +40,23 @@ class Job:
         self.request_id = request_id
         self.enqueued = time.perf_counter()
         self.started = False
+        # When the engine began the first batch that held one of its inputs, and ended the last (perf_counter;
+        # 0.0 until one has): the request's time in the queue and in the model (Spent).
+        self.first = 0.0
+        self.last = 0.0
+
+
+class Spent:
+    """Where a request's time went in the batcher, in seconds: queued until the engine began its first input
+    (a batch formed ahead counts as queued while it waits for a thread), then until the engine ended its
+    last. Filled in by `Batcher.submit` once the request is answered; what TEI's clients read as the queue
+    and inference times."""
+
+    __slots__ = ("queue", "inference")
+
+    def __init__(self) -> None:
+        self.queue = 0.0
+        self.inference = 0.0
 
 
 class Seq:

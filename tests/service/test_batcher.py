@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.errors import DeadlineExceeded, InferenceTimeout, Internal, ResourceExhausted, Unavailable
 from mhaserve.runtime.manifest import read_manifest
-from mhaserve.service.batching import Batcher, Limits
+from mhaserve.service.batching import Batcher, Limits, Spent
 from mhaserve.service.batching import batcher as batcher_module
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.batching.queue import Live, Seq
@@ -817,6 +817,44 @@ async def two_workers_one_held(engine: ScriptedEngine) -> tuple[Batcher, asyncio
     first = asyncio.ensure_future(b.submit([seq(91)]))
     await in_engine(engine, 1)
     return b, first
+
+
+def test_a_request_is_told_its_time_in_the_queue_and_in_the_model() -> None:
+    """`spent`: queued until the engine began its first input, then in the model until the engine ended its
+    last. A request held in the engine 50 ms has 50 ms or more of inference; one queued behind it, 50 ms or
+    more of queue; one whose inputs the budget splits into two batches, run one after the other behind a
+    held one, the time of both in the model. Each within the time its submit took."""
+    engine = ScriptedEngine(gates=[91, 92])
+    HELD = 0.05
+
+    async def timed(b: Batcher, seqs: list[np.ndarray]) -> tuple[Spent, float]:
+        spent, loop = Spent(), asyncio.get_running_loop()
+        started = loop.time()
+        await b.submit(seqs, spent=spent)
+        return spent, loop.time() - started
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0, max_batch_tokens=2))
+        b.start()
+        first = asyncio.ensure_future(timed(b, [seq(91, 1)]))
+        await in_engine(engine, 1)  # held at its gate
+        queued = asyncio.ensure_future(timed(b, [seq(5, 1)]))
+        split = asyncio.ensure_future(timed(b, [seq(92, 1), seq(6, 1)]))  # two batches of the budget's 2 tokens
+        await asyncio.sleep(HELD)
+        engine.gates[91].set()
+        await in_engine(engine, 3)  # the queued request's batch ran; the split one's first is held at 92
+        await asyncio.sleep(HELD)
+        engine.gates[92].set()
+        (a, a_wall), (q, q_wall), (s, s_wall) = await asyncio.gather(first, queued, split)
+        await b.close()
+        assert a.inference >= HELD and q.queue >= HELD and s.inference >= HELD, (a, q, s)
+        assert s.queue >= HELD  # behind the held batch too
+        for spent, wall in ((a, a_wall), (q, q_wall), (s, s_wall)):
+            assert spent.queue >= 0 and spent.inference >= 0
+            assert spent.queue + spent.inference <= wall + 0.001, (spent.queue, spent.inference, wall)
+
+    run_opening_gates(main(), engine)
+    assert [batch[0][0] for batch in engine.batches] == [91, 5, 92, 6]
 
 
 def test_with_two_workers_a_batch_formed_ahead_starts_without_the_event_loop() -> None:

@@ -53,7 +53,8 @@ def refused(call: Any, *args: Any, **kw: Any) -> grpc.RpcError:
 
 def test_embed_gives_encodes_vectors(channel: grpc.Channel) -> None:
     """Normalised unless asked otherwise, as TEI's; `dimensions` keeps the leading values renormalised; a long
-    text is cut with `truncate`; the metadata counts the text's characters and tokens."""
+    text is cut with `truncate`; the metadata counts the text's characters and tokens, and gives the call's time
+    in the server and where it went, within it."""
     stub = pb_grpc.EmbedStub(channel)
     expected = encode(channel, TEXTS, normalize=True)
     for text, vector in zip(TEXTS, expected, strict=True):
@@ -62,7 +63,9 @@ def test_embed_gives_encodes_vectors(channel: grpc.Channel) -> None:
         tokens = pb_grpc.TokenizeStub(channel).Tokenize(pb.EncodeRequest(inputs=text, add_special_tokens=True))
         assert reply.metadata.compute_tokens == len(tokens.tokens)
         assert reply.metadata.compute_chars == len(text)
-        assert reply.metadata.total_time_ns > 0
+        meta = reply.metadata
+        assert meta.tokenization_time_ns > 0 and meta.inference_time_ns > 0 and meta.queue_time_ns >= 0
+        assert meta.tokenization_time_ns + meta.queue_time_ns + meta.inference_time_ns < meta.total_time_ns
     raw = stub.Embed(pb.EmbedRequest(inputs=TEXTS[0], normalize=False), timeout=WAIT)
     np.testing.assert_allclose(raw.embeddings, encode(channel, TEXTS[:1], normalize=False)[0], rtol=0, atol=1e-6)
     cut = np.asarray(stub.Embed(pb.EmbedRequest(inputs=TEXTS[0], dimensions=8), timeout=WAIT).embeddings)
