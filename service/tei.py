@@ -28,6 +28,7 @@ invocations of a TEI container (`/invocations`; its health check, `GET /ping`, i
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -45,6 +46,7 @@ from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import (
     Chunked,
     EmbeddingInputs,
+    Reply,
     Text,
     count_first,
     count_list,
@@ -57,7 +59,7 @@ from mhaserve.service.http.bodies import (
 )
 from mhaserve.service.http.errors import TEI_EMBED_PATH, TEI_PATHS, TEI_ROOT_PATHS, TEI_SIMILARITY_PATH
 from mhaserve.service.http.openapi import request_body
-from mhaserve.service.pipeline import EncodeInput
+from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 from mhaserve.service.rpc.streaming import ordered
 
 # Defined once, with the error map that answers these paths in TEI's shape.
@@ -164,23 +166,26 @@ def from_request(req: EmbedRequest) -> EncodeInput:
     )
 
 
-async def embed(dataplane: DataPlane, body: bytes, content_type: str | None) -> bytes:
-    """`POST /embed` from the body to the response body: the documented route and the middleware's fast
-    route both run this."""
-    return await _answer(dataplane, _embed_call(dataplane, parse_json(body, content_type)))
+async def embed(dataplane: DataPlane, body: bytes, content_type: str | None) -> Reply:
+    """`POST /embed` from the body to the response body and its timing headers: the documented route and the
+    middleware's fast route both run this."""
+    started = time.perf_counter_ns()
+    return await _answer(dataplane, _embed_call(dataplane, parse_json(body, content_type)), started)
 
 
-async def similarity(dataplane: DataPlane, body: bytes, content_type: str | None) -> bytes:
-    """`POST /similarity`, from the body to the response body."""
-    return await _answer(dataplane, _similarity_call(dataplane, parse_json(body, content_type)))
+async def similarity(dataplane: DataPlane, body: bytes, content_type: str | None) -> Reply:
+    """`POST /similarity`, from the body to the response body and its timing headers."""
+    started = time.perf_counter_ns()
+    return await _answer(dataplane, _similarity_call(dataplane, parse_json(body, content_type)), started)
 
 
-async def root(dataplane: DataPlane, body: bytes, content_type: str | None) -> bytes:
+async def root(dataplane: DataPlane, body: bytes, content_type: str | None) -> Reply:
     """`POST /`: a similarity request where `inputs` is an object, else an embedding one."""
-    return await _answer(dataplane, _call(dataplane, parse_json(body, content_type)))
+    started = time.perf_counter_ns()
+    return await _answer(dataplane, _call(dataplane, parse_json(body, content_type)), started)
 
 
-async def invocations(dataplane: DataPlane, body: bytes, content_type: str | None) -> bytes | Chunked:
+async def invocations(dataplane: DataPlane, body: bytes, content_type: str | None) -> Reply | Chunked:
     """`POST /invocations`: as `POST /`, or, for a JSON Lines body, each line as one such request and the
     answers a line each (SageMaker's batch transform with BatchStrategy MultiRecord)."""
     if media_type(content_type) in JSON_LINES:
@@ -202,8 +207,29 @@ def _call(dataplane: DataPlane, data: Any) -> _Call:
     return _embed_call(dataplane, data)
 
 
-async def _answer(dataplane: DataPlane, call: _Call) -> bytes:
-    return call.answer((await dataplane.encode(call.input)).embeddings)
+async def _answer(dataplane: DataPlane, call: _Call, started_ns: int) -> Reply:
+    output = await dataplane.encode(call.input)
+    return Reply(call.answer(output.embeddings), timing_headers(call.input, output, started_ns))
+
+
+def timing_headers(asked: EncodeInput, output: EncodeOutput, started_ns: int) -> tuple[tuple[bytes, bytes], ...]:
+    """TEI's response headers: the inputs' characters (a token-id list's ids, as TEI counts them) and tokens
+    (prompt and special tokens included), and in whole milliseconds the request's time in the server
+    (`x-total-time`, and `x-compute-time` the same, as TEI's) and where it went: tokenisation, the queue, the
+    model. For a request of several inputs, the time until its first input reached the model and from then
+    until its last was computed, where TEI averages each input's. (TEI's `x-compute-type`, a constant there,
+    is not sent.)"""
+    chars = sum(map(len, asked.texts)) if asked.texts else sum(map(len, asked.token_ids))
+    total = str((time.perf_counter_ns() - started_ns) // 1_000_000).encode()
+    return (
+        (b"x-compute-time", total),
+        (b"x-compute-characters", str(chars).encode()),
+        (b"x-compute-tokens", str(output.input_tokens).encode()),
+        (b"x-total-time", total),
+        (b"x-tokenization-time", str(output.tokenization_ns // 1_000_000).encode()),
+        (b"x-queue-time", str(output.queue_ns // 1_000_000).encode()),
+        (b"x-inference-time", str(output.inference_ns // 1_000_000).encode()),
+    )
 
 
 def _embed_call(dataplane: DataPlane, data: Any) -> _Call:
@@ -328,14 +354,14 @@ def cosines(embeddings: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.float32
 def router(dataplane: DataPlane) -> APIRouter:
     api = APIRouter(tags=["text-embeddings-inference"])
 
-    Handler = Callable[[DataPlane, bytes, str | None], Awaitable[bytes | Chunked]]
+    Handler = Callable[[DataPlane, bytes, str | None], Awaitable[Reply | Chunked]]
 
     def route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def answer(request: Request) -> Response:
             out = await handler(dataplane, await request.body(), request.headers.get("content-type"))
             if isinstance(out, Chunked):
                 return StreamingResponse(out.chunks, media_type=out.media_type)
-            return json_response(out)
+            return json_response(out.body, headers={k.decode(): v.decode() for k, v in out.headers})
 
         return answer
 

@@ -37,6 +37,14 @@ EmbeddingInputs = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A JSON response body with headers of its own (TEI's timing headers), in place of one `bytes`."""
+
+    body: bytes
+    headers: tuple[tuple[bytes, bytes], ...]
+
+
 @dataclass(frozen=True)
 class Chunked:
     """A response body sent in chunks as they are written (HTTP/1.1's chunked transfer coding), in place of

@@ -43,7 +43,7 @@ from mhaserve.runtime.errors import (
 from mhaserve.runtime.manifest import is_number
 from mhaserve.service.auth import Keys, bearer
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
-from mhaserve.service.http.bodies import Chunked
+from mhaserve.service.http.bodies import Chunked, Reply
 from mhaserve.service.http.errors import CODE_KEY, render
 from mhaserve.service.incoming import Incoming, default_limit
 from mhaserve.service.inflate import KINDS, inflate
@@ -76,11 +76,12 @@ UNREAD_KEY = "mhaserve.unread"  # the scope key set when a request's body was le
 @dataclass(frozen=True)
 class FastRoute:
     """A route this middleware answers itself: `handler` takes the body and its Content-Type and returns the
-    JSON response body (or a body in chunks, of its own media type), or raises a ServiceError. It stands in the
-    scope as the route (`_count` names the metrics by its `path`, as by a framework route's)."""
+    JSON response body (with headers of its own: Reply; or a body in chunks, of its own media type), or raises
+    a ServiceError. It stands in the scope as the route (`_count` names the metrics by its `path`, as by a
+    framework route's)."""
 
     path: str
-    handler: Callable[[bytes, str | None], Awaitable[bytes | Chunked]]
+    handler: Callable[[bytes, str | None], Awaitable[bytes | Reply | Chunked]]
 
 
 class _ClientGone(Exception):
@@ -368,9 +369,10 @@ class CallMiddleware:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
             return
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(out)).encode())]
+        body, extra = (out.body, out.headers) if isinstance(out, Reply) else (out, ())
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": out})
+        await send({"type": "http.response.body", "body": body})
 
     async def _error(self, error: BaseException, scope: Scope, rid: str, send: Send) -> None:
         status, headers, body = render(error, scope["path"], rid, scope)

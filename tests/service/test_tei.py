@@ -21,6 +21,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.runtime.errors import Internal, InvalidArgument
 from mhaserve.service.settings import Settings
 from mhaserve.service.tei import on_line
+from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.server import ServerThread, local_settings
@@ -201,6 +202,30 @@ def test_refusals_before_the_route_are_in_teis_shape_too(start: Start, settings:
     client = InferenceClient(model=srv.http_url, token="secret", timeout=WAIT)
     assert client.feature_extraction("a").shape == (1, 32)
     assert len(client.sentence_similarity("a", ["b"])) == 1
+
+
+def test_answers_carry_teis_timing_headers(start: Start, settings: Settings) -> None:
+    """As TEI's: the inputs' characters (a token list's ids) and tokens, the request's time in the server in
+    milliseconds (x-total-time, and x-compute-time the same), and where it went, within it; a model that
+    computes 30 ms a batch shows 30 ms or more of inference."""
+    engine = ScriptedEngine(seconds_per_batch=0.03)
+    srv = start(dataclasses.replace(settings, http_port=free_port()), engine.factory())
+    texts = ["héllo wörld 🤖", "a"]
+    tokens = sum(len(t) for t in request("POST", srv.http_url + "/tokenize", {"inputs": texts}).json())
+    similarity = {"inputs": {"source_sentence": texts[0], "sentences": texts[1:]}}
+    asked = [
+        ("/embed", {"inputs": texts}, len("héllo wörld 🤖a"), tokens),
+        ("/", {"inputs": texts[0]}, len(texts[0]), tokens - 3),  # "a" is [CLS] a [SEP]
+        ("/invocations", {"inputs": [[5, 6, 7], [8]]}, 4, 4),
+        ("/similarity", similarity, len("héllo wörld 🤖a"), tokens),
+    ]
+    for path, body, chars, count in asked:
+        reply = embed(srv, body, path=path)
+        assert reply.status == 200, reply.json()
+        h = {k: int(v) for k, v in reply.headers.items() if k.startswith("x-") and k != "x-request-id"}
+        assert (h["x-compute-characters"], h["x-compute-tokens"]) == (chars, count), (path, h)
+        assert h["x-inference-time"] >= 30 and h["x-compute-time"] == h["x-total-time"], (path, h)
+        assert h["x-tokenization-time"] + h["x-queue-time"] + h["x-inference-time"] <= h["x-total-time"], (path, h)
 
 
 def test_the_routes_are_counted_in_the_request_metrics(srv: ServerThread) -> None:
