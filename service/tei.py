@@ -59,8 +59,9 @@ from mhaserve.service.http.bodies import (
 )
 from mhaserve.service.http.errors import TEI_EMBED_PATH, TEI_PATHS, TEI_ROOT_PATHS, TEI_SIMILARITY_PATH
 from mhaserve.service.http.openapi import request_body
-from mhaserve.service.pipeline import EncodeInput, EncodeOutput
+from mhaserve.service.pipeline import EncodeInput
 from mhaserve.service.rpc.streaming import ordered
+from mhaserve.service.tei_timing import characters, timing
 
 # Defined once, with the error map that answers these paths in TEI's shape.
 PATHS = TEI_PATHS
@@ -209,27 +210,8 @@ def _call(dataplane: DataPlane, data: Any) -> _Call:
 
 async def _answer(dataplane: DataPlane, call: _Call, started_ns: int) -> Reply:
     output = await dataplane.encode(call.input)
-    return Reply(call.answer(output.embeddings), timing_headers(call.input, output, started_ns))
-
-
-def timing_headers(asked: EncodeInput, output: EncodeOutput, started_ns: int) -> tuple[tuple[bytes, bytes], ...]:
-    """TEI's response headers: the inputs' characters (a token-id list's ids, as TEI counts them) and tokens
-    (prompt and special tokens included), and in whole milliseconds the request's time in the server
-    (`x-total-time`, and `x-compute-time` the same, as TEI's) and where it went: tokenisation, the queue, the
-    model. For a request of several inputs, the time until its first input reached the model and from then
-    until its last was computed, where TEI averages each input's. (TEI's `x-compute-type`, a constant there,
-    is not sent.)"""
-    chars = sum(map(len, asked.texts)) if asked.texts else sum(map(len, asked.token_ids))
-    total = str((time.perf_counter_ns() - started_ns) // 1_000_000).encode()
-    return (
-        (b"x-compute-time", total),
-        (b"x-compute-characters", str(chars).encode()),
-        (b"x-compute-tokens", str(output.input_tokens).encode()),
-        (b"x-total-time", total),
-        (b"x-tokenization-time", str(output.tokenization_ns // 1_000_000).encode()),
-        (b"x-queue-time", str(output.queue_ns // 1_000_000).encode()),
-        (b"x-inference-time", str(output.inference_ns // 1_000_000).encode()),
-    )
+    fields = timing(characters(call.input), output, time.perf_counter_ns() - started_ns)
+    return Reply(call.answer(output.embeddings), tuple((k.encode(), v.encode()) for k, v in fields))
 
 
 def _embed_call(dataplane: DataPlane, data: Any) -> _Call:

@@ -12,7 +12,7 @@ unchanged: `Embed` and `EmbedStream`, `Info`, `Tokenize`, `Decode` and their str
 - An unset `normalize` is true, as TEI reads it, whatever the model's own default.
 - `Metadata`: the text's characters and tokens (its prompt and special tokens included), the call's time in
   the server, and where it went: tokenisation (with the checks before it), the queue, and the model
-  (EncodeOutput's times).
+  (EncodeOutput's times); a unary `Embed` has TEI's timing headers too, as its initial metadata, as TEI's.
 - Errors: the one error map's status (service/errors.py) with its message, as on every gRPC method here.
 - What this server has no model for (the Predict and Rerank services: classifiers and rerankers; sparse and
   token-level embeddings) is UNIMPLEMENTED, saying what is served.
@@ -34,6 +34,7 @@ from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.metrics import Metrics, stream_counter
 from mhaserve.service.pipeline import EncodeInput, Pipeline
 from mhaserve.service.rpc.streaming import ordered
+from mhaserve.service.tei_timing import timing
 from mhaserve.service.tokens import tokenize
 from mhaserve.service.version import server_version
 
@@ -103,7 +104,9 @@ class TeiServicer:
         iterate it, may return one rather than be one)."""
         return ordered(requests, compute, end_stream, count=stream_counter(self.metrics, method))
 
-    async def embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
+    async def embed(self, request: pb.EmbedRequest, context: Context, *, headers: bool = False) -> pb.EmbedResponse:
+        """One text's answer; with `headers` (a unary call: a stream's answers share one set of headers), TEI's
+        timing headers too, as the call's initial metadata."""
         started = time.perf_counter_ns()
         served_direction(request.truncation_direction)
         if not request.inputs:  # as TEI refuses it (encoder.v1 embeds an empty text)
@@ -118,12 +121,15 @@ class TeiServicer:
             dimensions=request.dimensions if request.HasField("dimensions") else None,
         )
         output = await self.dataplane.encode(asked, time_left=context.time_remaining())
+        total_ns = time.perf_counter_ns() - started
+        if headers:
+            await context.send_initial_metadata(timing(len(request.inputs), output, total_ns))
         return pb.EmbedResponse(
             embeddings=output.embeddings[0].tolist(),
             metadata=pb.Metadata(
                 compute_chars=len(request.inputs),
                 compute_tokens=output.input_tokens,
-                total_time_ns=time.perf_counter_ns() - started,
+                total_time_ns=total_ns,
                 tokenization_time_ns=output.tokenization_ns,
                 queue_time_ns=output.queue_ns,
                 inference_time_ns=output.inference_ns,
@@ -176,7 +182,7 @@ class _Embed(pb_grpc.EmbedServicer):
         self.tei = tei
 
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
-        return await self.tei.embed(request, context)
+        return await self.tei.embed(request, context, headers=True)
 
     def EmbedStream(
         self, request_iterator: AsyncIterator[pb.EmbedRequest], context: Context

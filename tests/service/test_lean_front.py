@@ -58,6 +58,7 @@ class Toy:
 
     async def echo(self, request: bytes, context: Any) -> bytes:
         metadata = dict(context.invocation_metadata())
+        await context.send_initial_metadata((("greeting", "hello"),))
         context.set_trailing_metadata((("echo-bin", metadata.get("tag-bin", b"")), ("seen", metadata.get("who", ""))))
         return request
 
@@ -66,6 +67,11 @@ class Toy:
 
     async def fail(self, request: bytes, context: Any) -> bytes:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "ça ne va pas: 100%")
+        return b""
+
+    async def fail_after_headers(self, request: bytes, context: Any) -> bytes:
+        await context.send_initial_metadata((("greeting", "hello"),))
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "after all")
         return b""
 
     async def crash(self, request: bytes, context: Any) -> bytes:
@@ -100,6 +106,7 @@ class Toy:
             yield str(i).encode()
 
     async def written(self, request: bytes, context: Any) -> None:
+        await context.send_initial_metadata((("greeting", "hello"),))
         for i in range(3):
             await context.write(f"w{i}".encode())
 
@@ -114,7 +121,7 @@ class Toy:
 def _handlers(toy: Toy) -> grpc.GenericRpcHandler:
     unary = {
         name: grpc.unary_unary_rpc_method_handler(getattr(toy, name))
-        for name in ("echo", "big", "fail", "crash", "busy", "slow", "stubborn")
+        for name in ("echo", "big", "fail", "fail_after_headers", "crash", "busy", "slow", "stubborn")
     }
     return grpc.method_handlers_generic_handler(
         SERVICE,
@@ -248,8 +255,23 @@ def test_unary_calls_carry_metadata_both_ways(channel: grpc.Channel) -> None:
         b"hello", metadata=(("who", "me"), ("tag-bin", b"\x00\xff")), timeout=10
     )
     assert response == b"hello"
+    assert dict(call.initial_metadata()) == {"greeting": "hello"}
     trailing = dict(call.trailing_metadata())
     assert trailing == {"echo-bin": b"\x00\xff", "seen": "me"}
+
+
+def test_initial_metadata_reaches_the_client_before_messages_or_an_error(channel: grpc.Channel) -> None:
+    """A handler's `send_initial_metadata` (as tei.v1's Embed sends TEI's timing headers): read by the client as
+    the call's initial metadata, not its trailers, whether messages follow or an error ends the call."""
+    with pytest.raises(grpc.RpcError) as e:
+        method(channel, "fail_after_headers")(b"", timeout=10)
+    error = cast(grpc.Call, e.value)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and error.details() == "after all"
+    assert dict(error.initial_metadata()) == {"greeting": "hello"}
+    assert "greeting" not in dict(error.trailing_metadata())
+    stream = method(channel, "written", "unary_stream")(b"", timeout=10)
+    assert dict(stream.initial_metadata()) == {"greeting": "hello"}
+    assert list(stream) == [b"w0", b"w1", b"w2"]
 
 
 def test_a_call_whose_metadata_is_over_16_kib_is_resource_exhausted_and_the_connection_serves_on(

@@ -76,6 +76,24 @@ def test_embed_gives_encodes_vectors(channel: grpc.Channel) -> None:
     assert truncated.metadata.compute_tokens == 160
 
 
+def test_a_unary_embed_carries_teis_timing_headers(channel: grpc.Channel) -> None:
+    """As TEI's: the answer's Metadata again, as initial metadata in TEI's HTTP headers' names and whole
+    milliseconds; a stream's answers, which share one set of headers, carry none."""
+    reply, call = pb_grpc.EmbedStub(channel).Embed.with_call(pb.EmbedRequest(inputs=TEXTS[2]), timeout=WAIT)
+    headers, meta = dict(call.initial_metadata()), reply.metadata
+    assert int(headers["x-compute-characters"]) == meta.compute_chars == len(TEXTS[2])
+    assert int(headers["x-compute-tokens"]) == meta.compute_tokens
+    assert int(headers["x-total-time"]) == int(headers["x-compute-time"]) == meta.total_time_ns // 1_000_000
+    for name, ns in (
+        ("x-tokenization-time", meta.tokenization_time_ns),
+        ("x-queue-time", meta.queue_time_ns),
+        ("x-inference-time", meta.inference_time_ns),
+    ):
+        assert int(headers[name]) == ns // 1_000_000, name
+    stream = pb_grpc.EmbedStub(channel).EmbedStream(iter([pb.EmbedRequest(inputs="a")]), timeout=WAIT)
+    assert len(list(stream)) == 1 and "x-total-time" not in dict(stream.initial_metadata())
+
+
 def test_embed_stream_answers_in_order_and_a_failed_request_ends_it(channel: grpc.Channel) -> None:
     stub = pb_grpc.EmbedStub(channel)
     texts = [f"text number {i}" for i in range(40)]  # more than the stream's window

@@ -59,6 +59,9 @@ class Context:
     def peer(self) -> str:
         return self._connection.peer
 
+    async def send_initial_metadata(self, metadata: Iterable[tuple[str, str | bytes]]) -> None:
+        self._connection.set_initial(self._stream, metadata)
+
     def set_trailing_metadata(self, metadata: Iterable[tuple[str, str | bytes]]) -> None:
         self._trailing = tuple(metadata)
 

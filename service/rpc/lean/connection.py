@@ -60,7 +60,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any, Protocol, cast
 
 import hpack
@@ -137,6 +137,7 @@ class Stream:
         "send_window",
         "pending",
         "trailer",
+        "initial",
         "headers_sent",
         "closed",
         "expired",
@@ -165,6 +166,7 @@ class Stream:
         self.send_window = send_window
         self.pending = bytearray()  # DATA payload waiting for the peer's windows
         self.trailer: bytes | None = None  # the trailers' header block, sent once `pending` is out
+        self.initial = b""  # the handler's initial metadata, a header block sent with the response's headers
         self.headers_sent = False
         self.closed = False  # our side has ended it (trailers or RST_STREAM)
         self.expired = False  # its deadline passed
@@ -734,7 +736,7 @@ class Connection(asyncio.Protocol):
         stream.closed = True
         self._answering()
         n = len(message) + 5
-        head = b"" if stream.headers_sent else f.frame(f.HEADERS, f.END_HEADERS, stream.id, f.RESPONSE_HEADERS)
+        head = b"" if stream.headers_sent else self._response_headers(stream)
         stream.headers_sent = True
         body = b"\x00" + len(message).to_bytes(4, "big") + message
         if not stream.pending and n <= stream.send_window and n <= self.send_window and n <= self.peer_max_frame:
@@ -761,7 +763,7 @@ class Connection(asyncio.Protocol):
         self._answering()
         out = []
         if not stream.headers_sent:
-            out.append(f.frame(f.HEADERS, f.END_HEADERS, stream.id, f.RESPONSE_HEADERS))
+            out.append(self._response_headers(stream))
             stream.headers_sent = True
         stream.pending += b"\x00" + len(message).to_bytes(4, "big") + message
         self._flush(stream, out)
@@ -777,7 +779,8 @@ class Connection(asyncio.Protocol):
             return
         stream.closed = True
         self._answering()
-        if not stream.headers_sent:
+        out: list[bytes] = []
+        if not stream.headers_sent and not stream.initial:
             stream.headers_sent = True
             self._write(
                 f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream.id, f.RESPONSE_HEADERS + trailer)
@@ -785,10 +788,22 @@ class Connection(asyncio.Protocol):
             )
             self._done(stream)
             return
+        if not stream.headers_sent:  # the handler's initial metadata, then the trailers on their own
+            out.append(self._response_headers(stream))
+            stream.headers_sent = True
         stream.trailer = trailer
-        out: list[bytes] = []
         self._flush(stream, out)
         self._write(b"".join(out))
+
+    def set_initial(self, stream: Stream, metadata: Iterable[tuple[str, str | bytes]]) -> None:
+        """The call's initial metadata, sent as its response's headers, with its first message or before its
+        trailers (grpc.aio sends them at once, which a client cannot tell apart)."""
+        if stream.headers_sent:
+            raise RuntimeError("the call's initial metadata was sent already")
+        stream.initial = f.header_block(metadata)
+
+    def _response_headers(self, stream: Stream) -> bytes:
+        return f.frame(f.HEADERS, f.END_HEADERS, stream.id, f.RESPONSE_HEADERS + stream.initial)
 
     def time_remaining(self, stream: Stream) -> float | None:
         if stream.deadline is None:
