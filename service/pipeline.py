@@ -160,7 +160,14 @@ class Pipeline:
             if ticket is not None:
                 self.batcher.release(ticket)  # what submit did not take (a failure before queueing)
         t3 = time.perf_counter_ns()
-        self.stats.succeeded(inputs=len(seqs), total_ns=t3 - t0, input_ns=t1 - t0, output_ns=t3 - t2)
+        self.stats.succeeded(
+            inputs=len(seqs),
+            total_ns=t3 - t0,
+            input_ns=t1 - t0,
+            queue_ns=output.queue_ns,
+            infer_ns=output.inference_ns,
+            output_ns=t3 - t2,
+        )
         self.metrics.ended("OK")
         return output
 

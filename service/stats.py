@@ -2,15 +2,12 @@
 
 The pipeline feeds them for every request of every API (encoder.v1, the Open Inference Protocol, OpenAI's),
 and the KServe adapters for the requests they refuse at decode (Pipeline.refused): Triton's statistics
-describe a model's load, whichever client sent it. What the pipeline times per
-request: the whole request (success or fail), validation and tokenisation (compute_input), and
-normalisation (compute_output). What the batcher already times is read from its Prometheus histograms,
-not measured twice:
-
-- queue: `mhaserve_queue_wait_seconds`, per request, from the batcher's queue to its first batch;
-- compute_infer: `mhaserve_inference_duration_seconds`, per model execution: a batch shared by several
-  requests counts once, so `ns / count` is the time of one batch (Triton counts it once per request);
-- execution_count: the same histogram's count (batches run).
+describe a model's load, whichever client sent it. What the pipeline times per request: the whole request
+(success or fail), validation and tokenisation (compute_input), and normalisation (compute_output); and per
+successful request, as Triton counts them, what the batcher noted of it (batching.Spent): its wait from the
+queue until the model began its first input (queue), and from then until the model ended its last
+(compute_infer: a batch shared by several requests counts for each, its time in each). execution_count is
+the batches run, the count of the batcher's `mhaserve_inference_duration_seconds` histogram.
 
 Durations are cumulative nanoseconds, as Triton reports them; clients such as perf_analyzer take the
 difference of two readings.
@@ -71,15 +68,22 @@ class ModelStats:
         self.metrics = metrics
         self._success = Duration()
         self._fail = Duration()
+        self._queue = Duration()
         self._compute_input = Duration()
+        self._compute_infer = Duration()
         self._compute_output = Duration()
         self._inference_count = 0
         self._last_inference_ms = 0
 
-    def succeeded(self, *, inputs: int, total_ns: int, input_ns: int, output_ns: int) -> None:
-        """A request embedded `inputs` inputs in `total_ns`: `input_ns` before the batcher, `output_ns` after it."""
+    def succeeded(
+        self, *, inputs: int, total_ns: int, input_ns: int, queue_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """A request embedded `inputs` inputs in `total_ns`: `input_ns` before the batcher, `queue_ns` in its queue,
+        `infer_ns` in the model, `output_ns` after it."""
         self._success = self._success.plus(total_ns)
+        self._queue = self._queue.plus(queue_ns)
         self._compute_input = self._compute_input.plus(input_ns)
+        self._compute_infer = self._compute_infer.plus(infer_ns)
         self._compute_output = self._compute_output.plus(output_ns)
         self._inference_count += inputs
         self._last_inference_ms = time.time_ns() // 1_000_000
@@ -89,15 +93,14 @@ class ModelStats:
         self._fail = self._fail.plus(total_ns)
 
     def snapshot(self) -> Snapshot:
-        infer = _histogram_total(self.metrics.inference)
         return Snapshot(
             last_inference_ms=self._last_inference_ms,
             inference_count=self._inference_count,
-            execution_count=infer.count,
+            execution_count=_histogram_total(self.metrics.inference).count,
             success=self._success,
             fail=self._fail,
-            queue=_histogram_total(self.metrics.queue_wait),
+            queue=self._queue,
             compute_input=self._compute_input,
-            compute_infer=infer,
+            compute_infer=self._compute_infer,
             compute_output=self._compute_output,
         )
