@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 import pytest
-from google.protobuf.descriptor_pb2 import FileDescriptorProto
+from google.protobuf.descriptor_pb2 import DescriptorProto, FileDescriptorProto, FileDescriptorSet
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from mhaserve.export.publish import ExportOptions, export_entry
@@ -276,3 +278,55 @@ def test_normalize_unset_is_true_and_prompts_are_the_models(tmp_path: Path) -> N
         ]
         assert [t.HasField("start") for t in tokens.tokens[:4]] == [False, False, False, False]  # [CLS], q ##u ##e
         assert prompted.metadata.compute_tokens == len(tokens.tokens)
+
+
+UPSTREAM = Path(__file__).with_name("tei_upstream.proto")  # TEI's own proto/tei.proto, copied unchanged
+
+
+def wire_format(file: FileDescriptorProto) -> dict[str, Any]:
+    """What the wire and a client's stubs depend on: the package; each message's fields (number, name, type,
+    label, message or enum type, proto3 optional), nested ones too; each enum's values; each method's types
+    and streaming."""
+
+    def fields(message: DescriptorProto, prefix: str) -> Iterator[tuple[str, Any]]:
+        name = prefix + message.name
+        yield name, sorted((f.number, f.name, f.type, f.label, f.type_name, f.proto3_optional) for f in message.field)
+        for nested in message.nested_type:
+            yield from fields(nested, name + ".")
+
+    return {
+        "package": file.package,
+        "messages": dict(pair for m in file.message_type for pair in fields(m, "")),
+        "enums": {e.name: sorted((v.number, v.name) for v in e.value) for e in file.enum_type},
+        "services": {
+            s.name: sorted(
+                (m.name, m.input_type, m.output_type, m.client_streaming, m.server_streaming) for m in s.method
+            )
+            for s in file.service
+        },
+    }
+
+
+def test_our_proto_has_teis_wire_format(tmp_path: Path) -> None:
+    """TEI's gRPC clients make their stubs from TEI's proto/tei.proto: ours must be the same package, messages,
+    fields, enums and methods (only the comments differ), so that their stubs and ours read each other."""
+    out = tmp_path / "upstream.pb"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{UPSTREAM.parent}",
+            f"--descriptor_set_out={out}",
+            UPSTREAM.name,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    (upstream,) = FileDescriptorSet.FromString(out.read_bytes()).file
+    ours = FileDescriptorProto()
+    pb.DESCRIPTOR.CopyToProto(ours)
+    theirs, mine = wire_format(upstream), wire_format(ours)
+    assert theirs["messages"] and theirs["services"], "nothing to compare"
+    assert mine == theirs
