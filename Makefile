@@ -140,12 +140,13 @@ clean:
 
 # Load test a running server (`make serve` in another shell) with loadtest/locustfile.py, headless.
 # Reports (CSV, JSON, HTML) go to $(LOADTEST_RESULTS)/loadtest-<timestamp>/; the exit status is 1 only
-# when more than MAX_FAIL_RATIO of the requests failed. PROTOCOL: grpc (encoder.v1, on :50051) or http
-# (OpenAI POST /v1/embeddings, on :8080; ENCODING_FORMAT float or base64). WORKLOAD: short, query, long,
+# when more than MAX_FAIL_RATIO of the requests failed. PROTOCOL: grpc (encoder.v1, on :50051), http
+# (OpenAI POST /v1/embeddings, on :8080; ENCODING_FORMAT float or base64) or tei (text-embeddings-inference's
+# POST /embed, on :8080). WORKLOAD: short, query, long,
 # mixed, batch, ids, stream (gRPC only), bad, or several separated by commas. PROCESSES > 1 runs Locust
 # distributed on this machine.
 PROTOCOL ?= grpc
-LOADTEST_HOST ?= $(if $(filter http,$(PROTOCOL)),http://127.0.0.1:8080,127.0.0.1:50051)
+LOADTEST_HOST ?= $(if $(filter http tei,$(PROTOCOL)),http://127.0.0.1:8080,127.0.0.1:50051)
 ENCODING_FORMAT ?= float
 USERS ?= 32
 SPAWN_RATE ?= 8

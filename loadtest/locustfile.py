@@ -1,17 +1,20 @@
-"""Locust load test for mhaserve: encoder.v1 over gRPC, or OpenAI embeddings (`POST /v1/embeddings`) over HTTP.
+"""Locust load test for mhaserve: encoder.v1 over gRPC, or OpenAI embeddings (`POST /v1/embeddings`) or
+text-embeddings-inference's `POST /embed` over HTTP.
 
 Locust has no gRPC user of its own: `EncoderUser` makes the calls with grpcio (made gevent-friendly, so
 hundreds of users share one process) and reports each one through Locust's request event, with the
 gRPC status name as the failure reason. With `--protocol http` the same user sends the same workloads to
 the OpenAI route instead, over geventhttpclient (Locust's FastHttpUser client: one keep-alive connection
-per user), failures named by their HTTP status and the error's message.
+per user), failures named by their HTTP status and the error's message; with `--protocol tei`, to TEI's
+`POST /embed`, as a client written for text-embeddings-inference sends them.
 
     locust -f loadtest/locustfile.py --headless -H 127.0.0.1:50051 -u 32 -r 8 -t 60s --workload mixed
     locust -f loadtest/locustfile.py --headless -H http://127.0.0.1:8080 --protocol http -u 32 -r 8 -t 60s
 
 Options this file adds (also settable as LOCUST_* variables, and sent by a master to its workers):
 
-    --protocol P          grpc (encoder.v1 Encode, the default) | http (OpenAI POST /v1/embeddings)
+    --protocol P          grpc (encoder.v1 Encode, the default) | http (OpenAI POST /v1/embeddings) |
+                          tei (text-embeddings-inference's POST /embed)
     --workload W[,W...]   short | query | long | mixed | batch | ids | stream | bad (several: picked at
                           random per task; stream is gRPC only)
     --batch-size N        texts per request for `batch` (default 8)
@@ -75,7 +78,8 @@ DEFAULT_HOST = "127.0.0.1:50051"
 DEFAULT_HTTP_HOST = "http://127.0.0.1:8080"  # with --protocol http and no -H
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "corpus.txt"
 DEFAULT_SHORT_CORPUS = Path(__file__).resolve().parent / "texts" / "short.txt"
-PROTOCOLS = ("grpc", "http")
+PROTOCOLS = ("grpc", "http", "tei")
+HTTP_PROTOCOLS = {"http", "tei"}
 WORKLOADS = ("short", "query", "long", "mixed", "batch", "ids", "stream", "bad")
 GRPC_ONLY = {"stream"}
 # Word counts that split corpus.txt: a query is a `query`, a paragraph a `long` text.
@@ -87,6 +91,7 @@ STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 BACKOFF_CODES = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "HTTP 429", "HTTP 503", "CONNECTION"}
 BACKOFF_S = 0.1
 ROUTE = "/v1/embeddings"
+TEI_ROUTE = "/embed"
 API_KEY_ENV = "MHASERVE_API_KEY"  # as `mhaserve encode --api-key`
 TLS_FILES = (("tls_ca", "--tls-ca"), ("tls_client_cert", "--tls-client-cert"), ("tls_client_key", "--tls-client-key"))
 
@@ -99,8 +104,8 @@ def _add_arguments(parser: Any) -> None:
         default="grpc",
         choices=PROTOCOLS,
         env_var="LOCUST_PROTOCOL",
-        help="grpc: encoder.v1 Encode (host 127.0.0.1:50051); http: OpenAI POST /v1/embeddings "
-        "(host http://127.0.0.1:8080)",
+        help="grpc: encoder.v1 Encode (host 127.0.0.1:50051); http: OpenAI POST /v1/embeddings; tei: "
+        "text-embeddings-inference's POST /embed (both host http://127.0.0.1:8080)",
     )
     g.add_argument(
         "--workload",
@@ -197,7 +202,8 @@ class CallError(Exception):
 
     @classmethod
     def from_http(cls, status: int, body: bytes) -> CallError:
-        """OpenAI's error shape ({"error": {"message": ...}}), KServe's ({"error": "..."}), or the raw body."""
+        """OpenAI's error shape ({"error": {"message": ...}}), KServe's and TEI's ({"error": "..."}), or the raw
+        body."""
         try:
             error = orjson.loads(body)["error"]
             message = error["message"] if isinstance(error, dict) else str(error)
@@ -378,13 +384,32 @@ class HttpClient:
         return self._call({"input": [text, ""], **({"model": model} if model else {})})
 
 
+class TeiClient(HttpClient):
+    """text-embeddings-inference's `POST /embed` (TEI's body and its answer, a list of vectors), as HttpClient
+    reaches the server; `model`, an extension of this server's, only when one is asked for."""
+
+    def _call(self, body: dict[str, Any]) -> Answer:
+        content = self._request("POST", TEI_ROUTE, orjson.dumps(body))
+        return len(content), len(orjson.loads(content))
+
+    def encode(self, model: str, texts: list[str] | None = None, ids: list[list[int]] | None = None) -> Answer:
+        body: dict[str, Any] = {"inputs": ids if ids is not None else texts, "truncate": True}
+        if model:
+            body["model"] = model
+        return self._call(body)
+
+    def bad(self, model: str, text: str) -> Answer:
+        """An empty string among the inputs: 400 each time."""
+        return self._call({"inputs": [text, ""], **({"model": model} if model else {})})
+
+
 def workload_names(workload: str, protocol: str) -> list[str]:
     """The task sets --workload names, or ValueError saying what is wrong with it."""
     names = [w.strip() for w in workload.split(",") if w.strip()]
     unknown = sorted(set(names) - set(WORKLOADS))
     if unknown or not names:
         raise ValueError(f"--workload {workload!r}: unknown {unknown}; choose from {', '.join(WORKLOADS)}")
-    if protocol == "http" and GRPC_ONLY & set(names):
+    if protocol in HTTP_PROTOCOLS and GRPC_ONLY & set(names):
         raise ValueError(f"--workload {', '.join(sorted(GRPC_ONLY & set(names)))} is gRPC only")
     return names
 
@@ -430,11 +455,12 @@ class EncoderUser(User):
             self.opt.update({k: getattr(opts, k) for k in self.opt if getattr(opts, k, None) is not None})
         names = workload_names(str(self.opt["workload"]), str(self.opt["protocol"]))
         host = self.host or DEFAULT_HOST
-        if self.opt["protocol"] == "http":
+        if self.opt["protocol"] in HTTP_PROTOCOLS:
             if host == DEFAULT_HOST:  # no -H: the server's HTTP port, not its gRPC one (HTTPS with TLS)
                 host = DEFAULT_HTTP_HOST.removeprefix("http://")
             conn = connection(self.opt, host)
-            self.client = HttpClient(host, self.opt["rpc_timeout"], self.opt["encoding_format"], conn)
+            kind = HttpClient if self.opt["protocol"] == "http" else TeiClient
+            self.client = kind(host, self.opt["rpc_timeout"], self.opt["encoding_format"], conn)
         else:
             self.client = GrpcClient(host, self.opt["rpc_timeout"], connection(self.opt, host))
         self.corpus = Corpus.load(str(self.opt["corpus"] or DEFAULT_CORPUS))
@@ -636,7 +662,7 @@ def _security_problems(environment: Any, opts: Any) -> list[str]:
     if bool(files["tls_client_cert"]) != bool(files["tls_client_key"]):
         problems.append("--tls-client-cert and --tls-client-key go together (the client certificate and its key)")
     host = environment.host or ""
-    if tls and getattr(opts, "protocol", "grpc") == "http" and host.startswith("http://"):
+    if tls and getattr(opts, "protocol", "grpc") in HTTP_PROTOCOLS and host.startswith("http://"):
         problems.append(f"-H {host} is plaintext HTTP, but the TLS options ask for TLS: give https://")
     # Files are read by the users: on each worker, not the master (its paths may not be theirs).
     if problems or isinstance(environment.runner, MasterRunner):

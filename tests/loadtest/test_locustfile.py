@@ -48,7 +48,7 @@ def _locust(
     host: str | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    host = host or (server.http_url if protocol == "http" else server.address)
+    host = host or (server.http_url if protocol in ("http", "tei") else server.address)
     cmd = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--protocol", protocol,
         "-H", host, "-u", "4", "-r", "4", "-t", "2s", "--only-summary",
@@ -70,6 +70,7 @@ def _entries(out: Path) -> dict[str, dict[str, Any]]:
     [
         ("grpc", "Encode", "Encode bad: INVALID_ARGUMENT: "),
         ("http", "POST", "POST bad: HTTP 400: input 1 is an empty string"),
+        ("tei", "POST", "POST bad: HTTP 400: input 1 is an empty string"),
     ],
 )
 def test_successes_and_failures_named_by_their_status(
@@ -90,7 +91,7 @@ def test_successes_and_failures_named_by_their_status(
         assert (tmp_path / csv_file).stat().st_size > 0
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("protocol", ["grpc", "http", "tei"])
 def test_the_ids_workload_records_an_unknown_model_as_failures(
     tiny_server: Server, tmp_path: Path, protocol: str
 ) -> None:
@@ -142,10 +143,16 @@ def test_every_other_task_set_succeeds(tiny_server: Server, tmp_path: Path) -> N
 # ---- over HTTP: OpenAI POST /v1/embeddings -------------------------------------------------------------
 
 
-def test_http_every_task_set_but_stream_succeeds_with_base64_vectors(tiny_server: Server, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("protocol", "extra"), [("http", ("--encoding-format", "base64")), ("tei", ())], ids=["openai-base64", "tei"]
+)
+def test_http_every_task_set_but_stream_succeeds(
+    tiny_server: Server, tmp_path: Path, protocol: str, extra: tuple[str, ...]
+) -> None:
+    """OpenAI's route (with base64 vectors) and TEI's `/embed`: every input answered, none failed."""
     run = _locust(
-        tiny_server, tmp_path, "query,long,mixed,batch,ids", "--batch-size", "3", "--encoding-format", "base64",
-        "--max-fail-ratio", "0", protocol="http",
+        tiny_server, tmp_path, "query,long,mixed,batch,ids", "--batch-size", "3", *extra,
+        "--max-fail-ratio", "0", protocol=protocol,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     entries = _entries(tmp_path)
@@ -155,8 +162,9 @@ def test_http_every_task_set_but_stream_succeeds_with_base64_vectors(tiny_server
         assert entries[name]["method"] == "POST"
 
 
-def test_http_refuses_the_grpc_only_stream(tiny_server: Server, tmp_path: Path) -> None:
-    run = _locust(tiny_server, tmp_path, "stream", protocol="http")
+@pytest.mark.parametrize("protocol", ["http", "tei"])
+def test_http_refuses_the_grpc_only_stream(tiny_server: Server, tmp_path: Path, protocol: str) -> None:
+    run = _locust(tiny_server, tmp_path, "stream", protocol=protocol)
     assert run.returncode == 2
     assert "--workload stream is gRPC only" in run.stderr
 
