@@ -1,7 +1,8 @@
 """grpc.health.v1 for the whole server and each gRPC service it serves, set together.
 
 Orchestrators ask for the server ("") or for one service by name; both must say the same thing, so the
-status is only ever set here, for all of them at once.
+status is only ever set here, for all of them at once. The services a client may ask about that this server
+has no model for (tei.v1's Predict and Rerank) are NOT_SERVING whatever its state, as TEI reports them.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ class _Servicer(health_aio.HealthServicer):
 class Health:
     """The health servicer, and the one way to change what it reports."""
 
-    def __init__(self, services: Sequence[str], gauge: Gauge | None = None) -> None:
+    def __init__(self, services: Sequence[str], gauge: Gauge | None = None, *, never: Sequence[str] = ()) -> None:
         self.servicer = _Servicer()
         self.services = ("", *services)
+        self.never = tuple(never)  # NOT_SERVING always
         self.gauge = gauge  # mhaserve_ready: what this reports, for Prometheus
         if gauge is not None:
             gauge.set(0)
@@ -48,6 +50,8 @@ class Health:
             self.gauge.set(int(serving))
         for service in self.services:
             await self.servicer.set(service, status)
+        for service in self.never:
+            await self.servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def shutdown(self) -> None:
         """NOT_SERVING for good: watchers get it, and no later set() changes it."""

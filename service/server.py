@@ -74,6 +74,8 @@ from mhaserve.service.rpc.lean.server import LeanServer
 from mhaserve.service.rpc.reflection import add_reflection
 from mhaserve.service.rpc.registration import GenericOnly
 from mhaserve.service.settings import Settings, worker_threads
+from mhaserve.service.tei_v1 import NOT_SERVED_SERVICES as TEI_NOT_SERVED
+from mhaserve.service.tei_v1 import SERVED_SERVICES as TEI_SERVED
 from mhaserve.service.tei_v1 import SERVICES as TEI_SERVICES
 from mhaserve.service.tei_v1 import TeiServicer
 from mhaserve.service.threads import CountingPool, named_pool
@@ -194,7 +196,7 @@ class EncoderServer:
         self.dataplane = DataPlane(
             loading_wait=settings.loading_wait, max_held=settings.max_queue_size or CPU_LIMITS.max_queue_size
         )
-        self.health = Health([ENCODER_SERVICE, KSERVE_SERVICE], self.metrics.ready)
+        self.health = Health([ENCODER_SERVICE, KSERVE_SERVICE, *TEI_SERVED], self.metrics.ready, never=TEI_NOT_SERVED)
         self.port = 0
         self.metrics_port: int | None = None
         self.http_port: int | None = None

@@ -40,6 +40,11 @@ from mhaserve.service.version import server_version
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 SERVICES = tuple(service.full_name for service in pb.DESCRIPTOR.services_by_name.values())
+# What grpc.health.v1 reports for each, as TEI started with an embedding model does (grpc_health_probe
+# -service=tei.v1.Embed): the served ones follow the server's readiness; Predict and Rerank (a classifier's, a
+# reranker's) are NOT_SERVING.
+NOT_SERVED_SERVICES = ("tei.v1.Predict", "tei.v1.Rerank")
+SERVED_SERVICES = tuple(name for name in SERVICES if name not in NOT_SERVED_SERVICES)
 # The call metadata that names a served model (name, or name:version); absent, the default model.
 MODEL_METADATA = "model"
 DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}

@@ -563,13 +563,17 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
             return e.value.details()
 
-        assert status() == status("encoder.v1.EncoderService") == "NOT_SERVING"
+        assert status() == status("encoder.v1.EncoderService") == status("tei.v1.Embed") == "NOT_SERVING"
         assert "still loading" in refused(lambda: stub.Encode(ids([5]), timeout=WAIT))
         http_refused("still loading")
         assert metadata(channel) == "mhaserve"
         loaded.set()
         srv.ready()
         assert status() == status("encoder.v1.EncoderService") == "SERVING"
+        # TEI's services, as TEI started with an embedding model reports them: its classifier's and reranker's not
+        served = ("inference.GRPCInferenceService", "tei.v1.Embed", "tei.v1.Info", "tei.v1.Tokenize")
+        assert [status(name) for name in served] == ["SERVING"] * 4
+        assert status("tei.v1.Predict") == status("tei.v1.Rerank") == "NOT_SERVING"
         # List (grpc.health.v1 since 2024): every service and its status, as Check says (it was UNIMPLEMENTED)
         listed = health.List(health_pb2.HealthListRequest(), timeout=WAIT).statuses
         assert listed[""].status == listed["encoder.v1.EncoderService"].status == health_pb2.HealthCheckResponse.SERVING
@@ -578,6 +582,7 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
 
         srv.call(srv.server.drain())
         assert status() == status("encoder.v1.EncoderService") == "NOT_SERVING"
+        assert [status(name) for name in served] == ["NOT_SERVING"] * 4
         assert "shutting down" in refused(lambda: stub.Encode(ids([5]), timeout=WAIT))
         assert "shutting down" in refused(lambda: stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT))
         http_refused("shutting down")
