@@ -58,7 +58,7 @@ class Toy:
 
     async def echo(self, request: bytes, context: Any) -> bytes:
         metadata = dict(context.invocation_metadata())
-        await context.send_initial_metadata((("greeting", "hello"),))
+        await context.send_initial_metadata((("greeting", "hello"), ("raw-bin", b"\x00\xff")))
         context.set_trailing_metadata((("echo-bin", metadata.get("tag-bin", b"")), ("seen", metadata.get("who", ""))))
         return request
 
@@ -255,7 +255,7 @@ def test_unary_calls_carry_metadata_both_ways(channel: grpc.Channel) -> None:
         b"hello", metadata=(("who", "me"), ("tag-bin", b"\x00\xff")), timeout=10
     )
     assert response == b"hello"
-    assert dict(call.initial_metadata()) == {"greeting": "hello"}
+    assert dict(call.initial_metadata()) == {"greeting": "hello", "raw-bin": b"\x00\xff"}  # base64 on the wire
     trailing = dict(call.trailing_metadata())
     assert trailing == {"echo-bin": b"\x00\xff", "seen": "me"}
 

@@ -800,7 +800,7 @@ class Connection(asyncio.Protocol):
         trailers (grpc.aio sends them at once, which a client cannot tell apart)."""
         if stream.headers_sent:
             raise RuntimeError("the call's initial metadata was sent already")
-        stream.initial = f.header_block(metadata)
+        stream.initial = f.header_block([(key, f.metadata_value(key, value)) for key, value in metadata])
 
     def _response_headers(self, stream: Stream) -> bytes:
         return f.frame(f.HEADERS, f.END_HEADERS, stream.id, f.RESPONSE_HEADERS + stream.initial)
