@@ -61,7 +61,7 @@ from mhaserve.service.http.errors import TEI_EMBED_PATH, TEI_PATHS, TEI_ROOT_PAT
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput
 from mhaserve.service.rpc.streaming import ordered
-from mhaserve.service.tei_timing import characters, timing
+from mhaserve.service.tei_timing import DESCRIPTIONS, characters, timing
 
 # Defined once, with the error map that answers these paths in TEI's shape.
 PATHS = TEI_PATHS
@@ -376,6 +376,8 @@ def router(dataplane: DataPlane) -> APIRouter:
             either,
         ),
     ]
+    digits = {"type": "string", "pattern": "^[0-9]+$"}
+    timed = {"headers": {name: {"description": text, "schema": digits} for name, text in DESCRIPTIONS.items()}}
     for path, name, summary, handler, body, answers in routes:
         api.add_api_route(
             path,
@@ -383,6 +385,7 @@ def router(dataplane: DataPlane) -> APIRouter:
             methods=["POST"],
             summary=summary,
             response_model=answers,
+            responses={200: timed},
             openapi_extra=request_body(body),
             name=name,
             operation_id=name,

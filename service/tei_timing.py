@@ -7,6 +7,16 @@ from __future__ import annotations
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 
 Fields = tuple[tuple[str, str], ...]
+# Each header, as the HTTP routes' OpenAPI document describes it.
+DESCRIPTIONS = {
+    "x-compute-time": "the request's time in the server, in whole milliseconds (as x-total-time)",
+    "x-compute-characters": "the inputs' characters (a token-id list's ids)",
+    "x-compute-tokens": "the inputs' tokens, prompt and special tokens included",
+    "x-total-time": "the request's time in the server, in whole milliseconds",
+    "x-tokenization-time": "milliseconds of it before the queue: the checks and tokenisation",
+    "x-queue-time": "milliseconds of it queued, until the model began its first input",
+    "x-inference-time": "milliseconds of it in the model, from its first input to its last",
+}
 
 
 def characters(asked: EncodeInput) -> int:

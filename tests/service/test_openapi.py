@@ -19,6 +19,7 @@ import pytest
 
 from mhaserve.service.http.openapi import FASTAPI_VALIDATION, REF, SECURITY, refs
 from mhaserve.service.settings import ApiKeys
+from mhaserve.service.tei_timing import DESCRIPTIONS
 from mhaserve.testing.http import request
 from mhaserve.testing.server import ServerThread, local_settings
 
@@ -75,6 +76,14 @@ def test_errors_are_documented_in_each_apis_shape_and_no_422(document: dict[str,
     assert schemas["KServeError"]["properties"]["error"]["type"] == "string"
     assert set(schemas["OpenAIErrorDetail"]["properties"]) == {"message", "type", "param", "code"}
     assert set(schemas["TEIError"]["properties"]) == {"error", "error_type"}
+
+
+def test_teis_routes_document_their_timing_headers(document: dict[str, Any]) -> None:
+    """What TEI's routes answer beside the vectors (schemathesis, below, checks the answers against it)."""
+    for path in ("/embed", "/similarity", "/", "/invocations"):
+        headers = document["paths"][path]["post"]["responses"]["200"]["headers"]
+        assert set(headers) == set(DESCRIPTIONS) and "x-inference-time" in headers, path
+        assert all(h["schema"] == {"type": "string", "pattern": "^[0-9]+$"} for h in headers.values()), path
 
 
 def test_health_answers_are_documented_without_a_body(document: dict[str, Any]) -> None:
