@@ -293,7 +293,8 @@ def repository(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def describe_file(file: Any) -> dict[str, Any]:
-    """Every message field (number, type, repeated, message or enum type), enum value and method of a .proto file."""
+    """Every message field (number, type, repeated, message or enum type, presence: `optional`), enum value and
+    method of a .proto file."""
     table: dict[str, Any] = {}
 
     def message(m: Any) -> None:
@@ -303,6 +304,7 @@ def describe_file(file: Any) -> dict[str, Any]:
                 f.type,
                 f.is_repeated,
                 (f.message_type or f.enum_type).full_name if (f.message_type or f.enum_type) else "",
+                f.has_presence,
             ]
             for f in m.fields
         }
