@@ -6,15 +6,16 @@ the server. Its HTTP client is a small HTTP/1.1 client for that reason (transpor
 costs twice as much a request (0.31-0.32 ms of CPU against 0.15 at 32 clients on a 2-core EPYC, Zen 5;
 docs/benchmarks.md), so gRPC's figures carried more of the load generator than HTTP's. This client does
 what grpc.aio's does on the wire for a unary call and no more: one connection (or one per client, as
-`own_channels` asks), a stream per call, the request's headers as one block made once (literal fields, no
-HPACK table), the answer's headers decoded (the `hpack` package), flow control both ways, PINGs answered.
+`own_channels` asks), a stream per call, the request's headers made once as grpc core sends them (a
+connection's first call adds them to HPACK's table, each later call names them by index, one byte each), the
+answer's headers decoded (the `hpack` package), flow control both ways, PINGs answered.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import hpack
@@ -36,8 +37,16 @@ class H2Error(Exception):
         self.key = key
 
 
+class RequestBlocks(NamedTuple):
+    """A call's header block on a connection: `first` for its first call, `repeat` for every later one."""
+
+    first: bytes
+    repeat: bytes
+
+
 class H2Connection(asyncio.Protocol):
-    """One HTTP/2 connection carrying unary gRPC calls: `await call(block, message)` is the answer's message."""
+    """One HTTP/2 connection carrying unary gRPC calls: `await call(blocks, message)` is the answer's message.
+    Its calls all send the same `RequestBlocks`: the first adds the headers to the server's HPACK table."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -50,6 +59,7 @@ class H2Connection(asyncio.Protocol):
         self.waiting: list[tuple[int, bytes]] = []  # requests held for the connection's window
         self.received = 0
         self.block: tuple[int, int, bytearray] | None = None
+        self.indexed = False  # the request's headers are in the server's table: sent by index
         self.lost: Exception | None = None
 
     @classmethod
@@ -77,7 +87,7 @@ class H2Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def call(self, block: bytes, message: bytes) -> asyncio.Future[bytes]:
+    def call(self, blocks: RequestBlocks, message: bytes) -> asyncio.Future[bytes]:
         """Send one call (its header block, its request message); the future is the answer's message."""
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         if self.lost is not None or self.transport is None:
@@ -86,6 +96,8 @@ class H2Connection(asyncio.Protocol):
         stream, self.next_id = self.next_id, self.next_id + 2
         self.calls[stream] = (future, bytearray())
         body = b"\x00" + len(message).to_bytes(4, "big") + message
+        # Blocks reach the server in the order written, so a later call's indexes follow the first's additions.
+        block, self.indexed = (blocks.repeat if self.indexed else blocks.first), True
         head = f.frame(f.HEADERS, f.END_HEADERS, stream, block)
         if self.waiting or len(body) > min(self.send_window, self.peer_window):
             self.transport.write(head)
@@ -174,18 +186,25 @@ class H2Connection(asyncio.Protocol):
             out.append(f.frame(f.DATA, f.END_STREAM, stream, body))
 
 
-def request_block(authority: str, timeout_s: float) -> bytes:
-    """A call's header block, as grpcio's client sends it: POST, the method, gRPC's content type, trailers
-    asked for, the deadline."""
-    return b"\x83\x86" + f.header_block(  # `:method: POST` and `:scheme: http`: HPACK's static entries 3 and 6
-        (
-            (":path", METHOD),
-            (":authority", authority),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-            ("grpc-timeout", f"{int(timeout_s)}S"),
-        )
+def request_blocks(authority: str, timeout_s: float) -> RequestBlocks:
+    """A call's header blocks, as grpcio's client sends them: POST, the method, gRPC's content type, trailers
+    asked for, the deadline. As grpc core does, the first call on a connection sends each field as a literal
+    that the server adds to its HPACK table, and later calls send its index there, one byte a field: a server
+    decodes such a block far faster than literals (service/rpc/lean/frames.py's `indexed_fields`), so a block
+    of literals every call would weigh on the server's side as no grpc client does. Made by `hpack`'s encoder,
+    whose table follows the server's as it adds them, without Huffman coding (the client's CPU is the server's
+    here; grpc core codes what shortens)."""
+    fields = (
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", METHOD),
+        (":authority", authority),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        ("grpc-timeout", f"{int(timeout_s)}S"),
     )
+    encoder = hpack.Encoder()
+    return RequestBlocks(encoder.encode(fields, huffman=False), encoder.encode(fields, huffman=False))
 
 
 class GrpcH2Transport:
@@ -205,7 +224,7 @@ class GrpcH2Transport:
         self.host, _, port = address.rpartition(":")
         self.port = int(port)
         self.messages = [r.SerializeToString() for r in requests]
-        self.block = request_block(address, timeout_s)
+        self.blocks = request_blocks(address, timeout_s)
         self.failed = failed
         self.own_channels = own_channels
         self.connections: list[H2Connection] = []
@@ -229,7 +248,7 @@ class GrpcH2Transport:
                 connection = await H2Connection.open(self.host, self.port)
                 self.connections.append(connection)
             try:
-                answer = await connection.call(self.block, self.messages[i])
+                answer = await connection.call(self.blocks, self.messages[i])
             except H2Error as e:
                 raise self.failed(e.key) from None
             return int(pb.EncodeResponse.FromString(answer).usage.input_tokens)

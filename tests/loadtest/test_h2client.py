@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
+import hpack
 import pytest
 
+from mhaserve.loadtest.bench.h2client import request_blocks
 from mhaserve.loadtest.bench.transports import CallFailed, transport
 from mhaserve.loadtest.bench.workloads import Workload
+from mhaserve.service.rpc.lean import frames as f
 from mhaserve.testing.server import ServerThread, local_settings
 
 TEXTS = [f"text number {i}, " + "word " * (i % 7) for i in range(64)]
@@ -37,6 +41,24 @@ def test_each_call_gets_the_answer_grpc_aio_gets(server: ServerThread) -> None:
     assert asyncio.run(_tokens(server.address, "h2")) == expected
     assert asyncio.run(_tokens(server.address, "h2", own_channels=True)) == expected
     assert len(set(expected)) > 1  # the texts differ in length: each answer is its own call's
+
+
+def test_a_connections_later_calls_name_their_headers_by_index_as_grpc_core_does() -> None:
+    # Literals every call would cost the server a decode that no grpc client asks of it.
+    blocks = request_blocks("127.0.0.1:50051", 30.0)
+    server_side = hpack.Decoder()
+    first = cast(list[tuple[str, str]], server_side.decode(blocks.first))  # str: the decoder's default
+    assert dict(first) | {":path": ""} == {
+        ":method": "POST", ":scheme": "http", ":path": "", ":authority": "127.0.0.1:50051",
+        "content-type": "application/grpc", "te": "trailers", "grpc-timeout": "30S",
+    }  # fmt: skip
+    assert dict(first)[":path"] == "/encoder.v1.EncoderService/Encode"
+    assert len(server_side.header_table.dynamic_entries) == 5  # all but the static table's POST and http
+    # After it, one byte a field, read straight from the table (the server's fast path), the table unchanged.
+    assert len(blocks.repeat) == len(first)
+    assert f.indexed_fields(blocks.repeat, server_side.header_table, 16384) == first
+    assert server_side.decode(blocks.repeat) == first
+    assert len(server_side.header_table.dynamic_entries) == 5
 
 
 def test_a_refused_call_is_counted_by_its_status(server: ServerThread) -> None:
