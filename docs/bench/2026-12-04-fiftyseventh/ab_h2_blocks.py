@@ -19,7 +19,7 @@ from profile_fake import start_fake  # noqa: E402
 from regress import workloads_of  # noqa: E402
 
 from mhaserve.loadtest.bench.client import _closed_loop  # noqa: E402
-from mhaserve.loadtest.bench.h2client import GrpcH2Transport, RequestBlocks  # noqa: E402
+from mhaserve.loadtest.bench.h2client import METHOD, GrpcH2Transport, RequestBlocks  # noqa: E402
 from mhaserve.loadtest.bench.transports import transport  # noqa: E402
 from mhaserve.service.rpc.lean import frames as f  # noqa: E402
 
@@ -29,7 +29,7 @@ def literal_blocks(authority: str) -> RequestBlocks:
     the table alone, the same block every call."""
     block = b"\x83\x86" + f.header_block(
         (
-            (":path", "/encoder.v1.EncoderService/Encode"),
+            (":path", METHOD),
             (":authority", authority),
             ("content-type", "application/grpc"),
             ("te", "trailers"),
