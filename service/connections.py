@@ -106,6 +106,21 @@ def bounded_accepts(sock: socket.socket, backlog: int) -> None:
     sock.listen(backlog)
 
 
+async def stop_accepting(socks: list[socket.socket]) -> None:
+    """Take no more connections from the listening sockets `socks` (an asyncio Server's), and let those already
+    taken get their transport and protocol; then the Server may close. asyncio accepts a socket in one turn of the
+    loop and makes its transport in a task the next; closing the Server in between fails that transport (Python
+    3.11's Server._attach asserts it still listens, and asyncio drops the error), and the socket stays open,
+    unread, until the garbage collector finds it: its client waits for its deadline, not told to go elsewhere.
+    What the kernel has queued and nothing accepted is reset when the socket closes, which clients retry."""
+    loop = asyncio.get_running_loop()
+    for sock in socks:
+        loop.remove_reader(sock.fileno())  # the Server's accepting; also cancels an accept due this turn
+    # An accept of this turn or the last made its transport's task for the next turn, which these two await.
+    for _ in range(2):
+        await asyncio.sleep(0)
+
+
 def default_limit(files: int) -> int:
     """--max-connections when it is not set, for a process that may hold `files` descriptors."""
     return max(FEWEST, min(DEFAULT_LIMIT, files - RESERVE))

@@ -39,6 +39,7 @@ from mhaserve.service.connections import (
     create_server,
     http1_request_target,
     plain_answer,
+    stop_accepting,
 )
 from mhaserve.service.context import Throttle, accept_request_id
 from mhaserve.service.http.errors import render
@@ -347,6 +348,8 @@ class HttpServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticks
         if self.server.started:
+            if self._socket is not None:
+                await stop_accepting([self._socket])  # the connections accepted get to uvicorn, which ends them
             await self.server.shutdown(sockets=[self._socket] if self._socket else None)
         elif self._socket is not None:
             self._socket.close()

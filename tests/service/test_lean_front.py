@@ -623,6 +623,87 @@ def test_a_connection_accepted_as_the_listener_closes_is_sent_away_at_once() -> 
         running.stop()
 
 
+def test_a_connection_accepted_in_the_turn_before_the_stop_is_sent_away_too() -> None:
+    """asyncio accepts a socket in one turn of its loop and makes its transport in a task the turn after; a stop
+    that closed asyncio's Server in between failed that transport (Python 3.11's Server._attach asserts the Server
+    still listens; asyncio drops the error), and the accepted socket stayed open, unread, until the garbage
+    collector came by: a grpcio client waited for its deadline, 30 s, for a call sent 50 ms into a stop (CI,
+    2026-12-04). Here the loop is held while the client connects and the stop is sent, so that the accept and
+    the stop's first step fall in turns next to each other: the connection gets the SETTINGS and GOAWAY that
+    send its client elsewhere, and its end."""
+    running = Running()
+    try:
+        held = threading.Event()
+
+        def hold() -> None:
+            held.set()
+            time.sleep(0.3)  # the client connects and the stop is sent meanwhile
+
+        running.loop.call_soon_threadsafe(hold)
+        assert held.wait(5)
+        with socket.create_connection(("127.0.0.1", running.port), timeout=5) as raw:
+            raw.sendall(f.PREFACE + f.settings() + raw_call(1, "echo"))
+            stopped = asyncio.run_coroutine_threadsafe(running.server.stop(0), running.loop)
+            received = b""
+            try:
+                while chunk := raw.recv(4096):  # ends: the server closes its end of the connection
+                    received += chunk
+            except TimeoutError:
+                pytest.fail(f"no end of the connection within 5 s; received {received!r}")
+        stopped.result(5)
+        kinds = [kind for kind, _, _, _ in f.whole_frames(bytearray(received))]
+        assert kinds == [f.SETTINGS, f.GOAWAY]
+    finally:
+        running.stop()
+
+
+def test_a_connection_with_no_call_open_when_the_grace_period_ends_is_closed_not_reset() -> None:
+    """At a grace period's end the connections still open are cut; one with no call open gets the final GOAWAY
+    and our end of it (FIN), as a connection sent away at any other time, not a reset, which can cost its client
+    that GOAWAY."""
+    running = Running()
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=5) as raw:
+            raw.sendall(f.PREFACE + f.settings())
+            read_until(raw, lambda got: any(kind == f.SETTINGS and not flags for kind, flags, _, _ in got))
+            running.call(running.server.stop(0))
+            got = read_frames(raw, 5)  # a reset raises here
+        kinds = [kind for kind, _, _, _ in got]
+        assert f.GOAWAY in kinds
+        last = [payload for kind, _, _, payload in got if kind == f.GOAWAY][-1]
+        assert int.from_bytes(last[:4], "big") == 0 and int.from_bytes(last[4:8], "big") == f.NO_ERROR
+    finally:
+        running.stop()
+
+
+def test_a_stop_that_ends_a_connection_its_client_has_left_carries_on() -> None:
+    """A connection whose client closed it after its first GOAWAY, while the server was not reading it (paused,
+    as for a peer that does not read), is still in the server's set at the stop; ending it, its final GOAWAY
+    draws the client's reset (on loopback within the send) and the FIN after it meets a socket no longer
+    connected: that must end the connection, not the stop (a random stop of tests/reliability/test_shutdown.py
+    raised ENOTCONN so)."""
+    running = Running()
+    try:
+        raw = socket.create_connection(("127.0.0.1", running.port), timeout=5)
+        raw.sendall(f.PREFACE + f.settings())
+        read_until(raw, lambda got: any(kind == f.SETTINGS and not flags for kind, flags, _, _ in got))
+
+        async def pause_and_send_away() -> None:
+            (connection,) = running.server.connections
+            assert connection.transport is not None
+            connection.transport.pause_reading()
+            connection.goaway()  # the first GOAWAY, as the stop's start or --max-connection-idle sends it
+
+        running.call(pause_and_send_away())
+        read_until(raw, lambda got: any(kind == f.GOAWAY for kind, _, _, _ in got))
+        raw.close()  # gone: what the server writes to it now is answered with a reset, on loopback at once
+        time.sleep(0.1)
+        running.call(running.server.stop(0))
+        wait_until(lambda: not running.server.connections, "the reset connection gone")
+    finally:
+        running.stop()
+
+
 def test_an_http1_request_is_answered_in_http1_and_the_server_serves_on(lean: Running, channel: grpc.Channel) -> None:
     """The bug: curl http:// to the gRPC port read "Received HTTP/0.9 when not allowed" (our SETTINGS, then a
     GOAWAY), as the server's preface went out before the client's first bytes. Now it waits for them."""

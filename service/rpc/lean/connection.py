@@ -838,13 +838,26 @@ class Connection(asyncio.Protocol):
         if not transport.can_write_eof():  # TLS: its close_notify ends our side
             transport.close()
             return
-        transport.write_eof()  # sent once what is buffered has gone
+        try:
+            transport.write_eof()  # sent once what is buffered has gone
+        except OSError:  # reset since our last write (a client gone answers it so, on loopback within the send)
+            transport.abort()
+            return
         self.lingering = self.server.loop.call_later(LINGER_S, transport.close)
 
     def abort(self) -> None:
         """Cut the connection now (the end of a grace period): its calls are cancelled."""
         if self.transport is not None:
             self.transport.abort()
+
+    def cut(self) -> None:
+        """The end of a grace period: a connection with calls open is cut (abort); one with none gets the final
+        GOAWAY and our end of it, reading what still comes until its client closes, as a connection sent away
+        at any other time: a reset as its client writes (the PING's answer, a call) can cost it the GOAWAY."""
+        if self.streams or self.transport is None:
+            self.abort()
+        else:
+            self._refuse_new_streams()
 
     # -- frames out --
 

@@ -25,6 +25,7 @@ from mhaserve.service.connections import (
     create_server,
     http1_request_target,
     plain_answer,
+    stop_accepting,
 )
 from mhaserve.service.incoming import Incoming, default_limit
 from mhaserve.service.rpc.lean import frames as f
@@ -172,8 +173,10 @@ class LeanServer:
 
     async def stop(self, grace: float | None) -> None:
         """Listen no more, send every connection a GOAWAY, wait up to `grace` seconds for the calls in flight,
-        then cut what is left (its calls are cancelled)."""
+        then cut what is left (its calls are cancelled; a connection with none is closed, not reset)."""
         self.stopping = True
+        if self._servers:
+            await stop_accepting([sock for sock, _ in self._sockets])  # the connections accepted are sent away
         for server in self._servers:
             server.close()
         self._servers.clear()
@@ -186,7 +189,7 @@ class LeanServer:
             while self.connections and self._loop.time() < end:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)  # calls end in their own tasks; polling them is simpler than signals
         for connection in list(self.connections):
-            connection.abort()
+            connection.cut()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
