@@ -50,12 +50,16 @@ def test_console_script_runs() -> None:
 
 def _wheel(project: Path, out: Path) -> list[str]:
     """Build a project's wheel (no dependencies, this venv's setuptools) and list the files in it."""
-    subprocess.run(
+    built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(project)],
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    # A folder of data files under a package is a package to setuptools: one left out of `packages` still ships
+    # through package-data, but every install prints a page of warnings about it.
+    assert "absent from the `packages` configuration" not in built.stderr, built.stderr[-3000:]
     (wheel,) = out.glob("*.whl")
     with zipfile.ZipFile(wheel) as z:
         return z.namelist()
@@ -100,6 +104,9 @@ def test_the_load_test_tooling_is_its_own_distribution(tmp_path: Path) -> None:
     }
     assert _sources(ROOT / "loadtest", "loadtest") <= set(names)
     assert "mhaserve/loadtest/corpus.txt" in names
+    # the short-text corpus and the topics it is made from (`mhaserve bench`'s short workload)
+    assert "mhaserve/loadtest/texts/short.txt" in names
+    assert any(n.startswith("mhaserve/loadtest/texts/topics/") and n.endswith(".toml") for n in names)
     assert not [n for n in names if n.startswith("mhaserve/") and not n.startswith("mhaserve/loadtest/")]
 
 
