@@ -192,7 +192,12 @@ def main() -> int:
             with log.open("w") as out:
                 server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
             deadline = time.time() + 240
-            while len(re.findall(r"serving \S+ version", log.read_text())) < n:
+            # Ready: the supervisor's line once every process listens, or a lone server's own once it has
+            # warmed up (it listens before, refusing calls). As run on 2026-11-26 the script waited for n lines of
+            # "serving ... version", one a process then; each now logs two, so on 2026-12-04 the first point after
+            # a start began before half the processes listened and its connections went to the others.
+            ready = rf"all {n} processes are serving" if n > 1 else r"service\.server .*serving \S+ version"
+            while not re.search(ready, log.read_text()):
                 if server.poll() is not None or time.time() > deadline:
                     print(log.read_text()[-3000:], flush=True)
                     server.kill()
