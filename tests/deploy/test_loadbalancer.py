@@ -125,6 +125,12 @@ http {{
         path = self.log_path.parent / "error.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
+    def errors(self) -> list[str]:
+        """The lines of its error log at level error or worse: a call it failed, a replica it gave up on."""
+        path = self.log_path.parent / "error.log"
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        return [line for line in lines if re.search(r"\[(error|crit|alert|emerg)\]", line)]
+
 
 @pytest.fixture
 def lb(tmp_path: Path) -> Iterator[Callable[[list[Replica]], Nginx]]:
@@ -402,9 +408,10 @@ def test_no_call_is_lost_when_replicas_send_the_balancers_connections_away(
     in another (2 runs of 3). Its close reset the connection when the balancer's last frames came after it,
     and HAProxy 2.6 then cut the answer it was passing on (UNKNOWN "Stream removed"; 3 runs of 5).
 
-    grpc core closes its connections at once too (no option of it we found lingers): behind HAProxy, grpc.aio's
-    front loses a call to it now and then (1-2 of 1,500 in 3 runs of 5 here, with connections sent away every
-    second; docs/deploy.md). That case is held to those truncated answers only, and to under 1 % of calls."""
+    grpc core closes its connections at once too (no option of it we found lingers), and grpc.aio's front loses
+    a call to it now and then: behind HAProxy 1-2 of 1,500 in 3 runs of 5 here; behind nginx 1 of about 1,550 in 2 of
+    41 runs, nginx logging that the replica closed the connection in the middle of the answer it was passing on
+    (docs/deploy.md). That front is held to those cut answers only, and to under 1 % of calls."""
     a, b = replicas(2, http=True, grpc_front=front, max_connection_age="0.5")
     lb = balancer(kind, [a, b])
     load = Load("grpc", lb.address, clients=8)
@@ -415,11 +422,19 @@ def test_no_call_is_lost_when_replicas_send_the_balancers_connections_away(
     print(f"\n{kind}, {front} front, connections sent away every second: {load.summary()}")
     failed_at_lb = lb_failures(lb) if isinstance(lb, Nginx) else []
     failed = sum(load.errors.values())
-    if kind == "haproxy" and front == "grpc":
-        truncated = "UNKNOWN: Stream removed (Data frame with END_STREAM flag received)"
-        assert set(load.errors) <= {truncated} and failed < len(load.ok) / 100, load.summary()
+    nginx_errors = lb.errors() if isinstance(lb, Nginx) else []
+    if front == "grpc":
+        cut = {
+            "haproxy": "UNKNOWN: Stream removed (Data frame with END_STREAM flag received)",
+            "nginx": "INTERNAL: Stream removed (RST_STREAM (Received RST_STREAM with error code 2))",
+        }[kind]
+        assert set(load.errors) <= {cut} and failed < len(load.ok) / 100, load.summary()
+        if kind == "nginx":
+            # Each of nginx's cut answers is the replica's connection ending under it, nothing else.
+            cut_by_replica = [e for e in nginx_errors if "upstream prematurely closed connection while sending" in e]
+            assert len(cut_by_replica) == failed, f"{load.summary()}\n" + "\n".join(nginx_errors)
     else:
-        assert not failed, f"{load.summary()}\n" + "\n".join(failed_at_lb[:10])
+        assert not failed, f"{load.summary()}\n" + "\n".join(failed_at_lb[:10] + nginx_errors)
 
 
 class LoadingReplica:
