@@ -121,14 +121,16 @@ http {{
             self.stop()
             raise
 
-    def error_log(self) -> str:
+    def _error_log_text(self) -> str:
         path = self.log_path.parent / "error.log"
-        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def error_log(self) -> str:
+        return self._error_log_text()[-4000:]
 
     def errors(self) -> list[str]:
         """The lines of its error log at level error or worse: a call it failed, a replica it gave up on."""
-        path = self.log_path.parent / "error.log"
-        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        lines = self._error_log_text().splitlines()
         return [line for line in lines if re.search(r"\[(error|crit|alert|emerg)\]", line)]
 
 
@@ -420,7 +422,6 @@ def test_no_call_is_lost_when_replicas_send_the_balancers_connections_away(
     finally:
         load.stop()
     print(f"\n{kind}, {front} front, connections sent away every second: {load.summary()}")
-    failed_at_lb = lb_failures(lb) if isinstance(lb, Nginx) else []
     failed = sum(load.errors.values())
     nginx_errors = lb.errors() if isinstance(lb, Nginx) else []
     if front == "grpc":
@@ -434,6 +435,7 @@ def test_no_call_is_lost_when_replicas_send_the_balancers_connections_away(
             cut_by_replica = [e for e in nginx_errors if "upstream prematurely closed connection while sending" in e]
             assert len(cut_by_replica) == failed, f"{load.summary()}\n" + "\n".join(nginx_errors)
     else:
+        failed_at_lb = lb_failures(lb) if isinstance(lb, Nginx) else []
         assert not failed, f"{load.summary()}\n" + "\n".join(failed_at_lb[:10] + nginx_errors)
 
 
