@@ -20,6 +20,9 @@
 # listens on, the rest of the arguments its options (`--tls-ca ...`). Docker runs the check as a process of its
 # own, with the image's environment and not what this script exported to the server, so the port is worked out
 # here again the same way: under SageMaker's range, the check asked 50051 while the server listened on 29000.
+# A `--port` among the container's arguments (`docker run IMAGE --port 6000`) is read from the server's own
+# command line, pid 1's, since it wins over MHASERVE_PORT there: without it the check asked 50051, and
+# Docker marked a serving container unhealthy (and an orchestrator that acts on that restarted it).
 set -eu
 
 SAGEMAKER_MODEL=/opt/ml/model
@@ -40,6 +43,23 @@ sagemaker_ports() {
     fi
 }
 
+# The gRPC port among the options on pid 1's command line (`--port N` or `--port=N`; the last one wins, as in
+# argparse) when pid 1 is `mhaserve serve`, which this script execs: `<python> <venv>/bin/mhaserve serve ...`.
+# Prints nothing otherwise. Only the check's tests point _MHASERVE_SERVER_CMDLINE at another file.
+server_port_option() {
+    cmdline=${_MHASERVE_SERVER_CMDLINE:-/proc/1/cmdline}
+    [ -r "$cmdline" ] || return 0
+    tr '\000' '\n' <"$cmdline" | awk '
+        serving && want { port = $0; want = 0; next }
+        serving && $0 == "--port" { want = 1; next }
+        serving && index($0, "--port=") == 1 { port = substr($0, 8); next }
+        serving { next }
+        after_mhaserve && $0 == "serve" { serving = 1; next }
+        { after_mhaserve = ($0 ~ /(^|\/)mhaserve$/) }
+        END { if (port != "") print port }
+    '
+}
+
 case "${1:-}" in
     serve)
         shift
@@ -54,7 +74,8 @@ case "${1:-}" in
         shift
         # Only SageMaker sets its range, and it always starts the container with `serve`.
         sagemaker_ports
-        exec mhaserve health --address "127.0.0.1:${MHASERVE_PORT:-50051}" "$@"
+        port=$(server_port_option)
+        exec mhaserve health --address "127.0.0.1:${port:-${MHASERVE_PORT:-50051}}" "$@"
         ;;
 esac
 

@@ -158,13 +158,16 @@ def test_cpu_image_serves_as_the_host_does(images: Images, tmp_path: Path) -> No
 
 def test_cpu_image_runs_several_server_processes_as_pid_1(images: Images) -> None:
     """MHASERVE_PROCESSES=2 in the image: the supervisor is the container's pid 1, both processes serve
-    on the published port, their metrics come together on the one metrics port, and `stop` drains both."""
+    on the published port, their metrics come together on the one metrics port, and `stop` drains both.
+    The gRPC port is moved by a container argument, `--port`, which the image's HEALTHCHECK finds on pid 1's
+    command line."""
     e = engine()
     grpc_port, metrics_port = free_port(), free_port()
     address = f"127.0.0.1:{grpc_port}"
     name = f"mhaserve-test-processes-{grpc_port}"
-    publish = ["-p", f"127.0.0.1:{grpc_port}:50051", "-p", f"127.0.0.1:{metrics_port}:8000"]
-    with container(images.cpu, *publish, "-e", "MHASERVE_PROCESSES=2", name=name):
+    publish = ["-p", f"127.0.0.1:{grpc_port}:50061", "-p", f"127.0.0.1:{metrics_port}:8000"]
+    command = ["--port", "50061"]
+    with container(images.cpu, *publish, "-e", "MHASERVE_PROCESSES=2", name=name, command=command):
         wait_until(
             lambda: "all 2 processes are serving" in e.logs(name) or not e.state(name)["Running"],
             "both processes to serve",
@@ -175,6 +178,8 @@ def test_cpu_image_runs_several_server_processes_as_pid_1(images: Images) -> Non
         # The image's entry point execs `mhaserve serve`: the supervisor is pid 1, its processes' parent.
         pid1 = e.exec(name, "cat", "/proc/1/cmdline").stdout.split("\0")
         assert any(a.endswith("/mhaserve") for a in pid1) and "serve" in pid1, pid1
+        # The check asks 50061, not the image's MHASERVE_PORT (50051, where nothing listens): healthy.
+        e.wait_healthy(name)
         calls = 16
         for i in range(calls):  # a new connection each: the kernel spreads connections over the two
             with grpc.insecure_channel(address) as channel:

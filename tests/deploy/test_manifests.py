@@ -181,7 +181,7 @@ def test_serving_image_runtime_contract(target: str) -> None:
     assert script.rstrip().endswith('exec mhaserve serve "$@"')
     assert f'"${{MHASERVE_PORT:-{defaults.port}}}" = {defaults.port}' in script
     assert f'"${{MHASERVE_METRICS_PORT:-{defaults.metrics_port}}}" = {defaults.metrics_port}' in script
-    assert f'--address "127.0.0.1:${{MHASERVE_PORT:-{defaults.port}}}"' in script
+    assert f'--address "127.0.0.1:${{port:-${{MHASERVE_PORT:-{defaults.port}}}}}"' in script
 
 
 ENTRYPOINT_CASES = {
@@ -214,6 +214,44 @@ ENTRYPOINT_CASES = {
         (["health", "--address", "127.0.0.1:6000"], {"MHASERVE_METRICS_PORT": "29001"}),
     ),
 }
+
+# The server's command line, as pid 1's /proc/<pid>/cmdline holds it (what the image's entry point execs, with
+# the container's arguments), against the port the check asks. A --port there wins over MHASERVE_PORT, as in
+# `mhaserve serve`; the last one given wins; a command line that is not `mhaserve serve` says nothing.
+SERVE = ["/opt/venv/bin/python3", "/opt/venv/bin/mhaserve", "serve"]
+SERVER_COMMAND_LINES = {
+    "no --port": (SERVE + ["--graph", "int8"], {}, "50051"),
+    "--port N": (SERVE + ["--graph", "int8", "--port", "6000", "--http-port", "6001"], {}, "6000"),
+    "--port=N": (SERVE + ["--port=6000"], {}, "6000"),
+    "the last --port": (SERVE + ["--port", "6000", "--port=6002"], {}, "6002"),
+    "over MHASERVE_PORT": (SERVE + ["--port", "6000"], {"MHASERVE_PORT": "7000"}, "6000"),
+    "MHASERVE_PORT without --port": (SERVE + ["--metrics-port", "6003"], {"MHASERVE_PORT": "7000"}, "7000"),
+    "over SageMaker's range": (SERVE + ["--port", "6000"], {"SAGEMAKER_SAFE_PORT_RANGE": "29000-29999"}, "6000"),
+    "a --port value that is another option's": (SERVE + ["--http-port", "--port"], {}, "50051"),
+    "pid 1 not mhaserve serve": (["/sbin/init", "--port", "6000"], {}, "50051"),
+    "mhaserve, another command": (["/opt/venv/bin/mhaserve", "health", "--port", "6000"], {}, "50051"),
+}
+
+
+@pytest.mark.parametrize("case", SERVER_COMMAND_LINES)
+def test_healthcheck_asks_the_port_on_the_servers_command_line(case: str, tmp_path: Path) -> None:
+    """`docker run IMAGE --port 6000`: the check runs apart from the server, so it reads pid 1's command line
+    (a file written here as the kernel writes it: NUL after each argument)."""
+    command_line, extra, port = SERVER_COMMAND_LINES[case]
+    cmdline = tmp_path / "cmdline"
+    cmdline.write_bytes(b"".join(a.encode() + b"\0" for a in command_line))
+    fake = tmp_path / "mhaserve"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$OUT.args"\n')
+    fake.chmod(0o755)
+    env = {
+        "PATH": f"{tmp_path}:/usr/bin:/bin",
+        "OUT": str(tmp_path / "run"),
+        "MHASERVE_PORT": "50051",
+        "_MHASERVE_SERVER_CMDLINE": str(cmdline),
+        **extra,
+    }
+    subprocess.run(["sh", str(DEPLOY / "images" / "entrypoint.sh"), "healthcheck"], env=env, check=True, timeout=30)
+    assert (tmp_path / "run.args").read_text().splitlines() == ["health", "--address", f"127.0.0.1:{port}"]
 
 
 @pytest.mark.parametrize("case", ENTRYPOINT_CASES)
