@@ -13,7 +13,10 @@
 #   take the first two ports of SAGEMAKER_SAFE_PORT_RANGE ("29000-29999"), the range SageMaker keeps for a
 #   container's other ports, where it sets one, in place of the image's 50051 and 8000;
 # - in-flight calls get 20 s to finish on SIGTERM unless MHASERVE_GRACE_PERIOD says otherwise: SageMaker
-#   sends SIGKILL 30 s after SIGTERM, and the image's drain delay (5 s) comes first.
+#   sends SIGKILL 30 s after SIGTERM, and the image's drain delay (5 s) comes first;
+# - a request may be 6 MiB unless MHASERVE_MAX_MESSAGE_BYTES says otherwise, in place of the server's 4 MiB:
+#   SageMaker passes on up to 6 MB, InvokeEndpoint's limit and a batch transform's default MaxPayloadInMB, so
+#   a body SageMaker accepted was a 413 from the server.
 # `exec`, so that the server is the container's pid 1 and gets SageMaker's (and docker's) SIGTERM itself.
 #
 # A first argument `healthcheck` is the image's HEALTHCHECK: `mhaserve health` on the gRPC port the server
@@ -69,6 +72,7 @@ case "${1:-}" in
         fi
         sagemaker_ports
         export MHASERVE_GRACE_PERIOD="${MHASERVE_GRACE_PERIOD:-20}"
+        export MHASERVE_MAX_MESSAGE_BYTES="${MHASERVE_MAX_MESSAGE_BYTES:-6291456}"
         ;;
     healthcheck)
         shift

@@ -257,7 +257,17 @@ def test_cpu_image_started_as_sagemaker_starts_it_serves_the_model_unpacked_for_
         assert reply.status == 200, reply.body[:300]
         answers = np.asarray([json.loads(line)[0] for line in reply.body.split(b"\n")])
         np.testing.assert_allclose(answers, vectors(ours), rtol=0, atol=1e-6)
-
+        # Up to 6 MB a request, as SageMaker passes on (InvokeEndpoint's limit, MaxPayloadInMB's default), where
+        # the server alone takes 4 MiB: the same lines, with JSON's blanks, 5 MiB in all, then over 6 MiB.
+        for size, status in ((5 * 2**20, 200), (6 * 2**20 + 1, 413)):
+            blank = b" " * ((size - len(lines)) // len(texts) + 1)
+            padded = b"\n".join(json.dumps({"inputs": text}).encode()[:-1] + blank + b"}" for text in texts)
+            assert size <= len(padded) < size + 2 * len(texts)
+            reply = request("POST", url + "/invocations", padded, headers={"content-type": "application/jsonlines"})
+            assert reply.status == status, (len(padded), reply.status, reply.body[:300])
+            if status == 200:
+                answers = np.asarray([json.loads(line)[0] for line in reply.body.split(b"\n")])
+                np.testing.assert_allclose(answers, vectors(ours), rtol=0, atol=1e-6)
         invocations = sum(
             s.value
             for s in scrape(metrics_port)
@@ -265,7 +275,7 @@ def test_cpu_image_started_as_sagemaker_starts_it_serves_the_model_unpacked_for_
             and s.labels.get("method") == "POST /invocations"
             and s.labels.get("code") == "OK"
         )
-        assert invocations == 2, "the metrics, on the safe range's second port, count the calls"
+        assert invocations == 3, "the metrics, on the safe range's second port, count the calls"
 
         e("stop", "-t", "40", name, timeout=60)
         assert e.exit_code(name) == 0, f"exit code {e.exit_code(name)} after SIGTERM:\n{e.logs(name)}"

@@ -201,8 +201,14 @@ ENTRYPOINT_CASES = {
                 "MHASERVE_METRICS_PORT": "29001",
                 "MHASERVE_HTTP_PORT": "8081",
                 "MHASERVE_GRACE_PERIOD": "20",
+                # SageMaker's 6 MB (InvokeEndpoint's limit, a batch transform's default MaxPayloadInMB).
+                "MHASERVE_MAX_MESSAGE_BYTES": str(6 * 2**20),
             },
         ),
+    ),
+    "sagemaker, a message limit set": (
+        (["serve"], {"MHASERVE_MAX_MESSAGE_BYTES": "1048576"}),
+        (["serve"], {"MHASERVE_GRACE_PERIOD": "20"}),
     ),
     # Docker runs the check with the image's environment, not the server's: it must find the moved port itself.
     "healthcheck under sagemaker": (
