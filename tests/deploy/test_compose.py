@@ -178,8 +178,8 @@ def test_encoder_service_matches_the_server() -> None:
     assert gpu == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert {k: v for k, v in encoder["build"].items() if k != "args"} == {"context": ".", "target": "gpu"}
     assert encoder["restart"] in ("always", "unless-stopped")
-    test = " ".join(encoder["healthcheck"]["test"])
-    assert "mhaserve health --address 127.0.0.1:" in test
+    # The image's check (deploy/images/entrypoint.sh): it finds the port as the server does, `--port` included.
+    assert encoder["healthcheck"]["test"] == ["CMD", "mhaserve-entrypoint", "healthcheck"]
     # Docker's SIGKILL must not cut the server's drain (its delay, then its grace period) short.
     grace = float(re.search(r"MHASERVE_GRACE_PERIOD:-(\d+)", env["MHASERVE_GRACE_PERIOD"]).group(1))  # type: ignore[union-attr]
     delay = float(re.search(r"MHASERVE_DRAIN_DELAY:-(\d+)", env["MHASERVE_DRAIN_DELAY"]).group(1))  # type: ignore[union-attr]
