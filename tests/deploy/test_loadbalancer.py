@@ -133,6 +133,18 @@ http {{
         lines = self._error_log_text().splitlines()
         return [line for line in lines if re.search(r"\[(error|crit|alert|emerg)\]", line)]
 
+    def failures(self) -> list[str]:
+        """Calls nginx answered with an error (its access log): an HTTP status other than 200 (its own gRPC
+        errors are 204s) or a gRPC status other than OK (e.g. a draining replica's UNAVAILABLE)."""
+        failed = []
+        for line in (self.log_path.parent / "access.log").read_text().splitlines():
+            m = re.search(r'" (\d{3}) .*grpc_status=(\S*),(\S*)$', line)
+            assert m, f"unexpected access log line: {line}"
+            status, *grpc_status = m.groups()
+            if status != "200" or any(g not in ("", "-", "0") for g in grpc_status):
+                failed.append(line)
+        return failed
+
 
 @pytest.fixture
 def lb(tmp_path: Path) -> Iterator[Callable[[list[Replica]], Nginx]]:
@@ -179,19 +191,6 @@ def test_calls_on_one_connection_are_spread_over_replicas(
     # Round-robin among equally idle replicas: close to half each; a third each way is a wide margin.
     for got, name in ((got_a, "a"), (got_b, "b")):
         assert got >= (n_seq + n_par) / 3, f"replica {name} got {got:.0f} of {n_seq + n_par} calls: not balanced"
-
-
-def lb_failures(nginx: Nginx) -> list[str]:
-    """Calls nginx answered with an error: an HTTP status other than 200 (its own gRPC errors are 204s)
-    or a gRPC status other than OK (e.g. a draining replica's UNAVAILABLE)."""
-    failed = []
-    for line in (nginx.log_path.parent / "access.log").read_text().splitlines():
-        m = re.search(r'" (\d{3}) .*grpc_status=(\S*),(\S*)$', line)
-        assert m, f"unexpected access log line: {line}"
-        status, *grpc_status = m.groups()
-        if status != "200" or any(g not in ("", "-", "0") for g in grpc_status):
-            failed.append(line)
-    return failed
 
 
 @needs("nginx")
@@ -252,7 +251,7 @@ def test_clients_keep_getting_answers_when_a_replica_stops(
             t.join(WAIT)
 
     after = sum(t > stopped_at for t in ok)
-    failed_at_lb = lb_failures(nginx)
+    failed_at_lb = nginx.failures()
     assert not errors, f"{len(errors)} calls failed while a replica stopped: {errors[:5]}\n{nginx.error_log()}"
     assert after >= 60, f"only {after} calls after the stop"
     # Less those in flight when the counter was read: they count on `a` before the clock was read.
@@ -447,7 +446,7 @@ def test_no_call_is_lost_when_replicas_send_the_balancers_connections_away(
             cut_by_replica = [e for e in lb_lines if "upstream prematurely closed connection while sending" in e]
             assert len(cut_by_replica) == failed, f"{load.summary()}\n" + "\n".join(lb_lines)
     else:
-        failed_at_lb = lb_failures(lb) if isinstance(lb, Nginx) else []
+        failed_at_lb = lb.failures() if isinstance(lb, Nginx) else []
         assert not failed, f"{load.summary()}\n" + "\n".join(failed_at_lb[:10] + lb_lines)
 
 
