@@ -199,6 +199,15 @@ def texts(tensor: Tensor) -> list[str]:
 def int64(tensor: Tensor) -> npt.NDArray[np.int64]:
     """An `input_ids` or `attention_mask` input: an int64 array of its shape."""
     n = check_shape(tensor.name, tensor.shape, IDS_SHAPES, "[rows, tokens]")
+    if not n:
+        # Refused before any array is shaped: with no elements the other dimension can be any size, one numpy
+        # cannot shape ([0, 2**62]) or rows too many to strip one by one ([2**40, 0]).
+        if not tensor.shape[0]:
+            raise no_inputs(tensor.name, tensor.shape)
+        raise InvalidArgument(
+            f"input {tensor.name!r} has shape {list(tensor.shape)}: its rows hold no tokens; every input needs at "
+            "least one"
+        )
     if tensor.raw is not None:
         if len(tensor.raw) != 8 * n:
             raise count_error(tensor.name, tensor.shape, n, f"{len(tensor.raw)} bytes (expected {8 * n}: 8 per INT64)")

@@ -244,10 +244,10 @@ def _output_in_shared_memory() -> Any:
     return request
 
 
-def _no_id_rows(raw: bool) -> Any:
+def _no_id_rows(raw: bool, shape: tuple[int, int] = (0, 4)) -> Any:
     request = pb.ModelInferRequest(model_name="tiny")
     for name in ("input_ids", "attention_mask"):
-        request.inputs.append(Tensor(name=name, datatype="INT64", shape=[0, 4]))
+        request.inputs.append(Tensor(name=name, datatype="INT64", shape=shape))
         if raw:
             request.raw_input_contents.append(b"")
     return request
@@ -371,6 +371,16 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
     "no texts, typed": (lambda: text_request([], raw=False), "input 'text' has shape [0]: no inputs to embed"),
     "no id rows, raw": (lambda: _no_id_rows(True), "input 'input_ids' has shape [0, 4]: no inputs to embed"),
     "no id rows, typed": (lambda: _no_id_rows(False), "input 'input_ids' has shape [0, 4]: no inputs to embed"),
+    # No elements, but a dimension no array could have (numpy refused to shape it: an INTERNAL once).
+    "no id rows of 2**62 tokens": (
+        lambda: _no_id_rows(True, (0, 2**62)),
+        f"input 'input_ids' has shape [0, {2**62}]: no inputs to embed",
+    ),
+    "id rows of no tokens": (
+        lambda: _no_id_rows(True, (2, 0)),
+        "input 'input_ids' has shape [2, 0]: its rows hold no tokens; every input needs at least one",
+    ),
+    "2**62 id rows of no tokens": (lambda: _no_id_rows(False, (2**62, 0)), f"{2**62} inputs in one request"),
     "normalize as a string": (
         lambda: _param("normalize", pb.InferParameter(string_param="false")),
         "parameter 'normalize' must be a bool (bool_param), got string_param",
@@ -437,6 +447,14 @@ REST_BAD: dict[str, tuple[Any, str]] = {
     "header length negative": (_rest_header_length("-1"), "Inference-Header-Content-Length is '-1': not a byte count"),
     "no texts": ({"inputs": [_rest_text(shape=[0], data=[])]}, "input 'text' has shape [0]: no inputs to embed"),
     "no id rows": ({"inputs": _rest_ids([0, 4], [], [])}, "input 'input_ids' has shape [0, 4]: no inputs to embed"),
+    "no id rows of 2**62 tokens": (
+        {"inputs": _rest_ids([0, 2**62], [], [])},
+        f"input 'input_ids' has shape [0, {2**62}]: no inputs to embed",
+    ),
+    "id rows of no tokens": (
+        {"inputs": _rest_ids([2, 0], [], [])},
+        "input 'input_ids' has shape [2, 0]: its rows hold no tokens; every input needs at least one",
+    ),
     "id past 2**64": (
         {"inputs": _rest_ids([1, 2], [[2, 2**64]], [[1, 1]])},
         "input 'input_ids' holds a value outside INT64",
