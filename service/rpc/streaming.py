@@ -3,7 +3,8 @@ ModelStreamInfer.
 
 Up to `window` requests of a stream are computed at once (so they batch together, with each other and
 with other clients'), and their responses are sent in request order. A request that fails gets an
-error response (`on_error`) and the stream goes on, unless the failure concerns the whole stream
+error response (`on_error`) and the stream goes on, a bug's (an exception not a ServiceError) too, as INTERNAL
+with its traceback in the log, unless the failure concerns the whole stream
 (cancelled, past its deadline, or a server that is going away): then the stream ends with that status.
 Each response is counted by the status it carries (`count`): the stream's own status is OK however many
 of its requests failed, and the metrics would not see them otherwise.
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
-from mhaserve.runtime.errors import Cancelled, DeadlineExceeded, ServiceError, Unavailable
-from mhaserve.service.errors import status_name
+from mhaserve.runtime.errors import Cancelled, DeadlineExceeded, Internal, ServiceError, Unavailable
+from mhaserve.service.context import request_id
+from mhaserve.service.errors import status_name, to_status
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -25,6 +28,8 @@ Response = TypeVar("Response")
 WINDOW = 32
 # These end a stream with their status; any other failed request gets an error response.
 FATAL = (Cancelled, DeadlineExceeded, Unavailable)
+
+log = logging.getLogger(__name__)
 
 
 async def ordered(
@@ -63,6 +68,13 @@ async def ordered(
                 if count is not None:
                     count(status_name(e))
                 yield on_error(request, e)
+            except Exception as e:
+                # A bug in one request's computation: it ended the stream once, with the requests after it
+                # unanswered. As a unary call's, it is answered INTERNAL, pointing to its traceback in the log.
+                log.error("a request of a stream failed", exc_info=e)
+                if count is not None:
+                    count("INTERNAL")
+                yield on_error(request, Internal(to_status(e, request_id.get())[1]))
             else:
                 if count is not None:
                     count("OK")

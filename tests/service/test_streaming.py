@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mhaserve.runtime.errors import Cancelled, DeadlineExceeded, InvalidArgument, ServiceError, Unavailable
+from mhaserve.runtime.errors import Cancelled, DeadlineExceeded, Internal, InvalidArgument, ServiceError, Unavailable
 from mhaserve.service.rpc.streaming import ordered
 
 EXAMPLES = int(os.environ.get("STREAM_EXAMPLES", "200"))
@@ -21,12 +21,13 @@ class BrokenStream(Exception):
     """The client's stream failed to read (a malformed message, a reset)."""
 
 
-# One request: how long it computes (ms), and what it ends in: an answer, an error of its own, or one that
-# ends the stream.
+# One request: how long it computes (ms), and what it ends in: an answer, an error of its own, a bug (an
+# exception not a ServiceError: answered INTERNAL, the stream going on), or one that ends the stream.
 _requests = st.tuples(
     st.sampled_from([0.0, 0.0, 0.1, 0.5, 2.0]),
-    st.sampled_from(["ok"] * 6 + ["invalid"] * 2 + list(FATAL)),
+    st.sampled_from(["ok"] * 6 + ["invalid"] * 2 + ["bug"] + list(FATAL)),
 )
+ERRORS = {"invalid": "INVALID_ARGUMENT", "bug": "INTERNAL"}
 
 
 @given(
@@ -40,8 +41,8 @@ _requests = st.tuples(
 def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
     requests: list[tuple[float, str]], window: int, broken_at: int | None, read: int | None, arrivals_ms: float
 ) -> None:
-    """Responses come in request order, one a request, each an answer or its own error, until the first
-    request whose failure ends the stream (its error is the stream's end) or the point where the client's
+    """Responses come in request order, one a request, each an answer or its own error (a bug's INTERNAL), until
+    the first request whose failure ends the stream (its error is the stream's end) or the point where the client's
     stream broke (that error ends it, after the responses of what came before it); never more than `window`
     requests compute at once; and however the stream ends, even when its reader stops early (`read`
     responses, then closes), no computation is left running and each response is counted once by its
@@ -69,6 +70,8 @@ def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
                 await asyncio.sleep(delay_ms / 1000)
                 if outcome == "invalid":
                     raise InvalidArgument(f"request {i} is wrong")
+                if outcome == "bug":
+                    raise ZeroDivisionError(f"request {i} met a bug")
                 if outcome in FATAL:
                     raise FATAL[outcome](f"request {i} ends the stream")
                 return ("answer", i)
@@ -77,8 +80,11 @@ def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
                 running.discard(i)
 
         def on_error(i: int, error: ServiceError) -> tuple[str, int]:
+            if isinstance(error, Internal):  # the bug's text stays in the log; the message points there
+                assert error.message == "internal error (request id -; details are in the server log)"
+                return ("bug", i)
             assert isinstance(error, InvalidArgument)
-            return ("error", i)
+            return ("invalid", i)
 
         got: list[tuple[str, int]] = []
         ended: BaseException | None = None
@@ -104,7 +110,7 @@ def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
             if outcome in FATAL:
                 end = outcome
                 break
-            expected.append(("error" if outcome == "invalid" else "answer", i))
+            expected.append(("answer" if outcome == "ok" else outcome, i))
         if read is not None and read <= len(expected):
             assert got == expected[:read] and ended is None
         else:
@@ -115,7 +121,7 @@ def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
                 assert isinstance(ended, FATAL[end]) and f"request {len(expected)}" in str(ended)  # the first fatal
             else:
                 assert ended is None
-        assert counted == ["OK" if kind == "answer" else "INVALID_ARGUMENT" for kind, _ in got]
+        assert counted == [ERRORS.get(kind, "OK") for kind, _ in got]
         assert most <= window, f"{most} requests computed at once in a window of {window}"
         for _ in range(3):
             await asyncio.sleep(0)  # the cancelled computations unwind
