@@ -122,17 +122,21 @@ def count_first(dataplane: DataPlane, data: Any, field: str) -> None:
     """A list of more inputs (in the body's `field`) than the model takes, refused before pydantic validates
     each (300,000 token-id lists, 3 MB or 8 KB gzipped, took it about half a second)."""
     if isinstance(data, dict):
-        count_list(dataplane, data.get(field), data.get("model", ""))
+        count_list(dataplane, data.get(field), data.get("model", ""), field=field)
 
 
-def count_list(dataplane: DataPlane, inputs: Any, model: Any, *, more: int = 0) -> None:
-    """`count_first` for a list found anywhere in a body, and `more` inputs the request adds to it."""
+def count_list(dataplane: DataPlane, inputs: Any, model: Any, *, more: int = 0, field: str = "input") -> None:
+    """`count_first` for a list found anywhere in a body, and `more` inputs the request adds to it; its error
+    names `field` (the pipeline's name the embeddings API's `input`, not `/decode`'s `ids`)."""
     if isinstance(inputs, list) and inputs and isinstance(inputs[0], (str, list)) and isinstance(model, str):
         try:
             pipeline = dataplane.resolve(model)
         except ServiceError:
             return  # said by the validated request, as for any other
-        pipeline.count_first(len(inputs) + more)  # (a text, or token ids, is one input)
+        try:
+            pipeline.count_first(len(inputs) + more)  # (a text, or token ids, is one input)
+        except InvalidArgument as e:
+            raise InvalidArgument(e.message, param=field) from None
 
 
 def encode_input(inputs: Any, field: str, **options: Any) -> EncodeInput:

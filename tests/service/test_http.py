@@ -658,6 +658,8 @@ def test_decode_gives_the_text_of_token_ids(srv: ServerThread) -> None:
     ):
         reply = request("POST", url(srv, "/decode"), body)
         assert reply.status == status and message in reply.json()["error"]["message"], (body, reply.body[:300])
+        if status == 400:  # the field at fault is this route's (the count's was the embeddings API's `input` once)
+            assert reply.json()["error"]["param"] == "ids", (body, reply.body[:300])
     still_serving(srv)
 
 
