@@ -293,6 +293,9 @@ def _seconds(text: str) -> float:
     return value
 
 
+_seconds.__name__ = "float"  # argparse names a type by it: "invalid _seconds value: 'abc'" named this function
+
+
 def _model_name(text: str) -> str:
     """A model's name as the repository takes it (a usage error, exit 2, where it once failed at publish)."""
     from mhaserve.runtime.manifest import ManifestError, check_name

@@ -38,7 +38,8 @@ class Connection:
     api_key: str | None = field(default=None, repr=False)
 
     def channel(self, address: str, options: Sequence[tuple[str, int]] = ()) -> grpc.Channel:
-        if self.tls or self.ca is not None or self.cert is not None:
+        # A key alone too: refused as half a pair by channel_credentials, where it went unread over plaintext.
+        if self.tls or self.ca is not None or self.cert is not None or self.key is not None:
             return grpc.secure_channel(address, channel_credentials(self.ca, self.cert, self.key), options=options)
         return grpc.insecure_channel(address, options=options)
 

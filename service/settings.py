@@ -457,12 +457,15 @@ class Settings:
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{flag(name)} must be a port number in [0, 65535], got {getattr(self, name)}")
         # One port for two listeners failed only at bind, after the model had loaded, with exit 1.
-        ports = [(n, getattr(self, n)) for n in ("port", "http_port") if getattr(self, n)]
+        ports = [(flag(n), getattr(self, n)) for n in ("port", "http_port") if getattr(self, n)]
         if self.metrics_port and (self.metrics_host or self.host) == self.host:
-            ports.append(("metrics_port", self.metrics_port))
+            ports.append((flag("metrics_port"), self.metrics_port))
+            if self.processes > 1:  # and each process's own (processes.py); the supervisor failed with a traceback
+                own = "process {i}'s metrics port (" + flag("metrics_port") + " + 1 + {i})"
+                ports += [(own.format(i=i), self.metrics_port + 1 + i) for i in range(self.processes)]
         for i, (a, pa) in enumerate(ports):
             if same := [b for b, pb in ports[i + 1 :] if pb == pa]:
-                raise SettingsError(f"{flag(a)} and {flag(same[0])} are both {pa}: each listener needs its own port")
+                raise SettingsError(f"{a} and {same[0]} are both {pa}: each listener needs its own port")
         positive("repository_poll_s", self.repository_poll_s)
         for name, choices in (
             ("model_control", CONTROLS),

@@ -225,7 +225,12 @@ def test_encode_reads_stdin_and_refuses_bad_timeouts_and_keys(
     assert main(["encode", "-", "--address", server.address]) == 2
     assert "no text on standard input" in capsys.readouterr().err
     # refused by argparse (exit 2) before any call: a negative timeout, a key gRPC metadata cannot carry
-    for bad, message in ((["--timeout", "-1"], "above 0"), (["--api-key", "clé"], "printable ASCII")):
+    bad_values = (
+        (["--timeout", "-1"], "above 0"),
+        (["--timeout", "abc"], "argument --timeout: invalid float value: 'abc'"),  # "invalid _seconds value" once
+        (["--api-key", "clé"], "printable ASCII"),
+    )
+    for bad, message in bad_values:
         with pytest.raises(SystemExit) as e:
             main(["encode", "hello", "--address", server.address, *bad])
         assert e.value.code == 2 and message in capsys.readouterr().err

@@ -111,6 +111,11 @@ def test_flag_beats_variable_beats_default() -> None:
             {"MHASERVE_HTTP_PORT": "9000", "MHASERVE_METRICS_PORT": "9000"},
             "MHASERVE_HTTP_PORT and MHASERVE_METRICS_PORT are both",
         ),
+        # process i's own metrics port: a traceback from the supervisor once, naming that port as --metrics-port
+        (
+            {"MHASERVE_PROCESSES": "2", "MHASERVE_METRICS_PORT": "9000", "MHASERVE_PORT": "9002"},
+            "MHASERVE_PORT and process 1's metrics port .MHASERVE_METRICS_PORT [+] 1 [+] 1. are both 9002",
+        ),
     ],
 )
 def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> None:

@@ -320,6 +320,9 @@ def test_the_cli_speaks_tls_and_mutual_tls(
     assert "UNAVAILABLE" in capsys.readouterr().err
     assert main(["health", "--address", tls_server.address, "--tls-cert", str(pki.client_cert)]) == 2
     assert "--tls-cert and --tls-key go together" in capsys.readouterr().err
+    # A key alone was not read at all, and the call went out in plaintext.
+    assert main(["health", "--address", tls_server.address, "--tls-key", str(pki.client_key)]) == 2
+    assert "--tls-cert and --tls-key go together" in capsys.readouterr().err
 
 
 def test_start_up_refuses_unusable_certificates(plain: Settings, pki: Pki, tmp_path: Path) -> None:
