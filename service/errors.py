@@ -94,10 +94,19 @@ def grpc_code(error: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def status_name(error: BaseException) -> str:
+# seconds: a call cancelled this close to its deadline (or past it) ended by its deadline. grpc cancels a call's
+# task when the client's deadline passes, and the server's copy of that deadline starts when the headers
+# arrive, a little later (milliseconds on a busy machine), so "just before" means expired.
+DEADLINE_SLACK = 0.1
+
+
+def status_name(error: BaseException, time_left: float | None = None) -> str:
     """The status a request that ended with `error` is counted under in the metrics (a gRPC status name):
-    its class's, and CANCELLED for a cancelled task (the client went away, or the server stopped)."""
-    return "CANCELLED" if isinstance(error, asyncio.CancelledError) else grpc_code(error).name
+    its class's, and for a cancelled task (the client went away, or the server stopped) CANCELLED, or
+    DEADLINE_EXCEEDED where `time_left` (seconds until the call's deadline, at its end) says the deadline ended it."""
+    if isinstance(error, asyncio.CancelledError):
+        return "DEADLINE_EXCEEDED" if time_left is not None and time_left <= DEADLINE_SLACK else "CANCELLED"
+    return grpc_code(error).name
 
 
 def to_status(error: BaseException, request_id: str | None = None) -> tuple[grpc.StatusCode, str]:

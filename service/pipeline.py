@@ -154,7 +154,8 @@ class Pipeline:
             t2 = time.perf_counter_ns()
             output = self.encode_post(req, seqs, embeddings, tokenization_ns=t1 - t0, spent=spent)
         except BaseException as e:  # cancellation included: the request failed either way
-            self.refused(e, t0)
+            # a cancellation at the call's deadline counts as DEADLINE_EXCEEDED, as the call's own status does
+            self.refused(e, t0, time_left=None if deadline is None else deadline - loop.time())
             raise
         finally:
             if ticket is not None:
@@ -171,12 +172,12 @@ class Pipeline:
         self.metrics.ended("OK")
         return output
 
-    def refused(self, error: BaseException, started_ns: int) -> None:
-        """A request for this version failed (`started_ns` from `time.perf_counter_ns`): in the statistics and
-        the metrics alike, whether the pipeline refused it or its protocol's boundary did (a KServe tensor
-        that does not decode)."""
+    def refused(self, error: BaseException, started_ns: int, *, time_left: float | None = None) -> None:
+        """A request for this version failed (`started_ns` from `time.perf_counter_ns`; `time_left` until its
+        deadline, if it has one): in the statistics and the metrics alike, whether the pipeline refused it or
+        its protocol's boundary did (a KServe tensor that does not decode)."""
         self.stats.failed(time.perf_counter_ns() - started_ns)
-        self.metrics.ended(status_name(error))
+        self.metrics.ended(status_name(error, time_left))
 
     def validate(self, req: EncodeInput) -> None:
         """The checks that need no tokenisation: which inputs, how many."""

@@ -26,7 +26,7 @@ import grpc.aio
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.context import REQUEST_ID_HEADER, request_id
-from mhaserve.service.errors import to_status
+from mhaserve.service.errors import DEADLINE_SLACK, to_status
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.metrics import Metrics
 from mhaserve.service.rpc.handlers import (
@@ -40,8 +40,6 @@ from mhaserve.service.rpc.handlers import (
 )
 
 log = logging.getLogger(__name__)
-
-DEADLINE_SLACK = 0.1  # seconds: a call cancelled this close to its deadline counts as DEADLINE_EXCEEDED
 
 # The error to refuse a call with, or None to let it in; given the seconds left until the call's deadline
 # (None: no deadline), since the answer may wait for a model that is loading (DataPlane.admission).
@@ -139,8 +137,7 @@ class _Call:
             task.uncancel()
             await self.fail(self.abandoned)  # raises AbortError: answered, not cancelled
         remaining = self.context.time_remaining()
-        # The client's deadline fires first and cancels the call; the server's copy of it starts when the
-        # headers arrive, a little later (milliseconds on a busy machine), so "just before" means expired.
+        # The client's deadline fires first and cancels the call (DEADLINE_SLACK says how close counts).
         expired = remaining is not None and remaining <= DEADLINE_SLACK
         self.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
 

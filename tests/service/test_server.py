@@ -465,6 +465,13 @@ def test_deadline_exceeded_while_queued_never_reaches_the_model(start: Start, se
             assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             wait_until(lambda: srv.depth() == 0, "the expired call's slot to be freed")
             wait_until(lambda: counted(srv, "DEADLINE_EXCEEDED") == 1, "the server to count the deadline")
+            # and the model's series: grpc cancels the call at its deadline, which it counted as CANCELLED once
+            by_model = srv.samples().get("mhaserve_model_requests_total", model="tiny", version="1", code="CANCELLED")
+            assert by_model == 0
+            assert (
+                srv.samples().get("mhaserve_model_requests_total", model="tiny", version="1", code="DEADLINE_EXCEEDED")
+                == 1
+            )
             engine.release.set()
             assert code_of(running) == grpc.StatusCode.OK
             assert stub.Encode(ids([56]), timeout=WAIT).embeddings
