@@ -35,7 +35,11 @@ class PublishError(RuntimeError):
 
 
 def reserve(repository: Path, name: str, version_: int | None, overwrite: bool) -> tuple[int, Path]:
-    """The version to publish (the next free one by default) and its directory, refusing to clobber one."""
+    """The version to publish (the next free one by default) and its directory, refusing to clobber one; a
+    file where the repository's folder or the model's goes is refused here, before the export runs."""
+    for folder in (repository, repository / name):
+        if folder.exists() and not folder.is_dir():
+            raise PublishError(f"{folder} is a file, not a folder")
     existing = mf.versions(repository, name)
     number = version_ if version_ is not None else (existing[-1] + 1 if existing else 1)
     if number <= 0:
