@@ -34,6 +34,9 @@ INLINE_TOKENIZE_CHARS = 1024
 # A text longer than this many characters a token the model takes is first tokenised from its start only
 # (see `_prefix`): a 4 MB text cost seconds of the tokeniser and a gigabyte of memory for 256 tokens.
 PREFIX_CHARS_PER_TOKEN = 32
+# /tokenize without truncate tokenises a text whole up to this many characters a token the model takes, and
+# refuses a longer one: text-embeddings-inference's limit (its MAX_CHAR_MULTIPLIER).
+TOKENIZE_CHARS_PER_TOKEN = 250
 # Token ids of a /decode request up to this many together are decoded on the event loop: about 0.25 ms of the
 # tokenizer at most (1 us an id here).
 INLINE_DECODE_IDS = 256
@@ -258,6 +261,27 @@ class Pipeline:
                 if enc.overflowing:
                     raise InvalidArgument(self._too_long(i, *await self._length(texts[i])), param="input")
         return encodings
+
+    async def tokenize_whole(self, texts: Sequence[str]) -> list[Encoding]:
+        """Every token of each text, none cut at the model's maximum (what /tokenize shows without `truncate`, as
+        TEI's does: how long a document is, to split it); a text longer than `TOKENIZE_CHARS_PER_TOKEN`
+        characters a token of that maximum is refused, as TEI refuses it. Off the event loop past a few."""
+        limit = self.max_tokens * TOKENIZE_CHARS_PER_TOKEN
+        for i, text in enumerate(texts):
+            if len(text) > limit:
+                raise InvalidArgument(
+                    f"input {i} is {len(text)} characters long; a text is tokenised whole up to {limit} "
+                    f"({TOKENIZE_CHARS_PER_TOKEN} a token of the model's maximum, as text-embeddings-inference "
+                    "does): shorten it or set truncate",
+                    param="input",
+                )
+        loop = asyncio.get_running_loop()
+        if self._untruncated is None:  # a copy of the whole tokenizer, rebuilt from its JSON: not on the loop
+            self._untruncated = await loop.run_in_executor(self._tokenize_pool, untruncated, self.model.tokenizer)
+        whole = self._untruncated
+        if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
+            return [whole.encode(text) for text in texts]
+        return await loop.run_in_executor(self._tokenize_pool, whole.encode_batch, list(texts))
 
     async def decode(self, token_ids: Sequence[Sequence[int]], *, skip_special_tokens: bool) -> list[str]:
         """Token ids back to text, each list as the tokenizer decodes it; an id outside the vocabulary is

@@ -18,11 +18,14 @@ from mhaserve.service.pipeline import EncodeInput, Pipeline
 @dataclass(frozen=True)
 class Token:
     id: int
-    text: str
+    text: Annotated[str, Field(description="the input's characters start to stop; a special token's own text")]
     special: bool
     start: Annotated[
         int | None,
-        Field(description="character offset in the input; null for special tokens and for the prompt's tokens"),
+        Field(
+            description="character offset in the input (text-embeddings-inference's are UTF-8 byte offsets, the "
+            "same for ASCII); null for special tokens and for the prompt's tokens"
+        ),
     ]
     stop: int | None
 
@@ -35,16 +38,21 @@ async def tokenize(
     prompt_name: str | None,
     add_special_tokens: bool,
 ) -> list[list[Token]]:
-    """Each text's tokens, with the same rule as embedding: a text past the model's maximum is refused unless
-    the request (or the server) truncates. `add_special_tokens` false leaves [CLS] and [SEP] out of the answer
-    (the model still gets them, and the limit counts them). Errors name `inputs`, both APIs' field."""
+    """Each text's tokens, as text-embeddings-inference's /tokenize gives them: every token of the text, its
+    `text` the text's own characters (not the vocabulary's `##ing`), or with `truncate` the tokens the model
+    sees (cut at its maximum). A text longer than `Pipeline.tokenize_whole` takes is refused without
+    `truncate`. `add_special_tokens` false leaves [CLS] and [SEP] out of the answer. Errors name `inputs`,
+    both APIs' field."""
     if not texts:
         raise InvalidArgument("inputs is empty: send a text or a list of texts", param="inputs")
     asked = EncodeInput(texts=texts, truncate=truncate, prompt_name=prompt_name)
     try:
         pipeline.validate(asked)  # the prompt named among them: before it is put in
         prompted = pipeline.prompted(asked)
-        encodings = await pipeline.tokenize(prompted, truncate=truncate)
+        # (refused past the model's maximum once, as an embedding is: no way to learn how long a document is)
+        encodings = await (
+            pipeline.tokenize(prompted, truncate=True) if truncate else pipeline.tokenize_whole(prompted)
+        )
     except InvalidArgument as e:
         if e.param == "input":  # the pipeline's checks name the embeddings APIs' field
             raise InvalidArgument(e.message, param="inputs") from None
@@ -55,7 +63,7 @@ async def tokenize(
         [
             Token(
                 id=token_id,
-                text=token,
+                text=token if special else text[start:stop],
                 special=bool(special),
                 start=None if special or stop <= shift else max(start - shift, 0),
                 stop=None if special or stop <= shift else stop - shift,
@@ -65,5 +73,5 @@ async def tokenize(
             )
             if add_special_tokens or not special
         ]
-        for enc in encodings
+        for text, enc in zip(prompted, encodings, strict=True)
     ]

@@ -616,22 +616,32 @@ def test_health_info_and_the_openapi_document(srv: ServerThread) -> None:
     assert docs.status == 200 and b"swagger" in docs.body.lower()
 
 
-def test_tokenize_gives_ids_and_offsets_with_the_truncation_rule(srv: ServerThread) -> None:
+def test_tokenize_gives_ids_and_offsets_and_every_token_of_a_long_text(srv: ServerThread) -> None:
     (tokens,) = request("POST", url(srv, "/tokenize"), {"inputs": "hi there"}).json()
     assert tokens[0] == {"id": 2, "text": "[CLS]", "special": True, "start": None, "stop": None}
     assert tokens[-1]["text"] == "[SEP]" and tokens[-1]["special"]
     words = [t for t in tokens if not t["special"]]
     assert "".join("hi there"[t["start"] : t["stop"]] for t in words) == "hithere"
+    # A token's text is the input's own characters, as text-embeddings-inference gives it: the vocabulary's
+    # lower-cased, accent-stripped word pieces (h, ##e, ...) once.
+    (tokens,) = request("POST", url(srv, "/tokenize"), {"inputs": "Héllo wörld", "add_special_tokens": False}).json()
+    assert [t["text"] for t in tokens] == list("Héllowörld")
+    assert all(t["text"] == "Héllo wörld"[t["start"] : t["stop"]] for t in tokens)
+    # A text past the model's maximum: every token of it, as TEI answers (how long a document is, to split
+    # it), where it was refused as an embedding is; refused past TEI's 250 characters a token of the maximum.
     long = "word " * 400
-    reply = request("POST", url(srv, "/tokenize"), {"inputs": [long]})
-    assert reply.status == 400 and "more than the model's maximum of 160" in reply.json()["error"]["message"]
+    (whole,) = request("POST", url(srv, "/tokenize"), {"inputs": [long]}).json()
+    assert len(whole) == 2 + 4 * 400 and "".join(t["text"] for t in whole[1:-1]) == "word" * 400
+    reply = request("POST", url(srv, "/tokenize"), {"inputs": ["a", "w" * (160 * 250 + 1)]})
+    assert reply.status == 400, reply.body[:300]
+    assert "input 1 is 40001 characters long; a text is tokenised whole up to 40000" in reply.json()["error"]["message"]
     assert reply.json()["error"]["param"] == "inputs"  # this route's field, not the embeddings APIs' input
     reply = request("POST", url(srv, "/tokenize"), {"inputs": ["a"] * 9})
     assert reply.status == 400 and reply.json()["error"]["param"] == "inputs"
     reply = request("POST", url(srv, "/tokenize"), {"inputs": "a", "prompt_name": "nope"})
     assert reply.status == 400 and reply.json()["error"]["param"] == "prompt_name"
     (cut,) = request("POST", url(srv, "/tokenize"), {"inputs": [long], "truncate": True}).json()
-    assert len(cut) == 160
+    assert len(cut) == 160 and cut[:-1] == whole[:159]  # what the model sees
     # text-embeddings-inference's option, once taken and ignored (the answer kept [CLS] and [SEP])
     (bare,) = request("POST", url(srv, "/tokenize"), {"inputs": "hi there", "add_special_tokens": False}).json()
     assert bare == words

@@ -195,8 +195,10 @@ def test_tokenize_and_decode_answer_as_teis_http_routes(server: ServerThread, ch
     assert [d.text for d in decoded] == [stub.Decode(pb.DecodeRequest(ids=[40, 41]), timeout=WAIT).text] * 3
     error = refused(stub.Decode, pb.DecodeRequest(ids=[2, 300]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "outside the vocabulary" in (error.details() or "")
-    error = refused(stub.Tokenize, pb.EncodeRequest(inputs="word " * 400))
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # every token of a text past the model's maximum, as TEI gives them; refused past 250 characters a token
+    assert len(stub.Tokenize(pb.EncodeRequest(inputs="word " * 400), timeout=WAIT).tokens) == 4 * 400
+    error = refused(stub.Tokenize, pb.EncodeRequest(inputs="w" * (160 * 250 + 1)))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "40001 characters long" in (error.details() or "")
 
 
 def test_what_is_not_served_is_unimplemented_saying_so(channel: grpc.Channel) -> None:
