@@ -34,6 +34,7 @@ from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.metrics import Metrics, stream_counter
 from mhaserve.service.pipeline import EncodeInput, Pipeline
 from mhaserve.service.rpc.streaming import ordered
+from mhaserve.service.tei_info import tei_info
 from mhaserve.service.tei_timing import timing
 from mhaserve.service.tokens import tokenize
 from mhaserve.service.version import server_version
@@ -47,7 +48,6 @@ NOT_SERVED_SERVICES = ("tei.v1.Predict", "tei.v1.Rerank")
 SERVED_SERVICES = tuple(name for name in SERVICES if name not in NOT_SERVED_SERVICES)
 # The call metadata that names a served model (name, or name:version); absent, the default model.
 MODEL_METADATA = "model"
-DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
 NOT_SERVED = (
     "this server serves embedding models: tei.v1's Embed, EmbedStream, Info, Tokenize and Decode; {what} is not served"
 )
@@ -142,17 +142,18 @@ class TeiServicer:
         )
 
     def info(self, pipeline: Pipeline) -> pb.InfoResponse:
-        entry, limits = pipeline.model.entry, pipeline.limits
+        info = tei_info(pipeline)
+        fields = (
+            "model_id",
+            "model_sha",
+            "model_dtype",
+            "max_concurrent_requests",
+            "max_input_length",
+            "max_batch_tokens",
+            "max_client_batch_size",
+        )
         return pb.InfoResponse(
-            version=server_version(),
-            model_id=entry.manifest.source,
-            model_sha=entry.sha256,
-            model_dtype=DTYPES.get(entry.manifest.graph(entry.graph).precision, "float32"),
-            model_type=pb.MODEL_TYPE_EMBEDDING,
-            max_concurrent_requests=limits.max_queue_size,
-            max_input_length=entry.max_tokens,
-            max_batch_tokens=limits.max_batch_tokens,
-            max_client_batch_size=limits.max_client_batch_size,
+            version=server_version(), model_type=pb.MODEL_TYPE_EMBEDDING, **{name: info[name] for name in fields}
         )
 
     async def tokenize(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:

@@ -26,6 +26,7 @@ from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import count_first, documented, json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import Pipeline
+from mhaserve.service.tei_info import tei_info
 from mhaserve.service.tokens import Token
 from mhaserve.service.tokens import tokenize as tokenize_texts
 from mhaserve.service.version import SERVER_NAME, server_version
@@ -142,8 +143,9 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
 
     @api.get("/info", summary="What is served: models, versions, dimensions, limits, device")
     async def info() -> Response:
-        try:  # the default model's figures at the top, where it is served; the list of every model always
-            default = describe(dataplane.resolve(), max_message_bytes)
+        try:  # the default model's figures at the top, where it is served (TEI's fields too); every model's always
+            pipeline = dataplane.resolve()
+            default = {**tei_info(pipeline), **describe(pipeline, max_message_bytes)}
         except NotFound:
             default = {}
         return json_response(

@@ -605,6 +605,12 @@ def test_health_info_and_the_openapi_document(srv: ServerThread) -> None:
     assert (info["model"], info["version"], info["dimensions"], info["max_input_length"]) == ("tiny", 1, 32, 160)
     assert info["device"] == "CPUExecutionProvider" and info["limits"]["max_client_batch_size"] == 8
     assert info["server"]["name"] == "mhaserve" and [m["model"] for m in info["models"]] == ["tiny"]
+    # text-embeddings-inference's fields too, of the default model (but `version`: the model's version here)
+    assert info["model_type"] == {"embedding": {"pooling": info["pooling"]}} and info["served_model_name"] == "tiny"
+    assert (info["model_id"], info["model_sha"], info["model_dtype"]) == (info["source"], info["sha256"], "float32")
+    assert info["max_concurrent_requests"] == info["limits"]["max_queue_size"] and info["max_client_batch_size"] == 8
+    assert info["max_batch_tokens"] == info["limits"]["max_batch_tokens"] and info["max_batch_requests"] is None
+    assert info["auto_truncate"] is False
     document = request("GET", url(srv, "/openapi.json")).json()
     assert {"/v1/embeddings", "/v1/models", "/v2/models/{model_name}/infer", "/tokenize", "/info", "/health"} <= set(
         document["paths"]
