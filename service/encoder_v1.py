@@ -83,7 +83,11 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
         async def encode(request: pb.EncodeRequest) -> pb.EncodeResponse:
             return await self._encode(request, context)
 
-        async for response in ordered(request_iterator, encode, error_pb, count=self.count_stream):
+        def share(request: pb.EncodeRequest) -> float:
+            inputs = len(request.texts) or len(request.token_ids)
+            return self.dataplane.queue_share(inputs, request.model, request.model_version or None)
+
+        async for response in ordered(request_iterator, encode, error_pb, count=self.count_stream, share=share):
             yield response
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.GetModelInfoResponse:

@@ -28,9 +28,8 @@ invocations of a TEI container (`/invocations`; its health check, `GET /ping`, i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -61,7 +60,7 @@ from mhaserve.service.http.bodies import (
 from mhaserve.service.http.errors import TEI_EMBED_PATH, TEI_PATHS, TEI_ROOT_PATHS, TEI_SIMILARITY_PATH
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import EncodeInput
-from mhaserve.service.rpc.streaming import WINDOW, ordered
+from mhaserve.service.rpc.streaming import ordered
 from mhaserve.service.tei_timing import DESCRIPTIONS, characters, timing
 
 # Defined once, with the error map that answers these paths in TEI's shape.
@@ -252,8 +251,9 @@ async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
     """A JSON Lines body's answer: every line read and validated before any is computed, so that a bad line
     is a 400 naming it with nothing computed, and every line computed before the answer starts, so that any
     failure is the answer's status (SageMaker retries or fails the mini-batch by it) and never an answer cut
-    short. Up to `lines_at_once` lines are computed at once, batching together and with other clients'
-    requests; the vectors are held, not their JSON, which is written out in chunks as it is sent."""
+    short. Up to `streaming.WINDOW` lines are computed at once, batching together and with other clients'
+    requests, and no more than hold half the queue (`streaming.ordered`); the vectors are held, not their
+    JSON, which is written out in chunks as it is sent."""
     lines = body.split(b"\n")
     if lines and not lines[-1].strip():
         lines.pop()  # the newline that ends the last line
@@ -290,31 +290,12 @@ async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
         except ServiceError as e:
             raise on_line(e, number) from None
 
-    window = lines_at_once([_inputs(call.input) for _, call in calls], _queue_room(dataplane, calls))
-    answers: list[tuple[_Call, Embeddings] | None] = [a async for a in ordered(each(), compute, _end, window=window)]
+    def share(item: tuple[int, _Call]) -> float:
+        asked = item[1].input
+        return dataplane.queue_share(len(asked.texts) or len(asked.token_ids), asked.model, asked.version)
+
+    answers: list[tuple[_Call, Embeddings] | None] = [a async for a in ordered(each(), compute, _end, share=share)]
     return Chunked(JSON_LINES_MEDIA, _written(answers))
-
-
-def _inputs(asked: EncodeInput) -> int:
-    return len(asked.texts) or len(asked.token_ids)
-
-
-def _queue_room(dataplane: DataPlane, calls: list[tuple[int, _Call]]) -> int:
-    """The least queue room of the models the lines name; a model not served is its line's error, once computed."""
-    rooms = []
-    for model, version in {(call.input.model, call.input.version) for _, call in calls}:
-        with contextlib.suppress(ServiceError):
-            rooms.append(dataplane.resolve(model, version).limits.max_queue_size)
-    return min(rooms, default=2 * WINDOW)
-
-
-def lines_at_once(inputs: Sequence[int], queue: int) -> int:
-    """How many of a JSON Lines body's lines are computed at once, given each line's inputs and the queue's
-    room (the least of the models' the lines name): as many as hold half the room with the body's largest
-    line, one at least (a line alone always fits: a request's inputs are at most the queue's), `WINDOW` at most.
-    A fixed `WINDOW` of lines overflowed a queue of 256 with lines of 64 inputs, failing the body with its own
-    inputs; the other half is left to other clients."""
-    return max(1, min(WINDOW, queue // 2 // max(inputs)))
 
 
 def on_line(error: ServiceError, number: int) -> ServiceError:

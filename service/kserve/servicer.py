@@ -98,7 +98,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def infer(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
             return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
 
-        async for response in ordered(request_iterator, infer, error_pb, count=self.count_stream):
+        def share(request: pb.ModelInferRequest) -> float:
+            inputs = declared_inputs({t.name: t.shape for t in request.inputs}) or 0  # (none: refused at once)
+            return self.dataplane.queue_share(inputs, request.model_name, request.model_version)
+
+        async for response in ordered(request_iterator, infer, error_pb, count=self.count_stream, share=share):
             yield response
 
     # ---- Triton's model repository extension ------------------------------------------------------------

@@ -2,9 +2,12 @@
 ModelStreamInfer.
 
 Up to `window` requests of a stream are computed at once (so they batch together, with each other and
-with other clients'), and their responses are sent in request order. A request that fails gets an
-error response (`on_error`) and the stream goes on, a bug's (an exception not a ServiceError) too, as INTERNAL
-with its traceback in the log, unless the failure concerns the whole stream
+with other clients'), and their responses are sent in request order. With `share` (each request's part of
+half its model's queue: `DataPlane.queue_share`), those computing at once take half the queue at most, one
+request at least: a stream of large requests filled the queue by itself once (32 requests of 64 inputs were
+a CPU's whole default queue), refusing other clients' requests, or its own where the queue was smaller.
+A request that fails gets an error response (`on_error`) and the stream goes on, a bug's (an exception not
+a ServiceError) too, as INTERNAL with its traceback in the log, unless the failure concerns the whole stream
 (cancelled, past its deadline, or a server that is going away): then the stream ends with that status.
 Each response is counted by the status it carries (`count`): the stream's own status is OK however many
 of its requests failed, and the metrics would not see them otherwise.
@@ -39,20 +42,32 @@ async def ordered(
     *,
     window: int = WINDOW,
     count: Callable[[str], None] | None = None,
+    share: Callable[[Request], float] | None = None,
 ) -> AsyncIterator[Response]:
     """Each request's response, in request order; see the module docstring."""
     # `space` holds the window: a request's computation starts only once there is room for it, and every one
     # started is in `pending`, where the end of the stream finds it to cancel. (Started before waiting for
     # room in a bounded queue, the one waiting was lost when the stream was cancelled, and still reached the
-    # model; the window was 33 or 34.)
+    # model; the window was 33 or 34.) `shares` holds the share of each request computing, summed afresh
+    # each time (a running float total could drift above 0 with none left, and wait for ever).
     space = asyncio.Semaphore(window)
     pending: asyncio.Queue[tuple[Request, asyncio.Future[Response]] | None] = asyncio.Queue()
+    shares: dict[int, float] = {}
+    ended = asyncio.Event()  # a request's computation ended: room, perhaps, for the next one's share
 
     async def read() -> None:
         try:
             async for request in requests:
                 await space.acquire()
-                pending.put_nowait((request, asyncio.ensure_future(compute(request))))
+                if share is not None:
+                    need = share(request)
+                    while shares and sum(shares.values()) + need > 1:
+                        ended.clear()
+                        await ended.wait()
+                task = asyncio.ensure_future(compute(request))
+                if share is not None:
+                    shares[id(task)] = need
+                pending.put_nowait((request, task))
         finally:
             pending.put_nowait(None)
 
@@ -81,6 +96,8 @@ async def ordered(
                 yield response
             finally:
                 space.release()
+                shares.pop(id(task), None)
+                ended.set()
         await reader  # re-raises a failure to read the stream
     finally:
         reader.cancel()

@@ -341,6 +341,19 @@ def test_encode_stream_answers_in_order_and_survives_a_bad_request(
         np.testing.assert_allclose(vectors(responses[i]), vectors(expected), atol=1e-5)
 
 
+def test_a_stream_of_large_requests_never_fills_the_queue_by_itself(start: Start, settings: Settings) -> None:
+    """A stream's requests computing at once take half the queue at most (one request at least): 32 at once,
+    whatever their inputs, overflowed a queue of 4 with requests of 3, refusing the stream's own requests with
+    RESOURCE_EXHAUSTED on an idle server. KServe's ModelStreamInfer and JSON Lines bodies share the rule."""
+    engine = ScriptedEngine(seconds_per_batch=0.01)
+    srv = start(dataclasses.replace(settings, max_queue_size=4, max_client_batch_size=4), engine.factory())
+    requests = [pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[2, 5 + i, 3])] * 3) for i in range(8)]
+    with srv.channel() as channel:
+        responses = list(pb_grpc.EncoderServiceStub(channel).EncodeStream(iter(requests), timeout=WAIT))
+    assert [r.error.message for r in responses if r.HasField("error")] == []
+    assert [len(r.embeddings) for r in responses] == [3] * 8
+
+
 def test_model_info(stub: pb_grpc.EncoderServiceStub, tiny_entry: Path) -> None:
     info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT)
     m = read_manifest(tiny_entry)

@@ -36,15 +36,22 @@ ERRORS = {"invalid": "INVALID_ARGUMENT", "bug": "INTERNAL"}
     broken_at=st.one_of(st.none(), st.integers(0, 20)),
     read=st.one_of(st.none(), st.integers(1, 20)),
     arrivals_ms=st.sampled_from([0.0, 0.2]),
+    shares=st.none() | st.lists(st.sampled_from([0.0, 0.1, 1 / 3, 0.5, 0.7, 1.0]), min_size=20, max_size=20),
 )
 @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
-    requests: list[tuple[float, str]], window: int, broken_at: int | None, read: int | None, arrivals_ms: float
+    requests: list[tuple[float, str]],
+    window: int,
+    broken_at: int | None,
+    read: int | None,
+    arrivals_ms: float,
+    shares: list[float] | None,
 ) -> None:
     """Responses come in request order, one a request, each an answer or its own error (a bug's INTERNAL), until
     the first request whose failure ends the stream (its error is the stream's end) or the point where the client's
     stream broke (that error ends it, after the responses of what came before it); never more than `window`
-    requests compute at once; and however the stream ends, even when its reader stops early (`read`
+    requests compute at once, nor (with `shares`: each request's part of its model's queue) more than fill it
+    but one alone; and however the stream ends, even when its reader stops early (`read`
     responses, then closes), no computation is left running and each response is counted once by its
     status."""
 
@@ -65,6 +72,8 @@ def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
             computing += 1
             most = max(most, computing)
             running.add(i)
+            if shares is not None and len(running) > 1:
+                assert sum(shares[j] for j in running) <= 1 + 1e-9, [(j, shares[j]) for j in sorted(running)]
             try:
                 delay_ms, outcome = requests[i]
                 await asyncio.sleep(delay_ms / 1000)
@@ -88,7 +97,8 @@ def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
 
         got: list[tuple[str, int]] = []
         ended: BaseException | None = None
-        stream = ordered(incoming(), compute, on_error, window=window, count=counted.append)
+        share = None if shares is None else shares.__getitem__
+        stream = ordered(incoming(), compute, on_error, window=window, count=counted.append, share=share)
         assert isinstance(stream, AsyncGenerator)  # closed early below, as grpc closes a cancelled call's
         try:
             async for response in stream:

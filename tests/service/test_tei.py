@@ -20,7 +20,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.runtime.errors import Internal, InvalidArgument
 from mhaserve.service.settings import Settings
-from mhaserve.service.tei import lines_at_once, on_line
+from mhaserve.service.tei import on_line
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
@@ -291,20 +291,6 @@ def test_a_json_lines_body_never_fills_the_queue_by_itself(tiny_repo: Any) -> No
         assert reply.status == 200, reply.body[:300]
         for record, line in zip(records, reply.body.split(b"\n"), strict=True):
             np.testing.assert_allclose(json.loads(line), embed(server, record).json(), rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize(
-    ("inputs", "queue", "window"),
-    [
-        ([64] * 5, 2048, 16),  # the defaults on a CPU: 1,024 inputs of the body at once
-        ([64] * 5, 256, 2),
-        ([1] * 100, 2048, 32),  # at most WINDOW lines still
-        ([3, 1, 3], 4, 1),  # a line over half the queue: one line at a time
-        ([1, 200, 1], 2048, 5),  # the largest line sets it
-    ],
-)
-def test_the_lines_computed_at_once_fit_half_the_queue(inputs: list[int], queue: int, window: int) -> None:
-    assert lines_at_once(inputs, queue) == window
 
 
 @pytest.mark.parametrize(
