@@ -28,6 +28,7 @@ invocations of a TEI container (`/invocations`; its health check, `GET /ping`, i
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ from mhaserve.service.http.bodies import (
 )
 from mhaserve.service.http.errors import TEI_EMBED_PATH, TEI_PATHS, TEI_ROOT_PATHS, TEI_SIMILARITY_PATH
 from mhaserve.service.http.openapi import request_body
-from mhaserve.service.pipeline import EncodeInput
+from mhaserve.service.pipeline import EncodeInput, EncodeOutput
 from mhaserve.service.rpc.streaming import ordered
 from mhaserve.service.tei_timing import DESCRIPTIONS, characters, timing
 
@@ -200,6 +201,14 @@ class _Call:
 
     input: EncodeInput
     answer: Callable[[Embeddings], bytes]
+    # The pipeline's error in the request's terms (an input of the list it embeds named by the request's field).
+    named: Callable[[ServiceError], ServiceError] = lambda error: error
+
+    async def encode(self, dataplane: DataPlane) -> EncodeOutput:
+        try:
+            return await dataplane.encode(self.input)
+        except ServiceError as e:
+            raise self.named(e) from None
 
 
 def _call(dataplane: DataPlane, data: Any) -> _Call:
@@ -209,7 +218,7 @@ def _call(dataplane: DataPlane, data: Any) -> _Call:
 
 
 async def _answer(dataplane: DataPlane, call: _Call, started_ns: int) -> Reply:
-    output = await dataplane.encode(call.input)
+    output = await call.encode(dataplane)
     fields = timing(characters(call.input), output, time.perf_counter_ns() - started_ns)
     return Reply(call.answer(output.embeddings), tuple((k.encode(), v.encode()) for k, v in fields))
 
@@ -244,7 +253,23 @@ def _similarity_call(dataplane: DataPlane, data: Any) -> _Call:
         normalize=False,
         prompt_name=parameters.prompt_name,
     )
-    return _Call(asked, lambda embeddings: orjson.dumps(cosines(embeddings), option=orjson.OPT_SERIALIZE_NUMPY))
+    return _Call(
+        asked,
+        lambda embeddings: orjson.dumps(cosines(embeddings), option=orjson.OPT_SERIALIZE_NUMPY),
+        _similarity_named,
+    )
+
+
+def _similarity_named(error: ServiceError) -> ServiceError:
+    """The pipeline's "input 2 is ... tokens long ...; set truncate" as the request says it: the source sentence
+    is the first input it embeds, and truncate is one of the parameters. A new error: a batch's is shared."""
+    found = re.match(r"input (\d+) ", error.message)
+    if not isinstance(error, InvalidArgument) or found is None:
+        return error
+    index = int(found[1])
+    which = "inputs.source_sentence" if index == 0 else f"inputs.sentences {index - 1}"
+    message = which + error.message[found.end() - 1 :]
+    return InvalidArgument(message.replace("set truncate", "set parameters.truncate"), param=error.param)
 
 
 async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
@@ -286,7 +311,7 @@ async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
     async def compute(item: tuple[int, _Call]) -> tuple[_Call, Embeddings]:
         number, call = item
         try:
-            return call, (await dataplane.encode(call.input)).embeddings
+            return call, (await call.encode(dataplane)).embeddings
         except ServiceError as e:
             raise on_line(e, number) from None
 

@@ -112,7 +112,19 @@ SIMILARITY_ERRORS = [
     ({"inputs": {"source_sentence": "a"}}, 400, "inputs.sentences: Field required"),
     ({"inputs": {"source_sentence": "a", "sentences": "b"}}, 400, "inputs.sentences"),
     ({"inputs": {"source_sentence": "a", "sentences": [1]}}, 400, "inputs.sentences"),
-    ({"inputs": {"source_sentence": "word " * 400, "sentences": ["a"]}}, 400, "more than the model's maximum of 160"),
+    # a text too long is named by its field, as the empty ones are (by the list the pipeline embeds once:
+    # "input 2 is ... set truncate")
+    (
+        {"inputs": {"source_sentence": "word " * 400, "sentences": ["a"]}},
+        400,
+        "inputs.source_sentence is 1602 tokens long, more than the model's maximum of 160",
+    ),
+    (
+        {"inputs": {"source_sentence": "a", "sentences": ["b", "word " * 400]}},
+        400,
+        "inputs.sentences 1 is 1602 tokens long, more than the model's maximum of 160 (special tokens included); "
+        "shorten it or set parameters.truncate",
+    ),
     (
         {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"truncation_direction": "left"}},
         400,
