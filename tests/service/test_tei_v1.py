@@ -280,7 +280,7 @@ def test_normalize_unset_is_true_and_prompts_are_the_models(tmp_path: Path) -> N
         assert [(t.id, t.start if t.HasField("start") else None) for t in tokens.tokens] == [
             (t["id"], t["start"]) for t in http
         ]
-        assert [t.HasField("start") for t in tokens.tokens[:4]] == [False, False, False, False]  # [CLS], q ##u ##e
+        assert [t.HasField("start") for t in tokens.tokens[:4]] == [False, False, False, False]  # [CLS], q u e
         assert prompted.metadata.compute_tokens == len(tokens.tokens)
 
 
