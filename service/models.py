@@ -263,6 +263,11 @@ class ModelManager:
             )
         else:
             self.states[(name, version)] = VersionState("UNAVAILABLE", why)
+        if version == 0:  # the model as a whole: each served version's reason is this one now (an older one stayed)
+            for served in serving:
+                self.states[(name, served)] = VersionState(
+                    "READY", f"serving the copy loaded before; the model's folder now: {why}"
+                )
         self._failed[(name, version)] = fingerprint
         self.metrics.load_failures.labels(name, str(version)).inc()
         log.error(

@@ -837,6 +837,11 @@ def test_a_served_version_whose_files_or_config_change_is_loaded_again(tmp_path:
             assert srv.samples().get("mhaserve_model_load_failures_total", model="m", version="1") == 1
             unnormalised = vectors(encode(channel, "m"))
             assert np.allclose(unnormalised / np.linalg.norm(unnormalised, axis=1, keepdims=True), second, atol=1e-6)
+            # then the model's config broken: the served version's reason says so (it kept the graph's, stale)
+            (tmp_path / "m" / "serving.json").write_text(json.dumps({"pooling": "bogus"}))
+            wait_until(lambda: "pooling" in _index(srv)[("m", "1")][1], "the served version's reason to be the new one")
+            state, why = _index(srv)[("m", "1")]
+            assert state == "READY" and why.startswith("serving the copy loaded before; the model's folder now: ")
     finally:
         srv.stop()
 
