@@ -73,6 +73,10 @@ def misspelt(env: Mapping[str, str] | None = None) -> list[str]:
     return warnings
 
 
+# The files the server reads as it starts: each must be one it can read.
+READ_AT_START = ("tls_cert", "tls_key", "tls_client_ca", "api_keys_file", "admin_keys_file")
+
+
 def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Settings from parsed flags (None where not given), then `MHASERVE_*` variables, then the defaults."""
     given, env = _given(cli), os.environ if env is None else env
@@ -92,9 +96,20 @@ def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mappin
                     raise SettingsError(f"{env_var(f.name)} is not valid: {e}") from None
                 raise SettingsError(f"{env_var(f.name)}={raw!r} is not a valid {flag(f.name)}") from None
     try:
-        return Settings(**values)
+        settings = Settings(**values)
     except SettingsError as e:
         raise SettingsError(_as_set(str(e), _from_env(given, env))) from None
+    for name in READ_AT_START:
+        if (path := getattr(settings, name)) is not None:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as e:
+                # here, as the user set it: the server found it only as it started, naming the flag where a
+                # variable had set it (MHASERVE_TLS_CERT=/nope: "cannot read --tls-cert /nope")
+                message = f"cannot read {flag(name)} {path}: {e.strerror or e}"
+                raise SettingsError(_as_set(message, _from_env(given, env))) from None
+    return settings
 
 
 def inert(settings: Settings, cli: argparse.Namespace | Mapping[str, Any] | None = None,

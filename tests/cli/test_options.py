@@ -230,6 +230,19 @@ def test_argparse_names_the_type_not_a_function(capsys: pytest.CaptureFixture[st
     assert parse("--max-batch-tokens", "auto")["max_batch_tokens"] is None
 
 
+def test_a_file_the_server_reads_at_start_is_refused_by_the_name_that_set_it(tmp_path: Path) -> None:
+    """`MHASERVE_TLS_CERT=/nope MHASERVE_TLS_KEY=/nope mhaserve serve` said "cannot start: cannot read --tls-cert
+    /nope" once the server started (exit 1), a flag the user never typed; now a usage error naming the variable."""
+    nope = tmp_path / "nope.pem"
+    with pytest.raises(SettingsError, match=f"^cannot read MHASERVE_TLS_CERT {nope}: No such file or directory$"):
+        build({}, env={"MHASERVE_TLS_CERT": str(nope), "MHASERVE_TLS_KEY": str(nope)})
+    with pytest.raises(SettingsError, match=f"^cannot read --api-keys-file {tmp_path}: Is a directory$"):
+        build(parse("--api-keys-file", str(tmp_path)), env={})
+    keys = tmp_path / "keys"
+    keys.write_text("k1\n")
+    assert build({}, env={"MHASERVE_ADMIN_KEYS_FILE": str(keys)}).admin_keys_file == keys
+
+
 def test_a_repository_that_is_a_file_is_refused_as_one(tmp_path: Path) -> None:
     """`serve --repository FILE` said "(no such folder)" once the ports were bound, and suggested
     `mhaserve export --repository FILE`."""
@@ -312,9 +325,13 @@ def test_a_setting_the_others_leave_without_effect_is_warned_about(
         (("--open-methods", "none", "--admin-keys-file", "admin.txt"), {}),
     ],
 )
-def test_settings_that_take_effect_are_not_warned_about(given: tuple[str, ...], env: dict[str, str]) -> None:
+def test_settings_that_take_effect_are_not_warned_about(
+    given: tuple[str, ...], env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mhaserve.cli.options import inert
 
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "admin.txt").write_text("a1\n")  # a file the server can read: build() checks
     args = parse(*given)
     assert inert(build(args, env=env), args, env=env) == []
 

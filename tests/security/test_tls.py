@@ -353,7 +353,10 @@ def test_start_up_refuses_unusable_certificates(plain: Settings, pki: Pki, tmp_p
             ServerThread(settings)
 
 
-def test_tls_settings_go_together() -> None:
+def test_tls_settings_go_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("s.pem", "s.key", "ca.pem"):  # files the server can read (build() checks), parsed here only
+        (tmp_path / name).write_text("")
     with pytest.raises(SettingsError, match="MHASERVE_TLS_CERT and --tls-key go together"):
         build({}, env={"MHASERVE_TLS_CERT": "server.pem"})
     with pytest.raises(SettingsError, match="MHASERVE_TLS_CLIENT_CA .* needs --tls-cert"):
