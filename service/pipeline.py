@@ -276,9 +276,7 @@ class Pipeline:
                     param="input",
                 )
         loop = asyncio.get_running_loop()
-        if self._untruncated is None:  # a copy of the whole tokenizer, rebuilt from its JSON: not on the loop
-            self._untruncated = await loop.run_in_executor(self._tokenize_pool, untruncated, self.model.tokenizer)
-        whole = self._untruncated
+        whole = await self._whole_tokenizer()
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
             return [whole.encode(text) for text in texts]
         return await loop.run_in_executor(self._tokenize_pool, whole.encode_batch, list(texts))
@@ -356,6 +354,13 @@ class Pipeline:
         tokenizer = self.model.tokenizer
         return [tokenizer.encode(text) for text in texts]
 
+    async def _whole_tokenizer(self) -> Tokenizer:
+        """The model's tokenizer without truncation, made once: a copy rebuilt from its JSON, not on the loop."""
+        if self._untruncated is None:
+            loop = asyncio.get_running_loop()
+            self._untruncated = await loop.run_in_executor(self._tokenize_pool, untruncated, self.model.tokenizer)
+        return self._untruncated
+
     async def _length(self, text: str) -> tuple[int, int | None]:
         """The untruncated length of a text, for the error message (rare: only on that error), and where only
         its start was measured, how many characters of it (None: all of it).
@@ -364,13 +369,12 @@ class Pipeline:
         event loop longer than serving the text would; past the prefix bound only its start is measured.
         """
         loop = asyncio.get_running_loop()
-        if self._untruncated is None:  # a copy of the whole tokenizer, rebuilt from its JSON: not on the loop
-            self._untruncated = await loop.run_in_executor(self._tokenize_pool, untruncated, self.model.tokenizer)
+        whole = await self._whole_tokenizer()
         part = _prefix(text, self.max_tokens * PREFIX_CHARS_PER_TOKEN)
         if len(part) <= INLINE_TOKENIZE_CHARS:
-            length = len(self._untruncated.encode(part).ids)
+            length = len(whole.encode(part).ids)
         else:
-            encodings = await loop.run_in_executor(self._tokenize_pool, self._untruncated.encode_batch, [part])
+            encodings = await loop.run_in_executor(self._tokenize_pool, whole.encode_batch, [part])
             length = len(encodings[0].ids)
         return length, None if part is text else len(part)
 

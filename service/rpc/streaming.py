@@ -52,7 +52,7 @@ async def ordered(
     # each time (a running float total could drift above 0 with none left, and wait for ever).
     space = asyncio.Semaphore(window)
     pending: asyncio.Queue[tuple[Request, asyncio.Future[Response]] | None] = asyncio.Queue()
-    shares: dict[int, float] = {}
+    shares: dict[asyncio.Future[Response], float] = {}
     ended = asyncio.Event()  # a request's computation ended: room, perhaps, for the next one's share
 
     async def read() -> None:
@@ -66,7 +66,7 @@ async def ordered(
                         await ended.wait()
                 task = asyncio.ensure_future(compute(request))
                 if share is not None:
-                    shares[id(task)] = need
+                    shares[task] = need
                 pending.put_nowait((request, task))
         finally:
             pending.put_nowait(None)
@@ -96,7 +96,7 @@ async def ordered(
                 yield response
             finally:
                 space.release()
-                shares.pop(id(task), None)
+                shares.pop(task, None)
                 ended.set()
         await reader  # re-raises a failure to read the stream
     finally:
