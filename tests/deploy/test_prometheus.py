@@ -8,6 +8,7 @@ Every Grafana panel query and every alert expression is then run against it.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import urllib.error
@@ -21,6 +22,8 @@ import pytest
 import yaml
 
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service import openai, tei
+from mhaserve.service.kserve import rest as kserve_rest
 from mhaserve.testing.loopback import free_port
 from tests.deploy.helpers import (
     DEPLOY,
@@ -202,3 +205,56 @@ def test_prometheus_scrapes_a_replica_and_sees_requests_counted(
         wait_until(lambda: not empty_panels(), "every dashboard panel to show data", timeout=15)
     except AssertionError:
         raise AssertionError(f"dashboard panels without data: {empty_panels()}") from None
+
+
+# The labels of the unary inference calls, as the server names them (a gRPC method with or without its
+# leading slash, as the two fronts differ; an HTTP route by its template), each route from the code that
+# serves it, so a route added there is checked here.
+UNARY_INFERENCE_METHODS = [
+    *(
+        f"{slash}{method}"
+        for slash in ("", "/")
+        for method in (
+            "encoder.v1.EncoderService/Encode",
+            "inference.GRPCInferenceService/ModelInfer",
+            "tei.v1.Embed/Embed",
+        )
+    ),
+    *(f"POST {path}" for path in (*openai.EMBEDDINGS_PATHS, tei.EMBED_PATH, tei.SIMILARITY_PATH, *tei.ROOT_PATHS)),
+    *(f"POST {kserve_rest.PREFIX}/models/{{model_name}}{v}/infer" for v in ("", "/versions/{model_version}")),
+]
+# Calls that last longer by nature, or that compute nothing: not the alert's.
+OTHER_METHODS = [
+    "/encoder.v1.EncoderService/EncodeStream",
+    "inference.GRPCInferenceService/ModelStreamInfer",
+    "tei.v1.Embed/EmbedStream",
+    "encoder.v1.EncoderService/ListModels",
+    "POST /tokenize",
+    "POST /v2/repository/models/{model_name}/load",
+    "GET /v2/models/{model_name}/ready",
+]
+
+
+def slow_request_methods() -> list[tuple[str, re.Pattern[str]]]:
+    """(where, the method regex) of the slow-request alert and of the dashboard's p99 panel, anchored as
+    Prometheus anchors a `=~` match."""
+    found = [(name, expr) for name, expr in alert_exprs() if name == "MhaserveSlowRequests"]
+    found += [(title, expr) for title, expr in dashboard_queries() if "ModelInfer" in expr]
+    assert len(found) == 2, found
+    regexes = []
+    for where, expr in found:
+        (pattern,) = [m for m in re.findall(r'method=~"([^"]+)"', expr.replace('\\"', '"')) if "Encode" in m]
+        regexes.append((where, re.compile(f"^(?:{pattern})$")))
+    return regexes
+
+
+@pytest.mark.parametrize("method", UNARY_INFERENCE_METHODS)
+def test_slow_request_alert_and_p99_panel_see_every_unary_inference_call(method: str) -> None:
+    for where, regex in slow_request_methods():
+        assert regex.match(method), f"{where} does not see {method}"
+
+
+@pytest.mark.parametrize("method", OTHER_METHODS)
+def test_slow_request_alert_leaves_streams_and_control_calls_out(method: str) -> None:
+    for where, regex in slow_request_methods():
+        assert not regex.match(method), f"{where} counts {method}"
