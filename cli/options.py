@@ -15,7 +15,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from mhaserve.service.auth import AuthError, read_keys_file
 from mhaserve.service.settings import Settings, SettingsError, env_var, flag
+from mhaserve.service.tls import TlsError, TlsFiles, TlsMaterial
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,17 +101,29 @@ def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mappin
         settings = Settings(**values)
     except SettingsError as e:
         raise SettingsError(_as_set(str(e), _from_env(given, env))) from None
+    # Here, named as the user set them: the server found a bad one only as it started, naming the flag where a
+    # variable had set it (MHASERVE_TLS_CERT=/nope: "cannot start: cannot read --tls-cert /nope", exit 1).
+    try:
+        _read_at_start(settings)
+    except (OSError, AuthError, TlsError) as e:
+        raise SettingsError(_as_set(str(e), _from_env(given, env))) from None
+    return settings
+
+
+def _read_at_start(settings: Settings) -> None:
+    """Each file the server reads as it starts, readable, and read as the server will read it: a certificate
+    and key that are PEM and a pair, a client CA, keys files that hold keys (the server reads them again)."""
     for name in READ_AT_START:
         if (path := getattr(settings, name)) is not None:
             try:
                 with open(path, "rb"):
                     pass
             except OSError as e:
-                # here, as the user set it: the server found it only as it started, naming the flag where a
-                # variable had set it (MHASERVE_TLS_CERT=/nope: "cannot read --tls-cert /nope")
-                message = f"cannot read {flag(name)} {path}: {e.strerror or e}"
-                raise SettingsError(_as_set(message, _from_env(given, env))) from None
-    return settings
+                raise OSError(f"cannot read {flag(name)} {path}: {e.strerror or e}") from None
+    TlsMaterial.read(TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_client_ca))
+    for name in ("api_keys_file", "admin_keys_file"):
+        if (path := getattr(settings, name)) is not None:
+            read_keys_file(path, flag(name))
 
 
 def inert(settings: Settings, cli: argparse.Namespace | Mapping[str, Any] | None = None,

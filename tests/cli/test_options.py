@@ -243,6 +243,22 @@ def test_a_file_the_server_reads_at_start_is_refused_by_the_name_that_set_it(tmp
     assert build({}, env={"MHASERVE_ADMIN_KEYS_FILE": str(keys)}).admin_keys_file == keys
 
 
+def test_a_keys_file_without_keys_is_a_usage_error_named_as_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MHASERVE_API_KEYS_FILE=nokeys was "cannot start: --api-keys-file nokeys holds no key" (exit 1) once the
+    server started; now the same usage error as a file that cannot be read, named by the variable."""
+    empty = tmp_path / "nokeys"
+    empty.write_text("# only a comment\n")
+    with pytest.raises(SettingsError, match=f"^MHASERVE_ADMIN_KEYS_FILE {empty} holds no key"):
+        build({}, env={"MHASERVE_ADMIN_KEYS_FILE": str(empty)})
+    with pytest.raises(SettingsError, match=f"^--api-keys-file {empty} holds no key"):
+        build(parse("--api-keys-file", str(empty)), env={})
+    monkeypatch.setenv("MHASERVE_API_KEYS_FILE", str(empty))
+    assert main(["serve", "--repository", str(tmp_path)]) == 2
+    assert f"MHASERVE_API_KEYS_FILE {empty} holds no key" in capsys.readouterr().err
+
+
 def test_a_repository_that_is_a_file_is_refused_as_one(tmp_path: Path) -> None:
     """`serve --repository FILE` said "(no such folder)" once the ports were bound, and suggested
     `mhaserve export --repository FILE`."""

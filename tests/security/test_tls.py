@@ -7,6 +7,8 @@ import dataclasses
 import http.client
 import json
 import logging
+import re
+import shutil
 import socket
 import ssl
 import subprocess
@@ -353,10 +355,39 @@ def test_start_up_refuses_unusable_certificates(plain: Settings, pki: Pki, tmp_p
             ServerThread(settings)
 
 
-def test_tls_settings_go_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unusable_certificates_are_usage_errors_named_as_set(pki: Pki, tmp_path: Path) -> None:
+    """A certificate or key set through a variable, found unusable, was "cannot start: --tls-key ... is not the
+    key of the certificate --tls-cert ..." (exit 1) once the server started: flags never typed. build() reads
+    them first now, a usage error naming each as it was set."""
+    not_pem = tmp_path / "cert.der"
+    not_pem.write_bytes(b"\x30\x82garbage")
+    for env, message in (
+        ({"MHASERVE_TLS_CERT": not_pem, "MHASERVE_TLS_KEY": pki.server_key}, f"MHASERVE_TLS_CERT {not_pem} is not PEM"),
+        (
+            {"MHASERVE_TLS_CERT": pki.server_cert, "MHASERVE_TLS_KEY": pki.client_key},
+            f"MHASERVE_TLS_KEY {pki.client_key} is not the key of the certificate MHASERVE_TLS_CERT {pki.server_cert}",
+        ),
+        (
+            {
+                "MHASERVE_TLS_CERT": pki.server_cert,
+                "MHASERVE_TLS_KEY": pki.server_key,
+                "MHASERVE_TLS_CLIENT_CA": not_pem,
+            },
+            f"MHASERVE_TLS_CLIENT_CA {not_pem} is not PEM",
+        ),
+    ):
+        with pytest.raises(SettingsError, match=f"^{re.escape(message)}"):
+            build({}, env={k: str(v) for k, v in env.items()})
+    flags = {"tls_cert": pki.server_cert, "tls_key": pki.client_key}
+    with pytest.raises(SettingsError, match=f"^--tls-key {re.escape(str(pki.client_key))} is not the key"):
+        build(flags, env={})
+    assert build({"tls_cert": pki.server_cert, "tls_key": pki.server_key}, env={}).tls_key == pki.server_key
+
+
+def test_tls_settings_go_together(pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    for name in ("s.pem", "s.key", "ca.pem"):  # files the server can read (build() checks), parsed here only
-        (tmp_path / name).write_text("")
+    for name, pem in (("s.pem", pki.server_cert), ("s.key", pki.server_key), ("ca.pem", pki.ca)):
+        shutil.copy(pem, tmp_path / name)  # files the server can use (build() reads them)
     with pytest.raises(SettingsError, match="MHASERVE_TLS_CERT and --tls-key go together"):
         build({}, env={"MHASERVE_TLS_CERT": "server.pem"})
     with pytest.raises(SettingsError, match="MHASERVE_TLS_CLIENT_CA .* needs --tls-cert"):
