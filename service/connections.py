@@ -215,12 +215,13 @@ TLS_HANDSHAKE = 0x16  # the first byte of a TLS record that carries a handshake 
 MAX_REQUEST_LINE = 8 * 1024  # how far an HTTP/1.x request line is looked for
 
 
-def plain_answer(status: int, text: str) -> bytes:
+def plain_answer(status: int, text: str, request_id: str | None = None) -> bytes:
     """A whole HTTP/1.1 answer in plain text that closes the connection: for requests refused before any HTTP
     server reads them (headers over the limit, HTTP/1.x sent to a gRPC port)."""
     body = text.encode() + b"\n"
     return (
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n".encode()
+        + (f"x-request-id: {request_id}\r\n".encode() if request_id else b"")
         + b"content-length: "
         + str(len(body)).encode()
         + b"\r\nconnection: close\r\n\r\n"

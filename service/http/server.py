@@ -54,7 +54,7 @@ KEEP_ALIVE_S = 5
 # The request line and headers together; nginx's default allows 4 lines of 8 KB, Node 16 KB in all.
 MAX_HEADER_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped before it closes
-TOO_LARGE = plain_answer(431, "the request line and headers are over 64 KiB in all")
+TOO_LARGE = "the request line and headers are over 64 KiB in all"
 
 
 # uvicorn logs a WARNING for every malformed request: a TLS handshake or an HTTP/2 client sent to the plain HTTP
@@ -171,9 +171,11 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         if self._header_bytes > MAX_HEADER_BYTES and not self._refused:
             self._refused = True
             self._disarm()
-            log.info("refused an HTTP request whose headers are over %d bytes", MAX_HEADER_BYTES)
+            # A made-up id, as every answer carries one: the client's may lie past what is read.
+            rid = accept_request_id(None)
+            log.info("answered 431 (request %s): its headers are over %d bytes", rid, MAX_HEADER_BYTES)
             if not self.transport.is_closing():
-                self.transport.write(TOO_LARGE)
+                self.transport.write(plain_answer(431, TOO_LARGE, rid))
                 if self.transport.can_write_eof():
                     # Closed with the rest of the request unread, the socket would reset the connection and the
                     # client might lose the 431: half-close, drop what still comes, and close a moment later.

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -241,8 +242,12 @@ def test_a_slowloris_client_is_disconnected(srv: ServerThread) -> None:
 
 
 @pytest.mark.parametrize("shape", ["many headers", "one long header", "a long url", "in one read"])
-def test_headers_over_64_kib_are_431_before_any_key_is_read(srv: ServerThread, shape: str) -> None:
-    """httptools takes headers of any size: 64 MB of them, before the key check, cost a gigabyte."""
+def test_headers_over_64_kib_are_431_before_any_key_is_read(
+    srv: ServerThread, shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """httptools takes headers of any size: 64 MB of them, before the key check, cost a gigabyte. The 431 carries
+    a request id, as every answer does, and its log line the same."""
+    caplog.set_level(logging.INFO, logger="mhaserve.service.http.server")
     if shape == "many headers":
         head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n" + b"X-h: v\r\n" * 20_000
     elif shape == "one long header":
@@ -259,6 +264,8 @@ def test_headers_over_64_kib_are_431_before_any_key_is_read(srv: ServerThread, s
             while chunk := s.recv(4096):
                 answer += chunk
     assert answer.startswith(b"HTTP/1.1 431"), answer[:100]
+    (rid,) = re.findall(rb"\r\nx-request-id: ([0-9a-f]{16})\r\n", answer.partition(b"\r\n\r\n")[0] + b"\r\n")
+    assert any(rid.decode() in r.getMessage() and "431" in r.getMessage() for r in caplog.records), caplog.text
     # headers within the limit are served as before
     reply = request("POST", url(srv, "/v1/embeddings"), {"input": "a"}, {"x-h": "v" * 30_000})
     assert reply.status == 200
