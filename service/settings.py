@@ -467,15 +467,12 @@ class Settings:
             if same := [b for b, pb in ports[i + 1 :] if pb == pa]:
                 raise SettingsError(f"{a} and {same[0]} are both {pa}: each listener needs its own port")
         positive("repository_poll_s", self.repository_poll_s)
-        for name, choices in (
-            ("model_control", CONTROLS),
-            ("device", DEVICES),
-            ("graph", GRAPHS),
-            ("batching", BATCHING),
-            ("log_level", LOG_LEVELS),
-        ):
-            if getattr(self, name) not in choices:
-                raise SettingsError(f"{flag(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        # Every field with choices, from its own metadata: a list kept by hand here once lacked --grpc-front, and
+        # MHASERVE_GRPC_FRONT=nope served on grpc.aio's front without a word (argparse checks only the flags).
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if (choices := f.metadata.get("choices")) and value not in choices:
+                raise SettingsError(f"{flag(f.name)} must be one of {', '.join(choices)}, got {value!r}")
         if self.processes > 1 and self.model_control == "explicit":
             raise SettingsError(
                 "--model-control explicit needs --processes 1: a load or unload call would reach only the process "

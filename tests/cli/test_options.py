@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -215,6 +216,18 @@ def test_a_bad_value_is_named_by_the_variable_or_the_flag_that_set_it() -> None:
     # one variable's name is not taken for the start of another's flag
     with pytest.raises(SettingsError, match="^--repository-poll-s must be > 0"):
         build({"repository_poll_s": 0.0}, env={"MHASERVE_REPOSITORY": "models"})
+
+
+WITH_CHOICES = [f for f in dataclasses.fields(Settings) if f.metadata.get("choices")]
+
+
+@pytest.mark.parametrize("field", WITH_CHOICES, ids=lambda f: f.name)
+def test_every_setting_with_choices_refuses_another_value_from_its_variable(field: dataclasses.Field[Any]) -> None:
+    """MHASERVE_GRPC_FRONT=nope served on grpc.aio's front without a word: the choices were checked by a list of
+    settings that lacked it, where argparse refused --grpc-front nope."""
+    choices = ", ".join(field.metadata["choices"])
+    with pytest.raises(SettingsError, match=f"^{st.env_var(field.name)} must be one of {choices}, got 'nope'$"):
+        build({}, env={st.env_var(field.name): "nope"})
 
 
 def test_argparse_names_the_type_not_a_function(capsys: pytest.CaptureFixture[str]) -> None:
