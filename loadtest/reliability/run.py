@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -32,8 +33,9 @@ from mhaserve.loadtest.reliability.scenarios.overload import OverloadResult, ove
 from mhaserve.loadtest.reliability.scenarios.shutdown import second_signal, shutdown_under_load
 from mhaserve.loadtest.reliability.scenarios.soak import soak
 from mhaserve.loadtest.reliability.strategies import Model
+from mhaserve.runtime.errors import ServiceError
 from mhaserve.runtime.manifest import read_manifest
-from mhaserve.runtime.repository import ModelRepository
+from mhaserve.runtime.repository import ModelRepository, RepositoryError
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import free_port
@@ -102,6 +104,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = [name.strip() for name in args.scenarios.split(",") if name.strip()]
     if unknown := sorted(set(chosen) - set(SCENARIOS)):
         parser.error(f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(SCENARIOS)}")
+    # Before any scenario runs: a report that cannot be written, or a model that is not there, failed with a
+    # traceback once the whole run (about 10 minutes) was over.
+    for flag, path in (("--output", args.output), ("--json", args.json)):
+        if path is not None and (why := _unwritable(path)):
+            parser.error(f"{flag} {path}{why}")
+    try:
+        ModelRepository(args.repository).entry(args.model)
+    except (RepositoryError, ServiceError) as e:
+        parser.error(f"--repository {args.repository} --model {args.model}: {getattr(e, 'message', e)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # In-process servers: faults are the point here. Put back afterwards: main also runs inside a test process,
     # whose later tests read these loggers' lines.
@@ -155,13 +166,25 @@ def _run(args: argparse.Namespace, chosen: list[str], argv: Sequence[str] | None
         for name in SCENARIOS:
             if name in chosen:
                 scenarios[name]()
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(render(run))
     if args.json:
         args.json.write_text(json.dumps(_plain(run), indent=2, default=str) + "\n")
     failed = [c for c in run.checks if not c.passed]
     log.info("wrote %s: %d checks, %d failed", args.output, len(run.checks), len(failed))
     return 1 if failed else 0
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why a report cannot be written at `path` (its folder is made if missing), or None."""
+    if path.is_dir():
+        return " is a folder: give a file's path"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f": cannot make its folder: {e.strerror or e}"
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return ": cannot be written here"
+    return None
 
 
 def _plain(value: Any) -> Any:

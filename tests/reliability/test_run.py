@@ -31,3 +31,32 @@ def test_an_unknown_scenario_is_refused_by_name(tmp_path: Path, capsys: pytest.C
         main(["--scenarios", "deadlines,sok", "--output", str(tmp_path / "r.md")])
     assert e.value.code == 2
     assert f"unknown scenario(s) sok: choose from {', '.join(SCENARIOS)}" in capsys.readouterr().err
+
+
+def test_outputs_and_model_are_checked_before_anything_runs(
+    tiny_repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--json results/reliability.json` (as the Makefile suggests) on a fresh clone, with no results/, failed with a
+    traceback once the whole run (10 minutes) was over, losing its figures; so did an --output that is a folder, and
+    a model the repository lacks failed with a traceback. Each is now a usage error before any scenario runs; a
+    missing folder is made."""
+    file = tmp_path / "a-file"
+    file.write_text("")
+    base = ["--repository", str(tiny_repo), "--model", "tiny", "--quick", "--scenarios", "deadlines"]
+    for argv, message in (
+        ([*base, "--output", str(tmp_path)], f"--output {tmp_path} is a folder"),
+        ([*base, "--output", str(tmp_path / "r.md"), "--json", str(file / "r.json")], f"--json {file / 'r.json'}:"),
+        (["--repository", str(tiny_repo), "--model", "nope", "--output", str(tmp_path / "r.md")], "nope"),
+        (["--repository", str(tmp_path / "none"), "--output", str(tmp_path / "r.md")], str(tmp_path / "none")),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert not (tmp_path / "r.md").exists()
+    # a folder that does not exist yet is made, as the report's own folder always was
+    assert (
+        main([*base, "--output", str(tmp_path / "out" / "r.md"), "--json", str(tmp_path / "results" / "r.json")]) == 0
+    )
+    assert (tmp_path / "results" / "r.json").is_file()
