@@ -116,6 +116,8 @@ class ModelManager:
         # tried again (not at every poll).
         self._loaded: dict[tuple[str, int], Fingerprint] = {}
         self._failed: dict[tuple[str, int], Fingerprint] = {}
+        # A served version's own failed reload, said again once a failure of the model's folder is mended.
+        self._why: dict[tuple[str, int], str] = {}
         self._missing: set[tuple[str, int]] = set()  # versions a `specific` policy names that are not published
         self._locks: dict[str, asyncio.Lock] = {}
         self._retiring: dict[asyncio.Task[None], Pipeline] = {}
@@ -183,10 +185,17 @@ class ModelManager:
             for version in wanted:
                 key = (name, version)
                 fingerprint = plan.fingerprints[version]
+                # The model reads cleanly (a reason the folder gave a served version is behind it): each served
+                # version's state is its own again.
                 if version in served and fingerprint == self._loaded.get(key):
-                    continue  # serving what is there
+                    self.states[key] = VersionState("READY")  # serving what is there
+                    self._failed.pop(key, None)
+                    self._why.pop(key, None)
+                    continue
                 # A failed version waits for its files to change; a load asked for (strict) tries again now.
                 if not strict and self._failed_as(name, version, fingerprint):
+                    if version in served:
+                        self.states[key] = VersionState("READY", self._why.get(key, ""))
                     continue
                 try:
                     await self._load(name, version, fingerprint)
@@ -237,6 +246,7 @@ class ModelManager:
         self.states[key] = VersionState("READY")
         self._loaded[key] = fingerprint
         self._failed.pop(key, None)
+        self._why.pop(key, None)
         limits = pipeline.limits
         log.info(
             "serving %s version %d (%s graph) on %s after %d warm-up runs in %.1f s; max %d tokens per input, "
@@ -258,9 +268,8 @@ class ModelManager:
         why = reason(error)
         serving = self.dataplane.versions(name)
         if version in serving:  # its files changed and do not load: the copy loaded before goes on serving
-            self.states[(name, version)] = VersionState(
-                "READY", f"serving the copy loaded before; its files or config now: {why}"
-            )
+            self._why[(name, version)] = f"serving the copy loaded before; its files or config now: {why}"
+            self.states[(name, version)] = VersionState("READY", self._why[(name, version)])
         else:
             self.states[(name, version)] = VersionState("UNAVAILABLE", why)
         if version == 0:  # the model as a whole: each served version's reason is this one now (an older one stayed)
@@ -345,6 +354,7 @@ class ModelManager:
             return
         self.states[(name, version)] = VersionState("UNLOADING")
         self._loaded.pop((name, version), None)
+        self._why.pop((name, version), None)
         log.info("retiring %s version %d: no new requests; closing once the %d it holds finish", name, version,
                  pipeline.active)  # fmt: skip
         self._close_later(pipeline)

@@ -829,7 +829,8 @@ def test_a_served_version_whose_files_or_config_change_is_loaded_again(tmp_path:
             assert not np.allclose(np.linalg.norm(vectors(encode(channel, "m")), axis=1), 1.0)
             # the graph damaged in place: the copy loaded before goes on serving, and the index says why
             graph = entry / "model.onnx"
-            graph.write_bytes(graph.read_bytes()[:-1] + b"\x00")
+            last = graph.read_bytes()[-1:]
+            graph.write_bytes(graph.read_bytes()[:-1] + bytes([last[0] ^ 0xFF]))
             wait_until(lambda: "serving the copy loaded before" in _index(srv)[("m", "1")][1], "the failed reload")
             assert _index(srv)[("m", "1")][0] == "READY"
             assert srv.samples().get("mhaserve_model_load_failures_total", model="m", version="1") == 1
@@ -842,6 +843,30 @@ def test_a_served_version_whose_files_or_config_change_is_loaded_again(tmp_path:
             wait_until(lambda: "pooling" in _index(srv)[("m", "1")][1], "the served version's reason to be the new one")
             state, why = _index(srv)[("m", "1")]
             assert state == "READY" and why.startswith("serving the copy loaded before; the model's folder now: ")
+            # the config mended: the version's own failure is what holds again (it kept the folder's, stale)
+            (tmp_path / "m" / "serving.json").write_text(json.dumps({"normalize": False}))
+            wait_until(lambda: "its files or config now" in _index(srv)[("m", "1")][1], "the version's own reason")
+            # and the graph mended too: loaded again, no reason left
+            graph.write_bytes(graph.read_bytes()[:-1] + last)
+            wait_until(lambda: _index(srv)[("m", "1")] == ("READY", ""), "the mended version")
+    finally:
+        srv.stop()
+
+
+def test_a_mended_serving_config_clears_the_reason_it_gave_the_served_versions(tmp_path: Path) -> None:
+    """serving.json broken, then written back as it was: the served version kept "the model's folder now: ... not
+    valid JSON" in the index until something made it load again, its files unchanged all along."""
+    export(tmp_path, "m", 1, seed=1)
+    config = tmp_path / "m" / "serving.json"
+    config.write_text(json.dumps({"normalize": True}))
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        assert _index(srv)[("m", "1")] == ("READY", "")
+        config.write_text('{"normalize": tru')
+        wait_until(lambda: "not valid JSON" in _index(srv)[("m", "1")][1], "the broken config's reason")
+        config.write_text(json.dumps({"normalize": True}))
+        wait_until(lambda: _index(srv)[("m", "1")] == ("READY", ""), "the reason gone with the mended config")
+        assert ("m", "0") not in _index(srv) and ("m", "") not in _index(srv)
     finally:
         srv.stop()
 
