@@ -70,9 +70,9 @@ class DataPlane:
 
     def set_default(self, name: str, *, follow: bool = False) -> None:
         """The model of requests that name none: the first model the server was told to serve. With `follow`
-        (no model was named: `*`, or none), while `name` is not served, the repository's default among the
-        served models instead (all-minilm-l6-v2 if served, else the first by name): once it was unloaded or
-        removed from the repository, every request that named no model failed, /info too."""
+        (no model was named: `*`, or none), the repository's default among the models served at the time
+        (all-minilm-l6-v2 if served, else the first by name), `name` while none is: fixed at start, once it
+        was unloaded or removed from the repository, every request that named no model failed, /info too."""
         self._default = name
         self._follow = follow
 
@@ -133,7 +133,9 @@ class DataPlane:
 
     @property
     def default_model(self) -> str:
-        if self._follow and self._default not in self._pipelines and self._pipelines:
+        # Not named: the repository's default among those served now, as a server started now would choose (it
+        # stayed the served one chosen before, and replicas started before and after a publish differed).
+        if self._follow and self._pipelines:
             return preferred_default(self._pipelines)
         return self._default
 

@@ -166,54 +166,63 @@ class ModelManager:
         With `strict`, a version that fails to load raises; else it is reported and skipped.
         """
         async with self._lock(name):
-            # Every read of the repository in one worker thread: on a network file system that stalls, the event
-            # loop (every request, health check and drain) would wait for each stat.
-            plan = await asyncio.to_thread(self._plan, name)
-            if plan.refusal is not None:
-                # The model as a whole (version 0: its serving.json, or no versions): said once, until it changes.
-                fingerprint = plan.fingerprints[0]
-                if not strict and self._failed_as(name, 0, fingerprint):
-                    return
-                self._report(name, 0, plan.refusal, fingerprint)
-                if strict:
-                    raise plan.refusal
+            default = self.dataplane.default_model
+            try:
+                await self._sync(name, strict)
+            finally:
+                if default and (now := self.dataplane.default_model) != default:
+                    log.info("requests that name no model now get %s (%s before): it is the default served", now,
+                             default)  # fmt: skip
+
+    async def _sync(self, name: str, strict: bool) -> None:
+        # Every read of the repository in one worker thread: on a network file system that stalls, the event
+        # loop (every request, health check and drain) would wait for each stat.
+        plan = await asyncio.to_thread(self._plan, name)
+        if plan.refusal is not None:
+            # The model as a whole (version 0: its serving.json, or no versions): said once, until it changes.
+            fingerprint = plan.fingerprints[0]
+            if not strict and self._failed_as(name, 0, fingerprint):
                 return
-            wanted, published = plan.wanted, plan.published
-            self._forget(name, lambda version: version == 0 or version not in published)
-            self._note_missing(name, plan.missing)
-            served = set(self.dataplane.versions(name))
-            for version in wanted:
-                key = (name, version)
-                fingerprint = plan.fingerprints[version]
-                # The model reads cleanly (a reason the folder gave a served version is behind it): each served
-                # version's state is its own again.
-                if version in served and fingerprint == self._loaded.get(key):
-                    self.states[key] = VersionState("READY")  # serving what is there
-                    self._failed.pop(key, None)
-                    self._why.pop(key, None)
-                    continue
-                # A failed version waits for its files to change; a load asked for (strict) tries again now.
-                if not strict and self._failed_as(name, version, fingerprint):
-                    if version in served:
-                        self.states[key] = VersionState("READY", self._why.get(key, ""))
-                    continue
-                try:
-                    await self._load(name, version, fingerprint)
-                except Exception as e:  # a graph ONNX Runtime cannot read fails in its own ways
-                    self._report(name, version, e, fingerprint)
-                    if strict:
-                        raise
-            # Retire the versions the policy left only once all it selects serve: a failed load (of a newer
-            # version, or of one of `latest N`) changes nothing that is served.
-            now = set(self.dataplane.versions(name))
-            if set(wanted) <= now:
-                for version in sorted(now - set(wanted)):
-                    self._retire(name, version)
-                # The policy is in force: every served version says so (ModelConfig, /info), those loaded under
-                # an earlier one too. Not before: a failed load changes nothing that is served, nor its policy.
-                if (policy := plan.policy) is not None:
-                    for version in sorted(now & set(wanted)):
-                        self.dataplane.resolve(name, version).version_policy = policy
+            self._report(name, 0, plan.refusal, fingerprint)
+            if strict:
+                raise plan.refusal
+            return
+        wanted, published = plan.wanted, plan.published
+        self._forget(name, lambda version: version == 0 or version not in published)
+        self._note_missing(name, plan.missing)
+        served = set(self.dataplane.versions(name))
+        for version in wanted:
+            key = (name, version)
+            fingerprint = plan.fingerprints[version]
+            # The model reads cleanly (a reason the folder gave a served version is behind it): each served
+            # version's state is its own again.
+            if version in served and fingerprint == self._loaded.get(key):
+                self.states[key] = VersionState("READY")  # serving what is there
+                self._failed.pop(key, None)
+                self._why.pop(key, None)
+                continue
+            # A failed version waits for its files to change; a load asked for (strict) tries again now.
+            if not strict and self._failed_as(name, version, fingerprint):
+                if version in served:
+                    self.states[key] = VersionState("READY", self._why.get(key, ""))
+                continue
+            try:
+                await self._load(name, version, fingerprint)
+            except Exception as e:  # a graph ONNX Runtime cannot read fails in its own ways
+                self._report(name, version, e, fingerprint)
+                if strict:
+                    raise
+        # Retire the versions the policy left only once all it selects serve: a failed load (of a newer
+        # version, or of one of `latest N`) changes nothing that is served.
+        now = set(self.dataplane.versions(name))
+        if set(wanted) <= now:
+            for version in sorted(now - set(wanted)):
+                self._retire(name, version)
+            # The policy is in force: every served version says so (ModelConfig, /info), those loaded under
+            # an earlier one too. Not before: a failed load changes nothing that is served, nor its policy.
+            if (policy := plan.policy) is not None:
+                for version in sorted(now & set(wanted)):
+                    self.dataplane.resolve(name, version).version_policy = policy
 
     async def _load(self, name: str, version: int, fingerprint: Fingerprint) -> None:
         """Load a version and switch it in; one already served (its files or config changed) keeps serving

@@ -681,7 +681,9 @@ def test_the_repository_api_is_for_explicit_control_only(two: Path) -> None:
         assert request("POST", srv.http_url + "/v2/repository/index", {}).json()[0]["name"] == "narrow"
 
 
-def test_a_default_not_named_follows_the_served_models_and_info_always_answers(two: Path, tmp_path: Path) -> None:
+def test_a_default_not_named_follows_the_served_models_and_info_always_answers(
+    two: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The default (the first model by name under `*`) was fixed at start: once its folder was removed, every
     request that named no model failed NOT_FOUND, and /info with it, while another model served."""
     repo = tmp_path / "repo"
@@ -695,6 +697,23 @@ def test_a_default_not_named_follows_the_served_models_and_info_always_answers(t
             assert info(channel).name == "wide" and encode(channel).model == "wide"
         reply = request("GET", srv.http_url + "/info")
         assert reply.status == 200 and reply.json()["model"] == "wide"
+    finally:
+        srv.stop()
+
+    # A model published that a server started now would choose (the first by name) is the default from then on:
+    # the default stayed the one chosen at start, so replicas started before and after a publish differed.
+    repo = tmp_path / "later"
+    repo.mkdir()
+    shutil.copytree(two / "wide", repo / "wide")
+    srv = ServerThread(settings(repo, "*", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        with srv.channel() as channel:
+            assert info(channel).name == "wide"
+            caplog.set_level(logging.INFO, logger="mhaserve.service.models")
+            shutil.copytree(two / "narrow", repo / "narrow")
+            wait_until(lambda: info(channel).name == "narrow", "narrow the default")
+            assert encode(channel).model == "narrow"
+            assert "requests that name no model now get narrow (wide before)" in caplog.text
     finally:
         srv.stop()
 
