@@ -118,3 +118,16 @@ async def measure(
         "bulk_texts_per_s": answered * BULK_INPUTS / seconds if bulk else None,
         "errors": dict(errors),
     }
+
+
+def failure(mix: dict[str, Any]) -> str | None:
+    """Why one measurement of `measure` is no result, or None: no query answered (its latencies are zeros), or bulk
+    clients whose every request failed, so that the queries ran alone whatever the count of bulk clients says.
+    Some refusals among answers are figures of the run, counted in its errors."""
+    errors = ", ".join(f"{kind} {n}" for kind, n in mix["errors"].items())
+    if mix["queries"] and not mix["answered"]:
+        return f"no query was answered ({errors})"
+    bulk_errors = {kind: n for kind, n in mix["errors"].items() if kind.startswith("bulk: ")}
+    if mix["bulk_clients"] and bulk_errors and not mix["bulk_texts_per_s"]:
+        return f"every bulk request failed ({', '.join(f'{kind} {n}' for kind, n in bulk_errors.items())})"
+    return None

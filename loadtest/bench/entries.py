@@ -11,9 +11,16 @@ from typing import Any
 
 from mhaserve.loadtest.bench.workloads import Workload, build
 from mhaserve.model.config import TINY
+from mhaserve.runtime import manifest as mf
 from mhaserve.runtime.devices import Device
 from mhaserve.runtime.repository import GraphChoice, ModelEntry, ModelRepository
 from mhaserve.runtime.tokenizer import load_for_serving
+
+
+def quick_graphs(*, optimize: bool) -> tuple[str, ...]:
+    """The graphs quick_repository's models have: fp32, and the fused ones where `optimize`; neither fp16 (a
+    GPU graph) nor int8 (its quantisation and gate would add to every --quick run)."""
+    return ("fp32", "optimized", mf.CPU_GRAPH) if optimize else ("fp32",)
 
 
 def quick_repository(tmp: Path, names: Sequence[str], *, optimize: bool = True) -> Path:

@@ -25,9 +25,7 @@ from mhaserve.runtime.repository import GRAPHS
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     """The memory run alone; returns the results directory."""
-    opt = options.resolve(args)
-    if not opt["rss_requests"]:
-        raise BenchError("--memory-only with --rss-requests 0 would measure nothing")
+    opt = options.resolve(args)  # --rss-requests 0 is refused before (options.unread)
     started = time.perf_counter()
     output = Path(opt["output"])  # made by run.main()
     batching = "length" if "length" in opt["batching"] else opt["batching"][0]
@@ -42,10 +40,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             wname = memory.pick_workload(opt["workloads"])
             workload = entries.workloads(dict(opt, workloads=(wname,)), entry)[wname]
             graphs, skipped = memory.graphs_to_measure(opt["graphs"], entry.manifest.graphs, GRAPHS)
+            if not graphs:  # the run's one measurement: a report of none was written, and the run exited 0
+                raise BenchError("no graph to measure: " + "; ".join(f"{g}: {why}" for g, why in skipped.items()))
             progress.total += len(graphs)
-            note["result"] = f"{entry.name} v{entry.version}, {workload.name}: {len(workload.ids)} inputs; " + (
-                f"graphs {', '.join(graphs)}" if graphs else "no graph to measure"
-            )
+            inputs = f"{workload.name}: {len(workload.ids)} inputs"
+            note["result"] = f"{entry.name} v{entry.version}, {inputs}; graphs {', '.join(graphs)}"
             for graph, why in skipped.items():
                 progress.say(f"  skipping {graph}: {why}")
 

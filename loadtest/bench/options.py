@@ -12,7 +12,15 @@ from typing import Any, TypeVar
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.repository import GRAPHS
-from mhaserve.service.settings import Settings, auto_inference_workers, env_var, on_cpu, worker_threads
+from mhaserve.service.settings import (
+    Settings,
+    SettingsError,
+    auto_inference_workers,
+    env_var,
+    flag,
+    on_cpu,
+    worker_threads,
+)
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -23,7 +31,7 @@ BATCHING = ("arrival", "length")
 # (not by default: on the 2-core VM it read as grpc.aio's client, docs/benchmarks.md's twelfth session).
 GRPC_SYNC = "grpc-sync"
 PROTOCOLS = ("grpc", GRPC_SYNC, "http", "http-base64")
-DEFAULT_PROTOCOLS = ("grpc", "http")
+DEFAULT_PROTOCOLS = ("grpc", "http")  # HTTP where a workload is sent as text (text_workloads)
 
 # --quick: a tiny random model, two client counts, a second per point: the whole pipeline in seconds.
 QUICK: dict[str, Any] = {
@@ -83,6 +91,12 @@ def _names(text: str) -> tuple[str, ...]:
     if len(values) < 2 or len(set(values)) < len(values):
         raise argparse.ArgumentTypeError(f"expected two or more different model names, comma-separated, got {text!r}")
     return values
+
+
+def text_workloads(workloads: Sequence[str]) -> list[str]:
+    """The workloads sent as text, which HTTP is measured on: the OpenAI route is for text, and the fixed
+    workload is token ids."""
+    return [w for w in workloads if w != "fixed"]
 
 
 def _choices(allowed: tuple[str, ...]) -> Any:
@@ -169,28 +183,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--torch-batch-size", type=_positive, help="PyTorch eager batch size (default 32, sentence-transformers')"
     )
-    p.add_argument(
-        "--workloads", type=_choices(WORKLOADS), default=WORKLOADS, help=f"some of {', '.join(WORKLOADS)} (default all)"
-    )
+    p.add_argument("--workloads", type=_choices(WORKLOADS), help=f"some of {', '.join(WORKLOADS)} (default all)")
     p.add_argument(
         "--batching",
         type=_choices(BATCHING),
-        default=BATCHING,
         help=f"server batching policies to run: some of {', '.join(BATCHING)} (default all)",
     )
     p.add_argument(
         "--protocols",
         type=_protocols,
-        default=DEFAULT_PROTOCOLS,
         help="grpc (always: every policy is measured over it, from grpc.aio), and beside it on the length policy's "
         "server: http (POST /v1/embeddings, float vectors) and http-base64 (encoding_format base64) on the text "
         f"workloads, and {GRPC_SYNC} (grpcio's synchronous stub, as `mhaserve encode` calls) at 1 client only "
-        f"(default {','.join(DEFAULT_PROTOCOLS)})",
+        f"(default {','.join(DEFAULT_PROTOCOLS)}, http only where a workload is sent as text)",
     )
     p.add_argument(
         "--grpc-client",
         choices=("aio", "h2"),
-        default="aio",
         help="the gRPC load generator: grpc.aio's client (aio, the default), or the bench's own HTTP/2 client "
         "(h2), which costs the load generator as little a request as its HTTP client does (default aio)",
     )
@@ -212,9 +221,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "queries alone, also replayed in process), in --paired rounds (at least one); none skips it (default 0,1,2; "
         "with --quick 0,1)",
     )
-    p.add_argument(
-        "--query-rate", type=_rate, default=10.0, metavar="Q", help="queries a second for --beside-bulk (default 10)"
-    )
+    p.add_argument("--query-rate", type=_rate, metavar="Q", help="queries a second for --beside-bulk (default 10)")
     p.add_argument(
         "--rss-requests",
         type=_count,
@@ -247,7 +254,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-other-cpu",
         type=_at_least_zero,
-        default=0.1,
         metavar="CORES",
         help="a measurement during which other processes took more CPU than this is taken again (default 0.1)",
     )
@@ -255,7 +261,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--quiet-wait",
         type=_at_least_zero,
-        default=30.0,
         metavar="S",
         help="longest wait for the machine to calm down before a measurement (default 30)",
     )
@@ -283,12 +288,24 @@ FULL: dict[str, Any] = {
 }
 
 
+# The defaults of both kinds of run. The parser leaves these None too, so that an option given can be told
+# from its default (unread, unmeasured).
+COMMON: dict[str, Any] = {
+    "workloads": WORKLOADS,
+    "batching": BATCHING,
+    "grpc_client": "aio",
+    "query_rate": 10.0,
+    "max_other_cpu": 0.1,
+    "quiet_wait": 30.0,
+}
+
+
 def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The options in force: those given, then --quick's or the full run's defaults. The repository, unless
     given or --quick's scratch one, is MHASERVE_REPOSITORY's as for `mhaserve serve` (the bench measured
     ./models while the server under the same environment served another folder), else models/."""
     env = os.environ if env is None else env
-    base = QUICK if args.quick else FULL
+    base = COMMON | (QUICK if args.quick else FULL)
     out = dict(vars(args))
     out.pop("handler", None)
     if out.get("repository") is None and not args.quick:
@@ -296,26 +313,78 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> d
     for key, default in base.items():
         if out.get(key) is None:
             out[key] = default
+    if out.get("protocols") is None:
+        # The default measures what it can: HTTP only beside workloads sent as text (`--workloads fixed`, README's
+        # example, was refused for an HTTP nobody had asked for).
+        http = bool(text_workloads(out["workloads"]))
+        out["protocols"] = tuple(p for p in DEFAULT_PROTOCOLS if http or not p.startswith("http"))
     return out
 
 
+def refused(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str | None:
+    """Why these options make no run, said before anything is measured (a usage error), or None: each of these
+    was once found minutes into a run, in a traceback, or not at all."""
+    return unread(args) or unmeasured(args) or _quick_graph(args) or server_refused(resolve(args, env), env)
+
+
+# The options only the sweep reads; given to one of the other runs, each was ignored without a word while the
+# report's command echoed it. (--no-torch is not among them: it skips what those runs never measure.)
+SWEEP_ONLY = (
+    "batch_sizes",
+    "min_time",
+    "torch_batch_size",
+    "protocols",
+    "grpc_client",
+    "paired",
+    "beside_bulk",
+    "query_rate",
+)
+# What else each other run leaves unread, and what it measures instead.
+OTHER_RUNS: dict[str, tuple[tuple[str, ...], str]] = {
+    "models": (
+        ("model", "rss_requests", "graphs"),
+        "serves the models it names from one server with one batching policy, each over gRPC from grpc.aio's client",
+    ),
+    "memory_only": (
+        ("concurrency", "duration", "max_other_cpu", "retries", "quiet_wait"),
+        "serves each of --graphs in turn, with one batching policy, to 32 clients of one workload over gRPC from "
+        "grpc.aio's client, and measures its memory, not its time",
+    ),
+}
+
+
+def unread(args: argparse.Namespace) -> str | None:
+    """The options given that a --models or --memory-only run does not read, named, or None."""
+    run = "models" if args.models else "memory_only" if args.memory_only else None
+    if run is None:
+        return None
+    if run == "memory_only" and args.rss_requests == 0:
+        return "--rss-requests 0: a --memory-only run would measure nothing"
+    also, what = OTHER_RUNS[run]
+    given = [flag(name) for name in (*SWEEP_ONLY, *also) if getattr(args, name) is not None]
+    # Both serve one policy, and the memory run sends one workload: the others given were dropped.
+    if args.batching is not None and len(args.batching) > 1:
+        given.append(f"--batching {','.join(args.batching)}")
+    if run == "memory_only" and args.workloads is not None and len(args.workloads) > 1:
+        given.append(f"--workloads {','.join(args.workloads)}")
+    return f"{', '.join(given)}: not read by a {flag(run)} run, which {what}" if given else None
+
+
 def unmeasured(args: argparse.Namespace) -> str | None:
-    """Why a protocol given in --protocols, or the queries beside bulk clients, would not be measured by the run
+    """Why a protocol given in --protocols, or the queries beside bulk clients, would not be measured by the sweep
     these options make, or None: the run once skipped such an option without a word."""
-    beside_bulk = getattr(args, "beside_bulk", None)
     if args.models or args.memory_only:
-        run = "--models" if args.models else "--memory-only"
-        return f"--beside-bulk: measured by the sweep, not by a {run} run" if beside_bulk else None
+        return None  # unread() names the sweep's options given to these
     opt = resolve(args)
-    if beside_bulk and "short" not in opt["workloads"]:
+    if args.beside_bulk and "short" not in opt["workloads"]:
         return (
             f"--beside-bulk {','.join(map(str, args.beside_bulk))}: the queries and the bulk clients send the short "
             f"workload's texts, and --workloads {','.join(opt['workloads'])} has none"
         )
     if args.protocols is None:
-        return None
+        return None  # the default measures what it can (resolve)
     http = [p for p in opt["protocols"] if p.startswith("http")]
-    if http and not [w for w in opt["workloads"] if w != "fixed"]:
+    if http and not text_workloads(opt["workloads"]):
         return (
             f"--protocols {','.join(http)}: HTTP is measured on the workloads sent as text (mixed, short), "
             f"and --workloads {','.join(opt['workloads'])} has none"
@@ -325,20 +394,98 @@ def unmeasured(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _quick_graph(args: argparse.Namespace) -> str | None:
+    """Why --quick's own tiny model cannot be served with --graph, or None: it was made, and refused seconds later."""
+    if not args.quick or args.repository or args.graph == "auto":
+        return None
+    from mhaserve.loadtest.bench.entries import quick_graphs
+
+    # --models' tiny models are made without the fused graphs (models.py), the sweep's and the memory run's with.
+    have = quick_graphs(optimize=not args.models)
+    if args.graph in have:
+        return None
+    model = "tiny models have" if args.models else "tiny model has"
+    return (
+        f"--graph {args.graph}: --quick's {model} the {', '.join(have)} graph{'s' if len(have) > 1 else ''} only: "
+        "give --repository with a model that has it"
+    )
+
+
+def server_settings(server_args: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[Settings, set[str]]:
+    """The settings the bench's servers start with, read as `mhaserve serve` reads them (cli/options.py): the flags
+    passed through --server-arg, then the environment they inherit, then the defaults; and the settings given
+    as flags. SettingsError for one the server would refuse, named as it was set."""
+    from mhaserve.cli.options import add_arguments, build
+
+    parser = argparse.ArgumentParser(prog="mhaserve bench --server-arg", add_help=False)
+    add_arguments(parser)
+    namespace, _ = parser.parse_known_args(list(server_args))  # unknown flags: refused by the CLI already
+    flags = {name for name, value in vars(namespace).items() if value is not None}
+    return build(namespace, env), flags
+
+
+# The settings the bench's clients cannot reach a server through, and why: they send no API key (admin keys
+# alone turn authentication on too), and speak plaintext gRPC and HTTP. Refused rather than dropped from the
+# server's environment: the server runs as the user set it, or not at all.
+CLIENTS_CANNOT = {
+    ("api_keys", "api_keys_file", "admin_keys", "admin_keys_file"): (
+        "the bench's clients send no API key, so its server would refuse every call"
+    ),
+    ("tls_cert", "tls_key", "tls_client_ca"): (
+        "the bench's clients speak plaintext gRPC and HTTP, which its server would not answer"
+    ),
+}
+
+
+def server_refused(opt: dict[str, Any], env: Mapping[str, str] | None = None) -> str | None:
+    """Why the bench's servers cannot run as its --server-arg flags and the environment they inherit say, or
+    None: read now, once, as the server will read them, where a bad one ended the run minutes in, in a traceback
+    (the grpc front read by the paired rounds after the whole sweep, API keys at the first call)."""
+    env = os.environ if env is None else env
+    try:
+        settings, flags = server_settings(opt["server_arg"], env)
+        # What the bench reads of them itself, later in the run, read now too.
+        server_front(opt["server_arg"], env)
+        server_processes(opt["server_arg"], env)
+    except SettingsError as e:
+        return f"the bench's server: {e}"
+    except ValueError as e:  # the bench's own readers name the server
+        return str(e)
+    fields = Settings.__dataclass_fields__
+    for names, why in CLIENTS_CANNOT.items():
+        named = [
+            f"--server-arg={flag(name)}" if name in flags else env_var(name)
+            for name in names
+            if getattr(settings, name) != fields[name].default
+        ]
+        if named:
+            return f"{', '.join(named)}: {why}: run the bench without {'it' if len(named) == 1 else 'them'}"
+    return _bulk_refused(opt, settings)
+
+
+def _bulk_refused(opt: dict[str, Any], settings: Settings) -> str | None:
+    """Why the bulk clients of --beside-bulk would be refused by the server, or None: every bulk request failed,
+    and the queries ran alone whatever the report said."""
+    from mhaserve.loadtest.bench.beside import BULK_INPUTS
+
+    limit = settings.max_client_batch_size
+    bulk = any(opt["beside_bulk"]) and "short" in opt["workloads"] and not (opt["models"] or opt["memory_only"])
+    if not bulk or limit is None or limit >= BULK_INPUTS:
+        return None
+    return (
+        f"--beside-bulk {','.join(map(str, opt['beside_bulk']))}: the bulk clients send {BULK_INPUTS} texts a "
+        f"request, and the server's --max-client-batch-size {limit} refuses them: give --beside-bulk 0 (the queries "
+        "alone) or none"
+    )
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The `mhaserve bench` command that reproduces a run (the options that were given)."""
     parts = ["mhaserve", "bench"]
     defaults = {
         "graph": "auto",
         "device": "auto",
-        "workloads": WORKLOADS,
-        "batching": BATCHING,
-        "protocols": DEFAULT_PROTOCOLS,
-        "grpc_client": "aio",
         "seed": 0,
-        "max_other_cpu": 0.1,
-        "quiet_wait": 30.0,
-        "query_rate": 10.0,
     }
     for key, value in vars(args).items():
         # Identity for None and False: `0 in (False,)` is true, and --retries 0 must be kept.
@@ -394,10 +541,14 @@ def server_front(server_args: Sequence[str], env: Mapping[str, str] | None = Non
     inherits; the server's default unless told): the empty server of the paired one-client rounds runs the
     same, so that its floor is the served front's."""
     env = os.environ if env is None else env
-    value = server_flags(server_args).get("--grpc-front", env.get(env_var("grpc_front"), _FRONT.default))
+    given = server_flags(server_args)
+    # Named as it was set: a value from the environment was once reported as a flag nobody had typed. An empty
+    # variable is unset, as serve reads it.
+    named = "--grpc-front" if "--grpc-front" in given else env_var("grpc_front")
+    value = given.get("--grpc-front", env.get(env_var("grpc_front")) or _FRONT.default)
     front: str = _FRONT.metadata["parse"](value)  # as the server reads it (its case folded)
     if front not in FRONTS:
-        raise ValueError(f"the server's --grpc-front {value!r} is not one of {', '.join(FRONTS)}")
+        raise ValueError(f"the server's {named} {value!r} is not one of {', '.join(FRONTS)}")
     return front
 
 

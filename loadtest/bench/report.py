@@ -53,6 +53,9 @@ _RATIO_NAMES = {
     "http/ceiling": "HTTP / ceiling",
     "http/served": "HTTP / its batches in process",
     "http/side": "HTTP / side by side",
+    "http-base64/ceiling": "HTTP (base64) / ceiling",
+    "http-base64/served": "HTTP (base64) / its batches in process",
+    "http-base64/side": "HTTP (base64) / side by side",
 }
 
 
@@ -318,6 +321,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"median {w['median_tokens']}, max {w['max_tokens']}"
         )
     lines += ["", "## Summary", ""]
+    if report.get("failed"):  # first: none of it is a result
+        lines.append("- **FAILED** (no result, the run exited 1): " + "; ".join(report["failed"]))
     for wname, w in report["summary"].items():
         parts = [
             f"ceiling {fmt(w['ceiling_seq_per_s'])} seq/s (ONNX Runtime in-process, batch {w['ceiling_batch_size']})"
@@ -598,23 +603,29 @@ def _alone_or_beside(n: str) -> str:
 
 
 def _beside_bulk_line(mixed: dict[str, Any]) -> str:
-    """The summary's line on queries beside indexing clients."""
-    med = mixed["median"]
+    """The summary's line on queries beside indexing clients: a count whose measurement failed is said to have
+    failed, not quoted (a p50 "beside 1" once came from queries alone, every bulk request refused)."""
+    parts = [f"FAILED {_alone_or_beside(n)}: {v['failed']}" for n, v in mixed["median"].items() if v.get("failed")]
+    med = {n: v for n, v in mixed["median"].items() if not v.get("failed")}
+    if med:
+        parts.append(
+            "a query's p50 "
+            + ", ".join(
+                f"**{fmt(v['latency_ms']['p50'])} ms** {_alone_or_beside(n)}"
+                + (f" ({errors_cell(v['errors'])} failed)" if v["errors"] else "")
+                for n, v in med.items()
+            )
+            + f" (mean {', '.join(fmt(v['latency_ms']['mean']) for v in med.values())})"
+        )
     bulk = [f"{fmt(v['bulk_texts_per_s'], 0)} beside {n}" for n, v in med.items() if v["bulk_texts_per_s"] is not None]
+    if bulk:
+        parts.append(f"the bulk clients' texts a second: {', '.join(bulk)}")
+    if mixed.get("in_process"):
+        parts.append(f"the queries alone replayed in process: {fmt(mixed['in_process']['latency_ms']['p50'])} ms")
     return (
         f"- **queries beside indexing clients** ({mixed['workload']} texts, {fmt(mixed['query_rate'], 0)} queries a "
         f"second at random times, {mixed['route']}, bulk clients of {mixed['bulk_inputs']} texts a request; medians of "
-        f"{len(mixed['rounds'])} round(s)): a query's p50 "
-        + ", ".join(f"**{fmt(v['latency_ms']['p50'])} ms** {_alone_or_beside(n)}" for n, v in med.items())
-        + " (mean "
-        + ", ".join(f"{fmt(v['latency_ms']['mean'])}" for v in med.values())
-        + ")"
-        + (f"; the bulk clients' texts a second: {', '.join(bulk)}" if bulk else "")
-        + (
-            f"; the queries alone replayed in process: {fmt(mixed['in_process']['latency_ms']['p50'])} ms"
-            if mixed.get("in_process")
-            else ""
-        )
+        f"{len(mixed['rounds'])} round(s)): " + "; ".join(parts)
     )
 
 
@@ -633,8 +644,9 @@ def _beside_bulk_section(report: dict[str, Any]) -> list[str]:
     for n, v in mixed["median"].items():
         lat = v["latency_ms"]
         errors = errors_cell(v["errors"])
+        failed = f" (FAILED: {v['failed']})" if v.get("failed") else ""
         lines.append(
-            f"| {n}{' (queries alone)' if n == '0' else ''} | {fmt(lat['p50'])} | {fmt(lat['p95'])} | "
+            f"| {n}{' (queries alone)' if n == '0' else ''}{failed} | {fmt(lat['p50'])} | {fmt(lat['p95'])} | "
             f"{fmt(lat['p99'])} | {fmt(lat['mean'])} | {fmt(v['bulk_texts_per_s'], 0)} | {v['answered']} / "
             f"{v['queries']} | {errors} |"
         )
@@ -835,9 +847,20 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
     return paths
 
 
+def failures(report: dict[str, Any]) -> list[str]:
+    """The measurements of a run that failed, each as the report words it: a run with any exits 1 (run.main)."""
+    mixed = report.get("beside_bulk") or {"median": {}}
+    return [
+        f"queries {_alone_or_beside(n)}{' bulk clients' if n != '0' else ''}: {v['failed']}"
+        for n, v in mixed["median"].items()
+        if v.get("failed")
+    ]
+
+
 def write(report: dict[str, Any], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     report["summary"] = summarize(report)
+    report["failed"] = failures(report)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
     return [out / "report.md", out / "report.json", *plots(report, out)]

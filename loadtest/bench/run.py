@@ -26,13 +26,14 @@ import dataclasses
 import datetime as dt
 import functools
 import itertools
+import json
 import math
 import signal
 import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -40,7 +41,7 @@ from mhaserve.loadtest.bench import beside, entries, memory, memory_only, models
 from mhaserve.loadtest.bench.client import BenchError, Endpoint, Server, run_point
 from mhaserve.loadtest.bench.empty import EmptyServer
 from mhaserve.loadtest.bench.inprocess import measure_in_child
-from mhaserve.loadtest.bench.options import GRPC_SYNC
+from mhaserve.loadtest.bench.options import GRPC_SYNC, PROTOCOLS
 from mhaserve.loadtest.bench.quiet import Guard
 from mhaserve.loadtest.bench.workloads import Workload
 from mhaserve.loadtest.machine import load
@@ -138,13 +139,13 @@ def _paired_short(
     server: Server,
     workload: Workload,
     inprocess: dict[str, Any],
-    http: bool,
+    http: str | None,
     guard: Guard,
     progress: Progress,
 ) -> dict[str, Any]:
     """The short workload's gap split, measured in turns at the headline client count: the ceiling, the
     server's own batches and, when the sweep measured them, batches side by side as its workers compute them
-    (at their best batch size) in process (one child), the server over gRPC and, with `http`, over HTTP. Each
+    (at their best batch size) in process (one child), the server over gRPC and over `http` (paired_http). Each
     round starts one turn later, so that a drift of the machine within a round falls on each side in turn;
     the medians of the rounds' ratios are what a single sweep point cannot give on a shared machine."""
     clients = report.HEADLINE_CLIENTS
@@ -171,7 +172,7 @@ def _paired_short(
 
     rounds = _rotated_rounds(
         opt["paired"],
-        [report.IN_PROCESS, "grpc", *(["http"] if http else [])],
+        [report.IN_PROCESS, "grpc", *([http] if http else [])],
         measure,
         _paired_round,
         lambda r: ", ".join(f"{name} {v:.2f}" for name, v in r["ratios"].items()),
@@ -208,6 +209,7 @@ def _paired_lone(
     each round starting one turn later: issue 18's one-client gap as medians of rounds, where the sweep's
     single point compares figures minutes apart, and the floor under it measured in the same minutes."""
     one = _alone(spec, workload, 1)
+    # The empty server answers float JSON whatever the request asks: a floor for HTTP's float answers only.
     floors = [p for p in ("grpc", "http") if p in protocols]
     front = options.server_front(opt["server_arg"])  # the served front's floor, not another's
     empty = EmptyServer(dimensions, delay_ms / 1000, empty_log, front)
@@ -322,12 +324,16 @@ def _beside_bulk(
         mixes = [r["mixes"][n] for r in rounds]
         bulk = [m["bulk_texts_per_s"] for m in mixes if m["bulk_texts_per_s"] is not None]
         errors = sum((Counter(m["errors"]) for m in mixes), Counter[str]())
+        failures = [f for m in mixes if (f := beside.failure(m)) is not None]
         by_count[n] = {
             "latency_ms": {figure: median(n, figure) for figure in ("p50", "p95", "p99", "mean")},
             "bulk_texts_per_s": statistics.median(bulk) if bulk else None,
             "queries": sum(m["queries"] for m in mixes),
             "answered": sum(m["answered"] for m in mixes),
             "errors": dict(errors),
+            # A round without its bulk load, or without an answered query, is no result: its medians are not
+            # quoted, and the run fails (report.failures).
+            "failed": f"{failures[0]} in {len(failures)} of {len(mixes)} round(s)" if failures else None,
         }
     in_process = None
     if report.IN_PROCESS in turns:
@@ -350,19 +356,25 @@ def _beside_bulk(
     }
 
 
+def paired_http(protocols: Sequence[str]) -> str | None:
+    """The HTTP protocol the paired rounds measure beside gRPC: the float one where the sweep measured it, else
+    the base64 one (--protocols grpc,http-base64 once had no HTTP in its rounds), else none."""
+    return next((p for p in ("http", "http-base64") if p in protocols), None)
+
+
 def _paired_round(got: dict[str, dict[str, Any]], turns: list[str]) -> dict[str, Any]:
     """One round's figures and their ratios: each protocol to the ceiling, to the server's own batches and to
     the batches side by side, and those in-process figures to the ceiling."""
     ceiling = got["ceiling"]["seq_per_s"]
-    names = ("served", "side", "grpc", "http")
+    protocols = [p for p in PROTOCOLS if p in got]
+    names = ("served", "side", *protocols)
     seq = {"ceiling": ceiling} | {name: got[name]["seq_per_s"] for name in names if name in got}
     ratios = {f"{name}/ceiling": seq[name] / ceiling for name in ("served", "side") if name in seq}
-    for protocol in ("grpc", "http"):
-        if protocol in seq:
-            ratios[f"{protocol}/ceiling"] = seq[protocol] / ceiling
-            for reference in ("served", "side"):
-                if reference in seq:
-                    ratios[f"{protocol}/{reference}"] = seq[protocol] / seq[reference]
+    for protocol in protocols:
+        ratios[f"{protocol}/ceiling"] = seq[protocol] / ceiling
+        for reference in ("served", "side"):
+            if reference in seq:
+                ratios[f"{protocol}/{reference}"] = seq[protocol] / seq[reference]
     return {
         "order": turns,
         "seq_per_s": seq,
@@ -428,7 +440,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
     # workloads sent as text: the OpenAI route is for text, and one policy shows the protocol's cost.
     http_protocols = [p for p in opt["protocols"] if p.startswith("http")]
     http_batching = "length" if "length" in opt["batching"] else opt["batching"][0]
-    http_workloads = [w for w in opt["workloads"] if w != "fixed"]
+    http_workloads = options.text_workloads(opt["workloads"])
     # One client from a synchronous stub, beside the load generator's one client, on the HTTP server.
     lone = GRPC_SYNC in opt["protocols"] and 1 in opt["concurrency"]
     n_points = len(opt["concurrency"]) * (
@@ -556,11 +568,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> Path:
             if opt["paired"] > 0 and "fixed" in workloads:
                 paired = _paired(opt, spec, live[http_batching], workloads["fixed"], inprocess, guard, progress)
             if opt["paired"] > 0 and "short" in workloads:
-                http = "http" in http_protocols
+                http = paired_http(http_protocols)
                 short = workloads["short"]
                 paired_short = _paired_short(opt, spec, live[http_batching], short, inprocess, http, guard, progress)
                 if 1 in opt["concurrency"]:
-                    protocols = ["grpc", *(p for p in (GRPC_SYNC, "http") if p in opt["protocols"])]
+                    sync = [GRPC_SYNC] if GRPC_SYNC in opt["protocols"] else []
+                    protocols = ["grpc", *sync, *([http] if http else [])]
                     paired_lone = _paired_lone(
                         opt,
                         spec,
@@ -676,7 +689,7 @@ def main(args: argparse.Namespace) -> int:
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # so that the servers this run started are stopped on the way out
 
-    if (problem := options.unmeasured(args)) is not None:
+    if (problem := options.refused(args)) is not None:
         print(f"mhaserve bench: error: {problem}", file=sys.stderr)
         return 2
     kind = "bench-models" if args.models else "bench-memory" if args.memory_only else "bench"
@@ -700,4 +713,11 @@ def main(args: argparse.Namespace) -> int:
         return 1
     print((output / "report.md").read_text())
     print(f"results in {output}/", file=sys.stderr)
+    # A measurement that failed is written and marked in the report, and fails the run, as a failed check does
+    # the reliability run's; the other runs' reports have none.
+    if failed := json.loads((output / "report.json").read_text()).get("failed"):
+        print(
+            f"mhaserve bench: error: a measurement failed (the report marks it): {'; '.join(failed)}", file=sys.stderr
+        )
+        return 1
     return 0

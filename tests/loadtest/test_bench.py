@@ -3,6 +3,7 @@ positive. No timings are asserted: they depend on the machine."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -14,8 +15,12 @@ import pytest
 
 from mhaserve.loadtest.bench import options
 from mhaserve.loadtest.bench.inprocess import SIDE_BY_SIDE_BATCHES
+from mhaserve.service.settings import env_var, flag
+from tests.security import conftest as security
+from tests.security.conftest import Pki
 
 ROOT = Path(__file__).resolve().parents[2]
+pki = security.pki
 
 
 @pytest.mark.slow
@@ -330,7 +335,7 @@ def test_server_args_are_read_before_the_run(server_arg: str, message: str, caps
         (["--workloads", "fixed", "--protocols", "grpc,http"], "--protocols http: HTTP is measured on the workloads"),
         (["--concurrency", "32", "--protocols", "grpc,grpc-sync"], "--protocols grpc-sync: the synchronous stub is"),
         (["--workloads", "fixed,mixed", "--beside-bulk", "0,1"], "--beside-bulk 0,1: the queries and the bulk clients"),
-        (["--memory-only", "--beside-bulk", "1"], "--beside-bulk: measured by the sweep, not by a --memory-only run"),
+        (["--memory-only", "--beside-bulk", "1"], "--beside-bulk: not read by a --memory-only run"),
     ],
 )
 def test_a_protocol_the_run_would_not_measure_is_refused(
@@ -437,3 +442,254 @@ def test_an_output_that_cannot_be_a_folder_is_one_line_before_the_run(
         assert main(["bench", "--no-torch", "--repository", "/nonexistent/repo", *mode, "--output", str(output)]) == 1
         err = capsys.readouterr().err
         assert err == f"mhaserve bench: error: cannot make the results folder {output}: {why}\n"
+
+
+def _bench(*flags: str) -> int:
+    """`mhaserve bench` with these flags (no PyTorch): its exit status."""
+    from mhaserve.cli.main import main
+
+    try:
+        status = main(["bench", "--no-torch", *flags])
+    except SystemExit as e:  # argparse's own usage errors
+        status = int(e.code or 0)
+    return status
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    options.add_arguments(p)
+    return p
+
+
+@pytest.mark.parametrize("flags", [["--workloads", "fixed"], ["--quick", "--workloads", "fixed"]])
+def test_the_default_protocols_measure_what_the_workloads_allow(
+    flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README's `--workloads fixed` was refused at once for `--protocols http`, never given: the default is now
+    gRPC alone where no workload is sent as text, HTTP beside it where one is."""
+    status = _bench("--repository", "/nonexistent/repo", "--output", str(tmp_path / "out"), *flags)
+    err = capsys.readouterr().err
+    assert status == 1 and "--protocols" not in err, err  # past the options: the missing repository stops it
+    assert options.resolve(_parser().parse_args(flags))["protocols"] == ("grpc",)
+    assert options.resolve(_parser().parse_args([*flags, "--workloads", "fixed,short"]))["protocols"] == (
+        "grpc",
+        "http",
+    )
+    # Given, it is still refused when it would measure nothing (test_a_protocol_the_run_would_not_measure_is_refused).
+
+
+KEYS = "KEYS"  # stands for a keys file the test writes
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "named"),
+    [
+        ({"MHASERVE_API_KEYS": "secret"}, [], "MHASERVE_API_KEYS"),
+        ({"MHASERVE_API_KEYS_FILE": KEYS}, [], "MHASERVE_API_KEYS_FILE"),
+        ({}, [f"--server-arg=--api-keys-file={KEYS}"], "--server-arg=--api-keys-file"),
+        # Admin keys alone turn authentication on too (service/auth.py: Keys.enabled).
+        ({"MHASERVE_ADMIN_KEYS": "secret"}, [], "MHASERVE_ADMIN_KEYS"),
+        ({"MHASERVE_ADMIN_KEYS_FILE": KEYS}, [], "MHASERVE_ADMIN_KEYS_FILE"),
+        ({}, [f"--server-arg=--admin-keys-file={KEYS}"], "--server-arg=--admin-keys-file"),
+    ],
+)
+def test_a_server_with_api_keys_is_refused_before_the_run(
+    env: dict[str, str],
+    flags: list[str],
+    named: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The server inherits the bench's environment; with keys it refused every call of the bench's clients, which
+    send none: a grpc UNAUTHENTICATED traceback minutes into the run."""
+    keys = tmp_path / "keys"
+    keys.write_text("secret\n")
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(keys) if value == KEYS else value)
+    flags = [f.replace(KEYS, str(keys)) for f in flags]
+    status = _bench("--repository", "/nonexistent/repo", "--output", str(tmp_path / "out"), *flags)
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert f"mhaserve bench: error: {named}: the bench's clients send no API key" in err
+
+
+@pytest.mark.parametrize("how", ["env", "flags"])
+def test_a_server_with_tls_is_refused_before_the_run(
+    how: str, pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bench's clients speak plaintext gRPC and HTTP (grpc.insecure_channel, transports.HttpConnection)."""
+    flags = []
+    for name, path in (("tls_cert", pki.server_cert), ("tls_key", pki.server_key)):
+        if how == "env":
+            monkeypatch.setenv(env_var(name), str(path))
+        else:
+            flags.append(f"--server-arg={flag(name)}={path}")
+    status = _bench("--repository", "/nonexistent/repo", "--output", str(tmp_path / "out"), *flags)
+    err = capsys.readouterr().err
+    assert status == 2, err
+    named = "MHASERVE_TLS_CERT, MHASERVE_TLS_KEY" if how == "env" else "--server-arg=--tls-cert, --server-arg=--tls-key"
+    assert f"mhaserve bench: error: {named}: the bench's clients speak plaintext" in err
+
+
+def test_a_server_setting_from_the_environment_is_read_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MHASERVE_GRPC_FRONT=nope was read only by the paired one-client rounds, after the whole sweep: a
+    ValueError traceback."""
+    monkeypatch.setenv("MHASERVE_GRPC_FRONT", "nope")
+    status = _bench("--repository", "/nonexistent/repo", "--output", str(tmp_path / "out"))
+    err = capsys.readouterr().err
+    assert status == 2 and "MHASERVE_GRPC_FRONT" in err and "Traceback" not in err, err
+    with pytest.raises(ValueError, match="MHASERVE_GRPC_FRONT 'nope' is not one of grpc, lean"):
+        options.server_front([], env={"MHASERVE_GRPC_FRONT": "nope"})
+
+
+def test_bulk_requests_the_server_would_refuse_are_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bulk clients send 64 texts a request: a server that takes fewer refused every one of them."""
+    flags = ["--beside-bulk", "0,1", "--server-arg=--max-client-batch-size=8"]
+    status = _bench("--repository", "/nonexistent/repo", "--output", str(tmp_path / "out"), *flags)
+    err = capsys.readouterr().err
+    assert status == 2 and "--beside-bulk 0,1: the bulk clients send 64 texts a request" in err, err
+    assert "--max-client-batch-size 8" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--models", "a,b", "--protocols", "grpc,http"], "--protocols: not read by a --models run"),
+        (["--models", "a,b", "--grpc-client", "h2"], "--grpc-client: not read by a --models run"),
+        (["--models", "a,b", "--model", "a", "--paired", "2"], "--paired, --model: not read by a --models run"),
+        (["--models", "a,b", "--batching", "arrival,length"], "--batching arrival,length: not read by a --models"),
+        (["--memory-only", "--concurrency", "4", "--grpc-client", "h2"], "--grpc-client, --concurrency: not read"),
+        (["--memory-only", "--workloads", "short,mixed"], "--workloads short,mixed: not read by a --memory-only"),
+    ],
+)
+def test_an_option_the_run_does_not_read_is_refused(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--models measured nothing over --protocols nor from --grpc-client, and said nothing, while the report's
+    command echoed them."""
+    status = _bench("--repository", "/nonexistent/repo", "--output", str(tmp_path / "out"), *flags)
+    err = capsys.readouterr().err
+    assert status == 2 and message in err, err
+
+
+def test_a_memory_run_of_no_requests_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--memory-only", "--rss-requests", "0"]
+    status = _bench("--repository", "/nonexistent/repo", "--output", str(tmp_path / "out"), *flags)
+    err = capsys.readouterr().err
+    assert status == 2 and "--rss-requests 0: a --memory-only run would measure nothing" in err, err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--graph", "int8"], "--graph int8: --quick's tiny model has the fp32, optimized, optimized-cpu graphs"),
+        (["--graph", "fp16", "--memory-only"], "--graph fp16: --quick's tiny model has the fp32, optimized"),
+        (["--graph", "optimized", "--models", "a,b"], "--graph optimized: --quick's tiny models have the fp32 graph"),
+    ],
+)
+def test_a_graph_quicks_model_lacks_is_refused_before_it_is_made(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--quick --graph int8` made the tiny model, which has no int8 graph, and failed 17 s later."""
+    status = _bench("--quick", "--output", str(tmp_path / "out"), *flags)
+    err = capsys.readouterr().err
+    assert status == 2 and message in err, err
+
+
+@pytest.mark.slow
+def test_a_memory_run_that_measures_no_graph_fails(tmp_path: Path) -> None:
+    """`--memory-only --graphs fp16` on an entry without it exited 0 with a report of no graph."""
+    cmd = [
+        sys.executable, "-m", "mhaserve.cli", "bench", "--quick", "--memory-only", "--output", str(tmp_path / "out"),
+        "--graphs", "fp16,int8", "--rss-requests", "200",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 1, run.stderr[-4000:]
+    assert "mhaserve bench: error: no graph to measure: fp16: the entry has no fp16 graph" in run.stderr
+    assert "int8: the entry has no int8 graph" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_paired_rounds_measure_the_http_variant_the_run_measures() -> None:
+    """With --protocols grpc,http-base64 the paired rounds measured gRPC alone: they looked for `http` only."""
+    from mhaserve.loadtest.bench import report, run
+
+    assert run.paired_http(("grpc", "http-base64")) == "http-base64"
+    assert run.paired_http(("grpc", "http", "http-base64")) == "http"  # the float one, as before
+    assert run.paired_http(("grpc", "grpc-sync")) is None
+    got = {
+        "ceiling": {"seq_per_s": 100.0},
+        "served": {"seq_per_s": 80.0, "clients": 32},
+        "grpc": {"seq_per_s": 60.0},
+        "http-base64": {"seq_per_s": 50.0},
+    }
+    ratios = run._paired_round(got, ["in process", "grpc", "http-base64"])["ratios"]
+    assert ratios["http-base64/ceiling"] == 0.5 and ratios["http-base64/served"] == 50.0 / 80.0
+    assert set(ratios) <= set(report._RATIO_NAMES)  # each worded in the report
+
+
+def _mix(bulk: int, errors: dict[str, int], answered: int = 10, bulk_texts_per_s: float | None = 0.0) -> dict:
+    return {
+        "bulk_clients": bulk,
+        "bulk_inputs": 64,
+        "seconds": 1.0,
+        "rate": 10.0,
+        "queries": 10,
+        "answered": answered,
+        "latency_ms": {"p50": 5.0, "p95": 6.0, "p99": 7.0, "mean": 5.5, "n": answered},
+        "bulk_texts_per_s": None if not bulk else bulk_texts_per_s,
+        "errors": errors,
+    }
+
+
+def test_queries_beside_bulk_requests_that_all_failed_are_no_result(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With every bulk request refused (a server's --max-client-batch-size under 64), the summary quoted the
+    queries' p50 "beside 1" as a result, and the run exited 0."""
+    import io
+    import types
+
+    from mhaserve.loadtest.bench import beside, report, run
+    from mhaserve.runtime.progress import Progress
+
+    assert beside.failure(_mix(1, {"bulk: HTTP 413": 12})) == "every bulk request failed (bulk: HTTP 413 12)"
+    assert beside.failure(_mix(1, {"bulk: HTTP 429": 2}, bulk_texts_per_s=640.0)) is None  # some got through
+    assert beside.failure(_mix(0, {"query: timeout": 10}, answered=0)) == "no query was answered (query: timeout 10)"
+    assert beside.failure(_mix(0, {})) is None
+
+    async def measure(url: str, texts: object, bulk: int, *args: object) -> dict:
+        return _mix(bulk, {"bulk: HTTP 413": 12} if bulk else {})
+
+    monkeypatch.setattr(beside, "measure", measure)
+    opt = {"beside_bulk": (1, 2), "paired": 1, "seed": 0, "duration": 1.0, "query_rate": 10.0}
+    workload = types.SimpleNamespace(name="short", texts=["a"], to_dict=dict)
+    server = types.SimpleNamespace(http_url="http://127.0.0.1:1", batching="length")
+    mixed = run._beside_bulk(opt, {}, server, workload, Progress(1, io.StringIO()))  # type: ignore[arg-type]
+    assert mixed["median"]["1"]["failed"] == "every bulk request failed (bulk: HTTP 413 12) in 1 of 1 round(s)"
+    line = report._beside_bulk_line(mixed)
+    assert "5.0 ms** beside 1" not in line and "FAILED beside 1: every bulk request failed" in line, line
+    assert report.failures({"beside_bulk": mixed}) == [
+        "queries beside 1 bulk clients: every bulk request failed (bulk: HTTP 413 12) in 1 of 1 round(s)",
+        "queries beside 2 bulk clients: every bulk request failed (bulk: HTTP 413 12) in 1 of 1 round(s)",
+    ]
+
+    # The report is written, marked, and the run exits 1, as a failed check of the reliability run does.
+    def run_writing(args: argparse.Namespace) -> Path:
+        out = Path(args.output)
+        (out / "report.md").write_text("# report\n")
+        (out / "report.json").write_text('{"failed": ["queries beside 1 bulk clients: every bulk request failed"]}')
+        return out
+
+    monkeypatch.setattr(run, "run", run_writing)
+    status = _bench("--repository", "/nonexistent/repo", "--output", str(tmp_path / "out"))
+    captured = capsys.readouterr()
+    assert status == 1 and "# report" in captured.out
+    assert captured.err.endswith(
+        "mhaserve bench: error: a measurement failed (the report marks it): queries beside 1 bulk clients: every "
+        "bulk request failed\n"
+    ), captured.err
