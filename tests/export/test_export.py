@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from mhaserve.cli.main import main
+from mhaserve.cli.main import EXPORT_HINT, main
 from mhaserve.export import onnx_graph
 from mhaserve.export.publish import ExportError, ExportOptions, export_entry
 from mhaserve.model.config import EncoderConfig
@@ -269,6 +269,77 @@ def test_ctrl_c_during_an_export_is_one_line_and_leaves_nothing(
     assert main(args) == 130
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == "mhaserve export: interrupted" and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def _ctrl_c_in_torch_export(model: Encoder, path: Path) -> None:
+    # torch.export reports a Ctrl-C that lands inside it as a failure of its own: a RuntimeError raised while
+    # the KeyboardInterrupt was being handled
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        raise RuntimeError("Failed to export the model with torch.export.")  # noqa: B904
+
+
+def _ctrl_c_in_an_extensions_import(*args: object, **kwargs: object) -> None:
+    # pybind11's module init (onnxruntime's, imported on first use) turns a Ctrl-C into this ImportError
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as e:
+        raise ImportError("initialization failed") from e
+
+
+@pytest.mark.parametrize(
+    ("target", "stand_in"),
+    [
+        ("mhaserve.export.onnx_graph.export_graph", _ctrl_c_in_torch_export),
+        ("mhaserve.runtime.engine.OnnxEngine", _ctrl_c_in_an_extensions_import),
+    ],
+    ids=["torch.export", "parity gate"],
+)
+def test_ctrl_c_wrapped_by_a_library_is_still_ctrl_c(
+    target: str,
+    stand_in: object,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ctrl-C as the parity gate began was "initialization failed is not installed ... pip install
+    'mhaserve[export]'" (exit 2), and during torch.export "the ONNX export failed" (exit 1)."""
+    monkeypatch.setattr(target, stand_in)
+    sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
+    args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "mhaserve export: interrupted", err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+    if target.endswith("export_graph"):  # the export itself says so, not only the command line
+        with pytest.raises(KeyboardInterrupt):
+            export_entry(_tiny_opts(tmp_path), out=io.StringIO())
+
+
+def test_not_installed_is_said_only_of_a_missing_module_of_the_export_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fails(error: ImportError) -> None:
+        def export_graph(model: Encoder, path: Path) -> None:
+            raise error
+
+        monkeypatch.setattr(onnx_graph, "export_graph", export_graph)
+
+    sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
+    args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
+    fails(ModuleNotFoundError("No module named 'onnxscript'", name="onnxscript"))
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"mhaserve export: error: onnxscript is not installed; this command needs {EXPORT_HINT}", err
+    # A module that is there and fails to load is no reason to install the extra.
+    fails(ImportError("initialization failed"))
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("mhaserve export: error:") and "initialization failed" in err, err
+    assert "not installed" not in err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import shutil
 import warnings
 from collections.abc import Callable
@@ -20,6 +21,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 import onnx
+import onnxruntime as ort
 import openai
 import pytest
 import torch
@@ -227,6 +229,30 @@ def _no_mask(g: onnx.ModelProto) -> None:
     g.graph.input[1].name = "mask"
 
 
+def _as_sequence(vi: onnx.ValueInfoProto) -> None:
+    vi.CopyFrom(onnx.helper.make_tensor_sequence_value_info(vi.name, TensorProto.FLOAT, None))
+
+
+def _output_without_dtype(g: onnx.ModelProto) -> None:
+    g.graph.output[0].type.tensor_type.elem_type = TensorProto.UNDEFINED
+
+
+def _sequence_output(g: onnx.ModelProto) -> None:
+    _as_sequence(g.graph.output[0])
+
+
+def _ids_without_dtype(g: onnx.ModelProto) -> None:
+    g.graph.input[0].type.tensor_type.elem_type = TensorProto.UNDEFINED
+
+
+def _sequence_mask(g: onnx.ModelProto) -> None:
+    _as_sequence(g.graph.input[1])
+
+
+def _token_types_without_dtype(g: onnx.ModelProto) -> None:
+    g.graph.input[2].type.tensor_type.elem_type = TensorProto.UNDEFINED
+
+
 @pytest.mark.parametrize(
     ("edit", "kw", "message"),
     [
@@ -235,6 +261,12 @@ def _no_mask(g: onnx.ModelProto) -> None:
         (_position_ids_input, {}, "unsupported: ['position_ids']"),
         (_no_mask, {}, "missing ['attention_mask']"),
         (None, {"output": "pooler_output"}, "no output 'pooler_output'"),
+        # a type the graph does not declare, or not a tensor at all, was a KeyError traceback
+        (_output_without_dtype, {}, "output last_hidden_state has no dtype (elem_type 0); token states are"),
+        (_sequence_output, {}, "output last_hidden_state is a sequence, not a tensor; token states are"),
+        (_ids_without_dtype, {}, "graph input input_ids has no dtype (elem_type 0); the server feeds int64"),
+        (_sequence_mask, {}, "graph input attention_mask is a sequence, not a tensor; the server feeds int64"),
+        (_token_types_without_dtype, {}, "graph input token_type_ids has no dtype (elem_type 0)"),
         (None, {"max_seq_len": 200}, "past the graph's 160 positions"),
     ],
 )
@@ -248,9 +280,71 @@ def test_a_graph_outside_the_contract_is_refused_and_nothing_is_published(
 ) -> None:
     graph = _edited(hub_graph, tmp_path / "edited.onnx", edit) if edit else hub_graph
     repo = tmp_path / "repo"
-    with pytest.raises(ImportFailed, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ImportFailed, match=re.escape(message)):
         do_import(graph, tiny_entry, repo, **kw)
     assert not repo.exists() or list(repo.rglob("*")) == [], "a refused import leaves the repository as it was"
+
+
+def test_an_output_without_a_dtype_is_one_line(
+    hub_graph: Path, tiny_entry: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    graph = _edited(hub_graph, tmp_path / "untyped.onnx", _output_without_dtype)
+    args = ["import", "--onnx", str(graph), "--tokenizer", str(tiny_entry / "tokenizer.json"), "--name", "u"]
+    assert main([*args, "--repository", str(tmp_path / "repo")]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("mhaserve import: error: output last_hidden_state has no dtype"), err
+    assert "Traceback" not in err
+
+
+def _rename(g: onnx.ModelProto, old: str, new: str) -> None:
+    for node in g.graph.node:
+        node.input[:] = [new if n == old else n for n in node.input]
+        node.output[:] = [new if n == old else n for n in node.output]
+    for o in g.graph.output:
+        if o.name == old:
+            o.name = new
+
+
+def _output_named_embeddings(g: onnx.ModelProto) -> None:
+    _rename(g, "last_hidden_state", "embeddings")
+
+
+def _inner_tensor_named_embeddings(g: onnx.ModelProto) -> None:
+    outputs = {o.name for o in g.graph.output}
+    _rename(g, next(n.output[0] for n in g.graph.node if n.output[0] not in outputs), "embeddings")
+
+
+@pytest.mark.parametrize(
+    ("edit", "output"),
+    [(_output_named_embeddings, "embeddings"), (_inner_tensor_named_embeddings, "last_hidden_state")],
+    ids=["output", "inner tensor"],
+)
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_token_states_named_embeddings_are_pooled_into_embeddings(
+    hub_graph: Path,
+    tiny_entry: Path,
+    tmp_path: Path,
+    edit: Callable[[onnx.ModelProto], None],
+    output: str,
+    pooling: str,
+) -> None:
+    """A graph with a tensor named `embeddings`, the pooled output's name, was refused as not in SSA form
+    ("'embeddings' has been used as output names multiple times"): it imported only with --no-pooling."""
+    graph = _edited(hub_graph, tmp_path / "named.onnx", edit)
+    pooled = do_import(graph, tiny_entry, tmp_path, "pooled", output=output, pooling=pooling)
+    assert [o.name for o in onnx.load(str(pooled / "model.onnx")).graph.output] == ["embeddings"]
+    assert read_manifest(pooled).outputs == [{"name": "embeddings", "dtype": "float32", "shape": ["batch", 32]}]
+
+    # pooled outside the graph: the token states of the graph as it came, run as they are, then numpy
+    raw = do_import(hub_graph, tiny_entry, tmp_path, "raw", pool_in_graph=False)
+    session = ort.InferenceSession(str(raw / "model.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for batch, seq in [(1, 1), (3, 20), (4, 160)]:
+        ids, mask = parity.make_batch(batch, seq, 256, 0, rng)
+        (states,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+        mean = (states * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
+        expected = states[:, 0] if pooling == "cls" else mean
+        assert np.abs(engine(pooled).run(ids, mask) - expected).max() <= 1e-5
 
 
 def test_a_graph_that_ignores_the_mask_fails_the_padding_check(
@@ -295,6 +389,44 @@ def test_refused_sentence_transformers_files_are_one_line_and_flags_stand_in_for
     assert main([*args, "--repository", str(tmp_path / "repo"), *overrides]) == 0
     m = read_manifest(Path(capsys.readouterr().out.strip()))
     assert (m.max_seq_len, m.pooling, m.normalize) == (64, "cls", False)
+
+
+def test_ctrl_c_wrapped_by_a_library_is_still_ctrl_c_and_only_a_missing_module_is_not_installed(
+    hub_graph: Path,
+    tiny_entry: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ctrl-C while onnxruntime's extension initialised (pybind11 raises ImportError("initialization failed")
+    from the KeyboardInterrupt) was "initialization failed is not installed ... pip install 'mhaserve[export]'"."""
+    error: ImportError = ImportError()
+
+    def load(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr("mhaserve.runtime.engine.OnnxEngine", load)
+    args = ["import", "--onnx", str(hub_graph), "--tokenizer", str(tiny_entry / "tokenizer.json"), "--name", "i"]
+    args += ["--repository", str(tmp_path)]
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as e:
+        error = ImportError("initialization failed")
+        error.__cause__ = e
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "mhaserve import: interrupted" and "Traceback" not in err, err
+
+    # the import as a whole: inside it, ONNX Runtime's own errors are the graph's (its step says "cannot run")
+    monkeypatch.setattr("mhaserve.export.importer.import_entry", load)
+    error = ModuleNotFoundError("No module named 'torch'", name="torch")
+    assert main(args) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("mhaserve import: error: torch is not installed;")
+    error = ImportError("initialization failed")
+    assert main(args) == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("mhaserve import: error:") and "initialization failed" in err and "not installed" not in err
+    assert list(tmp_path.rglob("*")) == []
 
 
 def test_a_file_that_is_not_an_onnx_graph_is_one_line(
