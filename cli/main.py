@@ -592,9 +592,13 @@ def _check_server_args(server_args: Sequence[str]) -> int | None:
                 f"{', '.join(owned)}: set by the bench itself (free ports, and its own --repository and --model, "
                 "which its in-process figures use too)"
             )
-        build(namespace)
     except SettingsError as e:
         print(f"mhaserve bench: error: --server-arg: {e}", file=sys.stderr)
+        return 2
+    try:
+        build(namespace)
+    except SettingsError as e:  # named as set: a --server-arg flag, or a variable the server inherits
+        print(f"mhaserve bench: error: the bench's server: {e}", file=sys.stderr)
         return 2
     return None
 

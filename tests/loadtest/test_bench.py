@@ -313,7 +313,7 @@ def test_command_line_reproduces_the_options() -> None:
     ("server_arg", "message"),
     [
         ("--server-arg=--max-wait-ms=abc", "argument --max-wait-ms: invalid"),
-        ("--server-arg=--inference-workers=0", "--server-arg: --inference-workers must be > 0, got 0"),
+        ("--server-arg=--inference-workers=0", "the bench's server: --inference-workers must be > 0, got 0"),
         ("--server-arg=--bogus", "--server-arg: not a flag of mhaserve serve: --bogus"),
         # the bench sets these itself: once overridden without a word, or served another model than it measured
         ("--server-arg=--port=50052", "--server-arg: --port: set by the bench itself"),
@@ -327,6 +327,19 @@ def test_server_args_are_read_before_the_run(server_arg: str, message: str, caps
     with contextlib.suppress(SystemExit):
         assert main(["bench", "--no-torch", "--repository", "/nonexistent/repo", server_arg]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_server_variable_is_named_as_the_servers_not_as_a_server_arg(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MHASERVE_GRPC_FRONT=nope was reported as "--server-arg: MHASERVE_GRPC_FRONT ...", a flag never given."""
+    from mhaserve.cli.main import main
+
+    monkeypatch.setenv("MHASERVE_GRPC_FRONT", "nope")
+    with contextlib.suppress(SystemExit):
+        assert main(["bench", "--no-torch", "--repository", "/nonexistent/repo"]) == 2
+    err = capsys.readouterr().err
+    assert "the bench's server: MHASERVE_GRPC_FRONT must be one of grpc, lean" in err and "--server-arg" not in err
 
 
 @pytest.mark.parametrize(
