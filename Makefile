@@ -139,8 +139,9 @@ clean:
   tests/service/grpc_java/build tests/service/rust_h2/build .pytest_cache .mypy_cache .ruff_cache build *.egg-info
 
 # Load test a running server (`make serve` in another shell) with loadtest/locustfile.py, headless.
-# Reports (CSV, JSON, HTML) go to $(LOADTEST_RESULTS)/loadtest-<timestamp>/; the exit status is 1 only
-# when more than MAX_FAIL_RATIO of the requests failed. PROTOCOL: grpc (encoder.v1, on :50051), http
+# Reports (CSV, JSON, HTML) go to $(LOADTEST_RESULTS)/loadtest-<timestamp>/; the exit status is 1 when
+# more than MAX_FAIL_RATIO of the requests failed, or none were made, a user raised, or a call was left
+# unanswered at the end (README.md's Load testing says when). PROTOCOL: grpc (encoder.v1, on :50051), http
 # (OpenAI POST /v1/embeddings, on :8080; ENCODING_FORMAT float or base64) or tei (text-embeddings-inference's
 # POST /embed, on :8080). WORKLOAD: short, query, long,
 # mixed, batch, ids, stream (gRPC only), bad, or several separated by commas. PROCESSES > 1 runs Locust

@@ -26,7 +26,7 @@ Options this file adds (also settable as LOCUST_* variables, and sent by a maste
     --encoding-format F   float | base64: the vectors `http` asks for (default float)
     --rpc-timeout S       deadline of each call in seconds (default 30)
     --think-time S        pause between a user's calls, uniform in [0, S] (default 0: closed loop)
-    --max-fail-ratio F    exit 1 when more than this fraction of requests failed (default 0.01)
+    --max-fail-ratio F    exit 1 when more than this fraction of requests failed (default 0.01); see below
 
 A server with API keys or TLS (as `mhaserve encode`'s --api-key and --tls options; Locust's own
 --tls-cert/--tls-key serve its web UI, hence the client certificate's longer names):
@@ -39,9 +39,15 @@ A server with API keys or TLS (as `mhaserve encode`'s --api-key and --tls option
                           a client certificate and its key (PEM), for a server with mutual TLS
 
 A user pauses 0.1 s after UNAVAILABLE or RESOURCE_EXHAUSTED (HTTP: 429, 503, or no connection), as a
-client should, instead of spinning on instant failures. `make loadtest` runs it headless and keeps the
-CSV, JSON and HTML reports (`PROTOCOL=http` for the HTTP API); distributed mode works from the same file
-(`--master` / `--worker`, or `--processes N`).
+client should, instead of spinning on instant failures. A call the run's end cuts off after it waited over
+twice the run's slowest call (and 1 s) is recorded as an IN_FLIGHT failure: the server stopped answering.
+
+The exit status is 1 when more than --max-fail-ratio of the requests failed, and whatever the ratio when no
+request was made, a task raised an exception, or a call was IN_FLIGHT; 2, before the run, for a bad option
+or a file the users could not read (a corpus with no UTF-8 text, a tokenizer, a certificate).
+
+`make loadtest` runs it headless and keeps the CSV, JSON and HTML reports (`PROTOCOL=http` for the HTTP
+API); distributed mode works from the same file (`--master` / `--worker`, or `--processes N`).
 """
 
 from __future__ import annotations
@@ -54,11 +60,14 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.client import HTTPException
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from locust import User, events, task  # imports gevent and patches the standard library first
+
+from gevent import GreenletExit  # isort: skip
 
 import grpc  # isort: skip
 import grpc.experimental.gevent as grpc_gevent  # isort: skip
@@ -93,6 +102,10 @@ BACKOFF_S = 0.1
 ROUTE = "/v1/embeddings"
 TEI_ROUTE = "/embed"
 API_KEY_ENV = "MHASERVE_API_KEY"  # as `mhaserve encode --api-key`
+# A call the run's end cut off after it had waited longer than twice the slowest answer of the run, and
+# at least IN_FLIGHT_MIN_S: recorded as a failure of this name (EncoderUser._in_flight says why).
+IN_FLIGHT = "IN_FLIGHT"
+IN_FLIGHT_MIN_S = 1.0
 TLS_FILES = (("tls_ca", "--tls-ca"), ("tls_client_cert", "--tls-client-cert"), ("tls_client_key", "--tls-client-key"))
 
 
@@ -419,6 +432,9 @@ class EncoderUser(User):
     task set comes from --workload."""
 
     host = DEFAULT_HOST
+    # The slowest call recorded in this process in this run, answered or failed: what a call still in flight
+    # when the run ends is measured against (_in_flight). Set back to 0 when a run starts (_new_run).
+    slowest_s: ClassVar[float] = 0.0
 
     def __init__(self, environment: Any) -> None:
         super().__init__(environment)
@@ -495,20 +511,48 @@ class EncoderUser(User):
     def _fire(self, rpc: str, name: str, started: float, length: int, error: Exception | None) -> None:
         if isinstance(error, CallError) and error.code in BACKOFF_CODES:
             self.backoff = BACKOFF_S
+        elapsed = time.perf_counter() - started
+        if not (isinstance(error, CallError) and error.code == IN_FLIGHT):  # the bound of the other users' too
+            EncoderUser.slowest_s = max(EncoderUser.slowest_s, elapsed)
         self.environment.events.request.fire(
             request_type=rpc,
             name=name,
-            response_time=(time.perf_counter() - started) * 1000,
+            response_time=elapsed * 1000,
             response_length=length,
             exception=error,
             context={},
         )
 
+    @contextmanager
+    def _in_flight(self, rpc: str, name: str, sent: deque[float]) -> Iterator[None]:
+        """Around a call, `sent` the send times of its requests not yet answered (one, but for a stream).
+
+        Locust ends a run by killing its users (GreenletExit) in whatever call they wait on, and such a call
+        was never recorded: a server stopped 7 s before the end of a 10 s run passed with no failure, as did
+        one that hung for the last 29 s of `make loadtest`'s minute. Every run ends with calls in flight,
+        though, most of them sent a moment before: a call cut off is recorded as an IN_FLIGHT failure (its
+        response time, how long it had waited) only once it has waited longer than twice the slowest call
+        of the run, and 1 s: the server answered every other call in half that time, so this one was most
+        likely not coming. The last calls of a healthy run, however slow its calls, have waited about as
+        long as the others did, and are left out, as before, so it does not fail on them."""
+        try:
+            yield
+        except GreenletExit:
+            now = time.perf_counter()
+            bound = max(IN_FLIGHT_MIN_S, 2 * EncoderUser.slowest_s)
+            error = CallError(
+                IN_FLIGHT, "no answer when the run ended, after waiting over twice the run's slowest call"
+            )
+            for started in [t for t in sent if now - t > bound]:
+                self._fire(rpc, name, started, 0, error)
+            raise
+
     def _encode(self, name: str, texts: list[str] | None = None, ids: list[list[int]] | None = None) -> None:
         assert self.client is not None
         started = time.perf_counter()
         try:
-            length, received = self.client.encode(self.opt["model"], texts=texts, ids=ids)
+            with self._in_flight(self.client.request_type, name, deque([started])):
+                length, received = self.client.encode(self.opt["model"], texts=texts, ids=ids)
         except CallError as e:
             self._fire(self.client.request_type, name, started, 0, e)
             return
@@ -546,7 +590,8 @@ class EncoderUser(User):
             assert self.client is not None
             started = time.perf_counter()
             try:
-                self.ids = self._load_ids()
+                with self._in_flight(self.client.info_type, "model info", deque([started])):
+                    self.ids = self._load_ids()
             except CallError as e:  # recorded as the failed call it is, and asked again after the back-off
                 self._fire(self.client.info_type, "model info", started, 0, e)
                 return
@@ -557,7 +602,8 @@ class EncoderUser(User):
         assert self.client is not None
         started = time.perf_counter()
         try:
-            length, _ = self.client.bad(self.opt["model"], random.choice(self.corpus.queries))
+            with self._in_flight(self.client.request_type, "bad", deque([started])):
+                length, _ = self.client.bad(self.opt["model"], random.choice(self.corpus.queries))
         except CallError as e:
             self._fire(self.client.request_type, "bad", started, 0, e)
             return
@@ -579,23 +625,29 @@ class EncoderUser(User):
 
         started = time.perf_counter()
         received = 0
-        try:
-            stream = self.client.stub.EncodeStream(
-                requests(), timeout=self.opt["rpc_timeout"], metadata=self.client.metadata
-            )
-            for response in stream:
-                t0 = sent.popleft() if sent else started
-                received += 1
-                error = None
-                if response.HasField("error"):
-                    code = STATUS_NAMES.get(response.error.code, f"STATUS_{response.error.code}")
-                    error = CallError(code, response.error.message)
-                self._fire("EncodeStream", "stream", t0, response.ByteSize(), error)
-        except grpc.RpcError as e:
-            # The stream itself failed: the requests without a response fail with its status.
-            failure = CallError.from_rpc(e)
-            for _ in range(n - received):
-                self._fire("EncodeStream", "stream", sent.popleft() if sent else started, 0, failure)
+        with self._in_flight("EncodeStream", "stream", sent):
+            try:
+                stream = self.client.stub.EncodeStream(
+                    requests(), timeout=self.opt["rpc_timeout"], metadata=self.client.metadata
+                )
+                for response in stream:
+                    t0 = sent.popleft() if sent else started
+                    received += 1
+                    error = None
+                    if response.HasField("error"):
+                        code = STATUS_NAMES.get(response.error.code, f"STATUS_{response.error.code}")
+                        error = CallError(code, response.error.message)
+                    self._fire("EncodeStream", "stream", t0, response.ByteSize(), error)
+            except grpc.RpcError as e:
+                # The stream itself failed: the requests without a response fail with its status.
+                failure = CallError.from_rpc(e)
+                for _ in range(n - received):
+                    self._fire("EncodeStream", "stream", sent.popleft() if sent else started, 0, failure)
+
+
+@events.test_start.add_listener
+def _new_run(**_: Any) -> None:
+    EncoderUser.slowest_s = 0.0
 
 
 @events.init.add_listener
@@ -615,13 +667,11 @@ def _clock(**_: Any) -> None:
 def _check_options(environment: Any, **_: Any) -> None:
     """Refuse bad options before the run, as argparse refuses a bad option (exit 2): checked only in each
     user's start, they failed there and the run then idled for its whole --run-time, blaming the server."""
-    from locust.runners import MasterRunner
-
     opts = environment.parsed_options
     if opts is None:
         return
     try:
-        workload_names(str(getattr(opts, "workload", "mixed")), str(getattr(opts, "protocol", "grpc")))
+        names = workload_names(str(getattr(opts, "workload", "mixed")), str(getattr(opts, "protocol", "grpc")))
         problems = [
             f"--{name.replace('_', '-')} must be {bound}, got {getattr(opts, name)}"
             for name, ok, bound in (
@@ -633,13 +683,8 @@ def _check_options(environment: Any, **_: Any) -> None:
             )
             if getattr(opts, name, None) is not None and not ok(getattr(opts, name))
         ]
-        # Files are read by the users: on each worker, not the master (its paths may not be theirs).
-        if not isinstance(environment.runner, MasterRunner):
-            problems += [
-                f"--{name.replace('_', '-')} {path}: no such file"
-                for name in ("corpus", "short_corpus", "tokenizer")
-                if (path := getattr(opts, name, "")) and not Path(path).is_file()
-            ]
+        if _reads_files_here(environment):
+            problems += _file_problems(opts, names)
         problems += _security_problems(environment, opts)
         if problems:
             raise ValueError("; ".join(problems))
@@ -648,10 +693,53 @@ def _check_options(environment: Any, **_: Any) -> None:
         sys.exit(2)
 
 
-def _security_problems(environment: Any, opts: Any) -> list[str]:
-    """What is wrong with the key and TLS options; no message shows the key."""
+def _reads_files_here(environment: Any) -> bool:
+    """Whether the users read their files (corpora, tokenizer, certificates) on this machine: in a local run
+    and on a worker, and on a master of `--processes`, whose workers are its own forks; not on another master,
+    whose paths may not be its workers'. A master of `--processes` once checked none, and idled through its
+    whole run-time while its forked workers refused a file and exited."""
     from locust.runners import MasterRunner
 
+    opts = environment.parsed_options
+    return not isinstance(environment.runner, MasterRunner) or bool(getattr(opts, "processes", None))
+
+
+def _file_problems(opts: Any, names: list[str]) -> list[str]:
+    """What is wrong with the corpora and the tokenizer, each read as the users will read it: a file that
+    exists but holds no text, or no tokenizer, failed only in each user (in its start, or in every task)."""
+    problems = []
+    corpora = [("corpus", DEFAULT_CORPUS, True), ("short_corpus", DEFAULT_SHORT_CORPUS, "short" in names)]
+    for name, default, used in corpora:
+        given = getattr(opts, name, "") or ""
+        if not given and not used:
+            continue
+        path, flag = given or str(default), f"--{name.replace('_', '-')}"
+        if not Path(path).is_file():
+            problems.append(f"{flag} {path}: no such file")
+            continue
+        try:
+            Corpus.load(path)  # kept: the users of this process find it loaded
+        except UnicodeDecodeError as e:  # a ValueError too: first
+            problems.append(f"{flag} {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})")
+        except ValueError:
+            problems.append(f"{flag} {path} holds no text (it is empty, or blank lines only)")
+        except OSError as e:
+            problems.append(f"{flag} {path} cannot be read ({_reason(e)})")
+    if tokenizer := getattr(opts, "tokenizer", "") or "":
+        if not Path(tokenizer).is_file():
+            problems.append(f"--tokenizer {tokenizer}: no such file")
+        else:
+            from tokenizers import Tokenizer
+
+            try:
+                Tokenizer.from_file(tokenizer)
+            except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+                problems.append(f"--tokenizer {tokenizer} is no tokenizer.json ({str(e)[:200]})")
+    return problems
+
+
+def _security_problems(environment: Any, opts: Any) -> list[str]:
+    """What is wrong with the key and TLS options; no message shows the key."""
     problems = []
     key = getattr(opts, "api_key", "") or ""
     # What the server takes, as `mhaserve encode` checks it: grpc core refused another as "Invalid metadata".
@@ -664,8 +752,7 @@ def _security_problems(environment: Any, opts: Any) -> list[str]:
     host = environment.host or ""
     if tls and getattr(opts, "protocol", "grpc") in HTTP_PROTOCOLS and host.startswith("http://"):
         problems.append(f"-H {host} is plaintext HTTP, but the TLS options ask for TLS: give https://")
-    # Files are read by the users: on each worker, not the master (its paths may not be theirs).
-    if problems or isinstance(environment.runner, MasterRunner):
+    if problems or not _reads_files_here(environment):
         return problems
     missing = [
         f"{flag} {files[name]}: no such file"
@@ -698,7 +785,9 @@ def _reason(e: OSError) -> str:
 
 @events.quitting.add_listener
 def _exit_code(environment: Any, **_: Any) -> None:
-    """Exit 1 only past the failure threshold (Locust's default fails the run on a single failure)."""
+    """Exit 1 past the failure threshold (Locust's default fails the run on a single failure), and whatever
+    the ratio when the figures leave part of the run out: no requests at all, tasks that raised exceptions
+    (no request was recorded for them), calls the server left unanswered at the end."""
     from locust.runners import WorkerRunner
 
     if isinstance(environment.runner, WorkerRunner):
@@ -713,11 +802,38 @@ def _exit_code(environment: Any, **_: Any) -> None:
         print_error_report(environment.stats)
     threshold = getattr(opts, "max_fail_ratio", 0.01) if opts else 0.01
     total = environment.stats.total
+    failed = []
     if total.num_requests == 0:
-        log.error("no requests were made: is the server at %s up?", environment.host)
-        environment.process_exit_code = 1
+        failed.append(f"no requests were made: is the server at {environment.host} up?")
     elif total.fail_ratio > threshold:
-        log.error("%.2f%% of requests failed, more than the allowed %.2f%%", total.fail_ratio * 100, threshold * 100)
-        environment.process_exit_code = 1
-    else:
-        environment.process_exit_code = 0
+        failed.append(f"{total.fail_ratio:.2%} of requests failed, more than the allowed {threshold:.2%}")
+    rows = list(environment.runner.exceptions.values()) if environment.runner is not None else []
+    if raised := sum(row["count"] for row in rows):
+        # The first one's message (or, for one without, the line that raised it); each with its traceback in
+        # the log and in --csv's stats_exceptions.csv.
+        first = rows[0]["msg"] or (rows[0]["traceback"].strip().splitlines() or ["?"])[-1].strip()
+        others = f", and {len(rows) - 1} other kinds" if len(rows) > 1 else ""
+        failed.append(
+            f"the users raised {raised} exception{'s' if raised != 1 else ''} ({first}{others}): "
+            "a task that raises makes no request, so the figures leave it out"
+        )
+    if unanswered := _unanswered(environment.stats):
+        # Whatever the ratio: a server that stopped answering leaves one such call per user however long it
+        # has hung (29 s of a 60 s run), a fraction of the requests that no threshold would notice.
+        failed.append(
+            f"{unanswered} call{'s' if unanswered != 1 else ''} had no answer when the run ended, in flight for "
+            f"longer than twice the run's slowest call ({IN_FLIGHT} failures): the server stopped answering"
+        )
+    for message in failed:
+        log.error("%s", message)
+    environment.process_exit_code = 1 if failed else 0
+
+
+def _unanswered(stats: Any) -> int:
+    """How many IN_FLIGHT failures the stats hold (a local run's errors are CallErrors, a master's their
+    repr)."""
+    from locust.stats import StatsError
+
+    return sum(
+        e.occurrences for e in stats.errors.values() if StatsError.parse_error(e.error).startswith(f"{IN_FLIGHT}:")
+    )

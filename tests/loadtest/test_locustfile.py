@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +21,9 @@ import pytest
 
 from mhaserve.loadtest.bench.client import Server
 from mhaserve.service.settings import ApiKeys
-from mhaserve.testing.loopback import free_port
+from mhaserve.testing.loopback import free_port, wait_until
 from mhaserve.testing.server import ServerThread, local_settings
+from tests.loadtest.conftest import bench_server
 from tests.security import conftest as security
 from tests.security.conftest import Pki
 
@@ -140,6 +145,103 @@ def test_every_other_task_set_succeeds(tiny_server: Server, tmp_path: Path) -> N
     assert entries["stream"]["method"] == "EncodeStream"
 
 
+# ---- calls in flight when the run ends -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stoppable_server(tiny_entry: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server of its own for the tests that stop it (SIGSTOP): the other tests' server stays up."""
+    server = bench_server(tiny_entry, tmp_path_factory.mktemp("stoppable") / "server.log")
+    with server.running():
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("protocol", "extra"),
+    [("grpc", ()), ("http", ()), ("grpc", ("--processes", "2"))],
+    ids=["grpc", "http", "grpc-processes"],
+)
+def test_calls_left_unanswered_when_the_run_ends_fail_it(
+    stoppable_server: Server, tmp_path: Path, protocol: str, extra: tuple[str, ...]
+) -> None:
+    """The server stops answering (SIGSTOP) a second into a 7 s run. The calls its users wait on were killed
+    with them at the end and never recorded: "N requests, 0 failures", exit 0. Each is now an IN_FLIGHT
+    failure with the time it waited, and the run fails even where the ratio allows 90 % of failures: in a
+    long run a hung server's unanswered calls, one per user, are too few for any ratio. With --processes,
+    the workers' failures reach the master's figures."""
+    host = stoppable_server.http_url if protocol == "http" else stoppable_server.address
+    log = tmp_path / "locust.log"
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--protocol", protocol, "-H", host,
+        "-u", "2", "-r", "2", "-t", "7s", "--only-summary", "--workload", "short", "--max-fail-ratio", "0.9",
+        "--json-file", str(tmp_path / "stats"), *extra,
+    ]  # fmt: skip
+    with log.open("w") as out:
+        locust = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=_env())
+        try:
+            wait_until(lambda: "All users spawned" in log.read_text(), "Locust's users", timeout=60)
+            time.sleep(1)
+            os.kill(stoppable_server.pid, signal.SIGSTOP)
+            try:
+                locust.wait(timeout=60)
+            finally:
+                os.kill(stoppable_server.pid, signal.SIGCONT)
+        finally:
+            if locust.poll() is None:
+                locust.kill()
+                locust.wait()
+    text = log.read_text()
+    assert locust.returncode == 1, text[-3000:]
+    short = _entries(tmp_path)["short"]
+    # One call of each of the two users (the second once went unrecorded: the first one's wait had become
+    # the slowest call of the run, which the bound doubles).
+    assert short["num_failures"] == 2 and short["num_requests"] > 2, short
+    assert short["max_response_time"] > 3000  # the unanswered calls' waits, in the figures
+    assert "short: IN_FLIGHT: no answer when the run ended" in text, text[-3000:]
+    assert re.search(r"\d+ calls? had no answer when the run ended", text), text[-3000:]
+
+
+class _SlowTei(BaseHTTPRequestHandler):
+    """TEI's `POST /embed`, every answer 1.2 s late: one vector (of one zero) per input."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, as the users' connections are
+
+    def do_POST(self) -> None:
+        inputs = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["inputs"]
+        time.sleep(1.2)
+        body = json.dumps([[0.0]] * len(inputs)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def test_a_run_of_slow_calls_does_not_fail_on_those_in_flight_at_its_end(tmp_path: Path) -> None:
+    """Every run ends with calls in flight; a slow server's last ones have waited up to a second and more
+    (the tiny model answers in milliseconds, hence a stand-in that answers in 1.2 s). They are no sign of
+    a server that stopped answering, and the run, with no failure allowed, passes."""
+    with ThreadingHTTPServer(("127.0.0.1", 0), _SlowTei) as slow:
+        thread = threading.Thread(target=slow.serve_forever, daemon=True)
+        thread.start()
+        try:
+            cmd = [
+                sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--protocol", "tei",
+                "-H", f"http://127.0.0.1:{slow.server_address[1]}", "-u", "2", "-r", "2", "-t", "4s",
+                "--only-summary", "--workload", "short", "--max-fail-ratio", "0",
+                "--json-file", str(tmp_path / "stats"),
+            ]  # fmt: skip
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=_env())
+        finally:
+            slow.shutdown()
+    assert run.returncode == 0, run.stderr[-3000:]
+    short = _entries(tmp_path)["short"]
+    assert short["num_requests"] > 0 and short["num_failures"] == 0
+
+
 # ---- over HTTP: OpenAI POST /v1/embeddings -------------------------------------------------------------
 
 
@@ -187,6 +289,7 @@ def test_an_unknown_workload_is_refused_before_the_run(tiny_server: Server, tmp_
         (("--max-fail-ratio", "-1"), "--max-fail-ratio must be a fraction in [0, 1], got -1.0"),
         (("--corpus", "/nonexistent/corpus.txt"), "--corpus /nonexistent/corpus.txt: no such file"),
         (("--tokenizer", "/nonexistent/tokenizer.json"), "--tokenizer /nonexistent/tokenizer.json: no such file"),
+        (("--tokenizer", str(LOCUSTFILE)), f"--tokenizer {LOCUSTFILE} is no tokenizer.json"),
         (("--tls-ca", "/nonexistent/ca.pem"), "--tls-ca /nonexistent/ca.pem: no such file"),
         (("--tls-ca", str(LOCUSTFILE)), f"--tls-ca {LOCUSTFILE} holds no usable PEM certificate"),
         (
@@ -203,6 +306,86 @@ def test_bad_options_are_refused_before_the_run(
     run = _locust(tiny_server, tmp_path, "mixed", *options, "-t", "30s")
     assert run.returncode == 2, run.stderr[-2000:]
     assert message in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "content", "problem"),
+    [
+        ("--corpus", b"", "holds no text (it is empty, or blank lines only)"),
+        ("--short-corpus", b"  \n\t\n\n", "holds no text (it is empty, or blank lines only)"),
+        ("--corpus", b"caf\xe9 au lait\n", "is not UTF-8 text (byte 0xe9 at offset 3)"),
+        ("--short-corpus", b"\xff\xfeq\x00", "is not UTF-8 text (byte 0xff at offset 0)"),
+    ],
+)
+def test_a_corpus_without_usable_text_is_refused_before_the_run(
+    tiny_server: Server, tmp_path: Path, flag: str, content: bytes, problem: str
+) -> None:
+    """Once it passed the check (the file exists), every user's start failed on it ("the corpus is empty", or a
+    UnicodeDecodeError), and the run idled to its end and blamed the server: no requests were made."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(content)
+    run = _locust(tiny_server, tmp_path, "mixed,short", flag, str(corpus), "-t", "30s")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"{flag} {corpus} {problem}" in run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "stats.json").exists()
+
+
+def test_a_file_that_is_no_tokenizer_is_refused_before_the_ids_workload(tiny_server: Server, tmp_path: Path) -> None:
+    """The ids task caught only failed calls: the tokenizer was parsed again, and failed, in every task (tens
+    of thousands of tracebacks a second) and no request was made."""
+    run = _locust(tiny_server, tmp_path, "ids", "--tokenizer", str(LOCUSTFILE), "-t", "30s")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"--tokenizer {LOCUSTFILE} is no tokenizer.json (" in run.stderr
+    assert "Traceback" not in run.stderr and len(run.stderr.splitlines()) < 20, run.stderr[-2000:]
+
+
+def test_a_run_whose_users_raised_exceptions_fails(tiny_server: Server, tmp_path: Path) -> None:
+    """An exception in a task is no request, failed or not: a run of short and bad-tokenizer ids tasks
+    counted 98 requests, no failures, and exited 0 with 75 exceptions in stats_exceptions.csv. Here a
+    locustfile that wraps the real one makes its `query` task raise."""
+    wrapper = tmp_path / "raising_locustfile.py"
+    wrapper.write_text(
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('mhaserve_locustfile', {str(LOCUSTFILE)!r})\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "sys.modules[spec.name] = module\n"
+        "spec.loader.exec_module(module)\n"
+        "def task_query(self):\n"
+        "    raise RuntimeError('a bug in the query task')\n"
+        "module.EncoderUser.task_query = task_query\n"
+        "EncoderUser = module.EncoderUser\n"
+    )
+    host = tiny_server.address
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(wrapper), "--headless", "-H", host, "-u", "2", "-r", "2",
+        "-t", "2s", "--only-summary", "--workload", "short,query", "--max-fail-ratio", "0.9",
+        "--json-file", str(tmp_path / "stats"),
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=_env())
+    assert run.returncode == 1, run.stderr[-3000:]
+    short = _entries(tmp_path)["short"]
+    assert short["num_requests"] > 0 and short["num_failures"] == 0
+    assert re.search(r"the users raised \d+ exceptions? \(a bug in the query task\)", run.stderr), run.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--tls-ca", "/nonexistent/ca.pem"), "--tls-ca /nonexistent/ca.pem: no such file"),
+        (("--corpus", "/nonexistent/corpus.txt"), "--corpus /nonexistent/corpus.txt: no such file"),
+    ],
+)
+def test_with_processes_the_master_refuses_bad_files_too(
+    tiny_server: Server, tmp_path: Path, options: tuple[str, ...], message: str
+) -> None:
+    """`--processes N` forks N workers from the master after it read its options: the workers refused the
+    file and exited 2, while the master, which skipped the files (a master's paths may not be its workers'),
+    waited for them through its whole --run-time and exited 1, "no requests were made"."""
+    started = time.monotonic()
+    run = _locust(tiny_server, tmp_path, "mixed", "--processes", "2", *options, "-t", "30s")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert message in run.stderr and "no requests were made" not in run.stderr
+    assert time.monotonic() - started < 20
 
 
 def test_a_worker_reads_the_corpus_beside_its_own_locustfile(tiny_server: Server, tmp_path: Path) -> None:
