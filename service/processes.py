@@ -17,7 +17,8 @@ that starts while none does takes every core, so that a lone request runs on eve
 (the processes count their runs in progress in a small table of shared memory; server.CoreShare). On a
 GPU, or with --intra-op-threads fixed, process i is pinned to the i-th share instead (CPU affinity).
 
-The supervisor forwards SIGTERM and SIGINT (a second one too: the processes then exit at once). A
+The supervisor forwards SIGTERM and SIGINT, and on a second one tells the processes to exit at once (EXIT_NOW:
+they drain on SIGTERM and SIGINT however often those reach them, from the supervisor, systemd or `pkill`). A
 process that fails while the processes start stops them all, with its status, as a single server would;
 one that exits once all have served is started again, while the others go on answering.
 """
@@ -57,6 +58,9 @@ SCRAPE_TIMEOUT_S = 2.0
 FIRST_RESTART_DELAY_S = 1.0
 MAX_RESTART_DELAY_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# What the supervisor sends its processes on its own second SIGTERM or SIGINT: exit at once. Theirs may reach
+# them twice without anyone asking twice (server.serve's `supervised`), so on those they only drain.
+EXIT_NOW = signal.SIGUSR2
 
 
 class PortsError(RuntimeError):
@@ -131,6 +135,9 @@ def _process_main(
 ) -> None:
     """One server process (the spawned child's entry point). With `peers` it shares every core with the
     others (CoreShare) and sizes itself by as many as `cores` holds; without, it is pinned to `cores`."""
+    # Before anything else (the imports below take a second): a SIGINT the supervisor passes on while this
+    # process starts ends it quietly, as SIGTERM does, where Python's KeyboardInterrupt printed a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     from mhaserve.service.context import configure_logging
     from mhaserve.service.server import CoreShare, serve
     from mhaserve.service.threads import name_this_thread
@@ -143,7 +150,7 @@ def _process_main(
         os.sched_setaffinity(0, cores)
     name_this_thread(f"mhaserve-p{index}")  # what top and ps show, instead of the spawning interpreter's name
     configure_logging(level, process=f"p{index}")
-    code = asyncio.run(serve(settings, on_serving=lambda: ready.send(index), share=share))
+    code = asyncio.run(serve(settings, on_serving=lambda: ready.send(index), share=share, supervised=True))
     ready.close()
     sys.exit(code)
 
@@ -270,6 +277,8 @@ class Supervisor:
         previous = {sig: signal.signal(sig, self._signalled) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             for c in self._children:
+                if self._signals:  # told to stop while starting them: the rest are not started
+                    break
                 self._start(c)
             self._watch()
             # Each process logs its own "stopped"; this line says the whole server has.
@@ -297,14 +306,26 @@ class Supervisor:
         child.process, child.ready, child.serving, child.restart_at = process, ours, False, None
         child.starts += 1
         log.debug("process p%d started: pid %s, cores %s", child.index, process.pid, sorted(child.cores))
+        if self._signals:  # one came while it was being started, before it was among those to pass it on to
+            self._forward(child, self._forwarded())
 
     def _signalled(self, signum: int, _frame: FrameType | None) -> None:
         self._signals.append(signum)
+        if len(self._signals) > 1:  # told again: every process exits at once, and so does the server
+            self._status = 128 + signum
         for child in self._children:
             child.restart_at = None  # a stopping supervisor starts nothing again
-            if child.process is not None and child.process.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.process.pid, signum)
+            self._forward(child, self._forwarded())
+
+    def _forwarded(self) -> int:
+        """What the processes are sent for the signals the supervisor got: the first as it came (they drain on
+        it, however often it reaches them), EXIT_NOW for any after it."""
+        return self._signals[0] if len(self._signals) == 1 else EXIT_NOW
+
+    def _forward(self, child: _Child, signum: int) -> None:
+        if child.process is not None and child.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.process.pid, signum)
 
     def _watch(self) -> None:
         while any(c.process is not None or c.restart_at is not None for c in self._children):
@@ -353,8 +374,11 @@ class Supervisor:
         if child.ready is not None:
             child.ready.close()
             child.ready = None
-        if self._signals:  # stopping: the status is the first failure, if any
-            self._status = self._status or code
+        if self._signals:
+            # Stopping: the status is the first failure, if any. A process the signal passed on ended before it
+            # could drain (it was starting, or starting again) stopped as it was asked to: no failure.
+            if code not in (0, 128 + self._signals[0]):
+                self._status = self._status or code
             return
         if not self._all_served:
             # Start-up failed (a model that does not load, no memory for another session): as one server would.

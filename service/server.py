@@ -67,6 +67,7 @@ from mhaserve.service.kserve.servicer import InferenceServicer
 from mhaserve.service.metrics import Metrics, ModelMetrics
 from mhaserve.service.models import ModelManager
 from mhaserve.service.pipeline import Pipeline
+from mhaserve.service.processes import EXIT_NOW
 from mhaserve.service.rpc.auth import AuthInterceptor
 from mhaserve.service.rpc.drain import Drain, DrainInterceptor
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
@@ -664,10 +665,17 @@ async def serve(
     engine_factory: EngineFactory | None = None,
     on_serving: Callable[[], None] | None = None,
     share: CoreShare | None = None,
+    supervised: bool = False,
 ) -> int:
     """`mhaserve serve`: run until SIGTERM or SIGINT, drain, and return the exit status. `on_serving` is
     called once every model is loaded and warm (how a supervisor of several processes learns it); `share`:
-    the cores this process shares with the supervisor's others (see CoreShare)."""
+    the cores this process shares with the supervisor's others (see CoreShare).
+
+    `supervised` (a process of --processes N): SIGTERM and SIGINT drain however often they come, and only
+    EXIT_NOW, the supervisor's word for its own second signal, exits at once. Such a process gets SIGTERM
+    twice without anyone asking twice: from the supervisor and from systemd or `pkill` that signalled every
+    process, or Linux's death signal again as it is handed from one of a killed supervisor's threads to the
+    next; each once cut its requests in flight (exit 143)."""
     server = EncoderServer(settings, engine_factory=engine_factory, share=share)
     try:
         await server.start()
@@ -684,6 +692,8 @@ async def serve(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled, sig)
+    if supervised:
+        loop.add_signal_handler(EXIT_NOW, _exit_now, EXIT_NOW)
     try:
         ready = asyncio.ensure_future(server.ready())
         stopping = asyncio.ensure_future(stop.wait())
@@ -698,7 +708,10 @@ async def serve(
             on_serving()
         await stopping
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, _exit_now, sig)
+            if supervised:
+                loop.add_signal_handler(sig, log.debug, "%s again while draining: draining still", sig.name)
+            else:
+                loop.add_signal_handler(sig, _exit_now, sig)
         # SIGTERM is an orchestrator's: the drain delay lets its balancers see NOT_SERVING first. SIGINT is
         # a person's Ctrl-C: no one to wait for.
         delay = settings.drain_delay if received[:1] == [signal.SIGTERM] else 0.0
@@ -722,7 +735,7 @@ async def serve(
         log.info("stopped")
         return 0
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, EXIT_NOW):
             loop.remove_signal_handler(sig)
 
 
@@ -738,7 +751,9 @@ async def settle(seconds: float) -> None:
 
 
 def _exit_now(sig: signal.Signals) -> None:
-    """A second SIGTERM or SIGINT while draining: exit now, as a shell reports a process killed by it."""
-    log.warning("second %s while draining: exiting now, without waiting for in-flight requests", sig.name)
+    """A second SIGTERM or SIGINT while draining (under a supervisor, its EXIT_NOW): exit now, as a shell
+    reports a process killed by it."""
+    what = "the supervisor's second signal" if sig == EXIT_NOW else f"second {sig.name}"
+    log.warning("%s while draining: exiting now, without waiting for in-flight requests", what)
     logging.shutdown()
     os._exit(128 + sig.value)

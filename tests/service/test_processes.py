@@ -214,3 +214,56 @@ def test_core_shares_cut_the_cpus_into_equal_parts(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(processes, "available_cpus", lambda: 2)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert processes.core_shares(3) == [{0}, {1}, {0}]
+
+
+@pytest.mark.slow
+def test_processes_signalled_twice_without_anyone_asking_twice_drain(tiny_repo: Path, tmp_path: Path) -> None:
+    """systemd (or `pkill`) signals every process, and the supervisor passes its own on: each process got SIGTERM
+    twice, took the second for an operator's "now", and cut its requests in flight (exit 143); so did Linux's
+    death signal, sent again as a killed supervisor's threads hand its children on. They drain on any number."""
+    server, _, _ = _start(tiny_repo, tmp_path, 2, "--drain-delay", "1")  # draining lasts a second at least
+    with server:
+        for pid in _children(server.pid):  # as a control group's stop: every process, then the supervisor
+            os.kill(pid, signal.SIGTERM)
+        server.signal(signal.SIGTERM)
+        assert server.wait() == 0, server.log
+    assert "exiting now" not in server.log and server.log.count("mhaserve.service.server [-] stopped") == 2
+
+
+@pytest.mark.slow
+def test_the_supervisors_second_signal_still_exits_at_once(tiny_repo: Path, tmp_path: Path) -> None:
+    server, _, _ = _start(tiny_repo, tmp_path, 2, "--drain-delay", "20")
+    with server:
+        server.signal(signal.SIGTERM)
+        wait_until(lambda: server.log.count("shutting down") == 2, "both processes draining")
+        server.signal(signal.SIGINT)
+        assert server.wait() == 128 + signal.SIGINT, server.log
+    assert server.log.count("the supervisor's second signal while draining: exiting now") == 2, server.log
+
+
+def test_a_signal_while_the_processes_start_is_passed_on_to_each_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM that came while a process was being started (its pid not yet the supervisor's to signal) was
+    lost: every process started and served, and a second signal was needed to stop the server."""
+    supervisor = processes.Supervisor(Settings(processes=3, port=0, metrics_port=0), log_level="info")
+    pids = iter(range(1000, 1010))
+
+    class Started:
+        """A process whose start the signal interrupts (the first), or that starts as asked."""
+
+        def __init__(self, **_: object) -> None:
+            self.pid: int | None = None
+            self.sentinel = -1
+
+        def start(self) -> None:
+            self.pid = next(pids)
+            if self.pid == 1000:
+                supervisor._signalled(signal.SIGTERM, None)
+
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(supervisor._ctx, "Process", Started)
+    monkeypatch.setattr(processes, "claim_ports", lambda s: s)
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(supervisor, "_watch", lambda: None)
+    supervisor.run()
+    assert sent == [(1000, signal.SIGTERM)]  # passed on to the one started; the others not started at all
+    assert [c.process is not None for c in supervisor._children] == [True, False, False]
