@@ -37,7 +37,14 @@ from mhaserve.runtime.devices import Device
 from mhaserve.runtime.engine import Engine, release_memory, warm_up
 from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError, reason
 from mhaserve.runtime.memory import release_free_memory
-from mhaserve.runtime.repository import EngineFactory, GraphChoice, LoadedModel, ModelRepository, RepositoryError
+from mhaserve.runtime.repository import (
+    EngineFactory,
+    GraphChoice,
+    LoadedModel,
+    ModelEntry,
+    ModelRepository,
+    RepositoryError,
+)
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.metrics import Metrics, ModelMetrics
 from mhaserve.service.pipeline import Pipeline
@@ -50,6 +57,10 @@ ALL_MODELS = "*"
 State = Literal["READY", "LOADING", "UNLOADING", "UNAVAILABLE"]
 # Builds a version's pipeline (limits, batcher, hooks) from the loaded model: the server composes it.
 PipelineFactory = Callable[[LoadedModel, ModelMetrics], Pipeline]
+# What each served version of each model is: {name: {version: identity}}, the identity its graph's sha256 and
+# its serving config. A process of --processes N started again serves what the others do (ModelManager's
+# `pinned`), not what the repository holds by then.
+Served = dict[str, dict[int, str]]
 MISSING_VERSION = "named by the version policy of serving.json (specific), but not in the repository"
 # See ModelManager._fingerprint; None where the files cannot be read.
 Fingerprint = tuple[object, ...] | None
@@ -99,8 +110,12 @@ class ModelManager:
         make_pipeline: PipelineFactory,
         control: Control = "none",
         device: Device = "auto",
+        pinned: Served | None = None,
     ) -> None:
+        """`pinned`: serve these versions of these models, as they were (the graph and serving config), or fail
+        to start: a process of --processes N started again, beside others that loaded them (`served()`)."""
         self.repository = repository
+        self.pinned = pinned
         self.dataplane = dataplane
         self.metrics = metrics
         self.graph = graph
@@ -128,6 +143,8 @@ class ModelManager:
 
     def names(self) -> list[str]:
         """The models to serve now: those named, or every model in the repository for `*`."""
+        if self.pinned is not None:
+            return sorted(self.pinned)
         if self.all_models:
             return sorted(set(self.wanted) | set(self.repository.names()))
         return list(self.wanted)
@@ -136,7 +153,27 @@ class ModelManager:
         """Whether a model that fails to load stops start-up: one named does (serving it is what was asked);
         one that `*` found in the repository is reported and skipped, as a poll would (a broken entry takes
         the rest of the repository down neither at start-up nor later)."""
-        return not self.all_models or name in self.wanted
+        return not self.all_models or name in self.wanted or self.pinned is not None
+
+    def to_serve(self, name: str) -> list[int]:
+        """The versions of `name` to serve now: those its version policy selects, or those pinned."""
+        if self.pinned is None:
+            return self.repository.to_serve(name)
+        versions = sorted(self.pinned.get(name, {}))
+        if gone := sorted(set(versions) - set(self.repository.published(name))):
+            raise NotFound(
+                f"model {name!r} version {', '.join(map(str, gone))}: served by the other processes, and no longer in "
+                "the repository: restart the server to serve what the repository holds now"
+            )
+        return versions
+
+    def served(self) -> Served:
+        """What this server serves now, version by version (for `pinned`)."""
+        served: Served = {}
+        for pipeline in self.dataplane.pipelines():
+            model = pipeline.model
+            served.setdefault(model.name, {})[model.version] = _identity(model.entry)
+        return served
 
     def default_name(self) -> str:
         """The model of requests that name none: the first model named, else the repository's default."""
@@ -233,6 +270,11 @@ class ModelManager:
             self.states[key] = VersionState("LOADING")
         started = time.perf_counter()
         entry = await asyncio.to_thread(self.repository.entry, name, version, self.graph, self.device)
+        if self.pinned is not None and self.pinned.get(name, {}).get(version) != _identity(entry):
+            raise RepositoryError(
+                f"{name} version {version} is not what the other processes serve: its graph or serving config "
+                "changed since they loaded it; restart the server to serve what the repository holds now"
+            )
         model = await asyncio.to_thread(self.repository.load, entry, self.engine_factory)
         metrics = ModelMetrics(self.metrics, name, version)
         pipeline = self.make_pipeline(model, metrics)
@@ -306,7 +348,7 @@ class ModelManager:
         fingerprint of each version to serve (of version 0, the model as a whole, where it cannot be served).
         Reads files only: run off the event loop."""
         try:
-            wanted = self.repository.to_serve(name)
+            wanted = self.to_serve(name)
         except (ServiceError, RepositoryError) as e:
             return _Plan([], set(), {0: self._fingerprint(name, 0)}, refusal=e)
         published = set(self.repository.published(name))
@@ -544,3 +586,8 @@ def _stat(path: os.PathLike[str]) -> tuple[int, int, int] | None:
 
 def _valid_name(name: str) -> bool:
     return bool(mf.NAME_RE.match(name))
+
+
+def _identity(entry: ModelEntry) -> str:
+    """What a served version is: its graph (the one served, by sha256) and its serving config."""
+    return f"{entry.graph} {entry.sha256} {entry.config!r}"

@@ -50,6 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.service.metrics import serve_metrics
+from mhaserve.service.models import Served
 from mhaserve.service.settings import Settings, on_cpu
 
 log = logging.getLogger(__name__)
@@ -132,9 +133,11 @@ def _process_main(
     ready: Connection,
     supervisor: int,
     peers: MutableSequence[int] | None,
+    pinned: Served | None,
 ) -> None:
     """One server process (the spawned child's entry point). With `peers` it shares every core with the
-    others (CoreShare) and sizes itself by as many as `cores` holds; without, it is pinned to `cores`."""
+    others (CoreShare) and sizes itself by as many as `cores` holds; without, it is pinned to `cores`. It sends
+    `ready` what it serves once it does; `pinned`: serve what the others do (a process started again)."""
     # Before anything else (the imports below take a second): a SIGINT the supervisor passes on while this
     # process starts ends it quietly, as SIGTERM does, where Python's KeyboardInterrupt printed a traceback.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -150,7 +153,8 @@ def _process_main(
         os.sched_setaffinity(0, cores)
     name_this_thread(f"mhaserve-p{index}")  # what top and ps show, instead of the spawning interpreter's name
     configure_logging(level, process=f"p{index}")
-    code = asyncio.run(serve(settings, on_serving=lambda: ready.send(index), share=share, supervised=True))
+    serving = serve(settings, on_serving=ready.send, share=share, supervised=True, pinned=pinned)
+    code = asyncio.run(serving)
     ready.close()
     sys.exit(code)
 
@@ -237,6 +241,10 @@ class Supervisor:
             self._peers = self._ctx.RawArray("i", settings.processes)
         self._all_served = False
         self._status = 0
+        # What the first process to serve serves: with --model-control none, a process started again serves the
+        # same (the versions its policy selected then, as they were), not what the repository holds by then:
+        # it read the repository anew, and one server served two versions of a model, or two sets of models.
+        self._served: Served | None = None
 
     def run(self) -> int:
         s = self.settings
@@ -296,9 +304,10 @@ class Supervisor:
 
     def _start(self, child: _Child) -> None:
         ours, theirs = self._ctx.Pipe(duplex=False)
+        pinned = self._served if child.settings.model_control == "none" else None  # poll: it reads as they do
         process = self._ctx.Process(
             target=_process_main,
-            args=(child.settings, child.index, child.cores, self.log_level, theirs, os.getpid(), self._peers),
+            args=(child.settings, child.index, child.cores, self.log_level, theirs, os.getpid(), self._peers, pinned),
             name=f"mhaserve-p{child.index}",
         )
         process.start()
@@ -349,10 +358,14 @@ class Supervisor:
     def _heard(self, child: _Child) -> None:
         assert child.ready is not None
         try:
-            child.ready.recv()
+            served = child.ready.recv()
         except EOFError:  # the process is exiting; its sentinel says how
             pass
         else:
+            if self._served is None:
+                self._served = served
+            elif served != self._served:  # the repository changed while the processes first loaded
+                log.warning("process p%d serves other model versions than the first process to serve", child.index)
             child.serving = True
             child.delay = FIRST_RESTART_DELAY_S
             if child.starts > 1:
@@ -367,17 +380,18 @@ class Supervisor:
         assert child.process is not None
         child.process.join()
         code = _status(child.process)
+        served, child.serving = child.serving, False  # now, not when it is started again (a second or more later)
         child.process = None
-        child.serving = False  # now, not when it is started again (a second or more later)
         if self._peers is not None:
             self._peers[child.index] = 0  # it may have died computing: its runs are no longer in progress
         if child.ready is not None:
             child.ready.close()
             child.ready = None
         if self._signals:
-            # Stopping: the status is the first failure, if any. A process the signal passed on ended before it
-            # could drain (it was starting, or starting again) stopped as it was asked to: no failure.
-            if code not in (0, 128 + self._signals[0]):
+            # Stopping: the status is the first failure, if any, of a process that served (or of the first start).
+            # One the signal passed on ended before it could drain stopped as it was asked to; one starting again
+            # failed before the stop, and the restarts were handling that.
+            if code not in (0, 128 + self._signals[0]) and (served or not self._all_served):
                 self._status = self._status or code
             return
         if not self._all_served:

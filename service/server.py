@@ -65,7 +65,7 @@ from mhaserve.service.kserve.servicer import REPOSITORY_METHODS as KSERVE_REPOSI
 from mhaserve.service.kserve.servicer import SERVICE as KSERVE_SERVICE
 from mhaserve.service.kserve.servicer import InferenceServicer
 from mhaserve.service.metrics import Metrics, ModelMetrics
-from mhaserve.service.models import ModelManager
+from mhaserve.service.models import ModelManager, Served
 from mhaserve.service.pipeline import Pipeline
 from mhaserve.service.processes import EXIT_NOW
 from mhaserve.service.rpc.auth import AuthInterceptor
@@ -183,8 +183,10 @@ class EncoderServer:
         engine_factory: EngineFactory | None = None,
         metrics: Metrics | None = None,
         share: CoreShare | None = None,
+        pinned: Served | None = None,
     ) -> None:
-        """`share`: this process's part of cores shared with other server processes (None: all are its own)."""
+        """`share`: this process's part of cores shared with other server processes (None: all are its own);
+        `pinned`: the versions those others serve, to serve them as they do (ModelManager)."""
         self.settings = settings
         cpus = available_cpus() if share is None else share.cpus
         self.workers = settings.workers_on(cpus)
@@ -227,6 +229,7 @@ class EncoderServer:
             make_pipeline=self._pipeline,
             control=settings.model_control,
             device=settings.device,
+            pinned=pinned,
         )
         # The inference threads every model's batches take turns on (see Batcher's executor), and the
         # tokeniser threads every model shares.
@@ -265,7 +268,7 @@ class EncoderServer:
         try:
             names = self.manager.names() or [self.manager.default_name()]
             for name in filter(self.manager.must_serve, names):  # every model named verifies: fail fast
-                self.repository.entry(name, self.repository.to_serve(name)[-1], graph=s.graph, device=s.device)
+                self.repository.entry(name, self.manager.to_serve(name)[-1], graph=s.graph, device=s.device)
         except ServiceError as e:
             raise StartupError(e.message) from None
         except RepositoryError as e:  # malformed, tampered with, incomplete
@@ -663,20 +666,22 @@ async def serve(
     settings: Settings,
     *,
     engine_factory: EngineFactory | None = None,
-    on_serving: Callable[[], None] | None = None,
+    on_serving: Callable[[Served], None] | None = None,
     share: CoreShare | None = None,
     supervised: bool = False,
+    pinned: Served | None = None,
 ) -> int:
     """`mhaserve serve`: run until SIGTERM or SIGINT, drain, and return the exit status. `on_serving` is
-    called once every model is loaded and warm (how a supervisor of several processes learns it); `share`:
-    the cores this process shares with the supervisor's others (see CoreShare).
+    called once every model is loaded and warm, with what is served (how a supervisor of several processes
+    learns it); `share`: the cores this process shares with the supervisor's others (see CoreShare); `pinned`:
+    what they serve, for a process started again beside them (ModelManager).
 
     `supervised` (a process of --processes N): SIGTERM and SIGINT drain however often they come, and only
     EXIT_NOW, the supervisor's word for its own second signal, exits at once. Such a process gets SIGTERM
     twice without anyone asking twice: from the supervisor and from systemd or `pkill` that signalled every
     process, or Linux's death signal again as it is handed from one of a killed supervisor's threads to the
     next; each once cut its requests in flight (exit 143)."""
-    server = EncoderServer(settings, engine_factory=engine_factory, share=share)
+    server = EncoderServer(settings, engine_factory=engine_factory, share=share, pinned=pinned)
     try:
         await server.start()
     except StartupError as e:
@@ -705,7 +710,7 @@ async def serve(
             await server.stop(0)
             return 1
         if ready.done() and on_serving is not None:
-            on_serving()
+            on_serving(server.manager.served())
         await stopping
         for sig in (signal.SIGTERM, signal.SIGINT):
             if supervised:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import urllib.request
@@ -267,3 +268,37 @@ def test_a_signal_while_the_processes_start_is_passed_on_to_each_started(monkeyp
     supervisor.run()
     assert sent == [(1000, signal.SIGTERM)]  # passed on to the one started; the others not started at all
     assert [c.process is not None for c in supervisor._children] == [True, False, False]
+
+
+def _versions_on_new_connections(address: str, calls: int) -> set[int]:
+    found = set()
+    for i in range(calls):
+        with grpc.insecure_channel(address) as channel:
+            reply = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=[f"t {i}"]), timeout=WAIT)
+        found.add(reply.model_version)
+    return found
+
+
+@pytest.mark.slow
+def test_a_process_started_again_serves_what_the_others_do(tiny_repo: Path, tmp_path: Path) -> None:
+    """With --model-control none a process started again read the repository anew: with a version 2 published
+    meanwhile it served that beside the others' version 1 (two vector spaces behind one address), and with a
+    version overwritten in place, other weights under the same number. It serves the others' versions, as they
+    were, or does not serve at all."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo)
+    server, _, _ = _start(repo, tmp_path, 2)
+    with server:
+        address = server.address()
+        shutil.copytree(repo / "tiny" / "1", repo / "tiny" / "2")  # published while serving: not served
+        first = _children(server.pid)[0]
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: "is serving again" in server.log, "the process started again")
+        assert _versions_on_new_connections(address, CALLS) == {1}, server.log
+        # Version 1's serving config changed in place: the process started again refuses to serve it.
+        (repo / "tiny" / "serving.json").write_text(json.dumps({"normalize": False}))
+        os.kill(_children(server.pid)[0], signal.SIGKILL)
+        wait_until(lambda: "is not what the other processes serve" in server.log, "the refusal")
+        assert _versions_on_new_connections(address, 8) == {1}  # the other process serves on
+        server.signal(signal.SIGTERM)
+        assert server.wait() == 0, server.log
