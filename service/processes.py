@@ -60,7 +60,7 @@ FIRST_RESTART_DELAY_S = 1.0
 MAX_RESTART_DELAY_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # What the supervisor sends its processes on its own second SIGTERM or SIGINT: exit at once. Theirs may reach
-# them twice without anyone asking twice (server.serve's `supervised`), so on those they only drain.
+# them twice without anyone asking twice (server.serve's `exit_now`), so on those they only drain.
 EXIT_NOW = signal.SIGUSR2
 
 
@@ -153,7 +153,7 @@ def _process_main(
         os.sched_setaffinity(0, cores)
     name_this_thread(f"mhaserve-p{index}")  # what top and ps show, instead of the spawning interpreter's name
     configure_logging(level, process=f"p{index}")
-    serving = serve(settings, on_serving=ready.send, share=share, supervised=True, pinned=pinned)
+    serving = serve(settings, on_serving=ready.send, share=share, exit_now=EXIT_NOW, pinned=pinned)
     code = asyncio.run(serving)
     ready.close()
     sys.exit(code)

@@ -67,7 +67,6 @@ from mhaserve.service.kserve.servicer import InferenceServicer
 from mhaserve.service.metrics import Metrics, ModelMetrics
 from mhaserve.service.models import ModelManager, Served
 from mhaserve.service.pipeline import Pipeline
-from mhaserve.service.processes import EXIT_NOW
 from mhaserve.service.rpc.auth import AuthInterceptor
 from mhaserve.service.rpc.drain import Drain, DrainInterceptor
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
@@ -668,7 +667,7 @@ async def serve(
     engine_factory: EngineFactory | None = None,
     on_serving: Callable[[Served], None] | None = None,
     share: CoreShare | None = None,
-    supervised: bool = False,
+    exit_now: signal.Signals | None = None,
     pinned: Served | None = None,
 ) -> int:
     """`mhaserve serve`: run until SIGTERM or SIGINT, drain, and return the exit status. `on_serving` is
@@ -676,8 +675,8 @@ async def serve(
     learns it); `share`: the cores this process shares with the supervisor's others (see CoreShare); `pinned`:
     what they serve, for a process started again beside them (ModelManager).
 
-    `supervised` (a process of --processes N): SIGTERM and SIGINT drain however often they come, and only
-    EXIT_NOW, the supervisor's word for its own second signal, exits at once. Such a process gets SIGTERM
+    `exit_now` (in a process of --processes N): SIGTERM and SIGINT drain however often they come, and only
+    this signal, the supervisor's word for its own second signal, exits at once. Such a process gets SIGTERM
     twice without anyone asking twice: from the supervisor and from systemd or `pkill` that signalled every
     process, or Linux's death signal again as it is handed from one of a killed supervisor's threads to the
     next; each once cut its requests in flight (exit 143)."""
@@ -697,8 +696,8 @@ async def serve(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled, sig)
-    if supervised:
-        loop.add_signal_handler(EXIT_NOW, _exit_now, EXIT_NOW)
+    if exit_now is not None:
+        loop.add_signal_handler(exit_now, _exit_now, exit_now, True)
     try:
         ready = asyncio.ensure_future(server.ready())
         stopping = asyncio.ensure_future(stop.wait())
@@ -713,10 +712,10 @@ async def serve(
             on_serving(server.manager.served())
         await stopping
         for sig in (signal.SIGTERM, signal.SIGINT):
-            if supervised:
+            if exit_now is not None:
                 loop.add_signal_handler(sig, log.debug, "%s again while draining: draining still", sig.name)
             else:
-                loop.add_signal_handler(sig, _exit_now, sig)
+                loop.add_signal_handler(sig, _exit_now, sig, False)
         # SIGTERM is an orchestrator's: the drain delay lets its balancers see NOT_SERVING first. SIGINT is
         # a person's Ctrl-C: no one to wait for.
         delay = settings.drain_delay if received[:1] == [signal.SIGTERM] else 0.0
@@ -740,7 +739,7 @@ async def serve(
         log.info("stopped")
         return 0
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, EXIT_NOW):
+        for sig in (signal.SIGTERM, signal.SIGINT, *([exit_now] if exit_now is not None else [])):
             loop.remove_signal_handler(sig)
 
 
@@ -755,10 +754,10 @@ async def settle(seconds: float) -> None:
         await asyncio.wait(others, timeout=seconds)
 
 
-def _exit_now(sig: signal.Signals) -> None:
-    """A second SIGTERM or SIGINT while draining (under a supervisor, its EXIT_NOW): exit now, as a shell
-    reports a process killed by it."""
-    what = "the supervisor's second signal" if sig == EXIT_NOW else f"second {sig.name}"
+def _exit_now(sig: signal.Signals, supervisor: bool) -> None:
+    """A second SIGTERM or SIGINT while draining (under a supervisor, its word for its own): exit now, as a
+    shell reports a process killed by it."""
+    what = "the supervisor's second signal" if supervisor else f"second {sig.name}"
     log.warning("%s while draining: exiting now, without waiting for in-flight requests", what)
     logging.shutdown()
     os._exit(128 + sig.value)
