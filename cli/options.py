@@ -75,10 +75,6 @@ def misspelt(env: Mapping[str, str] | None = None) -> list[str]:
     return warnings
 
 
-# The files the server reads as it starts: each must be one it can read.
-READ_AT_START = ("tls_cert", "tls_key", "tls_client_ca", "api_keys_file", "admin_keys_file")
-
-
 def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Settings from parsed flags (None where not given), then `MHASERVE_*` variables, then the defaults."""
     given, env = _given(cli), os.environ if env is None else env
@@ -105,21 +101,14 @@ def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mappin
     # variable had set it (MHASERVE_TLS_CERT=/nope: "cannot start: cannot read --tls-cert /nope", exit 1).
     try:
         _read_at_start(settings)
-    except (OSError, AuthError, TlsError) as e:
+    except (AuthError, TlsError) as e:
         raise SettingsError(_as_set(str(e), _from_env(given, env))) from None
     return settings
 
 
 def _read_at_start(settings: Settings) -> None:
-    """Each file the server reads as it starts, readable, and read as the server will read it: a certificate
-    and key that are PEM and a pair, a client CA, keys files that hold keys (the server reads them again)."""
-    for name in READ_AT_START:
-        if (path := getattr(settings, name)) is not None:
-            try:
-                with open(path, "rb"):
-                    pass
-            except OSError as e:
-                raise OSError(f"cannot read {flag(name)} {path}: {e.strerror or e}") from None
+    """Each file the server reads as it starts, read as the server will read it (and will again): a certificate
+    and key that can be read, are PEM and a pair, a client CA, keys files that hold keys."""
     TlsMaterial.read(TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_client_ca))
     for name in ("api_keys_file", "admin_keys_file"):
         if (path := getattr(settings, name)) is not None:
