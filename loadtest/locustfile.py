@@ -373,17 +373,21 @@ class HttpClient:
         return content
 
     def model_shape(self, model: str) -> tuple[int, int]:
-        info = orjson.loads(self._request("GET", "/info"))
-        if not model:
-            return info["vocab_size"], info["max_input_length"]
-        served = next((m for m in info["models"] if model in (m["model"], f"{m['model']}:{m['version']}")), None)
+        content = self._request("GET", "/info")
+        try:
+            info = orjson.loads(content)
+            if not model:
+                return info["vocab_size"], info["max_input_length"]
+            served = next((m for m in info["models"] if model in (m["model"], f"{m['model']}:{m['version']}")), None)
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            raise CallError("BAD_RESPONSE", f"GET /info: {content[:100].decode('utf-8', 'replace')}") from None
         if served is None:  # once the default model's shape, silently
             raise CallError("HTTP 404", f"model {model!r} is not among the served models (GET /info)")
         return served["vocab_size"], served["max_input_length"]
 
     def _call(self, body: dict[str, Any]) -> Answer:
         content = self._request("POST", ROUTE, orjson.dumps(body))
-        return len(content), len(orjson.loads(content)["data"])
+        return len(content), len(_answer(content, lambda a: a["data"]))
 
     def encode(self, model: str, texts: list[str] | None = None, ids: list[list[int]] | None = None) -> Answer:
         body: dict[str, Any] = {"input": ids if ids is not None else texts, "encoding_format": self.encoding_format}
@@ -397,13 +401,25 @@ class HttpClient:
         return self._call({"input": [text, ""], **({"model": model} if model else {})})
 
 
+def _answer(content: bytes, vectors: Callable[[Any], Any]) -> list[Any]:
+    """The list of embeddings in a 200's body, or the failed call it is: a proxy's page or a cut body once
+    escaped the task as an exception, and no request was recorded."""
+    try:
+        found = vectors(orjson.loads(content))
+    except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
+        found = None
+    if not isinstance(found, list):
+        raise CallError("BAD_RESPONSE", f"a 200 without the embeddings: {content[:100].decode('utf-8', 'replace')}")
+    return found
+
+
 class TeiClient(HttpClient):
     """text-embeddings-inference's `POST /embed` (TEI's body and its answer, a list of vectors), as HttpClient
     reaches the server; `model`, an extension of this server's, only when one is asked for."""
 
     def _call(self, body: dict[str, Any]) -> Answer:
         content = self._request("POST", TEI_ROUTE, orjson.dumps(body))
-        return len(content), len(orjson.loads(content))
+        return len(content), len(_answer(content, lambda a: a))
 
     def encode(self, model: str, texts: list[str] | None = None, ids: list[list[int]] | None = None) -> Answer:
         body: dict[str, Any] = {"inputs": ids if ids is not None else texts, "truncate": True}

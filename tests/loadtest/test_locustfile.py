@@ -127,6 +127,56 @@ def test_an_http_call_past_the_rpc_timeout_is_named_a_timeout(tmp_path: Path) ->
     )
 
 
+class _HtmlProxy(BaseHTTPRequestHandler):
+    """A proxy in front of a server that answers 200 with its own page, as a captive portal or a misrouted
+    load balancer does: no embeddings in it."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.do_POST()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = b"<html><body>Welcome to the proxy</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("protocol", ["http", "tei"])
+@pytest.mark.parametrize(("workload", "name"), [("short", "short"), ("ids", "model info")])
+def test_an_answer_that_holds_no_embeddings_is_a_failed_call(
+    tmp_path: Path, protocol: str, workload: str, name: str
+) -> None:
+    """A 200 whose body is not the protocol's answer (or not GET /info's, which the ids users ask first): each
+    call a BAD_RESPONSE failure under its task's name, where the JSON error escaped the task as an exception
+    and no request was recorded."""
+    with ThreadingHTTPServer(("127.0.0.1", 0), _HtmlProxy) as proxy:
+        thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+        thread.start()
+        try:
+            cmd = [
+                sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--protocol", protocol,
+                "-H", f"http://127.0.0.1:{proxy.server_address[1]}", "-u", "2", "-r", "2", "-t", "2s",
+                "--only-summary", "--workload", workload, "--json-file", str(tmp_path / "stats"),
+            ]  # fmt: skip
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=_env())
+        finally:
+            proxy.shutdown()
+    assert run.returncode == 1, run.stderr[-3000:]
+    entry = _entries(tmp_path)[name]
+    assert entry["num_failures"] == entry["num_requests"] > 0
+    errors = [m.group(1) for m in re.finditer(r"^\s*\d+\s+(\w+ [\w ]+: .+)$", run.stderr, re.M)]
+    assert errors and all(f"{name}: BAD_RESPONSE: " in e for e in errors), errors
+    assert "exceptions" not in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
 def test_exit_status_follows_the_failure_threshold(tiny_server: Server, tmp_path: Path) -> None:
     run = _locust(tiny_server, tmp_path, "short,bad", "--max-fail-ratio", "0.05")
     assert run.returncode == 1
