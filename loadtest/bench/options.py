@@ -381,6 +381,16 @@ def unmeasured(args: argparse.Namespace) -> str | None:
             f"--beside-bulk {','.join(map(str, args.beside_bulk))}: the queries and the bulk clients send the short "
             f"workload's texts, and --workloads {','.join(opt['workloads'])} has none"
         )
+    if args.graphs is not None and not opt["rss_requests"]:
+        return (
+            f"--graphs {','.join(args.graphs)}: the sweep measures the server's memory of each after --rss-requests "
+            "requests, and --rss-requests 0 skips it"
+        )
+    if args.query_rate is not None and not (opt["beside_bulk"] and "short" in opt["workloads"]):
+        return (
+            f"--query-rate {args.query_rate:g}: the queries beside bulk clients are sent only by the --beside-bulk "
+            "step, which these options skip (--beside-bulk none, or no short in --workloads)"
+        )
     if args.protocols is None:
         return None  # the default measures what it can (resolve)
     http = [p for p in opt["protocols"] if p.startswith("http")]

@@ -349,6 +349,9 @@ def test_a_server_variable_is_named_as_the_servers_not_as_a_server_arg(
         (["--concurrency", "32", "--protocols", "grpc,grpc-sync"], "--protocols grpc-sync: the synchronous stub is"),
         (["--workloads", "fixed,mixed", "--beside-bulk", "0,1"], "--beside-bulk 0,1: the queries and the bulk clients"),
         (["--memory-only", "--beside-bulk", "1"], "--beside-bulk: not read by a --memory-only run"),
+        (["--graphs", "int8", "--rss-requests", "0"], "--graphs int8: the sweep measures the server's memory"),
+        (["--beside-bulk", "none", "--query-rate", "5"], "--query-rate 5: the queries beside bulk clients"),
+        (["--workloads", "fixed", "--query-rate", "5"], "--query-rate 5: the queries beside bulk clients"),
     ],
 )
 def test_a_protocol_the_run_would_not_measure_is_refused(
