@@ -47,7 +47,7 @@ from mhaserve.runtime.repository import (
     onnx_engine,
 )
 from mhaserve.service import connections, tls
-from mhaserve.service.auth import AuthError, KeyRing, Keys, load_keys
+from mhaserve.service.auth import AuthError, KeyRing, Keys, is_open, load_keys
 from mhaserve.service.batching import CPU_LIMITS, Batcher
 from mhaserve.service.connections import ConnectionLimit
 from mhaserve.service.dataplane import DataPlane, State
@@ -71,12 +71,12 @@ from mhaserve.service.rpc.auth import AuthInterceptor
 from mhaserve.service.rpc.drain import Drain, DrainInterceptor
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
 from mhaserve.service.rpc.lean.server import LeanServer
+from mhaserve.service.rpc.methods import SERVICES
 from mhaserve.service.rpc.reflection import add_reflection
 from mhaserve.service.rpc.registration import GenericOnly
 from mhaserve.service.settings import Settings, worker_threads
 from mhaserve.service.tei_v1 import NOT_SERVED_SERVICES as TEI_NOT_SERVED
 from mhaserve.service.tei_v1 import SERVED_SERVICES as TEI_SERVED
-from mhaserve.service.tei_v1 import SERVICES as TEI_SERVICES
 from mhaserve.service.tei_v1 import TeiServicer
 from mhaserve.service.threads import CountingPool, named_pool
 
@@ -382,7 +382,7 @@ class EncoderServer:
         self.health.add_to(services)
         # text-embeddings-inference's gRPC API, for its clients, over the same data plane.
         TeiServicer(self.dataplane, metrics=self.metrics).add_to(services)
-        add_reflection(services, (ENCODER_SERVICE, KSERVE_SERVICE, HEALTH_SERVICE, *TEI_SERVICES))
+        add_reflection(services, SERVICES)  # what --open-methods is checked against (rpc/methods.py)
         address = grpc_address(s.host, s.port)
         try:
             if credentials is None:
@@ -475,10 +475,14 @@ class EncoderServer:
         s = self.settings
         if keys.enabled:
             log.info(
-                "API keys required (%d configured, %d admin); open without a key: %s",
+                "API keys required (%d configured, %d admin); open without a key: %s%s",
                 len(keys.client),
                 len(keys.admin),
                 ", ".join(s.open_methods) or "none",
+                # /inference.GRPCInferenceService/* opens all of it but these (rpc/auth.py)
+                " (but the repository API, which wants an admin key)"
+                if any(is_open(m, s.open_methods) for m in KSERVE_REPOSITORY_METHODS)
+                else "",
             )
         else:
             # Said at start-up, so that a secret that rendered empty (MHASERVE_API_KEYS="") is seen, not assumed.

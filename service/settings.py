@@ -10,6 +10,7 @@ component gets plain values (paths, Limits, keys).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ from mhaserve.runtime.repository import GRAPHS, GraphChoice
 from mhaserve.service import connections, incoming
 from mhaserve.service.auth import OPEN_METHODS
 from mhaserve.service.batching import BATCHING, CPU_LIMITS, CUDA_LIMITS, Batching, Limits
+from mhaserve.service.kserve.servicer import REPOSITORY_METHODS as KSERVE_REPOSITORY_METHODS
 from mhaserve.service.models import CONTROLS, Control
+from mhaserve.service.rpc.methods import METHODS
 
 ENV_PREFIX = "MHASERVE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -94,6 +97,13 @@ def _names(s: str) -> tuple[str, ...]:
 
 def _path_or_none(s: str) -> Path | None:
     return Path(s) if s.strip() else None
+
+
+# What --open-methods may name: each method of the gRPC port but the repository API's, and each service's `/*`.
+_OPENABLE = (
+    *(m for m in METHODS if m not in KSERVE_REPOSITORY_METHODS),
+    *(f"/{service}/*" for service in dict.fromkeys(m[1:].rpartition("/")[0] for m in METHODS)),
+)
 
 
 def _methods(s: str) -> tuple[str, ...]:
@@ -404,8 +414,10 @@ class Settings:
     open_methods: tuple[str, ...] = field(
         default=OPEN_METHODS,
         metadata=_opt(
-            "methods callable without an API key: comma-separated full names, '/pkg.Service/*' for a whole "
-            f"service, '' or none for none (default: {','.join(OPEN_METHODS)})",
+            "gRPC methods callable without an API key: comma-separated full names of this server's methods, "
+            "'/pkg.Service/*' for a whole service (the repository API's index, load and unload never: they want an "
+            "admin key; a name the server has not is refused), '' or none for none "
+            f"(default: {','.join(OPEN_METHODS)})",
             _methods,
             metavar="METHODS",
         ),
@@ -505,6 +517,19 @@ class Settings:
                 raise SettingsError(
                     f"--open-methods: {method!r} is not a full method name like /grpc.health.v1.Health/Check "
                     "or /grpc.health.v1.Health/*"
+                )
+            # Each was taken without a word: a repository method stayed behind its admin key while the log called
+            # it open, and a name no service has opened nothing, and (the defaults replaced) closed the probes.
+            if method in KSERVE_REPOSITORY_METHODS:
+                raise SettingsError(
+                    f"--open-methods: {method!r} is the repository API's, which always wants an admin key "
+                    "(--admin-keys-file, MHASERVE_ADMIN_KEYS): it cannot be opened"
+                )
+            if method not in _OPENABLE:
+                close = difflib.get_close_matches(method, _OPENABLE, n=1)
+                raise SettingsError(
+                    f"--open-methods: {method!r} is no method of this server"
+                    + (f"; did you mean {close[0]}?" if close else "")
                 )
 
     def inert(self) -> list[tuple[str, str]]:

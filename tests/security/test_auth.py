@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import logging
+import re
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,8 @@ from mhaserve.proto.tei.v1 import tei_pb2 as tpb
 from mhaserve.proto.tei.v1 import tei_pb2_grpc as tpb_grpc
 from mhaserve.service import auth
 from mhaserve.service.context import RequestIdFilter
+from mhaserve.service.kserve import servicer as kserve
+from mhaserve.service.rpc import methods
 from mhaserve.service.server import StartupError
 from mhaserve.service.settings import ApiKeys, Settings, SettingsError
 from mhaserve.testing.http import request
@@ -178,10 +181,18 @@ def test_health_and_reflection_stay_open(channel: grpc.Channel) -> None:
     assert inf.ServerReady(kpb.ServerReadyRequest(), timeout=WAIT).ready
 
 
-def test_open_methods_are_configurable(secured: Settings) -> None:
+def test_open_methods_are_configurable(secured: Settings, caplog: pytest.LogCaptureFixture) -> None:
     settings = dataclasses.replace(secured, http_port=0, open_methods=("/inference.GRPCInferenceService/*",))
-    with ServerThread(settings) as srv, srv.channel() as channel:
+    with caplog.at_level(logging.INFO), ServerThread(settings) as srv, srv.channel() as channel:
         srv.ready()
+        # the log says what the service's /* leaves closed (test_the_repository_api_wants_an_admin_key)
+        assert any(
+            r.getMessage().endswith(
+                "open without a key: /inference.GRPCInferenceService/* (but the repository API, which wants an "
+                "admin key)"
+            )
+            for r in caplog.records
+        )
         inf = kpb_grpc.GRPCInferenceServiceStub(channel)
         assert inf.ServerLive(kpb.ServerLiveRequest(), timeout=WAIT).live
         assert inf.ModelMetadata(kpb.ModelMetadataRequest(name="tiny"), timeout=WAIT).name == "tiny"
@@ -281,6 +292,41 @@ def test_bad_open_methods_are_refused_by_name() -> None:
     # through the environment an empty value means unset (the default); "none" closes every method
     assert build({}, env={"MHASERVE_OPEN_METHODS": ""}).open_methods == auth.OPEN_METHODS
     assert build({}, env={"MHASERVE_OPEN_METHODS": "none"}).open_methods == ()
+
+
+@pytest.mark.parametrize(
+    ("method", "why"),
+    [
+        # the admin check overrode it: still refused without an admin key, while the log called it open
+        (kserve.REPOSITORY_METHODS[0], "is the repository API's, which always wants an admin key"),
+        # opened nothing, and as the list replaced the defaults, real probes were refused
+        (
+            "/grpc.health.v1.Health/check",
+            r"is no method of this server; did you mean /grpc\.health\.v1\.Health/Check\?",
+        ),
+        ("/grpc.health.v1.Helth/*", r"is no method of this server; did you mean /grpc\.health\.v1\.Health/\*\?"),
+        ("/*/*", "is no method of this server$"),
+    ],
+)
+def test_open_methods_that_would_open_nothing_are_refused_by_name(method: str, why: str) -> None:
+    with pytest.raises(SettingsError, match=f"^--open-methods: {re.escape(repr(method))} {why}"):
+        build({"open_methods": (auth.OPEN_METHODS[0], method)}, env={})
+    with pytest.raises(SettingsError, match=f"^MHASERVE_OPEN_METHODS: {re.escape(repr(method))} {why}"):
+        build({}, env={"MHASERVE_OPEN_METHODS": method})
+
+
+def test_every_method_the_server_serves_can_be_opened(server: ServerThread, channel: grpc.Channel) -> None:
+    """What --open-methods is checked against is what the port serves: the services reflection lists (methods.py
+    reads their methods from the same descriptors), and each method, or its service, may be named."""
+    reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+    (listed,) = reflection.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=WAIT
+    )
+    served = {s.name for s in listed.list_services_response.service}
+    assert served == {m[1:].rpartition("/")[0] for m in methods.METHODS}
+    openable = [m for m in methods.METHODS if m not in kserve.REPOSITORY_METHODS]
+    wildcards = [f"/{service}/*" for service in served]
+    assert build({"open_methods": (*openable, *wildcards)}, env={}).open_methods == (*openable, *wildcards)
 
 
 def test_the_cli_sends_the_key_from_its_flag_or_its_variable(
