@@ -731,6 +731,25 @@ def test_a_connection_that_is_not_http2_is_closed_and_the_server_serves_on(
     assert method(channel, "echo")(b"still", timeout=10) == b"still"
 
 
+def test_bad_connections_are_logged_once_a_minute(
+    lean: Running, channel: grpc.Channel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line for each: 600 plaintext HTTP requests or bad prefaces to the gRPC port wrote 600, where the HTTP port
+    writes one a minute of the same garbage (test_http.py, test_malformed_requests_are_400_and_logged_once_a_minute)."""
+    caplog.set_level(logging.INFO, logger="mhaserve.service.rpc.lean.connection")
+    for garbage in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"NOT HTTP/2 AT ALL\r\n\r\n") * 10:
+        with socket.create_connection(("127.0.0.1", lean.port), timeout=5) as raw:
+            raw.sendall(garbage)
+            received = b""
+            while chunk := raw.recv(4096):
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 400") or b"not an HTTP/2 connection preface" in received, received
+    for line in ("answered an HTTP/1.x request on the gRPC port", "closing a gRPC connection from"):
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(line)]
+        assert len(lines) <= 1, lines  # one, or none where an earlier test's line was the last
+    assert method(channel, "echo")(b"still", timeout=10) == b"still"
+
+
 def test_a_silent_connection_is_closed_after_the_handshake_timeout() -> None:
     running = Running(handshake_timeout=0.3)
     try:

@@ -67,12 +67,18 @@ import hpack
 
 from mhaserve.runtime.errors import InvalidArgument, RequestTimeout, ServiceError, TooLarge, Unimplemented
 from mhaserve.service.connections import MAX_REQUEST_LINE, ConnectionLimit, http1_request_target, plain_answer
+from mhaserve.service.context import Throttle
 from mhaserve.service.errors import to_status
 from mhaserve.service.incoming import Incoming
 from mhaserve.service.inflate import KINDS, inflate
 from mhaserve.service.rpc.lean import frames as f
 
 log = logging.getLogger(__name__)
+# A line for each connection that is not gRPC (curl http:// to this port, a scanner, a balancer's check in the wrong
+# protocol) or breaks HTTP/2: a client can write them as often as it likes, and 600 buried the log. At most one a
+# minute of each, saying how many were left out, as the HTTP port's (http/server.py).
+BAD_CONNECTIONS = Throttle(("answered an HTTP/1.x request on the gRPC port", "closing a gRPC connection from"))
+log.addFilter(BAD_CONNECTIONS)
 # hpack logs every header it decodes at debug level: API keys included, and a cost on every call.
 logging.getLogger("hpack").setLevel(logging.INFO)
 
