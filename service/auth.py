@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +22,7 @@ AUTHORIZATION = "authorization"
 SCHEME = "bearer"
 # Characters gRPC metadata values may hold; a key outside them could never be sent.
 _PRINTABLE_ASCII = frozenset(chr(c) for c in range(0x21, 0x7F))
+_TRAILING_COMMENT = re.compile(r"\s#")
 
 # Callable without an API key: orchestrators' health probes, and reflection (it lists methods, answers none).
 OPEN_METHODS = (
@@ -48,10 +50,11 @@ def _check_key(key: str, where: str) -> str:
 
 
 def read_keys_file(path: Path, flag: str = "--api-keys-file") -> list[str]:
-    """The keys of a file: one per line, surrounding blanks stripped, blank lines and `#` comments skipped;
-    `flag` names the option that gave it in the errors."""
+    """The keys of a file: one per line, surrounding blanks stripped, blank lines and whole-line `#` comments
+    skipped; `flag` names the option that gave it in the errors."""
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (a Windows editor's "UTF-8 with BOM") was read as the first key's
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as e:
         raise AuthError(f"cannot read {flag} {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
@@ -59,10 +62,18 @@ def read_keys_file(path: Path, flag: str = "--api-keys-file") -> list[str]:
     keys = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
-        if line and not line.startswith("#"):
-            keys.append(_check_key(line, f"{path} line {number}"))
+        if not line or line.startswith("#"):
+            continue
+        # A key may hold a '#' (it is printable ASCII), so only a line's own comment is one; `key  # why` was
+        # refused as a key with spaces, which sent the user looking for a space in the key.
+        if _TRAILING_COMMENT.search(line):
+            raise AuthError(
+                f"{path} line {number}: a '#' comment must be on a line of its own, not after a key (a key holds no "
+                "spaces)"
+            )
+        keys.append(_check_key(line, f"{path} line {number}"))
     if not keys:
-        raise AuthError(f"{flag} {path} holds no key (one per line; '#' starts a comment)")
+        raise AuthError(f"{flag} {path} holds no key (one per line; a line that starts with '#' is a comment)")
     return keys
 
 

@@ -382,7 +382,7 @@ class Settings:
     api_keys_file: Path | None = field(
         default=None,
         metadata=_opt(
-            "file of API keys, one per line ('#' comments, blank lines ignored); calls must send "
+            "file of API keys, one per line (whole-line '#' comments and blank lines ignored); calls must send "
             "'authorization: Bearer KEY'; MHASERVE_API_KEYS adds comma-separated keys (default: no keys, no "
             "authentication)",
             _path_or_none,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import hmac
 import logging
@@ -259,6 +260,9 @@ def test_every_key_is_compared_whichever_matches(monkeypatch: pytest.MonkeyPatch
         ("# only a comment\n\n", "holds no key"),
         ("good-key\nbad key with spaces\n", "line 2: an API key must be printable ASCII"),
         ("ключ\n", "line 1: an API key must be printable ASCII"),
+        # read as a key with spaces: "an API key must be printable ASCII without spaces", where --help said
+        # "'#' comments"
+        ("good-key\nbad-key  # the CI's\n", "line 2: a '#' comment must be on a line of its own"),
     ],
 )
 def test_a_bad_keys_file_stops_the_server_without_showing_keys(
@@ -270,6 +274,17 @@ def test_a_bad_keys_file_stops_the_server_without_showing_keys(
     with pytest.raises(StartupError, match=message) as e:
         ServerThread(settings)
     assert "bad key" not in str(e.value) and "ключ" not in str(e.value) and "good-key" not in str(e.value)
+
+
+def test_a_keys_file_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Saved by a Windows editor as "UTF-8 with BOM": the mark was read as the first key's, which stopped the
+    server with "line 1: an API key must be printable ASCII" and no hint."""
+    path = tmp_path / "keys"
+    path.write_bytes(codecs.BOM_UTF8 + b"first-key\r\n# a comment\r\nsecond-key\r\n")
+    assert auth.read_keys_file(path) == ["first-key", "second-key"]
+    path.write_bytes(codecs.BOM_UTF8 + b"# only a comment\n")
+    with pytest.raises(auth.AuthError, match="holds no key"):
+        auth.read_keys_file(path)
 
 
 def test_a_missing_keys_file_stops_the_server(tiny_repo: Path, tmp_path: Path) -> None:
