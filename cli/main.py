@@ -419,7 +419,10 @@ def _encode(args: argparse.Namespace) -> int:
 
     texts = args.texts
     if texts == ["-"]:  # one text per line from standard input
-        texts = [line for line in sys.stdin.read().splitlines() if line.strip()]
+        # At "\n" only, a Windows file's "\r" dropped: str.splitlines() also split at form feeds, U+2028 and
+        # others, and the embeddings printed no longer lined up with the lines.
+        lines = (line.removesuffix("\r") for line in sys.stdin.read().split("\n"))
+        texts = [line for line in lines if line.strip()]
         if not texts:
             print("mhaserve encode: error: no text on standard input", file=sys.stderr)
             return 2
@@ -499,7 +502,8 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "texts",
         nargs="+",
         metavar="TEXT",
-        help="the texts to embed; '-' alone: one text per line of standard input (blank lines skipped)",
+        help="the texts to embed; '-' alone: one text per line of standard input (lines end at \\n, a \\r before "
+        "it dropped; blank lines skipped)",
     )
     p.add_argument("--model", default="", help="model name, or name:version (default: the server's)")
     p.add_argument(

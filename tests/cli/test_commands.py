@@ -35,6 +35,11 @@ from mhaserve.testing.server import ServerThread
 MHASERVE = str(Path(sys.executable).parent / "mhaserve")
 
 
+def stdin(text: str | bytes) -> io.TextIOWrapper:
+    """Standard input as the command reads it: bytes underneath (`sys.stdin.buffer`)."""
+    return io.TextIOWrapper(io.BytesIO(text.encode() if isinstance(text, str) else text), "utf-8", newline="\n")
+
+
 class Process:
     """`mhaserve serve ...` (or the scripted-engine server, `engine=` a spec) in a subprocess; its stderr
     collected line by line."""
@@ -216,12 +221,12 @@ def test_encode_asks_for_dimensions_and_a_prompt(server: ServerThread, capsys: p
 def test_encode_reads_stdin_and_refuses_bad_timeouts_and_keys(
     server: ServerThread, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n\nsecond text\n"))
+    monkeypatch.setattr("sys.stdin", stdin("hello\n\nsecond text\n"))
     assert main(["encode", "-", "--address", server.address, "--no-normalize"]) == 0
     vectors = np.array([json.loads(line) for line in capsys.readouterr().out.splitlines()])
     expected = client.encode(server.address, ["hello", "second text"], normalize=False)
     np.testing.assert_allclose(vectors, [e.values for e in expected.embeddings], atol=1e-6)
-    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    monkeypatch.setattr("sys.stdin", stdin(""))
     assert main(["encode", "-", "--address", server.address]) == 2
     assert "no text on standard input" in capsys.readouterr().err
     # refused by argparse (exit 2) before any call: a negative timeout, a key gRPC metadata cannot carry
@@ -234,6 +239,20 @@ def test_encode_reads_stdin_and_refuses_bad_timeouts_and_keys(
         with pytest.raises(SystemExit) as e:
             main(["encode", "hello", "--address", server.address, *bad])
         assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_encode_splits_standard_input_at_line_ends_only(
+    server: ServerThread, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """str.splitlines() split at a form feed, U+2028 and other characters too: 3 lines printed 5 embeddings, which
+    no longer lined up with the lines. A Windows file's "\\r" before each "\\n" is no part of its text."""
+    lines = ["page one\x0cpage two", "left\u2028right", "last\x1cline"]
+    monkeypatch.setattr("sys.stdin", stdin(f"{lines[0]}\r\n{lines[1]}\n\n{lines[2]}\r\n"))
+    assert main(["encode", "-", "--address", server.address, "--no-normalize"]) == 0
+    vectors = np.array([json.loads(line) for line in capsys.readouterr().out.splitlines()])
+    expected = client.encode(server.address, lines, normalize=False)
+    assert vectors.shape == (3, 32)
+    np.testing.assert_allclose(vectors, [e.values for e in expected.embeddings], atol=1e-6)
 
 
 def test_an_address_without_a_port_gets_the_servers_default(capsys: pytest.CaptureFixture[str]) -> None:
@@ -296,7 +315,7 @@ def test_encode_sends_many_texts_in_requests_the_server_takes(
     """`mhaserve encode - < queries.txt` failed with "100 inputs in one request; the limit is 64" for a file of
     more lines than the server takes in one request; the output stays that of one request."""
     texts = [f"query number {i}" for i in range(100)]
-    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(texts) + "\n"))
+    monkeypatch.setattr("sys.stdin", stdin("\n".join(texts) + "\n"))
     assert main(["encode", "-", "--address", server.address, "--no-normalize"]) == 0
     vectors = np.array([json.loads(line) for line in capsys.readouterr().out.splitlines()])
     expected = [
@@ -314,7 +333,7 @@ def test_encode_sends_many_texts_in_requests_the_server_takes(
 
     # an error in a later request says which texts that request held: the server numbers its own inputs
     texts[70] = "a " * 200
-    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(texts)))
+    monkeypatch.setattr("sys.stdin", stdin("\n".join(texts)))
     assert main(["encode", "-", "--address", server.address]) == 1
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1
@@ -387,7 +406,7 @@ def test_encode_sends_its_requests_over_one_connection(
     forwarder = CountingForwarder(server.address)
     try:
         texts = [f"query number {i}" for i in range(10)]
-        monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(texts) + "\n"))
+        monkeypatch.setattr("sys.stdin", stdin("\n".join(texts) + "\n"))
         assert main(["encode", "-", "--address", forwarder.address, "--batch-size", "3"]) == 0
         assert len(capsys.readouterr().out.splitlines()) == 10
         assert forwarder.connections == 1
