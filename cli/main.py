@@ -413,19 +413,41 @@ def _add_connection(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _texts(given: list[str]) -> list[str]:
+    """The TEXT arguments or, for '-' alone, one text per line of standard input. Raises ArgumentTypeError
+    naming a text that is not UTF-8: it ended in a traceback ("surrogates not allowed") as the request was made."""
+    if given != ["-"]:
+        return [_utf8(text, f"argument {n}") for n, text in enumerate(given, 1)]
+    # Bytes, decoded here so that a line that is not UTF-8 is named by its number. At "\n" only, a Windows file's
+    # "\r" dropped: str.splitlines() also split at form feeds, U+2028 and others, and the embeddings printed no
+    # longer lined up with the lines.
+    data = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
+    lines = enumerate((line.removesuffix("\r") for line in data.split("\n")), 1)
+    return [_utf8(line, f"line {n} of standard input") for n, line in lines if line.strip()]
+
+
+def _utf8(text: str, where: str) -> str:
+    """`text`, if it came as UTF-8: each byte that did not decode is a surrogate, U+DC80 to U+DCFF (Python's
+    surrogateescape, as it decodes arguments), which no request can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise argparse.ArgumentTypeError(f"{where} is not UTF-8 (byte 0x{ord(text[e.start]) - 0xDC00:02x})") from None
+    return text
+
+
 def _encode(args: argparse.Namespace) -> int:
     from mhaserve.service import client
     from mhaserve.service.tls import TlsError
 
-    texts = args.texts
-    if texts == ["-"]:  # one text per line from standard input
-        # At "\n" only, a Windows file's "\r" dropped: str.splitlines() also split at form feeds, U+2028 and
-        # others, and the embeddings printed no longer lined up with the lines.
-        lines = (line.removesuffix("\r") for line in sys.stdin.read().split("\n"))
-        texts = [line for line in lines if line.strip()]
-        if not texts:
-            print("mhaserve encode: error: no text on standard input", file=sys.stderr)
-            return 2
+    try:
+        texts = _texts(args.texts)
+    except argparse.ArgumentTypeError as e:
+        print(f"mhaserve encode: error: {e}", file=sys.stderr)
+        return 2
+    if not texts:  # standard input alone can have none
+        print("mhaserve encode: error: no text on standard input", file=sys.stderr)
+        return 2
     connection = _connection(args)
     try:
         channel = connection.channel(args.address, client.CHANNEL_OPTIONS)
@@ -502,8 +524,8 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "texts",
         nargs="+",
         metavar="TEXT",
-        help="the texts to embed; '-' alone: one text per line of standard input (lines end at \\n, a \\r before "
-        "it dropped; blank lines skipped)",
+        help="the texts to embed, UTF-8; '-' alone: one text per line of standard input (lines end at \\n, a \\r "
+        "before it dropped; blank lines skipped)",
     )
     p.add_argument("--model", default="", help="model name, or name:version (default: the server's)")
     p.add_argument(

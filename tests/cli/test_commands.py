@@ -255,6 +255,27 @@ def test_encode_splits_standard_input_at_line_ends_only(
     np.testing.assert_allclose(vectors, [e.values for e in expected.embeddings], atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("texts", "given", "where"),
+    [
+        ([b"fine", b"caf\xe9"], b"", "argument 2"),
+        ([b"-"], b"fine\n\ncaf\xe9 au lait\n", "line 3 of standard input"),
+    ],
+    ids=["argument", "stdin"],
+)
+def test_encode_names_a_text_that_is_not_utf8(texts: list[bytes], given: bytes, where: str) -> None:
+    """Latin-1 text, as an argument or a line, was a traceback ending in "UnicodeEncodeError: ... surrogates not
+    allowed" (exit 1). A real process: its arguments and standard input come as bytes."""
+    run = subprocess.run(
+        [MHASERVE, "encode", *texts, "--address", f"127.0.0.1:{free_port()}"],
+        input=given,
+        capture_output=True,
+        timeout=WAIT,
+    )
+    assert (run.returncode, run.stdout) == (2, b""), run.stderr
+    assert run.stderr.decode() == f"mhaserve encode: error: {where} is not UTF-8 (byte 0xe9)\n"
+
+
 def test_an_address_without_a_port_gets_the_servers_default(capsys: pytest.CaptureFixture[str]) -> None:
     """grpc's own default is 443: `--address 127.0.0.1` reached for a port nothing listens on."""
     from mhaserve.cli.main import build_parser
