@@ -64,10 +64,7 @@ class TlsMaterial:
         )
         _check_pair(files.cert, files.key)
         if files.client_ca is not None:
-            try:
-                ssl.create_default_context(cafile=str(files.client_ca))
-            except ssl.SSLError as e:
-                raise TlsError(f"--tls-client-ca {files.client_ca} holds no usable certificate ({e.reason})") from None
+            _check_ca(files.client_ca, "--tls-client-ca")
         return material
 
 
@@ -87,6 +84,14 @@ def _check_pair(cert: Path, key: Path) -> None:
         if reason == "KEY_VALUES_MISMATCH":
             raise TlsError(f"--tls-key {key} is not the key of the certificate --tls-cert {cert}") from None
         raise TlsError(f"--tls-key {key} is not an unencrypted PEM private key (OpenSSL: {reason})") from None
+
+
+def _check_ca(path: Path, what: str) -> None:
+    """A CA file that holds a certificate OpenSSL can load (a private key in its place is PEM too)."""
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except ssl.SSLError as e:
+        raise TlsError(f"{what} {path} holds no usable certificate ({e.reason})") from None
 
 
 def server_credentials(material: TlsMaterial | None) -> grpc.ServerCredentials | None:
@@ -126,11 +131,16 @@ def is_loopback(host: str) -> bool:
 def channel_credentials(
     ca: Path | None = None, cert: Path | None = None, key: Path | None = None
 ) -> grpc.ChannelCredentials:
-    """Client-side TLS: trust `ca` (default: the system's roots); present `cert`/`key` for mutual TLS."""
+    """Client-side TLS: trust `ca` (default: the system's roots); present `cert`/`key` for mutual TLS. The files
+    are checked as the server checks its own: grpc took any PEM, and a key that is not the certificate's or a CA
+    file with no certificate failed each call as "UNAVAILABLE: ... Failed to create security handshaker"."""
     if (cert is None) != (key is None):
         raise TlsError("--tls-cert and --tls-key go together (the client certificate and its key)")
-    return grpc.ssl_channel_credentials(
-        root_certificates=_read(ca, "--tls-ca") if ca is not None else None,
-        private_key=_read(key, "--tls-key") if key is not None else None,
-        certificate_chain=_read(cert, "--tls-cert") if cert is not None else None,
-    )
+    root_certificates = private_key = certificate_chain = None
+    if ca is not None:
+        root_certificates = _read(ca, "--tls-ca")
+        _check_ca(ca, "--tls-ca")
+    if cert is not None and key is not None:
+        certificate_chain, private_key = _read(cert, "--tls-cert"), _read(key, "--tls-key")
+        _check_pair(cert, key)
+    return grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)

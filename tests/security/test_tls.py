@@ -327,6 +327,33 @@ def test_the_cli_speaks_tls_and_mutual_tls(
     assert "--tls-cert and --tls-key go together" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["health"], ["encode", "hello"]])
+def test_the_cli_checks_its_tls_files_as_the_server_checks_its_own(
+    command: list[str], pki: Pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A certificate and key that are not a pair, or a CA file with no certificate, reached grpc: "UNAVAILABLE:
+    Failed to create security handshaker" (exit 1), no file named. The server refuses the same files by name."""
+    address = ["--address", f"127.0.0.1:{free_port()}", "--timeout", "3"]
+    pair = ["--tls-cert", str(pki.client_cert), "--tls-key", str(pki.client_key)]
+    for files, message in (
+        (
+            ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert), "--tls-key", str(pki.server_key)],
+            f"--tls-key {pki.server_key} is not the key of the certificate --tls-cert {pki.client_cert}",
+        ),
+        (
+            ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_key), "--tls-key", str(pki.client_key)],
+            f"--tls-cert {pki.client_key} holds no PEM certificate",
+        ),
+        (
+            ["--tls-ca", str(pki.server_key), *pair],
+            f"--tls-ca {pki.server_key} holds no usable certificate (NO_CERTIFICATE_OR_CRL_FOUND)",
+        ),
+    ):
+        assert main([*command, *address, *files]) == 2
+        out, err = capsys.readouterr()
+        assert (out, err) == ("", f"mhaserve {command[0]}: error: {message}\n")
+
+
 def test_start_up_refuses_unusable_certificates(plain: Settings, pki: Pki, tmp_path: Path) -> None:
     not_pem = tmp_path / "cert.der"
     not_pem.write_bytes(b"\x30\x82garbage")
