@@ -382,16 +382,33 @@ def _request_id(text: str) -> str:
 
 
 def _connection(args: argparse.Namespace) -> Connection:
+    """Raises ArgumentTypeError for a variable's value that its flag would refuse, named by the variable."""
     from mhaserve.service.client import Connection
 
-    return Connection(tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, api_key=args.api_key or None)
+    api_key = args.api_key if args.api_key is not None else _variable("api_key", _api_key)
+    return Connection(tls=args.tls, ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, api_key=api_key or None)
+
+
+def _variable(dest: str, parse: Callable[[str], Any]) -> Any:
+    """A client option's value from its MHASERVE_* variable, read where its flag is not given (empty is unset, as
+    for serve) and checked by the flag's parser. Not the flag's default: argparse checks a default as the flag's
+    value, and MHASERVE_API_KEY='bad key' was "argument --api-key: ..." of a flag never typed. The value is not
+    shown (a key)."""
+    from mhaserve.service.settings import env_var
+
+    variable = env_var(dest)
+    if not (raw := os.environ.get(variable, "")):
+        return None
+    try:
+        return parse(raw)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{variable}: {e}") from None
 
 
 def _add_connection(p: argparse.ArgumentParser) -> None:
     """Where the server is and how to reach it: the client commands' shared options."""
-    import os
-
     from mhaserve.service.client import DEFAULT_ADDRESS
+    from mhaserve.service.settings import env_var
 
     p.add_argument(
         "--address",
@@ -406,10 +423,9 @@ def _add_connection(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-key", type=Path, metavar="FILE", help="its private key (PEM)")
     g.add_argument(
         "--api-key",
-        default=os.environ.get("MHASERVE_API_KEY"),
         type=_api_key,
         metavar="KEY",
-        help="sent as 'authorization: Bearer KEY' [env MHASERVE_API_KEY, which keeps it out of ps]",
+        help=f"sent as 'authorization: Bearer KEY' [env {env_var('api_key')}, which keeps it out of ps]",
     )
 
 
@@ -448,10 +464,10 @@ def _encode(args: argparse.Namespace) -> int:
     if not texts:  # standard input alone can have none
         print("mhaserve encode: error: no text on standard input", file=sys.stderr)
         return 2
-    connection = _connection(args)
     try:
+        connection = _connection(args)
         channel = connection.channel(args.address, client.CHANNEL_OPTIONS)
-    except TlsError as e:
+    except (argparse.ArgumentTypeError, TlsError) as e:
         print(f"mhaserve encode: error: {e}", file=sys.stderr)
         return 2
     response = None
@@ -506,7 +522,7 @@ def _health(args: argparse.Namespace) -> int:
             print(f"mhaserve health: error: NOT_FOUND: the server has no service {args.service!r}", file=sys.stderr)
             return 1
         return _rpc_error("health", e)
-    except TlsError as e:
+    except (argparse.ArgumentTypeError, TlsError) as e:
         print(f"mhaserve health: error: {e}", file=sys.stderr)
         return 2
     print(status)

@@ -276,6 +276,22 @@ def test_encode_names_a_text_that_is_not_utf8(texts: list[bytes], given: bytes, 
     assert run.stderr.decode() == f"mhaserve encode: error: {where} is not UTF-8 (byte 0xe9)\n"
 
 
+@pytest.mark.parametrize("command", [["health"], ["encode", "hello"]])
+def test_a_bad_key_in_the_variable_is_named_by_the_variable(
+    command: list[str], server: ServerThread, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MHASERVE_API_KEY='bad key' was "argument --api-key: ...", of a flag never typed: argparse checks a default
+    as the flag's value. The key itself is not shown."""
+    monkeypatch.setenv("MHASERVE_API_KEY", "bad key")
+    assert main([*command, "--address", server.address]) == 2
+    message = "MHASERVE_API_KEY: an API key is printable ASCII without spaces"
+    assert capsys.readouterr() == ("", f"mhaserve {command[0]}: error: {message}\n")
+    # a flag beats its variable, which is then not read at all
+    assert main([*command, "--address", server.address, "--api-key", "good-key"]) == 0
+    monkeypatch.setenv("MHASERVE_API_KEY", "")  # empty is unset, as for serve
+    assert main([*command, "--address", server.address]) == 0
+
+
 def test_an_address_without_a_port_gets_the_servers_default(capsys: pytest.CaptureFixture[str]) -> None:
     """grpc's own default is 443: `--address 127.0.0.1` reached for a port nothing listens on."""
     from mhaserve.cli.main import build_parser
