@@ -42,6 +42,7 @@ import contextlib
 import contextvars
 import logging
 import math
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -92,8 +93,7 @@ class Ran:
     cells: int  # padded tokens
     real: int
     failed: dict[int, Exception]  # rows whose input alone failed (their embeddings rows are zeros), by row
-    began: float  # when the engine began the batch, and ended it (perf_counter): its requests' Spent
-    ended: float
+    ended: float  # when the engine ended the batch (perf_counter): its requests' Spent
 
 
 class NonFiniteOutput(RuntimeError):
@@ -154,6 +154,8 @@ class Batcher:
         self._n_batches = workers + 1 if workers > 1 else workers
         self._workers: list[asyncio.Task[None]] = []
         self._computing = 0  # sequences in the batches being computed
+        # Held by a thread while it begins a batch (_begin): two may begin batches of one request at once.
+        self._beginning = threading.Lock()
         # Each batch's outcome: its thread's task, and the batch.
         self._submitted: dict[asyncio.Future[Ran], tuple[Future[None], list[Seq]]] = {}
         self.watchdog = Watchdog(inference_timeout, on_stall, on_recover)
@@ -171,23 +173,32 @@ class Batcher:
 
     @property
     def depth(self) -> int:
-        """Inputs waiting for the model: queued, or admitted and being tokenised."""
+        """Inputs in the queue, what --max-queue-size bounds: queued, or admitted and being tokenised.
+
+        The mhaserve_queue_depth gauge, the inputs waiting for the model, also counts those in the batches
+        formed that no thread has begun yet. It moves by steps (`_waiting`), never set from this count: a
+        thread takes a batch's inputs off it when it begins the batch (_begin), without waking the loop."""
         return self._depth + self._reserved
+
+    def _waiting(self, n: int) -> None:
+        """`n` more inputs wait for the model (fewer when negative): the gauge's step, on the loop."""
+        if n:
+            self.metrics.queue_depth.inc(n)
 
     def admit(self, n: int) -> Ticket:
         """Hold `n` queue slots for a request about to be tokenised; ResourceExhausted at once if they would
         pass the limit. `submit(ticket=)` turns them into queued inputs; `release` gives back the rest."""
         self._refuse(n)
         self._reserved += n
-        self.metrics.queue_depth.set(self.depth)
+        self._waiting(n)
         return Ticket(n)
 
     def release(self, ticket: Ticket) -> None:
         """Give back what a ticket still holds (its request failed or was cancelled before queueing)."""
         if ticket.n:
             self._reserved -= ticket.n
+            self._waiting(-ticket.n)
             ticket.n = 0
-            self.metrics.queue_depth.set(self.depth)
             self._arrived.set()  # one fewer on its way: what waits may start now
 
     def _refuse(self, n: int) -> None:
@@ -262,7 +273,7 @@ class Batcher:
         self._policy.push(items)
         self._depth += n
         self._tokens += job.queued_tokens
-        self.metrics.queue_depth.set(self.depth)
+        self._waiting(n)
         self._arrived.set()
         self._make_way(n)
         try:
@@ -296,13 +307,13 @@ class Batcher:
             self._tokens += s.length
         self._depth += len(live)
         self._policy.put_back(live)
-        self.metrics.queue_depth.set(self.depth)
+        self._waiting(len(live))  # and the batch's inputs leave the gauge as a batch no thread began (_execute)
 
     def _release(self, job: Job) -> None:
         self._depth -= job.queued
         self._tokens -= job.queued_tokens
+        self._waiting(-job.queued)
         job.queued = job.queued_tokens = 0
-        self.metrics.queue_depth.set(self.depth)
 
     def _fail(self, job: Job, error: BaseException) -> None:
         if not job.future.done():
@@ -425,7 +436,9 @@ class Batcher:
             del batch  # while idle, keep nothing of the last batch's requests alive
 
     async def _execute(self, batch: list[Seq]) -> None:
-        now = time.perf_counter()
+        """Hand `batch` to the inference threads and see it through. Its inputs leave the queue here but still
+        wait for the model (the gauge counts them) until a thread begins the batch (_begin), which may be
+        later: the batch formed ahead with several workers, or a thread that other models' batches hold."""
         jobs: dict[int, Job] = {}
         for s in batch:
             job = s.job
@@ -433,11 +446,7 @@ class Batcher:
             job.queued_tokens -= s.length
             self._tokens -= s.length
             jobs[id(job)] = job
-            if not job.started:
-                job.started = True
-                self.metrics.queue_wait.observe(now - job.enqueued)
         self._depth -= len(batch)
-        self.metrics.queue_depth.set(self.depth)
         # Another batch computes, waits for a thread, or will start within max_wait_ms from what is queued:
         # this one takes its share of the cores even if, the instant it starts, no other run is counted.
         beside = self._computing > len(batch) or self._depth > 0
@@ -485,6 +494,10 @@ class Batcher:
             fail_all(Internal(f"inference failed on the batch holding this request ({type(e).__name__}); retry"))
         finally:
             del self._submitted[run]
+            # Taken out of the threads' queue before one began it (it gave way, failed, or the batcher closed):
+            # no thread takes its inputs off the gauge. A thread that began it has; `started` is either by now.
+            if started.cancelled():
+                self._waiting(-len(batch))
 
     def fail_waiting(self, error: ServiceError) -> None:
         """Fail what waits here, queued or batched for a thread, and leave what computes: the server calls it
@@ -516,6 +529,7 @@ class Batcher:
         """
         begun.append(time.monotonic())
         try:
+            self._begin(batch)
             outcome: Ran | BaseException = self._compute(batch, beside)
         except Exception as e:  # whatever the engine raises reaches the batch's future, as it must
             outcome = e
@@ -524,6 +538,22 @@ class Batcher:
             outcome = RuntimeError(f"the engine raised {type(e).__name__}: {e}")
         with contextlib.suppress(RuntimeError):  # the loop closed while this batch ran: nobody is waiting
             loop.call_soon_threadsafe(self._finish, batch, run, outcome)
+
+    def _begin(self, batch: list[Seq]) -> None:
+        """On the inference thread, as it begins `batch`: its inputs no longer wait for the model (the gauge),
+        and each request whose first input it holds leaves the queue now. That request's queue time, from its
+        queueing to now, is taken here alone (Job.first): the histogram observes it, and Spent tells it to
+        the request once answered (x-queue-time, ModelStatistics' queue). Taken when the batch was formed, it missed the
+        wait of a batch formed ahead for a thread, and the second wait of one that gave way. Under a lock,
+        the time read inside it: two threads may begin batches of one request at once, and the first wins."""
+        with self._beginning:
+            now = time.perf_counter()
+            for s in batch:
+                job = s.job
+                if not job.first:
+                    job.first = now
+                    self.metrics.queue_wait.observe(now - job.enqueued)
+        self.metrics.queue_depth.dec(len(batch))
 
     def _run_once(self, batch: Sequence[Seq], beside: bool) -> tuple[Embeddings, float, int, int]:
         """Pad and run `batch`: its rows, the engine's seconds, padded and real tokens. `beside`: see Engine.run."""
@@ -543,7 +573,6 @@ class Batcher:
         the batch's other rows are served. A run that raises is split in two and each half run again, down to
         the inputs that fail (one bad input costs about 2 log2(rows) runs more; _isolate). Raises when no row
         succeeds, and the batch then fails whole, as an engine error did before."""
-        began = time.perf_counter()
         try:
             out, seconds, cells, real = self._run_once(batch, beside)
             failed: dict[int, Exception] = {}
@@ -558,7 +587,7 @@ class Batcher:
             out = np.where(bad, np.float32(0.0), out)
         if len(failed) == len(batch):
             raise next(iter(failed.values()))
-        return Ran(out, seconds, len(batch), cells, real, failed, began, time.perf_counter())
+        return Ran(out, seconds, len(batch), cells, real, failed, time.perf_counter())
 
     def _isolate(
         self, batch: list[Seq], error: Exception, beside: bool
@@ -629,9 +658,8 @@ class Batcher:
                 continue
             if job.out is None:
                 job.out = np.empty((job.n, embeddings.shape[1]), dtype=np.float32)
-                job.first, job.last = ran.began, ran.ended
-            else:  # its inputs in several batches, which two workers may compute at once
-                job.first, job.last = min(job.first, ran.began), max(job.last, ran.ended)
+            # Its inputs may be in several batches, which two workers may compute at once.
+            job.last = max(job.last, ran.ended)
             job.out[s.index] = embeddings[row]
             job.remaining -= 1
             done += 1

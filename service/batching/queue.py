@@ -26,7 +26,6 @@ class Job:
         "deadline",
         "request_id",
         "enqueued",
-        "started",
         "first",
         "last",
     )
@@ -39,9 +38,9 @@ class Job:
         self.deadline = deadline  # on the event loop's clock
         self.request_id = request_id
         self.enqueued = time.perf_counter()
-        self.started = False
-        # When the engine began the first batch that held one of its inputs, and ended the last (perf_counter;
-        # 0.0 until one has): the request's time in the queue and in the model (Spent).
+        # When the engine began the first batch that held one of its inputs (stamped by the thread that began
+        # it: Batcher._begin), and ended the last (perf_counter; 0.0 until one has): the request's time in the
+        # queue and in the model (Spent).
         self.first = 0.0
         self.last = 0.0
 
@@ -49,8 +48,8 @@ class Job:
 class Spent:
     """Where a request's time went in the batcher, in seconds: queued until the engine began its first input
     (a batch formed ahead counts as queued while it waits for a thread), then until the engine ended its
-    last. Filled in by `Batcher.submit` once the request is answered; what TEI's clients read as the queue
-    and inference times."""
+    last. Filled in by `Batcher.submit` once the request is answered, the queue time the one the queue-wait
+    histogram observed (Batcher._begin); what TEI's clients read as the queue and inference times."""
 
     __slots__ = ("queue", "inference")
 

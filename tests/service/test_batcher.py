@@ -904,16 +904,27 @@ def test_a_batch_is_told_whether_another_computes_or_waits_beside_it() -> None:
     assert engine.besides[:4] == [False, True, False, True]
 
 
-async def bulk_ahead(engine: ScriptedEngine, batching: str = "length") -> tuple[Batcher, list[asyncio.Future[Any]]]:
+async def bulk_ahead(
+    engine: ScriptedEngine,
+    batching: str = "length",
+    metrics: ModelMetrics | None = None,
+    spent: tuple[Spent | None, ...] = (None, None, None),
+) -> tuple[Batcher, list[asyncio.Future[Any]]]:
     """Two workers held at gates 91 and 92, and a bulk request of four inputs (8, 8) whose batch of two is
-    formed ahead, waiting for a thread; its other two wait in the queue."""
-    b = Batcher(engine, limits=limits(max_wait_ms=60_000.0, max_batch_tokens=10_000), batching=batching, workers=2)  # type: ignore[arg-type]
+    formed ahead, waiting for a thread; its other two wait in the queue. `spent`: the three requests'."""
+    b = Batcher(
+        engine,
+        limits=limits(max_wait_ms=60_000.0, max_batch_tokens=10_000),
+        batching=batching,  # type: ignore[arg-type]
+        workers=2,
+        metrics=metrics,
+    )
     b.start()
     calls: list[asyncio.Future[Any]] = []
     for n, token in enumerate((91, 92), 1):
-        calls.append(asyncio.ensure_future(b.submit([seq(token)])))
+        calls.append(asyncio.ensure_future(b.submit([seq(token)], spent=spent[n - 1])))
         await in_engine(engine, n)
-    calls.append(asyncio.ensure_future(b.submit([seq(8, 8)] * 4)))
+    calls.append(asyncio.ensure_future(b.submit([seq(8, 8)] * 4, spent=spent[2])))
     for _ in range(10):
         await asyncio.sleep(0)
     assert b.depth == 2 and len(engine.batches) == 2  # a share of 6 over three batches (2) is formed ahead
@@ -949,6 +960,69 @@ def test_a_batch_formed_ahead_of_a_large_requests_inputs_gives_way_to_a_query(ba
         assert after[0] == [[5]]
     else:
         assert after[0] == [[8, 8], [8, 8]] and [[5]] in after[1:]
+
+
+def test_the_queue_wait_histogram_observes_the_queue_time_each_request_is_told() -> None:
+    """mhaserve_queue_wait_seconds observes what Spent tells each request of its queue time (x-queue-time,
+    ModelStatistics' queue): from its queueing until the engine began its first input. Both threads held, a
+    bulk request's batch formed ahead waits for a thread, gives way to a query whose batch then waits in its
+    place, and is formed again: the histogram, observed when a batch was formed, missed both waits."""
+    metrics = Metrics()
+    model = ModelMetrics(metrics, "m", 1)
+    engine = ScriptedEngine(gates=[91, 92])
+    spent = [Spent() for _ in range(4)]
+    HELD = 0.05
+
+    async def main() -> None:
+        b, calls = await bulk_ahead(engine, metrics=model, spent=tuple(spent[:3]))
+        query = asyncio.ensure_future(b.submit([seq(5)], spent=spent[3]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        await asyncio.sleep(HELD)  # the bulk request and the query wait behind the held batches
+        engine.gates[91].set()
+        engine.gates[92].set()
+        await asyncio.gather(*calls, query)
+        await b.close()
+
+    run_opening_gates(main(), engine)
+    assert engine.batches[2] == [[5]]  # the bulk request's batch gave way to the query's
+    assert min(s.queue for s in spent[2:]) >= HELD
+    samples = from_registry(metrics.registry)
+    assert samples.get("mhaserve_queue_wait_seconds_count", model="m") == 4
+    told = sum(s.queue for s in spent)
+    assert samples.get("mhaserve_queue_wait_seconds_sum", model="m") == pytest.approx(told, rel=1e-9, abs=0)
+
+
+def test_the_queue_depth_gauge_counts_a_batch_formed_ahead_until_a_thread_begins_it() -> None:
+    """mhaserve_queue_depth is the inputs waiting for the model (the HPA scales on it): those of a batch formed
+    ahead wait for a thread and count until one begins the batch; given way to a query, they count as queued
+    again. They dropped out of it when the batch was formed."""
+    metrics = Metrics()
+    model = ModelMetrics(metrics, "m", 1)
+    engine = ScriptedEngine(gates=[91, 92, 5])
+
+    def depth() -> float:
+        return from_registry(metrics.registry).get("mhaserve_queue_depth", model="m")
+
+    async def main() -> None:
+        b, calls = await bulk_ahead(engine, metrics=model)
+        assert depth() == 4  # two queued, two in the batch formed ahead
+        query = asyncio.ensure_future(b.submit([seq(5)]))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert depth() == 5  # the bulk inputs back in the queue, the query's batch formed ahead in their place
+        engine.gates[91].set()
+        await in_engine(engine, 3)  # its thread began the query's batch, held at gate 5
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert depth() == 4  # the bulk inputs: two formed ahead again, two queued
+        engine.gates[92].set()
+        engine.gates[5].set()
+        await asyncio.gather(*calls, query)
+        assert depth() == 0
+        await b.close()
+
+    run_opening_gates(main(), engine)
 
 
 def test_a_batch_that_gave_way_once_keeps_its_place() -> None:
@@ -1111,15 +1185,23 @@ def test_a_stall_fails_the_batch_waiting_for_a_thread_which_never_runs() -> None
     and is taken out of the threads' queue, so that the threads, once they return, do not compute it for nobody."""
     engine = ScriptedEngine(gates=[91, 92, 93])
     hooks = Hooks()
+    metrics = Metrics()
 
     async def main() -> None:
-        b, calls = await three_batches(engine, inference_timeout=0.2, on_stall=hooks.stall, on_recover=hooks.recover)
+        b, calls = await three_batches(
+            engine,
+            inference_timeout=0.2,
+            on_stall=hooks.stall,
+            on_recover=hooks.recover,
+            metrics=ModelMetrics(metrics, "m", 1),
+        )
         for call in calls[:2]:
             with pytest.raises(InferenceTimeout, match="inference-timeout"):  # HTTP 504: they ran too long
                 await call
         with pytest.raises(Unavailable, match="inference-timeout") as never_ran:
             await calls[2]
         assert not isinstance(never_ran.value, InferenceTimeout)  # HTTP 503: it never ran, retry elsewhere
+        assert from_registry(metrics.registry).get("mhaserve_queue_depth") == 0  # nor waits for it any more
         await hooks.until(lambda h: len(h) == 2)
         engine.gates[91].set()
         engine.gates[92].set()
@@ -1321,9 +1403,12 @@ def test_any_schedule_answers_every_request_once_with_its_own_rows(
     either policy, the server closing midway: every request ends (nothing hangs), refused at once, or failed
     for a reason it had (its own poisoned input, its deadline, its cancellation, the close), or answered with
     each of its inputs' own rows; the others in a poisoned batch are served; no batch passes its budget or,
-    with the length policy, its padding cap; and nothing is left counted as waiting."""
+    with the length policy, its padding cap; nothing is left counted as waiting, the gauge included; and
+    the queue wait is observed once for each request whose inputs reached the engine."""
     engine = Poisoned(seconds_per_batch=engine_ms / 1000)
     ids = iter(range(1000, 10**6))
+    metrics = Metrics()
+    calls: list[tuple[list[int], int | None, float | None, float | None, bool, asyncio.Task[np.ndarray]]] = []
 
     async def main() -> None:
         b = Batcher(
@@ -1333,6 +1418,7 @@ def test_any_schedule_answers_every_request_once_with_its_own_rows(
             ),
             batching=batching,  # type: ignore[arg-type]
             workers=workers,
+            metrics=ModelMetrics(metrics, "m", 1),
         )
         put_back = b._put_back
 
@@ -1373,7 +1459,6 @@ def test_any_schedule_answers_every_request_once_with_its_own_rows(
             await asyncio.wait([closing], timeout=SCHEDULE_WAIT)
             assert closing.done(), "close() never returned"
 
-        calls: list[tuple[list[int], int | None, float | None, float | None, bool, asyncio.Task[np.ndarray]]] = []
         closed = False
         for n, (lengths, poison, deadline_ms, cancel_ms, admitted, pause_ms) in enumerate(schedule):
             if n == close_after:
@@ -1427,3 +1512,11 @@ def test_any_schedule_answers_every_request_once_with_its_own_rows(
         assert b.depth == 0 and b._tokens == 0 and b._computing == 0, "inputs left counted as waiting"
 
     run(main())
+
+    def settled() -> bool:  # a thread the close left running may be between beginning a batch and computing it
+        samples = from_registry(metrics.registry)
+        computed = {row[0] for batch in engine.batches for row in batch}
+        reached = sum(1 for firsts, *_ in calls if computed & set(firsts))
+        return samples.get("mhaserve_queue_depth") == 0 and samples.get("mhaserve_queue_wait_seconds_count") == reached
+
+    wait_until(settled, "no input counted as waiting, and the queue wait observed once for each request computed")
