@@ -45,6 +45,11 @@ METRICS_SLOW_ANSWER_S = 1.0
 
 CROWDED = "the metrics port holds its limit of"
 
+# The readiness gauge, which the --processes supervisor also exports, at 0, for a process of its own that does not
+# serve (service/processes.py): that process's metrics port is not read then.
+READY = "mhaserve_ready"
+READY_HELP = "1 while the server reports SERVING (health, readiness), 0 while it is not"
+
 
 class _Handler(WSGIRequestHandler):
     timeout = METRICS_READ_TIMEOUT_S
@@ -200,9 +205,7 @@ class Metrics:
             self.connections_refused.labels(protocol)
         # What health and readiness report, for alerts: the metrics port answers while the server loads,
         # stalls or drains, so `up` alone does not tell a replica that serves from one that does not.
-        self.ready = Gauge(
-            "mhaserve_ready", "1 while the server reports SERVING (health, readiness), 0 while it is not", registry=r
-        )
+        self.ready = Gauge(READY, READY_HELP, registry=r)
         by_model = ["model", "version"]
         self.tokenize = Histogram(
             "mhaserve_tokenize_duration_seconds",

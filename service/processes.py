@@ -6,16 +6,17 @@ own interpreter, model session and batcher, multiply that. Each binds the same g
 SO_REUSEPORT, and the kernel spreads new connections over them; a connection stays with the process
 that accepted it, as behind any layer-4 balancer.
 
-The supervisor loads no model and answers no call. Before starting the processes it checks the ports
-are free (and picks the gRPC port when it is 0), so that they all bind the same ones and a port in use
-is still an error. It serves every process's metrics on --metrics-port, each series labelled with its
-`process` (p0, p1, ...), fetched from process i's own metrics port, --metrics-port + 1 + i, at each
-scrape: one target for Prometheus, as with one process. Each process sizes its inference workers and
-thread pools by its share of the cores (1/N), not by the whole machine. On a CPU the processes share
-every core: a batch that starts while another process computes runs on its share's threads, and one
-that starts while none does takes every core, so that a lone request runs on every core as with one
-(the processes count their runs in progress in a small table of shared memory; server.CoreShare). On a
-GPU, or with --intra-op-threads fixed, process i is pinned to the i-th share instead (CPU affinity).
+The supervisor loads no model and answers no call. Before starting the processes it checks the ports are free
+(and picks the gRPC port when it is 0), so that they all bind the same ones and a port in use is still an
+error. It serves every process's metrics on --metrics-port, each series labelled with its `process` (p0, p1,
+...), fetched from process i's own metrics port, --metrics-port + 1 + i, at each scrape: one target for
+Prometheus, as with one process (a process that does not serve, loading or started again, is there as
+`mhaserve_ready{process="pN"} 0`, as one server says 0 while it loads). Each process sizes its inference
+workers and thread pools by its share of the cores (1/N), not by the whole machine. On a CPU the processes
+share every core: a batch that starts while another process computes runs on its share's threads, and one that
+starts while none does takes every core, so that a lone request runs on every core as with one (the processes
+count their runs in progress in a small table of shared memory; server.CoreShare). On a GPU, or with
+--intra-op-threads fixed, process i is pinned to the i-th share instead (CPU affinity).
 
 The supervisor forwards SIGTERM and SIGINT, and on a second one tells the processes to exit at once (EXIT_NOW:
 they drain on SIGTERM and SIGINT however often those reach them, from the supervisor, systemd or `pkill`). A
@@ -49,7 +50,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from mhaserve.runtime.cpus import available_cpus
-from mhaserve.service.metrics import serve_metrics
+from mhaserve.service.metrics import READY, READY_HELP, serve_metrics
 from mhaserve.service.models import Served
 from mhaserve.service.settings import Settings, on_cpu
 
@@ -181,7 +182,8 @@ def _status(process: BaseProcess) -> int:
 
 class Gathered:
     """The Prometheus collector behind the supervisor's metrics port: at each scrape, every serving
-    process's metrics, each series labelled with its process, and the supervisor's own two."""
+    process's metrics, each series labelled with its process, `mhaserve_ready 0` for each process that does not
+    serve, and the supervisor's own two."""
 
     def __init__(self, children: list[_Child], host: str) -> None:
         self.children = children
@@ -193,7 +195,12 @@ class Gathered:
         for child in self.children:
             port = child.settings.metrics_port
             if not child.serving or not port:
-                continue  # still loading (or starting again): its series come with it
+                # Still loading, or starting again (and again, when it cannot serve): its series come with it, but
+                # its readiness is known now. Without it, alerts on mhaserve_ready == 0 saw nothing of a process
+                # that loads for ever or crash-loops, where one server exports 0 from its first scrape.
+                ready = families.setdefault(READY, GaugeMetricFamily(READY, READY_HELP, labels=["process"]))
+                ready.add_sample(READY, {"process": f"p{child.index}"}, 0.0)
+                continue
             host = f"[{self.host.strip('[]')}]" if ":" in self.host else self.host
             try:
                 with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=SCRAPE_TIMEOUT_S) as reply:

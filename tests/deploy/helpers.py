@@ -187,11 +187,13 @@ def server_defaults() -> Any:
 
 
 def metric_samples() -> set[str]:
-    """Every sample name the server can export, from its metric definitions (no server needed)."""
+    """Every sample name the server can export, from its metric definitions (no server needed), and those the
+    --processes supervisor adds of its own."""
     from mhaserve.service.metrics import Metrics
+    from mhaserve.service.processes import Gathered
 
     names: set[str] = set()
-    for family in Metrics().registry.collect():
+    for family in [*Metrics().registry.collect(), *Gathered([], "127.0.0.1").collect()]:
         suffixes = {
             "counter": ["_total", "_created"],
             "histogram": ["_bucket", "_sum", "_count", "_created"],

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service import processes
+from mhaserve.service.metrics import Metrics
 from mhaserve.service.settings import Settings, SettingsError
 from mhaserve.testing.loopback import WAIT, free_port, free_port_run, wait_until
-from mhaserve.testing.metrics import scrape
+from mhaserve.testing.metrics import from_registry, scrape
 from mhaserve.testing.process import ServerProcess, children
 
 CALLS = 24
@@ -157,6 +159,32 @@ def test_a_killed_supervisor_leaves_no_server_behind(tiny_repo: Path, tmp_path: 
         s.bind(("127.0.0.1", http))
 
 
+def test_a_process_not_serving_is_scraped_as_not_ready() -> None:
+    """While a process loads (or is started again, and again when it cannot serve) its own metrics port is not read,
+    and the supervisor exported no mhaserve_ready for it: none at all while every process loaded, where one server
+    exports 0, so MhaserveNotServing never saw a replica that loaded for ever or a process that crash-looped."""
+    serving = Metrics()
+    serving.ready.set(1)
+    port = serving.serve("127.0.0.1", 0)
+    try:
+        children = [
+            processes._Child(i, Settings(metrics_port=p), frozenset({0}), serving=i == 0)
+            for i, p in enumerate((port, free_port()))
+        ]
+        registry = CollectorRegistry()
+        registry.register(processes.Gathered(children, "127.0.0.1"))
+        gathered = from_registry(registry)
+        assert gathered.get("mhaserve_ready", -1, process="p0") == 1  # the serving one's own series
+        assert gathered.get("mhaserve_ready", -1, process="p1") == 0  # the loading one's, the supervisor's word
+        assert gathered.get("mhaserve_processes_serving") == 1
+        children[0].serving = False  # every process loading: a series each, at 0
+        gathered = from_registry(registry)
+        assert [gathered.get("mhaserve_ready", -1, process=f"p{i}") for i in range(2)] == [0, 0]
+        assert gathered.get("mhaserve_processes_serving") == 0
+    finally:
+        serving.close()
+
+
 def test_a_port_in_use_is_an_error_before_any_process_starts(tiny_repo: Path, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -287,7 +315,7 @@ def test_a_process_started_again_serves_what_the_others_do(tiny_repo: Path, tmp_
     were, or does not serve at all."""
     repo = tmp_path / "repo"
     shutil.copytree(tiny_repo, repo)
-    server, _, _ = _start(repo, tmp_path, 2)
+    server, metrics, _ = _start(repo, tmp_path, 2)
     with server:
         address = server.address()
         shutil.copytree(repo / "tiny" / "1", repo / "tiny" / "2")  # published while serving: not served
@@ -300,5 +328,9 @@ def test_a_process_started_again_serves_what_the_others_do(tiny_repo: Path, tmp_
         os.kill(_children(server.pid)[0], signal.SIGKILL)
         wait_until(lambda: "is not what the other processes serve" in server.log, "the refusal")
         assert _versions_on_new_connections(address, 8) == {1}  # the other process serves on
+        # Started again and again, it never serves: the alerts see it (MhaserveNotServing, MhaserveProcessRestarts).
+        gathered = scrape(metrics)
+        assert sorted(gathered.get("mhaserve_ready", -1, process=f"p{i}") for i in range(2)) == [0, 1]
+        assert gathered.get("mhaserve_process_restarts_total") >= 2
         server.signal(signal.SIGTERM)
         assert server.wait() == 0, server.log
