@@ -539,6 +539,20 @@ def test_dashboard_queries_only_metrics_the_server_exports() -> None:
     assert set(re.findall(r"\bmhaserve_\w+", alert_exprs)) <= known
 
 
+def test_the_dashboard_draws_every_metric_an_alert_reads() -> None:
+    """What can page someone can be looked at: the "Server errors" stat left out the responses within streams that
+    MhaserveServerErrors counts (tests/deploy/test_prometheus.py evaluates both), and no panel read the restarts
+    of --processes' server processes."""
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/mhaserve.json").read_text())
+    drawn = {
+        m for p in dashboard["panels"] for t in p.get("targets", []) for m in re.findall(r"\bmhaserve_\w+", t["expr"])
+    }
+    rules = yaml.safe_load((DEPLOY / "prometheus/alerts.yml").read_text())
+    for rule in (r for group in rules["groups"] for r in group["rules"]):
+        read = set(re.findall(r"\bmhaserve_\w+", rule["expr"]))
+        assert read <= drawn, f"{rule['alert']} reads {read - drawn}, which no panel draws"
+
+
 def test_readme_metrics_table_names_every_metric_the_server_exports() -> None:
     """The README's table is what operators read: every family the server defines, none it does not (the
     supervisor's two of --processes aside, defined in service/processes.py)."""

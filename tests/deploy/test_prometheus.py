@@ -136,12 +136,12 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[Replica], Prometheus]]:
             p.stop()
 
 
-def dashboard_queries() -> list[tuple[str, str]]:
+def dashboard_queries(rate_interval: str = "10s") -> list[tuple[str, str]]:
     """(panel title, expr) for every query of the dashboard, with Grafana's variables filled in."""
     dashboard = json.loads(DASHBOARD.read_text())
     # Grafana's own interval variables, then every selector the dashboard defines set to "all" (a selector
     # added later is filled without touching this test; a query naming an undefined one still fails below).
-    fill = {"$__rate_interval": "10s", "$__interval": "1s"}
+    fill = {"$__rate_interval": rate_interval, "$__interval": "1s"}
     fill |= {f"${v['name']}": ".*" for v in dashboard["templating"]["list"] if v["type"] != "datasource"}
     queries = []
     for panel in dashboard["panels"]:
@@ -157,6 +157,47 @@ def dashboard_queries() -> list[tuple[str, str]]:
 def alert_exprs() -> list[tuple[str, str]]:
     rules = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
     return [(r["alert"], r["expr"]) for group in rules["groups"] for r in group["rules"]]
+
+
+@pytest.mark.integration
+@needs("promtool", "prometheus")
+def test_the_server_errors_panel_counts_what_the_alert_counts(tmp_path: Path) -> None:
+    """The dashboard's "Server errors" stat read mhaserve_requests_total alone, where MhaserveServerErrors counts
+    the responses within streams too: a stream whose every response fails is one OK call, so the panel said 0 %
+    while the alert fired. promtool evaluates both over one replica's series: the panel's ratio is the alert's."""
+    (panel,) = [expr for title, expr in dashboard_queries(rate_interval="5m") if title == "Server errors"]
+    (alert,) = [expr for name, expr in alert_exprs() if name == "MhaserveServerErrors"]
+    ratio = alert.rsplit(">", 1)[0]  # the alert's expression without its threshold
+    series = {
+        'mhaserve_requests_total{method="encoder.v1.EncoderService/Encode", code="OK"}': "0+95x15",
+        'mhaserve_requests_total{method="encoder.v1.EncoderService/Encode", code="INTERNAL"}': "0+5x15",
+        'mhaserve_requests_total{method="encoder.v1.EncoderService/EncodeStream", code="OK"}': "0+10x15",
+        'mhaserve_stream_responses_total{method="encoder.v1.EncoderService/EncodeStream", code="OK"}': "0+900x15",
+        'mhaserve_stream_responses_total{method="encoder.v1.EncoderService/EncodeStream", code="INTERNAL"}': "0+100x15",
+    }
+    test = {
+        "rule_files": [],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": name.replace("{", '{job="mhaserve", instance="a:8000", '), "values": values}
+                    for name, values in series.items()
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": f"abs(({panel}) - on() ({ratio})) < bool 1e-9",
+                        "eval_time": "12m",
+                        "exp_samples": [{"labels": "{}", "value": 1}],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "server_errors_test.yml"
+    path.write_text(yaml.safe_dump(test))
+    result = promtool("test", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.integration
