@@ -334,6 +334,7 @@ class EncoderServer:
                 max_age_grace_s=CONNECTION_AGE_GRACE_S,
                 reuse_port=s.reuse_port,
                 connection_limit=self.connection_limit,
+                refused=calls.refused,
             )
         else:
             server = grpc.aio.server(

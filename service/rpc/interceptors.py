@@ -10,7 +10,8 @@ and the Open Inference Protocol's own health methods, which answer while the mod
   (the stack trace goes to the log with the request id, never to the client);
 - refuses a request message that does not parse with INVALID_ARGUMENT, as any other bad input (grpc.aio
   would answer UNKNOWN naming the parser's exception class, log a traceback, and count nothing);
-- counts the call by method and status code, times it, and logs one line per call at debug.
+- counts the call by method and status code, times it, and logs one line per call at debug (`refused`: a call the
+  lean gRPC front refused while it read the request, before any of this began).
 """
 
 from __future__ import annotations
@@ -174,6 +175,18 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         self.exempt = tuple(exempt)
         self.in_flight = in_flight or InFlight()  # shared with the HTTP server: the drain waits on both
         self.calls: set[_Call] = set()  # the calls begun and not yet ended
+
+    def refused(self, full: str, code: grpc.StatusCode, elapsed: float) -> None:
+        """Count a call the lean gRPC front refused while it read its request, before the call's handler (and so
+        this bookkeeping) began: a message over --max-message-bytes, past --max-incoming-bytes, incomplete or too
+        slow to arrive. HTTP counts its 413, 429, 400 and 408 under the route asked for; this counts the call so
+        under its method (grpc.aio's front refuses those inside grpc core, where no interceptor sees them)."""
+        if is_exempt(full, self.exempt):
+            return
+        method = full.lstrip("/")
+        self.metrics.requests.labels(method, code.name).inc()
+        self.metrics.request_duration.labels(method).observe(elapsed)
+        log.debug("%s %s %.1f ms", method, code.name, elapsed * 1000)
 
     def abandon(self, error: ServiceError) -> list[asyncio.Task[Any]]:
         """Answer every call still running with `error` (the server's grace period is over: UNAVAILABLE, which

@@ -428,6 +428,27 @@ def test_message_too_large_is_resource_exhausted(start: Start, settings: Setting
         assert stub.Encode(one, compression=grpc.Compression.Gzip, timeout=WAIT).embeddings
 
 
+def test_a_message_too_large_is_counted_on_the_lean_front(start: Start, settings: Settings, grpc_front: str) -> None:
+    """The lean front refused a unary call's message over --max-message-bytes before the call's bookkeeping began,
+    and counted nothing, where HTTP counts its 413 under the route (so MhaserveShedding missed it). Now counted
+    under the method the call named, as HTTP's; health is not counted, as ever. grpc.aio's front refuses it inside
+    grpc core, where no interceptor sees it: uncounted (README)."""
+    srv = start(dataclasses.replace(settings, max_message_bytes=2048))
+    too_large = pb.EncodeRequest(texts=["a" * 1000] * 3)
+    with srv.channel() as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            pb_grpc.EncoderServiceStub(channel).Encode(too_large, timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as e:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="a" * 3000), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    registry = srv.server.metrics.registry
+    assert counted(srv, "RESOURCE_EXHAUSTED") == (1 if grpc_front == "lean" else 0)
+    timed = registry.get_sample_value("mhaserve_request_duration_seconds_count", {"method": ENCODE}) or 0
+    assert timed == (1 if grpc_front == "lean" else 0)
+    assert not [s for f in registry.collect() for s in f.samples if "Health" in s.labels.get("method", "")]
+
+
 def test_full_queue_is_resource_exhausted_and_a_cancelled_call_frees_its_slot(start: Start, settings: Settings) -> None:
     engine = ScriptedEngine(hang_on=99)
     srv = start(

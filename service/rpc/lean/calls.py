@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
@@ -107,11 +108,18 @@ def _identity(data: Any) -> Any:
     return data
 
 
-class Calls:
-    """Serves every call of a connection's streams, through the interceptors, with the handlers."""
+# Counts a call refused while its request was read, before its handler ran: its method (`/pkg.Service/Method`), its
+# status and its seconds so far (ServiceInterceptor.refused).
+Refused = Callable[[str, grpc.StatusCode, float], None]
 
-    def __init__(self, interceptors: Sequence[grpc.aio.ServerInterceptor]) -> None:
+
+class Calls:
+    """Serves every call of a connection's streams, through the interceptors, with the handlers; `refused` counts
+    the calls refused while their request message is read (a unary call's is read before its handler runs)."""
+
+    def __init__(self, interceptors: Sequence[grpc.aio.ServerInterceptor], refused: Refused | None = None) -> None:
         self.interceptors = tuple(interceptors)
+        self.refused = refused
         self.handlers: list[grpc.GenericRpcHandler] = []
 
     async def _find(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -128,6 +136,7 @@ class Calls:
         return await self.interceptors[at].intercept_service(lambda d: self.lookup(d, at + 1), details)
 
     async def serve(self, connection: Connection, stream: Stream) -> None:
+        began = time.perf_counter()
         context = Context(connection, stream)
         try:
             handler = await self.lookup(CallDetails(stream.method, stream.metadata))
@@ -156,8 +165,10 @@ class Calls:
             connection.finish(stream, context.trailer())
         except grpc.aio.AbortError:
             connection.finish(stream, context.trailer())
-        except ServiceError as e:  # reading the request, before any interceptor's error map
+        except ServiceError as e:  # reading the request, before any interceptor's error map and count
             code, message = to_status(e)
+            if self.refused is not None:  # a method served here (one not found was answered above): a bounded label
+                self.refused(stream.method, code, time.perf_counter() - began)
             connection.finish(stream, f.trailer_block(code.value[0], message, context.trailing_metadata()))
         except asyncio.CancelledError:
             if stream.expired:

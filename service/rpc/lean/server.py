@@ -29,7 +29,7 @@ from mhaserve.service.connections import (
 )
 from mhaserve.service.incoming import Incoming, default_limit
 from mhaserve.service.rpc.lean import frames as f
-from mhaserve.service.rpc.lean.calls import Calls
+from mhaserve.service.rpc.lean.calls import Calls, Refused
 from mhaserve.service.rpc.lean.connection import Connection, Stream
 
 BACKLOG = 1024  # connections the kernel holds for us before we accept them
@@ -59,8 +59,10 @@ class LeanServer:
         max_age_grace_s: float = 0.0,
         reuse_port: bool = False,
         connection_limit: ConnectionLimit | None = None,
+        refused: Refused | None = None,
     ) -> None:
-        self.calls = Calls(interceptors)
+        # `refused` counts a call refused while its request is read, before the interceptors see it (calls.py)
+        self.calls = Calls(interceptors, refused)
         self.max_message_bytes = max_message_bytes
         # Request bytes held while they arrive, shared with the HTTP server (incoming.py); a call whose message
         # is still incomplete `message_timeout` seconds after it began to arrive is failed (connection.py).
