@@ -491,7 +491,9 @@ class Batcher:
             fail_all(e)
         except Exception as e:
             log.exception("inference failed on a batch of %d inputs (requests: %s)", len(batch), request_ids or "-")
-            fail_all(Internal(f"inference failed on the batch holding this request ({type(e).__name__}); retry"))
+            # No "retry": whether the inputs or the engine failed is not known here, and a bad input fails again
+            # (OpenAI's client retried each such 500 twice).
+            fail_all(Internal(f"inference failed on the batch holding this request ({type(e).__name__})"))
         finally:
             del self._submitted[run]
             # Taken out of the threads' queue before one began it (it gave way, failed, or the batcher closed):

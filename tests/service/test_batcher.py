@@ -536,6 +536,22 @@ def test_nan_inf_or_a_base_exception_from_the_engine_fails_the_batch_and_the_bat
     run(main())
 
 
+def test_a_failed_batch_asks_for_no_retry() -> None:
+    """An input the engine fails on, in a batch of its own, said "...; retry": a retry that cannot succeed
+    (and that OpenAI's client makes twice on a 500). Whether the inputs or the engine failed is not known."""
+    engine = Faulty()
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_wait_ms=0.0))
+        b.start()
+        with pytest.raises(Internal) as alone:
+            await asyncio.wait_for(b.submit([seq(16, 6)]), timeout=WAIT)
+        assert alone.value.message == "inference failed on the batch holding this request (RuntimeError)"
+        await b.close()
+
+    run(main())
+
+
 async def _held_then(
     b: Batcher, engine: ScriptedEngine, requests: list[list[np.ndarray]], then: Callable[[], None] = lambda: None
 ) -> list[Any]:
