@@ -9,7 +9,8 @@ The HTTP counterpart of the gRPC interceptors (service/rpc/), in front of every 
   `admin_prefix`, answers while a model stalls: loading it again is the remedy);
 - the body, read whole before any route sees it: over the size limit, 413 (at once when its
   Content-Length says so); slower than the read timeout, 408; gzip or deflate, inflated within the limit;
-  while it arrives, counted against the process's --max-incoming-bytes (incoming.py), past which 429;
+  while it arrives, counted against the process's --max-incoming-bytes (incoming.py), past which 429; the open
+  routes take none: a body sent to them is left unread, uncounted, and the connection closed after the answer;
 - a client that disconnects cancels its request, which then gives its queue slots back, as a cancelled
   gRPC call does;
 - the same request counters and histograms as gRPC (`mhaserve_requests_total{method="POST /v1/embeddings",
@@ -82,6 +83,14 @@ class FastRoute:
 
     path: str
     handler: Callable[[bytes, str | None], Awaitable[bytes | Reply | Chunked]]
+
+
+async def _gone(receive: Receive) -> Message:
+    """The message that says the client went away, once the body is read; what still comes of a body left unread
+    (UNREAD_KEY) is dropped meanwhile."""
+    while (message := await receive())["type"] != "http.disconnect":
+        pass
+    return message
 
 
 class _ClientGone(Exception):
@@ -164,6 +173,8 @@ class CallMiddleware:
             if message["type"] == "http.response.start":
                 response["status"] = message["status"]
                 message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER.encode(), rid.encode())]
+                if scope.get(UNREAD_KEY):  # the client may still be sending its body: do not read on
+                    message["headers"].append((b"connection", b"close"))
             elif message["type"] == "http.response.body":
                 if head:
                     message = {**message, "body": b""}
@@ -191,7 +202,7 @@ class CallMiddleware:
                 await self._error(refusal, scope, rid, send_with_id)
             else:
                 try:
-                    body = await self._body(scope, receive)
+                    body = await self._body(scope, receive) if self._reads_body(scope, path) else b""
                 except ServiceError as e:
                     await self._error(e, scope, rid, send_with_id)
                 except _ClientGone:
@@ -217,6 +228,16 @@ class CallMiddleware:
         if not self.always_answered(scope["method"], path):
             return await (self.control_gate if admin else self.gate)(None)
         return None
+
+    def _reads_body(self, scope: Scope, path: str) -> bool:
+        """Whether the request's body is read: not for the open routes (probes, the API's description), which take
+        none, where a client without a key would hold the process's --max-incoming-bytes with bodies it trickles
+        or never finishes, as the routes needing a key refuse it unread; a body announced is left unread."""
+        if not (scope["method"] in ("GET", "HEAD") and path in self.open_gets):
+            return True
+        if _has_body(scope):
+            scope[UNREAD_KEY] = True
+        return False
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         """The whole request body, within the size limit and the read timeout.
@@ -296,7 +317,7 @@ class CallMiddleware:
         a task of its own for the app, and a wait on both, cost two more turns of the event loop on every
         request's path.
         """
-        disconnected = asyncio.ensure_future(receive())  # after the body: returns when the client goes away
+        disconnected = asyncio.ensure_future(_gone(receive))
         sent_body = False
         this = asyncio.current_task()
         assert this is not None
@@ -377,8 +398,6 @@ class CallMiddleware:
     async def _error(self, error: BaseException, scope: Scope, rid: str, send: Send) -> None:
         status, headers, body = render(error, scope["path"], rid, scope)
         headers.append((b"content-length", str(len(body)).encode()))
-        if scope.get(UNREAD_KEY):
-            headers.append((b"connection", b"close"))  # the client may still be sending: do not read on
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

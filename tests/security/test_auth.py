@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import hmac
 import logging
@@ -431,6 +432,67 @@ def test_http_health_probes_and_the_api_description_are_open(server: ServerThrea
     # a probe refused for want of a key is counted, as gRPC counts ModelReady's refusal (it was not); each
     # refusal is counted as its answer goes out, after the client may have read it, so all three are waited for
     wait_until(lambda: server.counted_all("UNAUTHENTICATED") - before == 3, "the refusals counted")
+
+
+# ---- clients without a key and --max-incoming-bytes ------------------------------------------------------
+
+BUDGET = 64 << 10  # the --max-message-bytes of the server below, whose --max-incoming-bytes is one such message
+
+
+@pytest.fixture(scope="module")
+def budgeted(tiny_repo: Path, keys_file: Path) -> Iterator[ServerThread]:
+    """A server with keys whose budget of request bytes still arriving holds one message at the limit: whatever a
+    client without a key held of it, a keyed request of that size would be refused. On the lean gRPC front, the
+    one that counts gRPC messages against it (grpc.aio's reads them in grpc core)."""
+    settings = Settings(
+        grpc_front="lean",
+        repository=tiny_repo,
+        model=("tiny",),
+        port=0,
+        metrics_port=0,
+        http_port=free_port(),
+        device="cpu",
+        intra_op_threads=1,
+        api_keys_file=keys_file,
+        max_message_bytes=BUDGET,
+        max_incoming_bytes=BUDGET + 5,
+    )
+    with ServerThread(settings) as srv:
+        yield srv.ready()
+
+
+def _keyed_requests_get_the_whole_budget(server: ServerThread) -> None:
+    """A keyed request of nearly BUDGET bytes on each port is served."""
+    text = "x" * (BUDGET - 200)
+    reply = request("POST", server.http_url + "/v1/embeddings", {"input": text}, dict(bearer(FILE_KEY)))
+    assert reply.status == 200, reply.body[:200]
+    with server.channel() as channel:
+        answer = pb_grpc.EncoderServiceStub(channel).Encode(
+            pb.EncodeRequest(texts=[text]), metadata=bearer(FILE_KEY), timeout=WAIT
+        )
+    assert len(answer.embeddings) == 1
+
+
+def test_http_clients_without_a_key_cannot_hold_request_bytes_on_the_open_routes(budgeted: ServerThread) -> None:
+    """The open routes (probes, the API's description) take no body: one announced is not read into the request
+    nor counted against --max-incoming-bytes, and the answer closes the connection. They read it and counted it:
+    89 GET /health without a key, each sending 3 MB of 4, held 267 of the 268 MB, and keyed requests on both
+    ports were refused 429 / RESOURCE_EXHAUSTED until the bodies timed out, when the clients sent 89 more."""
+    port = budgeted.server.http_port
+    with contextlib.ExitStack() as stack:
+        clients = []
+        for path in ("/health", "/v2/health/ready", "/openapi.json"):
+            client = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=WAIT))
+            head = f"GET {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {BUDGET}\r\n\r\n".encode()
+            client.sendall(head + bytes(BUDGET // 2))
+            clients.append(client)
+        for client in clients:
+            answer = b""
+            while chunk := client.recv(65536):  # b"" once the server closes; a timeout (WAIT) if it reads on
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" in answer.lower(), answer[:200]
+        assert budgeted.gauge("mhaserve_incoming_request_bytes") == 0
+        _keyed_requests_get_the_whole_budget(budgeted)
 
 
 # ---- admin keys: the repository API ---------------------------------------------------------------------
