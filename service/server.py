@@ -47,7 +47,7 @@ from mhaserve.runtime.repository import (
     onnx_engine,
 )
 from mhaserve.service import connections, tls
-from mhaserve.service.auth import AuthError, KeyRing, Keys, is_open, load_keys
+from mhaserve.service.auth import OPEN_METHODS, AuthError, KeyRing, Keys, is_open, load_keys
 from mhaserve.service.batching import CPU_LIMITS, Batcher
 from mhaserve.service.connections import ConnectionLimit
 from mhaserve.service.dataplane import DataPlane, State
@@ -325,6 +325,8 @@ class EncoderServer:
             server = LeanServer(
                 interceptors,
                 max_message_bytes=s.max_message_bytes,
+                # The methods open by default (--open-methods): probes and reflection, whose requests are a name
+                probe_methods=OPEN_METHODS,
                 incoming=self.incoming,
                 message_timeout=s.http_header_timeout,
                 max_streams=MAX_STREAMS,

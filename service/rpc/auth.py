@@ -14,7 +14,13 @@ from mhaserve.service.auth import Keys, bearer, is_open
 from mhaserve.service.context import REQUEST_ID_HEADER, request_id
 from mhaserve.service.errors import to_status
 from mhaserve.service.metrics import Metrics
-from mhaserve.service.rpc.handlers import Continuation, call_request_id, rewrap, streams_responses
+from mhaserve.service.rpc.handlers import (
+    Continuation,
+    answers_unread,
+    call_request_id,
+    rewrap,
+    streams_responses,
+)
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +29,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Refuses every call to a method not in `open_methods` that lacks a valid key, with UNAUTHENTICATED, and a
     call to an `admin_methods` one without an admin key with PERMISSION_DENIED (auth.Keys).
 
-    It runs first, so a refused call never reaches the readiness gate or the handler; it is counted in
+    It runs first, so a refused call never reaches the readiness gate or the handler, and the lean front answers it
+    without reading its request (handlers.answers_unread); it is counted in
     `mhaserve_requests_total{code=...}` here, and logged with its request id, which goes back to the client.
     """
 
@@ -79,4 +86,4 @@ def _refusal(code: grpc.StatusCode, message: str, rid: str, observe: Callable[[]
         await context.abort(code, message, trailing_metadata=trailer)
         yield  # an async generator, as streaming handlers are
 
-    return stream if streaming else unary
+    return answers_unread(stream if streaming else unary)

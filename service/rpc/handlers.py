@@ -58,6 +58,18 @@ def behaviour(handler: grpc.RpcMethodHandler) -> Behaviour:
     return getattr(handler, kind(handler))
 
 
+def answers_unread(new: Behaviour) -> Behaviour:
+    """`new`, marked as answering without its request (a refusal): the lean front runs it as the call comes, where
+    it waits for a unary call's message whole first, and lets the request go unread (rpc/lean/calls.py)."""
+    new.reads_request = False  # type: ignore[attr-defined]
+    return new
+
+
+def reads_request(handler: grpc.RpcMethodHandler) -> bool:
+    """Whether the handler's behaviour reads the call's request (all but those marked by `answers_unread`)."""
+    return getattr(behaviour(handler), "reads_request", True)
+
+
 async def stream_out(handle: Behaviour, request: Any, context: Any) -> None:
     """Run a streaming-response behaviour to its end: an async generator's responses written to the call one by
     one, or a coroutine that writes them itself (`context.write`), as grpcio's health servicer's Watch does."""

@@ -30,11 +30,13 @@ from mhaserve.service import auth
 from mhaserve.service.context import RequestIdFilter
 from mhaserve.service.kserve import servicer as kserve
 from mhaserve.service.rpc import methods
+from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.server import StartupError
 from mhaserve.service.settings import ApiKeys, Settings, SettingsError
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.server import ServerThread
+from tests.service.raw_h2 import Frame, answers, call_block, read_until
 
 FILE_KEY = "file-key-6f1c2b9e"
 ENV_KEY = "env-key-0d4a7c31"
@@ -491,6 +493,41 @@ def test_http_clients_without_a_key_cannot_hold_request_bytes_on_the_open_routes
             while chunk := client.recv(65536):  # b"" once the server closes; a timeout (WAIT) if it reads on
                 answer += chunk
             assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" in answer.lower(), answer[:200]
+        assert budgeted.gauge("mhaserve_incoming_request_bytes") == 0
+        _keyed_requests_get_the_whole_budget(budgeted)
+
+
+def _call_sending(stream_id: int, path: str, size: int, sent: int) -> bytes:
+    """A gRPC call without a key whose message of `size` bytes is sent only as far as `sent` bytes (its prefix
+    included)."""
+    message = b"\x00" + size.to_bytes(4, "big") + bytes(size)
+    head = f.frame(f.HEADERS, f.END_HEADERS, stream_id, call_block(path))
+    return head + b"".join(
+        f.frame(f.DATA, 0, stream_id, message[i : min(i + 16384, sent)]) for i in range(0, sent, 16384)
+    )
+
+
+def test_grpc_calls_without_a_key_cannot_hold_request_bytes(budgeted: ServerThread) -> None:
+    """On the lean front, a call without a key to a closed method is refused UNAUTHENTICATED as its headers come,
+    its message unread; a probe's message (health, reflection) over a few KiB is refused RESOURCE_EXHAUSTED as
+    its size comes; and a probe's message still arriving is not counted against --max-incoming-bytes. A closed
+    method's refusal waited for the whole message, and a probe took messages up to --max-message-bytes, both
+    counted: 89 such calls on one connection held the budget of both ports until --http-header-timeout."""
+    with socket.create_connection(("127.0.0.1", budgeted.server.port), timeout=WAIT) as raw:
+        raw.sendall(f.PREFACE + f.settings())
+        raw.sendall(_call_sending(1, "/encoder.v1.EncoderService/Encode", BUDGET, BUDGET // 2))
+        raw.sendall(_call_sending(3, "/grpc.health.v1.Health/Check", BUDGET, BUDGET // 2))
+        raw.sendall(_call_sending(5, "/grpc.health.v1.Health/Check", 100, 50))
+        raw.sendall(f.frame(f.PING, 0, 0, b"all read"))  # answered once the frames before it are read
+
+        def done(frames: list[Frame]) -> bool:
+            pinged = any(kind == f.PING and payload == b"all read" for kind, _, _, payload in frames)
+            return pinged and {1, 3} <= answers(frames).keys()
+
+        got = answers(read_until(raw, done))
+        assert got[1]["grpc-status"] == str(grpc.StatusCode.UNAUTHENTICATED.value[0]), got
+        assert got[3]["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]), got
+        assert 5 not in got  # its message still arriving: held, and only that little
         assert budgeted.gauge("mhaserve_incoming_request_bytes") == 0
         _keyed_requests_get_the_whole_budget(budgeted)
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import urllib.parse
 from collections.abc import Callable
+
+import hpack
 
 from mhaserve.service.rpc.lean import frames as f
 
@@ -73,3 +76,15 @@ def goaway_code(frames: list[Frame]) -> int | None:
 def goaway_debug(frames: list[Frame]) -> bytes | None:
     debug = [payload[8:] for kind, _, _, payload in frames if kind == f.GOAWAY]
     return debug[-1] if debug else None
+
+
+def answers(frames: list[Frame]) -> dict[int, dict[str, str]]:
+    """The fields of the HEADERS that ended each stream (its trailers, or its whole answer), by stream."""
+    decoder = hpack.Decoder()
+    ended = {}
+    for kind, flags, sid, payload in frames:
+        if kind == f.HEADERS:
+            fields = {str(k): urllib.parse.unquote(str(v)) for k, v in decoder.decode(payload)}
+            if flags & f.END_STREAM:
+                ended[sid] = fields
+    return ended

@@ -31,12 +31,13 @@ from hypothesis import strategies as st
 
 from mhaserve.service.incoming import Incoming
 from mhaserve.service.rpc.lean import frames as f
-from mhaserve.service.rpc.lean.connection import MAX_PING_STRIKES
+from mhaserve.service.rpc.lean.connection import MAX_PING_STRIKES, PROBE_BYTES
 from mhaserve.service.rpc.lean.server import LeanServer
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import wait_until
 from tests.service.raw_h2 import (
     Frame,
+    answers,
     call_block,
     goaway_code,
     goaway_debug,
@@ -521,7 +522,7 @@ def test_stop_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
 
 def _trailers_ok(frames: list[Frame], stream_id: int) -> bool:
     """Stream `stream_id` was answered with grpc-status 0 (its trailers: the HEADERS that end it)."""
-    return _answers(frames).get(stream_id, {}).get("grpc-status") == "0"
+    return answers(frames).get(stream_id, {}).get("grpc-status") == "0"
 
 
 def _goaway_all(running: Running) -> None:
@@ -1055,18 +1056,6 @@ def test_a_peer_that_does_not_read_is_not_read_from(lean: Running) -> None:
         assert lean.call(pause_then_resume()) == (False, True)
 
 
-def _answers(frames: list[Frame]) -> dict[int, dict[str, str]]:
-    """The fields of the HEADERS that ended each stream (its trailers, or its whole answer), by stream."""
-    decoder = hpack.Decoder()
-    answers = {}
-    for kind, flags, sid, payload in frames:
-        if kind == f.HEADERS:
-            fields = {str(k): urllib.parse.unquote(str(v)) for k, v in decoder.decode(payload)}
-            if flags & f.END_STREAM:
-                answers[sid] = fields
-    return answers
-
-
 def _part_of_a_message(stream_id: int, size: int, sent: int) -> bytes:
     """A call to echo whose message of `size` bytes is sent only as far as `sent` bytes (with its prefix)."""
     message = b"\x00" + size.to_bytes(4, "big") + bytes(size)
@@ -1089,8 +1078,8 @@ def test_requests_still_arriving_are_held_to_the_limit_shared_by_the_process() -
             raw.sendall(b"".join(_part_of_a_message(sid, 1 << 20, 800 << 10) for sid in (1, 3, 5)))
             wait_until(lambda: counted.held == 3 * (800 << 10), "three calls' parts counted")
             raw.sendall(_part_of_a_message(7, 1 << 20, 300 << 10))
-            got = read_until(raw, lambda frames: 7 in _answers(frames))
-            answer = _answers(got)[7]
+            got = read_until(raw, lambda frames: 7 in answers(frames))
+            answer = answers(got)[7]
             assert answer["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
             assert "--max-incoming-bytes" in answer["grpc-message"], answer
             assert (f.RST_STREAM, 7) in [(kind, sid) for kind, _, sid, _ in got]  # stop sending, it says
@@ -1105,6 +1094,44 @@ def test_requests_still_arriving_are_held_to_the_limit_shared_by_the_process() -
         running.stop()
 
 
+def test_a_probe_holds_a_few_bytes_of_its_requests_and_none_of_the_limit_shared_by_the_process() -> None:
+    """A call to one of the probe methods (health, reflection: open without a key) takes messages of PROBE_BYTES at
+    most, refused RESOURCE_EXHAUSTED as the size of a larger one comes; it holds at most one such message unread,
+    past which it fails at its next read; and what it holds is not counted against --max-incoming-bytes. Probes
+    took messages up to --max-message-bytes, counted: clients without a key held the budget with them."""
+    running = Running(probe_methods=[f"/{SERVICE}/chat", f"/{SERVICE}/echo"])
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            small = b"\x00" + (1000).to_bytes(4, "big") + bytes(1000)
+            too_large = b"\x00" + (PROBE_BYTES + 1).to_bytes(4, "big") + bytes(100)
+            raw.sendall(
+                f.PREFACE
+                + f.settings()
+                + f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(f"/{SERVICE}/chat"))
+                + f.frame(f.DATA, 0, 1, small * 6)  # one frame: all six arrive before the call reads the first
+                + f.frame(f.HEADERS, f.END_HEADERS, 3, call_block(f"/{SERVICE}/echo"))
+                + f.frame(f.DATA, 0, 3, too_large)
+                + f.frame(f.HEADERS, f.END_HEADERS, 5, call_block(f"/{SERVICE}/echo"))
+                + f.frame(f.DATA, 0, 5, small[:500])
+                + f.frame(f.PING, 0, 0, b"all read")  # answered once the frames before it are read
+            )
+
+            def done(frames: list[Frame]) -> bool:
+                pinged = (f.PING, b"all read") in [(kind, payload) for kind, _, _, payload in frames]
+                return pinged and {1, 3} <= answers(frames).keys()
+
+            got = read_until(raw, done)
+            ended = answers(got)
+            assert ended[3]["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+            assert f"({PROBE_BYTES + 1} vs. {PROBE_BYTES})" in ended[3]["grpc-message"], ended
+            assert ended[1]["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+            assert "holds at most" in ended[1]["grpc-message"], ended
+            assert 5 not in ended
+            assert running.server.incoming.held == 0  # call 5's message still arriving is held, not counted
+    finally:
+        running.stop()
+
+
 def test_a_message_still_arriving_after_the_timeout_fails_its_call() -> None:
     """A client that sends part of its message and then nothing: its call is answered INVALID_ARGUMENT once the
     message has been arriving for longer than the timeout (--http-header-timeout), and what it held let go,
@@ -1114,7 +1141,7 @@ def test_a_message_still_arriving_after_the_timeout_fails_its_call() -> None:
         with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
             began = time.monotonic()
             raw.sendall(f.PREFACE + f.settings() + _part_of_a_message(1, 4096, 1000))
-            answer = _answers(read_until(raw, lambda frames: 1 in _answers(frames)))[1]
+            answer = answers(read_until(raw, lambda frames: 1 in answers(frames)))[1]
             assert 0.5 <= time.monotonic() - began < 5  # the server looks at its calls once a second
             assert answer["grpc-status"] == str(grpc.StatusCode.INVALID_ARGUMENT.value[0])
             assert "took more than 0.5 s to arrive" in answer["grpc-message"], answer
@@ -1143,8 +1170,8 @@ def test_a_message_held_back_by_a_call_that_has_not_read_the_one_before_is_not_f
             )
             time.sleep(2.0)  # four times the timeout; the server looks at its calls once a second
             raw.sendall(f.window_update(1, 1 << 20) + f.frame(f.DATA, f.END_STREAM, 1, last[6:]))
-            got = read_until(raw, lambda frames: 1 in _answers(frames))
-            assert _answers(got)[1]["grpc-status"] == "0", _answers(got)
+            got = read_until(raw, lambda frames: 1 in answers(frames))
+            assert answers(got)[1]["grpc-status"] == "0", answers(got)
             data = b"".join(payload for kind, _, sid, payload in got if kind == f.DATA and sid == 1)
             assert data == b"".join(b"\x00" + len(w).to_bytes(4, "big") + w for w in (b"ONE", b"TWO", b"THREE"))
         wait_until(lambda: running.server.incoming.held == 0, "the call's bytes let go")

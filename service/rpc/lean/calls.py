@@ -18,7 +18,7 @@ import grpc.aio
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.errors import to_status
-from mhaserve.service.rpc.handlers import behaviour, kind, stream_out
+from mhaserve.service.rpc.handlers import behaviour, kind, reads_request, stream_out
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.rpc.lean.connection import Connection, Stream
 
@@ -149,7 +149,11 @@ class Calls:
             context.serialize = handler.response_serializer or _identity
             deserialize = handler.request_deserializer or _identity
             request: Any
-            if k in ("unary_unary", "unary_stream"):
+            if not reads_request(handler):
+                # A refusal (no key): answered now, where it waited for the whole message, which a client without a
+                # key held against --max-incoming-bytes; the answer ends the stream, and what comes of it is dropped.
+                request = None
+            elif k in ("unary_unary", "unary_stream"):
                 request = await self._one(connection, stream, deserialize)
             else:
                 request = self._many(connection, stream, deserialize)

@@ -85,6 +85,12 @@ logging.getLogger("hpack").setLevel(logging.INFO)
 STREAM_WINDOW = 1 << 20  # what a stream may send ahead of its call's reads
 CONNECTION_WINDOW = f.MAX_WINDOW
 MAX_HEADER_LIST = 16 << 10  # grpc core's own limit on a call's metadata
+# A probe's request (a health check's service name, a reflection query, ServerLive's nothing) is a few bytes, and
+# probes need no key: a call to one of the front's `probe_methods` takes messages up to this size, holds at most
+# one such message unread, and is not counted against the process's --max-incoming-bytes, where clients without
+# a key held that budget with probes' messages they never finished (and probes were refused when it was full).
+# What one holds is then of the size of its stream's own bookkeeping, which the stream limit bounds.
+PROBE_BYTES = 4 << 10
 # A call whose metadata is over MAX_HEADER_LIST is answered RESOURCE_EXHAUSTED, as grpc core answers, and the
 # connection serves on. Its header block must still be decoded whole, to keep HPACK's table in step with the
 # peer's; past this many bytes decoded (a block of references to one large table entry can decode to far more
@@ -155,9 +161,20 @@ class Stream:
         "queued",
         "held",
         "arriving",
+        "probe",
+        "limit",
     )
 
-    def __init__(self, stream_id: int, method: str, metadata: tuple[tuple[str, str | bytes], ...], send_window: int):
+    def __init__(
+        self,
+        stream_id: int,
+        method: str,
+        metadata: tuple[tuple[str, str | bytes], ...],
+        send_window: int,
+        *,
+        limit: int,
+        probe: bool = False,
+    ):
         self.id = stream_id
         self.method = method
         self.metadata = metadata
@@ -182,8 +199,10 @@ class Stream:
         self.timer: asyncio.TimerHandle | None = None
         self.drained: asyncio.Future[None] | None = None
         self.queued = 0  # bytes of the whole messages in `messages`
-        self.held = 0  # bytes of `buffer` and `messages` counted in the server's Incoming
+        self.held = 0  # bytes of `buffer` and `messages` counted in the server's Incoming (none of a probe's)
         self.arriving: float | None = None  # when the message still in `buffer` began to arrive
+        self.limit = limit  # the largest request message it takes
+        self.probe = probe  # a call to one of the front's `probe_methods` (PROBE_BYTES)
 
     def wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -197,6 +216,7 @@ class Front(Protocol):
     max_message_bytes: int
     message_timeout: float
     incoming: Incoming
+    probe_methods: frozenset[str]
     max_streams: int
     max_glitches: int
     handshake_timeout: float
@@ -459,12 +479,14 @@ class Connection(asyncio.Protocol):
         stream.credit += len(payload)
         if stream.error is None:
             incoming = self.server.incoming
-            if not incoming.admits(len(payload)):
+            if not stream.probe and not incoming.admits(len(payload)):
                 self._fail(stream, incoming.refusal())
             else:
                 stream.buffer += payload
                 try:
                     self._messages(stream)
+                    if stream.probe and len(stream.buffer) + stream.queued > stream.limit + 5:
+                        raise TooLarge(f"a probe's call holds at most {stream.limit + 5} bytes of its requests unread")
                 except ServiceError as e:
                     self._fail(stream, e)
                 else:
@@ -480,7 +502,7 @@ class Connection(asyncio.Protocol):
 
     def _messages(self, stream: Stream) -> None:
         """Whole gRPC messages (a 5-byte prefix, then the message) out of the stream's bytes."""
-        buf, limit = stream.buffer, self.server.max_message_bytes
+        buf, limit = stream.buffer, stream.limit
         while len(buf) >= 5:
             size = int.from_bytes(buf[1:5], "big")
             if size > limit:
@@ -612,7 +634,10 @@ class Connection(asyncio.Protocol):
         if bad is not None:
             self._refuse_call(stream_id, flags, bad, out)
             return
-        stream = Stream(stream_id, path, tuple(metadata), self.peer_window)
+        limit, probe = self.server.max_message_bytes, path in self.server.probe_methods
+        if probe:
+            limit = min(limit, PROBE_BYTES)
+        stream = Stream(stream_id, path, tuple(metadata), self.peer_window, limit=limit, probe=probe)
         if encoding is not None:
             stream.encoding = encoding
         loop = self.server.loop
@@ -933,7 +958,7 @@ class Connection(asyncio.Protocol):
 
     def _hold(self, stream: Stream) -> None:
         """Count what the stream holds now in the server's Incoming, and start or stop its message's clock."""
-        held = len(stream.buffer) + stream.queued
+        held = 0 if stream.probe else len(stream.buffer) + stream.queued  # a probe's: PROBE_BYTES
         self.server.incoming.held += held - stream.held
         stream.held = held
         if not stream.buffer:

@@ -49,6 +49,7 @@ class LeanServer:
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         *,
         max_message_bytes: int = 4 << 20,
+        probe_methods: Iterable[str] = (),
         incoming: Incoming | None = None,
         message_timeout: float = 10.0,
         max_streams: int = 1000,
@@ -64,6 +65,8 @@ class LeanServer:
         # `refused` counts a call refused while its request is read, before the interceptors see it (calls.py)
         self.calls = Calls(interceptors, refused)
         self.max_message_bytes = max_message_bytes
+        # Methods whose requests are a few bytes (health, reflection: open without a key), held apart (connection.py)
+        self.probe_methods = frozenset(probe_methods)
         # Request bytes held while they arrive, shared with the HTTP server (incoming.py); a call whose message
         # is still incomplete `message_timeout` seconds after it began to arrive is failed (connection.py).
         self.incoming = incoming or Incoming(default_limit(max_message_bytes))
