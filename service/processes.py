@@ -8,15 +8,17 @@ that accepted it, as behind any layer-4 balancer.
 
 The supervisor loads no model and answers no call. Before starting the processes it checks the ports are free
 (and picks the gRPC port when it is 0), so that they all bind the same ones and a port in use is still an
-error. It serves every process's metrics on --metrics-port, each series labelled with its `process` (p0, p1,
-...), fetched from process i's own metrics port, --metrics-port + 1 + i, at each scrape: one target for
-Prometheus, as with one process (a process that does not serve, loading or started again, is there as
-`mhaserve_ready{process="pN"} 0`, as one server says 0 while it loads). Each process sizes its inference
-workers and thread pools by its share of the cores (1/N), not by the whole machine. On a CPU the processes
-share every core: a batch that starts while another process computes runs on its share's threads, and one that
-starts while none does takes every core, so that a lone request runs on every core as with one (the processes
-count their runs in progress in a small table of shared memory; server.CoreShare). On a GPU, or with
---intra-op-threads fixed, process i is pinned to the i-th share instead (CPU affinity).
+error, and reads the keys and TLS files: every process it starts, then or again later, serves with what it read
+then (credentials.py), as one server does with what it read as it started. It serves every process's metrics on
+--metrics-port, each series labelled with its `process` (p0, p1, ...), fetched from process i's own metrics
+port, --metrics-port + 1 + i, at each scrape: one target for Prometheus, as with one process (a process that
+does not serve, loading or started again, is there as `mhaserve_ready{process="pN"} 0`, as one server says 0
+while it loads). Each process sizes its inference workers and thread pools by its share of the cores (1/N), not
+by the whole machine. On a CPU the processes share every core: a batch that starts while another process
+computes runs on its share's threads, and one that starts while none does takes every core, so that a lone
+request runs on every core as with one (the processes count their runs in progress in a small table of shared
+memory; server.CoreShare). On a GPU, or with --intra-op-threads fixed, process i is pinned to the i-th share
+instead (CPU affinity).
 
 The supervisor forwards SIGTERM and SIGINT, and on a second one tells the processes to exit at once (EXIT_NOW:
 they drain on SIGTERM and SIGINT however often those reach them, from the supervisor, systemd or `pkill`). A
@@ -50,9 +52,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from mhaserve.runtime.cpus import available_cpus
+from mhaserve.service.auth import AuthError
+from mhaserve.service.credentials import Credentials
 from mhaserve.service.metrics import READY, READY_HELP, serve_metrics
 from mhaserve.service.models import Served
 from mhaserve.service.settings import Settings, on_cpu
+from mhaserve.service.tls import TlsError
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +140,12 @@ def _process_main(
     supervisor: int,
     peers: MutableSequence[int] | None,
     pinned: Served | None,
+    credentials: Credentials,
 ) -> None:
     """One server process (the spawned child's entry point). With `peers` it shares every core with the
     others (CoreShare) and sizes itself by as many as `cores` holds; without, it is pinned to `cores`. It sends
-    `ready` what it serves once it does; `pinned`: serve what the others do (a process started again)."""
+    `ready` what it serves once it does; `pinned`: serve what the others do (a process started again);
+    `credentials`: the keys and TLS material the supervisor read at start-up, served with as they were."""
     # Before anything else (the imports below take a second): a SIGINT the supervisor passes on while this
     # process starts ends it quietly, as SIGTERM does, where Python's KeyboardInterrupt printed a traceback.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -154,7 +161,9 @@ def _process_main(
         os.sched_setaffinity(0, cores)
     name_this_thread(f"mhaserve-p{index}")  # what top and ps show, instead of the spawning interpreter's name
     configure_logging(level, process=f"p{index}")
-    serving = serve(settings, on_serving=ready.send, share=share, exit_now=EXIT_NOW, pinned=pinned)
+    serving = serve(
+        settings, on_serving=ready.send, share=share, exit_now=EXIT_NOW, pinned=pinned, credentials=credentials
+    )
     code = asyncio.run(serving)
     ready.close()
     sys.exit(code)
@@ -252,12 +261,19 @@ class Supervisor:
         # same (the versions its policy selected then, as they were), not what the repository holds by then:
         # it read the repository anew, and one server served two versions of a model, or two sets of models.
         self._served: Served | None = None
+        # The keys and TLS material every process serves with, one started again too: read once, here (run()).
+        self._credentials: Credentials | None = None
 
     def run(self) -> int:
         s = self.settings
+        # Imported here, not at the top: a spawned process imports this module before it sets its SIGINT handler
+        # (_process_main), and the server's modules take a second to import.
+        from mhaserve.service.server import read_credentials
+
         try:
+            self._credentials = read_credentials(s)
             shared = claim_ports(s)
-        except PortsError as e:
+        except (AuthError, TlsError, PortsError) as e:
             log.error("cannot start: %s", e)
             return 1
         shares = core_shares(s.processes)
@@ -312,9 +328,13 @@ class Supervisor:
     def _start(self, child: _Child) -> None:
         ours, theirs = self._ctx.Pipe(duplex=False)
         pinned = self._served if child.settings.model_control == "none" else None  # poll: it reads as they do
+        assert self._credentials is not None  # run() read them
         process = self._ctx.Process(
             target=_process_main,
-            args=(child.settings, child.index, child.cores, self.log_level, theirs, os.getpid(), self._peers, pinned),
+            args=(
+                *(child.settings, child.index, child.cores, self.log_level, theirs, os.getpid(), self._peers),
+                *(pinned, self._credentials),
+            ),
             name=f"mhaserve-p{child.index}",
         )
         process.start()

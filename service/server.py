@@ -50,6 +50,7 @@ from mhaserve.service import connections, tls
 from mhaserve.service.auth import OPEN_METHODS, AuthError, KeyRing, Keys, is_open, load_keys
 from mhaserve.service.batching import CPU_LIMITS, Batcher
 from mhaserve.service.connections import ConnectionLimit
+from mhaserve.service.credentials import Credentials
 from mhaserve.service.dataplane import DataPlane, State
 from mhaserve.service.encoder_v1 import SERVICE as ENCODER_SERVICE
 from mhaserve.service.encoder_v1 import EncoderServicer
@@ -171,6 +172,17 @@ def grpc_address(host: str, port: int) -> str:
     return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
 
 
+def read_credentials(settings: Settings) -> Credentials:
+    """The keys and TLS material of `settings`' files and variables, read and checked (AuthError, TlsError):
+    by a server as it starts, or by the supervisor of --processes N for all of its processes."""
+    s = settings
+    admin = load_keys(s.admin_keys_file, s.admin_keys.keys, env="MHASERVE_ADMIN_KEYS", flag="--admin-keys-file")
+    return Credentials(
+        Keys(KeyRing(load_keys(s.api_keys_file, s.api_keys.keys)), KeyRing(admin)),
+        tls.TlsMaterial.read(tls.TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca)),
+    )
+
+
 class EncoderServer:
     """The server: the models of a repository over gRPC (encoder.v1, the Open Inference Protocol, health,
     reflection) and HTTP (OpenAI's embeddings, KServe REST, /tokenize, /info, /health), and Prometheus metrics."""
@@ -183,10 +195,13 @@ class EncoderServer:
         metrics: Metrics | None = None,
         share: CoreShare | None = None,
         pinned: Served | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         """`share`: this process's part of cores shared with other server processes (None: all are its own);
-        `pinned`: the versions those others serve, to serve them as they do (ModelManager)."""
+        `pinned`: the versions those others serve, to serve them as they do (ModelManager); `credentials`: the
+        keys and TLS material their supervisor read at start-up, to serve with (None: read them here, in start())."""
         self.settings = settings
+        self.credentials = credentials
         cpus = available_cpus() if share is None else share.cpus
         self.workers = settings.workers_on(cpus)
         self.threads = _intra_op_threads(settings, self.workers, cpus, shared=share is not None)
@@ -272,19 +287,12 @@ class EncoderServer:
             raise StartupError(e.message) from None
         except RepositoryError as e:  # malformed, tampered with, incomplete
             raise StartupError(str(e)) from None
-        tls_files = tls.TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca)
         try:
-            keys = Keys(
-                KeyRing(load_keys(s.api_keys_file, s.api_keys.keys)),
-                KeyRing(
-                    load_keys(s.admin_keys_file, s.admin_keys.keys, env="MHASERVE_ADMIN_KEYS", flag="--admin-keys-file")
-                ),
-            )
-            credentials = tls.server_credentials(tls.TlsMaterial.read(tls_files))
+            credentials = read_credentials(s) if self.credentials is None else self.credentials
         except (AuthError, tls.TlsError) as e:
             raise StartupError(str(e)) from None
         await self.health.set(False)
-        self._listening = functools.partial(self._listen, names, keys, tls_files, credentials)
+        self._listening = functools.partial(self._listen, names, credentials)
         if not s.reuse_port:
             await self._listening()
         if s.metrics_port:
@@ -298,11 +306,11 @@ class EncoderServer:
         self.state = "loading"
         self._loading = asyncio.get_running_loop().create_task(self._load(), name="load-models")
 
-    async def _listen(
-        self, names: list[str], keys: Keys, tls_files: tls.TlsFiles, credentials: grpc.ServerCredentials | None
-    ) -> None:
+    async def _listen(self, names: list[str], credentials: Credentials) -> None:
         """Bind and serve the gRPC port and the HTTP port."""
         s = self.settings
+        keys = credentials.keys
+        mode = tls.TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca).mode  # for the log
         # Order matters: authentication first (a refused call touches nothing else), then the error map,
         # then the drain wrapper right around the handlers.
         auth = (
@@ -388,12 +396,12 @@ class EncoderServer:
         add_reflection(services, SERVICES)  # what --open-methods is checked against (rpc/methods.py)
         address = grpc_address(s.host, s.port)
         try:
-            if credentials is None:
+            if credentials.tls is None:
                 self.port = server.add_insecure_port(address)
             elif isinstance(server, LeanServer):
-                self.port = server.add_secure_port(address, tls.server_ssl_context(tls_files))
+                self.port = server.add_secure_port(address, tls.server_ssl_context(credentials.tls, alpn=["h2"]))
             else:
-                self.port = server.add_secure_port(address, credentials)
+                self.port = server.add_secure_port(address, tls.server_credentials(credentials.tls))
         except (RuntimeError, OSError) as e:
             if isinstance(server, LeanServer):  # it knows the reason: the OS's, or the TLS files'
                 raise StartupError(
@@ -411,14 +419,14 @@ class EncoderServer:
             log.info(
                 "listening on %s, %s, %s, beside other processes (SO_REUSEPORT)",
                 grpc_address(s.host, self.port),
-                tls_files.mode,
+                mode,
                 front,
             )
         else:
             log.info(
                 "listening on %s, %s, %s (NOT_SERVING until %s %s loaded and warmed up; calls meanwhile %s)",
                 grpc_address(s.host, self.port),
-                tls_files.mode,
+                mode,
                 front,
                 ", ".join(names),
                 "is" if len(names) == 1 else "are",
@@ -426,9 +434,9 @@ class EncoderServer:
             )
         self._log_security(keys)
         if s.http_port:
-            await self._start_http(keys, tls_files)
+            await self._start_http(keys, credentials.tls, mode)
 
-    async def _start_http(self, keys: Keys, tls_files: tls.TlsFiles) -> None:
+    async def _start_http(self, keys: Keys, material: tls.TlsMaterial | None, mode: str) -> None:
         s = self.settings
         app = http_app.build(
             self.dataplane,
@@ -445,7 +453,7 @@ class EncoderServer:
             app,
             host=s.host,
             port=s.http_port,
-            tls=tls_files,
+            tls_context=None if material is None else tls.server_ssl_context(material),
             read_timeout=s.http_header_timeout,
             reuse_port=s.reuse_port,
             connection_limit=self.connection_limit,
@@ -460,7 +468,7 @@ class EncoderServer:
         log.info(
             "HTTP on %s, %s: OpenAI /v1/embeddings, KServe /v2, /docs",
             grpc_address(s.host, self.http_port),
-            tls_files.mode,
+            mode,
         )
 
     async def _stop_listeners(self, grace: float) -> None:
@@ -676,18 +684,20 @@ async def serve(
     share: CoreShare | None = None,
     exit_now: signal.Signals | None = None,
     pinned: Served | None = None,
+    credentials: Credentials | None = None,
 ) -> int:
     """`mhaserve serve`: run until SIGTERM or SIGINT, drain, and return the exit status. `on_serving` is
     called once every model is loaded and warm, with what is served (how a supervisor of several processes
     learns it); `share`: the cores this process shares with the supervisor's others (see CoreShare); `pinned`:
-    what they serve, for a process started again beside them (ModelManager).
+    what they serve, for a process started again beside them (ModelManager); `credentials`: the keys and TLS
+    material the supervisor read at start-up, for every process it starts (None: read as the server starts).
 
     `exit_now` (in a process of --processes N): SIGTERM and SIGINT drain however often they come, and only
     this signal, the supervisor's word for its own second signal, exits at once. Such a process gets SIGTERM
     twice without anyone asking twice: from the supervisor and from systemd or `pkill` that signalled every
     process, or Linux's death signal again as it is handed from one of a killed supervisor's threads to the
     next; each once cut its requests in flight (exit 143)."""
-    server = EncoderServer(settings, engine_factory=engine_factory, share=share, pinned=pinned)
+    server = EncoderServer(settings, engine_factory=engine_factory, share=share, pinned=pinned, credentials=credentials)
     try:
         await server.start()
     except StartupError as e:

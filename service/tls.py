@@ -6,8 +6,12 @@ address says so in its log, once, at start-up.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import os
 import ssl
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +51,9 @@ class TlsFiles:
 
 @dataclass(frozen=True)
 class TlsMaterial:
-    """The PEM bytes of TlsFiles, read and checked once at start-up (every port uses the same)."""
+    """The PEM bytes of TlsFiles, read and checked once at start-up: every port serves these (server_credentials,
+    server_ssl_context), and with --processes N every process, one started again too, not the files as they
+    are by then."""
 
     cert: bytes
     key: bytes
@@ -62,36 +68,61 @@ class TlsMaterial:
             key=_read(files.key, "--tls-key"),
             client_ca=_read(files.client_ca, "--tls-client-ca") if files.client_ca is not None else None,
         )
-        _check_pair(files.cert, files.key)
-        if files.client_ca is not None:
-            _check_ca(files.client_ca, "--tls-client-ca")
+        _check_pair(material.cert, material.key, files.cert, files.key)
+        if material.client_ca is not None and files.client_ca is not None:
+            _check_ca(material.client_ca, files.client_ca, "--tls-client-ca")
         return material
 
 
-def _check_pair(cert: Path, key: Path) -> None:
-    """The certificate and key as OpenSSL reads them, before the ports do: gRPC core's own failure names
-    neither file (it reads as a port that cannot be bound), uvicorn's a stack trace."""
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(cert))
-    except ssl.SSLError:
-        raise TlsError(f"--tls-cert {cert} holds no PEM certificate") from None
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        # A password callback that gives none: an encrypted key is an error here, not a prompt on the terminal.
-        context.load_cert_chain(str(cert), str(key), password=lambda: b"")
-    except ssl.SSLError as e:
-        reason = e.reason or str(e)
-        if reason == "KEY_VALUES_MISMATCH":
-            raise TlsError(f"--tls-key {key} is not the key of the certificate --tls-cert {cert}") from None
-        raise TlsError(f"--tls-key {key} is not an unencrypted PEM private key (OpenSSL: {reason})") from None
+def _check_pair(cert: bytes, key: bytes, cert_path: Path, key_path: Path) -> None:
+    """A certificate and its key as read, checked as OpenSSL reads them before a port (or a client's channel)
+    does: gRPC core's own failure names neither file (a port that cannot be bound; a client's "Failed to create
+    security handshaker" on each call), uvicorn's a stack trace."""
+    with _in_memory(cert) as cert_file, _in_memory(key) as key_file:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cert_file)
+        except ssl.SSLError:
+            raise TlsError(f"--tls-cert {cert_path} holds no PEM certificate") from None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            # A password callback that gives none: an encrypted key is an error here, not a prompt on the terminal.
+            context.load_cert_chain(cert_file, key_file, password=lambda: b"")
+        except ssl.SSLError as e:
+            reason = e.reason or str(e)
+            if reason == "KEY_VALUES_MISMATCH":
+                why = f"is not the key of the certificate --tls-cert {cert_path}"
+            else:
+                why = f"is not an unencrypted PEM private key (OpenSSL: {reason})"
+            raise TlsError(f"--tls-key {key_path} {why}") from None
 
 
-def _check_ca(path: Path, what: str) -> None:
-    """A CA file that holds a certificate OpenSSL can load (a private key in its place is PEM too)."""
-    try:
-        ssl.create_default_context(cafile=str(path))
-    except ssl.SSLError as e:
-        raise TlsError(f"{what} {path} holds no usable certificate ({e.reason})") from None
+def _check_ca(ca: bytes, path: Path, what: str) -> None:
+    """A CA file as read, holding a certificate OpenSSL can load (a private key in its place is PEM too)."""
+    with _in_memory(ca) as ca_file:
+        try:
+            ssl.create_default_context(cafile=ca_file)
+        except ssl.SSLError as e:
+            raise TlsError(f"{what} {path} holds no usable certificate ({e.reason})") from None
+
+
+@contextlib.contextmanager
+def _in_memory(data: bytes) -> Iterator[str]:
+    """A path OpenSSL reads `data` from (Python's ssl loads a certificate chain and its key from files alone):
+    on Linux a file in memory, never on a disk, gone once closed; elsewhere a temporary file only this user can
+    read, removed once read."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("mhaserve-tls", os.MFD_CLOEXEC)
+        try:
+            with open(fd, "wb", closefd=False) as file:
+                file.write(data)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+    else:
+        with tempfile.NamedTemporaryFile() as file:
+            file.write(data)
+            file.flush()
+            yield file.name
 
 
 def server_credentials(material: TlsMaterial | None) -> grpc.ServerCredentials | None:
@@ -106,15 +137,18 @@ def server_credentials(material: TlsMaterial | None) -> grpc.ServerCredentials |
     )
 
 
-def server_ssl_context(files: TlsFiles) -> ssl.SSLContext:
-    """The gRPC port's TLS for the lean front (HTTP/2 by ALPN), from the same files as grpc's credentials."""
-    assert files.cert is not None and files.key is not None
+def server_ssl_context(material: TlsMaterial, alpn: Sequence[str] = ()) -> ssl.SSLContext:
+    """A port's TLS in Python's ssl, from the same material as grpc's credentials: the lean gRPC front's (HTTP/2
+    by ALPN, `alpn` ["h2"]) and the HTTP port's."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(files.cert), str(files.key))
-    if files.client_ca is not None:
-        context.load_verify_locations(cafile=str(files.client_ca))
+    with _in_memory(material.cert) as cert, _in_memory(material.key) as key:
+        context.load_cert_chain(cert, key)
+    if material.client_ca is not None:
+        with _in_memory(material.client_ca) as ca:
+            context.load_verify_locations(cafile=ca)
         context.verify_mode = ssl.CERT_REQUIRED
-    context.set_alpn_protocols(["h2"])
+    if alpn:
+        context.set_alpn_protocols(list(alpn))
     return context
 
 
@@ -139,8 +173,8 @@ def channel_credentials(
     root_certificates = private_key = certificate_chain = None
     if ca is not None:
         root_certificates = _read(ca, "--tls-ca")
-        _check_ca(ca, "--tls-ca")
+        _check_ca(root_certificates, ca, "--tls-ca")
     if cert is not None and key is not None:
         certificate_chain, private_key = _read(cert, "--tls-cert"), _read(key, "--tls-key")
-        _check_pair(cert, key)
+        _check_pair(certificate_chain, private_key, cert, key)
     return grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)

@@ -41,7 +41,6 @@ from mhaserve.loadtest.bench.options import FRONTS
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.service.http.server import HttpServer
 from mhaserve.service.rpc.lean.server import LeanServer
-from mhaserve.service.tls import TlsFiles
 from mhaserve.testing.loopback import free_ports
 from mhaserve.testing.metrics import Samples
 
@@ -89,7 +88,7 @@ async def serve(grpc_port: int, http_port: int, dimensions: int, delay: float, f
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Encode": handler}),))
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
     await server.start()
-    http = HttpServer(app, host="127.0.0.1", port=http_port, tls=TlsFiles(), read_timeout=30.0)
+    http = HttpServer(app, host="127.0.0.1", port=http_port, read_timeout=30.0)
     http.bind()
     await http.start()
     stop = asyncio.Event()

@@ -43,7 +43,6 @@ from mhaserve.service.connections import (
 )
 from mhaserve.service.context import Throttle, accept_request_id
 from mhaserve.service.http.errors import render
-from mhaserve.service.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +242,7 @@ class HttpServer:
         *,
         host: str,
         port: int,
-        tls: TlsFiles,
+        tls_context: ssl.SSLContext | None = None,
         read_timeout: float,
         reuse_port: bool = False,
         connection_limit: ConnectionLimit | None = None,
@@ -266,11 +265,8 @@ class HttpServer:
             proxy_headers=False,
             timeout_keep_alive=KEEP_ALIVE_S,
             backlog=ACCEPT_BATCH,  # the connections asyncio accepts at a time (service/connections.py); see start()
-            ssl_certfile=str(tls.cert) if tls.cert else None,
-            ssl_keyfile=str(tls.key) if tls.key else None,
-            ssl_ca_certs=str(tls.client_ca) if tls.client_ca else None,
-            ssl_cert_reqs=ssl.CERT_REQUIRED if tls.client_ca else ssl.CERT_NONE,
         )
+        self.tls_context = tls_context
         self.server = uvicorn.Server(self.config)
         self.read_timeout = read_timeout
         self.host = host
@@ -300,10 +296,13 @@ class HttpServer:
         return self.port
 
     async def start(self) -> None:
-        """Serve on the bound socket (TLS set up here: a bad certificate raises)."""
+        """Serve on the bound socket."""
         assert self._socket is not None, "bind() first"
         if not self.config.loaded:
             self.config.load()
+        # uvicorn makes its TLS from files only, as they are by then: the context made from what the server read
+        # at start-up instead (service/tls.py), which a process of --processes N started again serves too.
+        self.config.ssl = self.tls_context
         self.server.lifespan = self.config.lifespan_class(self.config)
         # The header deadline starts once a connection is made, which with TLS is after the handshake; asyncio
         # gives a handshake 60 s and uvicorn has no setting for it: silent TLS connections held for a

@@ -34,7 +34,6 @@ from mhaserve.service.context import Throttle
 from mhaserve.service.http.bodies import PAUSE_COLLECTOR_BYTES, parse_json
 from mhaserve.service.http.middleware import CallMiddleware
 from mhaserve.service.http.server import REQUEST_WARNINGS, HttpServer
-from mhaserve.service.tls import TlsFiles
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.metrics import scrape
@@ -929,7 +928,7 @@ def test_a_connection_accepted_in_the_turn_before_the_stop_is_answered_or_closed
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    server = HttpServer(app, host="127.0.0.1", port=0, tls=TlsFiles(), read_timeout=5.0)
+    server = HttpServer(app, host="127.0.0.1", port=0, read_timeout=5.0)
     port = server.bind()
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(WAIT)
     try:
