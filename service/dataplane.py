@@ -105,12 +105,9 @@ class DataPlane:
         check; docs/deploy.md). Refused, a gRPC call fails at its client, since the error travels in a
         response no proxy can replay; held, it is answered a few seconds late instead.
         """
-        refusal = self.refusal(control=control)
-        if refusal is None or self.loading_wait <= 0 or self._state not in ("new", "loading"):
-            return refusal
-        wait = self.loading_wait if time_left is None else min(self.loading_wait, time_left - HOLD_MARGIN)
-        if wait <= 0 or self._held >= self.max_held:  # a flood while loading is refused, not piled up
-            return refusal
+        wait = self.hold(time_left)
+        if wait <= 0:
+            return self.refusal(control=control)
         self._held += 1
         try:
             with contextlib.suppress(TimeoutError):  # still loading: refused below
@@ -119,6 +116,17 @@ class DataPlane:
         finally:
             self._held -= 1
         return self.refusal(control=control)
+
+    def hold(self, time_left: float | None = None) -> float:
+        """The seconds `admission` would hold a call that comes now, `time_left` seconds before its deadline, for
+        the model that is loading: 0 where it answers at once (served, stalled, draining, no --loading-wait, or
+        --max-queue-size calls held already). The HTTP port reads the request's body first when it is not 0."""
+        if self.loading_wait <= 0 or self._state not in ("new", "loading"):
+            return 0.0
+        if self._held >= self.max_held:  # a flood while loading is refused, not piled up
+            return 0.0
+        wait = self.loading_wait if time_left is None else min(self.loading_wait, time_left - HOLD_MARGIN)
+        return max(wait, 0.0)
 
     def not_ready(self) -> str | None:
         """Why a health check says NOT_SERVING now (loading, stalled, draining, or about to), or None."""

@@ -121,6 +121,7 @@ def build(
         in_flight=in_flight,
         gate=dataplane.admission,
         control_gate=functools.partial(dataplane.admission, control=True),
+        hold=dataplane.hold,
         keys=keys,
         max_body_bytes=max_body_bytes,
         read_timeout=read_timeout,

@@ -6,7 +6,8 @@ The HTTP counterpart of the gRPC interceptors (service/rpc/), in front of every 
   description are open, as health checks and reflection are on the gRPC port);
 - readiness: while the model loads (after waiting for it up to --loading-wait), stalls or the server
   drains, 503 with Retry-After (health routes answer regardless, saying so; the repository API, under
-  `admin_prefix`, answers while a model stalls: loading it again is the remedy);
+  `admin_prefix`, answers while a model stalls: loading it again is the remedy); a request refused at once
+  is refused unread, and one that waits has its body read first and waits where a client that leaves is seen;
 - the body, read whole before any route sees it: over the size limit, 413 (at once when its
   Content-Length says so); slower than the read timeout, 408; gzip or deflate, inflated within the limit;
   while it arrives, counted against the process's --max-incoming-bytes (incoming.py), past which 429; the open
@@ -114,6 +115,7 @@ class CallMiddleware:
         metrics: Metrics,
         in_flight: InFlight,
         gate: Gate,
+        hold: Callable[[], float],
         keys: Keys,
         max_body_bytes: int,
         read_timeout: float,
@@ -130,6 +132,7 @@ class CallMiddleware:
         self.in_flight = in_flight
         self.gate = gate
         self.control_gate = control_gate or gate  # the repository API's (under admin_prefix)
+        self.hold = hold  # the seconds the gates would wait for a model that loads (DataPlane.hold), 0: none
         self.keys = keys
         self.max_body_bytes = max_body_bytes
         self.read_timeout = read_timeout
@@ -192,7 +195,14 @@ class CallMiddleware:
             self.in_flight.begin()
             self.metrics.in_flight.inc()
         try:
-            refusal = await self._refusal(scope, path)
+            admin = bool(self.admin_prefix) and path.startswith(self.admin_prefix)
+            refusal = self._key_refusal(scope, path, admin)
+            gate = (self.control_gate if admin else self.gate) if counted and refusal is None else None
+            # A request the gate would hold for a model that loads (--loading-wait) has its body read first and waits
+            # in `_run`, whose watcher sees its client leave (that news comes after the body, so nothing here would
+            # see it); the others meet the gate here, and one refused is refused unread.
+            if gate is not None and not self.hold():
+                refusal, gate = await gate(None), None
             if refusal is not None:
                 refused = True
                 if _has_body(scope):
@@ -208,7 +218,7 @@ class CallMiddleware:
                 except _ClientGone:
                     scope[CODE_KEY] = "CANCELLED"
                 else:
-                    await self._run(scope, body, receive, send_with_id, response, rid)
+                    await self._run(scope, body, receive, send_with_id, response, rid, gate)
         finally:
             if counted:
                 self.in_flight.end()
@@ -216,8 +226,7 @@ class CallMiddleware:
             if counted or refused:  # a probe refused for want of a key is counted, as gRPC's auth counts it
                 self._count(scope, response["status"], time.perf_counter() - started)
 
-    async def _refusal(self, scope: Scope, path: str) -> ServiceError | None:
-        admin = bool(self.admin_prefix) and path.startswith(self.admin_prefix)
+    def _key_refusal(self, scope: Scope, path: str, admin: bool) -> ServiceError | None:
         if self.keys.enabled and (admin or not (scope["method"] in ("GET", "HEAD") and path in self.open_gets)):
             token, reason = bearer([("authorization", v) for k, v in scope["headers"] if k == b"authorization"])
             refusal = self.keys.refusal(token, admin=admin)
@@ -225,8 +234,6 @@ class CallMiddleware:
                 why = reason if token is None else refusal.message
                 log.info("refused %s %s: %s", scope["method"], loggable(path), why)
                 return refusal
-        if not self.always_answered(scope["method"], path):
-            return await (self.control_gate if admin else self.gate)(None)
         return None
 
     def _reads_body(self, scope: Scope, path: str) -> bool:
@@ -309,9 +316,17 @@ class CallMiddleware:
         )
 
     async def _run(
-        self, scope: Scope, body: bytes, receive: Receive, send: Send, response: dict[str, Any], rid: str
+        self,
+        scope: Scope,
+        body: bytes,
+        receive: Receive,
+        send: Send,
+        response: dict[str, Any],
+        rid: str,
+        gate: Gate | None,
     ) -> None:
-        """Run the app on the body read; if the client disconnects before the answer is sent, cancel it.
+        """Run the app on the body read, once `gate` (if any: it holds the request for a model that loads) has
+        admitted it; if the client disconnects before the answer is sent, cancel it.
 
         The app runs in this task, and a watcher of the connection cancels this task if the client leaves:
         a task of its own for the app, and a wait on both, cost two more turns of the event loop on every
@@ -342,7 +357,11 @@ class CallMiddleware:
 
         fast = self.fast_routes.get((scope["method"], scope["path"]))
         try:
-            await (self.app(scope, replay, send) if fast is None else self._fast(fast, scope, body, send, rid))
+            refusal = None if gate is None else await gate(None)
+            if refusal is not None:
+                await self._error(refusal, scope, rid, send)
+            else:
+                await (self.app(scope, replay, send) if fast is None else self._fast(fast, scope, body, send, rid))
         except asyncio.CancelledError:
             if not left:  # the server is stopping (its grace period is over), not the client
                 if response["status"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -17,7 +18,8 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +36,10 @@ from mhaserve.service.context import Throttle
 from mhaserve.service.http.bodies import PAUSE_COLLECTOR_BYTES, parse_json
 from mhaserve.service.http.middleware import CallMiddleware
 from mhaserve.service.http.server import REQUEST_WARNINGS, HttpServer
+from mhaserve.service.settings import Settings
+from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.http import request
-from mhaserve.testing.loopback import WAIT, wait_until
+from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.metrics import scrape
 from mhaserve.testing.server import ServerThread, local_settings
 
@@ -353,6 +357,47 @@ def test_a_silent_connection_is_closed_and_a_slow_body_is_408(srv: ServerThread)
         answer = s.recv(4096)
     assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
     still_serving(srv)
+
+
+def test_clients_that_leave_while_the_model_loads_give_their_places_back(
+    start: Callable[..., ServerThread], settings: Settings
+) -> None:
+    """--loading-wait: a request held for the model that loads, whose client leaves, is cancelled at once (counted
+    CANCELLED, as other clients that leave) and gives its place back; they stayed in flight until the model came
+    up, and once they held every place (--max-queue-size), a live request was refused at once."""
+    loaded = threading.Event()
+    hold = 2 * WAIT  # longer than any wait below: a request held ends because its client left, not its hold
+
+    def slow_factory(entry: Path) -> ScriptedEngine:
+        assert loaded.wait(hold)
+        return ScriptedEngine()
+
+    held = dataclasses.replace(
+        settings, http_port=free_port(), loading_wait=hold, max_queue_size=2, max_client_batch_size=1
+    )
+    srv = start(held, slow_factory, ready=False)
+    assert srv.server.http_port
+    body = b'{"input": [[5]], "model": "tiny"}'
+    head = f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    try:
+        leaving = [socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) for _ in range(2)]
+        for s in leaving:
+            s.sendall(head.encode() + b"\r\n\r\n" + body)
+        wait_until(lambda: srv.server.dataplane._held == 2, "both requests to hold every place")
+        for s in leaving:
+            s.close()
+        wait_until(lambda: srv.gauge("mhaserve_requests_in_flight") == 0, "the requests whose clients left to end")
+        assert srv.samples().get("mhaserve_requests_total", method="POST /v1/embeddings", code="CANCELLED") == 2
+        with ThreadPoolExecutor(1) as pool:
+            live = pool.submit(request, "POST", url(srv, "/v1/embeddings"), {"input": [[7]], "model": "tiny"})
+            wait_until(lambda: srv.server.dataplane._held == 1, "the live request to be held")
+            loaded.set()
+            srv.ready()
+            reply = live.result(timeout=WAIT)
+    finally:
+        loaded.set()
+    assert reply.status == 200 and len(reply.json()["data"]) == 1
+    wait_until(lambda: srv.gauge("mhaserve_requests_in_flight") == 0, "nothing left in flight")
 
 
 def test_request_bytes_still_arriving_are_bounded_over_http_and_the_lean_grpc_front_together(
