@@ -13,8 +13,15 @@ client, and could not read its model repository (no descriptor left to open a fi
 - asyncio accepts at most ACCEPT_BATCH connections each time a listening socket is ready (it took as many as
   the backlog, 1024, before any of them was counted);
 - should the descriptors run out all the same, asyncio's line about it is written once a minute at most;
-- a connection over the limit is closed at once, the server's answer to it depending on its protocol (the lean
-  front closes it unread: a gRPC client then reports UNAVAILABLE at once and waits its reconnect backoff; HTTP
+- a connection over the limit takes the place of the oldest held connection that is silent, one that has sent
+  nothing of a request since it connected (HTTP: no request begun; the lean front: no whole HTTP/2 preface; TLS:
+  its handshake not done), which is cut, as the metrics port makes room (service/metrics.py). Connections that
+  sent nothing and were reopened as the header timeout closed them held the limit otherwise, cheaply, and every
+  new connection was refused: the kubelet's liveness probe among them, which restarted a healthy pod. A connection
+  that has carried requests is never cut so, even idle (its client may be sending the next one as it closes).
+  Each is counted in `mhaserve_connections_closed_silent_total`, by the protocol of the one cut;
+- with none silent, the new connection is closed at once, the server's answer to it depending on its protocol (the
+  lean front closes it unread: a gRPC client then reports UNAVAILABLE at once and waits its reconnect backoff; HTTP
   answers 503 with Retry-After, at most ANSWERED_AT_ONCE at a time). Each is counted in
   `mhaserve_connections_refused_total`.
 
@@ -129,14 +136,17 @@ def default_limit(files: int) -> int:
 class ConnectionLimit:
     """The count of open client connections against `limit`. Used on the event loop only: both fronts serve on it.
 
-    A refusal is counted in `refused` (by protocol, and in the metric when given) and logged as a warning, at most
-    one line a minute: a client pool that keeps reconnecting would otherwise write a line for each attempt."""
+    A connection past the limit cuts the oldest silent one (the module docstring) and takes its place, counted in
+    `closed_silent` (by the protocol of the one cut, and in the metric when given); with none silent it is refused,
+    counted in `refused` (by protocol, and in the metric when given). Each is logged as a warning, at most one line
+    a minute of each: a client pool that keeps reconnecting would otherwise write a line for each attempt."""
 
     def __init__(
         self,
         limit: int,
         *,
         refused: Counter | None = None,
+        closed_silent: Counter | None = None,
         log_every: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -144,35 +154,91 @@ class ConnectionLimit:
         self.open = 0
         self.answering = 0  # refused connections still being answered (start_answer)
         self.refused: collections.Counter[str] = collections.Counter()
+        self.closed_silent: collections.Counter[str] = collections.Counter()
         # A TLS connection's protocol -> whether it was admitted at its accept (True) or refused with a place to be
         # answered (False), until the protocol's own admit() takes that over at the end of the handshake.
         self._at_accept: dict[asyncio.BaseProtocol, bool] = {}
+        # The silent connections, oldest first: protocol -> (its front's name, its transport, to cut it with)
+        self._silent: dict[asyncio.BaseProtocol, tuple[str, asyncio.Transport]] = {}
+        self._cut: set[asyncio.BaseProtocol] = set()  # cut to make room: their place already passed on
         self._metric = refused
+        self._closed_metric = closed_silent
         self._lines = Throttle((), interval=log_every, clock=clock)
 
-    def admit(self, protocol: str, connection: asyncio.BaseProtocol | None = None) -> bool:
+    def admit(
+        self,
+        protocol: str,
+        connection: asyncio.BaseProtocol | None = None,
+        transport: asyncio.Transport | None = None,
+    ) -> bool:
         """Count a new connection of `protocol` in, or, at the limit, refuse it (the caller closes it). `connection`,
-        its protocol: a TLS connection was admitted or refused at its accept (`create_server`), and keeps that."""
+        its protocol, and `transport`, its transport: it is silent until spoke(), cut meanwhile should a new one
+        need its place. A TLS connection was admitted or refused at its accept (`create_server`), and keeps that."""
         if connection is not None and connection in self._at_accept:
             if self._at_accept[connection]:
                 del self._at_accept[connection]
+                self._add_silent(protocol, connection, transport)  # still silent, as old as its accept
                 return True
             return False  # refused at its accept: start_answer() takes the answer's place it holds
         if self.open < self.limit:
             self.open += 1
-            return True
+        elif not self._make_room(protocol):
+            self._refuse(protocol)
+            return False
+        self._add_silent(protocol, connection, transport)
+        return True
+
+    def _refuse(self, protocol: str) -> None:
         self.refused[protocol] += 1
         if self._metric is not None:
             self._metric.labels(protocol).inc()
         left_out = self._lines.passes("refused")
         if left_out is not None:
             log.warning(
-                "refused a new %s connection: %d connections are open, the limit (--max-connections)%s",
+                "refused a new %s connection: %d connections are open, the limit (--max-connections), and none "
+                "is silent%s",
                 protocol,
                 self.open,
                 f" ({left_out} more since the last such line)" if left_out else "",
             )
-        return False
+
+    def _add_silent(
+        self, protocol: str, connection: asyncio.BaseProtocol | None, transport: asyncio.Transport | None
+    ) -> None:
+        """A connection just admitted: silent until spoke(). One already there (a TLS connection's, from its accept)
+        keeps its place in the order, oldest first, and takes the transport of its protocol's."""
+        if connection is not None and transport is not None:
+            self._silent[connection] = (protocol, transport)
+
+    def _make_room(self, protocol: str) -> bool:
+        """Cut the oldest silent connection, whose place a new one of `protocol` takes; False if none is silent."""
+        if not self._silent:
+            return False
+        oldest = next(iter(self._silent))
+        cut, transport = self._silent.pop(oldest)
+        # Held at its accept (in its TLS handshake), the place goes with the entry, and the end of the handshake
+        # gives nothing back; else its protocol's connection_lost will release() it, which then does nothing.
+        if self._at_accept.pop(oldest, None) is None:
+            self._cut.add(oldest)
+        transport.abort()  # it sent nothing: nothing it said goes unanswered
+        self.closed_silent[cut] += 1
+        if self._closed_metric is not None:
+            self._closed_metric.labels(cut).inc()
+        left_out = self._lines.passes("closed")
+        if left_out is not None:
+            log.warning(
+                "closed the oldest silent %s connection (nothing of a request sent since it connected) for a new "
+                "%s connection: %d connections are open, the limit (--max-connections)%s",
+                cut,
+                protocol,
+                self.open,
+                f" ({left_out} more since the last such line)" if left_out else "",
+            )
+        return True
+
+    def spoke(self, connection: asyncio.BaseProtocol) -> None:
+        """`connection` has sent something of a request: no longer silent, it is never cut for a new one."""
+        self._silent.pop(connection, None)
 
     def start_answer(self, connection: asyncio.BaseProtocol | None = None) -> bool:
         """Take a place for answering a refused connection before it closes (HTTP's 503), if one is free: each
@@ -186,24 +252,33 @@ class ConnectionLimit:
         self.answering += 1
         return True
 
-    def hold(self, connection: asyncio.BaseProtocol, admitted: bool) -> None:
-        """A TLS connection admitted (or refused, with an answer's place) at its accept, for `connection`, its
-        protocol, to take over with admit() (and start_answer()) once its handshake is done."""
+    def hold(
+        self, connection: asyncio.BaseProtocol, admitted: bool, protocol: str, transport: asyncio.Transport
+    ) -> None:
+        """A TLS connection of `protocol` admitted (or refused, with an answer's place) at its accept, for
+        `connection`, its protocol, to take over with admit() (and start_answer()) once its handshake is done; one
+        admitted is silent meanwhile, cut with `transport`, its raw one."""
         self._at_accept[connection] = admitted
+        if admitted:
+            self._add_silent(protocol, connection, transport)
 
     def let_go(self, connection: asyncio.BaseProtocol) -> None:
         """A TLS connection's handshake has ended: what it held, if its protocol did not take it over, is free."""
         admitted = self._at_accept.pop(connection, None)
         if admitted is True:
-            self.release()
+            self.release(connection)
         elif admitted is False:
             self.end_answer()
 
     def end_answer(self) -> None:
         self.answering -= 1
 
-    def release(self) -> None:
-        """An admitted connection has closed."""
+    def release(self, connection: asyncio.BaseProtocol) -> None:
+        """An admitted connection, `connection` its protocol, has closed."""
+        self._silent.pop(connection, None)
+        if connection in self._cut:  # its place was a new one's already
+            self._cut.discard(connection)
+            return
         self.open -= 1
 
 
@@ -306,7 +381,7 @@ class _Handshake(asyncio.Protocol):
             return
         self.transport = transport
         self.app = self.factory()
-        limit.hold(self.app, admitted)
+        limit.hold(self.app, admitted, self.protocol, transport)
         self.accepted = self.loop.time()
         self.deadline = self.loop.call_later(self.timeout, transport.abort)  # no first byte: as a silent handshake
 

@@ -192,17 +192,26 @@ class Metrics:
         )
         self.connections_limit = Gauge(
             "mhaserve_connections_limit",
-            "--max-connections: past it, a new connection is closed at once (HTTP answers it 503 first)",
+            "--max-connections: past it, a new connection closes the oldest that has sent nothing of a request, or "
+            "with none such is closed at once (HTTP answers it 503 first)",
             registry=r,
         )
         self.connections_refused = Counter(
             "mhaserve_connections_refused",
-            "Connections closed at once because --max-connections were open, by protocol",
+            "Connections closed at once because --max-connections were open and none was silent, by protocol",
+            ["protocol"],
+            registry=r,
+        )
+        self.connections_closed_silent = Counter(
+            "mhaserve_connections_closed_silent",
+            "Connections that had sent nothing of a request, closed at --max-connections to make room for a new "
+            "one, by the protocol of the one closed",
             ["protocol"],
             registry=r,
         )
         for protocol in ("grpc", "http"):  # at 0 from the start: a rate or an alert's increase sees the first
             self.connections_refused.labels(protocol)
+            self.connections_closed_silent.labels(protocol)
         # What health and readiness report, for alerts: the metrics port answers while the server loads,
         # stalls or drains, so `up` alone does not tell a replica that serves from one that does not.
         self.ready = Gauge(READY, READY_HELP, registry=r)

@@ -225,7 +225,9 @@ class EncoderServer:
         self.metrics.incoming_limit.set(self.incoming.limit)  # for a dashboard's or an alert's ratio
         # Client connections over both fronts, against the descriptors the process may hold (connections.py)
         self.connection_limit = ConnectionLimit(
-            _connection_limit(settings.max_connections), refused=self.metrics.connections_refused
+            _connection_limit(settings.max_connections),
+            refused=self.metrics.connections_refused,
+            closed_silent=self.metrics.connections_closed_silent,
         )
         self.metrics.connections.set_function(lambda: self.connection_limit.open)
         self.metrics.connections_limit.set(self.connection_limit.limit)

@@ -12,8 +12,10 @@ from 0.7 to 1.7 GB), so a request line and headers over MAX_HEADER_BYTES get a 4
 closed, as nginx and Node refuse them.
 
 A connection past the process's --max-connections (service/connections.py, counted with the lean gRPC front's)
-is turned away: its request line is read (for the body's shape, which depends on the API of the route), answered
-503 with Retry-After and `connection: close`, and the connection closed a moment later, as a 431 is.
+takes the place of the oldest connection that has begun no request (a silent one, of either front), which is cut;
+with none such it is turned away: its request line is read (for the body's shape, which depends on the API of the
+route), answered 503 with Retry-After and `connection: close`, and the connection closed a moment later, as a 431
+is.
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         limit = self.connection_limit
-        if limit is not None and not limit.admit("http", self):
+        if limit is not None and not limit.admit("http", self, transport):
             self.transport = transport
             self._over_limit = True
             if not limit.start_answer(self):  # a flood of them: each answer would hold a descriptor a moment
@@ -204,6 +206,8 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             self._count(len(data))
 
     def on_message_begin(self) -> None:
+        if self.connection_limit is not None:  # a request begun: never cut for a new connection (connections.py)
+            self.connection_limit.spoke(self)
         super().on_message_begin()
         self._header_bytes = 0
         self._in_headers = True
@@ -229,7 +233,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             return
         if limit is not None and self._admitted:
             self._admitted = False
-            limit.release()
+            limit.release(self)
         super().connection_lost(exc)
 
 

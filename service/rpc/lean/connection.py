@@ -38,10 +38,11 @@ the other: since we last sent a call's headers or data, a PING sooner than 5 min
 while no call is open) is a strike, and the third strike ends the connection with a GOAWAY ENHANCE_YOUR_CALM
 whose debug data, "too_many_pings", tells grpc's clients to ping half as often.
 
-A connection past the process's --max-connections (service/connections.py, counted with HTTP's) is closed at
-once, unread and unanswered: grpc's clients then report UNAVAILABLE and wait their reconnect backoff, where a
-GOAWAY on a connection that has carried no stream had grpcio connect again at once, hundreds of times a second
-until its call's deadline.
+A connection past the process's --max-connections (service/connections.py, counted with HTTP's) takes the place of
+the oldest silent one of either front (here: one whose whole preface has not come, so we have sent it nothing),
+which is cut unanswered. With none silent, the new one is closed at once, unread and unanswered: grpc's clients then
+report UNAVAILABLE and wait their reconnect backoff, where a GOAWAY on a connection that has carried no stream had
+grpcio connect again at once, hundreds of times a second until its call's deadline.
 
 A GOAWAY of ours (a drain, an idle or aged connection) goes in two steps, as RFC 9113 6.8 advises: first one
 that refuses no stream (the last stream 2^31 - 1) and a PING; once the PING's acknowledgement comes back, the
@@ -283,7 +284,7 @@ class Connection(asyncio.Protocol):
             transport.write(f.settings() + f.goaway(0, f.NO_ERROR))
             self._end()  # no reset, which could keep its client from reading that GOAWAY
             return
-        if not self.server.connection_limit.admit("grpc", self):
+        if not self.server.connection_limit.admit("grpc", self, transport):
             transport.abort()  # see the module docstring: no GOAWAY
             return
         self.admitted = True
@@ -315,7 +316,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.admitted:
             self.admitted = False
-            self.server.connection_limit.release()
+            self.server.connection_limit.release(self)
         self.server.connections.discard(self)
         if self.handshake is not None:
             self.handshake.cancel()
@@ -343,6 +344,7 @@ class Connection(asyncio.Protocol):
                     raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 del buf[: len(f.PREFACE)]
                 self.preface = True
+                self.server.connection_limit.spoke(self)  # never cut for a new connection (connections.py)
                 self._write(b"")  # our preface
             for kind, flags, stream_id, payload in f.whole_frames(buf, f.DEFAULT_MAX_FRAME):
                 self._frame(kind, flags, stream_id, payload, out)
