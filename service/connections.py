@@ -14,9 +14,10 @@ client, and could not read its model repository (no descriptor left to open a fi
   the backlog, 1024, before any of them was counted);
 - should the descriptors run out all the same, asyncio's line about it is written once a minute at most;
 - a connection over the limit takes the place of the oldest held connection that is silent, one that has sent
-  nothing of a request since it connected (HTTP: no request begun; the lean front: no whole HTTP/2 preface; TLS:
-  its handshake not done), which is cut, as the metrics port makes room (service/metrics.py). Connections that
-  sent nothing and were reopened as the header timeout closed them held the limit otherwise, cheaply, and every
+  no request since it connected (HTTP: no request's headers whole; the lean front: no call opened; TLS: its
+  handshake not done), which is cut, as the metrics port makes room (service/metrics.py). Connections that
+  sent nothing (or a request line's first byte, or an HTTP/2 preface) and were reopened as the header timeout
+  closed them held the limit otherwise, cheaply, and every
   new connection was refused: the kubelet's liveness probe among them, which restarted a healthy pod. A connection
   that has carried requests is never cut so, even idle (its client may be sending the next one as it closes).
   Each is counted in `mhaserve_connections_closed_silent_total`, by the protocol of the one cut;

@@ -192,7 +192,7 @@ class Metrics:
         )
         self.connections_limit = Gauge(
             "mhaserve_connections_limit",
-            "--max-connections: past it, a new connection closes the oldest that has sent nothing of a request, or "
+            "--max-connections: past it, a new connection closes the oldest that has sent no request yet, or "
             "with none such is closed at once (HTTP answers it 503 first)",
             registry=r,
         )
@@ -204,7 +204,7 @@ class Metrics:
         )
         self.connections_closed_silent = Counter(
             "mhaserve_connections_closed_silent",
-            "Connections that had sent nothing of a request, closed at --max-connections to make room for a new "
+            "Connections that had sent no request yet, closed at --max-connections to make room for a new "
             "one, by the protocol of the one closed",
             ["protocol"],
             registry=r,

@@ -231,7 +231,7 @@ class Settings:
         default=None,
         metadata=_opt(
             "client connections held open at once, the lean gRPC front's and HTTP's together: past it a new "
-            "connection closes the oldest that has sent nothing of a request, or with none such is closed at once "
+            "connection closes the oldest that has sent no request yet, or with none such is closed at once "
             "(HTTP answers it 503 first); grpc.aio's front counts its own (default: "
             f"the process's open-file limit, raised to its hard limit at start-up, less {connections.RESERVE}, at "
             f"most {connections.DEFAULT_LIMIT})",

@@ -206,14 +206,16 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             self._count(len(data))
 
     def on_message_begin(self) -> None:
-        if self.connection_limit is not None:  # a request begun: never cut for a new connection (connections.py)
-            self.connection_limit.spoke(self)
         super().on_message_begin()
         self._header_bytes = 0
         self._in_headers = True
         self._arm()
 
     def on_headers_complete(self) -> None:
+        # A request's headers whole: never cut for a new connection (connections.py). Not at its first byte, which
+        # held a place as cheaply as sending nothing.
+        if self.connection_limit is not None:
+            self.connection_limit.spoke(self)
         self._disarm()
         self._in_headers = False
         self._in_body = True

@@ -305,6 +305,44 @@ def test_silent_connections_at_the_limit_give_way_to_a_probe_and_busy_ones_are_k
                 s.close()
 
 
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed `sock` (what it sent before, a gRPC preface, read past)."""
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_a_request_line_begun_or_a_preface_alone_is_silent_too(tiny_repo: Path) -> None:
+    """Silent until a request's headers are whole (HTTP) or a call is opened (gRPC): one byte of a request line,
+    or an HTTP/2 preface and SETTINGS and no call, held a place until --http-header-timeout or the 5 minutes an
+    idle gRPC connection has, as cheaply as sending nothing, and the probes were refused again."""
+    settings = local_settings(tiny_repo, max_connections=3, grpc_front="lean")
+    with ServerThread(settings).ready() as srv, held_channels(srv.address, 1):
+        http_port = int(srv.http_url.rsplit(":", 1)[1])
+        grpc_port = int(srv.address.rsplit(":", 1)[1])
+        begun = socket.create_connection(("127.0.0.1", http_port), timeout=WAIT)
+        preface = socket.create_connection(("127.0.0.1", grpc_port), timeout=WAIT)
+        try:
+            begun.sendall(b"GET /hea")
+            preface.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            wait_until(lambda: open_count(srv) == 3, "the connections to be counted")
+            assert request("GET", srv.http_url + "/health").status == 200
+            assert _closed(begun)
+            refill = socket.create_connection(("127.0.0.1", http_port), timeout=WAIT)  # younger than the preface
+            wait_until(lambda: open_count(srv) == 3, "the limit to be held again")
+            with grpc.insecure_channel(srv.address, options=OWN_CONNECTION) as channel:
+                assert health_status(channel) == "SERVING"
+            assert _closed(preface)
+            assert closed_silent(srv, "http") == 1 and closed_silent(srv, "grpc") == 1
+            refill.close()
+        finally:
+            begun.close()
+            preface.close()
+
+
 def test_a_silent_connection_past_the_limit_is_closed_at_the_header_timeout(tiny_repo: Path) -> None:
     settings = local_settings(tiny_repo, max_connections=1, grpc_front="lean", http_header_timeout=0.5)
     with ServerThread(settings).ready() as srv, held_channels(srv.address, 1) as (held,):

@@ -39,8 +39,8 @@ while no call is open) is a strike, and the third strike ends the connection wit
 whose debug data, "too_many_pings", tells grpc's clients to ping half as often.
 
 A connection past the process's --max-connections (service/connections.py, counted with HTTP's) takes the place of
-the oldest silent one of either front (here: one whose whole preface has not come, so we have sent it nothing),
-which is cut unanswered. With none silent, the new one is closed at once, unread and unanswered: grpc's clients then
+the oldest silent one of either front (here: one that has opened no call, whatever else it sent), which is cut
+unanswered. With none silent, the new one is closed at once, unread and unanswered: grpc's clients then
 report UNAVAILABLE and wait their reconnect backoff, where a GOAWAY on a connection that has carried no stream had
 grpcio connect again at once, hundreds of times a second until its call's deadline.
 
@@ -344,7 +344,6 @@ class Connection(asyncio.Protocol):
                     raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 del buf[: len(f.PREFACE)]
                 self.preface = True
-                self.server.connection_limit.spoke(self)  # never cut for a new connection (connections.py)
                 self._write(b"")  # our preface
             for kind, flags, stream_id, payload in f.whole_frames(buf, f.DEFAULT_MAX_FRAME):
                 self._frame(kind, flags, stream_id, payload, out)
@@ -603,6 +602,7 @@ class Connection(asyncio.Protocol):
             self._reset(stream_id, f.NO_ERROR, out)
 
     def _open(self, stream_id: int, flags: int, fields: list[tuple[str, str]], out: list[bytes]) -> None:
+        self.server.connection_limit.spoke(self)  # a call opened: never cut for a new connection (connections.py)
         method = path = content_type = ""
         timeout = encoding = None
         metadata: list[tuple[str, str | bytes]] = []
