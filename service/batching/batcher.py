@@ -2,10 +2,11 @@
 
 Requests are split into their sequences (one per input); a batch is a set of sequences, so one large
 request can share a batch with others and spread over several. The "length" policy anchors each batch
-on the next sequence of the request whose turn it is (the requests take turns: nothing starves, and a query
-does not wait behind all of a large request's inputs) and grows it with the sequences nearest in length
-while its padding stays under a cap (`max_padding`); "arrival" takes sequences strictly in order (the
-baseline to compare against).
+on the next sequence of the request with the fewest inputs left (the requests are answered one after
+another, so a client's deadline or a drain's grace period ends fewer of them after most of their inputs
+were computed, and a query does not wait behind a large request's inputs; one passed over long enough goes
+first) and grows it with the sequences nearest in length while its padding stays under a cap
+(`max_padding`); "arrival" takes sequences strictly in order (the baseline to compare against).
 
 What Infinity's batch worker got wrong, and what this one does instead:
 - an input the engine fails on (it raises, or answers NaN or infinity for its row) fails its own request

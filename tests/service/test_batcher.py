@@ -140,11 +140,11 @@ def test_an_input_longer_than_the_budget_is_a_batch_alone(batching: str) -> None
 
 
 @pytest.mark.parametrize("batching", ["length", "arrival"])
-def test_a_query_behind_a_large_request_waits_for_one_of_its_batches_not_all(batching: str) -> None:
-    """The length policy gives the waiting requests turns: a lone query queued behind a request of 16 inputs
-    anchors the second batch, and alone (its window passes over the larger request's inputs), where strictly
-    oldest first (and arrival order, the baseline) put it in the fifth, after all 16. Every input is computed
-    once either way."""
+def test_a_query_queued_behind_a_large_request_anchors_the_first_batch(batching: str) -> None:
+    """The length policy anchors each batch on the request with the fewest inputs left: a lone query queued
+    behind a request of 16 inputs anchors the first batch, and alone (its window passes over the larger
+    request's inputs), where strictly oldest first (and arrival order, the baseline) put it in the fifth,
+    after all 16, and the requests taking turns in the second. Every input is computed once either way."""
     engine = ScriptedEngine()
 
     async def main() -> None:
@@ -163,7 +163,7 @@ def test_a_query_behind_a_large_request_waits_for_one_of_its_batches_not_all(bat
     assert sorted(i for batch in firsts for i in batch) == [1] * 16 + [2]
     if batching == "length":
         # With a smaller request just come, the large one's batches take half the budget: 2 rows of 10 tokens.
-        assert firsts == [[1] * 2, [2], *[[1] * 2] * 7]
+        assert firsts == [[2], *[[1] * 2] * 8]
     else:
         assert firsts == [[1] * 4] * 4 + [[2]]  # the budget's 4 rows of 10 tokens
 
@@ -223,12 +223,11 @@ def test_a_batch_that_single_text_requests_anchor_keeps_the_whole_budget() -> No
     assert [len(b) for b in engine.batches if b[0][0] == 3] == [4, 4]
 
 
-def test_the_length_policy_gives_waiting_requests_turns_to_anchor_a_batch() -> None:
-    """Each batch's anchor (its first sequence) comes from the next request in turn; a request that anchored
-    goes behind those waiting then. Three requests, 12 + 1 + 12 inputs, a padding cap of 0 (a batch holds
-    one length), 4 rows a batch: the anchors go A, B, C, A (then whoever has inputs left, as the windows,
-    which take any request's inputs of the anchor's length, left them), and nothing is taken twice or left
-    behind."""
+def test_the_length_policy_anchors_each_batch_on_the_request_with_the_fewest_inputs_left() -> None:
+    """Each batch's anchor (its first sequence) comes from the request with the fewest inputs left, the oldest
+    among equals. Three requests, 12 + 1 + 12 inputs, a padding cap of 0 (a batch holds one length), 4 rows a
+    batch: the query B first (oldest first would have put it after A's 12), then A to its end, then C (the
+    requests taking turns went A, B, C, A, C, ...), and nothing is taken twice or left behind."""
     from mhaserve.service.batching.policies import LengthAware
     from mhaserve.service.batching.queue import Job, Seq
 
@@ -244,32 +243,123 @@ def test_the_length_policy_gives_waiting_requests_turns_to_anchor_a_batch() -> N
         return batches
 
     batches = run(main())
-    assert [b[0][0] for b in batches][:4] == ["A", "B", "C", "A"]
-    assert batches[1] == [("B", 0)]  # the query, second; oldest first would have put it after A's 12
+    assert [b[0][0] for b in batches] == ["B", "A", "A", "A", "C", "C", "C"]
+    assert batches[0] == [("B", 0)]
     assert sorted(s for b in batches for s in b) == sorted(
         [("A", i) for i in range(12)] + [("B", 0)] + [("C", i) for i in range(12)]
     )
 
 
-def _anchors(steps: list[tuple[str, int, int] | None]) -> list[str]:
-    """Drive a LengthAware policy (padding cap 0: a batch holds one length; 4 rows a batch): each step either
-    queues a request (name, inputs, length) or, for None, takes a batch; the name of each batch's anchor."""
+Step = tuple[str, list[int]] | None
+
+
+def _taken(steps: list[Step], rows: int = 4) -> list[list[tuple[str, int]]]:
+    """Drive a LengthAware policy (padding cap 0: a batch holds one length; `rows` rows a batch): each step either
+    queues a request (its name, its inputs' lengths) or, for None, takes a batch; each batch as (request, input)
+    pairs, its anchor first."""
     from mhaserve.service.batching.policies import LengthAware
     from mhaserve.service.batching.queue import Job, Seq
 
-    async def main() -> list[str]:
-        policy, loop, order, anchors = LengthAware(max_padding=0.0), asyncio.get_running_loop(), iter(range(10_000)), []
+    async def main() -> list[list[tuple[str, int]]]:
+        policy, loop, order, batches = LengthAware(max_padding=0.0), asyncio.get_running_loop(), iter(range(10_000)), []
         for step in steps:
             if step is None:
-                batch = policy.take(10_000, lambda s: not s.taken, max_rows=4)
-                anchors.append(batch[0].job.request_id if batch else "-")
+                batch = policy.take(10_000, lambda s: not s.taken, max_rows=rows)
+                batches.append([(s.job.request_id, s.index) for s in batch])
             else:
-                name, n, length = step
-                job = Job(loop.create_future(), n, None, name)
-                policy.push([Seq(job, i, seq(*[i] * length), next(order)) for i in range(n)])
-        return anchors
+                name, lengths = step
+                job = Job(loop.create_future(), len(lengths), None, name)
+                policy.push([Seq(job, i, seq(*[i] * length), next(order)) for i, length in enumerate(lengths)])
+        return batches
 
     return run(main())
+
+
+def _anchors(steps: list[tuple[str, int, int] | None]) -> list[str]:
+    """`_taken` with requests given as (name, inputs, length), 4 rows a batch: the name of each batch's anchor."""
+    batches = _taken([None if s is None else (s[0], [s[2]] * s[1]) for s in steps])
+    return [b[0][0] if b else "-" for b in batches]
+
+
+def _answered(batches: list[list[tuple[str, int]]]) -> dict[str, int]:
+    """Each request's last batch (counted from 1): when it would be answered."""
+    return {name: n for n, batch in enumerate(batches, 1) for name, _ in batch}
+
+
+def test_equal_requests_queued_together_are_answered_one_after_another() -> None:
+    """Eight requests of 16 inputs queued at once (4 rows a batch): the first is answered after its own 4
+    batches, the next 4 batches later, and so on, in the order they came. Taking turns (processor sharing)
+    answered none until nearly all were computed: a deadline or a drain's grace failed nearly every one."""
+    batches = _taken([(f"r{i}", [5] * 16) for i in range(8)] + [None] * 40)
+    assert _answered(batches) == {f"r{i}": 4 * (i + 1) for i in range(8)}
+
+
+def test_a_medium_request_behind_a_huge_one_is_answered_first() -> None:
+    """A request of 16 inputs comes while one of 64 computes: it goes first, having fewer inputs left, and is
+    answered after its own 4 batches and one of the huge request's (which came alone, so its turn comes once
+    one batch passed it by); taking turns gave the huge one every other batch."""
+    batches = _taken([("huge", [5] * 64), None, ("medium", [9] * 16)] + [None] * 30)
+    assert [b[0][0] for b in batches if b][:7] == ["huge", "medium", "huge", "medium", "medium", "medium", "huge"]
+    assert _answered(batches) == {"medium": 6, "huge": 20}
+
+
+def test_a_stream_of_smaller_requests_does_not_starve_a_large_one() -> None:
+    """Fewest inputs left first alone would starve a large request under a stream of smaller ones: here one of
+    3 inputs comes every other batch (2 rows a batch: two batches each, one length each, so that no window
+    takes one with another). A request passed over for as many batches as other inputs waited when it came
+    or last anchored (at least one) anchors the next: the large one keeps its turns, and every input is
+    taken once."""
+    steps: list[Step] = [("large", [5] * 60)]
+    for i in range(40):
+        steps += [(f"s{i}", [10 + i] * 3), None, None]
+    steps += [None] * 60
+    batches = _taken(steps, rows=2)
+    # When the large request came (before batch 0: as if it had anchored batch -1) and each batch it anchored,
+    # with the other inputs waiting then.
+    turns = [(-1, 0)]
+    waiting, taken = 0, iter(enumerate(batches))
+    for step in steps:
+        if step is None:
+            n, batch = next(taken)
+            waiting -= sum(1 for name, _ in batch if name != "large")
+            if batch and batch[0][0] == "large":
+                turns.append((n, waiting))
+        elif step[0] != "large":
+            waiting += len(step[1])
+    everything = [pair for batch in batches for pair in batch]
+    assert len(everything) == len(set(everything)) == 60 + 40 * 3
+    assert len(turns) == 1 + 30  # its 60 inputs, 2 a batch
+    for (at, others), (then, _) in zip(turns, turns[1:], strict=False):
+        assert then - at - 1 <= max(1, others)
+
+
+def test_a_batch_takes_its_anchors_own_inputs_before_others_of_the_same_length() -> None:
+    """r2 has 2 inputs of length 5 left (a window took its two of length 9), r1 4: r2 anchors, and its batch
+    takes its own other input before r1's of the same length, so that it is answered with this batch; taking
+    the nearest to the left first, the batch took three of r1's and left r2 for later."""
+    batches = _taken([("z", [9] * 6), None, ("r1", [5] * 4), ("r2", [5, 5, 9, 9]), None, None, None, None])
+    assert sorted(batches[1]) == [("r2", 2), ("r2", 3), ("z", 4), ("z", 5)]  # the window that took r2's two
+    assert batches[2][:2] == [("r2", 0), ("r2", 1)]
+    assert _answered(batches) == {"z": 2, "r2": 3, "r1": 4}
+
+
+def test_a_draining_batcher_answers_the_queued_requests_one_after_another() -> None:
+    """Four requests of 6 inputs queued when the server stops (drain: everything goes to the model at once),
+    2 rows a batch: each is answered 3 batches after the one before, so that a grace period answers as many
+    as it has time for. Taking turns, they were answered with batches 6, 9, 10 and 12."""
+    engine = ScriptedEngine()
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_batch_tokens=20))
+        calls = [asyncio.ensure_future(b.submit([seq(i, *[7] * 9)] * 6)) for i in range(4)]
+        await asyncio.sleep(0)
+        b.drain()
+        b.start()
+        await asyncio.gather(*calls)
+        await b.close()
+
+    run(main())
+    assert {row[0]: n for n, batch in enumerate(engine.batches, 1) for row in batch} == {0: 3, 1: 6, 2: 9, 3: 12}
 
 
 def test_a_request_that_had_its_turn_lets_the_next_newcomer_go_first() -> None:
@@ -306,18 +396,18 @@ def test_a_small_requests_batch_passes_over_larger_requests_inputs_and_a_large_o
 
 
 def test_newcomers_do_not_starve_a_request_that_had_its_turn() -> None:
-    """Three newcomers wait when the bulk request anchors; its next turn comes after those three, though a
-    new one arrives before every batch, and so on: it keeps anchoring at bounded intervals. (Each newcomer
-    of its own length, so that no window takes one with another.)"""
+    """The bulk request came alone: it lets one query go first. Then three queries wait when it anchors; its
+    next turn comes after those three, though a new one arrives before every batch, and so on: it keeps
+    anchoring at bounded intervals. (Each query of its own length, so that no window takes one with another.)"""
     take = None
     steps: list[tuple[str, int, int] | None] = [("bulk", 200, 5), ("n1", 1, 10), ("n2", 1, 11), ("n3", 1, 12), take]
     for i in range(4, 40):
         steps += [(f"n{i}", 1, 9 + i), take]
     anchors = _anchors(steps)
-    assert anchors[:5] == ["bulk", "n1", "n2", "n3", "bulk"]
+    assert anchors[:6] == ["n1", "bulk", "n2", "n3", "n4", "bulk"]
     turns = [i for i, name in enumerate(anchors) if name == "bulk"]
     # At its j-th turn 3 + j newcomers wait (each batch it anchors serves none of the one that came): its next
-    # turn comes right after them, as round robin's would.
+    # turn comes right after them (a query is one input), as when the requests took turns.
     assert len(turns) >= 6
     assert [b - a for a, b in zip(turns, turns[1:], strict=False)] == [4 + j for j in range(len(turns) - 1)]
 
