@@ -295,6 +295,8 @@ class Batcher:
         the next batch formed is the newcomer's and starts when a thread is free. Beside an indexing client on
         2 cores, a query otherwise waited for a batch of its inputs on top of the batches computing."""
         for run, (started, batch) in self._submitted.items():
+            if run.done():  # gave way or failed already, its worker yet to wake: nothing to move
+                continue
             if self._policy.gives_way(batch, n) and started.cancel():  # only while it waits for a thread
                 _settle(run, _GaveWay())
                 return
@@ -511,8 +513,15 @@ class Batcher:
     def _fail_unstarted(self, error: ServiceError) -> None:
         """Fail the batches that wait for a thread, and take them out of the threads' queue: each one's worker
         then fails its requests (_execute), and no thread computes it for nobody."""
-        for run, (started, _) in list(self._submitted.items()):
-            if started.cancel():  # only while it waits: a running one cannot be, and fails on its own
+        for run, (started, batch) in list(self._submitted.items()):
+            if not started.cancel():  # only while it waits: a running one cannot be, and fails on its own
+                continue
+            if run.done():
+                # It gave way in this turn of the loop (_make_way): its worker, waking after, would put its inputs
+                # back to wait for the stalled threads. Failed here, they are not put back (_put_back).
+                for s in batch:
+                    self._fail(s.job, error)
+            else:
                 _settle(run, error)
 
     def _infer(

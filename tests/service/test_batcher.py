@@ -642,6 +642,36 @@ def test_a_failed_batch_asks_for_no_retry() -> None:
     run(main())
 
 
+def test_a_batch_that_gave_way_in_the_turn_the_waiting_are_failed_is_failed_too() -> None:
+    """A query's arrival took a batch formed ahead out of the threads' queue (it gave way), and, in the same turn
+    of the loop, every thread was found stalled (fail_waiting): the batch's worker, waking after, put its inputs
+    back and they waited for the stalled threads, the one request fail_waiting missed (a reviewer's script)."""
+    engine = ScriptedEngine(gates=[91, 92])
+
+    async def main() -> None:
+        b = Batcher(engine, limits=limits(max_batch_tokens=10_000), workers=2)
+        b.start()
+        held = []
+        for n, token in enumerate((91, 92), 1):  # both threads held
+            held.append(asyncio.ensure_future(b.submit([seq(token)])))
+            await asyncio.to_thread(wait_until, lambda n=n: len(engine.batches) == n, "a thread held")
+        bulk = asyncio.ensure_future(b.submit([seq(8, 8)] * 2))
+        formed = lambda: any(len(batch) == 2 for _, batch in list(b._submitted.values()))  # noqa: E731
+        await asyncio.to_thread(wait_until, formed, "the bulk request's batch formed ahead, for a thread")
+        query = asyncio.ensure_future(b.submit([seq(5)]))
+        await asyncio.sleep(0)  # the query queues, and the bulk request's batch gives way to it
+        b.fail_waiting(Unavailable("every inference thread is stalled"))
+        for request in (query, bulk):
+            with pytest.raises(Unavailable):
+                await asyncio.wait_for(request, timeout=WAIT)
+        for gate in engine.gates.values():
+            gate.set()
+        await asyncio.gather(*held)
+        await b.close()
+
+    run_opening_gates(main(), engine)
+
+
 async def _held_then(
     b: Batcher, engine: ScriptedEngine, requests: list[list[np.ndarray]], then: Callable[[], None] = lambda: None
 ) -> list[Any]:
