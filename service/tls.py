@@ -107,22 +107,37 @@ def _check_ca(ca: bytes, path: Path, what: str) -> None:
 
 @contextlib.contextmanager
 def _in_memory(data: bytes) -> Iterator[str]:
-    """A path OpenSSL reads `data` from (Python's ssl loads a certificate chain and its key from files alone):
-    on Linux a file in memory, never on a disk, gone once closed; elsewhere a temporary file only this user can
-    read, removed once read."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("mhaserve-tls", os.MFD_CLOEXEC)
-        try:
-            with open(fd, "wb", closefd=False) as file:
-                file.write(data)
-            yield f"/proc/self/fd/{fd}"
-        finally:
-            os.close(fd)
-    else:
+    """A path OpenSSL reads `data` from (Python's ssl loads a certificate chain and its key from files alone): on
+    Linux a file in memory, never on a disk, gone once closed; where there is none, a temporary file only this user
+    can read, removed once read."""
+    fd = _memfd(data)
+    if fd is None:
         with tempfile.NamedTemporaryFile() as file:
             file.write(data)
             file.flush()
             yield file.name
+        return
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def _memfd(data: bytes) -> int | None:
+    """A file in memory holding `data`, read at /proc/self/fd/N; None where there is none: not Linux, or a kernel or
+    a seccomp profile that refuses memfd_create (the server died of that OSError), or no /proc."""
+    try:
+        fd = os.memfd_create("mhaserve-tls", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None
+    try:
+        with open(fd, "wb", closefd=False) as file:
+            file.write(data)
+        os.stat(f"/proc/self/fd/{fd}")
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def server_credentials(material: TlsMaterial | None) -> grpc.ServerCredentials | None:

@@ -371,6 +371,24 @@ def test_the_cli_checks_its_tls_files_as_the_server_checks_its_own(
         assert (out, err) == ("", f"mhaserve {command[0]}: error: {message}\n")
 
 
+def test_the_tls_material_is_served_where_files_in_memory_are_refused(
+    pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenSSL reads the certificate and key read at start-up from a file in memory (memfd); where the kernel or a
+    seccomp profile refuses memfd_create, the server died with a bare OSError (a review's finding). It takes a
+    private temporary file instead."""
+
+    def memfd_refused(*_: object) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(tls.os, "memfd_create", memfd_refused, raising=False)
+    material = tls.TlsMaterial.read(tls.TlsFiles(pki.server_cert, pki.server_key, pki.ca))
+    assert material is not None and material.client_ca is not None
+    context = tls.server_ssl_context(material)
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    tls.channel_credentials(pki.ca, pki.client_cert, pki.client_key)  # the client's checks read them so too
+
+
 def test_start_up_refuses_unusable_certificates(plain: Settings, pki: Pki, tmp_path: Path) -> None:
     not_pem = tmp_path / "cert.der"
     not_pem.write_bytes(b"\x30\x82garbage")
