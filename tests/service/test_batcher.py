@@ -652,11 +652,17 @@ def test_a_batch_that_gave_way_in_the_turn_the_waiting_are_failed_is_failed_too(
         b = Batcher(engine, limits=limits(max_batch_tokens=10_000), workers=2)
         b.start()
         held = []
+
+        def computing(n: int) -> Callable[[], bool]:
+            return lambda: len(engine.batches) == n
+
+        def formed() -> bool:
+            return any(len(batch) == 2 for _, batch in list(b._submitted.values()))
+
         for n, token in enumerate((91, 92), 1):  # both threads held
             held.append(asyncio.ensure_future(b.submit([seq(token)])))
-            await asyncio.to_thread(wait_until, lambda n=n: len(engine.batches) == n, "a thread held")
+            await asyncio.to_thread(wait_until, computing(n), "a thread held")
         bulk = asyncio.ensure_future(b.submit([seq(8, 8)] * 2))
-        formed = lambda: any(len(batch) == 2 for _, batch in list(b._submitted.values()))  # noqa: E731
         await asyncio.to_thread(wait_until, formed, "the bulk request's batch formed ahead, for a thread")
         query = asyncio.ensure_future(b.submit([seq(5)]))
         await asyncio.sleep(0)  # the query queues, and the bulk request's batch gives way to it
