@@ -570,8 +570,8 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         type=_positive_int,
         default=64,
         metavar="N",
-        help="texts sent in one request, the requests one after another (default: 64, the most a server takes "
-        "by default on a CPU; lower it for a server with a smaller --max-client-batch-size)",
+        help="texts sent in one request, the requests one after another (default: 64, which fill a CPU's batches; "
+        "at most the server's --max-client-batch-size, 2048 by default)",
     )
     p.add_argument("--timeout", type=_seconds, default=30.0, help="seconds each request may take (default: 30)")
     p.add_argument(

@@ -42,6 +42,12 @@ def _opt(
     return {"help": help, "parse": parse, "choices": choices, "metavar": metavar}
 
 
+def _by_device(limit: str) -> str:
+    """A limit's default as --help gives it: once where both devices share it."""
+    cpu, cuda = getattr(CPU_LIMITS, limit), getattr(CUDA_LIMITS, limit)
+    return str(cpu) if cpu == cuda else f"{cpu} on CPU, {cuda} on CUDA"
+
+
 def _int_or_none(s: str) -> int | None:
     return None if s.strip().lower() in ("", "none", "auto") else int(s)
 
@@ -193,15 +199,16 @@ class Settings:
         default=None,
         metadata=_opt(
             "inputs that may wait for the model; past it RESOURCE_EXHAUSTED "
-            f"(default {CPU_LIMITS.max_queue_size} on CPU, {CUDA_LIMITS.max_queue_size} on CUDA)",
+            f"(default {_by_device('max_queue_size')}: four requests of the most inputs a request holds by default, "
+            "so that one as large as OpenAI's need not find the queue empty)",
             _int_or_none,
         ),
     )
     max_client_batch_size: int | None = field(
         default=None,
         metadata=_opt(
-            f"most inputs in one request (default {CPU_LIMITS.max_client_batch_size} on CPU, "
-            f"{CUDA_LIMITS.max_client_batch_size} on CUDA)",
+            f"most inputs in one request (default {_by_device('max_client_batch_size')}, as OpenAI takes: "
+            "OpenAI-compatible clients send batches of their own size up to it, and none splits a refused one)",
             _int_or_none,
         ),
     )
@@ -493,8 +500,8 @@ class Settings:
             )
         # Refused here, before anything listens or loads, with the device's defaults for what is not set (a
         # model's serving.json limits are checked at load). `auto` is resolved only where its two devices' defaults
-        # disagree (--max-client-batch-size 5000 fits CUDA's queue, not a CPU's): on a GPU host that imports ONNX
-        # Runtime and tries CUDA, which the server does next anyway (the answer is cached).
+        # disagree (a --max-client-batch-size that fits one device's default queue, not the other's): on a GPU host
+        # that imports ONNX Runtime and tries CUDA, which the server does next anyway (the answer is cached).
         pairs = {
             name: (self.max_client_batch_size or base.max_client_batch_size, self.max_queue_size or base.max_queue_size)
             for name, base in (("cpu", CPU_LIMITS), ("cuda", CUDA_LIMITS))

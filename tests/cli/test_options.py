@@ -27,6 +27,9 @@ def test_defaults() -> None:
     assert (s.device, s.graph, s.batching, s.grace_period, s.log_level) == ("auto", "auto", "length", 30.0, "info")
     assert s.limits(on_cuda=False) == CPU_LIMITS
     assert s.limits(on_cuda=True) == CUDA_LIMITS
+    # OpenAI's most inputs in one request on either device, and a queue that holds four such requests
+    assert (CPU_LIMITS.max_client_batch_size, CPU_LIMITS.max_queue_size) == (2048, 8192)
+    assert (CUDA_LIMITS.max_client_batch_size, CUDA_LIMITS.max_queue_size) == (2048, 8192)
     # 256 MiB of requests still arriving, or two messages at the limit where that is more
     assert s.max_incoming_bytes == 256 << 20
     assert build({}, env={"MHASERVE_MAX_MESSAGE_BYTES": str(200 << 20)}).max_incoming_bytes == 400 << 20
@@ -177,23 +180,26 @@ def test_client_batch_larger_than_the_queue_is_refused_before_the_server_starts(
     monkeypatch.setattr("mhaserve.service.settings.wants_cuda", lambda device: device == "cuda")  # a CPU host
     with pytest.raises(SettingsError, match="could never be queued"):
         Settings(max_queue_size=10, max_client_batch_size=20)
-    with pytest.raises(SettingsError, match=r"--max-client-batch-size \(64\) exceeds --max-queue-size \(8\)"):
+    with pytest.raises(SettingsError, match=r"--max-client-batch-size \(2048\) exceeds --max-queue-size \(8\)"):
         Settings(max_queue_size=8)
     with pytest.raises(SettingsError, match="could never be queued"):
         Settings(max_queue_size=100, device="cuda")
-    auto = Settings(max_queue_size=100)  # 64 on the CPU fits, CUDA's 256 would not
-    assert auto.limits(on_cuda=False).max_client_batch_size == 64
-    with pytest.raises(SettingsError, match="could never be queued"):
-        auto.limits(on_cuda=True)
+    auto = Settings(max_queue_size=100, max_client_batch_size=64)
+    assert auto.limits(on_cuda=False).max_client_batch_size == auto.limits(on_cuda=True).max_client_batch_size == 64
 
 
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu-host", "gpu-host"])
 def test_client_batch_past_the_devices_default_queue_is_refused_before_the_server_starts(
     monkeypatch: pytest.MonkeyPatch, gpu: bool
 ) -> None:
-    """--max-client-batch-size 5000 fits CUDA's default queue (8192), not a CPU's (2048): with --device auto on a
-    CPU host it was refused only once the ports were bound and the model loaded."""
+    """--max-client-batch-size 5000 fits CUDA's default queue (8192), not a CPU's where that is 2048 (as it was,
+    and is here): with --device auto on a CPU host it was refused only once the ports were bound and the model
+    loaded."""
     monkeypatch.setattr("mhaserve.service.settings.wants_cuda", lambda device: device == "cuda" or gpu)
+    monkeypatch.setattr(
+        "mhaserve.service.settings.CPU_LIMITS",
+        dataclasses.replace(CPU_LIMITS, max_queue_size=2048, max_client_batch_size=64),
+    )
     if gpu:
         assert Settings(max_client_batch_size=5000).max_client_batch_size == 5000
     else:

@@ -617,7 +617,7 @@ def test_metadata_and_config(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [("embeddings", mc.TYPE_FP32, [32])]
     assert config.WhichOneof("scheduling_choice") == "dynamic_batching"
     assert config.dynamic_batching.max_queue_delay_microseconds == 2000
-    assert config.dynamic_batching.default_queue_policy.max_queue_size == 2048
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 8192
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
     assert config.default_model_filename == "model.optimized-cpu.onnx"
     assert config.parameters["max_batch_tokens"].string_value == "256"

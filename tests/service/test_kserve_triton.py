@@ -146,10 +146,10 @@ def test_model_metadata(tiny: Interop) -> None:
 
 def test_model_config_parses_with_tritons_own_definition(tiny: Interop) -> None:
     config = tiny.results["model_config"]["config"]
-    assert config["name"] == "tiny" and config["max_batch_size"] == 64  # the CPU default inputs per request
+    assert config["name"] == "tiny" and config["max_batch_size"] == 2048  # the default inputs per request
     assert config["platform"] == "onnxruntime_onnx" and config["backend"] == "onnxruntime"
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == "2000"
-    assert config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 2048
+    assert config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 8192
     assert {i["name"]: (i["data_type"], i.get("dims", [])) for i in config["input"]} == {
         "text": ("TYPE_STRING", []),
         "input_ids": ("TYPE_INT64", ["-1"]),
@@ -288,7 +288,7 @@ def test_http_health_metadata_and_config(tiny: Interop) -> None:
     }
     assert [(t["name"], t["shape"]) for t in meta["outputs"]] == [("embeddings", [-1, 32])]
     config = r["model_config"]
-    assert (config["name"], config["max_batch_size"], config["backend"]) == ("tiny", 64, "onnxruntime")
+    assert (config["name"], config["max_batch_size"], config["backend"]) == ("tiny", 2048, "onnxruntime")
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
     # the gRPC and the REST views are one: the same config, field for field
     grpc_config = tiny.results["model_config"]["config"]

@@ -243,6 +243,23 @@ def test_an_unknown_model_is_not_found(http_server: ServerThread) -> None:
     assert e.value.param == "model"
 
 
+def test_openais_2048_inputs_in_one_request_are_served_by_default(tiny_repo: Any) -> None:
+    """OpenAI takes 2,048 inputs in one request, and clients send batches of their own default size up to it
+    (LlamaIndex 100, LangChain.js 512, chromadb a collection's every document): past the old default of 64 on a
+    CPU each was refused 400. The batcher splits such a request across batches; one more input is refused."""
+    with ServerThread(local_settings(tiny_repo, max_client_batch_size=None)).ready() as srv:
+        texts = [f"document {i} " + "word " * (i % 20) for i in range(2048)]
+        c = client(srv)
+        response = c.embeddings.create(input=texts, model="tiny", encoding_format="float")
+        got = vectors(response)
+        assert got.shape == (2048, 32)
+        np.testing.assert_allclose(got[::32], encode(srv, texts=texts[::32], normalize=True), atol=1e-5)
+        with pytest.raises(openai.BadRequestError) as e:
+            c.embeddings.create(input=[*texts, "one more"], model="tiny")
+        assert "2049 inputs in one request; the limit is 2048 (split the request)" in e.value.message
+        assert e.value.param == "input"
+
+
 def test_a_full_queue_is_a_rate_limit_error_with_retry_after(start: Start, settings: Settings) -> None:
     engine = ScriptedEngine(hang_on=99)
     srv = start(

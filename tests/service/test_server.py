@@ -362,7 +362,7 @@ def test_model_info(stub: pb_grpc.EncoderServiceStub, tiny_entry: Path) -> None:
     # --graph auto on the CPU: the fused graph with its layer norms as plain operators
     assert info.graph == "optimized-cpu" and info.sha256 == m.graphs["optimized-cpu"].sha256
     assert info.execution_provider == "CPUExecutionProvider"
-    assert (info.max_client_batch_size, info.max_batch_tokens, info.max_queue_size) == (8, 256, 2048)
+    assert (info.max_client_batch_size, info.max_batch_tokens, info.max_queue_size) == (8, 256, 8192)
     assert info.max_message_bytes == 4 * 1024 * 1024
     assert stub.GetModelInfo(pb.GetModelInfoRequest(model="tiny"), timeout=WAIT).name == "tiny"
 
