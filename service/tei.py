@@ -2,10 +2,11 @@
 `POST /invocations`, where TEI serves an embedding model too.
 
 What TEI's clients send and read, so that they work with this server unchanged: huggingface_hub's
-`InferenceClient.feature_extraction` (given the server's URL it posts to `/`; LangChain's
-`HuggingFaceEndpointEmbeddings` and Haystack's TEI embedders go through it) and `sentence_similarity` (to `/`
-as well), LlamaIndex's `TextEmbeddingsInference` and plain HTTP clients (`/embed`), and SageMaker's
+`InferenceClient.feature_extraction` (given the server's URL it posts to `/`; Haystack's TEI embedders go
+through it) and `sentence_similarity` (to `/` as well), LlamaIndex's `TextEmbeddingsInference`,
+langchain-community's `HuggingFaceInferenceAPIEmbeddings` and plain HTTP clients (`/embed`), and SageMaker's
 invocations of a TEI container (`/invocations`; its health check, `GET /ping`, is the utility routes').
+LangChain's `HuggingFaceEndpointEmbeddings` refuses a URL for its model (langchain-huggingface 1.2.3).
 
 - `inputs`: a text, a list of texts, a list of token ids, or a list of lists of token ids; the answer is
   a JSON list of vectors, one per input, in order (a list of one for a single text).
