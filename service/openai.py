@@ -6,8 +6,8 @@ or a list of lists of token ids; `model`; `encoding_format` `float` or `base64` 
 what the Python client asks for by default and decodes); `dimensions` (the leading dimensions,
 renormalised: Matryoshka); `user`, accepted and ignored. Vectors are L2-normalised, as OpenAI's are.
 `truncate` (an extension, as in TEI) cuts inputs longer than the model's maximum instead of refusing
-them. Errors are OpenAI's shape with the status the clients map to their exception classes
-(http/errors.py).
+them, or refuses them with false; missing or null, the server's `--auto-truncate` decides. Errors are
+OpenAI's shape with the status the clients map to their exception classes (http/errors.py).
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ class EmbeddingRequest(BaseModel):
         default=None, description="keep the leading dimensions, renormalised"
     )
     user: StrictStr | None = Field(default=None, description="accepted and ignored")
-    truncate: StrictBool = Field(
-        default=False, description="cut inputs past the model's maximum instead of refusing them"
+    truncate: StrictBool | None = Field(
+        default=None,
+        description="cut inputs past the model's maximum instead of refusing them (null: the server's --auto-truncate)",
     )
     prompt_name: StrictStr | None = Field(
         default=None, description="a prompt of the model's serving config to put before each text (e.g. query)"

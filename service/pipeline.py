@@ -50,7 +50,9 @@ class EncodeInput:
     token_ids: Sequence[Sequence[int] | npt.NDArray[np.int64]] = ()
     model: str = ""  # empty: the default model
     version: int | str | None = None  # None or "": the latest served version (KServe sends versions as text)
-    truncate: bool = False
+    # Cut an input past the model's maximum (True) or refuse it (False); None: the server's --auto-truncate. A
+    # request's own choice wins, as text-embeddings-inference reads `truncate.unwrap_or(auto_truncate)`.
+    truncate: bool | None = None
     normalize: bool | None = None  # None: the model's default
     # Keep the first `dimensions` values and L2-normalise them (Matryoshka-trained models); None: all.
     dimensions: int | None = None
@@ -96,7 +98,7 @@ class Pipeline:
         self.batcher = batcher
         self.limits = limits
         self.metrics = metrics
-        self.auto_truncate = auto_truncate  # --auto-truncate: every request truncates, whatever it says
+        self.auto_truncate = auto_truncate  # --auto-truncate: what a request that does not say truncate gets
         self.stats = ModelStats(metrics)  # per-model statistics for both APIs (the v2 ModelStatistics)
         self.max_tokens = model.entry.max_tokens
         self.vocab_size = model.entry.manifest.vocab_size
@@ -240,8 +242,8 @@ class Pipeline:
             return 0
 
     async def tokenize(self, texts: Sequence[str], *, truncate: bool) -> list[Encoding]:
-        """Tokenise texts; an input past the model's maximum is refused unless `truncate` (or --auto-truncate),
-        with a message that gives both lengths.
+        """Tokenise texts; an input past the model's maximum is refused unless `truncate`, with a message that
+        gives both lengths.
 
         Short texts are tokenised right here, on the event loop. `Tokenizer.encode` holds the GIL while it
         works, so a thread would not run it beside the loop anyway: it would only add the hand-off there and
@@ -256,7 +258,7 @@ class Pipeline:
             loop = asyncio.get_running_loop()
             encodings = await loop.run_in_executor(self._tokenize_pool, self._tokenize_long, list(texts))
         self.metrics.tokenize.observe(time.perf_counter() - t0)
-        if not (truncate or self.auto_truncate):
+        if not truncate:
             for i, enc in enumerate(encodings):
                 if enc.overflowing:
                     raise InvalidArgument(self._too_long(i, *await self._length(texts[i])), param="input")
@@ -307,10 +309,11 @@ class Pipeline:
     async def encode_pre(self, req: EncodeInput) -> list[Ids]:
         """Tokenise a request `validate` passed: one int64 array per input, within the model's length and
         vocabulary."""
+        truncate = self.auto_truncate if req.truncate is None else req.truncate
         if req.texts:
-            encodings = await self.tokenize(self.prompted(req), truncate=req.truncate)
+            encodings = await self.tokenize(self.prompted(req), truncate=truncate)
             return [np.asarray(enc.ids, dtype=np.int64) for enc in encodings]
-        return self._check_ids(req.token_ids, truncate=req.truncate or self.auto_truncate)
+        return self._check_ids(req.token_ids, truncate=truncate)
 
     def prompted(self, req: EncodeInput) -> Sequence[str]:
         """The texts with the prompt the request names (or the model's default one) put before each."""

@@ -334,7 +334,8 @@ class Settings:
     auto_truncate: bool = field(
         default=False,
         metadata=_opt(
-            "cut inputs longer than the model's maximum instead of refusing them, whatever the request says",
+            "cut inputs longer than the model's maximum instead of refusing them, where a request does not say: "
+            "its own truncate wins, false included (encoder.v1's and tei.v1's false is unset, as proto3 has it)",
             parse_bool,
         ),
     )

@@ -162,7 +162,7 @@ def from_request(req: EmbedRequest) -> EncodeInput:
         req.inputs,
         "inputs",
         model=req.model,
-        truncate=bool(req.truncate),
+        truncate=req.truncate,
         normalize=req.normalize,
         dimensions=req.dimensions,
         prompt_name=req.prompt_name,
@@ -250,7 +250,7 @@ def _similarity_call(dataplane: DataPlane, data: Any) -> _Call:
     asked = EncodeInput(
         texts=texts,
         model=req.model,
-        truncate=bool(parameters.truncate),
+        truncate=parameters.truncate,
         normalize=False,
         prompt_name=parameters.prompt_name,
     )

@@ -119,7 +119,7 @@ class TeiServicer:
         asked = EncodeInput(
             texts=[request.inputs],
             model=model_of(context),
-            truncate=request.truncate,
+            truncate=request.truncate or None,  # proto3: false is unset, the server's --auto-truncate
             # unset: true, as TEI reads it (and as TEI's HTTP routes here default it), whatever the model's default
             normalize=request.normalize if request.HasField("normalize") else True,
             prompt_name=request.prompt_name if request.HasField("prompt_name") else None,

@@ -5,7 +5,9 @@
   the rows with other requests');
 - output: `embeddings` FP32 [-1, dim];
 - request parameters (an mhaserve extension): `normalize` and `truncate`, both bools, `prompt_name`, a
-  string, and `dimensions`, an integer, as in encoder.v1's EncodeRequest; the response carries `input_tokens`.
+  string, and `dimensions`, an integer, as in encoder.v1's EncodeRequest (an unset `truncate` is the server's
+  --auto-truncate, a false one refuses a long input: a parameter, unlike a proto3 bool, can be absent); the
+  response carries `input_tokens`.
 
 The gRPC codec (codec.py) and the REST one (rest.py) only take each input's name, datatype, shape and
 contents (raw bytes, or the wire's typed values) and each parameter off their wire; everything from there
@@ -239,7 +241,7 @@ class ParameterReader(Protocol):
 class Options:
     """The request parameters that shape the answer; any other parameter is ignored, as Triton does."""
 
-    truncate: bool = False
+    truncate: bool | None = None  # None: the server's --auto-truncate
     normalize: bool | None = None  # None: the model's default
     prompt_name: str | None = None  # None (or ""): the model's default prompt
     dimensions: int | None = None  # None: every dimension; else the leading ones, renormalised (the pipeline checks)
@@ -250,7 +252,7 @@ def request_options(read: ParameterReader) -> Options:
     # Read in this order: of several bad parameters, the first named here is the one reported.
     normalize, truncate = read("normalize", bool), read("truncate", bool)
     prompt_name, dimensions = read("prompt_name", str) or None, read("dimensions", int)
-    return Options(truncate=bool(truncate), normalize=normalize, prompt_name=prompt_name, dimensions=dimensions)
+    return Options(truncate=truncate, normalize=normalize, prompt_name=prompt_name, dimensions=dimensions)
 
 
 def encode_input(inputs: Mapping[str, Tensor], options: Options, *, model: str, version: str | None) -> EncodeInput:

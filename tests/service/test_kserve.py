@@ -110,7 +110,9 @@ def test_raw_and_typed_contents_convert_alike() -> None:
 
 def test_parameters_become_the_request_options() -> None:
     request = text_request(["x"])
-    assert (from_pb(request).normalize, from_pb(request).truncate) == (None, False)
+    assert (from_pb(request).normalize, from_pb(request).truncate) == (None, None)  # None: the server's choice
+    request.parameters["truncate"].CopyFrom(bool_param(False))
+    assert from_pb(request).truncate is False  # said, so it wins over --auto-truncate
     request.parameters["normalize"].CopyFrom(bool_param(False))
     request.parameters["truncate"].CopyFrom(bool_param(True))
     request.parameters["priority"].CopyFrom(pb.InferParameter(int64_param=1))  # Triton's: ignored

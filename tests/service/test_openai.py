@@ -234,6 +234,20 @@ def test_truncate_is_an_extension_field(http_server: ServerThread) -> None:
     assert response.usage.prompt_tokens == 160
 
 
+def test_truncate_false_wins_over_auto_truncate(start: Start, settings: Settings) -> None:
+    """With --auto-truncate, a request that leaves truncate out (or null) is cut; one that says false is refused,
+    its own choice, as on TEI's routes."""
+    srv = start(dataclasses.replace(settings, http_port=free_port(), auto_truncate=True))
+    c, long = client(srv), "word " * 400
+    assert c.embeddings.create(input=long, model="tiny").usage.prompt_tokens == 160
+    null = request("POST", srv.http_url + "/v1/embeddings", {"input": long, "model": "tiny", "truncate": None})
+    assert null.status == 200 and null.json()["usage"]["prompt_tokens"] == 160
+    for asked in (long, [7] * 161):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.embeddings.create(input=asked, model="tiny", extra_body={"truncate": False})
+        assert "tokens long, more than the model's maximum of 160" in e.value.message
+
+
 def test_an_unknown_model_is_not_found(http_server: ServerThread) -> None:
     with pytest.raises(openai.NotFoundError) as e:
         client(http_server).embeddings.create(input="a", model="text-embedding-3-small")

@@ -217,3 +217,31 @@ def test_token_ids_cut_to_the_maximum_keep_their_closing_special_token_as_a_text
     assert from_ids == from_text == [model.tokenizer.encode(text).ids]
     assert len(from_text[0]) == pipeline.max_tokens
     assert from_bare == [bare[: pipeline.max_tokens]]
+
+
+def test_a_requests_own_truncate_wins_over_the_servers(tiny_repo: Path) -> None:
+    """A request's truncate, true or false, is what it says; only an unset one (None) is the server's
+    --auto-truncate, as text-embeddings-inference reads `truncate.unwrap_or(auto_truncate)`: an explicit false
+    was cut by --auto-truncate, silently, where TEI refuses the input."""
+    repository = ModelRepository(tiny_repo)
+    model = repository.load(repository.entry(), ScriptedEngine().factory())
+    limit = model.entry.max_tokens
+    text, token_ids = "a " * limit, [7] * (limit + 1)
+
+    async def lengths(pipeline: Pipeline, truncate: bool | None) -> list[int] | str:
+        asked = (EncodeInput(texts=[text], truncate=truncate), EncodeInput(token_ids=[token_ids], truncate=truncate))
+        try:
+            return [len(seq) for req in asked for seq in await asyncio.wait_for(pipeline.encode_pre(req), WAIT)]
+        except InvalidArgument as e:
+            return e.message
+
+    for auto in (True, False):
+        batcher, metrics = Batcher(model.engine, limits=CPU_LIMITS), ModelMetrics(Metrics(), "m", 1)
+        pipeline = Pipeline(model, batcher, CPU_LIMITS, metrics, auto_truncate=auto)
+        try:
+            got = {truncate: asyncio.run(lengths(pipeline, truncate)) for truncate in (True, False, None)}
+        finally:
+            pipeline.close()
+        assert got[True] == [limit, limit], auto
+        assert f"input 0 is {limit + 2} tokens long" in str(got[False]), auto
+        assert got[None] == (got[True] if auto else got[False]), auto

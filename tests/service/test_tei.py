@@ -199,6 +199,17 @@ def test_truncate_null_is_the_servers_choice(start: Start, settings: Settings) -
     for body in ({"inputs": long}, {"inputs": long, "truncate": None}):
         reply = embed(auto, body)
         assert reply.status == 200 and len(reply.json()[0]) == 32
+    # an explicit false is the request's own, refused as TEI refuses it (`truncate.unwrap_or(auto_truncate)`)
+    for path in ("/embed", "/", "/invocations"):
+        reply = embed(auto, {"inputs": long, "truncate": False}, path=path)
+        assert reply.status == 400 and "1602 tokens long" in reply.json()["error"], path
+    similarity = {"inputs": {"source_sentence": long, "sentences": ["a"]}}
+    assert embed(auto, similarity, path="/similarity").status == 200
+    reply = embed(auto, {**similarity, "parameters": {"truncate": False}}, path="/similarity")
+    assert reply.status == 400 and "inputs.source_sentence is 1602 tokens long" in reply.json()["error"]
+    with pytest.raises(HfHubHTTPError) as e:
+        InferenceClient(model=auto.http_url, timeout=WAIT).feature_extraction(long, truncate=False)
+    assert e.value.response is not None and e.value.response.status_code == 400
 
 
 def test_refusals_before_the_route_are_in_teis_shape_too(start: Start, settings: Settings, tmp_path: Any) -> None:
