@@ -550,7 +550,12 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=None,
         help="L2-normalise the embeddings (default: the model's own default)",
     )
-    p.add_argument("--truncate", action="store_true", help="cut texts longer than the model's maximum")
+    p.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut texts longer than the model's maximum (without it, the server's --auto-truncate decides: on by "
+        "default)",
+    )
     p.add_argument(
         "--dimensions",
         type=_positive_int,

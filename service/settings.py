@@ -331,11 +331,14 @@ class Settings:
         ),
     )
     log_level: str = field(default="info", metadata=_opt("log level", str.lower, LOG_LEVELS))
+    # On, as text-embeddings-inference's since v1.9.2 and as sentence-transformers cuts a text at max_seq_length:
+    # RAG frameworks' default chunks (LlamaIndex's 1,024 tokens) and TEI's clients expect a long text embedded.
     auto_truncate: bool = field(
-        default=False,
+        default=True,
         metadata=_opt(
             "cut inputs longer than the model's maximum instead of refusing them, where a request does not say: "
-            "its own truncate wins, false included (encoder.v1's and tei.v1's false is unset, as proto3 has it)",
+            "its own truncate wins, false included (encoder.v1's and tei.v1's false is unset, as proto3 has it); "
+            "--no-auto-truncate refuses them",
             parse_bool,
         ),
     )

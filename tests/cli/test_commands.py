@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -174,9 +175,9 @@ def test_serve_refuses_to_start_without_the_model(tmp_path: Path, tiny_repo: Pat
 
 @pytest.fixture(scope="module")
 def server(tiny_repo: Path) -> Iterator[ServerThread]:
-    srv = ServerThread(
-        Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1)
-    )
+    # --no-auto-truncate, so that a long text is refused unless `encode --truncate` asks it cut
+    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1)
+    srv = ServerThread(dataclasses.replace(settings, auto_truncate=False))
     yield srv.ready()
     srv.stop()
 

@@ -23,7 +23,7 @@ def test_defaults() -> None:
     s = build({}, env={})
     assert s == Settings()
     assert (s.repository, s.model, s.host, s.port, s.metrics_port) == (Path("models"), (), "127.0.0.1", 50051, 8000)
-    assert (s.http_port, s.model_control, s.repository_poll_s, s.auto_truncate) == (8080, "none", 5.0, False)
+    assert (s.http_port, s.model_control, s.repository_poll_s, s.auto_truncate) == (8080, "none", 5.0, True)
     assert (s.device, s.graph, s.batching, s.grace_period, s.log_level) == ("auto", "auto", "length", 30.0, "info")
     assert s.limits(on_cuda=False) == CPU_LIMITS
     assert s.limits(on_cuda=True) == CUDA_LIMITS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -64,7 +65,7 @@ def test_gpu_check_fails_clearly_without_cuda(tiny_entry: Path, capsys: pytest.C
 def test_the_throughput_run_asks_for_truncation(settings: Settings, start: Callable[..., ServerThread]) -> None:
     """The run's longest texts are more than the tiny model's 160 tokens: without truncate the server refuses them
     (the first GPU host found this: the check failed with INVALID_ARGUMENT after parity passed). Runs on the CPU."""
-    srv = start(settings)
+    srv = start(dataclasses.replace(settings, auto_truncate=False))
 
     async def run() -> str:
         async with grpc.aio.insecure_channel(srv.address) as channel:

@@ -585,6 +585,18 @@ def test_kserve_parameters_set_to_null_are_unset_and_dimensions_shape_the_output
         assert reply.status == 400 and says in reply.json()["error"], (bad, reply.body[:300])
 
 
+def test_kserve_rest_cuts_a_long_text_by_default_unless_truncate_is_false(srv: ServerThread) -> None:
+    """--auto-truncate is on by default (null is unset too); an explicit truncate false wins over it."""
+    long = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["word " * 400]}
+    infer = url(srv, "/v2/models/tiny/infer")
+    asked = request("POST", infer, {"inputs": [long], "parameters": {"truncate": True}})
+    for parameters in ({}, {"truncate": None}):
+        reply = request("POST", infer, {"inputs": [long], "parameters": parameters})
+        assert reply.status == 200 and reply.json()["outputs"] == asked.json()["outputs"], reply.body[:300]
+    refused = request("POST", infer, {"inputs": [long], "parameters": {"truncate": False}})
+    assert refused.status == 400 and "1602 tokens long" in refused.json()["error"]
+
+
 def test_responses_are_not_held_back_by_nagles_algorithm(srv: ServerThread) -> None:
     """Every accepted connection has TCP_NODELAY: without it each keep-alive response's body waited
     for the client's delayed ACK of its head, ~45 ms a request (found by the bench, 3x gRPC's latency)."""
@@ -664,7 +676,7 @@ def test_health_info_and_the_openapi_document(srv: ServerThread) -> None:
     assert (info["model_id"], info["model_sha"], info["model_dtype"]) == (info["source"], info["sha256"], "float32")
     assert info["max_concurrent_requests"] == info["limits"]["max_queue_size"] and info["max_client_batch_size"] == 8
     assert info["max_batch_tokens"] == info["limits"]["max_batch_tokens"] and info["max_batch_requests"] is None
-    assert info["auto_truncate"] is False
+    assert info["auto_truncate"] is True  # as TEI's default
     document = request("GET", url(srv, "/openapi.json")).json()
     assert {"/v1/embeddings", "/v1/models", "/v2/models/{model_name}/infer", "/tokenize", "/info", "/health"} <= set(
         document["paths"]
@@ -744,7 +756,7 @@ PARITY_BODIES: list[tuple[bytes, str]] = [
     (b'{"input": ""}', "application/json"),
     (b'{"input": "x", "model": "nope"}', "application/json"),
     (b'{"input": "x", "dimensions": 0}', "application/json"),
-    (json.dumps({"input": "word " * 300}).encode(), "application/json"),  # past the maximum, no truncate
+    (json.dumps({"input": "word " * 300, "truncate": False}).encode(), "application/json"),  # past the maximum
 ]
 
 
@@ -761,7 +773,7 @@ TEI_PARITY_BODIES: list[tuple[bytes, str]] = [
     (b'{"inputs": ""}', "application/json"),
     (b'{"inputs": "x", "model": "nope"}', "application/json"),
     (b'{"inputs": "x", "truncation_direction": "left"}', "application/json"),
-    (json.dumps({"inputs": "word " * 300}).encode(), "application/json"),  # past the maximum, no truncate
+    (json.dumps({"inputs": "word " * 300, "truncate": False}).encode(), "application/json"),  # past the maximum
 ]
 
 SIMILARITY = {"source_sentence": "hello world", "sentences": ["a", "b"]}
@@ -776,7 +788,12 @@ SIMILARITY_PARITY_BODIES: list[tuple[bytes, str]] = [
     (b'{"inputs": {"source_sentence": "", "sentences": ["a"]}}', "application/json"),
     (json.dumps({"inputs": SIMILARITY, "model": "nope"}).encode(), "application/json"),
     (json.dumps({"inputs": SIMILARITY, "parameters": {"truncation_direction": "left"}}).encode(), "application/json"),
-    (json.dumps({"inputs": {"source_sentence": "word " * 300, "sentences": ["a"]}}).encode(), "application/json"),
+    (
+        json.dumps(
+            {"inputs": {"source_sentence": "word " * 300, "sentences": ["a"]}, "parameters": {"truncate": False}}
+        ).encode(),
+        "application/json",
+    ),
 ]
 
 

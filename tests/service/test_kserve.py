@@ -178,13 +178,17 @@ def test_normalize_and_truncate_parameters(stubs: tuple[Any, Any]) -> None:
     expected = vectors(v1.Encode(epb.EncodeRequest(texts=["hello"], normalize=False), timeout=WAIT))
     assert np.abs(raw - expected).max() <= 1e-6 and abs(np.linalg.norm(raw) - 1) > 1e-3
 
+    # --auto-truncate is on by default: a long text is cut as truncate true cuts it; an explicit false refuses it
     long = text_request(["a " * 200])
+    default = v2.ModelInfer(long, timeout=WAIT)
+    long.parameters["truncate"].CopyFrom(bool_param(True))
+    response = v2.ModelInfer(long, timeout=WAIT)
+    assert response.parameters["input_tokens"].int64_param == default.parameters["input_tokens"].int64_param == MAX
+    np.testing.assert_array_equal(embeddings(default), embeddings(response))
+    long.parameters["truncate"].CopyFrom(bool_param(False))
     with pytest.raises(grpc.RpcError) as e:
         v2.ModelInfer(long, timeout=WAIT)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "202 tokens long" in e.value.details()
-    long.parameters["truncate"].CopyFrom(bool_param(True))
-    response = v2.ModelInfer(long, timeout=WAIT)
-    assert response.parameters["input_tokens"].int64_param == MAX
 
 
 def test_request_id_and_version(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
@@ -209,6 +213,11 @@ def _both_contents() -> Any:
 def _param(name: str, value: pb.InferParameter) -> Any:
     request = text_request(["a"])
     request.parameters[name].CopyFrom(value)
+    return request
+
+
+def _no_truncate(request: Any) -> Any:
+    request.parameters["truncate"].CopyFrom(bool_param(False))  # else cut by the default --auto-truncate
     return request
 
 
@@ -390,7 +399,10 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
     # The pipeline's own checks, the same as Encode's.
     "too many inputs": (lambda: text_request(["a"] * 9), "9 inputs in one request; the limit is 8"),
     "token id past the vocabulary": (lambda: ids_request([[2, 256]]), "token id 256, outside the vocabulary [0, 256)"),
-    "ids too long": (lambda: ids_request([[5] * (MAX + 1)]), f"input 0 is {MAX + 1} tokens long"),
+    "ids too long without truncate": (
+        lambda: _no_truncate(ids_request([[5] * (MAX + 1)])),
+        f"input 0 is {MAX + 1} tokens",
+    ),
 }
 
 

@@ -328,7 +328,9 @@ def test_prompts_max_length_and_normalize_from_the_serving_config(tmp_path: Path
     export(tmp_path, "e5", 1, seed=5)
     config = {"prompts": {"query": "query: ", "passage": "passage: "}, "max_length": 24, "normalize": False}
     (tmp_path / "e5" / "serving.json").write_text(json.dumps(config))
-    with ServerThread(settings(tmp_path, "e5", http_port=free_port())) as srv, srv.ready().channel() as channel:
+    # --no-auto-truncate: a text the prompt takes past the maximum is refused, not cut
+    strict = settings(tmp_path, "e5", http_port=free_port(), auto_truncate=False)
+    with ServerThread(strict) as srv, srv.ready().channel() as channel:
         stub = pb_grpc.EncoderServiceStub(channel)
 
         def texts(items: list[str], **kw: Any) -> npt.NDArray[np.float32]:

@@ -153,7 +153,7 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
         ({"input": ["a"] * 9}, "9 inputs in one request; the limit is 8", "input"),
         ({"input": [[2, 300, 3]]}, "token id 300, outside the vocabulary [0, 256)", "input"),
         ({"input": [[2, 2**63, 3]]}, "outside the vocabulary [0, 256)", "input"),
-        ({"input": "word " * 400}, "more than the model's maximum of 160", "input"),
+        ({"input": "word " * 400, "extra_body": {"truncate": False}}, "more than the model's maximum of 160", "input"),
         ({"input": "a", "dimensions": 33}, "dimensions is 33; this model's embeddings have 32", "dimensions"),
         ({"input": "a", "dimensions": 0}, "dimensions is 0", "dimensions"),
         ({"input": "a", "encoding_format": "float16"}, "encoding_format", "encoding_format"),
@@ -234,18 +234,32 @@ def test_truncate_is_an_extension_field(http_server: ServerThread) -> None:
     assert response.usage.prompt_tokens == 160
 
 
-def test_truncate_false_wins_over_auto_truncate(start: Start, settings: Settings) -> None:
-    """With --auto-truncate, a request that leaves truncate out (or null) is cut; one that says false is refused,
-    its own choice, as on TEI's routes."""
-    srv = start(dataclasses.replace(settings, http_port=free_port(), auto_truncate=True))
-    c, long = client(srv), "word " * 400
-    assert c.embeddings.create(input=long, model="tiny").usage.prompt_tokens == 160
-    null = request("POST", srv.http_url + "/v1/embeddings", {"input": long, "model": "tiny", "truncate": None})
+def test_a_long_text_is_cut_by_default_unless_the_request_says_truncate_false(http_server: ServerThread) -> None:
+    """--auto-truncate is on by default, as text-embeddings-inference's, whose OpenAI route embeds a long text
+    as sentence-transformers does (cut at the model's maximum): a client that sends no truncate gets what
+    truncate true gives; an explicit false wins over the server's setting, and is refused as before."""
+    c = client(http_server)
+    long = "word " * 400
+    cut = c.embeddings.create(input=[long, "a"], model="tiny")
+    asked = c.embeddings.create(input=[long, "a"], model="tiny", extra_body={"truncate": True})
+    assert cut.usage.prompt_tokens == asked.usage.prompt_tokens == 160 + 3
+    np.testing.assert_array_equal(vectors(cut), vectors(asked))
+    np.testing.assert_allclose(vectors(cut), encode(http_server, texts=[long, "a"], truncate=True), atol=1e-6)
+    null = request("POST", http_server.http_url + "/v1/embeddings", {"input": long, "model": "tiny", "truncate": None})
     assert null.status == 200 and null.json()["usage"]["prompt_tokens"] == 160
-    for asked in (long, [7] * 161):
+    for asked_input in (long, [7] * 161):
         with pytest.raises(openai.BadRequestError) as e:
-            c.embeddings.create(input=asked, model="tiny", extra_body={"truncate": False})
+            c.embeddings.create(input=asked_input, model="tiny", extra_body={"truncate": False})
         assert "tokens long, more than the model's maximum of 160" in e.value.message
+
+
+def test_no_auto_truncate_refuses_a_long_text(start: Start, settings: Settings) -> None:
+    srv = start(dataclasses.replace(settings, http_port=free_port(), auto_truncate=False))
+    with pytest.raises(openai.BadRequestError) as e:
+        client(srv).embeddings.create(input="word " * 400, model="tiny")
+    assert "input 0 is 1602 tokens long, more than the model's maximum of 160" in e.value.message
+    response = client(srv).embeddings.create(input="word " * 400, model="tiny", extra_body={"truncate": True})
+    assert response.usage.prompt_tokens == 160
 
 
 def test_an_unknown_model_is_not_found(http_server: ServerThread) -> None:

@@ -304,7 +304,7 @@ def test_requests_that_reach_a_model_are_counted_by_model_and_status(
     before = {code: counted(code) for code in ("OK", "INVALID_ARGUMENT")}
     stub.Encode(pb.EncodeRequest(texts=["a", "b"]), timeout=WAIT)
     stub.EncodeStream(iter([pb.EncodeRequest(texts=["c"])]), timeout=WAIT).next()
-    for request in (pb.EncodeRequest(texts=["a " * 200]), pb.EncodeRequest(model="nope", texts=["x"])):
+    for request in (ids([2, 256, 3]), pb.EncodeRequest(model="nope", texts=["x"])):
         with pytest.raises(grpc.RpcError):
             stub.Encode(request, timeout=WAIT)
     assert counted("OK") - before["OK"] == 2
@@ -322,7 +322,7 @@ def test_encode_stream_answers_in_order_and_survives_a_bad_request(
     before = {c: server.samples().get("mhaserve_stream_responses_total", method=method, code=c) for c in CODES}
     requests = [
         pb.EncodeRequest(texts=["first"]),
-        pb.EncodeRequest(texts=["a " * 200]),  # too long: an error response, not the end of the stream
+        ids([2, 256, 3]),  # past the vocabulary: an error response, not the end of the stream
         pb.EncodeRequest(texts=["third", "fourth"]),
         pb.EncodeRequest(model="nope", texts=["x"]),
         ids([2, 5, 3]),
@@ -330,7 +330,7 @@ def test_encode_stream_answers_in_order_and_survives_a_bad_request(
     responses = list(stub.EncodeStream(iter(requests), timeout=WAIT))
     assert len(responses) == len(requests)
     assert responses[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert "202 tokens" in responses[1].error.message and not responses[1].embeddings
+    assert "token id 256" in responses[1].error.message and not responses[1].embeddings
     assert responses[3].error.code == grpc.StatusCode.NOT_FOUND.value[0]
     # the stream's status is OK: each response is counted by the status it carries, for the alerts
     after = {c: server.samples().get("mhaserve_stream_responses_total", method=method, code=c) for c in CODES}
@@ -376,11 +376,6 @@ INVALID = {
         "either texts or token_ids",
     ),
     "too many inputs": (pb.EncodeRequest(texts=["a"] * 9), "9 inputs in one request; the limit is 8"),
-    "text too long": (
-        pb.EncodeRequest(texts=["ok", "a " * 200]),
-        f"input 1 is 202 tokens long, more than the model's maximum of {MAX}",
-    ),
-    "token ids too long": (ids([5] * (MAX + 1)), f"input 0 is {MAX + 1} tokens long"),
     "token id past the vocabulary": (
         ids([2, 3], [2, 256, 3]),
         "input 1 has token id 256, outside the vocabulary [0, 256)",
@@ -397,6 +392,40 @@ def test_invalid_argument(stub: pb_grpc.EncoderServiceStub, case: str) -> None:
         stub.Encode(request, timeout=WAIT)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in e.value.details()
+
+
+def test_a_long_input_is_cut_by_default(stub: pb_grpc.EncoderServiceStub) -> None:
+    """--auto-truncate is on by default, as text-embeddings-inference has it and as sentence-transformers cuts a
+    text at max_seq_length: a text or token list past the model's maximum is embedded as with truncate. A
+    false truncate is an unset one in proto3, the server's choice."""
+    cut = stub.Encode(ids([7] * (MAX + 40)), timeout=WAIT)
+    assert cut.usage.input_tokens == MAX
+    np.testing.assert_array_equal(vectors(cut), vectors(stub.Encode(ids([7] * MAX), timeout=WAIT)))
+    text = "a " * 200
+    cut = stub.Encode(pb.EncodeRequest(texts=["a", text], truncate=False), timeout=WAIT)
+    asked = stub.Encode(pb.EncodeRequest(texts=["a", text], truncate=True), timeout=WAIT)
+    assert cut.usage.input_tokens == asked.usage.input_tokens == 3 + MAX
+    np.testing.assert_array_equal(vectors(cut), vectors(asked))
+
+
+def test_no_auto_truncate_refuses_a_long_input(start: Start, settings: Settings) -> None:
+    """--no-auto-truncate: an input past the model's maximum is refused, unless the request sets truncate."""
+    srv = start(dataclasses.replace(settings, auto_truncate=False))
+    refused = {
+        "text too long": (
+            pb.EncodeRequest(texts=["ok", "a " * 200]),
+            f"input 1 is 202 tokens long, more than the model's maximum of {MAX}",
+        ),
+        "token ids too long": (ids([5] * (MAX + 1)), f"input 0 is {MAX + 1} tokens long"),
+    }
+    with srv.channel() as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        for case, (request, message) in refused.items():
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Encode(request, timeout=WAIT)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.details(), case
+            request.truncate = True
+            assert stub.Encode(request, timeout=WAIT).embeddings, case
 
 
 def test_not_found(stub: pb_grpc.EncoderServiceStub) -> None:

@@ -68,7 +68,7 @@ def test_huggingface_hubs_client_gets_encodes_vectors(srv: ServerThread) -> None
 def test_huggingface_hubs_client_raises_with_the_servers_message(srv: ServerThread) -> None:
     client = InferenceClient(model=srv.http_url, timeout=WAIT)
     with pytest.raises(HfHubHTTPError) as e:
-        client.feature_extraction("word " * 400)
+        client.feature_extraction("word " * 400, truncate=False)
     assert e.value.response is not None and e.value.response.status_code == 400
     assert "more than the model's maximum of 160" in str(e.value)
     with pytest.raises(HfHubHTTPError) as e:
@@ -115,12 +115,12 @@ SIMILARITY_ERRORS = [
     # a text too long is named by its field, as the empty ones are (by the list the pipeline embeds once:
     # "input 2 is ... set truncate")
     (
-        {"inputs": {"source_sentence": "word " * 400, "sentences": ["a"]}},
+        {"inputs": {"source_sentence": "word " * 400, "sentences": ["a"]}, "parameters": {"truncate": False}},
         400,
         "inputs.source_sentence is 1602 tokens long, more than the model's maximum of 160",
     ),
     (
-        {"inputs": {"source_sentence": "a", "sentences": ["b", "word " * 400]}},
+        {"inputs": {"source_sentence": "a", "sentences": ["b", "word " * 400]}, "parameters": {"truncate": False}},
         400,
         "inputs.sentences 1 is 1602 tokens long, more than the model's maximum of 160 (special tokens included); "
         "shorten it or set parameters.truncate",
@@ -169,7 +169,7 @@ def test_token_ids_and_the_model_extension(srv: ServerThread) -> None:
         ({"inputs": ["a"] * 9}, 400, "9 inputs in one request; the limit is 8"),
         ({"inputs": [[2, 300, 3]]}, 400, "token id 300, outside the vocabulary [0, 256)"),
         ({"inputs": ["a", [2, 3]]}, 400, "inputs: must be a text, a list of texts, a list of token ids"),
-        ({"inputs": "word " * 400}, 400, "more than the model's maximum of 160"),
+        ({"inputs": "word " * 400, "truncate": False}, 400, "more than the model's maximum of 160"),
         ({"inputs": "a", "truncation_direction": "left"}, 400, "truncation_direction left is not served"),
         ({"inputs": "a", "truncation_direction": "middle"}, 400, "truncation_direction"),
         ({"inputs": "a", "dimensions": 33}, 400, "dimensions is 33; this model's embeddings have 32"),
@@ -192,24 +192,35 @@ def test_bad_requests_are_answered_in_teis_shape(srv: ServerThread, body: Any, s
 
 
 def test_truncate_null_is_the_servers_choice(start: Start, settings: Settings) -> None:
-    """TEI reads a missing or null truncate as the server's --auto-truncate."""
+    """TEI reads a missing or null truncate as the server's --auto-truncate (on by default, as TEI's since
+    v1.9.2), and an explicit one as it says: a long text is embedded as truncate true embeds it (as
+    sentence-transformers cuts it), unless the request or --no-auto-truncate says otherwise."""
     long = "word " * 400
-    assert embed(start(dataclasses.replace(settings, http_port=free_port())), {"inputs": long}).status == 400
-    auto = start(dataclasses.replace(settings, http_port=free_port(), auto_truncate=True))
-    for body in ({"inputs": long}, {"inputs": long, "truncate": None}):
-        reply = embed(auto, body)
-        assert reply.status == 200 and len(reply.json()[0]) == 32
-    # an explicit false is the request's own, refused as TEI refuses it (`truncate.unwrap_or(auto_truncate)`)
+    similarity = {"inputs": {"source_sentence": long, "sentences": ["a", "word"]}}
+    auto = start(dataclasses.replace(settings, http_port=free_port()))
+    client = InferenceClient(model=auto.http_url, timeout=WAIT)
+    expected = encode(auto, texts=[long], normalize=True, truncate=True)
+    np.testing.assert_allclose(client.feature_extraction(long), expected, atol=1e-6)
+    cosine = embed(auto, {**similarity, "parameters": {"truncate": True}}, path="/similarity").json()
     for path in ("/embed", "/", "/invocations"):
+        for body in ({"inputs": long}, {"inputs": long, "truncate": None}):
+            reply = embed(auto, body, path=path)
+            assert reply.status == 200, (path, reply.body[:300])
+            np.testing.assert_allclose(reply.json(), expected, atol=1e-6)
         reply = embed(auto, {"inputs": long, "truncate": False}, path=path)
         assert reply.status == 400 and "1602 tokens long" in reply.json()["error"], path
-    similarity = {"inputs": {"source_sentence": long, "sentences": ["a"]}}
-    assert embed(auto, similarity, path="/similarity").status == 200
-    reply = embed(auto, {**similarity, "parameters": {"truncate": False}}, path="/similarity")
-    assert reply.status == 400 and "inputs.source_sentence is 1602 tokens long" in reply.json()["error"]
+    assert embed(auto, similarity, path="/similarity").json() == cosine
+    no_cut = embed(auto, {**similarity, "parameters": {"truncate": False}}, path="/similarity")
+    assert no_cut.status == 400 and "inputs.source_sentence is 1602 tokens long" in no_cut.json()["error"]
     with pytest.raises(HfHubHTTPError) as e:
-        InferenceClient(model=auto.http_url, timeout=WAIT).feature_extraction(long, truncate=False)
+        client.feature_extraction(long, truncate=False)
     assert e.value.response is not None and e.value.response.status_code == 400
+
+    strict = start(dataclasses.replace(settings, http_port=free_port(), auto_truncate=False))
+    for body in ({"inputs": long}, {"inputs": long, "truncate": None}):
+        assert embed(strict, body).status == 400
+    np.testing.assert_allclose(embed(strict, {"inputs": long, "truncate": True}).json(), expected, atol=1e-6)
+    assert embed(strict, similarity, path="/similarity").status == 400
 
 
 def test_refusals_before_the_route_are_in_teis_shape_too(start: Start, settings: Settings, tmp_path: Any) -> None:
@@ -324,7 +335,11 @@ def test_a_json_lines_body_never_fills_the_queue_by_itself(tiny_repo: Any) -> No
         (b'{"inputs": "a"}\n{"inputs": ""}', 400, "line 2: input 0 is an empty string"),
         (b'{"inputs": "a"}\n{"inputs": "a", "model": "nope"}', 404, "line 2: model 'nope' is not served here"),
         # found only once computed: nothing is answered but the error
-        (b'{"inputs": "a"}\n{"inputs": "a"}\n{"inputs": "' + b"word " * 400 + b'"}', 400, "line 3: input 0 is"),
+        (
+            b'{"inputs": "a"}\n{"inputs": "a"}\n{"inputs": "' + b"word " * 400 + b'", "truncate": false}',
+            400,
+            "line 3: input 0 is",
+        ),
         (b"", 400, "the JSON Lines body has no lines"),
         (b'{"inputs": "a"}\n' * 65537, 413, "65537 lines in one JSON Lines body; the most in one is 65536"),
     ],

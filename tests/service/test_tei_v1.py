@@ -5,6 +5,7 @@ server answers as usual after every refusal."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
@@ -78,6 +79,9 @@ def test_embed_gives_encodes_vectors(channel: grpc.Channel) -> None:
     truncated = stub.Embed(pb.EmbedRequest(inputs=long, truncate=True), timeout=WAIT)
     np.testing.assert_allclose(truncated.embeddings, encode(channel, [long], truncate=True)[0], rtol=0, atol=1e-6)
     assert truncated.metadata.compute_tokens == 160
+    # --auto-truncate is on by default; a false truncate is an unset one in proto3, the server's choice
+    default = stub.Embed(pb.EmbedRequest(inputs=long), timeout=WAIT)
+    np.testing.assert_array_equal(default.embeddings, truncated.embeddings)
 
 
 def test_a_unary_embed_carries_teis_timing_headers(channel: grpc.Channel) -> None:
@@ -106,7 +110,8 @@ def test_embed_stream_answers_in_order_and_a_failed_request_ends_it(channel: grp
     np.testing.assert_allclose([r.embeddings for r in replies], expected, rtol=0, atol=1e-6)
     # TEI's responses carry no error: a request that fails ends the stream with its status, after the answers
     # to the requests before it.
-    requests = [pb.EmbedRequest(inputs="fine"), pb.EmbedRequest(inputs="word " * 400), pb.EmbedRequest(inputs="x")]
+    left = pb.EmbedRequest(inputs="word", truncation_direction=pb.TRUNCATION_DIRECTION_LEFT)
+    requests = [pb.EmbedRequest(inputs="fine"), left, pb.EmbedRequest(inputs="x")]
     call = stub.EmbedStream(iter(requests), timeout=WAIT)
     got = []
     with pytest.raises(grpc.RpcError) as e:
@@ -114,14 +119,24 @@ def test_embed_stream_answers_in_order_and_a_failed_request_ends_it(channel: grp
             got.append(reply)
     assert len(got) == 1
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "more than the model's maximum of 160" in (e.value.details() or "")
+    assert "truncation_direction LEFT is not served" in (e.value.details() or "")
+
+
+def test_no_auto_truncate_refuses_a_long_text(start: Any, settings: Any) -> None:
+    """tei.v1's truncate is a proto3 bool: false is unset, and the server's --no-auto-truncate refuses."""
+    with start(dataclasses.replace(settings, auto_truncate=False)).channel() as channel:
+        stub, long = pb_grpc.EmbedStub(channel), "word " * 400
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Embed(pb.EmbedRequest(inputs=long), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "1602 tokens long, more than the model's maximum of 160" in (e.value.details() or "")
+        assert stub.Embed(pb.EmbedRequest(inputs=long, truncate=True), timeout=WAIT).metadata.compute_tokens == 160
 
 
 @pytest.mark.parametrize(
     ("embed", "code", "message"),
     [
         (pb.EmbedRequest(inputs=""), grpc.StatusCode.INVALID_ARGUMENT, "inputs is an empty string"),
-        (pb.EmbedRequest(inputs="word " * 400), grpc.StatusCode.INVALID_ARGUMENT, "more than the model's maximum"),
         (
             pb.EmbedRequest(inputs="a", truncation_direction=pb.TRUNCATION_DIRECTION_LEFT),
             grpc.StatusCode.INVALID_ARGUMENT,
