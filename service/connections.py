@@ -193,15 +193,18 @@ class ConnectionLimit:
         self.refused[protocol] += 1
         if self._metric is not None:
             self._metric.labels(protocol).inc()
-        left_out = self._lines.passes("refused")
+        self._warn(
+            "refused",
+            "refused a new %s connection: %d connections are open, the limit (--max-connections), and none is silent",
+            protocol,
+            self.open,
+        )
+
+    def _warn(self, kind: str, message: str, *args: object) -> None:
+        """`message`, at most once a minute of each `kind`, saying how many were left out since the last."""
+        left_out = self._lines.passes(kind)
         if left_out is not None:
-            log.warning(
-                "refused a new %s connection: %d connections are open, the limit (--max-connections), and none "
-                "is silent%s",
-                protocol,
-                self.open,
-                f" ({left_out} more since the last such line)" if left_out else "",
-            )
+            log.warning("%s%s", message % args, f" ({left_out} more since the last such line)" if left_out else "")
 
     def _add_silent(
         self, protocol: str, connection: asyncio.BaseProtocol | None, transport: asyncio.Transport | None
@@ -225,16 +228,14 @@ class ConnectionLimit:
         self.closed_silent[cut] += 1
         if self._closed_metric is not None:
             self._closed_metric.labels(cut).inc()
-        left_out = self._lines.passes("closed")
-        if left_out is not None:
-            log.warning(
-                "closed the oldest silent %s connection (nothing of a request sent since it connected) for a new "
-                "%s connection: %d connections are open, the limit (--max-connections)%s",
-                cut,
-                protocol,
-                self.open,
-                f" ({left_out} more since the last such line)" if left_out else "",
-            )
+        self._warn(
+            "closed",
+            "closed the oldest silent %s connection (no request sent since it connected) for a new %s connection: %d "
+            "connections are open, the limit (--max-connections)",
+            cut,
+            protocol,
+            self.open,
+        )
         return True
 
     def spoke(self, connection: asyncio.BaseProtocol) -> None:

@@ -54,8 +54,8 @@ def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def secured(tiny_repo: Path, keys_file: Path, grpc_front: str) -> Settings:
+def _keyed(tiny_repo: Path, keys_file: Path, grpc_front: str, **extra: Any) -> Settings:
+    """A server of the tiny model whose callers need the keys of `keys_file`."""
     return Settings(
         grpc_front=grpc_front,
         repository=tiny_repo,
@@ -66,8 +66,13 @@ def secured(tiny_repo: Path, keys_file: Path, grpc_front: str) -> Settings:
         device="cpu",
         intra_op_threads=1,
         api_keys_file=keys_file,
-        api_keys=ApiKeys((ENV_KEY,)),
+        **extra,
     )
+
+
+@pytest.fixture(scope="module")
+def secured(tiny_repo: Path, keys_file: Path, grpc_front: str) -> Settings:
+    return _keyed(tiny_repo, keys_file, grpc_front, api_keys=ApiKeys((ENV_KEY,)))
 
 
 @pytest.fixture(scope="module")
@@ -446,19 +451,7 @@ def budgeted(tiny_repo: Path, keys_file: Path) -> Iterator[ServerThread]:
     """A server with keys whose budget of request bytes still arriving holds one message at the limit: whatever a
     client without a key held of it, a keyed request of that size would be refused. On the lean gRPC front, the
     one that counts gRPC messages against it (grpc.aio's reads them in grpc core)."""
-    settings = Settings(
-        grpc_front="lean",
-        repository=tiny_repo,
-        model=("tiny",),
-        port=0,
-        metrics_port=0,
-        http_port=free_port(),
-        device="cpu",
-        intra_op_threads=1,
-        api_keys_file=keys_file,
-        max_message_bytes=BUDGET,
-        max_incoming_bytes=BUDGET + 5,
-    )
+    settings = _keyed(tiny_repo, keys_file, "lean", max_message_bytes=BUDGET, max_incoming_bytes=BUDGET + 5)
     with ServerThread(settings) as srv:
         yield srv.ready()
 
