@@ -36,6 +36,7 @@ from mhaserve.loadtest.reliability.strategies import Model
 from mhaserve.runtime.errors import ServiceError
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.repository import ModelRepository, RepositoryError
+from mhaserve.service.batching import CPU_LIMITS
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import free_port
@@ -316,10 +317,11 @@ def _deadlines(run: Run, base: Settings, sizes: Sizes) -> None:
 
 def _faults(run: Run, base: Settings, args: argparse.Namespace, sizes: Sizes, workdir: Path) -> None:
     engine = ScriptedEngine(fail_on=POISON, seconds_per_batch=0.002)
-    # A queue that holds every request at once: this scenario is about faults, not refusals (overload's).
-    roomy = dataclasses.replace(
-        base, max_wait_ms=2.0, max_queue_size=max(base.max_queue_size or 0, sizes.fault_requests)
-    )
+    # A queue that holds every request at once: this scenario is about faults, not refusals (overload's). At
+    # least the default, which holds a request of the most inputs a request may hold by default (a smaller queue
+    # is refused at start-up).
+    queue = max(base.max_queue_size or CPU_LIMITS.max_queue_size, sizes.fault_requests)
+    roomy = dataclasses.replace(base, max_wait_ms=2.0, max_queue_size=queue)
     with ServerThread(roomy, engine.factory()) as srv:
         srv.ready()
         faults = _timed(run, "engine errors", lambda: engine_faults(srv, engine, requests=sizes.fault_requests))

@@ -78,7 +78,7 @@ def test_a_flood_of_concurrent_calls_gets_meaningful_codes_never_cancelled(setti
     that a client keeping the limit opened meanwhile (REFUSED_STREAM: never seen by the service, read as
     UNAVAILABLE, safe to retry). The lean front counts a call until it has answered, and refuses none."""
     engine = ScriptedEngine(seconds_per_batch=0.002, record=False)
-    flood = dataclasses.replace(settings, max_queue_size=256, grpc_front=front)
+    flood = dataclasses.replace(settings, max_queue_size=256, max_client_batch_size=4, grpc_front=front)
     with ServerThread(flood, engine.factory()) as srv:
         srv.ready()
         request = scripted_requests()
