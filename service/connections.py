@@ -18,7 +18,10 @@ client, and could not read its model repository (no descriptor left to open a fi
   handshake not done), which is cut, as the metrics port makes room (service/metrics.py). Connections that
   sent nothing (or a request line's first byte, or an HTTP/2 preface) and were reopened as the header timeout
   closed them held the limit otherwise, cheaply, and every
-  new connection was refused: the kubelet's liveness probe among them, which restarted a healthy pod. A connection
+  new connection was refused: the kubelet's liveness probe among them, which restarted a healthy pod. One that
+  sent nothing at all is cut before one that began (a preface, a request line's start, a ClientHello): a real
+  client's connection is begun for a round trip (a gRPC client opens its call once our SETTINGS come), and a
+  burst of connections that sent nothing cut it meanwhile, failing its call UNAVAILABLE. A connection
   that has carried requests is never cut so, even idle (its client may be sending the next one as it closes).
   Each is counted in `mhaserve_connections_closed_silent_total`, by the protocol of the one cut;
 - with none silent, the new connection is closed at once, the server's answer to it depending on its protocol (the
@@ -159,8 +162,12 @@ class ConnectionLimit:
         # A TLS connection's protocol -> whether it was admitted at its accept (True) or refused with a place to be
         # answered (False), until the protocol's own admit() takes that over at the end of the handshake.
         self._at_accept: dict[asyncio.BaseProtocol, bool] = {}
-        # The silent connections, oldest first: protocol -> (its front's name, its transport, to cut it with)
+        # The silent connections, oldest first: protocol -> (its front's name, its transport, to cut it with). Those
+        # that sent nothing yet are cut before those that began (`began`): a real client's connection is begun
+        # for a round trip or two (a gRPC client waits for our SETTINGS before it opens a call, TLS for our
+        # ServerHello), and a burst of connections that sent nothing must not cut it meanwhile.
         self._silent: dict[asyncio.BaseProtocol, tuple[str, asyncio.Transport]] = {}
+        self._begun: dict[asyncio.BaseProtocol, tuple[str, asyncio.Transport]] = {}
         self._cut: set[asyncio.BaseProtocol] = set()  # cut to make room: their place already passed on
         self._metric = refused
         self._closed_metric = closed_silent
@@ -210,16 +217,18 @@ class ConnectionLimit:
         self, protocol: str, connection: asyncio.BaseProtocol | None, transport: asyncio.Transport | None
     ) -> None:
         """A connection just admitted: silent until spoke(). One already there (a TLS connection's, from its accept)
-        keeps its place in the order, oldest first, and takes the transport of its protocol's."""
+        keeps its place in the order, oldest first, begun or not, and takes the transport of its protocol's."""
         if connection is not None and transport is not None:
-            self._silent[connection] = (protocol, transport)
+            (self._begun if connection in self._begun else self._silent)[connection] = (protocol, transport)
 
     def _make_room(self, protocol: str) -> bool:
-        """Cut the oldest silent connection, whose place a new one of `protocol` takes; False if none is silent."""
-        if not self._silent:
+        """Cut the oldest silent connection that sent nothing, else the oldest that began, whose place a new one of
+        `protocol` takes; False if none is silent."""
+        silent = self._silent or self._begun
+        if not silent:
             return False
-        oldest = next(iter(self._silent))
-        cut, transport = self._silent.pop(oldest)
+        oldest = next(iter(silent))
+        cut, transport = silent.pop(oldest)
         # Held at its accept (in its TLS handshake), the place goes with the entry, and the end of the handshake
         # gives nothing back; else its protocol's connection_lost will release() it, which then does nothing.
         if self._at_accept.pop(oldest, None) is None:
@@ -238,9 +247,18 @@ class ConnectionLimit:
         )
         return True
 
+    def began(self, connection: asyncio.BaseProtocol) -> None:
+        """`connection` has sent its first bytes, not yet a request (an HTTP/2 preface, a request line's start, a
+        TLS ClientHello): still silent, but cut only once none that sent nothing is left. Nothing for one that
+        began or spoke already."""
+        entry = self._silent.pop(connection, None)
+        if entry is not None:
+            self._begun[connection] = entry
+
     def spoke(self, connection: asyncio.BaseProtocol) -> None:
         """`connection` has sent something of a request: no longer silent, it is never cut for a new one."""
         self._silent.pop(connection, None)
+        self._begun.pop(connection, None)
 
     def start_answer(self, connection: asyncio.BaseProtocol | None = None) -> bool:
         """Take a place for answering a refused connection before it closes (HTTP's 503), if one is free: each
@@ -278,6 +296,7 @@ class ConnectionLimit:
     def release(self, connection: asyncio.BaseProtocol) -> None:
         """An admitted connection, `connection` its protocol, has closed."""
         self._silent.pop(connection, None)
+        self._begun.pop(connection, None)
         if connection in self._cut:  # its place was a new one's already
             self._cut.discard(connection)
             return
@@ -395,6 +414,7 @@ class _Handshake(asyncio.Protocol):
         if self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
+        self.limit.began(app)  # its ClientHello: its handshake's round trip is not cut for a burst's silent ones
         if data[0] != TLS_HANDSHAKE and self.plaintext is not None and self.plaintext(app, transport, data):
             if transport.get_protocol() is not self:  # the front's protocol took it over, and the place with it
                 self.limit.let_go(app)

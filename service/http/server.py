@@ -207,6 +207,8 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        if self.connection_limit is not None:  # a request line's first byte: cut after those that sent nothing
+            self.connection_limit.began(self)
         self._header_bytes = 0
         self._in_headers = True
         self._arm()

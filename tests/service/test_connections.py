@@ -11,6 +11,7 @@ import http.client
 import json
 import logging
 import resource
+import select
 import socket
 import subprocess
 import sys
@@ -143,6 +144,36 @@ def test_past_the_limit_a_new_connection_closes_the_oldest_silent_one(caplog: py
     assert "closed the oldest silent http connection" in lines[0] and "--max-connections" in lines[0]
     limit.release(spoken)
     assert limit.open == 2
+
+
+def test_a_connection_that_sent_nothing_is_cut_before_one_that_has_begun() -> None:
+    """The bug: a burst of connections that sent nothing, accepted after a real gRPC client's, cut the client's
+    between its preface and its first call (it waits for our SETTINGS first), and its call failed UNAVAILABLE. One
+    that has begun (an HTTP/2 preface, a request line's first byte, a TLS ClientHello) is still silent, but is cut
+    only when none has sent nothing, the oldest begun first."""
+    limit = ConnectionLimit(3)
+    client, idle, attacker, new, newer, newest = (asyncio.Protocol() for _ in range(6))
+    transports = {c: Transport() for c in (client, idle, attacker, new, newer, newest)}
+    for c in (client, idle, attacker):
+        assert limit.admit("grpc", c, transports[c])
+    limit.began(attacker)  # began after the client was admitted, before it began
+    limit.began(client)
+    limit.began(client)  # each read of a connection still silent says so again: its place in the order stays
+    assert limit.admit("http", new, transports[new])
+    assert transports[idle].aborted and not transports[client].aborted  # the idle one, though younger
+    limit.release(idle)
+    assert limit.admit("http", newer, transports[newer])
+    assert transports[new].aborted and not transports[client].aborted  # sent nothing, though newer still
+    limit.release(new)
+    limit.spoke(newer)
+    assert limit.admit("http", newest, transports[newest])
+    assert transports[attacker].aborted and not transports[client].aborted  # the oldest begun
+    limit.release(attacker)
+    limit.spoke(client)
+    limit.began(client)  # a later request's first byte: it has spoken, and stays uncut
+    limit.spoke(newest)
+    assert not limit.admit("http", asyncio.Protocol(), Transport())
+    assert not transports[client].aborted and limit.closed_silent == {"grpc": 2, "http": 1}
 
 
 def test_a_tls_connection_in_its_handshake_is_silent() -> None:
@@ -315,32 +346,45 @@ def _closed(sock: socket.socket) -> bool:
     return True
 
 
+def _still_open(sock: socket.socket) -> bool:
+    """Whether `sock` is open, the server having sent nothing on it (nothing to read, no end of file)."""
+    readable, _, _ = select.select([sock], [], [], 0.2)
+    return not readable
+
+
 def test_a_request_line_begun_or_a_preface_alone_is_silent_too(tiny_repo: Path) -> None:
     """Silent until a request's headers are whole (HTTP) or a call is opened (gRPC): one byte of a request line,
     or an HTTP/2 preface and SETTINGS and no call, held a place until --http-header-timeout or the 5 minutes an
-    idle gRPC connection has, as cheaply as sending nothing, and the probes were refused again."""
+    idle gRPC connection has, as cheaply as sending nothing, and the probes were refused again. Those that began
+    so are cut after those that sent nothing, the oldest begun first."""
     settings = local_settings(tiny_repo, max_connections=3, grpc_front="lean")
     with ServerThread(settings).ready() as srv, held_channels(srv.address, 1):
         http_port = int(srv.http_url.rsplit(":", 1)[1])
         grpc_port = int(srv.address.rsplit(":", 1)[1])
-        begun = socket.create_connection(("127.0.0.1", http_port), timeout=WAIT)
         preface = socket.create_connection(("127.0.0.1", grpc_port), timeout=WAIT)
+        begun = socket.create_connection(("127.0.0.1", http_port), timeout=WAIT)
+        idle: list[socket.socket] = []
         try:
-            begun.sendall(b"GET /hea")
             preface.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            assert preface.recv(9)  # our SETTINGS: its preface was read, before the request line's byte below
+            begun.sendall(b"GET /hea")
             wait_until(lambda: open_count(srv) == 3, "the connections to be counted")
+            idle.append(socket.create_connection(("127.0.0.1", http_port), timeout=WAIT))
+            assert _closed(preface)  # none sent nothing: the oldest begun made room for the idle one
+            assert _still_open(begun)
             assert request("GET", srv.http_url + "/health").status == 200
-            assert _closed(begun)
-            refill = socket.create_connection(("127.0.0.1", http_port), timeout=WAIT)  # younger than the preface
+            assert _closed(idle[0]) and _still_open(begun)  # the one that sent nothing, though younger
+            idle.append(socket.create_connection(("127.0.0.1", http_port), timeout=WAIT))
             wait_until(lambda: open_count(srv) == 3, "the limit to be held again")
             with grpc.insecure_channel(srv.address, options=OWN_CONNECTION) as channel:
-                assert health_status(channel) == "SERVING"
-            assert _closed(preface)
-            assert closed_silent(srv, "http") == 1 and closed_silent(srv, "grpc") == 1
-            refill.close()
+                assert health_status(channel) == "SERVING"  # its preface, then its call, beside `begun`
+                assert _closed(idle[1]) and _still_open(begun)
+                assert request("GET", srv.http_url + "/health").status == 200  # none sent nothing now
+            assert _closed(begun)
+            assert closed_silent(srv, "http") == 3 and closed_silent(srv, "grpc") == 1
         finally:
-            begun.close()
-            preface.close()
+            for s in (preface, begun, *idle):
+                s.close()
 
 
 def test_a_silent_connection_past_the_limit_is_closed_at_the_header_timeout(tiny_repo: Path) -> None:

@@ -344,6 +344,9 @@ class Connection(asyncio.Protocol):
                     raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 del buf[: len(f.PREFACE)]
                 self.preface = True
+                # Still silent until a call opens, but cut after those that sent nothing (connections.py): the
+                # client's call waits for our SETTINGS, a round trip in which a burst could otherwise cut it.
+                self.server.connection_limit.began(self)
                 self._write(b"")  # our preface
             for kind, flags, stream_id, payload in f.whole_frames(buf, f.DEFAULT_MAX_FRAME):
                 self._frame(kind, flags, stream_id, payload, out)
