@@ -552,9 +552,10 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument(
         "--truncate",
-        action="store_true",
-        help="cut texts longer than the model's maximum (without it, the server's --auto-truncate decides: on by "
-        "default)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="cut texts longer than the model's maximum; --no-truncate has them refused (default: the server's "
+        "--auto-truncate decides, on by default)",
     )
     p.add_argument(
         "--dimensions",

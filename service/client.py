@@ -57,7 +57,7 @@ def encode(
     *,
     model: str = "",
     normalize: bool | None = None,
-    truncate: bool = False,
+    truncate: bool | None = None,
     dimensions: int | None = None,
     prompt_name: str = "",
     timeout: float = 30.0,
@@ -70,7 +70,9 @@ def encode(
     `channel` (from `connection.channel(address, CHANNEL_OPTIONS)`) lets several calls share one
     connection: a new one per call pays the TCP (and TLS) handshake each time.
     """
-    request = pb.EncodeRequest(texts=list(texts), model=model, truncate=truncate, prompt_name=prompt_name)
+    request = pb.EncodeRequest(texts=list(texts), model=model, prompt_name=prompt_name)
+    if truncate is not None:  # absent: the server's --auto-truncate
+        request.truncate = truncate
     if normalize is not None:
         request.normalize = normalize
     if dimensions is not None:

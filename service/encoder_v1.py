@@ -28,7 +28,7 @@ def from_pb(request: pb.EncodeRequest) -> EncodeInput:
         token_ids=[np.asarray(t.ids, dtype=np.int64) for t in request.token_ids],
         model=request.model,
         version=request.model_version or None,
-        truncate=request.truncate or None,  # proto3: false is unset, the server's --auto-truncate
+        truncate=request.truncate if request.HasField("truncate") else None,  # absent: --auto-truncate
         normalize=request.normalize if request.HasField("normalize") else None,
         prompt_name=request.prompt_name or None,
         dimensions=request.dimensions if request.HasField("dimensions") else None,

@@ -337,7 +337,7 @@ class Settings:
         default=True,
         metadata=_opt(
             "cut inputs longer than the model's maximum instead of refusing them, where a request does not say: "
-            "its own truncate wins, false included (encoder.v1's and tei.v1's false is unset, as proto3 has it); "
+            "its own truncate wins, false included (tei.v1's false is unset, as TEI's proto3 bool has it); "
             "--no-auto-truncate refuses them",
             parse_bool,
         ),

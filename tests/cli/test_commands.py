@@ -202,6 +202,19 @@ def test_encode_summary_and_errors(server: ServerThread, capsys: pytest.CaptureF
     assert "160 input tokens" in capsys.readouterr().out
 
 
+def test_encode_no_truncate_has_a_long_text_refused_where_the_server_cuts_it(
+    tiny_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bug: encoder.v1's truncate could not say false (a proto3 bool), so against a server with
+    --auto-truncate, the default, `encode` had no way to have a long text refused rather than cut."""
+    settings = Settings(repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1)
+    with ServerThread(settings).ready() as srv:
+        assert main(["encode", "a " * 200, "--summary", "--address", srv.address]) == 0
+        assert "160 input tokens" in capsys.readouterr().out
+        assert main(["encode", "a " * 200, "--no-truncate", "--address", srv.address]) == 1
+        assert "INVALID_ARGUMENT: input 0 is 202 tokens long" in capsys.readouterr().err
+
+
 def test_encode_asks_for_dimensions_and_a_prompt(server: ServerThread, capsys: pytest.CaptureFixture[str]) -> None:
     """The Encode request's `dimensions` and `prompt_name`, which the command could not send."""
     assert main(["encode", "hello", "second text", "--dimensions", "8", "--address", server.address]) == 0

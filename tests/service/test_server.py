@@ -396,16 +396,23 @@ def test_invalid_argument(stub: pb_grpc.EncoderServiceStub, case: str) -> None:
 
 def test_a_long_input_is_cut_by_default(stub: pb_grpc.EncoderServiceStub) -> None:
     """--auto-truncate is on by default, as text-embeddings-inference has it and as sentence-transformers cuts a
-    text at max_seq_length: a text or token list past the model's maximum is embedded as with truncate. A
-    false truncate is an unset one in proto3, the server's choice."""
+    text at max_seq_length: a text or token list past the model's maximum is embedded as with truncate, where the
+    request does not say. Its own truncate false wins (an `optional` field), as text-embeddings-inference reads
+    truncate.unwrap_or(auto_truncate): it was a plain proto3 bool, whose false could not be told from unset, so an
+    encoder.v1 client could not ask a long text refused but by restarting the server."""
     cut = stub.Encode(ids([7] * (MAX + 40)), timeout=WAIT)
     assert cut.usage.input_tokens == MAX
     np.testing.assert_array_equal(vectors(cut), vectors(stub.Encode(ids([7] * MAX), timeout=WAIT)))
     text = "a " * 200
-    cut = stub.Encode(pb.EncodeRequest(texts=["a", text], truncate=False), timeout=WAIT)
+    cut = stub.Encode(pb.EncodeRequest(texts=["a", text]), timeout=WAIT)
     asked = stub.Encode(pb.EncodeRequest(texts=["a", text], truncate=True), timeout=WAIT)
     assert cut.usage.input_tokens == asked.usage.input_tokens == 3 + MAX
     np.testing.assert_array_equal(vectors(cut), vectors(asked))
+    for request in (pb.EncodeRequest(texts=["a", text], truncate=False), ids([7] * (MAX + 1))):
+        request.truncate = False
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Encode(request, timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "tokens long" in e.value.details()
 
 
 def test_no_auto_truncate_refuses_a_long_input(start: Start, settings: Settings) -> None:
@@ -1046,7 +1053,7 @@ _ENCODE_REQUESTS = st.builds(
         max_size=3,
     ),
     model=st.sampled_from(["", "tiny", "tiny:1", "tiny:2", "tiny:", ":1", "tiny:x", "nope", "tiny:1:1"]),
-    truncate=st.booleans(),
+    truncate=st.none() | st.booleans(),
     normalize=st.none() | st.booleans(),
     model_version=st.sampled_from([0, 1, 2, -1, 2**63 - 1]),
     prompt_name=st.sampled_from(["", "query", "x"]),

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eproto/encoder/v1/encoder.proto\x12\nencoder.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\xf2\x01\n\rEncodeRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\'\n\ttoken_ids\x18\x02 \x03(\x0b\x32\x14.encoder.v1.TokenIds\x12\r\n\x05model\x18\x03 \x01(\t\x12\x10\n\x08truncate\x18\x04 \x01(\x08\x12\x16\n\tnormalize\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\x13\n\x0bprompt_name\x18\x07 \x01(\t\x12\x0e\n\x06packed\x18\x08 \x01(\x08\x12\x17\n\ndimensions\x18\t \x01(\x05H\x01\x88\x01\x01\x42\x0c\n\n_normalizeB\r\n\x0b_dimensions\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x1d\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\"\'\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xca\x01\n\x0e\x45ncodeResponse\x12)\n\nembeddings\x18\x01 \x03(\x0b\x32\x15.encoder.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.encoder.v1.Usage\x12!\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x12.encoder.v1.Status\x12\x0e\n\x06packed\x18\x06 \x01(\x0c\x12\x12\n\ndimensions\x18\x07 \x01(\x05\";\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"\x94\x04\n\x14GetModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x12\n\ndimensions\x18\x04 \x01(\x05\x12\x1c\n\x14max_tokens_per_input\x18\x05 \x01(\x05\x12\x0f\n\x07pooling\x18\x06 \x01(\t\x12\x11\n\tnormalize\x18\x07 \x01(\x08\x12\x12\n\nvocab_size\x18\x08 \x01(\x05\x12\x0e\n\x06layers\x18\t \x01(\x05\x12\r\n\x05heads\x18\n \x01(\x05\x12\r\n\x05graph\x18\x0b \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x0c \x01(\t\x12\x1d\n\x15max_client_batch_size\x18\r \x01(\x05\x12\x18\n\x10max_batch_tokens\x18\x0e \x01(\x03\x12\x16\n\x0emax_queue_size\x18\x0f \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x10 \x01(\x03\x12\x0e\n\x06sha256\x18\x11 \x01(\t\x12\x10\n\x08versions\x18\x12 \x03(\x03\x12>\n\x07prompts\x18\x13 \x03(\x0b\x32-.encoder.v1.GetModelInfoResponse.PromptsEntry\x12\x1b\n\x13\x64\x65\x66\x61ult_prompt_name\x18\x14 \x01(\t\x1a.\n\x0cPromptsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x13\n\x11ListModelsRequest\"F\n\x12ListModelsResponse\x12\x30\n\x06models\x18\x01 \x03(\x0b\x32 .encoder.v1.GetModelInfoResponse2\xbc\x02\n\x0e\x45ncoderService\x12?\n\x06\x45ncode\x12\x19.encoder.v1.EncodeRequest\x1a\x1a.encoder.v1.EncodeResponse\x12I\n\x0c\x45ncodeStream\x12\x19.encoder.v1.EncodeRequest\x1a\x1a.encoder.v1.EncodeResponse(\x01\x30\x01\x12Q\n\x0cGetModelInfo\x12\x1f.encoder.v1.GetModelInfoRequest\x1a .encoder.v1.GetModelInfoResponse\x12K\n\nListModels\x12\x1d.encoder.v1.ListModelsRequest\x1a\x1e.encoder.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eproto/encoder/v1/encoder.proto\x12\nencoder.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\x84\x02\n\rEncodeRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\'\n\ttoken_ids\x18\x02 \x03(\x0b\x32\x14.encoder.v1.TokenIds\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\x08truncate\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x16\n\tnormalize\x18\x05 \x01(\x08H\x01\x88\x01\x01\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\x13\n\x0bprompt_name\x18\x07 \x01(\t\x12\x0e\n\x06packed\x18\x08 \x01(\x08\x12\x17\n\ndimensions\x18\t \x01(\x05H\x02\x88\x01\x01\x42\x0b\n\t_truncateB\x0c\n\n_normalizeB\r\n\x0b_dimensions\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x1d\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\"\'\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xca\x01\n\x0e\x45ncodeResponse\x12)\n\nembeddings\x18\x01 \x03(\x0b\x32\x15.encoder.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.encoder.v1.Usage\x12!\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x12.encoder.v1.Status\x12\x0e\n\x06packed\x18\x06 \x01(\x0c\x12\x12\n\ndimensions\x18\x07 \x01(\x05\";\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"\x94\x04\n\x14GetModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x12\n\ndimensions\x18\x04 \x01(\x05\x12\x1c\n\x14max_tokens_per_input\x18\x05 \x01(\x05\x12\x0f\n\x07pooling\x18\x06 \x01(\t\x12\x11\n\tnormalize\x18\x07 \x01(\x08\x12\x12\n\nvocab_size\x18\x08 \x01(\x05\x12\x0e\n\x06layers\x18\t \x01(\x05\x12\r\n\x05heads\x18\n \x01(\x05\x12\r\n\x05graph\x18\x0b \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x0c \x01(\t\x12\x1d\n\x15max_client_batch_size\x18\r \x01(\x05\x12\x18\n\x10max_batch_tokens\x18\x0e \x01(\x03\x12\x16\n\x0emax_queue_size\x18\x0f \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x10 \x01(\x03\x12\x0e\n\x06sha256\x18\x11 \x01(\t\x12\x10\n\x08versions\x18\x12 \x03(\x03\x12>\n\x07prompts\x18\x13 \x03(\x0b\x32-.encoder.v1.GetModelInfoResponse.PromptsEntry\x12\x1b\n\x13\x64\x65\x66\x61ult_prompt_name\x18\x14 \x01(\t\x1a.\n\x0cPromptsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x13\n\x11ListModelsRequest\"F\n\x12ListModelsResponse\x12\x30\n\x06models\x18\x01 \x03(\x0b\x32 .encoder.v1.GetModelInfoResponse2\xbc\x02\n\x0e\x45ncoderService\x12?\n\x06\x45ncode\x12\x19.encoder.v1.EncodeRequest\x1a\x1a.encoder.v1.EncodeResponse\x12I\n\x0c\x45ncodeStream\x12\x19.encoder.v1.EncodeRequest\x1a\x1a.encoder.v1.EncodeResponse(\x01\x30\x01\x12Q\n\x0cGetModelInfo\x12\x1f.encoder.v1.GetModelInfoRequest\x1a .encoder.v1.GetModelInfoResponse\x12K\n\nListModels\x12\x1d.encoder.v1.ListModelsRequest\x1a\x1e.encoder.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,25 +36,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=46
   _globals['_TOKENIDS']._serialized_end=69
   _globals['_ENCODEREQUEST']._serialized_start=72
-  _globals['_ENCODEREQUEST']._serialized_end=314
-  _globals['_EMBEDDING']._serialized_start=316
-  _globals['_EMBEDDING']._serialized_end=343
-  _globals['_USAGE']._serialized_start=345
-  _globals['_USAGE']._serialized_end=374
-  _globals['_STATUS']._serialized_start=376
-  _globals['_STATUS']._serialized_end=415
-  _globals['_ENCODERESPONSE']._serialized_start=418
-  _globals['_ENCODERESPONSE']._serialized_end=620
-  _globals['_GETMODELINFOREQUEST']._serialized_start=622
-  _globals['_GETMODELINFOREQUEST']._serialized_end=681
-  _globals['_GETMODELINFORESPONSE']._serialized_start=684
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1216
-  _globals['_GETMODELINFORESPONSE_PROMPTSENTRY']._serialized_start=1170
-  _globals['_GETMODELINFORESPONSE_PROMPTSENTRY']._serialized_end=1216
-  _globals['_LISTMODELSREQUEST']._serialized_start=1218
-  _globals['_LISTMODELSREQUEST']._serialized_end=1237
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1239
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1309
-  _globals['_ENCODERSERVICE']._serialized_start=1312
-  _globals['_ENCODERSERVICE']._serialized_end=1628
+  _globals['_ENCODEREQUEST']._serialized_end=332
+  _globals['_EMBEDDING']._serialized_start=334
+  _globals['_EMBEDDING']._serialized_end=361
+  _globals['_USAGE']._serialized_start=363
+  _globals['_USAGE']._serialized_end=392
+  _globals['_STATUS']._serialized_start=394
+  _globals['_STATUS']._serialized_end=433
+  _globals['_ENCODERESPONSE']._serialized_start=436
+  _globals['_ENCODERESPONSE']._serialized_end=638
+  _globals['_GETMODELINFOREQUEST']._serialized_start=640
+  _globals['_GETMODELINFOREQUEST']._serialized_end=699
+  _globals['_GETMODELINFORESPONSE']._serialized_start=702
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1234
+  _globals['_GETMODELINFORESPONSE_PROMPTSENTRY']._serialized_start=1188
+  _globals['_GETMODELINFORESPONSE_PROMPTSENTRY']._serialized_end=1234
+  _globals['_LISTMODELSREQUEST']._serialized_start=1236
+  _globals['_LISTMODELSREQUEST']._serialized_end=1255
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1257
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1327
+  _globals['_ENCODERSERVICE']._serialized_start=1330
+  _globals['_ENCODERSERVICE']._serialized_end=1646
 # @@protoc_insertion_point(module_scope)
