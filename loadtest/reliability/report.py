@@ -293,9 +293,10 @@ def render(run: Run) -> str:
     out += [
         "## Known limits",
         "",
-        "- Requests gRPC refuses before the service sees them (a message over `--max-message-bytes`, a call",
-        "  arriving as the server stops, one whose deadline passed while it waited in gRPC) are not in",
-        "  `mhaserve_requests_total`.",
+        "- On grpc.aio's front (`--grpc-front grpc`), requests gRPC refuses before the service sees them (a",
+        "  message over `--max-message-bytes`, a call arriving as the server stops, one whose deadline passed",
+        "  while it waited in gRPC) are not in `mhaserve_requests_total`; the lean front, the default, counts",
+        "  those it refuses as it reads them.",
         "- A stuck inference thread cannot be killed from inside the process: the server fails its requests,",
         "  reports NOT_SERVING and waits for it; only a restart (the orchestrator's, on NOT_SERVING) frees it.",
         "- The queue limit bounds latency when the model is the bottleneck. When the request path itself is (a",
