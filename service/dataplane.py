@@ -197,14 +197,12 @@ class DataPlane:
         return versions[number]
 
     def queue_share(self, inputs: int, name: str = "", version: int | str | None = None) -> float:
-        """The part of half its model's queue a request of `inputs` takes: what one stream (or JSON Lines body)
-        may fill at once (`streaming.ordered`), the other half left to other clients. 0 for a model not served:
-        the request is refused at once, as it is computed."""
+        """`Pipeline.queue_share` of the model version a stream's request names. 0 for a model not served: the
+        request is refused at once, as it is computed."""
         try:
-            room = self.resolve(name, version).limits.max_queue_size
+            return self.resolve(name, version).queue_share(inputs)
         except ServiceError:
             return 0.0
-        return inputs / max(1, room // 2)
 
     async def encode(self, request: EncodeInput, *, time_left: float | None = None) -> EncodeOutput:
         """Embed a request with the model version it names; `time_left` is the seconds until its deadline."""

@@ -9,9 +9,10 @@ the data plane (dataplane.py) finds the one a request names.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -116,8 +117,9 @@ class Pipeline:
         # The special tokens the tokenizer ends each text with ([SEP], RoBERTa's </s>): token ids cut to the
         # maximum keep them, as the tokenizer's own truncation of a text does (the same ids, the same vector).
         self._tail = special_tail(model.tokenizer)
-        # Requests between encode()'s start and its end (queued ones included): a retired version waits for
-        # none before it closes; `quiet` is set whenever there are none.
+        # Requests between encode()'s start and its end (queued ones included), and those answered in parts
+        # that hold this version (`held`): a retired version waits for none before it closes; `quiet` is set
+        # whenever there are none.
         self.active = 0
         self.quiet = asyncio.Event()
         self.quiet.set()
@@ -128,18 +130,26 @@ class Pipeline:
         if self._own_pool:
             self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
-    async def encode(self, req: EncodeInput, *, time_left: float | None = None) -> EncodeOutput:
-        """The whole pipeline for one request; `time_left` is the seconds until the client's deadline."""
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """This version kept open while the block runs, retired or not: a request answered in parts (a JSON
+        Lines body's lines) holds the version it was resolved to, so that its parts after the first are not
+        refused by a version that closed between them (it closes once no request is in it)."""
         if self.closed:
             raise Unavailable(f"{self.model.name} version {self.model.version} was unloaded; retry")
         self.active += 1
         self.quiet.clear()
         try:
-            return await self._encode(req, time_left)
+            yield
         finally:
             self.active -= 1
             if self.active == 0:
                 self.quiet.set()
+
+    async def encode(self, req: EncodeInput, *, time_left: float | None = None) -> EncodeOutput:
+        """The whole pipeline for one request; `time_left` is the seconds until the client's deadline."""
+        with self.held():
+            return await self._encode(req, time_left)
 
     async def _encode(self, req: EncodeInput, time_left: float | None) -> EncodeOutput:
         loop = asyncio.get_running_loop()
@@ -225,6 +235,11 @@ class Pipeline:
         except InvalidArgument as e:
             self.refused(e, started)
             raise
+
+    def queue_share(self, inputs: int) -> float:
+        """The part of half this version's queue a request of `inputs` takes: what one stream (or JSON Lines
+        body) may fill at once (`streaming.ordered`), the other half left to other clients."""
+        return inputs / max(1, self.limits.max_queue_size // 2)
 
     def validate_count(self, n: int) -> None:
         if n > self.limits.max_client_batch_size:

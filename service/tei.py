@@ -23,12 +23,14 @@ LangChain's `HuggingFaceEndpointEmbeddings` refuses a URL for its model (langcha
 - Errors are TEI's shape, `{"error": "...", "error_type": "..."}` (http/errors.py), with the status of the
   one error map: 400 where TEI answers 413 or 422, as on every other route of this server.
 - `/invocations` reads a JSON Lines body too (`application/jsonlines`): a SageMaker batch transform's mini-batch
-  under BatchStrategy MultiRecord, a request a line, answered a line each, in order (`_records`).
+  under BatchStrategy MultiRecord, a request a line, answered a line each, in order, every line by the one
+  version of its model that was served as the body was read (`_records`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -61,7 +63,7 @@ from mhaserve.service.http.bodies import (
 )
 from mhaserve.service.http.errors import TEI_EMBED_PATH, TEI_PATHS, TEI_ROOT_PATHS, TEI_SIMILARITY_PATH
 from mhaserve.service.http.openapi import request_body
-from mhaserve.service.pipeline import EncodeInput, EncodeOutput
+from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 from mhaserve.service.rpc.streaming import ordered
 from mhaserve.service.tei_timing import DESCRIPTIONS, characters, timing
 
@@ -205,9 +207,16 @@ class _Call:
     # The pipeline's error in the request's terms (an input of the list it embeds named by the request's field).
     named: Callable[[ServiceError], ServiceError] = lambda error: error
 
-    async def encode(self, dataplane: DataPlane) -> EncodeOutput:
+    def resolve(self, dataplane: DataPlane) -> Pipeline:
+        """The model version the request names (its model's latest served one, where it names none)."""
         try:
-            return await dataplane.encode(self.input)
+            return dataplane.resolve(self.input.model, self.input.version)
+        except ServiceError as e:
+            raise self.named(e) from None
+
+    async def encode(self, pipeline: Pipeline) -> EncodeOutput:
+        try:
+            return await pipeline.encode(self.input)
         except ServiceError as e:
             raise self.named(e) from None
 
@@ -219,7 +228,7 @@ def _call(dataplane: DataPlane, data: Any) -> _Call:
 
 
 async def _answer(dataplane: DataPlane, call: _Call, started_ns: int) -> Reply:
-    output = await call.encode(dataplane)
+    output = await call.encode(call.resolve(dataplane))
     fields = timing(characters(call.input), output, time.perf_counter_ns() - started_ns)
     return Reply(call.answer(output.embeddings), tuple((k.encode(), v.encode()) for k, v in fields))
 
@@ -279,7 +288,13 @@ async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
     failure is the answer's status (SageMaker retries or fails the mini-batch by it) and never an answer cut
     short. Up to `streaming.WINDOW` lines are computed at once, batching together and with other clients'
     requests, and no more than hold half the queue (`streaming.ordered`); the vectors are held, not their
-    JSON, which is written out in chunks as it is sent."""
+    JSON, which is written out in chunks as it is sent.
+
+    The body is answered by one version of each model its lines name: the one served when its first line
+    naming it was read, held until the last line is answered (`Pipeline.held`). Resolved a line at a time as
+    each was computed, a version published meanwhile answered the lines after it, two embedding spaces (or
+    two widths) in one answer with nothing saying which; and a version retired meanwhile, resolved once but
+    not held, could close between two lines and refuse the rest."""
     lines = body.split(b"\n")
     if lines and not lines[-1].strip():
         lines.pop()  # the newline that ends the last line
@@ -290,37 +305,46 @@ async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
             f"{len(lines)} lines in one JSON Lines body; the most in one is {MAX_RECORDS}: lower the batch "
             "transform's MaxPayloadInMB"
         )
-    calls: list[tuple[int, _Call]] = []
-    for number, line in enumerate(lines, 1):
-        try:
-            if not line.strip():
-                raise InvalidArgument("it is empty: each line is one request's JSON body", param="inputs")
+    with contextlib.ExitStack() as holding:
+        # Held as soon as it is resolved: a version retired while a long body is read, in turns with other
+        # requests, would close before any of its lines is computed, and refuse them all.
+        pipelines: dict[tuple[str, int | str | None], Pipeline] = {}
+        calls: list[tuple[int, _Call, Pipeline]] = []
+        for number, line in enumerate(lines, 1):
             try:
-                data = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                raise InvalidArgument(f"it is not valid JSON: {e}") from None
-            calls.append((number, _call(dataplane, data)))
-        except ServiceError as e:
-            raise on_line(e, number) from None
-        if number % YIELD_EVERY == 0:
-            await asyncio.sleep(0)  # a long body is read in turns with the other requests on the event loop
+                if not line.strip():
+                    raise InvalidArgument("it is empty: each line is one request's JSON body", param="inputs")
+                try:
+                    data = orjson.loads(line)
+                except orjson.JSONDecodeError as e:
+                    raise InvalidArgument(f"it is not valid JSON: {e}") from None
+                call = _call(dataplane, data)
+                asked = (call.input.model, call.input.version)
+                if (pipeline := pipelines.get(asked)) is None:
+                    pipeline = pipelines[asked] = call.resolve(dataplane)
+                    holding.enter_context(pipeline.held())
+                calls.append((number, call, pipeline))
+            except ServiceError as e:
+                raise on_line(e, number) from None
+            if number % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a long body is read in turns with the other requests on the event loop
 
-    async def each() -> AsyncIterator[tuple[int, _Call]]:
-        for item in calls:
-            yield item
+        async def each() -> AsyncIterator[tuple[int, _Call, Pipeline]]:
+            for item in calls:
+                yield item
 
-    async def compute(item: tuple[int, _Call]) -> tuple[_Call, Embeddings]:
-        number, call = item
-        try:
-            return call, (await call.encode(dataplane)).embeddings
-        except ServiceError as e:
-            raise on_line(e, number) from None
+        async def compute(item: tuple[int, _Call, Pipeline]) -> tuple[_Call, Embeddings]:
+            number, call, pipeline = item
+            try:
+                return call, (await call.encode(pipeline)).embeddings
+            except ServiceError as e:
+                raise on_line(e, number) from None
 
-    def share(item: tuple[int, _Call]) -> float:
-        asked = item[1].input
-        return dataplane.queue_share(len(asked.texts) or len(asked.token_ids), asked.model, asked.version)
+        def share(item: tuple[int, _Call, Pipeline]) -> float:
+            _, call, pipeline = item
+            return pipeline.queue_share(len(call.input.texts) or len(call.input.token_ids))
 
-    answers: list[tuple[_Call, Embeddings] | None] = [a async for a in ordered(each(), compute, _end, share=share)]
+        answers: list[tuple[_Call, Embeddings] | None] = [a async for a in ordered(each(), compute, _end, share=share)]
     return Chunked(JSON_LINES_MEDIA, _written(answers))
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +27,7 @@ from mhaserve.service.tei import on_line
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
-from mhaserve.testing.server import ServerThread, local_settings
+from mhaserve.testing.server import ServerThread, bare_settings, local_settings
 
 TEXTS = ["hello world", "a", "héllo wörld 🤖", "the quick brown fox jumps over the lazy dog " * 3]
 Start = Callable[..., ServerThread]
@@ -325,6 +328,67 @@ def test_a_json_lines_body_never_fills_the_queue_by_itself(tiny_repo: Any) -> No
         assert reply.status == 200, reply.body[:300]
         for record, line in zip(records, reply.body.split(b"\n"), strict=True):
             np.testing.assert_allclose(json.loads(line), embed(server, record).json(), rtol=0, atol=1e-6)
+
+
+def publish_copy(model: Path, source: int, version: int) -> None:
+    """Publish `version` of a model as a copy of `source`, by one rename (a scripted engine answers alike)."""
+    scratch = model / f".copy-{version}"
+    shutil.copytree(model / str(source), scratch)
+    manifest = json.loads((scratch / "manifest.json").read_text())
+    (scratch / "manifest.json").write_text(json.dumps(manifest | {"version": version}))
+    scratch.rename(model / str(version))
+
+
+class _Versioned:
+    """The scripted engine of a version, whose last value of each row says which version computed it."""
+
+    providers = ScriptedEngine.providers
+
+    def __init__(self, engine: ScriptedEngine, version: int) -> None:
+        self.engine, self.version = engine, version
+
+    def run(self, ids: Any, mask: Any, *, beside: bool = False) -> npt.NDArray[np.float32]:
+        rows = self.engine.run(ids, mask, beside=beside).copy()
+        rows[:, 3] = self.version
+        return rows
+
+
+def test_a_json_lines_body_is_answered_by_one_model_version(start: Start, tiny_repo: Path, tmp_path: Path) -> None:
+    """A body's lines are answered by the version of their model served when the body came, however long it
+    takes: its lines were each sent to the model's latest when computed, and a version published while line 1
+    was held answered the last 8 of 40 lines, two embedding spaces in one answer with nothing to tell them
+    apart. The version retired meanwhile serves the body's last lines, and closes once they are answered."""
+    shutil.copytree(tiny_repo / "tiny", tmp_path / "tiny")
+    engine = ScriptedEngine(gates=[77])
+    settings = bare_settings(tmp_path, "tiny", http_port=free_port(), model_control="explicit")
+    srv = start(settings, lambda entry: _Versioned(engine, entry.version))
+    # line 1 is held in the model; the others name the model, or not, and are computed meanwhile up to the window
+    records = [{"inputs": [[77 if i == 0 else 5, 6]], "normalize": False} for i in range(40)]
+    for record in records[1::2]:
+        record["model"] = "tiny"
+
+    def index() -> list[tuple[str, str]]:
+        return [(m["version"], m["state"]) for m in request("POST", srv.http_url + "/v2/repository/index", {}).json()]
+
+    reply: dict[str, Any] = {}
+    body = threading.Thread(target=lambda: reply.update(answer=jsonl(srv, records)))
+    body.start()
+    try:
+        wait_until(lambda: engine.seen(77), "line 1 in the model")
+        publish_copy(tmp_path / "tiny", 1, 2)
+        assert request("POST", srv.http_url + "/v2/repository/models/tiny/load").status == 200
+        assert index() == [("1", "UNLOADING"), ("2", "READY")]  # version 1 retired, finishing what it holds
+    finally:
+        engine.gates[77].set()
+        body.join(WAIT)
+    answer = reply["answer"]
+    assert answer.status == 200, answer.body[:300]
+    rows = [json.loads(line)[0] for line in answer.body.split(b"\n")]
+    assert [row[3] for row in rows] == [1.0] * 40
+    assert rows[0][:3] == [2.0, 77.0, 83.0] and rows[-1][:3] == [2.0, 5.0, 11.0]
+    # the body held version 1 no longer than it took: it closes, and a new body is version 2's
+    wait_until(lambda: index() == [("2", "READY")], "version 1 closed")
+    assert [json.loads(line)[0][3] for line in jsonl(srv, records[1:3]).body.split(b"\n")] == [2.0, 2.0]
 
 
 @pytest.mark.parametrize(
