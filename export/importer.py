@@ -564,9 +564,8 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                 pad_id=pad_id,
                 opset=_opset(model),
                 graphs={
-                    "fp32": mf.GraphEntry(
-                        file=graph.name,
-                        sha256=mf.sha256_file(graph),
+                    "fp32": mf.GraphEntry.of(
+                        graph,
                         precision="fp32",
                         optimized=False,
                         parity=report | {"token_type_ids": "zeros" if folded else "absent"},

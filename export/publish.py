@@ -141,9 +141,8 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
         def publish(variant: str, path: Path, precision: str, figures: dict[str, object], optimized: bool) -> None:
             onnx_graph.check_graph(path, cfg.d_model)
             nodes = onnx_graph.node_counts(path)
-            graphs[variant] = mf.GraphEntry(
-                file=path.name,
-                sha256=mf.sha256_file(path),
+            graphs[variant] = mf.GraphEntry.of(
+                path,
                 precision=precision,
                 optimized=optimized,
                 parity=figures | {"nodes": sum(nodes.values()), "node_types": nodes},

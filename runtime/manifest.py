@@ -12,6 +12,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mhaserve.runtime.external_data import locations as external_files
+
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 FORMAT = 1
@@ -45,6 +47,26 @@ class GraphEntry:
     # fp32 graph) and its bar, the graph's node count by type, and (CPU graphs of an export with --optimize
     # or --int8) its in-process speed relative to the plain fp32 graph on the exporting machine.
     parity: dict[str, Any]
+    # The sha256 of each external-data file the graph reads tensors from, by its name (a graph past 1.5 GB
+    # keeps every weight in model.onnx.data; the fused graphs of such an export read theirs from it too): the
+    # graph's own sha256 vouches for the files' names, not their bytes. {} for a graph that holds its
+    # tensors. None (no key, or null) in manifests written before it was recorded: their external data is
+    # not checked.
+    external_data: dict[str, str] | None = None
+
+    @classmethod
+    def of(cls, path: Path, *, precision: str, optimized: bool, parity: dict[str, Any]) -> GraphEntry:
+        """The entry of the graph written at `path`, with its sha256 and that of each external-data file it
+        reads."""
+        files = sorted(external_files(path))
+        return cls(
+            file=path.name,
+            sha256=sha256_file(path),
+            precision=precision,
+            optimized=optimized,
+            parity=parity,
+            external_data={name: sha256_file(path.parent / name) for name in files},
+        )
 
 
 @dataclass(frozen=True)
@@ -97,6 +119,9 @@ class Manifest:
         if not isinstance(d["graphs"], dict) or not d["graphs"]:
             raise ManifestError("manifest key 'graphs' must be an object naming at least one graph")
         d["graphs"] = {k: GraphEntry(**_checked(GraphEntry, v, f"graph {k!r}")) for k, v in d["graphs"].items()}
+        for k, g in d["graphs"].items():
+            if not all(isinstance(v, str) for v in (g.external_data or {}).values()):
+                raise ManifestError(f"graph {k!r}: 'external_data' must map file names to sha256 digests")
         prompts = d.get("prompts", {})
         if not all(isinstance(v, str) for v in prompts.values()):
             raise ManifestError("manifest key 'prompts' must map names to prompt texts")
@@ -120,6 +145,7 @@ _JSON_TYPES: dict[str, tuple[type, str]] = {
     "bool": (bool, "true or false"),
     "dict[str, Any]": (dict, "an object"),
     "dict[str, str]": (dict, "an object"),
+    "dict[str, str] | None": (dict, "an object"),
     "dict[str, GraphEntry]": (dict, "an object"),
     "list[dict[str, Any]]": (list, "a list"),
 }
@@ -127,7 +153,7 @@ _JSON_TYPES: dict[str, tuple[type, str]] = {
 
 def _checked(cls: type, d: Any, what: str) -> dict[str, Any]:
     """`d`, checked against `cls`'s fields: an object, no key missing or unknown, each of its field's JSON type
-    (true is not an integer), integers not negative."""
+    (true is not an integer; null where the field may be None), integers not negative."""
     if not isinstance(d, dict):
         raise ManifestError(f"{what} must be a JSON object, got {type(d).__name__}")
     known = {f.name: f for f in fields(cls)}
@@ -140,6 +166,8 @@ def _checked(cls: type, d: Any, what: str) -> dict[str, Any]:
             continue
         want, said = _JSON_TYPES[str(f.type)]
         value = d[name]
+        if value is None and str(f.type).endswith(" | None"):
+            continue
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise ManifestError(f"{what}: {name!r} must be {said}, got {json.dumps(value)[:60]}")
         if isinstance(value, int) and value < 0:
@@ -170,7 +198,8 @@ def read_manifest(entry_dir: Path) -> Manifest:
 
 
 def verify_graph(entry_dir: Path, entry: GraphEntry) -> Path:
-    """The graph's path, after checking that its bytes are the ones the manifest vouches for."""
+    """The graph's path, after checking that its bytes, and those of each external-data file it reads, are
+    the ones the manifest vouches for (a manifest written before it listed external data: the graph's only)."""
     path = entry_dir / entry.file
     if Path(entry.file).name != entry.file:
         raise ManifestError(f"graph file {entry.file!r} must be a plain file name inside {entry_dir}")
@@ -181,7 +210,31 @@ def verify_graph(entry_dir: Path, entry: GraphEntry) -> Path:
         raise ManifestError(
             f"graph {path} fails its checksum: sha256 {actual[:12]}…, manifest says {entry.sha256[:12]}…"
         )
+    if entry.external_data is not None:
+        _verify_external_data(path, entry.external_data)
     return path
+
+
+def _verify_external_data(graph: Path, listed: dict[str, str]) -> None:
+    # Read from the graph, now that its checksum vouches for it, not from the folder: a graph saved again
+    # with its weights apart, its sha256 updated and not this, would have ONNX Runtime read bytes no manifest
+    # vouches for.
+    if unlisted := sorted(external_files(graph) - set(listed)):
+        raise ManifestError(f"graph {graph} reads external data {unlisted[0]!r} that its manifest does not list")
+    for name, digest in sorted(listed.items()):
+        if Path(name).name != name:
+            raise ManifestError(
+                f"external data file {name!r} of graph {graph} must be a plain file name inside {graph.parent}"
+            )
+        path = graph.parent / name
+        if not path.is_file():
+            raise ManifestError(f"external data {path} of graph {graph} is missing")
+        actual = sha256_file(path)
+        if actual != digest:
+            raise ManifestError(
+                f"external data {path} of graph {graph} fails its checksum: sha256 {actual[:12]}…, "
+                f"manifest says {digest[:12]}…"
+            )
 
 
 def verify_tokenizer(entry_dir: Path, manifest: Manifest) -> Path:

@@ -152,6 +152,14 @@ def test_corrupted_graph_fails_the_checksum(tiny_entry: Path, tmp_path: Path) ->
         verify_graph(tmp_path, m.graphs["fp32"])
 
 
+def test_a_graph_that_holds_its_weights_records_no_external_data(tiny_entry: Path) -> None:
+    """{} rather than nothing: a manifest that lists none is one written knowing to list them, and a graph that
+    reads external data it does not list is refused (tests/runtime/test_manifest.py)."""
+    assert {v: g.external_data for v, g in read_manifest(tiny_entry).graphs.items()} == {
+        v: {} for v in ("fp32", "optimized", "optimized-cpu", "fp16", "int8")
+    }
+
+
 def _tiny_opts(repo: Path, **kw: object) -> ExportOptions:
     return ExportOptions(source="random", repository=repo, name="t", random_config=dict(TINY), **kw)  # type: ignore[arg-type]
 
@@ -424,3 +432,25 @@ def test_the_parity_grid_shrinks_its_batches_past_512_tokens() -> None:
     long = grid(2048)
     assert {s for _, s in long} == {1, 2, 7, 128, 2048}
     assert all(b * s * s <= ATTENTION_BUDGET for b, s in long if b > 3) and (32, 128) in long
+
+
+@pytest.mark.slow
+def test_an_export_past_the_external_data_threshold_vouches_for_its_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past 1.5 GB (here: any size) the weights are written to model.onnx.data, and the fused graphs read theirs
+    from that same file: each graph's entry names it with its sha256, and a weight changed there is refused."""
+    monkeypatch.setattr(onnx_graph, "_EXTERNAL_DATA_BYTES", 0)
+    entry = export_entry(_tiny_opts(tmp_path, optimize=True), out=io.StringIO())
+    data = entry / "model.onnx.data"
+    m = read_manifest(entry)
+    want = {"model.onnx.data": sha256_file(data)}
+    assert {v: g.external_data for v, g in m.graphs.items()} == {"fp32": want, "optimized": want, "optimized-cpu": want}
+    for g in m.graphs.values():
+        verify_graph(entry, g)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    for g in m.graphs.values():
+        with pytest.raises(ManifestError, match=r"model\.onnx\.data of graph .* fails its checksum"):
+            verify_graph(entry, g)

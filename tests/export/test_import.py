@@ -28,14 +28,14 @@ import torch
 from onnx import TensorProto
 
 from mhaserve.cli.main import main
-from mhaserve.export import parity
+from mhaserve.export import parity, staging
 from mhaserve.export.importer import ImportFailed, ImportOptions, import_entry
 from mhaserve.model.config import TINY, EncoderConfig
 from mhaserve.model.encoder import Encoder, random_encoder
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.runtime.engine import OnnxEngine
-from mhaserve.runtime.manifest import read_manifest, sha256_file
+from mhaserve.runtime.manifest import read_manifest, sha256_file, verify_graph
 from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import WAIT, free_port
 from mhaserve.testing.server import ServerThread
@@ -165,6 +165,18 @@ def test_an_imported_graph_is_served_and_equals_the_native_export(
         client = openai.OpenAI(base_url=srv.http_url + "/v1", api_key="-", max_retries=0)
         over_http = client.embeddings.create(model="imported", input=TEXTS, extra_body={"truncate": True})
         assert np.abs(np.array([d.embedding for d in over_http.data]) - native).max() <= 1e-5
+
+
+def test_an_import_past_the_external_data_threshold_vouches_for_its_data(
+    hub_graph: Path, tiny_entry: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past 1.5 GB (here: any size) the adapted graph's weights are written to model.onnx.data: the manifest
+    names it with its sha256, as it does the graph."""
+    monkeypatch.setattr(staging, "EXTERNAL_DATA_BYTES", 0)
+    entry = do_import(hub_graph, tiny_entry, tmp_path / "repo")
+    graph = read_manifest(entry).graph("fp32")
+    assert graph.external_data == {"model.onnx.data": sha256_file(entry / "model.onnx.data")}
+    assert verify_graph(entry, graph) == entry / "model.onnx"
 
 
 def test_cls_pooling_in_the_graph_and_pooling_left_to_the_server(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import onnx
 import pytest
 
 from mhaserve.runtime import manifest as mf
@@ -47,6 +49,8 @@ def _graph(key: str, value: Any) -> Any:
         (_set("graphs", {"fp32": "model.onnx"}), "graph 'fp32' must be a JSON object, got str"),
         (_graph("sha256", 5), "graph 'fp32': 'sha256' must be a string, got 5"),
         (_graph("extra", 1), "graph 'fp32' has an unknown key 'extra'"),
+        (_graph("external_data", []), "graph 'fp32': 'external_data' must be an object, got []"),
+        (_graph("external_data", {"model.onnx.data": 5}), "'external_data' must map file names to sha256 digests"),
         (_set("surprise", 1), "the manifest has an unknown key 'surprise'"),
         (_set("format", 2), "unsupported manifest format 2"),
         (_drop("format"), "unsupported manifest format None"),
@@ -66,3 +70,98 @@ def test_a_whole_manifest_reads_as_written(tiny_entry: Path, tmp_path: Path) -> 
     assert mf.read_manifest(copy) == mf.read_manifest(tiny_entry)
     optional = _edited(tiny_entry, tmp_path / "o", _drop("tokenizer_sha256"))  # written before it was recorded
     assert mf.read_manifest(optional).tokenizer_sha256 == ""
+
+
+def with_external_data(entry: Path, target: Path, *, one_file: bool = True) -> Path:
+    """`target`: `entry`'s fp32 graph alone, its weights in external-data files (one, or one per tensor), with a
+    manifest that vouches for them as an export past 1.5 GB writes it."""
+    target.mkdir(parents=True)
+    shutil.copy(entry / mf.TOKENIZER, target)
+    onnx.save_model(
+        onnx.load(str(entry / "model.onnx")),
+        str(target / "model.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=one_file,
+        location="model.onnx.data",
+        size_threshold=1024,  # the weights; ONNX Runtime reads a shape's few bytes only from the graph itself
+    )
+    manifest = json.loads((entry / mf.MANIFEST).read_text())
+    data = {p.name: mf.sha256_file(p) for p in target.iterdir() if p.name not in ("model.onnx", mf.TOKENIZER)}
+    graph = {"sha256": mf.sha256_file(target / "model.onnx"), "external_data": data}
+    manifest["graphs"] = {"fp32": manifest["graphs"]["fp32"] | graph}
+    (target / mf.MANIFEST).write_text(json.dumps(manifest))
+    return target
+
+
+def _flip(path: Path) -> None:
+    """One byte of `path` changed: a weight off, the file's size and every other byte as they were."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_external_data_is_checked_as_the_graph_is(tiny_entry: Path, tmp_path: Path) -> None:
+    """Past 1.5 GB every weight is in model.onnx.data, and model.onnx's sha256 vouches only for the names of
+    the files: theirs are checked too, a mismatch or a missing file refused as a graph's is."""
+    entry = with_external_data(tiny_entry, tmp_path / "m" / "1")
+    graph = mf.read_manifest(entry).graph("fp32")
+    assert list(graph.external_data or {}) == ["model.onnx.data"]
+    assert mf.verify_graph(entry, graph) == entry / "model.onnx"
+    data = entry / "model.onnx.data"
+    _flip(data)
+    with pytest.raises(mf.ManifestError) as e:
+        mf.verify_graph(entry, graph)
+    assert re.fullmatch(
+        f"external data {re.escape(str(data))} of graph {re.escape(str(entry / 'model.onnx'))} fails its checksum: "
+        "sha256 [0-9a-f]{12}…, manifest says [0-9a-f]{12}…",
+        str(e.value),
+    ), str(e.value)
+    data.unlink()
+    with pytest.raises(mf.ManifestError, match=f"^external data {re.escape(str(data))} of graph .* is missing$"):
+        mf.verify_graph(entry, graph)
+
+
+def test_each_of_several_external_data_files_is_checked(tiny_entry: Path, tmp_path: Path) -> None:
+    entry = with_external_data(tiny_entry, tmp_path / "m" / "1", one_file=False)
+    graph = mf.read_manifest(entry).graph("fp32")
+    assert graph.external_data is not None and len(graph.external_data) > 1
+    mf.verify_graph(entry, graph)
+    one = sorted(graph.external_data)[-1]
+    _flip(entry / one)
+    with pytest.raises(mf.ManifestError, match=f"external data {re.escape(str(entry / one))} of graph .* fails its"):
+        mf.verify_graph(entry, graph)
+
+
+def test_external_data_the_manifest_does_not_list_is_refused(tiny_entry: Path, tmp_path: Path) -> None:
+    """A graph saved again with its weights apart, its sha256 updated and not its external data: the server
+    would read bytes no manifest vouches for."""
+    entry = with_external_data(tiny_entry, tmp_path / "m" / "1")
+    manifest = json.loads((entry / mf.MANIFEST).read_text())
+    manifest["graphs"]["fp32"]["external_data"] = {}
+    (entry / mf.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(mf.ManifestError, match="reads external data 'model.onnx.data' that its manifest does not list"):
+        mf.verify_graph(entry, mf.read_manifest(entry).graph("fp32"))
+
+
+def test_external_data_must_be_a_file_of_the_entry(tiny_entry: Path, tmp_path: Path) -> None:
+    entry = with_external_data(tiny_entry, tmp_path / "m" / "1")
+    manifest = json.loads((entry / mf.MANIFEST).read_text())
+    manifest["graphs"]["fp32"]["external_data"]["../model.onnx.data"] = "0" * 64
+    (entry / mf.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(mf.ManifestError, match=r"external data file '../model.onnx.data' .* must be a plain file name"):
+        mf.verify_graph(entry, mf.read_manifest(entry).graph("fp32"))
+
+
+@pytest.mark.parametrize("unrecorded", [_drop("external_data"), lambda g: g | {"external_data": None}])
+def test_a_manifest_written_before_external_data_was_recorded_still_loads(
+    tiny_entry: Path, tmp_path: Path, unrecorded: Any
+) -> None:
+    """Its graphs' sha256 is checked and their external data, which it does not name, is not (docs/models.md)."""
+    entry = with_external_data(tiny_entry, tmp_path / "m" / "1")
+    manifest = json.loads((entry / mf.MANIFEST).read_text())
+    manifest["graphs"]["fp32"] = unrecorded(manifest["graphs"]["fp32"])
+    (entry / mf.MANIFEST).write_text(json.dumps(manifest))
+    graph = mf.read_manifest(entry).graph("fp32")
+    assert graph.external_data is None
+    _flip(entry / "model.onnx.data")
+    assert mf.verify_graph(entry, graph) == entry / "model.onnx"

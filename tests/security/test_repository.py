@@ -27,6 +27,7 @@ from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import WAIT
 from mhaserve.testing.process import ServerProcess
 from mhaserve.testing.server import ServerThread
+from tests.runtime.test_manifest import with_external_data
 
 ROOT = Path(__file__).resolve().parents[2]
 # Names that would walk out of a repository if they were ever joined to a path.
@@ -194,6 +195,27 @@ def test_a_graph_that_fails_its_sha256_is_never_loaded(tampered: Path) -> None:
     for graph in ("auto", "fp32", "fp16"):
         with pytest.raises(StartupError, match="fails its checksum"):
             ServerThread(Settings(**{**settings.__dict__, "graph": graph}), factory)
+    assert loaded == []
+
+
+def test_a_graph_whose_external_data_fails_its_sha256_is_never_loaded(tiny_entry: Path, tmp_path: Path) -> None:
+    """A graph past 1.5 GB keeps every weight in model.onnx.data: weights changed there, model.onnx and the
+    manifest as they were, were served (other vectors, no error). They are refused as a changed graph is."""
+    entry = with_external_data(tiny_entry, tmp_path / "repo" / "tiny" / "1")
+    settings = Settings(repository=tmp_path / "repo", port=0, metrics_port=0, http_port=0, device="cpu")
+    with ServerThread(settings).ready() as srv, srv.channel() as channel:  # intact, it is served
+        assert pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["hi"]), timeout=WAIT).embeddings
+    data = bytearray((entry / "model.onnx.data").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (entry / "model.onnx.data").write_bytes(bytes(data))
+    loaded: list[object] = []
+
+    def factory(entry: Any) -> Any:
+        loaded.append(entry)
+        raise AssertionError("the engine was built for a graph whose weights were tampered with")
+
+    with pytest.raises(StartupError, match=r"external data .*model\.onnx\.data of graph .* fails its checksum"):
+        ServerThread(settings, factory)
     assert loaded == []
 
 

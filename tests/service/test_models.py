@@ -51,6 +51,7 @@ from mhaserve.testing.engines import ScriptedEngine, expected_row
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.server import ServerThread, bare_settings
+from tests.runtime.test_manifest import with_external_data
 from tests.service.test_kserve_triton import TRITON_VENV, triton
 
 WIDE = TINY | {"d_model": 48, "d_ff": 96}  # another width: 48, not 32
@@ -565,6 +566,35 @@ def test_a_broken_config_or_version_is_said_once_and_forgotten_once_mended(
         wait_until(lambda: not unavailable(), "the deleted version's failure to be forgotten")
         with srv.channel() as channel:
             assert info(channel).version == 1  # served throughout
+    finally:
+        srv.stop()
+
+
+def test_a_version_whose_external_data_fails_its_checksum_is_not_switched_to(tmp_path: Path) -> None:
+    """A version whose weights are in model.onnx.data (an export past 1.5 GB) and differ from what its manifest
+    vouches for, a copy half written or changed, is refused as one whose graph differs: the poll goes on serving
+    the version before. The same copy intact is switched to."""
+    first = reference(export(tmp_path, "m", 1, seed=1))
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        for version in (2, 3):
+            scratch = with_external_data(entry_dir(tmp_path, "m", 1), tmp_path / "m" / f".copy-{version}")
+            if version == 2:
+                data = bytearray((scratch / "model.onnx.data").read_bytes())
+                data[len(data) // 2] ^= 0xFF
+                (scratch / "model.onnx.data").write_bytes(bytes(data))
+            scratch.rename(tmp_path / "m" / str(version))
+            wait_until(partial(tried, srv, ("m", version)), f"a try of version {version}")
+            if version == 2:
+                state, why = _index(srv)[("m", "2")]
+                assert state == "UNAVAILABLE" and re.search(
+                    r"external data .*/2/model\.onnx\.data of graph .* fails its checksum", why
+                ), why
+                with srv.channel() as channel:
+                    assert serves(channel, 1)
+        with srv.channel() as channel:
+            wait_until(lambda: serves(channel, 3), "version 3")
+            assert np.allclose(vectors(encode(channel, "m")), first, atol=1e-6)
     finally:
         srv.stop()
 
