@@ -29,6 +29,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from mhaserve.runtime import manifest as mf
@@ -136,6 +137,10 @@ class ModelManager:
         self._missing: set[tuple[str, int]] = set()  # versions a `specific` policy names that are not published
         self._locks: dict[str, asyncio.Lock] = {}
         self._retiring: dict[asyncio.Task[None], Pipeline] = {}
+        # The explicit loads under way (load_model), each a task of its own, and the one a model's next load
+        # request waits for (none once an unload came after it).
+        self._loads: set[asyncio.Task[None]] = set()
+        self._load_of: dict[str, asyncio.Task[None]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._root_gone = False  # the repository's folder could not be read at the last poll
 
@@ -453,6 +458,7 @@ class ModelManager:
         Triton answers success there ("has no effect"), and its clients unload to be sure, before a load."""
         if not _valid_name(name):
             raise InvalidArgument(f"{name!r} is not a model name")
+        self._load_of.pop(name, None)  # a load asked for after this unload loads again, after it
         async with self._lock(name):
             if name in self.wanted:
                 self.wanted.remove(name)
@@ -467,6 +473,11 @@ class ModelManager:
         """Serve `name` by its version policy (explicit model control); loading a served model reloads it, so a
         newly published version is picked up. A failure raises FAILED_PRECONDITION, and what was served stays.
 
+        The load is a task of its own, which the caller waits for: a caller cancelled (a client's deadline, an
+        HTTP client that left) does not cancel it, and the repository index says how it ended, as Triton's
+        does. A load asked for while one of the same model runs (a client's retry) waits for that one and
+        gets its outcome, rather than load the model once more.
+
         Triton lets a load carry a model config or files (`parameters`) to override the repository's;
         mhaserve serves only what was published there, and verified.
         """
@@ -480,6 +491,19 @@ class ModelManager:
         # A name the repository does not hold: NOT_FOUND, and no load failure logged or counted (a series
         # per name an admin client typed).
         self.repository.published(name)
+        # grpc.aio cancels a call at its deadline, and the HTTP server a request whose client left
+        # (tritonclient.http gives up after 60 s by default): a load cancelled with its call threw the warmed
+        # copy away and left the index saying LOADING, and a model slower to load than its clients waited could
+        # never be loaded.
+        task = self._load_of.get(name)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._load_model(name), name=f"load-{name}")
+            self._loads.add(task)
+            self._load_of[name] = task
+            task.add_done_callback(partial(self._load_done, name))
+        await asyncio.shield(task)
+
+    async def _load_model(self, name: str) -> None:
         try:
             await self.sync(name, strict=True)
         except NotFound:
@@ -491,6 +515,13 @@ class ModelManager:
             raise FailedPrecondition(f"cannot load {name}: {why}{still}") from None
         if name not in self.wanted:
             self.wanted.append(name)
+
+    def _load_done(self, name: str, task: asyncio.Task[None]) -> None:
+        self._loads.discard(task)
+        if self._load_of.get(name) is task:
+            del self._load_of[name]
+        if not task.cancelled():
+            task.exception()  # had by the callers still waiting; else said by the log and the index (_report)
 
     def check_control(self) -> None:
         """Loading and unloading over the repository API are for explicit model control only (as in Triton)."""
@@ -549,6 +580,12 @@ class ModelManager:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
+        # A load under way whose callers have gone (the server stopped listening before this): ended, not
+        # left pending on a loop that closes. What it made is closed with it (_load).
+        for task in list(self._loads):
+            task.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await task
         retiring = dict(self._retiring)
         for task in retiring:
             task.cancel()

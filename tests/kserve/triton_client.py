@@ -250,7 +250,9 @@ def run_http(spec: dict[str, Any]) -> dict[str, Any]:
 
 def repository(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Triton's model repository extension: spec: url (gRPC), http (HTTP host:port), steps of
-    {"op": index|load|unload|index_http|load_http|unload_http, "model": ...}; each step's result or error."""
+    {"op": index|load|unload|index_http|load_http|unload_http, "model": ...}; each step's result or error. A
+    load's "timeout" (seconds) is how long its client waits: gRPC's deadline, or the network_timeout of an HTTP
+    client of its own (tritonclient's default is 60 s), which then gives up and closes its connection."""
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
@@ -268,13 +270,20 @@ def repository(spec: dict[str, Any]) -> list[dict[str, Any]]:
                     index = grpc_client.get_model_repository_index(as_json=True, client_timeout=TIMEOUT)
                     out.append({"index": index.get("models", [])})
                 elif op == "load":
-                    grpc_client.load_model(model, client_timeout=TIMEOUT)
+                    grpc_client.load_model(model, client_timeout=step.get("timeout", TIMEOUT))
                     out.append({})
                 elif op == "unload":
                     grpc_client.unload_model(model, client_timeout=TIMEOUT)
                     out.append({})
                 elif op == "index_http":
                     out.append({"index": http_client.get_model_repository_index()})
+                elif op == "load_http" and "timeout" in step:
+                    impatient = httpclient.InferenceServerClient(url=spec["http"], network_timeout=step["timeout"])
+                    try:
+                        impatient.load_model(model)
+                    finally:
+                        impatient.close()
+                    out.append({})
                 elif op == "load_http":
                     http_client.load_model(model)
                     out.append({})
@@ -285,6 +294,8 @@ def repository(spec: dict[str, Any]) -> list[dict[str, Any]]:
                     raise ValueError(f"unknown step {op!r}")
             except InferenceServerException as e:
                 out.append({"error": f"{e.status()}: {e.message()}"})
+            except TimeoutError as e:  # tritonclient.http's network_timeout
+                out.append({"error": f"timeout: {e}"})
     finally:
         grpc_client.close()
         if http_client is not None:

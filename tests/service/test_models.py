@@ -1093,6 +1093,114 @@ def test_a_version_unloaded_and_loaded_again_before_its_queue_empties_keeps_its_
         assert srv.samples().get("mhaserve_inputs_total", model="m", version="1") == before + 1
 
 
+# ---- loads that outlive their clients -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (TRITON_VENV / ".stamp").is_file(), reason="Triton's client venv (.venv-triton) is missing")
+def test_a_load_whose_client_gives_up_completes_and_the_index_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """tritonclient gave up on a load while its warm-up ran (gRPC's deadline; over HTTP its network_timeout, 60 s
+    by default, then it closes the connection): the load was cancelled with the call, the warmed copy thrown
+    away, and the index said LOADING for ever; a model whose load took longer than its client waited could
+    never be loaded. It completes, READY in the index, and a load asked for again finds it served."""
+    caplog.set_level(logging.INFO, logger="mhaserve.service.models")
+    for seed, name in enumerate(("m", "n", "o"), 1):
+        export(tmp_path, name, 1, seed=seed)
+    engine = ScriptedEngine(gates=[1])  # the warm-up's inputs are all ones
+    engine.gates[1].set()
+    explicit = settings(tmp_path, "m", model_control="explicit", http_port=free_port())
+    with ServerThread(explicit, engine.factory()) as srv, srv.ready().channel() as channel:
+        engine.gates[1].clear()  # a warm-up longer than the clients wait (a big model)
+        try:
+            steps = [{"op": "load", "model": "n", "timeout": 1}, {"op": "load_http", "model": "o", "timeout": 1}]
+            http = srv.http_url.removeprefix("http://")
+            out = triton("repository", {"url": srv.address, "http": http, "steps": steps})
+        finally:
+            engine.gates[1].set()
+        assert "DEADLINE_EXCEEDED" in out[0]["error"] and out[1]["error"].startswith("timeout"), out
+        wait_until(lambda: _index(srv).get(("n", "1")) == _index(srv).get(("o", "1")) == ("READY", ""), "the loads")
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        for model in ("n", "o"):
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name=model), timeout=WAIT)
+            assert encode(channel, model).model == model
+            warmed = [r for r in caplog.records if r.getMessage().startswith(f"serving {model} version 1 ")]
+            assert len(warmed) == 1, [r.getMessage() for r in warmed]
+
+
+def test_a_load_asked_for_while_one_runs_gets_that_ones_outcome(tmp_path: Path) -> None:
+    """Two loads of a model at once (a client that retries after its deadline): the second loaded it again once
+    the first was done, a version that fails failing (and counted) once per call. It waits for the first and
+    gets its outcome; but not across an unload asked for in between."""
+    export(tmp_path, "m", 1, seed=1)
+    export(tmp_path, "n", 1, seed=2)
+    engine = ScriptedEngine(gates=[1])  # the warm-up's inputs are all ones
+    engine.gates[1].set()
+    with (
+        ServerThread(settings(tmp_path, "m", model_control="explicit"), engine.factory()) as srv,
+        srv.ready().channel() as channel,
+    ):
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        engine.gates[1].clear()
+        engine.fail_on = 1
+        try:
+            request = kpb.RepositoryModelLoadRequest(model_name="n")
+            loads = [kserve.RepositoryModelLoad.future(request, timeout=WAIT) for _ in range(2)]
+            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 2, "both loads asked for")
+        finally:
+            engine.gates[1].set()
+        for load in loads:
+            with pytest.raises(grpc.RpcError) as e:
+                load.result(WAIT)
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "cannot load n" in str(e.value.details())
+        assert srv.samples().get("mhaserve_model_load_failures_total", model="n") == 1
+        assert _index(srv)[("n", "1")][0] == "UNAVAILABLE"
+        # A load asked for after an unload that came while a load ran loads again, after the unload.
+        engine.gates[1].clear()
+        engine.fail_on = None
+        try:
+            first = kserve.RepositoryModelLoad.future(request, timeout=WAIT)
+            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 1, "the first load asked for")
+            unload = kserve.RepositoryModelUnload.future(kpb.RepositoryModelUnloadRequest(model_name="n"), timeout=WAIT)
+            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 2, "the unload asked for")
+            last = kserve.RepositoryModelLoad.future(request, timeout=WAIT)
+            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 3, "the last load asked for")
+        finally:
+            engine.gates[1].set()
+        for call in (first, unload, last):
+            call.result(WAIT)
+        assert srv.server.dataplane.versions("n") == [1]
+
+
+@pytest.mark.parametrize("control", ["explicit", "poll"])
+def test_a_server_stopped_while_a_version_loads_ends_cleanly(tmp_path: Path, control: str) -> None:
+    """A load runs beside the calls that asked for it (and the poll): the server's stop ends it, and no task is
+    left pending on the loop it closes (asyncio's "Task was destroyed but it is pending")."""
+    export(tmp_path, "m", 1, seed=1)
+    engine = ScriptedEngine(gates=[1])  # the warm-up's inputs are all ones
+    engine.gates[1].set()
+    served = settings(tmp_path, "m", model_control=control, repository_poll_s=0.05)
+    try:
+        with ServerThread(served, engine.factory()) as srv:
+            srv.ready()
+            engine.gates[1].clear()
+            engine.batches.clear()  # the start-up's warm-up
+            if control == "explicit":
+                export(tmp_path, "n", 1, seed=2)
+                with srv.channel() as channel, pytest.raises(grpc.RpcError) as e:
+                    kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+                    kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="n"), timeout=0.5)
+                assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            else:
+                copy_version(tmp_path, "m", 1, 2)
+            wait_until(lambda: engine.seen(1) and "LOADING" in {s for s, _ in _index(srv).values()}, "a warm-up")
+        left = asyncio.all_tasks(srv.loop)  # pending on the closed loop: destroyed, unfinished, when collected
+    finally:
+        engine.gates[1].set()  # the warm-up's thread returns
+    assert not left, left
+
+
 # ---- random schedules: loads, unloads and publications while clients encode ---------------------------------------
 
 LIFECYCLE_EXAMPLES = int(os.environ.get("LIFECYCLE_EXAMPLES", "25"))  # examples a run (each control); more by hand
