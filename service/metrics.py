@@ -6,12 +6,14 @@ labelled by model and version (`ModelMetrics`), and a version's series go away w
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -277,6 +279,8 @@ class Metrics:
             by_model,
             registry=r,
         )
+        # What the copies of each model version hold in common (ModelMetrics): their series go with the last.
+        self.copies: dict[tuple[str, str], _Copies] = {}
         self._http: tuple[WSGIServer, threading.Thread] | None = None
 
     def serve(self, host: str, port: int) -> int:
@@ -304,12 +308,29 @@ def stream_counter(metrics: Metrics | None, method: str) -> Callable[[str], None
     return lambda code: counter.labels(method, code).inc()
 
 
+@dataclass
+class _Copies:
+    """The copies of one model version alive at once, and the series only some of them made."""
+
+    alive: int = 0
+    codes: set[str] = field(default_factory=set)  # mhaserve_model_requests_total's
+    # mhaserve_execution_provider_info's: how many copies served on each provider
+    providers: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
 class ModelMetrics:
-    """The metrics of one model version: what its pipeline and batcher observe, under its labels."""
+    """The metrics of one copy of a model version: what its pipeline and batcher observe, under its labels.
+
+    A version can have two copies at once (one loading while another finishes its queue: a reload, or an
+    unload and a load): prometheus gives both the same series, so they go with the last copy (`discard`).
+    """
 
     def __init__(self, metrics: Metrics, model: str, version: int | str) -> None:
         self.parent = metrics
         self.labels = (model, str(version))
+        self._copies = metrics.copies.setdefault(self.labels, _Copies())
+        self._copies.alive += 1
+        self._gone = False
         self.tokenize = metrics.tokenize.labels(*self.labels)
         self.queue_wait = metrics.queue_wait.labels(*self.labels)
         self.inference = metrics.inference.labels(*self.labels)
@@ -327,10 +348,12 @@ class ModelMetrics:
         child = self._codes.get(code)
         if child is None:
             child = self._codes[code] = self.parent.model_requests.labels(*self.labels, code)
+            self._copies.codes.add(code)
         child.inc()
 
     def served(self, provider: str) -> None:
         self._provider = provider
+        self._copies.providers[provider] += 1
         self.parent.provider.labels(*self.labels, provider).set(1)
         self.parent.model_ready.labels(*self.labels).set(1)
 
@@ -340,14 +363,25 @@ class ModelMetrics:
         self.parent.model_ready.labels(*self.labels).set(0)
 
     def discard(self) -> None:
-        """The version's series go: unloaded, or never served (its warm-up failed)."""
-        p = self.parent
+        """This copy is gone (closed, or never served: its load failed). The version's series go with its last
+        copy: a copy that closed while the next one warmed up took the series the next one then served on."""
+        if self._gone:
+            return
+        self._gone = True
+        p, copies = self.parent, self._copies
+        copies.alive -= 1
+        if self._provider is not None:  # the provider this copy ran on, unless another copy serves there too
+            copies.providers[self._provider] -= 1
+            if not copies.providers[self._provider]:
+                del copies.providers[self._provider]
+                p.provider.remove(*self.labels, self._provider)
+        if copies.alive:
+            return
+        del p.copies[self.labels]
         for histogram in (p.tokenize, p.queue_wait, p.inference, p.batch_size, p.batch_tokens, p.padding_fraction):
             histogram.remove(*self.labels)
         p.queue_depth.remove(*self.labels)
         p.inputs.remove(*self.labels)
         p.stalls.remove(*self.labels)
-        for code in self._codes:
+        for code in copies.codes:
             p.model_requests.remove(*self.labels, code)
-        if self._provider is not None:
-            p.provider.remove(*self.labels, self._provider)

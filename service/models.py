@@ -289,8 +289,7 @@ class ModelManager:
             )
         except BaseException:
             pipeline.close()
-            if not served:  # its series, made for it above, would stay exported for the process's life
-                metrics.discard()
+            metrics.discard()  # made for it above; the version's series stay while another copy holds them
             raise
         pipeline.batcher.start()
         old = self.dataplane.remove(name, version) if served else None
@@ -430,8 +429,11 @@ class ModelManager:
         model = pipeline.model
         key = (model.name, model.version)
         # A copy replaced by a new one of the same version, or unloaded and loaded again before its queue
-        # emptied: the series and the state are the new copy's now.
-        if model.version not in self.dataplane.versions(model.name):
+        # emptied: the ready gauge and the state are the new copy's now, and the series stay while it (or a copy
+        # still loading) holds them.
+        if model.version in self.dataplane.versions(model.name):
+            pipeline.metrics.discard()
+        else:
             pipeline.metrics.unloaded()
             if self.states.get(key, VersionState("READY")).state == "UNLOADING":
                 del self.states[key]

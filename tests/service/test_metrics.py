@@ -33,6 +33,32 @@ def test_an_unloaded_version_takes_every_series_of_its_own_with_it() -> None:
     assert left == ['mhaserve_model_ready{model="m",version="1"} 0.0']  # ready says 0; the rest are gone
 
 
+def test_a_versions_series_go_with_its_last_copy() -> None:
+    """Two copies of a version at once (one loading while the other finishes its queue) are given the same
+    series: the first to close took them from the other, which went on counting into series no longer
+    exported. The provider of a copy that closed goes unless another copy runs on it."""
+    metrics = Metrics()
+    old, new = ModelMetrics(metrics, "m", 1), ModelMetrics(metrics, "m", 1)
+    old.served("CUDAExecutionProvider")
+    old.ended("CANCELLED")
+    new.served("CPUExecutionProvider")
+    new.ended("OK")
+    old.discard()
+    new.inputs.inc()
+
+    def own() -> list[str]:
+        return [line for line in generate_latest(metrics.registry).decode().splitlines() if 'model="m"' in line]
+
+    assert 'mhaserve_inputs_total{model="m",version="1"} 1.0' in own()
+    assert 'mhaserve_model_requests_total{code="CANCELLED",model="m",version="1"} 1.0' in own()
+    providers = [line for line in own() if line.startswith("mhaserve_execution_provider_info")]
+    assert providers == ['mhaserve_execution_provider_info{model="m",provider="CPUExecutionProvider",version="1"} 1.0']
+    old.discard()  # said twice: still one copy's
+    assert any(line.startswith("mhaserve_queue_depth") for line in own())
+    new.unloaded()
+    assert own() == ['mhaserve_model_ready{model="m",version="1"} 0.0']
+
+
 # -- the metrics port's connections --
 
 

@@ -1093,6 +1093,52 @@ def test_a_version_unloaded_and_loaded_again_before_its_queue_empties_keeps_its_
         assert srv.samples().get("mhaserve_inputs_total", model="m", version="1") == before + 1
 
 
+def test_a_version_whose_old_copy_closes_while_its_new_copy_warms_up_keeps_its_metrics(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unloaded and loaded again, the old copy finishing its queue while the new one warmed up: its close took
+    the (model, version) series the new copy had been given (prometheus hands both copies the same ones), and
+    mhaserve_queue_depth (the HPA's signal), mhaserve_inputs_total and every histogram of the version were
+    gone from /metrics for as long as the new copy served."""
+    caplog.set_level(logging.INFO, logger="mhaserve.service.models")
+    export(tmp_path, "m", 1, seed=1)
+    engine = ScriptedEngine(gates=[77, 1])  # the warm-up's inputs are all ones
+    engine.gates[1].set()
+    explicit = settings(tmp_path, "m", model_control="explicit")
+    with ServerThread(explicit, engine.factory()) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        stub = pb_grpc.EncoderServiceStub(channel)
+        held = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[77, 5])], model="m"), timeout=WAIT)
+        wait_until(lambda: engine.seen(77), "the held batch")
+        kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="m"), timeout=WAIT)
+        engine.gates[1].clear()
+        engine.batches.clear()
+        try:
+            load = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
+            wait_until(lambda: engine.seen(1), "the new copy's warm-up")
+            engine.gates[77].set()
+            assert held.result(WAIT).model == "m"  # the old copy finished what it held
+            closed = "closed m version 1"
+            wait_until(lambda: any(closed in r.getMessage() for r in caplog.records), "the old copy closed")
+        finally:
+            engine.gates[77].set()
+            engine.gates[1].set()
+        load.result(WAIT)
+        counted = ("mhaserve_inputs_total", "mhaserve_inference_duration_seconds_count", "mhaserve_batch_size_count")
+
+        def counts() -> list[float]:
+            samples = srv.samples()
+            return [samples.get(name, -1.0, model="m", version="1") for name in counted]
+
+        before = counts()
+        stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[2, 3])], model="m"), timeout=WAIT)
+        # (a batch's observations may land just after its answer)
+        wait_until(lambda: counts() == [n + 1 for n in before], f"the encode counted in {counted}, from {before}")
+        samples = srv.samples()
+        assert samples.get("mhaserve_model_ready", model="m", version="1") == 1
+        assert samples.get("mhaserve_queue_depth", -1.0, model="m", version="1") == 0
+
+
 # ---- loads that outlive their clients -----------------------------------------------------------------------------
 
 
