@@ -282,14 +282,18 @@ class ModelManager:
             )
         model = await asyncio.to_thread(self.repository.load, entry, self.engine_factory)
         metrics = ModelMetrics(self.metrics, name, version)
-        pipeline = self.make_pipeline(model, metrics)
+        pipeline: Pipeline | None = None
         try:
+            pipeline = self.make_pipeline(model, metrics)  # which refuses limits it cannot serve
             runs = await asyncio.to_thread(
                 warm_up, model.engine, max_seq_len=entry.max_tokens, max_batch_tokens=pipeline.limits.max_batch_tokens
             )
         except BaseException:
-            pipeline.close()
-            metrics.discard()  # made for it above; the version's series stay while another copy holds them
+            if pipeline is not None:
+                pipeline.close()
+            # Made for it above, they would stay exported for the process's life; the version's series stay
+            # while another copy holds them.
+            metrics.discard()
             raise
         pipeline.batcher.start()
         old = self.dataplane.remove(name, version) if served else None

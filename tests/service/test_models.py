@@ -1046,6 +1046,22 @@ def test_a_version_whose_warm_up_fails_leaves_no_metric_series(tmp_path: Path) -
         assert left == {"mhaserve_model_ready"}, left  # 0 since its unload, and nothing made for the failed load
 
 
+def test_a_version_whose_limits_are_refused_leaves_no_metric_series(tmp_path: Path) -> None:
+    """A serving config whose limits the server refuses (a queue smaller than the largest request it admits)
+    fails as the version's pipeline is made: about thirty series of the version, made before, stayed
+    exported for the life of the process, for a version that never served."""
+    export(tmp_path, "a", 1, seed=1)
+    export(tmp_path, "b", 1, seed=2)
+    (tmp_path / "b" / "serving.json").write_text(json.dumps({"limits": {"max_queue_size": 100}}))
+    with ServerThread(settings(tmp_path, "a", model_control="explicit")) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as e:
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="b"), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "max_queue_size" in str(e.value.details())
+        left = {s.name for s in srv.samples() if s.labels.get("model") == "b"}
+        assert left == {"mhaserve_model_load_failures_total", "mhaserve_model_load_failures_created"}, left
+
+
 def test_a_manifest_that_disagrees_with_its_graph_is_not_served(tmp_path: Path) -> None:
     """A manifest edited to another hidden size: the server announced one size and answered another."""
     export(tmp_path, "m", 1, seed=1)
