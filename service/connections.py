@@ -19,9 +19,11 @@ client, and could not read its model repository (no descriptor left to open a fi
   sent nothing (or a request line's first byte, or an HTTP/2 preface) and were reopened as the header timeout
   closed them held the limit otherwise, cheaply, and every
   new connection was refused: the kubelet's liveness probe among them, which restarted a healthy pod. One that
-  sent nothing at all is cut before one that began (a preface, a request line's start, a ClientHello): a real
-  client's connection is begun for a round trip (a gRPC client opens its call once our SETTINGS come), and a
-  burst of connections that sent nothing cut it meanwhile, failing its call UNAVAILABLE. A connection
+  began (a preface, a request line's start, a ClientHello) less than BEGUN_GRACE ago is cut only when none that
+  sent nothing is left: a real client's connection is begun for a round trip (a gRPC client opens its call once
+  our SETTINGS come), and a burst of connections that sent nothing cut it meanwhile, failing its call
+  UNAVAILABLE; past the grace the older goes, so that connections that sent a byte long ago do not outlast
+  every new one (which would then cut each other, a probe among them). A connection
   that has carried requests is never cut so, even idle (its client may be sending the next one as it closes).
   Each is counted in `mhaserve_connections_closed_silent_total`, by the protocol of the one cut;
 - with none silent, the new connection is closed at once, the server's answer to it depending on its protocol (the
@@ -73,6 +75,9 @@ DEFAULT_LIMIT = 4096
 # with this as `backlog` and then give the kernel's queue its own length again (`bounded_accepts`).
 ACCEPT_BATCH = 16
 ANSWERED_AT_ONCE = RESERVE // 4  # refused connections answered at once, at most (ConnectionLimit.start_answer)
+# How long a connection that began (ConnectionLimit.began) is spared while one that sent nothing is left to cut:
+# a round trip or two, for a real client to open its call or send its request's headers; past it, age decides.
+BEGUN_GRACE = 1.0
 FEWEST = 16  # the least the default gives, on a process with very few descriptors
 # Linux refuses a soft limit over fs.nr_open, whatever the hard limit; its default is 2**20.
 NR_OPEN = "/proc/sys/fs/nr_open"
@@ -153,8 +158,11 @@ class ConnectionLimit:
         closed_silent: Counter | None = None,
         log_every: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        grace: float | None = None,
     ) -> None:
         self.limit = limit
+        self.grace = BEGUN_GRACE if grace is None else grace
+        self._clock = clock
         self.open = 0
         self.answering = 0  # refused connections still being answered (start_answer)
         self.refused: collections.Counter[str] = collections.Counter()
@@ -162,12 +170,16 @@ class ConnectionLimit:
         # A TLS connection's protocol -> whether it was admitted at its accept (True) or refused with a place to be
         # answered (False), until the protocol's own admit() takes that over at the end of the handshake.
         self._at_accept: dict[asyncio.BaseProtocol, bool] = {}
-        # The silent connections, oldest first: protocol -> (its front's name, its transport, to cut it with). Those
-        # that sent nothing yet are cut before those that began (`began`): a real client's connection is begun
-        # for a round trip or two (a gRPC client waits for our SETTINGS before it opens a call, TLS for our
-        # ServerHello), and a burst of connections that sent nothing must not cut it meanwhile.
-        self._silent: dict[asyncio.BaseProtocol, tuple[str, asyncio.Transport]] = {}
-        self._begun: dict[asyncio.BaseProtocol, tuple[str, asyncio.Transport]] = {}
+        # The silent connections: protocol -> (its front's name, its transport, to cut it with, its admission's
+        # number), those that sent nothing in the order admitted, those that began (`began`) in the order they
+        # began, each with the time it did. A connection that began less than `grace` ago is cut only when none
+        # that sent nothing is left: a real client's connection is begun for a round trip or two (a gRPC client
+        # waits for our SETTINGS before it opens a call, TLS for our ServerHello), and a burst of connections that
+        # sent nothing, accepted after it, cut it meanwhile. Past the grace, the older is cut: else connections
+        # that sent one byte long ago would outlast every new one, which then cut each other (a probe among them).
+        self._silent: dict[asyncio.BaseProtocol, tuple[str, asyncio.Transport, int]] = {}
+        self._begun: dict[asyncio.BaseProtocol, tuple[str, asyncio.Transport, int, float]] = {}
+        self._admitted = 0  # connections admitted so far: each one's number orders them by age
         self._cut: set[asyncio.BaseProtocol] = set()  # cut to make room: their place already passed on
         self._metric = refused
         self._closed_metric = closed_silent
@@ -218,17 +230,32 @@ class ConnectionLimit:
     ) -> None:
         """A connection just admitted: silent until spoke(). One already there (a TLS connection's, from its accept)
         keeps its place in the order, oldest first, begun or not, and takes the transport of its protocol's."""
-        if connection is not None and transport is not None:
-            (self._begun if connection in self._begun else self._silent)[connection] = (protocol, transport)
+        if connection is None or transport is None:
+            return
+        if (begun := self._begun.get(connection)) is not None:
+            self._begun[connection] = (protocol, transport, begun[2], begun[3])
+        elif (silent := self._silent.get(connection)) is not None:
+            self._silent[connection] = (protocol, transport, silent[2])
+        else:
+            self._admitted += 1
+            self._silent[connection] = (protocol, transport, self._admitted)
 
     def _make_room(self, protocol: str) -> bool:
-        """Cut the oldest silent connection that sent nothing, else the oldest that began, whose place a new one of
-        `protocol` takes; False if none is silent."""
-        silent = self._silent or self._begun
-        if not silent:
+        """Cut a silent connection, whose place a new one of `protocol` takes: the older of the oldest that sent
+        nothing and the first that began, unless that one began within the grace; the first that began if none
+        sent nothing. False if none is silent."""
+        nothing = next(iter(self._silent.items()), None)
+        begun = next(iter(self._begun.items()), None)
+        if begun is not None and (
+            nothing is None or (self._clock() - begun[1][3] >= self.grace and begun[1][2] < nothing[1][2])
+        ):
+            oldest, (cut, transport, *_) = begun
+            del self._begun[oldest]
+        elif nothing is not None:
+            oldest, (cut, transport, _) = nothing
+            del self._silent[oldest]
+        else:
             return False
-        oldest = next(iter(silent))
-        cut, transport = silent.pop(oldest)
         # Held at its accept (in its TLS handshake), the place goes with the entry, and the end of the handshake
         # gives nothing back; else its protocol's connection_lost will release() it, which then does nothing.
         if self._at_accept.pop(oldest, None) is None:
@@ -249,11 +276,16 @@ class ConnectionLimit:
 
     def began(self, connection: asyncio.BaseProtocol) -> None:
         """`connection` has sent its first bytes, not yet a request (an HTTP/2 preface, a request line's start, a
-        TLS ClientHello): still silent, but cut only once none that sent nothing is left. Nothing for one that
-        began or spoke already."""
+        TLS ClientHello): still silent, but for the grace cut only once none that sent nothing is left. Nothing for
+        one that began or spoke already."""
         entry = self._silent.pop(connection, None)
         if entry is not None:
-            self._begun[connection] = entry
+            self._begun[connection] = (*entry, self._clock())
+
+    @property
+    def begun(self) -> int:
+        """How many silent connections have begun."""
+        return len(self._begun)
 
     def spoke(self, connection: asyncio.BaseProtocol) -> None:
         """`connection` has sent something of a request: no longer silent, it is never cut for a new one."""
@@ -414,7 +446,8 @@ class _Handshake(asyncio.Protocol):
         if self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
-        self.limit.began(app)  # its ClientHello: its handshake's round trip is not cut for a burst's silent ones
+        if data[0] == TLS_HANDSHAKE:  # its ClientHello: its handshake's round trip is spared for the grace
+            self.limit.began(app)
         if data[0] != TLS_HANDSHAKE and self.plaintext is not None and self.plaintext(app, transport, data):
             if transport.get_protocol() is not self:  # the front's protocol took it over, and the place with it
                 self.limit.let_go(app)

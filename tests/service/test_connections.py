@@ -146,19 +146,22 @@ def test_past_the_limit_a_new_connection_closes_the_oldest_silent_one(caplog: py
     assert limit.open == 2
 
 
-def test_a_connection_that_sent_nothing_is_cut_before_one_that_has_begun() -> None:
+def test_a_connection_that_began_is_spared_for_a_round_trip_while_one_sent_nothing() -> None:
     """The bug: a burst of connections that sent nothing, accepted after a real gRPC client's, cut the client's
     between its preface and its first call (it waits for our SETTINGS first), and its call failed UNAVAILABLE. One
-    that has begun (an HTTP/2 preface, a request line's first byte, a TLS ClientHello) is still silent, but is cut
-    only when none has sent nothing, the oldest begun first."""
-    limit = ConnectionLimit(3)
+    that has begun (an HTTP/2 preface, a request line's first byte, a TLS ClientHello) is still silent, but for
+    the grace it is cut only when none that sent nothing is left, the first that began first."""
+    now = [0.0]
+    limit = ConnectionLimit(3, clock=lambda: now[0], grace=1.0)
     client, idle, attacker, new, newer, newest = (asyncio.Protocol() for _ in range(6))
     transports = {c: Transport() for c in (client, idle, attacker, new, newer, newest)}
     for c in (client, idle, attacker):
         assert limit.admit("grpc", c, transports[c])
-    limit.began(attacker)  # began after the client was admitted, before it began
+    limit.began(attacker)  # began before the client did, though admitted after it
     limit.began(client)
     limit.began(client)  # each read of a connection still silent says so again: its place in the order stays
+    assert limit.begun == 2
+    now[0] = 0.5
     assert limit.admit("http", new, transports[new])
     assert transports[idle].aborted and not transports[client].aborted  # the idle one, though younger
     limit.release(idle)
@@ -167,13 +170,31 @@ def test_a_connection_that_sent_nothing_is_cut_before_one_that_has_begun() -> No
     limit.release(new)
     limit.spoke(newer)
     assert limit.admit("http", newest, transports[newest])
-    assert transports[attacker].aborted and not transports[client].aborted  # the oldest begun
+    assert transports[attacker].aborted and not transports[client].aborted  # none sent nothing: the first begun
     limit.release(attacker)
     limit.spoke(client)
     limit.began(client)  # a later request's first byte: it has spoken, and stays uncut
     limit.spoke(newest)
     assert not limit.admit("http", asyncio.Protocol(), Transport())
     assert not transports[client].aborted and limit.closed_silent == {"grpc": 2, "http": 1}
+
+
+def test_past_the_grace_connections_that_began_long_ago_go_before_new_ones() -> None:
+    """Spared for ever, connections that sent one byte of a request line long ago outlasted every new one: at the
+    limit a probe took the place of one of them, and the next new connection, before the probe's first bytes
+    were read, cut the probe. Past the grace the older is cut, begun or not."""
+    now = [0.0]
+    limit = ConnectionLimit(2, clock=lambda: now[0], grace=1.0)
+    byte, other, probe, next_ = (asyncio.Protocol() for _ in range(4))
+    transports = {c: Transport() for c in (byte, other, probe, next_)}
+    for c in (byte, other):
+        assert limit.admit("http", c, transports[c])
+        limit.began(c)
+    now[0] = 30.0
+    assert limit.admit("http", probe, transports[probe]) and transports[byte].aborted
+    limit.release(byte)
+    assert limit.admit("http", next_, transports[next_])
+    assert transports[other].aborted and not transports[probe].aborted  # the older, though it began
 
 
 def test_a_tls_connection_in_its_handshake_is_silent() -> None:
@@ -352,11 +373,14 @@ def _still_open(sock: socket.socket) -> bool:
     return not readable
 
 
-def test_a_request_line_begun_or_a_preface_alone_is_silent_too(tiny_repo: Path) -> None:
+def test_a_request_line_begun_or_a_preface_alone_is_silent_too(
+    tiny_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Silent until a request's headers are whole (HTTP) or a call is opened (gRPC): one byte of a request line,
     or an HTTP/2 preface and SETTINGS and no call, held a place until --http-header-timeout or the 5 minutes an
     idle gRPC connection has, as cheaply as sending nothing, and the probes were refused again. Those that began
-    so are cut after those that sent nothing, the oldest begun first."""
+    so are cut, within their grace, after those that sent nothing, the first begun first."""
+    monkeypatch.setattr(connections, "BEGUN_GRACE", 600.0)  # the test's steps all within it, however slow
     settings = local_settings(tiny_repo, max_connections=3, grpc_front="lean")
     with ServerThread(settings).ready() as srv, held_channels(srv.address, 1):
         http_port = int(srv.http_url.rsplit(":", 1)[1])
@@ -368,7 +392,7 @@ def test_a_request_line_begun_or_a_preface_alone_is_silent_too(tiny_repo: Path) 
             preface.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
             assert preface.recv(9)  # our SETTINGS: its preface was read, before the request line's byte below
             begun.sendall(b"GET /hea")
-            wait_until(lambda: open_count(srv) == 3, "the connections to be counted")
+            wait_until(lambda: srv.server.connection_limit.begun == 2, "the request line's first byte to be read")
             idle.append(socket.create_connection(("127.0.0.1", http_port), timeout=WAIT))
             assert _closed(preface)  # none sent nothing: the oldest begun made room for the idle one
             assert _still_open(begun)
