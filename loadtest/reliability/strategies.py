@@ -95,7 +95,10 @@ def _token_rows(model: Model) -> st.SearchStrategy[list[list[int]]]:
 def encode_requests(draw: st.DrawFn, model: Model) -> pb.EncodeRequest:
     """encoder.v1 EncodeRequest: texts, token_ids, both or neither; any model name, truncate, normalize."""
     kind = draw(st.sampled_from(["texts", "ids", "both", "none"]))
-    request = pb.EncodeRequest(model=draw(names(model)), truncate=draw(st.booleans()))
+    request = pb.EncodeRequest(model=draw(names(model)))
+    truncate = draw(st.none() | st.booleans())  # absent: the server's --auto-truncate
+    if truncate is not None:
+        request.truncate = truncate
     if kind in ("texts", "both"):
         count = draw(st.one_of(st.integers(0, model.max_inputs + 2), st.just(2000)))
         if count > 50:
