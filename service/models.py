@@ -20,6 +20,7 @@ unloads models.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -137,10 +138,14 @@ class ModelManager:
         self._missing: set[tuple[str, int]] = set()  # versions a `specific` policy names that are not published
         self._locks: dict[str, asyncio.Lock] = {}
         self._retiring: dict[asyncio.Task[None], Pipeline] = {}
-        # The explicit loads under way (load_model), each a task of its own, and the one a model's next load
-        # request waits for (none once an unload came after it).
+        # The explicit loads under way (load_model), each a task of its own; by model, the last one asked for
+        # (the next runs after it), the one not yet begun (a load asked for meanwhile joins it: it will read
+        # the repository as it then is), and the unloads asked for so far (a load begins as a no-op if one came
+        # after it was asked for: loaded, then unloaded, in the order asked).
         self._loads: set[asyncio.Task[None]] = set()
-        self._load_of: dict[str, asyncio.Task[None]] = {}
+        self._last_load: dict[str, asyncio.Task[None]] = {}
+        self._next_load: dict[str, asyncio.Task[None]] = {}
+        self._unloads: collections.Counter[str] = collections.Counter()
         self._poller: asyncio.Task[None] | None = None
         self._root_gone = False  # the repository's folder could not be read at the last poll
 
@@ -464,7 +469,8 @@ class ModelManager:
         Triton answers success there ("has no effect"), and its clients unload to be sure, before a load."""
         if not _valid_name(name):
             raise InvalidArgument(f"{name!r} is not a model name")
-        self._load_of.pop(name, None)  # a load asked for after this unload loads again, after it
+        self._unloads[name] += 1
+        self._next_load.pop(name, None)  # a load asked for after this unload loads again, after it
         async with self._lock(name):
             if name in self.wanted:
                 self.wanted.remove(name)
@@ -501,15 +507,22 @@ class ModelManager:
         # (tritonclient.http gives up after 60 s by default): a load cancelled with its call threw the warmed
         # copy away and left the index saying LOADING, and a model slower to load than its clients waited could
         # never be loaded.
-        task = self._load_of.get(name)
+        task = self._next_load.get(name)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._load_model(name), name=f"load-{name}")
+            after, unloads = self._last_load.get(name), self._unloads[name]
+            task = asyncio.get_running_loop().create_task(self._load_model(name, after, unloads), name=f"load-{name}")
             self._loads.add(task)
-            self._load_of[name] = task
+            self._last_load[name] = self._next_load[name] = task
             task.add_done_callback(partial(self._load_done, name))
         await asyncio.shield(task)
 
-    async def _load_model(self, name: str) -> None:
+    async def _load_model(self, name: str, after: asyncio.Task[None] | None, unloads: int) -> None:
+        if after is not None and not after.done():
+            await asyncio.wait([after])  # its outcome is its callers'
+        if self._next_load.get(name) is asyncio.current_task():
+            del self._next_load[name]  # begun: a load asked for from now on runs after this one
+        if self._unloads[name] != unloads:
+            return  # unloaded after it was asked for: what was asked is done, in its order
         try:
             await self.sync(name, strict=True)
         except NotFound:
@@ -524,8 +537,9 @@ class ModelManager:
 
     def _load_done(self, name: str, task: asyncio.Task[None]) -> None:
         self._loads.discard(task)
-        if self._load_of.get(name) is task:
-            del self._load_of[name]
+        for loads in (self._last_load, self._next_load):
+            if loads.get(name) is task:
+                del loads[name]
         if not task.cancelled():
             task.exception()  # had by the callers still waiting; else said by the log and the index (_report)
 

@@ -1192,9 +1192,10 @@ def test_a_load_whose_client_gives_up_completes_and_the_index_says_so(
 
 
 def test_a_load_asked_for_while_one_runs_gets_that_ones_outcome(tmp_path: Path) -> None:
-    """Two loads of a model at once (a client that retries after its deadline): the second loaded it again once
-    the first was done, a version that fails failing (and counted) once per call. It waits for the first and
-    gets its outcome; but not across an unload asked for in between."""
+    """Loads of a model asked for while one runs (a client that retries after its deadline) each loaded it
+    again, once per call. Now those asked for while one runs wait for it and join one load after it, which
+    reads the repository as it is then (a version published meanwhile is loaded); not across an unload asked
+    for in between."""
     export(tmp_path, "m", 1, seed=1)
     export(tmp_path, "n", 1, seed=2)
     engine = ScriptedEngine(gates=[1])  # the warm-up's inputs are all ones
@@ -1205,19 +1206,38 @@ def test_a_load_asked_for_while_one_runs_gets_that_ones_outcome(tmp_path: Path) 
     ):
         kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
         engine.gates[1].clear()
+        engine.batches.clear()
         engine.fail_on = 1
         try:
             request = kpb.RepositoryModelLoadRequest(model_name="n")
-            loads = [kserve.RepositoryModelLoad.future(request, timeout=WAIT) for _ in range(2)]
-            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 2, "both loads asked for")
+            loads = [kserve.RepositoryModelLoad.future(request, timeout=WAIT)]
+            wait_until(lambda: engine.seen(1), "the first load's warm-up")
+            loads += [kserve.RepositoryModelLoad.future(request, timeout=WAIT) for _ in range(3)]
+            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 4, "the retries asked for")
         finally:
             engine.gates[1].set()
         for load in loads:
             with pytest.raises(grpc.RpcError) as e:
                 load.result(WAIT)
             assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "cannot load n" in str(e.value.details())
-        assert srv.samples().get("mhaserve_model_load_failures_total", model="n") == 1
+        assert srv.samples().get("mhaserve_model_load_failures_total", model="n") == 2  # the first, and one after
         assert _index(srv)[("n", "1")][0] == "UNAVAILABLE"
+        # A version published while a load runs is served by a load asked for then.
+        engine.fail_on = None
+        engine.gates[1].clear()
+        engine.batches.clear()
+        export(tmp_path, "m", 2, seed=3)
+        try:
+            first = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
+            wait_until(lambda: engine.seen(1), "version 2's warm-up")
+            export(tmp_path, "m", 3, seed=4)
+            again = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
+            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 2, "the second load asked for")
+        finally:
+            engine.gates[1].set()
+        first.result(WAIT)
+        again.result(WAIT)
+        assert srv.server.dataplane.versions("m") == [3]
         # A load asked for after an unload that came while a load ran loads again, after the unload.
         engine.gates[1].clear()
         engine.fail_on = None
