@@ -319,7 +319,9 @@ async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
                 except orjson.JSONDecodeError as e:
                     raise InvalidArgument(f"it is not valid JSON: {e}") from None
                 call = _call(dataplane, data)
-                asked = (call.input.model, call.input.version)
+                # The default model by its name: lines that leave it out and lines that name it, read on both
+                # sides of a turn given to other requests (a version switched in meanwhile), share one version.
+                asked = (call.input.model or dataplane.default_model, call.input.version)
                 if (pipeline := pipelines.get(asked)) is None:
                     pipeline = pipelines[asked] = call.resolve(dataplane)
                     holding.enter_context(pipeline.held())
