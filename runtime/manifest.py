@@ -49,9 +49,10 @@ class GraphEntry:
     parity: dict[str, Any]
     # The sha256 of each external-data file the graph reads tensors from, by its name (a graph past 1.5 GB
     # keeps every weight in model.onnx.data; the fused graphs of such an export read theirs from it too): the
-    # graph's own sha256 vouches for the files' names, not their bytes. {} for a graph that holds its
-    # tensors. None (no key, or null) in manifests written before it was recorded: their external data is
-    # not checked.
+    # graph's own sha256 vouches for the files' names, not their bytes. None (no key, or null) for a graph
+    # that holds its tensors, whose sha256 vouches that it names no file; left out of the manifest then, so
+    # that servers older than the key read such manifests (they refuse an unknown key). Manifests written
+    # before it was recorded have none either: their external data is not checked.
     external_data: dict[str, str] | None = None
 
     @classmethod
@@ -65,7 +66,7 @@ class GraphEntry:
             precision=precision,
             optimized=optimized,
             parity=parity,
-            external_data={name: sha256_file(path.parent / name) for name in files},
+            external_data={name: sha256_file(path.parent / name) for name in files} or None,
         )
 
 
@@ -104,7 +105,11 @@ class Manifest:
     default_prompt_name: str = ""
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+        d = asdict(self)
+        for graph in d["graphs"].values():
+            if graph["external_data"] is None:
+                del graph["external_data"]  # a graph that holds its tensors (GraphEntry.external_data)
+        return json.dumps(d, indent=2, sort_keys=False) + "\n"
 
     @classmethod
     def from_dict(cls, d: Any) -> Manifest:
