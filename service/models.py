@@ -487,8 +487,9 @@ class ModelManager:
 
         The load is a task of its own, which the caller waits for: a caller cancelled (a client's deadline, an
         HTTP client that left) does not cancel it, and the repository index says how it ended, as Triton's
-        does. A load asked for while one of the same model runs (a client's retry) waits for that one and
-        gets its outcome, rather than load the model once more.
+        does. Loads asked for while one of the same model runs (a client's retries) share one load after it,
+        which reads the repository as it then is; an unload asked for in between makes a load asked for before
+        it do nothing (loaded, then unloaded, in the order asked).
 
         Triton lets a load carry a model config or files (`parameters`) to override the repository's;
         mhaserve serves only what was published there, and verified.
