@@ -1238,6 +1238,25 @@ def test_a_load_asked_for_while_one_runs_gets_that_ones_outcome(tmp_path: Path) 
         first.result(WAIT)
         again.result(WAIT)
         assert srv.server.dataplane.versions("m") == [3]
+        # Load, load, unload: the calls in the order made, so the model ends unloaded (the second load, queued
+        # behind the first, loads nothing after the unload).
+        engine.gates[1].clear()
+        engine.batches.clear()
+        request = kpb.RepositoryModelLoadRequest(model_name="n")
+        try:
+            calls = [kserve.RepositoryModelLoad.future(request, timeout=WAIT)]
+            wait_until(lambda: engine.seen(1), "n's warm-up")
+            calls.append(kserve.RepositoryModelLoad.future(request, timeout=WAIT))
+            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 2, "the second load asked for")
+            calls.append(
+                kserve.RepositoryModelUnload.future(kpb.RepositoryModelUnloadRequest(model_name="n"), timeout=WAIT)
+            )
+            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 3, "the unload asked for")
+        finally:
+            engine.gates[1].set()
+        for call in calls:
+            call.result(WAIT)
+        assert srv.server.dataplane.versions("n") == []
         # A load asked for after an unload that came while a load ran loads again, after the unload.
         engine.gates[1].clear()
         engine.fail_on = None
