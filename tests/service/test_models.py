@@ -1083,6 +1083,22 @@ def test_a_manifest_that_disagrees_with_its_graph_is_not_served(tmp_path: Path) 
         srv.stop()
 
 
+@contextlib.contextmanager
+def _unloaded_holding_a_request(
+    tmp_path: Path, engine: ScriptedEngine
+) -> Iterator[tuple[ServerThread, kpb_grpc.GRPCInferenceServiceStub, pb_grpc.EncoderServiceStub, grpc.Future]]:
+    """Model m served under explicit control, a request held in its batch (token 77, gated), then m unloaded:
+    the old copy still has that request to finish."""
+    explicit = settings(tmp_path, "m", model_control="explicit")
+    with ServerThread(explicit, engine.factory()) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        stub = pb_grpc.EncoderServiceStub(channel)
+        held = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[77, 5])], model="m"), timeout=WAIT)
+        wait_until(lambda: engine.seen(77), "the held batch")
+        kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="m"), timeout=WAIT)
+        yield srv, kserve, stub, held
+
+
 def test_a_version_unloaded_and_loaded_again_before_its_queue_empties_keeps_its_metrics(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1091,13 +1107,7 @@ def test_a_version_unloaded_and_loaded_again_before_its_queue_empties_keeps_its_
     caplog.set_level(logging.INFO, logger="mhaserve.service.models")
     export(tmp_path, "m", 1, seed=1)
     engine = ScriptedEngine(gates=[77])
-    explicit = settings(tmp_path, "m", model_control="explicit")
-    with ServerThread(explicit, engine.factory()) as srv, srv.ready().channel() as channel:
-        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
-        stub = pb_grpc.EncoderServiceStub(channel)
-        held = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[77, 5])], model="m"), timeout=WAIT)
-        wait_until(lambda: engine.seen(77), "the held batch")
-        kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="m"), timeout=WAIT)
+    with _unloaded_holding_a_request(tmp_path, engine) as (srv, kserve, stub, held):
         kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
         engine.gates[77].set()
         assert held.result(WAIT).model == "m"  # the old copy finished what it held
@@ -1120,13 +1130,7 @@ def test_a_version_whose_old_copy_closes_while_its_new_copy_warms_up_keeps_its_m
     export(tmp_path, "m", 1, seed=1)
     engine = ScriptedEngine(gates=[77, 1])  # the warm-up's inputs are all ones
     engine.gates[1].set()
-    explicit = settings(tmp_path, "m", model_control="explicit")
-    with ServerThread(explicit, engine.factory()) as srv, srv.ready().channel() as channel:
-        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
-        stub = pb_grpc.EncoderServiceStub(channel)
-        held = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[77, 5])], model="m"), timeout=WAIT)
-        wait_until(lambda: engine.seen(77), "the held batch")
-        kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="m"), timeout=WAIT)
+    with _unloaded_holding_a_request(tmp_path, engine) as (srv, kserve, stub, held):
         engine.gates[1].clear()
         engine.batches.clear()
         try:
