@@ -287,6 +287,20 @@ def uses_tls(conn: Connection) -> bool:
     return conn.tls or conn.ca is not None or conn.cert is not None
 
 
+def _model_shape(vocab_size: Any, max_tokens: Any, source: str) -> tuple[int, int]:
+    """The model's shape as the ids users draw from it, or the failed call its answer is: a vocabulary size
+    that is not a whole number of at least 2 (ids are drawn from 1 up), or a most tokens per input under 1,
+    once raised in that draw, out of the task, and no request was recorded."""
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (vocab_size, max_tokens))
+    if not numbers or vocab_size < 2 or max_tokens < 1:
+        raise CallError(
+            "BAD_RESPONSE",
+            f"{source}: vocabulary size {vocab_size!r} and most tokens per input {max_tokens!r}, where whole "
+            "numbers of at least 2 and 1 were expected",
+        )
+    return vocab_size, max_tokens
+
+
 class GrpcClient:
     """encoder.v1 over one channel per user, its calls with the connection's metadata (the API key)."""
 
@@ -313,7 +327,7 @@ class GrpcClient:
             )
         except grpc.RpcError as e:
             raise CallError.from_rpc(e) from None
-        return info.vocab_size, info.max_tokens_per_input
+        return _model_shape(info.vocab_size, info.max_tokens_per_input, "GetModelInfo")
 
     def _call(self, request: pb.EncodeRequest) -> Answer:
         try:
@@ -376,14 +390,18 @@ class HttpClient:
         content = self._request("GET", "/info")
         try:
             info = orjson.loads(content)
-            if not model:
-                return info["vocab_size"], info["max_input_length"]
-            served = next((m for m in info["models"] if model in (m["model"], f"{m['model']}:{m['version']}")), None)
+            served = info
+            if model:
+                served = next(
+                    (m for m in info["models"] if model in (m["model"], f"{m['model']}:{m['version']}")), None
+                )
+                if served is None:  # once the default model's shape, silently
+                    raise CallError("HTTP 404", f"model {model!r} is not among the served models (GET /info)")
+            # Read inside the try: a served entry without them once raised KeyError out of the task.
+            shape = served["vocab_size"], served["max_input_length"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             raise CallError("BAD_RESPONSE", f"GET /info: {content[:100].decode('utf-8', 'replace')}") from None
-        if served is None:  # once the default model's shape, silently
-            raise CallError("HTTP 404", f"model {model!r} is not among the served models (GET /info)")
-        return served["vocab_size"], served["max_input_length"]
+        return _model_shape(*shape, "GET /info")
 
     def _call(self, body: dict[str, Any]) -> Answer:
         content = self._request("POST", ROUTE, orjson.dumps(body))

@@ -127,26 +127,61 @@ def test_an_http_call_past_the_rpc_timeout_is_named_a_timeout(tmp_path: Path) ->
     )
 
 
-class _HtmlProxy(BaseHTTPRequestHandler):
-    """A proxy in front of a server that answers 200 with its own page, as a captive portal or a misrouted
-    load balancer does: no embeddings in it."""
+class _Answers200(BaseHTTPRequestHandler):
+    """A server that answers 200 with `body` to every GET and POST: a proxy's own page, as a captive portal or
+    a misrouted load balancer answers, or JSON of another shape than the client asked for."""
 
     protocol_version = "HTTP/1.1"
+    body = b"<html><body>Welcome to the proxy</body></html>"
+    content_type = "text/html"
 
     def do_GET(self) -> None:
         self.do_POST()
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = b"<html><body>Welcome to the proxy</body></html>"
         self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Type", self.content_type)
+        self.send_header("Content-Length", str(len(self.body)))
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(self.body)
 
     def log_message(self, *_: Any) -> None:
         pass
+
+
+def _locust_against_200s(
+    out: Path, protocol: str, workload: str, *extra: str, body: bytes | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Locust run against a server that answers every call 200 with `body` (an HTML page by default), on a
+    free 127.0.0.1 port."""
+    handler = (
+        _Answers200
+        if body is None
+        else type("_Json200", (_Answers200,), {"body": body, "content_type": "application/json"})
+    )
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            cmd = [
+                sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--protocol", protocol,
+                "-H", f"http://127.0.0.1:{server.server_address[1]}", "-u", "2", "-r", "2", "-t", "2s",
+                "--only-summary", "--workload", workload, "--json-file", str(out / "stats"), *extra,
+            ]  # fmt: skip
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=_env())
+        finally:
+            server.shutdown()
+
+
+def _only_failures(run: subprocess.CompletedProcess[str], out: Path, name: str, message: str) -> None:
+    """Every request of task `name` failed with `message`, and none escaped its task as an exception."""
+    assert run.returncode == 1, run.stderr[-3000:]
+    entry = _entries(out)[name]
+    assert entry["num_failures"] == entry["num_requests"] > 0
+    errors = [m.group(1) for m in re.finditer(r"^\s*\d+\s+(\w+ [\w ]+: .+)$", run.stderr, re.M)]
+    assert errors and all(f"{name}: {message}" in e for e in errors), errors
+    assert "exceptions" not in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
 
 
 @pytest.mark.parametrize("protocol", ["http", "tei"])
@@ -157,24 +192,27 @@ def test_an_answer_that_holds_no_embeddings_is_a_failed_call(
     """A 200 whose body is not the protocol's answer (or not GET /info's, which the ids users ask first): each
     call a BAD_RESPONSE failure under its task's name, where the JSON error escaped the task as an exception
     and no request was recorded."""
-    with ThreadingHTTPServer(("127.0.0.1", 0), _HtmlProxy) as proxy:
-        thread = threading.Thread(target=proxy.serve_forever, daemon=True)
-        thread.start()
-        try:
-            cmd = [
-                sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--protocol", protocol,
-                "-H", f"http://127.0.0.1:{proxy.server_address[1]}", "-u", "2", "-r", "2", "-t", "2s",
-                "--only-summary", "--workload", workload, "--json-file", str(tmp_path / "stats"),
-            ]  # fmt: skip
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=_env())
-        finally:
-            proxy.shutdown()
-    assert run.returncode == 1, run.stderr[-3000:]
-    entry = _entries(tmp_path)[name]
-    assert entry["num_failures"] == entry["num_requests"] > 0
-    errors = [m.group(1) for m in re.finditer(r"^\s*\d+\s+(\w+ [\w ]+: .+)$", run.stderr, re.M)]
-    assert errors and all(f"{name}: BAD_RESPONSE: " in e for e in errors), errors
-    assert "exceptions" not in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
+    run = _locust_against_200s(tmp_path, protocol, workload)
+    _only_failures(run, tmp_path, name, "BAD_RESPONSE: ")
+
+
+@pytest.mark.parametrize(
+    ("body", "extra"),
+    [
+        # The model asked for is served, but its entry lacks the shape: a KeyError once escaped the task.
+        (b'{"models": [{"model": "m", "version": 1}]}', ("--model", "m")),
+        # The shape in the wrong types, or a vocabulary no id can be drawn from: each raised in the ids' draw.
+        (b'{"vocab_size": "many", "max_input_length": 256}', ()),
+        (b'{"vocab_size": 30522, "max_input_length": null}', ()),
+        (b'{"vocab_size": 1, "max_input_length": 256}', ()),
+    ],
+    ids=["entry-without-shape", "vocab-not-a-number", "max-length-null", "vocab-of-one"],
+)
+def test_model_info_of_another_shape_is_a_failed_call(tmp_path: Path, body: bytes, extra: tuple[str, ...]) -> None:
+    """GET /info answered 200 with JSON, but not the model's vocabulary size and most tokens per input as
+    numbers the ids users can draw from: a BAD_RESPONSE failure, where the error escaped the task."""
+    run = _locust_against_200s(tmp_path, "http", "ids", *extra, body=body)
+    _only_failures(run, tmp_path, "model info", "BAD_RESPONSE: GET /info")
 
 
 def test_exit_status_follows_the_failure_threshold(tiny_server: Server, tmp_path: Path) -> None:
