@@ -5,8 +5,9 @@ Locust has no gRPC user of its own: `EncoderUser` makes the calls with grpcio (m
 hundreds of users share one process) and reports each one through Locust's request event, with the
 gRPC status name as the failure reason. With `--protocol http` the same user sends the same workloads to
 the OpenAI route instead, over geventhttpclient (Locust's FastHttpUser client: one keep-alive connection
-per user), failures named by their HTTP status and the error's message; with `--protocol tei`, to TEI's
-`POST /embed`, as a client written for text-embeddings-inference sends them.
+per user), failures named by their HTTP status and the error's message (BAD_RESPONSE for a 200 whose body
+is not JSON, or holds no embeddings); with `--protocol tei`, to TEI's `POST /embed`, as a client written for
+text-embeddings-inference sends them.
 
     locust -f loadtest/locustfile.py --headless -H 127.0.0.1:50051 -u 32 -r 8 -t 60s --workload mixed
     locust -f loadtest/locustfile.py --headless -H http://127.0.0.1:8080 --protocol http -u 32 -r 8 -t 60s
@@ -388,8 +389,8 @@ class HttpClient:
 
     def model_shape(self, model: str) -> tuple[int, int]:
         content = self._request("GET", "/info")
+        info = _json(content, "GET /info: ")
         try:
-            info = orjson.loads(content)
             served = info
             if model:
                 served = next(
@@ -399,8 +400,11 @@ class HttpClient:
                     raise CallError("HTTP 404", f"model {model!r} is not among the served models (GET /info)")
             # Read inside the try: a served entry without them once raised KeyError out of the task.
             shape = served["vocab_size"], served["max_input_length"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            raise CallError("BAD_RESPONSE", f"GET /info: {content[:100].decode('utf-8', 'replace')}") from None
+        except (KeyError, TypeError):
+            raise CallError(
+                "BAD_RESPONSE",
+                f"GET /info: a 200 without the model's vocab_size and max_input_length: {_start(content)}",
+            ) from None
         return _model_shape(*shape, "GET /info")
 
     def _call(self, body: dict[str, Any]) -> Answer:
@@ -419,15 +423,30 @@ class HttpClient:
         return self._call({"input": [text, ""], **({"model": model} if model else {})})
 
 
+def _start(content: bytes) -> str:
+    """The start of a body, for a failure's message."""
+    return content[:100].decode("utf-8", "replace") or "(empty)"
+
+
+def _json(content: bytes, source: str = "") -> Any:
+    """A 200's body read as JSON, or the failed call it is, told apart from JSON of another shape: a proxy's
+    page, or a body cut short, is no answer of any server that speaks the protocol."""
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        raise CallError("BAD_RESPONSE", f"{source}a 200 whose body is not JSON: {_start(content)}") from None
+
+
 def _answer(content: bytes, vectors: Callable[[Any], Any]) -> list[Any]:
     """The list of embeddings in a 200's body, or the failed call it is: a proxy's page or a cut body once
     escaped the task as an exception, and no request was recorded."""
+    answer = _json(content)
     try:
-        found = vectors(orjson.loads(content))
-    except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
+        found = vectors(answer)
+    except (KeyError, TypeError, IndexError):
         found = None
     if not isinstance(found, list):
-        raise CallError("BAD_RESPONSE", f"a 200 without the embeddings: {content[:100].decode('utf-8', 'replace')}")
+        raise CallError("BAD_RESPONSE", f"a 200 without the embeddings: {_start(content)}")
     return found
 
 

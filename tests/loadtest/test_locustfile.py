@@ -185,15 +185,25 @@ def _only_failures(run: subprocess.CompletedProcess[str], out: Path, name: str, 
 
 
 @pytest.mark.parametrize("protocol", ["http", "tei"])
-@pytest.mark.parametrize(("workload", "name"), [("short", "short"), ("ids", "model info")])
+@pytest.mark.parametrize(
+    ("workload", "name", "body", "message"),
+    [
+        ("short", "short", None, "BAD_RESPONSE: a 200 whose body is not JSON: <html>"),
+        ("short", "short", b'{"object": "list"}', 'BAD_RESPONSE: a 200 without the embeddings: {"object"'),
+        ("short", "short", b"", "BAD_RESPONSE: a 200 whose body is not JSON: (empty)"),
+        ("ids", "model info", None, "BAD_RESPONSE: GET /info: a 200 whose body is not JSON: <html>"),
+    ],
+    ids=["html", "json", "empty", "info-html"],
+)
 def test_an_answer_that_holds_no_embeddings_is_a_failed_call(
-    tmp_path: Path, protocol: str, workload: str, name: str
+    tmp_path: Path, protocol: str, workload: str, name: str, body: bytes | None, message: str
 ) -> None:
     """A 200 whose body is not the protocol's answer (or not GET /info's, which the ids users ask first): each
-    call a BAD_RESPONSE failure under its task's name, where the JSON error escaped the task as an exception
-    and no request was recorded."""
-    run = _locust_against_200s(tmp_path, protocol, workload)
-    _only_failures(run, tmp_path, name, "BAD_RESPONSE: ")
+    call a BAD_RESPONSE failure under its task's name, saying whether the body is no JSON at all (a proxy's
+    page) or JSON without the embeddings, where the JSON error escaped the task as an exception and no
+    request was recorded."""
+    run = _locust_against_200s(tmp_path, protocol, workload, body=body)
+    _only_failures(run, tmp_path, name, message)
 
 
 @pytest.mark.parametrize(
