@@ -371,25 +371,35 @@ def unread(args: argparse.Namespace) -> str | None:
 
 
 def unmeasured(args: argparse.Namespace) -> str | None:
-    """Why a protocol given in --protocols, or the queries beside bulk clients, would not be measured by the sweep
-    these options make, or None: the run once skipped such an option without a word."""
+    """Why a protocol given in --protocols, the queries beside bulk clients, their --query-rate or the --graphs
+    whose memory is measured would not be measured by the sweep these options make, or None: the run once
+    skipped such an option without a word."""
     if args.models or args.memory_only:
         return None  # unread() names the sweep's options given to these
     opt = resolve(args)
+    # Where an option goes unread for another one, each names what to do instead: give what makes the run read
+    # it, or leave it out.
     if args.beside_bulk and "short" not in opt["workloads"]:
         return (
             f"--beside-bulk {','.join(map(str, args.beside_bulk))}: the queries and the bulk clients send the short "
-            f"workload's texts, and --workloads {','.join(opt['workloads'])} has none"
+            f"workload's texts, and --workloads {','.join(opt['workloads'])} has none: add short to --workloads, or "
+            "give --beside-bulk none"
         )
     if args.graphs is not None and not opt["rss_requests"]:
         return (
-            f"--graphs {','.join(args.graphs)}: the sweep measures the server's memory of each after --rss-requests "
-            "requests, and --rss-requests 0 skips it"
+            f"--graphs {','.join(args.graphs)}: the sweep measures the server's memory of each graph after "
+            "--rss-requests requests, and --rss-requests 0 skips it: give --rss-requests above 0, or leave --graphs out"
         )
-    if args.query_rate is not None and not (opt["beside_bulk"] and "short" in opt["workloads"]):
+    if args.query_rate is not None and not opt["beside_bulk"]:
         return (
-            f"--query-rate {args.query_rate:g}: the queries beside bulk clients are sent only by the --beside-bulk "
-            "step, which these options skip (--beside-bulk none, or no short in --workloads)"
+            f"--query-rate {args.query_rate:g}: the queries beside bulk clients are sent by the --beside-bulk step, "
+            "and --beside-bulk none skips it: give --beside-bulk counts of bulk clients (0: the queries alone), or "
+            "leave --query-rate out"
+        )
+    if args.query_rate is not None and "short" not in opt["workloads"]:
+        return (
+            f"--query-rate {args.query_rate:g}: the queries beside bulk clients send the short workload's texts, and "
+            f"--workloads {','.join(opt['workloads'])} has none: add short to --workloads, or leave --query-rate out"
         )
     if args.protocols is None:
         return None  # the default measures what it can (resolve)

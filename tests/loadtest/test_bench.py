@@ -347,11 +347,29 @@ def test_a_server_variable_is_named_as_the_servers_not_as_a_server_arg(
     [
         (["--workloads", "fixed", "--protocols", "grpc,http"], "--protocols http: HTTP is measured on the workloads"),
         (["--concurrency", "32", "--protocols", "grpc,grpc-sync"], "--protocols grpc-sync: the synchronous stub is"),
-        (["--workloads", "fixed,mixed", "--beside-bulk", "0,1"], "--beside-bulk 0,1: the queries and the bulk clients"),
+        (
+            ["--workloads", "fixed,mixed", "--beside-bulk", "0,1"],
+            "--beside-bulk 0,1: the queries and the bulk clients send the short workload's texts, and --workloads "
+            "fixed,mixed has none: add short to --workloads, or give --beside-bulk none",
+        ),
         (["--memory-only", "--beside-bulk", "1"], "--beside-bulk: not read by a --memory-only run"),
-        (["--graphs", "int8", "--rss-requests", "0"], "--graphs int8: the sweep measures the server's memory"),
-        (["--beside-bulk", "none", "--query-rate", "5"], "--query-rate 5: the queries beside bulk clients"),
-        (["--workloads", "fixed", "--query-rate", "5"], "--query-rate 5: the queries beside bulk clients"),
+        # Each says what to do instead, as the others do.
+        (
+            ["--graphs", "int8", "--rss-requests", "0"],
+            "--graphs int8: the sweep measures the server's memory of each graph after --rss-requests requests, and "
+            "--rss-requests 0 skips it: give --rss-requests above 0, or leave --graphs out",
+        ),
+        (
+            ["--beside-bulk", "none", "--query-rate", "5"],
+            "--query-rate 5: the queries beside bulk clients are sent by the --beside-bulk step, and "
+            "--beside-bulk none skips it: give --beside-bulk counts of bulk clients (0: the queries alone), or "
+            "leave --query-rate out",
+        ),
+        (
+            ["--workloads", "fixed", "--query-rate", "5"],
+            "--query-rate 5: the queries beside bulk clients send the short workload's texts, and --workloads fixed "
+            "has none: add short to --workloads, or leave --query-rate out",
+        ),
     ],
 )
 def test_a_protocol_the_run_would_not_measure_is_refused(
