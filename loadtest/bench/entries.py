@@ -16,6 +16,8 @@ from mhaserve.runtime.devices import Device
 from mhaserve.runtime.repository import GraphChoice, ModelEntry, ModelRepository
 from mhaserve.runtime.tokenizer import load_for_serving
 
+QUICK_MODEL = "bench-tiny"  # the tiny model --quick without --repository makes and benches (not --models')
+
 
 def quick_graphs(*, optimize: bool) -> tuple[str, ...]:
     """The graphs quick_repository's models have: fp32, and the fused ones where `optimize`; neither fp16 (a
@@ -51,7 +53,7 @@ def chosen_entry(opt: dict[str, Any], stack: contextlib.ExitStack) -> tuple[Path
     repository, name = Path(opt["repository"] or "models"), opt["model"]
     if opt["quick"] and not opt["repository"]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mhaserve-bench-")))
-        repository, name = quick_repository(tmp, ["bench-tiny"]), "bench-tiny"
+        repository, name = quick_repository(tmp, [QUICK_MODEL]), QUICK_MODEL
     return repository, entry(repository, name, opt["graph"], opt["device"])
 
 

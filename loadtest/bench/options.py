@@ -324,7 +324,13 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> d
 def refused(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> str | None:
     """Why these options make no run, said before anything is measured (a usage error), or None: each of these
     was once found minutes into a run, in a traceback, or not at all."""
-    return unread(args) or unmeasured(args) or _quick_graph(args) or server_refused(resolve(args, env), env)
+    return (
+        unread(args)
+        or unmeasured(args)
+        or _quick_graph(args)
+        or _quick_model(args)
+        or server_refused(resolve(args, env), env)
+    )
 
 
 # The options only the sweep reads; given to one of the other runs, each was ignored without a word while the
@@ -385,6 +391,11 @@ def unmeasured(args: argparse.Namespace) -> str | None:
             f"workload's texts, and --workloads {','.join(opt['workloads'])} has none: add short to --workloads, or "
             "give --beside-bulk none"
         )
+    if args.torch_batch_size is not None and args.no_torch:
+        return (
+            f"--torch-batch-size {args.torch_batch_size}: the PyTorch eager baseline is measured in batches of that "
+            "size, and --no-torch skips it: leave out one of them"
+        )
     if args.graphs is not None and not opt["rss_requests"]:
         return (
             f"--graphs {','.join(args.graphs)}: the sweep measures the server's memory of each graph after "
@@ -428,6 +439,20 @@ def _quick_graph(args: argparse.Namespace) -> str | None:
     return (
         f"--graph {args.graph}: --quick's {model} the {', '.join(have)} graph{'s' if len(have) > 1 else ''} only: "
         "give --repository with a model that has it"
+    )
+
+
+def _quick_model(args: argparse.Namespace) -> str | None:
+    """Why --model names nothing --quick benches, or None: without --repository --quick makes and benches its own
+    tiny model (entries.chosen_entry), and the model named was ignored while the report's command echoed it.
+    (--models' runs refuse --model already: unread.)"""
+    if not args.quick or args.repository or args.model is None or args.models:
+        return None
+    from mhaserve.loadtest.bench.entries import QUICK_MODEL
+
+    return (
+        f"--model {args.model}: --quick without --repository benches a tiny random model of its own ({QUICK_MODEL}): "
+        "give --repository with that model, or leave --model out"
     )
 
 

@@ -352,6 +352,11 @@ def test_a_server_variable_is_named_as_the_servers_not_as_a_server_arg(
             "--beside-bulk 0,1: the queries and the bulk clients send the short workload's texts, and --workloads "
             "fixed,mixed has none: add short to --workloads, or give --beside-bulk none",
         ),
+        (  # the test's runs all have --no-torch
+            ["--torch-batch-size", "16"],
+            "--torch-batch-size 16: the PyTorch eager baseline is measured in batches of that size, and --no-torch "
+            "skips it: leave out one of them",
+        ),
         (["--memory-only", "--beside-bulk", "1"], "--beside-bulk: not read by a --memory-only run"),
         # Each says what to do instead, as the others do.
         (
@@ -632,6 +637,28 @@ def test_a_graph_quicks_model_lacks_is_refused_before_it_is_made(
     """`--quick --graph int8` made the tiny model, which has no int8 graph, and failed 17 s later."""
     status = _bench("--quick", "--output", str(tmp_path / "out"), *flags)
     err = capsys.readouterr().err
+    assert status == 2 and message in err, err
+
+
+@pytest.mark.parametrize("run", [[], ["--memory-only"]])
+def test_a_model_quicks_own_repository_lacks_is_refused(
+    run: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--quick --model mine` benched the tiny bench-tiny model it made, and the report's command said mine."""
+    from mhaserve.loadtest.bench import memory_only
+    from mhaserve.loadtest.bench import run as sweep
+
+    def measured(*_: object) -> None:  # where the refusal is missing, no bench runs inside the suite
+        raise AssertionError("the run was not refused")
+
+    monkeypatch.setattr(sweep, "run", measured)
+    monkeypatch.setattr(memory_only, "run", measured)
+    status = _bench("--quick", "--model", "mine", "--output", str(tmp_path / "out"), *run)
+    err = capsys.readouterr().err
+    message = (
+        "--model mine: --quick without --repository benches a tiny random model of its own (bench-tiny): give "
+        "--repository with that model, or leave --model out"
+    )
     assert status == 2 and message in err, err
 
 
