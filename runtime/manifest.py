@@ -5,13 +5,13 @@ This module imports neither torch nor onnx: the server reads manifests with it, 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mhaserve.runtime.digests import sha256_file
 from mhaserve.runtime.external_data import locations as external_files
 
 MANIFEST = "manifest.json"
@@ -178,14 +178,6 @@ def _checked(cls: type, d: Any, what: str) -> dict[str, Any]:
         if isinstance(value, int) and value < 0:
             raise ManifestError(f"{what}: {name!r} must not be negative, got {value}")
     return d
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_manifest(entry_dir: Path) -> Manifest:

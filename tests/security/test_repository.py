@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import sys
 import threading
@@ -27,7 +28,7 @@ from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import WAIT
 from mhaserve.testing.process import ServerProcess
 from mhaserve.testing.server import ServerThread
-from tests.runtime.test_manifest import with_external_data
+from tests.runtime.test_manifest import rewrite_in_place, settled, with_external_data
 
 ROOT = Path(__file__).resolve().parents[2]
 # Names that would walk out of a repository if they were ever joined to a path.
@@ -198,16 +199,24 @@ def test_a_graph_that_fails_its_sha256_is_never_loaded(tampered: Path) -> None:
     assert loaded == []
 
 
-def test_a_graph_whose_external_data_fails_its_sha256_is_never_loaded(tiny_entry: Path, tmp_path: Path) -> None:
+def test_a_graph_whose_external_data_fails_its_sha256_is_never_loaded(
+    tiny_entry: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A graph past 1.5 GB keeps every weight in model.onnx.data: weights changed there, model.onnx and the
-    manifest as they were, were served (other vectors, no error). They are refused as a changed graph is."""
+    manifest as they were, were served (other vectors, no error). They are refused as a changed graph is, even
+    with the file's size and modification time kept, after a server of this process checked it (its digest
+    remembered: runtime/digests.py)."""
     entry = with_external_data(tiny_entry, tmp_path / "repo" / "tiny" / "1")
+    settled(monkeypatch)
     settings = Settings(repository=tmp_path / "repo", port=0, metrics_port=0, http_port=0, device="cpu")
     with ServerThread(settings).ready() as srv, srv.channel() as channel:  # intact, it is served
         assert pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["hi"]), timeout=WAIT).embeddings
-    data = bytearray((entry / "model.onnx.data").read_bytes())
+    path = entry / "model.onnx.data"
+    was = path.stat()
+    data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (entry / "model.onnx.data").write_bytes(bytes(data))
+    rewrite_in_place(path, bytes(data))
+    os.utime(path, ns=(was.st_atime_ns, was.st_mtime_ns))
     loaded: list[object] = []
 
     def factory(entry: Any) -> Any:
