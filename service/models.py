@@ -28,7 +28,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -98,7 +98,7 @@ class _Plan:
 
 class ModelManager:
     """See the module docstring. Every method runs on the server's event loop, but `_plan` and what it calls,
-    which read the repository's files in a worker thread."""
+    which read the repository's files in a worker thread (as `index` and `load_model` read theirs)."""
 
     def __init__(
         self,
@@ -502,15 +502,19 @@ class ModelManager:
         if not _valid_name(name):
             raise InvalidArgument(f"{name!r} is not a model name")
         # A name the repository does not hold: NOT_FOUND, and no load failure logged or counted (a series
-        # per name an admin client typed).
-        self.repository.published(name)
+        # per name an admin client typed). Read in a worker thread: on a network file system that stalls, the
+        # event loop (every request, health check and drain) would wait for it.
+        unloads = self._unloads[name]
+        await asyncio.to_thread(self.repository.published, name)
+        if self._unloads[name] != unloads:
+            return  # unloaded while the repository was read, after this load was asked for: done, in that order
         # grpc.aio cancels a call at its deadline, and the HTTP server a request whose client left
         # (tritonclient.http gives up after 60 s by default): a load cancelled with its call threw the warmed
         # copy away and left the index saying LOADING, and a model slower to load than its clients waited could
         # never be loaded.
         task = self._next_load.get(name)
         if task is None:
-            after, unloads = self._last_load.get(name), self._unloads[name]
+            after = self._last_load.get(name)
             task = asyncio.get_running_loop().create_task(self._load_model(name, after, unloads), name=f"load-{name}")
             self._loads.add(task)
             self._last_load[name] = self._next_load[name] = task
@@ -584,10 +588,16 @@ class ModelManager:
 
     # ---- the index, and the end ----------------------------------------------------------------------------
 
-    def index(self, *, ready_only: bool = False) -> list[IndexEntry]:
-        """Every model of the repository (and every served one), each version's state and why."""
+    async def index(self, *, ready_only: bool = False) -> list[IndexEntry]:
+        """Every model of the repository (and every served one), each version's state and why. The repository
+        is listed in a worker thread: on a network file system that stalls, the event loop would wait for it."""
+        return self.entries(await asyncio.to_thread(self.repository.names), ready_only=ready_only)
+
+    def entries(self, listed: Iterable[str], *, ready_only: bool = False) -> list[IndexEntry]:
+        """The index, `listed` being the repository's models (`index` lists them): every one of them and every
+        served one, each version's state and why."""
         entries: list[IndexEntry] = []
-        names = sorted(set(self.repository.names()) | set(self.dataplane.model_names()))
+        names = sorted(set(listed) | set(self.dataplane.model_names()))
         for name in names:
             known = sorted((v, s) for (n, v), s in self.states.items() if n == name)
             for version, state in known:

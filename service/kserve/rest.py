@@ -306,7 +306,7 @@ def _repository_routes(api: APIRouter, manager: ModelManager) -> None:
     )
     async def repository_index(request: Request) -> Response:
         req = validate(RepositoryIndexRequest, await _optional_json(request))
-        return json_response([dataclasses.asdict(e) for e in manager.index(ready_only=req.ready)])
+        return json_response([dataclasses.asdict(e) for e in await manager.index(ready_only=req.ready)])
 
     @api.post(
         "/repository/models/{model_name}/load",

@@ -112,7 +112,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryIndexResponse(
             models=[
                 entry(name=e.name, version=e.version, state=e.state, reason=e.reason)
-                for e in self.manager.index(ready_only=request.ready)
+                for e in await self.manager.index(ready_only=request.ready)
             ]
         )
 

@@ -204,7 +204,7 @@ def test_a_star_serves_the_models_that_load_and_reports_the_rest(
     with ServerThread(settings(repo, "*")) as srv, srv.ready().channel() as channel:
         assert [m.name for m in pb_grpc.EncoderServiceStub(channel).ListModels(pb.ListModelsRequest()).models] == ["ok"]
         assert info(channel).name == "ok"
-        index = {(e.name, e.version): (e.state, e.reason) for e in srv.server.manager.index()}
+        index = {(e.name, e.version): (e.state, e.reason) for e in srv.call(srv.server.manager.index())}
         assert index[("narrow", "2")][0] == "UNAVAILABLE" and "fails its checksum" in index[("narrow", "2")][1]
         assert index[("wide", "2")][0] == "UNAVAILABLE" and index[("ok", "1")] == ("READY", "")
         assert srv.samples().get("mhaserve_model_load_failures_total", model="wide") == 1
@@ -550,7 +550,7 @@ def test_a_broken_config_or_version_is_said_once_and_forgotten_once_mended(
     srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
 
     def unavailable() -> list[tuple[str, str]]:
-        return [(e.version, e.reason) for e in srv.server.manager.index() if e.state == "UNAVAILABLE"]
+        return [(e.version, e.reason) for e in srv.call(srv.server.manager.index()) if e.state == "UNAVAILABLE"]
 
     try:
         (tmp_path / "m" / "serving.json").write_text(json.dumps({"limit": {}}))
@@ -630,7 +630,7 @@ def test_versions_published_while_clients_encode_are_swapped_in_without_a_failed
         load.wait_for(4, 200)
         answers = load.finish()
         assert set(answers) == {1, 2, 3, 4}
-        index = {(e.name, e.version): e for e in srv.server.manager.index()}
+        index = {(e.name, e.version): e for e in srv.call(srv.server.manager.index())}
         assert index[("live", "5")].state == "UNAVAILABLE" and "fails its checksum" in index[("live", "5")].reason
         assert index[("live", "6")].state == "UNAVAILABLE"
         assert index[("live", "4")].state == "READY"
@@ -850,7 +850,7 @@ def test_a_closed_version_frees_its_sessions_before_the_heap_is_trimmed_and_coll
 
 
 def _index(srv: ServerThread) -> dict[tuple[str, str], tuple[str, str]]:
-    return {(e.name, e.version): (e.state, e.reason) for e in srv.server.manager.index()}
+    return {(e.name, e.version): (e.state, e.reason) for e in srv.call(srv.server.manager.index())}
 
 
 def test_a_served_version_whose_files_or_config_change_is_loaded_again(tmp_path: Path) -> None:
@@ -981,6 +981,109 @@ def test_the_repository_is_read_off_the_event_loop(two: Path, tmp_path: Path) ->
         models_module._stat = stat
         srv.stop()
     assert not any(on_loop), f"{sum(on_loop)} of {len(on_loop)} reads on the event loop"
+
+
+@dataclass
+class _Stall:
+    """A repository read held up, as on a network file system that stalls: `entered` once a call is held,
+    `release` to let it (and every later call) through."""
+
+    entered: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    returned: list[None] = field(default_factory=list)  # one for each call that has returned
+
+    def wait_returned(self, srv: ServerThread, calls: int) -> None:
+        """Until `calls` calls have returned and the server's loop has taken their results in."""
+        wait_until(lambda: len(self.returned) >= calls, f"{calls} repository reads")
+        srv.call(asyncio.sleep(0))  # behind the results, in the loop's queue
+
+
+@contextlib.contextmanager
+def _stalled(repository: Any, method: str) -> Iterator[_Stall]:
+    """`repository.<method>` held up until the stall is released (on the way out at the latest)."""
+    read, stall = getattr(repository, method), _Stall()
+
+    def held(*args: Any) -> Any:
+        stall.entered.set()
+        stall.release.wait(WAIT)
+        try:
+            return read(*args)
+        finally:
+            stall.returned.append(None)
+
+    setattr(repository, method, held)
+    try:
+        yield stall
+    finally:
+        stall.release.set()
+        setattr(repository, method, read)
+
+
+@pytest.mark.parametrize("call", ["index", "load"])
+def test_a_repository_call_stalled_on_the_repository_holds_up_no_request(two: Path, call: str) -> None:
+    """RepositoryIndex listed the repository's folders, and a load looked its model's versions up, on the event
+    loop: on a network file system that stalls, every request, health check and drain waited with them."""
+    explicit = settings(two, "narrow", model_control="explicit")
+    with ServerThread(explicit) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        with _stalled(srv.server.manager.repository, "names" if call == "index" else "published") as stall:
+            if call == "index":
+                pending = kserve.RepositoryIndex.future(kpb.RepositoryIndexRequest(), timeout=WAIT)
+            else:
+                load = kpb.RepositoryModelLoadRequest(model_name="wide")
+                pending = kserve.RepositoryModelLoad.future(load, timeout=WAIT)
+            assert stall.entered.wait(WAIT)
+            texts = pb.EncodeRequest(token_ids=[pb.TokenIds(ids=r) for r in INPUTS], model="narrow")
+            assert pb_grpc.EncoderServiceStub(channel).Encode(texts, timeout=5).model == "narrow"  # not WAIT
+            stall.release.set()
+            reply = pending.result()
+        if call == "index":
+            listed = sorted((m.name, m.version, m.state) for m in reply.models)
+            assert listed == [("narrow", "1", "READY"), ("wide", "", "UNAVAILABLE")]
+        else:
+            assert encode(channel, "wide").model == "wide"
+
+
+def test_a_load_looking_its_model_up_while_it_is_unloaded_is_done_before_the_unload(tmp_path: Path) -> None:
+    """A load looks its model up in the repository off the event loop, where an unload may run meanwhile: the
+    calls keep the order they were asked in. Load (still looking up), unload: unloaded, as a load still waiting
+    its turn behind another ends. Then a load asked for after the unload loads, though a load of the model ran
+    all along (the one looking up, done before the unload, is none a later load may join)."""
+    export(tmp_path, "m", 1, seed=1)
+    export(tmp_path, "n", 1, seed=2)
+    engine = ScriptedEngine(gates=[1])  # the warm-up's inputs are all ones
+    engine.gates[1].set()
+    explicit = settings(tmp_path, "m", model_control="explicit")
+    with ServerThread(explicit, engine.factory()) as srv, srv.ready().channel() as channel:
+        kserve, manager = kpb_grpc.GRPCInferenceServiceStub(channel), srv.server.manager
+        load = kpb.RepositoryModelLoadRequest(model_name="n")
+        unload = kpb.RepositoryModelUnloadRequest(model_name="n")
+        with _stalled(manager.repository, "published") as stall:
+            first = kserve.RepositoryModelLoad.future(load, timeout=WAIT)
+            assert stall.entered.wait(WAIT)
+            kserve.RepositoryModelUnload(unload, timeout=WAIT)
+            stall.release.set()
+            first.result(WAIT)
+        assert srv.server.dataplane.model_names() == ["m"]
+        engine.gates[1].clear()
+        engine.batches.clear()
+        try:
+            running = kserve.RepositoryModelLoad.future(load, timeout=WAIT)
+            wait_until(lambda: engine.seen(1), "n's warm-up")
+            with _stalled(manager.repository, "published") as stall:
+                looking = kserve.RepositoryModelLoad.future(load, timeout=WAIT)
+                assert stall.entered.wait(WAIT)
+                calls = [running, looking, kserve.RepositoryModelUnload.future(unload, timeout=WAIT)]
+                wait_until(lambda: manager._unloads["n"] == 2, "the unload asked for")
+                stall.release.set()
+                stall.wait_returned(srv, 1)
+                calls.append(kserve.RepositoryModelLoad.future(load, timeout=WAIT))
+                stall.wait_returned(srv, 2)
+        finally:
+            engine.gates[1].set()
+        for call in calls:
+            call.result(WAIT)
+        assert srv.server.dataplane.model_names() == ["m", "n"]
 
 
 def test_a_repository_that_cannot_be_read_for_a_moment_retires_nothing(two: Path, tmp_path: Path) -> None:
@@ -1594,7 +1697,8 @@ def test_random_publications_under_poll_while_clients_encode(polled: _Lifecycle,
         assert outcome.partition(":")[0] in allowed, (kind, model, outcome, steps)
 
     def newest_settled() -> bool:
-        index = {(e.name, e.version): e.state for e in srv.server.manager.index()}
+        manager = srv.server.manager
+        index = {(e.name, e.version): e.state for e in manager.entries(manager.repository.names())}
         for model, mine in polled.published.items():
             newest = max(mine.good | mine.bad)
             served = srv.server.dataplane.versions(model)
@@ -1636,7 +1740,7 @@ async def _state(srv: ServerThread) -> _State:
     """The server's view of its models, read on its own loop (nothing changes in between)."""
     dataplane, manager = srv.server.dataplane, srv.server.manager
     served = {(m, v) for m in dataplane.model_names() for v in dataplane.versions(m)}
-    index = manager.index()
+    index = manager.entries(manager.repository.names())
     return _State(
         served=served,
         ready={(e.name, int(e.version)) for e in index if e.state == "READY"},
