@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from mhaserve.runtime import digests
 
 
-def _count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A list that grows by one at each file whose bytes are hashed."""
     hashed: list[int] = []
     sha256 = hashlib.sha256
@@ -24,15 +25,30 @@ def _count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return hashed
 
 
+def settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files written a moment ago count as settled (their digest may be remembered), as they would seconds on."""
+    monkeypatch.setattr(digests, "SETTLED_NS", -(10**12))
+
+
+def rewrite_in_place(path: Path, data: bytes) -> None:
+    """`data` written over `path`'s bytes in place, until its change time has moved on (a file system's clock
+    is coarse: a write in the tick of the one before may leave it as it was)."""
+    before = path.stat().st_ctime_ns
+    path.write_bytes(data)
+    while path.stat().st_ctime_ns == before:
+        time.sleep(0.01)
+        path.write_bytes(data)
+
+
 def test_a_file_changed_a_moment_ago_is_read_at_each_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A write in the same tick of the file system's clock as the change before it leaves the file's times as
     they were: a digest read in that tick is not kept, lest it vouch for bytes the file no longer holds."""
     (path := tmp_path / "f").write_bytes(b"x")
-    hashed = _count_hashing(monkeypatch)
+    hashed = count_hashing(monkeypatch)
     digests.sha256_file(path)
     digests.sha256_file(path)
     assert len(hashed) == 2
-    monkeypatch.setattr(digests, "SETTLED_NS", -(10**12))  # as it will be seconds on
+    settled(monkeypatch)  # as it will be seconds on
     digests.sha256_file(path)
     digests.sha256_file(path)
     assert len(hashed) == 3
@@ -40,7 +56,7 @@ def test_a_file_changed_a_moment_ago_is_read_at_each_check(tmp_path: Path, monke
 
 def test_the_files_remembered_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A polled repository whose versions come and go: the least recently checked file is forgotten first."""
-    monkeypatch.setattr(digests, "SETTLED_NS", -(10**12))  # files written a moment ago count as settled
+    settled(monkeypatch)
     monkeypatch.setattr(digests, "KEPT", 2)
     monkeypatch.setattr(digests, "_known", type(digests._known)())
     files = []
@@ -49,7 +65,7 @@ def test_the_files_remembered_are_bounded(tmp_path: Path, monkeypatch: pytest.Mo
         files.append(path)
         assert digests.sha256_file(path) == hashlib.sha256(b"x" * i).hexdigest()
     assert len(digests._known) == 2
-    hashed = _count_hashing(monkeypatch)
+    hashed = count_hashing(monkeypatch)
     digests.sha256_file(files[2])
     digests.sha256_file(files[1])
     assert len(hashed) == 0

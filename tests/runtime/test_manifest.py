@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import onnx
 import pytest
 
-from mhaserve.runtime import digests
 from mhaserve.runtime import manifest as mf
+from tests.runtime.test_digests import count_hashing, rewrite_in_place, settled
 
 
 def _edited(entry: Path, tmp_path: Path, edit: Any) -> Path:
@@ -171,24 +169,6 @@ def test_a_manifest_written_before_external_data_was_recorded_still_loads(
     assert mf.verify_graph(entry, graph) == entry / "model.onnx"
 
 
-def _count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """A list that grows by one at each file whose bytes are hashed."""
-    hashed: list[int] = []
-    sha256 = hashlib.sha256
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        hashed.append(1)
-        return sha256(*args, **kwargs)
-
-    monkeypatch.setattr(hashlib, "sha256", counting)
-    return hashed
-
-
-def settled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Files written a moment ago count as settled (their digest may be remembered), as they would seconds on."""
-    monkeypatch.setattr(digests, "SETTLED_NS", -(10**12))
-
-
 def test_a_file_unchanged_since_its_check_is_not_read_again(
     tiny_entry: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -196,21 +176,11 @@ def test_a_file_unchanged_since_its_check_is_not_read_again(
     entry = with_external_data(tiny_entry, tmp_path / "m" / "1")
     graph = mf.read_manifest(entry).graph("fp32")
     settled(monkeypatch)
-    hashed = _count_hashing(monkeypatch)
+    hashed = count_hashing(monkeypatch)
     mf.verify_graph(entry, graph)
     assert len(hashed) == 2  # model.onnx and model.onnx.data
     mf.verify_graph(entry, graph)
     assert len(hashed) == 2
-
-
-def rewrite_in_place(path: Path, data: bytes) -> None:
-    """`data` written over `path`'s bytes in place, until its change time has moved on (a file system's clock
-    is coarse: a write in the tick of the one before may leave it as it was)."""
-    before = path.stat().st_ctime_ns
-    path.write_bytes(data)
-    while path.stat().st_ctime_ns == before:
-        time.sleep(0.01)
-        path.write_bytes(data)
 
 
 def test_a_file_rewritten_with_its_size_and_times_kept_is_read_again(

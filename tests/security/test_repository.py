@@ -28,7 +28,8 @@ from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import WAIT
 from mhaserve.testing.process import ServerProcess
 from mhaserve.testing.server import ServerThread
-from tests.runtime.test_manifest import rewrite_in_place, settled, with_external_data
+from tests.runtime.test_digests import rewrite_in_place, settled
+from tests.runtime.test_manifest import with_external_data
 
 ROOT = Path(__file__).resolve().parents[2]
 # Names that would walk out of a repository if they were ever joined to a path.
