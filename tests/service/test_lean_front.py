@@ -1179,6 +1179,26 @@ def test_a_message_held_back_by_a_call_that_has_not_read_the_one_before_is_not_f
         running.stop()
 
 
+def _framed(message: bytes) -> bytes:
+    """A gRPC message as it is sent: uncompressed, its length, then itself."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def _opened(stream_id: int, name: str, *extra: tuple[str, str]) -> bytes:
+    return f.frame(f.HEADERS, f.END_HEADERS, stream_id, call_block(f"/{SERVICE}/{name}", *extra))
+
+
+def test_a_unary_call_is_answered_before_its_client_ends_its_side(lean: Running) -> None:
+    """A client may end its side after its message, in a frame of its own: the answer does not wait for it (and
+    the reset after it, NO_ERROR, tells the client it need not send it)."""
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.settings() + _opened(1, "echo") + f.frame(f.DATA, 0, 1, _framed(b"hi")))
+        got = read_until(raw, lambda frames: 1 in answers(frames))
+    assert answers(got)[1]["grpc-status"] == "0"
+    assert [p for kind, _, sid, p in got if kind == f.DATA and sid == 1] == [_framed(b"hi")]
+    assert [(sid, int.from_bytes(p, "big")) for kind, _, sid, p in got if kind == f.RST_STREAM] == [(1, f.NO_ERROR)]
+
+
 def test_a_port_in_use_is_an_error() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
