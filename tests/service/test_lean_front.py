@@ -168,6 +168,38 @@ def lean() -> Iterator[Running]:
     running.stop()
 
 
+class OnGrpcAio:
+    """The same test service on grpc.aio's server (`--grpc-front grpc`), for the tests that hold the two fronts
+    side by side."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.toy = Toy()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server, self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+
+    async def _start(self) -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server()  # made on its own loop, which grpc.aio binds it to
+        server.add_generic_rpc_handlers([_handlers(self.toy)])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return server, port
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(0), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(params=["lean", "grpc"])
+def front(request: pytest.FixtureRequest) -> Iterator[Running | OnGrpcAio]:
+    """The test service on either gRPC front."""
+    running = Running() if request.param == "lean" else OnGrpcAio()
+    yield running
+    running.stop()
+
+
 @pytest.fixture
 def channel(lean: Running) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(f"127.0.0.1:{lean.port}") as ch:
@@ -1197,6 +1229,105 @@ def test_a_unary_call_is_answered_before_its_client_ends_its_side(lean: Running)
     assert answers(got)[1]["grpc-status"] == "0"
     assert [p for kind, _, sid, p in got if kind == f.DATA and sid == 1] == [_framed(b"hi")]
     assert [(sid, int.from_bytes(p, "big")) for kind, _, sid, p in got if kind == f.RST_STREAM] == [(1, f.NO_ERROR)]
+
+
+def _two_messages(name: str, split: bool) -> bytes:
+    one = _framed(b"1")  # count answers "0" to it
+    if split:
+        return _opened(1, name) + f.frame(f.DATA, 0, 1, one) + f.frame(f.DATA, f.END_STREAM, 1, one)
+    return _opened(1, name) + f.frame(f.DATA, f.END_STREAM, 1, one + one)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["in one DATA frame", "in two"])
+@pytest.mark.parametrize("name", ["echo", "count"])
+def test_a_call_that_takes_one_message_and_is_sent_two_is_refused_and_the_connection_serves_on(
+    lean: Running, name: str, split: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A unary or server-streaming call whose client sends two request messages: a cardinality violation,
+    UNIMPLEMENTED (gRPC's status codes, doc/statuscodes.md; grpc-js answers so, grpc-java and grpc-go INTERNAL),
+    before its handler runs; the connection's next call is served."""
+    caplog.set_level(logging.DEBUG, logger="mhaserve")
+    got = raw_exchange(lean.port, _two_messages(name, split) + raw_call(3, "echo"), until_closed=False)
+    answer = answers(got)[1]
+    assert answer["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), answer
+    assert "more than one request message" in answer["grpc-message"]
+    assert not [sid for kind, _, sid, _ in got if kind == f.DATA and sid == 1], "the handler answered"
+    assert _trailers_ok(got, 3)
+    assert goaway_code(got) is None
+    assert len(caplog.records) <= 1 and not any(r.exc_info for r in caplog.records), caplog.records
+
+
+@pytest.mark.parametrize("name", ["slow", "stubborn"])
+def test_a_second_message_sent_while_the_handler_runs_cancels_it_and_refuses_the_call(
+    lean: Running, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler runs as the one message is whole, before the client ends its side; a second message then
+    cancels it and is answered UNIMPLEMENTED, as soon as the handler has unwound (a handler that will not
+    stop gets its error answered when it ends, not its result)."""
+    caplog.set_level(logging.DEBUG, logger="mhaserve")
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.settings() + _opened(1, name) + f.frame(f.DATA, 0, 1, _framed(b"one")))
+        time.sleep(0.3)  # the handler waits for its release
+        raw.sendall(f.frame(f.DATA, 0, 1, _framed(b"two")))
+        if name == "slow":
+            wait_until(lambda: lean.toy.cancelled == ["slow, None s left"], "the handler cancelled", timeout=5)
+        else:
+            time.sleep(0.3)
+            lean.release()
+        got = read_until(raw, lambda frames: 1 in answers(frames))
+        assert answers(got)[1]["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), answers(got)
+        assert not [sid for kind, _, sid, _ in got if kind == f.DATA and sid == 1], "the handler answered"
+        raw.sendall(f.frame(f.DATA, f.END_STREAM, 1, b"") + raw_call(3, "echo"))  # the client's end: ignored
+        got = read_until(raw, lambda frames: 3 in answers(frames))
+    assert _trailers_ok(got, 3)
+    assert not [kind for kind, _, sid, _ in got if sid == 1 or kind == f.GOAWAY], got
+    assert len(caplog.records) <= 1 and not any(r.exc_info for r in caplog.records), caplog.records
+
+
+def test_a_second_message_sent_while_answers_stream_out_ends_the_stream_with_the_refusal(lean: Running) -> None:
+    """A server-streaming call held by the client's window after a few answers: a second request message ends it
+    with UNIMPLEMENTED after the answers already on their way, each of them whole."""
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        settings = f.settings((f.INITIAL_WINDOW_SIZE, 20))  # room for three answers and part of a fourth
+        raw.sendall(f.PREFACE + settings + _opened(1, "count") + f.frame(f.DATA, 0, 1, _framed(b"100")))
+        got = read_frames(raw, 0.3)
+        raw.sendall(f.frame(f.DATA, 0, 1, _framed(b"x")))
+        time.sleep(0.3)
+        raw.sendall(f.window_update(1, 1000))
+        got += read_until(raw, lambda frames: 1 in answers(frames))
+    assert answers(got)[1]["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), answers(got)
+    sent = b"".join(p for kind, _, sid, p in got if kind == f.DATA and sid == 1)
+    assert sent == b"".join(_framed(str(i).encode()) for i in range(4))
+
+
+def test_what_each_front_answers_a_unary_call_with_no_message_or_two(front: Running | OnGrpcAio) -> None:
+    """Where the fronts differ on a call they cannot read (docs/grpc-fronts.md): grpc.aio answers a unary call
+    sent two messages from the first (grpc core reads one and drops the rest), and one sent none not at all,
+    until its deadline; the lean front refuses both at once."""
+    lean = isinstance(front, Running)
+    with socket.create_connection(("127.0.0.1", front.port), timeout=10) as raw:
+        begun = time.monotonic()
+        raw.sendall(
+            f.PREFACE
+            + f.settings()
+            + _two_messages("echo", split=False)
+            + f.frame(
+                f.HEADERS, f.END_HEADERS | f.END_STREAM, 3, call_block(f"/{SERVICE}/echo", ("grpc-timeout", "500m"))
+            )
+        )
+        got = read_until(raw, lambda frames: {1, 3} <= answers(frames).keys())
+        took = time.monotonic() - begun
+    two, none = answers(got)[1], answers(got)[3]
+    if lean:
+        assert two["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), two
+        assert none["grpc-status"] == str(grpc.StatusCode.INVALID_ARGUMENT.value[0]), none
+        assert none["grpc-message"] == "a unary call without its request message"
+        assert took < 0.4, took
+    else:
+        assert two["grpc-status"] == "0", two
+        assert [p for kind, _, sid, p in got if kind == f.DATA and sid == 1] == [_framed(b"1")]
+        assert none["grpc-status"] == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]), none
+        assert took >= 0.45, took
 
 
 def test_a_port_in_use_is_an_error() -> None:

@@ -45,7 +45,7 @@ from mhaserve.testing.metrics import scrape
 from mhaserve.testing.server import ServerThread, bare_settings
 from tests.conftest import TINY
 from tests.service.conftest import REFUSALS
-from tests.service.raw_h2 import call_block, raw_exchange
+from tests.service.raw_h2 import answers, call_block, raw_exchange
 
 Start = Callable[..., ServerThread]
 ENCODE = "encoder.v1.EncoderService/Encode"
@@ -483,6 +483,25 @@ def test_a_message_too_large_is_counted_on_the_lean_front(start: Start, settings
     timed = registry.get_sample_value("mhaserve_request_duration_seconds_count", {"method": ENCODE}) or 0
     assert timed == (1 if grpc_front == "lean" else 0)
     assert not [s for f in registry.collect() for s in f.samples if "Health" in s.labels.get("method", "")]
+
+
+def test_a_unary_call_sent_two_messages_is_refused_and_counted_on_the_lean_front(
+    start: Start, settings: Settings, grpc_front: str
+) -> None:
+    """A cardinality violation (docs/grpc-fronts.md): the lean front answers UNIMPLEMENTED before the call's handler
+    runs, counted under the method; grpc.aio's front answers the first message and drops the second."""
+    srv = start(settings)
+    one = ids([5]).SerializeToString()
+    message = b"\x00" + len(one).to_bytes(4, "big") + one
+    call = f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(f"/{ENCODE}"))
+    frames = raw_exchange(srv.server.port, call + f.frame(f.DATA, f.END_STREAM, 1, message * 2), until_closed=False)
+    answer = answers(frames)[1]
+    if grpc_front == "lean":
+        assert answer["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), answer
+        assert (counted(srv, "UNIMPLEMENTED"), counted(srv, "OK")) == (1, 0)
+    else:
+        assert answer["grpc-status"] == "0", answer
+        assert (counted(srv, "UNIMPLEMENTED"), counted(srv, "OK")) == (0, 1)
 
 
 def test_full_queue_is_resource_exhausted_and_a_cancelled_call_frees_its_slot(start: Start, settings: Settings) -> None:

@@ -160,13 +160,16 @@ class Calls:
             handle = behaviour(handler)
             if k in ("unary_unary", "stream_unary"):
                 response = await handle(request, context)
+                if self._failed(connection, stream, context):
+                    return
                 if context.code() == grpc.StatusCode.OK:
                     connection.respond(stream, context.serialize(response), context.trailer())
                 else:
                     connection.finish(stream, context.trailer())
                 return
             await stream_out(handle, request, context)
-            connection.finish(stream, context.trailer())
+            if not self._failed(connection, stream, context):
+                connection.finish(stream, context.trailer())
         except grpc.aio.AbortError:
             connection.finish(stream, context.trailer())
         except ServiceError as e:  # reading the request, before any interceptor's error map and count
@@ -179,7 +182,8 @@ class Calls:
                 connection.finish(
                     stream, f.trailer_block(grpc.StatusCode.DEADLINE_EXCEEDED.value[0], "Deadline Exceeded", ())
                 )
-            # otherwise the client reset the stream or left: there is no one to answer
+            else:  # a second request message (answered with its error), or the client reset the stream or left
+                self._failed(connection, stream, context)  # (then there is no one to answer: nothing is written)
         except Exception as e:
             log.error("%s failed: %s", stream.method, e, exc_info=e)
             connection.finish(stream, f.trailer_block(grpc.StatusCode.UNKNOWN.value[0], "Unexpected error", ()))
@@ -187,8 +191,21 @@ class Calls:
             connection.handler_ended(stream)
 
     @staticmethod
+    def _failed(connection: Connection, stream: Stream, context: Context) -> bool:
+        """Whether a call that takes one request message was sent another as its handler ran (connection.py's
+        `_second_message`, which cancels the handler): then answered here with that error, not the handler's
+        answer. Not counted as `refused`: the interceptors counted the handler's end."""
+        if not stream.single or stream.error is None:
+            return False
+        code, message = to_status(stream.error)
+        connection.finish(stream, f.trailer_block(code.value[0], message, context.trailing_metadata()))
+        return True
+
+    @staticmethod
     async def _one(connection: Connection, stream: Stream, deserialize: Callable[[bytes], Any]) -> Any:
-        message = await connection.message(stream)
+        # Its handler runs without waiting for the client's end of the stream: a second message fails the call,
+        # before the handler runs if it came with the first, else as it comes (connection.py's docstring).
+        message = await connection.message(stream, only=True)
         if message is None:
             raise InvalidArgument("a unary call without its request message")
         return _parse(deserialize, message)

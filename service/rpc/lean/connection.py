@@ -33,6 +33,17 @@ abandoned) for a malformed request or trailers (frames.malformed), DATA or HEADE
 stream's window overflowed. What a client sent before it read our reset of a stream is ignored: the last
 ENDED_MEMORY streams to end are remembered with whether we reset them. h2spec's cases: docs/grpc-fronts.md.
 
+A call to a method that takes one request message (unary, server-streaming) runs its handler as soon as that message
+is whole, without waiting for the client to end its side: most clients end it in the message's own frame, but one
+may end it in a frame of its own, later, and its answer would wait for that frame. Request bytes past that message
+begin a second one, what gRPC calls a cardinality violation, and the call fails UNIMPLEMENTED, the code gRPC's table
+of status codes (doc/statuscodes.md) gives it and grpc-js answers: before its handler runs if the bytes came with
+the message, else as they come, its handler cancelled (`_second_message`). grpc-java, grpc-js and grpc-go (its unary
+methods since August 2026) run the handler only at the client's end, and so refuse every such call (grpc-java and
+grpc-go with INTERNAL); here a second message that comes after our answer finds the call answered from the first, as
+grpc core, under grpc.aio, answers every such call. Close enough: a client that sends its messages together (what a
+broken client does) always reads the refusal, and a well-behaved one never waits for the check.
+
 Keepalive PINGs are held to grpc core's policy, so that a client configured for one front behaves the same on
 the other: since we last sent a call's headers or data, a PING sooner than 5 minutes after the last (2 hours
 while no call is open) is a strike, and the third strike ends the connection with a GOAWAY ENHANCE_YOUR_CALM
@@ -112,6 +123,8 @@ ENDED_MEMORY = 1024
 GOAWAY_PING = b"draining"
 GOAWAY_ACK_WAIT_S = 1.0
 LINGER_S = 5.0  # how long an ended connection waits for the client to close its end (the module docstring)
+# A call that takes one request message and was sent more (the module docstring): grpc-go's words, near enough.
+MORE_THAN_ONE = "cardinality violation: more than one request message for a method that takes one"
 
 HTTP1_ANSWER = plain_answer(  # to an HTTP/1.x request where the client's preface should be
     400, "this port speaks gRPC (HTTP/2): call it with a gRPC client; HTTP requests go to the HTTP port (--http-port)"
@@ -164,6 +177,7 @@ class Stream:
         "arriving",
         "probe",
         "limit",
+        "single",
     )
 
     def __init__(
@@ -204,6 +218,7 @@ class Stream:
         self.arriving: float | None = None  # when the message still in `buffer` began to arrive
         self.limit = limit  # the largest request message it takes
         self.probe = probe  # a call to one of the front's `probe_methods` (PROBE_BYTES)
+        self.single = False  # its call takes one message and has it: request bytes past it are a second one
 
     def wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -483,7 +498,9 @@ class Connection(asyncio.Protocol):
         stream.credit += len(payload)
         if stream.error is None:
             incoming = self.server.incoming
-            if not stream.probe and not incoming.admits(len(payload)):
+            if stream.single and payload:
+                self._second_message(stream)
+            elif not stream.probe and not incoming.admits(len(payload)):
                 self._fail(stream, incoming.refusal())
             else:
                 stream.buffer += payload
@@ -744,14 +761,20 @@ class Connection(asyncio.Protocol):
 
     # -- what the calls use --
 
-    async def message(self, stream: Stream) -> bytes | None:
-        """The stream's next request message; None once the client has sent its last."""
+    async def message(self, stream: Stream, *, only: bool = False) -> bytes | None:
+        """The stream's next request message; None once the client has sent its last. `only`: the call takes this
+        one message (a unary or server-streaming method), and fails with a second (the module docstring)."""
         while True:
             if stream.error is not None:
                 raise stream.error
             if stream.messages:
                 message = stream.messages.popleft()
                 stream.queued -= len(message)
+                if only and (stream.messages or stream.buffer):  # a second message, whole or begun, came with it
+                    error = Unimplemented(MORE_THAN_ONE)
+                    self._fail(stream, error)
+                    raise error
+                stream.single = only
                 self._hold(stream)
                 if stream.arriving is not None:  # its clock stood while the call had a message to read
                     stream.arriving = self.server.loop.time()
@@ -984,6 +1007,17 @@ class Connection(asyncio.Protocol):
         stream.error = error
         self._let_go(stream)
         stream.wake()
+
+    def _second_message(self, stream: Stream) -> None:
+        """Request bytes past the one message of a call that takes one, which its handler is running with: the
+        call fails (the module docstring), its handler cancelled, and calls.py answers it once the handler has
+        unwound (or returned: a handler may not stop). As a client's reset does, the cancel reaches the
+        interceptors, which count the call CANCELLED. What the client sends after our answer is dropped: the
+        stream has ended."""
+        log.debug("failing a gRPC call from %s: %s", self.peer or "a client", MORE_THAN_ONE)
+        self._fail(stream, Unimplemented(MORE_THAN_ONE))
+        if stream.task is not None and not stream.task.done():
+            stream.task.cancel()
 
     def expire_arrivals(self, before: float) -> None:
         """Fail the calls whose message began to arrive before `before` and is still incomplete, unless the call
