@@ -62,7 +62,9 @@ class InferenceTimeout(Unavailable):
 
 
 class Unimplemented(ServiceError):
-    """The server has no such method (gRPC) or the route takes another HTTP method (HTTP 405)."""
+    """The server has no such method (gRPC), the route takes another HTTP method (HTTP 405), or a call asks what the
+    method does not do (a compression it does not read; a second request message where it takes one, gRPC's
+    "cardinality violation")."""
 
 
 class DeadlineExceeded(ServiceError):
