@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import serving
@@ -142,7 +142,7 @@ class ModelManager:
         # (the next runs after it), the one not yet begun (a load asked for meanwhile joins it: it will read
         # the repository as it then is), and the unloads asked for so far (a load begins as a no-op if one came
         # after it was asked for: loaded, then unloaded, in the order asked).
-        self._loads: set[asyncio.Task[None]] = set()
+        self._loads: set[asyncio.Task[Any]] = set()  # and the look-ups that begin them (_ask_load)
         self._last_load: dict[str, asyncio.Task[None]] = {}
         self._next_load: dict[str, asyncio.Task[None]] = {}
         self._unloads: collections.Counter[str] = collections.Counter()
@@ -501,17 +501,27 @@ class ModelManager:
             )
         if not _valid_name(name):
             raise InvalidArgument(f"{name!r} is not a model name")
-        # A name the repository does not hold: NOT_FOUND, and no load failure logged or counted (a series
-        # per name an admin client typed). Read in a worker thread: on a network file system that stalls, the
-        # event loop (every request, health check and drain) would wait for it.
-        unloads = self._unloads[name]
-        await asyncio.to_thread(self.repository.published, name)
-        if self._unloads[name] != unloads:
-            return  # unloaded while the repository was read, after this load was asked for: done, in that order
         # grpc.aio cancels a call at its deadline, and the HTTP server a request whose client left
         # (tritonclient.http gives up after 60 s by default): a load cancelled with its call threw the warmed
         # copy away and left the index saying LOADING, and a model slower to load than its clients waited could
-        # never be loaded.
+        # never be loaded. So the look-up and the load it starts or joins go on without the caller, the look-up
+        # too: on a network file system that stalls, it alone may outlast a client's deadline.
+        asked = asyncio.get_running_loop().create_task(self._ask_load(name, self._unloads[name]), name=f"ask-{name}")
+        self._loads.add(asked)
+        asked.add_done_callback(self._asked)
+        task = await asyncio.shield(asked)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def _ask_load(self, name: str, unloads: int) -> asyncio.Task[None] | None:
+        """The load of `name` that a load call waits for: begun, or the one queued joined; None where an unload of
+        the model came while the repository was read (after this call: done, in that order)."""
+        # A name the repository does not hold: NOT_FOUND, and no load failure logged or counted (a series
+        # per name an admin client typed). Read in a worker thread: on a network file system that stalls, the
+        # event loop (every request, health check and drain) would wait for it.
+        await asyncio.to_thread(self.repository.published, name)
+        if self._unloads[name] != unloads:
+            return None
         task = self._next_load.get(name)
         if task is None:
             after = self._last_load.get(name)
@@ -519,7 +529,12 @@ class ModelManager:
             self._loads.add(task)
             self._last_load[name] = self._next_load[name] = task
             task.add_done_callback(partial(self._load_done, name))
-        await asyncio.shield(task)
+        return task
+
+    def _asked(self, task: asyncio.Task[asyncio.Task[None] | None]) -> None:
+        self._loads.discard(task)
+        if not task.cancelled():
+            task.exception()  # NOT_FOUND: had by the caller, or by nobody where it left
 
     async def _load_model(self, name: str, after: asyncio.Task[None] | None, unloads: int) -> None:
         if after is not None and not after.done():

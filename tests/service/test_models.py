@@ -990,12 +990,6 @@ class _Stall:
 
     entered: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
-    returned: list[None] = field(default_factory=list)  # one for each call that has returned
-
-    def wait_returned(self, srv: ServerThread, calls: int) -> None:
-        """Until `calls` calls have returned and the server's loop has taken their results in."""
-        wait_until(lambda: len(self.returned) >= calls, f"{calls} repository reads")
-        srv.call(asyncio.sleep(0))  # behind the results, in the loop's queue
 
 
 @contextlib.contextmanager
@@ -1006,10 +1000,7 @@ def _stalled(repository: Any, method: str) -> Iterator[_Stall]:
     def held(*args: Any) -> Any:
         stall.entered.set()
         stall.release.wait(WAIT)
-        try:
-            return read(*args)
-        finally:
-            stall.returned.append(None)
+        return read(*args)
 
     setattr(repository, method, held)
     try:
@@ -1044,6 +1035,41 @@ def test_a_repository_call_stalled_on_the_repository_holds_up_no_request(two: Pa
             assert encode(channel, "wide").model == "wide"
 
 
+def _noting_asks(manager: Any) -> list[None]:
+    """One entry for each load call whose look-up has ended (its load begun or joined, or none), noted on the
+    server's loop once it is done: a load call's result seen in the test thread comes later."""
+    asked: list[None] = []
+    ask = manager._ask_load
+
+    async def noted(*args: Any) -> Any:
+        try:
+            return await ask(*args)
+        finally:
+            asked.append(None)
+
+    manager._ask_load = noted
+    return asked
+
+
+def test_a_load_whose_client_gives_up_while_it_looks_its_model_up_still_loads(tmp_path: Path) -> None:
+    """The look-up runs off the event loop, and on a network file system that stalls it may outlast a client's
+    deadline: it went with the cancelled call, no load was begun, and the model stayed unloaded. It goes on, as
+    the load it begins does once begun."""
+    export(tmp_path, "m", 1, seed=1)
+    export(tmp_path, "n", 1, seed=2)
+    explicit = settings(tmp_path, "m", model_control="explicit")
+    with ServerThread(explicit) as srv, srv.ready().channel() as channel:
+        kserve, manager = kpb_grpc.GRPCInferenceServiceStub(channel), srv.server.manager
+        asked = _noting_asks(manager)
+        with _stalled(manager.repository, "published") as stall:
+            with pytest.raises(grpc.RpcError) as gave_up:
+                kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="n"), timeout=1)
+            assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert stall.entered.is_set() and not asked
+        wait_until(lambda: srv.server.dataplane.model_names() == ["m", "n"], "n loaded")
+        assert encode(channel, "n").model == "n"
+
+
 def test_a_load_looking_its_model_up_while_it_is_unloaded_is_done_before_the_unload(tmp_path: Path) -> None:
     """A load looks its model up in the repository off the event loop, where an unload may run meanwhile: the
     calls keep the order they were asked in. Load (still looking up), unload: unloaded, as a load still waiting
@@ -1056,6 +1082,7 @@ def test_a_load_looking_its_model_up_while_it_is_unloaded_is_done_before_the_unl
     explicit = settings(tmp_path, "m", model_control="explicit")
     with ServerThread(explicit, engine.factory()) as srv, srv.ready().channel() as channel:
         kserve, manager = kpb_grpc.GRPCInferenceServiceStub(channel), srv.server.manager
+        asked = _noting_asks(manager)
         load = kpb.RepositoryModelLoadRequest(model_name="n")
         unload = kpb.RepositoryModelUnloadRequest(model_name="n")
         with _stalled(manager.repository, "published") as stall:
@@ -1076,9 +1103,9 @@ def test_a_load_looking_its_model_up_while_it_is_unloaded_is_done_before_the_unl
                 calls = [running, looking, kserve.RepositoryModelUnload.future(unload, timeout=WAIT)]
                 wait_until(lambda: manager._unloads["n"] == 2, "the unload asked for")
                 stall.release.set()
-                stall.wait_returned(srv, 1)
+                wait_until(lambda: len(asked) >= 3, "the load looking up begun or done")
                 calls.append(kserve.RepositoryModelLoad.future(load, timeout=WAIT))
-                stall.wait_returned(srv, 2)
+                wait_until(lambda: len(asked) >= 4, "the last load begun")
         finally:
             engine.gates[1].set()
         for call in calls:
@@ -1366,10 +1393,12 @@ def test_a_load_asked_for_while_one_runs_gets_that_ones_outcome(tmp_path: Path) 
         assert srv.server.dataplane.versions("n") == []
         # A load asked for after an unload that came while a load ran loads again, after the unload.
         engine.gates[1].clear()
+        engine.batches.clear()
         engine.fail_on = None
         try:
             first = kserve.RepositoryModelLoad.future(request, timeout=WAIT)
-            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 1, "the first load asked for")
+            # begun (its look-up in the repository done): the unload then waits for it
+            wait_until(lambda: engine.seen(1), "the first load's warm-up")
             unload = kserve.RepositoryModelUnload.future(kpb.RepositoryModelUnloadRequest(model_name="n"), timeout=WAIT)
             wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 2, "the unload asked for")
             last = kserve.RepositoryModelLoad.future(request, timeout=WAIT)
