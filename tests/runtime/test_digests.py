@@ -71,3 +71,18 @@ def test_the_files_remembered_are_bounded(tmp_path: Path, monkeypatch: pytest.Mo
     assert len(hashed) == 0
     digests.sha256_file(files[0])  # forgotten: the first read
     assert len(hashed) == 1
+
+
+def test_a_digest_is_trusted_for_a_minute_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The times that tell a change are only as good as the file system's (a shared mapping's writes, SMB, FUSE
+    object stores): a digest vouches for the start-up's check and the load after it, not for the server's life."""
+    settled(monkeypatch)
+    (path := tmp_path / "f").write_bytes(b"x")
+    digests.sha256_file(path)
+    hashed = count_hashing(monkeypatch)
+    digests.sha256_file(path)
+    assert len(hashed) == 0
+    clock = time.monotonic_ns() + digests.REUSED_NS
+    monkeypatch.setattr(time, "monotonic_ns", lambda: clock)
+    digests.sha256_file(path)
+    assert len(hashed) == 1
