@@ -1231,6 +1231,31 @@ def test_a_unary_call_is_answered_before_its_client_ends_its_side(lean: Running)
     assert [(sid, int.from_bytes(p, "big")) for kind, _, sid, p in got if kind == f.RST_STREAM] == [(1, f.NO_ERROR)]
 
 
+# What a well-behaved client may send after its one message: padding alone, and its end in a frame of its own.
+_NOTHING_MORE = f.frame(f.DATA, f.PADDED, 1, b"\x03" + bytes(3)) + f.frame(f.DATA, f.END_STREAM, 1)
+
+
+def test_frames_without_a_message_after_the_one_message_are_no_second_message(lean: Running) -> None:
+    """Padding alone and an empty DATA frame that ends the client's side carry no request bytes: they come with
+    the message (before its handler runs) or while the handler runs, and the call is answered from its message."""
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        message = f.frame(f.DATA, 0, 1, _framed(b"hi"))
+        raw.sendall(f.PREFACE + f.settings() + _opened(1, "echo") + message + _NOTHING_MORE)
+        got = read_until(raw, lambda frames: 1 in answers(frames))
+    assert answers(got)[1]["grpc-status"] == "0"
+    assert [p for kind, _, sid, p in got if kind == f.DATA and sid == 1] == [_framed(b"hi")]
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.settings() + _opened(1, "slow") + f.frame(f.DATA, 0, 1, _framed(b"")))
+        wait_until(lambda: any(c.streams for c in lean.server.connections), "the slow call to be running")
+        raw.sendall(_NOTHING_MORE)
+        time.sleep(0.3)  # the frames read while its handler waits for its release
+        lean.release()
+        got = read_until(raw, lambda frames: 1 in answers(frames))
+    assert answers(got)[1]["grpc-status"] == "0", answers(got)
+    assert [p for kind, _, sid, p in got if kind == f.DATA and sid == 1] == [_framed(b"released")]
+    assert not lean.toy.cancelled
+
+
 def _two_messages(name: str, split: bool) -> bytes:
     one = _framed(b"1")  # count answers "0" to it
     if split:
