@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,17 @@ def rewrite_in_place(path: Path, data: bytes) -> None:
     while path.stat().st_ctime_ns == before:
         time.sleep(0.01)
         path.write_bytes(data)
+
+
+def flip_keeping_times(path: Path) -> None:
+    """One byte of `path` changed in place, its inode, size and modification time kept (its change time moves)."""
+    was = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    rewrite_in_place(path, bytes(data))
+    os.utime(path, ns=(was.st_atime_ns, was.st_mtime_ns))
+    now = path.stat()
+    assert (now.st_ino, now.st_size, now.st_mtime_ns) == (was.st_ino, was.st_size, was.st_mtime_ns)
 
 
 def test_a_file_changed_a_moment_ago_is_read_at_each_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

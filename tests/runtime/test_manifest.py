@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import onnx
 import pytest
 
 from mhaserve.runtime import manifest as mf
-from tests.runtime.test_digests import count_hashing, rewrite_in_place, settled
+from tests.runtime.test_digests import count_hashing, flip_keeping_times, settled
 
 
 def _edited(entry: Path, tmp_path: Path, edit: Any) -> Path:
@@ -183,38 +184,27 @@ def test_a_file_unchanged_since_its_check_is_not_read_again(
     assert len(hashed) == 2
 
 
-def test_a_file_rewritten_with_its_size_and_times_kept_is_read_again(
-    tiny_entry: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Its change time gives it away: a write sets it, and no user can set it back (os.utime sets the others)."""
-    entry = with_external_data(tiny_entry, tmp_path / "m" / "1")
-    graph = mf.read_manifest(entry).graph("fp32")
-    settled(monkeypatch)
-    mf.verify_graph(entry, graph)
-    data = entry / "model.onnx.data"
-    was = data.stat()
-    flipped = bytearray(data.read_bytes())
-    flipped[len(flipped) // 2] ^= 0xFF
-    rewrite_in_place(data, bytes(flipped))
-    os.utime(data, ns=(was.st_atime_ns, was.st_mtime_ns))
-    now = data.stat()
-    assert (now.st_ino, now.st_size, now.st_mtime_ns) == (was.st_ino, was.st_size, was.st_mtime_ns)
-    with pytest.raises(mf.ManifestError, match="model.onnx.data of graph .* fails its checksum"):
-        mf.verify_graph(entry, graph)
-
-
-def test_a_file_replaced_by_a_rename_is_read_again(
-    tiny_entry: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    entry = with_external_data(tiny_entry, tmp_path / "m" / "1")
-    graph = mf.read_manifest(entry).graph("fp32")
-    settled(monkeypatch)
-    mf.verify_graph(entry, graph)
-    data = entry / "model.onnx.data"
-    was = data.stat()
-    other = entry / ".model.onnx.data.new"
-    other.write_bytes(bytes(reversed(data.read_bytes())))
+def _replaced_by_a_rename(path: Path) -> None:
+    """Other bytes of the same size and modification time put in `path`'s place, as a copy-then-rename does."""
+    was = path.stat()
+    other = path.with_name(f".{path.name}.new")
+    other.write_bytes(bytes(reversed(path.read_bytes())))
     os.utime(other, ns=(was.st_atime_ns, was.st_mtime_ns))
-    other.replace(data)
+    other.replace(path)
+
+
+@pytest.mark.parametrize(
+    "change", [flip_keeping_times, _replaced_by_a_rename], ids=["rewritten, its times kept", "replaced by a rename"]
+)
+def test_a_file_changed_since_its_check_is_read_again(
+    tiny_entry: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Callable[[Path], None]
+) -> None:
+    """A rewrite gives itself away by its change time (a write sets it, and no user can set it back: os.utime sets
+    the others), a rename by its inode."""
+    entry = with_external_data(tiny_entry, tmp_path / "m" / "1")
+    graph = mf.read_manifest(entry).graph("fp32")
+    settled(monkeypatch)
+    mf.verify_graph(entry, graph)
+    change(entry / "model.onnx.data")
     with pytest.raises(mf.ManifestError, match="model.onnx.data of graph .* fails its checksum"):
         mf.verify_graph(entry, graph)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import shutil
 import sys
 import threading
@@ -28,7 +27,7 @@ from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import WAIT
 from mhaserve.testing.process import ServerProcess
 from mhaserve.testing.server import ServerThread
-from tests.runtime.test_digests import rewrite_in_place, settled
+from tests.runtime.test_digests import flip_keeping_times, settled
 from tests.runtime.test_manifest import with_external_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,12 +211,7 @@ def test_a_graph_whose_external_data_fails_its_sha256_is_never_loaded(
     settings = Settings(repository=tmp_path / "repo", port=0, metrics_port=0, http_port=0, device="cpu")
     with ServerThread(settings).ready() as srv, srv.channel() as channel:  # intact, it is served
         assert pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["hi"]), timeout=WAIT).embeddings
-    path = entry / "model.onnx.data"
-    was = path.stat()
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    rewrite_in_place(path, bytes(data))
-    os.utime(path, ns=(was.st_atime_ns, was.st_mtime_ns))
+    flip_keeping_times(entry / "model.onnx.data")
     loaded: list[object] = []
 
     def factory(entry: Any) -> Any:
