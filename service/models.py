@@ -148,6 +148,7 @@ class ModelManager:
         self._unloads: collections.Counter[str] = collections.Counter()
         self._poller: asyncio.Task[None] | None = None
         self._root_gone = False  # the repository's folder could not be read at the last poll
+        self._closing = False  # close() has begun: a load call's look-up that ends then begins no load
 
     # ---- which models ------------------------------------------------------------------------------------
 
@@ -520,7 +521,7 @@ class ModelManager:
         # per name an admin client typed). Read in a worker thread: on a network file system that stalls, the
         # event loop (every request, health check and drain) would wait for it.
         await asyncio.to_thread(self.repository.published, name)
-        if self._unloads[name] != unloads:
+        if self._unloads[name] != unloads or self._closing:
             return None
         task = self._next_load.get(name)
         if task is None:
@@ -627,11 +628,15 @@ class ModelManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
         # A load under way whose callers have gone (the server stopped listening before this): ended, not
-        # left pending on a loop that closes. What it made is closed with it (_load).
-        for task in list(self._loads):
-            task.cancel()
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await task
+        # left pending on a loop that closes. What it made is closed with it (_load). A look-up that ends
+        # meanwhile begins no load (_ask_load), and every task is cancelled before any is waited for.
+        self._closing = True
+        while self._loads:
+            tasks = list(self._loads)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._loads.difference_update(tasks)  # their callbacks' too, but those run a turn later
         retiring = dict(self._retiring)
         for task in retiring:
             task.cancel()

@@ -1065,6 +1065,8 @@ def test_a_load_whose_client_gives_up_while_it_looks_its_model_up_still_loads(tm
             with pytest.raises(grpc.RpcError) as gave_up:
                 kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="n"), timeout=1)
             assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            # the server has ended the call too (its handler cancelled) while the look-up is still held
+            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 0, "the call ended on the server")
             assert stall.entered.is_set() and not asked
         wait_until(lambda: srv.server.dataplane.model_names() == ["m", "n"], "n loaded")
         assert encode(channel, "n").model == "n"
@@ -1339,6 +1341,7 @@ def test_a_load_asked_for_while_one_runs_gets_that_ones_outcome(tmp_path: Path) 
         srv.ready().channel() as channel,
     ):
         kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        asked = _noting_asks(srv.server.manager)
         engine.gates[1].clear()
         engine.batches.clear()
         engine.fail_on = 1
@@ -1347,7 +1350,8 @@ def test_a_load_asked_for_while_one_runs_gets_that_ones_outcome(tmp_path: Path) 
             loads = [kserve.RepositoryModelLoad.future(request, timeout=WAIT)]
             wait_until(lambda: engine.seen(1), "the first load's warm-up")
             loads += [kserve.RepositoryModelLoad.future(request, timeout=WAIT) for _ in range(3)]
-            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 4, "the retries asked for")
+            # the retries have joined the load queued after the first (their look-ups done), before it begins
+            wait_until(lambda: len(asked) == 4, "the retries asked for")
         finally:
             engine.gates[1].set()
         for load in loads:
@@ -1436,6 +1440,28 @@ def test_a_server_stopped_while_a_version_loads_ends_cleanly(tmp_path: Path, con
     finally:
         engine.gates[1].set()  # the warm-up's thread returns
     assert not left, left
+
+
+def test_a_server_stopped_while_a_load_looks_its_model_up_ends_cleanly(tmp_path: Path) -> None:
+    """A load call's look-up in the repository runs beside the call (a task of its own): the stop cancels it, the
+    look-up's thread returning afterwards begins no load, and no task is left pending on the closed loop."""
+    export(tmp_path, "m", 1, seed=1)
+    export(tmp_path, "n", 1, seed=2)
+    srv, stopped = ServerThread(settings(tmp_path, "m", model_control="explicit")).ready(), False
+    try:
+        with srv.channel() as channel, _stalled(srv.server.manager.repository, "published") as stall:
+            load = kpb.RepositoryModelLoadRequest(model_name="n")
+            call = kpb_grpc.GRPCInferenceServiceStub(channel).RepositoryModelLoad.future(load, timeout=WAIT)
+            assert stall.entered.wait(WAIT)
+            srv.stop()
+            stopped = True
+            assert call.exception(WAIT) is not None  # ended by the stop
+    finally:
+        if not stopped:
+            srv.stop()
+    left = asyncio.all_tasks(srv.loop)  # pending on the closed loop: destroyed, unfinished, when collected
+    assert not left, left
+    assert srv.server.dataplane.model_names() == ["m"]
 
 
 # ---- random schedules: loads, unloads and publications while clients encode ---------------------------------------
