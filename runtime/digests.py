@@ -51,6 +51,7 @@ def sha256_file(path: Path) -> str:
             if known is not None and known[0] == stamp and time.monotonic_ns() - known[2] < REUSED_NS:
                 _known.move_to_end(key)
                 return known[1]
+        began = time.monotonic_ns()  # the minute counts from the read's start: what it read, it read from then
         h = hashlib.sha256()
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
@@ -60,7 +61,7 @@ def sha256_file(path: Path) -> str:
     # leave its times as they are.
     if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == stamp and now - max(stamp[1:]) > SETTLED_NS:
         with _lock:
-            _known[key] = (stamp, digest, time.monotonic_ns())
+            _known[key] = (stamp, digest, began)
             _known.move_to_end(key)
             while len(_known) > KEPT:
                 _known.popitem(last=False)
