@@ -636,7 +636,7 @@ class ModelManager:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self._loads.difference_update(tasks)  # their callbacks' too, but those run a turn later
+            self._loads.difference_update(tasks)  # (their done callbacks have dropped them: this bounds the loop alone)
         retiring = dict(self._retiring)
         for task in retiring:
             task.cancel()
