@@ -179,9 +179,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     def refused(self, full: str, code: grpc.StatusCode, elapsed: float) -> None:
         """Count a call the lean gRPC front refused while it read its request, before the call's handler (and so this
         bookkeeping) began: a message over --max-message-bytes, past --max-incoming-bytes, incomplete or too slow to
-        arrive, or followed by a second where the method takes one. HTTP counts its 413, 429, 400 and 408 under the
-        route asked for; this counts the call so under its method (grpc.aio's front refuses those inside grpc core,
-        where no interceptor sees them, but the last, which it answers from the first message)."""
+        arrive, or followed by a second, or missing, where the method takes one. HTTP counts its 413, 429, 400 and 408
+        under the route asked for; this counts the call so under its method (grpc.aio's front refuses the first four
+        inside grpc core, where no interceptor sees them; a second message it drops, answering from the first, and a
+        call with none it leaves unanswered until its deadline)."""
         if is_exempt(full, self.exempt):
             return
         method = full.lstrip("/")

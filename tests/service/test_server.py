@@ -504,6 +504,48 @@ def test_a_unary_call_sent_two_messages_is_refused_and_counted_on_the_lean_front
         assert (counted(srv, "UNIMPLEMENTED"), counted(srv, "OK")) == (0, 1)
 
 
+# The unary and server-streaming methods of each service the server has, as a call with no message names them.
+ONE_MESSAGE = (
+    ENCODE,
+    "inference.GRPCInferenceService/ModelInfer",
+    "tei.v1.Embed/Embed",
+    "grpc.health.v1.Health/Watch",
+)
+
+
+def test_a_call_sent_no_message_is_refused_and_counted_on_the_lean_front(
+    start: Start, settings: Settings, grpc_front: str
+) -> None:
+    """A cardinality violation (docs/grpc-fronts.md): a call to a method of any of the services that takes one
+    request message, its client's side ended with none, is answered UNIMPLEMENTED on the lean front, counted under
+    the method as the client's error (health is not counted, as ever); grpc.aio's front answers it only at its
+    deadline. A stream of requests may be empty: EncodeStream with none is answered OK on both."""
+    srv = start(settings)
+    calls = [(2 * i + 1, path) for i, path in enumerate((*ONE_MESSAGE, "encoder.v1.EncoderService/EncodeStream"))]
+    frames = raw_exchange(
+        srv.server.port,
+        b"".join(
+            f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, call_block(f"/{path}", ("grpc-timeout", "300m")))
+            for sid, path in calls
+        ),
+        until_closed=False,
+    )
+    got = answers(frames)
+    *refused, (streamed, _) = calls
+    assert got[streamed]["grpc-status"] == "0", got
+    assert not [sid for kind, _, sid, _ in frames if kind == f.DATA and sid == streamed], "EncodeStream answered"
+    expected = grpc.StatusCode.UNIMPLEMENTED if grpc_front == "lean" else grpc.StatusCode.DEADLINE_EXCEEDED
+    for sid, path in refused:
+        assert got[sid]["grpc-status"] == str(expected.value[0]), (path, got[sid])
+        if grpc_front == "lean":
+            assert "no request message" in got[sid]["grpc-message"], (path, got[sid])
+    for path in ONE_MESSAGE[:3]:
+        assert counted(srv, "UNIMPLEMENTED", path) == (1 if grpc_front == "lean" else 0), path
+        assert counted(srv, "INVALID_ARGUMENT", path) == 0, path
+    registry = srv.server.metrics.registry
+    assert not [s for family in registry.collect() for s in family.samples if "Health" in s.labels.get("method", "")]
+
+
 def test_full_queue_is_resource_exhausted_and_a_cancelled_call_frees_its_slot(start: Start, settings: Settings) -> None:
     engine = ScriptedEngine(hang_on=99)
     srv = start(

@@ -16,11 +16,11 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from mhaserve.runtime.errors import InvalidArgument, ServiceError
+from mhaserve.runtime.errors import InvalidArgument, ServiceError, Unimplemented
 from mhaserve.service.errors import to_status
 from mhaserve.service.rpc.handlers import behaviour, kind, reads_request, stream_out
 from mhaserve.service.rpc.lean import frames as f
-from mhaserve.service.rpc.lean.connection import Connection, Stream
+from mhaserve.service.rpc.lean.connection import NO_MESSAGE, Connection, Stream
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +206,8 @@ class Calls:
         # Its handler runs without waiting for the client's end of the stream: a second message fails the call,
         # before the handler runs if it came with the first, else as it comes (connection.py's docstring).
         message = await connection.message(stream, only=True)
-        if message is None:
-            raise InvalidArgument("a unary call without its request message")
+        if message is None:  # the client ended its side with none: the other cardinality violation, refused alike
+            raise Unimplemented(NO_MESSAGE)  # (counted by `refused` under the method, as the client's error)
         return _parse(deserialize, message)
 
     @staticmethod

@@ -42,7 +42,11 @@ the message, else as they come, its handler cancelled (`_second_message`). grpc-
 methods since August 2026) run the handler only at the client's end, and so refuse every such call (grpc-java and
 grpc-go with INTERNAL); here a second message that comes after our answer finds the call answered from the first, as
 grpc core, under grpc.aio, answers every such call. Close enough: a client that sends its messages together (what a
-broken client does) always reads the refusal, and a well-behaved one never waits for the check.
+broken client does) always reads the refusal, and a well-behaved one never waits for the check. A client that ends
+its side with no message at all breaks the same rule the other way, and its call fails UNIMPLEMENTED too (calls.py,
+`NO_MESSAGE`), as grpc-js's does (grpc-java and grpc-go: INTERNAL), where grpc core, under grpc.aio, leaves it
+unanswered until its deadline. A method that takes a stream of request messages (client-streaming, bidi) takes an
+empty one.
 
 Keepalive PINGs are held to grpc core's policy, so that a client configured for one front behaves the same on
 the other: since we last sent a call's headers or data, a PING sooner than 5 minutes after the last (2 hours
@@ -125,6 +129,8 @@ GOAWAY_ACK_WAIT_S = 1.0
 LINGER_S = 5.0  # how long an ended connection waits for the client to close its end (the module docstring)
 # A call that takes one request message and was sent more (the module docstring): grpc-go's words, near enough.
 MORE_THAN_ONE = "cardinality violation: more than one request message for a method that takes one"
+# And one whose client ended its side without it (grpc-go: "received no request message").
+NO_MESSAGE = "cardinality violation: no request message for a method that takes one"
 
 HTTP1_ANSWER = plain_answer(  # to an HTTP/1.x request where the client's preface should be
     400, "this port speaks gRPC (HTTP/2): call it with a gRPC client; HTTP requests go to the HTTP port (--http-port)"
