@@ -1325,6 +1325,28 @@ def test_a_second_message_sent_while_answers_stream_out_ends_the_stream_with_the
     assert sent == b"".join(_framed(str(i).encode()) for i in range(4))
 
 
+def test_a_second_message_after_a_unary_answer_waiting_for_the_window_is_dropped_unlogged(
+    lean: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A unary call answered, its answer held back by the client's window: a second request message then comes
+    after the answer, as one sent after it reached the client does, and is dropped; the answer goes out whole
+    once the window opens, OK, and nothing says the call failed."""
+    caplog.set_level(logging.DEBUG, logger="mhaserve")
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        settings = f.settings((f.INITIAL_WINDOW_SIZE, 20))
+        raw.sendall(f.PREFACE + settings + _opened(1, "big") + f.frame(f.DATA, 0, 1, _framed(b"1024")))
+        got = read_frames(raw, 0.3)
+        assert 1 not in answers(got), "the answer was not held back"
+        raw.sendall(f.frame(f.DATA, 0, 1, _framed(b"x")))
+        time.sleep(0.3)
+        raw.sendall(f.window_update(1, 2000))
+        got += read_until(raw, lambda frames: 1 in answers(frames))
+    assert answers(got)[1]["grpc-status"] == "0", answers(got)
+    sent = b"".join(p for kind, _, sid, p in got if kind == f.DATA and sid == 1)
+    assert sent == _framed(bytes(range(256)) * 4)
+    assert not [r for r in caplog.records if "failing" in r.getMessage()], caplog.records
+
+
 # How a client may end its side without a request message: on the call's HEADERS, in an empty DATA frame, or after
 # padding alone (DATA that carries no request bytes).
 _ENDINGS = {

@@ -1018,8 +1018,11 @@ class Connection(asyncio.Protocol):
         """Request bytes past the one message of a call that takes one, which its handler is running with: the
         call fails (the module docstring), its handler cancelled, and calls.py answers it once the handler has
         unwound (or returned: a handler may not stop). As a client's reset does, the cancel reaches the
-        interceptors, which count the call CANCELLED. What the client sends after our answer is dropped: the
-        stream has ended."""
+        interceptors, which count the call CANCELLED. What the client sends once we have answered is dropped: after
+        the answer has gone out the stream has ended; while it waits for the client's window it goes out as it is,
+        OK, and a line saying the call failed would be wrong."""
+        if stream.closed:  # answered (respond or finish), the answer held back by the client's window
+            return
         log.debug("failing a gRPC call from %s: %s", self.peer or "a client", MORE_THAN_ONE)
         self._fail(stream, Unimplemented(MORE_THAN_ONE))
         if stream.task is not None and not stream.task.done():
