@@ -1335,11 +1335,11 @@ def test_a_second_message_after_a_unary_answer_waiting_for_the_window_is_dropped
     with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
         settings = f.settings((f.INITIAL_WINDOW_SIZE, 20))
         raw.sendall(f.PREFACE + settings + _opened(1, "big") + f.frame(f.DATA, 0, 1, _framed(b"1024")))
-        got = read_frames(raw, 0.3)
+        # The answer's first 20 bytes out: the handler has answered, the rest waits for the window.
+        got = read_until(raw, lambda frames: any(kind == f.DATA and sid == 1 for kind, _, sid, _ in frames))
         assert 1 not in answers(got), "the answer was not held back"
-        raw.sendall(f.frame(f.DATA, 0, 1, _framed(b"x")))
-        time.sleep(0.3)
-        raw.sendall(f.window_update(1, 2000))
+        # Frames are read in order: the second message is met before the window opens.
+        raw.sendall(f.frame(f.DATA, 0, 1, _framed(b"x")) + f.window_update(1, 2000))
         got += read_until(raw, lambda frames: 1 in answers(frames))
     assert answers(got)[1]["grpc-status"] == "0", answers(got)
     sent = b"".join(p for kind, _, sid, p in got if kind == f.DATA and sid == 1)
@@ -1349,12 +1349,16 @@ def test_a_second_message_after_a_unary_answer_waiting_for_the_window_is_dropped
 
 # How a client may end its side without a request message: on the call's HEADERS, in an empty DATA frame, or after
 # padding alone (DATA that carries no request bytes).
+# A client may end its side with trailers (HEADERS with END_STREAM) rather than on DATA.
+_TRAILERS = f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, f.header_block((("x-trailer", "1"),)))
+
 _ENDINGS = {
     "on its HEADERS": lambda name: f.frame(
         f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, call_block(f"/{SERVICE}/{name}")
     ),
     "in an empty DATA frame": lambda name: _opened(1, name) + f.frame(f.DATA, f.END_STREAM, 1),
     "after padding alone": lambda name: _opened(1, name) + _NOTHING_MORE,
+    "in its trailers": lambda name: _opened(1, name) + _TRAILERS,
 }
 
 
@@ -1388,6 +1392,29 @@ def test_a_client_or_bidi_streaming_call_sent_no_message_is_an_empty_stream(lean
     got = raw_exchange(lean.port, _ENDINGS[ending]("chat"), until_closed=False)
     assert answers(got)[1]["grpc-status"] == "0", answers(got)
     assert not [p for kind, _, sid, p in got if kind == f.DATA and sid == 1]
+
+
+@pytest.mark.parametrize("name", ["echo", "count", "total"])
+@pytest.mark.parametrize("by", ["DATA", "trailers"])
+def test_a_message_cut_short_by_the_end_of_the_clients_side_is_refused_as_incomplete(
+    lean: Running, name: str, by: str
+) -> None:
+    """A message begun (its prefix says 10 bytes, 3 came) and then the client's side ended: the message is
+    refused as incomplete whichever frame ends the side. Ended by trailers it was not looked at: a unary call
+    was told it had sent no message at all, and a client-streaming one was answered from the messages before
+    it, the cut one dropped without a word."""
+    cut = f.frame(f.DATA, f.END_STREAM if by == "DATA" else 0, 1, b"\x00\x00\x00\x00\x0a" + b"abc")
+    got = raw_exchange(
+        lean.port,
+        _opened(1, name) + cut + (_TRAILERS if by == "trailers" else b"") + raw_call(3, "echo"),
+        until_closed=False,
+    )
+    answer = answers(got)[1]
+    assert answer["grpc-status"] == str(grpc.StatusCode.INVALID_ARGUMENT.value[0]), answer
+    assert "last message is incomplete" in answer["grpc-message"], answer
+    assert not [sid for kind, _, sid, _ in got if kind == f.DATA and sid == 1], "the handler answered"
+    assert _trailers_ok(got, 3)
+    assert goaway_code(got) is None
 
 
 def test_what_each_front_answers_a_unary_call_with_no_message_or_two(front: Running | OnGrpcAio) -> None:

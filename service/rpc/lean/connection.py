@@ -519,13 +519,18 @@ class Connection(asyncio.Protocol):
                 else:
                     self._hold(stream)
         if flags & f.END_STREAM:
-            stream.remote_closed = True
-            if stream.buffer and stream.error is None:
-                self._fail(stream, InvalidArgument("the request's last message is incomplete"))
-            stream.wake()
+            self._remote_end(stream)
         elif stream.credit >= STREAM_WINDOW // 2 and len(stream.messages) <= 1:
             out.append(f.window_update(stream_id, stream.credit))
             stream.credit = 0
+
+    def _remote_end(self, stream: Stream) -> None:
+        """The client has ended its side, on DATA or in trailers: a message begun and not whole is refused, not
+        taken for no message (a unary call's cardinality refusal) nor dropped (a client stream's)."""
+        stream.remote_closed = True
+        if stream.buffer and stream.error is None:
+            self._fail(stream, InvalidArgument("the request's last message is incomplete"))
+        stream.wake()
 
     def _messages(self, stream: Stream) -> None:
         """Whole gRPC messages (a 5-byte prefix, then the message) out of the stream's bytes."""
@@ -579,8 +584,7 @@ class Connection(asyncio.Protocol):
             elif why := why or f.malformed(fields, trailers=True) or ("" if flags & f.END_STREAM else "no END_STREAM"):
                 self._stream_error(stream_id, f.PROTOCOL_ERROR, f"trailers with {why}", out)
             else:
-                existing.remote_closed = True
-                existing.wake()
+                self._remote_end(existing)
             return
         if stream_id % 2 == 0:
             raise ConnectionError_(f.PROTOCOL_ERROR, f"a client stream with an even id ({stream_id})")
