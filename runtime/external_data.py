@@ -46,7 +46,7 @@ class _Malformed(ValueError):
 
 def locations(path: Path) -> set[str]:
     """The `location` of each of the graph's tensors whose bytes are in an external-data file: file names,
-    relative to the graph's folder.
+    relative to the graph's folder, a leading `./` dropped (file_name).
 
     Every tensor that names a location counts, whatever its `data_location` says: a file listed that ONNX
     Runtime would not read costs a checksum, one left out would be read unchecked. Bytes that are no
@@ -62,6 +62,24 @@ def locations(path: Path) -> set[str]:
     return found
 
 
+def file_name(location: str) -> str:
+    """The file of the graph's folder that `location` names, `model.onnx.data` for `./model.onnx.data` (as
+    onnx.save(..., location="./model.onnx.data") and some converters write it); any other location as it is
+    written, for the manifest to refuse unless it is a plain file name.
+
+    ONNX Runtime and onnx join a location to the graph's folder, and `./` is that folder itself whatever the
+    file system holds, so a leading `./` (or several) names the same file as the name after it. Nothing else
+    is made plain, though ONNX Runtime reads some of it from the folder too: `sub/../x` is `x` only while `sub`
+    is a folder and no link (a link's `..` is its target's parent), `.//x` would be the absolute `/x` with only
+    its `./` dropped, and a backslash is no separator on POSIX (`.\\x` is a file of that name). A name left
+    with a `/`, empty, `.` or `..` is no file of the folder: the location is kept whole then, not a part of it
+    that the manifest would take for a file of the version."""
+    name = location
+    while name.startswith("./"):
+        name = name[2:]
+    return name if name not in ("", ".", "..") and "/" not in name else location
+
+
 def _walk(data: mmap.mmap, found: set[str]) -> None:
     # A stack, not recursion: subgraphs nest as deep as a file says.
     todo = [("ModelProto", 0, len(data))]
@@ -72,7 +90,7 @@ def _walk(data: mmap.mmap, found: set[str]) -> None:
                 if number == EXTERNAL_DATA:
                     key, location = _entry(data, at, stop)
                     if key == b"location":
-                        found.add(location.decode("utf-8", "surrogateescape"))
+                        found.add(file_name(location.decode("utf-8", "surrogateescape")))
             continue
         children = WHERE[message]
         for number, at, stop in _fields(data, start, end):

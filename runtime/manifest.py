@@ -216,10 +216,18 @@ def _verify_external_data(graph: Path, listed: dict[str, str]) -> None:
     # Read from the graph, now that its checksum vouches for it, not from the folder: a graph saved again
     # with its weights apart, its sha256 updated and not this, would have ONNX Runtime read bytes no manifest
     # vouches for.
-    if unlisted := sorted(external_files(graph) - set(listed)):
+    read = external_files(graph)
+    # The graph's own locations first: one outside the folder is refused as such, whatever the manifest lists
+    # (external_files has made `./model.onnx.data` plain already).
+    if elsewhere := sorted(name for name in read if not _plain(name)):
+        raise ManifestError(
+            f"graph {graph} reads external data {elsewhere[0]!r}, which is no plain file name inside "
+            f"{graph.parent}: a graph may read only files of its own version's folder"
+        )
+    if unlisted := sorted(read - set(listed)):
         raise ManifestError(f"graph {graph} reads external data {unlisted[0]!r} that its manifest does not list")
     for name, digest in sorted(listed.items()):
-        if Path(name).name != name:
+        if not _plain(name):
             raise ManifestError(
                 f"external data file {name!r} of graph {graph} must be a plain file name inside {graph.parent}"
             )
@@ -232,6 +240,11 @@ def _verify_external_data(graph: Path, listed: dict[str, str]) -> None:
                 f"external data {path} of graph {graph} fails its checksum: sha256 {actual[:12]}…, "
                 f"manifest says {digest[:12]}…"
             )
+
+
+def _plain(name: str) -> bool:
+    """A file name of the folder itself: no folder part, not the folder or its parent."""
+    return Path(name).name == name and name not in ("", ".", "..")
 
 
 def verify_tokenizer(entry_dir: Path, manifest: Manifest) -> Path:

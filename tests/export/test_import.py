@@ -179,6 +179,31 @@ def test_an_import_past_the_external_data_threshold_vouches_for_its_data(
     assert verify_graph(entry, graph) == entry / "model.onnx"
 
 
+@pytest.mark.parametrize("big", [False, True], ids=["under 1.5 GB", "past 1.5 GB"])
+def test_a_graph_whose_weights_are_in_dot_slash_model_onnx_data_imports(
+    hub_graph: Path, tiny_entry: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, big: bool
+) -> None:
+    """A graph saved with location="./model.onnx.data" (some converters write it so): the import reads its
+    weights and writes them again, inside the graph or (past 1.5 GB) as model.onnx.data, which the published
+    version's manifest vouches for."""
+    source = tmp_path / "source" / "model.onnx"
+    source.parent.mkdir()
+    onnx.save_model(
+        onnx.load(str(hub_graph)),
+        str(source),
+        save_as_external_data=True,
+        location="./model.onnx.data",
+        size_threshold=1024,
+    )
+    if big:
+        monkeypatch.setattr(staging, "EXTERNAL_DATA_BYTES", 0)
+    entry = do_import(source, tiny_entry, tmp_path / "repo")
+    graph = read_manifest(entry).graph("fp32")
+    assert graph.external_data == ({"model.onnx.data": sha256_file(entry / "model.onnx.data")} if big else None)
+    assert verify_graph(entry, graph) == entry / "model.onnx"
+    assert grid_diff(engine(entry), engine(tiny_entry), 160) <= 1e-5
+
+
 def test_cls_pooling_in_the_graph_and_pooling_left_to_the_server(
     hub_graph: Path, tiny_entry: Path, tiny_model: Encoder, tmp_path: Path
 ) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import _get_all_tensors, uses_external_data
@@ -155,3 +156,49 @@ def test_bytes_that_are_no_graph_are_read_without_an_error(tiny_entry: Path, tmp
         path = tmp_path / f"{i}.onnx"
         path.write_bytes(cut)
         assert external_data.locations(path) <= {"w.data"}
+
+
+@pytest.mark.parametrize("location", ["./model.onnx.data", "././model.onnx.data"])
+def test_a_leading_dot_slash_names_the_file_itself(tiny_entry: Path, tmp_path: Path, location: str) -> None:
+    """onnx.save with location="./model.onnx.data" (some converters write it so) writes that spelling into the
+    graph; ONNX Runtime reads it from the graph's folder, the file model.onnx.data, and so the walk names it."""
+    saved = tmp_path / "model.onnx"
+    onnx.save_model(
+        onnx.load(str(tiny_entry / "model.onnx")),
+        str(saved),
+        save_as_external_data=True,
+        location=location,
+        size_threshold=1024,  # the weights; ONNX Runtime reads a shape's few bytes only from the graph itself
+    )
+    assert _onnx_says(saved) == {location}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]
+    ort.InferenceSession(str(saved), providers=["CPUExecutionProvider"])  # ONNX Runtime reads it there
+    assert external_data.locations(saved) == {"model.onnx.data"}
+
+
+# What is left as it is written: a path that is not the leading `./` of a plain name, for the manifest to refuse.
+ELSEWHERE = [
+    "../model.onnx.data",
+    "./../model.onnx.data",
+    "sub/../model.onnx.data",
+    "./sub/../model.onnx.data",
+    "sub/model.onnx.data",
+    ".//model.onnx.data",  # `./` and then an absolute path, were only the `./` dropped
+    "/model.onnx.data",
+    "./",
+    "./.",
+    "./..",
+    ".\\model.onnx.data",  # on POSIX a file of that name, not model.onnx.data
+    "",
+]
+
+
+@pytest.mark.parametrize("location", ELSEWHERE)
+def test_other_paths_are_named_as_written(tmp_path: Path, location: str) -> None:
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["y"])], "g", [], [out], initializer=[_external("w", location)]
+    )
+    path = tmp_path / "model.onnx"
+    path.write_bytes(helper.make_model(graph).SerializeToString())
+    assert external_data.locations(path) == {location}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -12,6 +13,7 @@ from typing import Any
 
 import onnx
 import pytest
+from onnx.external_data_helper import _get_all_tensors
 
 from mhaserve.runtime import manifest as mf
 from tests.runtime.test_digests import count_hashing, flip_keeping_times, settled
@@ -75,9 +77,10 @@ def test_a_whole_manifest_reads_as_written(tiny_entry: Path, tmp_path: Path) -> 
     assert mf.read_manifest(optional).tokenizer_sha256 == ""
 
 
-def with_external_data(entry: Path, target: Path, *, one_file: bool = True) -> Path:
+def with_external_data(entry: Path, target: Path, *, one_file: bool = True, location: str = "model.onnx.data") -> Path:
     """`target`: `entry`'s fp32 graph alone, its weights in external-data files (one, or one per tensor), with a
-    manifest that vouches for them as an export past 1.5 GB writes it."""
+    manifest that vouches for them as an export past 1.5 GB writes it. `location`: how the graph spells the one
+    file (onnx.save writes it as given)."""
     target.mkdir(parents=True)
     shutil.copy(entry / mf.TOKENIZER, target)
     onnx.save_model(
@@ -85,7 +88,7 @@ def with_external_data(entry: Path, target: Path, *, one_file: bool = True) -> P
         str(target / "model.onnx"),
         save_as_external_data=True,
         all_tensors_to_one_file=one_file,
-        location="model.onnx.data",
+        location=location,
         size_threshold=1024,  # the weights; ONNX Runtime reads a shape's few bytes only from the graph itself
     )
     manifest = json.loads((entry / mf.MANIFEST).read_text())
@@ -153,6 +156,82 @@ def test_external_data_must_be_a_file_of_the_entry(tiny_entry: Path, tmp_path: P
     (entry / mf.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(mf.ManifestError, match=r"external data file '../model.onnx.data' .* must be a plain file name"):
         mf.verify_graph(entry, mf.read_manifest(entry).graph("fp32"))
+
+
+def reading_from(entry: Path, location: str) -> None:
+    """`entry` (with_external_data's) with its graph's weights read from `location`, written as it is (onnx.save
+    refuses some), and `sub/model.onnx.data` beside the file for a location that reaches it through `sub`; the
+    manifest vouches for the graph, and lists model.onnx.data with its right sha256."""
+    (entry / "sub").mkdir()
+    shutil.copy(entry / "model.onnx.data", entry / "sub")
+    model = onnx.load(str(entry / "model.onnx"), load_external_data=False)
+    for tensor in _get_all_tensors(model):
+        for e in tensor.external_data:
+            if e.key == "location":
+                e.value = location
+    onnx.save_model(model, str(entry / "model.onnx"))
+    manifest = json.loads((entry / mf.MANIFEST).read_text())
+    manifest["graphs"]["fp32"]["sha256"] = mf.sha256_file(entry / "model.onnx")
+    (entry / mf.MANIFEST).write_text(json.dumps(manifest))
+
+
+def _written_by_graph_entry(entry: Path) -> None:
+    """The entry's manifest written as export and import write theirs: GraphEntry.of, from the graph."""
+    manifest = json.loads((entry / mf.MANIFEST).read_text())
+    old = manifest["graphs"]["fp32"]
+    of = mf.GraphEntry.of(entry / "model.onnx", precision="fp32", optimized=False, parity=old["parity"])
+    manifest["graphs"]["fp32"] = dataclasses.asdict(of)
+    (entry / mf.MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("location", ["./model.onnx.data", "././model.onnx.data"])
+@pytest.mark.parametrize("written", ["listing the folder", "by GraphEntry.of"])
+def test_external_data_named_with_a_leading_dot_slash_is_the_version_own(
+    tiny_entry: Path, tmp_path: Path, location: str, written: str
+) -> None:
+    """onnx.save(..., location="./model.onnx.data"), as some converters write it: ONNX Runtime reads the same
+    file as from "model.onnx.data", and so the manifest names it model.onnx.data and checks it (it was refused
+    as a file the manifest does not list, or as no plain file name)."""
+    entry = with_external_data(tiny_entry, tmp_path / "m" / "1", location=location)
+    if written == "by GraphEntry.of":
+        _written_by_graph_entry(entry)
+    graph = mf.read_manifest(entry).graph("fp32")
+    assert graph.external_data == {"model.onnx.data": mf.sha256_file(entry / "model.onnx.data")}
+    assert mf.verify_graph(entry, graph) == entry / "model.onnx"
+    _flip(entry / "model.onnx.data")
+    with pytest.raises(mf.ManifestError, match="external data .*model.onnx.data of graph .* fails its checksum"):
+        mf.verify_graph(entry, graph)
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "../model.onnx.data",
+        "./../model.onnx.data",
+        "sub/../model.onnx.data",  # `sub` a link to another folder: its `..` is that folder's parent
+        "./sub/../model.onnx.data",
+        "sub/model.onnx.data",
+        ".//model.onnx.data",
+        "ABSOLUTE",  # the version's own model.onnx.data, by its absolute path
+        "./",
+    ],
+)
+def test_external_data_elsewhere_than_a_file_of_the_version_is_refused(
+    tiny_entry: Path, tmp_path: Path, location: str
+) -> None:
+    """Only a leading `./` is dropped: any other path is refused, even one that names the version's own
+    model.onnx.data, listed with its right sha256, and even if ONNX Runtime would read it."""
+    entry = with_external_data(tiny_entry, tmp_path / "m" / "1")
+    location = str(entry / "model.onnx.data") if location == "ABSOLUTE" else location
+    reading_from(entry, location)
+    graph = mf.read_manifest(entry).graph("fp32")
+    assert graph.external_data == {"model.onnx.data": mf.sha256_file(entry / "model.onnx.data")}
+    with pytest.raises(mf.ManifestError) as e:
+        mf.verify_graph(entry, graph)
+    assert str(e.value) == (
+        f"graph {entry / 'model.onnx'} reads external data {location!r}, which is no plain file name inside "
+        f"{entry}: a graph may read only files of its own version's folder"
+    )
 
 
 @pytest.mark.parametrize("unrecorded", [_drop("external_data"), lambda g: g | {"external_data": None}])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import shutil
 import sys
 import threading
@@ -28,7 +29,7 @@ from mhaserve.testing.loopback import WAIT
 from mhaserve.testing.process import ServerProcess
 from mhaserve.testing.server import ServerThread
 from tests.runtime.test_digests import flip_keeping_times, settled
-from tests.runtime.test_manifest import with_external_data
+from tests.runtime.test_manifest import reading_from, with_external_data
 
 ROOT = Path(__file__).resolve().parents[2]
 # Names that would walk out of a repository if they were ever joined to a path.
@@ -199,14 +200,16 @@ def test_a_graph_that_fails_its_sha256_is_never_loaded(tampered: Path) -> None:
     assert loaded == []
 
 
+@pytest.mark.parametrize("location", ["model.onnx.data", "./model.onnx.data"])
 def test_a_graph_whose_external_data_fails_its_sha256_is_never_loaded(
-    tiny_entry: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_entry: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, location: str
 ) -> None:
     """A graph past 1.5 GB keeps every weight in model.onnx.data: weights changed there, model.onnx and the
     manifest as they were, were served (other vectors, no error). They are refused as a changed graph is, even
     with the file's size and modification time kept, after a server of this process checked it (its digest
-    remembered: runtime/digests.py)."""
-    entry = with_external_data(tiny_entry, tmp_path / "repo" / "tiny" / "1")
+    remembered: runtime/digests.py). A graph that names the file `./model.onnx.data` (onnx.save writes it as a
+    converter spells it) reads the same file, and is served and checked alike."""
+    entry = with_external_data(tiny_entry, tmp_path / "repo" / "tiny" / "1", location=location)
     settled(monkeypatch)
     settings = Settings(repository=tmp_path / "repo", port=0, metrics_port=0, http_port=0, device="cpu")
     with ServerThread(settings).ready() as srv, srv.channel() as channel:  # intact, it is served
@@ -219,6 +222,25 @@ def test_a_graph_whose_external_data_fails_its_sha256_is_never_loaded(
         raise AssertionError("the engine was built for a graph whose weights were tampered with")
 
     with pytest.raises(StartupError, match=r"external data .*model\.onnx\.data of graph .* fails its checksum"):
+        ServerThread(settings, factory)
+    assert loaded == []
+
+
+@pytest.mark.parametrize("location", ["../model.onnx.data", "sub/../model.onnx.data", "./sub/model.onnx.data"])
+def test_a_graph_that_reads_outside_its_folder_is_never_loaded(tiny_entry: Path, tmp_path: Path, location: str) -> None:
+    """A tensor's location is a plain file name of the version's folder, a leading `./` aside: any other path
+    is refused before ONNX Runtime opens it, even one that reaches bytes the manifest vouches for (a folder
+    `sub` may be a link elsewhere, whose `..` is its target's parent)."""
+    entry = with_external_data(tiny_entry, tmp_path / "repo" / "tiny" / "1")
+    reading_from(entry, location)
+    loaded: list[object] = []
+
+    def factory(entry: Any) -> Any:
+        loaded.append(entry)
+        raise AssertionError("the engine was built for a graph that reads outside its folder")
+
+    settings = Settings(repository=tmp_path / "repo", port=0, metrics_port=0, http_port=0, device="cpu")
+    with pytest.raises(StartupError, match=f"reads external data {re.escape(repr(location))}, which is no plain"):
         ServerThread(settings, factory)
     assert loaded == []
 
