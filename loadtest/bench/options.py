@@ -416,9 +416,12 @@ def unmeasured(args: argparse.Namespace) -> str | None:
         return None  # the default measures what it can (resolve)
     http = [p for p in opt["protocols"] if p.startswith("http")]
     if http and not text_workloads(opt["workloads"]):
+        # Only the fixed workload is left, whose ids the OpenAI route cannot take: say both ways out.
+        texts = text_workloads(WORKLOADS)
         return (
-            f"--protocols {','.join(http)}: HTTP is measured on the workloads sent as text (mixed, short), "
-            f"and --workloads {','.join(opt['workloads'])} has none"
+            f"--protocols {','.join(http)}: HTTP is measured on the workloads sent as text ({', '.join(texts)}), "
+            f"and --workloads {','.join(opt['workloads'])} has none (its token ids are sent over gRPC alone): add "
+            f"{' or '.join(texts)} to --workloads, or leave {','.join(http)} out of --protocols"
         )
     if GRPC_SYNC in opt["protocols"] and 1 not in opt["concurrency"]:
         return f"--protocols {GRPC_SYNC}: the synchronous stub is measured at 1 client: add 1 to --concurrency"

@@ -345,7 +345,18 @@ def test_a_server_variable_is_named_as_the_servers_not_as_a_server_arg(
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--workloads", "fixed", "--protocols", "grpc,http"], "--protocols http: HTTP is measured on the workloads"),
+        (
+            ["--workloads", "fixed", "--protocols", "grpc,http"],
+            "--protocols http: HTTP is measured on the workloads sent as text (mixed, short), and --workloads fixed "
+            "has none (its token ids are sent over gRPC alone): add mixed or short to --workloads, or leave http out "
+            "of --protocols",
+        ),
+        (
+            ["--workloads", "fixed", "--protocols", "grpc,http-base64,grpc-sync,http"],
+            "--protocols http-base64,http: HTTP is measured on the workloads sent as text (mixed, short), and "
+            "--workloads fixed has none (its token ids are sent over gRPC alone): add mixed or short to --workloads, "
+            "or leave http-base64,http out of --protocols",
+        ),
         (["--concurrency", "32", "--protocols", "grpc,grpc-sync"], "--protocols grpc-sync: the synchronous stub is"),
         (
             ["--workloads", "fixed,mixed", "--beside-bulk", "0,1"],
