@@ -288,17 +288,18 @@ def uses_tls(conn: Connection) -> bool:
     return conn.tls or conn.ca is not None or conn.cert is not None
 
 
-def _model_shape(vocab_size: Any, max_tokens: Any, source: str) -> tuple[int, int]:
+def _model_shape(vocab_size: Any, max_tokens: Any, source: str, names: tuple[str, str]) -> tuple[int, int]:
     """The model's shape as the ids users draw from it, or the failed call its answer is: a vocabulary size
     that is not a whole number of at least 2 (ids are drawn from 1 up), or a most tokens per input under 1,
-    once raised in that draw, out of the task, and no request was recorded."""
-    numbers = all(isinstance(v, int) and not isinstance(v, bool) for v in (vocab_size, max_tokens))
-    if not numbers or vocab_size < 2 or max_tokens < 1:
-        raise CallError(
-            "BAD_RESPONSE",
-            f"{source}: vocabulary size {vocab_size!r} and most tokens per input {max_tokens!r}, where whole "
-            "numbers of at least 2 and 1 were expected",
-        )
+    once raised in that draw, out of the task, and no request was recorded. `names`: the two fields as the
+    answer names them, so that the message names the one at fault."""
+    wrong = [
+        f"{name} {value!r}, where a whole number of at least {least} was expected"
+        for name, value, least in zip(names, (vocab_size, max_tokens), (2, 1), strict=True)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least
+    ]
+    if wrong:
+        raise CallError("BAD_RESPONSE", f"{source}: {'; '.join(wrong)}")
     return vocab_size, max_tokens
 
 
@@ -328,7 +329,8 @@ class GrpcClient:
             )
         except grpc.RpcError as e:
             raise CallError.from_rpc(e) from None
-        return _model_shape(info.vocab_size, info.max_tokens_per_input, "GetModelInfo")
+        names = ("vocab_size", "max_tokens_per_input")
+        return _model_shape(info.vocab_size, info.max_tokens_per_input, "GetModelInfo", names)
 
     def _call(self, request: pb.EncodeRequest) -> Answer:
         try:
@@ -390,22 +392,30 @@ class HttpClient:
     def model_shape(self, model: str) -> tuple[int, int]:
         content = self._request("GET", "/info")
         info = _json(content, "GET /info: ")
-        try:
-            served = info
-            if model:
-                served = next(
-                    (m for m in info["models"] if model in (m["model"], f"{m['model']}:{m['version']}")), None
+        # Each shape of answer it cannot read is named for what is missing: one message about the shape once
+        # stood for a served model without its version, or a body without the list of models.
+        if not isinstance(info, dict):
+            raise CallError("BAD_RESPONSE", f"GET /info: a 200 whose JSON is no object: {_start(content)}")
+        served: dict[str, Any] = info
+        whose = "the model's"
+        if model:
+            models = info.get("models")
+            if not isinstance(models, list):
+                raise CallError(
+                    "BAD_RESPONSE",
+                    f"GET /info: a 200 without the list of served models ('models') that --model {model} is looked "
+                    f"for in: {_start(content)}",
                 )
-                if served is None:  # once the default model's shape, silently
-                    raise CallError("HTTP 404", f"model {model!r} is not among the served models (GET /info)")
-            # Read inside the try: a served entry without them once raised KeyError out of the task.
-            shape = served["vocab_size"], served["max_input_length"]
-        except (KeyError, TypeError):
+            found = next((m for m in models if model in _served_names(m)), None)
+            if found is None:  # once the default model's shape, silently
+                raise CallError("HTTP 404", f"model {model!r} is not among the served models (GET /info)")
+            served, whose = found, f"model {model!r}'s"
+        keys = ("vocab_size", "max_input_length")
+        if missing := [k for k in keys if k not in served]:  # a KeyError once escaped the task
             raise CallError(
-                "BAD_RESPONSE",
-                f"GET /info: a 200 without the model's vocab_size and max_input_length: {_start(content)}",
-            ) from None
-        return _model_shape(*shape, "GET /info")
+                "BAD_RESPONSE", f"GET /info: a 200 without {whose} {' and '.join(missing)}: {_start(content)}"
+            )
+        return _model_shape(served["vocab_size"], served["max_input_length"], "GET /info", keys)
 
     def _call(self, body: dict[str, Any]) -> Answer:
         content = self._request("POST", ROUTE, orjson.dumps(body))
@@ -421,6 +431,21 @@ class HttpClient:
     def bad(self, model: str, text: str) -> Answer:
         """An empty string among the inputs: 400 each time."""
         return self._call({"input": [text, ""], **({"model": model} if model else {})})
+
+
+def _served_names(entry: Any) -> tuple[str, str]:
+    """The names --model may give a served model of GET /info by: `name` and `name:version`; or the failed
+    call an entry without them is."""
+    if not isinstance(entry, dict):
+        raise CallError(
+            "BAD_RESPONSE", f"GET /info: a 200 whose served model is no object: {_start(orjson.dumps(entry))}"
+        )
+    for key in ("model", "version"):
+        if key not in entry:
+            raise CallError(
+                "BAD_RESPONSE", f"GET /info: a 200 whose served model has no {key!r}: {_start(orjson.dumps(entry))}"
+            )
+    return entry["model"], f"{entry['model']}:{entry['version']}"
 
 
 def _start(content: bytes) -> str:

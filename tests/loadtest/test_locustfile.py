@@ -207,22 +207,66 @@ def test_an_answer_that_holds_no_embeddings_is_a_failed_call(
 
 
 @pytest.mark.parametrize(
-    ("body", "extra"),
+    ("body", "extra", "message"),
     [
         # The model asked for is served, but its entry lacks the shape: a KeyError once escaped the task.
-        (b'{"models": [{"model": "m", "version": 1}]}', ("--model", "m")),
+        (
+            b'{"models": [{"model": "m", "version": 1}]}',
+            ("--model", "m"),
+            "a 200 without model 'm''s vocab_size and max_input_length: {\"models\"",
+        ),
+        # Each message names what is missing: "without the model's vocab_size and max_input_length" once stood
+        # for a missing version, a missing list of models, or a body that is no object.
+        (b'{"vocab_size": 30522}', (), 'a 200 without the model\'s max_input_length: {"vocab_size"'),
+        (
+            b'{"models": [{"model": "m"}]}',
+            ("--model", "m"),
+            'a 200 whose served model has no \'version\': {"model":"m"}',
+        ),
+        (
+            b'{"models": [{"version": 1}]}',
+            ("--model", "m"),
+            "a 200 whose served model has no 'model': {\"version\":1}",
+        ),
+        (
+            b'{"vocab_size": 30522, "max_input_length": 256}',
+            ("--model", "m"),
+            "a 200 without the list of served models ('models') that --model m is looked for in: {\"vocab_size\"",
+        ),
+        (b"[1, 2]", (), "a 200 whose JSON is no object: [1, 2]"),
         # The shape in the wrong types, or a vocabulary no id can be drawn from: each raised in the ids' draw.
-        (b'{"vocab_size": "many", "max_input_length": 256}', ()),
-        (b'{"vocab_size": 30522, "max_input_length": null}', ()),
-        (b'{"vocab_size": 1, "max_input_length": 256}', ()),
+        (
+            b'{"vocab_size": "many", "max_input_length": 256}',
+            (),
+            "vocab_size 'many', where a whole number of at least 2 was expected",
+        ),
+        (
+            b'{"vocab_size": 30522, "max_input_length": null}',
+            (),
+            "max_input_length None, where a whole number of at least 1 was expected",
+        ),
+        (b'{"vocab_size": 1, "max_input_length": 256}', (), "vocab_size 1, where a whole number of at least 2 was"),
     ],
-    ids=["entry-without-shape", "vocab-not-a-number", "max-length-null", "vocab-of-one"],
+    ids=[
+        "entry-without-shape",
+        "without-max-length",
+        "entry-without-version",
+        "entry-without-name",
+        "no-models",
+        "not-an-object",
+        "vocab-not-a-number",
+        "max-length-null",
+        "vocab-of-one",
+    ],
 )
-def test_model_info_of_another_shape_is_a_failed_call(tmp_path: Path, body: bytes, extra: tuple[str, ...]) -> None:
+def test_model_info_of_another_shape_is_a_failed_call(
+    tmp_path: Path, body: bytes, extra: tuple[str, ...], message: str
+) -> None:
     """GET /info answered 200 with JSON, but not the model's vocabulary size and most tokens per input as
-    numbers the ids users can draw from: a BAD_RESPONSE failure, where the error escaped the task."""
+    numbers the ids users can draw from: a BAD_RESPONSE failure, where the error escaped the task, saying what
+    of the answer is missing or wrong."""
     run = _locust_against_200s(tmp_path, "http", "ids", *extra, body=body)
-    _only_failures(run, tmp_path, "model info", "BAD_RESPONSE: GET /info")
+    _only_failures(run, tmp_path, "model info", f"BAD_RESPONSE: GET /info: {message}")
 
 
 def test_exit_status_follows_the_failure_threshold(tiny_server: Server, tmp_path: Path) -> None:
