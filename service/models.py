@@ -22,16 +22,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import gc
 import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import serving
@@ -50,8 +51,10 @@ from mhaserve.runtime.repository import (
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.metrics import Metrics, ModelMetrics
 from mhaserve.service.pipeline import Pipeline
+from mhaserve.service.threads import CountingPool
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Control = Literal["none", "poll", "explicit"]
 CONTROLS = ("none", "poll", "explicit")
@@ -66,6 +69,10 @@ Served = dict[str, dict[int, str]]
 MISSING_VERSION = "named by the version policy of serving.json (specific), but not in the repository"
 # See ModelManager._fingerprint; None where the files cannot be read.
 Fingerprint = tuple[object, ...] | None
+# The repository's own threads (ModelManager._read): at most one listing, one look-up per model asked to load,
+# one plan per model syncing and the poll's reads run at once, each shared by the calls that ask for it
+# meanwhile; more wait their turn, which on a file system that stalls they would spend stalled anyway.
+READ_THREADS = 4
 
 
 @dataclass
@@ -98,7 +105,8 @@ class _Plan:
 
 class ModelManager:
     """See the module docstring. Every method runs on the server's event loop, but `_plan` and what it calls,
-    which read the repository's files in a worker thread (as `index` and `load_model` read theirs)."""
+    which read the repository's files on the repository's threads (as `index` and `load_model` read theirs:
+    `_read`)."""
 
     def __init__(
         self,
@@ -149,6 +157,13 @@ class ModelManager:
         self._poller: asyncio.Task[None] | None = None
         self._root_gone = False  # the repository's folder could not be read at the last poll
         self._closing = False  # close() has begun: a load call's look-up that ends then begins no load
+        # Reads of the repository (listings, look-ups, plans) on threads of their own, not the default executor's:
+        # on a network file system that stalls each holds its thread until the file system answers, maybe never,
+        # and there they held the threads that loads (session creation, warm-up) and unloads (the release of
+        # their memory) run on. The pool's threads start with its first reads. `_reading`: the shared reads under
+        # way, by what they read (a call asking for the same read meanwhile waits for it: see `_read`).
+        self._reads = CountingPool("repository", READ_THREADS)
+        self._reading: dict[Hashable, asyncio.Future[Any]] = {}
 
     # ---- which models ------------------------------------------------------------------------------------
 
@@ -223,9 +238,10 @@ class ModelManager:
                              default)  # fmt: skip
 
     async def _sync(self, name: str, strict: bool) -> None:
-        # Every read of the repository in one worker thread: on a network file system that stalls, the event
-        # loop (every request, health check and drain) would wait for each stat.
-        plan = await asyncio.to_thread(self._plan, name)
+        # Every read of the repository in one go, off the event loop: on a network file system that stalls, the
+        # event loop (every request, health check and drain) would wait for each stat. Not shared: the model's
+        # lock lets one plan of it run at a time.
+        plan = await self._read(self._plan, name)
         if plan.refusal is not None:
             # The model as a whole (version 0: its serving.json, or no versions): said once, until it changes.
             fingerprint = plan.fingerprints[0]
@@ -280,6 +296,11 @@ class ModelManager:
         if not served:
             self.states[key] = VersionState("LOADING")
         started = time.perf_counter()
+        # The entry's check and the load read the version's files too, but on the default executor with the rest
+        # of the load: the check reads every byte of the graph (seconds a gigabyte) and the load builds its
+        # ONNX Runtime session (seconds of CPU), one of each per model loading at a time (its lock), however
+        # often clients call; on the repository's few threads a load or two would hold up the index and every
+        # look-up for as long.
         entry = await asyncio.to_thread(self.repository.entry, name, version, self.graph, self.device)
         if self.pinned is not None and self.pinned.get(name, {}).get(version) != _identity(entry):
             raise RepositoryError(
@@ -518,9 +539,11 @@ class ModelManager:
         """The load of `name` that a load call waits for: begun, or the one queued joined; None where an unload of
         the model came while the repository was read (after this call: done, in that order)."""
         # A name the repository does not hold: NOT_FOUND, and no load failure logged or counted (a series
-        # per name an admin client typed). Read in a worker thread: on a network file system that stalls, the
-        # event loop (every request, health check and drain) would wait for it.
-        await asyncio.to_thread(self.repository.published, name)
+        # per name an admin client typed). Read off the event loop: on a network file system that stalls, the
+        # event loop (every request, health check and drain) would wait for it. Shared by the load calls of the
+        # model asked for meanwhile (a client's retries): a call joining a look-up begun before the model was
+        # published gets its NOT_FOUND; the load itself reads the repository again (_plan).
+        await self._read(self.repository.published, name, share=("published", name))
         if self._unloads[name] != unloads or self._closing:
             return None
         task = self._next_load.get(name)
@@ -580,7 +603,7 @@ class ModelManager:
     async def _poll(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            if not await asyncio.to_thread(self.repository.root.is_dir):
+            if not await self._read(self.repository.root.is_dir):
                 # A remount, a network file system's hiccup, `mv models.new models`: a read error, not a
                 # repository emptied (under `*`, every model would be retired). Nothing changes until it is back.
                 if not self._root_gone:
@@ -591,7 +614,7 @@ class ModelManager:
                 log.info("the model repository %s is back", self.repository.root)
                 self._root_gone = False
             try:
-                names = await asyncio.to_thread(self.names)
+                names = await self._read(self.names)
                 for name in names:
                     await self.sync(name)
                 if self.all_models:  # models removed from the repository
@@ -606,8 +629,10 @@ class ModelManager:
 
     async def index(self, *, ready_only: bool = False) -> list[IndexEntry]:
         """Every model of the repository (and every served one), each version's state and why. The repository
-        is listed in a worker thread: on a network file system that stalls, the event loop would wait for it."""
-        return self.entries(await asyncio.to_thread(self.repository.names), ready_only=ready_only)
+        is listed off the event loop: on a network file system that stalls, the event loop would wait for it.
+        Index calls made while a listing is under way share it (an admin client polling the index through a
+        stall holds one thread, not one a call); its result is as fresh as a call made a moment earlier's."""
+        return self.entries(await self._read(self.repository.names, share=("names",)), ready_only=ready_only)
 
     def entries(self, listed: Iterable[str], *, ready_only: bool = False) -> list[IndexEntry]:
         """The index, `listed` being the repository's models (`index` lists them): every one of them and every
@@ -621,6 +646,27 @@ class ModelManager:
             if not known:
                 entries.append(IndexEntry(name, "", "UNAVAILABLE", "unloaded"))
         return [e for e in entries if e.state == "READY"] if ready_only else entries
+
+    async def _read(self, read: Callable[..., T], *args: Any, share: Hashable | None = None) -> T:
+        """`read(*args)` on the repository's threads (see `_reads`). With `share`, a call made while a read of the
+        same key is under way waits for that one instead of beginning its own: a caller cancelled (a client's
+        deadline) leaves it to the others, each waiting through a shield. A read no call shares goes with its
+        caller if it has not begun (one begun runs on: a thread cannot be stopped)."""
+        pending = self._reading.get(share) if share is not None else None
+        if pending is None:
+            call = partial(contextvars.copy_context().run, read, *args)  # the request id for what it logs
+            pending = asyncio.get_running_loop().run_in_executor(self._reads, call)
+            if share is not None:
+                self._reading[share] = pending
+            pending.add_done_callback(partial(self._read_done, share))
+        result: T = await (asyncio.shield(pending) if share is not None else pending)
+        return result
+
+    def _read_done(self, share: Hashable | None, read: asyncio.Future[Any]) -> None:
+        if share is not None and self._reading.get(share) is read:
+            del self._reading[share]  # a call from now on reads afresh
+        if not read.cancelled():
+            read.exception()  # had by its callers, or by nobody where they all left
 
     async def close(self) -> None:
         if self._poller is not None:
@@ -646,6 +692,16 @@ class ModelManager:
             if not pipeline.closed:
                 await pipeline.batcher.close()
                 pipeline.close()
+        # A read stalled on a network file system may never return, so the pool is not waited for: its idle
+        # threads end now, a read not yet begun is dropped, and a stalled read's thread ends once it returns
+        # (its result, which no caller waits for any more, dropped: asyncio drops it once the loop has closed).
+        self._reads.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def reading(self) -> int:
+        """Reads of the repository still running in its threads (stalled, where the server has stopped): each
+        would hold the process's exit, which joins the pool's threads."""
+        return self._reads.running
 
     def pipelines(self) -> list[Pipeline]:
         """Every pipeline with a batcher: the versions served and those retiring (finishing what they hold)."""

@@ -986,10 +986,12 @@ def test_the_repository_is_read_off_the_event_loop(two: Path, tmp_path: Path) ->
 @dataclass
 class _Stall:
     """A repository read held up, as on a network file system that stalls: `entered` once a call is held,
-    `release` to let it (and every later call) through."""
+    `release` to let it (and every later call) through; `threads`, the thread of each call, in the order they
+    came (how many reads were begun, and which are still held)."""
 
     entered: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -998,6 +1000,7 @@ def _stalled(repository: Any, method: str) -> Iterator[_Stall]:
     read, stall = getattr(repository, method), _Stall()
 
     def held(*args: Any) -> Any:
+        stall.threads.append(threading.current_thread())
         stall.entered.set()
         stall.release.wait(WAIT)
         return read(*args)
@@ -1113,6 +1116,117 @@ def test_a_load_looking_its_model_up_while_it_is_unloaded_is_done_before_the_unl
         for call in calls:
             call.result(WAIT)
         assert srv.server.dataplane.model_names() == ["m", "n"]
+
+
+def _noting_index(manager: Any) -> list[None]:
+    """One entry for each index call that has begun its listing of the repository or joined one under way, noted on
+    the server's loop in the step that does (the step that asks for the read)."""
+    noted: list[None] = []
+    index = manager.index
+
+    async def noting(*args: Any, **kw: Any) -> Any:
+        noted.append(None)
+        return await index(*args, **kw)
+
+    manager.index = noting
+    return noted
+
+
+def _read_threads(manager: Any) -> list[threading.Thread]:
+    """The threads of the manager's repository pool still alive (ThreadPoolExecutor keeps every one it started)."""
+    return [t for t in manager._reads._threads if t.is_alive()]
+
+
+async def _retiring(manager: Any) -> list[asyncio.Task[None]]:
+    """The tasks closing the manager's retired versions, read on the server's loop."""
+    return list(manager._retiring)
+
+
+def test_index_calls_while_the_repository_stalls_share_one_read_and_leave_loads_and_unloads_their_threads(
+    tmp_path: Path,
+) -> None:
+    """Each RepositoryIndex call listed the repository in a thread of the default executor, which loads and
+    unloads run on too: an admin client polling the index while a network file system stalled held one more
+    thread each call until the executor was full, and then an unload's release of memory, or a load whose files
+    read fine, waited behind reads that may never end. Index calls made while a listing is under way now share
+    it, on the repository's own threads."""
+    export(tmp_path, "m", 1, seed=1)
+    export(tmp_path, "n", 1, seed=2)
+    polls = 40  # more than the default executor's threads (the cores and 4 more, 32 at most)
+    with ServerThread(settings(tmp_path, "m", model_control="explicit")) as srv, srv.ready().channel() as channel:
+        kserve, manager = kpb_grpc.GRPCInferenceServiceStub(channel), srv.server.manager
+        indexing = _noting_index(manager)
+        with _stalled(manager.repository, "names") as stall:
+            index = kpb.RepositoryIndexRequest()
+            calls = [kserve.RepositoryIndex.future(index, timeout=WAIT) for _ in range(polls)]
+            wait_until(lambda: len(indexing) == polls, "every index call reading the repository")
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="n"), timeout=WAIT)
+            kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="m"), timeout=WAIT)
+            retiring = srv.call(_retiring(manager))
+            wait_until(lambda: all(task.done() for task in retiring), "m closed and its memory released")
+            assert len(_read_threads(manager)) <= 2  # the listing's, and the load's look-ups' (or none left)
+            assert stall.threads and not stall.release.is_set()
+            stall.release.set()
+            replies = [call.result(WAIT) for call in calls]
+        assert len(stall.threads) == 1  # one listing for every call
+        for reply in replies:
+            listed = sorted((m.name, m.version, m.state) for m in reply.models)
+            assert listed == [("m", "", "UNAVAILABLE"), ("n", "1", "READY")]
+        assert encode(channel, "n").model == "n"
+
+
+def test_an_index_call_that_gives_up_leaves_its_listing_to_the_calls_that_share_it(tmp_path: Path) -> None:
+    """Index calls share a listing under way: one cancelled (a client's deadline) must not cancel the listing
+    the others wait for."""
+    export(tmp_path, "m", 1, seed=1)
+    with ServerThread(settings(tmp_path, "m", model_control="explicit")) as srv:
+        manager = srv.ready().server.manager
+        indexing = _noting_index(manager)
+        with _stalled(manager.repository, "names") as stall:
+            leaving = srv.call_soon(manager.index())
+            staying = srv.call_soon(manager.index())
+            wait_until(lambda: len(indexing) == 2, "both index calls reading the repository")
+            leaving.cancel()
+            # The task's cancellation is delivered on the loop before a call made after it runs.
+            srv.call(_async(lambda: True))
+            stall.release.set()
+            assert [(e.name, e.state) for e in staying.result(WAIT)] == [("m", "READY")]
+        assert len(stall.threads) == 1
+
+
+def test_a_server_stopped_while_the_repository_stalls_does_not_wait_for_the_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read held up on a network file system may never end: the server's stop does not wait for it; the other
+    threads of the repository's pool go at the stop, and the held read's once it returns (its result, the loop
+    closed by then, is dropped without a word)."""
+    export(tmp_path, "m", 1, seed=1)
+    export(tmp_path, "n", 1, seed=2)
+    srv, stopped = ServerThread(settings(tmp_path, "m", model_control="explicit")).ready(), False
+    manager = srv.server.manager
+    try:
+        with srv.channel() as channel, _stalled(manager.repository, "names") as stall:
+            kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+            calls = [kserve.RepositoryIndex.future(kpb.RepositoryIndexRequest(), timeout=WAIT) for _ in range(3)]
+            assert stall.entered.wait(WAIT)
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="n"), timeout=WAIT)
+            assert len(_read_threads(manager)) == 2  # the held listing's, and one more the load's look-ups took
+            srv.stop()
+            stopped = True
+            assert all(call.exception(WAIT) is not None for call in calls)  # ended by the stop
+            assert not stall.release.is_set() and manager.reading == 1  # which `serve` exits without waiting for
+            held = stall.threads
+            for thread in set(_read_threads(manager)) - set(held):
+                thread.join(WAIT)
+            assert _read_threads(manager) == held
+        held[0].join(WAIT)  # released on the way out of the stall
+        assert not _read_threads(manager) and manager.reading == 0
+    finally:
+        if not stopped:
+            srv.stop()
+    left = asyncio.all_tasks(srv.loop)  # pending on the closed loop: destroyed, unfinished, when collected
+    assert not left, left
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_a_repository_that_cannot_be_read_for_a_moment_retires_nothing(two: Path, tmp_path: Path) -> None:
