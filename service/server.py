@@ -755,6 +755,20 @@ async def serve(
             )
             logging.shutdown()
             os._exit(1)
+        if reading := server.manager.reading:
+            # A read of the model repository held up by its file system (a network file system that stalls) would
+            # hold the exit as long, maybe for ever, as a stuck inference thread does. It changes nothing (a read)
+            # and the stop is done: the exit is a clean one.
+            log.warning(
+                "stopped with %d read%s of the model repository %s still running (its file system does not "
+                "answer); exiting without waiting for %s",
+                reading,
+                "" if reading == 1 else "s",
+                server.manager.repository.root,
+                "it" if reading == 1 else "them",
+            )
+            logging.shutdown()
+            os._exit(0)
         log.info("stopped")
         return 0
     finally:

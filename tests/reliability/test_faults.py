@@ -5,6 +5,7 @@ server serves again. A process whose engine stays stuck still exits on SIGTERM."
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import signal
 import time
@@ -23,8 +24,9 @@ from mhaserve.testing import http
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT, free_port, wait_until
 from mhaserve.testing.metrics import scrape
+from mhaserve.testing.process import ServerProcess
 from mhaserve.testing.server import ServerThread, health_status
-from tests.reliability.conftest import Spawn
+from tests.reliability.conftest import Spawn, tiny_flags
 from tests.service.test_models import copy_version
 
 
@@ -106,6 +108,33 @@ def test_a_process_with_a_stuck_engine_still_exits_on_sigterm(spawn: Spawn) -> N
     assert result.hung_code == "UNAVAILABLE"
     assert result.exit_code == 1, proc.log
     assert "inference call still running" in proc.log
+
+
+@pytest.mark.slow
+def test_a_process_with_a_repository_read_stalled_still_exits_on_sigterm(tiny_repo: Path, tmp_path: Path) -> None:
+    """A read of the repository held up by its file system (a network file system that stalls) runs in a thread
+    that the interpreter's exit joins: SIGTERM drained the server, and the process then waited for the read for
+    ever. A FIFO as a model's serving.json holds its read as such a file system would (an open waits for a
+    writer, here none). The log's word that a read was left running says the read was held when the server
+    stopped."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo)
+    (repo / "held" / "1").mkdir(parents=True)
+    os.mkfifo(repo / "held" / "serving.json")
+    metrics = free_port()
+    flags = tiny_flags(repo, "--model-control", "explicit", "--grace-period", "1", metrics_port=metrics)
+    proc = ServerProcess(flags, tmp_path / "server.log")
+    try:
+        with grpc.insecure_channel(proc.wait_serving()) as channel:
+            kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+            load = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="held"), timeout=WAIT)
+            wait_until(lambda: scrape(metrics).get("mhaserve_requests_in_flight") == 1, "the load asked for")
+            proc.signal(signal.SIGTERM)
+            assert proc.wait(WAIT) == 0, proc.log
+            assert load.exception(WAIT) is not None  # answered, not left hanging
+    finally:
+        proc.kill()
+    assert "1 read of the model repository" in proc.log
 
 
 @pytest.mark.slow
