@@ -72,12 +72,14 @@ def file_name(location: str) -> str:
     is made plain, though ONNX Runtime reads some of it from the folder too: `sub/../x` is `x` only while `sub`
     is a folder and no link (a link's `..` is its target's parent), `.//x` would be the absolute `/x` with only
     its `./` dropped, and a backslash is no separator on POSIX (`.\\x` is a file of that name). A name left
-    with a `/`, empty, `.` or `..` is no file of the folder: the location is kept whole then, not a part of it
-    that the manifest would take for a file of the version."""
-    name = location
-    while name.startswith("./"):
-        name = name[2:]
-    return name if name not in ("", ".", "..") and "/" not in name else location
+    with a `/` or a NUL (ONNX Runtime reads a C string: up to the NUL), empty, `.` or `..` is no file of the
+    folder: the location is kept whole then, not a part of it that the manifest would take for a file of the
+    version."""
+    start = 0
+    while location.startswith("./", start):  # counted, then cut once: a long run of `./` costs no copies
+        start += 2
+    name = location[start:]
+    return name if name not in ("", ".", "..") and "/" not in name and "\x00" not in name else location
 
 
 def _walk(data: mmap.mmap, found: set[str]) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mhaserve.runtime.digests import sha256_file
+from mhaserve.runtime.external_data import file_name
 from mhaserve.runtime.external_data import locations as external_files
 
 MANIFEST = "manifest.json"
@@ -217,6 +218,8 @@ def _verify_external_data(graph: Path, listed: dict[str, str]) -> None:
     # with its weights apart, its sha256 updated and not this, would have ONNX Runtime read bytes no manifest
     # vouches for.
     read = external_files(graph)
+    # A manifest may spell a file as the graph does (`./model.onnx.data`): the same file, by the same rule.
+    listed = {file_name(name): digest for name, digest in listed.items()}
     # The graph's own locations first: one outside the folder is refused as such, whatever the manifest lists
     # (external_files has made `./model.onnx.data` plain already).
     if elsewhere := sorted(name for name in read if not _plain(name)):
@@ -234,6 +237,14 @@ def _verify_external_data(graph: Path, listed: dict[str, str]) -> None:
         path = graph.parent / name
         if not path.is_file():
             raise ManifestError(f"external data {path} of graph {graph} is missing")
+        # A link is hashed through, so its bytes are checked; but where it leads out of the folder the version
+        # reads a file that is not its own (ONNX Runtime 1.31 refuses that at the session; older ones need not).
+        real = path.resolve()
+        if not real.is_relative_to(graph.parent.resolve()):
+            raise ManifestError(
+                f"external data {path} of graph {graph} is a link to {real}, outside {graph.parent}: a graph may "
+                "read only files of its own version's folder"
+            )
         actual = sha256_file(path)
         if actual != digest:
             raise ManifestError(
@@ -243,8 +254,9 @@ def _verify_external_data(graph: Path, listed: dict[str, str]) -> None:
 
 
 def _plain(name: str) -> bool:
-    """A file name of the folder itself: no folder part, not the folder or its parent."""
-    return Path(name).name == name and name not in ("", ".", "..")
+    """A file name of the folder itself: no folder part, not the folder or its parent, no NUL (where ONNX
+    Runtime's C string would end and name another file)."""
+    return Path(name).name == name and name not in ("", ".", "..") and "\x00" not in name
 
 
 def verify_tokenizer(entry_dir: Path, manifest: Manifest) -> Path:

@@ -190,6 +190,7 @@ ELSEWHERE = [
     "./..",
     ".\\model.onnx.data",  # on POSIX a file of that name, not model.onnx.data
     "",
+    "./model.onnx.data\x00x",  # ONNX Runtime reads up to the NUL: kept whole, for the manifest to refuse
 ]
 
 

@@ -208,12 +208,13 @@ def test_external_data_named_with_a_leading_dot_slash_is_the_version_own(
     [
         "../model.onnx.data",
         "./../model.onnx.data",
-        "sub/../model.onnx.data",  # `sub` a link to another folder: its `..` is that folder's parent
+        "sub/../model.onnx.data",  # were `sub` a link to another folder, its `..` would be that folder's parent
         "./sub/../model.onnx.data",
         "sub/model.onnx.data",
         ".//model.onnx.data",
         "ABSOLUTE",  # the version's own model.onnx.data, by its absolute path
         "./",
+        "./model.onnx.data\x00x",  # ONNX Runtime reads up to the NUL: model.onnx.data
     ],
 )
 def test_external_data_elsewhere_than_a_file_of_the_version_is_refused(
@@ -232,6 +233,44 @@ def test_external_data_elsewhere_than_a_file_of_the_version_is_refused(
         f"graph {entry / 'model.onnx'} reads external data {location!r}, which is no plain file name inside "
         f"{entry}: a graph may read only files of its own version's folder"
     )
+
+
+def test_external_data_linked_out_of_the_version_folder_is_refused(tiny_entry: Path, tmp_path: Path) -> None:
+    """model.onnx.data a symbolic link to a file outside the version's folder: its bytes match the manifest (the
+    hash follows the link), but a version reads only files of its own folder (docs/security.md), which ONNX Runtime
+    1.31 enforces too at the session, and older ones need not. A link to a file of the folder itself is fine."""
+    entry = with_external_data(tiny_entry, tmp_path / "m" / "1")
+    graph = mf.read_manifest(entry).graph("fp32")
+    outside = tmp_path / "elsewhere.data"
+    (entry / "model.onnx.data").rename(outside)
+    (entry / "model.onnx.data").symlink_to(outside)
+    with pytest.raises(mf.ManifestError) as e:
+        mf.verify_graph(entry, graph)
+    assert str(e.value) == (
+        f"external data {entry / 'model.onnx.data'} of graph {entry / 'model.onnx'} is a link to {outside}, outside "
+        f"{entry}: a graph may read only files of its own version's folder"
+    )
+    (entry / "model.onnx.data").unlink()
+    outside.rename(entry / "weights.bin")
+    (entry / "model.onnx.data").symlink_to("weights.bin")
+    assert mf.verify_graph(entry, graph) == entry / "model.onnx"
+
+
+def test_a_manifest_that_lists_the_data_as_dot_slash_model_onnx_data_names_the_same_file(
+    tiny_entry: Path, tmp_path: Path
+) -> None:
+    """A manifest written with the graph's own spelling (GraphEntry.of recorded `./model.onnx.data` as it was
+    written, before it made it plain): the same file, checked, not refused as a file the manifest does not list."""
+    entry = with_external_data(tiny_entry, tmp_path / "m" / "1", location="./model.onnx.data")
+    manifest = json.loads((entry / mf.MANIFEST).read_text())
+    data = manifest["graphs"]["fp32"]["external_data"]
+    manifest["graphs"]["fp32"]["external_data"] = {"./model.onnx.data": data.pop("model.onnx.data")}
+    (entry / mf.MANIFEST).write_text(json.dumps(manifest))
+    graph = mf.read_manifest(entry).graph("fp32")
+    assert mf.verify_graph(entry, graph) == entry / "model.onnx"
+    _flip(entry / "model.onnx.data")
+    with pytest.raises(mf.ManifestError, match="external data .*model.onnx.data of graph .* fails its checksum"):
+        mf.verify_graph(entry, graph)
 
 
 @pytest.mark.parametrize("unrecorded", [_drop("external_data"), lambda g: g | {"external_data": None}])
