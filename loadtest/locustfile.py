@@ -397,7 +397,7 @@ class HttpClient:
         if not isinstance(info, dict):
             raise CallError("BAD_RESPONSE", f"GET /info: a 200 whose JSON is no object: {_start(content)}")
         served: dict[str, Any] = info
-        whose = "the model's"
+        whose = "the model"
         if model:
             models = info.get("models")
             if not isinstance(models, list):
@@ -409,11 +409,11 @@ class HttpClient:
             found = next((m for m in models if model in _served_names(m)), None)
             if found is None:  # once the default model's shape, silently
                 raise CallError("HTTP 404", f"model {model!r} is not among the served models (GET /info)")
-            served, whose = found, f"model {model!r}'s"
+            served, whose = found, f"model {model!r}"
         keys = ("vocab_size", "max_input_length")
         if missing := [k for k in keys if k not in served]:  # a KeyError once escaped the task
             raise CallError(
-                "BAD_RESPONSE", f"GET /info: a 200 without {whose} {' and '.join(missing)}: {_start(content)}"
+                "BAD_RESPONSE", f"GET /info: a 200 without {' and '.join(missing)} for {whose}: {_start(content)}"
             )
         return _model_shape(served["vocab_size"], served["max_input_length"], "GET /info", keys)
 

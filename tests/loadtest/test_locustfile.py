@@ -213,11 +213,11 @@ def test_an_answer_that_holds_no_embeddings_is_a_failed_call(
         (
             b'{"models": [{"model": "m", "version": 1}]}',
             ("--model", "m"),
-            "a 200 without model 'm''s vocab_size and max_input_length: {\"models\"",
+            "a 200 without vocab_size and max_input_length for model 'm': {\"models\"",
         ),
         # Each message names what is missing: "without the model's vocab_size and max_input_length" once stood
         # for a missing version, a missing list of models, or a body that is no object.
-        (b'{"vocab_size": 30522}', (), 'a 200 without the model\'s max_input_length: {"vocab_size"'),
+        (b'{"vocab_size": 30522}', (), 'a 200 without max_input_length for the model: {"vocab_size"'),
         (
             b'{"models": [{"model": "m"}]}',
             ("--model", "m"),
