@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ class GraphEntry:
         """The entry of the graph written at `path`, with its sha256 and that of each external-data file it
         reads."""
         files = sorted(external_files(path))
+        _refuse_elsewhere(path, files)  # before any is read: `../x` would have it hash a file of another folder
         return cls(
             file=path.name,
             sha256=sha256_file(path),
@@ -222,11 +224,7 @@ def _verify_external_data(graph: Path, listed: dict[str, str]) -> None:
     listed = {file_name(name): digest for name, digest in listed.items()}
     # The graph's own locations first: one outside the folder is refused as such, whatever the manifest lists
     # (external_files has made `./model.onnx.data` plain already).
-    if elsewhere := sorted(name for name in read if not _plain(name)):
-        raise ManifestError(
-            f"graph {graph} reads external data {elsewhere[0]!r}, which is no plain file name inside "
-            f"{graph.parent}: a graph may read only files of its own version's folder"
-        )
+    _refuse_elsewhere(graph, read)
     if unlisted := sorted(read - set(listed)):
         raise ManifestError(f"graph {graph} reads external data {unlisted[0]!r} that its manifest does not list")
     for name, digest in sorted(listed.items()):
@@ -251,6 +249,14 @@ def _verify_external_data(graph: Path, listed: dict[str, str]) -> None:
                 f"external data {path} of graph {graph} fails its checksum: sha256 {actual[:12]}…, "
                 f"manifest says {digest[:12]}…"
             )
+
+
+def _refuse_elsewhere(graph: Path, locations: Iterable[str]) -> None:
+    if elsewhere := sorted(name for name in locations if not _plain(name)):
+        raise ManifestError(
+            f"graph {graph} reads external data {elsewhere[0]!r}, which is no plain file name inside "
+            f"{graph.parent}: a graph may read only files of its own version's folder"
+        )
 
 
 def _plain(name: str) -> bool:

@@ -235,6 +235,26 @@ def test_external_data_elsewhere_than_a_file_of_the_version_is_refused(
     )
 
 
+@pytest.mark.parametrize("location", ["../elsewhere.data", "sub/../../elsewhere.data"])
+def test_graph_entry_of_a_graph_that_reads_a_file_elsewhere_is_refused_before_it_is_read(
+    tiny_entry: Path, tmp_path: Path, location: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GraphEntry.of (export and import write the manifest with it) hashed each file the graph names, joined to
+    its folder: a graph reading `../x` had it read a file of another folder, to write a manifest verify_graph then
+    refuses. It is refused before anything is read, as verify_graph refuses it."""
+    entry = with_external_data(tiny_entry, tmp_path / "m" / "1")
+    shutil.copy(entry / "model.onnx.data", tmp_path / "m" / "elsewhere.data")
+    reading_from(entry, location)  # (makes sub/)
+    hashed = count_hashing(monkeypatch)
+    with pytest.raises(mf.ManifestError) as e:
+        mf.GraphEntry.of(entry / "model.onnx", precision="fp32", optimized=False, parity={})
+    assert str(e.value) == (
+        f"graph {entry / 'model.onnx'} reads external data {location!r}, which is no plain file name inside "
+        f"{entry}: a graph may read only files of its own version's folder"
+    )
+    assert hashed == []
+
+
 def test_external_data_linked_out_of_the_version_folder_is_refused(tiny_entry: Path, tmp_path: Path) -> None:
     """model.onnx.data a symbolic link to a file outside the version's folder: its bytes match the manifest (the
     hash follows the link), but a version reads only files of its own folder (docs/security.md), which ONNX Runtime
