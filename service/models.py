@@ -38,7 +38,7 @@ from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import serving
 from mhaserve.runtime.devices import Device
 from mhaserve.runtime.engine import Engine, release_memory, warm_up
-from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError, reason
+from mhaserve.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError, Unavailable, reason
 from mhaserve.runtime.memory import release_free_memory
 from mhaserve.runtime.repository import (
     EngineFactory,
@@ -73,6 +73,19 @@ Fingerprint = tuple[object, ...] | None
 # one plan per model syncing and the poll's reads run at once, each shared by the calls that ask for it
 # meanwhile; more wait their turn, which on a file system that stalls they would spend stalled anyway.
 READ_THREADS = 4
+# The loads' threads (ModelManager._loading): a version's check (every byte of its graph read), its ONNX Runtime
+# session and its warm-up, one at a time per model (its lock); models load side by side at start-up.
+LOAD_THREADS = 4
+
+
+@dataclass
+class _Queued:
+    """The read that calls made while one of the same key is under way wait for: begun once that one ends."""
+
+    future: asyncio.Future[Any]
+    read: Callable[..., Any]
+    args: tuple[Any, ...]
+    context: contextvars.Context  # the first such call's (its request id, for what the read logs)
 
 
 @dataclass
@@ -161,9 +174,14 @@ class ModelManager:
         # on a network file system that stalls each holds its thread until the file system answers, maybe never,
         # and there they held the threads that loads (session creation, warm-up) and unloads (the release of
         # their memory) run on. The pool's threads start with its first reads. `_reading`: the shared reads under
-        # way, by what they read (a call asking for the same read meanwhile waits for it: see `_read`).
+        # way, by what they read; `_queued`, the one that begins after each, for the calls made meanwhile (`_read`).
         self._reads = CountingPool("repository", READ_THREADS)
         self._reading: dict[Hashable, asyncio.Future[Any]] = {}
+        self._queued: dict[Hashable, _Queued] = {}
+        # A load's steps (the version's check, its session, its warm-up) on threads of their own too, counted: one
+        # held by a stalled file system (the check reads every byte) or an engine that never returns would hold
+        # the process's exit, which joins them (`busy`, for `serve`).
+        self._loading = CountingPool("model-load", LOAD_THREADS)
 
     # ---- which models ------------------------------------------------------------------------------------
 
@@ -296,24 +314,26 @@ class ModelManager:
         if not served:
             self.states[key] = VersionState("LOADING")
         started = time.perf_counter()
-        # The entry's check and the load read the version's files too, but on the default executor with the rest
-        # of the load: the check reads every byte of the graph (seconds a gigabyte) and the load builds its
+        # The entry's check and the load read the version's files too, but on the loads' threads, not the
+        # repository's: the check reads every byte of the graph (seconds a gigabyte) and the load builds its
         # ONNX Runtime session (seconds of CPU), one of each per model loading at a time (its lock), however
         # often clients call; on the repository's few threads a load or two would hold up the index and every
         # look-up for as long.
-        entry = await asyncio.to_thread(self.repository.entry, name, version, self.graph, self.device)
+        entry = await self._off_loop(self._loading, self.repository.entry, name, version, self.graph, self.device)
         if self.pinned is not None and self.pinned.get(name, {}).get(version) != _identity(entry):
             raise RepositoryError(
                 f"{name} version {version} is not what the other processes serve: its graph or serving config "
                 "changed since they loaded it; restart the server to serve what the repository holds now"
             )
-        model = await asyncio.to_thread(self.repository.load, entry, self.engine_factory)
+        model = await self._off_loop(self._loading, self.repository.load, entry, self.engine_factory)
         metrics = ModelMetrics(self.metrics, name, version)
         pipeline: Pipeline | None = None
         try:
             pipeline = self.make_pipeline(model, metrics)  # which refuses limits it cannot serve
-            runs = await asyncio.to_thread(
-                warm_up, model.engine, max_seq_len=entry.max_tokens, max_batch_tokens=pipeline.limits.max_batch_tokens
+            runs = await self._off_loop(
+                self._loading,
+                partial(warm_up, max_seq_len=entry.max_tokens, max_batch_tokens=pipeline.limits.max_batch_tokens),
+                model.engine,
             )
         except BaseException:
             if pipeline is not None:
@@ -541,8 +561,7 @@ class ModelManager:
         # A name the repository does not hold: NOT_FOUND, and no load failure logged or counted (a series
         # per name an admin client typed). Read off the event loop: on a network file system that stalls, the
         # event loop (every request, health check and drain) would wait for it. Shared by the load calls of the
-        # model asked for meanwhile (a client's retries): a call joining a look-up begun before the model was
-        # published gets its NOT_FOUND; the load itself reads the repository again (_plan).
+        # model asked for meanwhile (a client's retries), each answered by a look-up begun after it came (_read).
         await self._read(self.repository.published, name, share=("published", name))
         if self._unloads[name] != unloads or self._closing:
             return None
@@ -630,8 +649,9 @@ class ModelManager:
     async def index(self, *, ready_only: bool = False) -> list[IndexEntry]:
         """Every model of the repository (and every served one), each version's state and why. The repository
         is listed off the event loop: on a network file system that stalls, the event loop would wait for it.
-        Index calls made while a listing is under way share it (an admin client polling the index through a
-        stall holds one thread, not one a call); its result is as fresh as a call made a moment earlier's."""
+        Index calls made while a listing is under way share the next one, begun once it ends (an admin client
+        polling the index through a stall holds one thread, not one a call); each call's listing begins after
+        the call came, so a model published before it is listed."""
         return self.entries(await self._read(self.repository.names, share=("names",)), ready_only=ready_only)
 
     def entries(self, listed: Iterable[str], *, ready_only: bool = False) -> list[IndexEntry]:
@@ -648,25 +668,56 @@ class ModelManager:
         return [e for e in entries if e.state == "READY"] if ready_only else entries
 
     async def _read(self, read: Callable[..., T], *args: Any, share: Hashable | None = None) -> T:
-        """`read(*args)` on the repository's threads (see `_reads`). With `share`, a call made while a read of the
-        same key is under way waits for that one instead of beginning its own: a caller cancelled (a client's
-        deadline) leaves it to the others, each waiting through a shield. A read no call shares goes with its
-        caller if it has not begun (one begun runs on: a thread cannot be stopped)."""
-        pending = self._reading.get(share) if share is not None else None
-        if pending is None:
-            call = partial(contextvars.copy_context().run, read, *args)  # the request id for what it logs
-            pending = asyncio.get_running_loop().run_in_executor(self._reads, call)
-            if share is not None:
-                self._reading[share] = pending
-            pending.add_done_callback(partial(self._read_done, share))
-        result: T = await (asyncio.shield(pending) if share is not None else pending)
+        """`read(*args)` on the repository's threads (see `_reads`). With `share`, calls share a read, but only one
+        begun after they came: a call made while a read of the same key is under way waits for the next, begun
+        once that one ends and shared by every call made meanwhile. The read under way may have begun before the
+        caller's own last step (a model published, and then loaded or listed): its answer would be a NOT_FOUND
+        for the model just published, or an index without it. A stall holds one thread however many calls come;
+        each waits through a shield, so one that leaves (a client's deadline) leaves the read to the others. A
+        read no call shares goes with its caller if it has not begun (one begun runs on: a thread cannot be
+        stopped)."""
+        if self._closing:
+            raise Unavailable("the server is stopping")
+        if share is None:
+            result: T = await self._off_loop(self._reads, read, *args)
+            return result
+        if share not in self._reading:
+            self._begin_read(share, read, args, contextvars.copy_context())
+            pending = self._reading[share]
+        else:
+            queued = self._queued.get(share)
+            if queued is None:
+                future = asyncio.get_running_loop().create_future()
+                future.add_done_callback(_retrieved)  # had by its callers, or by nobody where they all left
+                queued = self._queued[share] = _Queued(future, read, args, contextvars.copy_context())
+            pending = queued.future
+        result = await asyncio.shield(pending)
         return result
 
-    def _read_done(self, share: Hashable | None, read: asyncio.Future[Any]) -> None:
-        if share is not None and self._reading.get(share) is read:
-            del self._reading[share]  # a call from now on reads afresh
-        if not read.cancelled():
-            read.exception()  # had by its callers, or by nobody where they all left
+    def _begin_read(
+        self, share: Hashable, read: Callable[..., Any], args: tuple[Any, ...], context: contextvars.Context
+    ) -> None:
+        pending = asyncio.get_running_loop().run_in_executor(self._reads, partial(context.run, read, *args))
+        self._reading[share] = pending
+        pending.add_done_callback(partial(self._read_done, share))
+
+    def _read_done(self, share: Hashable, read: asyncio.Future[Any]) -> None:
+        _retrieved(read)
+        if self._reading.get(share) is read:
+            del self._reading[share]
+        queued = self._queued.pop(share, None)
+        if queued is None or queued.future.done():  # (failed by close())
+            return
+        # The calls made while `read` ran: their own read, begun now, after each of them came.
+        self._begin_read(share, queued.read, queued.args, queued.context)
+        self._reading[share].add_done_callback(partial(_copy_outcome, queued.future))
+
+    @staticmethod
+    async def _off_loop(pool: CountingPool, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)` in one of `pool`'s threads, in a copy of this task's context (the request id for what it
+        logs), as asyncio.to_thread runs it in the default executor's."""
+        bound = partial(contextvars.copy_context().run, call, *args)
+        return await asyncio.get_running_loop().run_in_executor(pool, bound)
 
     async def close(self) -> None:
         if self._poller is not None:
@@ -692,16 +743,22 @@ class ModelManager:
             if not pipeline.closed:
                 await pipeline.batcher.close()
                 pipeline.close()
-        # A read stalled on a network file system may never return, so the pool is not waited for: its idle
+        # A read stalled on a network file system may never return, so the pools are not waited for: their idle
         # threads end now, a read not yet begun is dropped, and a stalled read's thread ends once it returns
         # (its result, which no caller waits for any more, dropped: asyncio drops it once the loop has closed).
+        # The reads queued behind a stalled one would never begin.
+        for queued in self._queued.values():
+            if not queued.future.done():
+                queued.future.set_exception(Unavailable("the server is stopping"))
+        self._queued.clear()
         self._reads.shutdown(wait=False, cancel_futures=True)
+        self._loading.shutdown(wait=False, cancel_futures=True)
 
     @property
-    def reading(self) -> int:
-        """Reads of the repository still running in its threads (stalled, where the server has stopped): each
-        would hold the process's exit, which joins the pool's threads."""
-        return self._reads.running
+    def busy(self) -> tuple[int, int]:
+        """Reads of the repository and loads' steps still running in their threads (stalled, where the server
+        has stopped): each would hold the process's exit, which joins the pools' threads."""
+        return self._reads.running, self._loading.running
 
     def pipelines(self) -> list[Pipeline]:
         """Every pipeline with a batcher: the versions served and those retiring (finishing what they hold)."""
@@ -709,6 +766,23 @@ class ModelManager:
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A future's exception marked as seen, where all its callers may have left: asyncio logs one never seen."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _copy_outcome(to: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:
+    if to.done():
+        return
+    if source.cancelled():
+        to.cancel()
+    elif (error := source.exception()) is not None:
+        to.set_exception(error)
+    else:
+        to.set_result(source.result())
 
 
 def _release_memory(engine: weakref.ref[Engine]) -> None:

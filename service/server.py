@@ -755,17 +755,18 @@ async def serve(
             )
             logging.shutdown()
             os._exit(1)
-        if reading := server.manager.reading:
-            # A read of the model repository held up by its file system (a network file system that stalls) would
-            # hold the exit as long, maybe for ever, as a stuck inference thread does. It changes nothing (a read)
-            # and the stop is done: the exit is a clean one.
+        reading, loading = server.manager.busy
+        if reading or loading:
+            # A read of the model repository, or a load's step (its check reads every byte of the graph), held up
+            # by its file system (a network file system that stalls) would hold the exit as long, maybe for ever,
+            # as a stuck inference thread does. Neither changes what was served, and the stop is done: the exit
+            # is a clean one.
+            left = [f"{n} {what}{'' if n == 1 else 's'}" for n, what in ((reading, "read"), (loading, "load")) if n]
             log.warning(
-                "stopped with %d read%s of the model repository %s still running (its file system does not "
-                "answer); exiting without waiting for %s",
-                reading,
-                "" if reading == 1 else "s",
+                "stopped with %s of the model repository %s still running (its file system does not answer, or "
+                "a load's engine); exiting without waiting",
+                " and ".join(left),
                 server.manager.repository.root,
-                "it" if reading == 1 else "them",
             )
             logging.shutdown()
             os._exit(0)

@@ -138,6 +138,40 @@ def test_a_process_with_a_repository_read_stalled_still_exits_on_sigterm(tiny_re
 
 
 @pytest.mark.slow
+def test_a_process_with_a_load_stalled_on_the_repository_still_exits_on_sigterm(
+    tiny_repo: Path, tmp_path: Path
+) -> None:
+    """A load's check of its version reads every file of it, in a thread the interpreter's exit joins, as a
+    repository read's is: held up by a network file system that stalls, it kept a drained process alive, as
+    the reads did. A FIFO as the version's manifest.json holds the check's read (the plan only looks at it)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo)
+    held = repo / "held" / "1"
+    shutil.copytree(repo / "tiny" / "1", held)
+    (held / "manifest.json").unlink()
+    os.mkfifo(held / "manifest.json")
+    metrics = free_port()
+    flags = tiny_flags(repo, "--model-control", "explicit", "--grace-period", "1", metrics_port=metrics)
+    proc = ServerProcess(flags, tmp_path / "server.log")
+    try:
+        with grpc.insecure_channel(proc.wait_serving()) as channel:
+            kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+            load = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="held"), timeout=WAIT)
+
+            def loading() -> bool:
+                index = kserve.RepositoryIndex(kpb.RepositoryIndexRequest(), timeout=WAIT)
+                return any(m.name == "held" and m.state == "LOADING" for m in index.models)
+
+            wait_until(loading, "held loading (its check's read begun)")
+            proc.signal(signal.SIGTERM)
+            assert proc.wait(WAIT) == 0, proc.log
+            assert load.exception(WAIT) is not None  # answered, not left hanging
+    finally:
+        proc.kill()
+    assert "1 load of the model repository" in proc.log
+
+
+@pytest.mark.slow
 def test_a_batch_still_computing_when_the_grace_period_ends_does_not_hold_the_exit(spawn: Spawn) -> None:
     """The watchdog's bound (60 s) is past the grace period (1 s): stopping cancelled the watchdog, so the
     call was never seen as stuck, and the interpreter's exit waited for the engine for ever."""

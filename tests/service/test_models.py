@@ -1132,6 +1132,77 @@ def _noting_index(manager: Any) -> list[None]:
     return noted
 
 
+@contextlib.contextmanager
+def _answered_late(repository: Any, method: str) -> Iterator[_Stall]:
+    """`repository.<method>` reads the file system at once and its answer comes once the stall is released: a
+    network file system's reply that is slow to arrive, as things were when it was read."""
+    read, stall = getattr(repository, method), _Stall()
+
+    def late(*args: Any) -> Any:
+        stall.threads.append(threading.current_thread())
+        try:
+            return read(*args)
+        finally:
+            stall.entered.set()
+            stall.release.wait(WAIT)
+
+    setattr(repository, method, late)
+    try:
+        yield stall
+    finally:
+        stall.release.set()
+        setattr(repository, method, read)
+
+
+def _noting_reads(manager: Any) -> list[Any]:
+    """The key of each shared read of the repository asked for, noted on the server's loop in the step that asks
+    (and so begins it, or waits for one)."""
+    noted: list[Any] = []
+    read = manager._read
+
+    def noting(*args: Any, share: Any = None) -> Any:
+        if share is not None:
+            noted.append(share)
+        return read(*args, share=share)
+
+    manager._read = noting
+    return noted
+
+
+@pytest.mark.parametrize("call", ["load", "index"])
+def test_a_model_published_before_a_call_is_found_by_it_while_an_earlier_call_reads(tmp_path: Path, call: str) -> None:
+    """A load or index call shared the repository read already under way, begun before the model it asks for was
+    published: a client that published a model and then loaded it got NOT_FOUND, or an index without it, from a
+    look-up another client began a moment before. A call shares only a read begun after it came."""
+    export(tmp_path, "m", 1, seed=1)
+    with ServerThread(settings(tmp_path, "m", model_control="explicit")) as srv, srv.ready().channel() as channel:
+        kserve, manager = kpb_grpc.GRPCInferenceServiceStub(channel), srv.server.manager
+        reads = _noting_reads(manager)
+        load = kpb.RepositoryModelLoadRequest(model_name="x")
+        with _answered_late(manager.repository, "published" if call == "load" else "names") as stall:
+            if call == "load":
+                earlier = kserve.RepositoryModelLoad.future(load, timeout=WAIT)
+            else:
+                earlier = kserve.RepositoryIndex.future(kpb.RepositoryIndexRequest(), timeout=WAIT)
+            assert stall.entered.wait(WAIT)  # read, x not yet published; the answer on its way
+            export(tmp_path, "x", 1, seed=3)
+            if call == "load":
+                later = kserve.RepositoryModelLoad.future(load, timeout=WAIT)
+            else:
+                later = kserve.RepositoryIndex.future(kpb.RepositoryIndexRequest(), timeout=WAIT)
+            wait_until(lambda: len(reads) == 2, "the later call asking for the read")
+            stall.release.set()
+            if call == "load":
+                assert earlier.exception(WAIT).code() == grpc.StatusCode.NOT_FOUND  # as the repository was
+                later.result(WAIT)
+                assert encode(channel, "x").model == "x"
+            else:
+                assert sorted(m.name for m in earlier.result(WAIT).models) == ["m"]
+                assert sorted(m.name for m in later.result(WAIT).models) == ["m", "x"]
+        if call == "index":  # (a load reads `published` again as it plans and checks its version)
+            assert len(stall.threads) == 2
+
+
 def _read_threads(manager: Any) -> list[threading.Thread]:
     """The threads of the manager's repository pool still alive (ThreadPoolExecutor keeps every one it started)."""
     return [t for t in manager._reads._threads if t.is_alive()]
@@ -1164,11 +1235,12 @@ def test_index_calls_while_the_repository_stalls_share_one_read_and_leave_loads_
             kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="m"), timeout=WAIT)
             retiring = srv.call(_retiring(manager))
             wait_until(lambda: all(task.done() for task in retiring), "m closed and its memory released")
-            assert len(_read_threads(manager)) <= 2  # the listing's, and the load's look-ups' (or none left)
+            assert manager.busy == (1, 0)  # the held listing alone: the look-up, the load and the unload done
             assert stall.threads and not stall.release.is_set()
             stall.release.set()
             replies = [call.result(WAIT) for call in calls]
-        assert len(stall.threads) == 1  # one listing for every call
+        # Two listings for every call: the first's, and the one begun after it for the calls made meanwhile.
+        assert len(stall.threads) == 2
         for reply in replies:
             listed = sorted((m.name, m.version, m.state) for m in reply.models)
             assert listed == [("m", "", "UNAVAILABLE"), ("n", "1", "READY")]
@@ -1176,22 +1248,25 @@ def test_index_calls_while_the_repository_stalls_share_one_read_and_leave_loads_
 
 
 def test_an_index_call_that_gives_up_leaves_its_listing_to_the_calls_that_share_it(tmp_path: Path) -> None:
-    """Index calls share a listing under way: one cancelled (a client's deadline) must not cancel the listing
-    the others wait for."""
+    """Index calls made while a listing is under way share the next: one cancelled (a client's deadline) must not
+    cancel the listing the others wait for, nor does the first call's leaving end the listing under way."""
     export(tmp_path, "m", 1, seed=1)
     with ServerThread(settings(tmp_path, "m", model_control="explicit")) as srv:
         manager = srv.ready().server.manager
         indexing = _noting_index(manager)
         with _stalled(manager.repository, "names") as stall:
+            first = srv.call_soon(manager.index())
+            wait_until(lambda: len(indexing) == 1, "the first index call reading the repository")
             leaving = srv.call_soon(manager.index())
             staying = srv.call_soon(manager.index())
-            wait_until(lambda: len(indexing) == 2, "both index calls reading the repository")
+            wait_until(lambda: len(indexing) == 3, "the other two waiting for the next listing")
+            first.cancel()
             leaving.cancel()
-            # The task's cancellation is delivered on the loop before a call made after it runs.
+            # The tasks' cancellations are delivered on the loop before a call made after them runs.
             srv.call(_async(lambda: True))
             stall.release.set()
             assert [(e.name, e.state) for e in staying.result(WAIT)] == [("m", "READY")]
-        assert len(stall.threads) == 1
+        assert len(stall.threads) == 2
 
 
 def test_a_server_stopped_while_the_repository_stalls_does_not_wait_for_the_read(
@@ -1210,17 +1285,17 @@ def test_a_server_stopped_while_the_repository_stalls_does_not_wait_for_the_read
             calls = [kserve.RepositoryIndex.future(kpb.RepositoryIndexRequest(), timeout=WAIT) for _ in range(3)]
             assert stall.entered.wait(WAIT)
             kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="n"), timeout=WAIT)
-            assert len(_read_threads(manager)) == 2  # the held listing's, and one more the load's look-ups took
+            assert manager.busy == (1, 0)  # the held listing; the other two index calls wait for the next
             srv.stop()
             stopped = True
             assert all(call.exception(WAIT) is not None for call in calls)  # ended by the stop
-            assert not stall.release.is_set() and manager.reading == 1  # which `serve` exits without waiting for
+            assert not stall.release.is_set() and manager.busy == (1, 0)  # which `serve` exits without waiting for
             held = stall.threads
             for thread in set(_read_threads(manager)) - set(held):
                 thread.join(WAIT)
             assert _read_threads(manager) == held
         held[0].join(WAIT)  # released on the way out of the stall
-        assert not _read_threads(manager) and manager.reading == 0
+        assert not _read_threads(manager) and manager.busy == (0, 0)
     finally:
         if not stopped:
             srv.stop()
@@ -1495,15 +1570,18 @@ def test_a_load_asked_for_while_one_runs_gets_that_ones_outcome(tmp_path: Path) 
         engine.gates[1].clear()
         engine.batches.clear()
         request = kpb.RepositoryModelLoadRequest(model_name="n")
+        manager, before, unloads = srv.server.manager, len(asked), srv.server.manager._unloads["n"]
         try:
             calls = [kserve.RepositoryModelLoad.future(request, timeout=WAIT)]
             wait_until(lambda: engine.seen(1), "n's warm-up")
             calls.append(kserve.RepositoryModelLoad.future(request, timeout=WAIT))
-            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 2, "the second load asked for")
+            # Its look-up done (the load after the first joined), not only the call begun: an unload that came
+            # during the look-up would have it load nothing and answer at once, the order kept all the same.
+            wait_until(lambda: len(asked) == before + 2, "the second load asked for")
             calls.append(
                 kserve.RepositoryModelUnload.future(kpb.RepositoryModelUnloadRequest(model_name="n"), timeout=WAIT)
             )
-            wait_until(lambda: srv.samples().get("mhaserve_requests_in_flight") == 3, "the unload asked for")
+            wait_until(lambda: manager._unloads["n"] == unloads + 1, "the unload asked for")
         finally:
             engine.gates[1].set()
         for call in calls:
