@@ -691,7 +691,12 @@ class ModelManager:
                 future.add_done_callback(_retrieved)  # had by its callers, or by nobody where they all left
                 queued = self._queued[share] = _Queued(future, read, args, contextvars.copy_context())
             pending = queued.future
-        result = await asyncio.shield(pending)
+        try:
+            result = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            if pending.cancelled():  # the read itself, not its caller: dropped unbegun by close()'s shut pool
+                raise Unavailable("the server is stopping") from None
+            raise
         return result
 
     def _begin_read(
@@ -708,6 +713,9 @@ class ModelManager:
         queued = self._queued.pop(share, None)
         if queued is None or queued.future.done():  # (failed by close())
             return
+        if self._closing:  # ended while close() ran: no read begins on a stopping manager
+            queued.future.set_exception(Unavailable("the server is stopping"))
+            return
         # The calls made while `read` ran: their own read, begun now, after each of them came.
         self._begin_read(share, queued.read, queued.args, queued.context)
         self._reading[share].add_done_callback(partial(_copy_outcome, queued.future))
@@ -720,6 +728,8 @@ class ModelManager:
         return await asyncio.get_running_loop().run_in_executor(pool, bound)
 
     async def close(self) -> None:
+        # First: a look-up or read that ends during any of the awaits below begins nothing (_ask_load, _read_done).
+        self._closing = True
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -727,7 +737,6 @@ class ModelManager:
         # A load under way whose callers have gone (the server stopped listening before this): ended, not
         # left pending on a loop that closes. What it made is closed with it (_load). A look-up that ends
         # meanwhile begins no load (_ask_load), and every task is cancelled before any is waited for.
-        self._closing = True
         while self._loads:
             tasks = list(self._loads)
             for task in tasks:

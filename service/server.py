@@ -759,12 +759,17 @@ async def serve(
         if reading or loading:
             # A read of the model repository, or a load's step (its check reads every byte of the graph), held up
             # by its file system (a network file system that stalls) would hold the exit as long, maybe for ever,
-            # as a stuck inference thread does. Neither changes what was served, and the stop is done: the exit
-            # is a clean one.
-            left = [f"{n} {what}{'' if n == 1 else 's'}" for n, what in ((reading, "read"), (loading, "load")) if n]
+            # as a stuck inference thread does; so would a load longer than the stop. Neither changes what was
+            # served, and the stop is done: the exit is a clean one.
+            left = []
+            if reading:
+                left.append(f"{reading} read{'' if reading == 1 else 's'} of the model repository")
+            if loading:
+                left.append(f"{loading} step{'' if loading == 1 else 's'} of a load (a check of a version's files, "
+                            "its session or its warm-up)")  # fmt: skip
             log.warning(
-                "stopped with %s of the model repository %s still running (its file system does not answer, or "
-                "a load's engine); exiting without waiting",
+                "stopped with %s still running (%s: a file system that does not answer, or a load longer than the "
+                "stop); exiting without waiting",
                 " and ".join(left),
                 server.manager.repository.root,
             )

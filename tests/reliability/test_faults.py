@@ -168,7 +168,7 @@ def test_a_process_with_a_load_stalled_on_the_repository_still_exits_on_sigterm(
             assert load.exception(WAIT) is not None  # answered, not left hanging
     finally:
         proc.kill()
-    assert "1 load of the model repository" in proc.log
+    assert "1 step of a load" in proc.log
 
 
 @pytest.mark.slow

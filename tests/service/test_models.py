@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -42,10 +42,13 @@ from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.runtime.engine import OnnxEngine
+from mhaserve.runtime.errors import Unavailable
 from mhaserve.runtime.manifest import entry_dir, read_manifest
-from mhaserve.runtime.repository import EngineFactory, RepositoryError
+from mhaserve.runtime.repository import EngineFactory, ModelRepository, RepositoryError
 from mhaserve.service import models as models_module
 from mhaserve.service.batching.padding import pad
+from mhaserve.service.dataplane import DataPlane
+from mhaserve.service.metrics import Metrics
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine, expected_row
 from mhaserve.testing.http import request
@@ -1201,6 +1204,87 @@ def test_a_model_published_before_a_call_is_found_by_it_while_an_earlier_call_re
                 assert sorted(m.name for m in later.result(WAIT).models) == ["m", "x"]
         if call == "index":  # (a load reads `published` again as it plans and checks its version)
             assert len(stall.threads) == 2
+
+
+def _serverless(root: Path) -> models_module.ModelManager:
+    """A manager of the repository at `root` with nothing loaded and no server about it: for its reads alone."""
+    return models_module.ModelManager(
+        ModelRepository(root),
+        DataPlane(),
+        Metrics(),
+        models=[],
+        graph="auto",
+        engine_factory=cast(Any, None),
+        make_pipeline=cast(Any, None),
+        control="explicit",
+    )
+
+
+def test_calls_sharing_a_read_the_stop_drops_unbegun_are_told_the_server_stops(tmp_path: Path) -> None:
+    """The repository's threads all held (a file system that stalls), a shared read waits for one, and calls made
+    meanwhile wait for the next: the stop drops the first unbegun (its pool shut), and each caller is told the
+    server stops, where the read's sharers got a CancelledError no one had asked for."""
+
+    async def scenario() -> None:
+        manager, hold, started = _serverless(tmp_path), threading.Event(), threading.Semaphore(0)
+        threads = models_module.READ_THREADS
+
+        def stalled() -> None:
+            started.release()
+            hold.wait(WAIT)
+
+        try:
+            held = [asyncio.ensure_future(manager._read(stalled)) for _ in range(threads)]
+            assert await asyncio.to_thread(lambda: all(started.acquire(timeout=WAIT) for _ in range(threads)))
+            first: asyncio.Future[list[str]] = asyncio.ensure_future(manager._read(list, share="k"))  # for a thread
+            later: asyncio.Future[list[str]] = asyncio.ensure_future(manager._read(list, share="k"))  # the next read
+            await asyncio.sleep(0)
+            await manager.close()
+            for call in (first, later):
+                with pytest.raises(Unavailable, match="the server is stopping"):
+                    await call
+        finally:
+            hold.set()
+        await asyncio.gather(*held)
+
+    asyncio.run(scenario())
+
+
+def test_a_read_that_ends_while_the_manager_closes_begins_no_other(tmp_path: Path) -> None:
+    """A shared read that ends during close() (here while its poller stops) began the read queued after it, on a
+    manager that was closing, and its callers got that answer, or waited on it where it stalled: they are told
+    the server stops, and no read begins."""
+
+    async def scenario() -> None:
+        manager, release, begun = _serverless(tmp_path), threading.Event(), threading.Event()
+        reads: list[None] = []
+
+        def names() -> list[str]:
+            reads.append(None)
+            begun.set()
+            release.wait(WAIT)
+            return []
+
+        first = asyncio.ensure_future(manager._read(names, share="k"))
+        assert await asyncio.to_thread(begun.wait, WAIT)
+        later = asyncio.ensure_future(manager._read(names, share="k"))  # waiting for the read after it
+
+        async def poller() -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:  # the first read's answer comes while close() waits for the poller
+                release.set()
+                await asyncio.wait([first])
+
+        manager._poller = asyncio.ensure_future(poller())
+        await asyncio.sleep(0)
+        await manager.close()
+        assert first.result() == []
+        with pytest.raises(Unavailable, match="the server is stopping"):
+            await later
+        assert len(reads) == 1
+
+    asyncio.run(scenario())
 
 
 def _read_threads(manager: Any) -> list[threading.Thread]:
