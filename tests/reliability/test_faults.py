@@ -111,45 +111,25 @@ def test_a_process_with_a_stuck_engine_still_exits_on_sigterm(spawn: Spawn) -> N
 
 
 @pytest.mark.slow
-def test_a_process_with_a_repository_read_stalled_still_exits_on_sigterm(tiny_repo: Path, tmp_path: Path) -> None:
-    """A read of the repository held up by its file system (a network file system that stalls) runs in a thread
-    that the interpreter's exit joins: SIGTERM drained the server, and the process then waited for the read for
-    ever. A FIFO as a model's serving.json holds its read as such a file system would (an open waits for a
-    writer, here none). The log's word that a read was left running says the read was held when the server
-    stopped."""
-    repo = tmp_path / "repo"
-    shutil.copytree(tiny_repo, repo)
-    (repo / "held" / "1").mkdir(parents=True)
-    os.mkfifo(repo / "held" / "serving.json")
-    metrics = free_port()
-    flags = tiny_flags(repo, "--model-control", "explicit", "--grace-period", "1", metrics_port=metrics)
-    proc = ServerProcess(flags, tmp_path / "server.log")
-    try:
-        with grpc.insecure_channel(proc.wait_serving()) as channel:
-            kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
-            load = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="held"), timeout=WAIT)
-            wait_until(lambda: scrape(metrics).get("mhaserve_requests_in_flight") == 1, "the load asked for")
-            proc.signal(signal.SIGTERM)
-            assert proc.wait(WAIT) == 0, proc.log
-            assert load.exception(WAIT) is not None  # answered, not left hanging
-    finally:
-        proc.kill()
-    assert "1 read of the model repository" in proc.log
-
-
-@pytest.mark.slow
-def test_a_process_with_a_load_stalled_on_the_repository_still_exits_on_sigterm(
-    tiny_repo: Path, tmp_path: Path
+@pytest.mark.parametrize("held", ["read", "load"])
+def test_a_process_with_a_repository_read_or_a_load_stalled_still_exits_on_sigterm(
+    tiny_repo: Path, tmp_path: Path, held: str
 ) -> None:
-    """A load's check of its version reads every file of it, in a thread the interpreter's exit joins, as a
-    repository read's is: held up by a network file system that stalls, it kept a drained process alive, as
-    the reads did. A FIFO as the version's manifest.json holds the check's read (the plan only looks at it)."""
+    """A read of the repository, or a load's check of its version (every file of it read), held up by its file
+    system (a network file system that stalls) runs in a thread that the interpreter's exit joins: SIGTERM
+    drained the server, and the process then waited for the read for ever. A FIFO holds a read as such a file
+    system would (an open waits for a writer, here none): as a model's serving.json, the plan's read; as a
+    version's manifest.json, the load's check (the plan only looks at it). The log's word that a read or a load
+    was left running says it was held when the server stopped."""
     repo = tmp_path / "repo"
     shutil.copytree(tiny_repo, repo)
-    held = repo / "held" / "1"
-    shutil.copytree(repo / "tiny" / "1", held)
-    (held / "manifest.json").unlink()
-    os.mkfifo(held / "manifest.json")
+    if held == "read":
+        (repo / "held" / "1").mkdir(parents=True)
+        os.mkfifo(repo / "held" / "serving.json")
+    else:
+        shutil.copytree(repo / "tiny" / "1", repo / "held" / "1")
+        (repo / "held" / "1" / "manifest.json").unlink()
+        os.mkfifo(repo / "held" / "1" / "manifest.json")
     metrics = free_port()
     flags = tiny_flags(repo, "--model-control", "explicit", "--grace-period", "1", metrics_port=metrics)
     proc = ServerProcess(flags, tmp_path / "server.log")
@@ -158,17 +138,19 @@ def test_a_process_with_a_load_stalled_on_the_repository_still_exits_on_sigterm(
             kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
             load = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="held"), timeout=WAIT)
 
-            def loading() -> bool:
+            def asked() -> bool:
+                if held == "read":
+                    return scrape(metrics).get("mhaserve_requests_in_flight") == 1
                 index = kserve.RepositoryIndex(kpb.RepositoryIndexRequest(), timeout=WAIT)
-                return any(m.name == "held" and m.state == "LOADING" for m in index.models)
+                return any(m.name == "held" and m.state == "LOADING" for m in index.models)  # its check begun
 
-            wait_until(loading, "held loading (its check's read begun)")
+            wait_until(asked, "the load asked for")
             proc.signal(signal.SIGTERM)
             assert proc.wait(WAIT) == 0, proc.log
             assert load.exception(WAIT) is not None  # answered, not left hanging
     finally:
         proc.kill()
-    assert "1 step of a load" in proc.log
+    assert ("1 read of the model repository" if held == "read" else "1 step of a load") in proc.log
 
 
 @pytest.mark.slow

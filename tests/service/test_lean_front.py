@@ -1362,6 +1362,16 @@ _ENDINGS = {
 }
 
 
+def _refused_unanswered_and_the_next_served(got: list[Frame], code: grpc.StatusCode, words: str) -> None:
+    """Stream 1 refused with `code` and `words`, its handler never answering; stream 3 served, the connection on."""
+    answer = answers(got)[1]
+    assert answer["grpc-status"] == str(code.value[0]), answer
+    assert words in answer["grpc-message"], answer
+    assert not [sid for kind, _, sid, _ in got if kind == f.DATA and sid == 1], "the handler answered"
+    assert _trailers_ok(got, 3)
+    assert goaway_code(got) is None
+
+
 @pytest.mark.parametrize("ending", _ENDINGS)
 @pytest.mark.parametrize("name", ["echo", "count"])
 def test_a_call_that_takes_one_message_and_is_sent_none_is_refused_and_the_connection_serves_on(
@@ -1373,12 +1383,7 @@ def test_a_call_that_takes_one_message_and_is_sent_none_is_refused_and_the_conne
     never run; the connection's next call is served."""
     caplog.set_level(logging.DEBUG, logger="mhaserve")
     got = raw_exchange(lean.port, _ENDINGS[ending](name) + raw_call(3, "echo"), until_closed=False)
-    answer = answers(got)[1]
-    assert answer["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), answer
-    assert "no request message" in answer["grpc-message"], answer
-    assert not [sid for kind, _, sid, _ in got if kind == f.DATA and sid == 1], "the handler answered"
-    assert _trailers_ok(got, 3)
-    assert goaway_code(got) is None
+    _refused_unanswered_and_the_next_served(got, grpc.StatusCode.UNIMPLEMENTED, "no request message")
     assert len(caplog.records) <= 1 and not any(r.exc_info for r in caplog.records), caplog.records
 
 
@@ -1409,12 +1414,7 @@ def test_a_message_cut_short_by_the_end_of_the_clients_side_is_refused_as_incomp
         _opened(1, name) + cut + (_TRAILERS if by == "trailers" else b"") + raw_call(3, "echo"),
         until_closed=False,
     )
-    answer = answers(got)[1]
-    assert answer["grpc-status"] == str(grpc.StatusCode.INVALID_ARGUMENT.value[0]), answer
-    assert "last message is incomplete" in answer["grpc-message"], answer
-    assert not [sid for kind, _, sid, _ in got if kind == f.DATA and sid == 1], "the handler answered"
-    assert _trailers_ok(got, 3)
-    assert goaway_code(got) is None
+    _refused_unanswered_and_the_next_served(got, grpc.StatusCode.INVALID_ARGUMENT, "last message is incomplete")
 
 
 def test_what_each_front_answers_a_unary_call_with_no_message_or_two(front: Running | OnGrpcAio) -> None:

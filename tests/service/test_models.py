@@ -998,15 +998,20 @@ class _Stall:
 
 
 @contextlib.contextmanager
-def _stalled(repository: Any, method: str) -> Iterator[_Stall]:
-    """`repository.<method>` held up until the stall is released (on the way out at the latest)."""
+def _stalled(repository: Any, method: str, *, answered_late: bool = False) -> Iterator[_Stall]:
+    """`repository.<method>` held up until the stall is released (on the way out at the latest). `answered_late`:
+    it reads the file system at once and its answer is held, a network file system's reply that is slow to
+    arrive, as things were when it was read; else it reads once released."""
     read, stall = getattr(repository, method), _Stall()
 
     def held(*args: Any) -> Any:
         stall.threads.append(threading.current_thread())
-        stall.entered.set()
-        stall.release.wait(WAIT)
-        return read(*args)
+        try:
+            result = read(*args) if answered_late else None
+        finally:
+            stall.entered.set()
+            stall.release.wait(WAIT)
+        return result if answered_late else read(*args)
 
     setattr(repository, method, held)
     try:
@@ -1135,28 +1140,6 @@ def _noting_index(manager: Any) -> list[None]:
     return noted
 
 
-@contextlib.contextmanager
-def _answered_late(repository: Any, method: str) -> Iterator[_Stall]:
-    """`repository.<method>` reads the file system at once and its answer comes once the stall is released: a
-    network file system's reply that is slow to arrive, as things were when it was read."""
-    read, stall = getattr(repository, method), _Stall()
-
-    def late(*args: Any) -> Any:
-        stall.threads.append(threading.current_thread())
-        try:
-            return read(*args)
-        finally:
-            stall.entered.set()
-            stall.release.wait(WAIT)
-
-    setattr(repository, method, late)
-    try:
-        yield stall
-    finally:
-        stall.release.set()
-        setattr(repository, method, read)
-
-
 def _noting_reads(manager: Any) -> list[Any]:
     """The key of each shared read of the repository asked for, noted on the server's loop in the step that asks
     (and so begins it, or waits for one)."""
@@ -1182,7 +1165,8 @@ def test_a_model_published_before_a_call_is_found_by_it_while_an_earlier_call_re
         kserve, manager = kpb_grpc.GRPCInferenceServiceStub(channel), srv.server.manager
         reads = _noting_reads(manager)
         load = kpb.RepositoryModelLoadRequest(model_name="x")
-        with _answered_late(manager.repository, "published" if call == "load" else "names") as stall:
+        method = "published" if call == "load" else "names"
+        with _stalled(manager.repository, method, answered_late=True) as stall:
             if call == "load":
                 earlier = kserve.RepositoryModelLoad.future(load, timeout=WAIT)
             else:
