@@ -576,8 +576,7 @@ class ModelManager:
 
     def _asked(self, task: asyncio.Task[asyncio.Task[None] | None]) -> None:
         self._loads.discard(task)
-        if not task.cancelled():
-            task.exception()  # NOT_FOUND: had by the caller, or by nobody where it left
+        _retrieved(task)  # NOT_FOUND: had by the caller, or by nobody where it left
 
     async def _load_model(self, name: str, after: asyncio.Task[None] | None, unloads: int) -> None:
         if after is not None and not after.done():
@@ -603,8 +602,7 @@ class ModelManager:
         for loads in (self._last_load, self._next_load):
             if loads.get(name) is task:
                 del loads[name]
-        if not task.cancelled():
-            task.exception()  # had by the callers still waiting; else said by the log and the index (_report)
+        _retrieved(task)  # had by the callers still waiting; else said by the log and the index (_report)
 
     def check_control(self) -> None:
         """Loading and unloading over the repository API are for explicit model control only (as in Triton)."""
@@ -682,8 +680,7 @@ class ModelManager:
             result: T = await self._off_loop(self._reads, read, *args)
             return result
         if share not in self._reading:
-            self._begin_read(share, read, args, contextvars.copy_context())
-            pending = self._reading[share]
+            pending = self._begin_read(share, read, args, contextvars.copy_context())
         else:
             queued = self._queued.get(share)
             if queued is None:
@@ -701,10 +698,11 @@ class ModelManager:
 
     def _begin_read(
         self, share: Hashable, read: Callable[..., Any], args: tuple[Any, ...], context: contextvars.Context
-    ) -> None:
+    ) -> asyncio.Future[Any]:
         pending = asyncio.get_running_loop().run_in_executor(self._reads, partial(context.run, read, *args))
         self._reading[share] = pending
         pending.add_done_callback(partial(self._read_done, share))
+        return pending
 
     def _read_done(self, share: Hashable, read: asyncio.Future[Any]) -> None:
         _retrieved(read)
@@ -717,8 +715,8 @@ class ModelManager:
             queued.future.set_exception(Unavailable("the server is stopping"))
             return
         # The calls made while `read` ran: their own read, begun now, after each of them came.
-        self._begin_read(share, queued.read, queued.args, queued.context)
-        self._reading[share].add_done_callback(partial(_copy_outcome, queued.future))
+        pending = self._begin_read(share, queued.read, queued.args, queued.context)
+        pending.add_done_callback(partial(_copy_outcome, queued.future))
 
     @staticmethod
     async def _off_loop(pool: CountingPool, call: Callable[..., T], *args: Any) -> T:
