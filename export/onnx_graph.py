@@ -15,6 +15,7 @@ import onnx
 import torch
 
 from mhaserve.model.encoder import Encoder
+from mhaserve.runtime import external_data
 from mhaserve.runtime.manifest import INPUT_NAMES, OUTPUT_NAME
 
 if TYPE_CHECKING:
@@ -142,7 +143,10 @@ def to_fp16(src: Path, dst: Path) -> None:
     """Weights and compute in fp16, inputs and output kept int64 / float32 so the contract holds."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
+    # Half of a graph past 4 GB is still past the protobuf's 2 GiB: a graph whose weights are beside it
+    # writes its fp16 weights beside it too (model.fp16.onnx.data).
+    big = bool(external_data.locations(src))
     with _quiet():
         model = onnx.load(str(src))
         half = convert_float_to_float16(model, keep_io_types=True)
-        onnx.save(half, str(dst))
+        onnx.save(half, str(dst), save_as_external_data=big, location=f"{dst.name}.data" if big else None)

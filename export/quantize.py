@@ -39,6 +39,7 @@ import onnx_ir.passes.common as common_passes
 
 from mhaserve.export.fusions import MS
 from mhaserve.export.layer_norms import Nodes, plain_layer_norms
+from mhaserve.runtime import external_data
 
 # The roles of a layer's matrix products, in the order they run.
 ROLES = ("qkv", "attn_out", "ffn_up", "ffn_down")
@@ -217,12 +218,17 @@ def quantize(src: Path, dst: Path, plan: Int8Plan = DEFAULT_PLAN) -> QuantizeRep
     if plan.plain_layer_norm:
         report.plain_layer_norms = plain_layer_norms(graph)
     common_passes.RemoveUnusedNodesPass()(model)  # and the constants no product needed
+    # A graph past the protobuf's 2 GiB keeps its weights in a file beside it (onnx_graph.export_graph). The
+    # staged copy must carry its own (it lives in another folder, and the quantiser reads the data), and the
+    # int8 graph keeps its weights beside it too: model.int8.onnx.data, listed in the manifest as any other.
+    big = bool(external_data.locations(src))
     with tempfile.TemporaryDirectory() as tmp, _quiet():
         staged = Path(tmp) / "staged.onnx"
-        ir.save(model, str(staged))
+        ir.save(model, str(staged), external_data="staged.onnx.data" if big else None)
         quantize_dynamic(
             staged,
             dst,
+            use_external_data_format=big,
             op_types_to_quantize=["MatMul", "Attention"],
             per_channel=plan.per_channel,
             reduce_range=plan.reduce_range,
