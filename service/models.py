@@ -62,9 +62,9 @@ ALL_MODELS = "*"
 State = Literal["READY", "LOADING", "UNLOADING", "UNAVAILABLE"]
 # Builds a version's pipeline (limits, batcher, hooks) from the loaded model: the server composes it.
 PipelineFactory = Callable[[LoadedModel, ModelMetrics], Pipeline]
-# What each served version of each model is: {name: {version: identity}}, the identity its graph's sha256 and
-# its serving config. A process of --processes N started again serves what the others do (ModelManager's
-# `pinned`), not what the repository holds by then.
+# What each served version of each model is: {name: {version: identity}}, the identity its graph's sha256 (and
+# its external data's) and its serving config. A process of --processes N started again serves what the others
+# do (ModelManager's `pinned`), not what the repository holds by then.
 Served = dict[str, dict[int, str]]
 MISSING_VERSION = "named by the version policy of serving.json (specific), but not in the repository"
 # See ModelManager._fingerprint; None where the files cannot be read.
@@ -322,7 +322,7 @@ class ModelManager:
         entry = await self._off_loop(self._loading, self.repository.entry, name, version, self.graph, self.device)
         if self.pinned is not None and self.pinned.get(name, {}).get(version) != _identity(entry):
             raise RepositoryError(
-                f"{name} version {version} is not what the other processes serve: its graph or serving config "
+                f"{name} version {version} is not what the other processes serve: its graph, weights or serving config "
                 "changed since they loaded it; restart the server to serve what the repository holds now"
             )
         model = await self._off_loop(self._loading, self.repository.load, entry, self.engine_factory)
@@ -814,5 +814,7 @@ def _valid_name(name: str) -> bool:
 
 
 def _identity(entry: ModelEntry) -> str:
-    """What a served version is: its graph (the one served, by sha256) and its serving config."""
-    return f"{entry.graph} {entry.sha256} {entry.config!r}"
+    """What a served version is: its graph (the one served, by sha256), the external data it reads (a model past
+    1.5 GB: the graph's sha256 covers the data file's name, not its weights) and its serving config."""
+    data = sorted((entry.manifest.graphs[entry.graph].external_data or {}).items())
+    return f"{entry.graph} {entry.sha256} {data} {entry.config!r}"

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mhaserve.runtime.repository import EngineFactory
 from mhaserve.service.client import CHANNEL_OPTIONS
+from mhaserve.service.models import Served
 from mhaserve.service.server import SETTLE_S, EncoderServer, settle
 from mhaserve.service.settings import Settings
 from mhaserve.testing.loopback import WAIT, free_port
@@ -57,11 +58,14 @@ def local_settings(repository: Path, **overrides: Any) -> Settings:
 class ServerThread:
     """An EncoderServer on its own event loop in a daemon thread of this process."""
 
-    def __init__(self, settings: Settings, engine_factory: EngineFactory | None = None) -> None:
+    def __init__(
+        self, settings: Settings, engine_factory: EngineFactory | None = None, pinned: Served | None = None
+    ) -> None:
+        """`pinned`: the versions to serve as they were, as a process of --processes started again does."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="server-loop")
         self.thread.start()
-        self.server = EncoderServer(settings, engine_factory=engine_factory)
+        self.server = EncoderServer(settings, engine_factory=engine_factory, pinned=pinned)
         try:
             self.call(self.server.start())
         except BaseException:

@@ -602,6 +602,33 @@ def test_a_version_whose_external_data_fails_its_checksum_is_not_switched_to(tmp
         srv.stop()
 
 
+def test_a_version_whose_weights_are_beside_its_graph_is_pinned_by_them_too(tmp_path: Path) -> None:
+    """A process of --processes started again serves the versions the others serve, as they were, or none
+    (`pinned`). A version whose weights are in model.onnx.data was known by model.onnx's sha256, which names
+    that file and not its bytes: the version overwritten in place with other weights (its manifest vouching for
+    them) passed for the one the others serve, and two vector spaces were served under one version."""
+    from mhaserve.runtime.manifest import sha256_file
+
+    one = with_external_data(export(tmp_path / "src", "a", 1, seed=1), tmp_path / "m" / "1")
+    data, manifest = one / "model.onnx.data", one / "manifest.json"
+    weights, vouched = data.read_bytes(), manifest.read_text()
+    with ServerThread(settings(tmp_path, "m")) as srv:
+        served = srv.ready().server.manager.served()
+    other = bytearray(weights)
+    other[len(other) // 2] ^= 0xFF
+    data.write_bytes(bytes(other))
+    m = json.loads(vouched)
+    m["graphs"]["fp32"]["external_data"] = {"model.onnx.data": sha256_file(data)}
+    manifest.write_text(json.dumps(m))
+    refused = pytest.raises(RepositoryError, match="m version 1 is not what the other processes serve")
+    with ServerThread(settings(tmp_path, "m"), pinned=served) as srv, refused:
+        srv.ready()
+    data.write_bytes(weights)  # the weights the others serve: served as they do
+    manifest.write_text(vouched)
+    with ServerThread(settings(tmp_path, "m"), pinned=served) as srv, srv.ready().channel() as channel:
+        assert serves(channel, 1)
+
+
 def tried(srv: ServerThread, key: tuple[str, int]) -> bool:
     """Whether the server has tried a version and settled on its state (not LOADING any more)."""
     state = srv.server.manager.states.get(key)
