@@ -1447,6 +1447,36 @@ def test_what_each_front_answers_a_unary_call_with_no_message_or_two(front: Runn
         assert took >= 0.45, took
 
 
+def test_what_each_front_answers_a_message_in_a_compression_it_does_not_read(front: Running | OnGrpcAio) -> None:
+    """A message flagged compressed with an algorithm the server lacks (docs/grpc-fronts.md): the lean front
+    refuses the call UNIMPLEMENTED and names the ones it reads in `grpc-accept-encoding`, as gRPC's compression
+    guide asks, and reads a message such a call sends uncompressed (the flag, not the header, says whether a
+    message is compressed). grpc core refuses the header itself, INTERNAL, either way. The connection serves on."""
+    snappy = call_block(f"/{SERVICE}/echo", ("grpc-encoding", "snappy"))
+    with socket.create_connection(("127.0.0.1", front.port), timeout=10) as raw:
+        raw.sendall(
+            f.PREFACE
+            + f.settings()
+            + f.frame(f.HEADERS, f.END_HEADERS, 1, snappy)
+            + f.frame(f.DATA, f.END_STREAM, 1, b"\x01" + (2).to_bytes(4, "big") + b"hi")
+            + f.frame(f.HEADERS, f.END_HEADERS, 3, snappy)
+            + f.frame(f.DATA, f.END_STREAM, 3, _framed(b"plain"))
+        )
+        got = read_until(raw, lambda frames: {1, 3} <= answers(frames).keys())
+    refused, read = answers(got)[1], answers(got)[3]
+    if isinstance(front, OnGrpcAio):
+        for answer in (refused, read):
+            assert answer["grpc-status"] == str(grpc.StatusCode.INTERNAL.value[0]), answer
+            assert answer["grpc-message"] == "Error parsing 'grpc-encoding' metadata", answer
+        return
+    assert refused["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), refused
+    assert "'snappy'" in refused["grpc-message"], refused
+    assert set(refused["grpc-accept-encoding"].split(",")) == {"identity", "deflate", "gzip"}, refused
+    assert read["grpc-status"] == "0", read
+    assert "grpc-accept-encoding" not in read, read
+    assert [p for kind, _, sid, p in got if kind == f.DATA and sid == 3] == [_framed(b"plain")]
+
+
 def test_a_port_in_use_is_an_error() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -143,6 +143,10 @@ _LENGTHS = {f.RST_STREAM: 4, f.PING: 8, f.WINDOW_UPDATE: 4}
 _RESERVED = frozenset({"content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding"})
 
 
+class UnknownEncoding(Unimplemented):
+    """A message compressed in an algorithm we do not read: its call's trailers name those we do."""
+
+
 class ConnectionError_(Exception):
     """A breach of HTTP/2 by the peer: the connection ends with a GOAWAY carrying `code`."""
 
@@ -547,7 +551,7 @@ class Connection(asyncio.Protocol):
             stream.arriving = None  # what follows in `buffer` is the next message: its own clock
             if compressed:
                 if stream.encoding not in KINDS:
-                    raise Unimplemented(
+                    raise UnknownEncoding(
                         f"a message compressed with {stream.encoding!r}: this server reads gzip, deflate or "
                         "uncompressed messages"
                     )
@@ -846,6 +850,8 @@ class Connection(asyncio.Protocol):
         (trailers-only) if it sent nothing."""
         if stream.closed:
             return
+        if isinstance(stream.error, UnknownEncoding):
+            trailer += f.ACCEPT_ENCODING  # a header block is its fields one after another
         stream.closed = True
         self._answering()
         out: list[bytes] = []

@@ -134,6 +134,9 @@ def indexed_fields(block: bytes, table: HeaderTable, max_list_size: int) -> list
 STATUS_200 = b"\x88"
 RESPONSE_HEADERS = STATUS_200 + header_block((("content-type", "application/grpc"),))
 OK_TRAILER = header_block((("grpc-status", "0"),))
+# What a call refused for a message compressed in an algorithm we lack is told we read (gRPC's compression
+# guide), as grpc core names them: added to that call's trailers alone, not to every answer.
+ACCEPT_ENCODING = header_block((("grpc-accept-encoding", "identity,deflate,gzip"),))
 
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
