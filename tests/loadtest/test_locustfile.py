@@ -13,13 +13,17 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from mhaserve.loadtest.bench.client import Server
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service.settings import ApiKeys
 from mhaserve.testing.loopback import free_port, wait_until
 from mhaserve.testing.server import ServerThread, local_settings
@@ -164,23 +168,30 @@ def _locust_against_200s(
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:
-            cmd = [
-                sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--protocol", protocol,
-                "-H", f"http://127.0.0.1:{server.server_address[1]}", "-u", "2", "-r", "2", "-t", "2s",
-                "--only-summary", "--workload", workload, "--json-file", str(out / "stats"), *extra,
-            ]  # fmt: skip
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=_env())
+            return _two_users(f"http://127.0.0.1:{server.server_address[1]}", out, protocol, workload, *extra)
         finally:
             server.shutdown()
 
 
+def _two_users(host: str, out: Path, protocol: str, workload: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """A 2 s Locust run of two users against `host`."""
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--protocol", protocol,
+        "-H", host, "-u", "2", "-r", "2", "-t", "2s",
+        "--only-summary", "--workload", workload, "--json-file", str(out / "stats"), *extra,
+    ]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=_env())
+
+
 def _only_failures(run: subprocess.CompletedProcess[str], out: Path, name: str, message: str) -> None:
-    """Every request of task `name` failed with `message`, and none escaped its task as an exception."""
+    """Every request of task `name` failed with an error that begins with `message` (what follows it is the
+    answer's first bytes), and none escaped its task as an exception."""
     assert run.returncode == 1, run.stderr[-3000:]
     entry = _entries(out)[name]
     assert entry["num_failures"] == entry["num_requests"] > 0
-    errors = [m.group(1) for m in re.finditer(r"^\s*\d+\s+(\w+ [\w ]+: .+)$", run.stderr, re.M)]
-    assert errors and all(f"{name}: {message}" in e for e in errors), errors
+    # Locust's error table: occurrences, then "<request type> <task name>: <error>"
+    errors = [m.group(1) for m in re.finditer(r"^\s*\d+\s+\w+ (.+)$", run.stderr, re.M)]
+    assert errors and all(e.startswith(f"{name}: {message}") for e in errors), errors
     assert "exceptions" not in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
 
 
@@ -246,6 +257,13 @@ def test_an_answer_that_holds_no_embeddings_is_a_failed_call(
             "max_input_length None, where a whole number of at least 1 was expected",
         ),
         (b'{"vocab_size": 1, "max_input_length": 256}', (), "vocab_size 1, where a whole number of at least 2 was"),
+        # Both wrong: each named, in the answer's order
+        (
+            b'{"vocab_size": 0, "max_input_length": "all"}',
+            (),
+            "vocab_size 0, where a whole number of at least 2 was expected; max_input_length 'all', where a whole "
+            "number of at least 1 was expected",
+        ),
     ],
     ids=[
         "entry-without-shape",
@@ -257,6 +275,7 @@ def test_an_answer_that_holds_no_embeddings_is_a_failed_call(
         "vocab-not-a-number",
         "max-length-null",
         "vocab-of-one",
+        "both-wrong",
     ],
 )
 def test_model_info_of_another_shape_is_a_failed_call(
@@ -267,6 +286,31 @@ def test_model_info_of_another_shape_is_a_failed_call(
     of the answer is missing or wrong."""
     run = _locust_against_200s(tmp_path, "http", "ids", *extra, body=body)
     _only_failures(run, tmp_path, "model info", f"BAD_RESPONSE: GET /info: {message}")
+
+
+def test_get_model_info_of_another_shape_is_a_failed_call(tmp_path: Path) -> None:
+    """Over gRPC the ids users ask GetModelInfo first: an answer whose shape is unset (zeros: a server of another
+    encoder.v1, say) is a BAD_RESPONSE failure naming both fields as GetModelInfo names them."""
+
+    class Unset(pb_grpc.EncoderServiceServicer):
+        def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.ServicerContext) -> Any:
+            return pb.GetModelInfoResponse(name="m", version=1)
+
+    server = grpc.server(ThreadPoolExecutor(2))
+    pb_grpc.add_EncoderServiceServicer_to_server(Unset(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        run = _two_users(f"127.0.0.1:{port}", tmp_path, "grpc", "ids")
+    finally:
+        server.stop(0)
+    _only_failures(
+        run,
+        tmp_path,
+        "model info",
+        "BAD_RESPONSE: GetModelInfo: vocab_size 0, where a whole number of at least 2 was expected; "
+        "max_tokens_per_input 0, where a whole number of at least 1 was expected",
+    )
 
 
 def test_exit_status_follows_the_failure_threshold(tiny_server: Server, tmp_path: Path) -> None:
