@@ -287,10 +287,15 @@ def check_name(name: str) -> str:
     return name
 
 
+# A version is an int64 where the gRPC APIs carry it (encoder.v1's model_version, GetModelInfo's version).
+MAX_VERSION = 2**63 - 1
+
+
 def is_number(text: str) -> bool:
-    """ASCII digits only (a version, a length): str.isdigit() is also true of "²" or "١", which int() refuses
-    or reads as a number."""
-    return text.isascii() and text.isdigit()
+    """ASCII digits only, at most 19 of them past leading zeros (a version, a length: an int64 holds no more):
+    str.isdigit() is also true of "²" or "١", which int() refuses or reads as a number, and int() refuses a
+    string past 4,300 digits (a ValueError where a request named such a version: answered 500)."""
+    return text.isascii() and text.isdigit() and len(text.lstrip("0")) <= 19
 
 
 def versions(repository: Path, name: str) -> list[int]:
@@ -303,8 +308,9 @@ def versions(repository: Path, name: str) -> list[int]:
 
 
 def is_version(folder: str) -> bool:
-    """Whether a model's folder of this name is a version: a number from 1, written as one (not `08`)."""
-    return is_number(folder) and int(folder) > 0 and folder == str(int(folder))
+    """Whether a model's folder of this name is a version: a number from 1 to MAX_VERSION, written as one (not
+    `08`)."""
+    return is_number(folder) and 0 < int(folder) <= MAX_VERSION and folder == str(int(folder))
 
 
 def models(repository: Path) -> list[str]:

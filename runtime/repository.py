@@ -204,7 +204,10 @@ class ModelRepository:
             elif mf.is_version(name):
                 continue
             else:
-                why = "not a version: versions are folders named by a number from 1, written as one (1, 2, 10)"
+                why = (
+                    f"not a version: versions are folders named by a number from 1 to {mf.MAX_VERSION}, written as "
+                    "one (1, 2, 10)"
+                )
             if child not in self._ignored:
                 self._ignored.add(child)
                 log.warning("ignoring %s in the model repository: %s", child, why)

@@ -81,7 +81,7 @@ def test_an_entry_without_the_cpu_graph_says_once_how_to_get_it(
 def test_a_version_folder_not_written_as_its_number_is_not_a_version(tiny_entry: Path, tmp_path: Path) -> None:
     """`08` was counted as version 8 (the newest, for a `latest` policy) while its files were looked for in `8/`:
     a load failure naming a folder that does not exist, and `08` and `8` the same version."""
-    for folder in ("2", "08", "0", "+3", " 4"):
+    for folder in ("2", "08", "0", "+3", " 4", str(2**63), "9" * 200):  # the last two past int64
         shutil.copytree(tiny_entry, tmp_path / "m" / folder)
     assert mf.versions(tmp_path, "m") == [2]
     assert ModelRepository(tmp_path).entry("m").version == 2
@@ -107,7 +107,7 @@ def test_folders_that_are_no_model_or_no_version_are_said_once(
         "lower-case letters, digits, '.', '_' and '-'",
         *(
             f"ignoring {tmp_path / 'm' / v} in the model repository: not a version: versions are folders named by a "
-            "number from 1, written as one (1, 2, 10)"
+            f"number from 1 to {2**63 - 1}, written as one (1, 2, 10)"
             for v in ("0", "08", "v1")
         ),
     ]
@@ -124,5 +124,5 @@ def test_a_named_model_says_which_of_its_folders_are_no_version(
         ModelRepository(tmp_path).published("m")
     assert [r.getMessage() for r in caplog.records] == [
         f"ignoring {tmp_path / 'm' / 'v1'} in the model repository: not a version: versions are folders named by a "
-        "number from 1, written as one (1, 2, 10)"
+        f"number from 1 to {2**63 - 1}, written as one (1, 2, 10)"
     ]

@@ -459,6 +459,8 @@ REST_BAD: dict[str, tuple[Any, str]] = {
         "Inference-Header-Content-Length is 'abc': not a byte count",
     ),
     "header length negative": (_rest_header_length("-1"), "Inference-Header-Content-Length is '-1': not a byte count"),
+    # past int()'s 4,300 digits: a ValueError, answered 500
+    "header length of 4,301 digits": (_rest_header_length("9" * 4301), "Inference-Header-Content-Length is '999"),
     "no texts": ({"inputs": [_rest_text(shape=[0], data=[])]}, "input 'text' has shape [0]: no inputs to embed"),
     "no id rows": ({"inputs": _rest_ids([0, 4], [], [])}, "input 'input_ids' has shape [0, 4]: no inputs to embed"),
     "no id rows of 2**62 tokens": (
@@ -581,9 +583,13 @@ def test_unknown_models_and_versions_are_not_found(stub: pb_grpc.GRPCInferenceSe
             (stub.ModelStatistics, pb.ModelStatisticsRequest(name=model, version=version)),
         ]
 
-    for (call, request), message in [(c, "'nope' is not served here") for c in other("nope")] + [
-        (c, "version '2' is not served here (serving version 1)") for c in other(version="2")
-    ]:
+    # a version past Python's 4,300 digits for int(): ValueError, answered INTERNAL (UNKNOWN for ModelReady)
+    huge = "9" * 4301
+    for (call, request), message in (
+        [(c, "'nope' is not served here") for c in other("nope")]
+        + [(c, "version '2' is not served here (serving version 1)") for c in other(version="2")]
+        + [(c, "version '99999") for c in other(version=huge)]
+    ):
         with pytest.raises(grpc.RpcError) as e:
             call(request, timeout=WAIT)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
@@ -597,6 +603,7 @@ def test_model_ready_answers_for_the_served_model_and_version_only(stub: pb_grpc
 
     assert ready("tiny") and ready("tiny", "1")
     assert not ready("nope") and not ready("tiny", "2") and not ready("tiny", "latest")
+    assert not ready("tiny", "9" * 4301)  # past int()'s 4,300 digits: UNKNOWN "Unexpected error" once
     assert stub.ServerLive(pb.ServerLiveRequest(), timeout=WAIT).live
     assert stub.ServerReady(pb.ServerReadyRequest(), timeout=WAIT).ready
 

@@ -135,6 +135,11 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
     assert c.embeddings.create(input="a", model="tiny:01").model == "tiny:1"
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("nope")
+    # a version past int()'s 4,300 digits: a ValueError, answered 500 (and retried twice by the client)
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("tiny:" + "9" * 4301)
+    with pytest.raises(openai.NotFoundError):
+        c.embeddings.create(input="a", model="tiny:" + "9" * 4301)
     # a colon with nothing on one side of it names no model version: said, not read as the latest
     for model in ("tiny:", ":1"):
         with pytest.raises(openai.BadRequestError) as e:
