@@ -2,7 +2,8 @@
 
 `server.stop(grace)` waits for every open RPC, and a stream ends only when its handler returns. Two
 kinds of stream would never return on their own:
-- a client stream waiting for the client's next message (`EncodeStream`, `ModelStreamInfer`, reflection):
+- a client stream waiting for the client's next message (`EncodeStream`, `ModelStreamInfer`, tei.v1's
+  `EmbedStream`, `TokenizeStream` and `DecodeStream`, reflection):
   once draining begins, the wait for the next message ends as if the client had half-closed; the
   requests already read are computed and answered in order, then the stream ends with UNAVAILABLE, so
   the client knows that whatever it sent after the last response was not read and goes elsewhere;
@@ -111,7 +112,10 @@ class DrainInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         counted = not is_exempt(method, self.exempt)
         k = kind(handler)
-        if k == "stream_stream" and inspect.isasyncgenfunction(behaviour(handler)):
+        # A stream's answers come from an async generator, or from a method that returns one (tei.v1's, which
+        # hand the stream to a shared loop): both are wrapped. Only a coroutine, which would write its answers
+        # itself, is not (none is served; the wrapper iterates what the method returns).
+        if k == "stream_stream" and not inspect.iscoroutinefunction(behaviour(handler)):
             return rewrap(handler, self._client_stream(behaviour(handler), counted))
         if k == "unary_stream" and method in SUBSCRIPTIONS:
             return rewrap(handler, self._subscription(behaviour(handler)))

@@ -29,6 +29,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
+from mhaserve.proto.tei.v1 import tei_pb2_grpc as tei_grpc
 from mhaserve.service.rpc.drain import STREAM_CLOSED
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine, expected_row
@@ -74,7 +75,7 @@ def test_draining_ends_idle_streams_and_watchers_but_finishes_work_in_flight(set
     engine = ScriptedEngine(hang_on=99)
     grace = 120.0  # far longer than the test waits: only promptly ended streams let stop() return
     srv = ServerThread(dataclasses.replace(settings, max_wait_ms=0.0, grace_period=grace), engine.factory()).ready()
-    feeds = [Feed() for _ in range(5)]
+    feeds = [Feed() for _ in range(8)]
     try:
         with srv.channel() as channel:
             stub = pb_grpc.EncoderServiceStub(channel)
@@ -92,6 +93,13 @@ def test_draining_ends_idle_streams_and_watchers_but_finishes_work_in_flight(set
             )
             feeds[4].send(reflection_pb2.ServerReflectionRequest(list_services=""))
             assert next(reflection).list_services_response.service  # then idle
+            # TEI's streams too: they held the stop for the whole grace period (their methods return the stream,
+            # not being async generators themselves, and the drain wrapped async generators alone)
+            tei = [
+                tei_grpc.EmbedStub(channel).EmbedStream(iter(feeds[5]), timeout=2 * WAIT),
+                tei_grpc.TokenizeStub(channel).TokenizeStream(iter(feeds[6]), timeout=2 * WAIT),
+                tei_grpc.TokenizeStub(channel).DecodeStream(iter(feeds[7]), timeout=2 * WAIT),
+            ]
             unary = stub.Encode.future(ids(98, 5), timeout=2 * WAIT)  # queued behind the held batch
             wait_until(engine.hanging.is_set, "the engine to hold the busy stream's request")
             wait_until(lambda: srv.depth() == 1, "the unary call to be queued")
@@ -103,7 +111,7 @@ def test_draining_ends_idle_streams_and_watchers_but_finishes_work_in_flight(set
             watched, watch_code, _ = ending(watch)
             assert [w.status for w in watched] == [health_pb2.HealthCheckResponse.NOT_SERVING]  # type: ignore[attr-defined]
             assert watch_code == grpc.StatusCode.UNAVAILABLE
-            for stream in (idle, answered, v2):
+            for stream in (idle, answered, v2, *tei):
                 got, code, details = ending(stream)
                 assert (got, code) == ([], grpc.StatusCode.UNAVAILABLE)
                 assert "closed after its last response" in details
@@ -119,6 +127,8 @@ def test_draining_ends_idle_streams_and_watchers_but_finishes_work_in_flight(set
             assert srv.server.state == "stopped"
         assert srv.counted("UNAVAILABLE", "encoder.v1.EncoderService/EncodeStream") == 3
         assert srv.counted("UNAVAILABLE", "inference.GRPCInferenceService/ModelStreamInfer") == 1
+        for method in ("tei.v1.Embed/EmbedStream", "tei.v1.Tokenize/TokenizeStream", "tei.v1.Tokenize/DecodeStream"):
+            assert srv.counted("UNAVAILABLE", method) == 1, method
     finally:
         engine.release.set()
         for f in feeds:
