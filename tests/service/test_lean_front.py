@@ -1477,6 +1477,39 @@ def test_what_each_front_answers_a_message_in_a_compression_it_does_not_read(fro
     assert [p for kind, _, sid, p in got if kind == f.DATA and sid == 3] == [_framed(b"plain")]
 
 
+@pytest.mark.parametrize(
+    ("encoding", "flag", "message"),
+    [
+        (None, 1, "flagged compressed, but the call names no grpc-encoding"),
+        ("identity", 1, "flagged compressed, but the call names no grpc-encoding"),
+        ("gzip", 2, "compressed flag is 2: 0 (not compressed) or 1 (compressed in the call's grpc-encoding)"),
+    ],
+    ids=["no-encoding", "identity", "flag-2"],
+)
+def test_a_message_flagged_compressed_with_nothing_to_inflate_it_is_invalid(
+    lean: Running, encoding: str | None, flag: int, message: str
+) -> None:
+    """A message flagged compressed in a call that names no algorithm was refused UNIMPLEMENTED "a message
+    compressed with 'identity'", which tells the client to try another algorithm; it is a malformed message,
+    as is a flag byte past 1 (grpc-go: INTERNAL "unexpected payload format")."""
+    extra = () if encoding is None else (("grpc-encoding", encoding),)
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        raw.sendall(
+            f.PREFACE
+            + f.settings()
+            + f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(f"/{SERVICE}/echo", *extra))
+            + f.frame(f.DATA, f.END_STREAM, 1, bytes([flag]) + (2).to_bytes(4, "big") + b"hi")
+            + _opened(3, "echo")
+            + f.frame(f.DATA, f.END_STREAM, 3, _framed(b"next"))
+        )
+        got = read_until(raw, lambda frames: {1, 3} <= answers(frames).keys())
+    refused = answers(got)[1]
+    assert refused["grpc-status"] == str(grpc.StatusCode.INVALID_ARGUMENT.value[0]), refused
+    assert message in refused["grpc-message"], refused
+    assert "grpc-accept-encoding" not in refused
+    assert answers(got)[3]["grpc-status"] == "0"
+
+
 def test_a_port_in_use_is_an_error() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

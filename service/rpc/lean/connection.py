@@ -550,6 +550,15 @@ class Connection(asyncio.Protocol):
             del buf[: 5 + size]
             stream.arriving = None  # what follows in `buffer` is the next message: its own clock
             if compressed:
+                if compressed != 1:  # gRPC's flag is 0 or 1 (grpc-go: INTERNAL "unexpected payload format")
+                    raise InvalidArgument(
+                        f"a message whose compressed flag is {compressed}: 0 (not compressed) or 1 (compressed in the "
+                        "call's grpc-encoding)"
+                    )
+                if stream.encoding == "identity":  # none named: not an algorithm to ask the client to change
+                    raise InvalidArgument(
+                        "a message flagged compressed, but the call names no grpc-encoding to inflate it with"
+                    )
                 if stream.encoding not in KINDS:
                     raise UnknownEncoding(
                         f"a message compressed with {stream.encoding!r}: this server reads gzip, deflate or "
