@@ -174,7 +174,7 @@ class DataPlane:
             raise InvalidArgument(
                 f"model {asked!r}: name a model, or name:version (e.g. {name or 'model'}:1)", param="model"
             )
-        if named_version and version not in (None, "", 0) and str(version) != named_version:
+        if named_version and version not in (None, "", 0) and _differ(version, named_version):
             raise InvalidArgument(
                 f"the model is named {name}:{named_version} and the version asked for is {version}: ask for one"
             )
@@ -213,6 +213,13 @@ def _version_number(version: int | str) -> int | None:
     if isinstance(version, int):
         return version
     return int(version) if is_number(version) else None
+
+
+def _differ(version: int | str, named: str) -> bool:
+    """Whether a version asked for and one in the model's name (`name:01`) are two: compared as numbers, `01`
+    and `1` are one."""
+    a, b = _version_number(version), _version_number(named)
+    return str(version) != named if a is None or b is None else a != b
 
 
 def _listing(pipelines: dict[str, dict[int, Pipeline]]) -> str:

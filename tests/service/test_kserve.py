@@ -498,6 +498,18 @@ def test_bad_tensors_over_rest_are_400_with_the_same_checks(
     ok_afterwards(stub)
 
 
+def test_a_version_in_the_name_and_in_the_path_agree_as_numbers(server: ServerThread) -> None:
+    """`name:01` is `name:1` wherever a model is named: `/v2/models/tiny:1/versions/01` was refused as naming two
+    versions ("ask for one"), the same version written two ways; two versions that differ still are."""
+    body = {"inputs": [_rest_text(data=["a"])]}
+    for path in ("tiny:1/versions/01", "tiny:01/versions/1", "tiny:1/versions/1"):
+        reply = http.request("POST", f"{server.http_url}/v2/models/{path}/infer", body)
+        assert reply.status == 200, (path, reply.body)
+        assert reply.json()["model_version"] == "1"
+    reply = http.request("POST", f"{server.http_url}/v2/models/tiny:1/versions/2/infer", body)
+    assert reply.status == 400 and "ask for one" in reply.json()["error"]
+
+
 def test_repository_routes_read_json_whatever_the_content_type(start: Start, settings: Settings) -> None:
     """tritonclient declares no Content-Type, `curl -d` a form's: the repository routes read JSON as /infer does."""
     srv = start(dataclasses.replace(settings, model_control="explicit", http_port=free_port()))
