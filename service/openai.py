@@ -53,7 +53,9 @@ class EmbeddingRequest(BaseModel):
     model: StrictStr = Field(
         default="", description="a served model's name, or name:version (default: the server's default model)"
     )
-    encoding_format: Literal["float", "base64"] = "float"
+    # null is the default, as for every optional field: a client may write unset fields as null (the openai
+    # client sends encoding_format=None as such)
+    encoding_format: Literal["float", "base64"] | None = Field(default="float", description="null: float")
     dimensions: Annotated[StrictInt, documented(minimum=1)] | None = Field(
         default=None, description="keep the leading dimensions, renormalised"
     )
@@ -67,8 +69,9 @@ class EmbeddingRequest(BaseModel):
     )
     # OpenAI's embeddings are unit length, whatever the model's manifest says; TEI's and encoder.v1's clients
     # turn it off with this (it was ignored as an unknown field: such a client got normalised vectors, unwarned).
-    normalize: StrictBool = Field(
-        default=True, description="L2-normalise each embedding, as OpenAI's are; false: the model's pooled vector"
+    normalize: StrictBool | None = Field(
+        default=True,
+        description="L2-normalise each embedding, as OpenAI's are (null: true); false: the model's pooled vector",
     )
 
 
@@ -108,7 +111,7 @@ def from_request(req: EmbeddingRequest) -> EncodeInput:
         "input",
         model=req.model,
         truncate=req.truncate,
-        normalize=req.normalize,
+        normalize=req.normalize is not False,
         dimensions=req.dimensions,
         prompt_name=req.prompt_name,
     )
@@ -145,7 +148,7 @@ async def embed(dataplane: DataPlane, body: bytes, content_type: str | None) -> 
     count_first(dataplane, data, "input")
     req = validate(EmbeddingRequest, data)
     output = await dataplane.encode(from_request(req))
-    return to_response(output, req.encoding_format, model_id(req.model, output.model, output.version))
+    return to_response(output, req.encoding_format or "float", model_id(req.model, output.model, output.version))
 
 
 def router(dataplane: DataPlane) -> APIRouter:

@@ -258,6 +258,20 @@ def test_a_long_text_is_cut_by_default_unless_the_request_says_truncate_false(ht
         assert "tokens long, more than the model's maximum of 160" in e.value.message
 
 
+def test_null_for_an_optional_field_is_its_default(http_server: ServerThread) -> None:
+    """`dimensions`, `truncate` and `prompt_name` took null as unset, but `encoding_format` and `normalize`
+    refused it (400): a client that writes every field, unset ones as null (the openai client itself does, given
+    encoding_format=None), was refused for a field it did not mean to set."""
+    url = http_server.http_url + "/v1/embeddings"
+    plain = request("POST", url, {"input": "a", "model": "tiny"}).json()["data"][0]["embedding"]
+    nulls = {"encoding_format": None, "normalize": None, "dimensions": None, "truncate": None, "prompt_name": None}
+    reply = request("POST", url, {"input": "a", "model": "tiny"} | nulls)
+    assert reply.status == 200, reply.body
+    assert reply.json()["data"][0]["embedding"] == plain  # floats, normalised
+    c = client(http_server)
+    assert c.embeddings.create(input="a", model="tiny", encoding_format=None).data[0].embedding == plain  # type: ignore[arg-type]
+
+
 def test_no_auto_truncate_refuses_a_long_text(start: Start, settings: Settings) -> None:
     srv = start(dataclasses.replace(settings, http_port=free_port(), auto_truncate=False))
     with pytest.raises(openai.BadRequestError) as e:
