@@ -67,6 +67,13 @@ def parse_json(body: bytes, content_type: str | None) -> Any:
     try:
         return loads(body)
     except orjson.JSONDecodeError as e:
+        try:  # orjson says "str is not valid UTF-8: surrogates not allowed" of any byte that is no UTF-8
+            body.decode("utf-8")
+        except UnicodeDecodeError as u:
+            raise InvalidArgument(
+                f"the body is not valid JSON: the body is not valid UTF-8 (JSON is): byte {u.start} "
+                f"(0x{body[u.start]:02x}) begins no character"
+            ) from None
         raise InvalidArgument(f"the body is not valid JSON: {e}") from None
 
 

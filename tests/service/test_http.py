@@ -81,6 +81,8 @@ def openai_error(reply_body: bytes) -> dict[str, object]:
         (b'{"input": "a", "truncate": 1}', 400, "truncate"),
         (b'{"input": "a", "model": 3}', 400, "model"),
         (b"\xff\xfe", 400, "not valid JSON"),
+        # orjson's words for it were "str is not valid UTF-8: surrogates not allowed", of a body without one
+        (b'{"input": "caf\xe9"}', 400, "the body is not valid UTF-8 (JSON is): byte 14 (0xe9) begins no character"),
     ],
 )
 def test_malformed_bodies_are_400_in_openais_shape(srv: ServerThread, body: bytes, status: int, message: str) -> None:
