@@ -29,7 +29,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -247,13 +247,20 @@ class ModelManager:
         With `strict`, a version that fails to load raises; else it is reported and skipped.
         """
         async with self._lock(name):
-            default = self.dataplane.default_model
-            try:
+            with self._saying_the_default():
                 await self._sync(name, strict)
-            finally:
-                if default and (now := self.dataplane.default_model) != default:
-                    log.info("requests that name no model now get %s (%s before): it is the default served", now,
-                             default)  # fmt: skip
+
+    @contextlib.contextmanager
+    def _saying_the_default(self) -> Iterator[None]:
+        """Log a change of the model that requests naming none get, made by what runs within: a load, a
+        retirement (a poll's, an unload's)."""
+        default = self.dataplane.default_model
+        try:
+            yield
+        finally:
+            if default and (now := self.dataplane.default_model) != default:
+                log.info("requests that name no model now get %s (%s before): it is the default served", now,
+                         default)  # fmt: skip
 
     async def _sync(self, name: str, strict: bool) -> None:
         # Every read of the repository in one go, off the event loop: on a network file system that stalls, the
@@ -520,8 +527,9 @@ class ModelManager:
             if not served:
                 log.info("unload of %s: not loaded, nothing to do", name)
                 return
-            for version in served:
-                self._retire(name, version)
+            with self._saying_the_default():
+                for version in served:
+                    self._retire(name, version)
 
     async def load_model(self, name: str, parameters: Sequence[str] = ()) -> None:
         """Serve `name` by its version policy (explicit model control); loading a served model reloads it, so a
@@ -637,8 +645,9 @@ class ModelManager:
                 if self.all_models:  # models removed from the repository
                     for name in set(self.dataplane.model_names()) - set(names):
                         async with self._lock(name):
-                            for version in self.dataplane.versions(name):
-                                self._retire(name, version)
+                            with self._saying_the_default():
+                                for version in self.dataplane.versions(name):
+                                    self._retire(name, version)
             except Exception:
                 log.exception("reading the model repository failed; trying again in %g s", interval)
 

@@ -754,9 +754,13 @@ def test_a_default_not_named_follows_the_served_models_and_info_always_answers(
     try:
         with srv.channel() as channel:
             assert info(channel).name == "narrow"
+            caplog.set_level(logging.INFO, logger="mhaserve.service.models")
             shutil.rmtree(repo / "narrow")
             wait_until(lambda: srv.server.dataplane.model_names() == ["wide"], "narrow retired")
             assert info(channel).name == "wide" and encode(channel).model == "wide"
+            # said as a publish's change is (it was not: the poll retired the removed model out of sync())
+            assert "requests that name no model now get wide (narrow before)" in caplog.text
+            caplog.clear()
         reply = request("GET", srv.http_url + "/info")
         assert reply.status == 200 and reply.json()["model"] == "wide"
     finally:
