@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.devices import CPU, CUDA, Device, preload_cuda, wants_cuda
-from mhaserve.runtime.errors import InvalidArgument, Unavailable
+from mhaserve.runtime.errors import InvalidArgument, Unavailable, reason
 
 log = logging.getLogger(__name__)
 
@@ -294,21 +294,38 @@ def release_memory(engine: Engine) -> None:
         session.run([engine.output_name], {"input_ids": ones, "attention_mask": ones}, options)
 
 
+def _check_vocabulary(engine: OnnxEngine) -> None:
+    """Run the last id of the vocabulary the manifest says: a vocab_size past the graph's embedding table (a
+    manifest edited by hand, or beside another graph) lets ids between the two through check_batch, and each
+    request holding one failed in the graph, a 500, while the version was reported ready."""
+    top = np.array([[engine.vocab_size - 1]], dtype=np.int64)
+    try:
+        engine.run(top, np.ones_like(top))
+    except Exception as e:
+        raise Unavailable(
+            f"its manifest says vocab_size {engine.vocab_size}, but the graph fails on token id {top[0, 0]}: the "
+            f"manifest does not describe this graph ({reason(e)})"
+        ) from None
+
+
 def warm_up(engine: Engine, *, max_seq_len: int, max_batch_tokens: int) -> int:
     """Run the graph over the shapes a batcher will make, before the model is reported ready.
 
     Powers of two up to the model's maximum length, one row each, then the widest batch the token
     budget allows at that length: ONNX Runtime plans its memory arena (and on CUDA picks its kernels)
-    on first sight of a shape, and no client should pay for that. Returns the number of runs.
+    on first sight of a shape, and no client should pay for that. First, the vocabulary's last id
+    (_check_vocabulary). Returns the number of runs.
     """
     lengths = sorted({min(2**i, max_seq_len) for i in range(math.ceil(math.log2(max_seq_len)) + 1)})
     # Once each: with a budget of one longest input (the CPU's 256 for MiniLM) the widest batch is the last row.
     shapes = list(dict.fromkeys([(1, n) for n in lengths] + [(max(1, max_batch_tokens // max_seq_len), max_seq_len)]))
     overlap = isinstance(engine, OnnxEngine) and engine.overlap_session is not None
+    if isinstance(engine, OnnxEngine):
+        _check_vocabulary(engine)
     for rows, n in shapes:
         ones = np.ones((rows, n), dtype=np.int64)
         engine.run(ones, ones)
         if overlap:  # the second session plans its own arena
             assert isinstance(engine, OnnxEngine)
             engine._run(ones, ones, overlapped=True)
-    return len(shapes) * (2 if overlap else 1)
+    return len(shapes) * (2 if overlap else 1) + isinstance(engine, OnnxEngine)  # and the vocabulary's run

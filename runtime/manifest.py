@@ -15,6 +15,7 @@ from typing import Any
 from mhaserve.runtime.digests import sha256_file
 from mhaserve.runtime.external_data import file_name
 from mhaserve.runtime.external_data import locations as external_files
+from mhaserve.runtime.serving import POOLINGS
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
@@ -124,6 +125,8 @@ class Manifest:
         for key in ("max_seq_len", "vocab_size"):
             if d[key] < 1:
                 raise ManifestError(f"manifest key {key!r} must be at least 1, got {d[key]}")
+        if d["pooling"] not in POOLINGS:  # what the server pools a graph of token states by, and reports
+            raise ManifestError(f"manifest key 'pooling' must be one of {', '.join(POOLINGS)}, got {d['pooling']!r}")
         if not isinstance(d["graphs"], dict) or not d["graphs"]:
             raise ManifestError("manifest key 'graphs' must be an object naming at least one graph")
         d["graphs"] = {k: GraphEntry(**_checked(GraphEntry, v, f"graph {k!r}")) for k, v in d["graphs"].items()}

@@ -5,7 +5,9 @@ engine without one, runs on the main session."""
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ import pytest
 from mhaserve.runtime import devices
 from mhaserve.runtime.devices import CPU, cuda_loads, wants_cuda
 from mhaserve.runtime.engine import OnnxEngine, Runs, release_memory, warm_up
+from mhaserve.runtime.errors import Unavailable
 from mhaserve.runtime.repository import ModelRepository, auto_graph, onnx_engine
 from mhaserve.testing.loopback import WAIT
 
@@ -153,8 +156,24 @@ def test_warm_up_plans_both_sessions(tiny_entry: Path, overlap_threads: int | No
         eng.overlap_session = sessions[1]
     runs = warm_up(eng, max_seq_len=160, max_batch_tokens=640)
     shapes = len([1, 2, 4, 8, 16, 32, 64, 128, 160]) + 1  # one row per length, then the widest batch
-    assert [held.runs for held in sessions] == [shapes] * len(sessions)
-    assert runs == shapes * len(sessions)
+    # the main session runs the vocabulary's last id first (test_warm_up_refuses_a_vocabulary_the_graph_has_not)
+    assert [held.runs for held in sessions] == [shapes + 1] + [shapes] * (len(sessions) - 1)
+    assert runs == shapes * len(sessions) + 1
+
+
+def test_warm_up_refuses_a_vocabulary_the_graph_has_not(tiny_entry: Path, tmp_path: Path) -> None:
+    """A manifest whose vocab_size is past the graph's embedding table (edited by hand, or beside another graph)
+    let ids between the two through the vocabulary check to the graph: each such request failed 500 while the
+    version was reported READY. The warm-up now runs the last id, and the load fails saying why."""
+    copy = tmp_path / "m" / "1"
+    shutil.copytree(tiny_entry, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    m["vocab_size"] = 100_000  # the tiny graph's table has 256 rows
+    (copy / "manifest.json").write_text(json.dumps(m))
+    eng = OnnxEngine(copy / "model.onnx", max_seq_len=160, vocab_size=100_000, device="cpu")
+    with pytest.raises(Unavailable, match=r"vocab_size 100000, but .* token id 99999"):
+        warm_up(eng, max_seq_len=160, max_batch_tokens=640)
+    warm_up(engine(tiny_entry, overlap_threads=None), max_seq_len=160, max_batch_tokens=640)  # 256: every id runs
 
 
 def test_the_two_sessions_share_one_arena_and_a_lone_session_keeps_its_own(tiny_entry: Path) -> None:

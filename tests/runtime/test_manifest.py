@@ -46,6 +46,8 @@ def _graph(key: str, value: Any) -> Any:
         (_set("max_seq_len", -5), "'max_seq_len' must not be negative, got -5"),
         (_set("max_seq_len", 0), "manifest key 'max_seq_len' must be at least 1, got 0"),
         (_set("vocab_size", "many"), "'vocab_size' must be an integer, got \"many\""),
+        # it was served, and reported by GetModelInfo, while the graph pooled by mean
+        (_set("pooling", "max"), "manifest key 'pooling' must be one of mean, cls, got 'max'"),
         (_set("version", True), "'version' must be an integer, got true"),
         (_set("normalize", 1), "'normalize' must be true or false, got 1"),
         (_set("name", None), "'name' must be a string, got null"),
