@@ -23,7 +23,8 @@ class EncoderConfig:
     d_ff: int = 1536
     # Rows of the position table; a longer sequence cannot be encoded.
     max_positions: int = 512
-    # Longest input the model is served with (sentence-transformers' max_seq_length); <= max_positions.
+    # Longest input the model is served with (sentence-transformers' max_seq_length), special tokens included;
+    # in 2..max_positions.
     max_seq_len: int = 256
     type_vocab_size: int = 2
     positional: Positional = "learned"
@@ -42,8 +43,12 @@ class EncoderConfig:
         if self.max_positions < 3:
             # The export traces sequences of 3 (an example dimension below 2 would be frozen into the graph).
             raise ValueError(f"max_positions must be at least 3, got {self.max_positions}")
-        if not 0 < self.max_seq_len <= self.max_positions:
-            raise ValueError(f"max_seq_len {self.max_seq_len} must be in 1..max_positions ({self.max_positions})")
+        if self.max_seq_len < 2:
+            # [CLS] and [SEP] take two tokens of every input: a model of 1 was published and refused every text
+            # (runtime/serving.py refuses a serving.json max_length below 2 for the same reason).
+            raise ValueError(f"max_seq_len must be >= 2 (special tokens included), got {self.max_seq_len}")
+        if self.max_seq_len > self.max_positions:
+            raise ValueError(f"max_seq_len {self.max_seq_len} must be in 2..max_positions ({self.max_positions})")
         if self.positional not in ("learned", "sinusoidal"):
             raise ValueError(f"unknown positional encoding {self.positional!r}")
         if self.pooling not in ("mean", "cls"):
