@@ -60,16 +60,31 @@ def _add_repository(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _as_flags(message: str) -> str:
+    """`message` with the model config's field names as the flags of --source random that set them."""
+    for field, (dest, _) in RANDOM_SIZES.items():
+        message = re.sub(rf"\b{field}\b", "--" + dest.replace("_", "-"), message)
+    return message
+
+
 def _export(args: argparse.Namespace) -> int:
-    from mhaserve.export.publish import ExportError, ExportOptions, export_entry
+    from mhaserve.export.publish import ExportError, ExportOptions, export_entry, random_config
     from mhaserve.export.staging import PublishError
     from mhaserve.runtime.manifest import ManifestError
 
     given = {field: getattr(args, dest) for field, (dest, _) in RANDOM_SIZES.items()}
-    random_config = {k: v for k, v in given.items() if v is not None}
-    if (random_config or args.seed is not None) and args.source != "random":
+    sizes = {k: v for k, v in given.items() if v is not None}
+    if (sizes or args.seed is not None) and args.source != "random":
         print("mhaserve export: error: size options and --seed apply only to --source random", file=sys.stderr)
         return 2
+    if args.source == "random":
+        # Checked here, before torch loads or anything is written: sizes no model can have are bad flags (exit 2)
+        # like any other. Found by the export they exited 1, a failed parity gate's code.
+        try:
+            random_config(sizes)
+        except ValueError as e:
+            print(f"mhaserve export: error: {_as_flags(str(e))}", file=sys.stderr)
+            return 2
     opts = ExportOptions(
         source=args.source,
         repository=Path(args.repository),
@@ -79,7 +94,7 @@ def _export(args: argparse.Namespace) -> int:
         fp16=args.fp16,
         int8=args.int8,
         overwrite=args.overwrite,
-        random_config=random_config,
+        random_config=sizes,
         seed=0 if args.seed is None else args.seed,
     )
     try:
@@ -87,10 +102,7 @@ def _export(args: argparse.Namespace) -> int:
     except ImportError as e:  # torch and onnx are imported by the export itself
         return _import_failed("export", e)
     except (ExportError, PublishError, ManifestError) as e:
-        message = str(e)
-        if args.source == "random":  # the model config's field names, as the flags that set them
-            for field, (dest, _) in RANDOM_SIZES.items():
-                message = re.sub(rf"\b{field}\b", "--" + dest.replace("_", "-"), message)
+        message = _as_flags(str(e)) if args.source == "random" else str(e)
         print(f"mhaserve export: error: {message}", file=sys.stderr)
         return 1
     except OSError as e:  # the repository: a file where a folder goes, no permission, a full disk

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from mhaserve.export import staging
 from mhaserve.export import tokenizer as tk
+from mhaserve.model.config import EncoderConfig
 from mhaserve.runtime import int8_kernels
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime import tokenizer as serving_tokenizer
@@ -46,6 +48,19 @@ class ExportOptions:
     # Only for --source random: any size, reproducible from the seed.
     random_config: dict[str, object] = field(default_factory=dict)
     seed: int = 0
+
+
+def random_config(sizes: Mapping[str, object]) -> EncoderConfig:
+    """A --source random model's config: the sizes given, all-MiniLM-L6-v2's for the rest. ValueError, naming
+    the config's fields, for sizes no model (or its synthetic tokenizer) can have. No torch: `mhaserve export`
+    checks its flags with it before anything is imported or written, as a usage error."""
+    sizes = dict(sizes)
+    if "max_positions" in sizes and "max_seq_len" not in sizes:
+        # a smaller position table than the default max length: serve all of it
+        sizes["max_seq_len"] = min(EncoderConfig.max_seq_len, int(sizes["max_positions"]))  # type: ignore[call-overload]
+    cfg = EncoderConfig(**sizes)  # type: ignore[arg-type]
+    tk.check_synthetic_size(cfg.vocab_size)
+    return cfg
 
 
 def _resolve_source(source: str) -> tuple[str, Path | None]:
@@ -81,7 +96,6 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
 
     from mhaserve.export import int8_gate, layer_norms, onnx_graph, parity, quantize, speed
     from mhaserve.model.checkpoint import CheckpointError, load_encoder, sentence_prompts
-    from mhaserve.model.config import EncoderConfig
     from mhaserve.model.encoder import random_encoder
     from mhaserve.runtime.engine import OnnxEngine
 
@@ -97,11 +111,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
         with progress.step(f"loading {label}"):
             try:
                 if ckpt_dir is None:
-                    sizes = dict(opts.random_config)
-                    if "max_positions" in sizes and "max_seq_len" not in sizes:
-                        # a smaller position table than the default max length: serve all of it
-                        sizes["max_seq_len"] = min(EncoderConfig.max_seq_len, int(sizes["max_positions"]))  # type: ignore[call-overload]
-                    cfg = EncoderConfig(**sizes)  # type: ignore[arg-type]
+                    cfg = random_config(opts.random_config)
                     model = random_encoder(cfg, seed=opts.seed)
                     tokenizer = tk.synthetic(cfg.vocab_size)
                     prompts: dict[str, str] = {}

@@ -529,11 +529,47 @@ def test_serve_keeps_onnx_runtimes_telemetry_off(tiny_repo: Path, tmp_path: Path
 def test_random_sizes_are_refused_by_their_flags_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The model config's own names (d_model, n_heads) in a message about flags (--d-model, --heads), with
     MiniLM's 12 heads as a default the help did not show."""
-    assert main(["export", "--source", "random", "--repository", str(tmp_path), "--d-model", "64"]) == 1
+    assert main(["export", "--source", "random", "--repository", str(tmp_path), "--d-model", "64"]) == 2
     assert "error: --d-model 64 is not divisible by --heads 12" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["export", "--help"])
     assert "--heads HEADS         attention heads (default 12)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--layers", "0"], "--layers must be positive, got 0"),
+        (["--heads", "0"], "--heads must be positive, got 0"),
+        (["--max-positions", "2"], "--max-positions must be at least 3, got 2"),
+        (["--max-seq-len", "999"], "--max-seq-len 999 must be in 2..--max-positions (512)"),
+        # [CLS] and [SEP] alone fill it: a model that refused every text was published
+        (["--max-seq-len", "1"], "--max-seq-len must be >= 2 (special tokens included), got 1"),
+        (["--max-positions", "16", "--max-seq-len", "20"], "--max-seq-len 20 must be in 2..--max-positions (16)"),
+        (["--vocab-size", "3"], "a synthetic tokenizer needs --vocab-size >= 109, got 3"),
+    ],
+)
+def test_random_sizes_no_model_can_have_are_usage_errors(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They exited 1, the code of a failed parity gate, where every other bad flag of export exits 2: a script
+    could not tell them apart. One line naming the flag, and nothing written."""
+    repository = tmp_path / "models"
+    assert main(["export", "--source", "random", "--repository", str(repository), "--name", "q", *flags]) == 2
+    assert capsys.readouterr().err == f"mhaserve export: error: {message}\n"
+    assert not repository.exists()
+
+
+def test_a_random_size_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
+    """The sizes are checked by the model's config alone (no torch): a usage error is one where the export
+    extra is not installed too, and it does not wait for torch to load."""
+    code = (
+        "import sys; from mhaserve.cli.main import main; "
+        "rc = main(['export', '--source', 'random', '--repository', sys.argv[1], '--layers', '0']); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
