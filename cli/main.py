@@ -219,7 +219,7 @@ def _add_import(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument(
         "--max-seq-len",
-        type=_positive_int,
+        type=_max_seq_len,
         help="longest sequence, in tokens (default: sentence_bert_config.json beside the tokenizer, else the "
         "graph's position table)",
     )
@@ -314,6 +314,18 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number above 0, got {text!r}")
+    return value
+
+
+def _max_seq_len(text: str) -> int:
+    """A model's longest sequence: [CLS] and [SEP] take two of its tokens, so below 2 no text fits (an import of 1
+    was published and refused every text; export's model config and serving.json's max_length refuse it too)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 2 (special tokens included), got {text!r}")
     return value
 
 

@@ -572,6 +572,20 @@ def test_a_random_size_is_refused_before_torch_is_imported(tmp_path: Path) -> No
     assert done.returncode == 2, done.stderr
 
 
+@pytest.mark.parametrize("length", ["1", "0"])
+def test_import_refuses_a_max_seq_len_below_2_as_a_usage_error(
+    length: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`import --max-seq-len 1` published a model that refused every text ([CLS] and [SEP] fill it), as
+    `export --max-seq-len 1` did; serving.json's max_length below 2 is refused too."""
+    argv = ["import", "--onnx", "m.onnx", "--tokenizer", "t.json", "--name", "m", "--repository", str(tmp_path)]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--max-seq-len", length])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --max-seq-len: must be a whole number >= 2 (special tokens included), got {length!r}" in err
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     from importlib.metadata import version
 

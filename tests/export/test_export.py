@@ -246,7 +246,7 @@ def test_a_repository_that_is_not_a_folder_is_one_clear_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An OSError from the repository (a file where the folder goes) was a traceback; and import's
-    --max-seq-len is refused by argparse below 1 (-4 was an OverflowError from the tokenizer)."""
+    --max-seq-len is refused by argparse below 2 (-4 was an OverflowError from the tokenizer)."""
     afile = tmp_path / "afile"
     afile.write_text("")
     sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
@@ -260,7 +260,7 @@ def test_a_repository_that_is_not_a_folder_is_one_clear_line(
         assert "exporting" not in out + err
     with pytest.raises(SystemExit) as e:
         main(["import", "--onnx", "g.onnx", "--tokenizer", "t.json", "--name", "n", "--max-seq-len", "-4"])
-    assert e.value.code == 2 and "must be a whole number above 0" in capsys.readouterr().err
+    assert e.value.code == 2 and "must be a whole number >= 2" in capsys.readouterr().err
 
 
 def test_ctrl_c_during_an_export_is_one_line_and_leaves_nothing(
