@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mhaserve.runtime import manifest as mf
 from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.devices import DEVICES, Device, wants_cuda
 from mhaserve.runtime.repository import GRAPHS, GraphChoice
@@ -24,7 +25,7 @@ from mhaserve.service import connections, incoming
 from mhaserve.service.auth import OPEN_METHODS
 from mhaserve.service.batching import BATCHING, CPU_LIMITS, CUDA_LIMITS, Batching, Limits
 from mhaserve.service.kserve.servicer import REPOSITORY_METHODS as KSERVE_REPOSITORY_METHODS
-from mhaserve.service.models import CONTROLS, Control
+from mhaserve.service.models import ALL_MODELS, CONTROLS, Control
 from mhaserve.service.rpc.methods import METHODS
 
 ENV_PREFIX = "MHASERVE_"
@@ -442,6 +443,14 @@ class Settings:
             object.__setattr__(self, "model", _names(self.model))
         # A model named twice is served once (the start-up log said "until tiny, tiny are loaded").
         object.__setattr__(self, "model", tuple(dict.fromkeys(self.model)))
+        for name in self.model:
+            # Found only as the server started: "cannot start: invalid model name 'Bad/Name'", exit 1, naming
+            # neither the flag nor the variable (export's and import's --name refuse it as a usage error).
+            if name != ALL_MODELS:
+                try:
+                    mf.check_name(name)
+                except mf.ManifestError as e:
+                    raise SettingsError(f"--model: {e}") from None
 
         def positive(name: str, value: float | None, *, zero: bool = False) -> None:
             # NaN compares false both ways: without the isfinite test "nan" passed, and a NaN timeout

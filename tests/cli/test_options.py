@@ -278,6 +278,22 @@ def test_a_keys_file_without_keys_is_a_usage_error_named_as_set(
     assert f"MHASERVE_API_KEYS_FILE {empty} holds no key" in capsys.readouterr().err
 
 
+def test_a_model_name_the_repository_cannot_hold_is_refused_by_the_name_that_set_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`serve --model Bad/Name` was "cannot start: invalid model name 'Bad/Name'" once the server started (exit 1),
+    naming neither the flag nor the variable; export's and import's --name refuse it as a usage error."""
+    rule = "use lower-case letters, digits, '.', '_' and '-'"
+    with pytest.raises(SettingsError, match=f"^--model: invalid model name 'Bad/Name': {rule}$"):
+        build(parse("--model", "tiny", "--model", "Bad/Name"), env={"MHASERVE_MODEL": "tiny"})
+    with pytest.raises(SettingsError, match="^MHASERVE_MODEL: invalid model name 'TINY'"):
+        build({}, env={"MHASERVE_MODEL": "tiny,TINY"})
+    assert build({}, env={"MHASERVE_MODEL": "*,tiny"}).model == ("*", "tiny")
+    monkeypatch.setenv("MHASERVE_MODEL", "TINY")
+    assert main(["serve", "--repository", str(tmp_path), "--port", "0", "--http-port", "0", "--metrics-port", "0"]) == 2
+    assert capsys.readouterr().err == f"mhaserve serve: error: MHASERVE_MODEL: invalid model name 'TINY': {rule}\n"
+
+
 def test_a_repository_that_is_a_file_is_refused_as_one(tmp_path: Path) -> None:
     """`serve --repository FILE` said "(no such folder)" once the ports were bound, and suggested
     `mhaserve export --repository FILE`."""
