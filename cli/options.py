@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mhaserve.service.auth import AuthError, read_keys_file
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 dest=f.name,
                 default=None,
                 action="append",
-                type=meta["parse"],
+                type=_flag_type(meta["parse"]),
                 metavar=meta.get("metavar"),
                 help=f"{meta['help']} [env {env_var(f.name)}{default}]",
             )
@@ -53,11 +53,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             flag(f.name),
             dest=f.name,
             default=None,
-            type=meta["parse"],
+            type=_flag_type(meta["parse"]),
             choices=meta["choices"],
             metavar=None if meta["choices"] else meta.get("metavar") or f.name.split("_")[-1].upper(),
             help=f"{meta['help']} [env {env_var(f.name)}{default}]",
         )
+
+
+def _flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A field's parser as argparse's type: a SettingsError it raises says what is wrong, and argparse shows it
+    (for any other ValueError it shows "invalid <the type's name> value: ...", as for int's)."""
+
+    def flag_type(text: str) -> Any:
+        try:
+            return parse(text)
+        except SettingsError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    flag_type.__name__ = getattr(parse, "__name__", repr(parse))
+    return flag_type
 
 
 def misspelt(env: Mapping[str, str] | None = None) -> list[str]:
@@ -89,6 +103,8 @@ def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mappin
             raw = env[env_var(f.name)]
             try:
                 values[f.name] = f.metadata["parse"](raw)
+            except SettingsError as e:  # the parser's own words, for the variable
+                raise SettingsError(f"{env_var(f.name)}: {e}") from None
             except ValueError as e:
                 if f.metadata.get("env_only"):  # keys: no flag to name, and a value never shown
                     raise SettingsError(f"{env_var(f.name)} is not valid: {e}") from None

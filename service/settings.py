@@ -102,6 +102,14 @@ def _names(s: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in s.split(",") if n.strip())
 
 
+def _model_names(s: str) -> tuple[str, ...]:
+    """--model's comma-separated names. One that names none (',') is refused, as MHASERVE_API_KEYS=',' is: read as
+    none given, it served the default model without a word."""
+    if not (names := _names(s)):
+        raise SettingsError(f"{s!r} names no model")
+    return names
+
+
 def _path_or_none(s: str) -> Path | None:
     return Path(s) if s.strip() else None
 
@@ -131,7 +139,7 @@ class Settings:
             "a model to serve, repeatable (the variable takes a comma-separated list); '*' serves every model "
             "of the repository; requests that name no model get the first (default: all-minilm-l6-v2 if "
             "present, else the first in the repository)",
-            _names,
+            _model_names,
             metavar="NAME",
         )
         | {"repeatable": True},

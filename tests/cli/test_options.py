@@ -294,6 +294,17 @@ def test_a_model_name_the_repository_cannot_hold_is_refused_by_the_name_that_set
     assert capsys.readouterr().err == f"mhaserve serve: error: MHASERVE_MODEL: invalid model name 'TINY': {rule}\n"
 
 
+def test_a_model_list_that_names_no_model_is_refused_as_a_key_list_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """MHASERVE_MODEL=',' served the default model without a word, where MHASERVE_API_KEYS=',' is a usage error."""
+    with pytest.raises(SettingsError, match="^MHASERVE_MODEL: ',' names no model$"):
+        build({}, env={"MHASERVE_MODEL": ","})
+    with pytest.raises(SystemExit) as e:
+        parse("--model", "tiny", "--model", " , ")
+    assert e.value.code == 2
+    assert "argument --model: ' , ' names no model" in capsys.readouterr().err
+    assert build({}, env={"MHASERVE_MODEL": ""}).model == ()  # empty is unset, as for every variable
+
+
 def test_a_repository_that_is_a_file_is_refused_as_one(tmp_path: Path) -> None:
     """`serve --repository FILE` said "(no such folder)" once the ports were bound, and suggested
     `mhaserve export --repository FILE`."""
