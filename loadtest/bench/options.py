@@ -490,6 +490,9 @@ def server_refused(opt: dict[str, Any], env: Mapping[str, str] | None = None) ->
     None: read now, once, as the server will read them, where a bad one ended the run minutes in, in a traceback
     (the grpc front read by the paired rounds after the whole sweep, API keys at the first call)."""
     env = os.environ if env is None else env
+    # The bench names its servers' model with --model (client.Server), which wins over MHASERVE_MODEL: what that
+    # holds never reaches them
+    env = {k: v for k, v in env.items() if k != env_var("model")}
     try:
         settings, flags = server_settings(opt["server_arg"], env)
         # What the bench reads of them itself, later in the run, read now too.

@@ -342,6 +342,20 @@ def test_a_server_variable_is_named_as_the_servers_not_as_a_server_arg(
     assert "the bench's server: MHASERVE_GRPC_FRONT must be one of grpc, lean" in err and "--server-arg" not in err
 
 
+def test_the_servers_model_variable_is_not_read_as_the_bench_names_the_model_itself(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bench starts its servers with --model, which wins over MHASERVE_MODEL: a value there the server would
+    refuse never reaches it, and the bench must not refuse it either."""
+    from mhaserve.cli.main import main
+
+    monkeypatch.setenv("MHASERVE_MODEL", "Bad/Name")
+    with contextlib.suppress(SystemExit):
+        main(["bench", "--no-torch", "--repository", "/nonexistent/repo"])
+    err = capsys.readouterr().err
+    assert "/nonexistent/repo" in err and "MHASERVE_MODEL" not in err, err
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
