@@ -307,26 +307,24 @@ def _rpc_error(command: str, e: grpc.RpcError, where: str = "") -> int:
     return 1
 
 
-def _positive_int(text: str) -> int:
+def _whole_number(text: str, least: int, said: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number above 0, got {text!r}")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be a whole number {said}, got {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _whole_number(text, 1, "above 0")
 
 
 def _max_seq_len(text: str) -> int:
     """A model's longest sequence: [CLS] and [SEP] take two of its tokens, so below 2 no text fits (an import of 1
     was published and refused every text; export's model config and serving.json's max_length refuse it too)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 2 (special tokens included), got {text!r}")
-    return value
+    return _whole_number(text, 2, ">= 2 (special tokens included)")
 
 
 def _seconds(text: str) -> float:
