@@ -83,6 +83,16 @@ def _read_json(path: Path, kind: type = object) -> Any:
 _MODULES = ("Transformer", "Pooling", "Normalize")
 
 
+def _length(n: object, where: Path, key: str) -> int:
+    """A checkpoint's longest sequence: a whole number of at least 2, as [CLS] and [SEP] take two of its tokens
+    (read as it was, "many" was a bare ValueError, and 1 a model published that refused every text)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        raise CheckpointError(
+            f"{where}: {key} must be a whole number >= 2 (special tokens included), got {json.dumps(n)}"
+        )
+    return n
+
+
 def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None, PoolingMode, bool]:
     """(max sequence length, pooling, normalise) from sentence-transformers' files in `path`, if any.
 
@@ -98,16 +108,18 @@ def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None
     st_cfg = path / "sentence_bert_config.json"
     if st_cfg.is_file():
         st = _read_json(st_cfg, dict)
-        if n := st.get("max_seq_length"):
-            max_seq_len = min(int(n), max_positions) if max_positions else int(n)
+        if (n := st.get("max_seq_length")) is not None:
+            n = _length(n, st_cfg, "max_seq_length")
+            max_seq_len = min(n, max_positions) if max_positions else n
         if st.get("do_lower_case"):
             _check_lower_case(path, True, st_cfg)
     tok_cfg = path / "tokenizer_config.json"
     if max_seq_len is None and tok_cfg.is_file():
         n = _read_json(tok_cfg, dict).get("model_max_length")
-        # transformers writes 1e30 for "no limit": then the position table's size, as in sentence-transformers
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0 and (max_positions is None or n < max_positions):
-            max_seq_len = n
+        # transformers writes 1e30 for "no limit" (a float): then the position table's size, as in
+        # sentence-transformers
+        if isinstance(n, int) and not isinstance(n, bool) and (max_positions is None or n < max_positions):
+            max_seq_len = _length(n, tok_cfg, "model_max_length")
 
     pooling: PoolingMode = "mean"
     pool_cfg = path / "1_Pooling" / "config.json"

@@ -128,6 +128,12 @@ MODULES = [
         ({"config.json": {"num_attention_heads": 7}}, "hidden_size 384 is not a multiple of num_attention_heads 7"),
         ({"config.json": {"hidden_act": "gelu_new"}}, "unsupported activation 'gelu_new'"),  # tanh's approximation
         ({"config.json": ["a", "list"]}, "is not a JSON object"),
+        # a length no text fits in ([CLS] and [SEP] take two), or none at all: a bare ValueError or a model
+        # published that refused every text
+        ({"sentence_bert_config.json": {"max_seq_length": "many"}},
+         "max_seq_length must be a whole number >= 2 [(]special tokens included[)], got \"many\""),
+        ({"sentence_bert_config.json": {"max_seq_length": 1}}, "max_seq_length must be a whole number >= 2"),
+        ({"sentence_bert_config.json": {"max_seq_length": 1.5}}, "max_seq_length must be a whole number >= 2"),
     ],
 )  # fmt: skip
 def test_what_would_embed_otherwise_is_refused_in_one_line(ckpt_copy: Path, edit: dict, message: str) -> None:
