@@ -144,9 +144,10 @@ def to_fp16(src: Path, dst: Path) -> None:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     # Half of a graph past 4 GB is still past the protobuf's 2 GiB: a graph whose weights are beside it
-    # writes its fp16 weights beside it too (model.fp16.onnx.data).
+    # writes its fp16 weights beside it too (model.fp16.onnx.data). Given the path, not the loaded model, the
+    # converter infers shapes from the file (onnx's infer_shapes_path, in a temporary file beside it): on a model
+    # loaded whole, past 2 GiB, its shape inference could not serialise the model (EncodeError).
     big = bool(external_data.locations(src))
     with _quiet():
-        model = onnx.load(str(src))
-        half = convert_float_to_float16(model, keep_io_types=True)
+        half = convert_float_to_float16(str(src), keep_io_types=True)
         onnx.save(half, str(dst), save_as_external_data=big, location=f"{dst.name}.data" if big else None)
