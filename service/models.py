@@ -258,7 +258,9 @@ class ModelManager:
         try:
             yield
         finally:
-            if default and (now := self.dataplane.default_model) != default:
+            now = self.dataplane.default_model
+            # with none served the default names the last one gone: the retirements' lines say it all
+            if default and now != default and now in self.dataplane.model_names():
                 log.info("requests that name no model now get %s (%s before): it is the default served", now,
                          default)  # fmt: skip
 
