@@ -297,14 +297,15 @@ def release_memory(engine: Engine) -> None:
 def _check_vocabulary(engine: OnnxEngine) -> None:
     """Run the last id of the vocabulary the manifest says: a vocab_size past the graph's embedding table (a
     manifest edited by hand, or beside another graph) lets ids between the two through check_batch, and each
-    request holding one failed in the graph, a 500, while the version was reported ready."""
+    request holding one failed in the graph, a 500, while the version was reported ready. On the CPU only:
+    CUDA's Gather answers zeros for an id past its table, and its EmbedLayerNormalization does not check."""
     top = np.array([[engine.vocab_size - 1]], dtype=np.int64)
     try:
         engine.run(top, np.ones_like(top))
-    except Exception as e:
+    except Exception as e:  # the first run of the graph: what fails may be another thing, which reason(e) says
         raise Unavailable(
-            f"its manifest says vocab_size {engine.vocab_size}, but the graph fails on token id {top[0, 0]}: the "
-            f"manifest does not describe this graph ({reason(e)})"
+            f"the graph fails on token id {top[0, 0]}, the last of the vocab_size {engine.vocab_size} its manifest "
+            f"says (a manifest that does not describe this graph?): {reason(e)}"
         ) from None
 
 
