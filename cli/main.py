@@ -349,11 +349,12 @@ def _model_name(text: str) -> str:
 
 
 def _version_number(text: str) -> int:
-    from mhaserve.runtime.manifest import is_number
+    from mhaserve.runtime.manifest import MAX_VERSION, number
 
-    if not is_number(text) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"a version is a whole number from 1, got {text!r}")
-    return int(text)
+    value = number(text)
+    if value is None or not 0 < value <= MAX_VERSION:  # past it the server reads the folder as no version
+        raise argparse.ArgumentTypeError(f"a version is a whole number from 1 to {MAX_VERSION}, got {text!r}")
+    return value
 
 
 def _address(text: str) -> str:

@@ -60,8 +60,8 @@ def reserve(repository: Path, name: str, version_: int | None, overwrite: bool) 
             raise PublishError(f"{folder} is a file, not a folder")
     existing = mf.versions(repository, name)
     number = version_ if version_ is not None else (existing[-1] + 1 if existing else 1)
-    if number <= 0:
-        raise PublishError(f"version must be a positive integer, got {number}")
+    if not 0 < number <= mf.MAX_VERSION:  # past it the server reads the folder as no version
+        raise PublishError(f"version must be a whole number from 1 to {mf.MAX_VERSION}, got {number}")
     target = mf.entry_dir(repository, name, number)
     if target.exists() and not overwrite:
         raise PublishError(f"{target} already exists (pass --overwrite to replace it, or another --version)")

@@ -295,10 +295,20 @@ MAX_VERSION = 2**63 - 1
 
 
 def is_number(text: str) -> bool:
-    """ASCII digits only, at most 19 of them past leading zeros (a version, a length: an int64 holds no more):
-    str.isdigit() is also true of "²" or "١", which int() refuses or reads as a number, and int() refuses a
-    string past 4,300 digits (a ValueError where a request named such a version: answered 500)."""
-    return text.isascii() and text.isdigit() and len(text.lstrip("0")) <= 19
+    """ASCII digits only (a version, a length): str.isdigit() is also true of "²" or "١", which int() refuses
+    or reads as a number."""
+    return text.isascii() and text.isdigit()
+
+
+def number(text: str) -> int | None:
+    """The value of `text` if it is a number (is_number), else None. One of more than 19 digits past its
+    leading zeros reads as MAX_VERSION + 1, more than any version or length served (a version not found, a
+    length too large): int() refuses a string of over 4,300 digits, zeros included, and such a version in a
+    request was a ValueError, answered 500."""
+    if not is_number(text):
+        return None
+    digits = text.lstrip("0")
+    return int(digits or "0") if len(digits) <= 19 else MAX_VERSION + 1
 
 
 def versions(repository: Path, name: str) -> list[int]:
@@ -313,7 +323,8 @@ def versions(repository: Path, name: str) -> list[int]:
 def is_version(folder: str) -> bool:
     """Whether a model's folder of this name is a version: a number from 1 to MAX_VERSION, written as one (not
     `08`)."""
-    return is_number(folder) and 0 < int(folder) <= MAX_VERSION and folder == str(int(folder))
+    value = number(folder)
+    return value is not None and 0 < value <= MAX_VERSION and folder == str(value)
 
 
 def models(repository: Path) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError, Unavailable
-from mhaserve.runtime.manifest import is_number
+from mhaserve.runtime.manifest import number
 from mhaserve.runtime.repository import preferred_default
 from mhaserve.service.pipeline import EncodeInput, EncodeOutput, Pipeline
 
@@ -212,7 +212,7 @@ class DataPlane:
 def _version_number(version: int | str) -> int | None:
     if isinstance(version, int):
         return version
-    return int(version) if is_number(version) else None
+    return number(version)
 
 
 def _differ(version: int | str, named: str) -> bool:

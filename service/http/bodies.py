@@ -71,8 +71,7 @@ def parse_json(body: bytes, content_type: str | None) -> Any:
             body.decode("utf-8")
         except UnicodeDecodeError as u:
             raise InvalidArgument(
-                f"the body is not valid JSON: the body is not valid UTF-8 (JSON is): byte {u.start} "
-                f"(0x{body[u.start]:02x}) begins no character"
+                f"the body is not valid JSON: the body is not valid UTF-8 (JSON is): at byte {u.start}, {u.reason}"
             ) from None
         raise InvalidArgument(f"the body is not valid JSON: {e}") from None
 

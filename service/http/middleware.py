@@ -42,7 +42,7 @@ from mhaserve.runtime.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
-from mhaserve.runtime.manifest import is_number
+from mhaserve.runtime.manifest import number
 from mhaserve.service.auth import Keys, bearer
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
 from mhaserve.service.http.bodies import Chunked, Reply
@@ -254,7 +254,7 @@ class CallMiddleware:
         at once and the connection closed (UNREAD_KEY tells `_error`).
         """
         length = _header(scope, b"content-length")
-        declared = int(length) if length is not None and is_number(length) else None
+        declared = None if length is None else number(length)
         if declared is not None and declared > max(self.max_body_bytes, DRAIN_BYTES):
             scope[UNREAD_KEY] = True
             raise TooLarge(self._too_large(declared))

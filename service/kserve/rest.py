@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
-from mhaserve.runtime.manifest import is_number
+from mhaserve.runtime.manifest import number
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import documented, json_response, loads, parse_json, validate
 from mhaserve.service.http.openapi import request_body, status_only
@@ -104,16 +104,16 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     """(the JSON, the binary data after it)."""
     if header_length is None:
         return body, memoryview(b"")
-    if not is_number(header_length):
+    n = number(header_length)
+    if n is None:
         raise InvalidArgument(
             f"Inference-Header-Content-Length is {header_length!r}: not a byte count (the length of the JSON "
             "before the binary data, in bytes)"
         )
-    if int(header_length) > len(body):
+    if n > len(body):
         raise InvalidArgument(
             f"Inference-Header-Content-Length is {header_length!r} but the body is {len(body)} bytes long"
         )
-    n = int(header_length)
     return body[:n], memoryview(body)[n:]
 
 

@@ -82,7 +82,8 @@ def openai_error(reply_body: bytes) -> dict[str, object]:
         (b'{"input": "a", "model": 3}', 400, "model"),
         (b"\xff\xfe", 400, "not valid JSON"),
         # orjson's words for it were "str is not valid UTF-8: surrogates not allowed", of a body without one
-        (b'{"input": "caf\xe9"}', 400, "the body is not valid UTF-8 (JSON is): byte 14 (0xe9) begins no character"),
+        (b'{"input": "caf\xe9"}', 400, "the body is not valid UTF-8 (JSON is): at byte 14, invalid continuation byte"),
+        (b'{"input": "caf\x80"}', 400, "the body is not valid UTF-8 (JSON is): at byte 14, invalid start byte"),
     ],
 )
 def test_malformed_bodies_are_400_in_openais_shape(srv: ServerThread, body: bytes, status: int, message: str) -> None:
@@ -163,6 +164,17 @@ def test_a_body_over_the_limit_is_413_without_being_read(srv: ServerThread) -> N
     reply = request("POST", url(srv, "/v1/embeddings"), big, {"content-type": "application/json"})
     assert reply.status == 413
     assert "the limit is 1048576" in str(openai_error(reply.body)["message"])
+    still_serving(srv)
+
+
+@pytest.mark.parametrize("length", ["10000000000000000000", "0" * 5000 + "99999999999"])
+def test_a_declared_length_past_the_limit_is_413_at_once_however_it_is_written(srv: ServerThread, length: str) -> None:
+    """A Content-Length of 20 digits (past an int64) was read as none declared once lengths were capped there,
+    and the server waited for the body; one padded with 4,300 zeros was a ValueError in int(), a 500."""
+    with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
+        s.sendall(f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     still_serving(srv)
 
 

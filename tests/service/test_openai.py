@@ -140,6 +140,7 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
         c.models.retrieve("tiny:" + "9" * 4301)
     with pytest.raises(openai.NotFoundError):
         c.embeddings.create(input="a", model="tiny:" + "9" * 4301)
+    assert c.embeddings.create(input="a", model="tiny:" + "0" * 5000 + "1").model == "tiny:1"  # as tiny:01 is
     # a colon with nothing on one side of it names no model version: said, not read as the latest
     for model in ("tiny:", ":1"):
         with pytest.raises(openai.BadRequestError) as e:
