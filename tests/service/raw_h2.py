@@ -15,7 +15,7 @@ from mhaserve.service.rpc.lean import frames as f
 Frame = tuple[int, int, int, bytes]  # type, flags, stream id, payload
 
 
-def call_block(path: str, *extra: tuple[str, str]) -> bytes:
+def call_block(path: str, *extra: tuple[str, str | bytes]) -> bytes:
     """The header block of a gRPC call to `path`, as a client sends it, with `extra` fields after (a
     `grpc-timeout`, metadata)."""
     return f.header_block(

@@ -331,9 +331,12 @@ def test_a_call_whose_metadata_is_over_16_kib_is_resource_exhausted_and_the_conn
         (("x-id-bin", "YWJj!ZA"), "metadata 'x-id-bin' is not base64"),  # b64decode alone skips the "!"
         (("grpc-timeout", "abc"), "grpc-timeout 'abc' is not a timeout"),
         (("grpc-timeout", "123456789S"), "grpc-timeout '123456789S' is not a timeout"),  # 9 digits
+        # digits to str.isdigit(), not to int(): a ValueError out of data_received ended the connection
+        (("grpc-timeout", "²S".encode()), "grpc-timeout '²S' is not a timeout"),
+        (("grpc-timeout", "١S".encode()), "grpc-timeout '١S' is not a timeout"),  # read as 1 s
     ],
 )
-def test_metadata_that_cannot_be_read_refuses_the_call(lean: Running, field: tuple[str, str], why: str) -> None:
+def test_metadata_that_cannot_be_read_refuses_the_call(lean: Running, field: tuple[str, str | bytes], why: str) -> None:
     """As grpc core refuses it (INTERNAL there, "Error parsing ... metadata"): the call is answered
     INVALID_ARGUMENT and its handler never runs. A -bin value that was not base64 used to be dropped, and a
     timeout that was not one ignored, so the handler ran without what the client sent; the connection serves

@@ -143,7 +143,9 @@ _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1
 
 def grpc_timeout(value: str) -> float | None:
     """Seconds from a `grpc-timeout` header (up to 8 digits and a unit); None if it is not one."""
-    if 2 <= len(value) <= 9 and value[:-1].isdigit() and value[-1] in _TIMEOUT_UNITS:
+    # ASCII digits: isdigit() is also true of "²" (which int() refuses: a ValueError that ended the connection)
+    # and "١" (which int() reads)
+    if 2 <= len(value) <= 9 and value.isascii() and value[:-1].isdigit() and value[-1] in _TIMEOUT_UNITS:
         return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
     return None
 
