@@ -83,6 +83,10 @@ def _read_json(path: Path, kind: type = object) -> Any:
 _MODULES = ("Transformer", "Pooling", "Normalize")
 
 
+# transformers' VERY_LARGE_INTEGER, what tokenizer_config.json's model_max_length says for a tokenizer without one
+_NO_LIMIT = int(1e30)
+
+
 def _length(n: object, where: Path, key: str) -> int:
     """A checkpoint's longest sequence: a whole number of at least 2, as [CLS] and [SEP] take two of its tokens
     (read as it was, "many" was a bare ValueError, and 1 a model published that refused every text)."""
@@ -116,9 +120,14 @@ def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None
     tok_cfg = path / "tokenizer_config.json"
     if max_seq_len is None and tok_cfg.is_file():
         n = _read_json(tok_cfg, dict).get("model_max_length")
-        # transformers writes 1e30 for "no limit" (a float): then the position table's size, as in
-        # sentence-transformers
-        if isinstance(n, int) and not isinstance(n, bool) and (max_positions is None or n < max_positions):
+        # transformers writes int(1e30) for "no limit" (1e30 in older files): then the position table's size, as
+        # in sentence-transformers; where that is unknown too, none is said here
+        if (
+            isinstance(n, int)
+            and not isinstance(n, bool)
+            and n < _NO_LIMIT
+            and (max_positions is None or n < max_positions)
+        ):
             max_seq_len = _length(n, tok_cfg, "model_max_length")
 
     pooling: PoolingMode = "mean"

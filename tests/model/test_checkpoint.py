@@ -152,6 +152,23 @@ def test_what_would_embed_otherwise_is_refused_in_one_line(ckpt_copy: Path, edit
         load_encoder(ckpt_copy)
 
 
+def test_the_tokenizers_no_limit_is_no_length_even_without_a_position_table(tmp_path: Path) -> None:
+    """transformers writes int(1e30) as model_max_length for a tokenizer without a limit: where the position
+    table's size is unknown too (an ONNX import), it was read as the longest sequence, and the import reached
+    numpy with it; a length of 1 is refused as sentence_bert_config.json's is."""
+    from mhaserve.model.checkpoint import sentence_settings
+
+    for no_limit in (int(1e30), 1e30):
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": no_limit}))
+        assert sentence_settings(tmp_path, None)[0] is None
+        assert sentence_settings(tmp_path, 512)[0] is None
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128}))
+    assert sentence_settings(tmp_path, None)[0] == sentence_settings(tmp_path, 512)[0] == 128
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 1}))
+    with pytest.raises(CheckpointError, match="model_max_length must be a whole number >= 2"):
+        sentence_settings(tmp_path, 512)
+
+
 def test_a_checkpoint_saved_by_sentence_transformers_5_or_later_is_read(sentence_transformer, tmp_path: Path) -> None:
     """Since 5, sentence-transformers writes `"pooling_mode": "mean"` where it wrote one boolean per mode: such a
     checkpoint (any saved by the installed version) was refused as "unsupported pooling: none"."""
