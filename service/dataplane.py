@@ -217,9 +217,11 @@ def _version_number(version: int | str) -> int | None:
 
 def _differ(version: int | str, named: str) -> bool:
     """Whether a version asked for and one in the model's name (`name:01`) are two: compared as numbers, `01`
-    and `1` are one."""
-    a, b = _version_number(version), _version_number(named)
-    return str(version) != named if a is None or b is None else a != b
+    and `1` are one (by their digits past leading zeros: number() reads any two past 19 digits alike)."""
+    asked = str(version)
+    if _version_number(asked) is None or _version_number(named) is None:
+        return asked != named
+    return (asked.lstrip("0") or "0") != (named.lstrip("0") or "0")
 
 
 def _listing(pipelines: dict[str, dict[int, Pipeline]]) -> str:

@@ -255,12 +255,15 @@ class ModelManager:
         """Log a change of the model that requests naming none get, made by what runs within: a load, a
         retirement (a poll's, an unload's)."""
         default = self.dataplane.default_model
+        served = default in self.dataplane.model_names()
         try:
             yield
         finally:
             now = self.dataplane.default_model
-            # with none served the default names the last one gone: the retirements' lines say it all
-            if default and now != default and now in self.dataplane.model_names():
+            # With none served the default names one that is not (the first added, or the one named): a line
+            # then would name a model that is gone, or as served before one that was not; the retirements' and
+            # loads' own lines say what happened.
+            if served and now != default and now in self.dataplane.model_names():
                 log.info("requests that name no model now get %s (%s before): it is the default served", now,
                          default)  # fmt: skip
 

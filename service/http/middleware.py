@@ -42,7 +42,7 @@ from mhaserve.runtime.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
-from mhaserve.runtime.manifest import number
+from mhaserve.runtime.manifest import MAX_VERSION, number
 from mhaserve.service.auth import Keys, bearer
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
 from mhaserve.service.http.bodies import Chunked, Reply
@@ -257,7 +257,8 @@ class CallMiddleware:
         declared = None if length is None else number(length)
         if declared is not None and declared > max(self.max_body_bytes, DRAIN_BYTES):
             scope[UNREAD_KEY] = True
-            raise TooLarge(self._too_large(declared))
+            # past 19 digits number() reads MAX_VERSION + 1, not the length: say at least that
+            raise TooLarge(self._too_large(min(declared, MAX_VERSION + 1), at_least=declared > MAX_VERSION))
         chunks: list[bytes] = []
         size = 0
         incoming = self.incoming

@@ -765,6 +765,8 @@ def test_a_default_not_named_follows_the_served_models_and_info_always_answers(
         assert reply.status == 200 and reply.json()["model"] == "wide"
         shutil.rmtree(repo / "wide")  # the last one gone: no default served to name (the line named narrow)
         wait_until(lambda: srv.server.dataplane.model_names() == [], "wide retired")
+        shutil.copytree(two / "wide", repo / "wide")  # and back: served, where none was ("(narrow before)")
+        wait_until(lambda: srv.server.dataplane.model_names() == ["wide"], "wide served again")
         assert "requests that name no model now get" not in caplog.text
     finally:
         srv.stop()
