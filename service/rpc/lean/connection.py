@@ -964,6 +964,10 @@ class Connection(asyncio.Protocol):
             out.append(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream.id, stream.trailer))
             out.append(self._stop_reading(stream))
             stream.trailer = None
+            # Out before _done: for the last call on a connection sent away, _done sends our end of it, and
+            # nothing is written after that (the client read every answer, then UNAVAILABLE "Socket closed").
+            self._write(b"".join(out))
+            out.clear()
             self._done(stream)
 
     def _unblock(self, out: list[bytes]) -> None:
