@@ -212,7 +212,7 @@ class CallMiddleware:
                 await self._error(refusal, scope, rid, send_with_id)
             else:
                 try:
-                    body = await self._body(scope, receive) if self._reads_body(scope, path) else b""
+                    body = await self._read(scope, path, receive)
                 except ServiceError as e:
                     await self._error(e, scope, rid, send_with_id)
                 except _ClientGone:
@@ -245,6 +245,26 @@ class CallMiddleware:
         if _has_body(scope):
             scope[UNREAD_KEY] = True
         return False
+
+    async def _read(self, scope: Scope, path: str, receive: Receive) -> bytes:
+        """The body, if the route reads one; a body still arriving when the grace period ends (`abandon`) is
+        UNAVAILABLE, as a request running then is: left to uvicorn it was cancelled a second later, a plain-text
+        500 with a traceback, holding the process's exit past its grace."""
+        if not self._reads_body(scope, path):
+            return b""
+        this = asyncio.current_task()
+        assert this is not None
+        self.running.add(this)
+        try:
+            return await self._body(scope, receive)
+        except asyncio.CancelledError:
+            this.uncancel()
+            scope[UNREAD_KEY] = True  # the rest of it is not read: the connection closes after the answer
+            raise Unavailable(
+                "the server stopped before this request's body had arrived (its grace period ended); retry"
+            ) from None
+        finally:
+            self.running.discard(this)
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         """The whole request body, within the size limit and the read timeout.

@@ -311,6 +311,37 @@ def test_an_http_request_still_running_when_the_grace_period_ends_is_answered_50
     assert len(said) == 1 and said[0].levelname == "WARNING"
 
 
+def test_an_http_body_still_arriving_when_the_grace_period_ends_is_answered_503(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A slow client's body, half sent at the stop: the request was not yet running its route, so the grace
+    period's end passed it by, and uvicorn cancelled it a second later: a plain-text 500 with a traceback, and
+    the process's exit past its grace. It is answered 503 with the others, and the connection closed (its
+    body unread)."""
+    srv = ServerThread(dataclasses.replace(settings, http_port=free_port())).ready()
+    try:
+        with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as sock:
+            sock.sendall(
+                b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 50\r\n\r\n{"input"'
+            )
+            wait_until(lambda: srv.server.in_flight.count == 1, "the request in flight, its body arriving")
+            started = time.monotonic()
+            srv.call(srv.server.stop(grace=0.5), timeout=WAIT)
+            took = time.monotonic() - started
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    finally:
+        srv.stop()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), answer
+    assert b"connection: close" in head.lower() and b"retry-after" in head.lower(), head
+    assert b"its grace period ended" in body and body.startswith(b"{"), body
+    assert took < 0.5 + 0.9, f"the stop took {took:.2f} s with a grace period of 0.5 s"
+    assert not [r for r in caplog.records if r.name.startswith("uvicorn") and r.levelno >= logging.ERROR]
+
+
 # ---- random schedules: a stop at any moment of any traffic ----------------------------------------------------
 
 STOP_EXAMPLES = int(os.environ.get("STOP_EXAMPLES", "15"))  # examples a run (a server each); more by hand
