@@ -67,13 +67,17 @@ def parse_json(body: bytes, content_type: str | None) -> Any:
     try:
         return loads(body)
     except orjson.JSONDecodeError as e:
-        try:  # orjson says "str is not valid UTF-8: surrogates not allowed" of any byte that is no UTF-8
-            body.decode("utf-8")
-        except UnicodeDecodeError as u:
-            raise InvalidArgument(
-                f"the body is not valid JSON: the body is not valid UTF-8 (JSON is): at byte {u.start}, {u.reason}"
-            ) from None
-        raise InvalidArgument(f"the body is not valid JSON: {e}") from None
+        raise InvalidArgument(f"the body is not valid JSON: {not_json(body, e)}") from None
+
+
+def not_json(body: bytes, e: orjson.JSONDecodeError) -> str:
+    """Why `body` is not JSON: orjson says "str is not valid UTF-8: surrogates not allowed ... (char 0)" of any
+    byte that is no UTF-8, wherever it is; Python's decoder names the byte."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as u:
+        return f"the body is not valid UTF-8 (JSON is): at byte {u.start}, {u.reason}"
+    return str(e)
 
 
 # A body this large may hold many arrays: orjson makes each a tracked container, and every 700 of them start a

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.runtime.manifest import number
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import documented, json_response, loads, parse_json, validate
+from mhaserve.service.http.bodies import documented, json_response, loads, not_json, parse_json, validate
 from mhaserve.service.http.openapi import request_body, status_only
 from mhaserve.service.kserve.model import (
     EXTENSIONS,
@@ -197,7 +197,7 @@ def from_request(req: InferenceRequest, binary: _Binary, model: str, version: st
     tensors: dict[str, Tensor] = {}
     for tensor in req.inputs:
         check_input(tensor.name, tensor.datatype, tensor.parameters, tensors)
-        if tensor.data is not None and BINARY_SIZE in tensor.parameters:
+        if tensor.data is not None and tensor.parameters.get(BINARY_SIZE) is not None:  # null: unset
             raise InvalidArgument(f"input {tensor.name!r} sets both 'data' and {BINARY_SIZE}: use one or the other")
         raw = binary.take(tensor)
         if raw is None and tensor.data is None:
@@ -370,7 +370,7 @@ def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status:
             try:
                 data = loads(head)
             except orjson.JSONDecodeError as e:
-                raise InvalidArgument(f"the inference request is not valid JSON: {e}") from None
+                raise InvalidArgument(f"the inference request is not valid JSON: {not_json(head, e)}") from None
             req = validate(InferenceRequest, data)
             if (inputs := declared_inputs({t.name: t.shape for t in req.inputs})) is not None:
                 pipeline.validate_count(inputs)  # before the data is flattened and decoded, value by value

@@ -16,7 +16,7 @@ import grpc.aio
 
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
-from mhaserve.runtime.errors import ServiceError
+from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.kserve.codec import error_pb, from_pb, to_pb
 from mhaserve.service.kserve.model import (
@@ -44,6 +44,16 @@ REPOSITORY_METHODS = tuple(
 )
 
 
+def named(name: str, field: str) -> str:
+    """The model a call names: the Open Inference Protocol names it in every call (REST in its path), where an
+    empty name here meant the default model, and a client that forgot it got another model's answers."""
+    if not name:
+        raise InvalidArgument(
+            f"no model named: set {field} (the Open Inference Protocol names the model in every call)"
+        )
+    return name
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The Open Inference Protocol over the data plane."""
 
@@ -59,17 +69,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.dataplane.ready)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=model_is_ready(self.dataplane, request.name, request.version))
+        ready = bool(request.name) and model_is_ready(self.dataplane, request.name, request.version)
+        return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=server_version(), extensions=EXTENSIONS)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> pb.ModelMetadataResponse:
-        pipeline = self.dataplane.resolve(request.name, request.version)
+        pipeline = self.dataplane.resolve(named(request.name, "name"), request.version)
         return model_metadata(pipeline.model, self.dataplane.versions(pipeline.model.name))
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
-        return pb.ModelConfigResponse(config=model_config(self.dataplane.resolve(request.name, request.version)))
+        pipeline = self.dataplane.resolve(named(request.name, "name"), request.version)
+        return pb.ModelConfigResponse(config=model_config(pipeline))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> pb.ModelStatisticsResponse:
         pipelines = statistics_of(self.dataplane, request.name, request.version)
@@ -79,7 +91,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._infer(request, context)
 
     async def _infer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
-        pipeline = self.dataplane.resolve(request.model_name, request.model_version)
+        pipeline = self.dataplane.resolve(named(request.model_name, "model_name"), request.model_version)
         t0 = time.perf_counter_ns()
         try:
             if (inputs := declared_inputs({t.name: t.shape for t in request.inputs})) is not None:

@@ -155,9 +155,13 @@ def check_outputs(outputs: Sequence[tuple[str, Container[str], bool]]) -> None:
     """The requested outputs: each one's name, its parameters' names, and whether it asks for Triton's
     classification extension (`class_count` in tritonclient), which an embedding has no classes for: refused
     rather than answered with the embeddings the client did not ask for."""
+    seen: set[str] = set()
     for name, parameters, classification in outputs:
         if name != OUTPUT:
             raise InvalidArgument(f"unknown output {name!r}: this model has one output, {OUTPUT!r}")
+        if name in seen:  # the asks may differ (JSON, binary): one answered, the other dropped without a word
+            raise InvalidArgument(f"output {name!r} is requested twice")
+        seen.add(name)
         check_shared_memory("output", name, parameters)
         if classification:
             raise InvalidArgument(

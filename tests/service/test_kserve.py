@@ -275,6 +275,12 @@ def _reshaped(request: Any, index: int, shape: list[int]) -> Any:
     return request
 
 
+def _output_twice() -> Any:
+    request = _output("embeddings")
+    request.outputs.add(name="embeddings")
+    return request
+
+
 def _int_contents() -> Any:
     request = ids_request([[2, 3]], raw=False)
     request.inputs[0].contents.ClearField("int64_contents")
@@ -365,6 +371,8 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
         "input 'text' is given twice",
     ),
     "unknown output": (lambda: _output("logits"), "unknown output 'logits': this model has one output, 'embeddings'"),
+    # asked for twice (once as JSON, once binary over REST): one answered, the other dropped without a word
+    "an output twice": (_output_twice, "output 'embeddings' is requested twice"),
     "classification": (lambda: _output("embeddings", class_count=3), "asks for classification (class_count)"),
     "input in shared memory": (
         _input_in_shared_memory,
@@ -454,6 +462,15 @@ REST_BAD: dict[str, tuple[Any, str]] = {
         _rest_binary({"inputs": [_rest_text(data=["a"], parameters={"binary_data_size": 5})]}, pack_bytes([b"b"])),
         "input 'text' sets both 'data' and binary_data_size: use one or the other",
     ),
+    "an output twice": (
+        {"inputs": [_rest_text(data=["a"])], "outputs": [{"name": "embeddings"}, {"name": "embeddings"}]},
+        "output 'embeddings' is requested twice",
+    ),
+    # orjson says "str is not valid UTF-8: surrogates not allowed ... (char 0)" of a Latin-1 byte
+    "a body not UTF-8": (
+        (b'{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["caf\xe9"]}]}', {}),
+        "the inference request is not valid JSON: the body is not valid UTF-8 (JSON is): at byte 77, invalid",
+    ),
     "header length not a number": (
         _rest_header_length("abc"),
         "Inference-Header-Content-Length is 'abc': not a byte count",
@@ -496,6 +513,15 @@ def test_bad_tensors_over_rest_are_400_with_the_same_checks(
     assert reply.status == 400, reply.body
     assert message in reply.json()["error"]
     ok_afterwards(stub)
+
+
+def test_a_null_binary_data_size_beside_data_is_unset_over_rest(server: ServerThread) -> None:
+    """null is unset over REST, as for every other optional parameter: it was 400 "sets both 'data' and
+    binary_data_size" for a client that writes its unset fields as null."""
+    body = {"inputs": [_rest_text(data=["a"], parameters={"binary_data_size": None})]}
+    reply = http.request("POST", server.http_url + "/v2/models/tiny/infer", body)
+    assert reply.status == 200, reply.body
+    assert reply.json()["outputs"][0]["shape"][0] == 1
 
 
 def test_a_version_in_the_name_and_in_the_path_agree_as_numbers(server: ServerThread) -> None:
@@ -610,11 +636,31 @@ def test_unknown_models_and_versions_are_not_found(stub: pb_grpc.GRPCInferenceSe
     ok_afterwards(stub)
 
 
+def test_a_call_that_names_no_model_is_refused_not_given_the_default(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """KServe v2 names the model in every call (REST has it in the path): a client that forgot it got the
+    default model's embeddings, as Triton does not. ModelStatistics with no name is every model's (Triton's)."""
+    infer = text_request(["a"])
+    infer.model_name = ""
+    for call, request in (
+        (stub.ModelInfer, infer),
+        (stub.ModelMetadata, pb.ModelMetadataRequest(name="")),
+        (stub.ModelConfig, pb.ModelConfigRequest(name="", version="1")),
+    ):
+        with pytest.raises(grpc.RpcError) as e:
+            call(request, timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "no model named" in (e.value.details() or "")
+    stats = stub.ModelStatistics(pb.ModelStatisticsRequest(name=""), timeout=WAIT)
+    assert [s.name for s in stats.model_stats] == ["tiny"]
+    ok_afterwards(stub)
+
+
 def test_model_ready_answers_for_the_served_model_and_version_only(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     def ready(name: str, version: str = "") -> bool:
         return bool(stub.ModelReady(pb.ModelReadyRequest(name=name, version=version), timeout=WAIT).ready)
 
     assert ready("tiny") and ready("tiny", "1")
+    assert not ready("")  # KServe names the model in every call: no name is no model, not the default
     assert not ready("nope") and not ready("tiny", "2") and not ready("tiny", "latest")
     assert not ready("tiny", "9" * 4301)  # past int()'s 4,300 digits: UNKNOWN "Unexpected error" once
     assert stub.ServerLive(pb.ServerLiveRequest(), timeout=WAIT).live
