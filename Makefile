@@ -57,7 +57,7 @@ serve: $(VENV)/.stamp-serve $(REPOSITORY)/$(MODEL)/1/manifest.json
 	$(BIN)/mhaserve serve --repository $(REPOSITORY) --model $(MODEL)
 
 # On a GPU host: the session must really get CUDAExecutionProvider; parity against the CPU, then a short
-# throughput run through the server (service/gpu_check.py), then the tests marked gpu.
+# throughput run through the server (testing/gpu_check.py), then the tests marked gpu.
 gpu-check: $(VENV)/.stamp-dev $(REPOSITORY)/$(MODEL)/1/manifest.json
 	$(PY) -m mhaserve.testing.gpu_check --repository $(REPOSITORY) --model $(MODEL)
 	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)

@@ -89,7 +89,8 @@ def build(
     async def router_error(request: Request, error: StarletteHTTPException) -> Response:
         if error.status_code == 404:
             path = request.url.path
-            hint = f" (without the trailing slash: {path.rstrip('/')})" if path != "/" and path.endswith("/") else ""
+            plain = path.rstrip("/")
+            hint = f" (without the trailing slash: {plain})" if plain and path.endswith("/") else ""
             if path in TEI_UNSERVED:
                 hint = (
                     f": text-embeddings-inference's route {TEI_UNSERVED[path]}; this server serves embedding models "

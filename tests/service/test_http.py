@@ -241,6 +241,8 @@ def test_a_trailing_slash_is_not_found_with_a_hint_not_redirected(srv: ServerThr
     assert reply.status == 404 and "location" not in reply.headers
     assert "(without the trailing slash: /v1/embeddings)" in str(openai_error(reply.body)["message"])
     assert request("GET", url(srv, "/v1/models/")).status == 404
+    # a path of slashes alone has no path without them: the hint named an empty one
+    assert str(openai_error(request("POST", url(srv, "//"), {"input": "a"}).body)["message"]) == "no route POST //"
     assert srv.samples().get("mhaserve_requests_total", method="POST (no route)", code="OK") == before
 
 
