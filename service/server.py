@@ -668,7 +668,9 @@ class EncoderServer:
         await self.manager.close()
         self._inference.shutdown(wait=False, cancel_futures=True)
         self._tokenize.shutdown(wait=False, cancel_futures=True)
-        self.metrics.close()
+        # Off the loop: its HTTP server's shutdown waits for the serving thread's next poll (up to 0.5 s), and
+        # a second SIGTERM or Ctrl-C that came meanwhile was never handled (run_server: exit 0, not 143 or 130).
+        await asyncio.to_thread(self.metrics.close)
         self.state = "stopped"
 
     @property
@@ -775,6 +777,10 @@ async def serve(
             )
             logging.shutdown()
             os._exit(0)
+        # A second signal that came while the loop ran something that does not yield is handled now, before its
+        # handler goes: the loop reads it on its next turn, and runs the handler on the one after.
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
         log.info("stopped")
         return 0
     finally:

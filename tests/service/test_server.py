@@ -36,6 +36,7 @@ from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.tokenizer import load_for_serving
 from mhaserve.service import client
 from mhaserve.service import server as server_module
+from mhaserve.service.metrics import Metrics
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.settings import BATCHING, Batching, Settings
 from mhaserve.testing import http
@@ -1016,6 +1017,27 @@ def test_max_connection_age_sends_clients_away_to_connect_again(tiny_repo: Path,
             )
             assert len(stub.Encode(pb.EncodeRequest(texts=["b"]), timeout=WAIT).embeddings) == 1
             wait_until(lambda: states.count(grpc.ChannelConnectivity.READY) >= 2, "a second connection", 10)
+
+
+def test_the_metrics_port_closes_off_the_event_loop(tiny_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its HTTP server's shutdown waits for the serving thread's next poll, up to half a second: on the event
+    loop, that blocked it, and a second SIGTERM or Ctrl-C sent meanwhile was never handled (the process exited
+    0, not 143 or 130)."""
+    where: list[str] = []
+    close = Metrics.close
+
+    def recording(self: Metrics) -> None:
+        try:
+            asyncio.get_running_loop()
+            where.append("the event loop")
+        except RuntimeError:
+            where.append("a thread")
+        close(self)
+
+    monkeypatch.setattr(Metrics, "close", recording)
+    with ServerThread(bare_settings(tiny_repo, "tiny", metrics_port=free_port())) as srv:
+        srv.ready()
+    assert where == ["a thread"]
 
 
 def test_a_call_that_outlives_its_connections_age_ends_with_its_own_status(tiny_repo: Path, grpc_front: str) -> None:
