@@ -734,6 +734,51 @@ def test_a_stop_that_ends_a_connection_its_client_has_left_carries_on() -> None:
         running.stop()
 
 
+def _sent_away(running: Running, raw: socket.socket) -> None:
+    """The connection's first GOAWAY and its PING, as --max-connection-age or a stop's start sends them."""
+
+    async def send_away() -> None:
+        (connection,) = running.server.connections
+        connection.goaway()
+
+    read_until(raw, lambda got: any(kind == f.SETTINGS and not flags for kind, flags, _, _ in got))
+    running.call(send_away())
+    read_until(raw, lambda got: any(kind == f.PING and payload == b"draining" for kind, _, _, payload in got))
+
+
+def test_a_call_refused_in_the_read_that_acks_the_goaway_ping_gets_its_answer(lean: Running) -> None:
+    """The client's PING answer ends a connection with no call left (the final GOAWAY, then our end of it):
+    a call refused at once in the same read (a bad grpc-timeout) lost its answer, queued behind that end,
+    while the final GOAWAY named the stream as taken: the client could neither read nor retry it."""
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.settings())
+        _sent_away(lean, raw)
+        block = call_block(f"/{SERVICE}/echo", ("grpc-timeout", "bogus"))
+        raw.sendall(
+            f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, block)
+            + f.frame(f.PING, f.ACK, 0, b"draining")
+            + f.frame(f.SETTINGS, f.ACK, 0)
+        )
+        got = read_frames(raw, 5)
+    assert goaway_streams(got) == [1]
+    assert answers(got)[1]["grpc-status"] == str(grpc.StatusCode.INVALID_ARGUMENT.value[0])
+
+
+def test_a_connection_sent_away_ends_when_its_client_resets_its_last_call(lean: Running) -> None:
+    """A reset of the last call on a connection sent away left the connection open, where an answer ends it:
+    until the client gave up, or the stop's whole grace period."""
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.settings() + f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(f"/{SERVICE}/chat")))
+        _sent_away(lean, raw)
+        raw.sendall(f.frame(f.PING, f.ACK, 0, b"draining") + f.frame(f.SETTINGS, f.ACK, 0))
+        read_until(raw, lambda got: goaway_streams(got) == [1])  # the final GOAWAY: the call still open
+        raw.sendall(f.rst_stream(1, f.CANCEL))
+        raw.settimeout(5)
+        while raw.recv(65536):  # our end of the connection: the read ends (a timeout raises here)
+            pass
+    wait_until(lambda: not lean.server.connections, "the connection gone")
+
+
 def test_an_http1_request_is_answered_in_http1_and_the_server_serves_on(lean: Running, channel: grpc.Channel) -> None:
     """The bug: curl http:// to the gRPC port read "Received HTTP/0.9 when not allowed" (our SETTINGS, then a
     GOAWAY), as the server's preface went out before the client's first bytes. Now it waits for them."""

@@ -281,6 +281,10 @@ class Connection(asyncio.Protocol):
         self.final_goaway: asyncio.TimerHandle | None = None
         self.lingering: asyncio.TimerHandle | None = None  # our end sent: what the client sends is dropped
         self.peer_going_away = False
+        # While data_received reads frames, our end waits until it has written what they made (_end): a call's
+        # answer queued in that read would go out after it, which drops it (the final GOAWAY naming it taken)
+        self.reading = False
+        self.end_after_reading = False
         self.opened = server.loop.time()
         self.last_call = self.opened
         self.handshake: asyncio.TimerHandle | None = None
@@ -355,6 +359,16 @@ class Connection(asyncio.Protocol):
         self.blocked.clear()
 
     def data_received(self, data: bytes) -> None:
+        self.reading = True
+        try:
+            self._receive(data)
+        finally:
+            self.reading = False
+        if self.end_after_reading:
+            self.end_after_reading = False
+            self._end()
+
+    def _receive(self, data: bytes) -> None:
         if self.transport is None or self.transport.is_closing() or self.lingering is not None:
             return  # a GOAWAY has ended it: what the peer still sends is not read
         buf = self.buffer
@@ -493,6 +507,8 @@ class Connection(asyncio.Protocol):
             return False
         self.blocked.pop(stream_id, None)
         self._abandon(stream)
+        if (self.refusing or self.peer_going_away) and not self.streams:
+            self._end()  # its last call gone, as _done ends it after the last answer
         return True
 
     def _data(self, flags: int, stream_id: int, payload: bytes, out: list[bytes]) -> None:
@@ -919,6 +935,9 @@ class Connection(asyncio.Protocol):
         if transport is None or transport.is_closing() or self.lingering is not None:
             return
         self.refusing = True
+        if self.reading:  # after what the frames read make (data_received)
+            self.end_after_reading = True
+            return
         if not transport.can_write_eof():  # TLS: its close_notify ends our side
             transport.close()
             return
