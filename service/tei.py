@@ -58,6 +58,7 @@ from mhaserve.service.http.bodies import (
     encode_input,
     json_response,
     media_type,
+    not_json,
     parse_json,
     validate,
 )
@@ -317,7 +318,7 @@ async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
                 try:
                     data = orjson.loads(line)
                 except orjson.JSONDecodeError as e:
-                    raise InvalidArgument(f"it is not valid JSON: {e}") from None
+                    raise InvalidArgument(f"it is not valid JSON: {not_json(line, e)}") from None
                 call = _call(dataplane, data)
                 # The default model by its name: lines that leave it out and lines that name it, read on both
                 # sides of a turn given to other requests (a version switched in meanwhile), share one version.

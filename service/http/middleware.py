@@ -145,7 +145,7 @@ class CallMiddleware:
         # The route template a request's path and method would reach: the metrics' label for a request
         # refused before it reached its route (API key, loading or draining, body limits).
         self.route_of = route_of
-        self.running: set[asyncio.Task[Any]] = set()  # the requests whose app is running, for `abandon`
+        self.running: set[asyncio.Task[Any]] = set()  # requests reading their body or running, for `abandon`
 
     def abandon(self) -> list[asyncio.Task[Any]]:
         """Answer every request still running 503 (the server's grace period is over), as the gRPC calls are

@@ -111,6 +111,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
 
         def share(request: pb.ModelInferRequest) -> float:
+            if not request.model_name:  # refused at once (named), as a model not served is
+                return 0.0
             inputs = declared_inputs({t.name: t.shape for t in request.inputs}) or 0  # (none: refused at once)
             return self.dataplane.queue_share(inputs, request.model_name, request.model_version)
 

@@ -395,6 +395,12 @@ def test_a_json_lines_body_is_answered_by_one_model_version(start: Start, tiny_r
     ("body", "status", "message"),
     [
         (b'{"inputs": "a"}\n{"inputs": "b"\n{"inputs": "c"}', 400, "line 2: it is not valid JSON"),
+        # orjson said "str is not valid UTF-8: surrogates not allowed ... (char 0)"
+        (
+            b'{"inputs": "a"}\n{"inputs": "caf\xe9"}',
+            400,
+            "line 2: it is not valid JSON: the body is not valid UTF-8 (JSON is): at byte 15, invalid",
+        ),
         (b'{"inputs": "a"}\n\n{"inputs": "c"}', 400, "line 2: it is empty"),
         (b'{"inputs": "a"}\n{"inputs": ""}', 400, "line 2: input 0 is an empty string"),
         (b'{"inputs": "a"}\n{"inputs": "a", "model": "nope"}', 404, "line 2: model 'nope' is not served here"),

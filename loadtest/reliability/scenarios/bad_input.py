@@ -11,7 +11,14 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mhaserve.loadtest.reliability.scenarios.common import OK, code_of
-from mhaserve.loadtest.reliability.strategies import Model, encode_requests, infer_requests, names, request_ids
+from mhaserve.loadtest.reliability.strategies import (
+    Model,
+    encode_requests,
+    infer_requests,
+    kserve_names,
+    names,
+    request_ids,
+)
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
@@ -124,7 +131,7 @@ def fuzz(address: str, model: Model, *, examples: int, seed: int | None = 0) -> 
                 record("inference.v2", r.error_message.split(":")[0] if r.error_message else OK, "a stream response")
             assert responses is None or len(responses) == len(requests), "a stream lost a response"
         else:
-            name, version = data.draw(names(model)), data.draw(st.one_of(st.just(""), st.text(max_size=8)))
+            name, version = data.draw(kserve_names(model)), data.draw(st.one_of(st.just(""), st.text(max_size=8)))
             stub_method = getattr(inf, method)
             request_type = getattr(kpb, f"{method}Request")
             fields = request_type.DESCRIPTOR.fields_by_name
