@@ -778,9 +778,10 @@ async def serve(
             logging.shutdown()
             os._exit(0)
         # A second signal that came while the loop ran something that does not yield is handled now, before its
-        # handler goes: the loop reads it on its next turn, and runs the handler on the one after.
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        # handler goes and before "stopped" is said: the loop reads it on one turn, queues the handler on the next
+        # and runs it on the third.
+        for _ in range(3):
+            await asyncio.sleep(0)
         log.info("stopped")
         return 0
     finally:
