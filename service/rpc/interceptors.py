@@ -9,7 +9,8 @@ and the Open Inference Protocol's own health methods, which answer while the mod
 - turns a raised ServiceError into its status, and anything else into INTERNAL with a short message
   (the stack trace goes to the log with the request id, never to the client);
 - refuses a request message that does not parse with INVALID_ARGUMENT, as any other bad input (grpc.aio
-  would answer UNKNOWN naming the parser's exception class, log a traceback, and count nothing);
+  would answer UNKNOWN naming the parser's exception class, log a traceback, and count nothing); the exempt
+  methods too, without the rest of this (`_open`);
 - counts the call by method and status code, times it, and logs one line per call at debug (`refused`: a call the
   lean gRPC front refused while it read the request, before any of this began).
 """
@@ -35,7 +36,9 @@ from mhaserve.service.rpc.handlers import (
     Continuation,
     behaviour,
     call_request_id,
+    kind,
     rewrap,
+    stream_out,
     streams_requests,
     streams_responses,
 )
@@ -87,6 +90,41 @@ async def _parsed_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
     """A stream's requests; one that did not parse ends the stream with INVALID_ARGUMENT there."""
     async for request in requests:
         yield _parsed(request)
+
+
+def _open(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """An exempt method's handler that refuses a message that does not parse with INVALID_ARGUMENT and does
+    nothing else: a probe or reflection call is not the model's traffic, and is not counted or gated."""
+    handle = behaviour(handler)
+
+    async def check(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(request.error))
+        return request
+
+    async def check_all(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async for request in requests:
+            yield await check(request, context)
+
+    async def unary_in(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await handle(await check(request, context), context)
+
+    async def unary_in_stream_out(request: Any, context: grpc.aio.ServicerContext) -> None:
+        await stream_out(handle, await check(request, context), context)
+
+    async def stream_in(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        return await handle(check_all(requests, context), context)
+
+    async def stream_in_stream_out(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
+        await stream_out(handle, check_all(requests, context), context)
+
+    new = {
+        "unary_unary": unary_in,
+        "unary_stream": unary_in_stream_out,
+        "stream_unary": stream_in,
+        "stream_stream": stream_in_stream_out,
+    }[kind(handler)]
+    return rewrap(handler, new, request_deserializer=_tolerant(handler.request_deserializer))
 
 
 class _Call:
@@ -206,8 +244,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         full = handler_call_details.method
-        if handler is None or is_exempt(full, self.exempt):
-            return handler
+        if handler is None:
+            return None
+        if is_exempt(full, self.exempt):
+            return _open(handler)
         method = full.lstrip("/")
         rid = call_request_id(handler_call_details)
         wrap = self._stream if streams_responses(handler) else self._unary

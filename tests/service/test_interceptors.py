@@ -129,3 +129,43 @@ def test_a_request_that_does_not_parse_is_invalid_argument_and_counted(tiny_repo
         assert counted == 2.0
         reply = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=["still here"]), timeout=WAIT)
         assert len(reply.embeddings) == 1
+
+
+def test_a_method_open_to_all_refuses_a_request_that_does_not_parse_as_any_other(
+    tiny_repo: Path, grpc_front: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Health, reflection and the Open Inference Protocol's probes answer without the call bookkeeping (and without
+    a key): bytes that are not their message are INVALID_ARGUMENT on either front, with no traceback in the log. On
+    grpc.aio's front they were UNKNOWN naming the parser's exception class, and an ERROR with a traceback each (a
+    log anyone reaching the port could fill); a call refused for its key, UNAUTHENTICATED, is so whatever its
+    bytes, as the lean front answers it without reading them."""
+    garbage = b"\xff\xff"
+    keys = tmp_path / "keys"
+    keys.write_text("secret\n")
+    settings = local_settings(tiny_repo, grpc_front=grpc_front, api_keys_file=keys)
+    with ServerThread(settings).ready() as srv, srv.channel() as channel:
+        for method in (
+            "/grpc.health.v1.Health/Check",
+            "/inference.GRPCInferenceService/ServerLive",
+            "/inference.GRPCInferenceService/ServerReady",
+        ):
+            with pytest.raises(grpc.RpcError) as e:
+                channel.unary_unary(method)(garbage, timeout=WAIT)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, e.value.details())
+            assert "the request is not a valid message for this method" in str(e.value.details())
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch")(garbage, timeout=WAIT)
+        with pytest.raises(grpc.RpcError) as e:
+            next(watch)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        for reflection in ("v1", "v1alpha"):
+            method = f"/grpc.reflection.{reflection}.ServerReflection/ServerReflectionInfo"
+            answers = channel.stream_stream(method)(iter([garbage]), timeout=WAIT)
+            with pytest.raises(grpc.RpcError) as e:
+                next(answers)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, e.value.details())
+        for method in ("/inference.GRPCInferenceService/ModelReady", "/encoder.v1.EncoderService/Encode"):
+            with pytest.raises(grpc.RpcError) as e:
+                channel.unary_unary(method)(garbage, timeout=WAIT)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, (method, e.value.details())
+        assert channel.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=WAIT) == b"\x08\x01"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]

@@ -219,5 +219,5 @@ class Calls:
 def _parse(deserialize: Callable[[bytes], Any], message: bytes) -> Any:
     try:
         return deserialize(message)
-    except Exception as e:  # a method no interceptor guards (health, reflection)
+    except Exception as e:  # without ServiceInterceptor, whose deserializers return a malformed message, not raise
         raise InvalidArgument(f"the request is not a valid message for this method: {e}") from None
