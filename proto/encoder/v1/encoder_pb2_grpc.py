@@ -69,7 +69,9 @@ class EncoderServiceServicer:
     def EncodeStream(self, request_iterator, context):
         """One response per request, in request order, for clients that keep a stream open. A request that
         fails gets a response with `error` set and the stream goes on; only stream-level failures
-        (cancellation, deadline, draining) end it with a status.
+        (cancellation, deadline, draining, and a message that is not a request: bytes that do not parse
+        as one, INVALID_ARGUMENT, or over the server's message limit, RESOURCE_EXHAUSTED) end it with a
+        status, after the responses to the requests before it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
