@@ -323,6 +323,7 @@ class CallMiddleware:
         if encoding is None or encoding.strip().lower() in ("", "identity"):
             return body
         kind = encoding.strip().lower()
+        kind = "gzip" if kind == "x-gzip" else kind  # a recipient should read it as gzip (RFC 9110, 8.4.1.3)
         if kind not in KINDS:
             raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or none)")
         out = inflate(body, kind, self.max_body_bytes, f"the {kind} body")
