@@ -256,9 +256,9 @@ class Pipeline:
         except ValueError:
             return 0
 
-    async def tokenize(self, texts: Sequence[str], *, truncate: bool) -> list[Encoding]:
+    async def tokenize(self, texts: Sequence[str], *, truncate: bool, prompted: bool = False) -> list[Encoding]:
         """Tokenise texts; an input past the model's maximum is refused unless `truncate`, with a message that
-        gives both lengths.
+        gives both lengths (and says the count includes a prompt where one is `prompted` before each text).
 
         Short texts are tokenised right here, on the event loop. `Tokenizer.encode` holds the GIL while it
         works, so a thread would not run it beside the loop anyway: it would only add the hand-off there and
@@ -276,7 +276,8 @@ class Pipeline:
         if not truncate:
             for i, enc in enumerate(encodings):
                 if enc.overflowing:
-                    raise InvalidArgument(self._too_long(i, *await self._length(texts[i])), param="input")
+                    length, measured = await self._length(texts[i])
+                    raise InvalidArgument(self._too_long(i, length, measured, prompted=prompted), param="input")
         return encodings
 
     async def tokenize_whole(self, texts: Sequence[str]) -> list[Encoding]:
@@ -326,7 +327,8 @@ class Pipeline:
         vocabulary."""
         truncate = self.auto_truncate if req.truncate is None else req.truncate
         if req.texts:
-            encodings = await self.tokenize(self.prompted(req), truncate=truncate)
+            prompted = bool(req.prompt_name or self.default_prompt)
+            encodings = await self.tokenize(self.prompted(req), truncate=truncate, prompted=prompted)
             return [np.asarray(enc.ids, dtype=np.int64) for enc in encodings]
         return self._check_ids(req.token_ids, truncate=truncate)
 
@@ -396,8 +398,9 @@ class Pipeline:
             length = len(encodings[0].ids)
         return length, None if part is text else len(part)
 
-    def _too_long(self, index: int, length: int, measured_chars: int | None = None) -> str:
-        included = f"(special tokens{' and the prompt' if self.prompts else ''} included)"
+    def _too_long(self, index: int, length: int, measured_chars: int | None = None, *, prompted: bool = False) -> str:
+        # the prompt only where one was put before the text (never before token ids)
+        included = f"(special tokens{' and the prompt' if prompted else ''} included)"
         if measured_chars is not None and length <= self.max_tokens:
             # Its start alone did not overflow (20,000 spaces before the words): no count worth giving.
             return (

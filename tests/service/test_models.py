@@ -354,8 +354,13 @@ def test_prompts_max_length_and_normalize_from_the_serving_config(tmp_path: Path
         assert all(t["stop"] is None for t in tokens if t["start"] is None) and len(own) < len(tokens) - 2
         assert "".join("what is it"[t["start"] : t["stop"]] for t in own) == "whatisit"
         with pytest.raises(grpc.RpcError) as e:
-            texts(["x" * 30])
+            texts(["x" * 20], prompt_name="query")
         assert "more than the model's maximum of 24 (special tokens and the prompt included)" in str(e.value.details())
+        # without a prompt before it, a text's count (or token ids', which never have one) is not said to include one
+        for sent in (pb.EncodeRequest(texts=["x" * 30]), pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7] * 25)])):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Encode(sent, timeout=WAIT)
+            assert "more than the model's maximum of 24 (special tokens included)" in str(e.value.details())
         with pytest.raises(grpc.RpcError) as e:
             texts(["a"], prompt_name="nope")
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'passage', 'query'" in str(e.value.details())
