@@ -18,7 +18,9 @@ from mhaserve.service.pipeline import EncodeInput, Pipeline
 @dataclass(frozen=True)
 class Token:
     id: int
-    text: Annotated[str, Field(description="the input's characters start to stop; a special token's own text")]
+    text: Annotated[
+        str, Field(description="the input's characters start to stop; a special token's or the prompt's own text")
+    ]
     special: bool
     start: Annotated[
         int | None,
@@ -57,13 +59,14 @@ async def tokenize(
         if e.param == "input":  # the pipeline's checks name the embeddings APIs' field
             raise InvalidArgument(e.message, param="inputs") from None
         raise
-    # Offsets count in the text sent: the prompt put before it (the same for every text) is not in it.
+    # Offsets count in the text sent: the prompt put before it (the same for every text) is not in it. A token
+    # the prompt and the text share ("pre" + "fix...": "prefix") has the text's part as its offsets and `text`.
     shift = len(prompted[0]) - len(texts[0])
     return [
         [
             Token(
                 id=token_id,
-                text=token if special else text[start:stop],
+                text=token if special else text[start if stop <= shift else max(start, shift) : stop],
                 special=bool(special),
                 start=None if special or stop <= shift else max(start - shift, 0),
                 stop=None if special or stop <= shift else stop - shift,
