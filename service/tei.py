@@ -436,15 +436,28 @@ def router(dataplane: DataPlane) -> APIRouter:
     ]
     digits = {"type": "string", "pattern": "^[0-9]+$"}
     timed = {"headers": {name: {"description": text, "schema": digits} for name, text in DESCRIPTIONS.items()}}
+    # /invocations' JSON Lines, both ways: a schema cannot say what each line holds, so its description does.
+    lines: dict[str, Any] = {
+        "schema": {
+            "type": "string",
+            "description": "JSON Lines: a request a line, each what the application/json body is (a request's "
+            "answer a line, in order, each what the application/json answer is)",
+        }
+    }
     for path, name, summary, handler, body, answers in routes:
+        extra = request_body(body)
+        responses: dict[int | str, dict[str, Any]] = {200: timed}
+        if handler is invocations:
+            extra["requestBody"]["content"][JSON_LINES_MEDIA] = lines
+            responses = {200: timed | {"content": {JSON_LINES_MEDIA: lines}}}
         api.add_api_route(
             path,
             route(handler),
             methods=["POST"],
             summary=summary,
             response_model=answers,
-            responses={200: timed},
-            openapi_extra=request_body(body),
+            responses=responses,
+            openapi_extra=extra,
             name=name,
             operation_id=name,
         )

@@ -86,6 +86,25 @@ def test_teis_routes_document_their_timing_headers(document: dict[str, Any]) -> 
         assert all(h["schema"] == {"type": "string", "pattern": "^[0-9]+$"} for h in headers.values()), path
 
 
+def test_invocations_documents_json_lines_both_ways(document: dict[str, Any], srv: ServerThread) -> None:
+    """/invocations reads a JSON Lines body and answers one in kind (SageMaker's batch transform): the document
+    says so, as it says every other body and answer, so that a client generated from it can send one."""
+    operation = document["paths"]["/invocations"]["post"]
+    sent = operation["requestBody"]["content"]
+    answered = operation["responses"]["200"]["content"]
+    assert set(sent) == set(answered) == {"application/json", "application/jsonlines"}
+    assert sent["application/jsonlines"]["schema"]["type"] == "string"
+    assert answered["application/jsonlines"]["schema"]["type"] == "string"
+    reply = request(
+        "POST",
+        srv.http_url + "/invocations",
+        b'{"inputs": "a"}\n{"inputs": "b"}\n',
+        {"content-type": "application/jsonlines"},
+    )
+    assert reply.status == 200 and reply.headers["content-type"] in answered
+    assert len(reply.body.splitlines()) == 2
+
+
 def test_health_answers_are_documented_without_a_body(document: dict[str, Any]) -> None:
     paths = document["paths"]
     for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/{model_name}/ready"):
