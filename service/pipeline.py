@@ -32,6 +32,8 @@ from mhaserve.service.stats import ModelStats
 # Texts of a request up to this many characters together are tokenised on the event loop (see tokenize):
 # about 0.5 ms of the tokeniser at most (0.45 us a character here).
 INLINE_TOKENIZE_CHARS = 1024
+# The threads that tokenise longer requests (every model's, in the server), beside the event loop.
+TOKENIZE_THREADS = 2
 # A text longer than this many characters a token the model takes is first tokenised from its start only
 # (see `_prefix`): a 4 MB text cost seconds of the tokeniser and a gigabyte of memory for 256 tokens.
 PREFIX_CHARS_PER_TOKEN = 32
@@ -112,7 +114,7 @@ class Pipeline:
         # Long texts are tokenised off the event loop. tokenizers releases the GIL and parallelises a batch
         # itself, so two threads are enough to overlap requests; the server shares its two among every model.
         self._own_pool = tokenize_pool is None
-        self._tokenize_pool = tokenize_pool or ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        self._tokenize_pool = tokenize_pool or ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
         self._untruncated: Tokenizer | None = None
         # The special tokens the tokenizer ends each text with ([SEP], RoBERTa's </s>): token ids cut to the
         # maximum keep them, as the tokenizer's own truncation of a text does (the same ids, the same vector).

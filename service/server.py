@@ -67,7 +67,7 @@ from mhaserve.service.kserve.servicer import SERVICE as KSERVE_SERVICE
 from mhaserve.service.kserve.servicer import InferenceServicer
 from mhaserve.service.metrics import Metrics, ModelMetrics
 from mhaserve.service.models import ModelManager, Served
-from mhaserve.service.pipeline import Pipeline
+from mhaserve.service.pipeline import TOKENIZE_THREADS, Pipeline
 from mhaserve.service.rpc.auth import AuthInterceptor
 from mhaserve.service.rpc.drain import Drain, DrainInterceptor
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
@@ -250,7 +250,7 @@ class EncoderServer:
         # The inference threads every model's batches take turns on (see Batcher's executor), and the
         # tokeniser threads every model shares.
         self._inference = CountingPool("inference", self.workers)
-        self._tokenize = named_pool("tokenize", 2)
+        self._tokenize = named_pool("tokenize", TOKENIZE_THREADS)
         self._stalls = 0
         self._loading: asyncio.Task[None] | None = None
         self._listening: Callable[[], Awaitable[None]] | None = None  # binds the ports (start() decides when)

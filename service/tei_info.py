@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mhaserve.service.pipeline import Pipeline
+from mhaserve.service.pipeline import TOKENIZE_THREADS, Pipeline
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
 
@@ -25,4 +25,6 @@ def tei_info(pipeline: Pipeline) -> dict[str, Any]:
         "max_batch_requests": None,  # TEI's: none unless set; batches here are bounded by tokens
         "max_client_batch_size": limits.max_client_batch_size,
         "auto_truncate": pipeline.auto_truncate,
+        # TEI's tokenisers, one a thread; here the threads beside the event loop (which tokenises short requests)
+        "tokenization_workers": TOKENIZE_THREADS,
     }

@@ -151,6 +151,7 @@ class TeiServicer:
             "max_input_length",
             "max_batch_tokens",
             "max_client_batch_size",
+            "tokenization_workers",
         )
         return pb.InfoResponse(
             version=server_version(), model_type=pb.MODEL_TYPE_EMBEDDING, **{name: info[name] for name in fields}

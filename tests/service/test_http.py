@@ -702,6 +702,7 @@ def test_health_info_and_the_openapi_document(srv: ServerThread) -> None:
     assert info["max_concurrent_requests"] == info["limits"]["max_queue_size"] and info["max_client_batch_size"] == 8
     assert info["max_batch_tokens"] == info["limits"]["max_batch_tokens"] and info["max_batch_requests"] is None
     assert info["auto_truncate"] is True  # as TEI's default
+    assert info["tokenization_workers"] == 2  # a field TEI's Info requires
     document = request("GET", url(srv, "/openapi.json")).json()
     assert {"/v1/embeddings", "/v1/models", "/v2/models/{model_name}/infer", "/tokenize", "/info", "/health"} <= set(
         document["paths"]

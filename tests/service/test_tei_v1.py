@@ -177,6 +177,8 @@ def test_info_says_what_is_served(server: ServerThread, channel: grpc.Channel) -
     assert info.max_batch_tokens == http["limits"]["max_batch_tokens"]
     assert info.max_concurrent_requests == http["limits"]["max_queue_size"]
     assert info.version == http["server"]["version"]
+    # the threads that tokenise what is not tokenised on the event loop, as TEI's field counts its own
+    assert info.tokenization_workers == http["tokenization_workers"] == 2
 
 
 def test_tokenize_and_decode_answer_as_teis_http_routes(server: ServerThread, channel: grpc.Channel) -> None:
