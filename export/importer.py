@@ -474,7 +474,7 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                 onnx.checker.check_model(str(graph))
             except onnx.checker.ValidationError as e:
                 raise ImportFailed(f"the adapted graph is not valid ONNX: {e}") from None
-            serving_tokenizer.for_serving(tokenizer, max_seq_len).save(str(scratch / mf.TOKENIZER))
+            staging.save_tokenizer(serving_tokenizer.for_serving(tokenizer, max_seq_len), scratch / mf.TOKENIZER)
 
         with progress.step(f"loading in ONNX Runtime, a run at {max_seq_len} tokens"):
             # Ids that are not the pad id: a graph that numbers positions from its non-pad tokens (RoBERTa,
@@ -494,7 +494,7 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                 # Its position table has 2 rows before the first position (RoBERTa's padding_idx + 1): serve
                 # the positions it has, as sentence-transformers does.
                 max_seq_len -= 2
-                serving_tokenizer.for_serving(tokenizer, max_seq_len).save(str(scratch / mf.TOKENIZER))
+                staging.save_tokenizer(serving_tokenizer.for_serving(tokenizer, max_seq_len), scratch / mf.TOKENIZER)
                 engine = OnnxEngine(
                     graph, max_seq_len=max_seq_len, vocab_size=vocab_size, device="cpu", pooling=pooling
                 )

@@ -125,7 +125,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 raise ExportError(str(e)) from None
             except (RuntimeError, MemoryError) as e:  # torch cannot allocate a model of these sizes
                 raise ExportError(f"the model cannot be built: {reason(e)}") from None
-            serving_tokenizer.for_serving(tokenizer, cfg.max_seq_len).save(str(scratch / mf.TOKENIZER))
+            staging.save_tokenizer(serving_tokenizer.for_serving(tokenizer, cfg.max_seq_len), scratch / mf.TOKENIZER)
             if tokenizer.get_vocab_size() > cfg.vocab_size:
                 raise ExportError(
                     f"tokenizer has {tokenizer.get_vocab_size()} tokens but the model only {cfg.vocab_size}"

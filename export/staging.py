@@ -12,12 +12,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from tokenizers import Tokenizer
 
 from mhaserve.runtime import manifest as mf
 
@@ -53,17 +56,22 @@ def interrupted(error: BaseException) -> bool:
 
 
 def reserve(repository: Path, name: str, version_: int | None, overwrite: bool) -> tuple[int, Path]:
-    """The version to publish (the next free one by default) and its directory, refusing to clobber one; a
-    file where the repository's folder or the model's goes is refused here, before the export runs."""
+    """The version to publish (the next free one by default: past the last version and any file or link named
+    like the next) and its directory, refusing to clobber one; a file or a link to nothing where the repository's
+    folder or the model's goes is refused here, before the export runs."""
     for folder in (repository, repository / name):
+        if folder.is_symlink() and not folder.exists():
+            raise PublishError(f"{folder} is a link to {os.readlink(folder)}, which does not exist")
         if folder.exists() and not folder.is_dir():
             raise PublishError(f"{folder} is a file, not a folder")
     existing = mf.versions(repository, name)
     number = version_ if version_ is not None else (existing[-1] + 1 if existing else 1)
+    while version_ is None and os.path.lexists(mf.entry_dir(repository, name, number)):
+        number += 1
     if not 0 < number <= mf.MAX_VERSION:  # past it the server reads the folder as no version
         raise PublishError(f"version must be a whole number from 1 to {mf.MAX_VERSION}, got {number}")
     target = mf.entry_dir(repository, name, number)
-    if target.exists() and not overwrite:
+    if os.path.lexists(target) and not overwrite:
         raise PublishError(f"{target} already exists (pass --overwrite to replace it, or another --version)")
     return number, target
 
@@ -122,7 +130,7 @@ def publish(scratch_dir: Path, target: Path, *, overwrite: bool = False) -> None
     target.parent.mkdir(parents=True, exist_ok=True)
     # Not part of the entry; the export holds its lock still, and a sweep passes over a directory without one.
     (scratch_dir / LOCK).unlink(missing_ok=True)
-    if target.exists():
+    if os.path.lexists(target):
         if not overwrite:
             raise PublishError(
                 f"{target} was published by someone else while this export ran (pass --overwrite to replace it, "
@@ -138,12 +146,38 @@ def publish(scratch_dir: Path, target: Path, *, overwrite: bool = False) -> None
         except OSError as e:
             old.rename(target)
             raise PublishError(f"{target} could not be published: {e.strerror or e}") from None
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
         return
     try:
         scratch_dir.rename(target)
     except OSError as e:  # a directory that appeared after the check above: rename refuses a non-empty one
         raise PublishError(f"{target} could not be published: {e.strerror or e}") from None
+
+
+def _remove(path: Path) -> None:
+    """A replaced version's folder, or the file or link that stood where it goes (rmtree passes over those)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+# How the tokenizers library names the OS's error in the bare Exception it raises for a failed write.
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def save_tokenizer(tokenizer: Tokenizer, path: Path) -> None:
+    """`tokenizer.save`, a failed write (a full disk, a folder gone) raised as the OSError it is: the tokenizers
+    library raises a bare Exception, which would reach the user as a traceback, not as the one line an OSError
+    of any other write is."""
+    try:
+        tokenizer.save(str(path))
+    except Exception as e:
+        found = _OS_ERROR.search(str(e))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
 
 
 def _pkg_version(name: str) -> str:

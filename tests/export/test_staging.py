@@ -60,3 +60,40 @@ def test_a_lock_file_not_yet_taken_is_left_for_a_grace(tmp_path: Path) -> None:
     os.close(os.open(starting / staging.LOCK, os.O_RDWR | os.O_CREAT, 0o644))
     with staging.scratch(tmp_path, "m", 2):
         assert starting.exists()
+
+
+def test_a_tokenizer_that_cannot_be_written_is_the_os_error_it_is(tmp_path: Path) -> None:
+    """The tokenizers library raises a failed write (a full disk, a folder gone) as a bare Exception naming the OS
+    error; the export's one-line error handling reads OSErrors, so it is raised as one (it was a traceback)."""
+    from mhaserve.export.tokenizer import synthetic
+
+    where = tmp_path / "gone" / "tokenizer.json"
+    with pytest.raises(OSError) as e:
+        staging.save_tokenizer(synthetic(200), where)
+    assert (e.value.errno, e.value.filename) == (2, str(where))
+    staging.save_tokenizer(synthetic(200), tmp_path / "tokenizer.json")
+    assert (tmp_path / "tokenizer.json").stat().st_size > 0
+
+
+def test_the_next_version_passes_over_a_name_taken_by_a_file(tmp_path: Path) -> None:
+    """A file named like the next version (not a version: the server passes over it) is not in the way of the
+    default version, and --overwrite of it leaves nothing aside (`.old-2-PID` stayed, a file rmtree skips)."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "2").write_text("notes")
+    assert staging.reserve(tmp_path, "m", None, overwrite=False) == (3, tmp_path / "m" / "3")
+    number, target = staging.reserve(tmp_path, "m", 2, overwrite=True)
+    new = tmp_path / "scratch"
+    new.mkdir()
+    staging.publish(new, target, overwrite=True)
+    assert target.is_dir() and sorted(p.name for p in (tmp_path / "m").iterdir()) == ["1", "2"]
+
+
+def test_a_link_to_nothing_where_the_models_folder_goes_is_refused_before_the_export(tmp_path: Path) -> None:
+    (tmp_path / "m").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(staging.PublishError, match="a link to .*nowhere, which does not exist"):
+        staging.reserve(tmp_path, "m", None, overwrite=False)
+    (tmp_path / "n").mkdir()
+    (tmp_path / "n" / "1").symlink_to(tmp_path / "nowhere")  # a version's folder: taken, as a file would be
+    assert staging.reserve(tmp_path, "n", None, overwrite=False)[0] == 2
+    with pytest.raises(staging.PublishError, match="already exists"):
+        staging.reserve(tmp_path, "n", 1, overwrite=False)
