@@ -75,7 +75,10 @@ def _export(args: argparse.Namespace) -> int:
     given = {field: getattr(args, dest) for field, (dest, _) in RANDOM_SIZES.items()}
     sizes = {k: v for k, v in given.items() if v is not None}
     if (sizes or args.seed is not None) and args.source != "random":
-        print("mhaserve export: error: size options and --seed apply only to --source random", file=sys.stderr)
+        flags = ["--" + dest.replace("_", "-") for field, (dest, _) in RANDOM_SIZES.items() if field in sizes]
+        flags += ["--seed"] if args.seed is not None else []
+        verb = "applies" if len(flags) == 1 else "apply"
+        print(f"mhaserve export: error: {', '.join(flags)} {verb} only to --source random", file=sys.stderr)
         return 2
     if args.source == "random":
         # Checked here, before torch loads or anything is written: sizes no model can have are bad flags (exit 2)
@@ -147,7 +150,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     from mhaserve.model.config import EncoderConfig  # a dataclass: no torch
 
     g = p.add_argument_group("random models (--source random; the defaults are all-MiniLM-L6-v2's sizes)")
-    g.add_argument("--seed", type=int, help="the weights' random seed (default 0)")
+    g.add_argument("--seed", type=_seed, help="the weights' random seed (default 0)")
     defaults = EncoderConfig()
     for field, (dest, what) in RANDOM_SIZES.items():
         default = getattr(defaults, field)
@@ -336,6 +339,17 @@ def _seconds(text: str) -> float:
 
 
 _seconds.__name__ = "float"  # argparse names a type by it: "invalid _seconds value: 'abc'" named this function
+
+
+def _seed(text: str) -> int:
+    """A random model's seed, as torch.manual_seed takes it (past 64 bits it refused it as the export began)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"a whole number from 0 to {2**64 - 1}, got {text!r}")
+    return value
 
 
 def _model_name(text: str) -> str:

@@ -420,8 +420,24 @@ def test_cli_refuses_size_options_without_random_source(tmp_path: Path, capsys: 
     assert main(["export", "--repository", str(tmp_path), "--layers", "2"]) == 2
     # --seed too: it was ignored without a word for a checkpoint, whose weights are what they are
     assert main(["export", "--repository", str(tmp_path), "--seed", "3"]) == 2
-    assert "--seed apply only to --source random" in capsys.readouterr().err
+    assert capsys.readouterr().err.endswith("error: --seed applies only to --source random\n")
+    # the message names the flags given (it named "size options and --seed" whichever was)
+    assert main(["export", "--repository", str(tmp_path), "--pooling", "cls", "--seed", "3"]) == 2
+    assert capsys.readouterr().err.endswith("error: --pooling, --seed apply only to --source random\n")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+def test_a_seed_torch_cannot_take_is_a_usage_error(
+    seed: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past 64 bits torch refused the seed as the export began ("Overflow when unpacking long long", exit 1),
+    after the repository's folder was made; a usage error, exit 2, naming the flag, with nothing written."""
+    with pytest.raises(SystemExit) as e:
+        main(["export", "--source", "random", "--repository", str(tmp_path / "r"), "--seed", seed])
+    assert e.value.code == 2
+    assert "--seed: a whole number from 0 to 18446744073709551615" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.slow
