@@ -317,6 +317,13 @@ class ModelRepository:
     def load(self, entry: ModelEntry, engine_factory: EngineFactory) -> LoadedModel:
         """Open the tokenizer and the engine of a verified entry (slow: seconds for a real model)."""
         tokenizer = load_for_serving(entry.tokenizer_path, entry.max_tokens)
+        if (size := tokenizer.get_vocab_size()) > entry.manifest.vocab_size:
+            # (export refuses the pair; a manifest edited by hand had each text with a token past it refused as the
+            # client's error, "outside the vocabulary")
+            raise RepositoryError(
+                f"model {entry.name} version {entry.version}: its tokenizer has {size} tokens, more than the "
+                f"vocab_size {entry.manifest.vocab_size} its manifest says (a manifest that does not describe them?)"
+            )
         engine = engine_factory(entry)
         log.info(
             "loaded %s version %d (%s graph, sha256 %s…) on %s%s",

@@ -126,3 +126,23 @@ def test_a_named_model_says_which_of_its_folders_are_no_version(
         f"ignoring {tmp_path / 'm' / 'v1'} in the model repository: not a version: versions are folders named by a "
         f"number from 1 to {2**63 - 1}, written as one (1, 2, 10)"
     ]
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_its_manifest_says_is_refused_at_load(
+    tiny_entry: Path, tmp_path: Path
+) -> None:
+    """A manifest whose vocab_size was edited below its tokenizer's (export refuses the pair): the version was
+    served, and each text whose tokens passed that size was refused as the client's error, "token id ... is
+    outside the vocabulary". The load now fails, saying why, before the graph opens."""
+    copy = tmp_path / "m" / "1"
+    shutil.copytree(tiny_entry, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    m["vocab_size"] = 50
+    (copy / "manifest.json").write_text(json.dumps(m))
+    repo = ModelRepository(tmp_path)
+
+    def no_engine(entry: object) -> object:
+        raise AssertionError("the graph was opened")
+
+    with pytest.raises(RepositoryError, match=r"its tokenizer has 256 tokens, more than the vocab_size 50 its manif"):
+        repo.load(repo.entry("m"), no_engine)  # type: ignore[arg-type]
