@@ -871,6 +871,7 @@ def _exit_code(environment: Any, **_: Any) -> None:
     if isinstance(environment.runner, WorkerRunner):
         return  # the master decides, on the aggregated stats
     opts = environment.parsed_options
+    _stop_users(environment, opts)
     if opts is not None and getattr(opts, "json_file", None):
         # Locust skips its closing summary when it writes --json-file; `make loadtest` wants both.
         from locust.stats import print_error_report, print_percentile_stats, print_stats
@@ -905,6 +906,23 @@ def _exit_code(environment: Any, **_: Any) -> None:
     for message in failed:
         log.error("%s", message)
     environment.process_exit_code = 1 if failed else 0
+
+
+def _stop_users(environment: Any, opts: Any) -> None:
+    """Stop the run's users, if a signal (SIGTERM, Ctrl-C) ended the run rather than --run-time: Locust
+    decides the exit status, here, before it stops them, and the calls they wait on become IN_FLIGHT failures
+    only as they stop (EncoderUser._in_flight), so a run stopped by a signal while the server hung exited 0.
+    With --csv, the figures are then written once more: Locust writes the CSV once a second and not at exit, so
+    it left out the run's last second, those failures with it."""
+    import gevent
+    from locust.runners import STATE_RUNNING, STATE_SPAWNING
+    from locust.stats import CSV_STATS_INTERVAL_SEC
+
+    runner = environment.runner  # a local one, or --processes' master, which waits for its workers' figures
+    if runner is not None and runner.state in (STATE_SPAWNING, STATE_RUNNING):
+        runner.stop()
+    if opts is not None and getattr(opts, "csv_prefix", None):
+        gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)  # the writer's next turn, on the final figures
 
 
 def _unanswered(stats: Any) -> int:

@@ -3,6 +3,7 @@ by gRPC status or HTTP status; against servers with API keys, TLS and mutual TLS
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -34,6 +35,7 @@ from tests.security.conftest import Pki
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
 
+IN_FLIGHT_ERROR = "IN_FLIGHT"  # the failure the locustfile records for a call the run's end cut off
 KEY = "k-locust-7f3a9c"  # the keyed servers' API key
 # What would reach the locustfile from the environment of whoever runs the tests.
 OWN_SETTINGS = ("MHASERVE_API_KEY", "LOCUST_TLS", "LOCUST_TLS_CA", "LOCUST_TLS_CLIENT_CERT", "LOCUST_TLS_CLIENT_KEY")
@@ -385,6 +387,60 @@ def test_calls_left_unanswered_when_the_run_ends_fail_it(
     assert short["max_response_time"] > 3000  # the unanswered calls' waits, in the figures
     assert "short: IN_FLIGHT: no answer when the run ended" in text, text[-3000:]
     assert re.search(r"\d+ calls? had no answer when the run ended", text), text[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("stop", "extra"),
+    [(signal.SIGTERM, ()), (signal.SIGINT, ()), (signal.SIGTERM, ("--processes", "2"))],
+    ids=["SIGTERM", "Ctrl-C", "SIGTERM-processes"],
+)
+def test_a_run_stopped_by_a_signal_while_the_server_hangs_fails_and_its_csv_says_so(
+    stoppable_server: Server, tmp_path: Path, stop: signal.Signals, extra: tuple[str, ...]
+) -> None:
+    """A run ended by `timeout`, `docker stop`, a CI's cancel (SIGTERM) or Ctrl-C, the server hung: Locust decides
+    its exit status before it stops the users, and the calls they wait on became IN_FLIGHT failures only after,
+    so the run exited 0. And its CSV, which Locust writes once a second and not at exit, left those failures
+    and the run's last second out of `make loadtest`'s report. The users now stop first, and the CSV is written
+    once more."""
+    log = tmp_path / "locust.log"
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-H", stoppable_server.address,
+        "-u", "2", "-r", "2", "-t", "60s", "--only-summary", "--workload", "short", "--max-fail-ratio", "0.9",
+        "--json-file", str(tmp_path / "stats"), "--csv", str(tmp_path / "stats"), *extra,
+    ]  # fmt: skip
+    with log.open("w") as out:
+        # its own process group, as a shell's job is: Ctrl-C reaches Locust alone
+        locust = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=_env(), start_new_session=True
+        )
+        try:
+            wait_until(lambda: "All users spawned" in log.read_text(), "Locust's users", timeout=60)
+            time.sleep(1)
+            os.kill(stoppable_server.pid, signal.SIGSTOP)
+            try:
+                time.sleep(3)
+                os.kill(locust.pid, stop)
+                locust.wait(timeout=60)
+            finally:
+                os.kill(stoppable_server.pid, signal.SIGCONT)
+        finally:
+            if locust.poll() is None:
+                locust.kill()
+                locust.wait()
+    text = log.read_text()
+    assert locust.returncode == 1, text[-3000:]
+    assert re.search(r"\d+ calls? had no answer when the run ended", text), text[-3000:]
+    short = _entries(tmp_path)["short"]
+    assert short["num_failures"] == 2, short
+    with (tmp_path / "stats_stats.csv").open() as f:
+        rows = {row["Name"]: row for row in csv.DictReader(f)}
+    assert (int(rows["short"]["Request Count"]), int(rows["short"]["Failure Count"])) == (
+        short["num_requests"],
+        short["num_failures"],
+    ), rows["short"]
+    with (tmp_path / "stats_failures.csv").open() as f:
+        failures = list(csv.DictReader(f))
+    assert [row["Error"].split(":")[0] for row in failures] == [IN_FLIGHT_ERROR], failures
 
 
 class _SlowTei(BaseHTTPRequestHandler):
