@@ -9,7 +9,8 @@ request headers (slowloris) would hold a connection for as long as it likes, so 
 are not complete `read_timeout` seconds after the request began is closed (the body gets the same time,
 middleware.py); and headers have no size limit (64 MB of them, before any key is checked, took the server
 from 0.7 to 1.7 GB), so a request line and headers over MAX_HEADER_BYTES get a 431 and the connection is
-closed, as nginx and Node refuse them.
+closed, as nginx and Node refuse them; a chunked body's trailer fields count with them (and are dropped), and
+its framing and trailers may pass its own size by MAX_HEADER_BYTES, no more.
 
 A connection past the process's --max-connections (service/connections.py, counted with the lean gRPC front's)
 takes the place of the oldest connection that has begun no request (a silent one, of either front), which is cut;
@@ -56,6 +57,7 @@ KEEP_ALIVE_S = 5
 MAX_HEADER_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped before it closes
 TOO_LARGE = "the request line and headers are over 64 KiB in all"
+TOO_LARGE_TRAILERS = "the chunked body's trailer fields and framing are over 64 KiB more than the body"
 
 
 # uvicorn logs a WARNING for every malformed request: a TLS handshake or an HTTP/2 client sent to the plain HTTP
@@ -87,6 +89,18 @@ def answer_plaintext(_protocol: asyncio.BaseProtocol, transport: asyncio.Transpo
     return True
 
 
+class _Trailers(list[tuple[bytes, bytes]]):
+    """Where uvicorn puts a request's trailer fields once its headers are whole: each counted as headers are,
+    and dropped."""
+
+    def __init__(self, protocol: ReadTimeoutProtocol) -> None:
+        super().__init__()
+        self.protocol = protocol
+
+    def append(self, field: tuple[bytes, bytes]) -> None:
+        self.protocol._count(len(field[0]) + len(field[1]) + 4, TOO_LARGE_TRAILERS)
+
+
 class ReadTimeoutProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, with a deadline on receiving each request's headers."""
 
@@ -99,6 +113,9 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._in_headers = False  # between a request's first byte and the end of its headers
         self._in_body = False  # between the end of a request's headers and the end of the request
+        self._body_bytes = 0  # of the request's body, so far
+        self._after_headers = 0  # the bytes of its reads after the one that ended its headers
+        self._requests = 0  # begun on this connection
         self._refused = False  # headers over the limit: answered 431, the connection closing
         self._admitted = False  # counted against --max-connections
         self._over_limit = False  # not admitted: uvicorn never sees it
@@ -167,16 +184,16 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         else:
             self.transport.close()
 
-    def _count(self, size: int) -> None:
+    def _count(self, size: int, said: str = TOO_LARGE) -> None:
         self._header_bytes += size
         if self._header_bytes > MAX_HEADER_BYTES and not self._refused:
             self._refused = True
             self._disarm()
             # A made-up id, as every answer carries one: the client's may lie past what is read.
             rid = accept_request_id(None)
-            log.info("answered 431 (request %s): its headers are over %d bytes", rid, MAX_HEADER_BYTES)
+            log.info("answered 431 (request %s): %s", rid, said)
             if not self.transport.is_closing():
-                self.transport.write(plain_answer(431, TOO_LARGE, rid))
+                self.transport.write(plain_answer(431, said, rid))
                 if self.transport.can_write_eof():
                     # Closed with the rest of the request unread, the socket would reset the connection and the
                     # client might lose the 431: half-close, drop what still comes, and close a moment later.
@@ -199,17 +216,21 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         if not self._in_body and len(data) > left and data.find(b"\r\n\r\n", 0, left + 4) < 0:
             self._count(len(data))
             return
+        began, in_body = self._requests, self._in_body
         super().data_received(data)
         # Counted by the chunk, after parsing, while a request's headers are incomplete, rather than by a
         # Python call per header on every request (the hot path of every short request).
         if self._in_headers:
             self._count(len(data))
+        elif self._in_body and in_body and self._requests == began:  # the whole read in one request's body
+            self._after_body(len(data))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self.connection_limit is not None:  # a request line's first byte: cut after those that sent nothing
             self.connection_limit.began(self)
         self._header_bytes = 0
+        self._requests += 1
         self._in_headers = True
         self._arm()
 
@@ -221,7 +242,24 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._disarm()
         self._in_headers = False
         self._in_body = True
+        self._body_bytes = self._after_headers = 0
         super().on_headers_complete()
+        if not self.parser.should_upgrade():
+            # uvicorn adds a chunked body's trailer fields to the request's headers, with no limit (gigabytes of
+            # memory from one request): they go here instead, counted and dropped, as nothing reads them.
+            self.headers = _Trailers(self)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def _after_body(self, size: int) -> None:
+        """A read of a request whose body is not complete after it: what of the request is not its body (a
+        chunked body's framing and trailer fields, one of which httptools holds whole until it ends) may be
+        MAX_HEADER_BYTES and as much as its body, no more, or the request is refused as headers over it are."""
+        self._after_headers += size
+        if self._after_headers - 2 * self._body_bytes > MAX_HEADER_BYTES:
+            self._count(MAX_HEADER_BYTES + 1, TOO_LARGE_TRAILERS)
 
     def on_message_complete(self) -> None:
         self._in_body = False
