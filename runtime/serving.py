@@ -79,6 +79,19 @@ class ServingConfig:
     limits: dict[str, float] = field(default_factory=dict)
 
 
+# The largest whole number a serving config takes: past it no queue, timer or version number holds it.
+MAX_WHOLE = 2**63 - 1
+
+
+def _whole(value: Any, least: int) -> bool:
+    """Whether `value` is a whole number (not a bool) from `least` to MAX_WHOLE."""
+    return isinstance(value, int) and not isinstance(value, bool) and least <= value <= MAX_WHOLE
+
+
+def _finite(value: float, least: int) -> bool:
+    return math.isfinite(value) and least <= value <= MAX_WHOLE
+
+
 def _policy(value: Any, where: str) -> VersionPolicy:
     if not isinstance(value, dict) or len(value) != 1:
         raise ServingConfigError(f"{where}: version_policy must be one of latest, specific or all, e.g. "
@@ -90,16 +103,12 @@ def _policy(value: Any, where: str) -> VersionPolicy:
         return VersionPolicy("all")
     if kind == "latest" and set(body) <= {"num_versions"}:
         n = body.get("num_versions", 1)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        if not _whole(n, 1):
             raise ServingConfigError(f"{where}: version_policy.latest.num_versions must be a whole number >= 1")
         return VersionPolicy("latest", latest=n)
     if kind == "specific" and set(body) == {"versions"}:
         versions = body["versions"]
-        if (
-            not isinstance(versions, list)
-            or not versions
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in versions)
-        ):
+        if not isinstance(versions, list) or not versions or not all(_whole(v, 1) for v in versions):
             raise ServingConfigError(f"{where}: version_policy.specific.versions must list version numbers >= 1")
         return VersionPolicy("specific", specific=tuple(sorted(set(versions))))
     raise ServingConfigError(
@@ -117,19 +126,19 @@ def parse(data: Any, where: str = SERVING_FILE) -> ServingConfig:
         raise ServingConfigError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(KEYS))})")
     policy = _policy(data["version_policy"], where) if "version_policy" in data else VersionPolicy()
     pooling = data.get("pooling")
-    if pooling is not None and pooling not in POOLINGS:
+    if pooling is not None and not (isinstance(pooling, str) and pooling in POOLINGS):
         raise ServingConfigError(f"{where}: pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
     normalize = data.get("normalize")
     if normalize is not None and not isinstance(normalize, bool):
         raise ServingConfigError(f"{where}: normalize must be true or false")
     max_length = data.get("max_length")
-    if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2):
+    if max_length is not None and not _whole(max_length, 2):
         raise ServingConfigError(f"{where}: max_length must be a whole number >= 2 (special tokens included)")
     prompts = data.get("prompts", {})
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
         raise ServingConfigError(f"{where}: prompts must map names to prompt texts")
     default_prompt = data.get("default_prompt_name")
-    if default_prompt is not None and default_prompt not in prompts:
+    if default_prompt is not None and not (isinstance(default_prompt, str) and default_prompt in prompts):
         raise ServingConfigError(f"{where}: default_prompt_name {default_prompt!r} is not one of the prompts")
     limits = data.get("limits", {})
     if not isinstance(limits, dict):
@@ -138,10 +147,10 @@ def parse(data: Any, where: str = SERVING_FILE) -> ServingConfig:
         kind = LIMIT_KEYS.get(key)
         if kind is None:
             raise ServingConfigError(f"{where}: unknown limit {key!r} (known: {', '.join(LIMIT_KEYS)})")
-        number_ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         # As the flags: sizes at least 1 (a limit of 0 inputs refused every request), a wait or a padding 0 or more.
         least = 1 if kind is int else 0
-        if not number_ok or (kind is int and not isinstance(value, int)) or value < least:
+        number_ok = _whole(value, least) or (kind is float and isinstance(value, float) and _finite(value, least))
+        if not number_ok:
             raise ServingConfigError(
                 f"{where}: limits.{key} must be a {'whole ' if kind is int else ''}number >= {least}, got {value!r}"
             )
@@ -166,6 +175,8 @@ def read(model_dir: Path) -> ServingConfig:
         raise ServingConfigError(f"{path}: cannot be read ({e})") from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or a number of more digits than Python reads
         raise ServingConfigError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ServingConfigError(f"{path}: not valid JSON (nested too deeply)") from None
     return parse(data, str(path))

@@ -1,0 +1,44 @@
+"""A model's serving.json: every value it can hold is served, or refused naming the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mhaserve.runtime.serving import ServingConfigError, read
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        # each was a bare TypeError, OverflowError, RecursionError or ValueError (or, past 64 bits, a number no
+        # queue or timer takes), which `--model '*'` did not take for one model's fault: the server did not start,
+        # and a polling one stopped reading the repository
+        ('{"prompts": {"q": "query: "}, "default_prompt_name": ["q"]}', "default_prompt_name"),
+        ('{"pooling": ["mean"]}', "pooling"),
+        ('{"limits": {"max_queue_size": 1' + "0" * 400 + "}}", "limits.max_queue_size"),
+        ('{"limits": {"max_wait_ms": 1' + "0" * 400 + "}}", "limits.max_wait_ms"),
+        ('{"max_length": 1' + "0" * 400 + "}", "max_length"),
+        ('{"version_policy": {"latest": {"num_versions": 1' + "0" * 400 + "}}}", "num_versions"),
+        ('{"limits": {"max_padding": 1' + "0" * 400 + "}}", "limits.max_padding"),
+        ('{"prompts": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested"),
+        ('{"max_length": 1' + "0" * 5000 + "}", "not valid JSON"),
+    ],
+    ids=[
+        "prompt name a list",
+        "pooling a list",
+        "a 400-digit size",
+        "a 400-digit wait",
+        "a 400-digit length",
+        "a 400-digit count",
+        "a 400-digit fraction",
+        "nested past the recursion limit",
+        "a 5000-digit number",
+    ],  # fmt: skip  # fmt: skip
+)
+def test_a_value_of_any_type_or_size_is_refused_naming_the_file(tmp_path: Path, text: str, said: str) -> None:
+    (tmp_path / "serving.json").write_text(text)
+    with pytest.raises(ServingConfigError) as e:
+        read(tmp_path)
+    assert str(e.value).startswith(str(tmp_path / "serving.json") + ": ") and said in str(e.value), str(e.value)[:300]
