@@ -10,18 +10,19 @@ Flow control: the peer's windows bound what we send (a stream whose DATA does no
 holds at most one message beyond what its call has read, and the connection's window stays wide open
 (the stream limit bounds the streams).
 
-Abusive peers: what a client can make us do without a call counting against the stream limit is bounded.
-Calls count until their handler has ended, not until the client resets them (a reset handler still unwinds),
-so resetting streams as fast as they open ("rapid reset") does not run more handlers than the limit; the
-frames that cost us work without a call (PINGs and SETTINGS to acknowledge, streams reset while their call
-runs, streams refused at the limit) may come at most `max_glitches` times within any second, past which the
-connection ends with a GOAWAY ENHANCE_YOUR_CALM; and while the peer does not read what we write (the
-transport's buffer over its high-water mark) we stop reading from it, so acknowledgements cannot pile up in
-memory. What calls hold of their requests before their handlers take it (a message still arriving, whole
-messages not yet read) counts against the process's --max-incoming-bytes (service/incoming.py), shared with
-HTTP bodies: a call whose next bytes would pass it fails RESOURCE_EXHAUSTED, and what it held is let go; and a
-message still incomplete --http-header-timeout after its first byte fails its call (`expire_arrivals`, from
-the server's sweep), its clock standing while the call has an earlier message to read or we do not read.
+Abusive peers: what a client can make us do without a call counting against the stream limit is bounded. Calls
+count until their handler has ended, not until the client resets them (a reset handler still unwinds), so resetting
+streams as fast as they open ("rapid reset") does not run more handlers than the limit; the frames that cost us
+work without a call (PINGs and SETTINGS to acknowledge, streams reset while their call runs, streams refused at the
+limit, empty CONTINUATION frames and empty DATA frames that do not end their stream) may come at most
+`max_glitches` times within any second, past which the connection ends with a GOAWAY ENHANCE_YOUR_CALM; and while
+the peer does not read what we write (the transport's buffer over its high-water mark) we stop reading from it, so
+acknowledgements cannot pile up in memory. What calls hold of their requests before their handlers take it (a
+message still arriving, whole messages not yet read) counts against the process's --max-incoming-bytes
+(service/incoming.py), shared with HTTP bodies: a call whose next bytes would pass it fails RESOURCE_EXHAUSTED, and
+what it held is let go; and a message still incomplete --http-header-timeout after its first byte fails its call
+(`expire_arrivals`, from the server's sweep), its clock standing while the call has an earlier message to read or
+we do not read.
 
 Our preface (SETTINGS and the connection's window) goes out with our first frames once the client's has come,
 as RFC 9113 3.4 allows, not at accept: an HTTP/1.x request in its place (curl http:// to the gRPC port) is
@@ -430,6 +431,8 @@ class Connection(asyncio.Protocol):
         elif kind == f.CONTINUATION:
             if self.block is None or self.block[0] != stream_id:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+            if not payload:
+                self._glitch()  # a frame's work for nothing: a flood of them is bounded as PINGs are
             self.block[2].extend(payload)
             if len(self.block[2]) > MAX_HEADER_LIST_DECODED:
                 raise ConnectionError_(f.ENHANCE_YOUR_CALM, "a header block too large")
@@ -512,6 +515,8 @@ class Connection(asyncio.Protocol):
         return True
 
     def _data(self, flags: int, stream_id: int, payload: bytes, out: list[bytes]) -> None:
+        if not payload and not flags & f.END_STREAM:
+            self._glitch()  # as an empty CONTINUATION; one that ends the client's side is how grpc's clients half-close
         self._idle(f.DATA, stream_id)
         self.received += len(payload)  # whatever its stream: the connection's window counts it
         if flags & f.PADDED:
@@ -738,7 +743,7 @@ class Connection(asyncio.Protocol):
         if len(glitches) > self.server.max_glitches:
             raise ConnectionError_(
                 f.ENHANCE_YOUR_CALM,
-                f"more than {self.server.max_glitches} PINGs, SETTINGS and reset or refused calls "
+                f"more than {self.server.max_glitches} PINGs, SETTINGS, empty frames and reset or refused calls "
                 f"in {CALM_WINDOW_S:g} s",
             )
 
