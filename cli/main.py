@@ -374,19 +374,15 @@ def _version_number(text: str) -> int:
 def _address(text: str) -> str:
     """A server's HOST:PORT; the port defaults to the server's (grpc's own default is 443, where nothing is
     listening). A target grpc reads itself (`dns:///...`, `unix:...`) is left as it is."""
-    from mhaserve.service.client import DEFAULT_ADDRESS
+    from mhaserve.service.client import DEFAULT_PORT as port
+    from mhaserve.service.client import is_target, with_default_port
 
-    port = DEFAULT_ADDRESS.rpartition(":")[2]
-    if text.startswith(("dns:", "unix:", "ipv4:", "ipv6:")) or "://" in text:
-        return text
-    if text.startswith("["):  # an IPv6 address: [::1] or [::1]:50051
-        if "]:" not in text:
-            return f"{text}:{port}"
+    if (full := with_default_port(text)) != text or is_target(text):  # a port added, or grpc's own target
+        return full
+    if text.startswith("["):  # an IPv6 address: [::1]:50051
         host, given = text.rsplit("]:", 1)
     else:
-        host, colon, given = text.partition(":")
-        if not colon:
-            return f"{text}:{port}"
+        host, _, given = text.partition(":")
         if ":" in given:
             raise argparse.ArgumentTypeError(f"{text!r}: an IPv6 address goes in brackets, e.g. [::1]:{port}")
     if not given.isdigit() or not host:
@@ -474,6 +470,8 @@ def _texts(given: list[str]) -> list[str]:
     # Bytes, decoded here so that a line that is not UTF-8 is named by its number. At "\n" only, a Windows file's
     # "\r" dropped: str.splitlines() also split at form feeds, U+2028 and others, and the embeddings printed no
     # longer lined up with the lines.
+    if sys.stdin is None:  # started with its standard input closed (`<&-`)
+        raise argparse.ArgumentTypeError("standard input is closed")
     data = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
     lines = enumerate((line.removesuffix("\r") for line in data.split("\n")), 1)
     return [_utf8(line, f"line {n} of standard input") for n, line in lines if line.strip()]
@@ -538,7 +536,24 @@ def _encode(args: argparse.Namespace) -> int:
                 response.embeddings.extend(part.embeddings)
                 response.usage.input_tokens += part.usage.input_tokens
     assert response is not None  # texts is never empty
-    print(client.summary(texts, response) if args.summary else client.embeddings_json(response))
+    return _output("encode", client.summary(texts, response) if args.summary else client.embeddings_json(response))
+
+
+def _output(command: str, text: str) -> int:
+    """Print a command's result, or say in one line why it could not be (exit 1): a full disk ended in a traceback,
+    and a closed standard output (`>&-`) printed nothing and exited 0, the result lost without a word."""
+    if sys.stdout is None:
+        print(f"mhaserve {command}: error: standard output is closed", file=sys.stderr)
+        return 1
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        raise  # a reader that has what it wanted: main's quiet exit
+    except OSError as e:
+        # What is still buffered would fail again at the interpreter's exit, with a line of its own.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"mhaserve {command}: error: {e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -737,7 +752,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ~/.cache unless this is set before the library starts: off, unless the user's environment says
     # otherwise (ORT_DISABLE_TELEMETRY=0). Every subcommand that loads onnxruntime does so after this line.
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the parser's modules are imported (a command's first 0.3 s)
+        named = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+        print(f"mhaserve{' ' + named[0] if named else ''}: interrupted", file=sys.stderr)
+        return 130
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -77,7 +77,7 @@ from geventhttpclient import HTTPClient  # isort: skip
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from mhaserve.service.client import CHANNEL_OPTIONS, Connection
+from mhaserve.service.client import CHANNEL_OPTIONS, Connection, with_default_port
 
 # Before any channel exists: without it every gRPC call blocks the whole process and users run one at a time.
 grpc_gevent.init_gevent()
@@ -313,7 +313,8 @@ class GrpcClient:
         conn = conn or Connection()
         for scheme in ("grpcs://", "https://", "grpc://", "http://", "dns:///"):
             host = host.removeprefix(scheme)
-        self.channel = conn.channel(host.rstrip("/"), CHANNEL_OPTIONS)
+        # the server's port where --host names none, as `mhaserve encode` takes an address (grpc's would be 443)
+        self.channel = conn.channel(with_default_port(host.rstrip("/")), CHANNEL_OPTIONS)
         self.metadata = conn.metadata()
         self.stub = pb_grpc.EncoderServiceStub(self.channel)
         self.timeout = timeout

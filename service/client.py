@@ -23,8 +23,23 @@ from mhaserve.service.context import REQUEST_ID_HEADER
 from mhaserve.service.tls import channel_credentials
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_PORT = DEFAULT_ADDRESS.rpartition(":")[2]
 # Responses grow with inputs x dimensions; the client should never be the one to refuse them.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+
+
+def is_target(address: str) -> bool:
+    """Whether `address` is a target grpc reads itself (`dns:///...`, `unix:...`, a URL), not HOST:PORT."""
+    return address.startswith(("dns:", "unix:", "ipv4:", "ipv6:")) or "://" in address
+
+
+def with_default_port(address: str) -> str:
+    """`address` (host, host:port, [v6] or [v6]:port) with the server's port where it names none: grpc's own
+    default is 443, where nothing is listening. A target grpc reads itself (`dns:///...`, `unix:...`) is left."""
+    if is_target(address):
+        return address
+    named = "]:" in address if address.startswith("[") else ":" in address
+    return address if named else f"{address}:{DEFAULT_PORT}"
 
 
 @dataclass(frozen=True)

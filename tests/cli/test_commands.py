@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -410,6 +411,52 @@ def test_encode_into_a_pipe_closed_early_is_quiet(server: ServerThread) -> None:
     proc.stdout.close()  # as head does after its line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=WAIT) == 141 and err == "", err
+
+
+@pytest.mark.parametrize("out", ["full", "closed"])
+def test_encode_whose_output_cannot_be_written_says_so_in_one_line(server: ServerThread, out: str) -> None:
+    """`encode - < corpus > vectors.jsonl` on a full disk ended in a traceback; with its standard output closed
+    it printed nothing and exited 0, the embeddings lost without a word."""
+    with open("/dev/full" if out == "full" else os.devnull, "w") as stdout:
+        proc = subprocess.run(
+            [MHASERVE, "encode", "hello", "--address", server.address],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=WAIT,
+            preexec_fn=(lambda: os.close(1)) if out == "closed" else None,  # noqa: PLW1509
+        )
+    said = "No space left on device" if out == "full" else "standard output is closed"
+    assert proc.returncode == 1 and proc.stderr.strip() == f"mhaserve encode: error: {said}", proc.stderr
+
+
+def test_encode_from_a_closed_standard_input_is_a_usage_error() -> None:
+    proc = subprocess.run(
+        [MHASERVE, "encode", "-", "--address", "127.0.0.1:1"],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=WAIT,
+        preexec_fn=lambda: os.close(0),  # noqa: PLW1509
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == "mhaserve encode: error: standard input is closed", proc.stderr
+
+
+def test_ctrl_c_while_the_command_line_is_read_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C in a command's first 0.3 s, while the parser is built (its modules imported), was a traceback."""
+    from mhaserve.cli import main as cli
+
+    def interrupted() -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["health", "--address", "127.0.0.1:1"]) == 130
+    assert capsys.readouterr().err == "mhaserve health: interrupted\n"
+    assert main(["-v"]) == 130
+    assert capsys.readouterr().err == "mhaserve: interrupted\n"
 
 
 class CountingForwarder:

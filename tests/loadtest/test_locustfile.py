@@ -116,6 +116,17 @@ def test_the_ids_workload_records_an_unknown_model_as_failures(
     assert "Traceback" not in run.stderr
 
 
+def test_a_grpc_host_without_a_port_dials_the_servers_default(tiny_server: Server, tmp_path: Path) -> None:
+    """`-H 127.0.0.1` dialled grpc's default port, 443, where nothing listens; `mhaserve encode` and the users take
+    an address alike: without a port, the server's (50051)."""
+    run = _locust(tiny_server, tmp_path, "short", "--rpc-timeout", "0.5", host="127.0.0.1")
+    said = run.stdout + run.stderr
+    assert "127.0.0.1:443" not in said, said[-3000:]
+    short = _entries(tmp_path)["short"]
+    # nothing listens there here (then the failures name it), or a server does (then it answers)
+    assert "127.0.0.1:50051" in said or short["num_failures"] == 0, said[-3000:]
+
+
 def test_an_http_call_past_the_rpc_timeout_is_named_a_timeout(tmp_path: Path) -> None:
     """Once named CONNECTION, as a refused connection is, and backed off from."""
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections (the backlog) and never answers
