@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +127,22 @@ def _methods(s: str) -> tuple[str, ...]:
     if s.strip().lower() == "none":
         return ()
     return tuple(m.strip() for m in s.split(",") if m.strip())
+
+
+_EVERY_ADDRESS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def _same_listener(a: str, b: str) -> bool:
+    """Whether listeners on hosts `a` and `b` would take the same port of one address: the same text, either every
+    address, or two names of one address (`localhost` and 127.0.0.1). A name that does not resolve is left to the
+    bind, which says so."""
+    if a == b or a in _EVERY_ADDRESS or b in _EVERY_ADDRESS:
+        return True
+    try:
+        addresses = [{info[4][0] for info in socket.getaddrinfo(h.strip("[]"), None)} for h in (a, b)]
+    except OSError:
+        return False
+    return bool(addresses[0] & addresses[1])
 
 
 @dataclass(frozen=True)
@@ -499,7 +516,7 @@ class Settings:
                 raise SettingsError(f"{flag(name)} must be a port number in [0, 65535], got {getattr(self, name)}")
         # One port for two listeners failed only at bind, after the model had loaded, with exit 1.
         ports = [(flag(n), getattr(self, n)) for n in ("port", "http_port") if getattr(self, n)]
-        if self.metrics_port and (self.metrics_host or self.host) == self.host:
+        if self.metrics_port and _same_listener(self.metrics_address, self.host):
             ports.append((flag("metrics_port"), self.metrics_port))
             if self.processes > 1:  # and each process's own (processes.py); the supervisor failed with a traceback
                 own = "process {i}'s metrics port (" + flag("metrics_port") + " + 1 + {i})"

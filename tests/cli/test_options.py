@@ -120,11 +120,30 @@ def test_flag_beats_variable_beats_default() -> None:
             {"MHASERVE_PROCESSES": "2", "MHASERVE_METRICS_PORT": "9000", "MHASERVE_PORT": "9002"},
             "MHASERVE_PORT and process 1's metrics port .MHASERVE_METRICS_PORT [+] 1 [+] 1. are both 9002",
         ),
+        # the metrics host named otherwise, the same address (or every address): checked as the same host was
+        (
+            {"MHASERVE_METRICS_HOST": "localhost", "MHASERVE_HTTP_PORT": "9000", "MHASERVE_METRICS_PORT": "9000"},
+            "MHASERVE_HTTP_PORT and MHASERVE_METRICS_PORT are both",
+        ),
+        (
+            {
+                "MHASERVE_METRICS_HOST": "0.0.0.0",
+                "MHASERVE_PROCESSES": "2",
+                "MHASERVE_METRICS_PORT": "9000",
+                "MHASERVE_HTTP_PORT": "9001",
+            },
+            "MHASERVE_HTTP_PORT and process 0's metrics port",
+        ),
     ],
 )
 def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace("?", r"\?")):
         build({}, env=env)
+
+
+def test_two_addresses_may_listen_on_one_port() -> None:
+    env = {"MHASERVE_METRICS_HOST": "127.0.0.2", "MHASERVE_HTTP_PORT": "9000", "MHASERVE_METRICS_PORT": "9000"}
+    assert build({}, env=env).metrics_address == "127.0.0.2"
 
 
 @pytest.mark.usefixtures("gpu_without_cuda")
