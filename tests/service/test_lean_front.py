@@ -901,7 +901,7 @@ def test_a_flood_of_settings_ends_the_connection_with_enhance_your_calm(lean: Ru
     assert method(channel, "echo")(b"still", timeout=10) == b"still"
 
 
-@pytest.mark.parametrize("empty", ["CONTINUATION", "DATA"])
+@pytest.mark.parametrize("empty", ["CONTINUATION", "DATA", "padded DATA"])
 def test_a_flood_of_empty_frames_ends_the_connection_with_enhance_your_calm(
     lean: Running, channel: grpc.Channel, empty: str
 ) -> None:
@@ -912,8 +912,10 @@ def test_a_flood_of_empty_frames_ends_the_connection_with_enhance_your_calm(
     block = call_block(f"/{SERVICE}/slow")
     if empty == "CONTINUATION":
         frames = f.frame(f.HEADERS, 0, 1, block) + f.frame(f.CONTINUATION, 0, 1) * 1100
-    else:
+    elif empty == "DATA":
         frames = f.frame(f.HEADERS, f.END_HEADERS, 1, block) + f.frame(f.DATA, 0, 1) * 1100
+    else:  # padding and nothing else
+        frames = f.frame(f.HEADERS, f.END_HEADERS, 1, block) + f.frame(f.DATA, f.PADDED, 1, b"\x03" + bytes(3)) * 1100
     got = raw_exchange(lean.port, frames)
     assert goaway_code(got) == f.ENHANCE_YOUR_CALM and (goaway_debug(got) or b"").startswith(b"more than 1000")
     assert method(channel, "echo")(b"still", timeout=10) == b"still"

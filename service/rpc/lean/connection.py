@@ -515,12 +515,12 @@ class Connection(asyncio.Protocol):
         return True
 
     def _data(self, flags: int, stream_id: int, payload: bytes, out: list[bytes]) -> None:
-        if not payload and not flags & f.END_STREAM:
-            self._glitch()  # as an empty CONTINUATION; one that ends the client's side is how grpc's clients half-close
         self._idle(f.DATA, stream_id)
         self.received += len(payload)  # whatever its stream: the connection's window counts it
         if flags & f.PADDED:
             payload = _unpad(payload)
+        if not payload and not flags & f.END_STREAM:
+            self._glitch()  # as an empty CONTINUATION (padding alone too); grpc's clients half-close with an empty one
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_closed:
             if not self.ended.get(stream_id, False):  # not one we reset, whose client may not know yet
