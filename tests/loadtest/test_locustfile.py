@@ -355,6 +355,33 @@ def stoppable_server(tiny_entry: Path, tmp_path_factory: pytest.TempPathFactory)
         yield server
 
 
+def _hang_during(server: Server, cmd: list[str], log: Path, stop: signal.Signals | None = None) -> tuple[int, str]:
+    """Run Locust (`cmd`) and stop the server from answering (SIGSTOP) a second after its users have spawned; with
+    `stop`, send Locust that signal 3 s later (as Ctrl-C, to it alone), else let its --run-time end it. Its exit
+    status and its output."""
+    with log.open("w") as out:
+        # its own process group, as a shell's job is: Ctrl-C reaches Locust alone
+        locust = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=_env(), start_new_session=True
+        )
+        try:
+            wait_until(lambda: "All users spawned" in log.read_text(), "Locust's users", timeout=60)
+            time.sleep(1)
+            os.kill(server.pid, signal.SIGSTOP)
+            try:
+                if stop is not None:
+                    time.sleep(3)
+                    os.kill(locust.pid, stop)
+                locust.wait(timeout=60)
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+        finally:
+            if locust.poll() is None:
+                locust.kill()
+                locust.wait()
+    return locust.returncode, log.read_text()
+
+
 @pytest.mark.parametrize(
     ("protocol", "extra"),
     [("grpc", ()), ("http", ()), ("grpc", ("--processes", "2"))],
@@ -375,22 +402,8 @@ def test_calls_left_unanswered_when_the_run_ends_fail_it(
         "-u", "2", "-r", "2", "-t", "7s", "--only-summary", "--workload", "short", "--max-fail-ratio", "0.9",
         "--json-file", str(tmp_path / "stats"), *extra,
     ]  # fmt: skip
-    with log.open("w") as out:
-        locust = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=_env())
-        try:
-            wait_until(lambda: "All users spawned" in log.read_text(), "Locust's users", timeout=60)
-            time.sleep(1)
-            os.kill(stoppable_server.pid, signal.SIGSTOP)
-            try:
-                locust.wait(timeout=60)
-            finally:
-                os.kill(stoppable_server.pid, signal.SIGCONT)
-        finally:
-            if locust.poll() is None:
-                locust.kill()
-                locust.wait()
-    text = log.read_text()
-    assert locust.returncode == 1, text[-3000:]
+    returncode, text = _hang_during(stoppable_server, cmd, log)
+    assert returncode == 1, text[-3000:]
     short = _entries(tmp_path)["short"]
     # One call of each of the two users (the second once went unrecorded: the first one's wait had become
     # the slowest call of the run, which the bound doubles).
@@ -419,27 +432,8 @@ def test_a_run_stopped_by_a_signal_while_the_server_hangs_fails_and_its_csv_says
         "-u", "2", "-r", "2", "-t", "60s", "--only-summary", "--workload", "short", "--max-fail-ratio", "0.9",
         "--json-file", str(tmp_path / "stats"), "--csv", str(tmp_path / "stats"), *extra,
     ]  # fmt: skip
-    with log.open("w") as out:
-        # its own process group, as a shell's job is: Ctrl-C reaches Locust alone
-        locust = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=_env(), start_new_session=True
-        )
-        try:
-            wait_until(lambda: "All users spawned" in log.read_text(), "Locust's users", timeout=60)
-            time.sleep(1)
-            os.kill(stoppable_server.pid, signal.SIGSTOP)
-            try:
-                time.sleep(3)
-                os.kill(locust.pid, stop)
-                locust.wait(timeout=60)
-            finally:
-                os.kill(stoppable_server.pid, signal.SIGCONT)
-        finally:
-            if locust.poll() is None:
-                locust.kill()
-                locust.wait()
-    text = log.read_text()
-    assert locust.returncode == 1, text[-3000:]
+    returncode, text = _hang_during(stoppable_server, cmd, log, stop)
+    assert returncode == 1, text[-3000:]
     assert re.search(r"\d+ calls? had no answer when the run ended", text), text[-3000:]
     short = _entries(tmp_path)["short"]
     assert short["num_failures"] == 2, short
