@@ -9,8 +9,8 @@ request headers (slowloris) would hold a connection for as long as it likes, so 
 are not complete `read_timeout` seconds after the request began is closed (the body gets the same time,
 middleware.py); and headers have no size limit (64 MB of them, before any key is checked, took the server
 from 0.7 to 1.7 GB), so a request line and headers over MAX_HEADER_BYTES get a 431 and the connection is
-closed, as nginx and Node refuse them; a chunked body's trailer fields count with them (and are dropped), and
-its framing and trailers may pass its own size by MAX_HEADER_BYTES, no more.
+closed, as nginx and Node refuse them; a chunked body's trailer section counts with them (its fields are
+dropped, as nothing reads them).
 
 A connection past the process's --max-connections (service/connections.py, counted with the lean gRPC front's)
 takes the place of the oldest connection that has begun no request (a silent one, of either front), which is cut;
@@ -57,7 +57,7 @@ KEEP_ALIVE_S = 5
 MAX_HEADER_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped before it closes
 TOO_LARGE = "the request line and headers are over 64 KiB in all"
-TOO_LARGE_TRAILERS = "the chunked body's trailer fields and framing are over 64 KiB more than the body"
+TOO_LARGE_TRAILERS = "the request's headers and its chunked body's trailer section are over 64 KiB in all"
 
 
 # uvicorn logs a WARNING for every malformed request: a TLS handshake or an HTTP/2 client sent to the plain HTTP
@@ -113,9 +113,12 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._in_headers = False  # between a request's first byte and the end of its headers
         self._in_body = False  # between the end of a request's headers and the end of the request
-        self._body_bytes = 0  # of the request's body, so far
-        self._after_headers = 0  # the bytes of its reads after the one that ended its headers
         self._requests = 0  # begun on this connection
+        # A chunked body: whether a chunk's size line has come and none of its data yet (after the last one, size 0,
+        # the trailer section), and the bytes of the reads since; the trailer fields go to `_trailers`.
+        self._chunk_waits = False
+        self._unfed = 0
+        self._trailers = _Trailers(self)
         self._refused = False  # headers over the limit: answered 431, the connection closing
         self._admitted = False  # counted against --max-connections
         self._over_limit = False  # not admitted: uvicorn never sees it
@@ -222,8 +225,10 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         # Python call per header on every request (the hot path of every short request).
         if self._in_headers:
             self._count(len(data))
-        elif self._in_body and in_body and self._requests == began:  # the whole read in one request's body
-            self._after_body(len(data))
+        elif self._chunk_waits and in_body and self._requests == began:  # the whole read in one request's body
+            self._unfed += len(data)
+            if self._unfed > MAX_HEADER_BYTES:  # a trailer field httptools holds whole until it ends
+                self._count(MAX_HEADER_BYTES + 1, TOO_LARGE_TRAILERS)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -242,27 +247,31 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._disarm()
         self._in_headers = False
         self._in_body = True
-        self._body_bytes = self._after_headers = 0
+        self._chunk_waits = False
         super().on_headers_complete()
         if not self.parser.should_upgrade():
             # uvicorn adds a chunked body's trailer fields to the request's headers, with no limit (gigabytes of
             # memory from one request): they go here instead, counted and dropped, as nothing reads them.
-            self.headers = _Trailers(self)
+            self.headers = self._trailers
+
+    # A chunked body's trailer section is bounded as headers are: the bytes read after a chunk's size line while
+    # none of its data has come (after the last chunk's, all of them trailers) may be MAX_HEADER_BYTES, no more.
+    def on_chunk_header(self) -> None:
+        self._chunk_waits, self._unfed = True, 0
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_waits = False
 
     def on_body(self, body: bytes) -> None:
-        self._body_bytes += len(body)
+        if self._refused:  # the rest of a refused request goes nowhere (a 431 in its trailers)
+            return
+        self._chunk_waits = False
         super().on_body(body)
-
-    def _after_body(self, size: int) -> None:
-        """A read of a request whose body is not complete after it: what of the request is not its body (a
-        chunked body's framing and trailer fields, one of which httptools holds whole until it ends) may be
-        MAX_HEADER_BYTES and as much as its body, no more, or the request is refused as headers over it are."""
-        self._after_headers += size
-        if self._after_headers - 2 * self._body_bytes > MAX_HEADER_BYTES:
-            self._count(MAX_HEADER_BYTES + 1, TOO_LARGE_TRAILERS)
 
     def on_message_complete(self) -> None:
         self._in_body = False
+        if self._refused:  # its 431 is written and the connection closing: the app is not given its end
+            return
         super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
