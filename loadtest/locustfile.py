@@ -311,10 +311,12 @@ class GrpcClient:
 
     def __init__(self, host: str, timeout: float, conn: Connection | None = None) -> None:
         conn = conn or Connection()
+        # A bare HOST gets the server's port, as `mhaserve encode` takes an address (grpc's would be 443); a URL
+        # keeps its scheme's (https://gateway: 443).
+        host = with_default_port(host.rstrip("/"))
         for scheme in ("grpcs://", "https://", "grpc://", "http://", "dns:///"):
             host = host.removeprefix(scheme)
-        # the server's port where --host names none, as `mhaserve encode` takes an address (grpc's would be 443)
-        self.channel = conn.channel(with_default_port(host.rstrip("/")), CHANNEL_OPTIONS)
+        self.channel = conn.channel(host, CHANNEL_OPTIONS)
         self.metadata = conn.metadata()
         self.stub = pb_grpc.EncoderServiceStub(self.channel)
         self.timeout = timeout
