@@ -189,11 +189,13 @@ def _checked(cls: type, d: Any, what: str) -> dict[str, Any]:
 def read_manifest(entry_dir: Path) -> Manifest:
     path = entry_dir / MANIFEST
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ManifestError(f"{entry_dir} has no {MANIFEST}") from None
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, a byte that is not UTF-8, a number past Python's digits
         raise ManifestError(f"{path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ManifestError(f"{path} is not valid JSON: nested too deeply") from None
     try:
         return Manifest.from_dict(data)
     except ManifestError as e:

@@ -348,3 +348,15 @@ def test_a_file_changed_since_its_check_is_read_again(
     change(entry / "model.onnx.data")
     with pytest.raises(mf.ManifestError, match="model.onnx.data of graph .* fails its checksum"):
         mf.verify_graph(entry, graph)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b'{"name": "m", "version": 1' + b"0" * 5000 + b"}", b"[" * 100_000 + b"]" * 100_000, b'{"name": "\xff"}'],
+    ids=["a 5000-digit number", "nested past the recursion limit", "not UTF-8"],
+)
+def test_a_manifest_that_does_not_read_as_json_is_refused_naming_the_file(tmp_path: Path, text: bytes) -> None:
+    """Each was a bare ValueError, RecursionError or UnicodeDecodeError: a load failure that named no file."""
+    (tmp_path / mf.MANIFEST).write_bytes(text)
+    with pytest.raises(mf.ManifestError, match=f"^{tmp_path / mf.MANIFEST} is not valid JSON"):
+        mf.read_manifest(tmp_path)
