@@ -111,8 +111,7 @@ def _export(args: argparse.Namespace) -> int:
     except OSError as e:  # the repository: a file where a folder goes, no permission, a full disk
         print(f"mhaserve export: error: {e.strerror or e}: {e.filename or args.repository}", file=sys.stderr)
         return 1
-    print(entry)
-    return 0
+    return _output("export", str(entry))
 
 
 def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -192,8 +191,7 @@ def _import(args: argparse.Namespace) -> int:
     except OSError as e:  # the repository: a file where a folder goes, no permission, a full disk
         print(f"mhaserve import: error: {e.strerror or e}: {e.filename or args.repository}", file=sys.stderr)
         return 1
-    print(entry)
-    return 0
+    return _output("import", str(entry))
 
 
 def _add_import(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -550,11 +548,17 @@ def _output(command: str, text: str) -> int:
     except BrokenPipeError:
         raise  # a reader that has what it wanted: main's quiet exit
     except OSError as e:
-        # What is still buffered would fail again at the interpreter's exit, with a line of its own.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_null()  # what is still buffered would fail again at the interpreter's exit, with a line of its own
         print(f"mhaserve {command}: error: {e.strerror or e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _stdout_to_null() -> None:
+    """Standard output to /dev/null from here on, so that the interpreter's own flush at exit raises nothing."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
 
 
 def _health(args: argparse.Namespace) -> int:
@@ -577,8 +581,7 @@ def _health(args: argparse.Namespace) -> int:
     except (argparse.ArgumentTypeError, TlsError) as e:
         print(f"mhaserve health: error: {e}", file=sys.stderr)
         return 2
-    print(status)
-    return 0 if status == "SERVING" else 1
+    return _output("health", status) or (0 if status == "SERVING" else 1)
 
 
 def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -773,8 +776,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         # `mhaserve encode ... | head -1`: the reader has what it wanted. Quiet, as other commands in a
-        # pipe are; stdout goes to /dev/null so that the interpreter's own flush at exit raises nothing.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # pipe are.
+        _stdout_to_null()
         return 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe stopped
 
 

@@ -428,6 +428,16 @@ def test_encode_whose_output_cannot_be_written_says_so_in_one_line(server: Serve
         )
     said = "No space left on device" if out == "full" else "standard output is closed"
     assert proc.returncode == 1 and proc.stderr.strip() == f"mhaserve encode: error: {said}", proc.stderr
+    if out == "full":  # health's answer (export's and import's entry) alike
+        with open("/dev/full", "w") as stdout:
+            proc = subprocess.run(
+                [MHASERVE, "health", "--address", server.address],
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=WAIT,
+            )
+        assert proc.returncode == 1 and proc.stderr.strip() == f"mhaserve health: error: {said}", proc.stderr
 
 
 def test_encode_from_a_closed_standard_input_is_a_usage_error() -> None:
