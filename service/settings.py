@@ -129,20 +129,19 @@ def _methods(s: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in s.split(",") if m.strip())
 
 
-_EVERY_ADDRESS = frozenset({"", "0.0.0.0", "::", "[::]"})
-
-
 def _same_listener(a: str, b: str) -> bool:
-    """Whether listeners on hosts `a` and `b` would take the same port of one address: the same text, either every
-    address, or two names of one address (`localhost` and 127.0.0.1). A name that does not resolve is left to the
-    bind, which says so."""
-    if a == b or a in _EVERY_ADDRESS or b in _EVERY_ADDRESS:
+    """Whether listeners on hosts `a` and `b` would take the same port of one address: the same text, "" (every
+    address), or addresses of one family that are the same or that family's every-address (0.0.0.0, ::), so that
+    two names of one address (localhost and 127.0.0.1) are seen as one. A name that does not resolve is left to
+    the bind, which says so."""
+    if a == b or "" in (a, b):
         return True
     try:
-        addresses = [{info[4][0] for info in socket.getaddrinfo(h.strip("[]"), None)} for h in (a, b)]
+        found = [{(i[0], i[4][0]) for i in socket.getaddrinfo(h.strip("[]"), None)} for h in (a, b)]
     except OSError:
         return False
-    return bool(addresses[0] & addresses[1])
+    every = {"0.0.0.0", "::"}
+    return any(fa == fb and (xa == xb or xa in every or xb in every) for fa, xa in found[0] for fb, xb in found[1])
 
 
 @dataclass(frozen=True)

@@ -141,9 +141,12 @@ def test_bad_values_are_refused_by_name(env: dict[str, str], message: str) -> No
         build({}, env=env)
 
 
-def test_two_addresses_may_listen_on_one_port() -> None:
-    env = {"MHASERVE_METRICS_HOST": "127.0.0.2", "MHASERVE_HTTP_PORT": "9000", "MHASERVE_METRICS_PORT": "9000"}
-    assert build({}, env=env).metrics_address == "127.0.0.2"
+@pytest.mark.parametrize(("host", "metrics_host"), [("127.0.0.1", "127.0.0.2"), ("::1", "0.0.0.0")])
+def test_two_addresses_may_listen_on_one_port(host: str, metrics_host: str) -> None:
+    """Two addresses, or one of IPv6 and IPv4's every-address, bind one port each: no clash."""
+    env = {"MHASERVE_HOST": host, "MHASERVE_METRICS_HOST": metrics_host, "MHASERVE_HTTP_PORT": "9000",
+           "MHASERVE_METRICS_PORT": "9000"}  # fmt: skip
+    assert build({}, env=env).metrics_address == metrics_host
 
 
 @pytest.mark.usefixtures("gpu_without_cuda")
