@@ -377,6 +377,20 @@ def test_a_request_over_the_message_limit_is_resource_exhausted(channel: grpc.Ch
     assert method(channel, "echo")(b"after", timeout=10) == b"after"  # the connection serves on
 
 
+def test_a_stream_answers_the_requests_before_a_message_over_the_limit(lean: Running) -> None:
+    """A client stream's message over the limit ends the call RESOURCE_EXHAUSTED after its requests before it are
+    answered, as grpc core's front does: the lean front failed the call at once, dropping those not yet read (6 of
+    20 answered in one run, 19 in another)."""
+    messages = b"".join(b"\x00" + (1).to_bytes(4, "big") + bytes([97 + i % 26]) for i in range(20))
+    over = b"\x00" + (2 << 20).to_bytes(4, "big") + b"x" * 100  # its length alone past the limit
+    head = f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(f"/{SERVICE}/chat"))
+    got = raw_exchange(lean.port, head + f.frame(f.DATA, 0, 1, messages + over), until_closed=False)
+    data = b"".join(p for kind, _, sid, p in got if kind == f.DATA and sid == 1)
+    answered = [data[i + 5 : i + 6] for i in range(0, len(data), 6)]
+    assert answered == [bytes([65 + i % 26]) for i in range(20)], answered
+    assert answers(got)[1]["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+
+
 def test_a_compressed_request_is_read(channel: grpc.Channel) -> None:
     payload = b"squeeze me " * 1000
     assert method(channel, "echo")(payload, compression=grpc.Compression.Gzip, timeout=10) == payload

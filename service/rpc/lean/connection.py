@@ -170,6 +170,7 @@ class Stream:
         "waiter",
         "remote_closed",
         "error",
+        "error_after",
         "credit",
         "send_window",
         "pending",
@@ -211,6 +212,8 @@ class Stream:
         self.waiter: asyncio.Future[None] | None = None
         self.remote_closed = False
         self.error: ServiceError | None = None  # raised at the call's next read
+        # A message that is not one (over the limit, not inflating): raised once the whole ones before it are read
+        self.error_after: ServiceError | None = None
         self.credit = 0  # bytes received and not yet credited back to the peer
         self.send_window = send_window
         self.pending = bytearray()  # DATA payload waiting for the peer's windows
@@ -527,7 +530,7 @@ class Connection(asyncio.Protocol):
                 self._stream_error(stream_id, f.STREAM_CLOSED, "DATA after the stream's end", out)
             return
         stream.credit += len(payload)
-        if stream.error is None:
+        if stream.error is None and stream.error_after is None:
             incoming = self.server.incoming
             if stream.single and payload:
                 self._second_message(stream)
@@ -537,10 +540,15 @@ class Connection(asyncio.Protocol):
                 stream.buffer += payload
                 try:
                     self._messages(stream)
-                    if stream.probe and len(stream.buffer) + stream.queued > stream.limit + 5:
-                        raise TooLarge(f"a probe's call holds at most {stream.limit + 5} bytes of its requests unread")
                 except ServiceError as e:
-                    self._fail(stream, e)
+                    # A message that is not one (over the limit, flagged or compressed wrongly): as grpc core's
+                    # front, the call's whole messages before it are read first, and what follows it is dropped.
+                    stream.error_after = e
+                    stream.buffer.clear()
+                    stream.wake()
+                if stream.probe and len(stream.buffer) + stream.queued > stream.limit + 5:
+                    unread = f"a probe's call holds at most {stream.limit + 5} bytes of its requests unread"
+                    self._fail(stream, TooLarge(unread))
                 else:
                     self._hold(stream)
         if flags & f.END_STREAM:
@@ -814,7 +822,7 @@ class Connection(asyncio.Protocol):
             if stream.messages:
                 message = stream.messages.popleft()
                 stream.queued -= len(message)
-                if only and (stream.messages or stream.buffer):  # a second message, whole or begun, came with it
+                if only and (stream.messages or stream.buffer or stream.error_after):  # a second, whole or begun
                     error = Unimplemented(MORE_THAN_ONE)
                     self._fail(stream, error)
                     raise error
@@ -826,6 +834,9 @@ class Connection(asyncio.Protocol):
                     self._write(f.window_update(stream.id, stream.credit))
                     stream.credit = 0
                 return message
+            if stream.error_after is not None:
+                self._fail(stream, stream.error_after)
+                raise stream.error_after
             if stream.remote_closed:
                 return None
             stream.waiter = self.server.loop.create_future()
