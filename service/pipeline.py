@@ -282,15 +282,17 @@ class Pipeline:
                     raise InvalidArgument(self._too_long(i, length, measured, prompted=prompted), param="input")
         return encodings
 
-    async def tokenize_whole(self, texts: Sequence[str]) -> list[Encoding]:
+    async def tokenize_whole(self, texts: Sequence[str], *, prompted: bool = False) -> list[Encoding]:
         """Every token of each text, none cut at the model's maximum (what /tokenize shows without `truncate`, as
         TEI's does: how long a document is, to split it); a text longer than `TOKENIZE_CHARS_PER_TOKEN`
-        characters a token of that maximum is refused, as TEI refuses it. Off the event loop past a few."""
+        characters a token of that maximum is refused, as TEI refuses it (its count said to include the prompt
+        where one is `prompted` before each text). Off the event loop past a few."""
         limit = self.max_tokens * TOKENIZE_CHARS_PER_TOKEN
         for i, text in enumerate(texts):
             if len(text) > limit:
+                long = f"{len(text)} characters long{' (the prompt included)' if prompted else ''}"
                 raise InvalidArgument(
-                    f"input {i} is {len(text)} characters long; a text is tokenised whole up to {limit} "
+                    f"input {i} is {long}; a text is tokenised whole up to {limit} "
                     f"({TOKENIZE_CHARS_PER_TOKEN} a token of the model's maximum, as text-embeddings-inference "
                     "does): shorten it or set truncate",
                     param="input",
@@ -329,18 +331,20 @@ class Pipeline:
         vocabulary."""
         truncate = self.auto_truncate if req.truncate is None else req.truncate
         if req.texts:
-            prompted = bool(req.prompt_name or self.default_prompt)
+            prompted = bool(self.prompt(req))
             encodings = await self.tokenize(self.prompted(req), truncate=truncate, prompted=prompted)
             return [np.asarray(enc.ids, dtype=np.int64) for enc in encodings]
         return self._check_ids(req.token_ids, truncate=truncate)
 
-    def prompted(self, req: EncodeInput) -> Sequence[str]:
-        """The texts with the prompt the request names (or the model's default one) put before each."""
+    def prompt(self, req: EncodeInput) -> str:
+        """The prompt the request names, or the model's default one; "" for none."""
         name = req.prompt_name or self.default_prompt
-        if not name:
-            return req.texts
-        prompt = self.prompts[name]
-        return [prompt + text for text in req.texts]
+        return self.prompts[name] if name else ""
+
+    def prompted(self, req: EncodeInput) -> Sequence[str]:
+        """The texts with the request's prompt (`prompt`) put before each."""
+        prompt = self.prompt(req)
+        return [prompt + text for text in req.texts] if prompt else req.texts
 
     def encode_post(
         self,

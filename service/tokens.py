@@ -53,7 +53,9 @@ async def tokenize(
         prompted = pipeline.prompted(asked)
         # (refused past the model's maximum once, as an embedding is: no way to learn how long a document is)
         encodings = await (
-            pipeline.tokenize(prompted, truncate=True) if truncate else pipeline.tokenize_whole(prompted)
+            pipeline.tokenize(prompted, truncate=True)
+            if truncate
+            else pipeline.tokenize_whole(prompted, prompted=bool(pipeline.prompt(asked)))
         )
     except InvalidArgument as e:
         if e.param == "input":  # the pipeline's checks name the embeddings APIs' field

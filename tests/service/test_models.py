@@ -49,6 +49,7 @@ from mhaserve.service import models as models_module
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.metrics import Metrics
+from mhaserve.service.pipeline import TOKENIZE_CHARS_PER_TOKEN
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine, expected_row
 from mhaserve.testing.http import request
@@ -353,6 +354,10 @@ def test_prompts_max_length_and_normalize_from_the_serving_config(tmp_path: Path
         own = [t for t in tokens if t["start"] is not None]
         assert all(t["stop"] is None for t in tokens if t["start"] is None) and len(own) < len(tokens) - 2
         assert "".join("what is it"[t["start"] : t["stop"]] for t in own) == "whatisit"
+        # a text /tokenize refuses for its characters counts the prompt's, and says so
+        longest = 24 * TOKENIZE_CHARS_PER_TOKEN
+        reply = request("POST", srv.http_url + "/tokenize", {"inputs": "x" * longest, "prompt_name": "query"})
+        assert reply.status == 400 and f"{longest + 7} characters long (the prompt included)" in reply.body.decode()
         with pytest.raises(grpc.RpcError) as e:
             texts(["x" * 20], prompt_name="query")
         assert "more than the model's maximum of 24 (special tokens and the prompt included)" in str(e.value.details())

@@ -18,19 +18,22 @@ class _Prompting:
     """The part of a Pipeline that `tokenize` uses, on MiniLM's WordPiece tokenizer, with one prompt."""
 
     def __init__(self, prompt: str) -> None:
-        self.prompt = prompt
+        self.text = prompt
         self.tokenizer = load_for_serving(default_source() / "tokenizer.json", 256)
 
     def validate(self, req: EncodeInput) -> None:
         pass
 
+    def prompt(self, req: EncodeInput) -> str:
+        return self.text
+
     def prompted(self, req: EncodeInput) -> Sequence[str]:
-        return [self.prompt + text for text in req.texts]
+        return [self.text + text for text in req.texts]
 
     async def tokenize(self, texts: Sequence[str], *, truncate: bool, prompted: bool = False) -> list[Encoding]:
         return self.tokenizer.encode_batch(list(texts))
 
-    async def tokenize_whole(self, texts: Sequence[str]) -> list[Encoding]:
+    async def tokenize_whole(self, texts: Sequence[str], *, prompted: bool = False) -> list[Encoding]:
         return self.tokenizer.encode_batch(list(texts))
 
 
