@@ -311,12 +311,13 @@ class GrpcClient:
 
     def __init__(self, host: str, timeout: float, conn: Connection | None = None) -> None:
         conn = conn or Connection()
-        # A bare HOST gets the server's port, as `mhaserve encode` takes an address (grpc's would be 443); a URL
-        # keeps its scheme's (https://gateway: 443).
-        host = with_default_port(host.rstrip("/"))
+        # A host without a port gets the server's, as `mhaserve encode` takes an address (grpc's would be 443),
+        # but for a TLS URL (https://gateway: 443).
+        tls_url = host.startswith(("grpcs://", "https://"))
         for scheme in ("grpcs://", "https://", "grpc://", "http://", "dns:///"):
             host = host.removeprefix(scheme)
-        self.channel = conn.channel(host, CHANNEL_OPTIONS)
+        host = host.rstrip("/")
+        self.channel = conn.channel(host if tls_url else with_default_port(host), CHANNEL_OPTIONS)
         self.metadata = conn.metadata()
         self.stub = pb_grpc.EncoderServiceStub(self.channel)
         self.timeout = timeout

@@ -131,9 +131,9 @@ def _methods(s: str) -> tuple[str, ...]:
 
 def _same_listener(a: str, b: str) -> bool:
     """Whether listeners on hosts `a` and `b` would take the same port of one address: the same text, "" (every
-    address), or addresses of one family that are the same or that family's every-address (0.0.0.0, ::), so that
-    two names of one address (localhost and 127.0.0.1) are seen as one. A name that does not resolve is left to
-    the bind, which says so."""
+    address), the same address (two names of one, localhost and 127.0.0.1, are seen as one), IPv4's every-address
+    and an IPv4 address, or IPv6's (::), which the listeners bind dual-stack, and any. A name that does not
+    resolve is left to the bind, which says so."""
     if a == b or "" in (a, b):
         return True
     try:
@@ -141,7 +141,11 @@ def _same_listener(a: str, b: str) -> bool:
     except OSError:
         return False
     every = {"0.0.0.0", "::"}
-    return any(fa == fb and (xa == xb or xa in every or xb in every) for fa, xa in found[0] for fb, xb in found[1])
+    return any(
+        xa == xb or "::" in (xa, xb) or (fa == fb and (xa in every or xb in every))  # ::, dual-stack, takes IPv4's too
+        for fa, xa in found[0]
+        for fb, xb in found[1]
+    )
 
 
 @dataclass(frozen=True)

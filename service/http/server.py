@@ -98,7 +98,7 @@ class _Trailers(list[tuple[bytes, bytes]]):
         self.protocol = protocol
 
     def append(self, field: tuple[bytes, bytes]) -> None:
-        self.protocol._count(len(field[0]) + len(field[1]) + 4, TOO_LARGE_TRAILERS)
+        self.protocol._refuse_trailers(len(field[0]) + len(field[1]) + 4)
 
 
 class ReadTimeoutProtocol(HttpToolsProtocol):
@@ -117,6 +117,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         # A chunked body: whether a chunk's size line has come and none of its data yet (after the last one, size 0,
         # the trailer section), and the bytes of the reads since; the trailer fields go to `_trailers`.
         self._chunk_waits = False
+        self._chunks = 0  # size lines read, for a read that follows one to tell it from one with another
         self._unfed = 0
         self._trailers = _Trailers(self)
         self._refused = False  # headers over the limit: answered 431, the connection closing
@@ -219,16 +220,17 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         if not self._in_body and len(data) > left and data.find(b"\r\n\r\n", 0, left + 4) < 0:
             self._count(len(data))
             return
-        began, in_body = self._requests, self._in_body
+        began, waited = self._requests, self._chunk_waits and self._chunks
         super().data_received(data)
         # Counted by the chunk, after parsing, while a request's headers are incomplete, rather than by a
         # Python call per header on every request (the hot path of every short request).
         if self._in_headers:
             self._count(len(data))
-        elif self._chunk_waits and in_body and self._requests == began:  # the whole read in one request's body
+        elif waited and self._chunk_waits and self._chunks == waited and self._requests == began:
+            # the whole read after one chunk's size line, none of its data (the trailer section, after the last)
             self._unfed += len(data)
             if self._unfed > MAX_HEADER_BYTES:  # a trailer field httptools holds whole until it ends
-                self._count(MAX_HEADER_BYTES + 1, TOO_LARGE_TRAILERS)
+                self._refuse_trailers()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -258,6 +260,16 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
     # none of its data has come (after the last chunk's, all of them trailers) may be MAX_HEADER_BYTES, no more.
     def on_chunk_header(self) -> None:
         self._chunk_waits, self._unfed = True, 0
+        self._chunks += 1
+
+    def _refuse_trailers(self, size: int = MAX_HEADER_BYTES + 1) -> None:
+        """Count `size` bytes of a trailer section; past the limit, the 431, and the request's app, which waits
+        for the body's end, told that its client is gone (its body timer would answer 408 on the closing
+        connection, as uvicorn's connection_lost tells it once the connection is closed)."""
+        self._count(size, TOO_LARGE_TRAILERS)
+        if self._refused and self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
 
     def on_chunk_complete(self) -> None:
         self._chunk_waits = False

@@ -127,6 +127,15 @@ def test_flag_beats_variable_beats_default() -> None:
         ),
         (
             {
+                "MHASERVE_HOST": "::",
+                "MHASERVE_METRICS_HOST": "0.0.0.0",
+                "MHASERVE_HTTP_PORT": "9000",
+                "MHASERVE_METRICS_PORT": "9000",
+            },  # fmt: skip
+            "MHASERVE_HTTP_PORT and MHASERVE_METRICS_PORT are both",
+        ),
+        (
+            {
                 "MHASERVE_METRICS_HOST": "0.0.0.0",
                 "MHASERVE_PROCESSES": "2",
                 "MHASERVE_METRICS_PORT": "9000",
