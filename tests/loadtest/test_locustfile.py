@@ -360,9 +360,16 @@ def _hang_during(server: Server, cmd: list[str], log: Path, stop: signal.Signals
     `stop`, send Locust that signal 3 s later (as Ctrl-C, to it alone), else let its --run-time end it. Its exit
     status and its output."""
     with log.open("w") as out:
-        # its own process group, as a shell's job is: Ctrl-C reaches Locust alone
+        # its own process group, as a shell's job is: Ctrl-C reaches Locust alone; and SIGINT handled, as in a
+        # terminal, though a suite run in the background (`make test &`) hands its children SIGINT ignored
         locust = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=_env(), start_new_session=True
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=_env(),
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
         )
         try:
             wait_until(lambda: "All users spawned" in log.read_text(), "Locust's users", timeout=60)
