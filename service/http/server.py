@@ -113,11 +113,10 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._in_headers = False  # between a request's first byte and the end of its headers
         self._in_body = False  # between the end of a request's headers and the end of the request
-        self._requests = 0  # begun on this connection
         # A chunked body: whether a chunk's size line has come and none of its data yet (after the last one, size 0,
         # the trailer section), and the bytes of the reads since; the trailer fields go to `_trailers`.
         self._chunk_waits = False
-        self._chunks = 0  # size lines read, for a read that follows one to tell it from one with another
+        self._chunks = 0  # size lines read on the connection, to tell a read after one from a read past it
         self._unfed = 0
         self._trailers = _Trailers(self)
         self._refused = False  # headers over the limit: answered 431, the connection closing
@@ -220,14 +219,15 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         if not self._in_body and len(data) > left and data.find(b"\r\n\r\n", 0, left + 4) < 0:
             self._count(len(data))
             return
-        began, waited = self._requests, self._chunk_waits and self._chunks
+        waited = self._chunks if self._chunk_waits else 0  # the size line this read began after, if any
         super().data_received(data)
         # Counted by the chunk, after parsing, while a request's headers are incomplete, rather than by a
         # Python call per header on every request (the hot path of every short request).
         if self._in_headers:
             self._count(len(data))
-        elif waited and self._chunk_waits and self._chunks == waited and self._requests == began:
-            # the whole read after one chunk's size line, none of its data (the trailer section, after the last)
+        elif waited and self._chunk_waits and self._chunks == waited:
+            # the whole read after one chunk's size line, none of its data (the trailer section, after the last);
+            # a read that began another request is not, whose headers reset `_chunk_waits`
             self._unfed += len(data)
             if self._unfed > MAX_HEADER_BYTES:  # a trailer field httptools holds whole until it ends
                 self._refuse_trailers()
@@ -237,7 +237,6 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         if self.connection_limit is not None:  # a request line's first byte: cut after those that sent nothing
             self.connection_limit.began(self)
         self._header_bytes = 0
-        self._requests += 1
         self._in_headers = True
         self._arm()
 
@@ -262,6 +261,9 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._chunk_waits, self._unfed = True, 0
         self._chunks += 1
 
+    def on_chunk_complete(self) -> None:
+        self._chunk_waits = False
+
     def _refuse_trailers(self, size: int = MAX_HEADER_BYTES + 1) -> None:
         """Count `size` bytes of a trailer section; past the limit, the 431, and the request's app, which waits
         for the body's end, told that its client is gone (its body timer would answer 408 on the closing
@@ -270,9 +272,6 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         if self._refused and self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True
             self.cycle.message_event.set()
-
-    def on_chunk_complete(self) -> None:
-        self._chunk_waits = False
 
     def on_body(self, body: bytes) -> None:
         if self._refused:  # the rest of a refused request goes nowhere (a 431 in its trailers)
