@@ -235,7 +235,9 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
             manifest = mf.Manifest(
                 name=name,
                 version=version_,
-                source=label,
+                # a random model's seed and position encoding, which no other key records: what it takes,
+                # with the sizes, to export it again as it was
+                source=label if ckpt_dir else f"{label} (seed {opts.seed}, {cfg.positional} positions)",
                 architecture="bert",
                 hidden_size=cfg.d_model,
                 layers=cfg.n_layers,

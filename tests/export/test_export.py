@@ -162,6 +162,13 @@ def test_a_graph_that_holds_its_weights_records_no_external_data(tiny_entry: Pat
     assert not any("external_data" in g for g in written["graphs"].values())
 
 
+def test_a_random_models_manifest_says_how_to_make_it_again(tiny_entry: Path) -> None:
+    """Its sizes are keys of the manifest already; the seed and the position encoding were nowhere, so a random
+    model could not be exported again as it was (the source label carries them: a new key would make servers
+    older than it refuse the manifest)."""
+    assert read_manifest(tiny_entry).source == "random (seed 7, learned positions)"
+
+
 def _tiny_opts(repo: Path, **kw: object) -> ExportOptions:
     return ExportOptions(source="random", repository=repo, name="t", random_config=dict(TINY), **kw)  # type: ignore[arg-type]
 
