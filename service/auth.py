@@ -43,9 +43,16 @@ class AuthError(ValueError):
     """The API keys cannot be read or are malformed; the message names the file and line, never the key."""
 
 
+KEY_RULE = "an API key must be printable ASCII without spaces (gRPC metadata carries it)"
+
+
+def is_valid_key(key: str) -> bool:
+    return set(key) <= _PRINTABLE_ASCII
+
+
 def _check_key(key: str, where: str) -> str:
-    if not set(key) <= _PRINTABLE_ASCII:
-        raise AuthError(f"{where}: an API key must be printable ASCII without spaces (gRPC metadata carries it)")
+    if not is_valid_key(key):
+        raise AuthError(f"{where}: {KEY_RULE}")
     return key
 
 

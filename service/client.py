@@ -7,7 +7,6 @@ mutual TLS) and an API key, sent as `authorization: Bearer <key>` metadata.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,8 +117,10 @@ def vectors(response: pb.EncodeResponse) -> npt.NDArray[np.float32]:
 
 
 def embeddings_json(response: pb.EncodeResponse) -> str:
-    """One JSON array per input, one per line, in input order."""
-    return "\n".join(json.dumps([round(v, 7) for v in e.values]) for e in response.embeddings)
+    """One JSON array per input, one per line, in input order: each value the shortest decimal that reads back as
+    the server's float32 (json.dumps of the float would print its float64 digits, 17 of them, and rounding to a
+    few decimals lost small values: 1e-33 printed -0.0)."""
+    return "\n".join("[" + ", ".join(str(v) for v in row) + "]" for row in vectors(response))
 
 
 def summary(texts: Sequence[str], response: pb.EncodeResponse) -> str:

@@ -78,9 +78,7 @@ def claim_ports(settings: Settings) -> Settings:
     """The settings with the ports every process binds: each checked free by binding it now (without
     SO_REUSEPORT, so that another program's listener is found), the gRPC port chosen when it is 0; and
     the metrics ports, the supervisor's and one per process after it."""
-    last = settings.metrics_port + settings.processes
-    if settings.metrics_port and last > 65535:
-        raise PortsError(f"metrics ports {settings.metrics_port}-{last} (one per process after it) pass 65535")
+    last = settings.metrics_port + settings.processes  # at most 65535: Settings refuses more
     metrics = range(settings.metrics_port, last + 1) if settings.metrics_port else range(0)
     # A gRPC port the kernel chooses is free now, and so may be one of the others, which nothing holds yet:
     # chosen again then (a process given the same port twice refuses its settings and the start fails).

@@ -23,7 +23,7 @@ from mhaserve.runtime.cpus import available_cpus
 from mhaserve.runtime.devices import DEVICES, Device, wants_cuda
 from mhaserve.runtime.repository import GRAPHS, GraphChoice
 from mhaserve.service import connections, incoming
-from mhaserve.service.auth import OPEN_METHODS
+from mhaserve.service.auth import KEY_RULE, OPEN_METHODS, is_valid_key
 from mhaserve.service.batching import BATCHING, CPU_LIMITS, CUDA_LIMITS, Batching, Limits
 from mhaserve.service.kserve.servicer import REPOSITORY_METHODS as KSERVE_REPOSITORY_METHODS
 from mhaserve.service.models import ALL_MODELS, CONTROLS, Control
@@ -88,6 +88,9 @@ class ApiKeys:
         if not keys and s:
             # "," or " ": meant to hold keys, holds none; read as no keys, it served everyone.
             raise ValueError("it names no key")
+        if not all(is_valid_key(k) for k in keys):
+            # a usage error here, as the same key in a keys file is: the server refused it only as it started (1)
+            raise ValueError(KEY_RULE)
         return cls(keys)
 
     def __repr__(self) -> str:
@@ -517,6 +520,13 @@ class Settings:
         for name in ("port", "metrics_port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{flag(name)} must be a port number in [0, 65535], got {getattr(self, name)}")
+        if self.metrics_port and self.processes > 1 and self.metrics_port + self.processes > 65535:
+            # each process's own (processes.py): past 65535 the supervisor refused it only as it claimed its ports
+            first = 65535 - self.metrics_port  # the first process whose port would pass it
+            raise SettingsError(
+                f"{flag('metrics_port')} {self.metrics_port} with {flag('processes')} {self.processes}: process "
+                f"{first}'s metrics port ({flag('metrics_port')} + 1 + {first}) would be 65536, past 65535"
+            )
         # One port for two listeners failed only at bind, after the model had loaded, with exit 1.
         ports = [(flag(n), getattr(self, n)) for n in ("port", "http_port") if getattr(self, n)]
         if self.metrics_port and _same_listener(self.metrics_address, self.host):

@@ -249,11 +249,34 @@ def test_encode_reads_stdin_and_refuses_bad_timeouts_and_keys(
         (["--timeout", "-1"], "above 0"),
         (["--timeout", "abc"], "argument --timeout: invalid float value: 'abc'"),  # "invalid _seconds value" once
         (["--api-key", "clé"], "printable ASCII"),
+        # grpcio fails every call whose deadline is that far (DEADLINE_EXCEEDED at once), blaming the server
+        (["--timeout", "1e10"], "and at most 100000000"),
     )
     for bad, message in bad_values:
         with pytest.raises(SystemExit) as e:
             main(["encode", "hello", "--address", server.address, *bad])
         assert e.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["health", "--address", server.address, "--timeout", "1e10"])
+    assert e.value.code == 2 and "and at most 100000000" in capsys.readouterr().err
+    # the longest a timeout may be still works
+    assert main(["encode", "hello", "--address", server.address, "--timeout", "1e8"]) == 0
+    assert main(["health", "--address", server.address, "--timeout", "1e8"]) == 0
+
+
+def test_encode_prints_the_servers_float32_values_exactly(
+    server: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each value was rounded to 7 decimals: 1,123 of 1,152 differed from the server's float32 (a value of 1e-33
+    printed as -0.0), where every other API answers them bit for bit. Each is printed as the shortest decimal that
+    reads back as the same float32."""
+    texts = ["hello", "The quick brown fox jumps over the lazy dog", "日本語のテキスト"]
+    assert main(["encode", *texts, "--address", server.address, "--no-normalize"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    printed = np.array([json.loads(line) for line in lines], dtype=np.float32)
+    np.testing.assert_array_equal(printed, client.vectors(client.encode(server.address, texts, normalize=False)))
+    first = client.encode(server.address, texts[:1], normalize=False).embeddings[0].values
+    assert lines[0] == "[" + ", ".join(str(np.float32(v)) for v in first) + "]"
 
 
 def test_encode_splits_standard_input_at_line_ends_only(

@@ -309,6 +309,39 @@ def test_a_keys_file_without_keys_is_a_usage_error_named_as_set(
     assert f"MHASERVE_API_KEYS_FILE {empty} holds no key" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("variable", ["MHASERVE_API_KEYS", "MHASERVE_ADMIN_KEYS"])
+def test_a_malformed_key_in_the_environment_is_a_usage_error_as_in_a_keys_file(
+    variable: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same key in --api-keys-file was a usage error (2) before the server started; in the variable, the
+    server started and stopped with "cannot start: ..." (1), which an orchestrator reads as another failure."""
+    with pytest.raises(SettingsError, match=f"^{variable} is not valid: an API key must be printable ASCII"):
+        build({}, env={variable: "good,bad key"})
+    monkeypatch.setenv(variable, "k1,caf\u00e9")
+    assert main(["serve", "--repository", str(tmp_path), "--port", "0", "--http-port", "0", "--metrics-port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mhaserve serve: error: {variable} is not valid: an API key must be printable ASCII")
+    assert "caf" not in err  # the keys are never shown
+
+
+def test_metrics_ports_past_65535_for_the_processes_are_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each process listens on --metrics-port + 1 + i: past 65535 the supervisor found it only as it claimed its
+    ports ("cannot start", 1), where two of those ports the same is a usage error (2)."""
+    message = (
+        r"^--metrics-port 65534 with --processes 2: process 1's metrics port \(--metrics-port \+ 1 \+ 1\) would be "
+        "65536, past 65535$"
+    )
+    with pytest.raises(SettingsError, match=message):
+        build(parse("--processes", "2", "--metrics-port", "65534"), env={})
+    assert build(parse("--processes", "2", "--metrics-port", "65533"), env={}).metrics_port == 65533
+    assert build(parse("--processes", "2", "--metrics-port", "0"), env={}).metrics_port == 0  # none
+    args = ["serve", "--repository", str(tmp_path), "--port", "0", "--http-port", "0"]
+    assert main([*args, "--processes", "2", "--metrics-port", "65535"]) == 2
+    assert "process 0's metrics port (--metrics-port + 1 + 0) would be 65536" in capsys.readouterr().err
+
+
 def test_a_model_name_the_repository_cannot_hold_is_refused_by_the_name_that_set_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
