@@ -324,9 +324,20 @@ def warm_up(engine: Engine, *, max_seq_len: int, max_batch_tokens: int) -> int:
     if isinstance(engine, OnnxEngine):
         _check_vocabulary(engine)
     for rows, n in shapes:
-        ones = np.ones((rows, n), dtype=np.int64)
-        engine.run(ones, ones)
-        if overlap:  # the second session plans its own arena
-            assert isinstance(engine, OnnxEngine)
-            engine._run(ones, ones, overlapped=True)
+        try:
+            ones = np.ones((rows, n), dtype=np.int64)
+            engine.run(ones, ones)
+            if overlap:  # the second session plans its own arena
+                assert isinstance(engine, OnnxEngine)
+                engine._run(ones, ones, overlapped=True)
+        except Exception as e:
+            if rows == 1:
+                raise
+            # A budget too large for this host (an extra zero): numpy's or ONNX Runtime's allocation failure
+            # named neither the budget nor where it is set. The batcher would form such a batch under load.
+            raise Unavailable(
+                f"the widest batch of the token budget, {rows} inputs of {n} tokens (max_batch_tokens "
+                f"{max_batch_tokens}: --max-batch-tokens, or limits in the model's serving.json), cannot run here: "
+                f"{reason(e)}"
+            ) from None
     return len(shapes) * (2 if overlap else 1) + isinstance(engine, OnnxEngine)  # and the vocabulary's run

@@ -176,6 +176,18 @@ def test_warm_up_refuses_a_vocabulary_the_graph_has_not(tiny_entry: Path, tmp_pa
     warm_up(engine(tiny_entry, overlap_threads=None), max_seq_len=160, max_batch_tokens=640)  # 256: every id runs
 
 
+def test_a_token_budget_whose_widest_batch_cannot_run_fails_the_load_naming_the_budget(tiny_entry: Path) -> None:
+    """`--max-batch-tokens 1e12` failed the load with "Unable to allocate 7.28 TiB for an array ..." (numpy's) or
+    an ONNX Runtime arena failure, naming neither the budget nor where it is set."""
+    budget = 10**13  # 62.5 billion inputs of 160 tokens: no machine allocates that
+    with pytest.raises(Unavailable) as e:
+        warm_up(engine(tiny_entry, overlap_threads=None), max_seq_len=160, max_batch_tokens=budget)
+    assert str(e.value).startswith(
+        f"the widest batch of the token budget, {budget // 160} inputs of 160 tokens (max_batch_tokens {budget}: "
+        "--max-batch-tokens, or limits in the model's serving.json), cannot run here: "
+    )
+
+
 def test_the_two_sessions_share_one_arena_and_a_lone_session_keeps_its_own(tiny_entry: Path) -> None:
     """Each session's own arena would plan for the widest batch twice (MiniLM: 946 MB resident after warm-up,
     626 MB shared, 540 MB with one session)."""
