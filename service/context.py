@@ -111,3 +111,20 @@ class Throttle(logging.Filter):
             return None
         self._next[message] = now + self.interval
         return self._left_out.pop(message, 0)
+
+
+class Demote(logging.Filter):
+    """Lines of `messages` (a record whose message starts with one) written at DEBUG, without their traceback, where
+    a library logs at ERROR what is a client's doing, not a fault of the server's."""
+
+    def __init__(self, messages: Iterable[str]) -> None:
+        super().__init__()
+        self.messages = tuple(messages)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not isinstance(record.msg, str) or not record.msg.startswith(self.messages):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.exc_info, record.exc_text = None, None
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+

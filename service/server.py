@@ -50,6 +50,7 @@ from mhaserve.service import connections, tls
 from mhaserve.service.auth import OPEN_METHODS, AuthError, KeyRing, Keys, is_open, load_keys
 from mhaserve.service.batching import CPU_LIMITS, Batcher
 from mhaserve.service.connections import ConnectionLimit
+from mhaserve.service.context import Demote
 from mhaserve.service.credentials import Credentials
 from mhaserve.service.dataplane import DataPlane, State
 from mhaserve.service.encoder_v1 import SERVICE as ENCODER_SERVICE
@@ -82,6 +83,10 @@ from mhaserve.service.tei_v1 import TeiServicer
 from mhaserve.service.threads import CountingPool, named_pool
 
 log = logging.getLogger(__name__)
+# grpc.aio logs an ERROR, with a traceback, for each answer it could not write to a stream whose client had
+# cancelled it (or whose deadline passed) meanwhile: a client's doing, as many lines as a client likes. At DEBUG;
+# the call is counted CANCELLED or DEADLINE_EXCEEDED (rpc/interceptors.py).
+CLIENT_GONE = Demote(("ExecuteBatchError raised in core by servicer method",))
 
 MAX_PENDING_CALLS = 20_000
 IDLE_CONNECTION_S = 300  # a gRPC connection with no call for this long is closed (GOAWAY)
@@ -349,6 +354,9 @@ class EncoderServer:
                 refused=calls.refused,
             )
         else:
+            cygrpc = logging.getLogger("grpc._cython.cygrpc")
+            if CLIENT_GONE not in cygrpc.filters:  # once: servers in one process share the logger
+                cygrpc.addFilter(CLIENT_GONE)
             server = grpc.aio.server(
                 interceptors=interceptors,
                 options=[

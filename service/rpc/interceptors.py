@@ -175,6 +175,10 @@ class _Call:
         if self.abandoned is not None and (task := asyncio.current_task()) is not None:
             task.uncancel()
             await self.fail(self.abandoned)  # raises AbortError: answered, not cancelled
+        self.gone()
+
+    def gone(self) -> None:
+        """Its client is gone: counted CANCELLED, or DEADLINE_EXCEEDED where the deadline passed."""
         remaining = self.context.time_remaining()
         # The client's deadline fires first and cancels the call (DEADLINE_SLACK says how close counts).
         expired = remaining is not None and remaining <= DEADLINE_SLACK
@@ -288,6 +292,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 raise
             except asyncio.CancelledError:
                 await call.cancelled()
+                raise
+            except GeneratorExit:
+                # Closed at a `yield` by what wrote its answers: a client that cancelled, or whose deadline passed,
+                # while an answer was being written has that raised in the writer, not here (it was counted OK).
+                call.gone()
                 raise
             except Exception as e:
                 await call.fail(e)

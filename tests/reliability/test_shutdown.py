@@ -31,6 +31,7 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.proto.tei.v1 import tei_pb2_grpc as tei_grpc
 from mhaserve.service.rpc.drain import STREAM_CLOSED
+from mhaserve.service.rpc.streaming import WINDOW
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine, expected_row
 from mhaserve.testing.http import request
@@ -133,6 +134,36 @@ def test_draining_ends_idle_streams_and_watchers_but_finishes_work_in_flight(set
         engine.release.set()
         for f in feeds:
             f.close()
+        srv.stop()
+
+
+@pytest.mark.parametrize("front", ["lean", "grpc"])
+def test_a_stream_its_client_ended_is_not_cut_by_a_drain_that_began_while_answers_held_its_reader(
+    settings: Settings, front: str
+) -> None:
+    """One request more than the stream's window, then the client's end of the stream: the reader waits for room
+    in the window, and a drain that began meanwhile cut the stream there, UNAVAILABLE "send what was not answered
+    to another replica", though every request had been sent and was answered."""
+    engine = ScriptedEngine(hang_on=99)
+    one = dataclasses.replace(settings, max_wait_ms=0.0, grace_period=120.0, inference_workers=1, grpc_front=front)
+    srv = ServerThread(one, engine.factory()).ready()
+    try:
+        with srv.channel() as channel:
+            requests = [ids(99, 5)] + [ids(7, i) for i in range(1, WINDOW + 1)]
+            stream = pb_grpc.EncoderServiceStub(channel).EncodeStream(iter(requests), timeout=2 * WAIT)
+            wait_until(engine.hanging.is_set, "the engine to hold the first request")
+            wait_until(lambda: srv.depth() == WINDOW - 1, "the window's other requests to be queued")
+            stopping = threading.Thread(target=srv.call, args=(srv.server.stop(),), kwargs={"timeout": 2 * WAIT})
+            stopping.start()
+            wait_until(lambda: srv.server.state == "draining", "the drain to begin")
+            engine.release.set()
+            got, code, details = ending(stream)
+            assert (len(got), code, details) == (WINDOW + 1, grpc.StatusCode.OK, "")
+            stopping.join(WAIT)
+            assert not stopping.is_alive()
+        assert srv.counted("OK", "encoder.v1.EncoderService/EncodeStream") == 1
+    finally:
+        engine.release.set()
         srv.stop()
 
 

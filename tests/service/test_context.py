@@ -28,3 +28,32 @@ def test_the_log_follows_stderr_when_the_host_replaces_it(root_logging: None, mo
     log.info("two")
     assert "Logging error" not in second.getvalue()
     assert second.getvalue().rstrip().endswith("INFO mhaserve.test [-] two")
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+def test_grpc_aio_s_error_for_an_answer_to_a_client_gone_is_a_debug_line(
+    root_logging: None, monkeypatch: pytest.MonkeyPatch, level: str
+) -> None:
+    """grpc.aio logged an ERROR with a traceback for each streamed answer it could not write because the client
+    had cancelled (one a cancel, as many as a client likes); the grpc front's filter makes it a DEBUG line."""
+    from mhaserve.service.server import CLIENT_GONE
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    configure_logging(level)
+    logger = logging.getLogger("grpc._cython.cygrpc.test")
+    logger.addFilter(CLIENT_GONE)
+    try:
+        try:
+            raise RuntimeError('Failed "execute_batch"')
+        except RuntimeError:
+            logger.exception("ExecuteBatchError raised in core by servicer method [%s]", "/encoder.v1.X/Y")
+            logger.exception("Unexpected [%s] raised by servicer method [%s]", "KeyError", "/encoder.v1.X/Y")
+    finally:
+        logger.removeFilter(CLIENT_GONE)
+    lines = out.getvalue()
+    assert "ERROR grpc._cython.cygrpc.test [-] Unexpected [KeyError]" in lines  # another error stays one
+    demoted = "DEBUG grpc._cython.cygrpc.test [-] ExecuteBatchError raised in core by servicer method [/encoder.v1.X/Y]"
+    assert (demoted in lines) == (level == "debug")
+    assert "ERROR grpc._cython.cygrpc.test [-] ExecuteBatchError" not in lines
+    assert lines.count("Traceback") == 1  # the other error's

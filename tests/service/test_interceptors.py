@@ -20,6 +20,7 @@ from mhaserve.service.context import request_id
 from mhaserve.service.metrics import Metrics
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
 from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.metrics import from_registry
 from mhaserve.testing.server import ServerThread, local_settings
 
 
@@ -169,3 +170,35 @@ def test_a_method_open_to_all_refuses_a_request_that_does_not_parse_as_any_other
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, (method, e.value.details())
         assert channel.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=WAIT) == b"\x08\x01"
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize(("remaining", "code"), [(30.0, "CANCELLED"), (0.0, "DEADLINE_EXCEEDED"), (None, "CANCELLED")])
+def test_a_stream_closed_at_an_answer_by_its_writer_is_counted_as_its_client_gone(
+    remaining: float | None, code: str
+) -> None:
+    """A client that cancels a stream, or whose deadline passes, while an answer is being written has that raised
+    in the writer (grpc.aio's write, the lean front's), which leaves the stream's generator at its `yield` to be
+    closed: it was counted OK, on both fronts."""
+    metrics = Metrics()
+    interceptor = ServiceInterceptor(metrics, _admit_all)
+
+    async def answers(request: bytes, context: Any) -> Any:
+        for i in range(3):
+            yield i
+
+    class Context:  # what the interceptor reads of grpc.aio's
+        def set_trailing_metadata(self, metadata: Any) -> None:
+            pass
+
+        def time_remaining(self) -> float | None:
+            return remaining
+
+    async def written_once_then_closed() -> None:
+        stream = interceptor._stream(answers, "test.Raw/Stream", "rid", lambda r: r, _admit_all)(b"x", Context())
+        assert await stream.__anext__() == 0
+        await stream.aclose()
+
+    asyncio.run(written_once_then_closed())
+    counted = from_registry(metrics.registry)
+    assert counted.get("mhaserve_requests_total", method="test.Raw/Stream", code=code) == 1
+    assert counted.get("mhaserve_requests_total", method="test.Raw/Stream", code="OK") == 0

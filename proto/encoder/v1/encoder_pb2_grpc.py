@@ -71,7 +71,8 @@ class EncoderServiceServicer:
         fails gets a response with `error` set and the stream goes on; only stream-level failures
         (cancellation, deadline, draining, and a message that is not a request: bytes that do not parse
         as one, INVALID_ARGUMENT, or over the server's message limit, RESOURCE_EXHAUSTED) end it with a
-        status, after the responses to the requests before it.
+        status, after the responses to the requests before it (on `--grpc-front grpc`, grpc core ends a
+        stream at once for a message over the limit, before those responses).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
