@@ -7,7 +7,8 @@ measured against the fp32 graph it was quantised from, through the engine the se
   parity grid (random ids, batch sizes {1, 2, 3, 32} x lengths up to the model's maximum, rows partly
   padding) and over real texts (the fidelity set, and every query and passage of the retrieval set);
   each input both alone and inside a padded batch of mixed lengths, because dynamic quantisation takes
-  its ranges from the whole batch;
+  its ranges from the whole batch (the export's int8 graph fixes them, export/quantize.py: there the two
+  agree, and the gate holds for any batch);
 - on the retrieval set (queries, each with a relevant passage and same-topic distractors, all passages
   in one pool): the int8 graph's best passage for a query is the fp32 graph's for >= 95% of the queries,
   and its ten best share >= 0.9 with the fp32 graph's ten best on average.
@@ -50,6 +51,12 @@ def _data(name: str) -> dict[str, Any]:
 
 def fidelity_texts() -> list[str]:
     texts: list[str] = _data("fidelity.json")["texts"]
+    return texts
+
+
+def calibration_texts() -> list[str]:
+    """The texts whose activations set the int8 graph's fixed ranges (export/quantize.py): none of the gate's."""
+    texts: list[str] = _data("calibration.json")["texts"]
     return texts
 
 

@@ -200,12 +200,14 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
         if opts.int8:
             with progress.step("int8 quantisation + int8 gate (vs the fused fp32 graph)", reports=True):
                 int8 = scratch / "model.int8.onnx"
-                how = quantize.quantize(fused, int8)
+                served = serving_tokenizer.load_for_serving(scratch / mf.TOKENIZER, cfg.max_seq_len)
+                calibration = [e.ids for e in served.encode_batch(int8_gate.calibration_texts())]
+                how = quantize.quantize(fused, int8, calibration=calibration)
                 try:
                     report = int8_gate.check(
                         engine(fused),
                         engine(int8),
-                        serving_tokenizer.load_for_serving(scratch / mf.TOKENIZER, cfg.max_seq_len),
+                        served,
                         max_seq_len=cfg.max_seq_len,
                         vocab_size=cfg.vocab_size,
                         pad_id=cfg.pad_token_id,

@@ -15,6 +15,16 @@ range. It costs five cheap elementwise nodes before the product and one after. `
 products get it and which stay in fp32 (mixed precision); docs/benchmarks.md has the measurements behind the
 default.
 
+Fixed ranges: ONNX Runtime's dynamic quantisation takes each activation's range from the whole batch at run
+time, so an input's vector depended on the others it was batched with (up to 3e-2; a short text batched with
+one other fell to cosine 0.978 of fp32, below the gate's 0.98, in arrangements the gate did not try). Every
+activation is quantised over a range fixed at export instead (`QuantizeLinear` with constants in place of
+`DynamicQuantizeLinear`): a row-scaled one over [-1, 1] (after the GELU, whose output is never below -0.17,
+over [-0.203, 1]: twice the levels for what it holds), the others (the QKV projection's input, the attention
+output) over the range they reach on a calibration set of real texts (export/gate/calibration.json, none of
+them the gate's). An input's vector then is the same, to fp32 rounding, in every batch, and the gate's
+figures hold for every arrangement; it costs no time (no pass over the activation for its range).
+
 The layer norms are written out as plain operators (export/layer_norms.py, as in the CPU fp32 graph). ONNX
 Runtime's CPU kernel for (Skip)LayerNormalization (1.31) ran 2-3x slower than the same arithmetic in eleven
 elementwise and reduction nodes, and the rewrite made the whole int8 graph 4-19 % faster (docs/benchmarks.md,
@@ -27,7 +37,7 @@ import contextlib
 import logging
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -70,6 +80,8 @@ class Int8Plan:
     per_channel: bool = True
     # SkipLayerNormalization as plain operators (see the module's docstring): faster on ONNX Runtime's CPU.
     plain_layer_norm: bool = True
+    # Activations quantised over ranges fixed at export, not per batch (see the module's docstring).
+    fixed_ranges: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,13 +191,19 @@ class QuantizeReport:
     row_scaled: list[str] = field(default_factory=list)
     fp32: list[str] = field(default_factory=list)
     plain_layer_norms: int = 0
+    # each activation quantised over a fixed range, by the tensor's name: [low, high]
+    fixed_ranges: dict[str, list[float]] = field(default_factory=dict)
+    calibration_inputs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def quantize(src: Path, dst: Path, plan: Int8Plan = DEFAULT_PLAN) -> QuantizeReport:
-    """Write `dst`, the int8 graph of the fused fp32 graph `src`, as `plan` says."""
+def quantize(
+    src: Path, dst: Path, plan: Int8Plan = DEFAULT_PLAN, calibration: Sequence[Sequence[int]] = ()
+) -> QuantizeReport:
+    """Write `dst`, the int8 graph of the fused fp32 graph `src`, as `plan` says; `calibration` (token ids of
+    real texts, one input each) sets the fixed ranges of the activations that are not row-scaled."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = ir.load(str(src))
@@ -215,6 +233,8 @@ def quantize(src: Path, dst: Path, plan: Int8Plan = DEFAULT_PLAN) -> QuantizeRep
                     graph.register_initializer(v)
             _row_scale(graph, p, values)
             report.row_scaled.append(p.label)
+    if plan.fixed_ranges and report.int8 and not calibration:
+        raise ValueError("fixed ranges need a calibration set")
     if plan.plain_layer_norm:
         report.plain_layer_norms = plain_layer_norms(graph)
     common_passes.RemoveUnusedNodesPass()(model)  # and the constants no product needed
@@ -235,4 +255,79 @@ def quantize(src: Path, dst: Path, plan: Int8Plan = DEFAULT_PLAN) -> QuantizeRep
             weight_type=QuantType.QInt8 if plan.weights == "int8" else QuantType.QUInt8,
             nodes_to_exclude=exclude,
         )
+    if plan.fixed_ranges and report.int8:
+        report.fixed_ranges = _fix_ranges(dst, calibration)
+        report.calibration_inputs = len(calibration)
     return report
+
+
+# A row-scaled activation's fixed range: within [-1, 1]; after the GELU, within [-0.17 / r, 1] with r >= 0.17,
+# and mostly [-0.2, 1] (r is the row's largest value, far above 0.17 in a row that matters): a zero point of 43
+# gives [-43/212, 1] = [-0.203, 1], twice the levels of [-1, 1] for it.
+_ROW_SCALED = (1 / 127, 128)
+_ROW_SCALED_AFTER_GELU = (1 / 212, 43)
+
+
+def _fix_ranges(path: Path, calibration: Sequence[Sequence[int]]) -> dict[str, list[float]]:
+    """Replace each DynamicQuantizeLinear of the int8 graph at `path` by a QuantizeLinear over a fixed range (the
+    module's docstring), in place; the ranges, by tensor name."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path), load_external_data=False)  # a big graph's weights stay in their file
+    dynamic = [n for n in model.graph.node if n.op_type == "DynamicQuantizeLinear"]
+    scaled = {n.input[0] for n in dynamic if n.input[0].startswith("rowscale_")}
+    ranges = _calibrate(path, model, [n.input[0] for n in dynamic if n.input[0] not in scaled], calibration)
+    fixed: dict[str, tuple[float, int]] = {}
+    for name, (low, high) in ranges.items():
+        scale = (high - low) / 255 or 1.0  # an activation always 0: any scale
+        fixed[name] = (scale, min(255, max(0, round(-low / scale))))
+    for name in scaled:  # rowscale_<layer>_<role>_<n>_Mul
+        fixed[name] = _ROW_SCALED_AFTER_GELU if name.split("_")[2:4] == ["ffn", "down"] else _ROW_SCALED
+    nodes = []
+    for n in model.graph.node:
+        if n.op_type != "DynamicQuantizeLinear":
+            nodes.append(n)
+            continue
+        scale, zero = fixed[n.input[0]]
+        model.graph.initializer.extend(
+            [
+                numpy_helper.from_array(np.array(scale, dtype=np.float32), n.output[1]),
+                numpy_helper.from_array(np.array(zero, dtype=np.uint8), n.output[2]),
+            ]
+        )
+        nodes.append(helper.make_node("QuantizeLinear", [n.input[0], n.output[1], n.output[2]], [n.output[0]], n.name))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(path))
+    return {name: [(0 - zero) * scale, (255 - zero) * scale] for name, (scale, zero) in sorted(fixed.items())}
+
+
+def _calibrate(
+    path: Path, model: Any, names: list[str], calibration: Sequence[Sequence[int]]
+) -> dict[str, tuple[float, float]]:
+    """The range each named activation reaches over the calibration inputs, run one at a time (no padding), 0
+    included (the zero point must be a level: padding and masked positions are exact zeros)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    from mhaserve.runtime.manifest import INPUT_NAMES
+
+    if not names:
+        return {}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
+    # Beside the graph, whose weights file (a big graph's) its tensors name by a path relative to it.
+    with tempfile.NamedTemporaryFile(suffix=".onnx", prefix=".calibrate-", dir=path.parent) as f:
+        onnx.save(probe, f.name)
+        session = ort.InferenceSession(f.name, providers=["CPUExecutionProvider"])
+    low = dict.fromkeys(names, 0.0)
+    high = dict.fromkeys(names, 0.0)
+    for ids in calibration:
+        row = np.array([ids], dtype=np.int64)
+        values = session.run(names, {INPUT_NAMES[0]: row, INPUT_NAMES[1]: np.ones_like(row)})
+        for name, value in zip(names, values, strict=True):
+            low[name], high[name] = min(low[name], float(value.min())), max(high[name], float(value.max()))
+    return {n: (low[n], high[n]) for n in names}

@@ -6,6 +6,7 @@ import io
 import logging
 import os
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -66,10 +67,52 @@ def test_every_product_is_int8_with_reduced_range_per_channel_weights(tiny_entry
         assert w.dtype == np.int8 and np.abs(w.astype(np.int32)).max() <= 64
     qkv_scales = weights["Attention_0.qkv_weight_scale"]
     assert qkv_scales.shape == (3 * TINY["d_model"],)  # one scale per output channel
+    # every activation quantised over a range fixed at export: the QKV input and the attention output of each
+    # layer by the calibration set's, the two row-scaled ones by theirs
+    assert "DynamicQuantizeLinear" not in types and types["QuantizeLinear"] == 4 * L
     how = read_manifest(tiny_entry).graphs["int8"].parity["quantization"]
+    assert how["calibration_inputs"] == len(int8_gate.calibration_texts()) == 500
+    ranges = how["fixed_ranges"]
+    assert len(ranges) == 4 * L and all(low < 0 < high for low, high in ranges.values())
+    scaled = {name: r for name, r in ranges.items() if name.startswith("rowscale_")}
+    assert sorted(np.round(r, 3).tolist() for r in scaled.values()) == [[-1.008, 1.0]] * L + [[-0.203, 1.0]] * L
     assert sorted(how["int8"]) == sorted(f"{i}.{r}" for i in range(L) for r in quantize.ROLES)
     assert sorted(how["row_scaled"]) == sorted(f"{i}.{r}" for i in range(L) for r in ("ffn_up", "ffn_down"))
     assert how["plan"]["reduce_range"] and how["fp32"] == [] and how["plain_layer_norms"] == 2 * L
+
+
+def test_an_int8_vector_does_not_depend_on_its_batch(tiny_entry: Path, tmp_path: Path) -> None:
+    """Dynamic quantisation took each activation's range from the whole batch: a text's vector moved with the
+    others batched with it (a short text beside one other fell below the gate's 0.98 on all-MiniLM-L6-v2). With
+    ranges fixed at export, alone and in any batch it is the same to fp32 rounding."""
+    tok = load_for_serving(tiny_entry / "tokenizer.json", TINY["max_seq_len"])
+    texts = ["Ok.", "Thanks, that works.", "why is the sky blue", "a longer text about the weather " * 6, "?"]
+    rows = [tok.encode(t).ids for t in texts]
+
+    def moved(path: Path) -> float:
+        """The most a vector moves between alone and each batch of it with the others (padded to their width)."""
+        eng = _engine(path)
+        alone = [eng.run(np.array([r]), np.ones((1, len(r)), np.int64))[0] for r in rows]
+        worst = 0.0
+        for i, r in enumerate(rows):
+            for other in rows[:i] + rows[i + 1 :]:
+                width = max(len(r), len(other))
+                ids, mask = np.zeros((2, width), np.int64), np.zeros((2, width), np.int64)
+                for j, row in enumerate((r, other)):
+                    ids[j, : len(row)], mask[j, : len(row)] = row, 1
+                worst = max(worst, float(np.abs(eng.run(ids, mask)[0] - alone[i]).max()))
+        return worst
+
+    assert moved(tiny_entry / "model.int8.onnx") < 1e-6  # float rounding (3e-7 here)
+    # the same graph with the ranges taken per batch, as ONNX Runtime's dynamic quantisation does
+    dynamic = tmp_path / "dynamic.onnx"
+    quantize.quantize(tiny_entry / "model.optimized.onnx", dynamic, quantize.Int8Plan(fixed_ranges=False))
+    assert moved(dynamic) > 1e-4
+
+
+def test_fixed_ranges_need_a_calibration_set(tiny_entry: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="calibration set"):
+        quantize.quantize(tiny_entry / "model.optimized.onnx", tmp_path / "m.onnx")
 
 
 def test_plain_layer_norms_compute_what_the_fused_kernel_does(tiny_entry: Path, tmp_path: Path) -> None:
@@ -105,8 +148,9 @@ def test_plain_layer_norms_compute_what_the_fused_kernel_does(tiny_entry: Path, 
 def test_a_plan_keeps_products_in_fp32(tiny_entry: Path, tmp_path: Path) -> None:
     """Mixed precision: the products a plan names stay fp32 MatMuls (and Attention), the rest int8."""
     plan = quantize.Int8Plan(row_scaled=("*.ffn_down",), keep_fp32=("0.*", "1.ffn_up"))
-    how = quantize.quantize(tiny_entry / "model.optimized.onnx", tmp_path / "m.onnx", plan)
+    how = quantize.quantize(tiny_entry / "model.optimized.onnx", tmp_path / "m.onnx", plan, calibration=[[2, 7, 9, 3]])
     assert sorted(how.fp32) == ["0.attn_out", "0.ffn_down", "0.ffn_up", "0.qkv", "1.ffn_up"]
+    assert len(how.fixed_ranges) == 3  # the activations of the int8 products only: qkv, attn_out, ffn_down
     assert how.row_scaled == ["1.ffn_down"]
     types = Counter(n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node)
     assert (types["MatMul"], types["Attention"], types["MatMulInteger"], types["QAttention"]) == (4, 1, 2, 1)
@@ -191,8 +235,10 @@ def test_the_gate_fails_a_graph_that_answers_nan(tiny_entry: Path) -> None:
 def test_a_damaged_quantisation_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = quantize.quantize
 
-    def wrong_scale(src: Path, dst: Path, plan: quantize.Int8Plan = quantize.DEFAULT_PLAN) -> quantize.QuantizeReport:
-        report = real(src, dst, plan)
+    def wrong_scale(
+        src: Path, dst: Path, plan: quantize.Int8Plan = quantize.DEFAULT_PLAN, calibration: Sequence[list[int]] = ()
+    ) -> quantize.QuantizeReport:
+        report = real(src, dst, plan, calibration)
         damage(dst, "Attention_0.qkv_weight_scale", 10.0)
         return report
 
