@@ -127,4 +127,3 @@ class Demote(logging.Filter):
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         record.exc_info, record.exc_text = None, None
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
-
