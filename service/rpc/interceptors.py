@@ -178,7 +178,11 @@ class _Call:
         self.gone()
 
     def gone(self) -> None:
-        """Its client is gone: counted CANCELLED, or DEADLINE_EXCEEDED where the deadline passed."""
+        """Its client is gone: counted CANCELLED, or DEADLINE_EXCEEDED where the deadline passed; or the server's
+        grace period ended while it wrote an answer (`abandon`), which cancelled it there: counted as answered."""
+        if self.abandoned is not None:
+            self.code = to_status(self.abandoned, self.rid)[0]
+            return
         remaining = self.context.time_remaining()
         # The client's deadline fires first and cancels the call (DEADLINE_SLACK says how close counts).
         expired = remaining is not None and remaining <= DEADLINE_SLACK

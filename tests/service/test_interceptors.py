@@ -4,6 +4,7 @@ and on the real server, a request message that does not parse INVALID_ARGUMENT."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from mhaserve.runtime.errors import NotFound, ServiceError
+from mhaserve.runtime.errors import NotFound, ServiceError, Unavailable
 from mhaserve.service.context import request_id
 from mhaserve.service.metrics import Metrics
 from mhaserve.service.rpc.interceptors import ServiceInterceptor
@@ -202,3 +203,24 @@ def test_a_stream_closed_at_an_answer_by_its_writer_is_counted_as_its_client_gon
     counted = from_registry(metrics.registry)
     assert counted.get("mhaserve_requests_total", method="test.Raw/Stream", code=code) == 1
     assert counted.get("mhaserve_requests_total", method="test.Raw/Stream", code="OK") == 0
+
+    async def abandoned_while_written() -> None:
+        """The server's grace period ended (`abandon`) while an answer was written: cancelled in the writer too."""
+        stream = interceptor._stream(answers, "test.Raw/Late", "rid", lambda r: r, _admit_all)(b"x", Context())
+        taken = asyncio.Event()
+
+        async def writer() -> None:
+            assert await stream.__anext__() == 0
+            taken.set()
+            await asyncio.sleep(WAIT)  # writing the answer: cancelled here, outside the stream's generator
+
+        task = asyncio.create_task(writer())
+        await taken.wait()
+        assert interceptor.abandon(Unavailable("the server stopped")) == [task]
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await stream.aclose()
+
+    asyncio.run(abandoned_while_written())
+    counted = from_registry(metrics.registry)
+    assert counted.get("mhaserve_requests_total", method="test.Raw/Late", code="UNAVAILABLE") == 1
