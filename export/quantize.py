@@ -20,10 +20,13 @@ time, so an input's vector depended on the others it was batched with (up to 3e-
 one other fell to cosine 0.978 of fp32, below the gate's 0.98, in arrangements the gate did not try). Every
 activation is quantised over a range fixed at export instead (`QuantizeLinear` with constants in place of
 `DynamicQuantizeLinear`): a row-scaled one over [-1, 1] (after the GELU, whose output is never below -0.17,
-over [-0.203, 1]: twice the levels for what it holds), the others (the QKV projection's input, the attention
-output) over the range they reach on a calibration set of real texts (export/gate/calibration.json, none of
-them the gate's). An input's vector then is the same, to fp32 rounding, in every batch, and the gate's
-figures hold for every arrangement; it costs no time (no pass over the activation for its range).
+over [-0.203, 1]: twice the levels, the negative tail of a row whose largest value is small clipped), the others
+(the QKV projection's input, the attention output) over the range they reach on a calibration set of real texts
+(export/gate/calibration.json, none of them the gate's). An input's vector then is the same, to fp32 rounding,
+in every batch, and the gate's figures hold for every arrangement; it costs no time (no pass over the activation
+for its range). An input unlike any calibration text can overshoot a calibrated range and be clipped: a run of
+64 periods fell to 0.9789 alone, where per-batch ranges gave it its own (0.9850); a calibration set widened
+with such texts lowered the gate's worst instead (docs/benchmarks.md).
 
 The layer norms are written out as plain operators (export/layer_norms.py, as in the CPU fp32 graph). ONNX
 Runtime's CPU kernel for (Skip)LayerNormalization (1.31) ran 2-3x slower than the same arithmetic in eleven
@@ -261,9 +264,11 @@ def quantize(
     return report
 
 
-# A row-scaled activation's fixed range: within [-1, 1]; after the GELU, within [-0.17 / r, 1] with r >= 0.17,
-# and mostly [-0.2, 1] (r is the row's largest value, far above 0.17 in a row that matters): a zero point of 43
-# gives [-43/212, 1] = [-0.203, 1], twice the levels of [-1, 1] for it.
+# A row-scaled activation's fixed range: within [-1, 1]; after the GELU, within [-0.17 / r, 1] with r >= 0.17 the
+# row's largest value. A zero point of 43 gives [-43/212, 1] = [-0.203, 1]: a row whose r is below 0.85 has its
+# GELU's negative tail clipped there (on all-MiniLM-L6-v2 the last layer's [CLS] row, r about 0.41, down to
+# -0.41: a quarter of that row's values), but the levels it gives the positive values weigh more on the gate:
+# min cosine 0.9824 with it against 0.9801 over [-1, 1], the other ranges the same (docs/benchmarks.md).
 _ROW_SCALED = (1 / 127, 128)
 _ROW_SCALED_AFTER_GELU = (1 / 212, 43)
 

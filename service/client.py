@@ -113,6 +113,8 @@ def vectors(response: pb.EncodeResponse) -> npt.NDArray[np.float32]:
     """The embeddings of a response, (n, d) float32, whether it was packed or not."""
     if response.dimensions:
         return np.frombuffer(response.packed, dtype="<f4").reshape(-1, response.dimensions).astype(np.float32)
+    if not response.embeddings:  # no width to read
+        return np.empty((0, 0), dtype=np.float32)
     return np.array([e.values for e in response.embeddings], dtype=np.float32).reshape(len(response.embeddings), -1)
 
 

@@ -71,6 +71,7 @@ class _UntilDrain(AsyncIterator[T]):
         self._iterator = iterator.__aiter__()
         self._drain = drain
         self.cut = False
+        self._last_read: float | None = None  # when the reads after the drain began must end (loop time)
 
     def __aiter__(self) -> _UntilDrain[T]:
         return self
@@ -84,7 +85,11 @@ class _UntilDrain(AsyncIterator[T]):
                 # It began before this wait (a stream whose answers held its reader back): what the client sent
                 # before it, its end above all, may be here already, and a stream it ended is no stream cut (it
                 # was answered UNAVAILABLE, "send what was not answered to another replica", with nothing left).
-                await asyncio.wait((following,), timeout=ARRIVED_S)
+                # ARRIVED_S for all of the stream's reads from here: a client that keeps sending is not read on.
+                now = asyncio.get_running_loop().time()
+                if self._last_read is None:
+                    self._last_read = now + ARRIVED_S
+                await asyncio.wait((following,), timeout=max(0.0, self._last_read - now))
             else:
                 await asyncio.wait((following, self._drain.future()), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:

@@ -279,6 +279,12 @@ def test_encode_prints_the_servers_float32_values_exactly(
     assert lines[0] == "[" + ", ".join(str(np.float32(v)) for v in first) + "]"
 
 
+def test_a_response_with_no_embeddings_prints_nothing() -> None:
+    """A library caller's empty answer raised "cannot reshape array of size 0" once the values were read as float32."""
+    assert client.vectors(pb.EncodeResponse()).shape == (0, 0)
+    assert client.embeddings_json(pb.EncodeResponse()) == ""
+
+
 def test_encode_splits_standard_input_at_line_ends_only(
     server: ServerThread, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

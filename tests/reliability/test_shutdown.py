@@ -167,6 +167,45 @@ def test_a_stream_its_client_ended_is_not_cut_by_a_drain_that_began_while_answer
         srv.stop()
 
 
+@pytest.mark.parametrize("front", ["lean", "grpc"])
+def test_a_stream_whose_client_keeps_sending_is_cut_soon_after_a_drain_begins(settings: Settings, front: str) -> None:
+    """What arrived before the drain is read still (the test above); what a client goes on sending is not: the
+    wait for it restarted at each read, and a client sending every 5 ms was read on for the whole grace period."""
+    engine = ScriptedEngine(hang_on=99)
+    one = dataclasses.replace(settings, max_wait_ms=0.0, grace_period=120.0, inference_workers=1, grpc_front=front)
+    srv = ServerThread(one, engine.factory()).ready()
+    done = threading.Event()
+    sent = [0]
+
+    def requests() -> Iterator[pb.EncodeRequest]:
+        yield ids(99, 5)
+        deadline = time.monotonic() + 4 * WAIT
+        while not done.is_set() and time.monotonic() < deadline:
+            sent[0] += 1
+            yield ids(7, sent[0] % 200 + 1)
+            time.sleep(0.002)
+
+    try:
+        with srv.channel() as channel:
+            stream = pb_grpc.EncoderServiceStub(channel).EncodeStream(requests(), timeout=5 * WAIT)
+            wait_until(engine.hanging.is_set, "the engine to hold the first request")
+            # the window full: the reader waits for room, and reads again only once the drain has begun
+            wait_until(lambda: srv.depth() == WINDOW - 1, "the window's other requests to be queued")
+            wait_until(lambda: sent[0] > 2 * WINDOW, "more requests sent than the window holds")  # and going on
+            stopping = threading.Thread(target=srv.call, args=(srv.server.stop(),), kwargs={"timeout": 5 * WAIT})
+            stopping.start()
+            wait_until(lambda: srv.server.state == "draining", "the drain to begin")
+            engine.release.set()
+            stopping.join(WAIT)
+            assert not stopping.is_alive(), "the stream was read on while its client sent"
+            got, code, details = ending(stream)
+            assert (code, details) == (grpc.StatusCode.UNAVAILABLE, STREAM_CLOSED) and got
+    finally:
+        done.set()
+        engine.release.set()
+        srv.stop()
+
+
 @pytest.mark.slow
 def test_sigterm_under_load_answers_every_accepted_request_and_exits_0(spawn: Spawn) -> None:
     # --log-level debug: the server logs every call it answers, to compare with what the clients got.
