@@ -31,9 +31,6 @@ T = TypeVar("T")
 
 SUBSCRIPTIONS = frozenset({"/grpc.health.v1.Health/Watch"})
 LAST_WORD = 0.5  # seconds a subscription gets, once draining begins, to send its last status
-# Seconds a stream's next message or end may take to come out of the front once draining has begun: what already
-# arrived takes a turn or two of the loop (grpc core's front hands it over from its own thread).
-ARRIVED_S = 0.05
 STREAM_CLOSED = (
     "the server is shutting down: this stream was closed after its last response; "
     "send what was not answered to another replica"
@@ -71,7 +68,6 @@ class _UntilDrain(AsyncIterator[T]):
         self._iterator = iterator.__aiter__()
         self._drain = drain
         self.cut = False
-        self._last_read: float | None = None  # when the reads after the drain began must end (loop time)
 
     def __aiter__(self) -> _UntilDrain[T]:
         return self
@@ -79,27 +75,18 @@ class _UntilDrain(AsyncIterator[T]):
     async def __anext__(self) -> T:
         if self.cut:
             raise StopAsyncIteration
-        following = asyncio.ensure_future(_next(self._iterator))
-        try:
-            if self._drain.started:
-                # It began before this wait (a stream whose answers held its reader back): what the client sent
-                # before it, its end above all, may be here already, and a stream it ended is no stream cut (it
-                # was answered UNAVAILABLE, "send what was not answered to another replica", with nothing left).
-                # ARRIVED_S for all of the stream's reads from here: a client that keeps sending is not read on.
-                now = asyncio.get_running_loop().time()
-                if self._last_read is None:
-                    self._last_read = now + ARRIVED_S
-                await asyncio.wait((following,), timeout=max(0.0, self._last_read - now))
-            else:
+        if not self._drain.started:
+            following = asyncio.ensure_future(_next(self._iterator))
+            try:
                 await asyncio.wait((following, self._drain.future()), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
+            except asyncio.CancelledError:
+                following.cancel()
+                raise
+            if following.done():  # a message that arrived wins over the drain
+                return following.result()
             following.cancel()
-            raise
-        if following.done():  # a message that arrived wins over the drain
-            return following.result()
-        following.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await following
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await following
         self.cut = True
         raise StopAsyncIteration
 
