@@ -179,7 +179,8 @@ class _Call:
 
     def gone(self) -> None:
         """Its client is gone: counted CANCELLED, or DEADLINE_EXCEEDED where the deadline passed; or the server's
-        grace period ended while it wrote an answer (`abandon`), which cancelled it there: counted as answered."""
+        grace period ended while it wrote an answer (`abandon`), which cancelled it there: counted with the
+        abandon's code (UNAVAILABLE), which its client sees too, from its connection's end."""
         if self.abandoned is not None:
             self.code = to_status(self.abandoned, self.rid)[0]
             return
