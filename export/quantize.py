@@ -312,7 +312,7 @@ def _calibrate(
     path: Path, model: Any, names: list[str], calibration: Sequence[Sequence[int]]
 ) -> dict[str, tuple[float, float]]:
     """The range each named activation reaches over the calibration inputs, run one at a time (no padding), 0
-    included (the zero point must be a level: padding and masked positions are exact zeros)."""
+    included (so that 0 is a level of the range, as ONNX Runtime's own quantiser keeps it)."""
     import onnx
     import onnxruntime as ort
     from onnx import helper
