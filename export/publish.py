@@ -130,6 +130,8 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 raise ExportError(
                     f"tokenizer has {tokenizer.get_vocab_size()} tokens but the model only {cfg.vocab_size}"
                 )
+            # as the server reads it, from the file published: for the int8 graph's calibration, gate and speed
+            served = serving_tokenizer.load_for_serving(scratch / mf.TOKENIZER, cfg.max_seq_len)
 
         fp32 = scratch / "model.onnx"
         with progress.step("exporting to ONNX (torch.export, dynamic batch and sequence)", reports=True):
@@ -200,7 +202,6 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
         if opts.int8:
             with progress.step("int8 quantisation + int8 gate (vs the fused fp32 graph)", reports=True):
                 int8 = scratch / "model.int8.onnx"
-                served = serving_tokenizer.load_for_serving(scratch / mf.TOKENIZER, cfg.max_seq_len)
                 calibration = [e.ids for e in served.encode_batch(int8_gate.calibration_texts())]
                 how = quantize.quantize(fused, int8, calibration=calibration)
                 try:
@@ -222,7 +223,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 cpu_graphs = {v: scratch / graphs[v].file for v in mf.CPU_GRAPHS if v in graphs}
                 figures = speed.at_export(
                     {v: engine(p, threads=1) for v, p in cpu_graphs.items()},
-                    serving_tokenizer.load_for_serving(scratch / mf.TOKENIZER, cfg.max_seq_len),
+                    served,
                     # the fidelity set, and each retrieval query with its answer: enough for a stable ratio
                     # in seconds; all 330 passages would take minutes on a small machine
                     int8_gate.fidelity_texts() + [t for q, ps in int8_gate.retrieval_set() for t in [q, ps[0]]],
