@@ -20,7 +20,7 @@ from mhaserve.service.client import CHANNEL_OPTIONS
 from mhaserve.service.models import Served
 from mhaserve.service.server import SETTLE_S, EncoderServer, settle
 from mhaserve.service.settings import Settings
-from mhaserve.testing.loopback import WAIT, free_port
+from mhaserve.testing.loopback import WAIT, free_ports
 from mhaserve.testing.metrics import Samples, from_registry
 
 T = TypeVar("T")
@@ -51,7 +51,8 @@ def bare_settings(repository: Path, *models: str, **overrides: Any) -> Settings:
 def local_settings(repository: Path, **overrides: Any) -> Settings:
     """bare_settings for the repository's models, with HTTP and metrics on free loopback ports and at most 8
     inputs per request (small limits make the limit tests cheap); `overrides` for what a test needs otherwise."""
-    local = {"metrics_port": free_port(), "http_port": free_port(), "max_client_batch_size": 8}
+    metrics, http = free_ports(2)  # two at once: two calls to free_port can each be given the same port
+    local = {"metrics_port": metrics, "http_port": http, "max_client_batch_size": 8}
     return bare_settings(repository, **(local | overrides))
 
 

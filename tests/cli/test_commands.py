@@ -30,7 +30,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service import client
 from mhaserve.service.settings import Settings
 from mhaserve.testing.http import request
-from mhaserve.testing.loopback import WAIT, free_port, wait_until
+from mhaserve.testing.loopback import WAIT, free_port, free_ports, wait_until
 from mhaserve.testing.metrics import scrape
 from mhaserve.testing.server import ServerThread
 
@@ -105,7 +105,7 @@ def _serving(address: str) -> bool:
 def test_signal_drains_every_queued_request_of_both_protocols_then_exits_0(
     tiny_repo: Path, processes: list[Process], sig: signal.Signals
 ) -> None:
-    metrics, http = free_port(), free_port()
+    metrics, http = free_ports(2)
     # The engine holds the first batch (token 99) until SIGUSR1 (120 s at most): every request sent meanwhile
     # is queued behind it when the signal comes, and only the drain can answer them. A fixed hang raced the
     # test's own steps on a loaded machine. One inference worker: a second would compute the queue meanwhile.

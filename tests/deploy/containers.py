@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from mhaserve.service import client
-from mhaserve.testing.loopback import free_port, wait_until
+from mhaserve.testing.loopback import free_port, free_ports, wait_until
 from mhaserve.testing.metrics import Samples, scrape
 from tests.deploy.helpers import METHODS, ROOT, http_get
 
@@ -362,7 +362,7 @@ class Compose:
         self.project = f"mhaserve-test-{os.getpid()}-{next(_projects)}"
         self.profiles = list(profiles)
         self.workdir = workdir
-        self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.grpc_port, self.http_port, self.metrics_port = free_ports(3)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(COMPOSE_PREFIXES)} | {
             "MHASERVE_IMAGE": images.cpu,
             "LOADTEST_IMAGE": images.loadtest,

@@ -49,7 +49,7 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
 from mhaserve.service import client
 from mhaserve.service.kserve.tensors import pack_bytes
 from mhaserve.testing.http import request
-from mhaserve.testing.loopback import free_port, wait_until
+from mhaserve.testing.loopback import free_ports, wait_until
 from mhaserve.testing.metrics import scrape
 from tests.conftest import VARIED_TEXTS
 from tests.deploy.containers import (
@@ -99,7 +99,7 @@ def infer(address: str, model: str, texts: list[str]) -> npt.NDArray[np.float32]
 
 def test_cpu_image_serves_as_the_host_does(images: Images, tmp_path: Path) -> None:
     e = engine()
-    grpc_port, metrics_port = free_port(), free_port()
+    grpc_port, metrics_port = free_ports(2)
     address = f"127.0.0.1:{grpc_port}"
     name = f"mhaserve-test-cpu-{grpc_port}"
     started = time.monotonic()
@@ -162,7 +162,7 @@ def test_cpu_image_runs_several_server_processes_as_pid_1(images: Images) -> Non
     The gRPC port is moved by a container argument, `--port`, which the image's HEALTHCHECK finds on pid 1's
     command line."""
     e = engine()
-    grpc_port, metrics_port = free_port(), free_port()
+    grpc_port, metrics_port = free_ports(2)
     address = f"127.0.0.1:{grpc_port}"
     name = f"mhaserve-test-processes-{grpc_port}"
     publish = ["-p", f"127.0.0.1:{grpc_port}:50061", "-p", f"127.0.0.1:{metrics_port}:8000"]
@@ -220,7 +220,7 @@ def test_cpu_image_started_as_sagemaker_starts_it_serves_the_model_unpacked_for_
     for path in [unpacked, *unpacked.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_ports(3)
     name = f"mhaserve-test-sagemaker-{http_port}"
     options = [
         *("-p", f"127.0.0.1:{http_port}:8081", "-p", f"127.0.0.1:{grpc_port}:29000"),

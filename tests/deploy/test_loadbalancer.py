@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from mhaserve.testing.loopback import free_port
+from mhaserve.testing.loopback import free_ports
 from tests.deploy.helpers import (
     DEPLOY,
     ROOT,
@@ -78,7 +78,7 @@ class Nginx(Process):
     """nginx in the foreground with a private prefix: config, pid, logs and temp files in `workdir`."""
 
     def __init__(self, replicas: list[Replica], workdir: Path) -> None:
-        self.port, self.http_port = free_port(), free_port()
+        self.port, self.http_port = free_ports(2)
         self.address = f"127.0.0.1:{self.port}"
         self.http_address = f"127.0.0.1:{self.http_port}"
         site = render_envsubst(TEMPLATE.read_text(), lb_env(replicas, self.address, self.http_address))
@@ -292,7 +292,7 @@ class HAProxy(Process):
     """haproxy in the foreground (master-worker) with the repo's configuration rendered for loopback."""
 
     def __init__(self, replicas: list[Replica], workdir: Path) -> None:
-        self.port, self.http_port, self.stats_port = free_port(), free_port(), free_port()
+        self.port, self.http_port, self.stats_port = free_ports(3)
         self.address = f"127.0.0.1:{self.port}"
         self.http_address = f"127.0.0.1:{self.http_port}"
         cfg = workdir / "haproxy.cfg"

@@ -31,22 +31,31 @@ def call_block(path: str, *extra: tuple[str, str | bytes]) -> bytes:
     )
 
 
-def raw_exchange(port: int, frames: bytes, until_closed: bool = True) -> list[Frame]:
+def raw_exchange(
+    port: int, frames: bytes, until_closed: bool = True, until: Callable[[list[Frame]], bool] | None = None
+) -> list[Frame]:
     """Send the preface, an empty SETTINGS and `frames`; the frames the server sends back, until it closes
-    the connection (or, with `until_closed` False, for half a second)."""
+    the connection (or, with `until_closed` False, until it stays silent for half a second, once `until` says so
+    of what it has sent when given: a busy machine can keep a server silent that long before its first answer)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
         raw.sendall(f.PREFACE + f.settings() + frames)
-        return read_frames(raw, 10 if until_closed else 0.5)
+        return read_frames(raw, 10 if until_closed else 0.5, until)
 
 
-def read_frames(raw: socket.socket, quiet: float) -> list[Frame]:
-    """The frames the server sends until it closes the connection or stays silent for `quiet` seconds."""
-    raw.settimeout(quiet)
-    received = bytearray()
+def read_frames(raw: socket.socket, quiet: float, until: Callable[[list[Frame]], bool] | None = None) -> list[Frame]:
+    """The frames the server sends until it closes the connection or stays silent for `quiet` seconds (for 10
+    seconds, before `until` says so of them)."""
+    raw.settimeout(quiet if until is None else 10)
+    got: list[Frame] = []
+    buf = bytearray()
     with contextlib.suppress(TimeoutError):
         while chunk := raw.recv(65536):
-            received += chunk
-    return list(f.whole_frames(received))
+            buf += chunk
+            got += f.whole_frames(buf)
+            if until is not None and until(got):
+                raw.settimeout(quiet)
+                until = None
+    return got
 
 
 def read_until(raw: socket.socket, done: Callable[[list[Frame]], bool]) -> list[Frame]:
