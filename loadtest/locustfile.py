@@ -56,12 +56,13 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 import ssl
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from http.client import HTTPException
 from pathlib import Path
 from typing import Any, ClassVar
@@ -772,7 +773,38 @@ def _check_options(environment: Any, **_: Any) -> None:
             raise ValueError("; ".join(problems))
     except ValueError as e:
         log.error("%s", e)
+        _end_forked_workers()
         sys.exit(2)
+
+
+def _end_forked_workers() -> None:
+    """End this process's children, which on a master of `--processes` are the workers it forked, and wait
+    (3 s at most) until each has exited. A worker connects to its master before it reads the options (and
+    refuses them as its master does): one slower than its master, on a busy machine, was still waiting for an
+    answer after the master exited, and waited on for five minutes, logging that it could not connect. Locust's
+    own end of the run signals only the workers that have exited already. Elsewhere this process has no
+    children: users make none. Not reaped here, so that Locust's end of the run still collects them."""
+    if not Path("/proc/self").is_dir():  # --processes forks on Linux and macOS; only Linux is read here
+        return
+    children = [pid for pid, parent, _ in _processes() if parent == os.getpid()]
+    for pid in children:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)  # not SIGINT: a run started in the background ignores it, forks too
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and any(state != "Z" for pid, _, state in _processes() if pid in children):
+        time.sleep(0.05)  # gevent's: Locust patched the standard library
+
+
+def _processes() -> Iterator[tuple[int, int, str]]:
+    """(pid, parent's pid, state) of each process, from /proc."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # it has exited meanwhile
+            continue
+        # the command name, in parentheses, may hold anything: the fields after the last ")" are fixed
+        state, parent = text[text.rindex(")") + 2 :].split()[:2]
+        yield int(stat.parent.name), int(parent), state
 
 
 def _reads_files_here(environment: Any) -> bool:

@@ -3,6 +3,7 @@ by gRPC status or HTTP status; against servers with API keys, TLS and mutual TLS
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -640,6 +641,37 @@ def test_with_processes_the_master_refuses_bad_files_too(
     assert run.returncode == 2, run.stderr[-2000:]
     assert message in run.stderr and "no requests were made" not in run.stderr
     assert time.monotonic() - started < 20
+
+
+def test_with_processes_a_master_that_refuses_ends_the_workers_it_forked(tiny_server: Server, tmp_path: Path) -> None:
+    """A forked worker connects to its master before it reads its options: one slower than its master (a busy
+    machine) was still waiting for an answer when the master refused the options and exited 2, and went on
+    waiting, and logging that it could not connect, for five minutes. Locust's own end of the run signals only
+    the workers that have exited already. Here each fork sleeps 3 s first."""
+    slow = tmp_path / "slow_locustfile.py"
+    slow.write_text(
+        "import os, sys\n"
+        "from gevent import monkey\n"
+        f"sys.path.insert(0, {str(LOCUSTFILE.parent)!r})\n"
+        "from locustfile import *  # noqa: F403\n"
+        "os.register_at_fork(after_in_child=lambda: monkey.get_original('time', 'sleep')(3))\n"
+    )
+    started = time.monotonic()
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(slow), "--headless", "-H", tiny_server.address,
+        "-u", "2", "-r", "2", "-t", "30s", "--processes", "2", "--tls-ca", "/nonexistent/ca.pem",
+    ]  # fmt: skip
+    run = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=_env(), start_new_session=True
+    )
+    try:
+        _, err = run.communicate(timeout=30)  # until the pipe's end: the master's and every worker's
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)  # a worker left behind, when this fails
+        run.wait()
+    assert run.returncode == 2 and "--tls-ca /nonexistent/ca.pem: no such file" in err, err[-2000:]
+    assert time.monotonic() - started < 20, err[-2000:]
 
 
 def test_a_worker_reads_the_corpus_beside_its_own_locustfile(tiny_server: Server, tmp_path: Path) -> None:
