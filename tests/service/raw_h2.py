@@ -72,6 +72,21 @@ def read_until(raw: socket.socket, done: Callable[[list[Frame]], bool]) -> list[
     return got
 
 
+def answered(*streams: int) -> Callable[[list[Frame]], bool]:
+    """An `until` for raw_exchange: the server has ended each of `streams` (a HEADERS that ends it, or
+    RST_STREAM), or sent a GOAWAY."""
+
+    def done(frames: list[Frame]) -> bool:
+        ends = [
+            (sid, kind == f.RST_STREAM or (kind == f.HEADERS and flags & f.END_STREAM))
+            for kind, flags, sid, _ in frames
+        ]
+        ended = {sid for sid, end in ends if end}
+        return set(streams) <= ended or any(kind == f.GOAWAY for kind, _, _, _ in frames)
+
+    return done
+
+
 def goaway_streams(frames: list[Frame]) -> list[int]:
     """The last stream each GOAWAY among `frames` names."""
     return [int.from_bytes(payload[:4], "big") & 0x7FFFFFFF for kind, _, _, payload in frames if kind == f.GOAWAY]

@@ -37,6 +37,7 @@ from mhaserve.testing.http import request
 from mhaserve.testing.loopback import wait_until
 from tests.service.raw_h2 import (
     Frame,
+    answered,
     answers,
     call_block,
     goaway_code,
@@ -343,7 +344,7 @@ def test_metadata_that_cannot_be_read_refuses_the_call(lean: Running, field: tup
     on."""
     unreadable = f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(f"/{SERVICE}/echo", field))
     unreadable += f.frame(f.DATA, f.END_STREAM, 1, bytes(5))
-    got = raw_exchange(lean.port, unreadable + raw_call(3, "echo"), until_closed=False)
+    got = raw_exchange(lean.port, unreadable + raw_call(3, "echo"), until_closed=False, until=answered(1, 3))
     decoder = hpack.Decoder()
     answers = {
         sid: {str(k): str(v) for k, v in decoder.decode(block)} for kind, _, sid, block in got if kind == f.HEADERS
@@ -384,10 +385,10 @@ def test_a_stream_answers_the_requests_before_a_message_over_the_limit(lean: Run
     messages = b"".join(b"\x00" + (1).to_bytes(4, "big") + bytes([97 + i % 26]) for i in range(20))
     over = b"\x00" + (2 << 20).to_bytes(4, "big") + b"x" * 100  # its length alone past the limit
     head = f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(f"/{SERVICE}/chat"))
-    got = raw_exchange(lean.port, head + f.frame(f.DATA, 0, 1, messages + over), until_closed=False)
+    got = raw_exchange(lean.port, head + f.frame(f.DATA, 0, 1, messages + over), until_closed=False, until=answered(1))
     data = b"".join(p for kind, _, sid, p in got if kind == f.DATA and sid == 1)
-    answered = [data[i + 5 : i + 6] for i in range(0, len(data), 6)]
-    assert answered == [bytes([65 + i % 26]) for i in range(20)], answered
+    echoed = [data[i + 5 : i + 6] for i in range(0, len(data), 6)]
+    assert echoed == [bytes([65 + i % 26]) for i in range(20)], echoed
     assert answers(got)[1]["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
 
 
@@ -884,7 +885,7 @@ def test_a_flood_of_pings_ends_the_connection_with_too_many_pings(lean: Running,
 def test_pings_while_a_call_waits_count_as_strikes_too(lean: Running) -> None:
     """A call open, nothing sent on it: pings still come too soon (grpc allows one in 5 minutes then)."""
     pings = b"".join(f.frame(f.PING, 0, 0, i.to_bytes(8, "big")) for i in range(MAX_PING_STRIKES + 2))
-    got = raw_exchange(lean.port, raw_call(1, "slow") + pings, until_closed=False)
+    got = raw_exchange(lean.port, raw_call(1, "slow") + pings, until_closed=False, until=answered(1))
     assert goaway_code(got) == f.ENHANCE_YOUR_CALM and goaway_debug(got) == b"too_many_pings"
 
 
@@ -915,11 +916,6 @@ def test_a_flood_of_settings_ends_the_connection_with_enhance_your_calm(lean: Ru
     assert method(channel, "echo")(b"still", timeout=10) == b"still"
 
 
-def _ended(frames: list[Frame]) -> int:
-    """How many streams the server has ended among `frames`, counted without decoding them."""
-    return sum(1 for kind, flags, _, _ in frames if kind == f.HEADERS and flags & f.END_STREAM)
-
-
 @pytest.mark.parametrize("empty", ["CONTINUATION", "DATA", "padded DATA"])
 def test_a_flood_of_empty_frames_ends_the_connection_with_enhance_your_calm(
     lean: Running, channel: grpc.Channel, empty: str
@@ -945,18 +941,24 @@ def test_a_flood_of_empty_frames_ends_the_connection_with_enhance_your_calm(
         + f.frame(f.DATA, f.END_STREAM, sid)
         for sid in range(1, 2 * 600, 2)
     )
-    got = raw_exchange(
-        lean.port, ends, until_closed=False, until=lambda got: goaway_code(got) is not None or _ended(got) == 600
-    )
+    got = raw_exchange(lean.port, ends, until_closed=False, until=answered(*range(1, 2 * 600, 2)))
     assert goaway_code(got) is None and len(answers(got)) == 600
 
 
-def test_calls_reset_as_fast_as_they_open_end_the_connection(lean: Running, channel: grpc.Channel) -> None:
-    """ "Rapid reset": streams opened and reset at once, each starting a call the client never waits for."""
-    frames = b"".join(raw_call(sid, "slow") + f.rst_stream(sid, f.CANCEL) for sid in range(1, 2 * 1100, 2))
-    got = raw_exchange(lean.port, frames)
-    assert goaway_code(got) == f.ENHANCE_YOUR_CALM
-    assert method(channel, "echo")(b"still", timeout=10) == b"still"
+def test_calls_reset_as_fast_as_they_open_end_the_connection() -> None:
+    """ "Rapid reset": streams opened and reset at once, each starting a call the client never waits for. The limit
+    is a rate (the default: 1000 a second); here 200, for a machine busy enough to take 1100 calls in more than a
+    second, as a CI run's did, never counting 1000 within one at the default. 220 calls, 34 KB: read in one go,
+    before the GOAWAY (a connection closed with bytes unread is reset, and its GOAWAY may be lost)."""
+    running = Running(max_glitches=200)
+    try:
+        frames = b"".join(raw_call(sid, "slow") + f.rst_stream(sid, f.CANCEL) for sid in range(1, 2 * 220, 2))
+        got = raw_exchange(running.port, frames)
+        assert goaway_code(got) == f.ENHANCE_YOUR_CALM
+        with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            assert method(channel, "echo")(b"still", timeout=10) == b"still"
+    finally:
+        running.stop()
 
 
 def test_a_reset_call_counts_against_the_stream_limit_until_its_handler_ends() -> None:
@@ -1370,7 +1372,9 @@ def test_a_call_that_takes_one_message_and_is_sent_two_is_refused_and_the_connec
     UNIMPLEMENTED (gRPC's status codes, doc/statuscodes.md; grpc-js answers so, grpc-java and grpc-go INTERNAL),
     before its handler runs; the connection's next call is served."""
     caplog.set_level(logging.DEBUG, logger="mhaserve")
-    got = raw_exchange(lean.port, _two_messages(name, split) + raw_call(3, "echo"), until_closed=False)
+    got = raw_exchange(
+        lean.port, _two_messages(name, split) + raw_call(3, "echo"), until_closed=False, until=answered(1, 3)
+    )
     answer = answers(got)[1]
     assert answer["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), answer
     assert "more than one request message" in answer["grpc-message"]
@@ -1480,7 +1484,9 @@ def test_a_call_that_takes_one_message_and_is_sent_none_is_refused_and_the_conne
     says the library never sends; grpc-js answers UNIMPLEMENTED, grpc-java and grpc-go INTERNAL), its handler
     never run; the connection's next call is served."""
     caplog.set_level(logging.DEBUG, logger="mhaserve")
-    got = raw_exchange(lean.port, _ENDINGS[ending](name) + raw_call(3, "echo"), until_closed=False)
+    got = raw_exchange(
+        lean.port, _ENDINGS[ending](name) + raw_call(3, "echo"), until_closed=False, until=answered(1, 3)
+    )
     _refused_unanswered_and_the_next_served(got, grpc.StatusCode.UNIMPLEMENTED, "no request message")
     assert len(caplog.records) <= 1 and not any(r.exc_info for r in caplog.records), caplog.records
 
@@ -1489,10 +1495,10 @@ def test_a_call_that_takes_one_message_and_is_sent_none_is_refused_and_the_conne
 def test_a_client_or_bidi_streaming_call_sent_no_message_is_an_empty_stream(lean: Running, ending: str) -> None:
     """A method that takes a stream of request messages takes an empty one: the call is served, not refused as a
     unary call with no message is."""
-    got = raw_exchange(lean.port, _ENDINGS[ending]("total"), until_closed=False)
+    got = raw_exchange(lean.port, _ENDINGS[ending]("total"), until_closed=False, until=answered(1))
     assert answers(got)[1]["grpc-status"] == "0", answers(got)
     assert [p for kind, _, sid, p in got if kind == f.DATA and sid == 1] == [_framed(b"0")]
-    got = raw_exchange(lean.port, _ENDINGS[ending]("chat"), until_closed=False)
+    got = raw_exchange(lean.port, _ENDINGS[ending]("chat"), until_closed=False, until=answered(1))
     assert answers(got)[1]["grpc-status"] == "0", answers(got)
     assert not [p for kind, _, sid, p in got if kind == f.DATA and sid == 1]
 
@@ -1511,6 +1517,7 @@ def test_a_message_cut_short_by_the_end_of_the_clients_side_is_refused_as_incomp
         lean.port,
         _opened(1, name) + cut + (_TRAILERS if by == "trailers" else b"") + raw_call(3, "echo"),
         until_closed=False,
+        until=answered(1, 3),
     )
     _refused_unanswered_and_the_next_served(got, grpc.StatusCode.INVALID_ARGUMENT, "last message is incomplete")
 

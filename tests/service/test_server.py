@@ -46,7 +46,7 @@ from mhaserve.testing.metrics import scrape
 from mhaserve.testing.server import ServerThread, bare_settings
 from tests.conftest import TINY
 from tests.service.conftest import REFUSALS
-from tests.service.raw_h2 import answers, call_block, raw_exchange, read_until
+from tests.service.raw_h2 import answered, answers, call_block, raw_exchange, read_until
 
 Start = Callable[..., ServerThread]
 ENCODE = "encoder.v1.EncoderService/Encode"
@@ -495,7 +495,9 @@ def test_a_unary_call_sent_two_messages_is_refused_and_counted_on_the_lean_front
     one = ids([5]).SerializeToString()
     message = b"\x00" + len(one).to_bytes(4, "big") + one
     call = f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(f"/{ENCODE}"))
-    frames = raw_exchange(srv.server.port, call + f.frame(f.DATA, f.END_STREAM, 1, message * 2), until_closed=False)
+    frames = raw_exchange(
+        srv.server.port, call + f.frame(f.DATA, f.END_STREAM, 1, message * 2), until_closed=False, until=answered(1)
+    )
     answer = answers(frames)[1]
     if grpc_front == "lean":
         assert answer["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), answer
