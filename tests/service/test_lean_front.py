@@ -440,7 +440,7 @@ def test_a_deadline_cancels_the_handler_and_the_client_reads_deadline_exceeded(
     call = f.frame(f.HEADERS, f.END_HEADERS, 1, block) + f.frame(f.DATA, f.END_STREAM, 1, bytes(5))
     with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
         raw.sendall(f.PREFACE + f.settings() + call)
-        got = read_frames(raw, 1.0)
+        got = read_frames(raw, 1.0, until=answered(1))
     decoder = hpack.Decoder()
     answer = [field for kind, _, sid, block in got if kind == f.HEADERS and sid == 1 for field in decoder.decode(block)]
     assert ("grpc-status", str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])) in answer
@@ -974,7 +974,7 @@ def test_a_reset_call_counts_against_the_stream_limit_until_its_handler_ends() -
             raw.sendall(reset)
             time.sleep(0.3)  # both cancelled, both still running
             raw.sendall(raw_call(5, "echo"))
-            got = read_frames(raw, 0.5)
+            got = read_frames(raw, 0.5, until=answered(5))
         resets = [(sid, int.from_bytes(p, "big")) for kind, _, sid, p in got if kind == f.RST_STREAM]
         assert resets == [(5, f.REFUSED_STREAM)]
     finally:
