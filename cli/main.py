@@ -328,14 +328,11 @@ def _max_seq_len(text: str) -> int:
     return _whole_number(text, 2, ">= 2 (special tokens included)")
 
 
-# About three years. grpcio fails every call whose deadline is much further (1e10 s: DEADLINE_EXCEEDED at once,
-# as if the server were at fault), on either front.
-MAX_TIMEOUT_S = 100_000_000
-
-
 def _seconds(text: str) -> float:
     """A timeout: a number of seconds above 0 (a negative one made every call DEADLINE_EXCEEDED) and at most
     MAX_TIMEOUT_S."""
+    from mhaserve.service.client import MAX_TIMEOUT_S
+
     value = float(text)
     if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
         raise argparse.ArgumentTypeError(

@@ -78,7 +78,7 @@ from geventhttpclient import HTTPClient  # isort: skip
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
-from mhaserve.service.client import CHANNEL_OPTIONS, Connection, with_default_port
+from mhaserve.service.client import CHANNEL_OPTIONS, MAX_TIMEOUT_S, Connection, with_default_port
 
 # Before any channel exists: without it every gRPC call blocks the whole process and users run one at a time.
 grpc_gevent.init_gevent()
@@ -678,6 +678,7 @@ class EncoderUser(User):
             except CallError as e:  # recorded as the failed call it is, and asked again after the back-off
                 self._fire(self.client.info_type, "model info", started, 0, e)
                 return
+            self._fire(self.client.info_type, "model info", started, 0, None)  # a call of the run as any other
         self._encode("ids", ids=[random.choice(self.ids)])
 
     def task_bad(self) -> None:
@@ -760,8 +761,9 @@ def _check_options(environment: Any, **_: Any) -> None:
             for name, ok, bound in (
                 ("batch_size", lambda v: v >= 1, ">= 1"),
                 ("stream_requests", lambda v: v >= 1, ">= 1"),
-                ("rpc_timeout", lambda v: v > 0, "> 0"),
-                ("think_time", lambda v: v >= 0, ">= 0"),
+                # as `mhaserve encode` bounds its --timeout: grpcio failed every call at once past about 1e9 s
+                ("rpc_timeout", lambda v: 0 < v <= MAX_TIMEOUT_S, f"> 0 and at most {MAX_TIMEOUT_S} (seconds)"),
+                ("think_time", lambda v: 0 <= v <= MAX_TIMEOUT_S, f">= 0 and at most {MAX_TIMEOUT_S} (seconds)"),
                 ("max_fail_ratio", lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),
             )
             if getattr(opts, name, None) is not None and not ok(getattr(opts, name))

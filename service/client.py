@@ -25,6 +25,9 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_PORT = DEFAULT_ADDRESS.rpartition(":")[2]
 # Responses grow with inputs x dimensions; the client should never be the one to refuse them.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+# The longest timeout a client takes, about three years: grpcio fails every call whose deadline is much further
+# (1e10 s: DEADLINE_EXCEEDED at once, as if the server were at fault), on either front.
+MAX_TIMEOUT_S = 100_000_000
 
 
 def is_target(address: str) -> bool:

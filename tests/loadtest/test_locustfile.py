@@ -117,6 +117,18 @@ def test_the_ids_workload_records_an_unknown_model_as_failures(
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_ids_workload_records_each_model_info_call_that_succeeds_too(
+    tiny_server: Server, tmp_path: Path, protocol: str
+) -> None:
+    """Each user asks for the model's shape once: only the failed calls were recorded, so any failure of that row
+    read as 100 % of it (4 of 4 where 4 of 6 had failed)."""
+    run = _locust(tiny_server, tmp_path, "ids", protocol=protocol)
+    assert run.returncode == 0, run.stderr[-3000:]
+    info = _entries(tmp_path)["model info"]
+    assert (info["num_requests"], info["num_failures"]) == (4, 0)  # one for each of the 4 users
+
+
 def test_a_grpc_host_without_a_port_dials_the_servers_default(tiny_server: Server, tmp_path: Path) -> None:
     """`-H 127.0.0.1` dialled grpc's default port, 443, where nothing listens; `mhaserve encode` and the users take
     an address alike: without a port, the server's (50051)."""
@@ -542,6 +554,10 @@ def test_an_unknown_workload_is_refused_before_the_run(tiny_server: Server, tmp_
         (("--batch-size", "0"), "--batch-size must be >= 1, got 0"),
         (("--stream-requests", "0"), "--stream-requests must be >= 1, got 0"),
         (("--max-fail-ratio", "-1"), "--max-fail-ratio must be a fraction in [0, 1], got -1.0"),
+        # grpcio failed every call at once as DEADLINE_EXCEEDED, blaming the server, past about 1e9 s
+        (("--rpc-timeout", "inf"), "--rpc-timeout must be > 0 and at most 100000000 (seconds), got inf"),
+        (("--rpc-timeout", "1e10"), "--rpc-timeout must be > 0 and at most 100000000 (seconds), got 10000000000.0"),
+        (("--think-time", "inf"), "--think-time must be >= 0 and at most 100000000 (seconds), got inf"),
         (("--corpus", "/nonexistent/corpus.txt"), "--corpus /nonexistent/corpus.txt: no such file"),
         (("--tokenizer", "/nonexistent/tokenizer.json"), "--tokenizer /nonexistent/tokenizer.json: no such file"),
         (("--tokenizer", str(LOCUSTFILE)), f"--tokenizer {LOCUSTFILE} is no tokenizer.json"),
