@@ -575,11 +575,7 @@ class EncoderUser(User):
             self.client.close()
             self.client = None
 
-    def _load_ids(self) -> list[list[int]]:
-        assert self.client is not None
-        vocab, max_tokens = 30522, 256
-        if not self.opt["tokenizer"]:
-            vocab, max_tokens = self.client.model_shape(self.opt["model"])
+    def _load_ids(self, vocab: int, max_tokens: int) -> list[list[int]]:
         key = (self.opt["corpus"], self.opt["tokenizer"], vocab, max_tokens)
         if key not in _ids_cache:
             _ids_cache[key] = _token_ids(self.corpus, self.opt["tokenizer"], vocab, max_tokens)
@@ -671,14 +667,17 @@ class EncoderUser(User):
         """One pre-tokenised input: no tokenisation on the server."""
         if self.ids is None:
             assert self.client is not None
-            started = time.perf_counter()
-            try:
-                with self._in_flight(self.client.info_type, "model info", deque([started])):
-                    self.ids = self._load_ids()
-            except CallError as e:  # recorded as the failed call it is, and asked again after the back-off
-                self._fire(self.client.info_type, "model info", started, 0, e)
-                return
-            self._fire(self.client.info_type, "model info", started, 0, None)  # a call of the run as any other
+            vocab, max_tokens = 30522, 256  # with --tokenizer: its ids, and no call for the model's shape
+            if not self.opt["tokenizer"]:
+                started = time.perf_counter()
+                try:
+                    with self._in_flight(self.client.info_type, "model info", deque([started])):
+                        vocab, max_tokens = self.client.model_shape(self.opt["model"])
+                except CallError as e:  # recorded as the failed call it is, and asked again after the back-off
+                    self._fire(self.client.info_type, "model info", started, 0, e)
+                    return
+                self._fire(self.client.info_type, "model info", started, 0, None)  # a call as any other
+            self.ids = self._load_ids(vocab, max_tokens)
         self._encode("ids", ids=[random.choice(self.ids)])
 
     def task_bad(self) -> None:
@@ -761,7 +760,7 @@ def _check_options(environment: Any, **_: Any) -> None:
             for name, ok, bound in (
                 ("batch_size", lambda v: v >= 1, ">= 1"),
                 ("stream_requests", lambda v: v >= 1, ">= 1"),
-                # as `mhaserve encode` bounds its --timeout: grpcio failed every call at once past about 1e9 s
+                # as `mhaserve encode` bounds its --timeout: grpcio failed every call at once at 1e10 s
                 ("rpc_timeout", lambda v: 0 < v <= MAX_TIMEOUT_S, f"> 0 and at most {MAX_TIMEOUT_S} (seconds)"),
                 ("think_time", lambda v: 0 <= v <= MAX_TIMEOUT_S, f">= 0 and at most {MAX_TIMEOUT_S} (seconds)"),
                 ("max_fail_ratio", lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),
@@ -786,15 +785,25 @@ def _end_forked_workers() -> None:
     answer after the master exited, and waited on for five minutes, logging that it could not connect. Locust's
     own end of the run signals only the workers that have exited already. Elsewhere this process has no
     children: users make none. Not reaped here, so that Locust's end of the run still collects them."""
-    if not Path("/proc/self").is_dir():  # --processes forks on Linux and macOS; only Linux is read here
+    # --processes forks on Linux and macOS; only Linux's /proc is read here, and only where it is this process's
+    # own (in a sandbox that did not mount its own, its pids would name other processes)
+    if not Path("/proc/self").is_dir() or os.readlink("/proc/self") != str(os.getpid()):
         return
     children = [pid for pid, parent, _ in _processes() if parent == os.getpid()]
     for pid in children:
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)  # not SIGINT: a run started in the background ignores it, forks too
     deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and any(state != "Z" for pid, _, state in _processes() if pid in children):
+    while time.monotonic() < deadline and _alive(children):
         time.sleep(0.05)  # gevent's: Locust patched the standard library
+    for pid in _alive(children):  # one already in Locust's own SIGTERM handler, still winding down
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """Those of `pids` still running (neither gone nor a zombie)."""
+    return [pid for pid, _, state in _processes() if pid in pids and state != "Z"]
 
 
 def _processes() -> Iterator[tuple[int, int, str]]:

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from mhaserve.service import client
-from mhaserve.testing.loopback import free_port, free_ports, wait_until
+from mhaserve.testing.loopback import free_ports, wait_until
 from mhaserve.testing.metrics import Samples, scrape
 from tests.deploy.helpers import METHODS, ROOT, http_get
 
@@ -362,7 +362,9 @@ class Compose:
         self.project = f"mhaserve-test-{os.getpid()}-{next(_projects)}"
         self.profiles = list(profiles)
         self.workdir = workdir
-        self.grpc_port, self.http_port, self.metrics_port = free_ports(3)
+        # all at once: ports taken one by one can be handed out twice
+        self.grpc_port, self.http_port, self.metrics_port, *more = free_ports(9)
+        lb, lb_http, lb_stats, locust_web, prometheus, grafana = more
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(COMPOSE_PREFIXES)} | {
             "MHASERVE_IMAGE": images.cpu,
             "LOADTEST_IMAGE": images.loadtest,
@@ -373,12 +375,12 @@ class Compose:
             "MHASERVE_GRPC_PUBLISH": f"127.0.0.1:{self.grpc_port}:50051",
             "MHASERVE_HTTP_PUBLISH": f"127.0.0.1:{self.http_port}:8080",
             "MHASERVE_METRICS_PUBLISH": f"127.0.0.1:{self.metrics_port}:8000",
-            "MHASERVE_LB_PUBLISH": f"127.0.0.1:{free_port()}",
-            "MHASERVE_LB_HTTP_PUBLISH": f"127.0.0.1:{free_port()}",
-            "MHASERVE_LB_STATS_PUBLISH": f"127.0.0.1:{free_port()}",
-            "LOCUST_WEB_PUBLISH": f"127.0.0.1:{free_port()}",
-            "PROMETHEUS_PUBLISH": f"127.0.0.1:{free_port()}",
-            "GRAFANA_PUBLISH": f"127.0.0.1:{free_port()}",
+            "MHASERVE_LB_PUBLISH": f"127.0.0.1:{lb}",
+            "MHASERVE_LB_HTTP_PUBLISH": f"127.0.0.1:{lb_http}",
+            "MHASERVE_LB_STATS_PUBLISH": f"127.0.0.1:{lb_stats}",
+            "LOCUST_WEB_PUBLISH": f"127.0.0.1:{locust_web}",
+            "PROMETHEUS_PUBLISH": f"127.0.0.1:{prometheus}",
+            "GRAFANA_PUBLISH": f"127.0.0.1:{grafana}",
             # Two cores shared by replicas, balancer and load generators: one inference thread each.
             "MHASERVE_INTRA_OP_THREADS": "1",
             "LOADTEST_RESULTS": str(workdir / "results"),

@@ -129,6 +129,16 @@ def test_the_ids_workload_records_each_model_info_call_that_succeeds_too(
     assert (info["num_requests"], info["num_failures"]) == (4, 0)  # one for each of the 4 users
 
 
+def test_the_ids_workload_with_a_tokenizer_asks_for_no_model_info(
+    tiny_server: Server, tiny_entry: Path, tmp_path: Path
+) -> None:
+    """With --tokenizer the ids are its own: no call for the model's shape is made, and none is recorded."""
+    run = _locust(tiny_server, tmp_path, "ids", "--tokenizer", str(tiny_entry / "tokenizer.json"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    entries = _entries(tmp_path)
+    assert "model info" not in entries and entries["ids"]["num_requests"] > 0
+
+
 def test_a_grpc_host_without_a_port_dials_the_servers_default(tiny_server: Server, tmp_path: Path) -> None:
     """`-H 127.0.0.1` dialled grpc's default port, 443, where nothing listens; `mhaserve encode` and the users take
     an address alike: without a port, the server's (50051)."""
@@ -776,8 +786,7 @@ def test_the_api_key_goes_with_every_call(
     entries = _entries(tmp_path)
     for name in workload.split(","):
         assert entries[name]["num_requests"] > 0 and entries[name]["num_failures"] == 0, name
-    # The server answered them all (an EncodeStream call carries several of Locust's requests; the ids task's
-    # model info, one call more).
+    # The server answered them all (an EncodeStream call carries several of Locust's requests).
     calls = sum(e["num_requests"] for e in entries.values() if e["method"] != "EncodeStream")
     assert keyed_server.counted_all("OK") - ok >= calls
     assert keyed_server.counted_all("UNAUTHENTICATED") == refused
