@@ -802,20 +802,26 @@ def _end_forked_workers() -> None:
 
 
 def _alive(pids: list[int]) -> list[int]:
-    """Those of `pids` still running (neither gone nor a zombie)."""
-    return [pid for pid, _, state in _processes() if pid in pids and state != "Z"]
+    """Those of `pids` still running (neither gone nor a zombie): their own entries of /proc, not all of it."""
+    return [pid for pid in pids if (got := _stat(Path(f"/proc/{pid}/stat"))) is not None and got[1] != "Z"]
 
 
 def _processes() -> Iterator[tuple[int, int, str]]:
     """(pid, parent's pid, state) of each process, from /proc."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # it has exited meanwhile
-            continue
-        # the command name, in parentheses, may hold anything: the fields after the last ")" are fixed
-        state, parent = text[text.rindex(")") + 2 :].split()[:2]
-        yield int(stat.parent.name), int(parent), state
+        if (got := _stat(stat)) is not None:
+            yield int(stat.parent.name), got[0], got[1]
+
+
+def _stat(stat: Path) -> tuple[int, str] | None:
+    """(parent's pid, state) from a /proc/<pid>/stat file; None once that process is gone."""
+    try:
+        text = stat.read_text()
+    except OSError:
+        return None
+    # the command name, in parentheses, may hold anything: the fields after the last ")" are fixed
+    state, parent = text[text.rindex(")") + 2 :].split()[:2]
+    return int(parent), state
 
 
 def _reads_files_here(environment: Any) -> bool:
