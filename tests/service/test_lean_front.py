@@ -827,6 +827,25 @@ def test_a_connection_that_is_not_http2_is_closed_and_the_server_serves_on(
     assert method(channel, "echo")(b"still", timeout=10) == b"still"
 
 
+def test_a_connection_ended_for_an_error_reads_what_its_client_still_sends_rather_than_reset_it(
+    lean: Running, channel: grpc.Channel
+) -> None:
+    """A connection error's GOAWAY goes out as a drain's does: our end (FIN), then what the client still sends is
+    read and dropped until it closes its end. Closed outright, a socket with bytes unread, or bytes coming, is
+    reset, and a reset discards what the server had not yet sent (the GOAWAY that says why, behind a slow link)
+    and fails the client's next write before it reads that GOAWAY (grpc core then reports the write's error and
+    a "too_many_pings" client never backs off)."""
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=5) as raw:
+        raw.sendall(f.PREFACE + f.settings() + f.frame(f.DATA, 0, 0, b"x"))  # DATA on stream 0: a connection error
+        got = read_frames(raw, 5)  # to our end (FIN)
+        assert goaway_code(got) == f.PROTOCOL_ERROR
+        for _ in range(3):  # a client still writing: closed, the server's socket answers each with a reset
+            raw.sendall(f.frame(f.PING, 0, 0, bytes(8)))
+            time.sleep(0.1)
+        assert raw.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+    assert method(channel, "echo")(b"still", timeout=10) == b"still"
+
+
 def test_bad_connections_are_logged_once_a_minute(
     lean: Running, channel: grpc.Channel, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -69,7 +69,8 @@ Then, with no call left, the connection ends without a reset: we send our end (a
 the client still sends until it closes its end or LINGER_S pass. Closing the socket outright resets the
 connection if anything the client sent is unread or still on its way (a WINDOW_UPDATE, the PING's
 acknowledgement), and a reset can cost the client the last answer it had not yet read: HAProxy 2.6 cut a
-response's trailers so (a call read UNKNOWN "Stream removed").
+response's trailers so (a call read UNKNOWN "Stream removed"). A connection error ends the same way once its
+GOAWAY is written (its calls cancelled, ERROR_LINGER_S for the client's end).
 """
 
 from __future__ import annotations
@@ -128,6 +129,9 @@ ENDED_MEMORY = 1024
 GOAWAY_PING = b"draining"
 GOAWAY_ACK_WAIT_S = 1.0
 LINGER_S = 5.0  # how long an ended connection waits for the client to close its end (the module docstring)
+# The same after a connection error (_close): a second, as Go's HTTP/2 server reads after its GOAWAY; a peer that
+# breaks the protocol should not hold its connection's place for long.
+ERROR_LINGER_S = 1.0
 # A call that takes one request message and was sent more (the module docstring): grpc-go's words, near enough.
 MORE_THAN_ONE = "cardinality violation: more than one request message for a method that takes one"
 # And one whose client ended its side without it (grpc-go: "received no request message").
@@ -288,7 +292,7 @@ class Connection(asyncio.Protocol):
         # While data_received reads frames, our end waits until it has written what they made (_end): a call's
         # answer queued in that read would go out after it, which drops it (the final GOAWAY naming it taken)
         self.reading = False
-        self.end_after_reading = False
+        self.end_after_reading: float | None = None  # the linger of that end
         self.opened = server.loop.time()
         self.last_call = self.opened
         self.handshake: asyncio.TimerHandle | None = None
@@ -368,9 +372,9 @@ class Connection(asyncio.Protocol):
             self._receive(data)
         finally:
             self.reading = False
-        if self.end_after_reading:
-            self.end_after_reading = False
-            self._end()
+        if self.end_after_reading is not None:
+            linger, self.end_after_reading = self.end_after_reading, None
+            self._end(linger)
 
     def _receive(self, data: bytes) -> None:
         if self.transport is None or self.transport.is_closing() or self.lingering is not None:
@@ -945,14 +949,15 @@ class Connection(asyncio.Protocol):
         if not self.streams:
             self._end()
 
-    def _end(self) -> None:
-        """No call left on a connection going away: our end of it, then the client's (the module docstring)."""
+    def _end(self, linger: float = LINGER_S) -> None:
+        """No call left on a connection going away: our end of it, then the client's, for `linger` seconds at
+        most (the module docstring)."""
         transport = self.transport
         if transport is None or transport.is_closing() or self.lingering is not None:
             return
         self.refusing = True
         if self.reading:  # after what the frames read make (data_received)
-            self.end_after_reading = True
+            self.end_after_reading = linger
             return
         if not transport.can_write_eof():  # TLS: its close_notify ends our side
             transport.close()
@@ -962,7 +967,7 @@ class Connection(asyncio.Protocol):
         except OSError:  # reset since our last write (a client gone answers it so, on loopback within the send)
             transport.abort()
             return
-        self.lingering = self.server.loop.call_later(LINGER_S, transport.close)
+        self.lingering = self.server.loop.call_later(linger, transport.close)
 
     def abort(self) -> None:
         """Cut the connection now (the end of a grace period): its calls are cancelled."""
@@ -1126,11 +1131,16 @@ class Connection(asyncio.Protocol):
         return True
 
     def _close(self, code: int, message: str, out: list[bytes]) -> None:
+        """A connection error: what the frames read made, the GOAWAY that says why, the calls still open cancelled,
+        and our end as a drain's (the module docstring), reading and dropping what the client still sends for
+        ERROR_LINGER_S. Closed outright, the socket was reset by whatever the client sent after it, which failed
+        the client's write before it read the GOAWAY, and discarded the GOAWAY itself where it had not yet left."""
         log.info("closing a gRPC connection from %s: %s", self.peer or "a client", message)
         out.append(f.goaway(self.last_stream, code, message.encode("utf-8", "replace")[:256]))
-        if self.transport is not None:
-            self._write(b"".join(out))
-            self.transport.close()
+        self._write(b"".join(out))
+        for stream in list(self.streams.values()):
+            self._abandon(stream)
+        self._end(ERROR_LINGER_S)
 
     def _handshake_expired(self) -> None:
         self.handshake = None
