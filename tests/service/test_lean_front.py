@@ -836,9 +836,13 @@ def test_a_connection_ended_for_an_error_reads_what_its_client_still_sends_rathe
     and fails the client's next write before it reads that GOAWAY (grpc core then reports the write's error and
     a "too_many_pings" client never backs off)."""
     with socket.create_connection(("127.0.0.1", lean.port), timeout=5) as raw:
-        raw.sendall(f.PREFACE + f.settings() + f.frame(f.DATA, 0, 0, b"x"))  # DATA on stream 0: a connection error
+        raw.sendall(f.PREFACE + f.settings() + raw_call(1, "slow"))
+        wait_until(lambda: any(c.streams for c in lean.server.connections), "the slow call to be running")
+        raw.sendall(f.frame(f.DATA, 0, 0, b"x"))  # DATA on stream 0: a connection error
         got = read_frames(raw, 5)  # to our end (FIN)
         assert goaway_code(got) == f.PROTOCOL_ERROR
+        # at once, not at the linger's end (a second)
+        wait_until(lambda: lean.toy.cancelled == ["slow, None s left"], "the call cancelled", timeout=0.5)
         for _ in range(3):  # a client still writing: closed, the server's socket answers each with a reset
             raw.sendall(f.frame(f.PING, 0, 0, bytes(8)))
             time.sleep(0.1)
