@@ -108,6 +108,10 @@ API_KEY_ENV = "MHASERVE_API_KEY"  # as `mhaserve encode --api-key`
 # at least IN_FLIGHT_MIN_S: recorded as a failure of this name (EncoderUser._in_flight says why).
 IN_FLIGHT = "IN_FLIGHT"
 IN_FLIGHT_MIN_S = 1.0
+# The exit status of a run refused before it began (a bad option, a file the users could not read), as argparse's.
+REFUSED_EXIT = 2
+# A worker's message to its master: it refused the options the master sent, and why.
+REFUSED = "mhaserve_refused"
 TLS_FILES = (("tls_ca", "--tls-ca"), ("tls_client_cert", "--tls-client-cert"), ("tls_client_key", "--tls-client-key"))
 
 
@@ -750,32 +754,82 @@ def _clock(**_: Any) -> None:
 def _check_options(environment: Any, **_: Any) -> None:
     """Refuse bad options before the run, as argparse refuses a bad option (exit 2): checked only in each
     user's start, they failed there and the run then idled for its whole --run-time, blaming the server."""
-    opts = environment.parsed_options
-    if opts is None:
+    if environment.parsed_options is None:
         return
+    if problems := _option_problems(environment):
+        log.error("%s", problems)
+        _end_forked_workers()
+        sys.exit(REFUSED_EXIT)
+
+
+def _option_problems(environment: Any) -> str:
+    """What is wrong with the options, as one message; empty when nothing is."""
+    opts = environment.parsed_options
     try:
         names = workload_names(str(getattr(opts, "workload", "mixed")), str(getattr(opts, "protocol", "grpc")))
-        problems = [
-            f"--{name.replace('_', '-')} must be {bound}, got {getattr(opts, name)}"
-            for name, ok, bound in (
-                ("batch_size", lambda v: v >= 1, ">= 1"),
-                ("stream_requests", lambda v: v >= 1, ">= 1"),
-                # as `mhaserve encode` bounds its --timeout: grpcio failed every call at once at 1e10 s
-                ("rpc_timeout", lambda v: 0 < v <= MAX_TIMEOUT_S, f"> 0 and at most {MAX_TIMEOUT_S} (seconds)"),
-                ("think_time", lambda v: 0 <= v <= MAX_TIMEOUT_S, f">= 0 and at most {MAX_TIMEOUT_S} (seconds)"),
-                ("max_fail_ratio", lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),
-            )
-            if getattr(opts, name, None) is not None and not ok(getattr(opts, name))
-        ]
-        if _reads_files_here(environment):
-            problems += _file_problems(opts, names)
-        problems += _security_problems(environment, opts)
-        if problems:
-            raise ValueError("; ".join(problems))
     except ValueError as e:
-        log.error("%s", e)
-        _end_forked_workers()
-        sys.exit(2)
+        return str(e)
+    problems = [
+        f"--{name.replace('_', '-')} must be {bound}, got {getattr(opts, name)}"
+        for name, ok, bound in (
+            ("batch_size", lambda v: v >= 1, ">= 1"),
+            ("stream_requests", lambda v: v >= 1, ">= 1"),
+            # as `mhaserve encode` bounds its --timeout: grpcio failed every call at once at 1e10 s
+            ("rpc_timeout", lambda v: 0 < v <= MAX_TIMEOUT_S, f"> 0 and at most {MAX_TIMEOUT_S} (seconds)"),
+            ("think_time", lambda v: 0 <= v <= MAX_TIMEOUT_S, f">= 0 and at most {MAX_TIMEOUT_S} (seconds)"),
+            ("max_fail_ratio", lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),
+        )
+        if getattr(opts, name, None) is not None and not ok(getattr(opts, name))
+    ]
+    if _reads_files_here(environment):
+        problems += _file_problems(opts, names)
+    problems += _security_problems(environment, opts)
+    return "; ".join(problems)
+
+
+@events.test_start.add_listener
+def _check_the_masters_options(environment: Any, **_: Any) -> None:
+    """On a worker of a separate master, check the options again as the run starts, and refuse it there: the
+    master's options reach a worker only now, with the run's start (at init it checked its own command line),
+    and the master checked no files (its paths may not be its workers'). Its users failed in their start, the
+    run idled through its whole --run-time, and the master blamed the server before it named the file."""
+    import gevent
+    from locust.runners import WorkerRunner
+
+    runner = environment.runner
+    if not isinstance(runner, WorkerRunner) or environment.parsed_options is None:
+        return
+    if problems := _option_problems(environment):
+        log.error("%s", problems)
+        runner.send_message(REFUSED, {"problems": problems})
+        environment.process_exit_code = REFUSED_EXIT
+        # Not from here: this is the runner's own message loop, which quit() kills. Spawned now, the quit runs
+        # before the users this run's start spawns next (and kills their spawner), so none fails in its start.
+        gevent.spawn(runner.quit)
+
+
+@events.init.add_listener
+def _hear_refusals(environment: Any, **_: Any) -> None:
+    """On a master, hear its workers' refusals (_check_the_masters_options)."""
+    from locust.runners import MasterRunner
+
+    if isinstance(environment.runner, MasterRunner):
+        # concurrent: _refused quits the runner, whose message loop would otherwise call it
+        environment.runner.register_message(REFUSED, _refused, concurrent=True)
+
+
+def _refused(environment: Any, msg: Any, **_: Any) -> None:
+    """A worker refused the run's options: end it as a refused option ends a run elsewhere (exit 2, the
+    problem named once, however many workers refuse), not after its --run-time."""
+    if environment.process_exit_code == REFUSED_EXIT:
+        return  # another worker's, already named
+    log.error("%s", msg.data["problems"])
+    environment.process_exit_code = REFUSED_EXIT
+    opts = environment.parsed_options
+    if opts is not None and getattr(opts, "headless", False):
+        environment.runner.quit()
+    else:
+        environment.runner.stop()  # the web UI stays up, its log naming the problem
 
 
 def _end_forked_workers() -> None:
@@ -923,6 +977,8 @@ def _exit_code(environment: Any, **_: Any) -> None:
 
     if isinstance(environment.runner, WorkerRunner):
         return  # the master decides, on the aggregated stats
+    if environment.process_exit_code == REFUSED_EXIT:
+        return  # a worker refused the options (_refused): the run made no figures to judge
     opts = environment.parsed_options
     _stop_users(environment, opts)
     if opts is not None and getattr(opts, "json_file", None):

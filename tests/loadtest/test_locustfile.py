@@ -730,6 +730,48 @@ def test_a_worker_reads_the_corpus_beside_its_own_locustfile(tiny_server: Server
     assert sum(e["num_requests"] for e in _entries(tmp_path).values()) > 0
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--tls-ca", "/nonexistent/ca.pem"), "--tls-ca /nonexistent/ca.pem: no such file"),
+        (("--corpus", "/nonexistent/corpus.txt"), "--corpus /nonexistent/corpus.txt: no such file"),
+    ],
+)
+def test_a_separate_worker_refuses_the_masters_bad_files(
+    tiny_server: Server, tmp_path: Path, options: tuple[str, ...], message: str
+) -> None:
+    """A separate worker gets the master's options only with the run's start, after it checked its own command
+    line: its users failed in their start, the run idled through its whole --run-time, and the master exited 1,
+    blaming the server ("no requests were made") before it named the file."""
+    port = str(free_port())
+    started = time.monotonic()
+    master = subprocess.Popen(
+        [
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--master", "--headless",
+            "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--expect-workers", "1",
+            "-H", tiny_server.address, "-u", "2", "-r", "2", "-t", "90s", "--workload", "mixed", *options,
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_env(),
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker", "--master-host", "127.0.0.1",
+         "--master-port", port],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_env(),
+    )  # fmt: skip
+    try:
+        out, _ = master.communicate(timeout=120)
+        elapsed = time.monotonic() - started
+        worker_out, _ = worker.communicate(timeout=15)  # it ends too, not left waiting for a master that is gone
+    finally:
+        for process in (master, worker):
+            process.kill()
+            process.wait()
+    assert master.returncode == 2, out[-3000:]
+    assert out.count(message) == 1 and "no requests were made" not in out, out[-3000:]
+    assert "Traceback" not in out + worker_out, (out + worker_out)[-3000:]
+    assert elapsed < 45, out[-3000:]  # refused, not run out (90 s), however busy the machine
+
+
 # ---- API keys and TLS ------------------------------------------------------------------------------------
 
 
