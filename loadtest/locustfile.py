@@ -889,6 +889,13 @@ def _reads_files_here(environment: Any) -> bool:
     return not isinstance(environment.runner, MasterRunner) or bool(getattr(opts, "processes", None))
 
 
+def _not_a_file(flag: str, path: str) -> str:
+    """Why `path`, given to `flag`, is not a file to read, or "": a directory was said to be no such file."""
+    if Path(path).is_dir():
+        return f"{flag} {path} is a directory: give a file"
+    return "" if Path(path).is_file() else f"{flag} {path}: no such file"
+
+
 def _file_problems(opts: Any, names: list[str]) -> list[str]:
     """What is wrong with the corpora and the tokenizer, each read as the users will read it: a file that
     exists but holds no text, or no tokenizer, failed only in each user (in its start, or in every task)."""
@@ -899,8 +906,8 @@ def _file_problems(opts: Any, names: list[str]) -> list[str]:
         if not given and not used:
             continue
         path, flag = given or str(default), f"--{name.replace('_', '-')}"
-        if not Path(path).is_file():
-            problems.append(f"{flag} {path}: no such file")
+        if missing := _not_a_file(flag, path):
+            problems.append(missing)
             continue
         try:
             Corpus.load(path)  # kept: the users of this process find it loaded
@@ -911,8 +918,8 @@ def _file_problems(opts: Any, names: list[str]) -> list[str]:
         except OSError as e:
             problems.append(f"{flag} {path} cannot be read ({_reason(e)})")
     if tokenizer := getattr(opts, "tokenizer", "") or "":
-        if not Path(tokenizer).is_file():
-            problems.append(f"--tokenizer {tokenizer}: no such file")
+        if missing := _not_a_file("--tokenizer", tokenizer):
+            problems.append(missing)
         else:
             from tokenizers import Tokenizer
 
@@ -939,11 +946,7 @@ def _security_problems(environment: Any, opts: Any) -> list[str]:
         problems.append(f"-H {host} is plaintext HTTP, but the TLS options ask for TLS: give https://")
     if problems or not _reads_files_here(environment):
         return problems
-    missing = [
-        f"{flag} {files[name]}: no such file"
-        for name, flag in TLS_FILES
-        if files[name] and not Path(files[name]).is_file()
-    ]
+    missing = [m for name, flag in TLS_FILES if files[name] and (m := _not_a_file(flag, files[name]))]
     if missing:
         return missing
     # Read as the users will, so that a file that is no PEM certificate or key is named now, not in each call.

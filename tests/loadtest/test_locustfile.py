@@ -570,6 +570,8 @@ def test_an_unknown_workload_is_refused_before_the_run(tiny_server: Server, tmp_
         (("--think-time", "inf"), "--think-time must be >= 0 and at most 100000000 (seconds), got inf"),
         (("--corpus", "/nonexistent/corpus.txt"), "--corpus /nonexistent/corpus.txt: no such file"),
         (("--tokenizer", "/nonexistent/tokenizer.json"), "--tokenizer /nonexistent/tokenizer.json: no such file"),
+        (("--corpus", "/tmp"), "--corpus /tmp is a directory: give a file"),  # was "no such file"
+        (("--tls-ca", "/tmp"), "--tls-ca /tmp is a directory: give a file"),
         (("--tokenizer", str(LOCUSTFILE)), f"--tokenizer {LOCUSTFILE} is no tokenizer.json"),
         (("--tls-ca", "/nonexistent/ca.pem"), "--tls-ca /nonexistent/ca.pem: no such file"),
         (("--tls-ca", str(LOCUSTFILE)), f"--tls-ca {LOCUSTFILE} holds no usable PEM certificate"),
