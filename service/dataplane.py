@@ -9,8 +9,9 @@ models are served (one Pipeline per model version), whether the server is ready,
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Literal
 
 from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError, Unavailable
@@ -39,6 +40,7 @@ class DataPlane:
         self._pipelines: dict[str, dict[int, Pipeline]] = {}  # name -> version -> pipeline
         self._default = ""
         self._follow = False  # the default was not named (`*`, or no --model): re-chosen among the served
+        self._loading: collections.Counter[tuple[str, int]] = collections.Counter()  # the versions loads run for
 
     # ---- what the server does ----------------------------------------------------------------------
 
@@ -67,6 +69,19 @@ class DataPlane:
         if not versions:
             self._pipelines.pop(name, None)
         return pipeline
+
+    @contextlib.contextmanager
+    def loading(self, name: str, version: int) -> Iterator[None]:
+        """While a version loads (models.py), a call for it that nothing served answers is told so: UNAVAILABLE,
+        which clients retry, where NOT_FOUND reads as a wrong name. A served version being loaded again (its files
+        changed) goes on answering."""
+        self._loading[(name, version)] += 1
+        try:
+            yield
+        finally:
+            self._loading[(name, version)] -= 1
+            if not self._loading[(name, version)]:
+                del self._loading[(name, version)]
 
     def set_default(self, name: str, *, follow: bool = False) -> None:
         """The model of requests that name none: the first model the server was told to serve. With `follow`
@@ -158,11 +173,12 @@ class DataPlane:
         """The pipeline of a model (empty: the default) at a version (None or "": its latest served one).
 
         NOT_FOUND for a model or version not served (every model too, once all were unloaded); UNAVAILABLE
-        while nothing is loaded yet.
+        while nothing is loaded yet, and for one that is loading (`loading`).
         """
         if not self._pipelines:
             if (refusal := self.refusal()) is not None:
                 raise refusal
+            self._check_loading((name or self.default_model).partition(":")[0])
             raise NotFound(
                 f"model {(name or self.default_model).partition(':')[0]!r} is not served here (this server serves no "
                 "model now: every one was unloaded)",
@@ -180,21 +196,30 @@ class DataPlane:
             )
         if named_version and version in (None, "", 0):
             version = named_version
+        number = None if version is None or version in ("", 0) else _version_number(version)
         versions = self._pipelines.get(name)
         if not versions:
+            self._check_loading(name, number)
             raise NotFound(
                 f"model {name!r} is not served here (this server serves {_listing(self._pipelines)})", param="model"
             )
         if version is None or version == "" or version == 0:
             return versions[max(versions)]
-        number = _version_number(version)
         if number not in versions:
+            if number is not None:
+                self._check_loading(name, number)
             raise NotFound(
                 f"model {name!r} version {version!r} is not served here "
                 f"(serving version{'s' if len(versions) > 1 else ''} {', '.join(map(str, sorted(versions)))})",
                 param="model",
             )
         return versions[number]
+
+    def _check_loading(self, name: str, version: int | None = None) -> None:
+        """UNAVAILABLE for a model (any version of it) or a version that is loading, which nothing served answers."""
+        if any(n == name and version in (None, v) for n, v in self._loading):
+            what = f"model {name!r}" if version is None else f"model {name!r} version {version}"
+            raise Unavailable(f"{what} is loading; retry in a moment")
 
     def queue_share(self, inputs: int, name: str = "", version: int | str | None = None) -> float:
         """`Pipeline.queue_share` of the model version a stream's request names. 0 for a model not served: the

@@ -301,7 +301,8 @@ class ModelManager:
                     self.states[key] = VersionState("READY", self._why.get(key, ""))
                 continue
             try:
-                await self._load(name, version, fingerprint)
+                with self.dataplane.loading(name, version):  # its calls are told it loads, not that it is missing
+                    await self._load(name, version, fingerprint)
             except Exception as e:  # a graph ONNX Runtime cannot read fails in its own ways
                 self._report(name, version, e, fingerprint)
                 if strict:
@@ -398,9 +399,9 @@ class ModelManager:
         self._failed[(name, version)] = fingerprint
         self.metrics.load_failures.labels(name, str(version)).inc()
         log.error(
-            "cannot load %s version %s: %s (%s)",
+            "cannot load %s%s: %s (%s)",
             name,
-            version or "-",
+            f" version {version}" if version else "",  # 0: the model as a whole (its serving.json, its folder)
             why,
             f"still serving version {', '.join(map(str, serving))}" if serving else "nothing of it is served",
         )

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, cast
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from mhaserve.runtime.errors import NotFound
+from mhaserve.runtime.errors import NotFound, Unavailable
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import count_first, documented, json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
@@ -146,7 +146,7 @@ def router(dataplane: DataPlane, *, max_message_bytes: int) -> APIRouter:
         try:  # the default model's figures at the top, where it is served (TEI's fields too); every model's always
             pipeline = dataplane.resolve()
             default = {**tei_info(pipeline), **describe(pipeline, max_message_bytes)}
-        except NotFound:
+        except (NotFound, Unavailable):  # none served, or it is loading again (and so not served)
             default = {}
         return json_response(
             {

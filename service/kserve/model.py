@@ -13,7 +13,7 @@ from google.protobuf import json_format
 
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.proto.inference.v2 import model_config_pb2 as mc
-from mhaserve.runtime.errors import InvalidArgument, NotFound
+from mhaserve.runtime.errors import InvalidArgument, NotFound, Unavailable
 from mhaserve.runtime.repository import LoadedModel
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.kserve.tensors import IDS, MASK, OUTPUT, TEXT
@@ -102,7 +102,7 @@ def model_is_ready(dataplane: DataPlane, name: str, version: str) -> bool:
         return False
     try:
         dataplane.resolve(name, version)
-    except (NotFound, InvalidArgument):
+    except (NotFound, InvalidArgument, Unavailable):  # Unavailable: it loads
         return False
     return True
 

@@ -569,7 +569,7 @@ def test_a_broken_config_or_version_is_said_once_and_forgotten_once_mended(
         (tmp_path / "m" / "serving.json").write_text(json.dumps({"limit": {}}))
         wait_until(lambda: any("unknown key 'limit'" in reason for _, reason in unavailable()), "the config's failure")
         time.sleep(1.0)  # ten polls
-        said = [r for r in caplog.records if "cannot load m version -" in r.getMessage()]
+        said = [r for r in caplog.records if r.getMessage().startswith("cannot load m: ")]
         assert len(said) == 1, [r.getMessage() for r in said]
         (tmp_path / "m" / "serving.json").write_text(json.dumps({}))
         wait_until(lambda: not unavailable(), "the mended config's failure to be forgotten")
@@ -1630,6 +1630,77 @@ def test_a_load_whose_client_gives_up_completes_and_the_index_says_so(
             assert len(warmed) == 1, [r.getMessage() for r in warmed]
 
 
+def test_a_model_or_version_still_loading_is_unavailable_not_missing(tmp_path: Path) -> None:
+    """A call for a model whose first load runs, or for a version of it being loaded, was answered NOT_FOUND (404),
+    which a client takes for a typo and does not retry. It is UNAVAILABLE (503, with Retry-After), saying it loads,
+    as Triton answers a model that is not ready; the versions served meanwhile answer as before, and once loaded
+    it is served."""
+    export(tmp_path, "m", 1, seed=1)
+    export(tmp_path, "n", 1, seed=2)
+    engine = ScriptedEngine(gates=[1])  # the warm-up's inputs are all ones
+    engine.gates[1].set()
+    explicit = settings(tmp_path, "m", model_control="explicit", http_port=free_port())
+    with ServerThread(explicit, engine.factory()) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        engine.gates[1].clear()
+        engine.batches.clear()
+        try:
+            load = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="n"), timeout=WAIT)
+            wait_until(lambda: engine.seen(1), "n's warm-up")
+            for model, version, what in (("n", 0, "model 'n'"), ("n:1", 0, "model 'n' version 1")):
+                with pytest.raises(grpc.RpcError) as e:
+                    encode(channel, model, version)
+                assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+                assert f"{what} is loading" in str(e.value.details())
+            answer = request("POST", srv.http_url + "/v1/embeddings", {"model": "n", "input": "a text"})
+            assert answer.status == 503 and answer.headers.get("retry-after"), (answer.status, answer.headers)
+            assert "model 'n' is loading" in answer.json()["error"]["message"]
+            # questions about it are answered: not ready, and not yet among what /info lists
+            assert request("GET", srv.http_url + "/v2/models/n/ready").status == 400
+            assert not kserve.ModelReady(kpb.ModelReadyRequest(name="n"), timeout=WAIT).ready
+            info = request("GET", srv.http_url + "/info").json()
+            assert [m["model"] for m in info["models"]] == ["m"]
+            with pytest.raises(grpc.RpcError) as e:  # a model nobody loads is still not found
+                encode(channel, "nothing")
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
+            # A version being loaded beside the one served: the served one answers for the model's latest.
+            export(tmp_path, "m", 2, seed=3)
+            engine.batches.clear()
+            again = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
+            wait_until(lambda: engine.seen(1) and _index(srv).get(("m", "2"), ("",))[0] == "LOADING", "m:2's warm-up")
+            with pytest.raises(grpc.RpcError) as e:
+                encode(channel, "m", 2)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "model 'm' version 2 is loading" in str(
+                e.value.details()
+            )
+            with pytest.raises(grpc.RpcError) as e:
+                encode(channel, "m", 3)
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        finally:
+            engine.gates[1].set()
+        load.result(WAIT)
+        again.result(WAIT)
+        assert encode(channel, "n").model == "n"
+        assert encode(channel, "m", 2).model_version == 2
+        # The default model unloaded, then loading again: a call that names no model is told it loads, and /info
+        # still answers, with what is served.
+        kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="m"), timeout=WAIT)
+        engine.gates[1].clear()
+        engine.batches.clear()
+        try:
+            load = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
+            wait_until(lambda: engine.seen(1), "m's warm-up")
+            with pytest.raises(grpc.RpcError) as e:
+                encode(channel)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "model 'm' is loading" in str(e.value.details())
+            info = request("GET", srv.http_url + "/info")
+            assert info.status == 200 and [m["model"] for m in info.json()["models"]] == ["n"], info
+        finally:
+            engine.gates[1].set()
+        load.result(WAIT)
+        assert encode(channel).model == "m"
+
+
 def test_a_load_asked_for_while_one_runs_gets_that_ones_outcome(tmp_path: Path) -> None:
     """Loads of a model asked for while one runs (a client that retries after its deadline) each loaded it
     again, once per call. Now those asked for while one runs wait for it and join one load after it, which
@@ -1979,8 +2050,9 @@ def test_random_loads_unloads_and_publications_while_clients_encode(
     began), loads and unloads, versions published (some that cannot load), and a batch that stalls past the
     inference timeout, all at once: each call ends as it should (an encode OK with its own vector from a
     version of its model, or NOT_FOUND only where its model was unloaded or its version could have been
-    replaced, UNAVAILABLE only beside a stall; a load OK, or FAILED_PRECONDITION only where a version that
-    cannot load was published; an unload OK), nothing hangs, and then everything settles and agrees
+    replaced, UNAVAILABLE only beside a stall or while a model unloaded loads again; a load OK, or
+    FAILED_PRECONDITION only where a version that cannot load was published; an unload OK), nothing hangs,
+    and then everything settles and agrees
     (`check_settled`: the server serves again after a stall, whatever was unloaded or replaced meanwhile)."""
     if stall is not None:  # at most one a schedule: each keeps the inference thread for over a second
         at, model, delay = stall
@@ -2018,6 +2090,8 @@ def test_random_loads_unloads_and_publications_while_clients_encode(
         allowed = {"UNAVAILABLE"} if kind == "stall" else {"OK"}
         if kind in ("encode", "encode_named", "stall") and ("unload", model) in kinds:
             allowed.add("NOT_FOUND")  # unloaded before it came
+            if ("load", model) in kinds:
+                allowed.add("UNAVAILABLE")  # and loading again when it came
         if kind in ("encode", "encode_named") and any(k == "stall" for k, _, _ in steps):
             allowed.add("UNAVAILABLE")  # refused while a batch stalled (its threads are every model's)
         if kind == "encode_named" and {("load", model), ("publish", model)} <= kinds:
