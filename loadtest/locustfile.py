@@ -732,9 +732,16 @@ class EncoderUser(User):
                     self._fire("EncodeStream", "stream", sent.popleft() if sent else started, 0, failure)
 
 
+class _Run:
+    """What this process knows of the run in progress, reset as each starts (the web UI runs several)."""
+
+    refusal_named = False  # on a master: a worker's refusal logged (_refused), one line however many refuse
+
+
 @events.test_start.add_listener
 def _new_run(**_: Any) -> None:
     EncoderUser.slowest_s = 0.0
+    _Run.refusal_named = False
 
 
 @events.init.add_listener
@@ -820,16 +827,22 @@ def _hear_refusals(environment: Any, **_: Any) -> None:
 
 def _refused(environment: Any, msg: Any, **_: Any) -> None:
     """A worker refused the run's options: end it as a refused option ends a run elsewhere (exit 2, the
-    problem named once, however many workers refuse), not after its --run-time."""
-    if environment.process_exit_code == REFUSED_EXIT:
-        return  # another worker's, already named
+    problem named once, however many workers refuse), not after its --run-time. With the web UI (and no
+    --autostart), the run stops and the UI stays up, its log naming the problem, for a later run (with workers
+    started again)."""
+    if _Run.refusal_named:
+        return  # another worker's
+    _Run.refusal_named = True
     log.error("%s", msg.data["problems"])
-    environment.process_exit_code = REFUSED_EXIT
     opts = environment.parsed_options
-    if opts is not None and getattr(opts, "headless", False):
+    # --autostart: the web UI beside a run nobody starts by hand, which ran on to its --run-time
+    if opts is not None and (getattr(opts, "headless", False) or getattr(opts, "autostart", False)):
+        environment.process_exit_code = REFUSED_EXIT
         environment.runner.quit()
+        if environment.web_ui is not None:  # what the process waits on with --autostart
+            environment.web_ui.stop()
     else:
-        environment.runner.stop()  # the web UI stays up, its log naming the problem
+        environment.runner.stop()
 
 
 def _end_forked_workers() -> None:

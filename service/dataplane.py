@@ -175,15 +175,8 @@ class DataPlane:
         NOT_FOUND for a model or version not served (every model too, once all were unloaded); UNAVAILABLE
         while nothing is loaded yet, and for one that is loading (`loading`).
         """
-        if not self._pipelines:
-            if (refusal := self.refusal()) is not None:
-                raise refusal
-            self._check_loading((name or self.default_model).partition(":")[0])
-            raise NotFound(
-                f"model {(name or self.default_model).partition(':')[0]!r} is not served here (this server serves no "
-                "model now: every one was unloaded)",
-                param="model",
-            )
+        if not self._pipelines and (refusal := self.refusal()) is not None:
+            raise refusal
         asked = name or self.default_model
         name, colon, named_version = asked.partition(":")
         if colon and not (name and named_version):
@@ -200,9 +193,8 @@ class DataPlane:
         versions = self._pipelines.get(name)
         if not versions:
             self._check_loading(name, number)
-            raise NotFound(
-                f"model {name!r} is not served here (this server serves {_listing(self._pipelines)})", param="model"
-            )
+            served = _listing(self._pipelines)
+            raise NotFound(f"model {name!r} is not served here (this server serves {served})", param="model")
         if version is None or version == "" or version == 0:
             return versions[max(versions)]
         if number not in versions:
@@ -251,4 +243,4 @@ def _differ(version: int | str, named: str) -> bool:
 
 def _listing(pipelines: dict[str, dict[int, Pipeline]]) -> str:
     names: Iterable[str] = sorted(pipelines)
-    return ", ".join(repr(n) for n in names) or "nothing yet"
+    return ", ".join(repr(n) for n in names) or "no model now: every one was unloaded"

@@ -27,7 +27,7 @@ from mhaserve.loadtest.bench.client import Server
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service.settings import ApiKeys
-from mhaserve.testing.loopback import free_port, wait_until
+from mhaserve.testing.loopback import free_port, free_ports, wait_until
 from mhaserve.testing.server import ServerThread, local_settings
 from tests.loadtest.conftest import bench_server
 from tests.security import conftest as security
@@ -733,23 +733,26 @@ def test_a_worker_reads_the_corpus_beside_its_own_locustfile(tiny_server: Server
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("options", "message", "ui"),
     [
-        (("--tls-ca", "/nonexistent/ca.pem"), "--tls-ca /nonexistent/ca.pem: no such file"),
-        (("--corpus", "/nonexistent/corpus.txt"), "--corpus /nonexistent/corpus.txt: no such file"),
+        (("--tls-ca", "/nonexistent/ca.pem"), "--tls-ca /nonexistent/ca.pem: no such file", "--headless"),
+        (("--corpus", "/nonexistent/corpus.txt"), "--corpus /nonexistent/corpus.txt: no such file", "--headless"),
+        # the web UI beside a run started by itself: it waited for its --run-time, and exited 1
+        (("--corpus", "/nonexistent/corpus.txt"), "--corpus /nonexistent/corpus.txt: no such file", "--autostart"),
     ],
 )
 def test_a_separate_worker_refuses_the_masters_bad_files(
-    tiny_server: Server, tmp_path: Path, options: tuple[str, ...], message: str
+    tiny_server: Server, tmp_path: Path, options: tuple[str, ...], message: str, ui: str
 ) -> None:
     """A separate worker gets the master's options only with the run's start, after it checked its own command
     line: its users failed in their start, the run idled through its whole --run-time, and the master exited 1,
     blaming the server ("no requests were made") before it named the file."""
-    port = str(free_port())
+    port, web_port = map(str, free_ports(2))
     started = time.monotonic()
     master = subprocess.Popen(
         [
-            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--master", "--headless",
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--master", ui, "--web-host", "127.0.0.1",
+            "--web-port", web_port,
             "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--expect-workers", "1",
             "-H", tiny_server.address, "-u", "2", "-r", "2", "-t", "90s", "--workload", "mixed", *options,
         ],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from mhaserve.runtime.errors import ServiceError
+from mhaserve.runtime.errors import InvalidArgument, NotFound, ServiceError, Unavailable
 from mhaserve.service.dataplane import HOLD_MARGIN, DataPlane
 
 
@@ -78,3 +78,26 @@ def test_a_call_cancelled_in_the_turn_the_load_ends_stays_cancelled() -> None:
         assert plane._held == 0
 
     asyncio.run(scenario())
+
+
+def test_a_model_or_version_that_loads_is_unavailable_and_anything_else_is_still_refused_as_it_was() -> None:
+    """With nothing served, a model loading made every call that named it UNAVAILABLE "model 'n' is loading",
+    a version that will never come (n:5) and a malformed name (n:) too."""
+    plane = DataPlane()
+    plane.state = "serving"  # every model unloaded, one loading again
+
+    def refusal(name: str, version: int | str | None = None) -> tuple[type[ServiceError], str]:
+        try:
+            plane.resolve(name, version)
+        except ServiceError as e:
+            return type(e), e.message
+        raise AssertionError("resolved")
+
+    with plane.loading("n", 1):
+        assert refusal("n") == (Unavailable, "model 'n' is loading; retry in a moment")
+        assert refusal("n:1") == refusal("n", 1) == (Unavailable, "model 'n' version 1 is loading; retry in a moment")
+        assert refusal("n:5")[0] is refusal("n", "7")[0] is NotFound
+        assert refusal("n:")[0] is InvalidArgument
+        assert refusal("x") == (NotFound, "model 'x' is not served here (this server serves no model now: every one "
+                                          "was unloaded)")  # fmt: skip
+    assert refusal("n")[0] is NotFound

@@ -843,11 +843,47 @@ def test_a_connection_ended_for_an_error_reads_what_its_client_still_sends_rathe
         assert goaway_code(got) == f.PROTOCOL_ERROR
         # at once, not at the linger's end (a second)
         wait_until(lambda: lean.toy.cancelled == ["slow, None s left"], "the call cancelled", timeout=0.5)
-        for _ in range(3):  # a client still writing: closed, the server's socket answers each with a reset
+        for _ in range(2):  # a client still writing: closed, the server's socket answers each with a reset
             raw.sendall(f.frame(f.PING, 0, 0, bytes(8)))
-            time.sleep(0.1)
+            time.sleep(0.05)
         assert raw.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
     assert method(channel, "echo")(b"still", timeout=10) == b"still"
+
+
+def test_a_connection_ended_for_an_error_before_its_handshake_completed_lingers_too() -> None:
+    """The handshake's timer, left running, aborted (reset) the connection in its linger."""
+    running = Running(handshake_timeout=0.2)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=5) as raw:
+            raw.sendall(b"NOT HTTP/2 AT ALL\r\n\r\n")  # a connection error, with no handshake done
+            got = read_frames(raw, 5)
+            assert goaway_code(got) == f.PROTOCOL_ERROR
+            for _ in range(4):  # past the handshake's timeout, within the linger (a second)
+                raw.sendall(b"more")
+                time.sleep(0.1)
+            assert raw.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+    finally:
+        running.stop()
+
+
+def test_a_stop_during_the_linger_of_a_connection_ended_for_an_error_does_not_reset_it() -> None:
+    """The calls a connection error cancelled were left among its streams, and a stop's end of its grace period
+    cut the connection as one with calls open (a reset) in its linger."""
+    running = Running()
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=5) as raw:
+            raw.sendall(f.PREFACE + f.settings() + raw_call(1, "stubborn"))  # a handler slow to unwind
+            wait_until(lambda: any(c.streams for c in running.server.connections), "the call to be running")
+            raw.sendall(f.frame(f.DATA, 0, 0, b"x"))
+            got = read_frames(raw, 5)
+            assert goaway_code(got) == f.PROTOCOL_ERROR
+            running.call(running.server.stop(0))
+            raw.sendall(f.frame(f.PING, 0, 0, bytes(8)))
+            time.sleep(0.1)
+            assert raw.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+    finally:
+        running.release()
+        running.stop()
 
 
 def test_bad_connections_are_logged_once_a_minute(

@@ -959,6 +959,9 @@ class Connection(asyncio.Protocol):
         if self.reading:  # after what the frames read make (data_received)
             self.end_after_reading = linger
             return
+        if self.handshake is not None:  # its abort would reset the connection, and cut an answer short
+            self.handshake.cancel()
+            self.handshake = None
         if not transport.can_write_eof():  # TLS: its close_notify ends our side
             transport.close()
             return
@@ -1124,9 +1127,6 @@ class Connection(asyncio.Protocol):
         log.info("answered an HTTP/1.x request on the gRPC port from %s", self.peer or "a client")
         self.greeting = b""
         self.transport.write(HTTP1_ANSWER)
-        if self.handshake is not None:  # its abort could cut the answer short
-            self.handshake.cancel()
-            self.handshake = None
         self._end()  # what the client still sends is dropped (data_received), then the connection closes
         return True
 
@@ -1140,6 +1140,10 @@ class Connection(asyncio.Protocol):
         self._write(b"".join(out))
         for stream in list(self.streams.values()):
             self._abandon(stream)
+        # Gone, as connection_lost has them: a stream left would have a stop's end of its grace period reset the
+        # connection as one with calls open (`cut`), where their handlers only unwind.
+        self.streams.clear()
+        self.blocked.clear()
         self._end(ERROR_LINGER_S)
 
     def _handshake_expired(self) -> None:
