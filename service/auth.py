@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mhaserve.runtime.errors import PermissionDenied, ServiceError, Unauthenticated
+from mhaserve.service.context import Throttle
 
 AUTHORIZATION = "authorization"
 SCHEME = "bearer"
@@ -35,6 +36,10 @@ OPEN_METHODS = (
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 )
+# Each port logs a refused call at INFO with its request id, to be found by the client's; a client with a wrong key
+# in a loop wrote 9,000 such lines a second. At most this many a second, then one saying how many were left out;
+# mhaserve_requests_total counts every one.
+REFUSAL_LINES_A_SECOND = 10
 MESSAGE = "missing or invalid API key: send 'authorization: Bearer <key>'"
 ADMIN_MESSAGE = "the repository API (index, load, unload) needs an admin key (--admin-keys-file, MHASERVE_ADMIN_KEYS)"
 
@@ -169,3 +174,8 @@ class Keys:
         if is_client:
             return PermissionDenied(ADMIN_MESSAGE)
         return Unauthenticated(MESSAGE)
+
+
+def refusal_lines() -> Throttle:
+    """The filter of a port's logger for its lines of refused calls ("refused ..."): REFUSAL_LINES_A_SECOND."""
+    return Throttle(("refused ",), interval=1.0, burst=REFUSAL_LINES_A_SECOND)

@@ -77,18 +77,24 @@ def configure_logging(level: str, process: str | None = None) -> None:
 
 
 class Throttle(logging.Filter):
-    """At most one line an `interval` of each of `messages` (a record whose message starts with it), the next
-    saying how many were left out; other lines pass untouched. For a logger that writes a line for each of
-    something a client can send as often as it likes."""
+    """At most `burst` lines an `interval` of each of `messages` (a record whose message starts with it), the
+    next after saying how many were left out; other lines pass untouched. For a logger that writes a line for
+    each of something a client can send as often as it likes."""
 
     def __init__(
-        self, messages: Iterable[str], interval: float = 60.0, clock: Callable[[], float] = time.monotonic
+        self,
+        messages: Iterable[str],
+        interval: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        burst: int = 1,
     ) -> None:
         super().__init__()
         self.messages = tuple(messages)
         self.interval = interval
         self.clock = clock
-        self._next: dict[str, float] = {}  # message -> when its next line may be written
+        self.burst = burst
+        self._next: dict[str, float] = {}  # message -> when its interval ends
+        self._written: dict[str, int] = {}  # message -> lines written in its interval
         self._left_out: dict[str, int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -102,15 +108,25 @@ class Throttle(logging.Filter):
             record.msg = f"{text} ({left_out} more since the last such line, not logged)"
         return True
 
+    def reset(self) -> None:
+        """Forget what was written and left out (a test's lines, counted from its start)."""
+        self._next.clear()
+        self._written.clear()
+        self._left_out.clear()
+
     def passes(self, message: str) -> int | None:
         """Whether a line of `message` may be written now: None if not (it is counted as left out), else how many
         were left out since the last one. For a caller that words the count itself."""
         now = self.clock()
-        if now < self._next.get(message, -float("inf")):
-            self._left_out[message] = self._left_out.get(message, 0) + 1
-            return None
-        self._next[message] = now + self.interval
-        return self._left_out.pop(message, 0)
+        if now >= self._next.get(message, -float("inf")):
+            self._next[message] = now + self.interval
+            self._written[message] = 1
+            return self._left_out.pop(message, 0)
+        if self._written[message] < self.burst:
+            self._written[message] += 1
+            return 0
+        self._left_out[message] = self._left_out.get(message, 0) + 1
+        return None
 
 
 class Demote(logging.Filter):

@@ -43,7 +43,7 @@ from mhaserve.runtime.errors import (
     UnsupportedMediaType,
 )
 from mhaserve.runtime.manifest import MAX_VERSION, number
-from mhaserve.service.auth import Keys, bearer
+from mhaserve.service.auth import Keys, bearer, refusal_lines
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
 from mhaserve.service.http.bodies import Chunked, Reply
 from mhaserve.service.http.errors import CODE_KEY, render
@@ -53,6 +53,8 @@ from mhaserve.service.inflight import InFlight
 from mhaserve.service.metrics import Metrics
 
 log = logging.getLogger(__name__)
+REFUSALS = refusal_lines()
+log.addFilter(REFUSALS)
 
 # The error to refuse a request with, or None; given the seconds it may wait (None: no deadline of its own),
 # since the answer may wait for a model that is loading (DataPlane.admission).

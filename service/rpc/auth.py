@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from mhaserve.service.auth import Keys, bearer, is_open
+from mhaserve.service.auth import Keys, bearer, is_open, refusal_lines
 from mhaserve.service.context import REQUEST_ID_HEADER, request_id
 from mhaserve.service.errors import to_status
 from mhaserve.service.metrics import Metrics
@@ -23,6 +23,8 @@ from mhaserve.service.rpc.handlers import (
 )
 
 log = logging.getLogger(__name__)
+REFUSALS = refusal_lines()
+log.addFilter(REFUSALS)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):

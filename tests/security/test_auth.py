@@ -9,6 +9,7 @@ import hmac
 import logging
 import re
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,9 @@ from mhaserve.proto.tei.v1 import tei_pb2 as tpb
 from mhaserve.proto.tei.v1 import tei_pb2_grpc as tpb_grpc
 from mhaserve.service import auth
 from mhaserve.service.context import RequestIdFilter
+from mhaserve.service.http import middleware
 from mhaserve.service.kserve import servicer as kserve
+from mhaserve.service.rpc import auth as rpc_auth
 from mhaserve.service.rpc import methods
 from mhaserve.service.rpc.lean import frames as f
 from mhaserve.service.server import StartupError
@@ -150,6 +153,7 @@ def test_a_refused_call_is_logged_with_its_request_id_and_gets_it_back(
     """As on the HTTP port: once the refusal's log line had no request id ("-"), and the client none back."""
     stub = pb_grpc.EncoderServiceStub(channel)
     caplog.handler.addFilter(RequestIdFilter())  # what the server's log handler does: the id on each record
+    rpc_auth.REFUSALS.reset()  # the lines of the tests before: counted from here
     with caplog.at_level(logging.INFO, logger="mhaserve.service.rpc.auth"):
         with pytest.raises(grpc.RpcError) as e:
             stub.Encode(pb.EncodeRequest(texts=["x"]), metadata=(("x-request-id", "client-7f3a"),), timeout=WAIT)
@@ -160,6 +164,35 @@ def test_a_refused_call_is_logged_with_its_request_id_and_gets_it_back(
         made_up = dict(e.value.trailing_metadata())["x-request-id"]
     refused = [r for r in caplog.records if r.getMessage().startswith("refused /encoder.v1.EncoderService/Encode")]
     assert [getattr(r, "request_id", None) for r in refused] == ["client-7f3a", made_up]
+
+
+def test_a_client_refused_in_a_loop_is_logged_at_most_ten_lines_a_second_and_counted_whole(
+    server: ServerThread, channel: grpc.Channel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client with a wrong key in a loop wrote a line for each call, 9,000 a second (the Locust helper's run). Now
+    at most REFUSAL_LINES_A_SECOND a second on each port, the next saying how many were left out; the metrics count
+    every call."""
+    stub = pb_grpc.EncoderServiceStub(channel)
+    for throttle in (rpc_auth.REFUSALS, middleware.REFUSALS):
+        throttle.reset()
+    before = server.counted_all("UNAUTHENTICATED")
+    with caplog.at_level(logging.INFO, logger="mhaserve.service"):
+        for _ in range(60):
+            with pytest.raises(grpc.RpcError):
+                stub.Encode(pb.EncodeRequest(texts=["x"]), timeout=WAIT)
+            assert request("POST", server.http_url + "/v1/embeddings", {"input": "x"}).status == 401
+        time.sleep(1.1)  # a new second, whose first line says how many of the last were left out
+        with pytest.raises(grpc.RpcError):
+            stub.Encode(pb.EncodeRequest(texts=["x"]), timeout=WAIT)
+        assert request("POST", server.http_url + "/v1/embeddings", {"input": "x"}).status == 401
+    # counted after the answer is written: wait for the last
+    wait_until(lambda: server.counted_all("UNAUTHENTICATED") - before == 122, "every refused call counted")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused ")]
+    for port in ("refused /", "refused POST"):
+        written = [line for line in lines if line.startswith(port)]
+        left_out = sum(int(n) for line in written for n in re.findall(r"\((\d+) more since the last such line", line))
+        # 60 calls take well under a second here, and several on a slow machine: some were left out, and said
+        assert len(written) < 61 and len(written) + left_out == 61, lines
 
 
 def test_every_configured_key_is_let_in(server: ServerThread, channel: grpc.Channel) -> None:
@@ -408,6 +441,7 @@ def test_a_refused_request_with_a_body_closes_its_connection(server: ServerThrea
 def test_a_path_cannot_forge_a_log_line(server: ServerThread, caplog: pytest.LogCaptureFixture) -> None:
     """The refusal is logged before any key is checked, with the percent-decoded path: a newline in it
     forged a well-formed log line, and escape codes reached the operator's terminal."""
+    middleware.REFUSALS.reset()
     with caplog.at_level(logging.INFO, logger="mhaserve.service.http.middleware"):
         forged = "/v1/x%0a2026-11-28%2006:00:00,000%20INFO%20mhaserve:%20key%20accepted%1b[31m"
         assert request("GET", server.http_url + forged).status == 401

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mhaserve.service.context import configure_logging
+from mhaserve.service.context import Throttle, configure_logging
 
 
 def test_the_log_follows_stderr_when_the_host_replaces_it(root_logging: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,3 +57,21 @@ def test_grpc_aio_s_error_for_an_answer_to_a_client_gone_is_a_debug_line(
     assert (demoted in lines) == (level == "debug")
     assert "ERROR grpc._cython.cygrpc.test [-] ExecuteBatchError" not in lines
     assert lines.count("Traceback") == 1  # the other error's
+
+
+def test_a_throttle_with_a_burst_writes_that_many_lines_an_interval_then_counts() -> None:
+    now = [0.0]
+    throttle = Throttle(("refused ",), interval=1.0, clock=lambda: now[0], burst=3)
+
+    def line() -> logging.LogRecord:
+        return logging.LogRecord("x", logging.INFO, __file__, 1, "refused %s", ("/a",), None)
+
+    assert [throttle.filter(line()) for _ in range(5)] == [True, True, True, False, False]
+    now[0] = 0.99
+    assert not throttle.filter(line())
+    now[0] = 1.0
+    record = line()
+    assert throttle.filter(record) and record.getMessage() == "refused /a (3 more since the last such line, not logged)"
+    assert throttle.filter(line()) and throttle.filter(line()) and not throttle.filter(line())
+    throttle.reset()
+    assert throttle.filter(line())
