@@ -189,13 +189,15 @@ class DataPlane:
             )
         if named_version and version in (None, "", 0):
             version = named_version
-        number = None if version is None or version in ("", 0) else _version_number(version)
+        latest = version is None or version in ("", 0)
+        number = _version_number(version) if version is not None and not latest else None
         versions = self._pipelines.get(name)
         if not versions:
-            self._check_loading(name, number)
+            if latest or number is not None:  # not a version that is no number (n:abc), which never loads
+                self._check_loading(name, number)
             served = _listing(self._pipelines)
             raise NotFound(f"model {name!r} is not served here (this server serves {served})", param="model")
-        if version is None or version == "" or version == 0:
+        if latest:
             return versions[max(versions)]
         if number not in versions:
             if number is not None:

@@ -96,7 +96,7 @@ def test_a_model_or_version_that_loads_is_unavailable_and_anything_else_is_still
     with plane.loading("n", 1):
         assert refusal("n") == (Unavailable, "model 'n' is loading; retry in a moment")
         assert refusal("n:1") == refusal("n", 1) == (Unavailable, "model 'n' version 1 is loading; retry in a moment")
-        assert refusal("n:5")[0] is refusal("n", "7")[0] is NotFound
+        assert refusal("n:5")[0] is refusal("n", "7")[0] is refusal("n:abc")[0] is refusal("n", "-1")[0] is NotFound
         assert refusal("n:")[0] is InvalidArgument
         assert refusal("x") == (NotFound, "model 'x' is not served here (this server serves no model now: every one "
                                           "was unloaded)")  # fmt: skip
