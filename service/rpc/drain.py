@@ -6,7 +6,9 @@ kinds of stream would never return on their own:
   `EmbedStream`, `TokenizeStream` and `DecodeStream`, reflection):
   once draining begins, the wait for the next message ends as if the client had half-closed; the
   requests already read are computed and answered in order, then the stream ends with UNAVAILABLE, so
-  the client knows that whatever it sent after the last response was not read and goes elsewhere;
+  the client knows that whatever it sent after the last response was not read and goes elsewhere (on the
+  lean front, a stream whose client had ended its side, every message read, ends OK: nothing was left
+  unanswered; grpc.aio's context cannot say so);
 - a subscription (`grpc.health.v1.Health/Watch`): it gets `LAST_WORD` seconds to send NOT_SERVING,
   then ends with UNAVAILABLE.
 Unary calls and requests being computed are untouched: they finish within the grace period as before.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -62,11 +64,13 @@ async def _next(iterator: AsyncIterator[T]) -> T:
 
 
 class _UntilDrain(AsyncIterator[T]):
-    """A stream's requests, ending (with `cut` set) when draining begins while waiting for the next one."""
+    """A stream's requests, ending (with `cut` set) when draining begins while waiting for the next one; not cut
+    where `ended` says the client had ended its side and every message was read."""
 
-    def __init__(self, iterator: AsyncIterator[T], drain: Drain) -> None:
+    def __init__(self, iterator: AsyncIterator[T], drain: Drain, ended: Callable[[], bool] | None = None) -> None:
         self._iterator = iterator.__aiter__()
         self._drain = drain
+        self._ended = ended
         self.cut = False
 
     def __aiter__(self) -> _UntilDrain[T]:
@@ -87,7 +91,7 @@ class _UntilDrain(AsyncIterator[T]):
             following.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await following
-        self.cut = True
+        self.cut = self._ended is None or not self._ended()
         raise StopAsyncIteration
 
 
@@ -125,7 +129,7 @@ class DrainInterceptor(grpc.aio.ServerInterceptor):
         drain = self.drain
 
         async def wrapper(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            requests = _UntilDrain(request_iterator, drain)
+            requests = _UntilDrain(request_iterator, drain, getattr(context, "requests_ended", None))
             async for response in handle(requests, context):
                 yield response
             if requests.cut:

@@ -31,6 +31,7 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
 from mhaserve.proto.tei.v1 import tei_pb2_grpc as tei_grpc
 from mhaserve.service.rpc.drain import STREAM_CLOSED
+from mhaserve.service.rpc.lean.server import LeanServer
 from mhaserve.service.rpc.streaming import WINDOW
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine, expected_row
@@ -175,6 +176,58 @@ def test_a_stream_whose_client_keeps_sending_is_cut_soon_after_a_drain_begins(se
         done.set()
         engine.release.set()
         srv.stop()
+
+
+@pytest.mark.parametrize("front", ["lean", "grpc"])
+def test_a_stream_whose_client_had_ended_its_side_is_answered_whole_at_a_drain(settings: Settings, front: str) -> None:
+    """A client that sent one request more than the window and ended its side: when the drain begins while the
+    reader waits for room, the stream is answered whole. The lean front, which knows the client's end has come
+    and nothing is left to read, ends it OK (it ended UNAVAILABLE, "send what was not answered to another
+    replica", with nothing unanswered); grpc.aio's front cannot tell, and still ends it UNAVAILABLE after every
+    answer (docs/grpc-fronts.md)."""
+    engine = ScriptedEngine(hang_on=99)
+    one = dataclasses.replace(settings, max_wait_ms=0.0, grace_period=120.0, inference_workers=1, grpc_front=front)
+    srv = ServerThread(one, engine.factory()).ready()
+    sent = threading.Event()
+
+    def requests() -> Iterator[pb.EncodeRequest]:
+        yield ids(99, 5)
+        for i in range(WINDOW):
+            yield ids(7, i + 1)
+        sent.set()  # grpc asked for the next: the client's end goes out now
+
+    try:
+        with srv.channel() as channel:
+            stream = pb_grpc.EncoderServiceStub(channel).EncodeStream(requests(), timeout=5 * WAIT)
+            wait_until(engine.hanging.is_set, "the engine to hold the first request")
+            wait_until(lambda: srv.depth() == WINDOW - 1, "the window's other requests to be queued")
+            wait_until(sent.is_set, "every request sent")
+            if front == "lean":  # the client's end read by the server (grpc.aio's front does not say)
+                wait_until(lambda: srv.call(_ends_read(srv)), "the client's end to arrive")
+            else:
+                time.sleep(0.2)
+            stopping = threading.Thread(target=srv.call, args=(srv.server.stop(),), kwargs={"timeout": 5 * WAIT})
+            stopping.start()
+            wait_until(lambda: srv.server.state == "draining", "the drain to begin")
+            engine.release.set()
+            stopping.join(WAIT)
+            assert not stopping.is_alive()
+            got, code, details = ending(stream)
+            assert len(got) == WINDOW + 1
+            if front == "lean":
+                assert code == grpc.StatusCode.OK, details
+            else:
+                assert (code, details) == (grpc.StatusCode.UNAVAILABLE, STREAM_CLOSED)
+    finally:
+        engine.release.set()
+        srv.stop()
+
+
+async def _ends_read(srv: ServerThread) -> bool:
+    """Whether a stream on the lean front has its client's end."""
+    lean = srv.server._server
+    assert isinstance(lean, LeanServer)
+    return any(s.remote_closed for c in lean.connections for s in c.streams.values())
 
 
 @pytest.mark.slow

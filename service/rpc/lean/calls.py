@@ -87,6 +87,18 @@ class Context:
     def done(self) -> bool:
         return self._stream.closed
 
+    def requests_ended(self) -> bool:
+        """Whether the client has ended its side and every message it sent has been read (not grpc.aio's: a drain
+        reads it, rpc/drain.py, to end such a stream OK rather than cut)."""
+        stream = self._stream
+        return (
+            stream.remote_closed
+            and not stream.messages
+            and not stream.buffer
+            and stream.error is None
+            and stream.error_after is None
+        )
+
     async def abort(
         self, code: grpc.StatusCode, details: str = "", trailing_metadata: Iterable[tuple[str, str | bytes]] = ()
     ) -> None:
