@@ -36,9 +36,10 @@ OPEN_METHODS = (
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 )
-# Each port logs a refused call at INFO with its request id, to be found by the client's; a client with a wrong key
-# in a loop wrote 9,000 such lines a second. At most this many a second, then one saying how many were left out;
-# mhaserve_requests_total counts every one.
+# Each port logs a call refused for want of a valid key at INFO with its request id, to be found by the client's; a
+# client with a wrong key in a loop wrote 9,000 such lines a second. At most this many a second in each process, then
+# one saying how many were left out; mhaserve_requests_total counts every one. A valid client key on the repository
+# API ("denied ...", PERMISSION_DENIED) is a line each: a key holder probing the admin API is what to see.
 REFUSAL_LINES_A_SECOND = 10
 MESSAGE = "missing or invalid API key: send 'authorization: Bearer <key>'"
 ADMIN_MESSAGE = "the repository API (index, load, unload) needs an admin key (--admin-keys-file, MHASERVE_ADMIN_KEYS)"
@@ -177,5 +178,6 @@ class Keys:
 
 
 def refusal_lines() -> Throttle:
-    """The filter of a port's logger for its lines of refused calls ("refused ..."): REFUSAL_LINES_A_SECOND."""
+    """The filter of a port's logger for its lines of calls without a valid key ("refused ..."):
+    REFUSAL_LINES_A_SECOND."""
     return Throttle(("refused ",), interval=1.0, burst=REFUSAL_LINES_A_SECOND)

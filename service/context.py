@@ -122,7 +122,7 @@ class Throttle(logging.Filter):
             self._next[message] = now + self.interval
             self._written[message] = 1
             return self._left_out.pop(message, 0)
-        if self._written[message] < self.burst:
+        if self._written.get(message, 0) < self.burst:  # get: another thread's window may be half set
             self._written[message] += 1
             return 0
         self._left_out[message] = self._left_out.get(message, 0) + 1

@@ -36,6 +36,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mhaserve.runtime.errors import (
+    PermissionDenied,
     RequestTimeout,
     ServiceError,
     TooLarge,
@@ -234,7 +235,9 @@ class CallMiddleware:
             refusal = self.keys.refusal(token, admin=admin)
             if refusal is not None:
                 why = reason if token is None else refusal.message
-                log.info("refused %s %s: %s", scope["method"], loggable(path), why)
+                # "denied": a client key on an admin route, each line kept (the throttle takes "refused")
+                line = "denied %s %s: %s" if isinstance(refusal, PermissionDenied) else "refused %s %s: %s"
+                log.info(line, scope["method"], loggable(path), why)
                 return refusal
         return None
 

@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from mhaserve.runtime.errors import PermissionDenied
 from mhaserve.service.auth import Keys, bearer, is_open, refusal_lines
 from mhaserve.service.context import REQUEST_ID_HEADER, request_id
 from mhaserve.service.errors import to_status
@@ -64,7 +65,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         # as the HTTP port does: a client's refused call can be found in the log.
         rid = call_request_id(handler_call_details)
         request_id.set(rid)
-        log.info("refused %s: %s", method, reason if token is None else message)
+        # "denied": a client key on an admin method, each line kept (the throttle takes "refused", no valid key)
+        line = "denied %s: %s" if isinstance(refusal, PermissionDenied) else "refused %s: %s"
+        log.info(line, method, reason if token is None else message)
         self.metrics.requests.labels(method.lstrip("/"), code.name).inc()
         # Observed as every answered call is, so that the histogram's _count and the counter agree.
         duration = self.metrics.request_duration.labels(method.lstrip("/"))

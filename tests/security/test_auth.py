@@ -573,6 +573,27 @@ def admin_server(secured: Settings) -> Iterator[ServerThread]:
         yield srv.ready()
 
 
+def test_a_client_key_on_the_repository_api_is_logged_each_time_beside_a_flood_without_keys(
+    admin_server: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lines of calls without a valid key are throttled; a valid client key on the admin API is what an
+    operator most wants to see, and shared their budget: "denied", every one."""
+    for throttle in (rpc_auth.REFUSALS, middleware.REFUSALS):
+        throttle.reset()
+    url = admin_server.http_url + "/v2/repository/index"
+    with caplog.at_level(logging.INFO, logger="mhaserve.service"), admin_server.channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        for metadata in [None] * 15 + [bearer(FILE_KEY)] * 3:
+            with pytest.raises(grpc.RpcError):
+                kserve.RepositoryIndex(kpb.RepositoryIndexRequest(), metadata=metadata, timeout=WAIT)
+        for headers in [{}] * 15 + [{"authorization": f"Bearer {FILE_KEY}"}] * 3:
+            assert request("POST", url, {}, headers).status in (401, 403)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([line for line in lines if line.startswith("denied /inference.GRPCInferenceService/")]) == 3, lines
+    assert len([line for line in lines if line.startswith("denied POST /v2/repository/index")]) == 3, lines
+    assert len([line for line in lines if line.startswith("refused ")]) < 30, lines
+
+
 def test_the_repository_api_wants_an_admin_key(admin_server: ServerThread) -> None:
     with admin_server.channel() as channel:
         kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
