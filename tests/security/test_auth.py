@@ -586,7 +586,8 @@ def test_a_client_key_on_the_repository_api_is_logged_each_time_beside_a_flood_w
         for metadata in [None] * 15 + [bearer(FILE_KEY)] * 3:
             with pytest.raises(grpc.RpcError):
                 kserve.RepositoryIndex(kpb.RepositoryIndexRequest(), metadata=metadata, timeout=WAIT)
-        for headers in [{}] * 15 + [{"authorization": f"Bearer {FILE_KEY}"}] * 3:
+        keyless: dict[str, str] = {}
+        for headers in [keyless] * 15 + [{"authorization": f"Bearer {FILE_KEY}"}] * 3:
             assert request("POST", url, {}, headers).status in (401, 403)
     lines = [r.getMessage() for r in caplog.records]
     assert len([line for line in lines if line.startswith("denied /inference.GRPCInferenceService/")]) == 3, lines
