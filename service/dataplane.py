@@ -9,7 +9,6 @@ models are served (one Pipeline per model version), whether the server is ready,
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Literal
@@ -40,7 +39,8 @@ class DataPlane:
         self._pipelines: dict[str, dict[int, Pipeline]] = {}  # name -> version -> pipeline
         self._default = ""
         self._follow = False  # the default was not named (`*`, or no --model): re-chosen among the served
-        self._loading: collections.Counter[tuple[str, int]] = collections.Counter()  # the versions loads run for
+        # The versions loads run for: one at a time for a model (models.py's lock), so a set, not a count
+        self._loading: set[tuple[str, int]] = set()
 
     # ---- what the server does ----------------------------------------------------------------------
 
@@ -75,13 +75,11 @@ class DataPlane:
         """While a version loads (models.py), a call for it that nothing served answers is told so: UNAVAILABLE,
         which clients retry, where NOT_FOUND reads as a wrong name. A served version being loaded again (its files
         changed) goes on answering."""
-        self._loading[(name, version)] += 1
+        self._loading.add((name, version))
         try:
             yield
         finally:
-            self._loading[(name, version)] -= 1
-            if not self._loading[(name, version)]:
-                del self._loading[(name, version)]
+            self._loading.discard((name, version))
 
     def set_default(self, name: str, *, follow: bool = False) -> None:
         """The model of requests that name none: the first model the server was told to serve. With `follow`

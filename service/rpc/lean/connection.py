@@ -361,10 +361,7 @@ class Connection(asyncio.Protocol):
             self.final_goaway.cancel()
         if self.lingering is not None:
             self.lingering.cancel()
-        for stream in list(self.streams.values()):
-            self._abandon(stream)
-        self.streams.clear()
-        self.blocked.clear()
+        self._abandon_all()
 
     def data_received(self, data: bytes) -> None:
         self.reading = True
@@ -1042,6 +1039,13 @@ class Connection(asyncio.Protocol):
             stream.drained.set_result(None)
         stream.wake()
 
+    def _abandon_all(self) -> None:
+        """Every stream abandoned (`_abandon`) and forgotten: the connection is gone, or ended for an error."""
+        for stream in list(self.streams.values()):
+            self._abandon(stream)
+        self.streams.clear()
+        self.blocked.clear()
+
     def _done(self, stream: Stream) -> None:
         self._remember(stream.id, reset=not stream.remote_closed)  # _stop_reading reset it
         self._let_go(stream)
@@ -1138,12 +1142,9 @@ class Connection(asyncio.Protocol):
         log.info("closing a gRPC connection from %s: %s", self.peer or "a client", message)
         out.append(f.goaway(self.last_stream, code, message.encode("utf-8", "replace")[:256]))
         self._write(b"".join(out))
-        for stream in list(self.streams.values()):
-            self._abandon(stream)
         # Gone, as connection_lost has them: a stream left would have a stop's end of its grace period reset the
         # connection as one with calls open (`cut`), where their handlers only unwind.
-        self.streams.clear()
-        self.blocked.clear()
+        self._abandon_all()
         self._end(ERROR_LINGER_S)
 
     def _handshake_expired(self) -> None:
