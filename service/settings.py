@@ -487,7 +487,10 @@ class Settings:
             # NaN compares false both ways: without the isfinite test "nan" passed, and a NaN timeout
             # would turn the watchdog off without a word.
             if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and not zero)):
-                raise SettingsError(f"{flag(name)} must be {'>= 0' if zero else '> 0'}, got {value}")
+                bound = ">= 0" if zero else "> 0"
+                # "must be >= 0, got inf" contradicted itself
+                what = bound if math.isfinite(value) else f"a finite number {bound}"
+                raise SettingsError(f"{flag(name)} must be {what}, got {value}")
 
         for name in (
             "max_batch_tokens",

@@ -99,9 +99,12 @@ def test_flag_beats_variable_beats_default() -> None:
         ({"MHASERVE_AUTO_TRUNCATE": "maybe"}, "MHASERVE_AUTO_TRUNCATE='maybe' is not a valid --auto-truncate"),
         ({"MHASERVE_HTTP_HEADER_TIMEOUT": "0"}, "MHASERVE_HTTP_HEADER_TIMEOUT must be > 0"),
         # float() reads these; NaN compares false with everything, so only a test for it refuses it
-        ({"MHASERVE_MAX_WAIT_MS": "nan"}, "MHASERVE_MAX_WAIT_MS must be >= 0, got nan"),
-        ({"MHASERVE_INFERENCE_TIMEOUT": "nan"}, "MHASERVE_INFERENCE_TIMEOUT must be >= 0, got nan"),
-        ({"MHASERVE_GRACE_PERIOD": "inf"}, "MHASERVE_GRACE_PERIOD must be >= 0, got inf"),
+        # (and "inf", which is >= 0: "a finite number", or the message contradicted itself)
+        ({"MHASERVE_MAX_WAIT_MS": "nan"}, "MHASERVE_MAX_WAIT_MS must be a finite number >= 0, got nan"),
+        ({"MHASERVE_INFERENCE_TIMEOUT": "nan"}, "MHASERVE_INFERENCE_TIMEOUT must be a finite number >= 0, got nan"),
+        ({"MHASERVE_GRACE_PERIOD": "inf"}, "MHASERVE_GRACE_PERIOD must be a finite number >= 0, got inf"),
+        ({"MHASERVE_HTTP_HEADER_TIMEOUT": "inf"}, "MHASERVE_HTTP_HEADER_TIMEOUT must be a finite number > 0, got inf"),
+        ({"MHASERVE_MAX_WAIT_MS": "-1"}, "MHASERVE_MAX_WAIT_MS must be >= 0, got -1"),
         # grpc core takes its message limit as a C int: past it, the server failed with a traceback
         ({"MHASERVE_MAX_MESSAGE_BYTES": str(2**31)}, "MHASERVE_MAX_MESSAGE_BYTES must be at most 2147483647"),
         # a request at the message limit could never be read
