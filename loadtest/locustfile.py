@@ -101,6 +101,9 @@ STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 # draining, or its queue is full. Without a pause a user would spin on instant failures.
 BACKOFF_CODES = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "HTTP 429", "HTTP 503", "CONNECTION"}
 BACKOFF_S = 0.1
+# The server refused the run's credentials (its API key, its client certificate): every call would be refused
+# the same, so the run stops at the first (EncoderUser._fire) as a refused option stops it.
+CREDENTIALS_REFUSED = {"UNAUTHENTICATED", "PERMISSION_DENIED", "HTTP 401", "HTTP 403"}
 ROUTE = "/v1/embeddings"
 TEI_ROUTE = "/embed"
 API_KEY_ENV = "MHASERVE_API_KEY"  # as `mhaserve encode --api-key`
@@ -108,9 +111,10 @@ API_KEY_ENV = "MHASERVE_API_KEY"  # as `mhaserve encode --api-key`
 # at least IN_FLIGHT_MIN_S: recorded as a failure of this name (EncoderUser._in_flight says why).
 IN_FLIGHT = "IN_FLIGHT"
 IN_FLIGHT_MIN_S = 1.0
-# The exit status of a run refused before it began (a bad option, a file the users could not read), as argparse's.
+# The exit status of a run refused before it began (a bad option, a file the users could not read), as argparse's,
+# and of one the server refused its credentials.
 REFUSED_EXIT = 2
-# A worker's message to its master: it refused the options the master sent, and why.
+# A worker's message to its master: it refused the options the master sent (or the server its credentials), and why.
 REFUSED = "mhaserve_refused"
 TLS_FILES = (("tls_ca", "--tls-ca"), ("tls_client_cert", "--tls-client-cert"), ("tls_client_key", "--tls-client-key"))
 
@@ -594,6 +598,9 @@ class EncoderUser(User):
     def _fire(self, rpc: str, name: str, started: float, length: int, error: Exception | None) -> None:
         if isinstance(error, CallError) and error.code in BACKOFF_CODES:
             self.backoff = BACKOFF_S
+        if isinstance(error, CallError) and error.code in CREDENTIALS_REFUSED:
+            _credentials_refused(self.environment, error)
+            self.backoff = BACKOFF_S  # until the run's end reaches this user
         elapsed = time.perf_counter() - started
         if not (isinstance(error, CallError) and error.code == IN_FLIGHT):  # the bound of the other users' too
             EncoderUser.slowest_s = max(EncoderUser.slowest_s, elapsed)
@@ -736,12 +743,13 @@ class _Run:
     """What this process knows of the run in progress, reset as each starts (the web UI runs several)."""
 
     refusal_named = False  # on a master: a worker's refusal logged (_refused), one line however many refuse
+    credentials_refused = False  # in this process: the server refused the credentials (_credentials_refused)
 
 
 @events.test_start.add_listener
 def _new_run(**_: Any) -> None:
     EncoderUser.slowest_s = 0.0
-    _Run.refusal_named = False
+    _Run.refusal_named = _Run.credentials_refused = False
 
 
 @events.init.add_listener
@@ -825,15 +833,42 @@ def _hear_refusals(environment: Any, **_: Any) -> None:
         environment.runner.register_message(REFUSED, _refused, concurrent=True)
 
 
+def _credentials_refused(environment: Any, error: CallError) -> None:
+    """The server refused a call's credentials: end the run as a refused option ends it (exit 2, named once),
+    where its users went on refusing for the whole --run-time, each sending its next call the moment the last
+    was refused, and the run measured nothing. A worker tells its master, which ends the run for all."""
+    import gevent
+    from locust.runners import WorkerRunner
+
+    if _Run.credentials_refused:
+        return  # another call's, in this process
+    _Run.credentials_refused = True
+    problems = (
+        f"the server refused this run's credentials ({error!r}): every call would be refused the same, so the run "
+        "stops; give the server's API key with --api-key or $MHASERVE_API_KEY"
+    )
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
+        runner.send_message(REFUSED, {"problems": problems})
+    else:
+        # Not from this user's greenlet, which quitting the runner kills.
+        gevent.spawn(_end_refused, environment, problems)
+
+
 def _refused(environment: Any, msg: Any, **_: Any) -> None:
-    """A worker refused the run's options: end it as a refused option ends a run elsewhere (exit 2, the
-    problem named once, however many workers refuse), not after its --run-time. With the web UI (and no
-    --autostart), the run stops and the UI stays up, its log naming the problem, for a later run (with workers
-    started again)."""
+    """A worker refused the run's options, or the server its credentials: end it as a refused option ends a run
+    elsewhere (exit 2, the problem named once, however many workers refuse), not after its --run-time."""
     if _Run.refusal_named:
         return  # another worker's
     _Run.refusal_named = True
-    log.error("%s", msg.data["problems"])
+    _end_refused(environment, msg.data["problems"])
+
+
+def _end_refused(environment: Any, problems: str) -> None:
+    """End a refused run (exit 2, the problem logged). With the web UI (and no --autostart), the run stops and
+    the UI stays up, its log naming the problem, for a later run (with workers started again after a refusal
+    of theirs)."""
+    log.error("%s", problems)
     opts = environment.parsed_options
     # --autostart: the web UI beside a run nobody starts by hand, which ran on to its --run-time
     if opts is not None and (getattr(opts, "headless", False) or getattr(opts, "autostart", False)):
@@ -994,7 +1029,7 @@ def _exit_code(environment: Any, **_: Any) -> None:
     if isinstance(environment.runner, WorkerRunner):
         return  # the master decides, on the aggregated stats
     if environment.process_exit_code == REFUSED_EXIT:
-        return  # a worker refused the options (_refused): the run made no figures to judge
+        return  # refused (_end_refused): the options, or the server the credentials; no figures to judge
     opts = environment.parsed_options
     _stop_users(environment, opts)
     if opts is not None and getattr(opts, "json_file", None):

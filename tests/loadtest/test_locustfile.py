@@ -840,17 +840,65 @@ def test_the_api_key_goes_with_every_call(
     _no_key_shown(run, tmp_path)
 
 
-@pytest.mark.parametrize(("protocol", "failure"), [("grpc", "UNAUTHENTICATED"), ("http", "HTTP 401")])
-def test_without_the_key_every_call_is_refused(
-    keyed_server: ServerThread, tmp_path: Path, protocol: str, failure: str
+@pytest.mark.parametrize(
+    ("protocol", "workload", "key", "failure"),
+    [
+        ("grpc", "short", None, "UNAUTHENTICATED"),
+        ("grpc", "stream", "k-wrong", "UNAUTHENTICATED"),
+        ("http", "short", "k-wrong", "HTTP 401"),
+        ("tei", "short", None, "HTTP 401"),
+    ],
+)
+def test_a_key_the_server_refuses_stops_the_run(
+    keyed_server: ServerThread, tmp_path: Path, protocol: str, workload: str, key: str | None, failure: str
 ) -> None:
+    """Every call of such a run is refused the same way: its users went on for its whole --run-time, each
+    sending its next call the moment the last was refused (9,000 a second at a server), and the run measured
+    nothing. It stops at the first refusal instead, as a bad option stops it (exit 2), the refusal named; the
+    calls made are in the figures. (Here -t 120s: the run must end long before, or the subprocess times out.)"""
     refused = keyed_server.counted_all("UNAUTHENTICATED")
-    run = _locust(keyed_server, tmp_path, "short", "-u", "2", "-r", "2", protocol=protocol)
-    assert run.returncode == 1, run.stderr[-3000:]
-    short = _entries(tmp_path)["short"]
-    assert short["num_failures"] == short["num_requests"] > 0
-    assert f"short: {failure}" in run.stderr
-    assert keyed_server.counted_all("UNAUTHENTICATED") - refused >= short["num_requests"]
+    run = _locust(
+        keyed_server, tmp_path, workload, "-u", "2", "-r", "2", "-t", "120s",
+        *(["--api-key", key] if key else []), protocol=protocol,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert f"the server refused this run's credentials ({failure}: " in run.stderr, run.stderr[-3000:]
+    assert "--api-key" in run.stderr and "is the server" not in run.stderr
+    entries = _entries(tmp_path)
+    made = sum(e["num_requests"] for e in entries.values())
+    assert sum(e["num_failures"] for e in entries.values()) == made > 0
+    assert keyed_server.counted_all("UNAUTHENTICATED") - refused >= 1
+    assert "Traceback" not in run.stderr
+    if key:
+        assert key not in run.stdout + run.stderr
+
+
+def test_distributed_a_key_the_server_refuses_stops_the_run(keyed_server: ServerThread, tmp_path: Path) -> None:
+    """A worker's users meet the refusal: the worker tells its master, which ends the run (exit 2) and names it."""
+    port = str(free_port())
+    master = subprocess.Popen(
+        [
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--master", "--headless",
+            "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--expect-workers", "1",
+            "-H", keyed_server.address, "-u", "2", "-r", "2", "-t", "120s", "--workload", "short",
+            "--json-file", str(tmp_path / "stats"),
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_env(),
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker", "--master-host", "127.0.0.1",
+         "--master-port", port],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_env(),
+    )  # fmt: skip
+    try:
+        out, _ = master.communicate(timeout=60)
+        worker_out, _ = worker.communicate(timeout=30)  # told to quit by its master
+    finally:
+        master.kill()
+        worker.kill()
+    assert master.returncode == 2, out[-3000:]
+    assert out.count("the server refused this run's credentials (UNAUTHENTICATED: ") == 1, out[-3000:]
+    assert "Traceback" not in out + worker_out
 
 
 def test_a_bad_api_key_is_refused_before_the_run_and_not_shown(keyed_server: ServerThread, tmp_path: Path) -> None:
