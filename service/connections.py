@@ -48,6 +48,7 @@ import logging
 import resource
 import socket
 import ssl
+import sys
 import time
 from asyncio import sslproto
 from collections.abc import Callable
@@ -74,6 +75,12 @@ DEFAULT_LIMIT = 4096
 # any limit, and on EMFILE it schedules a retry for each one it could not take. So both fronts create their servers
 # with this as `backlog` and then give the kernel's queue its own length again (`bounded_accepts`).
 ACCEPT_BATCH = 16
+# A stop lets asyncio accept the listen queue for this many turns of the loop at most (stop_accepting): a queue
+# that refills as fast under a flood is not waited for.
+QUEUE_TURNS = 64
+# Linux's TCP_INFO (netinet/tcp.h), and where its `tcpi_unacked` lies: after 8 one-byte fields and 4 of 32 bits.
+TCP_INFO = getattr(socket, "TCP_INFO", 11)
+TCP_INFO_UNACKED = 24
 ANSWERED_AT_ONCE = RESERVE // 4  # refused connections answered at once, at most (ConnectionLimit.start_answer)
 # How long a connection that began (ConnectionLimit.began) is spared while one that sent nothing is left to cut:
 # a round trip or two, for a real client to open its call or send its request's headers; past it, age decides.
@@ -128,13 +135,33 @@ async def stop_accepting(socks: list[socket.socket]) -> None:
     loop and makes its transport in a task the next; closing the Server in between fails that transport (Python
     3.11's Server._attach asserts it still listens, and asyncio drops the error), and the socket stays open,
     unread, until the garbage collector finds it: its client waits for its deadline, not told to go elsewhere.
-    What the kernel has queued and nothing accepted is reset when the socket closes, which clients retry."""
+
+    First, what the kernel holds in the listen queue (handshakes done, nothing accepted: the loop was busy) is
+    accepted, for at most QUEUE_TURNS turns of the loop: closed with the socket, each was reset after its client
+    had sent its request, which it cannot tell from a request lost midway (a proxy retries only a refused connect,
+    or an idempotent request); accepted now, each is sent away as the front sends away a connection during a
+    stop (HTTP's 503, gRPC's GOAWAY). A connection whose handshake ends after the last turn is still reset."""
     loop = asyncio.get_running_loop()
+    for _ in range(QUEUE_TURNS):
+        if not any(accept_queue(sock) for sock in socks):
+            break
+        await asyncio.sleep(0)  # a turn in which asyncio's accepting reads the queue (ACCEPT_BATCH at a time)
     for sock in socks:
         loop.remove_reader(sock.fileno())  # the Server's accepting; also cancels an accept due this turn
     # An accept of this turn or the last made its transport's task for the next turn, which these two await.
     for _ in range(2):
         await asyncio.sleep(0)
+
+
+def accept_queue(sock: socket.socket) -> int:
+    """How many connections the kernel holds for the listening socket `sock`, handshakes done and not accepted:
+    Linux's TCP_INFO of a listening socket gives its accept queue's length as `tcpi_unacked`. 0 where it cannot
+    tell (another system, another kind of socket)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, TCP_INFO, TCP_INFO_UNACKED + 4)
+    except (OSError, AttributeError):
+        return 0
+    return int.from_bytes(info[TCP_INFO_UNACKED : TCP_INFO_UNACKED + 4], sys.byteorder)
 
 
 def default_limit(files: int) -> int:

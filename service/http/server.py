@@ -28,7 +28,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -106,6 +106,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
     read_timeout = 30.0  # set per server by HttpServer, on a subclass
     connection_limit: ConnectionLimit | None = None  # the same
+    stopping = False  # the same, by its stop: a connection made after it began is turned away, answered 503
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -123,7 +124,9 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._admitted = False  # counted against --max-connections
         self._over_limit = False  # not admitted: uvicorn never sees it
         self._answering = False  # holds one of the limit's places for answers to turned-away connections
-        self._turned_away: bytearray | None = None  # over --max-connections: its request line as it arrives
+        # Over --max-connections, or made as the server stops: its request line as it arrives, and its answer.
+        self._turned_away: bytearray | None = None
+        self._away: ServiceError | None = None
 
     def _arm(self) -> None:
         self._disarm()
@@ -143,6 +146,16 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if self.stopping:
+            # Accepted from the listen queue as the stop began (connections.stop_accepting): given to uvicorn, whose
+            # stop closed it unread, it was reset with its request sent. Not counted against the limit: the
+            # listener is closing, and the answer holds the connection a moment only.
+            self.transport = transport
+            self._over_limit = True
+            self._turned_away = bytearray()
+            self._away = Unavailable("the server is shutting down; retry on another replica")
+            self._arm()
+            return
         limit = self.connection_limit
         if limit is not None and not limit.admit("http", self, transport):
             self.transport = transport
@@ -152,6 +165,10 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
                 return
             self._answering = True
             self._turned_away = bytearray()
+            self._away = Unavailable(
+                f"the server holds its limit of {limit.limit} open connections (--max-connections): "
+                "retry later, or on another replica"
+            )
             self._arm()
             return
         self._admitted = limit is not None
@@ -175,12 +192,8 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._turned_away = None
         self._refused = True  # what else comes is dropped
         parts = line.split(b" ")
-        assert self.connection_limit is not None
-        error = Unavailable(
-            f"the server holds its limit of {self.connection_limit.limit} open connections (--max-connections): "
-            "retry later, or on another replica"
-        )
-        self.transport.write(closing_answer(error, parts[1] if len(parts) == 3 else b"/"))
+        assert self._away is not None
+        self.transport.write(closing_answer(self._away, parts[1] if len(parts) == 3 else b"/"))
         if self.transport.can_write_eof():
             self.transport.write_eof()  # as a 431's: the rest of the request read and dropped, then closed
             self.loop.call_later(LINGER_S, self.transport.close)
@@ -316,6 +329,7 @@ class HttpServer:
         protocol = type(
             "Protocol", (ReadTimeoutProtocol,), {"read_timeout": read_timeout, "connection_limit": connection_limit}
         )
+        self._protocol = cast(type[ReadTimeoutProtocol], protocol)
         uvicorn_log = logging.getLogger("uvicorn.error")
         if REQUEST_WARNINGS not in uvicorn_log.filters:
             uvicorn_log.addFilter(REQUEST_WARNINGS)
@@ -416,7 +430,10 @@ class HttpServer:
                 await self._ticks
         if self.server.started:
             if self._socket is not None:
-                await stop_accepting([self._socket])  # the connections accepted get to uvicorn, which ends them
+                # the connections accepted before get to uvicorn, which ends them; those accepted from the queue
+                # now are answered 503 (ReadTimeoutProtocol.connection_made)
+                self._protocol.stopping = True
+                await stop_accepting([self._socket])
             await self.server.shutdown(sockets=[self._socket] if self._socket else None)
         elif self._socket is not None:
             self._socket.close()

@@ -702,6 +702,33 @@ def test_a_connection_accepted_in_the_turn_before_the_stop_is_sent_away_too() ->
         running.stop()
 
 
+def test_connections_the_kernel_holds_unaccepted_when_the_stop_begins_are_sent_away_too() -> None:
+    """Connections whose handshake the kernel had completed but the server not yet accepted (its loop busy) when a
+    stop began were reset as the listener closed, their calls already sent (with --processes, a reset where the
+    other process would have served them). They are accepted before the listener closes, and get the SETTINGS and
+    GOAWAY that send their clients elsewhere. Here the clients connect and send from the loop's own thread, which
+    the stop then follows without a turn between."""
+    running = Running()
+    clients: list[socket.socket] = []
+    try:
+
+        async def connect_then_stop() -> None:
+            for _ in range(3):  # a blocking connect to loopback completes in the kernel, without the loop
+                raw = socket.create_connection(("127.0.0.1", running.port), timeout=5)
+                raw.sendall(f.PREFACE + f.settings() + raw_call(1, "echo"))
+                clients.append(raw)
+            await running.server.stop(0)
+
+        running.call(connect_then_stop())
+        for raw in clients:
+            got = read_frames(raw, 5)  # until the server closes its end; a reset raises here
+            assert [kind for kind, _, _, _ in got] == [f.SETTINGS, f.GOAWAY]
+    finally:
+        for raw in clients:
+            raw.close()
+        running.stop()
+
+
 def test_a_connection_with_no_call_open_when_the_grace_period_ends_is_closed_not_reset() -> None:
     """At a grace period's end the connections still open are cut; one with no call open gets the final GOAWAY
     and our end of it (FIN), as a connection sent away at any other time, not a reset, which can cost its client
