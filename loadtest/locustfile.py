@@ -101,8 +101,10 @@ STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 # draining, or its queue is full. Without a pause a user would spin on instant failures.
 BACKOFF_CODES = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "HTTP 429", "HTTP 503", "CONNECTION"}
 BACKOFF_S = 0.1
-# The server refused the run's credentials (its API key, its client certificate): every call would be refused
-# the same, so the run stops at the first (EncoderUser._fire) as a refused option stops it.
+# The server refused the run's API key (a refused client certificate fails the TLS handshake instead: UNAVAILABLE,
+# CONNECTION): every call would be refused the same, so the run stops at the first (EncoderUser._fire) as a refused
+# option stops it. This server answers 403 / PERMISSION_DENIED only to a client key on its admin API, which no task
+# calls: from a proxy in front of it, a 403 stops the run too.
 CREDENTIALS_REFUSED = {"UNAUTHENTICATED", "PERMISSION_DENIED", "HTTP 401", "HTTP 403"}
 ROUTE = "/v1/embeddings"
 TEI_ROUTE = "/embed"

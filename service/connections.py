@@ -75,9 +75,6 @@ DEFAULT_LIMIT = 4096
 # any limit, and on EMFILE it schedules a retry for each one it could not take. So both fronts create their servers
 # with this as `backlog` and then give the kernel's queue its own length again (`bounded_accepts`).
 ACCEPT_BATCH = 16
-# A stop lets asyncio accept the listen queue for this many turns of the loop at most (stop_accepting): a queue
-# that refills as fast under a flood is not waited for.
-QUEUE_TURNS = 64
 # Linux's TCP_INFO (netinet/tcp.h), and where its `tcpi_unacked` lies: after 8 one-byte fields and 4 of 32 bits.
 TCP_INFO = getattr(socket, "TCP_INFO", 11)
 TCP_INFO_UNACKED = 24
@@ -137,15 +134,19 @@ async def stop_accepting(socks: list[socket.socket]) -> None:
     unread, until the garbage collector finds it: its client waits for its deadline, not told to go elsewhere.
 
     First, what the kernel holds in the listen queue (handshakes done, nothing accepted: the loop was busy) is
-    accepted, for at most QUEUE_TURNS turns of the loop: closed with the socket, each was reset after its client
-    had sent its request, which it cannot tell from a request lost midway (a proxy retries only a refused connect,
-    or an idempotent request); accepted now, each is sent away as the front sends away a connection during a
-    stop (HTTP's 503, gRPC's GOAWAY). A connection whose handshake ends after the last turn is still reset."""
+    accepted, turn after turn of the loop for as long as each turn shortens the queue: closed with the socket,
+    each was reset after its client had sent its request, which it cannot tell from a request lost midway (a
+    proxy retries only a refused connect, or an idempotent request); accepted now, each is sent away as the front
+    sends away a connection during a stop (HTTP's 503, gRPC's GOAWAY). Under a flood that fills it as fast, it is
+    not waited for. A connection whose handshake ends after the last turn is still reset."""
     loop = asyncio.get_running_loop()
-    for _ in range(QUEUE_TURNS):
-        if not any(accept_queue(sock) for sock in socks):
-            break
-        await asyncio.sleep(0)  # a turn in which asyncio's accepting reads the queue (ACCEPT_BATCH at a time)
+    queued, idle = sum(accept_queue(sock) for sock in socks), 0
+    # A turn in which asyncio's accepting reads the queue (ACCEPT_BATCH at a time), after this coroutine's step in
+    # the same turn: so a turn that shortened nothing is looked at again once before giving up.
+    while queued and idle < 2:
+        await asyncio.sleep(0)
+        before, queued = queued, sum(accept_queue(sock) for sock in socks)
+        idle = idle + 1 if queued >= before else 0
     for sock in socks:
         loop.remove_reader(sock.fileno())  # the Server's accepting; also cancels an accept due this turn
     # An accept of this turn or the last made its transport's task for the next turn, which these two await.
@@ -189,6 +190,9 @@ class ConnectionLimit:
     ) -> None:
         self.limit = limit
         self.grace = BEGUN_GRACE if grace is None else grace
+        # Set as the server stops: the connections it still accepts (its listen queue) are only sent away, and a
+        # silent connection is not cut for one (admit).
+        self.stopping = False
         self._clock = clock
         self.open = 0
         self.answering = 0  # refused connections still being answered (start_answer)
@@ -229,7 +233,7 @@ class ConnectionLimit:
             return False  # refused at its accept: start_answer() takes the answer's place it holds
         if self.open < self.limit:
             self.open += 1
-        elif not self._make_room(protocol):
+        elif self.stopping or not self._make_room(protocol):
             self._refuse(protocol)
             return False
         self._add_silent(protocol, connection, transport)

@@ -57,6 +57,7 @@ KEEP_ALIVE_S = 5
 MAX_HEADER_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped before it closes
 TOO_LARGE = "the request line and headers are over 64 KiB in all"
+SHUTTING_DOWN = "the server is shutting down; retry on another replica"  # as the data plane says it during a drain
 TOO_LARGE_TRAILERS = "the request's headers and its chunked body's trailer section are over 64 KiB in all"
 
 
@@ -122,7 +123,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._trailers = _Trailers(self)
         self._refused = False  # headers over the limit: answered 431, the connection closing
         self._admitted = False  # counted against --max-connections
-        self._over_limit = False  # not admitted: uvicorn never sees it
+        self._sent_away = False  # over the limit, or made as the server stops: uvicorn never sees it
         self._answering = False  # holds one of the limit's places for answers to turned-away connections
         # Over --max-connections, or made as the server stops: its request line as it arrives, and its answer.
         self._turned_away: bytearray | None = None
@@ -146,32 +147,30 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if self.stopping:
-            # Accepted from the listen queue as the stop began (connections.stop_accepting): given to uvicorn, whose
-            # stop closed it unread, it was reset with its request sent. Not counted against the limit: the
-            # listener is closing, and the answer holds the connection a moment only.
-            self.transport = transport
-            self._over_limit = True
-            self._turned_away = bytearray()
-            self._away = Unavailable("the server is shutting down; retry on another replica")
-            self._arm()
-            return
         limit = self.connection_limit
         if limit is not None and not limit.admit("http", self, transport):
-            self.transport = transport
-            self._over_limit = True
             if not limit.start_answer(self):  # a flood of them: each answer would hold a descriptor a moment
+                self.transport, self._sent_away = transport, True
                 transport.abort()
                 return
             self._answering = True
-            self._turned_away = bytearray()
-            self._away = Unavailable(
-                f"the server holds its limit of {limit.limit} open connections (--max-connections): "
-                "retry later, or on another replica"
+            if self.stopping:
+                self._send_away(transport, Unavailable(SHUTTING_DOWN))
+                return
+            self._send_away(
+                transport,
+                Unavailable(
+                    f"the server holds its limit of {limit.limit} open connections (--max-connections): "
+                    "retry later, or on another replica"
+                ),
             )
-            self._arm()
             return
         self._admitted = limit is not None
+        if self.stopping:
+            # Accepted from the listen queue as the stop began (connections.stop_accepting): given to uvicorn, whose
+            # stop closed it unread, it was reset with its request sent.
+            self._send_away(transport, Unavailable(SHUTTING_DOWN))
+            return
         super().connection_made(transport)
         # uvicorn writes a response's head and body as two sends; with Nagle's algorithm on, the body
         # waits for the client's delayed ACK of the head (~40 ms on Linux) on every keep-alive request.
@@ -180,6 +179,13 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._arm()  # the first request's headers; keep-alive idle time is uvicorn's own timeout
+
+    def _send_away(self, transport: asyncio.Transport, error: ServiceError) -> None:
+        """Answer this connection's first request `error` once its request line has come (_turn_away), and close it;
+        uvicorn never sees it."""
+        self.transport, self._sent_away = transport, True
+        self._turned_away, self._away = bytearray(), error
+        self._arm()
 
     def _turn_away(self, data: bytes) -> None:
         """More of a turned-away connection's request: once its request line is whole, answer it 503."""
@@ -301,15 +307,14 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         limit = self.connection_limit
-        if limit is not None and self._over_limit:
-            if self._answering:
-                self._answering = False
-                limit.end_answer()
-            return
+        if limit is not None and self._answering:
+            self._answering = False
+            limit.end_answer()
         if limit is not None and self._admitted:
             self._admitted = False
             limit.release(self)
-        super().connection_lost(exc)
+        if not self._sent_away:
+            super().connection_lost(exc)
 
 
 class HttpServer:
@@ -433,6 +438,8 @@ class HttpServer:
                 # the connections accepted before get to uvicorn, which ends them; those accepted from the queue
                 # now are answered 503 (ReadTimeoutProtocol.connection_made)
                 self._protocol.stopping = True
+                if self._protocol.connection_limit is not None:
+                    self._protocol.connection_limit.stopping = True  # none cut for those (admit)
                 await stop_accepting([self._socket])
             await self.server.shutdown(sockets=[self._socket] if self._socket else None)
         elif self._socket is not None:

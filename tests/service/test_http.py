@@ -32,6 +32,7 @@ from hypothesis import settings as hsettings
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service.connections import ConnectionLimit
 from mhaserve.service.context import Throttle
 from mhaserve.service.http.bodies import PAUSE_COLLECTOR_BYTES, parse_json
 from mhaserve.service.http.middleware import CallMiddleware
@@ -1079,13 +1080,15 @@ def test_a_large_body_is_parsed_without_starting_a_collection() -> None:
         gc.callbacks.remove(note)
 
 
-def test_connections_the_kernel_holds_unaccepted_when_the_stop_begins_are_answered_503() -> None:
+@pytest.mark.parametrize("limit", [None, 2])
+def test_connections_the_kernel_holds_unaccepted_when_the_stop_begins_are_answered_503(limit: int | None) -> None:
     """Connections whose handshake the kernel had completed but the server not yet accepted (its loop busy) when a
     stop began were reset as the listener closed, their requests already sent: a client cannot tell such a reset
-    from a request lost in the middle, and proxies retry only refused connects or idempotent requests (the ops
-    hunt saw it in 3 drains of 5 with --processes 2). They are accepted before the listener closes, and answered
-    503 "shutting down" with Retry-After and connection: close, as a request arriving during a drain is. Here the
-    clients connect and send from the loop's own thread, which the stop then follows without a turn between."""
+    from a request lost in the middle, and proxies retry only refused connects or idempotent requests. They are
+    accepted before the listener closes, and answered 503 "shutting down" with Retry-After and connection: close,
+    as a request arriving during a drain is; past --max-connections too (answered as those over it are, each
+    place given back). Here the clients connect and send from the loop's own thread, which the stop then follows
+    without a turn between."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -1094,7 +1097,8 @@ def test_connections_the_kernel_holds_unaccepted_when_the_stop_begins_are_answer
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    server = HttpServer(app, host="127.0.0.1", port=0, read_timeout=5.0)
+    connection_limit = ConnectionLimit(limit) if limit is not None else None
+    server = HttpServer(app, host="127.0.0.1", port=0, read_timeout=5.0, connection_limit=connection_limit)
     port = server.bind()
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(WAIT)
     clients: list[socket.socket] = []
@@ -1122,6 +1126,8 @@ def test_connections_the_kernel_holds_unaccepted_when_the_stop_begins_are_answer
             assert head.startswith(b"HTTP/1.1 503"), received
             assert b"\r\nretry-after: 1" in head.lower() and b"\r\nconnection: close" in head, head
             assert b"shutting down" in body, body
+        if connection_limit is not None:
+            wait_until(lambda: connection_limit.open == connection_limit.answering == 0, "every place given back")
     finally:
         for raw in clients:
             raw.close()

@@ -180,6 +180,7 @@ class LeanServer:
         """Listen no more, send every connection a GOAWAY, wait up to `grace` seconds for the calls in flight,
         then cut what is left (its calls are cancelled; a connection with none is closed, not reset)."""
         self.stopping = True
+        self.connection_limit.stopping = True  # the connections still accepted are sent away: none cut for them
         if self._servers:
             await stop_accepting([sock for sock, _ in self._sockets])  # the connections accepted are sent away
         for server in self._servers:
