@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 
 SCRAPE_TIMEOUT_S = 2.0
 FIRST_RESTART_DELAY_S = 1.0
+# How often a serving process notes the time its event loop turned (_beat), for the supervisor's --process-timeout.
+BEAT_S = 1.0
 MAX_RESTART_DELAY_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # What the supervisor sends its processes on its own second SIGTERM or SIGINT: exit at once. Theirs may reach
@@ -139,11 +141,13 @@ def _process_main(
     peers: MutableSequence[int] | None,
     pinned: Served | None,
     credentials: Credentials,
+    beats: MutableSequence[float],
 ) -> None:
     """One server process (the spawned child's entry point). With `peers` it shares every core with the
     others (CoreShare) and sizes itself by as many as `cores` holds; without, it is pinned to `cores`. It sends
     `ready` what it serves once it does; `pinned`: serve what the others do (a process started again);
-    `credentials`: the keys and TLS material the supervisor read at start-up, served with as they were."""
+    `credentials`: the keys and TLS material the supervisor read at start-up, served with as they were; `beats`:
+    where it notes, once it serves, when its event loop last turned (the supervisor's --process-timeout)."""
     # Before anything else (the imports below take a second): a SIGINT the supervisor passes on while this
     # process starts ends it quietly, as SIGTERM does, where Python's KeyboardInterrupt printed a traceback.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -159,12 +163,23 @@ def _process_main(
         os.sched_setaffinity(0, cores)
     name_this_thread(f"mhaserve-p{index}")  # what top and ps show, instead of the spawning interpreter's name
     configure_logging(level, process=f"p{index}")
+
+    def on_serving(served: Served) -> None:
+        _beat(asyncio.get_running_loop(), beats, index)  # before the supervisor hears it serves, and watches
+        ready.send(served)
+
     serving = serve(
-        settings, on_serving=ready.send, share=share, exit_now=EXIT_NOW, pinned=pinned, credentials=credentials
+        settings, on_serving=on_serving, share=share, exit_now=EXIT_NOW, pinned=pinned, credentials=credentials
     )
     code = asyncio.run(serving)
     ready.close()
     sys.exit(code)
+
+
+def _beat(loop: asyncio.AbstractEventLoop, beats: MutableSequence[float], index: int) -> None:
+    """Note that this process's event loop turns now, and again in BEAT_S, for as long as it runs (a drain too)."""
+    beats[index] = time.monotonic()  # CLOCK_MONOTONIC: the same clock in every process of the machine
+    loop.call_later(BEAT_S, _beat, loop, beats, index)
 
 
 @dataclass
@@ -178,6 +193,7 @@ class _Child:
     starts: int = 0
     restart_at: float | None = None
     delay: float = FIRST_RESTART_DELAY_S
+    killed: bool = False  # by the supervisor, its loop stopped (--process-timeout): killed once
 
 
 def _status(process: BaseProcess) -> int:
@@ -253,6 +269,8 @@ class Supervisor:
         self._peers: MutableSequence[int] | None = None
         if on_cpu(settings.device) and not settings.intra_op_threads:
             self._peers = self._ctx.RawArray("i", settings.processes)
+        # When each serving process's event loop last turned (_beat), on the clock of time.monotonic.
+        self._beats: MutableSequence[float] = self._ctx.RawArray("d", settings.processes)
         self._all_served = False
         self._status = 0
         # What the first process to serve serves: with --model-control none, a process started again serves the
@@ -331,13 +349,14 @@ class Supervisor:
             target=_process_main,
             args=(
                 *(child.settings, child.index, child.cores, self.log_level, theirs, os.getpid(), self._peers),
-                *(pinned, self._credentials),
+                *(pinned, self._credentials, self._beats),
             ),
             name=f"mhaserve-p{child.index}",
         )
         process.start()
         theirs.close()
         child.process, child.ready, child.serving, child.restart_at = process, ours, False, None
+        child.killed = False
         child.starts += 1
         log.debug("process p%d started: pid %s, cores %s", child.index, process.pid, sorted(child.cores))
         if self._signals:  # one came while it was being started, before it was among those to pass it on to
@@ -379,6 +398,28 @@ class Supervisor:
             for c in self._children:
                 if c.restart_at is not None and c.restart_at <= now and not self._signals:
                     self._start(c)
+            self._kill_stopped(now)
+
+    def _kill_stopped(self, now: float) -> None:
+        """Kill each serving process whose event loop has not turned for --process-timeout (stuck, or stopped by
+        SIGSTOP): its listening sockets took their share of the new connections, each of which waited for its
+        client's deadline, while it was counted as serving. Its exit is then handled as any (_exited: started
+        again, unless the server stops; a stuck process would also have held the stop for ever)."""
+        timeout = self.settings.process_timeout
+        for c in self._children:
+            if not timeout or not c.serving or c.killed or c.process is None or c.process.pid is None:
+                continue
+            if (quiet := now - self._beats[c.index]) > timeout:
+                log.error(
+                    "process p%d has not turned its event loop for %g s (--process-timeout %g: stuck, or stopped): "
+                    "killing it",
+                    c.index,
+                    round(quiet, 1),
+                    timeout,
+                )
+                c.killed = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(c.process.pid, signal.SIGKILL)
 
     def _heard(self, child: _Child) -> None:
         assert child.ready is not None

@@ -344,6 +344,16 @@ class Settings:
             metavar="N",
         ),
     )
+    process_timeout: float = field(
+        default=30.0,
+        metadata=_opt(
+            "with --processes: seconds a process's event loop may go without a turn (the process stuck, or stopped) "
+            "before the supervisor kills it and starts it again, as gunicorn's --timeout does; its listening sockets "
+            "took a share of the new connections meanwhile, which waited for their deadlines. 0: never",
+            float,
+            metavar="SECONDS",
+        ),
+    )
     grpc_front: str = field(
         default="lean",
         metadata=_opt(
@@ -513,7 +523,7 @@ class Settings:
                 f"({self.max_message_bytes + 5}: a message at that limit, with gRPC's 5-byte prefix, must fit), "
                 f"got {self.max_incoming_bytes}"
             )
-        for name in ("max_wait_ms", "grace_period", "drain_delay", "loading_wait"):
+        for name in ("max_wait_ms", "grace_period", "drain_delay", "loading_wait", "process_timeout"):
             positive(name, getattr(self, name), zero=True)
         positive("intra_op_threads", self.intra_op_threads)
         positive("inference_workers", self.inference_workers)

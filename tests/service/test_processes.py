@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -134,6 +135,39 @@ def test_a_process_that_dies_is_started_again_while_the_other_serves(tiny_repo: 
         assert server.proc.poll() is None
         server.signal(signal.SIGINT)
         assert server.wait() == 0, server.log
+
+
+@pytest.mark.slow
+def test_a_process_whose_loop_stops_is_killed_and_started_again(tiny_repo: Path, tmp_path: Path) -> None:
+    """A process stopped (SIGSTOP here; a stuck event loop alike) kept its listening sockets, and the kernel went
+    on handing it a share of the new connections, each waiting for its client's deadline, while the supervisor
+    counted it as serving. Past --process-timeout without a turn of its loop it is killed and started again."""
+    server, metrics, http = _start(tiny_repo, tmp_path, 2, "--process-timeout", "2")
+    with server:
+        address = server.address()
+        first, second = _children(server.pid)
+        os.kill(first, signal.SIGSTOP)
+        wait_until(lambda: "is serving again" in server.log, "the stopped process to be started again", 60)
+        killed = r"process p\d has not turned its event loop for [\d.]+ s .*: killing it"
+        assert re.search(killed, server.log), server.log
+        assert "exited with status 137; starting it again" in server.log
+        assert not os.path.exists(f"/proc/{first}")
+        again = _children(server.pid)
+        assert second in again and first not in again and len(again) == 2
+        gathered = scrape(metrics)
+        assert gathered.get("mhaserve_process_restarts_total") == 1
+        assert gathered.get("mhaserve_processes_serving") == 2
+        assert [_encode_on_a_new_connection(address, f"text {i}") for i in range(CALLS)] == [32] * CALLS
+        # A process that serves on is not killed: its loop turns every second, well within 2 s.
+        time.sleep(3)
+        assert server.log.count("killing it") == 1, server.log
+        server.signal(signal.SIGTERM)
+        assert server.wait() == 0, server.log
+
+
+def test_the_process_timeout_is_refused_negative() -> None:
+    with pytest.raises(SettingsError, match="--process-timeout must be >= 0"):
+        Settings(processes=2, process_timeout=-1)
 
 
 @pytest.mark.slow
