@@ -70,6 +70,15 @@ def _locust(
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env or _env())
 
 
+def _worker(port: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """A Locust worker of its own, for the master on `port` of this machine."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker", "--master-host", "127.0.0.1",
+         "--master-port", port],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env or _env(),
+    )  # fmt: skip
+
+
 def _entries(out: Path) -> dict[str, dict[str, Any]]:
     """The run's final figures by task name, from stats.json, which Locust writes at exit. Not from the
     CSV: Locust rewrites it once a second and not at exit, so after a 2 s run on a busy machine it may
@@ -718,11 +727,7 @@ def test_a_worker_reads_the_corpus_beside_its_own_locustfile(tiny_server: Server
         ],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=master_dir,
     )  # fmt: skip
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker", "--master-host", "127.0.0.1",
-         "--master-port", port],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-    )  # fmt: skip
+    worker = _worker(port)
     try:
         out, _ = master.communicate(timeout=60)
     finally:
@@ -758,11 +763,7 @@ def test_a_separate_worker_refuses_the_masters_bad_files(
         ],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_env(),
     )  # fmt: skip
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker", "--master-host", "127.0.0.1",
-         "--master-port", port],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_env(),
-    )  # fmt: skip
+    worker = _worker(port)
     try:
         out, _ = master.communicate(timeout=120)
         elapsed = time.monotonic() - started
@@ -885,11 +886,7 @@ def test_distributed_a_key_the_server_refuses_stops_the_run(keyed_server: Server
         ],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_env(),
     )  # fmt: skip
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker", "--master-host", "127.0.0.1",
-         "--master-port", port],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_env(),
-    )  # fmt: skip
+    worker = _worker(port)
     try:
         out, _ = master.communicate(timeout=60)
         worker_out, _ = worker.communicate(timeout=30)  # told to quit by its master
@@ -926,12 +923,7 @@ def test_distributed_the_key_of_the_master_or_of_each_worker(
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
         env=_env(MHASERVE_API_KEY=KEY) if holder == "master" else _env(),
     )  # fmt: skip
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker", "--master-host", "127.0.0.1",
-         "--master-port", port],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-        env=_env(MHASERVE_API_KEY=KEY) if holder == "worker" else _env(),
-    )  # fmt: skip
+    worker = _worker(port, _env(MHASERVE_API_KEY=KEY) if holder == "worker" else _env())
     try:
         out, _ = master.communicate(timeout=60)
     finally:

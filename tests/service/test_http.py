@@ -1080,6 +1080,34 @@ def test_a_large_body_is_parsed_without_starting_a_collection() -> None:
         gc.callbacks.remove(note)
 
 
+@contextlib.contextmanager
+def _stoppable_server(
+    connection_limit: ConnectionLimit | None = None,
+) -> Iterator[tuple[asyncio.AbstractEventLoop, HttpServer, int]]:
+    """An HttpServer answering 200 "ok", on a loop of its own thread, with uvicorn's ticks ended beforehand (the
+    stop waits for them first, a turn of up to 0.1 s): a stop's first step then stops the listener at once."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = HttpServer(app, host="127.0.0.1", port=0, read_timeout=5.0, connection_limit=connection_limit)
+    port = server.bind()
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(WAIT)
+    try:
+        server.server.should_exit = True
+        assert server._ticks is not None
+        asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(server._ticks), 5), loop).result(WAIT)
+        yield loop, server, port
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(WAIT)
+        loop.close()
+
+
 @pytest.mark.parametrize("limit", [None, 2])
 def test_connections_the_kernel_holds_unaccepted_when_the_stop_begins_are_answered_503(limit: int | None) -> None:
     """Connections whose handshake the kernel had completed but the server not yet accepted (its loop busy) when a
@@ -1089,23 +1117,9 @@ def test_connections_the_kernel_holds_unaccepted_when_the_stop_begins_are_answer
     as a request arriving during a drain is; past --max-connections too (answered as those over it are, each
     place given back). Here the clients connect and send from the loop's own thread, which the stop then follows
     without a turn between."""
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     connection_limit = ConnectionLimit(limit) if limit is not None else None
-    server = HttpServer(app, host="127.0.0.1", port=0, read_timeout=5.0, connection_limit=connection_limit)
-    port = server.bind()
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(WAIT)
     clients: list[socket.socket] = []
-    try:
-        server.server.should_exit = True  # uvicorn's ticks ended beforehand, as in the test below
-        assert server._ticks is not None
-        asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(server._ticks), 5), loop).result(WAIT)
+    with _stoppable_server(connection_limit) as (loop, server, port):
 
         async def connect_then_stop() -> None:
             for _ in range(3):  # a blocking connect to loopback completes in the kernel, without the loop
@@ -1128,12 +1142,8 @@ def test_connections_the_kernel_holds_unaccepted_when_the_stop_begins_are_answer
             assert b"shutting down" in body, body
         if connection_limit is not None:
             wait_until(lambda: connection_limit.open == connection_limit.answering == 0, "every place given back")
-    finally:
         for raw in clients:
             raw.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(WAIT)
-        loop.close()
 
 
 def test_a_connection_accepted_in_the_turn_before_the_stop_is_answered_or_closed() -> None:
@@ -1142,23 +1152,7 @@ def test_a_connection_accepted_in_the_turn_before_the_stop_is_answered_or_closed
     Server._attach fails the transport; asyncio drops the error), its client waiting for its own timeout. Here
     the loop is held while the client connects and the stop is sent, so that the two fall in turns next to each
     other: the request is answered at once, 503 "shutting down" (its connection made after the stop began)."""
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server = HttpServer(app, host="127.0.0.1", port=0, read_timeout=5.0)
-    port = server.bind()
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(WAIT)
-    try:
-        # uvicorn's ticks, which the stop waits for first (a turn of up to 0.1 s), ended beforehand: the stop's
-        # first step closes the listener, in the turn after the accept
-        server.server.should_exit = True
-        assert server._ticks is not None
-        asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(server._ticks), 5), loop).result(WAIT)
+    with _stoppable_server() as (loop, server, port):  # the stop's first step stops the listener, a turn after
         held = threading.Event()
 
         def hold() -> None:
@@ -1180,7 +1174,3 @@ def test_a_connection_accepted_in_the_turn_before_the_stop_is_answered_or_closed
                 pytest.fail(f"no answer nor end of the connection within 5 s; received {received!r}")
         stopped.result(WAIT)
         assert received.startswith(b"HTTP/1.1 503") and b"shutting down" in received, received
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(WAIT)
-        loop.close()
