@@ -75,6 +75,8 @@ DEFAULT_LIMIT = 4096
 # any limit, and on EMFILE it schedules a retry for each one it could not take. So both fronts create their servers
 # with this as `backlog` and then give the kernel's queue its own length again (`bounded_accepts`).
 ACCEPT_BATCH = 16
+# The longest a stop accepts its listen queue (stop_accepting): a full one (2,048) takes some 130 turns of the loop.
+QUEUE_S = 1.0
 # Linux's TCP_INFO (netinet/tcp.h), and where its `tcpi_unacked` lies: after 8 one-byte fields and 4 of 32 bits.
 TCP_INFO = getattr(socket, "TCP_INFO", 11)
 TCP_INFO_UNACKED = 24
@@ -138,12 +140,13 @@ async def stop_accepting(socks: list[socket.socket]) -> None:
     each was reset after its client had sent its request, which it cannot tell from a request lost midway (a
     proxy retries only a refused connect, or an idempotent request); accepted now, each is sent away as the front
     sends away a connection during a stop (HTTP's 503, gRPC's GOAWAY). Under a flood that fills it as fast, it is
-    not waited for. A connection whose handshake ends after the last turn is still reset."""
+    not waited for, and for QUEUE_S at most in any case. A connection whose handshake ends after the last turn is
+    still reset."""
     loop = asyncio.get_running_loop()
-    queued, idle = sum(accept_queue(sock) for sock in socks), 0
+    queued, idle, end = sum(accept_queue(sock) for sock in socks), 0, loop.time() + QUEUE_S
     # A turn in which asyncio's accepting reads the queue (ACCEPT_BATCH at a time), after this coroutine's step in
     # the same turn: so a turn that shortened nothing is looked at again once before giving up.
-    while queued and idle < 2:
+    while queued and idle < 2 and loop.time() < end:
         await asyncio.sleep(0)
         before, queued = queued, sum(accept_queue(sock) for sock in socks)
         idle = idle + 1 if queued >= before else 0

@@ -33,6 +33,7 @@ import contextlib
 import ctypes
 import dataclasses
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -171,7 +172,12 @@ def _process_main(
     serving = serve(
         settings, on_serving=on_serving, share=share, exit_now=EXIT_NOW, pinned=pinned, credentials=credentials
     )
-    code = asyncio.run(serving)
+    try:
+        code = asyncio.run(serving)
+    finally:
+        # Its loop has closed, and the process exits (joining its threads, closing its sessions): not to be killed
+        # for that as a loop that stopped turning.
+        beats[index] = math.inf
     ready.close()
     sys.exit(code)
 
@@ -295,7 +301,14 @@ class Supervisor:
         shares = core_shares(s.processes)
         for i, cores in enumerate(shares):
             metrics = s.metrics_port + 1 + i if s.metrics_port else 0
-            own = dataclasses.replace(shared, processes=1, reuse_port=True, metrics_port=metrics)
+            own = dataclasses.replace(
+                # (the timeout is the supervisor's: a process's own would be said to be without effect)
+                shared,
+                processes=1,
+                reuse_port=True,
+                metrics_port=metrics,
+                process_timeout=Settings.process_timeout,
+            )
             self._children.append(_Child(i, own, cores))
         metrics_server = None
         if s.metrics_port:
@@ -460,8 +473,9 @@ class Supervisor:
             if code not in (0, 128 + self._signals[0]) and (served or not self._all_served):
                 self._status = self._status or code
             return
-        if not self._all_served:
-            # Start-up failed (a model that does not load, no memory for another session): as one server would.
+        if not self._all_served and not served:
+            # Start-up failed (a model that does not load, no memory for another session): as one server would. One
+            # that had served (killed for its stopped loop, say) while another still loads is started again below.
             log.error("process p%d exited with status %d while starting: stopping the others", child.index, code)
             self._status = code or 1
             self._signalled(signal.SIGTERM, None)

@@ -76,6 +76,10 @@ def _float_or_none(s: str) -> float | None:
 _float_or_none.__name__ = "float"
 
 
+# --process-timeout's least value but 0 (Settings.__post_init__ says why)
+MIN_PROCESS_TIMEOUT_S = 3.0
+
+
 @dataclass(frozen=True, repr=False)
 class ApiKeys:
     """API keys from the environment. repr and str show how many, never the keys (settings get logged)."""
@@ -349,7 +353,8 @@ class Settings:
         metadata=_opt(
             "with --processes: seconds a process's event loop may go without a turn (the process stuck, or stopped) "
             "before the supervisor kills it and starts it again, as gunicorn's --timeout does; its listening sockets "
-            "took a share of the new connections meanwhile, which waited for their deadlines. 0: never",
+            "took a share of the new connections meanwhile, which waited for their deadlines. Watched once it "
+            f"serves. At least {MIN_PROCESS_TIMEOUT_S:g}; 0: never",
             float,
             metavar="SECONDS",
         ),
@@ -525,6 +530,13 @@ class Settings:
             )
         for name in ("max_wait_ms", "grace_period", "drain_delay", "loading_wait", "process_timeout"):
             positive(name, getattr(self, name), zero=True)
+        if 0 < self.process_timeout < MIN_PROCESS_TIMEOUT_S:
+            # a process notes its loop's turn once a second, and the supervisor looks twice a second: below this, a
+            # healthy process would be killed for the time between two notes
+            raise SettingsError(
+                f"{flag('process_timeout')} must be 0 (never) or at least {MIN_PROCESS_TIMEOUT_S:g} (seconds), "
+                f"got {self.process_timeout:g}"
+            )
         positive("intra_op_threads", self.intra_op_threads)
         positive("inference_workers", self.inference_workers)
         positive("processes", self.processes)
@@ -613,6 +625,8 @@ class Settings:
             inert.append(
                 ("repository_poll_s", f"is read only with {flag('model_control')} poll, not {self.model_control}")
             )
+        if self.process_timeout != Settings.process_timeout and self.processes == 1:
+            inert.append(("process_timeout", f"watches the processes of {flag('processes')} 2 or more, not 1"))
         if self.metrics_host and not self.metrics_port:
             inert.append(("metrics_host", f"has no listener to place: {flag('metrics_port')} is 0"))
         if self.max_padding is not None and self.batching != "length":

@@ -190,6 +190,23 @@ def test_a_stop_accepts_the_whole_listen_queue_however_long() -> None:
     asyncio.run(main())
 
 
+def test_a_stop_waits_for_a_listen_queue_that_refills_a_moment_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue that a flood refills about as fast as it is accepted (here it reads 100, 90, 100, ...) shortens on
+    every other turn: without a bound in time, the stop looked at it for ever (a review's finding)."""
+    reads = iter([100, 90] * 10_000_000)
+    monkeypatch.setattr(connections, "accept_queue", lambda sock: next(reads))
+    monkeypatch.setattr(connections, "QUEUE_S", 0.2)
+
+    async def main() -> None:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setblocking(False)
+        server = await asyncio.get_running_loop().create_server(asyncio.Protocol, sock=listener)
+        await asyncio.wait_for(connections.stop_accepting([listener]), 5)
+        server.close()
+
+    asyncio.run(main())
+
+
 def test_a_connection_that_began_is_spared_for_a_round_trip_while_one_sent_nothing() -> None:
     """The bug: a burst of connections that sent nothing, accepted after a real gRPC client's, cut the client's
     between its preface and its first call (it waits for our SETTINGS first), and its call failed UNAVAILABLE. One

@@ -142,7 +142,7 @@ def test_a_process_whose_loop_stops_is_killed_and_started_again(tiny_repo: Path,
     """A process stopped (SIGSTOP here; a stuck event loop alike) kept its listening sockets, and the kernel went
     on handing it a share of the new connections, each waiting for its client's deadline, while the supervisor
     counted it as serving. Past --process-timeout without a turn of its loop it is killed and started again."""
-    server, metrics, http = _start(tiny_repo, tmp_path, 2, "--process-timeout", "2")
+    server, metrics, http = _start(tiny_repo, tmp_path, 2, "--process-timeout", "3")
     with server:
         address = server.address()
         first, second = _children(server.pid)
@@ -158,16 +158,26 @@ def test_a_process_whose_loop_stops_is_killed_and_started_again(tiny_repo: Path,
         assert gathered.get("mhaserve_process_restarts_total") == 1
         assert gathered.get("mhaserve_processes_serving") == 2
         assert [_encode_on_a_new_connection(address, f"text {i}") for i in range(CALLS)] == [32] * CALLS
-        # A process that serves on is not killed: its loop turns every second, well within 2 s.
-        time.sleep(3)
+        # A process that serves on is not killed: its loop turns every second, well within 3 s.
+        time.sleep(4)
         assert server.log.count("killing it") == 1, server.log
         server.signal(signal.SIGTERM)
         assert server.wait() == 0, server.log
 
 
-def test_the_process_timeout_is_refused_negative() -> None:
+def test_the_process_timeout_is_refused_negative_or_shorter_than_a_healthy_process_can_keep() -> None:
     with pytest.raises(SettingsError, match="--process-timeout must be >= 0"):
         Settings(processes=2, process_timeout=-1)
+    # a process notes its loop's turn once a second: 0.5 s killed every healthy one about once a second
+    with pytest.raises(
+        SettingsError, match=r"--process-timeout must be 0 \(never\) or at least 3 \(seconds\), got 0.5"
+    ):
+        Settings(processes=2, process_timeout=0.5)
+    assert Settings(processes=2, process_timeout=0).process_timeout == 0
+    assert Settings(processes=1, process_timeout=60).inert() == [
+        ("process_timeout", "watches the processes of --processes 2 or more, not 1")
+    ]
+    assert Settings(processes=2, process_timeout=60).inert() == []
 
 
 @pytest.mark.slow
@@ -330,6 +340,28 @@ def test_a_signal_while_the_processes_start_is_passed_on_to_each_started(monkeyp
     supervisor.run()
     assert sent == [(1000, signal.SIGTERM)]  # passed on to the one started; the others not started at all
     assert [c.process is not None for c in supervisor._children] == [True, False, False]
+
+
+def test_a_process_that_had_served_is_started_again_while_another_still_loads() -> None:
+    """Any exit before every process had served was taken for a failed start-up, which stops the server: a process
+    killed for its stopped loop (or dead otherwise) after it had served, while another still loaded a large model,
+    took the whole server down with it (a review's finding). Started again, as once all serve."""
+    supervisor = processes.Supervisor(Settings(processes=2, port=0, metrics_port=0), log_level="info")
+
+    class Exited:
+        pid, exitcode = 1000, -signal.SIGKILL
+
+        def join(self) -> None:
+            pass
+
+    served, loading = (processes._Child(i, supervisor.settings, frozenset({0})) for i in range(2))
+    supervisor._children = [served, loading]
+    served.process, served.serving = Exited(), True  # type: ignore[assignment]
+    supervisor._exited(served)
+    assert served.restart_at is not None and not supervisor._signals and supervisor._status == 0
+    loading.process = Exited()  # type: ignore[assignment]
+    supervisor._exited(loading)  # one that never served: a failed start-up, as before
+    assert supervisor._signals == [signal.SIGTERM] and supervisor._status == 137
 
 
 def _versions_on_new_connections(address: str, calls: int) -> set[int]:
