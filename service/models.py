@@ -488,7 +488,13 @@ class ModelManager:
 
     async def _close_when_idle(self, pipeline: Pipeline) -> None:
         await pipeline.quiet.wait()
-        await pipeline.batcher.close()
+        # What a request that resolved this copy before its retirement and reaches it only now is told (KServe
+        # REST's infer resolves before it reads its body): not "the server is shutting down", which sends a
+        # client to another replica.
+        await pipeline.batcher.close(
+            f"{pipeline.model.name} version {pipeline.model.version} was retired (unloaded or replaced) as this "
+            "request reached it; retry"
+        )
         pipeline.close()
         model = pipeline.model
         key = (model.name, model.version)

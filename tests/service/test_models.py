@@ -753,6 +753,27 @@ def test_the_repository_api_is_for_explicit_control_only(two: Path) -> None:
         assert request("POST", srv.http_url + "/v2/repository/index", {}).json()[0]["name"] == "narrow"
 
 
+def test_a_request_that_reaches_a_retired_version_is_told_so_not_that_the_server_stops(
+    two: Path, tmp_path: Path
+) -> None:
+    """A request that had resolved a version before it was retired and reached its batcher after it closed (KServe
+    REST's infer resolves before it reads its body) was refused UNAVAILABLE "the server is shutting down": untrue,
+    and a client told so goes to another replica. It is told the version was retired, and to retry here."""
+    repo = tmp_path / "repo"
+    shutil.copytree(two, repo)
+    srv = ServerThread(settings(repo, "*", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        old = srv.server.dataplane.resolve("narrow")
+        shutil.rmtree(repo / "narrow")
+        wait_until(lambda: old.closed, "narrow retired and closed")
+        with pytest.raises(Unavailable) as refused:
+            old.batcher.admit(1)
+        assert "shutting down" not in refused.value.message
+        assert "narrow version 1 was retired (unloaded or replaced) as this request reached it" in refused.value.message
+    finally:
+        srv.stop()
+
+
 def test_a_default_not_named_follows_the_served_models_and_info_always_answers(
     two: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
