@@ -417,10 +417,11 @@ class ModelManager:
         Reads files only: run off the event loop."""
         try:
             wanted = self.to_serve(name)
+            # read again: a config made invalid since the line above is the same refusal (it raised out of the poll)
+            policy = self.repository.config(name).version_policy
         except (ServiceError, RepositoryError) as e:
             return _Plan([], set(), {0: self._fingerprint(name, 0)}, refusal=e)
         published = set(self.repository.published(name))
-        policy = self.repository.config(name).version_policy
         missing = tuple(sorted(set(policy.specific) - published)) if policy.kind == "specific" else ()
         return _Plan(wanted, published, {v: self._fingerprint(name, v) for v in wanted}, missing, policy=policy)
 

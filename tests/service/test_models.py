@@ -774,6 +774,32 @@ def test_a_request_that_reaches_a_retired_version_is_told_so_not_that_the_server
         srv.stop()
 
 
+def test_a_serving_config_that_turns_invalid_between_a_polls_two_reads_is_a_refusal(
+    two: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll reads a model's serving config twice (the versions to serve, then the version policy): one made
+    invalid in between raised out of the second read, and the poll round ended with a traceback. It is the same
+    refusal as one found by the first read (what is served stays)."""
+    srv = ServerThread(settings(two, "*")).ready()
+    try:
+        manager = srv.server.manager
+        real, reads = manager.repository.config, []
+
+        def config(name: str) -> Any:
+            reads.append(name)
+            if len(reads) > 1:
+                raise RepositoryError(f"{name}: serving.json: not JSON (edited meanwhile)")
+            return real(name)
+
+        monkeypatch.setattr(manager.repository, "config", config)
+        plan = manager._plan("narrow")
+        assert len(reads) == 2
+        assert plan.wanted == [] and isinstance(plan.refusal, RepositoryError), plan
+        assert "edited meanwhile" in str(plan.refusal)
+    finally:
+        srv.stop()
+
+
 def test_a_default_not_named_follows_the_served_models_and_info_always_answers(
     two: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
