@@ -641,18 +641,20 @@ class ModelManager:
     async def _poll(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            if not await self._read(self.repository.root.is_dir):
-                # A remount, a network file system's hiccup, `mv models.new models`: a read error, not a
-                # repository emptied (under `*`, every model would be retired). Nothing changes until it is back.
-                if not self._root_gone:
-                    log.warning("the model repository %s cannot be read; serving what is loaded", self.repository.root)
-                self._root_gone = True
-                continue
-            if self._root_gone:
-                log.info("the model repository %s is back", self.repository.root)
-                self._root_gone = False
             try:
-                names = await self._read(self.names)
+                names = await self._read(self._listing)
+                if names is None:
+                    # A remount, a network file system's hiccup, `mv models.new models`: a read error, not a
+                    # repository emptied (under `*`, every model would be retired). Nothing changes until it is back.
+                    if not self._root_gone:
+                        log.warning(
+                            "the model repository %s cannot be read; serving what is loaded", self.repository.root
+                        )
+                    self._root_gone = True
+                    continue
+                if self._root_gone:
+                    log.info("the model repository %s is back", self.repository.root)
+                    self._root_gone = False
                 for name in names:
                     await self.sync(name)
                 if self.all_models:  # models removed from the repository
@@ -663,6 +665,16 @@ class ModelManager:
                                     self._retire(name, version)
             except Exception:
                 log.exception("reading the model repository failed; trying again in %g s", interval)
+
+    def _listing(self) -> list[str] | None:
+        """The models to serve now (names()), or None while the repository folder is missing. Looked at before the
+        listing and after it: a folder gone between a look and the listing was listed as empty, and under `*`
+        every model retired."""
+        root = self.repository.root
+        if not root.is_dir():
+            return None
+        names = self.names()
+        return names if root.is_dir() else None
 
     # ---- the index, and the end ----------------------------------------------------------------------------
 

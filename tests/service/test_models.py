@@ -1483,6 +1483,37 @@ def test_a_repository_that_cannot_be_read_for_a_moment_retires_nothing(two: Path
         srv.stop()
 
 
+def test_a_repository_that_goes_between_a_polls_check_and_its_listing_retires_nothing(
+    two: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poll checks that the repository folder is there, then lists it: a folder gone between the two (the
+    race the test above cannot hit) was listed as empty, and every model retired. Here the listing itself moves
+    the folder away first, once."""
+    repo = tmp_path / "repo"
+    shutil.copytree(two, repo)
+    srv = ServerThread(settings(repo, "*", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        repository = srv.server.manager.repository
+        real, listed = repository.names, list[list[str]]()
+
+        def names() -> list[str]:
+            if not listed:
+                repo.rename(tmp_path / "away")
+            listed.append(real())
+            return listed[-1]
+
+        monkeypatch.setattr(repository, "names", names)
+        wait_until(lambda: len(listed) > 0, "a poll's listing")
+        time.sleep(0.3)  # three more polls, of a repository missing
+        assert listed[0] == []  # listed as empty, the folder gone
+        assert srv.server.dataplane.model_names() == ["narrow", "wide"]
+        (tmp_path / "away").rename(repo)
+        wait_until(lambda: len(listed) > 1 and listed[-1] == ["narrow", "wide"], "a listing of the folder back")
+        assert srv.server.dataplane.model_names() == ["narrow", "wide"]
+    finally:
+        srv.stop()
+
+
 def test_an_explicit_load_of_a_failed_model_tries_again_and_fails_again(tmp_path: Path) -> None:
     """A failed load was remembered, and the next load of the same files answered success without loading."""
     export(tmp_path, "ok", 1, seed=1)
