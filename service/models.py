@@ -488,14 +488,18 @@ class ModelManager:
         task.add_done_callback(lambda t: self._retiring.pop(t, None))
 
     async def _close_when_idle(self, pipeline: Pipeline) -> None:
-        await pipeline.quiet.wait()
+        # Until none holds it: a request resolved before the retirement may enter in the turn between the last
+        # one's end (which sets `quiet`) and this task's; the close failed it.
+        while pipeline.active:
+            await pipeline.quiet.wait()
         # What a request that resolved this copy before its retirement and reaches it only now is told (KServe
         # REST's infer resolves before it reads its body): not "the server is shutting down", which sends a
-        # client to another replica.
-        await pipeline.batcher.close(
+        # client to another replica; a retry resolves what serves now.
+        pipeline.retired = (
             f"{pipeline.model.name} version {pipeline.model.version} was retired (unloaded or replaced) as this "
             "request reached it; retry"
         )
+        await pipeline.batcher.close(pipeline.retired)
         pipeline.close()
         model = pipeline.model
         key = (model.name, model.version)
@@ -657,8 +661,8 @@ class ModelManager:
                     self._root_gone = False
                 for name in names:
                     await self.sync(name)
-                if self.all_models:  # models removed from the repository
-                    for name in set(self.dataplane.model_names()) - set(names):
+                if self.all_models and (removed := set(self.dataplane.model_names()) - set(names)):
+                    for name in await self._read(self._gone, removed):  # models removed from the repository
                         async with self._lock(name):
                             with self._saying_the_default():
                                 for version in self.dataplane.versions(name):
@@ -671,10 +675,24 @@ class ModelManager:
         listing and after it: a folder gone between a look and the listing was listed as empty, and under `*`
         every model retired."""
         root = self.repository.root
-        if not root.is_dir():
+        try:
+            if not root.is_dir():
+                return None
+            names = self.names()
+            return names if root.is_dir() else None
+        except OSError:  # ESTALE, EACCES on a folder above, EIO: is_dir() takes only "no such folder" for False
             return None
-        names = self.names()
-        return names if root.is_dir() else None
+
+    def _gone(self, names: set[str]) -> set[str]:
+        """Of the models `names`, served and not in the poll's listing, those whose folder is missing now, while
+        the repository's is there: a listing taken while the repository's folder was away for a moment (moved
+        out and back) read as empty, which the looks around it do not see, and every model was retired."""
+        root = self.repository.root
+        try:
+            gone = {name for name in names if not (root / name).is_dir()}
+            return gone if root.is_dir() else set()
+        except OSError:
+            return set()
 
     # ---- the index, and the end ----------------------------------------------------------------------------
 

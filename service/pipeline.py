@@ -126,6 +126,8 @@ class Pipeline:
         self.quiet = asyncio.Event()
         self.quiet.set()
         self.closed = False
+        # Set by the model manager once a retired version holds no request: what one that comes after is told.
+        self.retired: str | None = None
 
     def close(self) -> None:
         self.closed = True
@@ -137,6 +139,8 @@ class Pipeline:
         """This version kept open while the block runs, retired or not: a request answered in parts (a JSON
         Lines body's lines) holds the version it was resolved to, so that its parts after the first are not
         refused by a version that closed between them (it closes once no request is in it)."""
+        if self.retired is not None:
+            raise Unavailable(self.retired)
         if self.closed:
             raise Unavailable(f"{self.model.name} version {self.model.version} was unloaded; retry")
         self.active += 1

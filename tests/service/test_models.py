@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import errno
 import gc
 import io
 import json
@@ -49,7 +50,7 @@ from mhaserve.service import models as models_module
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.metrics import Metrics
-from mhaserve.service.pipeline import TOKENIZE_CHARS_PER_TOKEN
+from mhaserve.service.pipeline import TOKENIZE_CHARS_PER_TOKEN, EncodeInput
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine, expected_row
 from mhaserve.testing.http import request
@@ -756,9 +757,10 @@ def test_the_repository_api_is_for_explicit_control_only(two: Path) -> None:
 def test_a_request_that_reaches_a_retired_version_is_told_so_not_that_the_server_stops(
     two: Path, tmp_path: Path
 ) -> None:
-    """A request that had resolved a version before it was retired and reached its batcher after it closed (KServe
-    REST's infer resolves before it reads its body) was refused UNAVAILABLE "the server is shutting down": untrue,
-    and a client told so goes to another replica. It is told the version was retired, and to retry here."""
+    """A request that had resolved a version before it was retired and reached it after (KServe REST's infer
+    resolves before it reads its body) was refused "narrow version 1 was unloaded; retry", or, reaching its
+    batcher as it closed, UNAVAILABLE "the server is shutting down": untrue, and a client told so goes to
+    another replica. Both say the version was retired, and to retry here."""
     repo = tmp_path / "repo"
     shutil.copytree(two, repo)
     srv = ServerThread(settings(repo, "*", model_control="poll", repository_poll_s=0.1)).ready()
@@ -766,10 +768,35 @@ def test_a_request_that_reaches_a_retired_version_is_told_so_not_that_the_server
         old = srv.server.dataplane.resolve("narrow")
         shutil.rmtree(repo / "narrow")
         wait_until(lambda: old.closed, "narrow retired and closed")
-        with pytest.raises(Unavailable) as refused:
-            old.batcher.admit(1)
-        assert "shutting down" not in refused.value.message
-        assert "narrow version 1 was retired (unloaded or replaced) as this request reached it" in refused.value.message
+        retired = "narrow version 1 was retired (unloaded or replaced) as this request reached it; retry"
+        for refuse in (lambda: srv.call(old.encode(EncodeInput(token_ids=[[2, 11, 3]]))), lambda: old.batcher.admit(1)):
+            with pytest.raises(Unavailable) as refused:
+                refuse()
+            assert refused.value.message == retired
+    finally:
+        srv.stop()
+
+
+def test_a_request_that_enters_a_retired_version_as_its_last_one_leaves_is_answered(two: Path) -> None:
+    """A retired version closes once no request holds it; one that entered in the turn between the last one's
+    end and the close (a request of token ids queues without waiting) was failed by the close, "the server
+    stopped before this request reached the model" (a review's finding). It is answered, and the version closes
+    after it."""
+    srv = ServerThread(settings(two, "narrow", "wide")).ready()
+    try:
+        manager, old = srv.server.manager, srv.server.dataplane.resolve("narrow")
+
+        async def scenario() -> int:
+            first = old.held()
+            first.__enter__()  # a request in the version
+            manager._retire("narrow", 1)  # its close waits for none to be left in it
+            await asyncio.sleep(0.05)
+            first.__exit__(None, None, None)  # none left: the close goes on in the next turn ...
+            # ... and this one, resolved before the retirement, enters in this turn
+            return len((await old.encode(EncodeInput(token_ids=[[2, 11, 3]]))).embeddings)
+
+        assert srv.call(scenario()) == 1
+        wait_until(lambda: old.closed, "the version closed after it")
     finally:
         srv.stop()
 
@@ -1483,12 +1510,14 @@ def test_a_repository_that_cannot_be_read_for_a_moment_retires_nothing(two: Path
         srv.stop()
 
 
+@pytest.mark.parametrize("back", [False, True])
 def test_a_repository_that_goes_between_a_polls_check_and_its_listing_retires_nothing(
-    two: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    two: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, back: bool
 ) -> None:
     """The poll checks that the repository folder is there, then lists it: a folder gone between the two (the
     race the test above cannot hit) was listed as empty, and every model retired. Here the listing itself moves
-    the folder away first, once."""
+    the folder away first, once, and with `back` moves it back before it returns (away and back within the
+    listing: a review's finding, which a look at the folder after the listing does not see)."""
     repo = tmp_path / "repo"
     shutil.copytree(two, repo)
     srv = ServerThread(settings(repo, "*", model_control="poll", repository_poll_s=0.1)).ready()
@@ -1499,16 +1528,54 @@ def test_a_repository_that_goes_between_a_polls_check_and_its_listing_retires_no
         def names() -> list[str]:
             if not listed:
                 repo.rename(tmp_path / "away")
-            listed.append(real())
+                listed.append(real())
+                if back:
+                    (tmp_path / "away").rename(repo)
+            else:
+                listed.append(real())
             return listed[-1]
 
+        caplog.set_level(logging.INFO, logger="mhaserve.service.models")
         monkeypatch.setattr(repository, "names", names)
         wait_until(lambda: len(listed) > 0, "a poll's listing")
-        time.sleep(0.3)  # three more polls, of a repository missing
+        time.sleep(0.3)  # three more polls
         assert listed[0] == []  # listed as empty, the folder gone
+        assert "retiring" not in caplog.text  # (a model retired is loaded again at the next poll, the folder back)
         assert srv.server.dataplane.model_names() == ["narrow", "wide"]
-        (tmp_path / "away").rename(repo)
+        if not back:
+            (tmp_path / "away").rename(repo)
         wait_until(lambda: len(listed) > 1 and listed[-1] == ["narrow", "wide"], "a listing of the folder back")
+        assert srv.server.dataplane.model_names() == ["narrow", "wide"]
+    finally:
+        srv.stop()
+
+
+def test_a_repository_folder_that_cannot_be_looked_at_is_said_once(
+    two: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A look at the folder that fails (ESTALE on a network file system, EACCES on a folder above: errors
+    pathlib's is_dir() does not take for "no folder") ended the poll task with a traceback before the listing
+    was in the poll's try, and then wrote a traceback every poll (a review's finding): it is the folder that
+    cannot be read, said once, and back once."""
+
+    class Stale(type(tmp_path)):  # type: ignore[misc]
+        def is_dir(self) -> bool:
+            raise OSError(errno.ESTALE, "Stale file handle", str(self))
+
+    repo = tmp_path / "repo"
+    shutil.copytree(two, repo)
+    srv = ServerThread(settings(repo, "*", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        caplog.set_level(logging.INFO, logger="mhaserve.service.models")
+        manager = srv.server.manager
+        manager.repository.root = Stale(repo)
+        wait_until(lambda: "cannot be read" in caplog.text, "the warning")
+        time.sleep(0.3)  # three more polls
+        manager.repository.root = repo
+        wait_until(lambda: "is back" in caplog.text, "the folder back")
+        lines = [r for r in caplog.records if "repository" in r.getMessage()]
+        assert [r.levelname for r in lines] == ["WARNING", "INFO"], [r.getMessage() for r in lines]
+        assert not [r for r in caplog.records if r.exc_info]
         assert srv.server.dataplane.model_names() == ["narrow", "wide"]
     finally:
         srv.stop()
