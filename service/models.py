@@ -684,14 +684,15 @@ class ModelManager:
             return None
 
     def _gone(self, names: set[str]) -> set[str]:
-        """Of the models `names`, served and not in the poll's listing, those whose folder is missing now, while
-        the repository's is there: a listing taken while the repository's folder was away for a moment (moved
-        out and back) read as empty, which the looks around it do not see, and every model was retired."""
+        """Of the models `names`, served and not in the poll's listing, those the repository holds no version of
+        now (its folder gone, or every version), while the repository's folder is there: a listing taken while
+        that folder was away for a moment (moved out and back) read as empty, which the looks around it do not
+        see, and every model was retired."""
         root = self.repository.root
         try:
-            gone = {name for name in names if not (root / name).is_dir()}
+            gone = {name for name in names if not mf.versions(root, name)}
             return gone if root.is_dir() else set()
-        except OSError:
+        except (OSError, mf.ManifestError):
             return set()
 
     # ---- the index, and the end ----------------------------------------------------------------------------

@@ -1550,6 +1550,19 @@ def test_a_repository_that_goes_between_a_polls_check_and_its_listing_retires_no
         srv.stop()
 
 
+def test_under_every_model_one_whose_versions_are_all_removed_is_retired(two: Path, tmp_path: Path) -> None:
+    """Its folder left behind, empty: retired as one whose folder is removed (the poll's check that a model is
+    really gone, against a listing taken while the repository was away, looks for its versions, not its folder)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(two, repo)
+    srv = ServerThread(settings(repo, "*", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        shutil.rmtree(repo / "narrow" / "1")
+        wait_until(lambda: srv.server.dataplane.model_names() == ["wide"], "narrow retired")
+    finally:
+        srv.stop()
+
+
 def test_a_repository_folder_that_cannot_be_looked_at_is_said_once(
     two: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
