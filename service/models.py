@@ -674,26 +674,32 @@ class ModelManager:
         """The models to serve now (names()), or None while the repository folder is missing. Looked at before the
         listing and after it: a folder gone between a look and the listing was listed as empty, and under `*`
         every model retired."""
-        root = self.repository.root
-        try:
-            if not root.is_dir():
-                return None
-            names = self.names()
-            return names if root.is_dir() else None
-        except OSError:  # ESTALE, EACCES on a folder above, EIO: is_dir() takes only "no such folder" for False
+        if not self._root_is_there():
             return None
+        names = self.names()  # a model's folder that cannot be read raises: the poll's failure, its error named
+        return names if self._root_is_there() else None
+
+    def _root_is_there(self) -> bool:
+        """Whether the repository's folder is there; not where it cannot even be looked at (ESTALE, EACCES on a
+        folder above, EIO: pathlib's is_dir() takes only "no such folder" for False, and raises the rest)."""
+        try:
+            return self.repository.root.is_dir()
+        except OSError:
+            return False
 
     def _gone(self, names: set[str]) -> set[str]:
         """Of the models `names`, served and not in the poll's listing, those the repository holds no version of
         now (its folder gone, or every version), while the repository's folder is there: a listing taken while
         that folder was away for a moment (moved out and back) read as empty, which the looks around it do not
         see, and every model was retired."""
-        root = self.repository.root
-        try:
-            gone = {name for name in names if not mf.versions(root, name)}
-            return gone if root.is_dir() else set()
-        except (OSError, mf.ManifestError):
-            return set()
+        gone = set()
+        for name in names:
+            try:
+                if not mf.versions(self.repository.root, name):
+                    gone.add(name)
+            except (OSError, mf.ManifestError):
+                pass  # a folder that cannot be read is not taken for one removed
+        return gone if self._root_is_there() else set()
 
     # ---- the index, and the end ----------------------------------------------------------------------------
 

@@ -1550,6 +1550,28 @@ def test_a_repository_that_goes_between_a_polls_check_and_its_listing_retires_no
         srv.stop()
 
 
+def test_a_model_folder_that_cannot_be_read_is_named_not_taken_for_the_repository(
+    two: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One model's folder that cannot be listed (EIO) was said as the whole repository that cannot be read, naming
+    neither the folder nor the error (a review's finding): it is the poll's failure, with its error, as before."""
+    repo = tmp_path / "repo"
+    shutil.copytree(two, repo)
+    srv = ServerThread(settings(repo, "*", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        caplog.set_level(logging.INFO, logger="mhaserve.service.models")
+
+        def names() -> list[str]:
+            raise OSError(errno.EIO, "Input/output error", str(repo / "narrow"))
+
+        monkeypatch.setattr(srv.server.manager.repository, "names", names)
+        wait_until(lambda: "reading the model repository failed" in caplog.text, "the poll's failure")
+        assert "Input/output error" in caplog.text and "cannot be read; serving" not in caplog.text
+        assert srv.server.dataplane.model_names() == ["narrow", "wide"]
+    finally:
+        srv.stop()
+
+
 def test_under_every_model_one_whose_versions_are_all_removed_is_retired(two: Path, tmp_path: Path) -> None:
     """Its folder left behind, empty: retired as one whose folder is removed (the poll's check that a model is
     really gone, against a listing taken while the repository was away, looks for its versions, not its folder)."""
