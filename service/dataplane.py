@@ -27,6 +27,10 @@ State = Literal["new", "loading", "serving", "stalled", "unready", "closing", "d
 HOLD_MARGIN = 0.25
 
 
+# What a call is told while the server drains (and a connection a stop sends away: http/server.py).
+SHUTTING_DOWN = "the server is shutting down; retry on another replica"
+
+
 class DataPlane:
     """The served models and the server's state. The server (server.py) changes them; adapters read them."""
 
@@ -100,7 +104,7 @@ class DataPlane:
         a call of the repository API (index, load, unload), which is answered while a model is stalled, since
         loading a version again or unloading it is what an operator does about one."""
         if self.state in ("draining", "stopped"):
-            return Unavailable("the server is shutting down; retry on another replica")
+            return Unavailable(SHUTTING_DOWN)
         if self.state == "stalled":
             if control:
                 return None

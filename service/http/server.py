@@ -45,6 +45,7 @@ from mhaserve.service.connections import (
     stop_accepting,
 )
 from mhaserve.service.context import Throttle, accept_request_id
+from mhaserve.service.dataplane import SHUTTING_DOWN
 from mhaserve.service.http.errors import render
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,6 @@ KEEP_ALIVE_S = 5
 MAX_HEADER_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped before it closes
 TOO_LARGE = "the request line and headers are over 64 KiB in all"
-SHUTTING_DOWN = "the server is shutting down; retry on another replica"  # as the data plane says it during a drain
 TOO_LARGE_TRAILERS = "the request's headers and its chunked body's trailer section are over 64 KiB in all"
 
 
@@ -154,16 +154,11 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
                 transport.abort()
                 return
             self._answering = True
-            if self.stopping:
-                self._send_away(transport, Unavailable(SHUTTING_DOWN))
-                return
-            self._send_away(
-                transport,
-                Unavailable(
-                    f"the server holds its limit of {limit.limit} open connections (--max-connections): "
-                    "retry later, or on another replica"
-                ),
+            full = (
+                f"the server holds its limit of {limit.limit} open connections (--max-connections): retry later, "
+                "or on another replica"
             )
+            self._send_away(transport, Unavailable(SHUTTING_DOWN if self.stopping else full))
             return
         self._admitted = limit is not None
         if self.stopping:
