@@ -257,10 +257,13 @@ class ModelRepository:
         except (serving.ServingConfigError, mf.ManifestError) as e:
             raise RepositoryError(str(e)) from None
 
-    def to_serve(self, name: str) -> list[int]:
-        """The versions the model's version policy serves, out of those published (ascending)."""
-        published = self.published(name)
-        chosen = self.config(name).version_policy.select(published)
+    def to_serve(
+        self, name: str, policy: serving.VersionPolicy | None = None, published: list[int] | None = None
+    ) -> list[int]:
+        """The versions the model's version policy (`policy`, where the caller has read it) serves, out of those
+        published (`published`, likewise; ascending)."""
+        published = self.published(name) if published is None else published
+        chosen = (self.config(name).version_policy if policy is None else policy).select(published)
         if not chosen:
             raise NotFound(
                 f"model {name!r}: its version policy selects none of the published versions "

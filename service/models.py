@@ -199,12 +199,16 @@ class ModelManager:
         the rest of the repository down neither at start-up nor later)."""
         return not self.all_models or name in self.wanted or self.pinned is not None
 
-    def to_serve(self, name: str) -> list[int]:
-        """The versions of `name` to serve now: those its version policy selects, or those pinned."""
+    def to_serve(
+        self, name: str, policy: serving.VersionPolicy | None = None, published: list[int] | None = None
+    ) -> list[int]:
+        """The versions of `name` to serve now: those its version policy selects, or those pinned. `policy` and
+        `published`, where given, are what the caller read of the repository (read here where not)."""
+        published = self.repository.published(name) if published is None else published
         if self.pinned is None:
-            return self.repository.to_serve(name)
+            return self.repository.to_serve(name, policy, published)
         versions = sorted(self.pinned.get(name, {}))
-        if gone := sorted(set(versions) - set(self.repository.published(name))):
+        if gone := sorted(set(versions) - set(published)):
             raise NotFound(
                 f"model {name!r} version {', '.join(map(str, gone))}: served by the other processes, and no longer in "
                 "the repository: restart the server to serve what the repository holds now"
@@ -415,15 +419,18 @@ class ModelManager:
         """What the repository holds of `name` now: the versions to serve, the published ones, and the
         fingerprint of each version to serve (of version 0, the model as a whole, where it cannot be served).
         Reads files only: run off the event loop."""
+        # The config and the published versions are read once, so that what is chosen, what is named missing and
+        # each version's fingerprint agree with each other when serving.json is edited while the poll reads it.
         try:
-            wanted = self.to_serve(name)
-            # read again: a config made invalid since the line above is the same refusal (it raised out of the poll)
-            policy = self.repository.config(name).version_policy
+            config = self.repository.config(name)
+            published = self.repository.published(name)
+            wanted = self.to_serve(name, config.version_policy, published)
         except (ServiceError, RepositoryError) as e:
             return _Plan([], set(), {0: self._fingerprint(name, 0)}, refusal=e)
-        published = set(self.repository.published(name))
-        missing = tuple(sorted(set(policy.specific) - published)) if policy.kind == "specific" else ()
-        return _Plan(wanted, published, {v: self._fingerprint(name, v) for v in wanted}, missing, policy=policy)
+        policy = config.version_policy
+        missing = tuple(sorted(set(policy.specific) - set(published))) if policy.kind == "specific" else ()
+        fingerprints = {v: self._fingerprint(name, v, config) for v in wanted}
+        return _Plan(wanted, set(published), fingerprints, missing, policy=policy)
 
     def _note_missing(self, name: str, missing: tuple[int, ...]) -> None:
         """Versions a `specific` policy names that the repository does not hold: UNAVAILABLE in the index and
@@ -440,11 +447,12 @@ class ModelManager:
                 self._missing.add(key)
             self.states[key] = VersionState("UNAVAILABLE", MISSING_VERSION)
 
-    def _fingerprint(self, name: str, version: int) -> Fingerprint:
+    def _fingerprint(self, name: str, version: int, config: serving.ServingConfig | None = None) -> Fingerprint:
         """What a version's load depends on: each file of its folder (name, size, modification and change
         times, as Triton's poll compares them; the change time catches a copy that keeps the old times) and
-        the model's serving config but for its version policy. For version 0 (the model as a whole: its
-        serving.json, or which versions it has) the config file's times and the published versions."""
+        the model's serving config (`config`, where the caller has read it) but for its version policy. For
+        version 0 (the model as a whole: its serving.json, or which versions it has) the config file's times
+        and the published versions."""
         try:
             if version == 0:
                 path = self.repository.root / mf.check_name(name) / serving.SERVING_FILE
@@ -454,10 +462,10 @@ class ModelManager:
         except (OSError, mf.ManifestError):
             return None
         try:
-            config = repr(dataclasses.replace(self.repository.config(name), version_policy=serving.VersionPolicy()))
+            config = self.repository.config(name) if config is None else config
         except RepositoryError as e:
-            config = str(e)
-        return (files, config)
+            return (files, str(e))
+        return (files, repr(dataclasses.replace(config, version_policy=serving.VersionPolicy())))
 
     def _forget(self, name: str, gone: Callable[[int], bool]) -> None:
         """Drop the failures of a model's versions that `gone` says are behind it (a serving config since

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import errno
 import gc
 import io
@@ -42,6 +43,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.proto.inference.v2 import grpc_service_pb2 as kpb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as kpb_grpc
+from mhaserve.runtime import serving
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.errors import Unavailable
 from mhaserve.runtime.manifest import entry_dir, read_manifest
@@ -801,26 +803,33 @@ def test_a_request_that_enters_a_retired_version_as_its_last_one_leaves_is_answe
         srv.stop()
 
 
-def test_a_serving_config_that_turns_invalid_between_a_polls_two_reads_is_a_refusal(
-    two: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A poll reads a model's serving config twice (the versions to serve, then the version policy): one made
-    invalid in between raised out of the second read, and the poll round ended with a traceback. It is the same
-    refusal as one found by the first read (what is served stays)."""
+def test_a_poll_reads_a_models_serving_config_once(two: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll read a model's serving config twice (the versions to serve, then the version policy): a policy
+    changed to another valid one in between chose the versions by the old policy and named the new one's missing
+    versions, and one made invalid in between raised out of the poll round. One read now gives both; a config
+    invalid at that read is the refusal (what is served stays)."""
     srv = ServerThread(settings(two, "*")).ready()
     try:
         manager = srv.server.manager
         real, reads = manager.repository.config, []
+        specific = serving.VersionPolicy(kind="specific", specific=(1, 9))
 
         def config(name: str) -> Any:
             reads.append(name)
-            if len(reads) > 1:
-                raise RepositoryError(f"{name}: serving.json: not JSON (edited meanwhile)")
-            return real(name)
+            if len(reads) == 1:  # the first read sees the edit
+                return dataclasses.replace(real(name), version_policy=specific)
+            return real(name)  # a later read would see the file as it was
 
         monkeypatch.setattr(manager.repository, "config", config)
         plan = manager._plan("narrow")
-        assert len(reads) == 2
+        assert len(reads) == 1
+        assert plan.policy == specific and plan.wanted == [1] and plan.missing == (9,), plan
+
+        def invalid(name: str) -> Any:
+            raise RepositoryError(f"{name}: serving.json: not JSON (edited meanwhile)")
+
+        monkeypatch.setattr(manager.repository, "config", invalid)
+        plan = manager._plan("narrow")
         assert plan.wanted == [] and isinstance(plan.refusal, RepositoryError), plan
         assert "edited meanwhile" in str(plan.refusal)
     finally:
