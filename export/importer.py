@@ -443,7 +443,7 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
             graph_vocab = max((r for _, r in tables), default=vocab_size)
             if vocab_size > graph_vocab:
                 raise ImportFailed(
-                    f"the tokenizer has {vocab_size} tokens but the graph's largest table {graph_vocab} rows"
+                    f"the tokenizer has {vocab_size} tokens but the graph's largest table has {graph_vocab} rows"
                 )
             positions = position_rows(model.graph, vocab_size)
             prompts, default_prompt = read_prompts(opts.tokenizer.parent)

@@ -139,8 +139,10 @@ def gate(model: Encoder, engine: Engine, *, variant: str, tolerance: float = FP3
     report = check(model, engine, tolerance=tolerance)
     if not report.passed:
         b, s = report.worst_case
+        # inf is what a NaN on either side reads as (_max_abs_diff)
+        why = "" if math.isfinite(report.max_abs_diff) else " (an output that is not a finite number)"
         raise ParityError(
-            f"parity gate failed for the {variant} graph: max abs diff {report.max_abs_diff:.3g} "
+            f"parity gate failed for the {variant} graph: max abs diff {report.max_abs_diff:.3g}{why} "
             f"(worst at batch {b}, seq {s}), padding diff {report.padding_max_abs_diff:.3g}, "
             f"tolerance {tolerance:g}"
         )

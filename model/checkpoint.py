@@ -8,6 +8,7 @@ next-sentence pooler, the position-id buffer) are skipped, by name.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from safetensors.torch import load_file
 
 from mhaserve.model.config import EncoderConfig, PoolingMode
 from mhaserve.model.encoder import Encoder
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -115,6 +118,14 @@ def sentence_settings(path: Path, max_positions: int | None) -> tuple[int | None
         if (n := st.get("max_seq_length")) is not None:
             n = _length(n, st_cfg, "max_seq_length")
             max_seq_len = min(n, max_positions) if max_positions else n
+            if max_seq_len < n:  # sentence-transformers would fail on a longer input; said, since nobody asked
+                log.warning(
+                    "%s: max_seq_length %d is past the model's %d positions: inputs are taken up to %d tokens",
+                    st_cfg,
+                    n,
+                    max_seq_len,
+                    max_seq_len,
+                )
         if st.get("do_lower_case"):
             _check_lower_case(path, True, st_cfg)
     tok_cfg = path / "tokenizer_config.json"
@@ -359,6 +370,11 @@ def load_encoder(path: str | Path) -> tuple[Encoder, Checkpoint]:
         ours = map_key(name)
         if ours is not None:
             state[ours] = tensor.float()
+            if not torch.isfinite(state[ours]).all():  # else exported, and failed the gate as "max abs diff inf"
+                raise CheckpointError(
+                    f"{ckpt.path / 'model.safetensors'}: {name} holds a value that is not a finite number "
+                    "(NaN or infinite): a damaged or diverged checkpoint"
+                )
         elif not _IGNORED.match(name.removeprefix("bert.")):
             unexpected.append(name)
     model = Encoder(ckpt.config)

@@ -169,6 +169,27 @@ def test_the_tokenizers_no_limit_is_no_length_even_without_a_position_table(tmp_
         sentence_settings(tmp_path, 512)
 
 
+def test_a_max_seq_length_past_the_position_table_is_capped_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """sentence_bert_config.json's max_seq_length past the position table is taken at the table's size (an input
+    past it could not run), as before, and now said: it was lowered without a word, where --max-seq-len past
+    the table is refused."""
+    from mhaserve.model.checkpoint import sentence_settings
+
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 1000}))
+    with caplog.at_level("WARNING"):
+        assert sentence_settings(tmp_path, 512)[0] == 512
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'sentence_bert_config.json'}: max_seq_length 1000 is past the model's 512 positions: "
+        "inputs are taken up to 512 tokens"
+    ]
+    caplog.clear()
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512}))
+    assert sentence_settings(tmp_path, 512)[0] == 512 and sentence_settings(tmp_path, None)[0] == 512
+    assert caplog.records == []
+
+
 def test_a_checkpoint_saved_by_sentence_transformers_5_or_later_is_read(sentence_transformer, tmp_path: Path) -> None:
     """Since 5, sentence-transformers writes `"pooling_mode": "mean"` where it wrote one boolean per mode: such a
     checkpoint (any saved by the installed version) was refused as "unsupported pooling: none"."""
@@ -245,6 +266,21 @@ def test_damaged_weights_are_one_line(ckpt_copy: Path) -> None:
     (ckpt_copy / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(CheckpointError, match="model.safetensors cannot be read"):
         load_encoder(ckpt_copy)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_weight_that_is_not_a_number_is_named(ckpt_copy: Path, value: float) -> None:
+    """A NaN or infinite weight (a damaged or diverged checkpoint) was exported, and the parity gate failed on
+    it saying "max abs diff inf": the weight is named at load."""
+    bias = load_file(str(default_source() / "model.safetensors"))["encoder.layer.3.output.dense.bias"].clone()
+    bias[7] = value
+    _rewrite_weights(ckpt_copy, {"encoder.layer.3.output.dense.bias": bias})
+    with pytest.raises(CheckpointError) as e:
+        load_encoder(ckpt_copy)
+    assert str(e.value) == (
+        f"{ckpt_copy / 'model.safetensors'}: encoder.layer.3.output.dense.bias holds a value that is not a finite "
+        "number (NaN or infinite): a damaged or diverged checkpoint"
+    )
 
 
 def test_wrong_shape_is_an_error(ckpt_copy: Path) -> None:
