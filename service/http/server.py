@@ -122,6 +122,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._unfed = 0
         self._trailers = _Trailers(self)
         self._refused = False  # headers over the limit: answered 431, the connection closing
+        self._begun_here = False  # a request began in the read being parsed
         self._admitted = False  # counted against --max-connections
         self._sent_away = False  # over the limit, or made as the server stops: uvicorn never sees it
         self._answering = False  # holds one of the limit's places for answers to turned-away connections
@@ -234,11 +235,18 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             self._count(len(data))
             return
         waited = self._chunks if self._chunk_waits else 0  # the size line this read began after, if any
+        self._begun_here = False
         super().data_received(data)
         # Counted by the chunk, after parsing, while a request's headers are incomplete, rather than by a
         # Python call per header on every request (the hot path of every short request).
         if self._in_headers:
-            self._count(len(data))
+            if self._begun_here:
+                # The request began in this read, after any others pipelined before it (a read of many small ones
+                # was counted whole as its headers: a 431 past 64 KiB of them): its request line and the fields
+                # parsed so far. A field still incomplete is counted with the next read, all of which is its own.
+                self._count(len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers))
+            else:
+                self._count(len(data))
         elif waited and self._chunk_waits and self._chunks == waited:
             # the whole read after one chunk's size line, none of its data (the trailer section, after the last);
             # a read that began another request is not, whose headers reset `_chunk_waits`
@@ -252,6 +260,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             self.connection_limit.began(self)
         self._header_bytes = 0
         self._in_headers = True
+        self._begun_here = True
         self._arm()
 
     def on_headers_complete(self) -> None:

@@ -305,6 +305,29 @@ def test_headers_over_64_kib_are_431_before_any_key_is_read(
     still_serving(srv)
 
 
+def test_many_small_pipelined_requests_in_one_read_are_not_taken_for_headers(
+    srv: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read of many pipelined requests that ended inside the last one's headers was counted whole as that
+    request's headers: past 64 KiB of small requests, a 431 (and uvicorn's ERROR line "ASGI callable returned
+    without completing response") where every request was far under the limit. Only the last request's own
+    bytes count now; a request whose own headers pass the limit is still refused (the test above)."""
+    caplog.set_level(logging.INFO)
+    one = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    n = 3_000  # 108 KB, sent before the server reads, the last request cut in its headers
+    with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
+        s.sendall(one * n + one[:20])
+        time.sleep(0.5)
+        s.sendall(one[20:])
+        data = b""
+        while data.count(b"HTTP/1.1 ") < n + 1 and (chunk := s.recv(65536)):
+            data += chunk
+    statuses = re.findall(rb"HTTP/1.1 (\d{3}) ", data)
+    assert len(statuses) == n + 1 and set(statuses) == {b"200"}, (len(statuses), set(statuses))
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    still_serving(srv)
+
+
 CHUNKED = (
     b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
 )
