@@ -794,12 +794,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM (`timeout`, `docker stop`, Kubernetes) stops an export or an import as Ctrl-C does, so that its clean-up
     # runs: its default ended the process at once and left the scratch folder, a graph's worth of disk, in the
     # repository. (The bench does the same for its servers; serve drains on it.)
-    give_back = _sigterm_as_ctrl_c() if args.command in ("export", "import") else None
+    received: list[int] = []
+    give_back = _sigterm_as_ctrl_c(received) if args.command in ("export", "import") else None
     try:
         return handler(args)
     except KeyboardInterrupt:
         # Ctrl-C in an export, an import or a bench: their own clean-up has run on the way out (an
         # export's scratch folder is removed); a traceback would only hide that line.
+        if received:  # SIGTERM: 128 + its number, as a process it had ended, and as the server's
+            print(f"mhaserve {args.command}: terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print(f"mhaserve {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
@@ -812,14 +816,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             give_back()
 
 
-def _sigterm_as_ctrl_c() -> Callable[[], None] | None:
-    """SIGTERM raises KeyboardInterrupt from here on; returns what gives the handler it replaced back (None where
-    signals cannot be handled: outside the main thread)."""
+def _sigterm_as_ctrl_c(received: list[int]) -> Callable[[], None] | None:
+    """SIGTERM raises KeyboardInterrupt from here on, noted in `received`; returns what gives the handler it
+    replaced back (None where it is left: ignored, as the command was started, or outside the main thread)."""
 
     def terminated(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
         raise KeyboardInterrupt
 
     try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:  # `trap '' TERM`: the caller's choice
+            return None
         previous = signal.signal(signal.SIGTERM, terminated)
     except ValueError:
         return None

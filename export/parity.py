@@ -140,10 +140,11 @@ def gate(model: Encoder, engine: Engine, *, variant: str, tolerance: float = FP3
     if not report.passed:
         b, s = report.worst_case
         # inf is what a NaN on either side reads as (_max_abs_diff)
-        why = "" if math.isfinite(report.max_abs_diff) else " (an output that is not a finite number)"
+        nan = " (an output that is not a finite number)"
+        why, padding_why = ("" if math.isfinite(x) else nan for x in (report.max_abs_diff, report.padding_max_abs_diff))
         raise ParityError(
             f"parity gate failed for the {variant} graph: max abs diff {report.max_abs_diff:.3g}{why} "
-            f"(worst at batch {b}, seq {s}), padding diff {report.padding_max_abs_diff:.3g}, "
+            f"(worst at batch {b}, seq {s}), padding diff {report.padding_max_abs_diff:.3g}{padding_why}, "
             f"tolerance {tolerance:g}"
         )
     return report

@@ -95,11 +95,21 @@ def _default_name(source: str, ckpt: Path | None, seed: int) -> str:
 def checkpoint_name(ckpt: Path) -> str:
     """A checkpoint's model name when --name is not given: its folder's, lowercased, as the user named it: a link
     (a Hugging Face cache's snapshot given a readable name) is not followed to its target's name, a hash."""
-    folder = Path(os.path.abspath(ckpt)).name  # `.` and `dir/` named too; abspath follows no link
+    folder = Path(os.path.normpath(os.path.join(_working_directory(), ckpt))).name  # `.` and `dir/` too
     try:
         return mf.check_name(folder.lower())
     except mf.ManifestError as e:
         raise mf.ManifestError(f"{e}; the name comes from the folder {folder!r}: pass --name") from None
+
+
+def _working_directory() -> str:
+    """The working directory as the user's shell names it ($PWD, what `pwd` says: a link's path where one was
+    followed), where it is the process's own; else the process's (getcwd, every link resolved)."""
+    cwd, pwd = os.getcwd(), os.environ.get("PWD", "")
+    try:
+        return pwd if os.path.isabs(pwd) and os.path.samefile(pwd, cwd) else cwd
+    except OSError:
+        return cwd
 
 
 def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:

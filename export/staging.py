@@ -14,7 +14,9 @@ import fcntl
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
@@ -86,11 +88,15 @@ def scratch(repository: Path, name: str, version_: int) -> Iterator[Path]:
     the command then says "interrupted" (exit 130), not that the step failed or that a package is missing."""
     repository.mkdir(parents=True, exist_ok=True)
     _sweep(repository)
-    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{name}-{version_}-", dir=repository))
-    path.chmod(0o755)  # mkdtemp makes it private; the published entry must be readable by the server's user
-    lock = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    # Made with Ctrl-C and SIGTERM held: between the folder and its lock file, one left a folder no sweep removes.
+    with _held() as held:
+        path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{name}-{version_}-", dir=repository))
+        path.chmod(0o755)  # mkdtemp makes it private; the published entry must be readable by the server's user
+        lock = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can hold it yet: _sweep skips until then
+        if held:
+            raise KeyboardInterrupt  # the one that came meanwhile, taken now that the folder is removed with it
         yield path
     except Exception as e:
         if interrupted(e):
@@ -122,11 +128,37 @@ def _sweep(repository: Path) -> None:
             os.close(fd)
 
 
+@contextlib.contextmanager
+def _held() -> Iterator[list[int]]:
+    """Ctrl-C and SIGTERM (which export and import take as one) noted in the list this yields, not raised, until
+    the block ends; their handlers are then given back. In the main thread only (elsewhere no handler runs)."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, lambda signum, frame: held.append(signum))
+    try:
+        yield held
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
+
+
 def publish(scratch_dir: Path, target: Path, *, overwrite: bool = False) -> None:
     """Move the finished scratch directory to `target` in one rename (replacing it under --overwrite).
 
     `reserve` checked the target at the start; a version published meanwhile (another export, a copy) is
-    refused here unless --overwrite, not silently replaced."""
+    refused here unless --overwrite, not silently replaced. A Ctrl-C or SIGTERM meanwhile lets the publish
+    finish, and is then dropped: what it would have stopped is done (between the old version's move aside and
+    the new one's rename in, it lost the version; after, it said "interrupted" of a published one)."""
+    with _held():
+        _publish(scratch_dir, target, overwrite)
+
+
+def _publish(scratch_dir: Path, target: Path, overwrite: bool) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Not part of the entry; the export holds its lock still, and a sweep passes over a directory without one.
     (scratch_dir / LOCK).unlink(missing_ok=True)

@@ -7,6 +7,7 @@ and neither may import the other's layer.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -43,13 +44,24 @@ class Progress:
         if reports:
             self._break()
         t = time.perf_counter()
+        # A log line from what the step calls (a warning) ends the step's line first, as say() does.
+        handlers = logging.getLogger().handlers
+        for handler in handlers:
+            handler.addFilter(self._log_line)
         try:
             yield note
         except BaseException:
             # The line ends either way: the error the caller prints next stands on a line of its own.
             self._end(name, "failed", t)
             raise
+        finally:
+            for handler in handlers:
+                handler.removeFilter(self._log_line)
         self._end(name, note["result"] or "done", t)
+
+    def _log_line(self, record: logging.LogRecord) -> bool:
+        self._break()
+        return True
 
     def _break(self) -> None:
         if self._open:

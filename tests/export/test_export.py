@@ -395,7 +395,7 @@ def test_cli_bad_source_is_one_clear_line(
 
 
 def test_a_checkpoint_folder_that_is_no_model_name_says_to_pass_name(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A usage error (exit 2), said before anything is written; and the name is the folder's as the user gave it:
     through a link (a Hugging Face cache's snapshot given a readable name), the link's name, not its target's
@@ -406,12 +406,18 @@ def test_a_checkpoint_folder_that_is_no_model_name_says_to_pass_name(
     shutil.copytree(default_source(), source)
     link = tmp_path / "Linked Model"
     link.symlink_to(default_source(), target_is_directory=True)  # a folder named `model`: a valid name
-    for given, folder in ((source, "My Model"), (link, "Linked Model"), (Path(f"{link}/"), "Linked Model")):
+    for given, folder in ((str(source), "My Model"), (str(link), "Linked Model"), (f"{link}/", "Linked Model")):
         repository = tmp_path / "repo"
-        assert main(["export", "--source", str(given), "--repository", str(repository)]) == 2
+        assert main(["export", "--source", given, "--repository", str(repository)]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert f"invalid model name '{folder.lower()}'" in err and f"from the folder '{folder}': pass --name" in err
         assert not repository.exists()
+    # `--source .` in a folder reached through the link: the shell's working directory ($PWD) names it, as
+    # `pwd` does, where the process's own (getcwd) is the target's
+    monkeypatch.chdir(link)
+    monkeypatch.setenv("PWD", str(link))
+    assert main(["export", "--source", ".", "--repository", str(tmp_path / "repo")]) == 2
+    assert "from the folder 'Linked Model': pass --name" in capsys.readouterr().err
 
 
 def test_sigterm_during_an_export_is_one_line_and_leaves_nothing(
@@ -434,13 +440,35 @@ def test_sigterm_during_an_export_is_one_line_and_leaves_nothing(
     args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
     previous = signal.signal(signal.SIGTERM, not_taken)
     try:
-        assert main(args) == 130
+        assert main(args) == 143  # 128 + SIGTERM, as the server's; Ctrl-C's is 130
         assert signal.getsignal(signal.SIGTERM) is not_taken  # given back once the command is done
     finally:
         signal.signal(signal.SIGTERM, previous)
     err = capsys.readouterr().err
-    assert err.strip().splitlines()[-1] == "mhaserve export: interrupted" and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "mhaserve export: terminated" and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_ignored_sigterm_stays_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SIGTERM the export was started ignoring (`trap '' TERM`, nohup-like supervisors) is not taken as Ctrl-C."""
+    real = onnx_graph.export_graph
+
+    def terminated(model: Encoder, path: Path) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        real(model, path)
+
+    monkeypatch.setattr(onnx_graph, "export_graph", terminated)
+    sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
+    args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        assert main(args) == 0, capsys.readouterr().err
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (tmp_path / "t" / "1" / "manifest.json").is_file()
 
 
 @pytest.mark.parametrize(

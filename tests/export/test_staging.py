@@ -3,11 +3,13 @@ export into the repository removes, and never a running export's."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,3 +99,73 @@ def test_a_link_to_nothing_where_the_models_folder_goes_is_refused_before_the_ex
     assert staging.reserve(tmp_path, "n", None, overwrite=False)[0] == 2
     with pytest.raises(staging.PublishError, match="already exists"):
         staging.reserve(tmp_path, "n", 1, overwrite=False)
+
+
+def _signal_during(monkeypatch: pytest.MonkeyPatch, step: str, signum: int) -> None:
+    """The signal `signum` sent to this process during `step` of publish: the first rename (the old version
+    moved aside), or the removal of the old version after the new one is in."""
+    real_rename, real_remove = Path.rename, staging._remove
+
+    def rename(self: Path, target: Path) -> Path:
+        moved = real_rename(self, target)
+        if step == "between" and Path(target).name.startswith(".old-"):
+            os.kill(os.getpid(), signum)
+        return moved
+
+    def remove(path: Path) -> None:
+        if step == "after":
+            os.kill(os.getpid(), signum)
+        real_remove(path)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    monkeypatch.setattr(staging, "_remove", remove)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("step", ["between", "after"])
+def test_a_signal_during_an_overwrites_publish_lets_it_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, signum: int
+) -> None:
+    """A Ctrl-C (or SIGTERM, which export and import take as one) between the old version's move aside and the
+    new one's rename in left neither: the version was gone from the repository, and a polling server retired
+    it. One during the old version's removal, after the new one was in, said "interrupted" of a published
+    version and left the old one's folder. The publish's few renames finish first, the signal then dropped:
+    what it would stop is done."""
+    raised: list[int] = []
+
+    def interrupt(signum: int, frame: object) -> None:
+        raised.append(signum)
+        raise KeyboardInterrupt
+
+    target = tmp_path / "m" / "1"
+    target.mkdir(parents=True)
+    (target / "old").write_text("old")
+    new = tmp_path / ".export-m-1-x"
+    new.mkdir()
+    (new / "new").write_text("new")
+    _signal_during(monkeypatch, step, signum)
+    previous = signal.signal(signum, interrupt)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # (asserted below: the handler must not have run)
+            staging.publish(new, target, overwrite=True)
+        assert signal.getsignal(signum) is interrupt  # the handler given back
+    finally:
+        signal.signal(signum, previous)
+    assert raised == [] and sorted(p.name for p in (tmp_path / "m").iterdir()) == ["1"]
+    assert [p.name for p in target.iterdir()] == ["new"]
+
+
+def test_a_signal_as_the_scratch_folder_is_made_leaves_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C between the scratch folder's making and its lock's left a folder without a lock file, which no
+    sweep removes. The signal is taken once both are made, as the block's, and the folder removed with it."""
+    real_open = os.open
+
+    def open_(path: str | os.PathLike[str], flags: int, mode: int = 0o777, **kwargs: Any) -> int:
+        if Path(path).name == staging.LOCK and Path(path).parent.name.startswith(staging.SCRATCH_PREFIX):
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_open(path, flags, mode, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    with pytest.raises(KeyboardInterrupt), staging.scratch(tmp_path, "m", 1):
+        pytest.fail("the block ran: the Ctrl-C was lost")
+    assert list(tmp_path.glob(f"{staging.SCRATCH_PREFIX}*")) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import re
 
 import pytest
@@ -45,4 +46,31 @@ def test_output_during_a_step_never_tears_its_line() -> None:
         "[2/3] point: 12 seq/s (T)",
         "[3/3] publishing ... failed (T)",
         "mhaserve export: error: disk full",
+    ]
+
+
+def test_a_log_line_during_a_step_stands_on_a_line_of_its_own() -> None:
+    """A warning logged by what a step calls (a checkpoint's max_seq_length capped) was printed in the middle of
+    the step's line: "[1/5] loading ...2026-... WARNING ...", then " done" on a line of its own."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log = logging.getLogger("tests.progress")
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        progress = Progress(2, out)
+        with progress.step("loading"):
+            log.warning("max_seq_length capped")
+        with progress.step("writing"):
+            pass
+        log.warning("after the steps")
+    finally:
+        root.removeHandler(handler)
+    assert _lines(out) == [
+        "[1/2] loading ...",
+        "WARNING max_seq_length capped",
+        "[1/2] loading: done (T)",
+        "[2/2] writing ... done (T)",
+        "WARNING after the steps",
     ]
