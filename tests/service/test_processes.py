@@ -38,7 +38,10 @@ def _children(pid: int) -> list[int]:
 
 
 def _encode_on_a_new_connection(address: str, text: str) -> int:
-    with grpc.insecure_channel(address) as channel:  # a new channel, a new connection: the kernel picks anew
+    # A new channel with a subchannel of its own, a new connection: the kernel picks anew. (With grpc's global
+    # subchannel pool, a channel made as the last one closed could take its connection, still open on a busy
+    # machine: all 24 calls went to one process.)
+    with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
         reply = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=[text]), timeout=WAIT)
     return len(reply.embeddings[0].values)
 
@@ -367,7 +370,7 @@ def test_a_process_that_had_served_is_started_again_while_another_still_loads() 
 def _versions_on_new_connections(address: str, calls: int) -> set[int]:
     found = set()
     for i in range(calls):
-        with grpc.insecure_channel(address) as channel:
+        with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:  # as above
             reply = pb_grpc.EncoderServiceStub(channel).Encode(pb.EncodeRequest(texts=[f"t {i}"]), timeout=WAIT)
         found.add(reply.model_version)
     return found
