@@ -240,13 +240,13 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         # Counted by the chunk, after parsing, while a request's headers are incomplete, rather than by a
         # Python call per header on every request (the hot path of every short request).
         if self._in_headers:
-            if self._begun_here:
-                # The request began in this read, after any others pipelined before it (a read of many small ones
-                # was counted whole as its headers: a 431 past 64 KiB of them): its request line and the fields
-                # parsed so far. A field still incomplete is counted with the next read, all of which is its own.
-                self._count(len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers))
-            else:
-                self._count(len(data))
+            # The whole read, unless the request began in it behind others pipelined before it (a read of many
+            # small ones was counted whole as its headers: a 431 past 64 KiB of them): then what follows the last
+            # headers' end in the read, which lies before the request's start (its own headers have not ended),
+            # so nothing of it goes uncounted. Behind a request with a body, that body counts too (the end of a
+            # body cannot be found in the bytes).
+            start = data.rfind(b"\r\n\r\n") if self._begun_here else -1
+            self._count(len(data) - (start + 4 if start >= 0 else 0))
         elif waited and self._chunk_waits and self._chunks == waited:
             # the whole read after one chunk's size line, none of its data (the trailer section, after the last);
             # a read that began another request is not, whose headers reset `_chunk_waits`
