@@ -95,8 +95,8 @@ def scratch(repository: Path, name: str, version_: int) -> Iterator[Path]:
         lock = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can hold it yet: _sweep skips until then
-        if held:
-            raise KeyboardInterrupt  # the one that came meanwhile, taken now that the folder is removed with it
+        if held:  # the signal that came meanwhile, to its own handler now that the folder is removed with it
+            signal.raise_signal(held[-1])
         yield path
     except Exception as e:
         if interrupted(e):

@@ -45,7 +45,7 @@ class Progress:
             self._break()
         t = time.perf_counter()
         # A log line from what the step calls (a warning) ends the step's line first, as say() does.
-        handlers = logging.getLogger().handlers
+        handlers = list(logging.getLogger().handlers)  # those it was added to, whatever changes meanwhile
         for handler in handlers:
             handler.addFilter(self._log_line)
         try:

@@ -9,6 +9,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from mhaserve.cli.main import EXPORT_HINT, main
-from mhaserve.export import onnx_graph
+from mhaserve.export import onnx_graph, staging
 from mhaserve.export.publish import ExportError, ExportOptions, export_entry
 from mhaserve.model.config import EncoderConfig
 from mhaserve.model.encoder import Encoder, random_encoder
@@ -446,6 +447,26 @@ def test_sigterm_during_an_export_is_one_line_and_leaves_nothing(
         signal.signal(signal.SIGTERM, previous)
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == "mhaserve export: terminated" and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_as_the_scratch_folder_is_made_is_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SIGTERM held while the scratch folder is made is given to its handler after: it was raised as a Ctrl-C,
+    and the export said "interrupted" (130) of a SIGTERM (the review)."""
+    real_open = os.open
+
+    def open_(path: str | os.PathLike[str], flags: int, mode: int = 0o777, **kwargs: Any) -> int:
+        if Path(path).name == staging.LOCK and Path(path).parent.name.startswith(staging.SCRATCH_PREFIX):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_open(path, flags, mode, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
+    args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
+    assert main(args) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "mhaserve export: terminated"
     assert list(tmp_path.iterdir()) == []
 
 
