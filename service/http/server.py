@@ -123,6 +123,8 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._trailers = _Trailers(self)
         self._refused = False  # headers over the limit: answered 431, the connection closing
         self._begun_here = False  # a request began in the read being parsed
+        self._read = 0  # the size of the read being parsed
+        self._refusal: bytes | None = None  # a 431 waiting for the answers of the requests pipelined before it
         self._admitted = False  # counted against --max-connections
         self._sent_away = False  # over the limit, or made as the server stops: uvicorn never sees it
         self._answering = False  # holds one of the limit's places for answers to turned-away connections
@@ -210,15 +212,29 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             # A made-up id, as every answer carries one: the client's may lie past what is read.
             rid = accept_request_id(None)
             log.info("answered 431 (request %s): %s", rid, said)
-            if not self.transport.is_closing():
-                self.transport.write(plain_answer(431, said, rid))
-                if self.transport.can_write_eof():
-                    # Closed with the rest of the request unread, the socket would reset the connection and the
-                    # client might lose the 431: half-close, drop what still comes, and close a moment later.
-                    self.transport.write_eof()
-                    self.loop.call_later(LINGER_S, self.transport.close)
-                else:
-                    self.transport.close()
+            if said == TOO_LARGE and (self.pipeline or (self.cycle is not None and not self.cycle.response_complete)):
+                # Pipelined behind requests still being answered: after them (written and closed at once, it cut
+                # their answers off: "Cannot call write() after write_eof()").
+                self._refusal = plain_answer(431, said, rid)
+                return
+            self._send_refusal(plain_answer(431, said, rid))
+
+    def _send_refusal(self, answer: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(answer)
+            if self.transport.can_write_eof():
+                # Closed with the rest of the request unread, the socket would reset the connection and the
+                # client might lose the 431: half-close, drop what still comes, and close a moment later.
+                self.transport.write_eof()
+                self.loop.call_later(LINGER_S, self.transport.close)
+            else:
+                self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._refusal is not None and not self.pipeline and self.cycle is not None and self.cycle.response_complete:
+            answer, self._refusal = self._refusal, None
+            self._send_refusal(answer)
 
     def data_received(self, data: bytes) -> None:
         if self._turned_away is not None:
@@ -236,6 +252,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             return
         waited = self._chunks if self._chunk_waits else 0  # the size line this read began after, if any
         self._begun_here = False
+        self._read = len(data)
         super().data_received(data)
         # Counted by the chunk, after parsing, while a request's headers are incomplete, rather than by a
         # Python call per header on every request (the hot path of every short request).
@@ -255,6 +272,8 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
                 self._refuse_trailers()
 
     def on_message_begin(self) -> None:
+        if self._refused:  # a request pipelined behind the refused one, in the same read: never served
+            return
         super().on_message_begin()
         if self.connection_limit is not None:  # a request line's first byte: cut after those that sent nothing
             self.connection_limit.began(self)
@@ -264,6 +283,15 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._arm()
 
     def on_headers_complete(self) -> None:
+        if self._refused:
+            return
+        if self._begun_here and self._read > MAX_HEADER_BYTES:
+            # Begun and ended in one read larger than the limit: neither the check before parsing (which found an
+            # earlier request's end) nor the count after it (of headers still incomplete) saw them. Counted here,
+            # field by field, on such reads only (one comes when uvicorn resumes reading behind a request).
+            self._count(len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers))
+            if self._refused:
+                return
         # A request's headers whole: never cut for a new connection (connections.py). Not at its first byte, which
         # held a place as cheaply as sending nothing.
         if self.connection_limit is not None:

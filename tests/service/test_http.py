@@ -333,6 +333,41 @@ def test_headers_over_64_kib_in_two_reads_are_431_whatever_came_before_them(srv:
     still_serving(srv)
 
 
+def test_headers_over_64_kib_whole_in_one_read_behind_a_request_are_431(
+    start: Callable[..., ServerThread], settings: Settings
+) -> None:
+    """A request whose headers begin and end in one read behind another request in it was counted nowhere: the
+    check before parsing found the first request's end, and after parsing no headers were incomplete (the
+    review: 127 KiB of headers answered 200). One read that large comes when uvicorn has paused reading, a
+    pipelined request waiting behind one in progress, and resumes."""
+    engine = ScriptedEngine(gates=[97])
+    srv = start(dataclasses.replace(settings, http_port=free_port()), lambda entry: engine)
+    body = b'{"input": [[97]], "model": "tiny"}'
+    slow = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    tiny = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    big = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-h: " + b"v" * 90_000 + b"\r\n\r\n"
+    try:
+        with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
+            s.sendall(slow)
+            wait_until(lambda: any(97 in row for batch in engine.batches for row in batch), "the slow request's batch")
+            s.sendall(tiny)  # waits behind it: uvicorn stops reading
+            time.sleep(0.3)
+            s.sendall(tiny + big)  # held by the kernel, then read at once when reading resumes
+            time.sleep(0.3)
+            engine.gates[97].set()
+            answer = b""
+            with contextlib.suppress(OSError):
+                while chunk := s.recv(65536):
+                    answer += chunk
+    finally:
+        engine.gates[97].set()
+    assert re.findall(rb"HTTP/1.1 (\d{3}) ", answer) == [b"200", b"200", b"200", b"431"]
+
+
 def test_many_small_pipelined_requests_in_one_read_are_not_taken_for_headers(
     srv: ServerThread, caplog: pytest.LogCaptureFixture
 ) -> None:
