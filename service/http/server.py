@@ -123,7 +123,6 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._trailers = _Trailers(self)
         self._refused = False  # headers over the limit: answered 431, the connection closing
         self._begun_here = False  # a request began in the read being parsed
-        self._read = 0  # the size of the read being parsed
         self._refusal: bytes | None = None  # a 431 waiting for the answers of the requests pipelined before it
         self._admitted = False  # counted against --max-connections
         self._sent_away = False  # over the limit, or made as the server stops: uvicorn never sees it
@@ -219,7 +218,23 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
                 return
             self._send_refusal(plain_answer(431, said, rid))
 
+    # Once a 431 is given, the rest of the read the parser still goes through is no request: no upgrade (its scope
+    # was never made), no 400 of uvicorn's for bytes that follow (written after the 431's end, or before it).
+    def _should_upgrade(self) -> bool:
+        return not self._refused and super()._should_upgrade()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        if not self._refused:
+            super()._unsupported_upgrade_warning()
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:
+            super().send_400_response(msg)
+
     def _send_refusal(self, answer: bytes) -> None:
+        if self.timeout_keep_alive_task is not None:  # a keep-alive timer would close before the linger ends
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
         if not self.transport.is_closing():
             self.transport.write(answer)
             if self.transport.can_write_eof():
@@ -237,6 +252,19 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             self._send_refusal(answer)
 
     def data_received(self, data: bytes) -> None:
+        if len(data) <= MAX_HEADER_BYTES:
+            self._received(data)
+            return
+        # A read larger than the limit (up to 256 KiB; one comes when uvicorn resumes reading behind a request) goes
+        # to the parser in pieces no larger: headers that begin and end inside one piece are within the limit, and
+        # those that span pieces are counted as across reads. Whole, headers begun and ended in it behind another
+        # request were counted nowhere (127 KiB answered).
+        for at in range(0, len(data), MAX_HEADER_BYTES):
+            if self._refused:
+                return  # the rest is dropped, as the next reads will be
+            self._received(data[at : at + MAX_HEADER_BYTES])
+
+    def _received(self, data: bytes) -> None:
         if self._turned_away is not None:
             self._turn_away(data)
             return
@@ -252,7 +280,6 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             return
         waited = self._chunks if self._chunk_waits else 0  # the size line this read began after, if any
         self._begun_here = False
-        self._read = len(data)
         super().data_received(data)
         # Counted by the chunk, after parsing, while a request's headers are incomplete, rather than by a
         # Python call per header on every request (the hot path of every short request).
@@ -283,15 +310,8 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._arm()
 
     def on_headers_complete(self) -> None:
-        if self._refused:
+        if self._refused:  # a request pipelined behind the refused one, in the same read: never served
             return
-        if self._begun_here and self._read > MAX_HEADER_BYTES:
-            # Begun and ended in one read larger than the limit: neither the check before parsing (which found an
-            # earlier request's end) nor the count after it (of headers still incomplete) saw them. Counted here,
-            # field by field, on such reads only (one comes when uvicorn resumes reading behind a request).
-            self._count(len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers))
-            if self._refused:
-                return
         # A request's headers whole: never cut for a new connection (connections.py). Not at its first byte, which
         # held a place as cheaply as sending nothing.
         if self.connection_limit is not None:
