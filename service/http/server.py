@@ -255,13 +255,13 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         if len(data) <= MAX_HEADER_BYTES:
             self._received(data)
             return
-        # A read larger than the limit (up to 256 KiB; one comes when uvicorn resumes reading behind a request) goes
+        # A read larger than the limit (256 KiB; one comes when uvicorn resumes reading behind a request) goes
         # to the parser in pieces no larger: headers that begin and end inside one piece are within the limit, and
         # those that span pieces are counted as across reads. Whole, headers begun and ended in it behind another
         # request were counted nowhere (127 KiB answered).
         for at in range(0, len(data), MAX_HEADER_BYTES):
-            if self._refused:
-                return  # the rest is dropped, as the next reads will be
+            if self._refused or self.transport.is_closing() or self.transport.get_protocol() is not self:
+                return  # refused (the rest dropped, as the next reads will be), answered 400, or upgraded
             self._received(data[at : at + MAX_HEADER_BYTES])
 
     def _received(self, data: bytes) -> None:
@@ -285,18 +285,26 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         # Python call per header on every request (the hot path of every short request).
         if self._in_headers:
             # The whole read, unless the request began in it behind others pipelined before it (a read of many
-            # small ones was counted whole as its headers: a 431 past 64 KiB of them): then what follows the last
-            # headers' end in the read, which lies before the request's start (its own headers have not ended),
-            # so nothing of it goes uncounted. Behind a request with a body, that body counts too (the end of a
-            # body cannot be found in the bytes).
-            start = data.rfind(b"\r\n\r\n") if self._begun_here else -1
-            self._count(len(data) - (start + 4 if start >= 0 else 0))
+            # small ones was counted whole as its headers: a 431 past 64 KiB of them): then from its start.
+            self._count(len(data) - (self._start_in(data) if self._begun_here else 0))
         elif waited and self._chunk_waits and self._chunks == waited:
             # the whole read after one chunk's size line, none of its data (the trailer section, after the last);
             # a read that began another request is not, whose headers reset `_chunk_waits`
             self._unfed += len(data)
             if self._unfed > MAX_HEADER_BYTES:  # a trailer field httptools holds whole until it ends
                 self._refuse_trailers()
+
+    def _start_in(self, data: bytes) -> int:
+        """Where the request whose headers are in progress begins in `data`, the read it began in, or an earlier
+        place, never a later one: its request line's first occurrence (its method, then its URL so far) after the
+        last headers' end in `data`, which lies before it (its own headers have not ended). Behind a body, whose end
+        the bytes do not show, the headers' end before that body would count the body as the request's headers
+        (a request pipelined behind a large body refused 431); an earlier occurrence inside the body counts some
+        of it, only where the body spells the request line."""
+        end = data.rfind(b"\r\n\r\n")
+        after = end + 4 if end >= 0 else 0
+        at = data.find(self.parser.get_method() + b" " + self.url, after)  # an unparsed method reads as DELETE
+        return at if at >= 0 else after
 
     def on_message_begin(self) -> None:
         if self._refused:  # a request pipelined behind the refused one, in the same read: never served

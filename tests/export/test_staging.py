@@ -166,6 +166,11 @@ def test_a_signal_as_the_scratch_folder_is_made_leaves_none(tmp_path: Path, monk
         return real_open(path, flags, mode, **kwargs)
 
     monkeypatch.setattr(os, "open", open_)
-    with pytest.raises(KeyboardInterrupt), staging.scratch(tmp_path, "m", 1):
-        pytest.fail("the block ran: the Ctrl-C was lost")
+    # Python's own Ctrl-C handler, whatever this process inherited (a shell's background job ignores SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), staging.scratch(tmp_path, "m", 1):
+            pytest.fail("the block ran: the Ctrl-C was lost")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert list(tmp_path.glob(f"{staging.SCRATCH_PREFIX}*")) == []

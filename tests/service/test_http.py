@@ -381,6 +381,46 @@ def test_headers_over_64_kib_whole_in_one_read_behind_a_request_are_431(
     assert re.findall(rb"HTTP/1.1 (\d{3}) ", answer) == [b"200", b"200", b"200", b"431"]
 
 
+@pytest.mark.parametrize("shift", [20, 500])
+def test_a_request_pipelined_behind_a_large_body_in_one_read_is_served(
+    start: Callable[..., ServerThread], settings: Settings, shift: int
+) -> None:
+    """A read larger than the header limit is parsed in pieces; a small request that began in a piece behind a
+    body counted the body's bytes in that piece as its headers, and was refused 431 where it crossed into the next
+    (the third review). Its own bytes are counted from its request line."""
+    engine = ScriptedEngine(gates=[97])
+    srv = start(dataclasses.replace(settings, http_port=free_port(), max_message_bytes=1 << 20), lambda entry: engine)
+
+    def post(body: bytes) -> bytes:
+        head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+    slow = post(b'{"input": [[97]], "model": "tiny"}')
+    tiny = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    head = post(b"")
+    body = b'{"input": "a", "model": "tiny"}'
+    # its end `shift` bytes before the first piece's (64 KiB), the next request across the two
+    large = post(body + b" " * (65_536 - shift - len(head) + 1 - len(str(65_536)) - len(body)))
+    assert len(large) == 65_536 - shift
+    after = b"GET /health HTTP/1.1\r\nHost: x\r\nX-h: " + b"v" * 1_024 + b"\r\n\r\n"
+    try:
+        with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
+            s.sendall(slow)
+            wait_until(lambda: any(97 in row for batch in engine.batches for row in batch), "the slow request's batch")
+            s.sendall(tiny)  # waits behind it: uvicorn stops reading
+            time.sleep(0.3)
+            s.sendall(large + after + tiny.replace(b"Host: x", b"Host: x\r\nConnection: close"))
+            time.sleep(0.3)
+            engine.gates[97].set()
+            answer = b""
+            with contextlib.suppress(OSError):
+                while chunk := s.recv(65536):
+                    answer += chunk
+    finally:
+        engine.gates[97].set()
+    assert re.findall(rb"HTTP/1.1 (\d{3}) ", answer) == [b"200"] * 5
+
+
 def test_many_small_pipelined_requests_in_one_read_are_not_taken_for_headers(
     srv: ServerThread, caplog: pytest.LogCaptureFixture
 ) -> None:
