@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import ssl
 from collections.abc import Callable
@@ -58,6 +59,7 @@ KEEP_ALIVE_S = 5
 MAX_HEADER_BYTES = 64 * 1024
 LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped before it closes
 TOO_LARGE = "the request line and headers are over 64 KiB in all"
+METHOD_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ-"  # of the methods llhttp knows (M-SEARCH)
 TOO_LARGE_TRAILERS = "the request's headers and its chunked body's trailer section are over 64 KiB in all"
 
 
@@ -296,15 +298,18 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
     def _start_in(self, data: bytes) -> int:
         """Where the request whose headers are in progress begins in `data`, the read it began in, or an earlier
-        place, never a later one: its request line's first occurrence (its method, then its URL so far) after the
-        last headers' end in `data`, which lies before it (its own headers have not ended). Behind a body, whose end
-        the bytes do not show, the headers' end before that body would count the body as the request's headers
-        (a request pipelined behind a large body refused 431); an earlier occurrence inside the body counts some
-        of it, only where the body spells the request line."""
+        place, never a later one: after the last headers' end in `data` (its own have not ended), its request
+        line's first occurrence: its method, one or more spaces (llhttp takes several), its URL so far; before the
+        URL, the method's first letter. Behind a body, whose end the bytes do not show, counting from that headers'
+        end counted the body as the request's headers (a request pipelined behind a large body refused 431); a
+        body that spells the request line or ends in capitals still counts some of itself."""
         end = data.rfind(b"\r\n\r\n")
         after = end + 4 if end >= 0 else 0
-        at = data.find(self.parser.get_method() + b" " + self.url, after)  # an unparsed method reads as DELETE
-        return at if at >= 0 else after
+        if not self.url:  # the request line not past its method (which reads as DELETE until it is parsed)
+            return max(after, len(data.rstrip(b" ").rstrip(METHOD_CHARS)))
+        line = re.escape(self.parser.get_method()) + rb" +" + re.escape(self.url)
+        found = re.compile(line).search(data, after)
+        return found.start() if found is not None else after
 
     def on_message_begin(self) -> None:
         if self._refused:  # a request pipelined behind the refused one, in the same read: never served

@@ -381,7 +381,7 @@ def test_headers_over_64_kib_whole_in_one_read_behind_a_request_are_431(
     assert re.findall(rb"HTTP/1.1 (\d{3}) ", answer) == [b"200", b"200", b"200", b"431"]
 
 
-@pytest.mark.parametrize("shift", [20, 500])
+@pytest.mark.parametrize("shift", [1, 2, 3, 4, 20, 500])  # the first 3: the piece ends inside the method
 def test_a_request_pipelined_behind_a_large_body_in_one_read_is_served(
     start: Callable[..., ServerThread], settings: Settings, shift: int
 ) -> None:
@@ -419,6 +419,26 @@ def test_a_request_pipelined_behind_a_large_body_in_one_read_is_served(
     finally:
         engine.gates[97].set()
     assert re.findall(rb"HTTP/1.1 (\d{3}) ", answer) == [b"200"] * 5
+
+
+@pytest.mark.parametrize("spaces", [1, 2, 3])
+def test_a_request_line_with_several_spaces_is_counted_from_its_start(srv: ServerThread, spaces: int) -> None:
+    """llhttp takes several spaces between the method and the URL: a request's start looked for as its method, one
+    space and its URL was found at a copy of that text later in its own headers, and its first read went nearly
+    uncounted (the fourth review: 130 KB of headers answered 200)."""
+    line = b"GET" + b" " * spaces + b"/health HTTP/1.1\r\n"
+    first = line + b"Host: x\r\nX-a: " + b"a" * 63_000 + b"\r\nX-d: GET /health\r\n"  # a copy of it, one space
+    with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
+        s.sendall(first)
+        time.sleep(0.5)
+        with contextlib.suppress(OSError):
+            s.sendall(b"X-c: " + b"c" * 62_000 + b"\r\n\r\n")
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                answer += chunk
+    assert re.findall(rb"HTTP/1.1 (\d{3}) ", answer) == [b"431"]
+    still_serving(srv)
 
 
 def test_many_small_pipelined_requests_in_one_read_are_not_taken_for_headers(
