@@ -272,14 +272,19 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             return
         if self._refused:  # the rest of a refused request is dropped unread
             return
-        # A read long enough to hold the rest of a request's headers past the limit, whole, is looked at
-        # before parsing (the count after it sees only headers still incomplete once a read is parsed): one
-        # length comparison on every other read, a search for the headers' end only on these.
-        counted = self._header_bytes if self._in_headers else 0
-        left = MAX_HEADER_BYTES - counted
-        if not self._in_body and len(data) > left and data.find(b"\r\n\r\n", 0, left + 4) < 0:
-            self._count(len(data))
-            return
+        if self._in_headers:
+            # Headers continued from an earlier read end within what is left of the limit, or are refused: a read
+            # longer than that is parsed in two, the rest once they have ended (the count after parsing sees only
+            # headers still incomplete). A search for their end in the read missed one whose first bytes ("\r",
+            # "\r\n", "\r\n\r") ended the read before: a 431 for small headers and a large body.
+            left = MAX_HEADER_BYTES - self._header_bytes
+            if left <= 0:
+                self._count(len(data))
+                return
+            if len(data) > left:
+                self._received(data[:left])
+                self._received(data[left:])
+                return
         waited = self._chunks if self._chunk_waits else 0  # the size line this read began after, if any
         self._begun_here = False
         super().data_received(data)

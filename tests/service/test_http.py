@@ -441,6 +441,27 @@ def test_a_request_line_with_several_spaces_is_counted_from_its_start(srv: Serve
     still_serving(srv)
 
 
+@pytest.mark.parametrize("cut", [1, 2, 3])
+def test_headers_whose_end_is_cut_across_reads_are_not_refused(srv: ServerThread, cut: int) -> None:
+    """A read that began with the last bytes of a request's headers ("\n", "\r\n", "\n\r\n") and held more than
+    what was left of the limit (a large body) was refused 431: the check looked for the headers' end in that read
+    alone (the fifth review)."""
+    body = b'{"input": "a", "model": "tiny"}'
+    body += b" " * (100_000 - len(body))
+    head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    whole = head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+    end = len(whole) - len(body)
+    with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
+        s.sendall(whole[: end - cut])
+        time.sleep(0.3)
+        s.sendall(whole[end - cut :])
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                answer += chunk
+    assert re.findall(rb"HTTP/1.1 (\d{3}) ", answer) == [b"200"]
+
+
 def test_many_small_pipelined_requests_in_one_read_are_not_taken_for_headers(
     srv: ServerThread, caplog: pytest.LogCaptureFixture
 ) -> None:
