@@ -9,7 +9,6 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -26,6 +25,7 @@ from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.errors import InvalidArgument
 from mhaserve.runtime.manifest import ManifestError, read_manifest, sha256_file, verify_graph
 from tests.conftest import TINY
+from tests.export.test_staging import signal_as_the_lock_is_made
 
 GRID = [(b, s) for b in (1, 2, 3, 32) for s in (1, 2, 7, 128, TINY["max_seq_len"])]
 
@@ -227,7 +227,6 @@ def test_a_version_published_while_an_export_ran_is_not_replaced(
 ) -> None:
     """The next free version is chosen at the start; one published meanwhile (another export, a copy) is
     refused at the end unless --overwrite, rather than silently replaced."""
-    from mhaserve.export import staging
 
     scratch, target = tmp_path / ".scratch", tmp_path / "m" / "1"
     scratch.mkdir()
@@ -455,14 +454,7 @@ def test_sigterm_as_the_scratch_folder_is_made_is_sigterm(
 ) -> None:
     """A SIGTERM held while the scratch folder is made is given to its handler after: it was raised as a Ctrl-C,
     and the export said "interrupted" (130) of a SIGTERM (the review)."""
-    real_open = os.open
-
-    def open_(path: str | os.PathLike[str], flags: int, mode: int = 0o777, **kwargs: Any) -> int:
-        if Path(path).name == staging.LOCK and Path(path).parent.name.startswith(staging.SCRATCH_PREFIX):
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_open(path, flags, mode, **kwargs)
-
-    monkeypatch.setattr(os, "open", open_)
+    signal_as_the_lock_is_made(monkeypatch, signal.SIGTERM)
     sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "32", "--max-positions", "16"]
     args = ["export", "--source", "random", "--repository", str(tmp_path), "--name", "t", *sizes, "--vocab-size", "128"]
     assert main(args) == 143

@@ -155,17 +155,22 @@ def test_a_signal_during_an_overwrites_publish_lets_it_finish(
     assert [p.name for p in target.iterdir()] == ["new"]
 
 
-def test_a_signal_as_the_scratch_folder_is_made_leaves_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A Ctrl-C between the scratch folder's making and its lock's left a folder without a lock file, which no
-    sweep removes. The signal is taken once both are made, as the block's, and the folder removed with it."""
+def signal_as_the_lock_is_made(monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
+    """`signum` sent to this process as a scratch folder's lock file is opened: its folder made, its lock not."""
     real_open = os.open
 
     def open_(path: str | os.PathLike[str], flags: int, mode: int = 0o777, **kwargs: Any) -> int:
         if Path(path).name == staging.LOCK and Path(path).parent.name.startswith(staging.SCRATCH_PREFIX):
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signum)
         return real_open(path, flags, mode, **kwargs)
 
     monkeypatch.setattr(os, "open", open_)
+
+
+def test_a_signal_as_the_scratch_folder_is_made_leaves_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C between the scratch folder's making and its lock's left a folder without a lock file, which no
+    sweep removes. The signal is taken once both are made, as the block's, and the folder removed with it."""
+    signal_as_the_lock_is_made(monkeypatch, signal.SIGINT)
     # Python's own Ctrl-C handler, whatever this process inherited (a shell's background job ignores SIGINT)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:

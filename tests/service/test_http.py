@@ -333,6 +333,34 @@ def test_headers_over_64_kib_in_two_reads_are_431_whatever_came_before_them(srv:
     still_serving(srv)
 
 
+def _one_large_read(srv: ServerThread, engine: ScriptedEngine, payload: bytes) -> list[bytes]:
+    """The statuses answered on one connection to `srv` (its engine gated on token 97) to: a request held in its
+    batch, a small request pipelined behind it (uvicorn stops reading), then `payload`, held by the kernel and read
+    at once when reading resumes (one read, up to the socket's buffer), all answers read to the connection's end."""
+    body = b'{"input": [[97]], "model": "tiny"}'
+    slow = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
+            s.sendall(slow)
+            wait_until(lambda: any(97 in row for batch in engine.batches for row in batch), "the slow request's batch")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.3)
+            s.sendall(payload)
+            time.sleep(0.3)
+            engine.gates[97].set()
+            answer = b""
+            with contextlib.suppress(OSError):
+                while chunk := s.recv(65536):
+                    answer += chunk
+    finally:
+        engine.gates[97].set()
+    return re.findall(rb"HTTP/1.1 (\d{3}) ", answer)
+
+
 @pytest.mark.parametrize("padding", ["a value", "trailing spaces", "leading spaces", "trailing tabs", "an upgrade"])
 def test_headers_over_64_kib_whole_in_one_read_behind_a_request_are_431(
     start: Callable[..., ServerThread], settings: Settings, padding: str
@@ -346,12 +374,6 @@ def test_headers_over_64_kib_whole_in_one_read_behind_a_request_are_431(
     the connection aborted, every answer lost)."""
     engine = ScriptedEngine(gates=[97])
     srv = start(dataclasses.replace(settings, http_port=free_port()), lambda entry: engine)
-    body = b'{"input": [[97]], "model": "tiny"}'
-    slow = (
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + b"Content-Length: %d\r\n\r\n" % len(body)
-        + body
-    )
     tiny = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
     field = {
         "a value": b"X-h: " + b"v" * 90_000,
@@ -363,22 +385,7 @@ def test_headers_over_64_kib_whole_in_one_read_behind_a_request_are_431(
         + b"v" * 90_000,
     }[padding]
     big = b"GET /health HTTP/1.1\r\nHost: x\r\n" + field + b"\r\n\r\n"
-    try:
-        with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
-            s.sendall(slow)
-            wait_until(lambda: any(97 in row for batch in engine.batches for row in batch), "the slow request's batch")
-            s.sendall(tiny)  # waits behind it: uvicorn stops reading
-            time.sleep(0.3)
-            s.sendall(tiny + big)  # held by the kernel, then read at once when reading resumes
-            time.sleep(0.3)
-            engine.gates[97].set()
-            answer = b""
-            with contextlib.suppress(OSError):
-                while chunk := s.recv(65536):
-                    answer += chunk
-    finally:
-        engine.gates[97].set()
-    assert re.findall(rb"HTTP/1.1 (\d{3}) ", answer) == [b"200", b"200", b"200", b"431"]
+    assert _one_large_read(srv, engine, tiny + big) == [b"200", b"200", b"200", b"431"]
 
 
 @pytest.mark.parametrize("shift", [1, 2, 3, 4, 20, 500])  # the first 3: the piece ends inside the method
@@ -395,30 +402,14 @@ def test_a_request_pipelined_behind_a_large_body_in_one_read_is_served(
         head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
 
-    slow = post(b'{"input": [[97]], "model": "tiny"}')
-    tiny = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
     head = post(b"")
     body = b'{"input": "a", "model": "tiny"}'
     # its end `shift` bytes before the first piece's (64 KiB), the next request across the two
     large = post(body + b" " * (65_536 - shift - len(head) + 1 - len(str(65_536)) - len(body)))
     assert len(large) == 65_536 - shift
     after = b"GET /health HTTP/1.1\r\nHost: x\r\nX-h: " + b"v" * 1_024 + b"\r\n\r\n"
-    try:
-        with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
-            s.sendall(slow)
-            wait_until(lambda: any(97 in row for batch in engine.batches for row in batch), "the slow request's batch")
-            s.sendall(tiny)  # waits behind it: uvicorn stops reading
-            time.sleep(0.3)
-            s.sendall(large + after + tiny.replace(b"Host: x", b"Host: x\r\nConnection: close"))
-            time.sleep(0.3)
-            engine.gates[97].set()
-            answer = b""
-            with contextlib.suppress(OSError):
-                while chunk := s.recv(65536):
-                    answer += chunk
-    finally:
-        engine.gates[97].set()
-    assert re.findall(rb"HTTP/1.1 (\d{3}) ", answer) == [b"200"] * 5
+    closing = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    assert _one_large_read(srv, engine, large + after + closing) == [b"200"] * 5
 
 
 @pytest.mark.parametrize("spaces", [1, 2, 3])
