@@ -426,7 +426,7 @@ class ModelManager:
             published = self.repository.published(name)
             wanted = self.to_serve(name, config.version_policy, published)
         except (ServiceError, RepositoryError) as e:
-            return _Plan([], set(), {0: self._fingerprint(name, 0)}, refusal=e)
+            return _Plan([], set(), {0: self._model_fingerprint(name)}, refusal=e)
         policy = config.version_policy
         missing = tuple(sorted(set(policy.specific) - set(published))) if policy.kind == "specific" else ()
         fingerprints = {v: self._fingerprint(name, v, config) for v in wanted}
@@ -447,25 +447,25 @@ class ModelManager:
                 self._missing.add(key)
             self.states[key] = VersionState("UNAVAILABLE", MISSING_VERSION)
 
-    def _fingerprint(self, name: str, version: int, config: serving.ServingConfig | None = None) -> Fingerprint:
+    def _fingerprint(self, name: str, version: int, config: serving.ServingConfig) -> Fingerprint:
         """What a version's load depends on: each file of its folder (name, size, modification and change
         times, as Triton's poll compares them; the change time catches a copy that keeps the old times) and
-        the model's serving config (`config`, where the caller has read it) but for its version policy. For
-        version 0 (the model as a whole: its serving.json, or which versions it has) the config file's times
-        and the published versions."""
+        the model's serving config, as the poll read it, but for its version policy."""
         try:
-            if version == 0:
-                path = self.repository.root / mf.check_name(name) / serving.SERVING_FILE
-                return (_stat(path), tuple(mf.versions(self.repository.root, name)))
             directory = mf.entry_dir(self.repository.root, name, version)
             files = tuple(sorted((p.name, _stat(p)) for p in directory.iterdir()))
         except (OSError, mf.ManifestError):
             return None
-        try:
-            config = self.repository.config(name) if config is None else config
-        except RepositoryError as e:
-            return (files, str(e))
         return (files, repr(dataclasses.replace(config, version_policy=serving.VersionPolicy())))
+
+    def _model_fingerprint(self, name: str) -> Fingerprint:
+        """Version 0's: the model as a whole, where it cannot be served (its serving.json's times, the published
+        versions)."""
+        try:
+            path = self.repository.root / mf.check_name(name) / serving.SERVING_FILE
+            return (_stat(path), tuple(mf.versions(self.repository.root, name)))
+        except (OSError, mf.ManifestError):
+            return None
 
     def _forget(self, name: str, gone: Callable[[int], bool]) -> None:
         """Drop the failures of a model's versions that `gone` says are behind it (a serving config since
