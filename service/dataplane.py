@@ -113,6 +113,11 @@ class DataPlane:
             return Unavailable("the model is still loading; retry when health reports SERVING")
         return None
 
+    def serving(self) -> bool:
+        """Whether model calls are taken now: an UNAVAILABLE while they are concerns its own call (a model or
+        version loading, a version retired), not the server, and does not end a stream (`streaming.ordered`)."""
+        return self.refusal() is None
+
     async def admission(self, time_left: float | None = None, *, control: bool = False) -> ServiceError | None:
         """`refusal(control=control)`, after waiting up to `loading_wait` seconds (and no later than the call's
         deadline, `time_left` seconds away) for a model that is still loading.

@@ -87,7 +87,10 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
             inputs = len(request.texts) or len(request.token_ids)
             return self.dataplane.queue_share(inputs, request.model, request.model_version or None)
 
-        async for response in ordered(request_iterator, encode, error_pb, count=self.count_stream, share=share):
+        serving = self.dataplane.serving
+        async for response in ordered(
+            request_iterator, encode, error_pb, count=self.count_stream, share=share, serving=serving
+        ):
             yield response
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.GetModelInfoResponse:

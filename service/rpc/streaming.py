@@ -9,6 +9,10 @@ a CPU's whole default queue), refusing other clients' requests, or its own where
 A request that fails gets an error response (`on_error`) and the stream goes on, a bug's (an exception not
 a ServiceError) too, as INTERNAL with its traceback in the log, unless the failure concerns the whole stream
 (cancelled, past its deadline, or a server that is going away): then the stream ends with that status.
+UNAVAILABLE says either: with `serving` (whether the server still takes calls), it ends the stream only when
+the server no longer does; while it does, it concerns its own request (a model or version loading, a version
+retired meanwhile), and one request naming a model whose load had not ended took the stream down, the answers
+to every other request in it with it.
 Each response is counted by the status it carries (`count`): the stream's own status is OK however many
 of its requests failed, and the metrics would not see them otherwise.
 """
@@ -29,7 +33,8 @@ Request = TypeVar("Request")
 Response = TypeVar("Response")
 
 WINDOW = 32
-# These end a stream with their status; any other failed request gets an error response.
+# These end a stream with their status (UNAVAILABLE too, but see `serving`); any other failed request gets an
+# error response.
 FATAL = (Cancelled, DeadlineExceeded, Unavailable)
 
 log = logging.getLogger(__name__)
@@ -43,6 +48,7 @@ async def ordered(
     window: int = WINDOW,
     count: Callable[[str], None] | None = None,
     share: Callable[[Request], float] | None = None,
+    serving: Callable[[], bool] | None = None,
 ) -> AsyncIterator[Response]:
     """Each request's response, in request order; see the module docstring."""
     # `space` holds the window: a request's computation starts only once there is room for it, and every one
@@ -78,7 +84,7 @@ async def ordered(
             try:
                 response = await task
             except ServiceError as e:
-                if isinstance(e, FATAL):
+                if isinstance(e, FATAL) and not (isinstance(e, Unavailable) and serving is not None and serving()):
                     raise
                 if count is not None:
                     count(status_name(e))

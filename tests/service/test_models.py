@@ -1852,6 +1852,23 @@ def test_a_model_or_version_still_loading_is_unavailable_not_missing(tmp_path: P
             with pytest.raises(grpc.RpcError) as e:  # a model nobody loads is still not found
                 encode(channel, "nothing")
             assert e.value.code() == grpc.StatusCode.NOT_FOUND
+            # In a stream, the call naming the model that loads is answered so and the stream goes on: it ended
+            # the stream once (UNAVAILABLE also says the server is going away), and the answers beside it with it.
+            ids = [pb.TokenIds(ids=r) for r in INPUTS]
+            calls = [pb.EncodeRequest(token_ids=ids, model=model) for model in ("m", "n", "m")]
+            replies = list(pb_grpc.EncoderServiceStub(channel).EncodeStream(iter(calls), timeout=WAIT))
+            assert [r.model for r in replies] == ["m", "", "m"], replies
+            assert replies[1].error.code == grpc.StatusCode.UNAVAILABLE.value[0], replies[1]
+            assert "model 'n' is loading" in replies[1].error.message
+            tensors = []
+            for name, values in (("input_ids", [5, 6, 7]), ("attention_mask", [1, 1, 1])):
+                tensors.append(kpb.ModelInferRequest.InferInputTensor(name=name, datatype="INT64", shape=[1, 3]))
+                tensors[-1].contents.int64_contents.extend(values)
+            infers = [kpb.ModelInferRequest(model_name=model, id=model, inputs=tensors) for model in ("m", "n", "m")]
+            answers = list(kserve.ModelStreamInfer(iter(infers), timeout=WAIT))
+            assert [a.infer_response.id for a in answers] == ["m", "n", "m"], answers
+            assert [bool(a.infer_response.outputs) for a in answers] == [True, False, True], answers
+            assert answers[1].error_message.startswith("UNAVAILABLE: model 'n' is loading"), answers[1]
             # A version being loaded beside the one served: the served one answers for the model's latest.
             export(tmp_path, "m", 2, seed=3)
             engine.batches.clear()

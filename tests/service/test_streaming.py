@@ -27,7 +27,7 @@ _requests = st.tuples(
     st.sampled_from([0.0, 0.0, 0.1, 0.5, 2.0]),
     st.sampled_from(["ok"] * 6 + ["invalid"] * 2 + ["bug"] + list(FATAL)),
 )
-ERRORS = {"invalid": "INVALID_ARGUMENT", "bug": "INTERNAL"}
+ERRORS = {"invalid": "INVALID_ARGUMENT", "bug": "INTERNAL", "unavailable": "UNAVAILABLE"}
 
 
 @given(
@@ -37,6 +37,7 @@ ERRORS = {"invalid": "INVALID_ARGUMENT", "bug": "INTERNAL"}
     read=st.one_of(st.none(), st.integers(1, 20)),
     arrivals_ms=st.sampled_from([0.0, 0.2]),
     shares=st.none() | st.lists(st.sampled_from([0.0, 0.1, 1 / 3, 0.5, 0.7, 1.0]), min_size=20, max_size=20),
+    serving=st.sampled_from([None, True, False]),
 )
 @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
@@ -46,14 +47,16 @@ def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
     read: int | None,
     arrivals_ms: float,
     shares: list[float] | None,
+    serving: bool | None,
 ) -> None:
     """Responses come in request order, one a request, each an answer or its own error (a bug's INTERNAL), until
     the first request whose failure ends the stream (its error is the stream's end) or the point where the client's
     stream broke (that error ends it, after the responses of what came before it); never more than `window`
     requests compute at once, nor (with `shares`: each request's part of its model's queue) more than fill it
-    but one alone; and however the stream ends, even when its reader stops early (`read`
-    responses, then closes), no computation is left running and each response is counted once by its
-    status."""
+    but one alone; an UNAVAILABLE ends the stream unless the server still serves (`serving`: then it is its own
+    request's, a model loading, and the stream goes on); and however the stream ends, even when its reader stops
+    early (`read` responses, then closes), no computation is left running and each response is counted once by
+    its status."""
 
     async def main() -> None:
         computing, most, running = 0, 0, set[int]()
@@ -92,13 +95,17 @@ def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
             if isinstance(error, Internal):  # the bug's text stays in the log; the message points there
                 assert error.message == "internal error (request id -; details are in the server log)"
                 return ("bug", i)
+            if isinstance(error, Unavailable):
+                assert serving
+                return ("unavailable", i)
             assert isinstance(error, InvalidArgument)
             return ("invalid", i)
 
         got: list[tuple[str, int]] = []
         ended: BaseException | None = None
         share = None if shares is None else shares.__getitem__
-        stream = ordered(incoming(), compute, on_error, window=window, count=counted.append, share=share)
+        still = None if serving is None else lambda: serving
+        stream = ordered(incoming(), compute, on_error, window=window, count=counted.append, share=share, serving=still)
         assert isinstance(stream, AsyncGenerator)  # closed early below, as grpc closes a cancelled call's
         try:
             async for response in stream:
@@ -117,7 +124,7 @@ def test_a_stream_answers_in_order_within_its_window_and_leaves_nothing_running(
             if i == broken_at:
                 end = "broken"
                 break
-            if outcome in FATAL:
+            if outcome in FATAL and not (outcome == "unavailable" and serving):
                 end = outcome
                 break
             expected.append(("answer" if outcome == "ok" else outcome, i))
