@@ -98,6 +98,11 @@ MAX_STREAMS = 1000
 ABANDON_S = 1.0  # at most this long for the calls still running at the grace period's end to be answered
 CONNECTION_AGE_GRACE_S = 300  # with --max-connection-age, what calls in flight get after the GOAWAY
 SETTLE_S = 1.0  # the most serve() waits, once stopped, for calls gRPC handed over as it stopped (settle)
+# What a request is told while every inference thread holds a batch that has not returned (_stalled).
+STARVED = (
+    "every inference thread is held by a batch that has not returned (--inference-timeout); "
+    "this server reports NOT_SERVING: retry on another replica"
+)
 # Methods that answer while the model loads and while the server drains: health checks, reflection, and
 # the Open Inference Protocol's own health methods (which answer false then). The call interceptor
 # neither gates nor counts them.
@@ -563,26 +568,29 @@ class EncoderServer:
             on_recover=self._recovered,
             workers=self.workers,
         )
+        if self._stalls >= self.workers:  # a version loaded while every thread is stalled
+            batcher.starve(STARVED)
         return Pipeline(model, batcher, limits, metrics, auto_truncate=s.auto_truncate, tokenize_pool=self._tokenize)
 
     async def _stalled(self) -> None:
         self._stalls += 1
         if self._stalls >= self.workers:
             # Every inference thread holds a batch that has not returned: what waits for one, in any model's
-            # batcher (they share the threads), can no longer run. Its own batcher failed its queue; the
-            # others' requests would wait for as long as the engine hangs (for ever, without a deadline).
-            error = Unavailable(
-                "every inference thread is held by a batch that has not returned (--inference-timeout); "
-                "this server reports NOT_SERVING: retry on another replica"
-            )
+            # batcher (they share the threads), can no longer run, nor what comes. Its own batcher failed its
+            # queue; the others' requests would wait for as long as the engine hangs (for ever, without a
+            # deadline), those queued and those that passed the server's gate before it (a stream's next
+            # message, a body still arriving, a server in --drain-delay, which keeps its state).
             for pipeline in self.manager.pipelines():
-                pipeline.batcher.fail_waiting(error)
+                pipeline.batcher.starve(STARVED)
         if self.state == "serving":
             self.state = "stalled"
             await self.health.set(False)
 
     async def _recovered(self) -> None:
         self._stalls -= 1
+        if self._stalls < self.workers:
+            for pipeline in self.manager.pipelines():
+                pipeline.batcher.fed()
         if self.state == "stalled" and self._stalls == 0:
             self.state = "serving"
             await self.health.set(True)

@@ -146,6 +146,7 @@ class Batcher:
         self._arrived = asyncio.Event()
         self._draining = False
         self._closed: str | None = None  # once closed: what a request that comes after is told (close)
+        self._starved: str | None = None  # while every shared thread is stalled: what a request is told (starve)
         # With several workers, one batch more than there are threads: formed while the others compute, it
         # waits in the executor's queue, and the first thread to finish starts it. Handed over by the event
         # loop instead, a thread waited 3.3-3.5 ms at the median between its batches at 32 clients, the loop
@@ -207,6 +208,8 @@ class Batcher:
             raise Unavailable(self._closed)
         if self.watchdog.stalled:
             raise Unavailable(self.watchdog.message())
+        if self._starved is not None:
+            raise Unavailable(self._starved)
         if self.depth + n > self.limits.max_queue_size:
             # "Full" only when it is: a request of several inputs may not fit in a queue that has room.
             full = "the queue is full" if self.depth >= self.limits.max_queue_size else f"the queue has no room for {n}"
@@ -259,7 +262,7 @@ class Batcher:
         n = len(seqs)
         if ticket is not None:
             self.release(ticket)  # its slots become the queued inputs below
-            if self._closed is not None or self.watchdog.stalled:
+            if self._closed is not None or self.watchdog.stalled or self._starved is not None:
                 self._refuse(0)
         else:
             self._refuse(n)
@@ -504,11 +507,20 @@ class Batcher:
             if started.cancelled():
                 self._waiting(-len(batch))
 
-    def fail_waiting(self, error: ServiceError) -> None:
-        """Fail what waits here, queued or batched for a thread, and leave what computes: the server calls it
-        when every inference thread, which this batcher shares with other models', holds a stalled batch."""
+    def starve(self, why: str) -> None:
+        """Fail what waits here, queued or batched for a thread, leave what computes, and refuse what comes
+        (saying `why`) until `fed`: the server calls it when every inference thread, which this batcher shares
+        with other models', holds a stalled batch. (Failing what waited was not enough: a request that passed
+        the server's gate before the stall, a stream's next message, a body still arriving, queued behind the
+        stalled threads, for as long as the engine hung.)"""
+        self._starved = why
+        error = Unavailable(why)
         self._fail_queued(error)
         self._fail_unstarted(error)
+
+    def fed(self) -> None:
+        """A thread is free again: requests are taken (`starve`)."""
+        self._starved = None
 
     def _fail_unstarted(self, error: ServiceError) -> None:
         """Fail the batches that wait for a thread, and take them out of the threads' queue: each one's worker

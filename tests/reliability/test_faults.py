@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
 import shutil
 import signal
 import time
@@ -75,7 +76,9 @@ def test_a_hung_engine_is_reported_and_the_server_recovers(settings: Settings) -
 def test_a_hung_engine_fails_what_other_models_queued_on_the_same_thread(settings: Settings, tmp_path: Path) -> None:
     """Two models, one inference thread: model a's engine hangs. Its batcher failed its own queue; model b's
     request, waiting for the same thread, waited until its deadline (for ever over HTTP): the hang Infinity
-    has and mhaserve says it has not."""
+    has and mhaserve says it has not. So did a request for b that came past the server's gate before the stall
+    and reached b's batcher after it: a stream's next message (a body still arriving too, or any request in
+    --drain-delay), which waited for the hung engine; it is refused as b's queue was failed."""
     repo = tmp_path / "repo"
     for name in ("a", "b"):
         shutil.copytree(settings.repository / "tiny", repo / name)
@@ -85,6 +88,10 @@ def test_a_hung_engine_fails_what_other_models_queued_on_the_same_thread(setting
     )
     with ServerThread(two, engine.factory()) as srv, srv.ready().channel() as channel:
         stub = pb_grpc.EncoderServiceStub(channel)
+        outgoing: queue.Queue[pb.EncodeRequest | None] = queue.Queue()
+        stream = stub.EncodeStream(iter(outgoing.get, None), timeout=WAIT)
+        outgoing.put(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])], model="b"))
+        assert next(stream).embeddings  # the stream is open, past the gate, before the stall
         try:
             hung = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99, 5])], model="a"), timeout=WAIT)
             assert engine.hanging.wait(WAIT)
@@ -95,7 +102,15 @@ def test_a_hung_engine_fails_what_other_models_queued_on_the_same_thread(setting
                 assert isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.UNAVAILABLE, error
             assert time.monotonic() - started < WAIT / 2  # at the watchdog's bound, not the deadline's
             assert "every inference thread is held" in str(waiting.exception().details())
+            started = time.monotonic()
+            outgoing.put(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])], model="b"))
+            with pytest.raises(grpc.RpcError) as e:  # the server stalled: the stream ends, saying so
+                next(stream)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+            assert "every inference thread is held" in str(e.value.details())
+            assert time.monotonic() - started < WAIT / 2  # refused, not answered once the engine returned
         finally:
+            outgoing.put(None)
             engine.release.set()
         wait_until(lambda: health_status(channel) == "SERVING", "the server to recover")
         assert stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])], model="b"), timeout=WAIT).embeddings
