@@ -57,7 +57,8 @@ class EncodeInput:
     # request's own choice wins, as text-embeddings-inference reads `truncate.unwrap_or(auto_truncate)`.
     truncate: bool | None = None
     normalize: bool | None = None  # None: the model's default
-    # Keep the first `dimensions` values and L2-normalise them (Matryoshka-trained models); None: all.
+    # Keep the first `dimensions` values and L2-normalise them (Matryoshka-trained models) unless `normalize`
+    # is false; None: all.
     dimensions: int | None = None
     # A prompt of the model's serving config, put before each text; None: the model's default prompt.
     prompt_name: str | None = None
@@ -216,13 +217,6 @@ class Pipeline:
             raise InvalidArgument(
                 f"model {self.model.name!r} has no prompt {req.prompt_name!r}: {has}", param="prompt_name"
             )
-        if req.dimensions is not None and req.normalize is False:
-            # Once answered with unit vectors without a word: the leading values are renormalised.
-            raise InvalidArgument(
-                "dimensions keeps the leading values L2-normalised, which normalize false refuses: ask for one "
-                "(or for every dimension unnormalised, and keep the first ones yourself)",
-                param="dimensions",
-            )
         if req.dimensions is not None and not 1 <= req.dimensions <= self.dimensions:
             raise InvalidArgument(
                 f"dimensions is {req.dimensions}; this model's embeddings have {self.dimensions}: "
@@ -361,8 +355,10 @@ class Pipeline:
     ) -> EncodeOutput:
         model = self.model
         if req.dimensions is not None:
-            # Matryoshka: the leading dimensions are an embedding of their own once renormalised.
-            embeddings = l2_normalize(np.ascontiguousarray(embeddings[:, : req.dimensions]))
+            # Matryoshka: the leading dimensions are an embedding of their own once renormalised; with normalize
+            # false, the leading values as they are, as TEI answers them (a model's pooled vector, cut).
+            embeddings = np.ascontiguousarray(embeddings[:, : req.dimensions])
+            embeddings = embeddings if req.normalize is False else l2_normalize(embeddings)
         else:
             normalize = model.entry.normalize if req.normalize is None else req.normalize
             embeddings = l2_normalize(embeddings) if normalize else embeddings
