@@ -296,9 +296,12 @@ async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
     each was computed, a version published meanwhile answered the lines after it, two embedding spaces (or
     two widths) in one answer with nothing saying which; and a version retired meanwhile, resolved once but
     not held, could close between two lines and refuse the rest."""
-    lines = body.split(b"\n")
-    if lines and not lines[-1].strip():
-        lines.pop()  # the newline that ends the last line
+    # A byte order mark before the first line (Windows' editors write one; orjson refuses it), and blank lines
+    # after the last (the newline that ends it, a file ending in two) are no requests. A blank line between
+    # two is refused: skipped, the answers' lines would no longer match the body's, which is how they are joined.
+    lines = body.removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
     if not lines:
         raise InvalidArgument("the JSON Lines body has no lines: send one request body a line", param="inputs")
     if len(lines) > MAX_RECORDS:

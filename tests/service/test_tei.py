@@ -321,6 +321,11 @@ def test_a_json_lines_body_on_invocations_is_answered_a_line_each(srv: ServerThr
     body = b"\r\n".join(json.dumps(r).encode() for r in records[:3]) + b"\r\n"
     reply = jsonl(srv, body)
     assert reply.status == 200 and len(reply.body.split(b"\n")) == 3
+    # nor do blank lines after the last (a file that ends in two newlines) or a byte order mark before the first
+    # (a file saved by Windows' Notepad): each failed the whole mini-batch 400
+    for padded in (body + b"\n\r\n \n", b"\xef\xbb\xbf" + body):
+        again = jsonl(srv, padded)
+        assert again.status == 200 and again.body == reply.body, again.body[:300]
 
 
 def test_a_json_lines_body_never_fills_the_queue_by_itself(tiny_repo: Any) -> None:
