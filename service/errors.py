@@ -100,11 +100,19 @@ def grpc_code(error: BaseException) -> grpc.StatusCode:
 DEADLINE_SLACK = 0.1
 
 
+# The message a request's task is cancelled with when the server's grace period ends (`abandon`): its client
+# is answered UNAVAILABLE, and the pipeline's metrics, which see only the cancellation, count it so too.
+ABANDONED = "the server's grace period ended"
+
+
 def status_name(error: BaseException, time_left: float | None = None) -> str:
     """The status a request that ended with `error` is counted under in the metrics (a gRPC status name):
     its class's, and for a cancelled task (the client went away, or the server stopped) CANCELLED, or
-    DEADLINE_EXCEEDED where `time_left` (seconds until the call's deadline, at its end) says the deadline ended it."""
+    DEADLINE_EXCEEDED where `time_left` (seconds until the call's deadline, at its end) says the deadline ended it,
+    or UNAVAILABLE where the server's grace period ended it (ABANDONED), as its client is answered."""
     if isinstance(error, asyncio.CancelledError):
+        if error.args == (ABANDONED,):
+            return "UNAVAILABLE"
         return "DEADLINE_EXCEEDED" if time_left is not None and time_left <= DEADLINE_SLACK else "CANCELLED"
     return grpc_code(error).name
 

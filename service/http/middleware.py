@@ -46,6 +46,7 @@ from mhaserve.runtime.errors import (
 from mhaserve.runtime.manifest import MAX_VERSION, number
 from mhaserve.service.auth import Keys, bearer, refusal_lines
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id, request_id
+from mhaserve.service.errors import ABANDONED
 from mhaserve.service.http.bodies import Chunked, Reply
 from mhaserve.service.http.errors import CODE_KEY, render
 from mhaserve.service.incoming import Incoming, default_limit
@@ -157,7 +158,7 @@ class CallMiddleware:
         tasks, to wait for."""
         tasks = [task for task in self.running if not task.done()]
         for task in tasks:
-            task.cancel()
+            task.cancel(ABANDONED)
         return tasks
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

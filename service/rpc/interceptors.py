@@ -28,7 +28,7 @@ import grpc.aio
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.context import REQUEST_ID_HEADER, request_id
-from mhaserve.service.errors import DEADLINE_SLACK, to_status
+from mhaserve.service.errors import ABANDONED, DEADLINE_SLACK, to_status
 from mhaserve.service.inflight import InFlight
 from mhaserve.service.metrics import Metrics
 from mhaserve.service.rpc.handlers import (
@@ -244,7 +244,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         for call in self.calls:
             if call.task is not None and not call.task.done():
                 call.abandoned = error
-                call.task.cancel()
+                call.task.cancel(ABANDONED)
                 tasks.append(call.task)
         return tasks
 

@@ -366,6 +366,9 @@ def test_grpc_calls_still_running_when_the_grace_period_ends_are_answered_unavai
         for method in ("Encode", "EncodeStream"):
             assert srv.counted("UNAVAILABLE", f"encoder.v1.EncoderService/{method}") == 1, method
             assert srv.counted("CANCELLED", f"encoder.v1.EncoderService/{method}") == 0, method
+        # and the model's own count says what its clients were answered (it counted the cancellation CANCELLED)
+        model = {c: srv.samples().get("mhaserve_model_requests_total", code=c) for c in ("UNAVAILABLE", "CANCELLED")}
+        assert model == {"UNAVAILABLE": 2, "CANCELLED": 0}, model
     finally:
         engine.release.set()
         feed.close()
@@ -391,6 +394,8 @@ def test_an_http_request_still_running_when_the_grace_period_ends_is_answered_50
         reply = replies.get(timeout=WAIT)
         assert reply.status == 503, reply  # type: ignore[attr-defined]
         assert "stopped before this request was answered" in reply.json()["error"]["message"]  # type: ignore[attr-defined]
+        model = {c: srv.samples().get("mhaserve_model_requests_total", code=c) for c in ("UNAVAILABLE", "CANCELLED")}
+        assert model == {"UNAVAILABLE": 1, "CANCELLED": 0}, model  # as its client was answered
     finally:
         engine.release.set()
         srv.stop()
