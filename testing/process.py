@@ -6,7 +6,6 @@ For what a thread cannot show: signals, exit statuses, a stuck engine, memory ov
 from __future__ import annotations
 
 import functools
-import gc
 import os
 import re
 import resource
@@ -22,18 +21,6 @@ import grpc
 
 from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.server import health_status
-
-
-def live_objects(*type_names: str) -> dict[str, int]:
-    """How many objects of each named class are alive (after a collection): leaks show as growth."""
-    gc.collect()
-    counts = dict.fromkeys(type_names, 0)
-    for obj in gc.get_objects():
-        name = type(obj).__name__
-        if name in counts:
-            counts[name] += 1
-    return counts
-
 
 # The fields of /proc/<pid>/status that are plain decimal counts; others of digits alone are hex masks.
 STATUS_COUNTS = frozenset({"Pid", "PPid", "Tgid", "Threads", "FDSize", "voluntary_ctxt_switches"})

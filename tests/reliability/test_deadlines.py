@@ -13,10 +13,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from mhaserve.loadtest.reliability.scenarios.deadlines import DeadlineResult, deadlines
+from mhaserve.loadtest.reliability.scenarios.common import HOLD
+from mhaserve.loadtest.reliability.scenarios.deadlines import DeadlineResult, Footprint, deadlines
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
+from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.service.settings import Settings
 from mhaserve.testing.engines import ScriptedEngine
-from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.server import ServerThread
 
 
@@ -61,6 +64,29 @@ def test_streams_cancelled_with_more_requests_than_their_window_compute_none_of_
             engine.release.set()
     _assert_all_dropped_and_counted(result)
     assert result.after is not None and (result.after.jobs, result.after.depth) == (0, 0)
+
+
+def test_the_footprint_counts_the_jobs_and_sequences_the_server_holds(settings: Settings) -> None:
+    """The leak check can fail: it counted the batcher's classes by the names `_Job` and `_Seq` they had before
+    a rename, saw none of either whatever the server held, and passed. Here one request of three inputs is queued
+    behind a held one: two jobs, four sequences."""
+    engine = ScriptedEngine(hang_on=HOLD)
+    with ServerThread(dataclasses.replace(settings, max_wait_ms=0.0), engine.factory()) as srv:
+        srv.ready()
+        try:
+            with srv.channel() as channel:
+                stub = pb_grpc.EncoderServiceStub(channel)
+                blocker = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[HOLD, 5])]), timeout=WAIT)
+                wait_until(engine.hanging.is_set, "the engine to hold the blocking batch")
+                three = pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[20 + i]) for i in range(3)])
+                queued = stub.Encode.future(three, timeout=WAIT)
+                wait_until(lambda: srv.depth() == 3, "the request to be queued")
+                held = Footprint.of(srv)
+                engine.release.set()
+                assert len(blocker.result().embeddings) == 1 and len(queued.result().embeddings) == 3
+        finally:
+            engine.release.set()
+    assert (held.jobs, held.seqs, held.depth) == (2, 4, 3)
 
 
 def _freeze(seconds: float, done: threading.Event) -> None:
