@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Annotated, Any
 
 import numpy as np
 import orjson
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
@@ -41,6 +42,7 @@ from mhaserve.service.kserve.tensors import (
     PARAMETER_TYPES,
     ParamT,
     Tensor,
+    check_count,
     check_input,
     check_outputs,
     declared_inputs,
@@ -123,6 +125,8 @@ def _values(tensor: InputTensor) -> list[Any]:
     if not isinstance(tensor.data, list):
         raise InvalidArgument(f"input {tensor.name!r}: data must be a JSON array (flat or nested, row-major)")
     values = _flatten(tensor.data)
+    # Counted before each value's type is checked, as raw contents are before they are decoded.
+    check_count(tensor.name, tensor.shape, len(values), tensor.datatype)
     kind, plural = JSON_TYPES[tensor.datatype]
 
     def fits(value: Any) -> bool:
@@ -284,7 +288,7 @@ def router(dataplane: DataPlane, manager: ModelManager) -> APIRouter:
 
     for versioned in (False, True):
         base = "/models/{model_name}" + ("/versions/{model_version}" if versioned else "")
-        _model_routes(api, dataplane, base, ready_status)
+        _model_routes(api, dataplane, base, ready_status, _path_version if versioned else _latest_version)
     _repository_routes(api, manager)
     return api
 
@@ -330,11 +334,26 @@ def _repository_routes(api: APIRouter, manager: ModelManager) -> None:
         return Response(status_code=200)
 
 
-def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status: Any) -> None:
-    """The per-model routes, at /models/{name} and at /models/{name}/versions/{version}."""
+def _path_version(model_version: str) -> str:
+    """A versioned route's version: the one its path names."""
+    return model_version
+
+
+def _latest_version() -> str:
+    """An unversioned route's version: none, the latest served. The protocol names a version in the path only; a
+    handler parameter for it on these routes would be read from the query (FastAPI's rule for a parameter not
+    in the path), an undocumented `?model_version=` that /openapi.json listed."""
+    return ""
+
+
+def _model_routes(
+    api: APIRouter, dataplane: DataPlane, base: str, ready_status: Any, version: Callable[..., str]
+) -> None:
+    """The per-model routes, at /models/{name} and at /models/{name}/versions/{version}, whose `version` dependency
+    gives the version their path names ("" for the latest served)."""
 
     @api.get(base, summary="Model metadata")
-    async def model_metadata(model_name: str, model_version: str = "") -> Response:
+    async def model_metadata(model_name: str, model_version: str = Depends(version)) -> Response:
         pipeline = dataplane.resolve(model_name, model_version)
         return json_response(metadata(pipeline.model, dataplane.versions(pipeline.model.name)))
 
@@ -343,15 +362,15 @@ def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status:
         summary="200 when the model is ready, 400 when not (or not served)",
         **status_only("ready", "not ready, or not served"),
     )
-    async def model_ready(model_name: str, model_version: str = "") -> Response:
+    async def model_ready(model_name: str, model_version: str = Depends(version)) -> Response:
         return ready_status(model_is_ready(dataplane, model_name, model_version))
 
     @api.get(base + "/config", summary="Triton's model configuration")
-    async def model_config(model_name: str, model_version: str = "") -> Response:
+    async def model_config(model_name: str, model_version: str = Depends(version)) -> Response:
         return json_response(config(dataplane.resolve(model_name, model_version)))
 
     @api.get(base + "/stats", summary="Triton's model statistics")
-    async def model_stats(model_name: str, model_version: str = "") -> Response:
+    async def model_stats(model_name: str, model_version: str = Depends(version)) -> Response:
         return json_response(
             {"model_stats": [statistics(p) for p in statistics_of(dataplane, model_name, model_version)]}
         )
@@ -362,7 +381,7 @@ def _model_routes(api: APIRouter, dataplane: DataPlane, base: str, ready_status:
         openapi_extra=request_body(InferenceRequest, "application/json", "application/octet-stream"),
         responses={200: {"content": {"application/octet-stream": {}}}},  # binary outputs after the JSON header
     )
-    async def infer(request: Request, model_name: str, model_version: str = "") -> Response:
+    async def infer(request: Request, model_name: str, model_version: str = Depends(version)) -> Response:
         pipeline = dataplane.resolve(model_name, model_version)
         t0 = time.perf_counter_ns()
         try:

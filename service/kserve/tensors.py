@@ -16,6 +16,7 @@ on is here, once, so that the two wires cannot come to disagree.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
@@ -78,11 +79,30 @@ def count_error(name: str, shape: Sequence[int], elements: int, given: str) -> I
     )
 
 
-def unpack_bytes(raw: bytes, name: str = "") -> list[bytes]:
-    """Triton's BYTES serialisation: each element a 4-byte little-endian length, then that many bytes."""
+# What a count of a tensor's elements (typed contents or JSON data) calls them, by datatype.
+COUNTED_AS = {"BYTES": "elements", "INT64": "values"}
+
+
+def check_count(name: str, shape: Sequence[int], given: int, datatype: str) -> None:
+    """The number of elements given (typed contents, or JSON data) against the number the shape declares."""
+    elements = math.prod(shape)
+    if given != elements:
+        raise count_error(name, shape, elements, f"{given} {COUNTED_AS[datatype]}")
+
+
+def unpack_bytes(raw: bytes, name: str, shape: Sequence[int]) -> list[bytes]:
+    """Triton's BYTES serialisation of a tensor of `shape`: each element a 4-byte little-endian length, then
+    that many bytes.
+
+    Contents that go on past one element more than the shape declares are refused by their count there, the
+    rest unread: a million empty elements for a shape of [1] took 1.25 s of the event loop to unpack, and were
+    then refused all the same."""
+    elements = math.prod(shape)
     out: list[bytes] = []
     pos, view = 0, memoryview(raw)
     while pos < len(raw):
+        if len(out) > elements:
+            raise count_error(name, shape, elements, f"at least {len(out)} elements")
         if pos + 4 > len(raw):
             raise InvalidArgument(
                 f"input {name!r}: raw BYTES contents end inside the 4-byte length of element {len(out)} "
@@ -141,9 +161,10 @@ def strip_padding(ids: npt.NDArray[np.int64], mask: npt.NDArray[np.int64]) -> li
     return [ids[r, : int(lengths[r])] for r in range(ids.shape[0])]
 
 
-def check_shared_memory(kind: str, name: str, parameters: Container[str]) -> None:
-    """An input's or output's parameters: none may name a shared-memory region (SHARED_MEMORY)."""
-    named = [key for key in SHARED_MEMORY if key in parameters]
+def check_shared_memory(kind: str, name: str, parameters: Mapping[str, Any]) -> None:
+    """An input's or output's parameters: none may name a shared-memory region (SHARED_MEMORY). A null one is
+    unset, as every REST parameter is (clients write the optional fields they leave unset as null)."""
+    named = [key for key in SHARED_MEMORY if parameters.get(key) is not None]
     if named:
         where = "send the data in the request" if kind == "input" else "read the output from the response"
         raise InvalidArgument(
@@ -151,8 +172,8 @@ def check_shared_memory(kind: str, name: str, parameters: Container[str]) -> Non
         )
 
 
-def check_outputs(outputs: Sequence[tuple[str, Container[str], bool]]) -> None:
-    """The requested outputs: each one's name, its parameters' names, and whether it asks for Triton's
+def check_outputs(outputs: Sequence[tuple[str, Mapping[str, Any], bool]]) -> None:
+    """The requested outputs: each one's name, its parameters, and whether it asks for Triton's
     classification extension (`class_count` in tritonclient), which an embedding has no classes for: refused
     rather than answered with the embeddings the client did not ask for."""
     seen: set[str] = set()
@@ -169,8 +190,8 @@ def check_outputs(outputs: Sequence[tuple[str, Container[str], bool]]) -> None:
             )
 
 
-def check_input(name: str, datatype: str, parameters: Container[str], seen: Container[str]) -> None:
-    """An input's name, datatype and parameters' names, before its contents are read."""
+def check_input(name: str, datatype: str, parameters: Mapping[str, Any], seen: Container[str]) -> None:
+    """An input's name, datatype and parameters, before its contents are read."""
     if name not in INPUT_TYPES:
         raise InvalidArgument(f"unknown input {name!r}: this model takes {EXPECTED_INPUTS}")
     if name in seen:
@@ -194,11 +215,10 @@ class Tensor:
 
 def texts(tensor: Tensor) -> list[str]:
     """A `text` input: one UTF-8 string per element of its shape."""
-    n = check_shape(tensor.name, tensor.shape, TEXT_SHAPES, "[n] (or [n, 1])")
-    items = unpack_bytes(tensor.raw, tensor.name) if tensor.raw is not None else tensor.values()
+    check_shape(tensor.name, tensor.shape, TEXT_SHAPES, "[n] (or [n, 1])")
+    items = unpack_bytes(tensor.raw, tensor.name, tensor.shape) if tensor.raw is not None else tensor.values()
     # Counted before decoding: a tensor of the wrong size is refused without reading its text.
-    if len(items) != n:
-        raise count_error(tensor.name, tensor.shape, n, f"{len(items)} elements")
+    check_count(tensor.name, tensor.shape, len(items), "BYTES")
     return decode_texts(tensor.name, items)
 
 
@@ -220,8 +240,7 @@ def int64(tensor: Tensor) -> npt.NDArray[np.int64]:
         values = np.frombuffer(tensor.raw, dtype="<i8")
     else:
         flat = tensor.values()
-        if len(flat) != n:
-            raise count_error(tensor.name, tensor.shape, n, f"{len(flat)} values")
+        check_count(tensor.name, tensor.shape, len(flat), "INT64")
         try:
             values = np.asarray(flat, dtype=np.int64)
         except OverflowError:  # JSON integers are unbounded; gRPC's int64_contents cannot overflow

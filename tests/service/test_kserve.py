@@ -29,7 +29,7 @@ from mhaserve.proto.inference.v2 import model_config_pb2 as mc
 from mhaserve.runtime.errors import InvalidArgument
 from mhaserve.service.kserve.codec import from_pb
 from mhaserve.service.kserve.servicer import HEALTH_METHODS, SERVICE
-from mhaserve.service.kserve.tensors import pack_bytes, strip_padding, unpack_bytes
+from mhaserve.service.kserve.tensors import SHARED_MEMORY, pack_bytes, strip_padding, unpack_bytes
 from mhaserve.service.rpc.interceptors import is_exempt
 from mhaserve.service.server import ALWAYS_ANSWERED
 from mhaserve.service.settings import Settings
@@ -95,8 +95,31 @@ def test_bytes_serialisation_round_trips() -> None:
     items = [b"", b"a", "héllo 🤖".encode(), bytes(range(256))]
     packed = pack_bytes(items)
     assert packed[:4] == b"\x00\x00\x00\x00" and packed[4:8] == b"\x01\x00\x00\x00"  # 4-byte little-endian lengths
-    assert unpack_bytes(packed) == items
-    assert unpack_bytes(b"") == []
+    assert unpack_bytes(packed, "text", [len(items)]) == items
+    assert unpack_bytes(b"", "text", [0]) == []
+
+
+# Packed elements past a tensor's shape, then one that claims 9 bytes and holds 3: malformed, and read only if the
+# elements past the shape's count are.
+PAST_THE_SHAPE = pack_bytes([b"a", b"b"]) + b"\x09\x00\x00\x00abc"
+
+
+def test_raw_bytes_are_refused_by_count_once_they_hold_one_element_past_the_shape() -> None:
+    """Counted as they are read: a million empty elements for a shape of [1] were all unpacked (1.25 s of the
+    event loop) before the count refused them. Element n + 2 is malformed: its error would mean it was read."""
+    with pytest.raises(InvalidArgument) as e:
+        unpack_bytes(PAST_THE_SHAPE, "text", [1])
+    assert str(e.value) == "input 'text' has shape [1] (1 elements) but its contents hold at least 2 elements"
+    request = pb.ModelInferRequest(
+        model_name="tiny",
+        inputs=[Tensor(name="text", datatype="BYTES", shape=[1])],
+        raw_input_contents=[PAST_THE_SHAPE],
+    )
+    with pytest.raises(InvalidArgument, match=r"has shape \[1\] \(1 elements\) but its contents hold at least 2 el"):
+        from_pb(request)
+    # Within the shape, or one past it with nothing after, as before: every element read, the exact count given.
+    assert unpack_bytes(pack_bytes([b"a", b"b"]), "text", [2]) == [b"a", b"b"]
+    assert unpack_bytes(pack_bytes([b"a", b"b"]), "text", [1]) == [b"a", b"b"]  # refused by texts(): 2 elements
 
 
 def test_raw_and_typed_contents_convert_alike() -> None:
@@ -345,6 +368,14 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
         ),
         "end inside the 4-byte length of element 1",
     ),
+    "raw BYTES malformed past the shape": (
+        lambda: pb.ModelInferRequest(
+            model_name="tiny",
+            inputs=[Tensor(name="text", datatype="BYTES", shape=[1])],
+            raw_input_contents=[PAST_THE_SHAPE],
+        ),
+        "'text' has shape [1] (1 elements) but its contents hold at least 2 elements",
+    ),
     "raw BYTES element past the end": (
         lambda: pb.ModelInferRequest(
             model_name="tiny",
@@ -496,6 +527,19 @@ REST_BAD: dict[str, tuple[Any, str]] = {
         {"inputs": _rest_ids([1, 2], [[2, -(2**63) - 1]], [[1, 1]])},
         "input 'input_ids' holds a value outside INT64",
     ),
+    # Counted before each value's type is checked, as raw contents are counted before they are decoded.
+    "binary BYTES malformed past the shape": (
+        _rest_binary({"inputs": [_rest_text(parameters={"binary_data_size": len(PAST_THE_SHAPE)})]}, PAST_THE_SHAPE),
+        "'text' has shape [1] (1 elements) but its contents hold at least 2 elements",
+    ),
+    "text of the wrong type past the shape": (
+        {"inputs": [_rest_text(data=["a", 5])]},
+        "'text' has shape [1] (1 elements) but its contents hold 2 elements",
+    ),
+    "ids of the wrong type past the shape": (
+        {"inputs": _rest_ids([1, 1], [[2, "x"]], [[1]])},
+        "'input_ids' has shape [1, 1] (1 elements) but its contents hold 2 values",
+    ),
     "id as a fraction": (
         {"inputs": _rest_ids([1, 1], [[2.5]], [[1]])},
         "'input_ids' is INT64: its data must be integers",
@@ -524,6 +568,30 @@ def test_a_null_binary_data_size_beside_data_is_unset_over_rest(server: ServerTh
     assert reply.json()["outputs"][0]["shape"][0] == 1
 
 
+def test_null_shared_memory_parameters_are_unset_over_rest(server: ServerThread) -> None:
+    """null is unset over REST, as binary_data_size's is: an input or output whose shared-memory parameters a
+    client wrote as null was 400 "sets shared_memory_region: shared memory is not supported". Set, even to 0,
+    still refused."""
+    url = server.http_url + "/v2/models/tiny/infer"
+    plain = http.request("POST", url, {"inputs": [_rest_text(data=["a"])]})
+    assert plain.status == 200, plain.body
+    nulls = dict.fromkeys(SHARED_MEMORY)
+    output = {"name": "embeddings", "parameters": nulls}
+    reply = http.request("POST", url, {"inputs": [_rest_text(data=["a"], parameters=nulls)], "outputs": [output]})
+    assert reply.status == 200, reply.body
+    assert reply.json()["outputs"] == plain.json()["outputs"]
+    for key in SHARED_MEMORY:
+        for body, message in (
+            ({"inputs": [_rest_text(data=["a"], parameters=nulls | {key: 0})]}, f"input 'text' sets {key}: shared"),
+            (
+                {"inputs": [_rest_text(data=["a"])], "outputs": [{"name": "embeddings", "parameters": {key: 0}}]},
+                f"output 'embeddings' sets {key}: shared memory is not supported",
+            ),
+        ):
+            reply = http.request("POST", url, body)
+            assert reply.status == 400 and message in reply.json()["error"], (key, reply.body)
+
+
 def test_a_version_in_the_name_and_in_the_path_agree_as_numbers(server: ServerThread) -> None:
     """`name:01` is `name:1` wherever a model is named: `/v2/models/tiny:1/versions/01` was refused as naming two
     versions ("ask for one"), the same version written two ways; two versions that differ still are."""
@@ -535,6 +603,35 @@ def test_a_version_in_the_name_and_in_the_path_agree_as_numbers(server: ServerTh
     for path in ("tiny:1/versions/2", f"tiny:{'8' * 20}/versions/{'9' * 20}"):  # two past 19 digits are two
         reply = http.request("POST", f"{server.http_url}/v2/models/{path}/infer", body)
         assert reply.status == 400 and "ask for one" in reply.json()["error"], path
+
+
+def test_the_unversioned_routes_take_no_version_from_the_query(server: ServerThread) -> None:
+    """The protocol names a version in the path only: the unversioned routes took an undocumented
+    `?model_version=` (FastAPI reads a handler's parameter not in the path from the query), listed in
+    /openapi.json, and `?model_version=7` answered 404 "version '7' is not served". Now ignored, as any other
+    unknown query parameter is: the latest version served answers."""
+    document = http.request("GET", server.http_url + "/openapi.json").json()
+    model = "/v2/models/{model_name}"
+    for suffix in ("", "/ready", "/config", "/stats", "/infer"):
+        for method, operation in document["paths"][model + suffix].items():
+            parameters = [(p["name"], p["in"]) for p in operation.get("parameters", [])]
+            assert parameters == [("model_name", "path")], (suffix, method, parameters)
+        versioned = document["paths"][model + "/versions/{model_version}" + suffix]
+        for operation in versioned.values():
+            assert {(p["name"], p["in"]) for p in operation["parameters"]} == {
+                ("model_name", "path"),
+                ("model_version", "path"),
+            }
+    models = server.http_url + "/v2/models/tiny"
+    body = {"inputs": [_rest_text(data=["a"])]}
+    for query in ("?model_version=7", "?model_version=1", "?other=7"):
+        reply = http.request("POST", f"{models}/infer{query}", body)
+        assert reply.status == 200 and reply.json()["model_version"] == "1", (query, reply.body)
+        assert http.request("GET", f"{models}/ready{query}").status == 200, query
+        for suffix in ("", "/config", "/stats"):
+            reply = http.request("GET", f"{models}{suffix}{query}")
+            assert reply.status == 200, (suffix, query, reply.body)
+    assert http.request("POST", f"{models}/versions/7/infer", body).status == 404  # in the path, still a version
 
 
 def test_repository_routes_read_json_whatever_the_content_type(start: Start, settings: Settings) -> None:
@@ -609,6 +706,25 @@ def test_too_many_inputs_are_refused_by_their_shape_or_count_before_they_are_dec
         == 8
     )
     assert decoded == ["mhaserve.service.kserve.servicer", "mhaserve.service.encoder_v1"]  # within the limit
+
+
+def test_a_bytes_tensor_of_a_million_elements_for_one_is_refused_by_its_count_over_grpc_and_rest(
+    server: ServerThread, stub: pb_grpc.GRPCInferenceServiceStub
+) -> None:
+    """Its shape declares one input, so the pipeline's count lets it through; the tensor's own count refuses it,
+    now after reading two of its elements rather than all of them (1.25 s of the event loop)."""
+    raw = pack_bytes([b""] * 1_000_000)  # 4 MB: within the message and body limits
+    message = "input 'text' has shape [1] (1 elements) but its contents hold at least 2 elements"
+    request = pb.ModelInferRequest(
+        model_name="tiny", inputs=[Tensor(name="text", datatype="BYTES", shape=[1])], raw_input_contents=[raw]
+    )
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request, timeout=WAIT)
+    assert (e.value.code(), e.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    body, headers = _rest_binary({"inputs": [_rest_text(parameters={"binary_data_size": len(raw)})]}, raw)
+    reply = http.request("POST", server.http_url + "/v2/models/tiny/infer", body, headers)
+    assert (reply.status, reply.json()) == (400, {"error": message})
+    ok_afterwards(stub)
 
 
 def test_unknown_models_and_versions_are_not_found(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
