@@ -567,9 +567,8 @@ class EncoderServer:
             on_stall=self._stalled,
             on_recover=self._recovered,
             workers=self.workers,
+            starved=self._starved,
         )
-        if self._stalls >= self.workers:  # a version loaded while every thread is stalled
-            batcher.starve(STARVED)
         return Pipeline(model, batcher, limits, metrics, auto_truncate=s.auto_truncate, tokenize_pool=self._tokenize)
 
     async def _stalled(self) -> None:
@@ -581,16 +580,17 @@ class EncoderServer:
             # deadline), those queued and those that passed the server's gate before it (a stream's next
             # message, a body still arriving, a server in --drain-delay, which keeps its state).
             for pipeline in self.manager.pipelines():
-                pipeline.batcher.starve(STARVED)
+                pipeline.batcher.fail_waiting(Unavailable(STARVED))
         if self.state == "serving":
             self.state = "stalled"
             await self.health.set(False)
 
+    def _starved(self) -> str | None:
+        """What a model's request is told while every inference thread holds a stalled batch; None otherwise."""
+        return STARVED if self._stalls >= self.workers else None
+
     async def _recovered(self) -> None:
         self._stalls -= 1
-        if self._stalls < self.workers:
-            for pipeline in self.manager.pipelines():
-                pipeline.batcher.fed()
         if self.state == "stalled" and self._stalls == 0:
             self.state = "serving"
             await self.health.set(True)

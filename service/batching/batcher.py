@@ -45,7 +45,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -131,6 +131,7 @@ class Batcher:
         on_stall: Hook | None = None,
         on_recover: Hook | None = None,
         workers: int = 1,
+        starved: Callable[[], str | None] | None = None,
     ) -> None:
         self.engine = engine
         self.limits = limits
@@ -146,7 +147,9 @@ class Batcher:
         self._arrived = asyncio.Event()
         self._draining = False
         self._closed: str | None = None  # once closed: what a request that comes after is told (close)
-        self._starved: str | None = None  # while every shared thread is stalled: what a request is told (starve)
+        # While every thread it shares with other batchers holds a stalled batch: what a request is told (the
+        # server's, read at each request: a batcher made while they stall, a version warming up, reads it too).
+        self._starved = starved or (lambda: None)
         # With several workers, one batch more than there are threads: formed while the others compute, it
         # waits in the executor's queue, and the first thread to finish starts it. Handed over by the event
         # loop instead, a thread waited 3.3-3.5 ms at the median between its batches at 32 clients, the loop
@@ -208,8 +211,11 @@ class Batcher:
             raise Unavailable(self._closed)
         if self.watchdog.stalled:
             raise Unavailable(self.watchdog.message())
-        if self._starved is not None:
-            raise Unavailable(self._starved)
+        if (starved := self._starved()) is not None:
+            # What waited was failed (fail_waiting); what comes would wait for the stalled threads too: a
+            # request that passed the server's gate before the stall, a stream's next message, a body still
+            # arriving, any request in --drain-delay (whose state the stall leaves).
+            raise Unavailable(starved)
         if self.depth + n > self.limits.max_queue_size:
             # "Full" only when it is: a request of several inputs may not fit in a queue that has room.
             full = "the queue is full" if self.depth >= self.limits.max_queue_size else f"the queue has no room for {n}"
@@ -262,7 +268,7 @@ class Batcher:
         n = len(seqs)
         if ticket is not None:
             self.release(ticket)  # its slots become the queued inputs below
-            if self._closed is not None or self.watchdog.stalled or self._starved is not None:
+            if self._closed is not None or self.watchdog.stalled or self._starved() is not None:
                 self._refuse(0)
         else:
             self._refuse(n)
@@ -507,20 +513,12 @@ class Batcher:
             if started.cancelled():
                 self._waiting(-len(batch))
 
-    def starve(self, why: str) -> None:
-        """Fail what waits here, queued or batched for a thread, leave what computes, and refuse what comes
-        (saying `why`) until `fed`: the server calls it when every inference thread, which this batcher shares
-        with other models', holds a stalled batch. (Failing what waited was not enough: a request that passed
-        the server's gate before the stall, a stream's next message, a body still arriving, queued behind the
-        stalled threads, for as long as the engine hung.)"""
-        self._starved = why
-        error = Unavailable(why)
+    def fail_waiting(self, error: ServiceError) -> None:
+        """Fail what waits here, queued or batched for a thread, and leave what computes: the server calls it
+        when every inference thread, which this batcher shares with other models', holds a stalled batch (and
+        `starved` then refuses what comes)."""
         self._fail_queued(error)
         self._fail_unstarted(error)
-
-    def fed(self) -> None:
-        """A thread is free again: requests are taken (`starve`)."""
-        self._starved = None
 
     def _fail_unstarted(self, error: ServiceError) -> None:
         """Fail the batches that wait for a thread, and take them out of the threads' queue: each one's worker

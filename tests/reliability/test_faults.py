@@ -116,6 +116,34 @@ def test_a_hung_engine_fails_what_other_models_queued_on_the_same_thread(setting
         assert stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])], model="b"), timeout=WAIT).embeddings
 
 
+def test_a_version_loaded_while_the_threads_stall_serves_once_they_return(settings: Settings) -> None:
+    """The recovery the README describes: the operator loads the stalled model again, and the engine returns
+    while the new version warms up. Made during the stall, its batcher was marked refusing, and the engine's
+    return cleared only the versions then served: the new one refused every call for good, health SERVING."""
+    engine = ScriptedEngine(hang_on=99, gates=[1])  # the warm-up's inputs are all ones
+    engine.gates[1].set()
+    explicit = dataclasses.replace(settings, inference_timeout=0.3, max_wait_ms=0.0, model_control="explicit")
+    with ServerThread(explicit, engine.factory()) as srv, srv.ready().channel() as channel:
+        stub = pb_grpc.EncoderServiceStub(channel)
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            hung = stub.Encode.future(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[99, 5])]), timeout=WAIT)
+            error = hung.exception(WAIT)
+            assert isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.UNAVAILABLE, error
+            kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="tiny"), timeout=WAIT)
+            engine.gates[1].clear()  # the new version's warm-up waits
+            engine.batches.clear()
+            load = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="tiny"), timeout=WAIT)
+            wait_until(lambda: engine.seen(1), "the new version's warm-up")
+            engine.release.set()  # the stalled batch returns while it warms up
+            wait_until(lambda: health_status(channel) == "SERVING", "the stall to end")
+        finally:
+            engine.release.set()
+            engine.gates[1].set()
+        load.result(WAIT)
+        assert stub.Encode(pb.EncodeRequest(token_ids=[pb.TokenIds(ids=[7])]), timeout=WAIT).embeddings
+
+
 @pytest.mark.slow
 def test_a_process_with_a_stuck_engine_still_exits_on_sigterm(spawn: Spawn) -> None:
     proc = spawn("--inference-timeout", "0.5", "--grace-period", "5", engine="hang:99")

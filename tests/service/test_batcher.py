@@ -644,12 +644,16 @@ def test_a_failed_batch_asks_for_no_retry() -> None:
 
 def test_a_batch_that_gave_way_in_the_turn_the_waiting_are_failed_is_failed_too() -> None:
     """A query's arrival took a batch formed ahead out of the threads' queue (it gave way), and, in the same turn
-    of the loop, every thread was found stalled (starve): the batch's worker, waking after, put its inputs
-    back and they waited for the stalled threads, the one request starve missed (a reviewer's script)."""
+    of the loop, every thread was found stalled (fail_waiting): the batch's worker, waking after, put its inputs
+    back and they waited for the stalled threads, the one request fail_waiting missed (a reviewer's script).
+    While every thread stalls (`starved`), what comes is refused too, not queued behind them."""
     engine = ScriptedEngine(gates=[91, 92])
 
     async def main() -> None:
-        b = Batcher(engine, limits=limits(max_batch_tokens=10_000), workers=2)
+        stalled: list[str] = []  # the server's word while every thread stalls
+        b = Batcher(
+            engine, limits=limits(max_batch_tokens=10_000), workers=2, starved=lambda: next(iter(stalled), None)
+        )
         b.start()
         held = []
 
@@ -666,7 +670,8 @@ def test_a_batch_that_gave_way_in_the_turn_the_waiting_are_failed_is_failed_too(
         await asyncio.to_thread(wait_until, formed, "the bulk request's batch formed ahead, for a thread")
         query = asyncio.ensure_future(b.submit([seq(5)]))
         await asyncio.sleep(0)  # the query queues, and the bulk request's batch gives way to it
-        b.starve("every inference thread is stalled")
+        stalled.append("every inference thread is stalled")
+        b.fail_waiting(Unavailable(stalled[0]))
         for request in (query, bulk):
             with pytest.raises(Unavailable):
                 await asyncio.wait_for(request, timeout=WAIT)
@@ -675,7 +680,7 @@ def test_a_batch_that_gave_way_in_the_turn_the_waiting_are_failed_is_failed_too(
         for gate in engine.gates.values():
             gate.set()
         await asyncio.gather(*held)
-        b.fed()  # a thread is free again
+        stalled.clear()  # a thread is free again
         assert len(await asyncio.wait_for(b.submit([seq(5)]), timeout=WAIT)) == 1
         await b.close()
 
