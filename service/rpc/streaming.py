@@ -78,6 +78,7 @@ async def ordered(
             pending.put_nowait(None)
 
     reader = asyncio.ensure_future(read())
+    cancelled_with: tuple[object, ...] = ()  # the message the stream's own cancellation carries, if any
     try:
         while (item := await pending.get()) is not None:
             request, task = item
@@ -105,6 +106,11 @@ async def ordered(
                 shares.pop(task, None)
                 ended.set()
         await reader  # re-raises a failure to read the stream
+    except asyncio.CancelledError as e:
+        # Passed on to the requests it leaves: the grace period's end (errors.ABANDONED) counts each of them as
+        # their client is answered, UNAVAILABLE, where a bare cancel counted all but the first CANCELLED.
+        cancelled_with = e.args
+        raise
     finally:
         reader.cancel()
         while not pending.empty():
@@ -114,6 +120,6 @@ async def ordered(
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         task.result()
                 else:
-                    task.cancel()
+                    task.cancel(*cancelled_with)
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await reader

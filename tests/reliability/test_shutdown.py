@@ -354,9 +354,10 @@ def test_grpc_calls_still_running_when_the_grace_period_ends_are_answered_unavai
             unary = stub.Encode.future(ids(99, 5), timeout=2 * WAIT)
             assert engine.hanging.wait(WAIT)
             stream = stub.EncodeStream(iter(feed), timeout=2 * WAIT)
-            feed.send(ids(99, 6))
+            for token in (6, 7, 8):
+                feed.send(ids(99, token))
             # queued: read from its stream (a stream with nothing read is closed when the drain begins)
-            wait_until(lambda: srv.depth() == 1, "the stream's request queued behind the unary call's")
+            wait_until(lambda: srv.depth() == 3, "the stream's requests queued behind the unary call's")
             srv.call(srv.server.stop(grace=0.5, delay=delay), timeout=WAIT)
             with pytest.raises(grpc.RpcError) as refused:
                 unary.result(timeout=WAIT)
@@ -366,9 +367,10 @@ def test_grpc_calls_still_running_when_the_grace_period_ends_are_answered_unavai
         for method in ("Encode", "EncodeStream"):
             assert srv.counted("UNAVAILABLE", f"encoder.v1.EncoderService/{method}") == 1, method
             assert srv.counted("CANCELLED", f"encoder.v1.EncoderService/{method}") == 0, method
-        # and the model's own count says what its clients were answered (it counted the cancellation CANCELLED)
+        # and the model's own count says what its clients were answered (it counted the cancellation CANCELLED),
+        # for each of the stream's requests too (all but the first were cancelled without the stop's word)
         model = {c: srv.samples().get("mhaserve_model_requests_total", code=c) for c in ("UNAVAILABLE", "CANCELLED")}
-        assert model == {"UNAVAILABLE": 2, "CANCELLED": 0}, model
+        assert model == {"UNAVAILABLE": 4, "CANCELLED": 0}, model
     finally:
         engine.release.set()
         feed.close()
