@@ -4,7 +4,8 @@ the edge, the data plane in between.
 What the official clients send and read: `input` as a string, a list of strings, a list of token ids
 or a list of lists of token ids; `model`; `encoding_format` `float` or `base64` (little-endian float32,
 what the Python client asks for by default and decodes); `dimensions` (the leading dimensions,
-renormalised: Matryoshka); `user`, accepted and ignored. Vectors are L2-normalised, as OpenAI's are.
+renormalised: Matryoshka; as they are with the `normalize` false extension); `user`, accepted and ignored.
+Vectors are L2-normalised, as OpenAI's are.
 `truncate` (an extension, as in TEI) cuts inputs longer than the model's maximum instead of refusing
 them, or refuses them with false; missing or null, the server's `--auto-truncate` decides. Errors are
 OpenAI's shape with the status the clients map to their exception classes (http/errors.py).
@@ -57,7 +58,7 @@ class EmbeddingRequest(BaseModel):
     # client sends encoding_format=None as such)
     encoding_format: Literal["float", "base64"] | None = Field(default="float", description="null: float")
     dimensions: Annotated[StrictInt, documented(minimum=1)] | None = Field(
-        default=None, description="keep the leading dimensions, renormalised"
+        default=None, description="keep the leading dimensions, renormalised (as they are with normalize false)"
     )
     user: StrictStr | None = Field(default=None, description="accepted and ignored")
     truncate: StrictBool | None = Field(

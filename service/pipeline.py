@@ -57,8 +57,8 @@ class EncodeInput:
     # request's own choice wins, as text-embeddings-inference reads `truncate.unwrap_or(auto_truncate)`.
     truncate: bool | None = None
     normalize: bool | None = None  # None: the model's default
-    # Keep the first `dimensions` values and L2-normalise them (Matryoshka-trained models) unless `normalize`
-    # is false; None: all.
+    # Keep the first `dimensions` values and L2-normalise them (Matryoshka-trained models), unless the answer
+    # is not normalised (`normalize` false, or the model's default); None: all.
     dimensions: int | None = None
     # A prompt of the model's serving config, put before each text; None: the model's default prompt.
     prompt_name: str | None = None
@@ -354,14 +354,12 @@ class Pipeline:
         spent: Spent | None = None,
     ) -> EncodeOutput:
         model = self.model
+        normalize = model.entry.normalize if req.normalize is None else req.normalize
         if req.dimensions is not None:
-            # Matryoshka: the leading dimensions are an embedding of their own once renormalised; with normalize
-            # false, the leading values as they are, as TEI answers them (a model's pooled vector, cut).
+            # Matryoshka: the leading dimensions are an embedding of their own once renormalised; unnormalised
+            # (normalize false, or a model's default), the leading values as they are, as TEI answers them.
             embeddings = np.ascontiguousarray(embeddings[:, : req.dimensions])
-            embeddings = embeddings if req.normalize is False else l2_normalize(embeddings)
-        else:
-            normalize = model.entry.normalize if req.normalize is None else req.normalize
-            embeddings = l2_normalize(embeddings) if normalize else embeddings
+        embeddings = l2_normalize(embeddings) if normalize else embeddings
         return EncodeOutput(
             embeddings=embeddings,
             model=model.name,

@@ -267,7 +267,7 @@ class Options:
     truncate: bool | None = None  # None: the server's --auto-truncate
     normalize: bool | None = None  # None: the model's default
     prompt_name: str | None = None  # None (or ""): the model's default prompt
-    dimensions: int | None = None  # None: every dimension; else the leading ones, renormalised (the pipeline checks)
+    dimensions: int | None = None  # None: every dimension; else the leading ones (the pipeline checks and cuts)
 
 
 def request_options(read: ParameterReader) -> Options:

@@ -348,6 +348,9 @@ def test_prompts_max_length_and_normalize_from_the_serving_config(tmp_path: Path
         np.testing.assert_array_equal(with_prompt, texts(["query: what is it"]))
         assert not np.allclose(with_prompt, texts(["what is it"]))
         assert abs(float(np.linalg.norm(with_prompt)) - 1.0) > 1e-3  # normalize: false is the model's default
+        # and `dimensions` cuts without renormalising, as it does with normalize false (it renormalised)
+        cut = texts(["what is it"], prompt_name="query", dimensions=8)
+        np.testing.assert_array_equal(cut, with_prompt[:, :8])
         model = info(channel)
         assert (dict(model.prompts), model.max_tokens_per_input, model.normalize) == (config["prompts"], 24, False)
         # the prompt's tokens count toward the length limit

@@ -948,11 +948,11 @@ def test_dimensions_keep_the_leading_values_renormalised(stub: pb_grpc.EncoderSe
         with pytest.raises(grpc.RpcError) as e:
             stub.Encode(pb.EncodeRequest(texts=texts, dimensions=bad), timeout=WAIT)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and f"dimensions is {bad}" in str(e.value.details())
-    # normalize false cannot go with it (once answered with unit vectors without a word); true can
-    with pytest.raises(grpc.RpcError) as e:
-        stub.Encode(pb.EncodeRequest(texts=texts, dimensions=8, normalize=False), timeout=WAIT)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "normalize false" in str(e.value.details())
-    assert stub.Encode(pb.EncodeRequest(texts=texts, dimensions=8, normalize=True), timeout=WAIT).embeddings
+    # normalize false: the leading values as they are, as TEI answers them (a 400 until 2026-12-07); true as unset
+    cut = client.vectors(stub.Encode(pb.EncodeRequest(texts=texts, dimensions=8, normalize=False), timeout=WAIT))
+    np.testing.assert_array_equal(cut, full[:, :8])
+    unit = client.vectors(stub.Encode(pb.EncodeRequest(texts=texts, dimensions=8, normalize=True), timeout=WAIT))
+    np.testing.assert_allclose(unit, full[:, :8] / np.linalg.norm(full[:, :8], axis=1, keepdims=True), atol=1e-6)
 
 
 def test_once_stopped_serve_lets_the_calls_still_running_finish_before_the_loop_closes() -> None:
