@@ -87,7 +87,7 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
             inputs = len(request.texts) or len(request.token_ids)
             return self.dataplane.queue_share(inputs, request.model, request.model_version or None)
 
-        serving = self.dataplane.serving
+        serving = self.dataplane.serving  # an UNAVAILABLE ends the stream only once the server takes no calls
         async for response in ordered(
             request_iterator, encode, error_pb, count=self.count_stream, share=share, serving=serving
         ):

@@ -116,7 +116,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             inputs = declared_inputs({t.name: t.shape for t in request.inputs}) or 0  # (none: refused at once)
             return self.dataplane.queue_share(inputs, request.model_name, request.model_version)
 
-        serving = self.dataplane.serving
+        serving = self.dataplane.serving  # an UNAVAILABLE ends the stream only once the server takes no calls
         async for response in ordered(
             request_iterator, infer, error_pb, count=self.count_stream, share=share, serving=serving
         ):

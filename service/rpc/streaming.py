@@ -40,6 +40,14 @@ FATAL = (Cancelled, DeadlineExceeded, Unavailable)
 log = logging.getLogger(__name__)
 
 
+def _ends_stream(error: ServiceError, serving: Callable[[], bool] | None) -> bool:
+    """Whether a request's failure ends its stream: FATAL's, but an UNAVAILABLE while the server still takes
+    calls, which is its own request's (see the module docstring)."""
+    if isinstance(error, Unavailable) and serving is not None and serving():
+        return False
+    return isinstance(error, FATAL)
+
+
 async def ordered(
     requests: AsyncIterator[Request],
     compute: Callable[[Request], Awaitable[Response]],
@@ -85,7 +93,7 @@ async def ordered(
             try:
                 response = await task
             except ServiceError as e:
-                if isinstance(e, FATAL) and not (isinstance(e, Unavailable) and serving is not None and serving()):
+                if _ends_stream(e, serving):
                     raise
                 if count is not None:
                     count(status_name(e))
