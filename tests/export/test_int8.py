@@ -51,7 +51,8 @@ def damage(path: Path, name: str, factor: float) -> None:
 def test_every_product_is_int8_with_reduced_range_per_channel_weights(tiny_entry: Path) -> None:
     g = onnx.load(str(tiny_entry / "model.int8.onnx"))
     types = Counter(n.op_type for n in g.graph.node)
-    assert types["QAttention"] == L and types["MatMulInteger"] == 3 * L
+    # the other products each one node, scaled to fp32 as the int32 sums are written (`_to_float`)
+    assert types["QAttention"] == L and types["MatMulIntegerToFloat"] == 3 * L and "MatMulInteger" not in types
     assert "MatMul" not in types and "Attention" not in types  # nothing left in fp32
     # per-row scaling around both feed-forward MatMuls: X * (1 / r) before, * r after; after the GELU, no Abs
     assert types["ReduceMax"] == types["Max"] == 2 * L and types["Abs"] == L
@@ -153,7 +154,28 @@ def test_a_plan_keeps_products_in_fp32(tiny_entry: Path, tmp_path: Path) -> None
     assert len(how.fixed_ranges) == 3  # the activations of the int8 products only: qkv, attn_out, ffn_down
     assert how.row_scaled == ["1.ffn_down"]
     types = Counter(n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node)
-    assert (types["MatMul"], types["Attention"], types["MatMulInteger"], types["QAttention"]) == (4, 1, 2, 1)
+    assert (types["MatMul"], types["Attention"], types["MatMulIntegerToFloat"], types["QAttention"]) == (4, 1, 2, 1)
+
+
+def test_a_product_as_one_node_computes_what_its_chain_did(tiny_entry: Path, tmp_path: Path) -> None:
+    """`MatMulIntegerToFloat` in place of MatMulInteger -> Cast -> Mul: the same numbers to the last bit, on
+    padded batches, and nothing of the chain left for ONNX Runtime to run."""
+    src, calibration = tiny_entry / "model.optimized.onnx", [[2, 7, 9, 3], [5, 11, 4, 8, 6, 12, 3]]
+    chain, one = tmp_path / "chain.onnx", tmp_path / "one.onnx"
+    quantize.quantize(src, chain, quantize.Int8Plan(to_float=False), calibration=calibration)
+    quantize.quantize(src, one, quantize.Int8Plan(), calibration=calibration)
+    before = Counter(n.op_type for n in onnx.load(str(chain)).graph.node)
+    after = Counter(n.op_type for n in onnx.load(str(one)).graph.node)
+    assert before["MatMulInteger"] == after["MatMulIntegerToFloat"] == 3 * L and "MatMulInteger" not in after
+    # each product's Cast, its Mul by the scales and the Mul that made the scales' product, gone
+    assert before["Cast"] - after["Cast"] == 3 * L and before["Mul"] - after["Mul"] == 6 * L
+    rng = np.random.default_rng(1)
+    chain_engine, one_engine = _engine(chain), _engine(one)
+    for batch, seq in ((1, 5), (3, 17), (4, TINY["max_seq_len"])):
+        ids = rng.integers(1, TINY["vocab_size"], size=(batch, seq))
+        mask = np.ones_like(ids)
+        mask[0, seq // 2 :] = 0
+        np.testing.assert_array_equal(one_engine.run(ids, mask), chain_engine.run(ids, mask))
 
 
 def test_the_gate_figures_are_in_the_manifest(tiny_entry: Path) -> None:
