@@ -48,6 +48,7 @@ from mhaserve.runtime.errors import InvalidArgument, ServiceError, TooLarge
 from mhaserve.service.batching import Embeddings
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import (
+    BOM,
     Chunked,
     EmbeddingInputs,
     Reply,
@@ -300,7 +301,7 @@ async def _records(dataplane: DataPlane, body: bytes) -> Chunked:
     # after the last (the newline that ends it, a file ending in two) are no requests. A blank line between
     # two is refused: skipped, the answers' lines would no longer match the body's, which is how they are joined.
     # (rstrip, not a loop over the lines: a body of a million newlines took a second of the event loop.)
-    lines = body.removeprefix(b"\xef\xbb\xbf").rstrip().split(b"\n")
+    lines = body.removeprefix(BOM).rstrip().split(b"\n")
     if lines == [b""]:
         lines = []
     if not lines:

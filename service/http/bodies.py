@@ -59,13 +59,19 @@ def media_type(content_type: str | None) -> str | None:
     return None if content_type is None else content_type.split(";", 1)[0].strip().lower()
 
 
+# UTF-8's byte order mark: editors on Windows (Notepad before 2019, PowerShell 5's Out-File -Encoding utf8) begin a
+# file with it, and `curl -d @body.json` sends it along. RFC 8259 (8.1) lets a parser ignore it; orjson refuses it.
+BOM = b"\xef\xbb\xbf"
+
+
 def parse_json(body: bytes, content_type: str | None) -> Any:
-    """A JSON body; 415 for a body declared as something else, 400 for one that is not JSON."""
+    """A JSON body, a byte order mark before it ignored; 415 for a body declared as something else, 400 for one
+    that is not JSON."""
     media = media_type(content_type)
     if media is not None and media != "application/json" and not media.endswith("+json"):
         raise UnsupportedMediaType(f"send the body as JSON with 'Content-Type: application/json', not {media!r}")
     try:
-        return loads(body)
+        return loads(body.removeprefix(BOM))
     except orjson.JSONDecodeError as e:
         raise InvalidArgument(f"the body is not valid JSON: {not_json(body, e)}") from None
 

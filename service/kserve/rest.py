@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.runtime.manifest import number
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import documented, json_response, loads, not_json, parse_json, validate
+from mhaserve.service.http.bodies import BOM, documented, json_response, loads, not_json, parse_json, validate
 from mhaserve.service.http.openapi import request_body, status_only
 from mhaserve.service.kserve.model import (
     EXTENSIONS,
@@ -387,7 +387,7 @@ def _model_routes(
         try:
             head, binary = _split(await request.body(), request.headers.get(HEADER_LENGTH))
             try:
-                data = loads(head)
+                data = loads(head.removeprefix(BOM))  # as parse_json: a byte order mark before it ignored
             except orjson.JSONDecodeError as e:
                 raise InvalidArgument(f"the inference request is not valid JSON: {not_json(head, e)}") from None
             req = validate(InferenceRequest, data)

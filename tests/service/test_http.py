@@ -132,6 +132,29 @@ def test_a_body_in_another_format_is_415(srv: ServerThread) -> None:
     assert request("POST", url(srv, "/v1/embeddings"), b'{"input":"a"}', {"content-encoding": "br"}).status == 415
 
 
+def test_a_byte_order_mark_before_a_json_body_is_ignored(srv: ServerThread) -> None:
+    """A file saved by a Windows editor begins with UTF-8's byte order mark, and `curl -d @file` sends it: RFC 8259
+    lets a parser ignore it, and every route that reads JSON does (it was a 400, "not valid JSON")."""
+    bom = b"\xef\xbb\xbf"
+    headers = {"content-type": "application/json"}
+    routes = (
+        ("/v1/embeddings", b'{"input": "a windows file", "model": "tiny"}', lambda r: r["data"][0]["embedding"]),
+        ("/embed", b'{"inputs": "a windows file"}', lambda r: r[0]),
+        ("/tokenize", b'{"inputs": "a windows file"}', lambda r: r[0]),
+        (
+            "/v2/models/tiny/infer",
+            b'{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a windows file"]}]}',
+            lambda r: r["outputs"][0]["data"],
+        ),
+    )
+    for path, body, answer in routes:
+        plain, marked = (request("POST", url(srv, path), b, headers) for b in (body, bom + body))
+        assert plain.status == marked.status == 200, (path, marked.body[:200])
+        assert answer(marked.json()) == answer(plain.json()), path
+    # one mark, as a file begins with: a second is the body's first character, and no JSON
+    assert request("POST", url(srv, "/v1/embeddings"), bom + bom + b'{"input": "a"}', headers).status == 400
+
+
 def test_compressed_bodies_are_read_whole_or_refused(srv: ServerThread) -> None:
     """gzip and deflate bodies (tritonclient sends them): a gzip stream of several members is read whole (as
     gzip.decompress reads it); one cut short, or with bytes after its end, is a 400, not served as far as
