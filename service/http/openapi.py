@@ -36,9 +36,9 @@ FASTAPI_VALIDATION = ("HTTPValidationError", "ValidationError")
 ERRORS = (
     "An error, with its status: 400 a bad request, 401 a missing or wrong API key, 403 a key without the right, "
     "404 an unknown model, version or route, 405 a method the route does not take, 408 a body too slow to "
-    "arrive, 413 a body or an input too large, 415 a body that is not JSON, 429 the queue full (retry after "
-    "Retry-After), 499 a request the client gave up on, 500 a bug (the message gives the request id to find "
-    "it in the log), 503 loading or draining (retry after Retry-After), 504 no answer within the timeout"
+    "arrive, 413 a body too large (or a JSON Lines body of too many lines; an input too long is a 400), 415 a body "
+    "that is not JSON, 429 the queue full (retry after Retry-After), 500 a bug (the message gives the request id "
+    "to find it in the log), 503 loading or draining (retry after Retry-After), 504 no answer within the timeout"
 )
 
 SECURITY = "apiKey"
