@@ -58,6 +58,7 @@ from mhaserve.service.encoder_v1 import EncoderServicer
 from mhaserve.service.health import SERVICE_NAME as HEALTH_SERVICE
 from mhaserve.service.health import Health
 from mhaserve.service.http import app as http_app
+from mhaserve.service.http import cors
 from mhaserve.service.http.middleware import CallMiddleware
 from mhaserve.service.http.server import HttpServer
 from mhaserve.service.incoming import Incoming
@@ -465,7 +466,7 @@ class EncoderServer:
         )
         self._requests = app
         self._http = HttpServer(
-            app,
+            cors.allowing(app, s.cors_allow_origin) if s.cors_allow_origin else app,
             host=s.host,
             port=s.http_port,
             tls_context=None if material is None else tls.server_ssl_context(material),

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from mhaserve.runtime import manifest as mf
 from mhaserve.runtime.cpus import available_cpus
@@ -118,6 +119,22 @@ def _model_names(s: str) -> tuple[str, ...]:
     return names
 
 
+def _origins(s: str) -> tuple[str, ...]:
+    """--cors-allow-origin's comma-separated origins, each as a browser's Origin header writes it
+    (`scheme://host[:port]`), or `*`: a path, even a lone trailing slash, never matches, and allowed nothing."""
+    origins = _names(s)
+    for origin in origins:
+        parts = urlsplit(origin)
+        if origin != "*" and (
+            parts.scheme not in ("http", "https") or not parts.hostname or origin != f"{parts.scheme}://{parts.netloc}"
+        ):
+            raise SettingsError(
+                f"--cors-allow-origin: {origin!r} is not an origin: write scheme://host[:port] with no path (not even "
+                "a trailing /), or *"
+            )
+    return origins
+
+
 def _path_or_none(s: str) -> Path | None:
     return Path(s) if s.strip() else None
 
@@ -200,6 +217,17 @@ class Settings:
     http_port: int = field(
         default=8080,
         metadata=_opt("HTTP port: OpenAI embeddings, KServe v2 REST, /tokenize, /info, /health (0 disables)", int),
+    )
+    cors_allow_origin: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "an origin whose web pages may call the HTTP API from a browser (CORS), as https://app.example.com, "
+            "repeatable (the variable takes a comma-separated list); * for any (default: none, a browser refuses "
+            "pages of other origins the answers)",
+            _origins,
+            metavar="ORIGIN",
+        )
+        | {"repeatable": True},
     )
     device: Device = field(default="auto", metadata=_opt("where to run the model", str, DEVICES))
     graph: GraphChoice = field(
@@ -487,6 +515,10 @@ class Settings:
             raise SettingsError(f"--repository: {self.repository} is a file, not a folder")
         if isinstance(self.model, str):  # Settings(model="tiny"): one model
             object.__setattr__(self, "model", _names(self.model))
+        if isinstance(self.cors_allow_origin, str):  # Settings(cors_allow_origin="*"): one origin
+            object.__setattr__(self, "cors_allow_origin", _origins(self.cors_allow_origin))
+        else:
+            _origins(",".join(self.cors_allow_origin))
         # A model named twice is served once (the start-up log said "until tiny, tiny are loaded").
         object.__setattr__(self, "model", tuple(dict.fromkeys(self.model)))
         for name in self.model:

@@ -1,0 +1,129 @@
+"""Calls from web pages of other origins (`--cors-allow-origin`): what a browser asks and reads, on real sockets.
+
+A browser is not at hand; its side of CORS is the Fetch standard's, so these send what a browser sends (the
+Origin header, a preflight's OPTIONS with Access-Control-Request-*) and check the headers it would read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mhaserve.cli.options import build
+from mhaserve.service.settings import ApiKeys, Settings, SettingsError
+from mhaserve.testing.http import request
+from mhaserve.testing.server import ServerThread, local_settings
+
+KEY = "a-cors-test-key"
+PAGE = "https://app.example.com"
+# What OpenAI's JavaScript client asks to send from a browser (dangerouslyAllowBrowser), besides its key.
+OPENAI_JS_HEADERS = "authorization, content-type, x-stainless-os, x-stainless-lang, x-stainless-retry-count"
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_repo: Path) -> Iterator[ServerThread]:
+    settings = local_settings(tiny_repo, cors_allow_origin=(PAGE,), api_keys=ApiKeys((KEY,)))
+    with ServerThread(settings).ready() as server:
+        yield server
+
+
+def preflight(srv: ServerThread, path: str, origin: str, headers: str = "authorization, content-type") -> dict:  # type: ignore[type-arg]
+    reply = request(
+        "OPTIONS",
+        srv.http_url + path,
+        headers={"origin": origin, "access-control-request-method": "POST", "access-control-request-headers": headers},
+    )
+    return {"status": reply.status, **reply.headers}
+
+
+def test_a_preflight_from_an_allowed_origin_is_answered_without_a_key(srv: ServerThread) -> None:
+    got = preflight(srv, "/v1/embeddings", PAGE, OPENAI_JS_HEADERS)
+    assert got["status"] == 200
+    assert got["access-control-allow-origin"] == PAGE
+    assert {"GET", "POST"} <= {m.strip() for m in got["access-control-allow-methods"].split(",")}
+    # every header the page asked for, OpenAI's client's own included
+    allowed = {h.strip().lower() for h in got["access-control-allow-headers"].split(",")}
+    assert {h.strip() for h in OPENAI_JS_HEADERS.split(",")} <= allowed
+    assert int(got["access-control-max-age"]) > 0
+    assert "access-control-allow-credentials" not in got  # keys are bearer tokens, never cookies
+
+
+def test_a_preflight_from_another_origin_is_refused(srv: ServerThread) -> None:
+    got = preflight(srv, "/v1/embeddings", "https://elsewhere.example.org")
+    assert got["status"] == 400 and "access-control-allow-origin" not in got
+
+
+def test_answers_to_an_allowed_origin_say_so_errors_included(srv: ServerThread) -> None:
+    body = {"input": ["a page's text"], "model": "tiny"}
+    ok = request("POST", srv.http_url + "/v1/embeddings", body, {"origin": PAGE, "authorization": f"Bearer {KEY}"})
+    assert ok.status == 200 and len(ok.json()["data"]) == 1
+    assert ok.headers["access-control-allow-origin"] == PAGE and "origin" in ok.headers["vary"].lower()
+    exposed = {h.strip().lower() for h in ok.headers["access-control-expose-headers"].split(",")}
+    assert {"x-request-id", "retry-after", "x-compute-time", "x-inference-time"} <= exposed
+    # the page can read why it was refused, not only that CORS failed
+    refused = request("POST", srv.http_url + "/v1/embeddings", body, {"origin": PAGE})
+    assert refused.status == 401 and refused.headers["access-control-allow-origin"] == PAGE
+    assert "error" in refused.json()
+    # TEI's route too, with its timing headers for the page to read
+    tei = request("POST", srv.http_url + "/embed", {"inputs": "x"}, {"origin": PAGE, "authorization": f"Bearer {KEY}"})
+    assert tei.status == 200 and tei.headers["access-control-allow-origin"] == PAGE and "x-compute-time" in tei.headers
+
+
+def test_another_origin_is_answered_without_leave_to_read(srv: ServerThread) -> None:
+    """The server answers as to any client (a non-browser client sends what Origin it likes); the browser keeps
+    the answer from the page."""
+    reply = request(
+        "POST",
+        srv.http_url + "/v1/embeddings",
+        {"input": "x", "model": "tiny"},
+        {"origin": "https://elsewhere.example.org", "authorization": f"Bearer {KEY}"},
+    )
+    assert reply.status == 200 and "access-control-allow-origin" not in reply.headers
+
+
+def test_preflights_are_not_counted_as_requests(srv: ServerThread) -> None:
+    for _ in range(3):
+        assert preflight(srv, "/v1/embeddings", PAGE)["status"] == 200
+    request("POST", srv.http_url + "/v1/embeddings", {"input": "x"}, {"authorization": f"Bearer {KEY}"})
+    methods = {s.labels["method"] for s in srv.samples() if s.name == "mhaserve_requests_total"}
+    assert "POST /v1/embeddings" in methods and not [m for m in methods if m.startswith("OPTIONS")]
+
+
+def test_off_by_default(tiny_repo: Path) -> None:
+    with ServerThread(local_settings(tiny_repo)).ready() as plain:
+        got = preflight(plain, "/v1/embeddings", PAGE)
+        assert got["status"] == 405 and "access-control-allow-origin" not in got
+
+
+def test_any_origin(tiny_repo: Path) -> None:
+    with ServerThread(local_settings(tiny_repo, cors_allow_origin="*")).ready() as anyone:
+        assert preflight(anyone, "/v1/embeddings", "http://localhost:5173")["access-control-allow-origin"] == "*"
+        reply = request("POST", anyone.http_url + "/v1/embeddings", {"input": "x"}, {"origin": "null"})
+        assert reply.status == 200 and reply.headers["access-control-allow-origin"] == "*"
+
+
+def test_origins_from_flags_and_the_environment() -> None:
+    flags = build({"cors_allow_origin": [("https://a.example",), ("http://localhost:3000",)]}, env={})
+    assert flags.cors_allow_origin == ("https://a.example", "http://localhost:3000")
+    env = build({}, env={"MHASERVE_CORS_ALLOW_ORIGIN": "https://a.example, https://b.example:8443"})
+    assert env.cors_allow_origin == ("https://a.example", "https://b.example:8443")
+    assert Settings().cors_allow_origin == ()
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "https://app.example.com/",
+        "https://app.example.com/embed",
+        "app.example.com",
+        "ftp://app.example.com",
+        "https://",
+    ],
+)
+def test_what_is_not_an_origin_is_refused(origin: str) -> None:
+    """A browser's Origin header is scheme://host[:port]: a path, even a trailing slash, would match nothing."""
+    with pytest.raises(SettingsError, match="not an origin"):
+        Settings(cors_allow_origin=(origin,))
+    with pytest.raises(SettingsError, match="MHASERVE_CORS_ALLOW_ORIGIN: --cors-allow-origin"):
+        build({}, env={"MHASERVE_CORS_ALLOW_ORIGIN": origin})
