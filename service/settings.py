@@ -234,8 +234,8 @@ class Settings:
         default="auto",
         metadata=_opt(
             "graph variant (auto: the fused graph for the device: optimized-cpu on a CPU, optimized on CUDA and "
-            "in entries exported before optimized-cpu, else fp32); int8's vectors depend a little on the batch they "
-            "are computed in (README: the int8 graph)",
+            "in entries exported before optimized-cpu, else fp32); int8's vectors are close to fp32's, not equal: "
+            "do not mix them in one index (README: the int8 graph)",
             str,
             GRAPHS,
         ),
