@@ -62,6 +62,9 @@ class EncodeInput:
     dimensions: int | None = None
     # A prompt of the model's serving config, put before each text; None: the model's default prompt.
     prompt_name: str | None = None
+    # Where a long input is cut: its end (False: its start is kept, as sentence-transformers and every API's default
+    # do) or its start (True: its end is kept, text-embeddings-inference's truncation_direction left).
+    truncate_start: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,9 +120,11 @@ class Pipeline:
         self._own_pool = tokenize_pool is None
         self._tokenize_pool = tokenize_pool or ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
         self._untruncated: Tokenizer | None = None
+        self._start_cutting: Tokenizer | None = None  # the tokenizer cutting a long text's start (truncate_start)
         # The special tokens the tokenizer ends each text with ([SEP], RoBERTa's </s>): token ids cut to the
         # maximum keep them, as the tokenizer's own truncation of a text does (the same ids, the same vector).
         self._tail = special_tail(model.tokenizer)
+        self._head = special_head(model.tokenizer)  # [CLS], <s>: what ids cut at their start keep first
         # Requests between encode()'s start and its end (queued ones included), and those answered in parts
         # that hold this version (`held`): a retired version waits for none before it closes; `quiet` is set
         # whenever there are none.
@@ -256,9 +261,12 @@ class Pipeline:
         except ValueError:
             return 0
 
-    async def tokenize(self, texts: Sequence[str], *, truncate: bool, prompted: bool = False) -> list[Encoding]:
+    async def tokenize(
+        self, texts: Sequence[str], *, truncate: bool, prompted: bool = False, cut_start: bool = False
+    ) -> list[Encoding]:
         """Tokenise texts; an input past the model's maximum is refused unless `truncate`, with a message that
-        gives both lengths (and says the count includes a prompt where one is `prompted` before each text).
+        gives both lengths (and says the count includes a prompt where one is `prompted` before each text); one
+        cut loses its end, or with `cut_start` its start (and a prompt before it first, as TEI cuts it).
 
         Short texts are tokenised right here, on the event loop. `Tokenizer.encode` holds the GIL while it
         works, so a thread would not run it beside the loop anyway: it would only add the hand-off there and
@@ -267,7 +275,9 @@ class Pipeline:
         the loop for long.
         """
         t0 = time.perf_counter()
-        if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
+        if cut_start:
+            encodings = await self._tokenize_cutting_start(texts)
+        elif sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
             encodings = self._tokenize(list(texts))
         else:
             loop = asyncio.get_running_loop()
@@ -330,9 +340,11 @@ class Pipeline:
         truncate = self.auto_truncate if req.truncate is None else req.truncate
         if req.texts:
             prompted = bool(self.prompt(req))
-            encodings = await self.tokenize(self.prompted(req), truncate=truncate, prompted=prompted)
+            encodings = await self.tokenize(
+                self.prompted(req), truncate=truncate, prompted=prompted, cut_start=req.truncate_start
+            )
             return [np.asarray(enc.ids, dtype=np.int64) for enc in encodings]
-        return self._check_ids(req.token_ids, truncate=truncate)
+        return self._check_ids(req.token_ids, truncate=truncate, cut_start=req.truncate_start)
 
     def prompt(self, req: EncodeInput) -> str:
         """The prompt the request names, or the model's default one; "" for none."""
@@ -378,6 +390,19 @@ class Pipeline:
         tokenizer = self.model.tokenizer
         return [tokenizer.encode(text) for text in texts]
 
+    async def _tokenize_cutting_start(self, texts: Sequence[str]) -> list[Encoding]:
+        """Texts tokenised by a copy of the tokenizer that cuts a long one's start (made once, off the loop). A long
+        text is tokenised whole on the tokeniser threads: its end is what is kept, so no prefix of it will do."""
+        loop = asyncio.get_running_loop()
+        if self._start_cutting is None:
+            self._start_cutting = await loop.run_in_executor(
+                self._tokenize_pool, cutting_start, self.model.tokenizer, self.max_tokens
+            )
+        tokenizer = self._start_cutting
+        if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
+            return [tokenizer.encode(text) for text in texts]
+        return await loop.run_in_executor(self._tokenize_pool, tokenizer.encode_batch, list(texts))
+
     async def _whole_tokenizer(self) -> Tokenizer:
         """The model's tokenizer without truncation, made once: a copy rebuilt from its JSON, not on the loop."""
         if self._untruncated is None:
@@ -420,15 +445,22 @@ class Pipeline:
             "shorten it or set truncate"
         )
 
-    def _truncate(self, ids: Ids) -> Ids:
+    def _truncate(self, ids: Ids, *, cut_start: bool = False) -> Ids:
         """Token ids cut to the model's maximum; where they end with the tokenizer's closing special tokens,
-        those stay at the end (the ids a text's truncated encoding has), else the first ids are kept."""
-        tail, keep = self._tail, self.max_tokens
-        if 0 < tail.size < keep and np.array_equal(ids[-tail.size :], tail):
-            return np.concatenate((ids[: keep - tail.size], tail))
-        return ids[:keep]
+        those stay at the end (the ids a text's truncated encoding has), else the first ids are kept. With
+        `cut_start` the last are kept instead, and the opening special tokens where the ids begin with them (the
+        ids of a text's encoding cut at its start)."""
+        head, tail, keep = self._head, self._tail, self.max_tokens
+        trail = tail.size if 0 < tail.size < keep and np.array_equal(ids[-tail.size :], tail) else 0
+        if not cut_start:
+            return np.concatenate((ids[: keep - trail], ids[ids.size - trail :]))
+        lead = head.size if 0 < head.size < keep - trail and np.array_equal(ids[: head.size], head) else 0
+        end = ids.size - trail
+        return np.concatenate((ids[:lead], ids[end - (keep - lead - trail) :]))
 
-    def _check_ids(self, token_ids: Sequence[Sequence[int] | npt.NDArray[np.int64]], *, truncate: bool) -> list[Ids]:
+    def _check_ids(
+        self, token_ids: Sequence[Sequence[int] | npt.NDArray[np.int64]], *, truncate: bool, cut_start: bool = False
+    ) -> list[Ids]:
         seqs = []
         for i, ids in enumerate(token_ids):
             try:
@@ -449,7 +481,7 @@ class Pipeline:
             if arr.size > self.max_tokens:
                 if not truncate:
                     raise InvalidArgument(self._too_long(i, arr.size), param="input")
-                arr = self._truncate(arr)
+                arr = self._truncate(arr, cut_start=cut_start)
             seqs.append(arr)
         return seqs
 
@@ -460,6 +492,21 @@ def untruncated(tokenizer: Tokenizer) -> Tokenizer:
     copy = Tokenizer.from_str(tokenizer.to_str())
     copy.no_truncation()
     return copy
+
+
+def cutting_start(tokenizer: Tokenizer, max_tokens: int) -> Tokenizer:
+    """A copy of `tokenizer` that cuts a text past `max_tokens` at its start, keeping its end (its special tokens
+    stay, as when it cuts the end)."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.enable_truncation(max_tokens, direction="left")
+    return copy
+
+
+def special_head(tokenizer: Tokenizer) -> npt.NDArray[np.int64]:
+    """The ids of the special tokens `tokenizer` puts before every text (none without a post-processor)."""
+    enc = tokenizer.encode("a")
+    n = next((i for i, special in enumerate(enc.special_tokens_mask) if not special), len(enc.ids))
+    return np.asarray(enc.ids[:n], dtype=np.int64)
 
 
 def special_tail(tokenizer: Tokenizer) -> npt.NDArray[np.int64]:

@@ -11,8 +11,8 @@ LangChain's `HuggingFaceEndpointEmbeddings` refuses a URL for its model (langcha
 - `inputs`: a text, a list of texts, a list of token ids, or a list of lists of token ids; the answer is
   a JSON list of vectors, one per input, in order (a list of one for a single text).
 - `normalize` (true by default), `truncate` (null: the server's `--auto-truncate`), `prompt_name`,
-  `dimensions`: as TEI has them. `truncation_direction` `right` (TEI's default) keeps a long text's start,
-  as every API of this server does; `left` is refused with a 400 rather than served as `right`.
+  `dimensions`, `truncation_direction`: as TEI has them (`right`, the default, keeps a long input's start, as
+  every API of this server does; `left` its end, a prompt before it cut first, as TEI cuts it).
 - `model`: an extension, as on `/tokenize` (TEI serves one model): a served model's name, or name:version;
   omitted, the default model.
 - `/similarity` takes `{"inputs": {"source_sentence", "sentences"}, "parameters": {"truncate",
@@ -97,7 +97,8 @@ class TextOptions(BaseModel):
         description="cut inputs past the model's maximum instead of refusing them (null: the server's --auto-truncate)",
     )
     truncation_direction: Direction = Field(
-        default="right", description="right keeps a long input's start (left is refused: not served here)"
+        default="right",
+        description="which end of a long input is cut: right keeps its start, left its end (and cuts a prompt first)",
     )
     prompt_name: StrictStr | None = Field(
         default=None, description="a prompt of the model's serving config to put before each text (e.g. query)"
@@ -151,17 +152,12 @@ class RootRequest(RootModel[EmbedRequest | SimilarityRequest]):
     """The body of `POST /` and `POST /invocations`: an embedding request, or a similarity one."""
 
 
-def _served_direction(direction: str) -> None:
-    if direction.lower() == "left":
-        raise InvalidArgument(
-            "truncation_direction left is not served: this server keeps a long input's start, as "
-            "sentence-transformers does; send right (the default), or cut the input's start yourself",
-            param="truncation_direction",
-        )
+def cuts_start(direction: str) -> bool:
+    """Whether TEI's truncation_direction cuts a long input's start (left) rather than its end (right)."""
+    return direction.lower() == "left"
 
 
 def from_request(req: EmbedRequest) -> EncodeInput:
-    _served_direction(req.truncation_direction)
     return encode_input(
         req.inputs,
         "inputs",
@@ -170,6 +166,7 @@ def from_request(req: EmbedRequest) -> EncodeInput:
         normalize=req.normalize,
         dimensions=req.dimensions,
         prompt_name=req.prompt_name,
+        truncate_start=cuts_start(req.truncation_direction),
     )
 
 
@@ -250,7 +247,6 @@ def _similarity_call(dataplane: DataPlane, data: Any) -> _Call:
         count_list(dataplane, data["inputs"].get("sentences"), data.get("model", ""), more=1)
     req = validate(SimilarityRequest, data)
     inputs, parameters = req.inputs, req.parameters or SimilarityParameters()
-    _served_direction(parameters.truncation_direction)
     if not inputs.sentences:
         raise InvalidArgument("inputs.sentences is empty: send the texts to compare with the source", param="inputs")
     texts = [inputs.source_sentence, *inputs.sentences]
@@ -264,6 +260,7 @@ def _similarity_call(dataplane: DataPlane, data: Any) -> _Call:
         truncate=parameters.truncate,
         normalize=False,
         prompt_name=parameters.prompt_name,
+        truncate_start=cuts_start(parameters.truncation_direction),
     )
     return _Call(
         asked,

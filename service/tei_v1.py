@@ -8,7 +8,7 @@ unchanged: `Embed` and `EmbedStream`, `Info`, `Tokenize`, `Decode` and their str
   its status, as in TEI (whose responses carry no error field; encoder.v1's stream goes on instead).
 - TEI serves one model. Here the default model, or the one a call's `model` metadata names (name, or
   name:version): an extension, as `model` is on TEI's HTTP routes here.
-- `truncation_direction` LEFT is refused, as on TEI's HTTP routes here (a long input's start is kept).
+- `truncation_direction` as TEI's: RIGHT (the default) keeps a long input's start, LEFT its end.
 - An unset `normalize` is true, as TEI reads it, whatever the model's own default.
 - `Metadata`: the text's characters and tokens (its prompt and special tokens included), the call's time in
   the server, and where it went: tokenisation (with the checks before it), the queue, and the model
@@ -60,15 +60,6 @@ def model_of(context: Context) -> str:
     return next((str(v) for k, v in context.invocation_metadata() or () if k == MODEL_METADATA), "")
 
 
-def served_direction(direction: int) -> None:
-    if direction == pb.TRUNCATION_DIRECTION_LEFT:
-        raise InvalidArgument(
-            "truncation_direction LEFT is not served: this server keeps a long input's start, as "
-            "sentence-transformers does; send RIGHT (the default), or cut the input's start yourself",
-            param="truncation_direction",
-        )
-
-
 def end_stream(request: Any, error: ServiceError) -> Any:
     """A failed request of a stream ends it with its status, as TEI's streams do."""
     raise error
@@ -113,7 +104,6 @@ class TeiServicer:
         """One text's answer; with `headers` (a unary call: a stream's answers share one set of headers), TEI's
         timing headers too, as the call's initial metadata."""
         started = time.perf_counter_ns()
-        served_direction(request.truncation_direction)
         if not request.inputs:  # as TEI refuses it (encoder.v1 embeds an empty text)
             raise InvalidArgument("inputs is an empty string", param="inputs")
         asked = EncodeInput(
@@ -124,6 +114,7 @@ class TeiServicer:
             normalize=request.normalize if request.HasField("normalize") else True,
             prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
             dimensions=request.dimensions if request.HasField("dimensions") else None,
+            truncate_start=request.truncation_direction == pb.TRUNCATION_DIRECTION_LEFT,
         )
         output = await self.dataplane.encode(asked, time_left=context.time_remaining())
         total_ns = time.perf_counter_ns() - started

@@ -245,3 +245,40 @@ def test_a_requests_own_truncate_wins_over_the_servers(tiny_repo: Path) -> None:
         assert got[True] == [limit, limit], auto
         assert f"input 0 is {limit + 2} tokens long" in str(got[False]), auto
         assert got[None] == (got[True] if auto else got[False]), auto
+
+
+def test_cutting_a_long_inputs_start_keeps_its_end_and_its_special_tokens(tiny_repo: Path) -> None:
+    """truncate_start (TEI's truncation_direction left): a text is cut as the tokenizer cuts it from the left, a long
+    one on the pool (no prefix of it will do: its end is kept); token ids keep the opening and closing special
+    tokens they have and the last of the rest, ids without them just the last."""
+    repository = ModelRepository(tiny_repo)
+    model = repository.load(repository.entry(), ScriptedEngine().factory())
+    pool = RecordingPool()
+    pipeline = Pipeline(
+        model, Batcher(model.engine, limits=CPU_LIMITS), CPU_LIMITS, ModelMetrics(Metrics(), "m", 1), tokenize_pool=pool
+    )
+    keep = pipeline.max_tokens
+    reference = Tokenizer.from_str(model.tokenizer.to_str())
+    reference.enable_truncation(keep, direction="left")
+    short, long = "tail " * 50 + "the end", "head " * INLINE_TOKENIZE_CHARS + "the very end"
+
+    async def cut() -> tuple[list[list[int]], list[list[int]]]:
+        texts = [
+            (await pipeline.encode_pre(EncodeInput(texts=[t], truncate=True, truncate_start=True)))[0].tolist()
+            for t in (short, long)
+        ]
+        whole = model.tokenizer.encode(short, add_special_tokens=False).ids * 4  # no special tokens
+        framed = [2, *whole, 3]
+        ids = await pipeline.encode_pre(EncodeInput(token_ids=[framed, whole], truncate=True, truncate_start=True))
+        return texts, [a.tolist() for a in ids]
+
+    try:
+        texts, ids = asyncio.run(cut())
+    finally:
+        pipeline.close()
+        pool.shutdown()
+    assert texts == [reference.encode(short).ids, reference.encode(long).ids]
+    assert all(len(t) == keep for t in texts) and texts[0] != model.tokenizer.encode(short).ids
+    assert pool.names.count("encode_batch") == 1  # the long text, whole; the short one on the loop
+    whole = model.tokenizer.encode(short, add_special_tokens=False).ids * 4
+    assert ids == [[2, *whole[-(keep - 2) :], 3], whole[-keep:]]

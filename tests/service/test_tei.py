@@ -82,10 +82,48 @@ def test_huggingface_hubs_client_raises_with_the_servers_message(srv: ServerThre
         client.feature_extraction("word " * 400, truncate=False)
     assert e.value.response is not None and e.value.response.status_code == 400
     assert "more than the model's maximum of 160" in str(e.value)
-    with pytest.raises(HfHubHTTPError) as e:
-        client.feature_extraction("a", truncate=True, truncation_direction="left")
-    assert "truncation_direction left is not served" in str(e.value)
     assert client.feature_extraction("still here").shape == (1, 32)
+
+
+def kept_end(srv: ServerThread, text: str) -> list[int]:
+    """The ids of `text` cut at its start to the model's maximum, as TEI's truncation_direction left cuts it: its
+    opening and closing special tokens, and between them the last of its own."""
+    whole = [t["id"] for t in embed(srv, {"inputs": text}, "/tokenize").json()[0]]  # no truncate: every token
+    return [whole[0], *whole[1:-1][-(160 - 2) :], whole[-1]]
+
+
+def test_truncation_direction_left_keeps_a_long_inputs_end(srv: ServerThread) -> None:
+    """TEI's `truncation_direction` left (this was a 400 here): a long input's start is cut, its end kept, through
+    huggingface_hub's client, on every TEI route, for texts and for token ids; an input within the maximum is not
+    cut at all."""
+    client = InferenceClient(model=srv.http_url, timeout=WAIT)
+    text = "alpha beta gamma " * 60 + "the end of a long text, which is what the left truncation keeps"
+    end = encode(srv, token_ids=[pb.TokenIds(ids=kept_end(srv, text))], normalize=True)
+    start = encode(srv, texts=[text], normalize=True, truncate=True)
+    assert not np.allclose(end, start, atol=1e-3)  # the two ends of this text embed apart
+    for direction in ("left", "Left"):
+        left = client.feature_extraction(text, truncate=True, truncation_direction=direction)
+        np.testing.assert_allclose(left, end, atol=1e-6)
+    for path in ("/embed", "/", "/invocations"):
+        body = {"inputs": [text, "short"], "truncate": True, "truncation_direction": "left"}
+        got = np.array(embed(srv, body, path).json(), dtype=np.float32)
+        np.testing.assert_allclose(got[:1], end, atol=1e-6)
+        np.testing.assert_allclose(got[1:], encode(srv, texts=["short"], normalize=True), atol=1e-6)
+    # token ids: the same ids cut the same way, the special tokens kept at both ends
+    whole = [t["id"] for t in embed(srv, {"inputs": text}, "/tokenize").json()[0]]
+    ids = embed(srv, {"inputs": [whole], "truncate": True, "truncation_direction": "left"}).json()
+    np.testing.assert_allclose(np.array(ids, dtype=np.float32), end, atol=1e-6)
+    # /similarity cuts its sentences so too
+    parameters = {"truncation_direction": "left", "truncate": True}
+    body = {"inputs": {"source_sentence": text, "sentences": [text, "short"]}, "parameters": parameters}
+    sims = embed(srv, body, "/similarity").json()
+    unit = end[0] / np.linalg.norm(end[0])
+    assert abs(sims[0] - 1.0) < 1e-5
+    short = encode(srv, texts=["short"], normalize=True)[0]
+    assert abs(sims[1] - float(unit @ short)) < 1e-5
+    # refused as the right cut is, when not to cut
+    refused = embed(srv, {"inputs": text, "truncate": False, "truncation_direction": "left"})
+    assert refused.status == 400 and "more than the model's maximum of 160" in refused.json()["error"]
 
 
 def cosines(server: ServerThread, source: str, sentences: list[str], **fields: Any) -> npt.NDArray[np.float64]:
@@ -136,11 +174,6 @@ SIMILARITY_ERRORS = [
         "inputs.sentences 1 is 1602 tokens long, more than the model's maximum of 160 (special tokens included); "
         "shorten it or set parameters.truncate",
     ),
-    (
-        {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"truncation_direction": "left"}},
-        400,
-        "truncation_direction left is not served",
-    ),
     ({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"prompt_name": "q"}}, 400, "prompt 'q'"),
     ({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "model": "nope"}, 404, "model 'nope' is not served"),
 ]
@@ -181,7 +214,6 @@ def test_token_ids_and_the_model_extension(srv: ServerThread) -> None:
         ({"inputs": [[2, 300, 3]]}, 400, "token id 300, outside the vocabulary [0, 256)"),
         ({"inputs": ["a", [2, 3]]}, 400, "inputs: must be a text, a list of texts, a list of token ids"),
         ({"inputs": "word " * 400, "truncate": False}, 400, "more than the model's maximum of 160"),
-        ({"inputs": "a", "truncation_direction": "left"}, 400, "truncation_direction left is not served"),
         ({"inputs": "a", "truncation_direction": "middle"}, 400, "truncation_direction"),
         ({"inputs": "a", "dimensions": 33}, 400, "dimensions is 33; this model's embeddings have 32"),
         ({"inputs": "a", "prompt_name": "query"}, 400, "has no prompt 'query'"),

@@ -110,8 +110,8 @@ def test_embed_stream_answers_in_order_and_a_failed_request_ends_it(channel: grp
     np.testing.assert_allclose([r.embeddings for r in replies], expected, rtol=0, atol=1e-6)
     # TEI's responses carry no error: a request that fails ends the stream with its status, after the answers
     # to the requests before it.
-    left = pb.EmbedRequest(inputs="word", truncation_direction=pb.TRUNCATION_DIRECTION_LEFT)
-    requests = [pb.EmbedRequest(inputs="fine"), left, pb.EmbedRequest(inputs="x")]
+    bad = pb.EmbedRequest(inputs="word", dimensions=33)
+    requests = [pb.EmbedRequest(inputs="fine"), bad, pb.EmbedRequest(inputs="x")]
     call = stub.EmbedStream(iter(requests), timeout=WAIT)
     got = []
     with pytest.raises(grpc.RpcError) as e:
@@ -119,7 +119,25 @@ def test_embed_stream_answers_in_order_and_a_failed_request_ends_it(channel: grp
             got.append(reply)
     assert len(got) == 1
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "truncation_direction LEFT is not served" in (e.value.details() or "")
+    assert "embeddings have 32" in (e.value.details() or "")
+
+
+def test_truncation_direction_left_keeps_a_long_texts_end(channel: grpc.Channel) -> None:
+    """LEFT (refused here before) cuts a long text's start, as TEI's HTTP routes here cut it; RIGHT its end."""
+    stub = pb_grpc.EmbedStub(channel)
+    text = "alpha beta gamma " * 60 + "the end of a long text, which is what the left truncation keeps"
+    cut_start = pb.EmbedRequest(inputs=text, truncate=True, truncation_direction=pb.TRUNCATION_DIRECTION_LEFT)
+    left = stub.Embed(cut_start, timeout=WAIT)
+    right = stub.Embed(pb.EmbedRequest(inputs=text, truncate=True), timeout=WAIT)
+    assert left.metadata.compute_tokens == right.metadata.compute_tokens == 160
+    asked = pb.EncodeRequest(inputs=text, add_special_tokens=True)
+    whole = [t.id for t in pb_grpc.TokenizeStub(channel).Tokenize(asked, timeout=WAIT).tokens]
+    assert len(whole) > 160  # tokenised whole, special tokens at both ends
+    kept = [epb.TokenIds(ids=[whole[0], *whole[1:-1][-158:], whole[-1]])]
+    reply = epb_grpc.EncoderServiceStub(channel).Encode(epb.EncodeRequest(token_ids=kept, normalize=True), timeout=WAIT)
+    np.testing.assert_allclose(left.embeddings, reply.embeddings[0].values, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(right.embeddings, encode(channel, [text], normalize=True)[0], rtol=0, atol=1e-6)
+    assert not np.allclose(left.embeddings, right.embeddings, atol=1e-3)
 
 
 def test_no_auto_truncate_refuses_a_long_text(start: Any, settings: Any) -> None:
@@ -137,11 +155,6 @@ def test_no_auto_truncate_refuses_a_long_text(start: Any, settings: Any) -> None
     ("embed", "code", "message"),
     [
         (pb.EmbedRequest(inputs=""), grpc.StatusCode.INVALID_ARGUMENT, "inputs is an empty string"),
-        (
-            pb.EmbedRequest(inputs="a", truncation_direction=pb.TRUNCATION_DIRECTION_LEFT),
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "truncation_direction LEFT is not served",
-        ),
         (pb.EmbedRequest(inputs="a", dimensions=33), grpc.StatusCode.INVALID_ARGUMENT, "embeddings have 32"),
         (pb.EmbedRequest(inputs="a", prompt_name="query"), grpc.StatusCode.INVALID_ARGUMENT, "no prompt 'query'"),
     ],
