@@ -321,6 +321,7 @@ def _to_float(nodes: list[Any]) -> list[Any]:
     arithmetic (the vectors are bit-identical), 1-5 % faster in process on all-MiniLM-L6-v2 (docs/benchmarks.md,
     "The int8 products as one node"). `nodes` in graph order; the scales' Mul, constant now, goes with it.
     """
+    import onnx
     from onnx import helper
 
     made = {out: n for n in nodes for out in n.output}
@@ -336,13 +337,15 @@ def _to_float(nodes: list[Any]) -> list[Any]:
     fused: dict[int, Any] = {}
     dropped: set[int] = set()
     for n in nodes:
-        if n.op_type != "MatMulInteger":
+        if n.op_type != "MatMulInteger" or len(n.input) != 4:
             continue
         a, b, a_zero, b_zero = n.input
         quantized = made.get(a)
         cast = only_user(n.output[0], "Cast")
-        mul = cast and only_user(cast.output[0], "Mul")
-        scales = mul and made.get(next(i for i in mul.input if i != cast.output[0]))
+        if cast is None or [x.i for x in cast.attribute if x.name == "to"] != [onnx.TensorProto.FLOAT]:
+            continue
+        mul = only_user(cast.output[0], "Mul")
+        scales = mul and made.get(next((i for i in mul.input if i != cast.output[0]), ""))
         if quantized is None or quantized.op_type != "QuantizeLinear" or scales is None:
             continue  # an activation quantised at run time, or not the chain quantize_dynamic writes
         # the scales' product as quantize_dynamic writes it, of the activation's (a constant) and the weight's
