@@ -119,20 +119,44 @@ def _model_names(s: str) -> tuple[str, ...]:
     return names
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(origin: str) -> str:
+    """An origin as a browser's Origin header writes it (`scheme://host[:port]`, the scheme and host in lower case,
+    a non-ASCII host in punycode, no default port), or `*`; SettingsError for what no Origin header can be (a path,
+    even a lone trailing slash; a user; a port out of range): it would match no page, and no page could call."""
+    if origin == "*":
+        return origin
+    parts = urlsplit(origin)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+        host = (parts.hostname or "").encode("idna").decode("ascii")
+    except (ValueError, UnicodeError):
+        port, host = -1, ""
+    if (
+        scheme not in _DEFAULT_PORTS
+        or not host
+        or origin.partition("://")[2] != parts.netloc  # a path, a query, a fragment
+        or parts.username is not None
+        or parts.netloc.endswith(":")
+        or port == -1
+    ):
+        raise SettingsError(
+            f"{origin!r} is not an origin: write scheme://host[:port] with no path (not even a trailing /), or *"
+        )
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    return f"{scheme}://{host}" + ("" if port in (None, _DEFAULT_PORTS[scheme]) else f":{port}")
+
+
 def _origins(s: str) -> tuple[str, ...]:
-    """--cors-allow-origin's comma-separated origins, each as a browser's Origin header writes it
-    (`scheme://host[:port]`), or `*`: a path, even a lone trailing slash, never matches, and allowed nothing."""
-    origins = _names(s)
-    for origin in origins:
-        parts = urlsplit(origin)
-        if origin != "*" and (
-            parts.scheme not in ("http", "https") or not parts.hostname or origin != f"{parts.scheme}://{parts.netloc}"
-        ):
-            raise SettingsError(
-                f"--cors-allow-origin: {origin!r} is not an origin: write scheme://host[:port] with no path (not even "
-                "a trailing /), or *"
-            )
-    return origins
+    """--cors-allow-origin's comma-separated origins (`_origin`); one that names none is refused, as --model's is:
+    read as none given, it would leave every page refused without a word."""
+    if not (origins := _names(s)):
+        raise SettingsError(f"{s!r} names no origin")
+    return tuple(dict.fromkeys(_origin(o) for o in origins))
 
 
 def _path_or_none(s: str) -> Path | None:
@@ -515,10 +539,12 @@ class Settings:
             raise SettingsError(f"--repository: {self.repository} is a file, not a folder")
         if isinstance(self.model, str):  # Settings(model="tiny"): one model
             object.__setattr__(self, "model", _names(self.model))
-        if isinstance(self.cors_allow_origin, str):  # Settings(cors_allow_origin="*"): one origin
-            object.__setattr__(self, "cors_allow_origin", _origins(self.cors_allow_origin))
-        else:
-            _origins(",".join(self.cors_allow_origin))
+        origins = self.cors_allow_origin
+        try:  # Settings(cors_allow_origin="*"): one origin
+            normal = _origins(origins) if isinstance(origins, str) else tuple(dict.fromkeys(map(_origin, origins)))
+        except SettingsError as e:
+            raise SettingsError(f"--cors-allow-origin: {e}") from None
+        object.__setattr__(self, "cors_allow_origin", normal)
         # A model named twice is served once (the start-up log said "until tiny, tiny are loaded").
         object.__setattr__(self, "model", tuple(dict.fromkeys(self.model)))
         for name in self.model:
@@ -661,6 +687,8 @@ class Settings:
             inert.append(("process_timeout", f"watches the processes of {flag('processes')} 2 or more, not 1"))
         if self.metrics_host and not self.metrics_port:
             inert.append(("metrics_host", f"has no listener to place: {flag('metrics_port')} is 0"))
+        if self.cors_allow_origin and not self.http_port:
+            inert.append(("cors_allow_origin", f"has no HTTP API to open to pages: {flag('http_port')} is 0"))
         if self.max_padding is not None and self.batching != "length":
             inert.append(("max_padding", f"is read only with {flag('batching')} length, not {self.batching}"))
         keys = self.api_keys_file or self.admin_keys_file or self.api_keys.keys or self.admin_keys.keys

@@ -5,14 +5,18 @@ Origin header, a preflight's OPTIONS with Access-Control-Request-*) and check th
 
 from __future__ import annotations
 
+import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mhaserve.cli.options import build
 from mhaserve.service.settings import ApiKeys, Settings, SettingsError
 from mhaserve.testing.http import request
+from mhaserve.testing.loopback import WAIT
 from mhaserve.testing.server import ServerThread, local_settings
 
 KEY = "a-cors-test-key"
@@ -28,7 +32,9 @@ def srv(tiny_repo: Path) -> Iterator[ServerThread]:
         yield server
 
 
-def preflight(srv: ServerThread, path: str, origin: str, headers: str = "authorization, content-type") -> dict:  # type: ignore[type-arg]
+def preflight(
+    srv: ServerThread, path: str, origin: str, headers: str = "authorization, content-type"
+) -> dict[str, Any]:
     reply = request(
         "OPTIONS",
         srv.http_url + path,
@@ -94,6 +100,8 @@ def test_off_by_default(tiny_repo: Path) -> None:
     with ServerThread(local_settings(tiny_repo)).ready() as plain:
         got = preflight(plain, "/v1/embeddings", PAGE)
         assert got["status"] == 405 and "access-control-allow-origin" not in got
+    with ServerThread(local_settings(tiny_repo, api_keys=ApiKeys((KEY,)))).ready() as keyed:
+        assert preflight(keyed, "/v1/embeddings", PAGE)["status"] == 401  # the key checked first, as on any route
 
 
 def test_any_origin(tiny_repo: Path) -> None:
@@ -119,11 +127,62 @@ def test_origins_from_flags_and_the_environment() -> None:
         "app.example.com",
         "ftp://app.example.com",
         "https://",
+        "https://user@app.example.com",
+        "https://app.example.com:",
+        "https://app.example.com:99999",
+        "null",
     ],
 )
 def test_what_is_not_an_origin_is_refused(origin: str) -> None:
     """A browser's Origin header is scheme://host[:port]: a path, even a trailing slash, would match nothing."""
     with pytest.raises(SettingsError, match="not an origin"):
         Settings(cors_allow_origin=(origin,))
-    with pytest.raises(SettingsError, match="MHASERVE_CORS_ALLOW_ORIGIN: --cors-allow-origin"):
+    with pytest.raises(SettingsError, match=f"^MHASERVE_CORS_ALLOW_ORIGIN: '{re.escape(origin)}' is not an origin"):
         build({}, env={"MHASERVE_CORS_ALLOW_ORIGIN": origin})
+
+
+def test_an_origin_is_written_as_a_browser_sends_it() -> None:
+    """Browsers send the scheme and host in lower case, a non-ASCII host in punycode and no default port; the
+    comparison is exact, so `https://App.Example.com:443` as given would match no page."""
+    given = ("HTTPS://App.Example.com:443", "http://bücher.example:80", "http://[::1]:8080", "https://app.example.com")
+    assert Settings(cors_allow_origin=given).cors_allow_origin == (
+        "https://app.example.com",
+        "http://xn--bcher-kva.example",
+        "http://[::1]:8080",
+    )
+    for nothing in (",", " , "):  # meant to name origins, names none: refused, as --model's is
+        with pytest.raises(SettingsError, match="names no origin"):
+            build({}, env={"MHASERVE_CORS_ALLOW_ORIGIN": nothing})
+    assert [name for name, _ in Settings(cors_allow_origin=("*",), http_port=0).inert()] == ["cors_allow_origin"]
+
+
+def test_a_preflight_with_a_body_closes_its_connection(srv: ServerThread) -> None:
+    """The preflight's answer comes before the call middleware, which reads (and bounds in time) every body: one
+    sent with a preflight is not read, so its connection closes after the answer, as a refused request's does,
+    rather than stay open as long as its sender trickles it. The answer has its request id, as every answer."""
+    with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as conn:
+        conn.sendall(
+            b"OPTIONS /v1/embeddings HTTP/1.1\r\nhost: x\r\norigin: " + PAGE.encode() + b"\r\n"
+            b"access-control-request-method: POST\r\nx-request-id: pre-1\r\ncontent-length: 1000\r\n\r\nab"
+        )
+        head = conn.recv(65536).split(b"\r\n\r\n")[0].decode().lower()
+        assert head.startswith("http/1.1 200") and "connection: close" in head and "x-request-id: pre-1" in head
+        while conn.recv(65536):  # the server closes it: read to the end
+            pass
+    plain = preflight(srv, "/v1/embeddings", PAGE)
+    assert plain["status"] == 200 and "connection" not in plain and plain["x-request-id"]
+
+
+def test_a_page_on_the_internet_may_call_a_server_on_a_private_address(srv: ServerThread) -> None:
+    """Chrome's Private Network Access: a public page's preflight to a private or loopback address asks for leave;
+    an origin the operator named has it."""
+    reply = request(
+        "OPTIONS",
+        srv.http_url + "/v1/embeddings",
+        headers={
+            "origin": PAGE,
+            "access-control-request-method": "POST",
+            "access-control-request-private-network": "true",
+        },
+    )
+    assert reply.status == 200 and reply.headers["access-control-allow-private-network"] == "true"
