@@ -1061,7 +1061,12 @@ PARITY_BODIES: list[tuple[bytes, str]] = [
 # The same kinds of body, in the same order, for TEI's routes: so the same statuses.
 PARITY_STATUSES = [200, 200, 200, 400, 415, 400, 400, 400, 404, 400, 400]
 TEI_PARITY_BODIES: list[tuple[bytes, str]] = [
-    (b'{"inputs": ["hello world", "a"], "model": "tiny"}', "application/json"),
+    (
+        json.dumps(
+            {"inputs": ["hello world", "word " * 300], "truncate": True, "truncation_direction": "left"}
+        ).encode(),
+        "application/json",
+    ),  # fmt: skip
     (b'{"inputs": "hello world", "dimensions": 8, "normalize": true}', "application/json"),
     (b'{"inputs": [[2, 3, 4], [5, 6]], "normalize": false}', "application/json"),
     (b'{"inputs": "hello"', "application/json"),  # not JSON
@@ -1070,14 +1075,17 @@ TEI_PARITY_BODIES: list[tuple[bytes, str]] = [
     (b'{"inputs": 3}', "application/json"),
     (b'{"inputs": ""}', "application/json"),
     (b'{"inputs": "x", "model": "nope"}', "application/json"),
-    (b'{"inputs": "x", "truncation_direction": "left"}', "application/json"),
+    (b'{"inputs": "x", "dimensions": 0}', "application/json"),
     (json.dumps({"inputs": "word " * 300, "truncate": False}).encode(), "application/json"),  # past the maximum
 ]
 
 SIMILARITY = {"source_sentence": "hello world", "sentences": ["a", "b"]}
 SIMILARITY_PARITY_BODIES: list[tuple[bytes, str]] = [
     (json.dumps({"inputs": SIMILARITY, "model": "tiny"}).encode(), "application/json"),
-    (json.dumps({"inputs": SIMILARITY, "parameters": {"truncate": True}}).encode(), "application/json"),
+    (
+        json.dumps({"inputs": SIMILARITY, "parameters": {"truncate": True, "truncation_direction": "left"}}).encode(),
+        "application/json",
+    ),  # fmt: skip
     (json.dumps({"inputs": SIMILARITY, "parameters": None}).encode(), "application/json"),
     (b'{"inputs": {"source_sentence": "hello"', "application/json"),  # not JSON
     (json.dumps({"inputs": SIMILARITY}).encode(), "text/plain"),  # not declared as JSON
@@ -1085,7 +1093,7 @@ SIMILARITY_PARITY_BODIES: list[tuple[bytes, str]] = [
     (b'{"inputs": {"source_sentence": "hello", "sentences": 3}}', "application/json"),
     (b'{"inputs": {"source_sentence": "", "sentences": ["a"]}}', "application/json"),
     (json.dumps({"inputs": SIMILARITY, "model": "nope"}).encode(), "application/json"),
-    (json.dumps({"inputs": SIMILARITY, "parameters": {"truncation_direction": "left"}}).encode(), "application/json"),
+    (json.dumps({"inputs": SIMILARITY, "parameters": {"truncation_direction": "middle"}}).encode(), "application/json"),
     (
         json.dumps(
             {"inputs": {"source_sentence": "word " * 300, "sentences": ["a"]}, "parameters": {"truncate": False}}
