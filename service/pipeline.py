@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -275,7 +275,7 @@ class Pipeline:
         the loop for long.
         """
         t0 = time.perf_counter()
-        if cut_start:
+        if cut_start and truncate:  # refused when long, the direction changes nothing: the usual way, and cheap
             encodings = await self._tokenize_cutting_start(texts)
         elif sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
             encodings = self._tokenize(list(texts))
@@ -391,8 +391,9 @@ class Pipeline:
         return [tokenizer.encode(text) for text in texts]
 
     async def _tokenize_cutting_start(self, texts: Sequence[str]) -> list[Encoding]:
-        """Texts tokenised by a copy of the tokenizer that cuts a long one's start (made once, off the loop). A long
-        text is tokenised whole on the tokeniser threads: its end is what is kept, so no prefix of it will do."""
+        """Texts tokenised by a copy of the tokenizer that cuts a long one's start (made once, off the loop); long
+        ones on the tokeniser threads, from their end (`encode_long` with `_suffix`), as the usual way tokenises
+        them from their start."""
         loop = asyncio.get_running_loop()
         if self._start_cutting is None:
             self._start_cutting = await loop.run_in_executor(
@@ -401,7 +402,8 @@ class Pipeline:
         tokenizer = self._start_cutting
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
             return [tokenizer.encode(text) for text in texts]
-        return await loop.run_in_executor(self._tokenize_pool, tokenizer.encode_batch, list(texts))
+        limit = self.max_tokens * PREFIX_CHARS_PER_TOKEN
+        return await loop.run_in_executor(self._tokenize_pool, encode_long, tokenizer, list(texts), limit, _suffix)
 
     async def _whole_tokenizer(self) -> Tokenizer:
         """The model's tokenizer without truncation, made once: a copy rebuilt from its JSON, not on the loop."""
@@ -517,11 +519,13 @@ def special_tail(tokenizer: Tokenizer) -> npt.NDArray[np.int64]:
     return np.asarray(enc.ids[len(mask) - n :], dtype=np.int64)
 
 
-def encode_long(tokenizer: Tokenizer, texts: list[str], limit: int) -> list[Encoding]:
+def encode_long(
+    tokenizer: Tokenizer, texts: list[str], limit: int, part: Callable[[str, int], str] | None = None
+) -> list[Encoding]:
     """`tokenizer.encode_batch(texts)`, the same to the last id, with each text longer than `limit` characters
-    tokenised from its start (`_prefix`) and in full only where that start does not already fill the
-    tokenizer's truncation length."""
-    cut = [_prefix(text, limit) for text in texts]
+    tokenised from its start (`_prefix`), or for a tokenizer that cuts a text's start from its end (`_suffix` as
+    `part`), and in full only where that part does not already fill the tokenizer's truncation length."""
+    cut = [(part or _prefix)(text, limit) for text in texts]
     encodings = tokenizer.encode_batch(cut)
     again = [i for i, (text, part, enc) in enumerate(zip(texts, cut, encodings, strict=True))
              if part is not text and not enc.overflowing]  # fmt: skip
@@ -544,3 +548,15 @@ def _prefix(text: str, limit: int) -> str:
         return text
     end = max(text.rfind(space, 0, limit) for space in (" ", "\n", "\t", "\r"))
     return text[:end] if end > 0 else text
+
+
+def _suffix(text: str, limit: int) -> str:
+    """The end of `text` from the first whitespace within its last `limit` characters, or `text` itself (the same
+    object) when it is not longer than that or has none there: `_prefix`'s mirror, for a tokenizer that cuts a
+    text's start. A word that follows whitespace is tokenised as in the whole text, so where the end alone
+    overflows the model's maximum, its start-cut encoding is the whole text's, to the last id (the whitespace is
+    kept: byte-level BPE writes it into the word's first token)."""
+    if len(text) <= limit:
+        return text
+    starts = [i for i in (text.find(space, len(text) - limit) for space in (" ", "\n", "\t", "\r")) if i >= 0]
+    return text[min(starts) :] if starts else text

@@ -9,9 +9,12 @@ component gets plain values (paths, Limits, keys).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import ipaddress
 import math
+import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -122,33 +125,56 @@ def _model_names(s: str) -> tuple[str, ...]:
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def _origin(origin: str) -> str:
-    """An origin as a browser's Origin header writes it (`scheme://host[:port]`, the scheme and host in lower case,
-    a non-ASCII host in punycode, no default port), or `*`; SettingsError for what no Origin header can be (a path,
-    even a lone trailing slash; a user; a port out of range): it would match no page, and no page could call."""
+_HOST_NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
+
+
+def _origin(given: str) -> str:
+    """An origin as a browser's Origin header writes it (`scheme://host[:port]`: the scheme and host in lower case,
+    an IP address in its shortest form, no default port), or `*`; SettingsError for what no Origin header can be
+    (a path, even a lone trailing slash; a user; a port out of range): it would match no page. A host that is not
+    ASCII is refused, to be written in punycode (xn--...) as browsers send it: IDNA's versions map some names
+    differently (straße), and a guess that matches no page is worse than the question."""
+    origin = given.strip()
     if origin == "*":
         return origin
-    parts = urlsplit(origin)
-    scheme = parts.scheme.lower()
     try:
-        port = parts.port
-        host = (parts.hostname or "").encode("idna").decode("ascii")
-    except (ValueError, UnicodeError):
-        port, host = -1, ""
+        parts = urlsplit(origin)
+        port, host = parts.port, parts.hostname or ""
+    except ValueError:
+        parts, port, host = urlsplit(""), -1, ""
+    scheme = parts.scheme.lower()
+    with contextlib.suppress(ValueError):
+        host = ipaddress.ip_address(host).compressed  # 127.0.0.1, ::1: as browsers write an address
+        host = f"[{host}]" if ":" in host else host
     if (
         scheme not in _DEFAULT_PORTS
-        or not host
+        or not (_HOST_NAME.fullmatch(host) or host.startswith("[") or _is_ipv4(host))
+        or _looks_numeric(host)
+        or "%" in host  # an IPv6 zone: no browser sends one
         or origin.partition("://")[2] != parts.netloc  # a path, a query, a fragment
         or parts.username is not None
         or parts.netloc.endswith(":")
         or port == -1
     ):
+        ascii_only = "; write a host that is not ASCII in punycode (xn--...)" if not host.isascii() else ""
         raise SettingsError(
-            f"{origin!r} is not an origin: write scheme://host[:port] with no path (not even a trailing /), or *"
+            f"{given!r} is not an origin: write scheme://host[:port] with no path (not even a trailing /), "
+            f"or *{ascii_only}"
         )
-    if ":" in host:  # an IPv6 address
-        host = f"[{host}]"
     return f"{scheme}://{host}" + ("" if port in (None, _DEFAULT_PORTS[scheme]) else f":{port}")
+
+
+def _is_ipv4(host: str) -> bool:
+    with contextlib.suppress(ValueError):
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address)
+    return False
+
+
+def _looks_numeric(host: str) -> bool:
+    """A host of digits and dots that is not an IPv4 address in its usual form (127.1, 0x7f.0.0.1): browsers read
+    it as an address and send its usual form, which this is not."""
+    last = host.rstrip(".").rpartition(".")[2]
+    return bool(last) and (last.isdigit() or last.lower().startswith("0x")) and not _is_ipv4(host)
 
 
 def _origins(s: str) -> tuple[str, ...]:

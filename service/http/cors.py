@@ -71,7 +71,9 @@ class _Preflights:
         if b"origin" not in headers or b"access-control-request-method" not in headers:
             await self.app(scope, receive, send)  # no preflight: on to the routes (a 405 there)
             return
-        rid = accept_request_id(headers.get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1") or None)
+        # the first x-request-id, as the call middleware takes it (dict() above keeps the last)
+        asked = next((v for k, v in scope["headers"] if k == REQUEST_ID_HEADER.encode()), None)
+        rid = accept_request_id(None if asked is None else asked.decode("latin-1"))
         body = b"transfer-encoding" in headers or headers.get(b"content-length", b"0").strip() not in (b"", b"0")
 
         async def marked(message: Message) -> None:

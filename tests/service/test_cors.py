@@ -131,6 +131,11 @@ def test_origins_from_flags_and_the_environment() -> None:
         "https://app.example.com:",
         "https://app.example.com:99999",
         "null",
+        "https://straße.de",  # IDNA's versions differ on it: written in punycode, as browsers send it
+        "http://127.1",  # browsers send 127.0.0.1
+        "https://exa mple.com",
+        "http://[fe80::1%25eth0]",
+        "https://[::1",
     ],
 )
 def test_what_is_not_an_origin_is_refused(origin: str) -> None:
@@ -144,11 +149,17 @@ def test_what_is_not_an_origin_is_refused(origin: str) -> None:
 def test_an_origin_is_written_as_a_browser_sends_it() -> None:
     """Browsers send the scheme and host in lower case, a non-ASCII host in punycode and no default port; the
     comparison is exact, so `https://App.Example.com:443` as given would match no page."""
-    given = ("HTTPS://App.Example.com:443", "http://bücher.example:80", "http://[::1]:8080", "https://app.example.com")
+    given = (
+        "HTTPS://App.Example.com:443",
+        "http://xn--bcher-kva.example:80",
+        "http://[fe80:0::1]:8080",
+        " https://a.b ",
+    )
     assert Settings(cors_allow_origin=given).cors_allow_origin == (
         "https://app.example.com",
         "http://xn--bcher-kva.example",
-        "http://[::1]:8080",
+        "http://[fe80::1]:8080",
+        "https://a.b",
     )
     for nothing in (",", " , "):  # meant to name origins, names none: refused, as --model's is
         with pytest.raises(SettingsError, match="names no origin"):
@@ -163,7 +174,8 @@ def test_a_preflight_with_a_body_closes_its_connection(srv: ServerThread) -> Non
     with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as conn:
         conn.sendall(
             b"OPTIONS /v1/embeddings HTTP/1.1\r\nhost: x\r\norigin: " + PAGE.encode() + b"\r\n"
-            b"access-control-request-method: POST\r\nx-request-id: pre-1\r\ncontent-length: 1000\r\n\r\nab"
+            b"access-control-request-method: POST\r\nx-request-id: pre-1\r\nx-request-id: pre-2\r\n"
+            b"content-length: 1000\r\n\r\nab"
         )
         head = conn.recv(65536).split(b"\r\n\r\n")[0].decode().lower()
         assert head.startswith("http/1.1 200") and "connection: close" in head and "x-request-id: pre-1" in head

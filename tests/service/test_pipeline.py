@@ -17,7 +17,15 @@ from mhaserve.runtime.repository import ModelRepository
 from mhaserve.service.batching import Batcher
 from mhaserve.service.batching.limits import CPU_LIMITS
 from mhaserve.service.metrics import Metrics, ModelMetrics
-from mhaserve.service.pipeline import INLINE_TOKENIZE_CHARS, PREFIX_CHARS_PER_TOKEN, EncodeInput, Pipeline, encode_long
+from mhaserve.service.pipeline import (
+    INLINE_TOKENIZE_CHARS,
+    PREFIX_CHARS_PER_TOKEN,
+    EncodeInput,
+    Pipeline,
+    _suffix,
+    cutting_start,
+    encode_long,
+)
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT
 
@@ -156,6 +164,35 @@ def test_a_long_text_is_tokenised_from_its_start_with_the_same_ids_as_in_full() 
     assert counting.chars <= limit < len(prose * 200) // 100
 
 
+def test_a_long_text_cut_at_its_start_is_tokenised_from_its_end_with_the_same_ids_as_in_full() -> None:
+    """The mirror for truncation_direction left: from the first whitespace of its last characters, an end that
+    already fills the maximum gives the whole text's start-cut ids, to the last one (a 4 MB text took 3 s of the
+    tokeniser and 500 MB tokenised whole); texts whose end does not are tokenised in full."""
+    tokenizer = cutting_start(_minilm_tokenizer(), 256)
+    limit = 256 * PREFIX_CHARS_PER_TOKEN
+    prose = " ".join(Path("loadtest/corpus.txt").read_text().split()[:3000])
+    texts = {
+        "prose": prose * 20,
+        "accents and case": "Ça Déjà-vu, NAÏVE café! " * 2000,
+        "newlines and tabs": "first line\n\tsecond\r\nthird " * 3000,
+        "whitespace runs": "head " * 100 + " " * (2 * limit) + "word",
+        "no whitespace": "words then " + "a" * (3 * limit),
+        "cjk": "中文字符测试" * 5000,
+        "a long word last": prose + " " + "x" * 500,
+        "exactly at the limit": ("ab " * limit)[:limit],
+        "short": "a short query",
+    }
+    counting = Counting(tokenizer)
+    got = encode_long(counting, list(texts.values()), limit, _suffix)  # type: ignore[arg-type]
+    want = tokenizer.encode_batch(list(texts.values()))
+    for name, g, w in zip(texts, got, want, strict=True):
+        assert g.ids == w.ids and bool(g.overflowing) == bool(w.overflowing), name
+    assert got[0].ids != _minilm_tokenizer().encode(texts["prose"]).ids  # the end kept, not the start
+    counting.chars = 0
+    encode_long(counting, [prose * 200], limit, _suffix)  # type: ignore[arg-type]
+    assert counting.chars <= limit < len(prose * 200) // 100
+
+
 def test_a_very_long_text_refused_for_its_length_is_measured_from_its_start(tiny_repo: Path) -> None:
     repository = ModelRepository(tiny_repo)
     model = repository.load(repository.entry(), ScriptedEngine().factory())
@@ -279,6 +316,6 @@ def test_cutting_a_long_inputs_start_keeps_its_end_and_its_special_tokens(tiny_r
         pool.shutdown()
     assert texts == [reference.encode(short).ids, reference.encode(long).ids]
     assert all(len(t) == keep for t in texts) and texts[0] != model.tokenizer.encode(short).ids
-    assert pool.names.count("encode_batch") == 1  # the long text, whole; the short one on the loop
+    assert pool.names == ["cutting_start", "encode_long"]  # the copy, made once; the long text from its end
     whole = model.tokenizer.encode(short, add_special_tokens=False).ids * 4
     assert ids == [[2, *whole[-(keep - 2) :], 3], whole[-keep:]]
