@@ -520,12 +520,12 @@ def special_tail(tokenizer: Tokenizer) -> npt.NDArray[np.int64]:
 
 
 def encode_long(
-    tokenizer: Tokenizer, texts: list[str], limit: int, part: Callable[[str, int], str] | None = None
+    tokenizer: Tokenizer, texts: list[str], limit: int, cut_to: Callable[[str, int], str] | None = None
 ) -> list[Encoding]:
     """`tokenizer.encode_batch(texts)`, the same to the last id, with each text longer than `limit` characters
     tokenised from its start (`_prefix`), or for a tokenizer that cuts a text's start from its end (`_suffix` as
-    `part`), and in full only where that part does not already fill the tokenizer's truncation length."""
-    cut = [(part or _prefix)(text, limit) for text in texts]
+    `cut_to`), and in full only where that part does not already fill the tokenizer's truncation length."""
+    cut = [(cut_to or _prefix)(text, limit) for text in texts]
     encodings = tokenizer.encode_batch(cut)
     again = [i for i, (text, part, enc) in enumerate(zip(texts, cut, encodings, strict=True))
              if part is not text and not enc.overflowing]  # fmt: skip
