@@ -217,7 +217,8 @@ def quantize(
     found = products(graph)
     if not any(p.role == "qkv" for p in found):
         raise ValueError(f"{src.name} has no fused Attention: quantise the fused (--optimize) graph")
-    report = QuantizeReport(plan=plan.to_dict())
+    # the plan as it was carried out: without fixed ranges there is no chain of ours to make one node
+    report = QuantizeReport(plan=plan.to_dict() | {"to_float": plan.to_float and plan.fixed_ranges})
     constants: dict[str, npt.NDArray[np.generic]] = {
         "axes": np.array([-1], dtype=np.int64),
         "eps": np.array(1e-6, dtype=np.float32),

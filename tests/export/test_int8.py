@@ -79,7 +79,12 @@ def test_every_product_is_int8_with_reduced_range_per_channel_weights(tiny_entry
     assert sorted(np.round(r, 3).tolist() for r in scaled.values()) == [[-1.008, 1.0]] * L + [[-0.203, 1.0]] * L
     assert sorted(how["int8"]) == sorted(f"{i}.{r}" for i in range(L) for r in quantize.ROLES)
     assert sorted(how["row_scaled"]) == sorted(f"{i}.{r}" for i in range(L) for r in ("ffn_up", "ffn_down"))
-    assert how["plan"]["reduce_range"] and how["fp32"] == [] and how["plain_layer_norms"] == 2 * L
+    assert (
+        how["plan"]["reduce_range"]
+        and how["plan"]["to_float"]
+        and how["fp32"] == []
+        and how["plain_layer_norms"] == 2 * L
+    )
 
 
 def test_an_int8_vector_does_not_depend_on_its_batch(tiny_entry: Path, tmp_path: Path) -> None:
@@ -107,8 +112,9 @@ def test_an_int8_vector_does_not_depend_on_its_batch(tiny_entry: Path, tmp_path:
     assert moved(tiny_entry / "model.int8.onnx") < 1e-6  # float rounding (3e-7 here)
     # the same graph with the ranges taken per batch, as ONNX Runtime's dynamic quantisation does
     dynamic = tmp_path / "dynamic.onnx"
-    quantize.quantize(tiny_entry / "model.optimized.onnx", dynamic, quantize.Int8Plan(fixed_ranges=False))
+    how = quantize.quantize(tiny_entry / "model.optimized.onnx", dynamic, quantize.Int8Plan(fixed_ranges=False))
     assert moved(dynamic) > 1e-4
+    assert how.plan["to_float"] is False  # no chain of its own to make one node: the manifest says what was done
 
 
 def test_fixed_ranges_need_a_calibration_set(tiny_entry: Path, tmp_path: Path) -> None:
