@@ -135,11 +135,14 @@ class Counting:
         return self.tokenizer.encode_batch(texts)
 
 
-def test_a_long_text_is_tokenised_from_its_start_with_the_same_ids_as_in_full() -> None:
+@pytest.mark.parametrize("cut_start", [False, True], ids=["end cut", "start cut"])
+def test_a_long_text_is_tokenised_from_the_end_it_keeps_with_the_same_ids_as_in_full(cut_start: bool) -> None:
     """A 4 MB text cost seconds of the tokeniser and a gigabyte for the 256 tokens it is cut to. Cut before a
     whitespace, a start that already fills the maximum gives the whole text's truncated ids, to the last one;
-    texts whose start does not (whitespace runs, no whitespace at all) are tokenised in full as before."""
-    tokenizer = _minilm_tokenizer()
+    texts whose start does not (whitespace runs, no whitespace at all) are tokenised in full as before. The
+    mirror for a tokenizer that cuts a text's start (truncation_direction left; `_suffix`): the same texts
+    reversed, whose ends are the others' starts."""
+    tokenizer = cutting_start(_minilm_tokenizer(), 256) if cut_start else _minilm_tokenizer()
     limit = 256 * PREFIX_CHARS_PER_TOKEN
     prose = " ".join(Path("loadtest/corpus.txt").read_text().split()[:3000])
     texts = {
@@ -153,43 +156,17 @@ def test_a_long_text_is_tokenised_from_its_start_with_the_same_ids_as_in_full() 
         "exactly at the limit": ("ab " * limit)[:limit],
         "short": "a short query",
     }
+    if cut_start:
+        texts = {name: text[::-1] for name, text in texts.items()}
+    part = _suffix if cut_start else None
     counting = Counting(tokenizer)
-    got = encode_long(counting, list(texts.values()), limit)  # type: ignore[arg-type]
+    got = encode_long(counting, list(texts.values()), limit, part)  # type: ignore[arg-type]
     want = tokenizer.encode_batch(list(texts.values()))
     for name, g, w in zip(texts, got, want, strict=True):
         assert g.ids == w.ids and bool(g.overflowing) == bool(w.overflowing), name
-    # the prose and the like were read from their start only
+    # the prose and the like were read from the end they keep only
     counting.chars = 0
-    encode_long(counting, [prose * 200], limit)  # type: ignore[arg-type]
-    assert counting.chars <= limit < len(prose * 200) // 100
-
-
-def test_a_long_text_cut_at_its_start_is_tokenised_from_its_end_with_the_same_ids_as_in_full() -> None:
-    """The mirror for truncation_direction left: from the first whitespace of its last characters, an end that
-    already fills the maximum gives the whole text's start-cut ids, to the last one (a 4 MB text took 3 s of the
-    tokeniser and 500 MB tokenised whole); texts whose end does not are tokenised in full."""
-    tokenizer = cutting_start(_minilm_tokenizer(), 256)
-    limit = 256 * PREFIX_CHARS_PER_TOKEN
-    prose = " ".join(Path("loadtest/corpus.txt").read_text().split()[:3000])
-    texts = {
-        "prose": prose * 20,
-        "accents and case": "Ça Déjà-vu, NAÏVE café! " * 2000,
-        "newlines and tabs": "first line\n\tsecond\r\nthird " * 3000,
-        "whitespace runs": "head " * 100 + " " * (2 * limit) + "word",
-        "no whitespace": "words then " + "a" * (3 * limit),
-        "cjk": "中文字符测试" * 5000,
-        "a long word last": prose + " " + "x" * 500,
-        "exactly at the limit": ("ab " * limit)[:limit],
-        "short": "a short query",
-    }
-    counting = Counting(tokenizer)
-    got = encode_long(counting, list(texts.values()), limit, _suffix)  # type: ignore[arg-type]
-    want = tokenizer.encode_batch(list(texts.values()))
-    for name, g, w in zip(texts, got, want, strict=True):
-        assert g.ids == w.ids and bool(g.overflowing) == bool(w.overflowing), name
-    assert got[0].ids != _minilm_tokenizer().encode(texts["prose"]).ids  # the end kept, not the start
-    counting.chars = 0
-    encode_long(counting, [prose * 200], limit, _suffix)  # type: ignore[arg-type]
+    encode_long(counting, [prose * 200], limit, part)  # type: ignore[arg-type]
     assert counting.chars <= limit < len(prose * 200) // 100
 
 
