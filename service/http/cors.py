@@ -29,6 +29,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mhaserve.service.context import REQUEST_ID_HEADER, accept_request_id
+from mhaserve.service.http.middleware import has_body, header
 from mhaserve.service.tei_timing import DESCRIPTIONS as TIMING_HEADERS
 
 METHODS = ("GET", "POST")
@@ -67,14 +68,11 @@ class _Preflights:
         if scope["type"] != "http" or scope["method"] != "OPTIONS":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        if b"origin" not in headers or b"access-control-request-method" not in headers:
+        if header(scope, b"origin") is None or header(scope, b"access-control-request-method") is None:
             await self.app(scope, receive, send)  # no preflight: on to the routes (a 405 there)
             return
-        # the first x-request-id, as the call middleware takes it (dict() above keeps the last)
-        asked = next((v for k, v in scope["headers"] if k == REQUEST_ID_HEADER.encode()), None)
-        rid = accept_request_id(None if asked is None else asked.decode("latin-1"))
-        body = b"transfer-encoding" in headers or headers.get(b"content-length", b"0").strip() not in (b"", b"0")
+        rid = accept_request_id(header(scope, REQUEST_ID_HEADER.encode()))  # the first, as the call middleware's
+        body = has_body(scope)
 
         async def marked(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -63,9 +63,10 @@ log.addFilter(REFUSALS)
 Gate = Callable[[float | None], Awaitable[ServiceError | None]]
 
 
-def _has_body(scope: Scope) -> bool:
-    length = _header(scope, b"content-length")
-    return _header(scope, b"transfer-encoding") is not None or (length is not None and length.strip() not in ("", "0"))
+def has_body(scope: Scope) -> bool:
+    """Whether a request announces a body (a length above 0, or chunks)."""
+    length = header(scope, b"content-length")
+    return header(scope, b"transfer-encoding") is not None or (length is not None and length.strip() not in ("", "0"))
 
 
 def loggable(path: str) -> str:
@@ -102,7 +103,7 @@ class _ClientGone(Exception):
     """The client disconnected before it had sent its whole request."""
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
             return str(value.decode("latin-1"))
@@ -166,7 +167,7 @@ class CallMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        rid = accept_request_id(_header(scope, REQUEST_ID_HEADER.encode()))
+        rid = accept_request_id(header(scope, REQUEST_ID_HEADER.encode()))
         request_id.set(rid)
         path: str = scope["path"]
         response: dict[str, Any] = {"status": 0, "complete": False}
@@ -209,7 +210,7 @@ class CallMiddleware:
                 refusal, gate = await gate(None), None
             if refusal is not None:
                 refused = True
-                if _has_body(scope):
+                if has_body(scope):
                     # Refused unread: the connection closes after the answer, or a client without a key could
                     # trickle that body for as long as it likes (the read timeout guards only bodies read).
                     scope[UNREAD_KEY] = True
@@ -248,7 +249,7 @@ class CallMiddleware:
         or never finishes, as the routes needing a key refuse it unread; a body announced is left unread."""
         if not (scope["method"] in ("GET", "HEAD") and path in self.open_gets):
             return True
-        if _has_body(scope):
+        if has_body(scope):
             scope[UNREAD_KEY] = True
         return False
 
@@ -279,7 +280,7 @@ class CallMiddleware:
         is usually still sending, reads the 413 instead of a connection reset; a larger one is refused
         at once and the connection closed (UNREAD_KEY tells `_error`).
         """
-        length = _header(scope, b"content-length")
+        length = header(scope, b"content-length")
         declared = None if length is None else number(length)
         if declared is not None and declared > max(self.max_body_bytes, DRAIN_BYTES):
             scope[UNREAD_KEY] = True
@@ -322,7 +323,7 @@ class CallMiddleware:
             incoming.held -= held
         if size > self.max_body_bytes:
             raise TooLarge(self._too_large(size, at_least=declared is None))
-        return self._decode(b"".join(chunks), _header(scope, b"content-encoding"))
+        return self._decode(b"".join(chunks), header(scope, b"content-encoding"))
 
     def _decode(self, body: bytes, encoding: str | None) -> bytes:
         """A gzip or deflate body (tritonclient can send them), inflated within the size limit."""
@@ -425,7 +426,7 @@ class CallMiddleware:
         ServiceError is a bug, which `_run` logs and answers as the framework's handler would)."""
         scope["route"] = fast
         try:
-            out = await fast.handler(body, _header(scope, b"content-type"))
+            out = await fast.handler(body, header(scope, b"content-type"))
         except ServiceError as e:
             await self._error(e, scope, rid, send)
             return
