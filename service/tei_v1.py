@@ -7,7 +7,8 @@ unchanged: `Embed` and `EmbedStream`, `Info`, `Tokenize`, `Decode` and their str
   batch together (and with other clients'), and answered in order. A request that fails ends its stream with
   its status, as in TEI (whose responses carry no error field; encoder.v1's stream goes on instead).
 - TEI serves one model. Here the default model, or the one a call's `model` metadata names (name, or
-  name:version): an extension, as `model` is on TEI's HTTP routes here.
+  name:version): an extension, as `model` is on TEI's HTTP routes here. An `EmbedStream` is answered by one
+  version of it, the one served at its first request, held until the stream ends (`embed_stream`).
 - `truncation_direction` as TEI's: RIGHT (the default) keeps a long input's start, LEFT its end.
 - An unset `normalize` is true, as TEI reads it, whatever the model's own default.
 - `Metadata`: the text's characters and tokens (its prompt and special tokens included), the call's time in
@@ -20,6 +21,7 @@ unchanged: `Embed` and `EmbedStream`, `Info`, `Tokenize`, `Decode` and their str
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
@@ -100,9 +102,39 @@ class TeiServicer:
         iterate it, may return one rather than be one)."""
         return ordered(requests, compute, end_stream, count=stream_counter(self.metrics, method))
 
-    async def embed(self, request: pb.EmbedRequest, context: Context, *, headers: bool = False) -> pb.EmbedResponse:
-        """One text's answer; with `headers` (a unary call: a stream's answers share one set of headers), TEI's
-        timing headers too, as the call's initial metadata."""
+    async def embed_stream(
+        self, requests: AsyncIterator[pb.EmbedRequest], context: Context
+    ) -> AsyncIterator[pb.EmbedResponse]:
+        """EmbedStream's answers, all by one version of the model: the one served at the stream's first request,
+        held until the stream ends, as a JSON Lines body's (service/tei.py). TEI's answers name no version:
+        resolved a request at a time, a version published meanwhile answered the requests after it, two
+        embedding spaces in one stream with nothing to tell them apart."""
+        with contextlib.ExitStack() as holding:
+            pinned: list[Pipeline] = []
+
+            def pipeline() -> Pipeline:
+                # Resolved by the first request computed (requests start in order, and this has no await in it)
+                if not pinned:
+                    found = self.dataplane.resolve(model_of(context))
+                    holding.enter_context(found.held())
+                    pinned.append(found)
+                return pinned[0]
+
+            compute = lambda r: self.embed(r, context, pipeline=pipeline)  # noqa: E731
+            async for response in self.stream("tei.v1.Embed/EmbedStream", requests, compute):
+                yield response
+
+    async def embed(
+        self,
+        request: pb.EmbedRequest,
+        context: Context,
+        *,
+        headers: bool = False,
+        pipeline: Callable[[], Pipeline] | None = None,
+    ) -> pb.EmbedResponse:
+        """One text's answer, by the model version `pipeline` gives (the model's latest served where None); with
+        `headers` (a unary call: a stream's answers share one set of headers), TEI's timing headers too, as the
+        call's initial metadata."""
         started = time.perf_counter_ns()
         if not request.inputs:  # as TEI refuses it (encoder.v1 embeds an empty text)
             raise InvalidArgument("inputs is an empty string", param="inputs")
@@ -116,7 +148,8 @@ class TeiServicer:
             dimensions=request.dimensions if request.HasField("dimensions") else None,
             truncate_start=request.truncation_direction == pb.TRUNCATION_DIRECTION_LEFT,
         )
-        output = await self.dataplane.encode(asked, time_left=context.time_remaining())
+        served = self.dataplane.resolve(asked.model) if pipeline is None else pipeline()
+        output = await served.encode(asked, time_left=context.time_remaining())
         total_ns = time.perf_counter_ns() - started
         if headers:
             await context.send_initial_metadata(timing(len(request.inputs), output, total_ns))
@@ -185,7 +218,7 @@ class _Embed(pb_grpc.EmbedServicer):
     def EmbedStream(
         self, request_iterator: AsyncIterator[pb.EmbedRequest], context: Context
     ) -> AsyncIterator[pb.EmbedResponse]:
-        return self.tei.stream("tei.v1.Embed/EmbedStream", request_iterator, lambda r: self.tei.embed(r, context))
+        return self.tei.embed_stream(request_iterator, context)
 
     async def EmbedSparse(self, request: Any, context: Context) -> Any:
         raise not_served("EmbedSparse (sparse embeddings, a SPLADE model's)")

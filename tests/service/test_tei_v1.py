@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import queue
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as epb_grpc
 from mhaserve.proto.tei.v1 import tei_pb2 as pb
 from mhaserve.proto.tei.v1 import tei_pb2_grpc as pb_grpc
 from mhaserve.testing.http import request
-from mhaserve.testing.loopback import WAIT
+from mhaserve.testing.loopback import WAIT, wait_until
 from mhaserve.testing.metrics import scrape
 from mhaserve.testing.server import ServerThread, local_settings
 from tests.kserve.triton_client import describe_file
@@ -340,3 +341,50 @@ def test_our_proto_has_teis_wire_format(tmp_path: Path) -> None:
     theirs, mine = describe_file(pool.FindFileByName(upstream.name)), describe_file(pb.DESCRIPTOR)
     assert "tei.v1.EmbedRequest" in theirs and "tei.v1.Embed" in theirs, "nothing to compare"
     assert mine == theirs
+
+
+def test_a_stream_is_answered_by_one_version_of_its_model(tmp_path: Path, grpc_front: str) -> None:
+    """TEI's answers name no version: an EmbedStream open while a version was published had its later texts
+    answered by it, two embedding spaces in one stream with nothing to tell them apart. A stream now keeps the
+    version served at its first request until it ends, as a JSON Lines body does; the next stream gets the new."""
+    from tests.service.test_models import publish_copy
+
+    opts = ExportOptions(source="random", repository=tmp_path, name="m", version=1, random_config=dict(TINY), seed=3)
+    export_entry(opts, out=io.StringIO())
+    settings = local_settings(tmp_path, grpc_front=grpc_front, model_control="poll", repository_poll_s=0.05)
+    with ServerThread(settings) as srv, srv.ready().channel() as channel:
+        stub = pb_grpc.EmbedStub(channel)
+        old = srv.server.dataplane.resolve("m")
+        sent: queue.Queue[pb.EmbedRequest | None] = queue.Queue()
+        stream = stub.EmbedStream(iter(sent.get, None), timeout=WAIT)
+        sent.put(pb.EmbedRequest(inputs="the same text"))
+        first = next(stream).embeddings
+        # and a second stream in the same version, which its client cancels: it lets go of the version too
+        cancelled_sent: queue.Queue[pb.EmbedRequest | None] = queue.Queue()
+        cancelled = stub.EmbedStream(iter(cancelled_sent.get, None), timeout=WAIT)
+        cancelled_sent.put(pb.EmbedRequest(inputs="the same text"))
+        np.testing.assert_array_equal(next(cancelled).embeddings, first)
+        publish_copy(tmp_path, "m", 1, 2, seed=4)
+        wait_until(lambda: _serves(channel, 2), "version 2 served")
+        wait_until(lambda: not _serves(channel, 1), "version 1 retired for new requests")
+        new = stub.Embed(pb.EmbedRequest(inputs="the same text"), timeout=WAIT).embeddings
+        assert not np.allclose(new, first, atol=1e-3)  # the versions tell apart
+        sent.put(pb.EmbedRequest(inputs="the same text"))
+        np.testing.assert_array_equal(next(stream).embeddings, first)  # the stream's own version still
+        sent.put(None)
+        assert list(stream) == []
+        assert not old.closed  # held by the cancelled one's stream still
+        cancelled.cancel()
+        wait_until(lambda: old.closed, "the retired version closed once no stream holds it")
+        again = stub.EmbedStream(iter([pb.EmbedRequest(inputs="the same text")]), timeout=WAIT)
+        np.testing.assert_array_equal(next(again).embeddings, new)
+
+
+def _serves(channel: grpc.Channel, version: int) -> bool:
+    try:
+        encode(channel, ["x"], model_version=version)
+    except grpc.RpcError as e:
+        if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):  # retired; loading
+            return False
+        raise
+    return True
