@@ -509,6 +509,11 @@ def _utf8(text: str, where: str) -> str:
     return text
 
 
+# How many times encode starts its texts again when the version it pinned is retired: a deployment publishes
+# one version, rarely two; more means versions keep coming faster than the texts are encoded.
+ENCODE_RESTARTS = 3
+
+
 def _encode(args: argparse.Namespace) -> int:
     from mhaserve.service import client
     from mhaserve.service.tls import TlsError
@@ -529,8 +534,10 @@ def _encode(args: argparse.Namespace) -> int:
         return 2
     response = None
     model = args.model
+    restarts = 0
+    start = 0
     with channel:  # one connection for every batch
-        for start in range(0, len(texts), args.batch_size):
+        while start < len(texts):
             batch = texts[start : start + args.batch_size]
             try:
                 part = client.encode(
@@ -549,6 +556,25 @@ def _encode(args: argparse.Namespace) -> int:
             except grpc.RpcError as e:
                 # The server numbers the inputs of its request ("input 0 is 202 tokens long"), not the texts.
                 where = f"the request of texts {start} to {start + len(batch) - 1}: " if len(texts) > len(batch) else ""
+                # The version pinned below retired by a newer one: the user named no version, and the docs promise
+                # new versions without a failed request, so all the texts again from the version served now.
+                if e.code() == grpc.StatusCode.NOT_FOUND and response is not None and model != args.model:
+                    if restarts == ENCODE_RESTARTS:
+                        print(
+                            f"mhaserve encode: error: {where}NOT_FOUND: {e.details()}; the model's version changed "
+                            f"{restarts + 1} times while encoding: run it again once new versions stop coming",
+                            file=sys.stderr,
+                        )
+                        return 1
+                    print(
+                        f"mhaserve encode: model {response.model} version {response.model_version} was replaced while "
+                        f"encoding ({e.details()}): encoding the {len(texts)} texts again, from the start, with the "
+                        "version served now",
+                        file=sys.stderr,
+                    )
+                    restarts += 1
+                    response, model, start = None, args.model, 0
+                    continue
                 return _rpc_error("encode", e, where)
             if response is None:
                 response = part
@@ -557,6 +583,7 @@ def _encode(args: argparse.Namespace) -> int:
             else:
                 response.embeddings.extend(part.embeddings)
                 response.usage.input_tokens += part.usage.input_tokens
+            start += len(batch)
     assert response is not None  # texts is never empty
     return _output("encode", client.summary(texts, response) if args.summary else client.embeddings_json(response))
 

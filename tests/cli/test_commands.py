@@ -32,7 +32,8 @@ from mhaserve.service.settings import Settings
 from mhaserve.testing.http import request
 from mhaserve.testing.loopback import WAIT, free_port, free_ports, wait_until
 from mhaserve.testing.metrics import scrape
-from mhaserve.testing.server import ServerThread
+from mhaserve.testing.server import ServerThread, bare_settings
+from tests.service.test_models import export, publish_copy
 
 MHASERVE = str(Path(sys.executable).parent / "mhaserve")
 
@@ -422,6 +423,115 @@ def test_encode_sends_many_texts_in_requests_the_server_takes(
     with pytest.raises(SystemExit) as e:
         main(["encode", "x", "--batch-size", "0"])
     assert e.value.code == 2
+
+
+ENCODE = client.encode
+
+
+@pytest.fixture
+def polled(tmp_path: Path) -> Iterator[tuple[ServerThread, Path]]:
+    """A server of model m, version 1, that polls its repository: a version published is served and the one
+    before it retired within a poll."""
+    export(tmp_path, "m", 1, seed=1)
+    srv = ServerThread(bare_settings(tmp_path, "m", model_control="poll", repository_poll_s=0.05))
+    yield srv.ready(), tmp_path
+    srv.stop()
+
+
+def _retired(address: str, version: int) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            pb_grpc.EncoderServiceStub(channel).Encode(
+                pb.EncodeRequest(texts=["x"], model="m", model_version=version), timeout=WAIT
+            )
+        except grpc.RpcError as e:
+            return e.code() == grpc.StatusCode.NOT_FOUND
+    return False
+
+
+def _replace_versions(monkeypatch: pytest.MonkeyPatch, srv: ServerThread, repo: Path, times: int = 1) -> list[str]:
+    """client.encode made to publish a new version of m after each of its first `times` answers and wait until the
+    version that answered is retired, as a deployment between two of encode's requests would. Returns the list
+    of the `model` each request named."""
+    asked: list[str] = []
+    answered = 0
+
+    def encode(address: str, texts: list[str], **kw: Any) -> pb.EncodeResponse:
+        nonlocal answered
+        asked.append(kw["model"])
+        response = ENCODE(address, texts, **kw)
+        if answered < times:
+            answered += 1
+            version = response.model_version
+            publish_copy(repo, "m", 1, version + 1, seed=version + 1)
+            wait_until(lambda: _retired(srv.address, version), f"version {version} retired")
+        return response
+
+    monkeypatch.setattr(client, "encode", encode)
+    return asked
+
+
+def test_encode_starts_again_with_the_new_version_when_the_one_it_pinned_is_retired(
+    polled: tuple[ServerThread, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bug: encode pins name:version after its first request, and a version published meanwhile (the one
+    pinned retired) failed the next request with NOT_FOUND: exit 1, nothing printed, every vector thrown away,
+    though the user named no version. It starts again from the first text with the version served now."""
+    srv, repo = polled
+    texts = [f"text number {i}" for i in range(7)]
+    asked = _replace_versions(monkeypatch, srv, repo)
+    monkeypatch.setattr("sys.stdin", stdin("\n".join(texts) + "\n"))
+    command = ["encode", "-", "--address", srv.address, "--model", "m", "--batch-size", "3"]
+    assert main([*command, "--summary"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("m version 2: 7 embeddings of 32 dimensions"), out
+    assert err == (
+        "mhaserve encode: model m version 1 was replaced while encoding (model 'm' version '1' is not served here "
+        "(serving version 2)): encoding the 7 texts again, from the start, with the version served now\n"
+    )
+    assert asked == ["m", "m:1", "m", "m:2", "m:2"]
+
+    # the vectors printed are all version 3's, once 2 is retired after the first request in its turn
+    _replace_versions(monkeypatch, srv, repo)
+    monkeypatch.setattr("sys.stdin", stdin("\n".join(texts) + "\n"))
+    assert main(command) == 0
+    out, err = capsys.readouterr()
+    assert "version 2 was replaced" in err
+    vectors = np.array([json.loads(line) for line in out.splitlines()])
+    np.testing.assert_allclose(vectors, client.vectors(ENCODE(srv.address, texts, model="m:3")), atol=1e-6)
+
+
+def test_encode_of_a_version_named_is_not_started_again_and_a_version_that_keeps_changing_fails(
+    polled: tuple[ServerThread, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version the user named is what they asked for: its retirement is the error, as before."""
+    srv, repo = polled
+    texts = "\n".join(f"text number {i}" for i in range(7))
+    asked = _replace_versions(monkeypatch, srv, repo)
+    monkeypatch.setattr("sys.stdin", stdin(texts))
+    assert main(["encode", "-", "--address", srv.address, "--model", "m:1", "--batch-size", "3"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and asked == ["m:1", "m:1"]
+    assert err == (
+        "mhaserve encode: error: the request of texts 3 to 5: NOT_FOUND: model 'm' version '1' is not served here "
+        "(serving version 2)\n"
+    )
+
+    # a new version after every answer: three starts again, then the error, which says the versions kept changing
+    asked = _replace_versions(monkeypatch, srv, repo, times=4)
+    monkeypatch.setattr("sys.stdin", stdin(texts))
+    assert main(["encode", "-", "--address", srv.address, "--batch-size", "3"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and asked == ["", "m:2", "", "m:3", "", "m:4", "", "m:5"]
+    *again, last = err.splitlines()
+    assert [line.split(" was replaced")[0] for line in again] == [
+        f"mhaserve encode: model m version {v}" for v in (2, 3, 4)
+    ]
+    assert last == (
+        "mhaserve encode: error: the request of texts 3 to 5: NOT_FOUND: model 'm' version '5' is not served here "
+        "(serving version 6); the model's version changed 4 times while encoding: run it again once new versions "
+        "stop coming"
+    ), last
 
 
 def test_encode_into_a_pipe_closed_early_is_quiet(server: ServerThread) -> None:
