@@ -1214,6 +1214,13 @@ STREAM_ERRORS = {
     "a name in uppercase": ([_headers(*_REQUEST, ("X-Tag", "1"))], f.PROTOCOL_ERROR),
     "a connection-specific header": ([_headers(*_REQUEST, ("connection", "keep-alive"))], f.PROTOCOL_ERROR),
     "TE other than trailers": ([_headers(*_REQUEST, ("te", "gzip"))], f.PROTOCOL_ERROR),
+    # RFC 9113 8.2.1 (a review's finding: an empty name raised IndexError and took the connection's calls down)
+    "an empty name": ([_headers(*_REQUEST, ("", "x"))], f.PROTOCOL_ERROR),
+    "a name with a space": ([_headers(*_REQUEST, ("x tag", "1"))], f.PROTOCOL_ERROR),
+    "a name with NUL": ([_headers(*_REQUEST, ("x\x00", "1"))], f.PROTOCOL_ERROR),
+    "a name with a colon past its start": ([_headers(*_REQUEST, ("x:y", "1"))], f.PROTOCOL_ERROR),
+    "a value with CR LF": ([_headers(*_REQUEST, ("x-tag", "a\r\nb"))], f.PROTOCOL_ERROR),
+    "a value with NUL": ([_headers(*_REQUEST, ("x-tag", "a\x00b"))], f.PROTOCOL_ERROR),
 }
 
 

@@ -95,7 +95,13 @@ log = logging.getLogger(__name__)
 # A line for each connection that is not gRPC (curl http:// to this port, a scanner, a balancer's check in the wrong
 # protocol) or breaks HTTP/2: a client can write them as often as it likes, and 600 buried the log. At most one a
 # minute of each, saying how many were left out, as the HTTP port's (http/server.py).
-BAD_CONNECTIONS = Throttle(("answered an HTTP/1.x request on the gRPC port", "closing a gRPC connection from"))
+BAD_CONNECTIONS = Throttle(
+    (
+        "answered an HTTP/1.x request on the gRPC port",
+        "closing a gRPC connection from",
+        "a fault of ours reading a gRPC connection's frames",
+    )
+)
 log.addFilter(BAD_CONNECTIONS)
 # hpack logs every header it decodes at debug level: API keys included, and a cost on every call.
 logging.getLogger("hpack").setLevel(logging.INFO)
@@ -399,6 +405,13 @@ class Connection(asyncio.Protocol):
             return
         except ConnectionError_ as e:
             self._close(e.code, str(e), out)
+            return
+        except Exception:
+            # A fault of ours, that frames a client chose reached (an empty header name once did): that connection
+            # ends with a GOAWAY, its calls cancelled, rather than with no word (asyncio's "Fatal error" reset it),
+            # and the others go on. Logged with its traceback, once a minute at most.
+            log.exception("a fault of ours reading a gRPC connection's frames, from %s", self.peer or "a client")
+            self._close(f.INTERNAL_ERROR, "an internal error of the server's", out)
             return
         if self.received >= CONNECTION_WINDOW // 2:
             out.append(f.window_update(0, self.received))

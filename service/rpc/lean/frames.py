@@ -9,6 +9,7 @@ any connection, in any order. Only decoding needs a table (the `hpack` package, 
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterable, Iterator
 
 import hpack
@@ -192,6 +193,12 @@ def metadata_from_header(key: str, value: str) -> str | bytes:
 
 
 _REQUEST_PSEUDO = frozenset({":method", ":scheme", ":path", ":authority"})
+# RFC 9113 8.2.1: a name is visible ASCII but uppercase and colons, after a pseudo-header's one colon; a value
+# holds no NUL, CR or LF. (An empty name once reached the call's reading, which took the connection down.)
+_NAME = re.compile(r":?[\x21-\x39\x3b-\x40\x5b-\x7e]+\Z")
+_BAD_VALUE = re.compile(r"[\x00\r\n]")
+# The names a gRPC client's request has, taken without a look: the check above is half of this function's time
+_USUAL = _REQUEST_PSEUDO | {"content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding", "user-agent"}
 # Headers of one hop of HTTP/1.1, which HTTP/2 forbids (RFC 9113 8.2.2).
 _CONNECTION_SPECIFIC = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"})
 
@@ -200,12 +207,17 @@ def malformed(fields: Iterable[tuple[str, str]], *, trailers: bool = False) -> s
     """Why a request's header block (or, with `trailers`, its trailers) is malformed by RFC 9113 8.2 and 8.3,
     or None: a name not in lowercase; a pseudo-header unknown, repeated, after a regular header or in
     trailers; a connection-specific header; TE other than "trailers"; :method, :scheme or :path missing, or
-    :path empty. Such a request is a stream error, answered with RST_STREAM PROTOCOL_ERROR, not a call."""
+    :path empty; a name of other characters than RFC 9113 8.2.1's, a value with NUL, CR or LF. Such a request is
+    a stream error, answered with RST_STREAM PROTOCOL_ERROR, not a call."""
     seen: set[str] = set()
     regular = False
     for name, value in fields:
-        if not name.islower() and name != name.lower():
-            return f"a header name not in lowercase ({name!r})"
+        if name not in _USUAL and _NAME.match(name) is None:
+            if name != name.lower():
+                return f"a header name not in lowercase ({name!r})"
+            return f"a header name empty or of characters no name has ({name!r})"
+        if _BAD_VALUE.search(value):
+            return f"a header value with NUL, CR or LF ({name})"
         if name[:1] == ":":
             if trailers:
                 return f"a pseudo-header in trailers ({name})"
