@@ -1172,6 +1172,12 @@ CONNECTION_ERRORS = {
         [_GET_ENDED, _OPEN],
         f.STREAM_CLOSED,
     ),
+    # RFC 9113 6.9.2: a new initial window that takes a stream's past 2^31 - 1 (it was taken, and the stream's
+    # next WINDOW_UPDATE reset it)
+    "SETTINGS that take a stream's window past 2^31 - 1": (
+        [_OPEN + f.window_update(1, f.MAX_WINDOW - f.DEFAULT_WINDOW), f.settings((f.INITIAL_WINDOW_SIZE, 65536))],
+        f.FLOW_CONTROL_ERROR,
+    ),
 }
 
 
@@ -1842,3 +1848,136 @@ def test_no_sequence_of_frames_makes_the_connection_fail_unhandled() -> None:
         assert not errors, errors
     finally:
         running.stop()
+
+
+def test_a_content_type_that_only_begins_as_grpcs_is_no_grpc_call(lean: Running) -> None:
+    """gRPC's content type is application/grpc, alone or with +format or ;parameters (its protocol's spec):
+    application/grpcfoo was served as a call."""
+    for content_type, status in (("application/grpcfoo", "415"), ("application/grpc+proto", None)):
+        block = _block(*_REQUEST[:2], (":path", f"/{SERVICE}/echo"), ("content-type", content_type))
+        message = f.frame(f.DATA, f.END_STREAM, 1, b"\x00" + (2).to_bytes(4, "big") + b"hi")
+        got = raw_exchange(lean.port, f.frame(f.HEADERS, f.END_HEADERS, 1, block) + message, False, answered(1))
+        if status is None:
+            assert answers(got)[1]["grpc-status"] == "0", got
+        else:
+            assert answers(got)[1][":status"] == status, got
+
+
+def test_a_client_whose_preface_is_not_followed_by_settings_is_sent_away(lean: Running) -> None:
+    """RFC 9113 3.4: the client's preface is the magic and then a SETTINGS frame; a call sent without one was
+    served (and its connection's handshake timer stayed armed)."""
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, call_block(f"/{SERVICE}/echo")))
+        got = read_frames(raw, 10)
+    assert goaway_code(got) == f.PROTOCOL_ERROR, got
+    assert not [sid for kind, _, sid, _ in got if kind == f.HEADERS], "a call answered"
+
+
+def test_padding_counts_in_a_streams_flow_control(lean: Running) -> None:
+    """RFC 9113 6.1: a DATA frame's whole payload, its padding and pad length included, is flow-controlled. The
+    stream's window was given back the data alone, so each padded frame shrank it for good, until a padded
+    stream stalled. Frames of 16,128 bytes of data and 255 of padding: the stream is given back half its window
+    at the 32nd, 32 x 16,384 bytes, not at the 33rd (data alone)."""
+    data = 16_384 - 256
+    body = b"\x00" + (40 * data).to_bytes(4, "big") + bytes(40 * data - 5)  # one message, never whole here
+    frames = [
+        f.frame(f.DATA, f.PADDED, 1, bytes((255,)) + body[i : i + data] + bytes(255)) for i in range(0, 33 * data, data)
+    ]
+    opened = f.frame(f.HEADERS, f.END_HEADERS, 1, call_block(f"/{SERVICE}/total"))
+    got = _exchange(lean.port, [opened + b"".join(frames)])  # one step: one PING
+    updates = [int.from_bytes(p, "big") for kind, _, sid, p in got if kind == f.WINDOW_UPDATE and sid == 1]
+    assert updates[:1] == [32 * 16_384], updates
+
+
+def test_a_fault_of_ours_reading_frames_ends_that_connection_with_a_goaway(
+    lean: Running, channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception of ours while reading a connection's frames (an empty header name once raised IndexError)
+    escaped to asyncio, which reset the connection: its other calls cut with no status, a traceback for each.
+    That connection now ends with a GOAWAY INTERNAL_ERROR, the fault logged with its traceback, the server on."""
+    from mhaserve.service.rpc.lean.connection import Connection
+
+    def fault(*_: Any) -> None:
+        raise IndexError("a fault of ours")
+
+    monkeypatch.setattr(Connection, "_open", fault)
+    got = raw_exchange(lean.port, f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, call_block(f"/{SERVICE}/echo")))
+    monkeypatch.undo()
+    assert goaway_code(got) == f.INTERNAL_ERROR, got
+    assert any(r.exc_info and "a fault of ours" in str(r.exc_info[1]) for r in caplog.records)
+    assert method(channel, "echo")(b"still", timeout=10) == b"still"
+
+
+def test_a_client_that_reads_nothing_we_write_is_cut_and_lets_go_of_what_its_calls_hold() -> None:
+    """A client with calls whose messages are under way that stops reading our answers: we stop reading it, and
+    its messages' clocks stood while we did not read, so what they hold in --max-incoming-bytes stayed held for
+    as long as the client kept the socket open, every other client's calls refused RESOURCE_EXHAUSTED (a
+    review's finding). A client that has read nothing for as long as a message has to arrive is now cut."""
+    running = Running(incoming=Incoming(5 << 19), message_timeout=1.0)
+    counted = running.server.incoming
+    try:
+        with socket.socket() as raw:
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # little room: our answers fill it at once
+            raw.settimeout(10)
+            raw.connect(("127.0.0.1", running.port))
+            raw.sendall(f.PREFACE + f.settings((f.INITIAL_WINDOW_SIZE, f.MAX_WINDOW)) + f.window_update(0, 1 << 30))
+            raw.sendall(_part_of_a_message(1, 1 << 20, 800 << 10))
+            wait_until(lambda: counted.held == 800 << 10, "the call's part counted")
+            big = b"\x00" + (6).to_bytes(4, "big") + b"900000"
+            raw.sendall(
+                b"".join(
+                    f.frame(f.HEADERS, f.END_HEADERS, sid, call_block(f"/{SERVICE}/big"))
+                    + f.frame(f.DATA, f.END_STREAM, sid, big)
+                    for sid in (3, 5, 7, 9)
+                )
+            )
+            wait_until(lambda: counted.held == 0, "what the client's calls held let go", timeout=10)
+            assert not running.server.connections
+    finally:
+        running.stop()
+
+
+def test_an_answer_its_client_gives_no_window_for_is_let_go_at_its_deadline(lean: Running) -> None:
+    """A client that sets its streams' window to 0 and never opens it: an answer waited in the server for ever,
+    its deadline passed (the call's handler had ended; a review held 3 MiB answers of 6 KB requests this way).
+    At its deadline it is reset, CANCEL, and let go; the connection serves on."""
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.settings((f.INITIAL_WINDOW_SIZE, 0)))
+        message = b"\x00" + (5).to_bytes(4, "big") + b"hello"
+        block = call_block(f"/{SERVICE}/echo", ("grpc-timeout", "1S"))
+        raw.sendall(f.frame(f.HEADERS, f.END_HEADERS, 1, block) + f.frame(f.DATA, f.END_STREAM, 1, message))
+        got = read_until(raw, lambda frames: any(kind == f.RST_STREAM for kind, *_ in frames))
+        assert [(sid, int.from_bytes(p, "big")) for kind, _, sid, p in got if kind == f.RST_STREAM] == [(1, f.CANCEL)]
+        assert not [kind for kind, _, sid, _ in got if kind == f.DATA], "no window: no data"
+        (connection,) = lean.server.connections
+        assert not connection.streams and not connection.blocked
+        raw.sendall(f.settings((f.INITIAL_WINDOW_SIZE, 65535)))
+        raw.sendall(f.frame(f.HEADERS, f.END_HEADERS, 3, call_block(f"/{SERVICE}/echo")))
+        raw.sendall(f.frame(f.DATA, f.END_STREAM, 3, message))
+        assert answers(read_until(raw, answered(3)))[3]["grpc-status"] == "0"
+
+
+def test_answers_waiting_for_their_own_windows_go_out_as_each_opens_and_not_on_the_connections(lean: Running) -> None:
+    """Answers held by their streams' windows (0 here) wait apart from those held by the connection's: a
+    WINDOW_UPDATE of the connection's walked every one (a thousand, for each 13-byte frame a client sent: a
+    review kept the loop busy for seconds so). Each goes out when its own window opens, by its WINDOW_UPDATE or
+    by SETTINGS that raise every stream's."""
+    message = b"\x00" + (5).to_bytes(4, "big") + b"hello"
+    with socket.create_connection(("127.0.0.1", lean.port), timeout=10) as raw:
+        raw.sendall(f.PREFACE + f.settings((f.INITIAL_WINDOW_SIZE, 0)))
+        for sid in (1, 3, 5):
+            raw.sendall(f.frame(f.HEADERS, f.END_HEADERS, sid, call_block(f"/{SERVICE}/echo")))
+            raw.sendall(f.frame(f.DATA, f.END_STREAM, sid, message))
+        wait_until(lambda: len(lean.server.connections) == 1, "the connection accepted")
+        (connection,) = lean.server.connections
+        wait_until(lambda: all(s.pending for s in list(connection.streams.values())) and len(connection.streams) == 3,
+                   "three answers held")  # fmt: skip
+        assert not connection.blocked
+        raw.sendall(f.window_update(0, 1000))  # the connection's: nothing of theirs can go
+        raw.sendall(f.window_update(3, 1000))
+        got = read_until(raw, answered(3))
+        assert answers(got)[3]["grpc-status"] == "0"
+        assert not [sid for kind, _, sid, _ in got if kind == f.DATA and sid != 3]
+        raw.sendall(f.settings((f.INITIAL_WINDOW_SIZE, 65535)))
+        got = read_until(raw, answered(1, 5))
+        assert {sid: a["grpc-status"] for sid, a in answers(got).items()} == {1: "0", 5: "0"}

@@ -278,6 +278,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface = False
+        self.settled = False  # the client's first SETTINGS came, as its preface's end (RFC 9113 3.4)
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST_DECODED)
         self.streams: dict[int, Stream] = {}
         self.last_stream = 0
@@ -288,7 +289,7 @@ class Connection(asyncio.Protocol):
         self.peer_window = f.DEFAULT_WINDOW  # a new stream's send window, from the peer's SETTINGS
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self.send_window = f.DEFAULT_WINDOW  # the connection's
-        self.blocked: dict[int, Stream] = {}  # streams whose DATA waits for a window, in order
+        self.blocked: dict[int, Stream] = {}  # streams whose DATA waits for the connection's window, in order
         self.received = 0  # connection-level bytes not yet credited back
         self.going_away = False  # our first GOAWAY sent: the client opens no new streams
         self.refusing = False  # our final GOAWAY sent: a stream the client opens now is refused
@@ -309,6 +310,7 @@ class Connection(asyncio.Protocol):
         self.last_ping: float | None = None  # when the last PING came, since we last sent a call's frames
         self.ping_strikes = 0
         self.paused = False  # not reading, while the peer does not read what we write
+        self.paused_at = 0.0  # since when
         self.admitted = False  # counted against --max-connections
         self.greeting = b""  # our preface (SETTINGS), until our first write
         # Every call's answer, when set: a client that spoke plaintext to the TLS port (server.py's `plaintext`)
@@ -346,6 +348,7 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.pause_reading()
             self.paused = True
+            self.paused_at = self.server.loop.time()
 
     def resume_writing(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -422,6 +425,10 @@ class Connection(asyncio.Protocol):
     # -- frames in --
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes, out: list[bytes]) -> None:
+        if not self.settled:
+            if kind != f.SETTINGS or flags & f.ACK:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "the client's preface is not followed by its SETTINGS")
+            self.settled = True
         if self.block is not None and kind != f.CONTINUATION:
             raise ConnectionError_(f.PROTOCOL_ERROR, "a header block interrupted")
         if kind in _ON_A_STREAM and stream_id == 0:
@@ -533,7 +540,9 @@ class Connection(asyncio.Protocol):
 
     def _data(self, flags: int, stream_id: int, payload: bytes, out: list[bytes]) -> None:
         self._idle(f.DATA, stream_id)
-        self.received += len(payload)  # whatever its stream: the connection's window counts it
+        # Its whole payload, padding included, is flow-controlled (RFC 9113 6.1), on the stream as on the connection
+        flow = len(payload)
+        self.received += flow  # whatever its stream: the connection's window counts it
         if flags & f.PADDED:
             payload = _unpad(payload)
         if not payload and not flags & f.END_STREAM:
@@ -543,7 +552,7 @@ class Connection(asyncio.Protocol):
             if not self.ended.get(stream_id, False):  # not one we reset, whose client may not know yet
                 self._stream_error(stream_id, f.STREAM_CLOSED, "DATA after the stream's end", out)
             return
-        stream.credit += len(payload)
+        stream.credit += flow
         if stream.error is None and stream.error_after is None:
             incoming = self.server.incoming
             if stream.single and payload:
@@ -710,7 +719,7 @@ class Connection(asyncio.Protocol):
                     metadata.append((name, f.metadata_from_header(name, value)))
                 except ValueError:
                     bad = InvalidArgument(f"metadata {name!r} is not base64, as a -bin key's value must be")
-        if method != "POST" or not content_type.startswith("application/grpc"):
+        if method != "POST" or not _grpc_content_type(content_type):
             # Not a gRPC call: HTTP's own refusal, as gRPC's protocol asks (415 for a content type).
             status = "405" if method != "POST" else "415"
             self._answer_alone(stream_id, flags, f.header_block(((":status", status),)), out)
@@ -787,15 +796,14 @@ class Connection(asyncio.Protocol):
     def _settings(self, payload: bytes, out: list[bytes]) -> None:
         if len(payload) % 6:
             raise ConnectionError_(f.FRAME_SIZE_ERROR, "a SETTINGS frame of a length not a multiple of 6")
+        window = None
         for at in range(0, len(payload), 6):
             key = int.from_bytes(payload[at : at + 2], "big")
             value = int.from_bytes(payload[at + 2 : at + 6], "big")
             if key == f.INITIAL_WINDOW_SIZE:
                 if value > f.MAX_WINDOW:
                     raise ConnectionError_(f.FLOW_CONTROL_ERROR, "an initial window over 2^31 - 1")
-                delta, self.peer_window = value - self.peer_window, value
-                for stream in self.streams.values():
-                    stream.send_window += delta
+                window = value  # the last one counts: the streams are walked once a frame, not once an entry
             elif key == f.ENABLE_PUSH and value > 1:
                 raise ConnectionError_(f.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}, neither 0 nor 1")
             elif key == f.MAX_FRAME_SIZE:
@@ -803,7 +811,16 @@ class Connection(asyncio.Protocol):
                     raise ConnectionError_(f.PROTOCOL_ERROR, "a maximum frame size out of range")
                 self.peer_max_frame = value
         out.append(f.frame(f.SETTINGS, f.ACK, 0))
-        self._unblock(out)
+        if window is not None and window != self.peer_window:
+            delta, self.peer_window = window - self.peer_window, window
+            for stream in self.streams.values():
+                stream.send_window += delta
+                if stream.send_window > f.MAX_WINDOW:  # RFC 9113 6.9.2
+                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "a new initial window takes a stream's past 2^31 - 1")
+            if delta > 0:  # the streams that waited for their own window, as those that wait for the connection's
+                for stream in [s for s in self.streams.values() if s.pending]:
+                    self._answering()
+                    self._flush(stream, out)
 
     def _window_update(self, stream_id: int, increment: int, out: list[bytes]) -> None:
         if stream_id == 0:
@@ -822,7 +839,7 @@ class Connection(asyncio.Protocol):
             stream.send_window += increment
             if stream.send_window > f.MAX_WINDOW:
                 self._stream_error(stream_id, f.FLOW_CONTROL_ERROR, "a stream's window over 2^31 - 1", out)
-            elif stream_id in self.blocked:
+            elif stream.pending:
                 self._flush(stream, out)
 
     # -- what the calls use --
@@ -1008,7 +1025,13 @@ class Connection(asyncio.Protocol):
             stream.send_window -= n
             self.send_window -= n
         if pending:
-            self.blocked[stream.id] = stream
+            # Waiting for the connection's window, which _unblock gives out, or for its own, which its
+            # WINDOW_UPDATE (or SETTINGS) gives: a connection's WINDOW_UPDATE walks only the first kind (walking
+            # a thousand streams stalled on their own windows for every one, a client could keep the loop busy).
+            if stream.send_window > 0:
+                self.blocked[stream.id] = stream
+            else:
+                self.blocked.pop(stream.id, None)
             return
         self.blocked.pop(stream.id, None)
         if stream.drained is not None and not stream.drained.done():
@@ -1036,6 +1059,14 @@ class Connection(asyncio.Protocol):
 
     def _expire(self, stream: Stream) -> None:
         stream.timer = None
+        if stream.pending and self.streams.get(stream.id) is stream:
+            # Its answer waits for a window its client does not give: past the deadline it is of no use, and held
+            # it would keep its bytes for as long as the client likes (a review's finding). Reset, let go.
+            out: list[bytes] = []
+            self._reset(stream.id, f.CANCEL, out)
+            self._drop(stream.id)
+            self._write(b"".join(out))
+            return
         if stream.task is not None and not stream.task.done():
             stream.expired = True
             stream.task.cancel()
@@ -1113,8 +1144,17 @@ class Connection(asyncio.Protocol):
 
     def expire_arrivals(self, before: float) -> None:
         """Fail the calls whose message began to arrive before `before` and is still incomplete, unless the call
-        has a message it has not read (then we hold the client's window back, and its clock stands)."""
+        has a message it has not read (then we hold the client's window back, and its clock stands). A client that
+        has read nothing we wrote since `before` is cut."""
         if self.paused:  # nothing arrives while we do not read: the clocks restart when we do
+            if self.paused_at < before and self.transport is not None:
+                # As long a time as a message has to arrive, and the client took none of what we wrote: whatever
+                # its calls hold (their messages under way, in --max-incoming-bytes, and their answers) would be
+                # held for as long as it likes, the budget shared by every client with it (a review's finding:
+                # a client that stopped reading kept the others' calls refused RESOURCE_EXHAUSTED).
+                log.info("closing a gRPC connection from %s: it read nothing we wrote for %g s", self.peer,
+                         self.server.message_timeout)  # fmt: skip
+                self.transport.abort()
             return
         for stream in list(self.streams.values()):
             if stream.arriving is not None and stream.arriving < before and not stream.messages:
@@ -1164,6 +1204,12 @@ class Connection(asyncio.Protocol):
         self.handshake = None
         if self.transport is not None:
             self.transport.abort()
+
+
+def _grpc_content_type(value: str) -> bool:
+    """application/grpc, alone or with a +format or ;parameters, as gRPC's protocol names it ("application/grpcfoo"
+    is no gRPC call)."""
+    return value.startswith("application/grpc") and value[16:17] in ("", "+", ";")
 
 
 def _unpad(payload: bytes) -> bytes:
