@@ -93,7 +93,7 @@ def build(
             hint = f" (without the trailing slash: {plain})" if plain and path.endswith("/") else ""
             if path in TEI_UNSERVED:
                 hint = (
-                    f": text-embeddings-inference's route {TEI_UNSERVED[path]}; this server serves embedding models "
+                    f": text-embeddings-inference serves it {TEI_UNSERVED[path]}; this server serves embedding models "
                     "(POST /embed, /similarity, /v1/embeddings)"
                 )
             return respond(request, NotFound(f"no route {request.method} {path}{hint}"))

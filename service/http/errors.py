@@ -26,10 +26,10 @@ TEI_PATHS = (TEI_EMBED_PATH, *TEI_ROOT_PATHS, TEI_SIMILARITY_PATH)
 # TEI's routes for models of other kinds than an embedding model, which this server does not serve: a request
 # to one is told so, in TEI's error shape (app.py), where it read "no route".
 TEI_UNSERVED = {
-    "/rerank": "a reranker's",
-    "/predict": "a classifier's",
-    "/embed_sparse": "a sparse embedding model's (SPLADE)",
-    "/embed_all": "for each token's embedding",
+    "/rerank": "for a reranker",
+    "/predict": "for a classifier",
+    "/embed_sparse": "for a sparse embedding model (SPLADE)",
+    "/embed_all": "with each token's embedding",
 }
 # Clients may retry these: the queue was full, or the server is loading or draining.
 RETRY_AFTER_SECONDS = 1
