@@ -399,6 +399,9 @@ def _address(text: str) -> str:
     from mhaserve.service.client import DEFAULT_PORT as port
     from mhaserve.service.client import is_target, with_default_port
 
+    if text.lower().startswith(("http://", "https://")):  # no target of grpc's: it failed at the call, unclear
+        host = text.split("://", 1)[1].split("/", 1)[0]
+        raise argparse.ArgumentTypeError(f"{text!r} is a URL; the gRPC port is named HOST:PORT ({host or 'host'})")
     if (full := with_default_port(text)) != text or is_target(text):  # a port added, or grpc's own target
         return full
     if text.startswith("["):  # an IPv6 address: [::1]:50051

@@ -351,7 +351,14 @@ def test_an_address_without_a_port_gets_the_servers_default(capsys: pytest.Captu
     ]:
         assert parser.parse_args(["health", "--address", given]).address == expected
         assert parser.parse_args(["encode", "x", "--address", given]).address == expected
-    for bad, message in [("::1", "an IPv6 address goes in brackets"), ("host:port", "is not HOST:PORT")]:
+    # a URL (the HTTP API's, say) passed as a grpc target and failed at the call: "Misformatted domain name"
+    url = "is a URL; the gRPC port is named HOST:PORT (127.0.0.1:19200)"
+    for bad, message in [
+        ("::1", "an IPv6 address goes in brackets"),
+        ("host:port", "is not HOST:PORT"),
+        ("http://127.0.0.1:19200", url),
+        ("HTTPS://127.0.0.1:19200/", url),
+    ]:
         with pytest.raises(SystemExit) as e:
             parser.parse_args(["health", "--address", bad])
         assert e.value.code == 2 and message in capsys.readouterr().err
