@@ -726,7 +726,12 @@ class ModelManager:
         names = sorted(set(listed) | set(self.dataplane.model_names()))
         for name in names:
             known = sorted((v, s) for (n, v), s in self.states.items() if n == name)
+            # A failure of the model as a whole (version 0: its serving.json, its folder) is listed as such only
+            # where it serves nothing: each version it serves says it, as its reason, and is READY.
+            served = any(version and state.state != "UNAVAILABLE" for version, state in known)
             for version, state in known:
+                if version == 0 and served:
+                    continue
                 entries.append(IndexEntry(name, str(version) if version else "", state.state, state.reason))
             if not known:
                 entries.append(IndexEntry(name, "", "UNAVAILABLE", "unloaded"))

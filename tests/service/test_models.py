@@ -1050,6 +1050,9 @@ def test_a_mended_serving_config_clears_the_reason_it_gave_the_served_versions(t
         assert _index(srv)[("m", "1")] == ("READY", "")
         config.write_text('{"normalize": tru')
         wait_until(lambda: "not valid JSON" in _index(srv)[("m", "1")][1], "the broken config's reason")
+        # listed once, by its served version: an entry without one, UNAVAILABLE, beside it said the model was not
+        # (a user-test's finding); the index lists a version-less entry for a model none of whose versions is known
+        assert ("m", "") not in _index(srv)
         config.write_text(json.dumps({"normalize": True}))
         wait_until(lambda: _index(srv)[("m", "1")] == ("READY", ""), "the reason gone with the mended config")
         assert ("m", "0") not in _index(srv) and ("m", "") not in _index(srv)
