@@ -25,6 +25,7 @@ from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import (
     EmbeddingInputs,
     count_first,
+    counted,
     documented,
     encode_input,
     json_response,
@@ -147,8 +148,10 @@ async def embed(dataplane: DataPlane, body: bytes, content_type: str | None) -> 
     and the middleware's fast route (which serves it) both run this."""
     data = parse_json(body, content_type)
     count_first(dataplane, data, "input")
-    req = validate(EmbeddingRequest, data)
-    output = await dataplane.encode(from_request(req))
+    with counted(dataplane, data):
+        req = validate(EmbeddingRequest, data)
+        asked = from_request(req)
+    output = await dataplane.encode(asked)
     return to_response(output, req.encoding_format or "float", model_id(req.model, output.model, output.version))
 
 

@@ -55,6 +55,7 @@ from mhaserve.service.http.bodies import (
     Text,
     count_first,
     count_list,
+    counted,
     documented,
     encode_input,
     json_response,
@@ -234,7 +235,8 @@ async def _answer(dataplane: DataPlane, call: _Call, started_ns: int) -> Reply:
 
 def _embed_call(dataplane: DataPlane, data: Any) -> _Call:
     count_first(dataplane, data, "inputs")
-    return _Call(from_request(validate(EmbedRequest, data)), _vectors)
+    with counted(dataplane, data):
+        return _Call(from_request(validate(EmbedRequest, data)), _vectors)
 
 
 def _vectors(embeddings: Embeddings) -> bytes:
@@ -245,6 +247,11 @@ def _vectors(embeddings: Embeddings) -> bytes:
 def _similarity_call(dataplane: DataPlane, data: Any) -> _Call:
     if isinstance(data, dict) and isinstance(data.get("inputs"), dict):  # the source sentence is one more input
         count_list(dataplane, data["inputs"].get("sentences"), data.get("model", ""), more=1)
+    with counted(dataplane, data):
+        return _similarity_checked(data)
+
+
+def _similarity_checked(data: Any) -> _Call:
     req = validate(SimilarityRequest, data)
     inputs, parameters = req.inputs, req.parameters or SimilarityParameters()
     if not inputs.sentences:

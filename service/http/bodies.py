@@ -3,9 +3,11 @@ API's clients can read (a body in the wrong format 415, malformed or invalid 400
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import time
 import types
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar, Union, get_origin
 
@@ -153,6 +155,23 @@ def count_list(dataplane: DataPlane, inputs: Any, model: Any, *, more: int = 0, 
             pipeline.count_first(len(inputs) + more)  # (a text, or token ids, is one input)
         except InvalidArgument as e:
             raise InvalidArgument(e.message, param=field) from None
+
+
+@contextlib.contextmanager
+def counted(dataplane: DataPlane, data: Any) -> Iterator[None]:
+    """A request refused here, before its pipeline (a field of the wrong type, an empty text), counted as a
+    failure of the model version its body names (the default one where it names none), as the pipeline counts
+    its own refusals: in KServe's statistics and the model's metrics. Around the checks only, not the
+    pipeline's own, which count themselves."""
+    started = time.perf_counter_ns()
+    try:
+        yield
+    except InvalidArgument as e:
+        model = data.get("model", "") if isinstance(data, dict) else ""
+        with contextlib.suppress(ServiceError):  # a model not served: no model's failure
+            if isinstance(model, str):
+                dataplane.resolve(model).refused(e, started)
+        raise
 
 
 def encode_input(inputs: Any, field: str, **options: Any) -> EncodeInput:

@@ -1376,3 +1376,33 @@ def test_a_connection_accepted_in_the_turn_before_the_stop_is_answered_or_closed
                 pytest.fail(f"no answer nor end of the connection within 5 s; received {received!r}")
         stopped.result(WAIT)
         assert received.startswith(b"HTTP/1.1 503") and b"shutting down" in received, received
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/embeddings", {"input": [""], "model": "tiny"}),
+        ("/v1/embeddings", {"input": "x", "model": "tiny", "encoding_format": "xx"}),
+        ("/v1/embeddings", {"input": "x", "model": "tiny", "dimensions": "2"}),
+        ("/embed", {"inputs": "", "model": "tiny"}),
+        ("/embed", {"inputs": "x", "model": "tiny", "truncation_direction": "middle"}),
+        ("/similarity", {"inputs": {"source_sentence": "a", "sentences": []}, "model": "tiny"}),
+        ("/invocations", {"inputs": [""]}),
+    ],
+    ids=["empty-text", "encoding-format", "dimensions-string", "tei-empty", "tei-direction", "no-sentences", "root"],
+)
+def test_a_refused_request_that_names_a_model_is_counted_as_its_failure(
+    srv: ServerThread, path: str, body: dict[str, Any]
+) -> None:
+    """KServe's statistics and the model's metrics count requests "refused or failed after naming this model and
+    version" (docs/kserve.md); these, refused at the edge before the pipeline, were counted in neither (a
+    user-test's finding), where a bad KServe tensor was."""
+
+    def fails() -> tuple[int, float]:
+        stats = request("GET", url(srv, "/v2/models/tiny/stats")).json()["model_stats"][0]
+        metric = srv.samples().get("mhaserve_model_requests_total", model="tiny", code="INVALID_ARGUMENT") or 0
+        return stats["inference_stats"]["fail"]["count"], metric
+
+    before = fails()
+    assert request("POST", url(srv, path), body).status == 400
+    assert fails() == (before[0] + 1, before[1] + 1)
