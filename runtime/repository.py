@@ -236,6 +236,11 @@ class ModelRepository:
             raise NotFound(str(e)) from None
         self._say_ignored(self.root / name)
         if not published:
+            if (self.root / name).is_dir():  # its versions deleted, or never published as numbered folders
+                raise NotFound(
+                    f"model {name!r} has no version in the repository: its folder {self.root / name} holds no "
+                    "version folder (1/, 2/, ...) with a manifest"
+                )
             raise NotFound(
                 f"model {name!r} is not in the repository {self._where()} "
                 f"(it has: {', '.join(self.names()) or 'nothing'})"
