@@ -421,6 +421,8 @@ def check(connection: Connection, transport: Transport, server: LeanServer, erro
                 ended.add(stream)
         if kind == f.HEADERS:
             decoder.decode(payload)
+        elif kind == f.GOAWAY:  # a fault of ours while reading, which the connection turns into its end
+            assert int.from_bytes(payload[4:8], "big") != f.INTERNAL_ERROR, ("a fault of ours", payload[8:])
         elif kind == f.DATA:
             data[stream] += len(payload)
             assert data[stream] <= g.initial + g.streams[stream], ("past the stream's window", stream, g)

@@ -77,7 +77,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import fcntl
 import logging
+import struct
+import termios
 from collections.abc import Coroutine, Iterable
 from typing import Any, Protocol, cast
 
@@ -310,7 +314,9 @@ class Connection(asyncio.Protocol):
         self.last_ping: float | None = None  # when the last PING came, since we last sent a call's frames
         self.ping_strikes = 0
         self.paused = False  # not reading, while the peer does not read what we write
-        self.paused_at = 0.0  # since when
+        self.paused_at = 0.0  # since when, or since some of what we wrote last went out (`expire_arrivals`)
+        self.written = 0  # bytes given to the transport
+        self.sent = 0  # of them, those gone out by `paused_at`
         self.admitted = False  # counted against --max-connections
         self.greeting = b""  # our preface (SETTINGS), until our first write
         # Every call's answer, when set: a client that spoke plaintext to the TLS port (server.py's `plaintext`)
@@ -349,6 +355,7 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()
             self.paused = True
             self.paused_at = self.server.loop.time()
+            self.sent = self._gone_out()
 
     def resume_writing(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -1064,8 +1071,8 @@ class Connection(asyncio.Protocol):
             # it would keep its bytes for as long as the client likes (a review's finding). Reset, let go.
             out: list[bytes] = []
             self._reset(stream.id, f.CANCEL, out)
+            self._write(b"".join(out))  # before the drop, which ends a connection sent away with its last stream
             self._drop(stream.id)
-            self._write(b"".join(out))
             return
         if stream.task is not None and not stream.task.done():
             stream.expired = True
@@ -1147,7 +1154,12 @@ class Connection(asyncio.Protocol):
         has a message it has not read (then we hold the client's window back, and its clock stands). A client that
         has read nothing we wrote since `before` is cut."""
         if self.paused:  # nothing arrives while we do not read: the clocks restart when we do
-            if self.paused_at < before and self.transport is not None:
+            if self.transport is None:
+                return
+            sent = self._gone_out()
+            if sent > self.sent:  # some went out: a client that reads, if slowly (a slow link), is no stall
+                self.sent, self.paused_at = sent, self.server.loop.time()
+            elif self.paused_at < before:
                 # As long a time as a message has to arrive, and the client took none of what we wrote: whatever
                 # its calls hold (their messages under way, in --max-incoming-bytes, and their answers) would be
                 # held for as long as it likes, the budget shared by every client with it (a review's finding:
@@ -1167,11 +1179,24 @@ class Connection(asyncio.Protocol):
                     ),
                 )
 
+    def _gone_out(self) -> int:
+        """How much of what we wrote the client has taken: neither in the transport's buffer nor in the kernel's
+        unacknowledged (Linux's SIOCOUTQ; elsewhere taken as none). The kernel's counts: a client reading slowly
+        frees its buffer, of megabytes, a little at a time, and the transport's moves only once a third is free."""
+        assert self.transport is not None
+        unsent = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)))[0]
+        return self.written - unsent
+
     def _write(self, data: bytes) -> None:
         if self.greeting:  # our preface before anything else
             data, self.greeting = self.greeting + data, b""
         if data and self.transport is not None and not self.transport.is_closing() and self.lingering is None:
             self.transport.write(data)
+            self.written += len(data)
 
     def _http1(self, data: bytes) -> bool:
         """An HTTP/1.x request where the client's preface should be (curl http:// to the gRPC port): answered 400
