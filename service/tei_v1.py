@@ -8,7 +8,7 @@ unchanged: `Embed` and `EmbedStream`, `Info`, `Tokenize`, `Decode` and their str
   its status, as in TEI (whose responses carry no error field; encoder.v1's stream goes on instead).
 - TEI serves one model. Here the default model, or the one a call's `model` metadata names (name, or
   name:version): an extension, as `model` is on TEI's HTTP routes here. An `EmbedStream` is answered by one
-  version of it, the one served at its first request, held until the stream ends (`embed_stream`).
+  version of it, the one served at its first request (`embed_stream`).
 - `truncation_direction` as TEI's: RIGHT (the default) keeps a long input's start, LEFT its end.
 - An unset `normalize` is true, as TEI reads it, whatever the model's own default.
 - `Metadata`: the text's characters and tokens (its prompt and special tokens included), the call's time in
@@ -31,7 +31,7 @@ import grpc.aio
 
 from mhaserve.proto.tei.v1 import tei_pb2 as pb
 from mhaserve.proto.tei.v1 import tei_pb2_grpc as pb_grpc
-from mhaserve.runtime.errors import InvalidArgument, ServiceError, Unimplemented
+from mhaserve.runtime.errors import InvalidArgument, ServiceError, Unavailable, Unimplemented
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.metrics import Metrics, stream_counter
 from mhaserve.service.pipeline import EncodeInput, Pipeline
@@ -105,24 +105,35 @@ class TeiServicer:
     async def embed_stream(
         self, requests: AsyncIterator[pb.EmbedRequest], context: Context
     ) -> AsyncIterator[pb.EmbedResponse]:
-        """EmbedStream's answers, all by one version of the model: the one served at the stream's first request,
-        held until the stream ends, as a JSON Lines body's (service/tei.py). TEI's answers name no version:
-        resolved a request at a time, a version published meanwhile answered the requests after it, two
-        embedding spaces in one stream with nothing to tell them apart."""
-        with contextlib.ExitStack() as holding:
-            pinned: list[Pipeline] = []
+        """EmbedStream's answers, all by one version of the model: the one served at the stream's first request.
+        TEI's answers name no version: resolved a request at a time, a version published meanwhile answered the
+        requests after it, two embedding spaces in one stream with nothing to tell them apart. Once that version
+        is no longer served (retired, or loaded again from changed files), the stream's next request ends it,
+        UNAVAILABLE, saying so: held instead, an open stream kept a retired version in memory as long as its
+        client liked."""
+        pinned: list[Pipeline] = []
 
-            def pipeline() -> Pipeline:
-                # Resolved by the first request computed (requests start in order, and this has no await in it)
-                if not pinned:
-                    found = self.dataplane.resolve(model_of(context))
-                    holding.enter_context(found.held())
-                    pinned.append(found)
-                return pinned[0]
+        def pipeline() -> Pipeline:
+            # Resolved by the first request computed (requests start in order, and this has no await in it)
+            if not pinned:
+                pinned.append(self.dataplane.resolve(model_of(context)))
+            first = pinned[0]
+            name, version = first.model.name, first.model.version
+            try:
+                now = self.dataplane.resolve(name, version)
+            except ServiceError:
+                now = None
+            if now is not first:
+                served = ", ".join(map(str, self.dataplane.versions(name))) or "none"
+                raise Unavailable(
+                    f"model {name!r} version {version}, which answers this stream, is no longer served (versions "
+                    f"served: {served}): a stream's answers come from one version; open a new stream"
+                )
+            return first
 
-            compute = lambda r: self.embed(r, context, pipeline=pipeline)  # noqa: E731
-            async for response in self.stream("tei.v1.Embed/EmbedStream", requests, compute):
-                yield response
+        compute = lambda r: self.embed(r, context, pipeline=pipeline)  # noqa: E731
+        async for response in self.stream("tei.v1.Embed/EmbedStream", requests, compute):
+            yield response
 
     async def embed(
         self,
@@ -137,7 +148,10 @@ class TeiServicer:
         call's initial metadata."""
         started = time.perf_counter_ns()
         if not request.inputs:  # as TEI refuses it (encoder.v1 embeds an empty text)
-            raise InvalidArgument("inputs is an empty string", param="inputs")
+            error = InvalidArgument("inputs is an empty string", param="inputs")
+            with contextlib.suppress(ServiceError):  # a failure of the model it names, as the pipeline counts its own
+                (self.dataplane.resolve(model_of(context)) if pipeline is None else pipeline()).refused(error, started)
+            raise error
         asked = EncodeInput(
             texts=[request.inputs],
             model=model_of(context),

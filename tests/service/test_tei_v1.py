@@ -345,8 +345,10 @@ def test_our_proto_has_teis_wire_format(tmp_path: Path) -> None:
 
 def test_a_stream_is_answered_by_one_version_of_its_model(tmp_path: Path, grpc_front: str) -> None:
     """TEI's answers name no version: an EmbedStream open while a version was published had its later texts
-    answered by it, two embedding spaces in one stream with nothing to tell them apart. A stream now keeps the
-    version served at its first request until it ends, as a JSON Lines body does; the next stream gets the new."""
+    answered by it, two embedding spaces in one stream with nothing to tell them apart. A stream is now answered
+    by the version served at its first request; once that one is retired, its next request ends it UNAVAILABLE,
+    saying so, and a new stream gets the new version. The stream does not hold the retired one: held, a stream
+    its client kept open kept that version in memory (a review's finding)."""
     from tests.service.test_models import publish_copy
 
     opts = ExportOptions(source="random", repository=tmp_path, name="m", version=1, random_config=dict(TINY), seed=3)
@@ -359,23 +361,22 @@ def test_a_stream_is_answered_by_one_version_of_its_model(tmp_path: Path, grpc_f
         stream = stub.EmbedStream(iter(sent.get, None), timeout=WAIT)
         sent.put(pb.EmbedRequest(inputs="the same text"))
         first = next(stream).embeddings
-        # and a second stream in the same version, which its client cancels: it lets go of the version too
-        cancelled_sent: queue.Queue[pb.EmbedRequest | None] = queue.Queue()
-        cancelled = stub.EmbedStream(iter(cancelled_sent.get, None), timeout=WAIT)
-        cancelled_sent.put(pb.EmbedRequest(inputs="the same text"))
-        np.testing.assert_array_equal(next(cancelled).embeddings, first)
+        sent.put(pb.EmbedRequest(inputs="the same text"))
+        np.testing.assert_array_equal(next(stream).embeddings, first)
         publish_copy(tmp_path, "m", 1, 2, seed=4)
         wait_until(lambda: _serves(channel, 2), "version 2 served")
-        wait_until(lambda: not _serves(channel, 1), "version 1 retired for new requests")
+        wait_until(lambda: old.closed, "version 1 closed, the stream open")
         new = stub.Embed(pb.EmbedRequest(inputs="the same text"), timeout=WAIT).embeddings
         assert not np.allclose(new, first, atol=1e-3)  # the versions tell apart
         sent.put(pb.EmbedRequest(inputs="the same text"))
-        np.testing.assert_array_equal(next(stream).embeddings, first)  # the stream's own version still
+        with pytest.raises(grpc.RpcError) as e:
+            next(stream)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert e.value.details() == (
+            "model 'm' version 1, which answers this stream, is no longer served (versions served: 2): a stream's "
+            "answers come from one version; open a new stream"
+        )
         sent.put(None)
-        assert list(stream) == []
-        assert not old.closed  # held by the cancelled one's stream still
-        cancelled.cancel()
-        wait_until(lambda: old.closed, "the retired version closed once no stream holds it")
         again = stub.EmbedStream(iter([pb.EmbedRequest(inputs="the same text")]), timeout=WAIT)
         np.testing.assert_array_equal(next(again).embeddings, new)
 
@@ -388,3 +389,19 @@ def _serves(channel: grpc.Channel, version: int) -> bool:
             return False
         raise
     return True
+
+
+def test_an_empty_input_refused_is_counted_as_a_failure_of_the_model(
+    server: ServerThread, channel: grpc.Channel
+) -> None:
+    """As POST /embed's is (a review's finding: the same refusal over tei.v1 was counted nowhere)."""
+
+    def fails() -> int:
+        stats = request("GET", server.http_url + "/v2/models/tiny/stats").json()["model_stats"][0]
+        return int(stats["inference_stats"]["fail"]["count"])
+
+    before = fails()
+    stub = pb_grpc.EmbedStub(channel)
+    assert refused(stub.Embed, pb.EmbedRequest(inputs="")).code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused(stub.EmbedStream, iter([pb.EmbedRequest(inputs="")])).code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert fails() == before + 2
