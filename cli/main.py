@@ -570,9 +570,9 @@ def _encode(args: argparse.Namespace) -> int:
                         )
                         return 1
                     print(
-                        f"mhaserve encode: model {response.model} version {response.model_version} was replaced while "
-                        f"encoding ({e.details()}): encoding the {len(texts)} texts again, from the start, with the "
-                        "version served now",
+                        f"mhaserve encode: model {response.model} version {response.model_version} went out of "
+                        f"service while encoding ({e.details()}): encoding the {len(texts)} texts again, from the "
+                        "start, with the version served now",
                         file=sys.stderr,
                     )
                     restarts += 1

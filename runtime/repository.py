@@ -239,7 +239,7 @@ class ModelRepository:
             if (self.root / name).is_dir():  # its versions deleted, or never published as numbered folders
                 raise NotFound(
                     f"model {name!r} has no version in the repository: its folder {self.root / name} holds no "
-                    "version folder (1/, 2/, ...) with a manifest"
+                    "version folder (1/, 2/, ...)"
                 )
             raise NotFound(
                 f"model {name!r} is not in the repository {self._where()} "

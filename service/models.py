@@ -728,7 +728,7 @@ class ModelManager:
             known = sorted((v, s) for (n, v), s in self.states.items() if n == name)
             # A failure of the model as a whole (version 0: its serving.json, its folder) is listed as such only
             # where it serves nothing: each version it serves says it, as its reason, and is READY.
-            served = any(version and state.state != "UNAVAILABLE" for version, state in known)
+            served = any(version and state.state == "READY" for version, state in known)
             for version, state in known:
                 if version == 0 and served:
                     continue

@@ -493,8 +493,8 @@ def test_encode_starts_again_with_the_new_version_when_the_one_it_pinned_is_reti
     out, err = capsys.readouterr()
     assert out.startswith("m version 2: 7 embeddings of 32 dimensions"), out
     assert err == (
-        "mhaserve encode: model m version 1 was replaced while encoding (model 'm' version '1' is not served here "
-        "(serving version 2)): encoding the 7 texts again, from the start, with the version served now\n"
+        "mhaserve encode: model m version 1 went out of service while encoding (model 'm' version '1' is not served "
+        "here (serving version 2)): encoding the 7 texts again, from the start, with the version served now\n"
     )
     assert asked == ["m", "m:1", "m", "m:2", "m:2"]
 
@@ -503,7 +503,7 @@ def test_encode_starts_again_with_the_new_version_when_the_one_it_pinned_is_reti
     monkeypatch.setattr("sys.stdin", stdin("\n".join(texts) + "\n"))
     assert main(command) == 0
     out, err = capsys.readouterr()
-    assert "version 2 was replaced" in err
+    assert "version 2 went out of service" in err
     vectors = np.array([json.loads(line) for line in out.splitlines()])
     np.testing.assert_allclose(vectors, client.vectors(ENCODE(srv.address, texts, model="m:3")), atol=1e-6)
 
@@ -531,7 +531,7 @@ def test_encode_of_a_version_named_is_not_started_again_and_a_version_that_keeps
     out, err = capsys.readouterr()
     assert out == "" and asked == ["", "m:2", "", "m:3", "", "m:4", "", "m:5"]
     *again, last = err.splitlines()
-    assert [line.split(" was replaced")[0] for line in again] == [
+    assert [line.split(" went out of service")[0] for line in again] == [
         f"mhaserve encode: model m version {v}" for v in (2, 3, 4)
     ]
     assert last == (
