@@ -120,6 +120,9 @@ def validate(model: type[M], data: Any) -> M:
         # [[]] or [101, 1.0]): say what the field takes instead.
         takes = field.description if field is not None and _is_union(field.annotation) else None
         if takes and len(errors) > 1 and all(str(err["loc"][0]) == loc[0] for err in errors):
+            given = data.get(loc[0]) if isinstance(data, dict) else None
+            if isinstance(given, list) and given and isinstance(given[0], list) and [] in given:
+                raise InvalidArgument(f"input {given.index([])} is an empty list of token ids", param=loc[0]) from None
             raise InvalidArgument(f"{loc[0]}: must be {takes}", param=loc[0]) from None
         where = ".".join(part for part in loc if not part.isdigit() and "[" not in part) or "body"
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""

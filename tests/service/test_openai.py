@@ -166,6 +166,8 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
         # one readable sentence, not pydantic's first union member ("input.str: ... (and 7 more)")
         ({"input": [1, "a"]}, "input: must be a text, a list of texts, a list of token ids", "input"),
         ({"input": [101, 1.0, 102]}, "input: must be a text, a list of texts, a list of token ids", "input"),
+        # as an empty string is named (it read "must be a text, a list of texts...": a user-test's finding)
+        ({"input": [[2, 3], []]}, "input 1 is an empty list of token ids", "input"),
     ],
     ids=[
         "empty",
@@ -179,6 +181,7 @@ def test_the_default_model_and_the_model_list(http_server: ServerThread) -> None
         "format",
         "mixed",
         "a-float-id",
+        "empty-ids",
     ],
 )
 def test_bad_requests_are_bad_request_errors(

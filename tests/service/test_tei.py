@@ -212,6 +212,7 @@ def test_token_ids_and_the_model_extension(srv: ServerThread) -> None:
         ({"inputs": ["a"] * 9}, 400, "9 inputs in one request; the limit is 8"),
         ({"inputs": [[2, 300, 3]]}, 400, "token id 300, outside the vocabulary [0, 256)"),
         ({"inputs": ["a", [2, 3]]}, 400, "inputs: must be a text, a list of texts, a list of token ids"),
+        ({"inputs": [[2, 3], []]}, 400, "input 1 is an empty list of token ids"),
         ({"inputs": "word " * 400, "truncate": False}, 400, "more than the model's maximum of 160"),
         ({"inputs": "a", "truncation_direction": "middle"}, 400, "truncation_direction"),
         ({"inputs": "a", "dimensions": 33}, 400, "dimensions is 33; this model's embeddings have 32"),
