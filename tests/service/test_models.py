@@ -573,12 +573,14 @@ def test_a_broken_config_or_version_is_said_once_and_forgotten_once_mended(
 
     try:
         (tmp_path / "m" / "serving.json").write_text(json.dumps({"limit": {}}))
-        wait_until(lambda: any("unknown key 'limit'" in reason for _, reason in unavailable()), "the config's failure")
+        # the served version's reason (a model-level failure is listed on its own only where nothing is served)
+        wait_until(lambda: "unknown key 'limit'" in _index(srv)[("m", "1")][1], "the config's failure")
+        assert not unavailable()
         time.sleep(1.0)  # ten polls
         said = [r for r in caplog.records if r.getMessage().startswith("cannot load m: ")]
         assert len(said) == 1, [r.getMessage() for r in said]
         (tmp_path / "m" / "serving.json").write_text(json.dumps({}))
-        wait_until(lambda: not unavailable(), "the mended config's failure to be forgotten")
+        wait_until(lambda: _index(srv)[("m", "1")] == ("READY", ""), "the mended config's failure to be forgotten")
         corrupt(tmp_path, "m", 1, 2, "sha")
         wait_until(lambda: [v for v, _ in unavailable()] == ["2"], "the broken version's failure")
         shutil.rmtree(tmp_path / "m" / "2")
