@@ -44,11 +44,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import fcntl
 import logging
 import resource
 import socket
 import ssl
+import struct
 import sys
+import termios
 import time
 from asyncio import sslproto
 from collections.abc import Callable
@@ -375,6 +379,19 @@ class ConnectionLimit:
 Plaintext = Callable[[asyncio.BaseProtocol, asyncio.Transport, bytes], bool]
 TLS_HANDSHAKE = 0x16  # the first byte of a TLS record that carries a handshake message (a ClientHello's)
 MAX_REQUEST_LINE = 8 * 1024  # how far an HTTP/1.x request line is looked for
+
+
+def unsent(transport: asyncio.Transport) -> int:
+    """The bytes written to a connection that its peer has not taken yet: in the transport's buffer and in the
+    kernel's, not yet acknowledged (Linux's SIOCOUTQ; elsewhere the transport's alone). The kernel's count: a
+    peer that reads slowly frees a buffer of megabytes a little at a time, and the transport's moves only once a
+    third of it is free, so that the transport's alone stood still for seconds while such a peer read."""
+    held = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            held += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)))[0]
+    return held
 
 
 def plain_answer(status: int, text: str, request_id: str | None = None) -> bytes:

@@ -44,6 +44,7 @@ from mhaserve.service.connections import (
     http1_request_target,
     plain_answer,
     stop_accepting,
+    unsent,
 )
 from mhaserve.service.context import Throttle, accept_request_id
 from mhaserve.service.dataplane import SHUTTING_DOWN
@@ -61,6 +62,9 @@ LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and d
 TOO_LARGE = "the request line and headers are over 64 KiB in all"
 METHOD_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ-"  # of the methods llhttp knows (M-SEARCH)
 TOO_LARGE_TRAILERS = "the request's headers and its chunked body's trailer section are over 64 KiB in all"
+UPGRADE_WITH_BODY = InvalidArgument(
+    "this server takes no Upgrade (WebSocket, h2c): send the request in HTTP/1.1 without Upgrade (curl: --http1.1)"
+)
 
 
 # uvicorn logs a WARNING for every malformed request: a TLS handshake or an HTTP/2 client sent to the plain HTTP
@@ -132,6 +136,10 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         # Over --max-connections, or made as the server stops: its request line as it arrives, and its answer.
         self._turned_away: bytearray | None = None
         self._away: ServiceError | None = None
+        # While the transport holds more of an answer than its high-water mark: what was unsent at the last look,
+        # and the timer of the next (`_stalled`)
+        self._unsent = 0
+        self._stall: asyncio.TimerHandle | None = None
 
     def _arm(self) -> None:
         self._disarm()
@@ -226,8 +234,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         return not self._refused and super()._should_upgrade()
 
     def _unsupported_upgrade_warning(self) -> None:
-        if not self._refused:
-            super()._unsupported_upgrade_warning()
+        pass  # every upgrade is declined in on_headers_complete, which says so to the client
 
     def send_400_response(self, msg: str) -> None:
         if not self._refused:
@@ -246,6 +253,44 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
                 self.loop.call_later(LINGER_S, self.transport.close)
             else:
                 self.transport.close()
+
+    def _idle(self) -> bool:
+        """No request on the connection: none begun, none being answered."""
+        if self._in_headers or self._in_body or self._refused or self.pipeline or self.transport.is_closing():
+            return False
+        return self.cycle is None or self.cycle.response_complete
+
+    # A client that takes nothing of an answer held it, its connection and its place in --max-connections, and the
+    # request in flight, for ever (uvicorn's send waits for the buffer to drain, with no deadline; its keep-alive
+    # close waits too: a review's finding). Past the high-water mark, nothing taken for --http-header-timeout
+    # (the kernel's buffer counted: connections.unsent) ends the connection.
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._unsent = unsent(self.transport)
+        self._stall = self.loop.call_later(self.read_timeout, self._stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        left = unsent(self.transport)
+        if left < self._unsent:  # taken, if slowly
+            self._unsent = left
+            self._stall = self.loop.call_later(self.read_timeout, self._stalled)
+            return
+        self._stall = None
+        log.info("closing an HTTP connection that took none of its answer for %g s", self.read_timeout)
+        self.transport.abort()
+
+    def timeout_keep_alive_handler(self) -> None:
+        # Closed, the transport waits for its buffer to drain, which a client that does not read never lets it
+        if not self.transport.is_closing() and self.transport.get_write_buffer_size():
+            self.transport.abort()
+            return
+        super().timeout_keep_alive_handler()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -288,6 +333,11 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         waited = self._chunks if self._chunk_waits else 0  # the size line this read began after, if any
         self._begun_here = False
         super().data_received(data)
+        if self._idle() and self.timeout_keep_alive_task is None and self._headers_deadline is None:
+            # Bytes that began no request (the empty lines RFC 9112 2.2 lets a client send before one): uvicorn
+            # stopped its keep-alive timer for them and armed nothing, and one CRLF after a request held the
+            # connection for as long as its client liked (a review's finding). The next request's headers' deadline.
+            self._arm()
         # Counted by the chunk, after parsing, while a request's headers are incomplete, rather than by a
         # Python call per header on every request (the hot path of every short request).
         if self._in_headers:
@@ -338,11 +388,25 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._in_headers = False
         self._in_body = True
         self._chunk_waits = False
+        if self.parser.should_upgrade():
+            # Upgrade (a WebSocket, h2c: `curl --http2 http://`), which this server never takes (RFC 9110 7.8 lets
+            # it decline): the parser reads nothing past these headers, so a body is refused, and a request without
+            # one served with its connection closed after it. (uvicorn served an h2c POST with an empty body, the
+            # rest of the connection unread, and took a WebSocket upgrade itself: a 403 in plain text, and a place
+            # in --max-connections never given back.)
+            if any(name in (b"content-length", b"transfer-encoding") and value.strip() not in (b"", b"0")
+                   for name, value in self.headers):  # fmt: skip
+                self._refused = True
+                self._send_refusal(closing_answer(UPGRADE_WITH_BODY, self.url))
+                return
+            super().on_headers_complete()
+            if self.cycle is not None:
+                self.cycle.keep_alive = False
+            return
         super().on_headers_complete()
-        if not self.parser.should_upgrade():
-            # uvicorn adds a chunked body's trailer fields to the request's headers, with no limit (gigabytes of
-            # memory from one request): they go here instead, counted and dropped, as nothing reads them.
-            self.headers = self._trailers
+        # uvicorn adds a chunked body's trailer fields to the request's headers, with no limit (gigabytes of memory
+        # from one request): they go here instead, counted and dropped, as nothing reads them.
+        self.headers = self._trailers
 
     # A chunked body's trailer section is bounded as headers are: the bytes read after a chunk's size line while
     # none of its data has come (after the last chunk's, all of them trailers) may be MAX_HEADER_BYTES, no more.
@@ -376,6 +440,9 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         limit = self.connection_limit
         if limit is not None and self._answering:
             self._answering = False
@@ -414,6 +481,7 @@ class HttpServer:
             port=port,
             http=protocol,
             lifespan="off",
+            ws="none",  # no WebSocket route: an upgrade is declined (ReadTimeoutProtocol.on_headers_complete)
             log_config=None,
             access_log=False,  # the middleware logs each request, with its id, at debug
             server_header=False,

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 import hypothesis.strategies as st
 import numpy as np
+import orjson
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
@@ -1406,3 +1407,95 @@ def test_a_refused_request_that_names_a_model_is_counted_as_its_failure(
     before = fails()
     assert request("POST", url(srv, path), body).status == 400
     assert fails() == (before[0] + 1, before[1] + 1)
+
+
+def _until_closed(s: socket.socket) -> bytes:
+    answer = b""
+    while chunk := s.recv(65536):  # b"" once the server closes; a timeout if it never does
+        answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("upgrade", ["websocket", "h2c"])
+def test_an_upgrade_is_not_taken_and_its_connection_ends_after_the_answer(srv: ServerThread, upgrade: str) -> None:
+    """A request asking to upgrade: this server serves no WebSocket and no h2c. uvicorn took a WebSocket upgrade
+    itself (a 403 in plain text, the connection handed to another protocol that never gave back its place in
+    --max-connections: a few such requests, no key needed, locked every client out), and served a POST asking for
+    h2c (`curl --http2 http://...`) with an empty body, what followed it on the connection never read (a review's
+    findings). A request without a body is served, and its connection closed after it; one with a body, whose
+    bytes the parser no longer reads, is refused 400 saying why."""
+    port = srv.server.metrics_port
+    assert port
+    before = scrape(port).get("mhaserve_connections", protocol="http")
+    asks = f"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: {upgrade}\r\nSec-WebSocket-Key: dGhlIHNhbXBsZQ==\r\n"
+    with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=10 * READ_TIMEOUT) as s:
+        s.sendall(f"GET /health HTTP/1.1\r\nHost: x\r\n{asks}\r\n".encode())
+        answer = _until_closed(s)
+    assert answer.startswith(b"HTTP/1.1 200 OK") and b"connection: close" in answer, answer[:300]
+    assert b"x-request-id" in answer and answer.endswith(b"}")
+    body = b'{"input": "hello"}'
+    with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=10 * READ_TIMEOUT) as s:
+        head = f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n{asks}Content-Type: application/json\r\n"
+        s.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body + b"GET /health HTTP/1.1\r\n\r\n")
+        answer = _until_closed(s)
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request") and b"connection: close" in answer, answer[:300]
+    assert b"without Upgrade" in answer and b"SERVING" not in answer  # nor the GET after it: unread
+    wait_until(lambda: scrape(port).get("mhaserve_connections", protocol="http") == before, "their places back")
+    still_serving(srv)
+
+
+def test_a_blank_line_after_a_request_does_not_hold_the_connection_open(srv: ServerThread) -> None:
+    """An empty line before a request line is skipped, as RFC 9112 2.2 allows; uvicorn stopped the keep-alive
+    timer for any bytes and armed nothing, so one CRLF after a request held the connection (and its place in
+    --max-connections) for as long as the client liked (a review's finding). The header deadline holds."""
+    with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=10 * READ_TIMEOUT) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"}"):
+            answer += s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200")
+        s.sendall(b"\r\n")
+        assert _until_closed(s) == b""
+
+
+def _json_lines(srv: ServerThread, lines: int, *, receive_buffer: int) -> socket.socket:
+    """A connection that has sent a JSON Lines body of `lines` requests of 8 texts, with a small receive buffer."""
+    line = orjson.dumps({"inputs": [f"text number {i}" for i in range(8)], "model": "tiny"})
+    body = b"\n".join([line] * lines)
+    head = (
+        f"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/jsonlines\r\nContent-Length: {len(body)}"
+    )
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    s.settimeout(60)
+    s.connect(("127.0.0.1", srv.server.http_port))
+    s.sendall(head.encode() + b"\r\n\r\n" + body)
+    return s
+
+
+def test_a_client_that_takes_none_of_its_answer_is_cut_and_its_request_ends(srv: ServerThread) -> None:
+    """A JSON Lines body whose answer (megabytes) its client never reads: uvicorn waited for the buffer to drain
+    with no deadline, and the request stayed in flight, its connection open, its answer in memory, as long as
+    the client kept the socket (a review's finding). Nothing taken for --http-header-timeout ends it."""
+    port = srv.server.metrics_port
+    assert port
+    with _json_lines(srv, 3000, receive_buffer=4096) as s:  # about 8 MB of answer
+        wait_until(lambda: scrape(port).get("mhaserve_requests_in_flight") == 1, "the request in flight")
+        wait_until(lambda: scrape(port).get("mhaserve_requests_in_flight") == 0, "the request ended", timeout=60)
+        with contextlib.suppress(ConnectionResetError):
+            while s.recv(1 << 20):  # what the kernel held before the cut, then the end (a timeout if none came)
+                pass
+    still_serving(srv)
+
+
+def test_a_client_that_reads_its_answer_slowly_is_not_cut(srv: ServerThread) -> None:
+    """The other side of the cut above: a client on a slow link, reading a little at a time, gets its answer
+    whole, however long it is held past the high-water mark."""
+    with _json_lines(srv, 2000, receive_buffer=16384) as s:  # about 5 MB, past what the kernel's buffers take
+        answer = bytearray()
+        while not answer.endswith(b"\r\n0\r\n\r\n"):  # the chunked answer's end
+            chunk = s.recv(16 << 10)  # 800 KB/s: the server's transport held past its high-water mark for seconds
+            assert chunk, f"cut after {len(answer)} bytes"
+            answer += chunk
+            time.sleep(0.02)
+    assert answer.count(b"\n[[") + answer.count(b"\r\n[[") >= 1 and b"HTTP/1.1 200" in answer[:20]

@@ -77,18 +77,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import fcntl
 import logging
-import struct
-import termios
 from collections.abc import Coroutine, Iterable
 from typing import Any, Protocol, cast
 
 import hpack
 
 from mhaserve.runtime.errors import InvalidArgument, RequestTimeout, ServiceError, TooLarge, Unimplemented
-from mhaserve.service.connections import MAX_REQUEST_LINE, ConnectionLimit, http1_request_target, plain_answer
+from mhaserve.service.connections import (
+    MAX_REQUEST_LINE,
+    ConnectionLimit,
+    http1_request_target,
+    plain_answer,
+    unsent,
+)
 from mhaserve.service.context import Throttle
 from mhaserve.service.errors import to_status
 from mhaserve.service.incoming import Incoming
@@ -1180,16 +1182,9 @@ class Connection(asyncio.Protocol):
                 )
 
     def _gone_out(self) -> int:
-        """How much of what we wrote the client has taken: neither in the transport's buffer nor in the kernel's
-        unacknowledged (Linux's SIOCOUTQ; elsewhere taken as none). The kernel's counts: a client reading slowly
-        frees its buffer, of megabytes, a little at a time, and the transport's moves only once a third is free."""
+        """How much of what we wrote the client has taken (connections.unsent: the kernel's bytes counted)."""
         assert self.transport is not None
-        unsent = self.transport.get_write_buffer_size()
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)))[0]
-        return self.written - unsent
+        return self.written - unsent(self.transport)
 
     def _write(self, data: bytes) -> None:
         if self.greeting:  # our preface before anything else
