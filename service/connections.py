@@ -387,6 +387,10 @@ def unsent(transport: asyncio.Transport) -> int:
     peer that reads slowly frees a buffer of megabytes a little at a time, and the transport's moves only once a
     third of it is free, so that the transport's alone stood still for seconds while such a peer read."""
     held = transport.get_write_buffer_size()
+    if isinstance(transport, sslproto._SSLProtocolTransport):  # and the TCP transport's under TLS, unbounded
+        inner = getattr(transport._ssl_protocol, "_transport", None)
+        if isinstance(inner, asyncio.WriteTransport):
+            held += inner.get_write_buffer_size()
     sock = transport.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError):

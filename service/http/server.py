@@ -261,39 +261,43 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         return self.cycle is None or self.cycle.response_complete
 
     # A client that takes nothing of an answer held it, its connection and its place in --max-connections, and the
-    # request in flight, for ever (uvicorn's send waits for the buffer to drain, with no deadline; its keep-alive
-    # close waits too: a review's finding). Past the high-water mark, nothing taken for --http-header-timeout
-    # (the kernel's buffer counted: connections.unsent) ends the connection.
+    # request in flight, for ever (uvicorn's send waits for the buffer to drain, with no deadline; a close waits
+    # too: a review's finding). While the transport holds past its high-water mark, or closes with some of an
+    # answer unsent, nothing taken for --http-header-timeout (the kernel's buffer counted: connections.unsent) ends
+    # the connection; a client that takes its answer, however slowly, is not cut.
     def pause_writing(self) -> None:
         super().pause_writing()
-        self._unsent = unsent(self.transport)
-        self._stall = self.loop.call_later(self.read_timeout, self._stalled)
+        self._watch()
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        if self._stall is not None:
+        if self._stall is not None and not self.transport.is_closing():  # closing, it waits for the rest
             self._stall.cancel()
             self._stall = None
 
-    def _stalled(self) -> None:
-        left = unsent(self.transport)
-        if left < self._unsent:  # taken, if slowly
-            self._unsent = left
+    def _watch(self) -> None:
+        if self._stall is None:
+            self._unsent = unsent(self.transport)
             self._stall = self.loop.call_later(self.read_timeout, self._stalled)
-            return
+
+    def _stalled(self) -> None:
         self._stall = None
-        log.info("closing an HTTP connection that took none of its answer for %g s", self.read_timeout)
-        self.transport.abort()
+        left = unsent(self.transport)
+        if left and left >= self._unsent:
+            log.info("closing an HTTP connection that took none of its answer for %g s", self.read_timeout)
+            self.transport.abort()
+        elif left:  # taken, if slowly
+            self._watch()
 
     def timeout_keep_alive_handler(self) -> None:
-        # Closed, the transport waits for its buffer to drain, which a client that does not read never lets it
-        if not self.transport.is_closing() and self.transport.get_write_buffer_size():
-            self.transport.abort()
-            return
-        super().timeout_keep_alive_handler()
+        super().timeout_keep_alive_handler()  # a close, which waits for what is unsent
+        if unsent(self.transport):
+            self._watch()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.transport.is_closing() and unsent(self.transport):  # closed after its answer: the rest, watched
+            self._watch()
         if self._refusal is not None and not self.pipeline and self.cycle is not None and self.cycle.response_complete:
             answer, self._refusal = self._refusal, None
             self._send_refusal(answer)
@@ -394,10 +398,14 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             # one served with its connection closed after it. (uvicorn served an h2c POST with an empty body, the
             # rest of the connection unread, and took a WebSocket upgrade itself: a 403 in plain text, and a place
             # in --max-connections never given back.)
-            if any(name in (b"content-length", b"transfer-encoding") and value.strip() not in (b"", b"0")
+            if any(name == b"transfer-encoding" or (name == b"content-length" and value.strip(b" \t0"))
                    for name, value in self.headers):  # fmt: skip
                 self._refused = True
-                self._send_refusal(closing_answer(UPGRADE_WITH_BODY, self.url))
+                answer = closing_answer(UPGRADE_WITH_BODY, self.url)
+                if self.pipeline or (self.cycle is not None and not self.cycle.response_complete):
+                    self._refusal = answer  # after the answers of the requests before it, as a 431 (_count)
+                else:
+                    self._send_refusal(answer)
                 return
             super().on_headers_complete()
             if self.cycle is not None:
