@@ -136,8 +136,8 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         # Over --max-connections, or made as the server stops: its request line as it arrives, and its answer.
         self._turned_away: bytearray | None = None
         self._away: ServiceError | None = None
-        # While the transport holds more of an answer than its high-water mark: what was unsent at the last look,
-        # and the timer of the next (`_stalled`)
+        # While the transport holds more of an answer than its high-water mark, or closes with some of one unsent:
+        # what was unsent at the last look, and the timer of the next (`_stalled`)
         self._unsent = 0
         self._stall: asyncio.TimerHandle | None = None
 
