@@ -392,7 +392,7 @@ def unsent(transport: asyncio.Transport) -> int:
         if isinstance(inner, asyncio.WriteTransport):
             held += inner.get_write_buffer_size()
     sock = transport.get_extra_info("socket")
-    if sock is not None:
+    if sock is not None and sock.fileno() >= 0:  # -1 once closed (a close with nothing unsent is at once)
         with contextlib.suppress(OSError):
             held += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)))[0]
     return held
