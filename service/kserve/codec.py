@@ -97,6 +97,9 @@ def _typed(tensor: InputTensor) -> Any:
     return getattr(tensor.contents, want)
 
 
+FINAL_RESPONSE = "triton_final_response"  # Triton's, on every stream answer: whether it is its request's last
+
+
 def to_pb(output: EncodeOutput, request_id: str = "") -> pb.ModelInferResponse:
     embeddings = np.ascontiguousarray(output.embeddings, dtype="<f4")
     return pb.ModelInferResponse(
@@ -109,12 +112,23 @@ def to_pb(output: EncodeOutput, request_id: str = "") -> pb.ModelInferResponse:
     )
 
 
+def stream_pb(response: pb.ModelInferResponse) -> pb.ModelStreamInferResponse:
+    """A request's answer in a stream, marked as its last (`triton_final_response`), as Triton marks each answer
+    of a model that is not decoupled: clients read a stream's answers to a request until they see it."""
+    response.parameters[FINAL_RESPONSE].bool_param = True
+    return pb.ModelStreamInferResponse(infer_response=response)
+
+
 def error_pb(request: pb.ModelInferRequest, error: ServiceError) -> pb.ModelStreamInferResponse:
-    """A failed request in a stream: its status code name and message, and its id to match it by."""
+    """A failed request in a stream: its status code name and message, and its id to match it by; the last
+    answer to it, as Triton marks a failed request's."""
     code, message = to_status(error)
     return pb.ModelStreamInferResponse(
         error_message=f"{code.name}: {message}",
         infer_response=pb.ModelInferResponse(
-            model_name=request.model_name, model_version=request.model_version, id=request.id
+            model_name=request.model_name,
+            model_version=request.model_version,
+            id=request.id,
+            parameters={FINAL_RESPONSE: pb.InferParameter(bool_param=True)},
         ),
     )

@@ -18,7 +18,7 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.kserve.codec import error_pb, from_pb, to_pb
+from mhaserve.service.kserve.codec import error_pb, from_pb, stream_pb, to_pb
 from mhaserve.service.kserve.model import (
     EXTENSIONS,
     model_config,
@@ -108,7 +108,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         # As encoder.v1's EncodeStream: a failed request gets error_message and the stream goes on.
         async def infer(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
-            return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+            return stream_pb(await self._infer(request, context))
 
         def share(request: pb.ModelInferRequest) -> float:
             if not request.model_name:  # refused at once (named), as a model not served is

@@ -103,7 +103,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
         client.start_stream(callback=lambda result, error: answers.put((result, error)), stream_timeout=TIMEOUT)
         for i, text in enumerate(texts):
-            client.async_stream_infer(model, [text_input([text])], request_id=f"stream-{i}")
+            # An empty final answer asked for (tritonclient's flag), which a model that is not decoupled never
+            # sends: its one answer is marked final.
+            final = i == 0
+            client.async_stream_infer(
+                model, [text_input([text])], request_id=f"stream-{i}", enable_empty_final_response=final
+            )
         client.async_stream_infer(model, [text_input(["x"], name="nope")], request_id="stream-bad")
         stream: dict[str, Any] = {}
         for _ in range(len(texts) + 1):
@@ -112,6 +117,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 stream["error"] = str(error)
             else:
                 answer = embeddings(result)
+                answer["final"] = result.get_response().parameters["triton_final_response"].bool_param
                 stream[answer["id"]] = answer
         client.stop_stream()
         out["stream"] = stream

@@ -834,6 +834,9 @@ def test_stream_answers_in_order_and_survives_bad_requests(server: ServerThread,
     assert [r.infer_response.id for r in responses] == [f"r{i}" for i in range(5)]
     assert responses[1].error_message.startswith("INVALID_ARGUMENT: input 'text' element 0 is not UTF-8")
     assert responses[3].error_message.startswith("NOT_FOUND: model 'nope' is not served here")
+    # Each answer, an error's too, is its request's last, as Triton marks every one of a model that is not
+    # decoupled (clients read a stream until they see it: PyTriton's waited for ever without it).
+    assert [r.infer_response.parameters["triton_final_response"].bool_param for r in responses] == [True] * 5
     after = {c: server.samples().get("mhaserve_stream_responses_total", method=method, code=c) for c in codes}
     assert {c: after[c] - before[c] for c in codes} == {"OK": 3, "INVALID_ARGUMENT": 1, "NOT_FOUND": 1}
     expected = vectors(v1.Encode(epb.EncodeRequest(texts=["first", "second", "third"]), timeout=WAIT))
