@@ -890,6 +890,7 @@ def test_both_apis_share_the_batcher_statistics_and_metrics(start: Start, settin
             assert reply.status == 400, reply.body
 
             stats = v2.ModelStatistics(pb.ModelStatisticsRequest(), timeout=WAIT)
+            rest = http.request("GET", srv.http_url + "/v2/models/tiny/stats").json()
     finally:
         engine.release.set()
     (model,) = stats.model_stats
@@ -903,6 +904,13 @@ def test_both_apis_share_the_batcher_statistics_and_metrics(start: Start, settin
     parts = s.queue.ns + s.compute_input.ns + s.compute_infer.ns + s.compute_output.ns
     assert parts <= s.success.ns  # each request's parts lie within its whole
     assert model.last_inference > 0
+    # No response cache: Triton's cache_hit and cache_miss, which it always reports (perf_analyzer reads them),
+    # are zeros, over REST as over gRPC
+    assert s.HasField("cache_hit") and s.HasField("cache_miss")
+    (rest_model,) = rest["model_stats"]
+    assert {k: rest_model["inference_stats"][k] for k in ("cache_hit", "cache_miss")} == dict.fromkeys(
+        ("cache_hit", "cache_miss"), {"count": 0, "ns": 0}
+    )
     wait_until(lambda: counted(srv, "OK") == 1 and counted(srv, "INVALID_ARGUMENT") == 1, "ModelInfer counted")
     # each model's requests by status agree with its statistics (the refusals at decode once missed there)
     samples = srv.samples()
