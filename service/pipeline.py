@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +29,8 @@ from mhaserve.service.context import request_id
 from mhaserve.service.errors import status_name
 from mhaserve.service.metrics import ModelMetrics
 from mhaserve.service.stats import ModelStats
+
+T = TypeVar("T")
 
 # Texts of a request up to this many characters together are tokenised on the event loop (see tokenize):
 # about 0.5 ms of the tokeniser at most (0.45 us a character here).
@@ -318,7 +321,12 @@ class Pipeline:
         decode = functools.partial(self._decode, token_ids, skip_special_tokens)
         if sum(map(len, token_ids)) <= INLINE_DECODE_IDS:
             return decode()
-        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, decode)
+        return await self.off_loop(decode)
+
+    async def off_loop(self, work: Callable[[], T]) -> T:
+        """`work` on the tokeniser threads: a request's long work the event loop should not hold (the answer of
+        /tokenize: service/tokens.py)."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, work)
 
     def _decode(self, token_ids: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
         for i, ids in enumerate(token_ids):

@@ -197,15 +197,13 @@ class TeiServicer:
 
     async def tokenize(self, request: pb.EncodeRequest, context: Context) -> pb.EncodeResponse:
         pipeline = self.dataplane.resolve(model_of(context))
-        (tokens,) = await tokenize(
+        return await tokenize(
             pipeline,
             [request.inputs],
             truncate=False,
             prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
             add_special_tokens=request.add_special_tokens,
-        )
-        return pb.EncodeResponse(
-            tokens=[pb.SimpleToken(id=t.id, text=t.text, special=t.special, start=t.start, stop=t.stop) for t in tokens]
+            render=lambda texts: pb.EncodeResponse(tokens=[pb.SimpleToken(**token) for token in texts[0]]),
         )
 
     async def decode(self, request: pb.DecodeRequest, context: Context) -> pb.DecodeResponse:

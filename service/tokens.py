@@ -3,20 +3,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Annotated
+import functools
+from collections.abc import Callable, Sequence
+from typing import Annotated, TypeVar
 
 from pydantic import Field
+from tokenizers import Encoding
+from typing_extensions import TypedDict
 
 from mhaserve.runtime.errors import InvalidArgument
 from mhaserve.service.pipeline import EncodeInput, Pipeline
 
+R = TypeVar("R")
 
-# One token of a text; also `POST /tokenize`'s answer schema, as FastAPI reads a dataclass (with no docstring,
-# which would become the schema's description).
-@dataclass(frozen=True)
-class Token:
+
+# A request's tokens up to this many are made into its answer where it is asked, on the event loop: about 0.4 ms
+# (0.8 us a token, its dict and its JSON); more, on the tokeniser threads (see `tokenize`).
+INLINE_TOKENS = 512
+
+
+# One token of a text; also `POST /tokenize`'s answer schema. A dict rather than a dataclass: 1.2 million of them
+# (one request within every limit) took 2.7 s to make as frozen dataclasses, 0.8 s as dicts, and orjson encodes
+# a dict as it is.
+class Token(TypedDict):
     id: int
     text: Annotated[
         str, Field(description="the input's characters start to stop; a special token's or the prompt's own text")
@@ -39,12 +48,18 @@ async def tokenize(
     truncate: bool,
     prompt_name: str | None,
     add_special_tokens: bool,
-) -> list[list[Token]]:
-    """Each text's tokens, as text-embeddings-inference's /tokenize gives them: every token of the text, its
-    `text` the text's own characters (not the vocabulary's `##ing`), or with `truncate` the tokens the model
-    sees (cut at its maximum). A text longer than `Pipeline.tokenize_whole` takes is refused without
-    `truncate`. `add_special_tokens` false leaves [CLS] and [SEP] out of the answer. Errors name `inputs`,
-    both APIs' field."""
+    render: Callable[[list[list[Token]]], R],
+) -> R:
+    """Each text's tokens, as text-embeddings-inference's /tokenize gives them, made into the answer by `render`
+    (JSON, or protobuf messages): every token of the text, its `text` the text's own characters (not the
+    vocabulary's `##ing`), or with `truncate` the tokens the model sees (cut at its maximum). A text longer than
+    `Pipeline.tokenize_whole` takes is refused without `truncate`. `add_special_tokens` false leaves [CLS] and
+    [SEP] out of the answer. Errors name `inputs`, both APIs' field.
+
+    An answer of many tokens is made on the tokeniser threads: a Python object a token, made on the event loop,
+    held every other client (health probes included) for 15 to 20 seconds for one request of 1.2 million tokens
+    within every limit (a review's finding). There it holds the GIL, which the loop still gets every few
+    milliseconds."""
     if not texts:
         raise InvalidArgument("inputs is empty: send a text or a list of texts", param="inputs")
     asked = EncodeInput(texts=texts, truncate=truncate, prompt_name=prompt_name)
@@ -61,22 +76,38 @@ async def tokenize(
         if e.param == "input":  # the pipeline's checks name the embeddings APIs' field
             raise InvalidArgument(e.message, param="inputs") from None
         raise
-    # Offsets count in the text sent: the prompt put before it (the same for every text) is not in it. A token
-    # the prompt and the text share ("pre" + "fix...": "prefix") has the text's part as its offsets and `text`.
+    # Offsets count in the text sent: the prompt put before it (the same for every text) is not in it.
     shift = len(prompted[0]) - len(texts[0])
-    return [
+    work = functools.partial(answer, prompted, encodings, shift, add_special_tokens, render)
+    if sum(map(len, encodings)) <= INLINE_TOKENS:
+        return work()
+    return await pipeline.off_loop(work)
+
+
+def answer(
+    prompted: Sequence[str],
+    encodings: Sequence[Encoding],
+    shift: int,
+    add_special_tokens: bool,
+    render: Callable[[list[list[Token]]], R],
+) -> R:
+    """`tokenize`'s answer, from each prompted text's encoding; `shift` is the prompt's length. A token the prompt
+    and the text share ("pre" + "fix...": "prefix") has the text's part as its offsets and `text`."""
+    return render(
         [
-            Token(
-                id=token_id,
-                text=token if special else text[start if stop <= shift else max(start, shift) : stop],
-                special=bool(special),
-                start=None if special or stop <= shift else max(start - shift, 0),
-                stop=None if special or stop <= shift else stop - shift,
-            )
-            for token_id, token, special, (start, stop) in zip(
-                enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
-            )
-            if add_special_tokens or not special
+            [
+                {
+                    "id": token_id,
+                    "text": token if special else text[start if stop <= shift else max(start, shift) : stop],
+                    "special": bool(special),
+                    "start": None if special or stop <= shift else max(start - shift, 0),
+                    "stop": None if special or stop <= shift else stop - shift,
+                }
+                for token_id, token, special, (start, stop) in zip(
+                    enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
+                )
+                if add_special_tokens or not special
+            ]
+            for text, enc in zip(prompted, encodings, strict=True)
         ]
-        for text, enc in zip(prompted, encodings, strict=True)
-    ]
+    )

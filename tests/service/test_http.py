@@ -33,6 +33,7 @@ from hypothesis import settings as hsettings
 
 from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
+from mhaserve.service import tokens as tokens_module
 from mhaserve.service.connections import ConnectionLimit
 from mhaserve.service.context import Throttle
 from mhaserve.service.http.bodies import PAUSE_COLLECTOR_BYTES, parse_json
@@ -1017,6 +1018,28 @@ def test_tokenize_gives_ids_and_offsets_and_every_token_of_a_long_text(srv: Serv
     # text-embeddings-inference's option, once taken and ignored (the answer kept [CLS] and [SEP])
     (bare,) = request("POST", url(srv, "/tokenize"), {"inputs": "hi there", "add_special_tokens": False}).json()
     assert bare == words
+
+
+def test_a_large_tokenize_answer_is_made_off_the_event_loop(srv: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A /tokenize answer of many tokens is built (a Python object a token) and encoded on the tokeniser threads:
+    on the event loop, one request within every limit (2,048 texts of 1,800 characters: 1.2 million tokens,
+    80 MB of JSON) held every other client, health probes included, for 15 to 20 seconds (a review's finding).
+    A small one is built where it is asked, as short texts are tokenised."""
+    built: list[str] = []
+    answer = tokens_module.answer
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        built.append(threading.current_thread().name)
+        return answer(*args, **kwargs)
+
+    monkeypatch.setattr(tokens_module, "answer", spy)
+    (small,) = request("POST", url(srv, "/tokenize"), {"inputs": "hi there"}).json()
+    texts = ["word " * 30] * 8
+    large = request("POST", url(srv, "/tokenize"), {"inputs": texts}).json()
+    assert built[0] == srv.thread.name and built[1].startswith("tokenize"), built
+    assert "".join(t["text"] for t in small) == "[CLS]hithere[SEP]"  # (the test model's vocabulary: characters)
+    assert [len(t) for t in large] == [2 + 4 * 30] * 8
+    assert large[0][2] == {"id": large[0][2]["id"], "text": "o", "special": False, "start": 1, "stop": 2}
 
 
 def test_decode_gives_the_text_of_token_ids(srv: ServerThread) -> None:

@@ -11,7 +11,7 @@ from tokenizers import Encoding
 from mhaserve.model.checkpoint import default_source
 from mhaserve.runtime.tokenizer import load_for_serving
 from mhaserve.service.pipeline import EncodeInput
-from mhaserve.service.tokens import tokenize
+from mhaserve.service.tokens import Token, tokenize
 
 
 class _Prompting:
@@ -37,10 +37,12 @@ class _Prompting:
         return self.tokenizer.encode_batch(list(texts))
 
 
-def _tokens(prompt: str, text: str) -> list[Any]:
+def _tokens(prompt: str, text: str) -> list[Token]:
     pipeline: Any = _Prompting(prompt)
-    (tokens,) = asyncio.run(tokenize(pipeline, [text], truncate=False, prompt_name="p", add_special_tokens=False))
-    return tokens
+    texts = asyncio.run(
+        tokenize(pipeline, [text], truncate=False, prompt_name="p", add_special_tokens=False, render=lambda t: t)
+    )
+    return texts[0]
 
 
 def test_a_token_the_prompt_and_the_text_share_shows_the_texts_part() -> None:
@@ -48,10 +50,10 @@ def test_a_token_the_prompt_and_the_text_share_shows_the_texts_part() -> None:
     offsets point into the text sent, and its `text` is those characters, as every token's with offsets is
     (it was "prefix" with start 0 and stop 3)."""
     tokens = _tokens("pre", "fix view")
-    assert [t.id for t in tokens][:1] == [17576]  # "prefix", one token of the vocabulary
-    assert (tokens[0].text, tokens[0].start, tokens[0].stop) == ("fix", 0, 3)
+    assert [t["id"] for t in tokens][:1] == [17576]  # "prefix", one token of the vocabulary
+    assert (tokens[0]["text"], tokens[0]["start"], tokens[0]["stop"]) == ("fix", 0, 3)
     for t in tokens:
-        assert t.text == "fix view"[t.start : t.stop]
+        assert t["text"] == "fix view"[t["start"] : t["stop"]]
     # a prompt that ends a word keeps its own tokens, without offsets, showing its characters
     spaced = _tokens("pre ", "fix")
-    assert [(t.text, t.start, t.stop) for t in spaced] == [("pre", None, None), ("fix", 0, 3)]
+    assert [(t["text"], t["start"], t["stop"]) for t in spaced] == [("pre", None, None), ("fix", 0, 3)]
