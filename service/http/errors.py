@@ -40,7 +40,8 @@ def api_of(path: str) -> str:
     """Whose error shape a path answers in: "kserve", "tei" or "openai"."""
     if path == KSERVE_PREFIX or path.startswith(KSERVE_PREFIX + "/"):
         return "kserve"
-    return "tei" if path in TEI_PATHS or path in TEI_UNSERVED else "openai"
+    plain = path.rstrip("/") or path  # a TEI route's with a trailing slash (a 404) in TEI's shape too
+    return "tei" if plain in TEI_PATHS or plain in TEI_UNSERVED else "openai"
 
 
 def tei_error_type(status: int) -> str:

@@ -335,13 +335,13 @@ class CallMiddleware:
             raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or none)")
         out = inflate(body, kind, self.max_body_bytes, f"the {kind} body")
         if len(out) > self.max_body_bytes:
-            raise TooLarge(self._too_large(len(out), at_least=True) + " once inflated")
+            raise TooLarge(self._too_large(len(out), at_least=True, inflated=True))
         return out
 
-    def _too_large(self, size: int, at_least: bool = False) -> str:
+    def _too_large(self, size: int, at_least: bool = False, inflated: bool = False) -> str:
         return (
-            f"the request body is {'at least ' if at_least else ''}{size} bytes; the limit is "
-            f"{self.max_body_bytes} (--max-message-bytes): split the request"
+            f"the request body is {'at least ' if at_least else ''}{size} bytes{' once inflated' if inflated else ''};"
+            f" the limit is {self.max_body_bytes} (--max-message-bytes): split the request"
         )
 
     async def _run(

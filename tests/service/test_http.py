@@ -183,6 +183,12 @@ def test_compressed_bodies_are_read_whole_or_refused(srv: ServerThread) -> None:
     ):
         reply = post(data, encoding)
         assert reply.status == 400 and message in str(openai_error(reply.body)["message"]), (message, reply.body)
+    # past the limit once inflated (the limit is 1 MiB here): 413, saying so
+    reply = post(gzip.compress(b'{"input": "' + b"x" * (2 << 20) + b'"}'), "gzip")
+    assert reply.status == 413 and str(openai_error(reply.body)["message"]) == (
+        "the request body is at least 1048577 bytes once inflated; the limit is 1048576 (--max-message-bytes): "
+        "split the request"
+    )
     still_serving(srv)
 
 
@@ -268,6 +274,11 @@ def test_a_trailing_slash_is_not_found_with_a_hint_not_redirected(srv: ServerThr
     assert reply.status == 404 and "location" not in reply.headers
     assert "(without the trailing slash: /v1/embeddings)" in str(openai_error(reply.body)["message"])
     assert request("GET", url(srv, "/v1/models/")).status == 404
+    # a TEI route's, in TEI's error shape, as the route answers its own errors (it was OpenAI's)
+    reply = request("POST", url(srv, "/embed/"), {"inputs": "a"})
+    assert reply.status == 404 and reply.json() == {
+        "error": "no route POST /embed/ (without the trailing slash: /embed)", "error_type": "Validation"
+    }  # fmt: skip
     # a path of slashes alone has no path without them: the hint named an empty one
     assert str(openai_error(request("POST", url(srv, "//"), {"input": "a"}).body)["message"]) == "no route POST //"
     assert srv.samples().get("mhaserve_requests_total", method="POST (no route)", code="OK") == before
