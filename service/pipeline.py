@@ -293,11 +293,14 @@ class Pipeline:
                     raise InvalidArgument(self._too_long(i, length, measured, prompted=prompted), param="input")
         return encodings
 
-    async def tokenize_whole(self, texts: Sequence[str], *, prompted: bool = False) -> list[Encoding]:
+    async def tokenize_whole(
+        self, texts: Sequence[str], *, prompted: bool = False, truncatable: bool = True
+    ) -> list[Encoding]:
         """Every token of each text, none cut at the model's maximum (what /tokenize shows without `truncate`, as
         TEI's does: how long a document is, to split it); a text longer than `TOKENIZE_CHARS_PER_TOKEN`
         characters a token of that maximum is refused, as TEI refuses it (its count said to include the prompt
-        where one is `prompted` before each text). Off the event loop past a few."""
+        where one is `prompted` before each text; the refusal tells to set truncate where the API has it,
+        `truncatable`). Off the event loop past a few."""
         limit = self.max_tokens * TOKENIZE_CHARS_PER_TOKEN
         for i, text in enumerate(texts):
             if len(text) > limit:
@@ -305,7 +308,7 @@ class Pipeline:
                 raise InvalidArgument(
                     f"input {i} is {long}; a text is tokenised whole up to {limit} "
                     f"({TOKENIZE_CHARS_PER_TOKEN} a token of the model's maximum, as text-embeddings-inference "
-                    "does): shorten it or set truncate",
+                    f"does): shorten it{' or set truncate' if truncatable else ''}",
                     param="input",
                 )
         loop = asyncio.get_running_loop()

@@ -204,6 +204,7 @@ class TeiServicer:
             prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
             add_special_tokens=request.add_special_tokens,
             render=lambda texts: pb.EncodeResponse(tokens=[pb.SimpleToken(**token) for token in texts[0]]),
+            truncatable=False,  # (its EncodeRequest has no truncate)
         )
 
     async def decode(self, request: pb.DecodeRequest, context: Context) -> pb.DecodeResponse:

@@ -49,12 +49,14 @@ async def tokenize(
     prompt_name: str | None,
     add_special_tokens: bool,
     render: Callable[[list[list[Token]]], R],
+    truncatable: bool = True,
 ) -> R:
     """Each text's tokens, as text-embeddings-inference's /tokenize gives them, made into the answer by `render`
     (JSON, or protobuf messages): every token of the text, its `text` the text's own characters (not the
     vocabulary's `##ing`), or with `truncate` the tokens the model sees (cut at its maximum). A text longer than
-    `Pipeline.tokenize_whole` takes is refused without `truncate`. `add_special_tokens` false leaves [CLS] and
-    [SEP] out of the answer. Errors name `inputs`, both APIs' field.
+    `Pipeline.tokenize_whole` takes is refused without `truncate` (the refusal says to set it unless the API
+    has none: not `truncatable`). `add_special_tokens` false leaves [CLS] and [SEP] out of the answer. Errors
+    name `inputs`, both APIs' field.
 
     An answer of many tokens is made on the tokeniser threads: a Python object a token, made on the event loop,
     held every other client (health probes included) for 15 to 20 seconds for one request of 1.2 million tokens
@@ -70,7 +72,7 @@ async def tokenize(
         encodings = await (
             pipeline.tokenize(prompted, truncate=True)
             if truncate
-            else pipeline.tokenize_whole(prompted, prompted=bool(pipeline.prompt(asked)))
+            else pipeline.tokenize_whole(prompted, prompted=bool(pipeline.prompt(asked)), truncatable=truncatable)
         )
     except InvalidArgument as e:
         if e.param == "input":  # the pipeline's checks name the embeddings APIs' field

@@ -33,7 +33,9 @@ class _Prompting:
     async def tokenize(self, texts: Sequence[str], *, truncate: bool, prompted: bool = False) -> list[Encoding]:
         return self.tokenizer.encode_batch(list(texts))
 
-    async def tokenize_whole(self, texts: Sequence[str], *, prompted: bool = False) -> list[Encoding]:
+    async def tokenize_whole(
+        self, texts: Sequence[str], *, prompted: bool = False, truncatable: bool = True
+    ) -> list[Encoding]:
         return self.tokenizer.encode_batch(list(texts))
 
 
