@@ -21,7 +21,18 @@ from typing import Annotated, Any
 import numpy as np
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.runtime.manifest import number
@@ -63,9 +74,34 @@ JSON_TYPES: dict[str, tuple[type, str]] = {"BYTES": (str, "strings"), "INT64": (
 HEALTH_PATHS = (f"{PREFIX}/health/live", f"{PREFIX}/health/ready")
 
 
-class InputTensor(BaseModel):
+class Body(BaseModel):
+    """A part of a request body: unknown fields ignored, and an optional field written as null unset, as a null
+    parameter is (MLServer's clients write unset fields so; they were refused "Input should be a valid
+    string"). A required field null is then missing, and refused naming it."""
+
     model_config = ConfigDict(extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        """The schema says so: each optional field may be null."""
+        schema = handler.resolve_ref_schema(handler(core))
+        required = set(schema.get("required", ()))
+        for name, field in schema.get("properties", {}).items():
+            if name in required:
+                continue
+            kept = {k: field.pop(k) for k in ("title", "description", "default", "examples") if k in field}
+            options = field.pop("anyOf", None) or [dict(field)]
+            field.clear()
+            field.update(kept, anyOf=[*options, {"type": "null"}])
+        return schema
+
+
+class InputTensor(Body):
     name: Annotated[StrictStr, documented(enum=list(INPUT_TYPES))]
     shape: list[StrictInt]  # ["1"] or [1.0] is refused, as Triton's JSON parser does
     datatype: Annotated[StrictStr, documented(enum=sorted(set(INPUT_TYPES.values())))]
@@ -73,14 +109,12 @@ class InputTensor(BaseModel):
     data: Any = Field(default=None, description="the values, row-major (nested or flat); absent for binary data")
 
 
-class OutputTensor(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class OutputTensor(Body):
     name: Annotated[StrictStr, documented(enum=[OUTPUT])]
     parameters: dict[str, Any] = Field(default_factory=dict)
 
 
-class InferenceRequest(BaseModel):
+class InferenceRequest(Body):
     """The JSON part of `POST /v2/models/{name}[/versions/{version}]/infer`."""
 
     model_config = ConfigDict(
@@ -243,15 +277,11 @@ def to_response(output: EncodeOutput, request_id: str, binary: bool) -> Response
     )
 
 
-class RepositoryIndexRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class RepositoryIndexRequest(Body):
     ready: StrictBool = False
 
 
-class RepositoryLoadRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class RepositoryLoadRequest(Body):
     parameters: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -321,7 +351,8 @@ def _repository_routes(api: APIRouter, manager: ModelManager) -> None:
     async def repository_load(request: Request, model_name: str) -> Response:
         manager.check_control()
         parameters = validate(RepositoryLoadRequest, await _optional_json(request)).parameters
-        await manager.load_model(model_name, parameters=list(parameters))
+        # (a parameter null is unset, as an inference request's)
+        await manager.load_model(model_name, parameters=[k for k, v in parameters.items() if v is not None])
         return Response(status_code=200)
 
     @api.post(

@@ -592,6 +592,26 @@ def test_null_shared_memory_parameters_are_unset_over_rest(server: ServerThread)
             assert reply.status == 400 and message in reply.json()["error"], (key, reply.body)
 
 
+def test_null_optional_fields_are_unset_over_rest(server: ServerThread) -> None:
+    """An optional field a client writes as null (id, parameters, outputs; an input's or output's parameters) is
+    unset, as a null parameter is: they were 400 "Input should be a valid string" (MLServer's clients write
+    them so). A required field null is refused, naming it."""
+    url = server.http_url + "/v2/models/tiny/infer"
+    plain = http.request("POST", url, {"inputs": [_rest_text(data=["a"])]})
+    assert plain.status == 200, plain.body
+    body = {
+        "id": None,
+        "parameters": None,
+        "inputs": [_rest_text(data=["a"], parameters=None)],
+        "outputs": [{"name": "embeddings", "parameters": None}],
+    }
+    reply = http.request("POST", url, body)
+    assert reply.status == 200, reply.body
+    assert reply.json()["outputs"] == plain.json()["outputs"] and "id" not in reply.json()
+    reply = http.request("POST", url, {"inputs": None})
+    assert reply.status == 400 and "inputs" in reply.json()["error"], reply.body
+
+
 def test_a_version_in_the_name_and_in_the_path_agree_as_numbers(server: ServerThread) -> None:
     """`name:01` is `name:1` wherever a model is named: `/v2/models/tiny:1/versions/01` was refused as naming two
     versions ("ask for one"), the same version written two ways; two versions that differ still are."""
@@ -651,6 +671,10 @@ def test_repository_routes_read_json_whatever_the_content_type(start: Start, set
         # read, not skipped: a load's parameters are refused, whatever the content type
         reply = post("/models/tiny/load", b'{"parameters": {"config": "{}"}}', content_type)
         assert reply.status == 400 and "load parameters are not supported" in reply.json()["error"]
+        # null is unset, the parameters as a parameter
+        for body in (b'{"parameters": null}', b'{"parameters": {"config": null}}'):
+            assert post("/models/tiny/load", body, content_type).status == 200, body
+        assert post("/index", b'{"ready": null}', content_type).status == 200
         reply = post("/index", b"ready=true", content_type)
         assert reply.status == 400 and "not valid JSON" in reply.json()["error"]
 
