@@ -237,8 +237,11 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         pass  # every upgrade is declined in on_headers_complete, which says so to the client
 
     def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to bytes its parser refuses, with a request id, as every other answer has (uvicorn's
+        # had none); closed at once, as uvicorn closes it
         if not self._refused:
-            super().send_400_response(msg)
+            self.transport.write(plain_answer(400, msg, accept_request_id(None)))
+            self.transport.close()
 
     def _send_refusal(self, answer: bytes) -> None:
         if self.timeout_keep_alive_task is not None:  # a keep-alive timer would close before the linger ends

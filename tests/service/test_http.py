@@ -606,6 +606,7 @@ def test_malformed_requests_are_400_and_logged_once_a_minute(
                 while chunk := s.recv(4096):
                     answer += chunk
         assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
+        assert re.search(rb"\r\nx-request-id: [0-9a-f]{16}\r\n", answer), answer  # as every answer has
     lines = [r for r in caplog.records if r.name == "uvicorn.error" and "Invalid HTTP request" in r.getMessage()]
     assert len(lines) <= 1, [r.getMessage() for r in lines]  # one, or none where an earlier test's line was the last
     still_serving(srv)
