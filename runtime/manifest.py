@@ -30,7 +30,8 @@ CPU_GRAPHS = ("fp32", "optimized", CPU_GRAPH, "int8")
 GRAPH_NAMES = ("fp32", "optimized", CPU_GRAPH, "fp16", "int8")
 # Lower-case letters, digits, '.', '_' and '-', not starting with a dot: a name never names a path.
 # `\Z`, not `$`: `$` also matches before a final newline ("abc\n" would pass).
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}\Z")
+MAX_NAME = 128
+NAME_RE = re.compile(rf"^[a-z0-9][a-z0-9._-]{{0,{MAX_NAME - 1}}}\Z")
 
 
 class ManifestError(ValueError):
@@ -288,7 +289,12 @@ def verify_tokenizer(entry_dir: Path, manifest: Manifest) -> Path:
 
 def check_name(name: str) -> str:
     if not NAME_RE.match(name):
-        raise ManifestError(f"invalid model name {name!r}: use lower-case letters, digits, '.', '_' and '-'")
+        if len(name) > MAX_NAME and NAME_RE.match(name[:MAX_NAME]):  # the rule it breaks is its length
+            raise ManifestError(f"invalid model name {name!r} ({len(name)} characters): at most {MAX_NAME}")
+        raise ManifestError(
+            f"invalid model name {name!r}: use lower-case letters, digits, '.', '_' and '-', beginning with a "
+            "letter or a digit"
+        )
     return name
 
 

@@ -350,7 +350,7 @@ def test_a_model_name_the_repository_cannot_hold_is_refused_by_the_name_that_set
 ) -> None:
     """`serve --model Bad/Name` was "cannot start: invalid model name 'Bad/Name'" once the server started (exit 1),
     naming neither the flag nor the variable; export's and import's --name refuse it as a usage error."""
-    rule = "use lower-case letters, digits, '.', '_' and '-'"
+    rule = "use lower-case letters, digits, '.', '_' and '-', beginning with a letter or a digit"
     with pytest.raises(SettingsError, match=f"^--model: invalid model name 'Bad/Name': {rule}$"):
         build(parse("--model", "tiny", "--model", "Bad/Name"), env={"MHASERVE_MODEL": "tiny"})
     with pytest.raises(SettingsError, match="^MHASERVE_MODEL: invalid model name 'TINY'"):

@@ -360,3 +360,14 @@ def test_a_manifest_that_does_not_read_as_json_is_refused_naming_the_file(tmp_pa
     (tmp_path / mf.MANIFEST).write_bytes(text)
     with pytest.raises(mf.ManifestError, match=f"^{tmp_path / mf.MANIFEST} is not valid JSON"):
         mf.read_manifest(tmp_path)
+
+
+def test_a_model_name_is_refused_saying_which_rule_it_breaks() -> None:
+    """A name of 300 valid characters was told to use lower-case letters, digits, '.', '_' and '-', which it
+    did (a review's finding): its length is the rule it breaks. One beginning with '.' or '-' is told so."""
+    assert mf.check_name("a" * 128) == "a" * 128
+    with pytest.raises(mf.ManifestError, match=r"\(129 characters\): at most 128$"):
+        mf.check_name("a" * 129)
+    for name in ("Bad/Name", ".hidden", "-x", ""):
+        with pytest.raises(mf.ManifestError, match="lower-case letters, digits, '.', '_' and '-', beginning with"):
+            mf.check_name(name)
