@@ -595,7 +595,12 @@ class ModelManager:
         # per name an admin client typed). Read off the event loop: on a network file system that stalls, the
         # event loop (every request, health check and drain) would wait for it. Shared by the load calls of the
         # model asked for meanwhile (a client's retries), each answered by a look-up begun after it came (_read).
-        await self._read(self.repository.published, name, share=("published", name))
+        try:
+            await self._read(self.repository.published, name, share=("published", name))
+        except NotFound as e:
+            if serving := self.dataplane.versions(name):  # its folder gone: what it serves serves on, said so
+                raise NotFound(f"{e.message}; still serving version {', '.join(map(str, serving))}") from None
+            raise
         if self._unloads[name] != unloads or self._closing:
             return None
         task = self._next_load.get(name)

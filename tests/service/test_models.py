@@ -1655,6 +1655,13 @@ def test_an_explicit_load_of_a_failed_model_tries_again_and_fails_again(tmp_path
             kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="nope"), timeout=WAIT)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND and "not in the repository" in str(e.value.details())
         assert srv.samples().get("mhaserve_model_load_failures_total", -1.0, model="nope") == -1.0
+        # a served model whose folder went: NOT_FOUND, saying what still serves, as a failed load says it
+        shutil.move(tmp_path / "ok", tmp_path / ".ok")
+        with pytest.raises(grpc.RpcError) as e:
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="ok"), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert str(e.value.details()).endswith("; still serving version 1"), e.value.details()
+        assert kserve.ModelReady(kpb.ModelReadyRequest(name="ok"), timeout=WAIT).ready
 
 
 def test_a_version_whose_warm_up_fails_leaves_no_metric_series(tmp_path: Path) -> None:
