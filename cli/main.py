@@ -164,7 +164,7 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="also write an int8 graph for CPUs, quantised from the fused graph (implies --optimize); "
         "if it fails the int8 gate, nothing of the export is published",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing version")
+    p.add_argument("--overwrite", action="store_true", help="replace the existing version --version names")
     from mhaserve.model.config import EncoderConfig  # a dataclass: no torch
 
     g = p.add_argument_group("random models (--source random; the defaults are all-MiniLM-L6-v2's sizes)")
@@ -253,7 +253,7 @@ def _add_import(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="leave the graph's token states as its output and let the server pool them (slower; for graphs that "
         "cannot take the appended pooling)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing version")
+    p.add_argument("--overwrite", action="store_true", help="replace the existing version --version names")
     p.set_defaults(handler=_import)
 
 

@@ -424,10 +424,8 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
         raise ImportFailed(f"{opts.onnx} is not a file")
     if not opts.tokenizer.is_file():
         raise ImportFailed(f"{opts.tokenizer} is not a file (a tokenizers JSON file, as tokenizer.json)")
-    version_, target = staging.reserve(opts.repository, name, opts.version, opts.overwrite)
-    progress = Progress(5, out)
-
-    with staging.scratch(opts.repository, name, version_) as scratch:
+    with staging.reserved(opts.repository, name, opts.version, opts.overwrite) as (version_, target, scratch):
+        progress = Progress(5, out)
         with progress.step(f"reading {opts.onnx}"):
             try:
                 # The binary format whatever the name: onnx reads a .json file as JSON protobuf, whose errors
@@ -584,5 +582,7 @@ def import_entry(opts: ImportOptions, out: TextIO | None = None) -> Path:
                 default_prompt_name=default_prompt,
             )
             (scratch / mf.MANIFEST).write_text(manifest.to_json())
-            staging.publish(scratch, target, overwrite=opts.overwrite)
+            # --overwrite replaces the version named by --version, never the next free one that another
+            # (a copy, an older mhaserve) published meanwhile
+            staging.publish(scratch, target, overwrite=opts.overwrite and opts.version is not None)
     return target

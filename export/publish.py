@@ -125,12 +125,10 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
     label, ckpt_dir = _resolve_source(opts.source)
     name = mf.check_name(opts.name or _default_name(opts.source, ckpt_dir, opts.seed))
     repo = opts.repository
-    version_, target = staging.reserve(repo, name, opts.version, opts.overwrite)
-
-    fuse = opts.optimize or opts.int8
-    steps = 5 + 3 * fuse + opts.fp16 + opts.int8
-    progress = Progress(steps, out)
-    with staging.scratch(repo, name, version_) as scratch:
+    with staging.reserved(repo, name, opts.version, opts.overwrite) as (version_, target, scratch):
+        fuse = opts.optimize or opts.int8
+        steps = 5 + 3 * fuse + opts.fp16 + opts.int8
+        progress = Progress(steps, out)
         with progress.step(f"loading {label}"):
             try:
                 if ckpt_dir is None:
@@ -162,7 +160,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
                 onnx_graph.export_graph(model, fp32)
             except (RuntimeError, MemoryError) as e:  # torch.export's own failures: one line, no traceback
                 # A Ctrl-C that torch.export wraps in its RuntimeError is a KeyboardInterrupt again once it
-                # leaves staging.scratch, not "the ONNX export failed".
+                # leaves staging.reserved, not "the ONNX export failed".
                 raise ExportError(f"the ONNX export failed: {reason(e)}") from None
             opset = onnx_graph.check_graph(fp32, cfg.d_model)
 
@@ -288,5 +286,7 @@ def export_entry(opts: ExportOptions, out: TextIO | None = None) -> Path:
             (scratch / mf.MANIFEST).write_text(manifest.to_json())
 
         with progress.step(f"publishing {target}"):
-            staging.publish(scratch, target, overwrite=opts.overwrite)
+            # --overwrite replaces the version named by --version, never the next free one that another
+            # (a copy, an older mhaserve) published meanwhile
+            staging.publish(scratch, target, overwrite=opts.overwrite and opts.version is not None)
     return target

@@ -3,8 +3,9 @@
 `mhaserve export` and `mhaserve import` write everything into a scratch directory inside the repository
 (the same filesystem, so the final rename is atomic) and publish `<repository>/<name>/<version>/` only
 once every check has passed; a failure leaves the repository as it was. A polling server never sees a
-half-written version. An export killed outright (SIGKILL, out of memory) cannot remove its scratch
-directory; the next export or import into the repository does (`_sweep`).
+half-written version. Exports of one model running together get versions of their own: a running export's
+scratch directory holds its number (`reserved`). An export killed outright (SIGKILL, out of memory) cannot
+remove its scratch directory; the next export or import into the repository does (`_sweep`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ SCRATCH_PREFIX = ".export-"
 # an export's that has created it and not yet taken it.
 LOCK = ".lock"
 LOCK_GRACE_S = 60.0
+# The repository's lock file, held while a version is chosen or published. A file: the server passes over
+# files in the repository, and hidden folders (the scratch directories).
+REPOSITORY_LOCK = ".export.lock"
 
 
 class PublishError(RuntimeError):
@@ -57,47 +61,46 @@ def interrupted(error: BaseException) -> bool:
     return False
 
 
-def reserve(repository: Path, name: str, version_: int | None, overwrite: bool) -> tuple[int, Path]:
-    """The version to publish (the next free one by default: past the last version and any file or link named
-    like the next) and its directory, refusing to clobber one; a file or a link to nothing where the repository's
-    folder or the model's goes is refused here, before the export runs."""
+@contextlib.contextmanager
+def reserved(repository: Path, name: str, version_: int | None, overwrite: bool) -> Iterator[tuple[int, Path, Path]]:
+    """The version to publish, its directory, and a private scratch directory inside the repository, removed
+    afterwards unless `publish` renamed it away.
+
+    The version is the next free one by default: past the last version, any file or link named like the next,
+    and any version a running export or import of the model is making. One the user names that another is making
+    is refused, --overwrite or not (that replaces a published version), as is one that exists without
+    --overwrite; and a file or a link to nothing where the repository's folder or the model's goes. All before
+    the export runs.
+
+    The scratch directory holds a lock (an flock on its LOCK file) while the export runs, by which `_sweep` tells
+    a dead export's from a running one's, and another export the versions being made. The number is chosen and
+    the directory made and locked under the repository's lock (`_locked`): two exports started together chose
+    the same number, neither having made its directory yet.
+
+    An error that a Ctrl-C caused leaves the block as the KeyboardInterrupt it is, whichever step wrapped it:
+    the command then says "interrupted" (exit 130), not that the step failed or that a package is missing."""
     for folder in (repository, repository / name):
         if folder.is_symlink() and not folder.exists():
             raise PublishError(f"{folder} is a link to {os.readlink(folder)}, which does not exist")
         if folder.exists() and not folder.is_dir():
             raise PublishError(f"{folder} is a file, not a folder")
-    existing = mf.versions(repository, name)
-    number = version_ if version_ is not None else (existing[-1] + 1 if existing else 1)
-    while version_ is None and os.path.lexists(mf.entry_dir(repository, name, number)):
-        number += 1
-    if not 0 < number <= mf.MAX_VERSION:  # past it the server reads the folder as no version
-        raise PublishError(f"version must be a whole number from 1 to {mf.MAX_VERSION}, got {number}")
-    target = mf.entry_dir(repository, name, number)
-    if os.path.lexists(target) and not overwrite:
-        raise PublishError(f"{target} already exists (pass --overwrite to replace it, or another --version)")
-    return number, target
-
-
-@contextlib.contextmanager
-def scratch(repository: Path, name: str, version_: int) -> Iterator[Path]:
-    """A private directory inside the repository, removed afterwards unless `publish` renamed it away. It holds
-    a lock (an flock on its LOCK file) while the export runs, by which `_sweep` tells a dead export's from a
-    running one's.
-
-    An error that a Ctrl-C caused leaves the block as the KeyboardInterrupt it is, whichever step wrapped it:
-    the command then says "interrupted" (exit 130), not that the step failed or that a package is missing."""
+    if version_ is not None:
+        _in_range(version_)  # before the repository's folder is made
     repository.mkdir(parents=True, exist_ok=True)
     _sweep(repository)
-    # Made with Ctrl-C and SIGTERM held: between the folder and its lock file, one left a folder no sweep removes.
-    with _held() as held:
-        path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{name}-{version_}-", dir=repository))
-        path.chmod(0o755)  # mkdtemp makes it private; the published entry must be readable by the server's user
-        lock = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    with _locked(repository):
+        number, target = _choose(repository, name, version_, overwrite)
+        # Made with Ctrl-C and SIGTERM held: between the folder and its lock, one left a folder no sweep removes.
+        with _held() as held:
+            path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{name}-{number}-", dir=repository))
+            path.chmod(0o755)  # mkdtemp makes it private; the published entry must be readable by the server's user
+            lock = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            # Nobody else can hold it yet: others look at it under the repository's lock, _sweep not until the grace.
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can hold it yet: _sweep skips until then
         if held:  # the signal that came meanwhile, to its own handler now that the folder is removed with it
             signal.raise_signal(held[-1])
-        yield path
+        yield number, target, path
     except Exception as e:
         if interrupted(e):
             raise KeyboardInterrupt from e
@@ -105,6 +108,80 @@ def scratch(repository: Path, name: str, version_: int) -> Iterator[Path]:
     finally:
         shutil.rmtree(path, ignore_errors=True)
         os.close(lock)
+
+
+def _in_range(number: int) -> None:
+    if not 0 < number <= mf.MAX_VERSION:  # past it the server reads the folder as no version
+        raise PublishError(f"version must be a whole number from 1 to {mf.MAX_VERSION}, got {number}")
+
+
+def _choose(repository: Path, name: str, version_: int | None, overwrite: bool) -> tuple[int, Path]:
+    """`reserved`'s version and its directory, under the repository's lock."""
+    making = _making(repository, name)
+    existing = mf.versions(repository, name)
+    number = version_ if version_ is not None else (existing[-1] + 1 if existing else 1)
+    while version_ is None and (number in making or os.path.lexists(mf.entry_dir(repository, name, number))):
+        number += 1
+    _in_range(number)
+    target = mf.entry_dir(repository, name, number)
+    if os.path.lexists(target) and not overwrite:
+        raise PublishError(f"{target} already exists (pass --overwrite to replace it, or another --version)")
+    if number in making:
+        raise PublishError(f"{target} is being made by another export or import (pass another --version)")
+    return number, target
+
+
+def _making(repository: Path, name: str) -> set[int]:
+    """The versions of `name` that running exports and imports hold: their scratch directories' locks are
+    held. One without a lock file (an older mhaserve's) or with its lock free (a dead export's) holds none."""
+    prefix = f"{SCRATCH_PREFIX}{name}-"
+    making: set[int] = set()
+    for scratch_dir in repository.glob(f"{prefix}*"):
+        # `<version>-<mkdtemp's suffix>`, which has no '-': model a-1's version 2 is not model a's version 1
+        number, dash, suffix = scratch_dir.name.removeprefix(prefix).partition("-")
+        if not dash or not suffix or "-" in suffix or not mf.is_version(number):
+            continue
+        try:
+            fd = os.open(scratch_dir / LOCK, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            # Shared, so that it needs no write access (an NFS lock does for an exclusive one): refused while the
+            # export holds its exclusive one.
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            making.add(int(number))
+        finally:
+            os.close(fd)
+    return making
+
+
+@contextlib.contextmanager
+def _locked(repository: Path) -> Iterator[None]:
+    """The repository's lock (an flock on its REPOSITORY_LOCK file), held while a version is chosen and its
+    scratch directory made, or a scratch directory published: briefly. The file is removed when the lock is
+    given back, so that a failed export leaves the repository as it was; whoever then takes the lock of a file
+    no longer there opens the file anew."""
+    path = repository / REPOSITORY_LOCK
+    while True:
+        # Mode as the umask says: in a repository a group shares, its other users must open it too.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                break
+        except FileNotFoundError:
+            pass  # removed by the holder before us
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # left, it is taken by the next as it is
+            path.unlink()
+        os.close(fd)
 
 
 def _sweep(repository: Path) -> None:
@@ -150,15 +227,21 @@ def _held() -> Iterator[list[int]]:
 def publish(scratch_dir: Path, target: Path, *, overwrite: bool = False) -> None:
     """Move the finished scratch directory to `target` in one rename (replacing it under --overwrite).
 
-    `reserve` checked the target at the start; a version published meanwhile (another export, a copy) is
+    `reserved` checked the target at the start; a version published meanwhile (a copy, an older mhaserve) is
     refused here unless --overwrite, not silently replaced. A Ctrl-C or SIGTERM meanwhile lets the publish
     finish, and is then dropped: what it would have stopped is done (between the old version's move aside and
     the new one's rename in, it lost the version; after, it said "interrupted" of a published one)."""
     with _held():
-        _publish(scratch_dir, target, overwrite)
+        # Under the repository's lock: between the scratch's lock file's removal and the rename, a version being
+        # chosen saw neither the version nor an export making it, and took its number.
+        with _locked(target.parent.parent):
+            old = _publish(scratch_dir, target, overwrite)
+        if old is not None:
+            _remove(old)
 
 
-def _publish(scratch_dir: Path, target: Path, overwrite: bool) -> None:
+def _publish(scratch_dir: Path, target: Path, overwrite: bool) -> Path | None:
+    """The renames; the replaced version's folder, moved aside, if any."""
     target.parent.mkdir(parents=True, exist_ok=True)
     # Not part of the entry; the export holds its lock still, and a sweep passes over a directory without one.
     (scratch_dir / LOCK).unlink(missing_ok=True)
@@ -178,12 +261,12 @@ def _publish(scratch_dir: Path, target: Path, overwrite: bool) -> None:
         except OSError as e:
             old.rename(target)
             raise PublishError(f"{target} could not be published: {e.strerror or e}") from None
-        _remove(old)
-        return
+        return old
     try:
         scratch_dir.rename(target)
     except OSError as e:  # a directory that appeared after the check above: rename refuses a non-empty one
         raise PublishError(f"{target} could not be published: {e.strerror or e}") from None
+    return None
 
 
 def _remove(path: Path) -> None:

@@ -1,5 +1,6 @@
 """The scratch directories exports write into: an export killed outright leaves its own behind, which the next
-export into the repository removes, and never a running export's."""
+export into the repository removes, and never a running export's; a running export's holds its version, which
+another export of the model does not take."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ HOLD = """
 import sys, time
 from pathlib import Path
 from mhaserve.export import staging
-with staging.scratch(Path(sys.argv[1]), "m", 1) as path:
+with staging.reserved(Path(sys.argv[1]), "m", None, False) as (version, target, path):
     print(path, flush=True)
     time.sleep(120)
 """
@@ -29,7 +30,9 @@ with staging.scratch(Path(sys.argv[1]), "m", 1) as path:
 def holding(repository: Path) -> tuple[subprocess.Popen[str], Path]:
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(repository)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    return proc, Path(proc.stdout.readline().strip())
+    line = proc.stdout.readline().strip()
+    assert line and Path(line).is_dir(), line  # (an empty line read as ".": the test wrote into the cwd)
+    return proc, Path(line)
 
 
 def test_a_killed_exports_scratch_is_removed_by_the_next_and_a_running_ones_is_kept(
@@ -45,7 +48,10 @@ def test_a_killed_exports_scratch_is_removed_by_the_next_and_a_running_ones_is_k
         dead.send_signal(signal.SIGKILL)
         dead.wait(30)
         assert dead_dir.exists()  # nothing ran to remove it
-        with staging.scratch(tmp_path, "m", 2) as mine:
+        with staging.reserved(tmp_path, "m", None, False) as (number, _, mine):
+            assert number == 1  # the killed export's version is free again, the running one's (2) is not
+            with pytest.raises(staging.PublishError, match="being made by another export"):
+                reserve(tmp_path, "m", 2)
             assert not dead_dir.exists()
             assert alive_dir.exists() and older.exists() and mine.exists()
         assert not mine.exists() and alive_dir.exists()
@@ -60,7 +66,7 @@ def test_a_lock_file_not_yet_taken_is_left_for_a_grace(tmp_path: Path) -> None:
     starting = tmp_path / ".export-m-1-starting"
     starting.mkdir()
     os.close(os.open(starting / staging.LOCK, os.O_RDWR | os.O_CREAT, 0o644))
-    with staging.scratch(tmp_path, "m", 2):
+    with staging.reserved(tmp_path, "m", 2, False):
         assert starting.exists()
 
 
@@ -77,13 +83,77 @@ def test_a_tokenizer_that_cannot_be_written_is_the_os_error_it_is(tmp_path: Path
     assert (tmp_path / "tokenizer.json").stat().st_size > 0
 
 
+def reserve(repository: Path, name: str, version: int | None, *, overwrite: bool = False) -> tuple[int, Path]:
+    """The version and the target a reservation gets, given back at once."""
+    with staging.reserved(repository, name, version, overwrite) as (number, target, _):
+        return number, target
+
+
+def test_exports_running_together_get_versions_of_their_own(tmp_path: Path) -> None:
+    """Two exports of one model started together with no --version both took the next free version: the number
+    was chosen at the start and its scratch folder made later, and neither looked at the other's. Under
+    --overwrite the second publish replaced the first one's version without a word; without it the second
+    failed at the end, after all its work. A running export's scratch folder now holds its number."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    with staging.reserved(tmp_path, "m", None, True) as (first, first_target, first_scratch):
+        with staging.reserved(tmp_path, "m", None, True) as (second, second_target, second_scratch):
+            assert (first, second) == (2, 3)
+            assert (first_target, second_target) == (tmp_path / "m" / "2", tmp_path / "m" / "3")
+            assert first_scratch != second_scratch
+            staging.publish(second_scratch, second_target)
+        assert reserve(tmp_path, "m", None) == (4, tmp_path / "m" / "4")  # past the published 3 and the held 2
+        staging.publish(first_scratch, first_target)
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["1", "2", "3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no lock or scratch left in the repository
+
+
+def test_a_version_another_export_is_making_is_refused_at_the_start(tmp_path: Path) -> None:
+    """--version N while another export of the model makes N: refused before the work, not at the publish (and
+    not taken under --overwrite either: that replaces a published version, not one another export is making)."""
+    with staging.reserved(tmp_path, "m", 1, False):
+        for overwrite in (False, True):
+            with pytest.raises(staging.PublishError, match=r"m/1 is being made by another export or import"):
+                reserve(tmp_path, "m", 1, overwrite=overwrite)
+        assert reserve(tmp_path, "m", 2) == (2, tmp_path / "m" / "2")
+    assert reserve(tmp_path, "m", 1) == (1, tmp_path / "m" / "1")  # free once the first is done
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_version_held_is_the_models_own_not_a_longer_names(tmp_path: Path) -> None:
+    """Scratch folders are `.export-<name>-<version>-<suffix>`: model a-1's version 2 is not model a's version 1,
+    nor model a's version 1 model a-1's (names may hold '-'; the suffix never does)."""
+    with staging.reserved(tmp_path, "a-1", None, False) as (number, _, held):
+        assert number == 1 and held.name.startswith(".export-a-1-1-")
+        assert reserve(tmp_path, "a", None)[0] == 1
+        assert reserve(tmp_path, "a", 1) == (1, tmp_path / "a" / "1")
+        with staging.reserved(tmp_path, "a", None, False) as (number, _, _):
+            assert number == 1
+            assert reserve(tmp_path, "a-1", None)[0] == 2
+            assert reserve(tmp_path, "a", None)[0] == 2
+            assert reserve(tmp_path, "a-1-1", None)[0] == 1
+
+
+def test_a_dead_exports_scratch_does_not_hold_its_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed export's scratch folder (its lock free) holds no version: the next export may take it, and its
+    folder is swept once past the grace."""
+    dead = tmp_path / ".export-m-1-abcd1234"
+    dead.mkdir()
+    os.close(os.open(dead / staging.LOCK, os.O_RDWR | os.O_CREAT, 0o644))
+    assert reserve(tmp_path, "m", None) == (1, tmp_path / "m" / "1")
+    assert reserve(tmp_path, "m", 1) == (1, tmp_path / "m" / "1")
+    assert dead.exists()  # within the grace: it may be an export's that has not yet taken its lock
+    monkeypatch.setattr(staging, "LOCK_GRACE_S", 0.0)
+    assert reserve(tmp_path, "m", None)[0] == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_next_version_passes_over_a_name_taken_by_a_file(tmp_path: Path) -> None:
     """A file named like the next version (not a version: the server passes over it) is not in the way of the
     default version, and --overwrite of it leaves nothing aside (`.old-2-PID` stayed, a file rmtree skips)."""
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "2").write_text("notes")
-    assert staging.reserve(tmp_path, "m", None, overwrite=False) == (3, tmp_path / "m" / "3")
-    number, target = staging.reserve(tmp_path, "m", 2, overwrite=True)
+    assert reserve(tmp_path, "m", None) == (3, tmp_path / "m" / "3")
+    number, target = reserve(tmp_path, "m", 2, overwrite=True)
     new = tmp_path / "scratch"
     new.mkdir()
     staging.publish(new, target, overwrite=True)
@@ -93,12 +163,12 @@ def test_the_next_version_passes_over_a_name_taken_by_a_file(tmp_path: Path) -> 
 def test_a_link_to_nothing_where_the_models_folder_goes_is_refused_before_the_export(tmp_path: Path) -> None:
     (tmp_path / "m").symlink_to(tmp_path / "nowhere")
     with pytest.raises(staging.PublishError, match="a link to .*nowhere, which does not exist"):
-        staging.reserve(tmp_path, "m", None, overwrite=False)
+        reserve(tmp_path, "m", None)
     (tmp_path / "n").mkdir()
     (tmp_path / "n" / "1").symlink_to(tmp_path / "nowhere")  # a version's folder: taken, as a file would be
-    assert staging.reserve(tmp_path, "n", None, overwrite=False)[0] == 2
+    assert reserve(tmp_path, "n", None)[0] == 2
     with pytest.raises(staging.PublishError, match="already exists"):
-        staging.reserve(tmp_path, "n", 1, overwrite=False)
+        reserve(tmp_path, "n", 1)
 
 
 def _signal_during(monkeypatch: pytest.MonkeyPatch, step: str, signum: int) -> None:
@@ -174,7 +244,7 @@ def test_a_signal_as_the_scratch_folder_is_made_leaves_none(tmp_path: Path, monk
     # Python's own Ctrl-C handler, whatever this process inherited (a shell's background job ignores SIGINT)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with pytest.raises(KeyboardInterrupt), staging.scratch(tmp_path, "m", 1):
+        with pytest.raises(KeyboardInterrupt), staging.reserved(tmp_path, "m", 1, False):
             pytest.fail("the block ran: the Ctrl-C was lost")
     finally:
         signal.signal(signal.SIGINT, previous)
