@@ -77,10 +77,12 @@ def _resolve_source(source: str) -> tuple[str, Path | None]:
 
 
 def checkpoint_path(source: str) -> Path:
-    """A --source that is neither 'minilm' nor 'random': the path given, which must exist (ExportError)."""
+    """A --source that is neither 'minilm' nor 'random': the path given, which must be a folder (ExportError)."""
     path = Path(source).expanduser()
     if not path.exists():
         raise ExportError(f"--source {source!r} is neither 'minilm', 'random', nor an existing checkpoint directory")
+    if not path.is_dir():
+        raise ExportError(f"--source {source!r} is a file: name the checkpoint's folder")
     return path
 
 

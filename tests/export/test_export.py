@@ -394,6 +394,18 @@ def test_cli_bad_source_is_one_clear_line(
     assert status == 1 or not repository.exists()
 
 
+def test_a_source_that_is_a_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--source ckpt/config.json` began the export and failed at its first step, exit 1 (a review's finding): a
+    checkpoint is a folder, which the flag must name, checked before anything is written as a missing one is."""
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    repository = tmp_path / "repo"
+    assert main(["export", "--source", str(config), "--repository", str(repository), "--name", "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"mhaserve export: error: --source {str(config)!r} is a file: name the checkpoint's folder", err
+    assert not repository.exists()
+
+
 def test_a_checkpoint_folder_that_is_no_model_name_says_to_pass_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
