@@ -512,8 +512,9 @@ def _utf8(text: str, where: str) -> str:
     return text
 
 
-# How many times encode starts its texts again when the version it pinned is retired: a deployment publishes
-# one version, rarely two; more means versions keep coming faster than the texts are encoded.
+# How many times encode starts its texts again when the version it pinned is retired, or loaded again from changed
+# files: a deployment publishes one version, rarely two; more means versions keep coming faster than the texts
+# are encoded.
 ENCODE_RESTARTS = 3
 
 
@@ -535,58 +536,74 @@ def _encode(args: argparse.Namespace) -> int:
     except (argparse.ArgumentTypeError, TlsError) as e:
         print(f"mhaserve encode: error: {e}", file=sys.stderr)
         return 2
-    response = None
-    model = args.model
+    # Every text by one copy of one model version: one published, or the same version loaded again from changed
+    # files, while the texts are sent would mix two models' vectors (the second unseen: the version the same).
+    # So the version is pinned, and its copy checked before the first request and after the last.
+    named = ":" in args.model  # a version the user named is never replaced by another
     restarts = 0
-    start = 0
-    with channel:  # one connection for every batch
-        while start < len(texts):
-            batch = texts[start : start + args.batch_size]
+    with channel:  # one connection for every call
+        while True:
+            response, model, where = None, None, ""
             try:
-                part = client.encode(
-                    args.address,
-                    batch,
-                    model=model,
-                    normalize=args.normalize,
-                    truncate=args.truncate,
-                    dimensions=args.dimensions,
-                    prompt_name=args.prompt_name,
-                    timeout=args.timeout,
-                    request_id=args.request_id,
-                    connection=connection,
-                    channel=channel,
+                info = client.model_info(
+                    args.address, model=args.model, timeout=args.timeout, connection=connection, channel=channel
                 )
-            except grpc.RpcError as e:
-                # The server numbers the inputs of its request ("input 0 is 202 tokens long"), not the texts.
-                where = f"the request of texts {start} to {start + len(batch) - 1}: " if len(texts) > len(batch) else ""
-                # The version pinned below retired by a newer one: the user named no version, and the docs promise
-                # new versions without a failed request, so all the texts again from the version served now.
-                if e.code() == grpc.StatusCode.NOT_FOUND and response is not None and model != args.model:
-                    if restarts == ENCODE_RESTARTS:
-                        print(
-                            f"mhaserve encode: error: {where}NOT_FOUND: {e.details()}; the model's version changed "
-                            f"{restarts + 1} times while encoding: run it again once new versions stop coming",
-                            file=sys.stderr,
-                        )
-                        return 1
-                    print(
-                        f"mhaserve encode: model {response.model} version {response.model_version} went out of "
-                        f"service while encoding ({e.details()}): encoding the {len(texts)} texts again, from the "
-                        "start, with the version served now",
-                        file=sys.stderr,
+                copy, model = client.copy_of(info), f"{info.name}:{info.version}"
+                for start in range(0, len(texts), args.batch_size):
+                    batch = texts[start : start + args.batch_size]
+                    # The server numbers the inputs of its request ("input 0 is 202 tokens long"), not the texts.
+                    if len(texts) > len(batch):
+                        where = f"the request of texts {start} to {start + len(batch) - 1}: "
+                    part = client.encode(
+                        args.address,
+                        batch,
+                        model=model,
+                        normalize=args.normalize,
+                        truncate=args.truncate,
+                        dimensions=args.dimensions,
+                        prompt_name=args.prompt_name,
+                        timeout=args.timeout,
+                        request_id=args.request_id,
+                        connection=connection,
+                        channel=channel,
                     )
-                    restarts += 1
-                    response, model, start = None, args.model, 0
-                    continue
-                return _rpc_error("encode", e, where)
-            if response is None:
-                response = part
-                # The rest from the same version: one published while the texts are sent would mix two models.
-                model = f"{part.model}:{part.model_version}"
-            else:
-                response.embeddings.extend(part.embeddings)
-                response.usage.input_tokens += part.usage.input_tokens
-            start += len(batch)
+                    if response is None:
+                        response = part
+                    else:
+                        response.embeddings.extend(part.embeddings)
+                        response.usage.input_tokens += part.usage.input_tokens
+                where = ""
+                try:
+                    now = client.model_info(
+                        args.address, model=model, timeout=args.timeout, connection=connection, channel=channel
+                    )
+                except grpc.RpcError as e:
+                    if e.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                    break  # retired since its last answer: no copy to compare (one loaded again, then retired, unseen)
+                if client.copy_of(now) == copy:
+                    break
+                why = "was loaded again while encoding (from changed files, or with other settings)"
+                failure = f"model {info.name} version {info.version} {why}"
+            except grpc.RpcError as e:
+                # The version pinned retired by a newer one: the user named no version, and the docs promise new
+                # versions without a failed request, so all the texts again from the version served now.
+                if e.code() != grpc.StatusCode.NOT_FOUND or named or model is None:
+                    return _rpc_error("encode", e, where)
+                why, failure = f"went out of service while encoding ({e.details()})", f"{where}NOT_FOUND: {e.details()}"
+            if restarts == ENCODE_RESTARTS:
+                print(
+                    f"mhaserve encode: error: {failure}; the model's version changed {restarts + 1} times while "
+                    "encoding: run it again once new versions stop coming",
+                    file=sys.stderr,
+                )
+                return 1
+            print(
+                f"mhaserve encode: model {info.name} version {info.version} {why}: encoding the {len(texts)} texts "
+                "again, from the start, with the version served now",
+                file=sys.stderr,
+            )
+            restarts += 1
     assert response is not None  # texts is never empty
     return _output("encode", client.summary(texts, response) if args.summary else client.embeddings_json(response))
 

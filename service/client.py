@@ -103,6 +103,43 @@ def encode(
         return response
 
 
+def model_info(
+    address: str,
+    *,
+    model: str = "",
+    timeout: float = 30.0,
+    connection: Connection = PLAINTEXT,
+    channel: grpc.Channel | None = None,
+) -> pb.GetModelInfoResponse:
+    """One GetModelInfo call (`model` as Encode takes it: a name, name:version, or "" for the default); raises
+    grpc.RpcError with the server's status."""
+    shared = contextlib.nullcontext(channel) if channel is not None else None
+    with shared or connection.channel(address, CHANNEL_OPTIONS) as used:
+        response: pb.GetModelInfoResponse = pb_grpc.EncoderServiceStub(used).GetModelInfo(
+            pb.GetModelInfoRequest(model=model), timeout=timeout, metadata=connection.metadata()
+        )
+        return response
+
+
+def copy_of(info: pb.GetModelInfoResponse) -> tuple[object, ...]:
+    """What tells one loaded copy of a model version from another whose vectors may differ (the same version
+    loaded again from changed files, or with other settings): its graph's sha256 and every setting that shapes
+    a vector. Not the versions served beside it, nor the limits."""
+    return (
+        info.name,
+        info.version,
+        info.sha256,
+        info.graph,
+        info.dimensions,
+        info.max_tokens_per_input,
+        info.pooling,
+        info.normalize,
+        info.vocab_size,
+        tuple(sorted(info.prompts.items())),
+        info.default_prompt_name,
+    )
+
+
 def health(address: str, *, service: str = "", timeout: float = 5.0, connection: Connection = PLAINTEXT) -> str:
     """The serving status name (SERVING, NOT_SERVING, ...); raises grpc.RpcError if the server cannot answer."""
     with connection.channel(address) as channel:
