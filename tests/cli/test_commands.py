@@ -552,7 +552,7 @@ def test_encode_starts_again_when_its_version_is_loaded_again_from_changed_files
     srv, repo = polled
     texts = [f"text number {i}" for i in range(7)]
     sha = client.model_info(srv.address, model="m:1").sha256
-    replaced = []
+    replaced: list[Path] = []
 
     def encode(address: str, batch: list[str], **kw: Any) -> pb.EncodeResponse:
         response = ENCODE(address, batch, **kw)
