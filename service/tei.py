@@ -49,6 +49,7 @@ from mhaserve.service.batching import Embeddings
 from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import (
     BOM,
+    FAIL_FAST,
     Chunked,
     EmbeddingInputs,
     Reply,
@@ -125,7 +126,7 @@ class EmbedRequest(TextOptions):
 
 class SimilarityInputs(BaseModel):
     source_sentence: Text = Field(description="the text the others are compared with")
-    sentences: Annotated[list[Text], documented(minItems=1)] = Field(
+    sentences: Annotated[list[Text], documented(minItems=1), FAIL_FAST] = Field(
         description="the texts to compare with source_sentence"
     )
 

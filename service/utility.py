@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from mhaserve.runtime.errors import NotFound, Unavailable
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import count_first, documented, json_response, parse_json, validate
+from mhaserve.service.http.bodies import FAIL_FAST, count_first, documented, json_response, parse_json, validate
 from mhaserve.service.http.openapi import request_body
 from mhaserve.service.pipeline import Pipeline
 from mhaserve.service.tei_info import tei_info
@@ -41,7 +41,7 @@ class TokenizeRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"inputs": "hello world"}]})
 
-    inputs: StrictStr | Annotated[list[StrictStr], documented(minItems=1)] = Field(
+    inputs: StrictStr | Annotated[list[StrictStr], documented(minItems=1), FAIL_FAST] = Field(
         description="a text or a list of texts"
     )
     model: StrictStr = Field(default="", description="a served model's name (default: the first served)")
@@ -61,9 +61,10 @@ class DecodeRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"ids": [101, 7592, 2088, 102]}]})
 
-    ids: list[StrictInt] | Annotated[list[list[StrictInt]], documented(minItems=1)] = Field(
-        description="a list of token ids, or a list of lists of them"
-    )
+    ids: (
+        Annotated[list[StrictInt], FAIL_FAST]
+        | Annotated[list[Annotated[list[StrictInt], FAIL_FAST]], documented(minItems=1), FAIL_FAST]
+    ) = Field(description="a list of token ids, or a list of lists of them")
     skip_special_tokens: StrictBool = Field(default=True, description="leave the special tokens ([CLS], [SEP]) out")
     model: StrictStr = Field(default="", description="a served model's name (default: the first served)")
 

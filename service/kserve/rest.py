@@ -37,7 +37,16 @@ from pydantic_core import CoreSchema
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.runtime.manifest import number
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.http.bodies import BOM, documented, json_response, loads, not_json, parse_json, validate
+from mhaserve.service.http.bodies import (
+    BOM,
+    FAIL_FAST,
+    documented,
+    json_response,
+    loads,
+    not_json,
+    parse_json,
+    validate,
+)
 from mhaserve.service.http.openapi import request_body, status_only
 from mhaserve.service.kserve.model import (
     EXTENSIONS,
@@ -103,7 +112,7 @@ class Body(BaseModel):
 
 class InputTensor(Body):
     name: Annotated[StrictStr, documented(enum=list(INPUT_TYPES))]
-    shape: list[StrictInt]  # ["1"] or [1.0] is refused, as Triton's JSON parser does
+    shape: Annotated[list[StrictInt], FAIL_FAST]  # ["1"] or [1.0] is refused, as Triton's JSON parser does
     datatype: Annotated[StrictStr, documented(enum=sorted(set(INPUT_TYPES.values())))]
     parameters: dict[str, Any] = Field(default_factory=dict)
     data: Any = Field(default=None, description="the values, row-major (nested or flat); absent for binary data")
@@ -132,8 +141,8 @@ class InferenceRequest(Body):
         description="normalize and truncate (bools), prompt_name (a string) and dimensions (an integer), as in "
         "encoder.v1's Encode; binary_data_output (a bool: every output as binary data); others are ignored",
     )
-    inputs: Annotated[list[InputTensor], documented(minItems=1)]
-    outputs: list[OutputTensor] = Field(default_factory=list)
+    inputs: Annotated[list[InputTensor], documented(minItems=1), FAIL_FAST]
+    outputs: Annotated[list[OutputTensor], FAIL_FAST] = Field(default_factory=list)
 
 
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
