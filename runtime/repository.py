@@ -6,6 +6,7 @@ a tokenizer file that is missing, or a model that is not there is refused with a
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -90,6 +91,18 @@ class ModelEntry:
     @property
     def _own_prompts(self) -> bool:
         return bool(self.config.prompts) or self.config.default_prompt_name is not None
+
+    @property
+    def digest(self) -> str:
+        """What this version computes, as a sha256: its graph (by sha256, and the external data it reads: past
+        1.5 GB the graph's sha256 covers the data file's name, not its weights), its tokenizer, and the settings
+        that shape a vector. Another copy of the version (loaded again from changed files, or with other
+        settings) has another; every process's copy the same. Not its version policy or limits."""
+        data = sorted((self.manifest.graphs[self.graph].external_data or {}).items())
+        prompts = sorted(self.prompts.items())
+        tokenizer = self.manifest.tokenizer_sha256
+        what = (self.graph, self.sha256, data, tokenizer, self.max_tokens, self.pooling, self.normalize, prompts)
+        return hashlib.sha256(repr((*what, self.default_prompt_name)).encode()).hexdigest()
 
     @property
     def pools_in_graph(self) -> bool:

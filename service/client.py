@@ -121,23 +121,10 @@ def model_info(
         return response
 
 
-def copy_of(info: pb.GetModelInfoResponse) -> tuple[object, ...]:
+def copy_of(info: pb.GetModelInfoResponse) -> tuple[str, int, str]:
     """What tells one loaded copy of a model version from another whose vectors may differ (the same version
-    loaded again from changed files, or with other settings): its graph's sha256 and every setting that shapes
-    a vector. Not the versions served beside it, nor the limits."""
-    return (
-        info.name,
-        info.version,
-        info.sha256,
-        info.graph,
-        info.dimensions,
-        info.max_tokens_per_input,
-        info.pooling,
-        info.normalize,
-        info.vocab_size,
-        tuple(sorted(info.prompts.items())),
-        info.default_prompt_name,
-    )
+    loaded again from changed files, or with other settings): GetModelInfo's digest of it."""
+    return (info.name, info.version, info.digest)
 
 
 def health(address: str, *, service: str = "", timeout: float = 5.0, connection: Connection = PLAINTEXT) -> str:

@@ -128,4 +128,5 @@ class EncoderServicer(pb_grpc.EncoderServiceServicer):
             versions=self.dataplane.versions(model.name),
             prompts=entry.prompts,
             default_prompt_name=entry.default_prompt_name or "",
+            digest=entry.digest,
         )

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mhaserve.runtime import manifest as mf
+from mhaserve.runtime import serving
 from mhaserve.runtime.repository import ModelRepository, RepositoryError, auto_graph
 
 ALL = ("fp32", "optimized", "optimized-cpu", "fp16", "int8")
@@ -148,3 +151,31 @@ def test_a_tokenizer_larger_than_the_vocabulary_its_manifest_says_is_refused_at_
 
     with pytest.raises(RepositoryError, match=r"its tokenizer has 256 tokens, more than the vocab_size 50 its manif"):
         repo.load(repo.entry("m"), no_engine)  # type: ignore[arg-type]
+
+
+def test_an_entry_s_digest_changes_with_what_it_computes_and_only_that(tiny_entry: Path) -> None:
+    """GetModelInfo's digest, which `mhaserve encode` compares before and after its texts: another graph, other
+    external data (a graph past 1.5 GB, whose sha256 covers the data file's name, not its weights), another
+    tokenizer or a setting that shapes a vector is another copy; the version policy or the limits are not."""
+    entry = ModelRepository(tiny_entry.parent.parent).entry("tiny", graph="fp32", device="cpu")
+    fp32 = entry.manifest.graphs["fp32"]
+
+    def graphs(**changes: Any) -> mf.Manifest:
+        return dataclasses.replace(entry.manifest, graphs={"fp32": dataclasses.replace(fp32, **changes)})
+
+    other = [
+        dataclasses.replace(entry, graph="optimized"),
+        dataclasses.replace(entry, manifest=graphs(sha256="0" * 64)),
+        dataclasses.replace(entry, manifest=graphs(external_data={"model.onnx.data": "1" * 64})),
+        dataclasses.replace(entry, manifest=dataclasses.replace(entry.manifest, tokenizer_sha256="2" * 64)),
+        dataclasses.replace(entry, config=serving.ServingConfig(normalize=not entry.normalize)),
+        dataclasses.replace(entry, config=serving.ServingConfig(max_length=entry.max_tokens - 1)),
+        dataclasses.replace(entry, config=serving.ServingConfig(prompts={"q": "query: "})),
+    ]
+    digests = [e.digest for e in [entry, *other]]
+    assert len(set(digests)) == len(digests), digests
+    same = dataclasses.replace(
+        entry,
+        config=serving.ServingConfig(version_policy=serving.VersionPolicy(kind="all"), limits={"max_queue_size": 3}),
+    )
+    assert same.digest == entry.digest

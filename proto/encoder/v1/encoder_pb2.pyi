@@ -81,7 +81,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("name", "version", "source", "dimensions", "max_tokens_per_input", "pooling", "normalize", "vocab_size", "layers", "heads", "graph", "execution_provider", "max_client_batch_size", "max_batch_tokens", "max_queue_size", "max_message_bytes", "sha256", "versions", "prompts", "default_prompt_name")
+    __slots__ = ("name", "version", "source", "dimensions", "max_tokens_per_input", "pooling", "normalize", "vocab_size", "layers", "heads", "graph", "execution_provider", "max_client_batch_size", "max_batch_tokens", "max_queue_size", "max_message_bytes", "sha256", "versions", "prompts", "default_prompt_name", "digest")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class GetModelInfoResponse(_message.Message):
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     source: str
@@ -129,7 +130,8 @@ class GetModelInfoResponse(_message.Message):
     versions: _containers.RepeatedScalarFieldContainer[int]
     prompts: _containers.ScalarMap[str, str]
     default_prompt_name: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_tokens_per_input: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., vocab_size: _Optional[int] = ..., layers: _Optional[int] = ..., heads: _Optional[int] = ..., graph: _Optional[str] = ..., execution_provider: _Optional[str] = ..., max_client_batch_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., versions: _Optional[_Iterable[int]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ...) -> None: ...
+    digest: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., source: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_tokens_per_input: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., vocab_size: _Optional[int] = ..., layers: _Optional[int] = ..., heads: _Optional[int] = ..., graph: _Optional[str] = ..., execution_provider: _Optional[str] = ..., max_client_batch_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., versions: _Optional[_Iterable[int]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
