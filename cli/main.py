@@ -578,9 +578,15 @@ def _encode(args: argparse.Namespace) -> int:
                         args.address, model=model, timeout=args.timeout, connection=connection, channel=channel
                     )
                 except grpc.RpcError as e:
+                    # Retired since its last answer (NOT_FOUND): no copy to compare (one loaded again, then retired,
+                    # unseen). Any other failure of the check leaves a whole result unchecked: printed, and said.
                     if e.code() != grpc.StatusCode.NOT_FOUND:
-                        raise
-                    break  # retired since its last answer: no copy to compare (one loaded again, then retired, unseen)
+                        print(
+                            f"mhaserve encode: warning: model {model}'s copy could not be checked after the last "
+                            f"request ({e.code().name}: {e.details()}): the vectors are printed unchecked",
+                            file=sys.stderr,
+                        )
+                    break
                 if client.copy_of(now) == copy:
                     break
                 why = "was loaded again while encoding (from changed files, or with other settings)"
