@@ -164,8 +164,15 @@ def _locked(repository: Path) -> Iterator[None]:
     no longer there opens the file anew."""
     path = repository / REPOSITORY_LOCK
     while True:
-        # Mode as the umask says: in a repository a group shares, its other users must open it too.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        # Mode as the umask says: in a repository a group shares, its other users must open it too; where the
+        # umask left them read access alone (022), read-only, which flock needs no more than on a local disk.
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # removed by its holder meanwhile: made anew
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if os.path.samestat(os.fstat(fd), os.stat(path)):

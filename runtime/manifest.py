@@ -289,7 +289,7 @@ def verify_tokenizer(entry_dir: Path, manifest: Manifest) -> Path:
 
 def check_name(name: str) -> str:
     if not NAME_RE.match(name):
-        if len(name) > MAX_NAME and NAME_RE.match(name[:MAX_NAME]):  # the rule it breaks is its length
+        if len(name) > MAX_NAME and re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):  # the rule it breaks: its length
             raise ManifestError(f"invalid model name {name!r} ({len(name)} characters): at most {MAX_NAME}")
         raise ManifestError(
             f"invalid model name {name!r}: use lower-case letters, digits, '.', '_' and '-', beginning with a "

@@ -598,9 +598,7 @@ class ModelManager:
         try:
             await self._read(self.repository.published, name, share=("published", name))
         except NotFound as e:
-            if serving := self.dataplane.versions(name):  # its folder gone: what it serves serves on, said so
-                raise NotFound(f"{e.message}; still serving version {', '.join(map(str, serving))}") from None
-            raise
+            raise self._still_serving(name, e) from None
         if self._unloads[name] != unloads or self._closing:
             return None
         task = self._next_load.get(name)
@@ -625,8 +623,8 @@ class ModelManager:
             return  # unloaded after it was asked for: what was asked is done, in its order
         try:
             await self.sync(name, strict=True)
-        except NotFound:
-            raise
+        except NotFound as e:
+            raise self._still_serving(name, e) from None
         except Exception as e:  # the reason is in the repository index and the log too
             serving = self.dataplane.versions(name)
             still = f"; still serving version {', '.join(map(str, serving))}" if serving else ""
@@ -634,6 +632,13 @@ class ModelManager:
             raise FailedPrecondition(f"cannot load {name}: {why}{still}") from None
         if name not in self.wanted:
             self.wanted.append(name)
+
+    def _still_serving(self, name: str, e: NotFound) -> NotFound:
+        """A load's NOT_FOUND (its folder, or every version in it, gone), saying what of the model still serves,
+        as a failed load says it."""
+        if serving := self.dataplane.versions(name):
+            return NotFound(f"{e.message}; still serving version {', '.join(map(str, serving))}")
+        return e
 
     def _load_done(self, name: str, task: asyncio.Task[None]) -> None:
         self._loads.discard(task)

@@ -240,7 +240,9 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         # uvicorn's answer to bytes its parser refuses, with a request id, as every other answer has (uvicorn's
         # had none); closed at once, as uvicorn closes it
         if not self._refused:
-            self.transport.write(plain_answer(400, msg, accept_request_id(None)))
+            rid = accept_request_id(None)
+            log.debug("answered 400 (request %s): %s", rid, msg)  # (uvicorn's warning, a minute's first, has no id)
+            self.transport.write(plain_answer(400, msg, rid))
             self.transport.close()
 
     def _send_refusal(self, answer: bytes) -> None:

@@ -368,6 +368,6 @@ def test_a_model_name_is_refused_saying_which_rule_it_breaks() -> None:
     assert mf.check_name("a" * 128) == "a" * 128
     with pytest.raises(mf.ManifestError, match=r"\(129 characters\): at most 128$"):
         mf.check_name("a" * 129)
-    for name in ("Bad/Name", ".hidden", "-x", ""):
+    for name in ("Bad/Name", ".hidden", "-x", "", "a" * 200 + "/Bad"):  # (the last too long too: both said)
         with pytest.raises(mf.ManifestError, match="lower-case letters, digits, '.', '_' and '-', beginning with"):
             mf.check_name(name)
