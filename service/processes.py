@@ -221,22 +221,31 @@ class Gathered:
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
+        serving = 0
+
+        def not_ready(child: _Child) -> None:
+            ready = families.setdefault(READY, GaugeMetricFamily(READY, READY_HELP, labels=["process"]))
+            ready.add_sample(READY, {"process": f"p{child.index}"}, 0.0)
+
         for child in self.children:
             port = child.settings.metrics_port
             if not child.serving or not port:
                 # Still loading, or starting again (and again, when it cannot serve): its series come with it, but
                 # its readiness is known now. Without it, alerts on mhaserve_ready == 0 saw nothing of a process
                 # that loads for ever or crash-loops, where one server exports 0 from its first scrape.
-                ready = families.setdefault(READY, GaugeMetricFamily(READY, READY_HELP, labels=["process"]))
-                ready.add_sample(READY, {"process": f"p{child.index}"}, 0.0)
+                not_ready(child)
                 continue
             host = f"[{self.host.strip('[]')}]" if ":" in self.host else self.host
             try:
                 with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=SCRAPE_TIMEOUT_S) as reply:
                     text = reply.read().decode()
             except OSError as e:
+                # Stopped, frozen, or draining: not ready, as far as anyone can tell (its series, its readiness
+                # included, were left out, and the not-ready alert never fired for a frozen process).
                 log.warning("process p%d's metrics could not be read: %s", child.index, e)
+                not_ready(child)
                 continue
+            serving += 1
             for family in text_string_to_metric_families(text):
                 if family.name.endswith("_created"):  # creation times: noise, and one per process
                     continue
@@ -253,7 +262,7 @@ class Gathered:
         yield GaugeMetricFamily(
             "mhaserve_processes_serving",
             "Server processes serving now, of --processes",
-            value=sum(c.serving for c in self.children),
+            value=serving,
         )
         yield CounterMetricFamily(
             "mhaserve_process_restarts",

@@ -228,6 +228,12 @@ def test_a_process_not_serving_is_scraped_as_not_ready() -> None:
         gathered = from_registry(registry)
         assert [gathered.get("mhaserve_ready", -1, process=f"p{i}") for i in range(2)] == [0, 0]
         assert gathered.get("mhaserve_processes_serving") == 0
+        # a serving process whose metrics cannot be read (stopped, frozen, draining): not ready either, and not
+        # counted as serving (its series, ready included, were left out: the not-ready alert never fired for it)
+        children[1].serving = children[0].serving = True
+        gathered = from_registry(registry)
+        assert [gathered.get("mhaserve_ready", -1, process=f"p{i}") for i in range(2)] == [1, 0]
+        assert gathered.get("mhaserve_processes_serving") == 1
     finally:
         serving.close()
 
