@@ -168,7 +168,7 @@ class Metrics:
         )
         self.stream_responses = Counter(
             "mhaserve_stream_responses",
-            "Responses within streams (EncodeStream, ModelStreamInfer), by method and the status each carries",
+            "Responses within streams (EncodeStream, ModelStreamInfer, tei.v1's), by method and each one's status",
             ["method", "code"],
             registry=r,
         )

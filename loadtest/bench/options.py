@@ -429,18 +429,23 @@ def unmeasured(args: argparse.Namespace) -> str | None:
 
 
 def _quick_graph(args: argparse.Namespace) -> str | None:
-    """Why --quick's own tiny model cannot be served with --graph, or None: it was made, and refused seconds later."""
-    if not args.quick or args.repository or args.graph == "auto":
+    """Why --quick's own tiny model cannot be served with --graph, or with any graph --graphs names, or None: it
+    was made, and refused seconds later."""
+    if not args.quick or args.repository:
         return None
     from mhaserve.loadtest.bench.entries import quick_graphs
 
     # --models' tiny models are made without the fused graphs (models.py), the sweep's and the memory run's with.
     have = quick_graphs(optimize=not args.models)
-    if args.graph in have:
+    if args.graph != "auto" and args.graph not in have:
+        flag = f"--graph {args.graph}"
+    elif args.graphs and not set(args.graphs) & set(have):  # (one of several lacking is skipped with a note)
+        flag = f"--graphs {','.join(args.graphs)}"
+    else:
         return None
     model = "tiny models have" if args.models else "tiny model has"
     return (
-        f"--graph {args.graph}: --quick's {model} the {', '.join(have)} graph{'s' if len(have) > 1 else ''} only: "
+        f"{flag}: --quick's {model} the {', '.join(have)} graph{'s' if len(have) > 1 else ''} only: "
         "give --repository with a model that has it"
     )
 

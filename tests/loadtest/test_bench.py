@@ -654,6 +654,8 @@ def test_a_memory_run_of_no_requests_is_a_usage_error(tmp_path: Path, capsys: py
         (["--graph", "int8"], "--graph int8: --quick's tiny model has the fp32, optimized, optimized-cpu graphs"),
         (["--graph", "fp16", "--memory-only"], "--graph fp16: --quick's tiny model has the fp32, optimized"),
         (["--graph", "optimized", "--models", "a,b"], "--graph optimized: --quick's tiny models have the fp32 graph"),
+        # every graph --graphs names lacking (one of several is skipped with a note, as documented)
+        (["--graphs", "int8,fp16", "--memory-only"], "--graphs int8,fp16: --quick's tiny model has the fp32, opt"),
     ],
 )
 def test_a_graph_quicks_model_lacks_is_refused_before_it_is_made(
