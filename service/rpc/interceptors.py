@@ -44,6 +44,8 @@ from mhaserve.service.rpc.handlers import (
 )
 
 log = logging.getLogger(__name__)
+# The method label of the calls to a method the server has not.
+NO_METHOD = "(no method)"
 
 # The error to refuse a call with, or None to let it in; given the seconds left until the call's deadline
 # (None: no deadline), since the answer may wait for a model that is loading (DataPlane.admission).
@@ -254,6 +256,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         full = handler_call_details.method
         if handler is None:
+            # A method no service here has: UNIMPLEMENTED, from the front. Counted under one label, as the HTTP
+            # port counts requests for no route (the method's own would be a series of each name a client makes).
+            self.metrics.requests.labels(NO_METHOD, grpc.StatusCode.UNIMPLEMENTED.name).inc()
+            log.debug("UNIMPLEMENTED: no method %r here", full[:200])
             return None
         if is_exempt(full, self.exempt):
             return _open(handler)

@@ -486,6 +486,22 @@ def test_a_message_too_large_is_counted_on_the_lean_front(start: Start, settings
     assert not [s for f in registry.collect() for s in f.samples if "Health" in s.labels.get("method", "")]
 
 
+def test_a_method_the_server_has_not_is_unimplemented_and_counted_under_one_label(
+    start: Start, settings: Settings
+) -> None:
+    """A call to a method no service here has was answered UNIMPLEMENTED and counted nowhere, where HTTP counts a
+    request for no route under `(no route)` (a review's finding). One label for them all: the method's own would
+    make a series of every name a client makes up."""
+    srv = start(settings)
+    with srv.channel() as channel:
+        for method in ("/evil.Svc/M0", "/evil.Svc/M1", f"/{ENCODE.rsplit('/', 1)[0]}/Nope"):
+            with pytest.raises(grpc.RpcError) as e:
+                channel.unary_unary(method)(b"", timeout=WAIT)
+            assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED, method
+    assert counted(srv, "UNIMPLEMENTED", method="(no method)") == 3
+    assert not [s for f in srv.server.metrics.registry.collect() for s in f.samples if "evil" in str(s.labels)]
+
+
 def test_a_unary_call_sent_two_messages_is_refused_and_counted_on_the_lean_front(
     start: Start, settings: Settings, grpc_front: str
 ) -> None:
