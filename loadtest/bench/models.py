@@ -203,6 +203,7 @@ def summarize(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                     "cpu_per_request_ratio": _cpu_per_request_ratio(row),
                     "together_server_cpu_cores": row["together"]["server_cpu_cores"],
                     "together_other_cpu_cores": row["together"]["other_cpu_cores"],
+                    "together_disturbed": bool(row["together"].get("disturbed")),
                 }
             )
     return out
@@ -242,22 +243,22 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {wname} | {row['clients']} | **together** | | {fmt(row['together_seq_per_s'])} | "
                 f"**{fmt(row['sum_of_shares'], 2)}** | | | | | {fmt(row['together_server_cpu_cores'], 2)} | "
-                f"{fmt(row['together_other_cpu_cores'], 2)} | CPU per request {fmt(row['cpu_per_request_ratio'], 2)}"
+                f"{fmt(row['together_other_cpu_cores'], 2)}{' *' if row['together_disturbed'] else ''} | "
+                f"CPU per request {fmt(row['cpu_per_request_ratio'], 2)}"
                 " of alone |"
             )
     lines += [
         "",
         "Alone: one model's clients, the other models loaded and idle in the same server. Together: every "
         "model's clients at once, as many per model as alone. Share: a model's throughput together over its "
-        "throughput alone; the sum of the shares is 1.00 when the models split the machine without loss (the "
-        "server runs one batch at a time, with all the cores), below 1 when serving them together costs more "
-        "than the sum of its parts. Latency is client-side, per request; `*` marks a figure measured while other "
-        f"processes took more than {s['guard']['max_other_cores']} cores. The together row: every model's "
-        "throughput added up, the sum of the shares, and the CPU of the together point (server CPU and other "
-        "processes', in cores), and the server's CPU per request together over alone (each model's requests priced at "
-        "its CPU per request alone): 1.00 when the models cost no more together, above 1 when they get in each "
-        "other's way. On a machine where other work takes a varying part of the cores, throughput moves with "
-        "it and the shares with it; the CPU per request does not.",
+        "throughput alone; the sum of the shares is 1.00 when the models split the machine without loss, below 1 "
+        "when serving them together costs more than the sum of its parts. Latency is client-side, per request; "
+        f"`*` marks a figure measured while other processes took more than {s['guard']['max_other_cores']} cores. "
+        "The together row: every model's throughput added up, the sum of the shares, and the CPU of the together "
+        "point (server CPU and other processes', in cores), and the server's CPU per request together over alone "
+        "(each model's requests priced at its CPU per request alone): 1.00 when the models cost no more together, "
+        "above 1 when they get in each other's way. On a machine where other work takes a varying part of the "
+        "cores, throughput moves with it and the shares with it; the CPU per request does not.",
         "",
     ]
     return "\n".join(lines)

@@ -50,6 +50,11 @@ def test_shares_are_together_over_alone_and_add_up() -> None:
     summary = models.summarize({"points": {"short": [row]}})["short"][0]
     assert summary["models"]["b"]["share"] is None and summary["sum_of_shares"] is None
     assert summary["cpu_per_request_ratio"] is None
+    # the together point's other CPU is marked where other processes took more than the guard's cores, as each
+    # model's is (it was never marked: a review's finding)
+    assert summary["together_disturbed"] is False
+    row["together"]["disturbed"] = True
+    assert models.summarize({"points": {"short": [row]}})["short"][0]["together_disturbed"] is True
 
 
 @pytest.mark.slow
