@@ -690,11 +690,20 @@ def test_a_model_quicks_own_repository_lacks_is_refused(
 
 
 @pytest.mark.slow
-def test_a_memory_run_that_measures_no_graph_fails(tmp_path: Path) -> None:
-    """`--memory-only --graphs fp16` on an entry without it exited 0 with a report of no graph."""
+def test_a_memory_run_that_measures_no_graph_fails(tiny_entry: Path, tmp_path: Path) -> None:
+    """`--memory-only --graphs fp16` on an entry without it exited 0 with a report of no graph. (--quick's own
+    tiny model is refused such --graphs before it is made: test_a_graph_quicks_model_lacks_is_refused_...)"""
+    import shutil
+
+    entry = tmp_path / "repo" / "tiny" / "1"  # the suite's tiny model without its fp16 and int8 graphs
+    shutil.copytree(tiny_entry, entry)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    for graph in ("fp16", "int8"):
+        (entry / manifest["graphs"].pop(graph)["file"]).unlink()
+    (entry / "manifest.json").write_text(json.dumps(manifest))
     cmd = [
-        sys.executable, "-m", "mhaserve.cli", "bench", "--quick", "--memory-only", "--output", str(tmp_path / "out"),
-        "--graphs", "fp16,int8", "--rss-requests", "200",
+        sys.executable, "-m", "mhaserve.cli", "bench", "--memory-only", "--output", str(tmp_path / "out"),
+        "--repository", str(tmp_path / "repo"), "--model", "tiny", "--graphs", "fp16,int8", "--rss-requests", "200",
     ]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 1, run.stderr[-4000:]
