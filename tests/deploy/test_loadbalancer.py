@@ -24,6 +24,7 @@ import grpc
 import pytest
 import yaml
 
+from mhaserve.proto.encoder.v1 import encoder_pb2 as pb
 from mhaserve.proto.encoder.v1 import encoder_pb2_grpc as pb_grpc
 from mhaserve.testing.loopback import free_ports
 from tests.deploy.helpers import (
@@ -260,6 +261,28 @@ def test_clients_keep_getting_answers_when_a_replica_stops(
         f"nginx answered {len(failed_at_lb)} calls with an error: more than those in flight at the stop\n"
         + "\n".join(failed_at_lb[:10])
     )
+
+
+@needs("nginx")
+def test_a_stream_carries_more_than_any_one_body_limit(
+    replicas: Callable[..., list[Replica]], lb: Callable[[list[Replica]], Nginx]
+) -> None:
+    """nginx counts a gRPC stream's request body as one body: a byte limit there would end a long EncodeStream
+    (a bulk job) once its messages add up to it, whatever each message's size. 70 messages of 1 MiB (a model not
+    served: each answered NOT_FOUND in the stream, no inference) all come back, the stream ending OK; a message past
+    the replica's --max-message-bytes is refused by the replica, RESOURCE_EXHAUSTED."""
+    (a,) = replicas(1, http=True)
+    nginx = lb([a])
+    n, text = 70, "x" * ((1 << 20) - 100)
+    requests = (pb.EncodeRequest(texts=[text], model="not-served") for _ in range(n))
+    with grpc.insecure_channel(nginx.address) as ch:
+        answers = list(pb_grpc.EncoderServiceStub(ch).EncodeStream(requests, timeout=WAIT))
+    assert len(answers) == n, f"{len(answers)} answers of {n}\n{nginx.error_log()}"
+    assert {r.error.code for r in answers} == {grpc.StatusCode.NOT_FOUND.value[0]}
+    # One message past the replica's limit (4 MiB by default) is the replica's to refuse, as a status.
+    with grpc.insecure_channel(nginx.address) as ch, pytest.raises(grpc.RpcError) as refused:
+        pb_grpc.EncoderServiceStub(ch).Encode(pb.EncodeRequest(texts=["x" * (5 << 20)]), timeout=WAIT)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
 
 
 # ---- HAProxy: the `lb` service's balancer -----------------------------------------------------------------
