@@ -74,6 +74,13 @@ def _flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return flag_type
 
 
+# What the client commands (`mhaserve health`, the image's HEALTHCHECK; `encode`; Locust) read: a container may set
+# it beside the server's own settings, MHASERVE_API_KEYS among them, which it is not a misspelling of.
+CLIENT_VARIABLES = (env_var("api_key"),)
+# Names that look like a setting's but are nearest in spelling to another's: the gRPC port is --port.
+MEANT = {"MHASERVE_GRPC_PORT": env_var("port")}
+
+
 def misspelt(env: Mapping[str, str] | None = None) -> list[str]:
     """A warning for each MHASERVE_* variable that is not a setting but is nearly one's name (a typo, ignored
     without a word: MHASERVE_HTTP_PROT left the default port). Other MHASERVE_* names are left alone: compose
@@ -82,8 +89,8 @@ def misspelt(env: Mapping[str, str] | None = None) -> list[str]:
     known = [env_var(f.name) for f in dataclasses.fields(Settings)]
     warnings = []
     for name in sorted(env):
-        if name.startswith("MHASERVE_") and name not in known:
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+        if name.startswith("MHASERVE_") and name not in known and name not in CLIENT_VARIABLES:
+            close = [MEANT[name]] if name in MEANT else difflib.get_close_matches(name, known, n=1, cutoff=0.85)
             if close:
                 warnings.append(f"{name} is not a setting of mhaserve serve (ignored); did you mean {close[0]}?")
     return warnings

@@ -415,6 +415,18 @@ def test_a_variable_nearly_named_as_a_setting_is_warned_about() -> None:
     ]
 
 
+def test_the_client_commands_key_variable_is_not_warned_about_and_the_grpc_port_is_named() -> None:
+    """MHASERVE_API_KEY is what `mhaserve health` (the image's HEALTHCHECK), `encode` and Locust read: a container
+    may well set it beside the server's MHASERVE_API_KEYS, and was told it meant that. MHASERVE_GRPC_PORT was told
+    it meant MHASERVE_GRPC_FRONT, where the gRPC port is MHASERVE_PORT."""
+    from mhaserve.cli.options import misspelt
+
+    assert misspelt({"MHASERVE_API_KEY": "k", "MHASERVE_API_KEYS": "k"}) == []
+    assert misspelt({"MHASERVE_GRPC_PORT": "50051"}) == [
+        "MHASERVE_GRPC_PORT is not a setting of mhaserve serve (ignored); did you mean MHASERVE_PORT?"
+    ]
+
+
 @pytest.mark.parametrize(
     ("given", "env", "warning"),
     [
