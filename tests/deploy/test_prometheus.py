@@ -201,6 +201,39 @@ def test_the_server_errors_panel_counts_what_the_alert_counts(tmp_path: Path) ->
 
 
 @pytest.mark.integration
+@needs("promtool", "prometheus")
+def test_a_by_replica_line_with_a_zero_default_draws_no_blank_line_beside_the_replicas(tmp_path: Path) -> None:
+    """Lines by replica that show 0 when no series exists yet (`or vector(0)`) drew an unlabelled 0 line beside the
+    replicas' once there were series (`or` keeps what the other side lacks by its labels, and `{}` matches
+    none): the 0 only where nothing else is. promtool evaluates each such query over two replicas' series."""
+    queries = [(title, expr) for title, expr in dashboard_queries(rate_interval="5m") if "sum by (instance" in expr]
+    queries = [(title, expr) for title, expr in queries if "vector(0)" in expr]
+    assert queries, "no dashboard line by replica with a zero default: the test reads nothing"
+    instances = ["a:8000", "b:8000"]
+    series = [
+        {"series": f'{metric}{{job="mhaserve", instance="{i}", model="m", version="1"}}', "values": "1x15"}
+        for i in instances
+        for metric in ("mhaserve_process_restarts_total", "mhaserve_model_load_failures_total")
+    ]
+    nothing_yet = [{"series": f'up{{job="mhaserve", instance="{i}"}}', "values": "1x15"} for i in instances]
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": given,
+            "promql_expr_test": [
+                {"expr": f"count(({expr}) * 0 + 1)", "eval_time": "12m", "exp_samples": [{"labels": "{}", "value": n}]}
+            ],
+        }
+        for _, expr in queries
+        for given, n in ((series, len(instances)), (nothing_yet, 1))  # the replicas' lines; the one 0 line
+    ]
+    path = tmp_path / "zero_default_test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "tests": tests}))
+    result = promtool("test", "rules", str(path))
+    assert result.returncode == 0, f"{[t for t, _ in queries]}\n{result.stdout}{result.stderr}"
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 @needs("prometheus")
 @pytest.mark.timeout(180)
