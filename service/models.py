@@ -289,7 +289,9 @@ class ModelManager:
         self._forget(name, lambda version: version == 0 or version not in published)
         self._note_missing(name, plan.missing)
         served = set(self.dataplane.versions(name))
-        for version in wanted:
+        # Newest first: each version is switched in once ready, and calls that name none get the newest served;
+        # oldest first, a model's first load answered them with its oldest version while the newer ones loaded.
+        for version in sorted(wanted, reverse=True):
             key = (name, version)
             fingerprint = plan.fingerprints[version]
             # The model reads cleanly (a reason the folder gave a served version is behind it): each served

@@ -47,7 +47,7 @@ from mhaserve.runtime import serving
 from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.errors import Unavailable
 from mhaserve.runtime.manifest import entry_dir, read_manifest
-from mhaserve.runtime.repository import EngineFactory, ModelRepository, RepositoryError
+from mhaserve.runtime.repository import EngineFactory, ModelRepository, RepositoryError, onnx_engine
 from mhaserve.service import models as models_module
 from mhaserve.service.batching.padding import pad
 from mhaserve.service.dataplane import DataPlane
@@ -1920,6 +1920,55 @@ def test_a_model_or_version_still_loading_is_unavailable_not_missing(tmp_path: P
             engine.gates[1].set()
         load.result(WAIT)
         assert encode(channel).model == "m"
+
+
+def test_a_model_loading_several_versions_serves_its_latest_first(tmp_path: Path) -> None:
+    """A load of a model whose policy selects several versions switched each in as it was ready, oldest first:
+    while the newer ones loaded, calls that named no version got the oldest (of another width here), under the
+    model's name, where the docs promise the latest. The newest loads first; an older one loading after it
+    holds up nothing. The second version to load is held in its warm-up while calls are made."""
+    export(tmp_path, "p", 1, seed=1)
+    v2 = export(tmp_path, "p", 2, seed=2, sizes={**TINY, "d_model": 48, "n_heads": 4, "d_ff": 96})
+    (tmp_path / "p" / "serving.json").write_text(json.dumps({"version_policy": {"latest": {"num_versions": 2}}}))
+    export(tmp_path, "q", 1, seed=3)
+    made: list[int] = []
+    held, release = threading.Event(), threading.Event()
+    make = onnx_engine(device="cpu", intra_op_threads=1)
+
+    class HeldWarmUp:
+        """The engine, its first run (the warm-up's) held until the test releases it."""
+
+        def __init__(self, engine: Any) -> None:
+            self.engine, self.first = engine, True
+
+        def run(self, *args: Any, **kw: Any) -> Any:
+            if self.first:
+                self.first = False
+                held.set()
+                assert release.wait(WAIT), "the test did not release the warm-up"
+            return self.engine.run(*args, **kw)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.engine, name)
+
+    def factory(entry: Any) -> Any:
+        made.append(entry.version)
+        engine = make(entry)
+        return HeldWarmUp(engine) if entry.name == "p" and len(made) == 2 else engine
+
+    with ServerThread(settings(tmp_path, "q", model_control="explicit"), factory) as srv, srv.ready().channel() as ch:
+        made.clear()
+        kserve = kpb_grpc.GRPCInferenceServiceStub(ch)
+        load = kserve.RepositoryModelLoad.future(kpb.RepositoryModelLoadRequest(model_name="p"), timeout=WAIT)
+        try:
+            assert held.wait(WAIT), "no second version of p loaded"
+            answer = encode(ch, "p")
+            assert (answer.model_version, made) == (2, [2, 1]), "the latest is what a call naming no version gets"
+            np.testing.assert_allclose(vectors(answer), reference(v2), atol=1e-6)
+        finally:
+            release.set()
+        load.result(WAIT)
+        assert list(info(ch, "p").versions) == [1, 2] and encode(ch, "p").model_version == 2
 
 
 def test_a_load_asked_for_while_one_runs_gets_that_ones_outcome(tmp_path: Path) -> None:
