@@ -7,10 +7,12 @@ has no model for (tei.v1's Predict and Rerank) are NOT_SERVING whatever its stat
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from typing import Any
 
+import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 from prometheus_client import Gauge
 
 from mhaserve.service.rpc.registration import GenericOnly
@@ -18,14 +20,64 @@ from mhaserve.service.rpc.registration import GenericOnly
 SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 
-class _Servicer(health_aio.HealthServicer):
-    """grpcio's servicer, with grpc.health.v1's List (added to the protocol in 2024), which grpcio's aio
-    servicer leaves raising NotImplementedError: UNIMPLEMENTED for the client, a traceback in our log at
-    every call."""
+class _Servicer(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1: Check, Watch and List (added to the protocol in 2024, which grpcio's servicer leaves
+    UNIMPLEMENTED).
 
-    async def List(self, request: health_pb2.HealthListRequest, context: object) -> health_pb2.HealthListResponse:
+    Not grpcio's aio servicer: its Watch writes each status holding the lock every change of status needs, so one
+    client that reads nothing (an HTTP/2 window of 0; Watch is open without a key) held the status where it was:
+    NOT_SERVING after the model loaded, and a SIGTERM's drain waited on it past --grace-period. Here a change is
+    made at once and each watcher writes the latest on its own time; a watcher that cannot keep up skips the
+    statuses between (what a watcher wants is the one now)."""
+
+    def __init__(self) -> None:
+        self._status: dict[str, health_pb2.HealthCheckResponse.ServingStatus.ValueType] = {}
+        self._watchers: dict[str, set[asyncio.Event]] = {}
+        self._final = False
+
+    def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
+        if self._final:
+            return
+        self._status[service] = status
+        for changed in self._watchers.get(service, ()):
+            changed.set()
+
+    def shut_down(self) -> None:
+        """NOT_SERVING for every service, for good."""
+        for service in self._status:
+            self.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._final = True
+
+    def watching(self) -> int:
+        return sum(map(len, self._watchers.values()))
+
+    async def Check(self, request: health_pb2.HealthCheckRequest, context: Any) -> health_pb2.HealthCheckResponse:
+        status = self._status.get(request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND)
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
+        changed = asyncio.Event()
+        self._watchers.setdefault(request.service, set()).add(changed)
+        last = None
+        try:
+            while True:
+                changed.clear()  # before the read: a change while this writes is seen at the next turn
+                status = self._status.get(request.service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+                if status != last:
+                    await context.write(health_pb2.HealthCheckResponse(status=status))
+                    last = status
+                await changed.wait()
+        finally:
+            watchers = self._watchers[request.service]
+            watchers.discard(changed)
+            if not watchers:
+                del self._watchers[request.service]
+
+    async def List(self, request: health_pb2.HealthListRequest, context: Any) -> health_pb2.HealthListResponse:
         response = health_pb2.HealthListResponse()
-        for service, status in self._server_status.items():
+        for service, status in self._status.items():
             response.statuses[service].status = status
         return response
 
@@ -40,6 +92,8 @@ class Health:
         self.gauge = gauge  # mhaserve_ready: what this reports, for Prometheus
         if gauge is not None:
             gauge.set(0)
+        for service in (*self.services, *self.never):
+            self.servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def add_to(self, server: GenericOnly) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
@@ -49,12 +103,12 @@ class Health:
         if self.gauge is not None:
             self.gauge.set(int(serving))
         for service in self.services:
-            await self.servicer.set(service, status)
+            self.servicer.set(service, status)
         for service in self.never:
-            await self.servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+            self.servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def shutdown(self) -> None:
         """NOT_SERVING for good: watchers get it, and no later set() changes it."""
         if self.gauge is not None:
             self.gauge.set(0)
-        await self.servicer.enter_graceful_shutdown()
+        self.servicer.shut_down()

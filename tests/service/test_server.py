@@ -750,6 +750,26 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
     assert counted(srv, "UNAVAILABLE") == 2
 
 
+def test_a_watch_whose_client_reads_nothing_holds_up_no_change_of_health(start: Start, settings: Settings) -> None:
+    """grpcio's Watch wrote each status holding the lock every change of status takes: one client whose HTTP/2
+    window is 0 (it reads nothing; Watch is open without a key) held the health where it was, NOT_SERVING once
+    the model loaded, and a SIGTERM's drain waited on it past --grace-period. Its watch now waits alone; a
+    watcher that reads gets each status."""
+    srv = start(settings)
+    with socket.create_connection(("127.0.0.1", srv.server.port), timeout=WAIT) as raw, srv.channel() as channel:
+        block = call_block("/grpc.health.v1.Health/Watch")
+        raw.sendall(f.PREFACE + f.settings((f.INITIAL_WINDOW_SIZE, 0)) + f.frame(f.HEADERS, f.END_HEADERS, 1, block))
+        raw.sendall(f.frame(f.DATA, f.END_STREAM, 1, bytes(5)))  # an empty HealthCheckRequest
+        wait_until(lambda: srv.server.health.servicer.watching() == 1, "the watch that reads nothing")
+        health = health_pb2_grpc.HealthStub(channel)
+        watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=WAIT)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        srv.call(srv.server.drain(), timeout=10)
+        check = health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
+        assert check.status == next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        watch.cancel()
+
+
 def test_loading_wait_holds_calls_until_the_model_serves_within_deadlines(start: Start, settings: Settings) -> None:
     """--loading-wait: a call that comes while the model loads waits for it and is answered (gRPC and HTTP,
     as behind a balancer that sent it there before its health checks); one whose deadline comes first is
