@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,7 @@ from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding, Tokenizer, normalizers, pre_tokenizers
 
 from mhaserve.runtime.errors import InvalidArgument, Unavailable
 from mhaserve.runtime.repository import LoadedModel
@@ -122,6 +123,7 @@ class Pipeline:
         # itself, so two threads are enough to overlap requests; the server shares its two among every model.
         self._own_pool = tokenize_pool is None
         self._tokenize_pool = tokenize_pool or ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
+        self._edges = word_edges(model.tokenizer)  # where a long text may be cut before it is tokenised
         self._untruncated: Tokenizer | None = None
         self._start_cutting: Tokenizer | None = None  # the tokenizer cutting a long text's start (truncate_start)
         # The special tokens the tokenizer ends each text with ([SEP], RoBERTa's </s>): token ids cut to the
@@ -343,7 +345,7 @@ class Pipeline:
         )
 
     def _tokenize_long(self, texts: list[str]) -> list[Encoding]:
-        return encode_long(self.model.tokenizer, texts, self.max_tokens * PREFIX_CHARS_PER_TOKEN)
+        return encode_long(self.model.tokenizer, texts, self.max_tokens * PREFIX_CHARS_PER_TOKEN, edges=self._edges)
 
     async def encode_pre(self, req: EncodeInput) -> list[Ids]:
         """Tokenise a request `validate` passed: one int64 array per input, within the model's length and
@@ -414,7 +416,9 @@ class Pipeline:
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
             return [tokenizer.encode(text) for text in texts]
         limit = self.max_tokens * PREFIX_CHARS_PER_TOKEN
-        return await loop.run_in_executor(self._tokenize_pool, encode_long, tokenizer, list(texts), limit, _suffix)
+        return await loop.run_in_executor(
+            self._tokenize_pool, encode_long, tokenizer, list(texts), limit, _suffix, self._edges
+        )
 
     async def _whole_tokenizer(self) -> Tokenizer:
         """The model's tokenizer without truncation, made once: a copy rebuilt from its JSON, not on the loop."""
@@ -432,7 +436,7 @@ class Pipeline:
         """
         loop = asyncio.get_running_loop()
         whole = await self._whole_tokenizer()
-        part = _prefix(text, self.max_tokens * PREFIX_CHARS_PER_TOKEN)
+        part = _prefix(text, self.max_tokens * PREFIX_CHARS_PER_TOKEN, self._edges)
         if len(part) <= INLINE_TOKENIZE_CHARS:
             length = len(whole.encode(part).ids)
         else:
@@ -530,13 +534,40 @@ def special_tail(tokenizer: Tokenizer) -> npt.NDArray[np.int64]:
     return np.asarray(enc.ids[len(mask) - n :], dtype=np.int64)
 
 
+# Characters before which a cut leaves every word of the text before it whole: whitespace, for any tokenizer
+# (BERT's WordPiece, SentencePiece's Metaspace, byte-level BPE alike split words there and normalise character by
+# character). BERT's pre-tokeniser splits at every ASCII punctuation mark too, and its normaliser puts each CJK
+# ideograph apart (`handle_chinese_chars`; the ranges of the Basic Multilingual Plane, which every version of it
+# has): a Chinese or Japanese text, minified JSON or base64 has no whitespace, and was tokenised whole.
+WHITESPACE = re.compile(r"[ \n\t\r]")
+BERT_WORD_EDGES = r" \n\t\r!-/:-@\[-`{-~"
+CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+
+
+def word_edges(tokenizer: Tokenizer) -> re.Pattern[str]:
+    """One character before which `_prefix` and `_suffix` may cut a text for `tokenizer`."""
+    if not isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer):
+        return WHITESPACE
+    normalizer = tokenizer.normalizer
+    if normalizer is None:
+        return re.compile(f"[{BERT_WORD_EDGES}]")
+    if isinstance(normalizer, normalizers.BertNormalizer):
+        return re.compile(f"[{BERT_WORD_EDGES}{CJK if normalizer.handle_chinese_chars else ''}]")
+    return WHITESPACE  # another normaliser may join or change characters across a punctuation mark
+
+
 def encode_long(
-    tokenizer: Tokenizer, texts: list[str], limit: int, cut_to: Callable[[str, int], str] | None = None
+    tokenizer: Tokenizer,
+    texts: list[str],
+    limit: int,
+    cut_to: Callable[[str, int, re.Pattern[str]], str] | None = None,
+    edges: re.Pattern[str] = WHITESPACE,
 ) -> list[Encoding]:
     """`tokenizer.encode_batch(texts)`, the same to the last id, with each text longer than `limit` characters
     tokenised from its start (`_prefix`), or for a tokenizer that cuts a text's start from its end (`_suffix` as
-    `cut_to`), and in full only where that part does not already fill the tokenizer's truncation length."""
-    cut = [(cut_to or _prefix)(text, limit) for text in texts]
+    `cut_to`), cut before one of `edges` (`word_edges`), and in full only where that part does not already fill the
+    tokenizer's truncation length."""
+    cut = [(cut_to or _prefix)(text, limit, edges) for text in texts]
     encodings = tokenizer.encode_batch(cut)
     again = [i for i, (text, part, enc) in enumerate(zip(texts, cut, encodings, strict=True))
              if part is not text and not enc.overflowing]  # fmt: skip
@@ -546,28 +577,26 @@ def encode_long(
     return encodings
 
 
-def _prefix(text: str, limit: int) -> str:
-    """The start of `text` up to the last whitespace within its first `limit` characters, or `text` itself
-    (the same object) when it is not longer than that or has no whitespace there.
+def _prefix(text: str, limit: int, edges: re.Pattern[str] = WHITESPACE) -> str:
+    """The start of `text` up to the last of `edges` within its first `limit` characters, or `text` itself (the
+    same object) when it is not longer than that or has none there.
 
-    Tokenisers split words at whitespace and normalise character by character (BERT's WordPiece, SentencePiece's
-    Metaspace, byte-level BPE alike), so the tokens of a prefix cut before a whitespace are the first tokens of
-    the whole text: where the prefix alone overflows the model's maximum, its truncated encoding is the
-    whole text's, to the last id.
+    The tokens of a prefix cut before a word's edge are the first tokens of the whole text: where the prefix alone
+    overflows the model's maximum, its truncated encoding is the whole text's, to the last id.
     """
     if len(text) <= limit:
         return text
-    end = max(text.rfind(space, 0, limit) for space in (" ", "\n", "\t", "\r"))
-    return text[:end] if end > 0 else text
+    last = edges.search(text[limit - 1 : 0 : -1])  # backwards from the limit, to the second character
+    return text[: limit - 1 - last.start()] if last else text
 
 
-def _suffix(text: str, limit: int) -> str:
-    """The end of `text` from the first whitespace within its last `limit` characters, or `text` itself (the same
+def _suffix(text: str, limit: int, edges: re.Pattern[str] = WHITESPACE) -> str:
+    """The end of `text` from the first of `edges` within its last `limit` characters, or `text` itself (the same
     object) when it is not longer than that or has none there: `_prefix`'s mirror, for a tokenizer that cuts a
-    text's start. A word that follows whitespace is tokenised as in the whole text, so where the end alone
-    overflows the model's maximum, its start-cut encoding is the whole text's, to the last id (the whitespace is
-    kept: byte-level BPE writes it into the word's first token)."""
+    text's start. A word that follows its edge is tokenised as in the whole text, so where the end alone overflows
+    the model's maximum, its start-cut encoding is the whole text's, to the last id (the edge is kept: byte-level
+    BPE writes a whitespace into the word's first token, and BERT's punctuation marks are tokens)."""
     if len(text) <= limit:
         return text
-    starts = [i for i in (text.find(space, len(text) - limit) for space in (" ", "\n", "\t", "\r")) if i >= 0]
-    return text[min(starts) :] if starts else text
+    first = edges.search(text, len(text) - limit)
+    return text[first.start() :] if first else text

@@ -25,6 +25,7 @@ from mhaserve.service.pipeline import (
     _suffix,
     cutting_start,
     encode_long,
+    word_edges,
 )
 from mhaserve.testing.engines import ScriptedEngine
 from mhaserve.testing.loopback import WAIT
@@ -143,8 +144,11 @@ def test_a_long_text_is_tokenised_from_the_end_it_keeps_with_the_same_ids_as_in_
     mirror for a tokenizer that cuts a text's start (truncation_direction left; `_suffix`): the same texts
     reversed, whose ends are the others' starts."""
     tokenizer = cutting_start(_minilm_tokenizer(), 256) if cut_start else _minilm_tokenizer()
+    edges = word_edges(tokenizer)
     limit = 256 * PREFIX_CHARS_PER_TOKEN
     prose = " ".join(Path("loadtest/corpus.txt").read_text().split()[:3000])
+    japanese = "東京都の天気は晴れです。明日は雨が降るでしょう、傘を持って行ってください。"
+    record = '{"id":12345,"name":"Ça Déjà-vu","tags":["a","b"],"score":0.75,"note":"naïve_café"}'
     texts = {
         "prose": prose * 20,
         "accents and case": "Ça Déjà-vu, NAÏVE café! " * 2000,
@@ -155,19 +159,45 @@ def test_a_long_text_is_tokenised_from_the_end_it_keeps_with_the_same_ids_as_in_
         "a long word first": "x" * 500 + " " + prose,
         "exactly at the limit": ("ab " * limit)[:limit],
         "short": "a short query",
+        # no whitespace at all, but BERT's words end at its punctuation and CJK ideographs
+        "japanese": japanese * 2000,
+        "japanese after one space": "x " + japanese * 2000,
+        "minified json": "[" + ",".join([record] * 2000) + "]",
+        "base64": "QmFzZTY0IGlzIGEgZ3JvdXAgb2YgYmluYXJ5LXRvLXRleHQ+/ZW5jb2Rpbmc=" * 2000,
+        "kana alone": "あいうえおかきくけこ" * 2000,  # no edge: one word, tokenised whole
+        "accents on a mark's edge": "e\u0301!" * 8000,  # a combining accent never begins a cut
     }
     if cut_start:
         texts = {name: text[::-1] for name, text in texts.items()}
     part = _suffix if cut_start else None
     counting = Counting(tokenizer)
-    got = encode_long(counting, list(texts.values()), limit, part)  # type: ignore[arg-type]
+    got = encode_long(counting, list(texts.values()), limit, part, edges)  # type: ignore[arg-type]
     want = tokenizer.encode_batch(list(texts.values()))
     for name, g, w in zip(texts, got, want, strict=True):
         assert g.ids == w.ids and bool(g.overflowing) == bool(w.overflowing), name
-    # the prose and the like were read from the end they keep only
-    counting.chars = 0
-    encode_long(counting, [prose * 200], limit, part)  # type: ignore[arg-type]
-    assert counting.chars <= limit < len(prose * 200) // 100
+    # the prose and the like were read from the end they keep only, texts without whitespace too
+    for name in ("prose", "japanese", "japanese after one space", "minified json", "base64"):
+        counting.chars = 0
+        long = texts[name] * 20
+        encode_long(counting, [long], limit, part, edges)  # type: ignore[arg-type]
+        assert counting.chars <= limit < len(long) // 100, name
+
+
+def test_only_whitespace_is_a_words_edge_for_tokenizers_other_than_berts() -> None:
+    """A byte-level BPE groups a run of punctuation marks into one token, and other normalisers may join characters
+    across one: their long texts are cut at whitespace only, BERT's also at ASCII punctuation and CJK ideographs
+    (where its own normaliser does not keep those together: `handle_chinese_chars` false)."""
+    from tokenizers import models, normalizers, pre_tokenizers
+
+    bert = _minilm_tokenizer()
+    assert word_edges(bert).search("a,b") and word_edges(bert).search("中")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
+    assert word_edges(bpe).pattern == r"[ \n\t\r]"
+    bert.normalizer = normalizers.BertNormalizer(handle_chinese_chars=False)
+    assert word_edges(bert).search("a,b") and not word_edges(bert).search("中")
+    bert.normalizer = normalizers.NFKC()
+    assert not word_edges(bert).search("a,b中")
 
 
 def test_a_very_long_text_refused_for_its_length_is_measured_from_its_start(tiny_repo: Path) -> None:
