@@ -308,17 +308,27 @@ def test_initial_metadata_reaches_the_client_before_messages_or_an_error(channel
     assert list(stream) == [b"w0", b"w1", b"w2"]
 
 
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        (("x-big", "v" * (17 << 10)),),
+        (("x-big", "v" * 70_000),),  # grpcio does not Huffman-code values: a block of 70 KB
+        tuple((f"x-{i}", "v" * 10) for i in range(2_000)),  # 42 KB sent, 104 KB as HPACK counts a list
+    ],
+    ids=["17 KiB", "70 KB", "2,000 entries"],
+)
 def test_a_call_whose_metadata_is_over_16_kib_is_resource_exhausted_and_the_connection_serves_on(
-    lean: Running, channel: grpc.Channel
+    lean: Running, channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]
 ) -> None:
     """As grpc core answers one over its limit: the call is refused, not the connection. It used to end the
     connection (GOAWAY ENHANCE_YOUR_CALM), failing the other calls on it, and its client read UNAVAILABLE, which
-    says to retry a call that can only fail again."""
+    says to retry a call that can only fail again; metadata past 64 KiB as a block or as HPACK counts it still did
+    until 2026-12-07."""
     slow = method(channel, "slow").future(b"meanwhile", timeout=10)
     wait_until(lambda: any(c.streams for c in lean.server.connections), "the slow call to be running")
     with pytest.raises(grpc.RpcError) as e:
-        method(channel, "echo")(b"hi", metadata=(("x-big", "v" * (17 << 10)),), timeout=10)
-    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        method(channel, "echo")(b"hi", metadata=metadata, timeout=10)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
     assert "over the limit of 16384" in e.value.details()
     lean.release()
     assert slow.result() == b"released"  # the call already on the connection was answered
@@ -355,14 +365,24 @@ def test_metadata_that_cannot_be_read_refuses_the_call(lean: Running, field: tup
     assert goaway_code(got) is None
 
 
-def test_a_header_block_that_decodes_past_64_kib_ends_the_connection(lean: Running) -> None:
-    """A byte of a header block can stand for a large entry of HPACK's table, again and again: past 64 KiB decoded
+def test_a_header_block_that_decodes_past_256_kib_ends_the_connection(lean: Running) -> None:
+    """A byte of a header block can stand for a large entry of HPACK's table, again and again: past 256 KiB decoded
     the decoder stops, and the connection, whose table can no longer be kept in step, ends."""
     large = hpack.Encoder().encode([("x-a", "v" * 4000)], huffman=False)  # with indexing: the table's entry 62
-    block = call_block(f"/{SERVICE}/echo") + large + bytes([0x80 | 62]) * 20  # 20 x 4,035 bytes decoded
+    block = call_block(f"/{SERVICE}/echo") + large + bytes([0x80 | 62]) * 70  # 70 x 4,035 bytes decoded
     got = raw_exchange(lean.port, f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, block))
     assert goaway_code(got) == f.ENHANCE_YOUR_CALM
-    assert goaway_debug(got) == b"a header block that decodes past 64 KiB"
+    assert goaway_debug(got) == b"a header block that decodes past 256 KiB"
+
+
+def test_a_header_block_sent_past_256_kib_ends_the_connection(lean: Running) -> None:
+    """What a header block holds until its last CONTINUATION comes is bounded too: past 256 KiB received the
+    connection ends, before any of it is decoded."""
+    frames = f.frame(f.HEADERS, f.END_STREAM, 1, call_block(f"/{SERVICE}/echo"))
+    frames += b"".join(f.frame(f.CONTINUATION, 0, 1, bytes(16 << 10)) for _ in range(17))  # 272 KiB, unfinished
+    got = raw_exchange(lean.port, frames)
+    assert goaway_code(got) == f.ENHANCE_YOUR_CALM
+    assert goaway_debug(got) == b"a header block too large"
 
 
 def test_an_answer_larger_than_a_frame_and_the_window_arrives_whole(channel: grpc.Channel) -> None:

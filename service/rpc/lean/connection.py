@@ -123,9 +123,11 @@ MAX_HEADER_LIST = 16 << 10  # grpc core's own limit on a call's metadata
 PROBE_BYTES = 4 << 10
 # A call whose metadata is over MAX_HEADER_LIST is answered RESOURCE_EXHAUSTED, as grpc core answers, and the
 # connection serves on. Its header block must still be decoded whole, to keep HPACK's table in step with the
-# peer's; past this many bytes decoded (a block of references to one large table entry can decode to far more
-# than it is), the decoder stops and the connection ends instead.
-MAX_HEADER_LIST_DECODED = 4 * MAX_HEADER_LIST
+# peer's; past this many bytes received or decoded (a block of references to one large table entry can decode to
+# far more than it is), the decoder stops and the connection ends instead. Not 64 KiB, as until 2026-12-07: a
+# grpcio client's 70 KB value (sent without Huffman coding) or 2,000 small entries (HPACK counts 32 bytes more
+# for each) ended the connection, and every call on it, where grpc core refuses the one call.
+MAX_HEADER_LIST_DECODED = 16 * MAX_HEADER_LIST
 CALM_WINDOW_S = 1.0  # the window over which PINGs, SETTINGS and resets of running calls are counted
 # grpc core's server defaults (grpc.http2.min_ping_interval_without_data_ms, grpc.http2.max_ping_strikes, and
 # the 2 hours it allows while no call is open): see the module docstring.
@@ -645,7 +647,7 @@ class Connection(asyncio.Protocol):
                 fields = cast(list[tuple[str, str]], self.decoder.decode(raw))
                 size = f.header_list_size(fields)
         except hpack.OversizedHeaderListError:
-            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "a header block that decodes past 64 KiB") from None
+            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "a header block that decodes past 256 KiB") from None
         except hpack.HPACKError as e:
             raise ConnectionError_(f.COMPRESSION_ERROR, f"a header block that does not decode: {e}") from None
         existing = self.streams.get(stream_id)
