@@ -286,9 +286,14 @@ class ModelManager:
                 raise plan.refusal
             return
         wanted, published = plan.wanted, plan.published
-        self._forget(name, lambda version: version == 0 or version not in published)
+        # The failures behind the model: of its serving config (version 0), of versions deleted, or left by the
+        # policy (the index lists the versions it selects, and those still served).
+        self._forget(name, lambda version: version == 0 or version not in published or version not in wanted)
         self._note_missing(name, plan.missing)
         served = set(self.dataplane.versions(name))
+        # The policy the served versions report (None: none served), in force until every version the plan's selects
+        # serves: a version loaded meanwhile reports it too.
+        in_force = self.dataplane.resolve(name, max(served)).version_policy if served else None
         # Newest first: each version is switched in once ready, and calls that name none get the newest served;
         # oldest first, a model's first load answered them with its oldest version while the newer ones loaded.
         for version in sorted(wanted, reverse=True):
@@ -324,6 +329,9 @@ class ModelManager:
             if (policy := plan.policy) is not None:
                 for version in sorted(now & set(wanted)):
                     self.dataplane.resolve(name, version).version_policy = policy
+        elif in_force is not None:
+            for version in sorted(now):
+                self.dataplane.resolve(name, version).version_policy = in_force
 
     async def _load(self, name: str, version: int, fingerprint: Fingerprint) -> None:
         """Load a version and switch it in; one already served (its files or config changed) keeps serving
@@ -550,6 +558,7 @@ class ModelManager:
         async with self._lock(name):
             if name in self.wanted:
                 self.wanted.remove(name)
+            self._forget(name, lambda version: True)  # unloaded, as of one never loaded: its failures are behind it
             served = self.dataplane.versions(name)
             if not served:
                 log.info("unload of %s: not loaded, nothing to do", name)

@@ -456,11 +456,42 @@ def test_every_served_version_reports_the_policy_in_force(tmp_path: Path) -> Non
             return rest
 
         assert policies() == {2: {"latest": {"num_versions": 1}}}
+        # A new policy whose newest version fails to load: nothing changes, policy included (the newest loads
+        # first, and the load ends there)
+        corrupt(tmp_path, "m", 1, 3, "sha")
+        config.write_text(json.dumps({"version_policy": {"all": {}}}))
+        with pytest.raises(grpc.RpcError):
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
+        assert policies() == {2: {"latest": {"num_versions": 1}}}
+        shutil.rmtree(tmp_path / "m" / "3")
         for policy, served in (({"all": {}}, [1, 2]), ({"latest": {"num_versions": 2}}, [1, 2])):
             config.write_text(json.dumps({"version_policy": policy}))
             kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
             assert list(info(channel).versions) == served
             assert policies() == {v: policy for v in served}
+
+
+def test_a_version_loaded_beside_one_that_fails_reports_the_policy_the_others_do(tmp_path: Path) -> None:
+    """Under poll a new policy whose newest version fails still loads the others it selects: version 1, loaded so,
+    reported the new policy beside version 2's old one. Until every version it selects serves, the old policy is
+    the one in force (nothing is retired by it), and each served version says so."""
+    export(tmp_path, "m", 1, seed=1)
+    copy_version(tmp_path, "m", 1, 2)
+    config = tmp_path / "m" / "serving.json"
+    config.write_text(json.dumps({"version_policy": {"latest": {"num_versions": 1}}}))
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        assert srv.server.dataplane.versions("m") == [2]
+        corrupt(tmp_path, "m", 1, 3, "sha")
+        config.write_text(json.dumps({"version_policy": {"all": {}}}))
+        wait_until(lambda: srv.server.dataplane.versions("m") == [1, 2], "version 1, selected by the new policy")
+        with srv.channel() as channel:
+            kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+            for version in (1, 2):
+                config_of = kserve.ModelConfig(kpb.ModelConfigRequest(name="m", version=str(version)), timeout=WAIT)
+                assert config_of.config.version_policy.latest.num_versions == 1, version
+    finally:
+        srv.stop()
 
 
 def test_a_bad_serving_config_stops_start_up_naming_the_key(tmp_path: Path) -> None:
@@ -587,6 +618,14 @@ def test_a_broken_config_or_version_is_said_once_and_forgotten_once_mended(
         wait_until(lambda: not unavailable(), "the deleted version's failure to be forgotten")
         with srv.channel() as channel:
             assert info(channel).version == 1  # served throughout
+        # A broken version the policy (latest 1) has since left, for a newer one that serves: it is behind the
+        # model too, and was listed UNAVAILABLE beside it at every poll (the docs: versions the policy leaves are
+        # not listed).
+        corrupt(tmp_path, "m", 1, 2, "sha")
+        wait_until(lambda: [v for v, _ in unavailable()] == ["2"], "the broken version's failure")
+        copy_version(tmp_path, "m", 1, 3)
+        wait_until(lambda: _index(srv).get(("m", "3")) == ("READY", ""), "version 3")
+        wait_until(lambda: not unavailable(), "the left version's failure to be forgotten")
     finally:
         srv.stop()
 
@@ -675,11 +714,15 @@ def test_versions_published_while_clients_encode_are_swapped_in_without_a_failed
             corrupt(tmp_path, "live", 4, version, how)
             # tried and given up on: a try still LOADING on a busy machine is not yet UNAVAILABLE
             wait_until(partial(tried, srv, ("live", version)), "a try", timeout=60)
+            index = {(e.name, e.version): e for e in srv.call(srv.server.manager.index())}
+            assert index[("live", str(version))].state == "UNAVAILABLE"
+            if how == "sha":
+                assert "fails its checksum" in index[("live", "5")].reason
         load.wait_for(4, 200)
         answers = load.finish()
         assert set(answers) == {1, 2, 3, 4}
         index = {(e.name, e.version): e for e in srv.call(srv.server.manager.index())}
-        assert index[("live", "5")].state == "UNAVAILABLE" and "fails its checksum" in index[("live", "5")].reason
+        assert ("live", "5") not in index  # the policy (latest 1) has left it for version 6
         assert index[("live", "6")].state == "UNAVAILABLE"
         assert index[("live", "4")].state == "READY"
         assert srv.samples().get("mhaserve_model_load_failures_total", model="live") == 2
@@ -1650,6 +1693,12 @@ def test_an_explicit_load_of_a_failed_model_tries_again_and_fails_again(tmp_path
         reply = request("POST", srv.http_url + "/v2/repository/models/broken/load")
         assert reply.status == 400 and "checksum" in reply.json()["error"]
         assert not kserve.ModelReady(kpb.ModelReadyRequest(name="broken"), timeout=WAIT).ready
+        assert "checksum" in _index(srv)[("broken", "1")][1]
+        # unloaded, its failure is behind it: the index says so, as of a model never loaded (it kept the failure)
+        kserve.RepositoryModelUnload(kpb.RepositoryModelUnloadRequest(model_name="broken"), timeout=WAIT)
+        assert [(v, s, r) for (n, v), (s, r) in _index(srv).items() if n == "broken"] == [
+            ("", "UNAVAILABLE", "unloaded")
+        ]
         # a name the repository does not hold: NOT_FOUND, and no failure series made for it
         with pytest.raises(grpc.RpcError) as e:
             kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="nope"), timeout=WAIT)
