@@ -452,7 +452,9 @@ class Supervisor:
         else:
             if self._served is None:
                 self._served = served
-            elif served != self._served:  # the repository changed while the processes first loaded
+            elif served != self._served and not self._all_served:  # the repository changed while they first loaded
+                # (once all serve, one started again serves what it is pinned to, or under poll what the repository
+                # holds by then, as the others do)
                 log.warning("process p%d serves other model versions than the first process to serve", child.index)
             child.serving = True
             child.delay = FIRST_RESTART_DELAY_S

@@ -7,6 +7,7 @@ the tests look at each process's own metrics port and at the supervisor's childr
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -371,6 +372,43 @@ def test_a_process_that_had_served_is_started_again_while_another_still_loads() 
     loading.process = Exited()  # type: ignore[assignment]
     supervisor._exited(loading)  # one that never served: a failed start-up, as before
     assert supervisor._signals == [signal.SIGTERM] and supervisor._status == 137
+
+
+def test_a_process_started_again_under_poll_is_not_said_to_serve_other_versions(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under poll the processes follow the repository: one started again after a version 2 was published serves
+    version 2, as the others do by then, and was warned about for not serving what the first process served at
+    start-up (a review's finding). The warning is for the start-up, where the processes read the repository
+    apart."""
+    polling = Settings(processes=2, port=0, metrics_port=0, model_control="poll")
+    supervisor = processes.Supervisor(polling, log_level="info")
+
+    class Ready:
+        def __init__(self, served: object) -> None:
+            self.served = served
+
+        def recv(self) -> object:
+            return self.served
+
+        def close(self) -> None:
+            pass
+
+    children = [processes._Child(i, supervisor.settings, frozenset({0})) for i in range(2)]
+    supervisor._children = children
+    first, other = ({"m": {1: "a"}}, {"m": {1: "b"}})  # what two processes serve: not the same
+    with caplog.at_level(logging.WARNING, logger=processes.log.name):
+        children[0].ready = Ready(first)  # type: ignore[assignment]
+        supervisor._heard(children[0])
+        children[1].ready = Ready(other)  # type: ignore[assignment]
+        supervisor._heard(children[1])  # at start-up: said
+        assert [r.getMessage() for r in caplog.records] == [
+            "process p1 serves other model versions than the first process to serve"
+        ]
+        caplog.clear()
+        children[0].starts, children[0].ready = 2, Ready({"m": {2: "c"}})  # type: ignore[assignment]
+        supervisor._heard(children[0])  # started again once all served, with what the repository now holds
+        assert not caplog.records
 
 
 def _versions_on_new_connections(address: str, calls: int) -> set[int]:
