@@ -536,32 +536,65 @@ def special_tail(tokenizer: Tokenizer) -> npt.NDArray[np.int64]:
 
 # Characters before which a cut leaves every word of the text before it whole: whitespace, for any tokenizer
 # (BERT's WordPiece, SentencePiece's Metaspace, byte-level BPE alike split words there and normalise character by
-# character). BERT's pre-tokeniser splits at every ASCII punctuation mark too, and its normaliser puts each CJK
-# ideograph apart (`handle_chinese_chars`; the ranges of the Basic Multilingual Plane, which every version of it
-# has): a Chinese or Japanese text, minified JSON or base64 has no whitespace, and was tokenised whole.
-WHITESPACE = re.compile(r"[ \n\t\r]")
-BERT_WORD_EDGES = r" \n\t\r!-/:-@\[-`{-~"
+# character). BERT's pre-tokeniser splits at every punctuation mark too (ASCII's, and here the CJK and full-width
+# ones, of Unicode's P categories since its first versions), and its normaliser puts each CJK ideograph apart
+# (`handle_chinese_chars`; the ranges of the Basic Multilingual Plane, which every version of it has): a Chinese
+# or Japanese text, minified JSON or base64 has no whitespace, and was tokenised whole.
+WHITESPACE = " \n\t\r"
+PUNCTUATION = (
+    "!-/:-@\\[-`{-~"
+    "\u3001-\u3003\u3008-\u3011\u3014-\u301f\u3030\u303d"
+    "\uff01-\uff03\uff05-\uff0a\uff0c-\uff0f\uff1a\uff1b\uff1f\uff20\uff3b-\uff3d\uff3f\uff5b\uff5d\uff5f-\uff65"
+)
 CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 
 
-def word_edges(tokenizer: Tokenizer) -> re.Pattern[str]:
-    """One character before which `_prefix` and `_suffix` may cut a text for `tokenizer`."""
-    if not isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer):
-        return WHITESPACE
+@dataclass(frozen=True)
+class WordEdges:
+    """Where a long text may be cut for a tokenizer before it is tokenised (`_prefix`, `_suffix`): before one
+    character `edge` matches, but never through one of its added tokens (`atoms`: [MASK], [SEP], <s>...), which
+    it finds in the raw text before any of this, as a word of its own: cut through, `[MASK]` was `[` and `mask`."""
+
+    edge: re.Pattern[str]
+    atoms: re.Pattern[str] | None = None
+    longest: int = 0  # the longest atom's length
+
+    def cut_through(self, text: str, at: int) -> tuple[int, int] | None:
+        """The start and end of an added token that a cut at `at` would go through, if one does."""
+        if self.atoms is None:
+            return None
+        window = max(0, at - self.longest + 1)
+        for m in self.atoms.finditer(text, window, at + self.longest - 1):
+            if m.start() < at < m.end():
+                return m.start(), m.end()
+        return None
+
+
+def word_edges(tokenizer: Tokenizer) -> WordEdges:
+    """Where `_prefix` and `_suffix` may cut a text for `tokenizer`."""
+    edge = f"[{WHITESPACE}]"
     normalizer = tokenizer.normalizer
-    if normalizer is None:
-        return re.compile(f"[{BERT_WORD_EDGES}]")
-    if isinstance(normalizer, normalizers.BertNormalizer):
-        return re.compile(f"[{BERT_WORD_EDGES}{CJK if normalizer.handle_chinese_chars else ''}]")
-    return WHITESPACE  # another normaliser may join or change characters across a punctuation mark
+    if isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer):
+        if normalizer is None:
+            edge = f"[{WHITESPACE}{PUNCTUATION}]"
+        elif isinstance(normalizer, normalizers.BertNormalizer):  # another may join characters across one
+            edge = f"[{WHITESPACE}{PUNCTUATION}{CJK if normalizer.handle_chinese_chars else ''}]"
+    # case-blind: an added token may be matched on the normalised (lower-cased) text
+    atoms = sorted({t.content for t in tokenizer.get_added_tokens_decoder().values() if len(t.content) > 1})
+    if not atoms:
+        return WordEdges(re.compile(edge))
+    return WordEdges(re.compile(edge), re.compile("|".join(map(re.escape, atoms)), re.IGNORECASE), max(map(len, atoms)))
+
+
+WHITESPACE_EDGES = WordEdges(re.compile(f"[{WHITESPACE}]"))
 
 
 def encode_long(
     tokenizer: Tokenizer,
     texts: list[str],
     limit: int,
-    cut_to: Callable[[str, int, re.Pattern[str]], str] | None = None,
-    edges: re.Pattern[str] = WHITESPACE,
+    cut_to: Callable[[str, int, WordEdges], str] | None = None,
+    edges: WordEdges = WHITESPACE_EDGES,
 ) -> list[Encoding]:
     """`tokenizer.encode_batch(texts)`, the same to the last id, with each text longer than `limit` characters
     tokenised from its start (`_prefix`), or for a tokenizer that cuts a text's start from its end (`_suffix` as
@@ -577,26 +610,38 @@ def encode_long(
     return encodings
 
 
-def _prefix(text: str, limit: int, edges: re.Pattern[str] = WHITESPACE) -> str:
-    """The start of `text` up to the last of `edges` within its first `limit` characters, or `text` itself (the
-    same object) when it is not longer than that or has none there.
+def _prefix(text: str, limit: int, edges: WordEdges = WHITESPACE_EDGES) -> str:
+    """The start of `text` up to the last of `edges` within its first `limit` characters (or the start of an added
+    token that a cut there would go through), or `text` itself (the same object) when it is not longer than that
+    or has none there.
 
     The tokens of a prefix cut before a word's edge are the first tokens of the whole text: where the prefix alone
     overflows the model's maximum, its truncated encoding is the whole text's, to the last id.
     """
     if len(text) <= limit:
         return text
-    last = edges.search(text[limit - 1 : 0 : -1])  # backwards from the limit, to the second character
-    return text[: limit - 1 - last.start()] if last else text
+    last = edges.edge.search(text[limit - 1 : 0 : -1])  # backwards from the limit, to the second character
+    if not last:
+        return text
+    end = limit - 1 - last.start()
+    if (atom := edges.cut_through(text, end)) is not None:
+        end = atom[0]  # before the token: it begins a part of the text of its own
+    return text[:end] if end > 0 else text
 
 
-def _suffix(text: str, limit: int, edges: re.Pattern[str] = WHITESPACE) -> str:
-    """The end of `text` from the first of `edges` within its last `limit` characters, or `text` itself (the same
-    object) when it is not longer than that or has none there: `_prefix`'s mirror, for a tokenizer that cuts a
-    text's start. A word that follows its edge is tokenised as in the whole text, so where the end alone overflows
-    the model's maximum, its start-cut encoding is the whole text's, to the last id (the edge is kept: byte-level
-    BPE writes a whitespace into the word's first token, and BERT's punctuation marks are tokens)."""
+def _suffix(text: str, limit: int, edges: WordEdges = WHITESPACE_EDGES) -> str:
+    """The end of `text` from the first of `edges` within its last `limit` characters (or the end of an added token
+    that a cut there would go through), or `text` itself (the same object) when it is not longer than that or has
+    none there: `_prefix`'s mirror, for a tokenizer that cuts a text's start. A word that follows its edge is
+    tokenised as in the whole text, so where the end alone overflows the model's maximum, its start-cut encoding is
+    the whole text's, to the last id (the edge is kept: byte-level BPE writes a whitespace into the word's first
+    token, and BERT's punctuation marks are tokens)."""
     if len(text) <= limit:
         return text
-    first = edges.search(text, len(text) - limit)
-    return text[first.start() :] if first else text
+    first = edges.edge.search(text, len(text) - limit)
+    if not first:
+        return text
+    start = first.start()
+    if (atom := edges.cut_through(text, start)) is not None:
+        start = atom[1]  # after the token, which ends a part of the text of its own
+    return text[start:] if start < len(text) else text

@@ -165,6 +165,7 @@ def test_a_long_text_is_tokenised_from_the_end_it_keeps_with_the_same_ids_as_in_
         "minified json": "[" + ",".join([record] * 2000) + "]",
         "base64": "QmFzZTY0IGlzIGEgZ3JvdXAgb2YgYmluYXJ5LXRvLXRleHQ+/ZW5jb2Rpbmc=" * 2000,
         "kana alone": "あいうえおかきくけこ" * 2000,  # no edge: one word, tokenised whole
+        "kana and its punctuation": "あいうえお、かきくけこ。" * 4000,
         "accents on a mark's edge": "e\u0301!" * 8000,  # a combining accent never begins a cut
     }
     if cut_start:
@@ -176,7 +177,14 @@ def test_a_long_text_is_tokenised_from_the_end_it_keeps_with_the_same_ids_as_in_
     for name, g, w in zip(texts, got, want, strict=True):
         assert g.ids == w.ids and bool(g.overflowing) == bool(w.overflowing), name
     # the prose and the like were read from the end they keep only, texts without whitespace too
-    for name in ("prose", "japanese", "japanese after one space", "minified json", "base64"):
+    for name in (
+        "prose",
+        "japanese",
+        "japanese after one space",
+        "minified json",
+        "base64",
+        "kana and its punctuation",
+    ):
         counting.chars = 0
         long = texts[name] * 20
         encode_long(counting, [long], limit, part, edges)  # type: ignore[arg-type]
@@ -190,14 +198,37 @@ def test_only_whitespace_is_a_words_edge_for_tokenizers_other_than_berts() -> No
     from tokenizers import models, normalizers, pre_tokenizers
 
     bert = _minilm_tokenizer()
-    assert word_edges(bert).search("a,b") and word_edges(bert).search("中")
+    assert (
+        word_edges(bert).edge.search("a,b")
+        and word_edges(bert).edge.search("中")
+        and word_edges(bert).edge.search("、")
+    )
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
-    assert word_edges(bpe).pattern == r"[ \n\t\r]"
+    assert word_edges(bpe).edge.pattern == "[ \n\t\r]"
     bert.normalizer = normalizers.BertNormalizer(handle_chinese_chars=False)
-    assert word_edges(bert).search("a,b") and not word_edges(bert).search("中")
+    assert word_edges(bert).edge.search("a,b") and not word_edges(bert).edge.search("中")
     bert.normalizer = normalizers.NFKC()
-    assert not word_edges(bert).search("a,b中")
+    assert not word_edges(bert).edge.search("a,b中、")
+
+
+@pytest.mark.parametrize("cut_start", [False, True], ids=["end cut", "start cut"])
+@pytest.mark.parametrize("token", ["[MASK]", "[SEP]", "[mask]"])
+def test_a_cut_never_goes_through_an_added_token(cut_start: bool, token: str) -> None:
+    """The tokenizer finds its added tokens in the raw text first: a cut at the `]` of a `[MASK]` whose start fills
+    the maximum to its last token gave `[` where the whole text has `[MASK]` (a review's finding). 253 one-token
+    words, then the token ending right at the limit (for a start cut, the mirror), then more words."""
+    tokenizer = cutting_start(_minilm_tokenizer(), 256) if cut_start else _minilm_tokenizer()
+    edges = word_edges(tokenizer)
+    limit = 256 * PREFIX_CHARS_PER_TOKEN
+    body = ("hello" + " " * 27) * 253
+    head = body + " " * (limit - len(token) - len(body)) + token
+    text = head + " world" * 3000
+    if cut_start:
+        text = text[::-1].replace(token[::-1], token)
+    got = encode_long(tokenizer, [text], limit, _suffix if cut_start else None, edges)[0]
+    want = tokenizer.encode_batch([text])[0]
+    assert got.tokens == want.tokens
 
 
 def test_a_very_long_text_refused_for_its_length_is_measured_from_its_start(tiny_repo: Path) -> None:
