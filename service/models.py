@@ -296,31 +296,38 @@ class ModelManager:
         in_force = self.dataplane.resolve(name, max(served)).version_policy if served else None
         # Newest first: each version is switched in once ready, and calls that name none get the newest served;
         # oldest first, a model's first load answered them with its oldest version while the newer ones loaded.
-        for version in sorted(wanted, reverse=True):
-            key = (name, version)
-            fingerprint = plan.fingerprints[version]
-            # The model reads cleanly (a reason the folder gave a served version is behind it): each served
-            # version's state is its own again.
-            if version in served and fingerprint == self._loaded.get(key):
-                self.states[key] = VersionState("READY")  # serving what is there
-                self._failed.pop(key, None)
-                self._why.pop(key, None)
-                continue
-            # A failed version waits for its files to change; a load asked for (strict) tries again now.
-            if not strict and self._failed_as(name, version, fingerprint):
-                if version in served:
-                    self.states[key] = VersionState("READY", self._why.get(key, ""))
-                continue
-            try:
-                with self.dataplane.loading(name, version):  # its calls are told it loads, not that it is missing
-                    await self._load(name, version, fingerprint)
-            except Exception as e:  # a graph ONNX Runtime cannot read fails in its own ways
-                self._report(name, version, e, fingerprint)
-                if strict:
-                    raise
+        try:
+            for version in sorted(wanted, reverse=True):
+                key = (name, version)
+                fingerprint = plan.fingerprints[version]
+                # The model reads cleanly (a reason the folder gave a served version is behind it): each served
+                # version's state is its own again.
+                if version in served and fingerprint == self._loaded.get(key):
+                    self.states[key] = VersionState("READY")  # serving what is there
+                    self._failed.pop(key, None)
+                    self._why.pop(key, None)
+                    continue
+                # A failed version waits for its files to change; a load asked for (strict) tries again now.
+                if not strict and self._failed_as(name, version, fingerprint):
+                    if version in served:
+                        self.states[key] = VersionState("READY", self._why.get(key, ""))
+                    continue
+                try:
+                    with self.dataplane.loading(name, version):  # its calls are told it loads, not that it is missing
+                        await self._load(name, version, fingerprint)
+                except Exception as e:  # a graph ONNX Runtime cannot read fails in its own ways
+                    self._report(name, version, e, fingerprint)
+                    if strict:
+                        raise
+        finally:
+            # A version loaded while another the new policy selects failed (an explicit load ends at it) reports
+            # the policy in force, as the others served do.
+            now = set(self.dataplane.versions(name))
+            if not set(wanted) <= now and in_force is not None:
+                for version in sorted(now):
+                    self.dataplane.resolve(name, version).version_policy = in_force
         # Retire the versions the policy left only once all it selects serve: a failed load (of a newer
         # version, or of one of `latest N`) changes nothing that is served.
-        now = set(self.dataplane.versions(name))
         if set(wanted) <= now:
             for version in sorted(now - set(wanted)):
                 self._retire(name, version)
@@ -329,9 +336,6 @@ class ModelManager:
             if (policy := plan.policy) is not None:
                 for version in sorted(now & set(wanted)):
                     self.dataplane.resolve(name, version).version_policy = policy
-        elif in_force is not None:
-            for version in sorted(now):
-                self.dataplane.resolve(name, version).version_policy = in_force
 
     async def _load(self, name: str, version: int, fingerprint: Fingerprint) -> None:
         """Load a version and switch it in; one already served (its files or config changed) keeps serving

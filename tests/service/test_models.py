@@ -471,6 +471,26 @@ def test_every_served_version_reports_the_policy_in_force(tmp_path: Path) -> Non
             assert policies() == {v: policy for v in served}
 
 
+def test_an_explicit_load_that_ends_at_a_failed_version_leaves_the_policy_in_force(tmp_path: Path) -> None:
+    """An explicit load ends at the first version that fails (newest first): version 2, loaded before version 1
+    failed, reported the new policy beside version 3's (a review's finding)."""
+    export(tmp_path, "m", 2, seed=1)
+    copy_version(tmp_path, "m", 2, 3)
+    corrupt(tmp_path, "m", 2, 1, "sha")
+    config = tmp_path / "m" / "serving.json"
+    config.write_text(json.dumps({"version_policy": {"latest": {"num_versions": 1}}}))
+    with ServerThread(settings(tmp_path, "m", model_control="explicit")) as srv, srv.ready().channel() as channel:
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        config.write_text(json.dumps({"version_policy": {"all": {}}}))
+        with pytest.raises(grpc.RpcError) as e:
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="m"), timeout=WAIT)
+        assert "checksum" in str(e.value.details())
+        assert srv.server.dataplane.versions("m") == [2, 3]
+        for version in (2, 3):
+            config_of = kserve.ModelConfig(kpb.ModelConfigRequest(name="m", version=str(version)), timeout=WAIT)
+            assert config_of.config.version_policy.latest.num_versions == 1, version
+
+
 def test_a_version_loaded_beside_one_that_fails_reports_the_policy_the_others_do(tmp_path: Path) -> None:
     """Under poll a new policy whose newest version fails still loads the others it selects: version 1, loaded so,
     reported the new policy beside version 2's old one. Until every version it selects serves, the old policy is
