@@ -77,8 +77,13 @@ def _flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 # What the client commands (`mhaserve health`, the image's HEALTHCHECK; `encode`; Locust) read: a container may set
 # it beside the server's own settings, MHASERVE_API_KEYS among them, which it is not a misspelling of.
 CLIENT_VARIABLES = (env_var("api_key"),)
-# Names that look like a setting's but are nearest in spelling to another's: the gRPC port is --port.
-MEANT = {"MHASERVE_GRPC_PORT": env_var("port")}
+# Names that look like a setting's but are nearest in spelling to another's: the gRPC port is --port, and one
+# --host serves gRPC and HTTP.
+MEANT = {
+    "MHASERVE_GRPC_PORT": env_var("port"),
+    "MHASERVE_GRPC_HOST": env_var("host"),
+    "MHASERVE_HTTP_HOST": env_var("host"),
+}
 
 
 def misspelt(env: Mapping[str, str] | None = None) -> list[str]:

@@ -72,7 +72,7 @@ def reads_request(handler: grpc.RpcMethodHandler) -> bool:
 
 async def stream_out(handle: Behaviour, request: Any, context: Any) -> None:
     """Run a streaming-response behaviour to its end: an async generator's responses written to the call one by
-    one, or a coroutine that writes them itself (`context.write`), as grpcio's health servicer's Watch does."""
+    one, or a coroutine that writes them itself (`context.write`), as the health servicer's Watch does."""
     result = handle(request, context)
     if inspect.isasyncgen(result):
         async for response in result:

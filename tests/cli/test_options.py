@@ -422,8 +422,10 @@ def test_the_client_commands_key_variable_is_not_warned_about_and_the_grpc_port_
     from mhaserve.cli.options import misspelt
 
     assert misspelt({"MHASERVE_API_KEY": "k", "MHASERVE_API_KEYS": "k"}) == []
-    assert misspelt({"MHASERVE_GRPC_PORT": "50051"}) == [
-        "MHASERVE_GRPC_PORT is not a setting of mhaserve serve (ignored); did you mean MHASERVE_PORT?"
+    assert misspelt({"MHASERVE_GRPC_PORT": "50051", "MHASERVE_GRPC_HOST": "::", "MHASERVE_HTTP_HOST": "::"}) == [
+        "MHASERVE_GRPC_HOST is not a setting of mhaserve serve (ignored); did you mean MHASERVE_HOST?",
+        "MHASERVE_GRPC_PORT is not a setting of mhaserve serve (ignored); did you mean MHASERVE_PORT?",
+        "MHASERVE_HTTP_HOST is not a setting of mhaserve serve (ignored); did you mean MHASERVE_HOST?",
     ]
 
 
