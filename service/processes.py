@@ -482,6 +482,8 @@ class Supervisor:
             # One the signal passed on ended before it could drain stopped as it was asked to; one starting again
             # failed before the stop, and the restarts were handling that.
             if code not in (0, 128 + self._signals[0]) and (served or not self._all_served):
+                # said here: the process itself said nothing (killed), and the server's status will be this one's
+                log.warning("process p%d exited with status %d while stopping", child.index, code)
                 self._status = self._status or code
             return
         if not self._all_served and not served:

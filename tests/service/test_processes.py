@@ -374,6 +374,26 @@ def test_a_process_that_had_served_is_started_again_while_another_still_loads() 
     assert supervisor._signals == [signal.SIGTERM] and supervisor._status == 137
 
 
+def test_a_process_killed_while_the_server_stops_is_named_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """Its status became the server's (137) and nothing said which process, or that one was killed: the log's last
+    line read "all 2 processes exited (status 137)", as if the supervisor itself had been (a review's finding)."""
+    supervisor = processes.Supervisor(Settings(processes=2, port=0, metrics_port=0), log_level="info")
+
+    class Killed:
+        pid, exitcode = 1000, -signal.SIGKILL
+
+        def join(self) -> None:
+            pass
+
+    children = [processes._Child(i, supervisor.settings, frozenset({0})) for i in range(2)]
+    supervisor._children, supervisor._all_served, supervisor._signals = children, True, [signal.SIGTERM]
+    children[1].process, children[1].serving = Killed(), True  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, logger=processes.log.name):
+        supervisor._exited(children[1])
+    assert supervisor._status == 137
+    assert [r.getMessage() for r in caplog.records] == ["process p1 exited with status 137 while stopping"]
+
+
 def test_a_process_started_again_under_poll_is_not_said_to_serve_other_versions(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
