@@ -332,10 +332,13 @@ class Batcher:
             job.future.set_exception(error)
         self._release(job)
 
-    def _fail_queued(self, error: ServiceError) -> None:
+    def _fail_queued(self, error: ServiceError) -> list[Job]:
+        failed = []
         while (s := self._policy.first(self._live)) is not None:
             self._fail(s.job, error)
+            failed.append(s.job)
         self._policy.clear()
+        return failed
 
     def _live(self, s: Seq) -> bool:
         job = s.job
@@ -479,8 +482,11 @@ class Batcher:
             # What never ran did not time out: UNAVAILABLE over both protocols (HTTP 503, which clients and
             # balancers retry), as new requests are refused while the batch stalls, not the batch's 504.
             waiting = Unavailable(error.message)
-            self._fail_queued(waiting)
-            self._fail_unstarted(waiting)
+            never_ran = {id(j): j for j in self._fail_queued(waiting) + self._fail_unstarted(waiting)}
+            if never_ran:  # their ids too, as the watchdog says the batch's: what an operator looks a client up by
+                ids = sorted({j.request_id for j in never_ran.values() if j.request_id})
+                log.warning("the stall refused %d request(s) that had not run (UNAVAILABLE): %s", len(never_ran),
+                            ", ".join(ids) or "-")  # fmt: skip
 
         try:
             ran = await self.watchdog.guard(
@@ -520,12 +526,14 @@ class Batcher:
         self._fail_queued(error)
         self._fail_unstarted(error)
 
-    def _fail_unstarted(self, error: ServiceError) -> None:
+    def _fail_unstarted(self, error: ServiceError) -> list[Job]:
         """Fail the batches that wait for a thread, and take them out of the threads' queue: each one's worker
-        then fails its requests (_execute), and no thread computes it for nobody."""
+        then fails its requests (_execute), and no thread computes it for nobody. Their requests are returned."""
+        failed = []
         for run, (started, batch) in list(self._submitted.items()):
             if not started.cancel():  # only while it waits: a running one cannot be, and fails on its own
                 continue
+            failed += [s.job for s in batch]
             if run.done():
                 # It gave way in this turn of the loop (_make_way): its worker, waking after, would put its inputs
                 # back to wait for the stalled threads. Failed here, they are not put back (_put_back).
@@ -533,6 +541,7 @@ class Batcher:
                     self._fail(s.job, error)
             else:
                 _settle(run, error)
+        return failed
 
     def _infer(
         self,

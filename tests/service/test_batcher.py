@@ -1307,17 +1307,18 @@ def test_the_inference_timeout_bounds_a_batch_from_when_its_thread_starts_it() -
     run_opening_gates(main(), engine)
 
 
-def test_a_stall_fails_its_batch_as_timed_out_and_the_queue_as_unavailable() -> None:
+def test_a_stall_fails_its_batch_as_timed_out_and_the_queue_as_unavailable(caplog: pytest.LogCaptureFixture) -> None:
     """The batch past --inference-timeout ran too long (HTTP 504); the requests queued behind it never ran and
-    are failed as new ones are refused while it stalls (UNAVAILABLE, HTTP 503: retry on another replica)."""
+    are failed as new ones are refused while it stalls (UNAVAILABLE, HTTP 503: retry on another replica). The log
+    names them too, as it names the batch's (it named only those: a review's finding)."""
     engine = ScriptedEngine(gates=[91])
 
     async def main() -> None:
         b = Batcher(engine, limits=limits(max_wait_ms=0.0, max_batch_tokens=1), inference_timeout=0.2)
         b.start()
-        held = asyncio.ensure_future(b.submit([seq(91)]))
+        held = asyncio.ensure_future(b.submit([seq(91)], request_id="r-held"))
         await in_engine(engine, 1)
-        queued = [asyncio.ensure_future(b.submit([seq(t)])) for t in (1, 2)]
+        queued = [asyncio.ensure_future(b.submit([seq(t)], request_id=f"r-{t}")) for t in (1, 2)]
         with pytest.raises(InferenceTimeout):
             await held
         for call in queued:
@@ -1327,8 +1328,11 @@ def test_a_stall_fails_its_batch_as_timed_out_and_the_queue_as_unavailable() -> 
         engine.gates[91].set()
         await b.close()
 
-    run_opening_gates(main(), engine)
+    with caplog.at_level(logging.WARNING, logger="mhaserve.service.batching.batcher"):
+        run_opening_gates(main(), engine)
     assert engine.batches == [[[91]]]
+    said = [r.getMessage() for r in caplog.records if r.name == "mhaserve.service.batching.batcher"]
+    assert said == ["the stall refused 2 request(s) that had not run (UNAVAILABLE): r-1, r-2"]
 
 
 def test_a_stall_fails_the_batch_waiting_for_a_thread_which_never_runs() -> None:
