@@ -787,8 +787,8 @@ async def serve(
                 left.append(f"{loading} step{'' if loading == 1 else 's'} of a load (a check of a version's files, "
                             "its session or its warm-up)")  # fmt: skip
             log.warning(
-                "stopped with %s still running (%s: a file system that does not answer, or a load longer than the "
-                "stop); exiting without waiting",
+                "stopped with %s still running (%s: a load longer than the stop, or a file system that does not "
+                "answer); exiting without waiting",
                 " and ".join(left),
                 server.manager.repository.root,
             )
