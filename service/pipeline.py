@@ -570,23 +570,23 @@ class WordEdges:
         return None
 
 
+WHITESPACE_EDGES = WordEdges(re.compile(f"[{WHITESPACE}]"))
+
+
 def word_edges(tokenizer: Tokenizer) -> WordEdges:
     """Where `_prefix` and `_suffix` may cut a text for `tokenizer`."""
-    edge = f"[{WHITESPACE}]"
+    edge = WHITESPACE_EDGES.edge
     normalizer = tokenizer.normalizer
     if isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer):
         if normalizer is None:
-            edge = f"[{WHITESPACE}{PUNCTUATION}]"
+            edge = re.compile(f"[{WHITESPACE}{PUNCTUATION}]")
         elif isinstance(normalizer, normalizers.BertNormalizer):  # another may join characters across one
-            edge = f"[{WHITESPACE}{PUNCTUATION}{CJK if normalizer.handle_chinese_chars else ''}]"
+            edge = re.compile(f"[{WHITESPACE}{PUNCTUATION}{CJK if normalizer.handle_chinese_chars else ''}]")
     # case-blind: an added token may be matched on the normalised (lower-cased) text
     atoms = sorted({t.content for t in tokenizer.get_added_tokens_decoder().values() if len(t.content) > 1})
     if not atoms:
-        return WordEdges(re.compile(edge))
-    return WordEdges(re.compile(edge), re.compile("|".join(map(re.escape, atoms)), re.IGNORECASE), max(map(len, atoms)))
-
-
-WHITESPACE_EDGES = WordEdges(re.compile(f"[{WHITESPACE}]"))
+        return WordEdges(edge)
+    return WordEdges(edge, re.compile("|".join(map(re.escape, atoms)), re.IGNORECASE), max(map(len, atoms)))
 
 
 def encode_long(

@@ -647,7 +647,8 @@ class Connection(asyncio.Protocol):
                 fields = cast(list[tuple[str, str]], self.decoder.decode(raw))
                 size = f.header_list_size(fields)
         except hpack.OversizedHeaderListError:
-            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "a header block that decodes past 256 KiB") from None
+            why = f"a header block that decodes past {MAX_HEADER_LIST_DECODED >> 10} KiB"
+            raise ConnectionError_(f.ENHANCE_YOUR_CALM, why) from None
         except hpack.HPACKError as e:
             raise ConnectionError_(f.COMPRESSION_ERROR, f"a header block that does not decode: {e}") from None
         existing = self.streams.get(stream_id)
