@@ -96,6 +96,8 @@ def build(
                     f": text-embeddings-inference serves it {TEI_UNSERVED[path]}; this server serves embedding models "
                     "(POST /embed, /similarity, /v1/embeddings)"
                 )
+            elif plain == "/metrics":  # where TEI serves them: a scrape set up for it read a bare "no route"
+                hint = ": the metrics are served on their own port (--metrics-port), not the API's"
             return respond(request, NotFound(f"no route {request.method} {path}{hint}"))
         # 405: a route without this method. The router's Allow header names the methods of the first route it
         # found for the path; `/` has two (GET is health, POST embeds), so the header is made from them all.

@@ -284,6 +284,17 @@ def test_a_trailing_slash_is_not_found_with_a_hint_not_redirected(srv: ServerThr
     assert srv.samples().get("mhaserve_requests_total", method="POST (no route)", code="OK") == before
 
 
+def test_metrics_asked_of_the_api_port_are_pointed_at_their_own(srv: ServerThread) -> None:
+    """TEI serves Prometheus' `/metrics` on its API port: a scrape set up for it read a bare "no route"."""
+    for path in ("/metrics", "/metrics/"):
+        reply = request("GET", url(srv, path))
+        assert reply.status == 404
+        assert str(openai_error(reply.body)["message"]) == (
+            f"no route GET {path}: the metrics are served on their own port (--metrics-port), not the API's"
+        )
+    still_serving(srv)
+
+
 def test_a_slowloris_client_is_disconnected(srv: ServerThread) -> None:
     """Headers trickled a byte at a time never finish: the server closes the connection after the read timeout."""
     with socket.create_connection(("127.0.0.1", srv.server.http_port), timeout=WAIT) as s:
