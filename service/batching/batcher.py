@@ -102,7 +102,8 @@ class NonFiniteOutput(RuntimeError):
 
 
 class _GaveWay(Exception):
-    """A batch waiting for a thread went back to the queue for a smaller request (Batcher._make_way)."""
+    """A batch waiting for a thread went back to the queue for a smaller request (Batcher._make_way), or for one
+    of its requests, cancelled (Batcher._withdraw)."""
 
 
 def _settle(run: asyncio.Future[Ran], outcome: Ran | BaseException) -> None:
@@ -289,8 +290,10 @@ class Batcher:
         try:
             out = await job.future
         except asyncio.CancelledError:
-            # The client went away (or the RPC's deadline passed): give its slots back now.
+            # The client went away (or the RPC's deadline passed): give its slots back now, and take back a
+            # batch formed ahead that holds its inputs.
             self._release(job)
+            self._withdraw(job)
             raise
         if spent is not None:
             spent.queue, spent.inference = job.first - job.enqueued, job.last - job.first
@@ -309,6 +312,15 @@ class Batcher:
             if self._policy.gives_way(batch, n) and started.cancel():  # only while it waits for a thread
                 _settle(run, _GaveWay())
                 return
+
+    def _withdraw(self, job: Job) -> None:
+        """`job` cancelled: a batch formed ahead with its inputs (several workers), still waiting for a thread, is
+        taken out of the threads' queue as one that gives way, and the other requests' inputs in it wait again
+        (_put_back leaves the cancelled one's out). Computed, its rows went to nobody: a request cancelled never
+        reaches the model (README), and the batch's budget goes to those still waiting."""
+        for run, (started, batch) in self._submitted.items():
+            if not run.done() and any(s.job is job for s in batch) and started.cancel():
+                _settle(run, _GaveWay())
 
     def _put_back(self, batch: list[Seq]) -> None:
         """The live inputs of a batch that gave way wait again, as they did before it was formed."""

@@ -1176,6 +1176,41 @@ def test_the_queue_depth_gauge_counts_a_batch_formed_ahead_until_a_thread_begins
     run_opening_gates(main(), engine)
 
 
+@pytest.mark.parametrize("batching", ["length", "arrival"])
+def test_a_request_cancelled_while_its_batch_waits_for_a_thread_is_not_computed(batching: str) -> None:
+    """With two workers, a batch formed ahead waits for a thread; its request cancelled (the client gone, its
+    deadline passed), the batch was still computed for nobody, where README says such a request never reaches
+    the model. It leaves the threads' queue; a request queued behind it (in arrival order, where no batch
+    gives way to it) is computed, in the next batch."""
+    metrics = Metrics()
+    model = ModelMetrics(metrics, "m", 1)
+    engine = ScriptedEngine(gates=[91, 92])
+
+    async def main() -> None:
+        b, calls = await bulk_ahead(engine, batching, metrics=model)
+        other = None
+        if batching == "arrival":
+            other = asyncio.ensure_future(b.submit([seq(7)]))
+            for _ in range(10):
+                await asyncio.sleep(0)
+        calls[2].cancel()  # the bulk request: two inputs in the batch formed ahead, two queued
+        for _ in range(10):
+            await asyncio.sleep(0)
+        engine.gates[91].set()
+        engine.gates[92].set()
+        await asyncio.gather(calls[0], calls[1], *([other] if other else []))
+        if other is not None:
+            assert (await other)[:, 1].tolist() == [7]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert b.depth == 0
+        assert from_registry(metrics.registry).get("mhaserve_queue_depth", model="m") == 0
+        await b.close()
+
+    run_opening_gates(main(), engine)
+    assert engine.batches == [[[91]], [[92]]] + ([[[7]]] if batching == "arrival" else [])  # no bulk input
+
+
 def test_a_batch_that_gave_way_once_keeps_its_place() -> None:
     """The bulk inputs that went back for one query are formed ahead again once the query's batch starts;
     a second query then waits behind them: a stream of queries holds a large request back by at most one
