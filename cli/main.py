@@ -549,8 +549,10 @@ def _encode(args: argparse.Namespace) -> int:
                     args.address, model=args.model, timeout=args.timeout, connection=connection, channel=channel
                 )
                 copy, model = client.copy_of(info), f"{info.name}:{info.version}"
-                for start in range(0, len(texts), args.batch_size):
-                    batch = texts[start : start + args.batch_size]
+                # no more a request than the model takes (its serving.json may take fewer than the 64 asked)
+                size = min(args.batch_size, info.max_client_batch_size or args.batch_size)
+                for start in range(0, len(texts), size):
+                    batch = texts[start : start + size]
                     # The server numbers the inputs of its request ("input 0 is 202 tokens long"), not the texts.
                     if len(texts) > len(batch):
                         where = f"the request of texts {start} to {start + len(batch) - 1}: "
@@ -709,7 +711,7 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=64,
         metavar="N",
         help="texts sent in one request, the requests one after another (default: 64, which fill a CPU's batches; "
-        "at most the server's --max-client-batch-size, 2048 by default)",
+        "lowered to what the model takes in one request, GetModelInfo's max_client_batch_size)",
     )
     p.add_argument("--timeout", type=_seconds, default=30.0, help="seconds each request may take (default: 30)")
     p.add_argument(

@@ -217,6 +217,31 @@ def test_encode_no_truncate_has_a_long_text_refused_where_the_server_cuts_it(
         assert "INVALID_ARGUMENT: input 0 is 202 tokens long" in capsys.readouterr().err
 
 
+def test_encode_sends_no_more_texts_a_request_than_the_model_takes(
+    tiny_repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bug: against a model taking fewer inputs a request than --batch-size's 64 (docs/models.md's serving.json
+    example takes 32), every file of more lines failed with "40 inputs in one request; the limit is 32", though
+    GetModelInfo, which encode asks first, says the limit. Its requests are now that size at most."""
+    settings = Settings(
+        repository=tiny_repo, port=0, metrics_port=0, http_port=0, device="cpu", intra_op_threads=1,
+        max_client_batch_size=5,
+    )  # fmt: skip
+    texts = [f"query number {i}" for i in range(12)]
+    with ServerThread(settings).ready() as srv:
+        expected = [
+            e.values
+            for start in range(0, 12, 5)
+            for e in client.encode(srv.address, texts[start : start + 5]).embeddings
+        ]
+        for size in ([], ["--batch-size", "3"]):
+            monkeypatch.setattr("sys.stdin", stdin("\n".join(texts) + "\n"))
+            assert main(["encode", "-", "--address", srv.address, *size]) == 0
+            out, err = capsys.readouterr()
+            assert err == ""
+            np.testing.assert_allclose([json.loads(line) for line in out.splitlines()], expected, atol=1e-6)
+
+
 def test_encode_asks_for_dimensions_and_a_prompt(server: ServerThread, capsys: pytest.CaptureFixture[str]) -> None:
     """The Encode request's `dimensions` and `prompt_name`, which the command could not send."""
     assert main(["encode", "hello", "second text", "--dimensions", "8", "--address", server.address]) == 0
