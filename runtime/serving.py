@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -170,6 +171,10 @@ def read(model_dir: Path) -> ServingConfig:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if path.is_symlink():  # a mounted config whose target went away: not "none", or the defaults come back
+            raise ServingConfigError(
+                f"{path}: cannot be read (a link to {os.readlink(path)}, which does not exist)"
+            ) from None
         return ServingConfig()
     except (OSError, UnicodeDecodeError) as e:
         raise ServingConfigError(f"{path}: cannot be read ({e})") from None

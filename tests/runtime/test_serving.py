@@ -42,3 +42,13 @@ def test_a_value_of_any_type_or_size_is_refused_naming_the_file(tmp_path: Path, 
     with pytest.raises(ServingConfigError) as e:
         read(tmp_path)
     assert str(e.value).startswith(str(tmp_path / "serving.json") + ": ") and said in str(e.value), str(e.value)[:300]
+
+
+def test_a_serving_json_that_links_to_nothing_cannot_be_read(tmp_path: Path) -> None:
+    """A serving.json mounted through a link (a ConfigMap, a volume) whose target went away was read as no
+    serving.json: a polling server reloaded the model with the defaults (other vectors, other versions served),
+    saying nothing. It cannot be read, as a folder in its place cannot: what is served stays, and is said."""
+    assert read(tmp_path).limits == {}  # none at all: the defaults
+    (tmp_path / "serving.json").symlink_to(tmp_path / "gone" / "serving.json")
+    with pytest.raises(ServingConfigError, match=r"serving\.json: cannot be read \(a link to .*gone/serving\.json"):
+        read(tmp_path)
