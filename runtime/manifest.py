@@ -126,6 +126,11 @@ class Manifest:
         for key in ("max_seq_len", "vocab_size"):
             if d[key] < 1:
                 raise ManifestError(f"manifest key {key!r} must be at least 1, got {d[key]}")
+        if d["max_seq_len"] > d["max_positions"]:  # ONNX Runtime failed on a bare broadcast in warm-up, no key named
+            raise ManifestError(
+                f"manifest key 'max_seq_len' ({d['max_seq_len']}) exceeds 'max_positions' ({d['max_positions']}): the "
+                "graph has no position past it"
+            )
         if d["pooling"] not in POOLINGS:  # what the server pools a graph of token states by, and reports
             raise ManifestError(f"manifest key 'pooling' must be one of {', '.join(POOLINGS)}, got {d['pooling']!r}")
         if not isinstance(d["graphs"], dict) or not d["graphs"]:
