@@ -12,7 +12,8 @@ FastAPI's own document is not that here, in four ways this module mends:
   an error in its API's shape, OpenAI's `{"error": {...}}`, the Open Inference Protocol's
   `{"error": "..."}` under /v2, or text-embeddings-inference's `{"error": "...", "error_type": "..."}` on its
   embedding routes (http/errors.py renders each).
-- The KServe health routes answer with a status and no body (`status_only`).
+- The KServe health routes answer with a status and the protocol's small JSON body (`health_answer`); the
+  repository's load and unload with a status and no body (`status_only`).
 - With API keys, every route but the open ones (health, and the document itself) needs one: `complete`
   declares the bearer scheme and puts it on those operations (Swagger UI at /docs then asks for the key).
 
@@ -100,6 +101,24 @@ def status_only(yes: str, no: str | None = None) -> dict[str, Any]:
     responses: dict[int | str, Any] = {200: {"description": yes}}
     if no is not None:
         responses[400] = {"description": no}
+    return {"response_class": Response, "responses": responses}
+
+
+def health_answer(yes: str, no: str | None, **fields: str) -> dict[str, Any]:
+    """Decorator arguments for an Open Inference Protocol health route: 200 for `yes`, 400 for `no`, each with
+    the protocol's JSON body of `fields` (name: JSON type)."""
+    body = {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {name: {"type": kind} for name, kind in fields.items()},
+                "required": list(fields),
+            }
+        }
+    }
+    responses: dict[int | str, Any] = {200: {"description": yes, "content": body}}
+    if no is not None:
+        responses[400] = {"description": no, "content": body}
     return {"response_class": Response, "responses": responses}
 
 

@@ -7,7 +7,8 @@ extension (what `tritonclient.http` sends by default), as raw bytes after the JS
 `parameters.binary_data_size`. The output goes back as binary data when the request asks for it
 (`binary_data_output`, or `binary_data` on the output, as tritonclient does), else as JSON.
 
-Readiness routes answer 200 for true and 400 for false, as the specification and Triton do.
+Readiness routes answer 200 for true and 400 for false, as the specification and Triton do, with the
+specification's small JSON body (`{"ready": true}`), which KServe's own REST client reads.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from mhaserve.service.http.bodies import (
     parse_json,
     validate,
 )
-from mhaserve.service.http.openapi import request_body, status_only
+from mhaserve.service.http.openapi import health_answer, request_body, status_only
 from mhaserve.service.kserve.model import (
     EXTENSIONS,
     config,
@@ -301,24 +302,27 @@ def router(dataplane: DataPlane, manager: ModelManager) -> APIRouter:
     """The Open Inference Protocol's REST routes over the data plane."""
     api = APIRouter(prefix=PREFIX, tags=["Open Inference Protocol (KServe v2)"])
 
-    def ready_status(ready: bool) -> Response:
-        return Response(status_code=200 if ready else 400)
+    def ready_status(yes: bool, /, **body: Any) -> Response:
+        """The status says it, as Triton's answers do (tritonclient reads it alone); the body is the protocol's
+        ($live_server_response, $ready_server_response, $ready_model_response), which KServe's REST client
+        parses (it raised on an empty one)."""
+        return json_response(body, 200 if yes else 400)
 
     @api.get("", summary="Server metadata")
     async def server_metadata() -> Response:
         return json_response({"name": SERVER_NAME, "version": server_version(), "extensions": list(EXTENSIONS)})
 
-    @api.get("/health/live", summary="200 while the process runs", **status_only("live"))
+    @api.get("/health/live", summary="200 while the process runs", **health_answer("live", None, live="boolean"))
     async def live() -> Response:
-        return ready_status(True)
+        return ready_status(True, live=True)
 
     @api.get(
         "/health/ready",
         summary="200 when the server serves, 400 while it loads or drains",
-        **status_only("ready", "loading or draining"),
+        **health_answer("ready", "loading or draining", ready="boolean"),
     )
     async def ready() -> Response:
-        return ready_status(dataplane.ready)
+        return ready_status(dataplane.ready, ready=dataplane.ready)
 
     # Before /models/{name}: `stats` is not a model's name here.
     @api.get("/models/stats", summary="Statistics of every served model (Triton's statistics extension)")
@@ -400,10 +404,11 @@ def _model_routes(
     @api.get(
         base + "/ready",
         summary="200 when the model is ready, 400 when not (or not served)",
-        **status_only("ready", "not ready, or not served"),
+        **health_answer("ready", "not ready, or not served", name="string", ready="boolean"),
     )
     async def model_ready(model_name: str, model_version: str = Depends(version)) -> Response:
-        return ready_status(model_is_ready(dataplane, model_name, model_version))
+        ready = model_is_ready(dataplane, model_name, model_version)
+        return ready_status(ready, name=model_name, ready=ready)
 
     @api.get(base + "/config", summary="Triton's model configuration")
     async def model_config(model_name: str, model_version: str = Depends(version)) -> Response:

@@ -949,6 +949,24 @@ def test_the_request_id_goes_both_ways(srv: ServerThread) -> None:
     assert request("GET", url(srv, "/health"), headers={"x-request-id": uuid}).headers["x-request-id"] == uuid
 
 
+def test_the_open_inference_protocols_health_answers_have_its_bodies(srv: ServerThread) -> None:
+    """The status says it (200 or 400), as Triton's do and tritonclient reads; the body too, in the protocol's
+    shapes ($live_server_response, $ready_server_response, $ready_model_response), which KServe's own REST
+    client parses: an empty body raised JSONDecodeError in its is_server_live and is_server_ready."""
+    answers = {
+        "/v2/health/live": (200, {"live": True}),
+        "/v2/health/ready": (200, {"ready": True}),
+        "/v2/models/tiny/ready": (200, {"name": "tiny", "ready": True}),
+        "/v2/models/tiny/versions/1/ready": (200, {"name": "tiny", "ready": True}),
+        "/v2/models/tiny/versions/9/ready": (400, {"name": "tiny", "ready": False}),
+        "/v2/models/bogus/ready": (400, {"name": "bogus", "ready": False}),
+    }
+    for path, (status, body) in answers.items():
+        reply = request("GET", url(srv, path))
+        assert (reply.status, reply.json()) == (status, body), path
+        assert reply.headers["content-type"] == "application/json", path
+
+
 def test_http_routes_are_in_the_request_metrics(srv: ServerThread) -> None:
     port = srv.server.metrics_port
     assert port

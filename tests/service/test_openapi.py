@@ -105,12 +105,19 @@ def test_invocations_documents_json_lines_both_ways(document: dict[str, Any], sr
     assert len(reply.body.splitlines()) == 2
 
 
-def test_health_answers_are_documented_without_a_body(document: dict[str, Any]) -> None:
+def test_health_answers_are_documented_with_the_protocols_bodies(document: dict[str, Any]) -> None:
     paths = document["paths"]
-    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/{model_name}/ready"):
+    fields = {
+        "/v2/health/live": {"live"},
+        "/v2/health/ready": {"ready"},
+        "/v2/models/{model_name}/ready": {"name", "ready"},
+    }
+    for path, names in fields.items():
         ok = paths[path]["get"]["responses"]["200"]
-        assert "content" not in ok, path
+        assert set(ok["content"]["application/json"]["schema"]["properties"]) == names, path
     assert "400" in paths["/v2/health/ready"]["get"]["responses"]
+    # the repository's load and unload answer with a status alone, as Triton's do
+    assert "content" not in paths["/v2/repository/models/{model_name}/load"]["post"]["responses"]["200"]
     health = paths["/health"]["get"]["responses"]
     assert {"200", "503"} <= set(health)
     # the repository API's bodies are optional: tritonclient sends none

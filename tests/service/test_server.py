@@ -700,8 +700,8 @@ def test_health_and_unavailable_while_loading_and_draining(start: Start, setting
         assert reason in reply.json()["error"]["message"]
         health = http.request("GET", srv.http_url + "/health")
         assert health.status == 503 and health.json()["status"] == "NOT_SERVING"
-        assert http.request("GET", srv.http_url + "/v2/health/ready").status == 400
-        assert http.request("GET", srv.http_url + "/v2/health/live").status == 200
+        ready, live = (http.request("GET", srv.http_url + f"/v2/health/{probe}") for probe in ("ready", "live"))
+        assert (ready.status, ready.json(), live.status, live.json()) == (400, {"ready": False}, 200, {"live": True})
         # the server's metadata describes the server, not the models: answered in every state, as Triton does
         assert http.request("GET", srv.http_url + "/v2").json()["name"] == "mhaserve"
 
