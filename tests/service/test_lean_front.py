@@ -1641,6 +1641,29 @@ def test_a_message_cut_short_by_the_end_of_the_clients_side_is_refused_as_incomp
     _refused_unanswered_and_the_next_served(got, grpc.StatusCode.INVALID_ARGUMENT, "last message is incomplete")
 
 
+def test_a_call_whose_message_never_came_whole_is_counted_as_it_ended() -> None:
+    """The front counts every call it ends as it reads the call's message (README), as the interceptors count
+    the rest: a deadline that passed while the message was still arriving, or a reset before its end, was
+    answered (DEADLINE_EXCEEDED) or dropped and counted nowhere. (30 calls of 0.5 MB with 50 ms deadlines read
+    DEADLINE_EXCEEDED; the server counted 2.)"""
+    counted: list[tuple[str, grpc.StatusCode]] = []
+    running = Running(refused=lambda method, code, _: counted.append((method, code)))
+    begun = f.frame(f.DATA, 0, 1, b"\x00\x00\x00\x00\x0a" + b"abc")  # 3 bytes of 10
+    try:
+        got = raw_exchange(running.port, _opened(1, "echo", ("grpc-timeout", "200m")) + begun, until_closed=False,
+                           until=answered(1))  # fmt: skip
+        assert answers(got)[1]["grpc-status"] == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+        wait_until(lambda: counted == [(f"/{SERVICE}/echo", grpc.StatusCode.DEADLINE_EXCEEDED)], "the deadline counted")
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            raw.sendall(f.PREFACE + f.settings() + _opened(1, "echo") + begun)
+            time.sleep(0.3)  # its handler waits for the rest
+            raw.sendall(f.frame(f.RST_STREAM, 0, 1, f.CANCEL.to_bytes(4, "big")) + raw_call(3, "echo"))
+            read_frames(raw, 0.5, until=answered(3))
+        wait_until(lambda: counted[1:] == [(f"/{SERVICE}/echo", grpc.StatusCode.CANCELLED)], "the reset counted")
+    finally:
+        running.stop()
+
+
 def test_what_each_front_answers_a_unary_call_with_no_message_or_two(front: Running | OnGrpcAio) -> None:
     """Where the fronts differ on a call they cannot read (docs/grpc-fronts.md): grpc.aio answers a unary call
     sent two messages from the first (grpc core reads one and drops the rest), and one sent none not at all,

@@ -150,6 +150,7 @@ class Calls:
     async def serve(self, connection: Connection, stream: Stream) -> None:
         began = time.perf_counter()
         context = Context(connection, stream)
+        reading = False  # a unary request's message still arriving: no interceptor has seen the call yet
         try:
             handler = await self.lookup(CallDetails(stream.method, stream.metadata))
             if handler is None:
@@ -166,7 +167,9 @@ class Calls:
                 # key held against --max-incoming-bytes; the answer ends the stream, and what comes of it is dropped.
                 request = None
             elif k in ("unary_unary", "unary_stream"):
+                reading = True
                 request = await self._one(connection, stream, deserialize)
+                reading = False
             else:
                 request = self._many(connection, stream, deserialize)
             handle = behaviour(handler)
@@ -190,6 +193,9 @@ class Calls:
                 self.refused(stream.method, code, time.perf_counter() - began)
             connection.finish(stream, f.trailer_block(code.value[0], message, context.trailing_metadata()))
         except asyncio.CancelledError:
+            if reading and self.refused is not None:  # ended before its message came whole: counted here, as above
+                code = grpc.StatusCode.DEADLINE_EXCEEDED if stream.expired else grpc.StatusCode.CANCELLED
+                self.refused(stream.method, code, time.perf_counter() - began)
             if stream.expired:
                 connection.finish(
                     stream, f.trailer_block(grpc.StatusCode.DEADLINE_EXCEEDED.value[0], "Deadline Exceeded", ())
