@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from mhaserve.loadtest.reliability.results import Run
+from mhaserve.loadtest.reliability.results import OVERLOAD_CLIENT_BATCH, Run
 
 
 def _ms(seconds: float) -> str:
@@ -82,7 +82,9 @@ def render(run: Run) -> str:
         out += [
             "## Overload",
             "",
-            f"A real `mhaserve serve` with `--max-queue-size {first.max_queue_size}` (inputs). For each factor: the",
+            f"A real `mhaserve serve` with `--max-queue-size {first.max_queue_size}` (inputs) and",
+            f"`--max-client-batch-size {OVERLOAD_CLIENT_BATCH}` (the queue must hold the largest request a client may",
+            "send: a server whose queue is smaller refuses to start). For each factor: the",
             "capacity measured with 8 closed-loop clients; then an open-loop burst of requests (one text each) at",
             f"that factor times the capacity for {first.burst_seconds:g} s, whatever the answers; then closed-loop",
             "clients again, measuring how soon the throughput is back. Every OK answer was compared with that",
@@ -91,7 +93,8 @@ def render(run: Run) -> str:
             "The queue limit bounds what an admitted request waits for: the batch computing when it came, the",
             "inputs queued ahead of it and its own batch, each at most a queue's worth, so 3 x queue / throughput",
             "(plus the rest of its path, the closed-loop p99) whatever the offered load. To keep admitted latency",
-            "under L seconds, set `--max-queue-size` to about L x throughput / 3. Refusals are answered before",
+            "under L seconds, set `--max-queue-size` to about L x throughput / 3, and `--max-client-batch-size`",
+            "no higher. Refusals are answered before",
             "tokenisation, so they cost little and come at once.",
             "",
             *_table(

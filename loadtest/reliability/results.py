@@ -11,6 +11,9 @@ from typing import Any
 
 log = logging.getLogger("reliability")
 
+# The overload server's --max-client-batch-size: at most its queue (64 inputs), or it refuses to start.
+OVERLOAD_CLIENT_BATCH = 8
+
 
 @dataclass(frozen=True)
 class Sizes:

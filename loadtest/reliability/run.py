@@ -23,7 +23,7 @@ from typing import Any
 from mhaserve.loadtest.machine import PACKAGES
 from mhaserve.loadtest.machine import machine as describe_machine
 from mhaserve.loadtest.reliability.report import render
-from mhaserve.loadtest.reliability.results import Run, Sizes
+from mhaserve.loadtest.reliability.results import OVERLOAD_CLIENT_BATCH, Run, Sizes
 from mhaserve.loadtest.reliability.scenarios.bad_input import CLIENT_CODES, fuzz
 from mhaserve.loadtest.reliability.scenarios.common import HOLD
 from mhaserve.loadtest.reliability.scenarios.deadlines import deadlines
@@ -228,7 +228,8 @@ def _bad_input(run: Run, base: Settings, model: Model, sizes: Sizes, seed: int |
 def _overload(run: Run, args: argparse.Namespace, sizes: Sizes, workdir: Path) -> None:
     queue = 64
     metrics = free_port()
-    flags = _flags(args, "--max-queue-size", str(queue), "--max-client-batch-size", "8", metrics_port=metrics)
+    batch = str(OVERLOAD_CLIENT_BATCH)
+    flags = _flags(args, "--max-queue-size", str(queue), "--max-client-batch-size", batch, metrics_port=metrics)
     with ServerProcess(flags, workdir / "overload.log") as proc:
         address = proc.wait_serving()
         requests = text_requests(address, queue_texts(200))
