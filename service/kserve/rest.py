@@ -163,6 +163,19 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     return body[:n], memoryview(body)[n:]
 
 
+def _header_hint(length: str | None, head: bytes, error: orjson.JSONDecodeError) -> str:
+    """What to check where the JSON of a request that may carry binary data does not parse: a hand-written one
+    (curl, a client of its own) was told its JSON was broken, not what the header is for."""
+    if length is not None:
+        return f" (Inference-Header-Content-Length says the JSON is the body's first {len(head)} bytes)"
+    if error.msg.startswith("unexpected content after document"):
+        return (
+            "; binary tensor data after the JSON needs the Inference-Header-Content-Length header (the JSON's "
+            "length in bytes)"
+        )
+    return ""
+
+
 def _values(tensor: InputTensor) -> list[Any]:
     """Row-major values of an input's `data`: a JSON array, flat or nested, as Triton reads it (which
     refuses a bare value), of its datatype's JSON type."""
@@ -430,11 +443,14 @@ def _model_routes(
         pipeline = dataplane.resolve(model_name, model_version)
         t0 = time.perf_counter_ns()
         try:
-            head, binary = _split(await request.body(), request.headers.get(HEADER_LENGTH))
+            length = request.headers.get(HEADER_LENGTH)
+            head, binary = _split(await request.body(), length)
             try:
                 data = loads(head.removeprefix(BOM))  # as parse_json: a byte order mark before it ignored
             except orjson.JSONDecodeError as e:
-                raise InvalidArgument(f"the inference request is not valid JSON: {not_json(head, e)}") from None
+                raise InvalidArgument(
+                    f"the inference request is not valid JSON: {not_json(head, e)}{_header_hint(length, head, e)}"
+                ) from None
             req = validate(InferenceRequest, data)
             if (inputs := declared_inputs({t.name: t.shape for t in req.inputs})) is not None:
                 pipeline.validate_count(inputs)  # before the data is flattened and decoded, value by value

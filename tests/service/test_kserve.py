@@ -507,6 +507,15 @@ REST_BAD: dict[str, tuple[Any, str]] = {
         "Inference-Header-Content-Length is 'abc': not a byte count",
     ),
     "header length negative": (_rest_header_length("-1"), "Inference-Header-Content-Length is '-1': not a byte count"),
+    # hand-written binary requests were told their JSON was broken, not what the header is for
+    "binary data without the header": (
+        (_rest_binary({"inputs": [_rest_text(parameters={"binary_data_size": 5})]}, pack_bytes([b"a"]))[0], {}),
+        "binary tensor data after the JSON needs the Inference-Header-Content-Length header (the JSON's length in",
+    ),
+    "header length short of the JSON": (
+        _rest_header_length(str(len(_rest_header_length("0")[0]) - 3)),
+        "Inference-Header-Content-Length says the JSON is the body's first",
+    ),
     # past int()'s 4,300 digits: a ValueError, answered 500
     "header length of 4,301 digits": (_rest_header_length("9" * 4301), "Inference-Header-Content-Length is '999"),
     "no texts": ({"inputs": [_rest_text(shape=[0], data=[])]}, "input 'text' has shape [0]: no inputs to embed"),
