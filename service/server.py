@@ -482,7 +482,7 @@ class EncoderServer:
             await self._stop_listeners(0)
             raise StartupError(f"cannot serve HTTP on {s.host}:{s.http_port}: {e.strerror or e}") from None
         log.info(
-            "HTTP on %s, %s: OpenAI /v1/embeddings, KServe /v2, /docs",
+            "HTTP on %s, %s: OpenAI /v1/embeddings, KServe /v2, TEI /embed, /docs",
             grpc_address(s.host, self.http_port),
             mode,
         )

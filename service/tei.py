@@ -50,6 +50,7 @@ from mhaserve.service.dataplane import DataPlane
 from mhaserve.service.http.bodies import (
     BOM,
     FAIL_FAST,
+    JSON_BODY,
     Chunked,
     EmbeddingInputs,
     Reply,
@@ -81,6 +82,7 @@ JSON_LINES = frozenset(
     {"application/jsonlines", "application/jsonl", "application/x-jsonlines", "application/x-ndjson"}
 )
 JSON_LINES_MEDIA = "application/jsonlines"
+INVOCATIONS_BODY = f"{JSON_BODY}, or as JSON Lines ('Content-Type: {JSON_LINES_MEDIA}', a request a line)"
 # The most lines in one body: what a 1 MB mini-batch (MaxPayloadInMB's least) of the shortest lines holds, about
 # 16 bytes each; their vectors, held until all are computed, about 100 MB at 384 dimensions.
 MAX_RECORDS = 65536
@@ -185,10 +187,10 @@ async def similarity(dataplane: DataPlane, body: bytes, content_type: str | None
     return await _answer(dataplane, _similarity_call(dataplane, parse_json(body, content_type)), started)
 
 
-async def root(dataplane: DataPlane, body: bytes, content_type: str | None) -> Reply:
+async def root(dataplane: DataPlane, body: bytes, content_type: str | None, takes: str = JSON_BODY) -> Reply:
     """`POST /`: a similarity request where `inputs` is an object, else an embedding one."""
     started = time.perf_counter_ns()
-    return await _answer(dataplane, _call(dataplane, parse_json(body, content_type)), started)
+    return await _answer(dataplane, _call(dataplane, parse_json(body, content_type, takes)), started)
 
 
 async def invocations(dataplane: DataPlane, body: bytes, content_type: str | None) -> Reply | Chunked:
@@ -196,7 +198,7 @@ async def invocations(dataplane: DataPlane, body: bytes, content_type: str | Non
     answers a line each (SageMaker's batch transform with BatchStrategy MultiRecord)."""
     if media_type(content_type) in JSON_LINES:
         return await _records(dataplane, body)
-    return await root(dataplane, body, content_type)
+    return await root(dataplane, body, content_type, INVOCATIONS_BODY)
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ SERVED_SERVICES = tuple(name for name in SERVICES if name not in NOT_SERVED_SERV
 # The call metadata that names a served model (name, or name:version); absent, the default model.
 MODEL_METADATA = "model"
 NOT_SERVED = (
-    "this server serves embedding models: tei.v1's Embed, EmbedStream, Info, Tokenize and Decode; {what} is not served"
+    "this server serves embedding models: tei.v1's Embed, EmbedStream, Info, Tokenize, TokenizeStream, Decode and "
+    "DecodeStream; {what} is not served"
 )
 
 Request = TypeVar("Request")

@@ -75,12 +75,15 @@ def media_type(content_type: str | None) -> str | None:
 BOM = b"\xef\xbb\xbf"
 
 
-def parse_json(body: bytes, content_type: str | None) -> Any:
-    """A JSON body, a byte order mark before it ignored; 415 for a body declared as something else, 400 for one
-    that is not JSON."""
+JSON_BODY = "JSON with 'Content-Type: application/json'"
+
+
+def parse_json(body: bytes, content_type: str | None, takes: str = JSON_BODY) -> Any:
+    """A JSON body, a byte order mark before it ignored; 415 for a body declared as something else (saying what
+    the route `takes`), 400 for one that is not JSON."""
     media = media_type(content_type)
     if media is not None and media != "application/json" and not media.endswith("+json"):
-        raise UnsupportedMediaType(f"send the body as JSON with 'Content-Type: application/json', not {media!r}")
+        raise UnsupportedMediaType(f"send the body as {takes}, not {media!r}")
     try:
         return loads(body.removeprefix(BOM))
     except orjson.JSONDecodeError as e:

@@ -467,7 +467,14 @@ def test_a_bad_json_lines_body_is_refused_naming_its_line(
     assert set(error) == {"error", "error_type"} and message in error["error"], error
     assert jsonl(srv, [{"inputs": "still here"}]).status == 200
     # JSON Lines are read on /invocations only: the other routes take one JSON body
-    assert embed(srv, b'{"inputs": "a"}', headers={"content-type": "application/jsonlines"}).status == 415
+    refused = embed(srv, b'{"inputs": "a"}', headers={"content-type": "application/jsonlines"})
+    assert refused.status == 415 and "JSON Lines" not in refused.json()["error"]
+    # and /invocations' refusal of another type names both it takes (it named JSON alone)
+    refused = jsonl(srv, b'{"inputs": "a"}', media="text/csv")
+    assert refused.status == 415 and refused.json()["error"] == (
+        "send the body as JSON with 'Content-Type: application/json', or as JSON Lines ('Content-Type: "
+        "application/jsonlines', a request a line), not 'text/csv'"
+    )
 
 
 def test_a_lines_error_names_its_line_and_leaves_the_error_others_share_alone() -> None:

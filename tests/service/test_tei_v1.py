@@ -251,6 +251,10 @@ def test_what_is_not_served_is_unimplemented_saying_so(channel: grpc.Channel) ->
         error = refused(call, message)
         assert error.code() == grpc.StatusCode.UNIMPLEMENTED, (method, error)
         assert "this server serves embedding models" in (error.details() or "") and method in (error.details() or "")
+        # every method it does serve named (TokenizeStream and DecodeStream were left out)
+        assert "tei.v1's Embed, EmbedStream, Info, Tokenize, TokenizeStream, Decode and DecodeStream;" in (
+            error.details() or ""
+        )
     assert len(embed.Embed(pb.EmbedRequest(inputs="still here"), timeout=WAIT).embeddings) == 32
 
 
