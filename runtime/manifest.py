@@ -195,7 +195,7 @@ def _checked(cls: type, d: Any, what: str) -> dict[str, Any]:
 def read_manifest(entry_dir: Path) -> Manifest:
     path = entry_dir / MANIFEST
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # -sig: a byte order mark (Notepad) skipped
     except FileNotFoundError:
         raise ManifestError(f"{entry_dir} has no {MANIFEST}") from None
     except ValueError as e:  # JSONDecodeError, a byte that is not UTF-8, a number past Python's digits

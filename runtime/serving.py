@@ -169,7 +169,7 @@ def read(model_dir: Path) -> ServingConfig:
     """`<model_dir>/serving.json`, or the defaults where there is none."""
     path = model_dir / SERVING_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a byte order mark (Notepad) skipped
     except FileNotFoundError:
         if path.is_symlink():  # a mounted config whose target went away: not "none", or the defaults come back
             raise ServingConfigError(

@@ -81,6 +81,14 @@ def test_a_whole_manifest_reads_as_written(tiny_entry: Path, tmp_path: Path) -> 
     assert mf.read_manifest(optional).tokenizer_sha256 == ""
 
 
+def test_a_manifest_saved_with_a_byte_order_mark_reads_as_without(tiny_entry: Path, tmp_path: Path) -> None:
+    """Windows' Notepad saves UTF-8 with a byte order mark: a manifest edited there was refused, "Unexpected
+    UTF-8 BOM", where the HTTP API reads such a body (docs/http.md)."""
+    copy = _edited(tiny_entry, tmp_path, lambda d: d)
+    (copy / mf.MANIFEST).write_bytes(b"\xef\xbb\xbf" + (copy / mf.MANIFEST).read_bytes())
+    assert mf.read_manifest(copy) == mf.read_manifest(tiny_entry)
+
+
 def with_external_data(entry: Path, target: Path, *, one_file: bool = True, location: str = "model.onnx.data") -> Path:
     """`target`: `entry`'s fp32 graph alone, its weights in external-data files (one, or one per tensor), with a
     manifest that vouches for them as an export past 1.5 GB writes it. `location`: how the graph spells the one

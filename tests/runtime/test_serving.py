@@ -52,3 +52,9 @@ def test_a_serving_json_that_links_to_nothing_cannot_be_read(tmp_path: Path) -> 
     (tmp_path / "serving.json").symlink_to(tmp_path / "gone" / "serving.json")
     with pytest.raises(ServingConfigError, match=r"serving\.json: cannot be read \(a link to .*gone/serving\.json"):
         read(tmp_path)
+
+
+def test_a_serving_json_saved_with_a_byte_order_mark_reads_as_without(tmp_path: Path) -> None:
+    """As a manifest (Windows' Notepad writes one): it was refused, "Unexpected UTF-8 BOM"."""
+    (tmp_path / "serving.json").write_bytes(b"\xef\xbb\xbf" + b'{"normalize": false}')
+    assert read(tmp_path).normalize is False
