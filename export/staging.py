@@ -69,8 +69,8 @@ def reserved(repository: Path, name: str, version_: int | None, overwrite: bool)
     The version is the next free one by default: past the last version, any file or link named like the next,
     and any version a running export or import of the model is making. One the user names that another is making
     is refused, --overwrite or not (that replaces a published version), as is one that exists without
-    --overwrite; and a file or a link to nothing where the repository's folder or the model's goes. All before
-    the export runs.
+    --overwrite; a file or a link to nothing where the repository's folder or the model's goes; and a model's
+    folder on another file system than the repository's. All before the export runs.
 
     The scratch directory holds a lock (an flock on its LOCK file) while the export runs, by which `_sweep` tells
     a dead export's from a running one's, and another export the versions being made. The number is chosen and
@@ -87,6 +87,15 @@ def reserved(repository: Path, name: str, version_: int | None, overwrite: bool)
     if version_ is not None:
         _in_range(version_)  # before the repository's folder is made
     repository.mkdir(parents=True, exist_ok=True)
+    model = repository / name
+    if model.is_dir() and model.stat().st_dev != repository.stat().st_dev:
+        # The version is renamed into place from the repository's scratch folder, which cannot cross file systems:
+        # it failed at the very end ("Invalid cross-device link"), after every step and gate.
+        raise PublishError(
+            f"{model} is on another file system than the repository {repository} (a link or a mount there): a "
+            "version is published by a rename from the repository's folder; export into a repository on that file "
+            "system, or make the model's folder a plain one"
+        )
     _sweep(repository)
     with _locked(repository):
         number, target = _choose(repository, name, version_, overwrite)
@@ -122,6 +131,11 @@ def _choose(repository: Path, name: str, version_: int | None, overwrite: bool) 
     number = version_ if version_ is not None else (existing[-1] + 1 if existing else 1)
     while version_ is None and (number in making or os.path.lexists(mf.entry_dir(repository, name, number))):
         number += 1
+    if version_ is None and number > mf.MAX_VERSION:  # the last version taken: not the user's number to blame
+        raise PublishError(
+            f"{repository / name} has no version left after {mf.MAX_VERSION}: pass --version (with --overwrite to "
+            "replace one)"
+        )
     _in_range(number)
     target = mf.entry_dir(repository, name, number)
     if os.path.lexists(target) and not overwrite:

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mhaserve.export import staging
+from mhaserve.runtime import manifest as mf
 
 # An export that stops inside its scratch directory: prints the directory, then waits to be killed.
 HOLD = """
@@ -169,6 +172,34 @@ def test_a_link_to_nothing_where_the_models_folder_goes_is_refused_before_the_ex
     assert reserve(tmp_path, "n", None)[0] == 2
     with pytest.raises(staging.PublishError, match="already exists"):
         reserve(tmp_path, "n", 1)
+
+
+def test_a_model_at_the_last_version_has_none_left_to_take(tmp_path: Path) -> None:
+    """Its next version was said as one the user gave: "version must be a whole number from 1 to ..., got
+    9223372036854775808", though the user gave none."""
+    (tmp_path / "m" / str(mf.MAX_VERSION)).mkdir(parents=True)
+    with pytest.raises(staging.PublishError, match=f"has no version left after {mf.MAX_VERSION}: pass --version"):
+        reserve(tmp_path, "m", None)
+
+
+OTHER_FS = Path("/dev/shm")  # tmpfs on Linux: another file system than the tests' temporary folder
+
+
+@pytest.mark.skipif(
+    not OTHER_FS.is_dir() or OTHER_FS.stat().st_dev == Path(tempfile.gettempdir()).stat().st_dev,
+    reason="needs a second file system (/dev/shm) beside the temporary folder's",
+)
+def test_a_models_folder_on_another_file_system_is_refused_before_the_export(tmp_path: Path) -> None:
+    """A version is published by renaming its folder into place from the repository's: a model's folder that
+    is a link (or a mount) onto another file system ran every step and gate, then failed at the rename with
+    "Invalid cross-device link" (on a large model, after half an hour)."""
+    elsewhere = Path(tempfile.mkdtemp(dir=OTHER_FS))
+    try:
+        (tmp_path / "m").symlink_to(elsewhere)
+        with pytest.raises(staging.PublishError, match=r"/m is on another file system than the repository"):
+            reserve(tmp_path, "m", None)
+    finally:
+        shutil.rmtree(elsewhere)
 
 
 def _signal_during(monkeypatch: pytest.MonkeyPatch, step: str, signum: int) -> None:
