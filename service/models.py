@@ -73,6 +73,10 @@ Fingerprint = tuple[object, ...] | None
 # one plan per model syncing and the poll's reads run at once, each shared by the calls that ask for it
 # meanwhile; more wait their turn, which on a file system that stalls they would spend stalled anyway.
 READ_THREADS = 4
+# How long a poll waits on one model's read of the repository before it turns to the other models (the read goes
+# on; that model is polled again once it has returned). Reads take milliseconds; a file on a network file system
+# that stops answering, for ever.
+SLOW_READ_S = 10.0
 # The loads' threads (ModelManager._loading): a version's check (every byte of its graph read), its ONNX Runtime
 # session and its warm-up, one at a time per model (its lock); models load side by side at start-up.
 LOAD_THREADS = 4
@@ -168,6 +172,8 @@ class ModelManager:
         self._next_load: dict[str, asyncio.Task[None]] = {}
         self._unloads: collections.Counter[str] = collections.Counter()
         self._poller: asyncio.Task[None] | None = None
+        self._polling: dict[str, asyncio.Task[None]] = {}  # a poll's sync of each model still running (_poll_one)
+        self._planning: set[str] = set()  # models whose plan is being read (_sync)
         self._root_gone = False  # the repository's folder could not be read at the last poll
         self._closing = False  # close() has begun: a load call's look-up that ends then begins no load
         # Reads of the repository (listings, look-ups, plans) on threads of their own, not the default executor's:
@@ -275,7 +281,11 @@ class ModelManager:
         # Every read of the repository in one go, off the event loop: on a network file system that stalls, the
         # event loop (every request, health check and drain) would wait for each stat. Not shared: the model's
         # lock lets one plan of it run at a time.
-        plan = await self._read(self._plan, name)
+        self._planning.add(name)
+        try:
+            plan = await self._read(self._plan, name)
+        finally:
+            self._planning.discard(name)
         if plan.refusal is not None:
             # The model as a whole (version 0: its serving.json, or no versions): said once, until it changes.
             fingerprint = plan.fingerprints[0]
@@ -693,7 +703,7 @@ class ModelManager:
                     log.info("the model repository %s is back", self.repository.root)
                     self._root_gone = False
                 for name in names:
-                    await self.sync(name)
+                    await self._poll_one(name)
                 if self.all_models and (removed := set(self.dataplane.model_names()) - set(names)):
                     for name in await self._read(self._gone, removed):  # models removed from the repository
                         async with self._lock(name):
@@ -702,6 +712,38 @@ class ModelManager:
                                     self._retire(name, version)
             except Exception:
                 log.exception("reading the model repository failed; trying again in %g s", interval)
+
+    async def _poll_one(self, name: str) -> None:
+        """A poll's sync of `name`, waited for SLOW_READ_S at most while it reads the repository: the poll read the
+        models one after another, and one model's file that never answered (a network file system) held every
+        other model's poll, saying nothing. Past that, it is said once, the sync goes on alone, and the poll turns
+        to the next model, passing over this one until its sync ends. Its failure is the poll's, as before."""
+        if name in self._polling:
+            return  # still reading since an earlier poll
+        task = asyncio.get_running_loop().create_task(self.sync(name), name=f"repository-poll {name}")
+        self._polling[name] = task
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=SLOW_READ_S)
+            if done:
+                del self._polling[name]
+                task.result()
+                return
+            if name in self._planning:  # a load's steps may take minutes: the load says its own progress
+                break
+        log.warning(
+            "reading model %s from the repository has not returned in %g s (a file system that does not answer?): "
+            "polling the other models meanwhile, and this one again once it returns", name, SLOW_READ_S
+        )  # fmt: skip
+        task.add_done_callback(partial(self._slow_poll_done, name))
+
+    def _slow_poll_done(self, name: str, task: asyncio.Task[None]) -> None:
+        self._polling.pop(name, None)
+        if task.cancelled():
+            return
+        if (error := task.exception()) is not None:
+            log.error("reading model %s from the repository failed", name, exc_info=error)
+        else:
+            log.info("reading model %s from the repository returned: polling it again", name)
 
     def _listing(self) -> list[str] | None:
         """The models to serve now (names()), or None while the repository folder is missing. Looked at before the
@@ -829,6 +871,10 @@ class ModelManager:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
+        polling = list(self._polling.values())  # a sync the poll left to go on alone (_poll_one)
+        for task in polling:
+            task.cancel()
+        await asyncio.gather(*polling, return_exceptions=True)
         # A load under way whose callers have gone (the server stopped listening before this): ended, not
         # left pending on a loop that closes. What it made is closed with it (_load). A look-up that ends
         # meanwhile begins no load (_ask_load), and every task is cancelled before any is waited for.

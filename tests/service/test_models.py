@@ -1053,6 +1053,43 @@ def _index(srv: ServerThread) -> dict[tuple[str, str], tuple[str, str]]:
     return {(e.name, e.version): (e.state, e.reason) for e in srv.call(srv.server.manager.index())}
 
 
+def test_a_models_read_that_does_not_return_holds_no_other_models_poll(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One model's file on a network file system that stops answering (a FIFO stood in for it): the poll, which
+    read the models one after another, waited on it, and no other model was polled, saying nothing. The poll
+    now turns to the others, saying once which read has not returned, and polls that model again once it has."""
+    monkeypatch.setattr(models_module, "SLOW_READ_S", 0.3)
+    caplog.set_level(logging.INFO, logger="mhaserve.service.models")
+    export(tmp_path, "m", 1, seed=1)
+    export(tmp_path, "other", 1, seed=2)
+    srv = ServerThread(settings(tmp_path, "*", model_control="poll", repository_poll_s=0.1)).ready()
+    manager = srv.server.manager
+    real, stuck, release = manager._plan, threading.Event(), threading.Event()
+
+    def plan(name: str) -> Any:
+        if name == "m" and not release.is_set():
+            stuck.set()
+            release.wait(60)
+        return real(name)
+
+    manager._plan = plan  # type: ignore[method-assign]
+    slow = "reading model m from the repository has not returned in 0.3 s"
+    try:
+        wait_until(stuck.is_set, "m's read to hang")
+        copy_version(tmp_path, "other", 1, 2)
+        wait_until(lambda: _index(srv).get(("other", "2")) == ("READY", ""), "other's version 2, m's read hanging")
+        time.sleep(0.5)  # polls more
+        assert [r.levelname for r in caplog.records if r.getMessage().startswith(slow)] == ["WARNING"]
+        release.set()
+        copy_version(tmp_path, "m", 1, 2)
+        wait_until(lambda: _index(srv).get(("m", "2")) == ("READY", ""), "m polled again once its read returned")
+        assert any(r.getMessage().startswith("reading model m from the repository returned") for r in caplog.records)
+    finally:
+        release.set()
+        srv.stop()
+
+
 def test_a_served_version_whose_files_or_config_change_is_loaded_again(tmp_path: Path) -> None:
     """`mhaserve export --overwrite` of the served version, then a serving.json edit, are served (they were
     never picked up: the version number alone was compared); files that then fail leave the copy loaded
