@@ -11,6 +11,7 @@ remove its scratch directory; the next export or import into the repository does
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -87,15 +88,7 @@ def reserved(repository: Path, name: str, version_: int | None, overwrite: bool)
     if version_ is not None:
         _in_range(version_)  # before the repository's folder is made
     repository.mkdir(parents=True, exist_ok=True)
-    model = repository / name
-    if model.is_dir() and model.stat().st_dev != repository.stat().st_dev:
-        # The version is renamed into place from the repository's scratch folder, which cannot cross file systems:
-        # it failed at the very end ("Invalid cross-device link"), after every step and gate.
-        raise PublishError(
-            f"{model} is on another file system than the repository {repository} (a link or a mount there): a "
-            "version is published by a rename from the repository's folder; export into a repository on that file "
-            "system, or make the model's folder a plain one"
-        )
+    _can_rename_into(repository, repository / name)
     _sweep(repository)
     with _locked(repository):
         number, target = _choose(repository, name, version_, overwrite)
@@ -117,6 +110,31 @@ def reserved(repository: Path, name: str, version_: int | None, overwrite: bool)
     finally:
         shutil.rmtree(path, ignore_errors=True)
         os.close(lock)
+
+
+def _can_rename_into(repository: Path, model: Path) -> None:
+    """The version is renamed into the model's folder from the repository's scratch folder, which no rename does
+    across file systems or mount points (a bind mount of the same file system too): a model's folder linked or
+    mounted there failed at the very end ("Invalid cross-device link"), after every step and gate. So an empty
+    folder is renamed there and back first."""
+    if not model.is_dir():
+        return  # made by the publish, in the repository
+    probe = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}probe-", dir=repository))
+    moved = model / probe.name
+    try:
+        probe.rename(moved)
+    except OSError as e:
+        if e.errno == errno.EXDEV:
+            raise PublishError(
+                f"{model} is on another file system or mount than the repository {repository} (a link or a mount "
+                "there): a version is published by a rename from the repository's folder; export into a repository "
+                "on that file system, or make the model's folder a plain one"
+            ) from None
+        return  # another refusal (a folder not writable) is the publish's to say, as before
+    finally:
+        for left in (probe, moved):
+            with contextlib.suppress(OSError):
+                left.rmdir()
 
 
 def _in_range(number: int) -> None:

@@ -196,7 +196,7 @@ def test_a_models_folder_on_another_file_system_is_refused_before_the_export(tmp
     elsewhere = Path(tempfile.mkdtemp(dir=OTHER_FS))
     try:
         (tmp_path / "m").symlink_to(elsewhere)
-        with pytest.raises(staging.PublishError, match=r"/m is on another file system than the repository"):
+        with pytest.raises(staging.PublishError, match=r"/m is on another file system or mount than the repository"):
             reserve(tmp_path, "m", None)
     finally:
         shutil.rmtree(elsewhere)
