@@ -704,7 +704,10 @@ class ModelManager:
                     self._root_gone = False
                 for name in names:
                     await self._poll_one(name)
-                if self.all_models and (removed := set(self.dataplane.model_names()) - set(names)):
+                # A model whose sync still runs (its read has not returned: _poll_one) holds its lock: retired once
+                # that ends, at a later poll, not waited for here with every other model's poll behind it.
+                removed = set(self.dataplane.model_names()) - set(names) - set(self._polling)
+                if self.all_models and removed:
                     for name in await self._read(self._gone, removed):  # models removed from the repository
                         async with self._lock(name):
                             with self._saying_the_default():
@@ -714,26 +717,27 @@ class ModelManager:
                 log.exception("reading the model repository failed; trying again in %g s", interval)
 
     async def _poll_one(self, name: str) -> None:
-        """A poll's sync of `name`, waited for SLOW_READ_S at most while it reads the repository: the poll read the
-        models one after another, and one model's file that never answered (a network file system) held every
-        other model's poll, saying nothing. Past that, it is said once, the sync goes on alone, and the poll turns
-        to the next model, passing over this one until its sync ends. Its failure is the poll's, as before."""
+        """A poll's sync of `name`, waited for SLOW_READ_S at most: the poll synced the models one after another,
+        and one model's file that never answered (a network file system) held every other model's poll, saying
+        nothing. Past that, the sync goes on alone, said once (a warning where it still reads the repository, a
+        line where it loads), and the poll turns to the next model, passing over this one until its sync ends.
+        Its failure is the poll's, as before."""
         if name in self._polling:
-            return  # still reading since an earlier poll
+            return  # still running since an earlier poll
         task = asyncio.get_running_loop().create_task(self.sync(name), name=f"repository-poll {name}")
         self._polling[name] = task
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=SLOW_READ_S)
-            if done:
-                del self._polling[name]
-                task.result()
-                return
-            if name in self._planning:  # a load's steps may take minutes: the load says its own progress
-                break
-        log.warning(
-            "reading model %s from the repository has not returned in %g s (a file system that does not answer?): "
-            "polling the other models meanwhile, and this one again once it returns", name, SLOW_READ_S
-        )  # fmt: skip
+        done, _ = await asyncio.wait({task}, timeout=SLOW_READ_S)
+        if done:
+            del self._polling[name]
+            task.result()
+            return
+        if name in self._planning:
+            log.warning(
+                "reading model %s from the repository has not returned in %g s (a file system that does not "
+                "answer?): polling the other models meanwhile, and this one again once it returns", name, SLOW_READ_S
+            )  # fmt: skip
+        else:  # a load's steps (a checksum, a session, its warm-up) may take minutes: the load says its own
+            log.info("model %s's load has gone on for %g s: polling the other models meanwhile", name, SLOW_READ_S)
         task.add_done_callback(partial(self._slow_poll_done, name))
 
     def _slow_poll_done(self, name: str, task: asyncio.Task[None]) -> None:
@@ -741,9 +745,9 @@ class ModelManager:
         if task.cancelled():
             return
         if (error := task.exception()) is not None:
-            log.error("reading model %s from the repository failed", name, exc_info=error)
+            log.error("the poll of model %s failed", name, exc_info=error)
         else:
-            log.info("reading model %s from the repository returned: polling it again", name)
+            log.info("the poll of model %s, which went on alone, has ended: polling it again", name)
 
     def _listing(self) -> list[str] | None:
         """The models to serve now (names()), or None while the repository folder is missing. Looked at before the

@@ -1081,10 +1081,19 @@ def test_a_models_read_that_does_not_return_holds_no_other_models_poll(
         wait_until(lambda: _index(srv).get(("other", "2")) == ("READY", ""), "other's version 2, m's read hanging")
         time.sleep(0.5)  # polls more
         assert [r.levelname for r in caplog.records if r.getMessage().startswith(slow)] == ["WARNING"]
+        # m's folder gone meanwhile: its retirement waits for its read (it holds m's lock), the others' polls do not
+        shutil.move(tmp_path / "m", tmp_path / "m-away")
+        time.sleep(0.5)  # polls that see it gone
+        copy_version(tmp_path, "other", 1, 3)
+        wait_until(lambda: _index(srv).get(("other", "3")) == ("READY", ""), "other's version 3, m gone and hanging")
         release.set()
+        wait_until(lambda: "m" not in srv.server.dataplane.model_names(), "m retired once its read returned")
+        shutil.move(tmp_path / "m-away", tmp_path / "m")
         copy_version(tmp_path, "m", 1, 2)
         wait_until(lambda: _index(srv).get(("m", "2")) == ("READY", ""), "m polled again once its read returned")
-        assert any(r.getMessage().startswith("reading model m from the repository returned") for r in caplog.records)
+        assert any(
+            r.getMessage().startswith("the poll of model m, which went on alone, has ended") for r in caplog.records
+        )
     finally:
         release.set()
         srv.stop()
