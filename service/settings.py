@@ -537,7 +537,8 @@ class Settings:
         metadata=_opt(
             "file of admin keys, one per line: with API keys configured, the repository API (load, unload, "
             "index) wants one of these; MHASERVE_ADMIN_KEYS adds comma-separated keys (default: none, so the "
-            "repository API is closed whenever API keys are configured)",
+            "repository API is closed whenever API keys are configured). Admin keys alone turn keys on too: "
+            "every other call then wants one of them",
             _path_or_none,
             metavar="FILE",
         ),
