@@ -41,7 +41,8 @@ import socket
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, MutableSequence
+from collections.abc import Callable, Iterator, MutableSequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -92,20 +93,22 @@ def claim_ports(settings: Settings) -> Settings:
             break
         grpc_port = _bind(settings.host, 0)
     if settings.http_port:
-        _bind(settings.host, settings.http_port)
-    for port in metrics:
-        _bind(settings.metrics_address, port)
+        _bind(settings.host, settings.http_port, " (--http-port)")
+    for i, port in enumerate(metrics):
+        # the processes' own are past the one asked for, which an operator never named: said which they are
+        whose = " (--metrics-port)" if i == 0 else f" (process p{i - 1}'s metrics: --metrics-port + {i})"
+        _bind(settings.metrics_address, port, whose)
     return dataclasses.replace(settings, port=grpc_port)
 
 
-def _bind(host: str, port: int) -> int:
+def _bind(host: str, port: int, whose: str = "") -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no conflict
         try:
             sock.bind((host.strip("[]"), port))
         except OSError as e:
-            raise PortsError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+            raise PortsError(f"cannot listen on {host}:{port}{whose}: {e.strerror}") from None
         return int(sock.getsockname()[1])
 
 
@@ -214,10 +217,16 @@ class Gathered:
     process's metrics, each series labelled with its process, `mhaserve_ready 0` for each process that does not
     serve, and the supervisor's own two."""
 
-    def __init__(self, children: list[_Child], host: str) -> None:
+    def __init__(self, children: list[_Child], host: str, stopping: Callable[[], bool] = lambda: False) -> None:
         self.children = children
         # Processes bind their metrics to --metrics-host (or --host); a wildcard address is reached on loopback.
         self.host = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}.get(host, host)
+        self.stopping = stopping  # the server stops: a process whose port no longer answers is no surprise
+
+    def _read(self, port: int) -> str:
+        host = f"[{self.host.strip('[]')}]" if ":" in self.host else self.host
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=SCRAPE_TIMEOUT_S) as reply:
+            return str(reply.read().decode())
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
@@ -227,26 +236,31 @@ class Gathered:
             ready = families.setdefault(READY, GaugeMetricFamily(READY, READY_HELP, labels=["process"]))
             ready.add_sample(READY, {"process": f"p{child.index}"}, 0.0)
 
+        # Still loading, or starting again (and again, when it cannot serve): its series come with it, but its
+        # readiness is known now. Without it, alerts on mhaserve_ready == 0 saw nothing of a process that loads for
+        # ever or crash-loops, where one server exports 0 from its first scrape.
+        asked = [c for c in self.children if c.serving and c.settings.metrics_port]
+        # Every port at once: read in turn, up to SCRAPE_TIMEOUT_S each, two frozen processes took the scrape past
+        # Prometheus' timeout (4 s in deploy/prometheus), and it failed whole, their 0s with it.
+        with ThreadPoolExecutor(max_workers=max(1, len(asked))) as pool:
+            reads = {c.index: pool.submit(self._read, c.settings.metrics_port or 0) for c in asked}
         for child in self.children:
-            port = child.settings.metrics_port
-            if not child.serving or not port:
-                # Still loading, or starting again (and again, when it cannot serve): its series come with it, but
-                # its readiness is known now. Without it, alerts on mhaserve_ready == 0 saw nothing of a process
-                # that loads for ever or crash-loops, where one server exports 0 from its first scrape.
+            read = reads.get(child.index)
+            if read is None:
                 not_ready(child)
                 continue
-            host = f"[{self.host.strip('[]')}]" if ":" in self.host else self.host
             try:
-                with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=SCRAPE_TIMEOUT_S) as reply:
-                    text = reply.read().decode()
+                text = read.result()
             except OSError as e:
                 # Stopped, frozen, or draining: not ready, as far as anyone can tell (its series, its readiness
                 # included, were left out, and the not-ready alert never fired for a frozen process).
-                log.warning("process p%d's metrics could not be read: %s", child.index, e)
+                (log.debug if self.stopping() else log.warning)("process p%d's metrics could not be read: %s",
+                                                                 child.index, e)  # fmt: skip
                 not_ready(child)
                 continue
-            serving += 1
+            ready = False
             for family in text_string_to_metric_families(text):
+                ready = ready or (family.name == READY and any(sample.value == 1 for sample in family.samples))
                 if family.name.endswith("_created"):  # creation times: noise, and one per process
                     continue
                 merged = families.setdefault(
@@ -258,6 +272,7 @@ class Gathered:
                     for sample in family.samples
                     if not sample.name.endswith("_created")
                 )
+            serving += ready  # by its own word: one that answers while it drains (or stalls) says 0
         yield from families.values()
         yield GaugeMetricFamily(
             "mhaserve_processes_serving",
@@ -322,7 +337,7 @@ class Supervisor:
         metrics_server = None
         if s.metrics_port:
             registry = CollectorRegistry()
-            registry.register(Gathered(self._children, s.metrics_address))
+            registry.register(Gathered(self._children, s.metrics_address, stopping=lambda: bool(self._signals)))
             try:
                 metrics_server = serve_metrics(registry, s.metrics_address, s.metrics_port)
             except OSError as e:

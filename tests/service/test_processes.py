@@ -6,6 +6,7 @@ the tests look at each process's own metrics port and at the supervisor's childr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -13,9 +14,12 @@ import re
 import shutil
 import signal
 import socket
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -239,6 +243,76 @@ def test_a_process_not_serving_is_scraped_as_not_ready() -> None:
         serving.close()
 
 
+class _Both(BaseHTTPRequestHandler):
+    """A process's metrics port that answers only once both processes' ports have been asked (a barrier of two):
+    read one after another, the first waits for the second until the read times out, as a frozen process does."""
+
+    barrier: threading.Barrier
+    text = b"mhaserve_ready 1.0\n"
+
+    def do_GET(self) -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self.barrier.wait(timeout=processes.SCRAPE_TIMEOUT_S * 2)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.text)))
+        self.end_headers()
+        self.wfile.write(self.text)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def test_the_processes_metrics_are_read_at_once_not_one_after_another(caplog: pytest.LogCaptureFixture) -> None:
+    """Each process's port was read in turn, up to 2 s each: with two frozen, a scrape took 4 s, Prometheus'
+    scrape_timeout here (deploy/prometheus), and failed whole (up 0, no series, the not-ready alert never saw the
+    0s). Read at once, the two ports below, each answering only once both are asked, both answer."""
+    handler = type("Handler", (_Both,), {"barrier": threading.Barrier(2)})
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), handler) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        children = [
+            processes._Child(i, Settings(metrics_port=server.server_address[1]), frozenset({0}), serving=True)
+            for i, server in enumerate(servers)
+        ]
+        registry = CollectorRegistry()
+        registry.register(processes.Gathered(children, "127.0.0.1"))
+        gathered = from_registry(registry)
+        assert [gathered.get("mhaserve_ready", -1, process=f"p{i}") for i in range(2)] == [1, 1]
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_draining_process_is_not_counted_as_serving(caplog: pytest.LogCaptureFixture) -> None:
+    """mhaserve_processes_serving ("processes serving now") counted every process whose port answered, a
+    draining one (its own mhaserve_ready 0) too; and while the server stops, a port that no longer answers is
+    no warning (six of them on every deploy's orderly stop)."""
+    draining = Metrics()
+    draining.ready.set(0)
+    port = draining.serve("127.0.0.1", 0)
+    try:
+        children = [
+            processes._Child(i, Settings(metrics_port=p), frozenset({0}), serving=True)
+            for i, p in enumerate((port, free_port()))
+        ]
+        registry = CollectorRegistry()
+        stopping = False
+        registry.register(processes.Gathered(children, "127.0.0.1", stopping=lambda: stopping))
+        gathered = from_registry(registry)
+        assert [gathered.get("mhaserve_ready", -1, process=f"p{i}") for i in range(2)] == [0, 0]
+        assert gathered.get("mhaserve_processes_serving") == 0
+        assert [r.levelname for r in caplog.records if "metrics could not be read" in r.getMessage()] == ["WARNING"]
+        caplog.clear()
+        stopping = True
+        from_registry(registry)
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
+        draining.close()
+
+
 def test_a_port_in_use_is_an_error_before_any_process_starts(tiny_repo: Path, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -254,12 +328,32 @@ def test_a_port_in_use_is_an_error_before_any_process_starts(tiny_repo: Path, tm
     assert "listening on" not in server.log
 
 
+def test_a_processs_own_metrics_port_in_use_is_named_as_such() -> None:
+    """A process's metrics port is --metrics-port + 1 and on, which the operator never named: "cannot listen on
+    127.0.0.1:19804" sent them looking for a flag set to 19804 (two servers' metrics ports one apart)."""
+    with socket.socket() as taken:
+        for _ in range(50):
+            base = free_port()
+            try:
+                taken.bind(("127.0.0.1", base + 1))
+                break
+            except OSError:
+                continue
+        taken.listen()
+        settings = Settings(port=0, http_port=0, metrics_port=base, processes=2)
+        with pytest.raises(processes.PortsError) as e:
+            processes.claim_ports(settings)
+    assert str(e.value) == (
+        f"cannot listen on 127.0.0.1:{base + 1} (process p0's metrics: --metrics-port + 1): Address already in use"
+    )
+
+
 def test_a_grpc_port_the_kernel_chooses_is_none_of_the_other_ports(monkeypatch: pytest.MonkeyPatch) -> None:
     """With `--port 0` the supervisor has the kernel choose the gRPC port, then checks the metrics ports free:
     the kernel chose one of them (free then) in a CI run, and every process refused its settings ("--port and
     --metrics-port are both ..."). It is chosen again instead."""
     chosen = iter([9102, 8080, 9100, 40000])
-    monkeypatch.setattr(processes, "_bind", lambda host, port: port or next(chosen))
+    monkeypatch.setattr(processes, "_bind", lambda host, port, whose="": port or next(chosen))
     settings = Settings(port=0, http_port=8080, metrics_port=9100, processes=2)  # metrics 9100, 9101, 9102
     assert processes.claim_ports(settings).port == 40000
     # A port asked for is kept as it is (a clash with another is refused by the settings themselves).
