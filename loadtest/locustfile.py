@@ -84,6 +84,8 @@ from mhaserve.service.client import CHANNEL_OPTIONS, MAX_TIMEOUT_S, Connection, 
 grpc_gevent.init_gevent()
 
 log = logging.getLogger(__name__)
+# Locust reads this file before --processes forks its workers: a process of another pid is one of those.
+LOADED_BY = os.getpid()
 
 DEFAULT_HOST = "127.0.0.1:50051"
 DEFAULT_HTTP_HOST = "http://127.0.0.1:8080"  # with --protocol http and no -H
@@ -767,6 +769,13 @@ def _clock(**_: Any) -> None:
     gevent.get_hub().loop.update_now()
 
 
+def _forked_by_a_master() -> bool:
+    """Whether this process is a worker that `--processes` forked for the master it was forked from (not for a
+    `--worker --processes N` parent, whose workers serve a master elsewhere and stop on Ctrl-C themselves)."""
+    worker_parent = "--worker" in sys.argv or os.environ.get("LOCUST_MODE_WORKER", "").lower() in ("1", "true")
+    return os.getpid() != LOADED_BY and not worker_parent
+
+
 @events.init.add_listener
 def _ctrl_c_on_the_hub(**_: Any) -> None:
     """Read Ctrl-C (SIGINT) as Locust reads SIGTERM, by a signal watcher on gevent's hub, and raise
@@ -780,6 +789,12 @@ def _ctrl_c_on_the_hub(**_: Any) -> None:
     import gevent
 
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+    if _forked_by_a_master():
+        # A terminal's Ctrl-C reaches the whole group: such a worker stopped at once, before the calls its users
+        # waited on reached the master as IN_FLIGHT failures, and the run exited 0. Its master stops it instead,
+        # with those figures, as it does on SIGTERM.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         return
     hub = gevent.get_hub()
     gevent.signal_handler(signal.SIGINT, lambda: hub.parent.throw(KeyboardInterrupt))

@@ -387,10 +387,12 @@ def stoppable_server(tiny_entry: Path, tmp_path_factory: pytest.TempPathFactory)
         yield server
 
 
-def _hang_during(server: Server, cmd: list[str], log: Path, stop: signal.Signals | None = None) -> tuple[int, str]:
+def _hang_during(
+    server: Server, cmd: list[str], log: Path, stop: signal.Signals | None = None, group: bool = False
+) -> tuple[int, str]:
     """Run Locust (`cmd`) and stop the server from answering (SIGSTOP) a second after its users have spawned; with
-    `stop`, send Locust that signal 3 s later (as Ctrl-C, to it alone), else let its --run-time end it. Its exit
-    status and its output."""
+    `stop`, send Locust that signal 3 s later (to it alone, or with `group` to its process group, --processes'
+    workers too, as a terminal's Ctrl-C), else let its --run-time end it. Its exit status and its output."""
     with log.open("w") as out:
         # its own process group, as a shell's job is: Ctrl-C reaches Locust alone; and SIGINT handled, as in a
         # terminal, though a suite run in the background (`make test &`) hands its children SIGINT ignored
@@ -410,7 +412,10 @@ def _hang_during(server: Server, cmd: list[str], log: Path, stop: signal.Signals
             try:
                 if stop is not None:
                     time.sleep(3)
-                    os.kill(locust.pid, stop)
+                    if group:
+                        os.killpg(locust.pid, stop)  # its own session: the group is Locust and its forks alone
+                    else:
+                        os.kill(locust.pid, stop)
                 locust.wait(timeout=60)
             finally:
                 os.kill(server.pid, signal.SIGCONT)
@@ -453,12 +458,19 @@ def test_calls_left_unanswered_when_the_run_ends_fail_it(
 
 
 @pytest.mark.parametrize(
-    ("stop", "extra"),
-    [(signal.SIGTERM, ()), (signal.SIGINT, ()), (signal.SIGTERM, ("--processes", "2"))],
-    ids=["SIGTERM", "Ctrl-C", "SIGTERM-processes"],
+    ("stop", "extra", "group"),
+    [
+        (signal.SIGTERM, (), False),
+        (signal.SIGINT, (), False),
+        (signal.SIGTERM, ("--processes", "2"), False),
+        # a terminal's Ctrl-C reaches the workers too: they stopped at once, before their unanswered calls reached
+        # the master, and the run exited 0
+        (signal.SIGINT, ("--processes", "2"), True),
+    ],
+    ids=["SIGTERM", "Ctrl-C", "SIGTERM-processes", "Ctrl-C-processes"],
 )
 def test_a_run_stopped_by_a_signal_while_the_server_hangs_fails_and_its_csv_says_so(
-    stoppable_server: Server, tmp_path: Path, stop: signal.Signals, extra: tuple[str, ...]
+    stoppable_server: Server, tmp_path: Path, stop: signal.Signals, extra: tuple[str, ...], group: bool
 ) -> None:
     """A run ended by `timeout`, `docker stop`, a CI's cancel (SIGTERM) or Ctrl-C, the server hung: Locust decides
     its exit status before it stops the users, and the calls they wait on became IN_FLIGHT failures only after,
@@ -471,7 +483,7 @@ def test_a_run_stopped_by_a_signal_while_the_server_hangs_fails_and_its_csv_says
         "-u", "2", "-r", "2", "-t", "60s", "--only-summary", "--workload", "short", "--max-fail-ratio", "0.9",
         "--json-file", str(tmp_path / "stats"), "--csv", str(tmp_path / "stats"), *extra,
     ]  # fmt: skip
-    returncode, text = _hang_during(stoppable_server, cmd, log, stop)
+    returncode, text = _hang_during(stoppable_server, cmd, log, stop, group)
     assert returncode == 1, text[-3000:]
     assert re.search(r"\d+ calls? had no answer when the run ended", text), text[-3000:]
     short = _entries(tmp_path)["short"]
