@@ -119,7 +119,10 @@ def _can_rename_into(repository: Path, model: Path) -> None:
     folder is renamed there and back first."""
     if not model.is_dir():
         return  # made by the publish, in the repository
-    probe = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}probe-", dir=repository))
+    try:
+        probe = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}probe-", dir=repository))
+    except OSError:
+        return  # a repository not writable: the repository's lock says so, naming it (not this folder)
     moved = model / probe.name
     try:
         probe.rename(moved)
@@ -195,16 +198,22 @@ def _locked(repository: Path) -> Iterator[None]:
     given back, so that a failed export leaves the repository as it was; whoever then takes the lock of a file
     no longer there opens the file anew."""
     path = repository / REPOSITORY_LOCK
+    missed = 0
     while True:
         # Mode as the umask says: in a repository a group shares, its other users must open it too; where the
         # umask left them read access alone (022), read-only, which flock needs no more than on a local disk.
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except PermissionError:
+        except PermissionError as e:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
-                continue  # removed by its holder meanwhile: made anew
+                # Removed by its holder meanwhile (made anew at the next turn), or never there in a folder this
+                # user may not write into: tried again at once, that spun for ever.
+                missed += 1
+                if missed < 100:
+                    continue
+                raise PublishError(f"cannot write into the repository {repository}: {e.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if os.path.samestat(os.fstat(fd), os.stat(path)):

@@ -174,6 +174,28 @@ def test_a_link_to_nothing_where_the_models_folder_goes_is_refused_before_the_ex
         reserve(tmp_path, "n", 1)
 
 
+def test_a_repository_nobody_may_write_into_is_said_not_spun_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its lock file could be neither made (EACCES, or EPERM on an immutable folder) nor opened (it is not there):
+    read as "removed by its holder meanwhile", the export tried again at once, for ever, at 100 % of a core."""
+    real = os.open
+
+    def refused(path: Any, flags: int, *args: Any) -> int:
+        if Path(path).name == staging.REPOSITORY_LOCK:
+            if flags & os.O_CREAT:
+                raise PermissionError(1, "Operation not permitted", str(path))
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(staging.os, "open", refused)
+    (tmp_path / "m").mkdir()
+    with pytest.raises(
+        staging.PublishError, match=f"cannot write into the repository {tmp_path}: Operation not permitted"
+    ):
+        reserve(tmp_path, "m", None)
+
+
 def test_a_model_at_the_last_version_has_none_left_to_take(tmp_path: Path) -> None:
     """Its next version was said as one the user gave: "version must be a whole number from 1 to ..., got
     9223372036854775808", though the user gave none."""
