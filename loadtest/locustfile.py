@@ -771,9 +771,18 @@ def _clock(**_: Any) -> None:
 
 def _forked_by_a_master() -> bool:
     """Whether this process is a worker that `--processes` forked for the master it was forked from (not for a
-    `--worker --processes N` parent, whose workers serve a master elsewhere and stop on Ctrl-C themselves)."""
-    worker_parent = "--worker" in sys.argv or os.environ.get("LOCUST_MODE_WORKER", "").lower() in ("1", "true")
-    return os.getpid() != LOADED_BY and not worker_parent
+    `--worker --processes N` parent, whose workers serve a master elsewhere and stop on Ctrl-C themselves, that
+    parent waiting for them). Locust makes every fork a worker; whether its parent was one, the command line,
+    the environment or a config file said: read again as Locust read them (a look at the command line alone
+    missed LOCUST_MODE_WORKER=yes and locust.conf's `worker = true`, and such workers ignored Ctrl-C)."""
+    if os.getpid() == LOADED_BY:
+        return False
+    from locust.argument_parser import get_parser
+
+    try:
+        return not get_parser().parse_args().worker
+    except SystemExit:  # (the parent read them without an error)
+        return False
 
 
 @events.init.add_listener
@@ -793,8 +802,12 @@ def _ctrl_c_on_the_hub(**_: Any) -> None:
     if _forked_by_a_master():
         # A terminal's Ctrl-C reaches the whole group: such a worker stopped at once, before the calls its users
         # waited on reached the master as IN_FLIGHT failures, and the run exited 0. Its master stops it instead,
-        # with those figures, as it does on SIGTERM.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # with those figures, as it does on SIGTERM. The first only, as Locust's own worker parent ignores it: a
+        # second (pressed again, a master gone, Locust's own end of the run) stops it.
+        def first_ignored(*_: Any) -> None:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        signal.signal(signal.SIGINT, first_ignored)
         return
     hub = gevent.get_hub()
     gevent.signal_handler(signal.SIGINT, lambda: hub.parent.throw(KeyboardInterrupt))
