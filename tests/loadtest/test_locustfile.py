@@ -51,6 +51,15 @@ def _env(**extra: str) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in OWN_SETTINGS} | extra
 
 
+def _own_master(cmd: list[str]) -> list[str]:
+    """`cmd` with a master port of its own where it forks workers (`--processes`): Locust's default, 5557,
+    is shared by every run on the machine, so two at once (another checkout's suite, a load test) met."""
+    if "--processes" not in cmd or "--master-port" in cmd:
+        return cmd
+    port = str(free_port())
+    return [*cmd, "--master-port", port, "--master-bind-port", port]
+
+
 def _locust(
     server: Server | ServerThread,
     out: Path,
@@ -67,7 +76,7 @@ def _locust(
         "--workload", workload, "--csv", str(out / "stats"), "--json-file", str(out / "stats"),
         *extra,
     ]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env or _env())
+    return subprocess.run(_own_master(cmd), capture_output=True, text=True, timeout=60, cwd=ROOT, env=env or _env())
 
 
 def _worker(port: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -397,7 +406,7 @@ def _hang_during(
         # its own process group, as a shell's job is: Ctrl-C reaches Locust alone; and SIGINT handled, as in a
         # terminal, though a suite run in the background (`make test &`) hands its children SIGINT ignored
         locust = subprocess.Popen(
-            cmd,
+            _own_master(cmd),
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -711,7 +720,13 @@ def test_with_processes_a_master_that_refuses_ends_the_workers_it_forked(tiny_se
         "-u", "2", "-r", "2", "-t", "30s", "--processes", "2", "--tls-ca", "/nonexistent/ca.pem",
     ]  # fmt: skip
     run = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=_env(), start_new_session=True
+        _own_master(cmd),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=_env(),
+        start_new_session=True,
     )
     try:
         _, err = run.communicate(timeout=30)  # until the pipe's end: the master's and every worker's
