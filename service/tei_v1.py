@@ -50,6 +50,8 @@ NOT_SERVED_SERVICES = ("tei.v1.Predict", "tei.v1.Rerank")
 SERVED_SERVICES = tuple(name for name in SERVICES if name not in NOT_SERVED_SERVICES)
 # The call metadata that names a served model (name, or name:version); absent, the default model.
 MODEL_METADATA = "model"
+# The truncation directions the enum names (TruncationDirection).
+DIRECTIONS = frozenset(pb.TruncationDirection.values())
 NOT_SERVED = (
     "this server serves embedding models: tei.v1's Embed, EmbedStream, Info, Tokenize, TokenizeStream, Decode and "
     "DecodeStream; {what} is not served"
@@ -148,8 +150,17 @@ class TeiServicer:
         `headers` (a unary call: a stream's answers share one set of headers), TEI's timing headers too, as the
         call's initial metadata."""
         started = time.perf_counter_ns()
+        error = None
         if not request.inputs:  # as TEI refuses it (encoder.v1 embeds an empty text)
             error = InvalidArgument("inputs is an empty string", param="inputs")
+        elif request.truncation_direction not in DIRECTIONS:  # proto3 keeps a number its enum does not name
+            # it was served as RIGHT; TEI's server fails the call ("Unexpected enum value")
+            error = InvalidArgument(
+                f"truncation_direction {request.truncation_direction} is none of TRUNCATION_DIRECTION_RIGHT (0) and "
+                "TRUNCATION_DIRECTION_LEFT (1)",
+                param="truncation_direction",
+            )
+        if error is not None:
             with contextlib.suppress(ServiceError):  # a failure of the model it names, as the pipeline counts its own
                 (self.dataplane.resolve(model_of(context)) if pipeline is None else pipeline()).refused(error, started)
             raise error

@@ -158,6 +158,13 @@ def test_no_auto_truncate_refuses_a_long_text(start: Any, settings: Any) -> None
         (pb.EmbedRequest(inputs=""), grpc.StatusCode.INVALID_ARGUMENT, "inputs is an empty string"),
         (pb.EmbedRequest(inputs="a", dimensions=33), grpc.StatusCode.INVALID_ARGUMENT, "embeddings have 32"),
         (pb.EmbedRequest(inputs="a", prompt_name="query"), grpc.StatusCode.INVALID_ARGUMENT, "no prompt 'query'"),
+        # a number the enum does not name was served as RIGHT; TEI's own server fails the call, and TEI's HTTP
+        # routes here refuse "middle" with a 400
+        (
+            pb.EmbedRequest(inputs="a", truncation_direction=7),  # type: ignore[arg-type]
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "truncation_direction 7 is none of TRUNCATION_DIRECTION_RIGHT (0) and TRUNCATION_DIRECTION_LEFT (1)",
+        ),
     ],
 )
 def test_bad_embed_requests_are_refused_saying_why(
