@@ -87,7 +87,7 @@ def reserved(repository: Path, name: str, version_: int | None, overwrite: bool)
             raise PublishError(f"{folder} is a file, not a folder")
     if version_ is not None:
         _in_range(version_)  # before the repository's folder is made
-    repository.mkdir(parents=True, exist_ok=True)
+    _make_folders(repository)
     _can_rename_into(repository, repository / name)
     _sweep(repository)
     with _locked(repository):
@@ -110,6 +110,24 @@ def reserved(repository: Path, name: str, version_: int | None, overwrite: bool)
     finally:
         shutil.rmtree(path, ignore_errors=True)
         os.close(lock)
+
+
+def _make_folders(folder: Path) -> None:
+    """Make `folder` and those above it that are missing, readable by all whatever the umask: under umask 077 (a
+    hardened shell, a CI runner) they were 0700, and a server running as another user (the image's, uid 10001)
+    could not enter them. Folders already there are the user's, left as they are."""
+    missing = [f for f in (folder, *folder.parents) if not f.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    for made in missing:
+        made.chmod(0o755)
+
+
+def _readable(version: Path) -> None:
+    """The version's files readable by all and its folders enterable, whatever the umask the export ran under
+    (files 0600 under umask 077): the server may run as another user. Links are left alone."""
+    for path in (version, *version.rglob("*")):
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _can_rename_into(repository: Path, model: Path) -> None:
@@ -290,9 +308,10 @@ def publish(scratch_dir: Path, target: Path, *, overwrite: bool = False) -> None
 
 def _publish(scratch_dir: Path, target: Path, overwrite: bool) -> Path | None:
     """The renames; the replaced version's folder, moved aside, if any."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _make_folders(target.parent)
     # Not part of the entry; the export holds its lock still, and a sweep passes over a directory without one.
     (scratch_dir / LOCK).unlink(missing_ok=True)
+    _readable(scratch_dir)
     if os.path.lexists(target):
         if not overwrite:
             raise PublishError(

@@ -302,3 +302,36 @@ def test_a_signal_as_the_scratch_folder_is_made_leaves_none(tmp_path: Path, monk
     finally:
         signal.signal(signal.SIGINT, previous)
     assert list(tmp_path.glob(f"{staging.SCRATCH_PREFIX}*")) == []
+
+
+def test_a_version_exported_under_a_private_umask_is_readable_by_the_servers_user(tmp_path: Path) -> None:
+    """Exported under umask 077 (a hardened shell, a CI runner), the repository's and the model's folders were
+    made 0700 and the version's files 0600: a server running as another user (the image's, uid 10001) could not
+    read them, though the docs say the exporter's files are world-readable. What the export makes is readable by
+    all (folders 0755, files 0644); folders it finds are left as they are."""
+    repository = tmp_path / "new" / "repo"
+    old = os.umask(0o077)
+    try:
+        with staging.reserved(repository, "m", None, False) as (version, target, path):
+            (path / "model.onnx").write_bytes(b"graph")
+            (path / "sub").mkdir()
+            (path / "sub" / "f").write_text("x")
+            staging.publish(path, target)
+        (tmp_path / "mine").mkdir()  # a folder the user made: its mode is the user's
+        with staging.reserved(tmp_path / "mine", "m", None, False) as (version, target, path):
+            staging.publish(path, target)
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(tmp_path).as_posix(): p.stat().st_mode & 0o777 for p in tmp_path.rglob("*")}
+    assert modes == {
+        "new": 0o755,
+        "new/repo": 0o755,
+        "new/repo/m": 0o755,
+        "new/repo/m/1": 0o755,
+        "new/repo/m/1/model.onnx": 0o644,
+        "new/repo/m/1/sub": 0o755,
+        "new/repo/m/1/sub/f": 0o644,
+        "mine": 0o700,
+        "mine/m": 0o755,
+        "mine/m/1": 0o755,
+    }
