@@ -77,6 +77,19 @@ def _flag_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 # What the client commands (`mhaserve health`, the image's HEALTHCHECK; `encode`; Locust) read: a container may set
 # it beside the server's own settings, MHASERVE_API_KEYS among them, which it is not a misspelling of.
 CLIENT_VARIABLES = (env_var("api_key"),)
+# What else reads MHASERVE_* variables from the shell or .env that starts the server: the compose files (the image,
+# the models' folder, the ports they publish) and the container tests. Not settings, and not mistakes.
+OTHER_VARIABLES = (
+    "MHASERVE_IMAGE",
+    "MHASERVE_MODELS_DIR",
+    "MHASERVE_GRPC_PUBLISH",
+    "MHASERVE_HTTP_PUBLISH",
+    "MHASERVE_METRICS_PUBLISH",
+    "MHASERVE_LB_PUBLISH",
+    "MHASERVE_LB_HTTP_PUBLISH",
+    "MHASERVE_LB_STATS_PUBLISH",
+    "MHASERVE_TEST_KEEP_IMAGES",
+)
 # Names that look like a setting's but are nearest in spelling to another's: the gRPC port is --port, and one
 # --host serves gRPC and HTTP.
 MEANT = {
@@ -87,18 +100,56 @@ MEANT = {
 
 
 def misspelt(env: Mapping[str, str] | None = None) -> list[str]:
-    """A warning for each MHASERVE_* variable that is not a setting but is nearly one's name (a typo, ignored
-    without a word: MHASERVE_HTTP_PROT left the default port). Other MHASERVE_* names are left alone: compose
-    files and the client commands have their own (MHASERVE_IMAGE, MHASERVE_API_KEY)."""
+    """A warning for each MHASERVE_* variable that is not a setting, whatever its name: the server never reads it
+    (MHASERVE_HTTP_PROT left the default port, MHASERVE_DRAIN no drain delay, without a word). It names the
+    setting likely meant where one is (`_meant`). Not for the variables the compose files, the client commands and
+    the tests read (MHASERVE_IMAGE, MHASERVE_API_KEY)."""
     env = os.environ if env is None else env
     known = [env_var(f.name) for f in dataclasses.fields(Settings)]
     warnings = []
     for name in sorted(env):
-        if name.startswith("MHASERVE_") and name not in known and name not in CLIENT_VARIABLES:
-            close = [MEANT[name]] if name in MEANT else difflib.get_close_matches(name, known, n=1, cutoff=0.85)
-            if close:
-                warnings.append(f"{name} is not a setting of mhaserve serve (ignored); did you mean {close[0]}?")
+        if name.startswith("MHASERVE_") and name not in known and name not in CLIENT_VARIABLES + OTHER_VARIABLES:
+            meant = _meant(name, known)
+            hint = f"did you mean {_either(meant)}?" if meant else "mhaserve serve --help lists its variables"
+            warnings.append(f"{name} is not a setting of mhaserve serve (ignored); {hint}")
     return warnings
+
+
+def _meant(name: str, known: list[str]) -> list[str]:
+    """The settings `name` likely meant, all those as likely as the likeliest, or none. First a setting whose name
+    starts with it or whose words hold all of its (MHASERVE_GRACE: MHASERVE_GRACE_PERIOD, MHASERVE_TLS_CA:
+    MHASERVE_TLS_CLIENT_CA), the fewest words longer (MHASERVE_REPO: MHASERVE_REPOSITORY, not
+    MHASERVE_REPOSITORY_POLL_S); then the nearest in spelling, which alone told MHASERVE_GRACE to set
+    MHASERVE_GRAPH."""
+    # In capitals: the server reads MHASERVE_PORT, never MHASERVE_Port, and the names compare as they would be written.
+    name = name.upper()
+    if name in MEANT:
+        return [MEANT[name]]
+    words = _words(name)
+    if not words:  # MHASERVE_ alone starts every setting's name and means none of them
+        return []
+    extra = {
+        setting: len(_words(setting)) - len(words)
+        for setting in known
+        if setting.startswith(name) or set(words) <= set(_words(setting))
+    }
+    if len(extra) > 4:  # a fragment of many (MHASERVE_MAX: nine settings); the fewest words would pick by chance
+        return []
+    if extra:
+        fewest = min(extra.values())
+        return sorted(setting for setting, more in extra.items() if more == fewest)
+    ratio = {setting: difflib.SequenceMatcher(None, name, setting).ratio() for setting in known}
+    best = max(ratio.values(), default=0.0)
+    return sorted(setting for setting, r in ratio.items() if r == best) if best >= 0.85 else []
+
+
+def _words(name: str) -> list[str]:
+    return [word for word in name.removeprefix("MHASERVE_").split("_") if word]
+
+
+def _either(names: list[str]) -> str:
+    """The names as a sentence lists them: A; A or B; A, B or C."""
+    return " or ".join(filter(None, (", ".join(names[:-1]), names[-1])))
 
 
 def build(cli: argparse.Namespace | Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -427,6 +428,60 @@ def test_the_client_commands_key_variable_is_not_warned_about_and_the_grpc_port_
         "MHASERVE_GRPC_PORT is not a setting of mhaserve serve (ignored); did you mean MHASERVE_PORT?",
         "MHASERVE_HTTP_HOST is not a setting of mhaserve serve (ignored); did you mean MHASERVE_HOST?",
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("MHASERVE_GRACE", "MHASERVE_GRACE_PERIOD"),
+        ("MHASERVE_TLS_CA", "MHASERVE_TLS_CLIENT_CA"),
+        ("MHASERVE_DRAIN", "MHASERVE_DRAIN_DELAY"),
+        ("MHASERVE_REPO", "MHASERVE_REPOSITORY"),
+        ("MHASERVE_WORKERS", "MHASERVE_INFERENCE_WORKERS"),
+    ],
+)
+def test_a_variable_short_of_a_settings_name_is_told_that_setting(name: str, meant: str) -> None:
+    """A name the setting's starts with, or whose words the setting's all has, was told the setting nearest in
+    spelling (MHASERVE_GRACE: MHASERVE_GRAPH, and MHASERVE_GRAPH=30 is not a grace period; MHASERVE_TLS_CA:
+    MHASERVE_TLS_CERT), or nothing at all (MHASERVE_DRAIN, MHASERVE_REPO, MHASERVE_WORKERS were ignored without a
+    word). MHASERVE_REPO is not told MHASERVE_REPOSITORY_POLL_S too: two words more than MHASERVE_REPOSITORY."""
+    from mhaserve.cli.options import misspelt
+
+    assert misspelt({name: "30"}) == [f"{name} is not a setting of mhaserve serve (ignored); did you mean {meant}?"]
+
+
+def test_every_other_mhaserve_variable_is_warned_about_with_every_setting_as_near() -> None:
+    """A MHASERVE_* name near no setting's was ignored without a word, though mhaserve serve never reads it; and
+    of two settings as near, one only was named. A fragment of many settings' names (MHASERVE_MAX) names none of
+    them rather than two picked by chance; a name in other capitals is told the setting's."""
+    from mhaserve.cli.options import misspelt
+
+    env = {"MHASERVE_NOPE": "1", "MHASERVE_KEYS_FILE": "k", "MHASERVE_TIMEOUT": "5", "MHASERVE_MAX": "9"}
+    assert misspelt({**env, "MHASERVE_Port": "6000"}) == [
+        "MHASERVE_KEYS_FILE is not a setting of mhaserve serve (ignored); did you mean MHASERVE_ADMIN_KEYS_FILE or "
+        "MHASERVE_API_KEYS_FILE?",
+        "MHASERVE_MAX is not a setting of mhaserve serve (ignored); mhaserve serve --help lists its variables",
+        "MHASERVE_NOPE is not a setting of mhaserve serve (ignored); mhaserve serve --help lists its variables",
+        "MHASERVE_Port is not a setting of mhaserve serve (ignored); did you mean MHASERVE_PORT?",
+        "MHASERVE_TIMEOUT is not a setting of mhaserve serve (ignored); did you mean MHASERVE_INFERENCE_TIMEOUT or "
+        "MHASERVE_PROCESS_TIMEOUT?",
+    ]
+
+
+def test_the_settings_and_the_variables_read_beside_the_server_are_not_warned_about() -> None:
+    """Every setting's variable, and what else reads MHASERVE_* variables from the same shell or container:
+    the client commands and Locust (MHASERVE_API_KEY), the compose files (MHASERVE_IMAGE, the ports they publish),
+    the test suite's container tests. Warning about every unknown name must not warn about these."""
+    from mhaserve.cli.options import misspelt
+
+    root = Path(__file__).resolve().parents[2]
+    compose = {
+        name for f in root.glob("docker-compose*.yml") for name in re.findall(r"\$\{(MHASERVE_\w+)", f.read_text())
+    }
+    assert {"MHASERVE_IMAGE", "MHASERVE_MODELS_DIR", "MHASERVE_LB_PUBLISH"} <= compose  # found them where they are
+    settings = {st.env_var(f.name) for f in dataclasses.fields(Settings)}
+    others = {"MHASERVE_API_KEY", "MHASERVE_TEST_KEEP_IMAGES"}
+    assert misspelt(dict.fromkeys(settings | compose | others, "1")) == []
 
 
 @pytest.mark.parametrize(
