@@ -41,6 +41,9 @@ TOKENIZE_THREADS = 2
 # A text longer than this many characters a token the model takes is first tokenised from its start only
 # (see `_prefix`): a 4 MB text cost seconds of the tokeniser and a gigabyte of memory for 256 tokens.
 PREFIX_CHARS_PER_TOKEN = 32
+# Where that start does not fill the model (a long word first: one [UNK] for 8,000 characters), a part this many
+# times longer is tried, and so on (see `encode_long`): the whole text only once a part would reach its length.
+PREFIX_GROWTH = 4
 # /tokenize without truncate tokenises a text whole up to this many characters a token the model takes, and
 # refuses a longer one: text-embeddings-inference's limit (its MAX_CHAR_MULTIPLIER).
 TOKENIZE_CHARS_PER_TOKEN = 250
@@ -598,16 +601,30 @@ def encode_long(
 ) -> list[Encoding]:
     """`tokenizer.encode_batch(texts)`, the same to the last id, with each text longer than `limit` characters
     tokenised from its start (`_prefix`), or for a tokenizer that cuts a text's start from its end (`_suffix` as
-    `cut_to`), cut before one of `edges` (`word_edges`), and in full only where that part does not already fill the
-    tokenizer's truncation length."""
-    cut = [(cut_to or _prefix)(text, limit, edges) for text in texts]
-    encodings = tokenizer.encode_batch(cut)
-    again = [i for i, (text, part, enc) in enumerate(zip(texts, cut, encodings, strict=True))
-             if part is not text and not enc.overflowing]  # fmt: skip
-    if again:
-        for i, enc in zip(again, tokenizer.encode_batch([texts[i] for i in again]), strict=True):
-            encodings[i] = enc
-    return encodings
+    `cut_to`), cut before one of `edges` (`word_edges`). Where that part does not fill the tokenizer's truncation
+    length (its encoding does not overflow: a long word, a run of whitespace), or the text has no edge within it, a
+    part `PREFIX_GROWTH` times longer is tried, and so on: the text is tokenised in full only once the limit reaches
+    its length. The parts a text is read from add up to at most 4/3 of the last limit (a geometric series), which is
+    `PREFIX_GROWTH` times the one before, whose part did not fill the model: a 4 MB text whose first word is 8,000
+    characters long is read for about 40,000 characters, not 4 MB (its mirror from its end alike, with `_suffix`).
+
+    A text with no edge at all (one word of megabytes) is still tokenised whole, as the tokenizer would: no part of
+    it can be cut without changing its tokens (it is searched for one at each limit, a geometric series again)."""
+    cut_to = cut_to or _prefix
+    encodings: dict[int, Encoding] = {}
+    pending: list[int] = list(range(len(texts)))
+    while pending:
+        parts = [(i, cut_to(texts[i], limit, edges)) for i in pending]
+        # `cut_to` gives a text itself where it has no edge within `limit`: a longer limit, before it is read whole
+        read = [(i, part) for i, part in parts if part is not texts[i] or len(part) <= limit]
+        pending = [i for i, part in parts if part is texts[i] and len(part) > limit]
+        for (i, part), enc in zip(read, tokenizer.encode_batch([part for _, part in read]), strict=True):
+            if part is not texts[i] and not enc.overflowing:
+                pending.append(i)  # the part does not fill the model: a longer one next
+            else:
+                encodings[i] = enc
+        limit = max(limit, 1) * PREFIX_GROWTH  # grows even from 0: the loop ends
+    return [encodings[i] for i in range(len(texts))]
 
 
 def _prefix(text: str, limit: int, edges: WordEdges = WHITESPACE_EDGES) -> str:

@@ -191,6 +191,62 @@ def test_a_long_text_is_tokenised_from_the_end_it_keeps_with_the_same_ids_as_in_
         assert counting.chars <= limit < len(long) // 100, name
 
 
+@pytest.mark.parametrize("cut_start", [False, True], ids=["end cut", "start cut"])
+@pytest.mark.parametrize("word", [8_000, 9_000], ids=["a long word first", "no edge within the first part"])
+def test_a_long_text_whose_first_part_does_not_fill_the_model_is_read_further_not_whole(
+    cut_start: bool, word: int
+) -> None:
+    """A reviewer's 4 MB text: one word of 8,000 characters (one [UNK]), then short words. Its start up to the
+    prefix bound is a few dozen tokens, and the whole 4 MB was tokenised (10 s of a tokeniser thread, shared by
+    every model, and up to a gigabyte); a part four times longer fills the model. With no edge at all within the
+    first part (9,000 characters), it was tokenised whole too. The mirror for a start cut: the text reversed."""
+    tokenizer = cutting_start(_minilm_tokenizer(), 256) if cut_start else _minilm_tokenizer()
+    edges = word_edges(tokenizer)
+    limit = 256 * PREFIX_CHARS_PER_TOKEN
+    text = "y" * word + " ab" * 1_400_000
+    if cut_start:
+        text = text[::-1]
+    counting = Counting(tokenizer)
+    got = encode_long(counting, [text], limit, _suffix if cut_start else None, edges)  # type: ignore[arg-type]
+    assert len(got[0].ids) == 256 and got[0].overflowing
+    # the first part (or none, without an edge in it), then one four times longer
+    assert counting.chars <= 5 * limit < len(text) // 100
+
+
+@pytest.mark.parametrize("cut_start", [False, True], ids=["end cut", "start cut"])
+def test_a_part_read_further_has_the_whole_texts_ids(cut_start: bool) -> None:
+    """Where the first part does not fill the model, longer ones are read, each cut before a word's edge too: the
+    ids of the whole text to the last one, each text of a batch alone (some filled at once, some after one or
+    several longer parts, some whole), and (for the end cut) a cut through an added token avoided at a longer part's
+    end too."""
+    tokenizer = cutting_start(_minilm_tokenizer(), 256) if cut_start else _minilm_tokenizer()
+    edges = word_edges(tokenizer)
+    limit = 256 * PREFIX_CHARS_PER_TOKEN
+    # 252 words and a long one (254 tokens with [CLS] and [SEP]), then an added token whose `]` ends the second part:
+    # cut through, `[` and `mask` would overflow the maximum
+    mask = "hello " * 252 + "y" * (4 * limit - 1512 - 7) + " [MASK]"
+    texts = {
+        "a long word first": "y" * 8_000 + " ab" * 20_000,
+        "no edge in the first part": "y" * 9_000 + " ab" * 20_000,
+        "a long word after a few": "ab " * 10 + "y" * 50_000 + " ab" * 60_000,
+        "fills at once": "ab " * 20_000,
+        "words, then a long one": "hello " * 250 + "y" * limit + " ab" * 5_000,
+        "a whitespace run past the second part": "word" + " " * (5 * limit) + "tail " * 3_000,
+        "a whitespace run, then a long word": " " * (2 * limit) + "y" * (8 * limit) + " word" * 3_000,
+        "whole at the second part": "y" * 8_000 + " ab" * 100,
+        "an added token at the second part's end": mask + " world" * 3_000,
+        "short": "a short query",
+        "no edge at all": "y" * (20 * limit),
+    }
+    assert texts["an added token at the second part's end"].index("[MASK]") == 4 * limit - 6
+    if cut_start:
+        texts = {name: text[::-1].replace("]KSAM[", "[MASK]") for name, text in texts.items()}
+    got = encode_long(tokenizer, list(texts.values()), limit, _suffix if cut_start else None, edges)
+    want = tokenizer.encode_batch(list(texts.values()))
+    for name, g, w in zip(texts, got, want, strict=True):
+        assert g.ids == w.ids and bool(g.overflowing) == bool(w.overflowing), name
+
+
 def test_only_whitespace_is_a_words_edge_for_tokenizers_other_than_berts() -> None:
     """A byte-level BPE groups a run of punctuation marks into one token, and other normalisers may join characters
     across one: their long texts are cut at whitespace only, BERT's also at ASCII punctuation and CJK ideographs
