@@ -17,12 +17,15 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.errors import to_status
 from mhaserve.service.kserve.tensors import (
+    EXPECTED_INPUTS,
+    INPUT_TYPES,
     OUTPUT,
     PARAMETER_TYPES,
     ParamT,
     Tensor,
     check_input,
     check_outputs,
+    declared_inputs,
     encode_input,
     request_options,
 )
@@ -42,8 +45,31 @@ def _classification(parameters: Mapping[str, pb.InferParameter]) -> bool:
     return choice is not None and bool(getattr(value, choice))
 
 
+def check_counts(request: pb.ModelInferRequest) -> None:
+    """More outputs than the model has, or more input tensors than it takes, refused by their number (len() of a
+    repeated field) before any one is read: reading each of 2,000,000 empty outputs of a 4 MB request (an
+    output's parameters cost more the more there are) held the event loop for seconds, health checks waiting,
+    and the request was then refused for its first one."""
+    if len(request.outputs) > 1:
+        raise InvalidArgument(
+            f"{len(request.outputs)} outputs requested; the limit is 1: this model has one output, {OUTPUT!r}"
+        )
+    if len(request.inputs) > len(INPUT_TYPES):
+        raise InvalidArgument(
+            f"{len(request.inputs)} input tensors in one request; the limit is {len(INPUT_TYPES)}: this model takes "
+            f"{EXPECTED_INPUTS}"
+        )
+
+
+def declared(request: pb.ModelInferRequest) -> int | None:
+    """How many inputs the request's tensors declare (`declared_inputs`), its tensors counted first."""
+    check_counts(request)
+    return declared_inputs({t.name: t.shape for t in request.inputs})
+
+
 def from_pb(request: pb.ModelInferRequest) -> EncodeInput:
     """The internal request a ModelInferRequest asks for; INVALID_ARGUMENT for anything malformed."""
+    check_counts(request)
     check_outputs([(out.name, out.parameters, _classification(out.parameters)) for out in request.outputs])
     options = request_options(partial(_parameter, request.parameters))
     return encode_input(_inputs(request), options, model=request.model_name, version=request.model_version or None)
@@ -69,7 +95,7 @@ def _inputs(request: pb.ModelInferRequest) -> dict[str, Tensor]:
     for tensor in request.inputs:
         check_input(tensor.name, tensor.datatype, tensor.parameters, seen)
         seen.add(tensor.name)
-    raw = list(request.raw_input_contents)
+    raw = request.raw_input_contents  # not copied: 2,000,000 empty entries are refused by their count below
     if raw:
         typed = [t.name for t in request.inputs if t.HasField("contents")]
         if typed:

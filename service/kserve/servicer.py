@@ -18,7 +18,7 @@ from mhaserve.proto.inference.v2 import grpc_service_pb2 as pb
 from mhaserve.proto.inference.v2 import grpc_service_pb2_grpc as pb_grpc
 from mhaserve.runtime.errors import InvalidArgument, ServiceError
 from mhaserve.service.dataplane import DataPlane
-from mhaserve.service.kserve.codec import error_pb, from_pb, stream_pb, to_pb
+from mhaserve.service.kserve.codec import declared, error_pb, from_pb, stream_pb, to_pb
 from mhaserve.service.kserve.model import (
     EXTENSIONS,
     model_config,
@@ -27,7 +27,6 @@ from mhaserve.service.kserve.model import (
     model_statistics,
     statistics_of,
 )
-from mhaserve.service.kserve.tensors import declared_inputs
 from mhaserve.service.metrics import Metrics, stream_counter
 from mhaserve.service.models import ModelManager
 from mhaserve.service.rpc.streaming import ordered
@@ -94,7 +93,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         pipeline = self.dataplane.resolve(named(request.model_name, "model_name"), request.model_version)
         t0 = time.perf_counter_ns()
         try:
-            if (inputs := declared_inputs({t.name: t.shape for t in request.inputs})) is not None:
+            if (inputs := declared(request)) is not None:
                 pipeline.validate_count(inputs)  # before the contents are decoded, row by row
             encode_input = from_pb(request)
         except ServiceError as e:
@@ -113,7 +112,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         def share(request: pb.ModelInferRequest) -> float:
             if not request.model_name:  # refused at once (named), as a model not served is
                 return 0.0
-            inputs = declared_inputs({t.name: t.shape for t in request.inputs}) or 0  # (none: refused at once)
+            try:
+                inputs = declared(request) or 0  # (none: refused at once)
+            except InvalidArgument:  # too many tensors: refused at once, by their count
+                return 0.0
             return self.dataplane.queue_share(inputs, request.model_name, request.model_version)
 
         serving = self.dataplane.serving  # an UNAVAILABLE ends the stream only once the server takes no calls

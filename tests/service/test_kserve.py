@@ -402,8 +402,9 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
         "input 'text' is given twice",
     ),
     "unknown output": (lambda: _output("logits"), "unknown output 'logits': this model has one output, 'embeddings'"),
-    # asked for twice (once as JSON, once binary over REST): one answered, the other dropped without a word
-    "an output twice": (_output_twice, "output 'embeddings' is requested twice"),
+    # asked for twice: one answered, the other dropped without a word; over gRPC refused by the count of outputs
+    # (REST, which reads its outputs as it parses them, says "requested twice")
+    "an output twice": (_output_twice, "2 outputs requested; the limit is 1: this model has one output, 'embeddings'"),
     "classification": (lambda: _output("embeddings", class_count=3), "asks for classification (class_count)"),
     "input in shared memory": (
         _input_in_shared_memory,
@@ -757,6 +758,34 @@ def test_a_bytes_tensor_of_a_million_elements_for_one_is_refused_by_its_count_ov
     body, headers = _rest_binary({"inputs": [_rest_text(parameters={"binary_data_size": len(raw)})]}, raw)
     reply = http.request("POST", server.http_url + "/v2/models/tiny/infer", body, headers)
     assert (reply.status, reply.json()) == (400, {"error": message})
+    ok_afterwards(stub)
+
+
+def test_more_outputs_or_input_tensors_than_the_model_has_are_refused_by_their_count_over_grpc(
+    stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    """A 4 MB request of one text and 2,000,000 empty outputs (or input tensors) held the event loop for seconds,
+    health checks waiting, while every entry was read (an output's parameters, an input's name and shape), and
+    was then refused for its first one ("unknown output ''"). Their number is refused first, without reading any,
+    in ModelInfer and in ModelStreamInfer."""
+    many_outputs = text_request(["a"])
+    many_outputs.outputs.extend([pb.ModelInferRequest.InferRequestedOutputTensor()] * 100_000)
+    many_inputs = text_request(["a"])
+    many_inputs.inputs.extend([Tensor()] * 100_000)
+    cases = [
+        (many_outputs, "100000 outputs requested; the limit is 1: this model has one output, 'embeddings'"),
+        (
+            many_inputs,
+            "100001 input tensors in one request; the limit is 3: this model takes 'text' (BYTES [-1]) or "
+            "'input_ids' and 'attention_mask' (INT64 [-1, -1])",
+        ),
+    ]
+    for request, message in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelInfer(request, timeout=WAIT)
+        assert (e.value.code(), e.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    responses = list(stub.ModelStreamInfer(iter([r for r, _ in cases] + [text_request(["b"])]), timeout=WAIT))
+    assert [r.error_message for r in responses] == [f"INVALID_ARGUMENT: {m}" for _, m in cases] + [""]
     ok_afterwards(stub)
 
 
