@@ -18,6 +18,12 @@ from prometheus_client import Gauge
 from mhaserve.service.rpc.registration import GenericOnly
 
 SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+# Open Watch streams a process holds at most; past it a Watch is refused RESOURCE_EXHAUSTED at once. Watch is open
+# without a key, and its only bound was 1000 streams a connection times --max-connections: 40,000 held by one client
+# with no key took the server's RSS up 300 MB (7.5 KB a watch on the lean front, 30 KB on grpc.aio's) and stalled
+# health checks for seconds. Probes ask with Check (Kubernetes' grpc probe, `mhaserve health`) or hold a Watch or
+# two each (Envoy, a client's channel), so 1000 is ample for every orchestrator and balancer in front of a replica.
+MAX_WATCHES = 1000
 
 
 class _Servicer(health_pb2_grpc.HealthServicer):
@@ -33,6 +39,7 @@ class _Servicer(health_pb2_grpc.HealthServicer):
     def __init__(self) -> None:
         self._status: dict[str, health_pb2.HealthCheckResponse.ServingStatus.ValueType] = {}
         self._watchers: dict[str, set[asyncio.Event]] = {}
+        self._watching = 0  # open Watch streams, all services together: MAX_WATCHES bounds them
         self._final = False
 
     def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
@@ -49,7 +56,7 @@ class _Servicer(health_pb2_grpc.HealthServicer):
         self._final = True
 
     def watching(self) -> int:
-        return sum(map(len, self._watchers.values()))
+        return self._watching
 
     async def Check(self, request: health_pb2.HealthCheckRequest, context: Any) -> health_pb2.HealthCheckResponse:
         status = self._status.get(request.service)
@@ -58,18 +65,32 @@ class _Servicer(health_pb2_grpc.HealthServicer):
         return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
+        if self._watching >= MAX_WATCHES:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the server holds {MAX_WATCHES} watches, as many as it takes: use Check, or fewer watches",
+            )
         changed = asyncio.Event()
         self._watchers.setdefault(request.service, set()).add(changed)
+        self._watching += 1  # let go in the finally, however the watch ends (cancelled, deadline, server stopping)
         last = None
         try:
             while True:
                 changed.clear()  # before the read: a change while this writes is seen at the next turn
                 status = self._status.get(request.service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
                 if status != last:
-                    await context.write(health_pb2.HealthCheckResponse(status=status))
+                    try:
+                        await context.write(health_pb2.HealthCheckResponse(status=status))
+                    except Exception:
+                        # A write fails only once the call is over (grpc.aio: ExecuteBatchError, as its client cancels,
+                        # before grpc.aio has heard of the cancel and can say so): no one is left to tell, so the watch
+                        # ends here. Raised, it was an ERROR, "Task exception was never retrieved", each time the
+                        # cancel then stopped the drain's wrapper (rpc/drain.py) before it read the watch's end.
+                        return
                     last = status
                 await changed.wait()
         finally:
+            self._watching -= 1
             watchers = self._watchers[request.service]
             watchers.discard(changed)
             if not watchers:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
+import logging
 import os
 import socket
 import threading
@@ -35,6 +37,7 @@ from mhaserve.runtime.engine import OnnxEngine
 from mhaserve.runtime.manifest import read_manifest
 from mhaserve.runtime.tokenizer import load_for_serving
 from mhaserve.service import client
+from mhaserve.service import health as health_module
 from mhaserve.service import server as server_module
 from mhaserve.service.metrics import Metrics
 from mhaserve.service.rpc.lean import frames as f
@@ -768,6 +771,66 @@ def test_a_watch_whose_client_reads_nothing_holds_up_no_change_of_health(start: 
         check = health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
         assert check.status == next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
         watch.cancel()
+
+
+def test_watches_past_the_bound_are_refused_and_those_ended_are_let_go(
+    start: Start, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Watch (open without a key) had no bound but 1000 streams a connection times --max-connections: 40,000 held
+    by a client with no key took the server's RSS up 300 MB and stalled its health checks for seconds. Past
+    MAX_WATCHES a Watch is refused RESOURCE_EXHAUSTED at once, Check still answers, and the watches that end,
+    cancelled or past their deadline, are let go for new ones."""
+    monkeypatch.setattr(health_module, "MAX_WATCHES", 3)
+    srv = start(settings)
+    with srv.channel() as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        watches = [health.Watch(health_pb2.HealthCheckRequest(), timeout=WAIT) for _ in range(3)]
+        assert [next(w).status for w in watches] == [health_pb2.HealthCheckResponse.SERVING] * 3
+        with pytest.raises(grpc.RpcError) as e:
+            next(health.Watch(health_pb2.HealthCheckRequest(), timeout=WAIT))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "3 watches" in e.value.details() and "Check" in e.value.details()
+        check = health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+        assert srv.server.health.servicer.watching() == 3
+
+        for w in watches[:2]:
+            w.cancel()
+        expiring = health.Watch(health_pb2.HealthCheckRequest(), timeout=1.0)
+        assert next(expiring).status == health_pb2.HealthCheckResponse.SERVING
+        assert code_of(expiring) == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_until(lambda: srv.server.health.servicer.watching() == 1, "the ended watches to be let go")
+        again = [health.Watch(health_pb2.HealthCheckRequest(), timeout=WAIT) for _ in range(2)]
+        assert [next(w).status for w in again] == [health_pb2.HealthCheckResponse.SERVING] * 2
+        for w in (watches[2], *again):
+            w.cancel()
+        wait_until(lambda: srv.server.health.servicer.watching() == 0, "the cancelled watches to be let go")
+
+
+def test_watches_cancelled_before_their_first_write_log_no_error(
+    start: Start, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On grpc.aio's front a Watch cancelled before its first write logged `ERROR asyncio Task exception was never
+    retrieved` (the write's ExecuteBatchError, in the task the drain runs a watch in): a client that cancels a
+    Watch is ordinary, not the server's error. Its window of 0 holds each watch at its first write; the resets
+    come together, as a client's cancels do."""
+    srv = start(settings)
+    streams = range(1, 41, 2)
+    with socket.create_connection(("127.0.0.1", srv.server.port), timeout=WAIT) as raw:
+        block = call_block("/grpc.health.v1.Health/Watch")
+        raw.sendall(f.PREFACE + f.settings((f.INITIAL_WINDOW_SIZE, 0)))
+        for s in streams:  # each an empty HealthCheckRequest
+            raw.sendall(f.frame(f.HEADERS, f.END_HEADERS, s, block) + f.frame(f.DATA, f.END_STREAM, s, bytes(5)))
+        wait_until(lambda: srv.server.health.servicer.watching() == len(streams), "the watches held at their write")
+        raw.sendall(b"".join(f.rst_stream(s, 8) for s in streams))  # 8: CANCEL
+        wait_until(lambda: srv.server.health.servicer.watching() == 0, "the cancelled watches to end")
+    srv.call(asyncio.sleep(0.2))  # the handlers' last steps, on the server's loop
+    gc.collect()  # a task whose exception was never retrieved says so as it is collected
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    with srv.channel() as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        check = health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_loading_wait_holds_calls_until_the_model_serves_within_deadlines(start: Start, settings: Settings) -> None:
