@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import http.client
 import logging
 import math
 import multiprocessing
@@ -250,16 +251,18 @@ class Gathered:
                 not_ready(child)
                 continue
             try:
-                text = read.result()
-            except OSError as e:
+                read_families = list(text_string_to_metric_families(read.result()))
+            except (OSError, http.client.HTTPException, ValueError) as e:
                 # Stopped, frozen, or draining: not ready, as far as anyone can tell (its series, its readiness
-                # included, were left out, and the not-ready alert never fired for a frozen process).
+                # included, were left out, and the not-ready alert never fired for a frozen process). An answer cut
+                # short (killed as it answered) or not Prometheus' text is neither an OSError: it failed the whole
+                # scrape, every process's series with it.
                 (log.debug if self.stopping() else log.warning)("process p%d's metrics could not be read: %s",
-                                                                 child.index, e)  # fmt: skip
+                                                                 child.index, e or type(e).__name__)  # fmt: skip
                 not_ready(child)
                 continue
             ready = False
-            for family in text_string_to_metric_families(text):
+            for family in read_families:
                 ready = ready or (family.name == READY and any(sample.value == 1 for sample in family.samples))
                 if family.name.endswith("_created"):  # creation times: noise, and one per process
                     continue

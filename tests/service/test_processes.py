@@ -286,6 +286,46 @@ def test_the_processes_metrics_are_read_at_once_not_one_after_another(caplog: py
             server.server_close()
 
 
+class _CutShort(_Both):
+    """A process's metrics port whose answer ends before its body does (the process killed between the headers
+    and the body, which wsgiref writes apart), or with `cut` false whose body is not Prometheus' text."""
+
+    cut = True
+
+    def do_GET(self) -> None:
+        body = b"# TYPE mhaserve_ready gauge\nmhaserve_ready 1.0\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body[:10] if self.cut else b"<html>not metrics</html>\n")
+
+
+def test_a_process_whose_metrics_answer_is_cut_short_is_not_ready_and_the_others_are_scraped() -> None:
+    """A process's answer cut short (http.client's IncompleteRead) or not metrics (a ValueError of the parser),
+    neither an OSError, failed the whole scrape: every process's series, and the 0 that says which is not ready."""
+    serving = Metrics()
+    serving.ready.set(1)
+    port = serving.serve("127.0.0.1", 0)
+    broken = [ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_CutShort,), {"cut": cut})) for cut in (1, 0)]
+    for server in broken:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ports = (port, *(server.server_address[1] for server in broken))
+        children = [
+            processes._Child(i, Settings(metrics_port=p), frozenset({0}), serving=True) for i, p in enumerate(ports)
+        ]
+        registry = CollectorRegistry()
+        registry.register(processes.Gathered(children, "127.0.0.1"))
+        gathered = from_registry(registry)
+        assert [gathered.get("mhaserve_ready", -1, process=f"p{i}") for i in range(3)] == [1, 0, 0]
+        assert gathered.get("mhaserve_processes_serving") == 1
+    finally:
+        serving.close()
+        for server in broken:
+            server.shutdown()
+            server.server_close()
+
+
 def test_a_draining_process_is_not_counted_as_serving(caplog: pytest.LogCaptureFixture) -> None:
     """mhaserve_processes_serving ("processes serving now") counted every process whose port answered, a
     draining one (its own mhaserve_ready 0) too; and while the server stops, a port that no longer answers is
