@@ -15,12 +15,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from mhaserve.service.context import Throttle
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +318,8 @@ class _Copies:
     codes: set[str] = field(default_factory=set)  # mhaserve_model_requests_total's
     # mhaserve_execution_provider_info's: how many copies served on each provider
     providers: collections.Counter[str] = field(default_factory=collections.Counter)
+    # What the copies share beside the series, which goes with them (ModelMetrics.shared)
+    shared: dict[str, Any] = field(default_factory=dict)
 
 
 class ModelMetrics:
@@ -342,6 +346,15 @@ class ModelMetrics:
         self.stalls = metrics.stalls.labels(*self.labels)
         self._codes: dict[str, Any] = {}  # mhaserve_model_requests_total's children, by code
         self._provider: str | None = None
+
+    def shared(self, key: str, make: Callable[[], T]) -> T:
+        """What every copy of this version alive at once shares under `key` (made by the first one), kept as its
+        series are, until its last copy is gone: the KServe statistics of a version loaded again went on from
+        its last copy's series (execution_count) but began again at 0 requests."""
+        if key not in self._copies.shared:
+            self._copies.shared[key] = make()
+        made: T = self._copies.shared[key]
+        return made
 
     def ended(self, code: str) -> None:
         """A request that reached this version ended with `code` (a gRPC status name)."""

@@ -69,10 +69,15 @@ Served = dict[str, dict[int, str]]
 MISSING_VERSION = "named by the version policy of serving.json (specific), but not in the repository"
 # See ModelManager._fingerprint; None where the files cannot be read.
 Fingerprint = tuple[object, ...] | None
-# The repository's own threads (ModelManager._read): at most one listing, one look-up per model asked to load,
-# one plan per model syncing and the poll's reads run at once, each shared by the calls that ask for it
-# meanwhile; more wait their turn, which on a file system that stalls they would spend stalled anyway.
+# The repository's own threads (ModelManager._read): its listings (the poll's, the index's) and the poll's look
+# for removed models, each shared by the calls that ask for it meanwhile; more wait their turn, which on a file
+# system that stalls they would spend stalled anyway.
 READ_THREADS = 4
+# The threads that read one model's files (its plan, a load call's look-up), apart from the listings': each model's
+# folder may be a volume of its own, and the reads of models whose volume stalled, one each, held the threads the
+# index and the poll's listing read on (the index hung, the poll stopped). A model's reads wait for one of these
+# only once this many models' reads have not returned.
+MODEL_READ_THREADS = 16
 # How long a poll waits on one model's read of the repository before it turns to the other models (the read goes
 # on; that model is polled again once it has returned). Reads take milliseconds; a file on a network file system
 # that stops answering, for ever.
@@ -87,6 +92,7 @@ class _Queued:
     """The read that calls made while one of the same key is under way wait for: begun once that one ends."""
 
     future: asyncio.Future[Any]
+    pool: CountingPool
     read: Callable[..., Any]
     args: tuple[Any, ...]
     context: contextvars.Context  # the first such call's (its request id, for what the read logs)
@@ -118,6 +124,7 @@ class _Plan:
     missing: tuple[int, ...] = ()  # named by a `specific` policy, not published
     refusal: ServiceError | RepositoryError | None = None
     policy: serving.VersionPolicy | None = None
+    config: serving.ServingConfig | None = None  # what the fingerprints were made with (_fall_back's own)
 
 
 class ModelManager:
@@ -173,7 +180,8 @@ class ModelManager:
         self._unloads: collections.Counter[str] = collections.Counter()
         self._poller: asyncio.Task[None] | None = None
         self._polling: dict[str, asyncio.Task[None]] = {}  # a poll's sync of each model still running (_poll_one)
-        self._planning: set[str] = set()  # models whose plan is being read (_sync)
+        self._planning: set[str] = set()  # models whose plan waits for a thread or is being read (_sync)
+        self._reading_plan: set[str] = set()  # of those, the ones being read (added in the read's thread: _planned)
         self._root_gone = False  # the repository's folder could not be read at the last poll
         self._closing = False  # close() has begun: a load call's look-up that ends then begins no load
         # Reads of the repository (listings, look-ups, plans) on threads of their own, not the default executor's:
@@ -182,6 +190,7 @@ class ModelManager:
         # their memory) run on. The pool's threads start with its first reads. `_reading`: the shared reads under
         # way, by what they read; `_queued`, the one that begins after each, for the calls made meanwhile (`_read`).
         self._reads = CountingPool("repository", READ_THREADS)
+        self._model_reads = CountingPool("repository-model", MODEL_READ_THREADS)
         self._reading: dict[Hashable, asyncio.Future[Any]] = {}
         self._queued: dict[Hashable, _Queued] = {}
         # A load's steps (the version's check, its session, its warm-up) on threads of their own too, counted: one
@@ -283,7 +292,7 @@ class ModelManager:
         # lock lets one plan of it run at a time.
         self._planning.add(name)
         try:
-            plan = await self._read(self._plan, name)
+            plan = await self._read(self._planned, name, of_model=True)
         finally:
             self._planning.discard(name)
         if plan.refusal is not None:
@@ -304,6 +313,10 @@ class ModelManager:
         # The policy the served versions report (None: none served), in force until every version the plan's selects
         # serves: a version loaded meanwhile reports it too.
         in_force = self.dataplane.resolve(name, max(served)).version_policy if served else None
+        # Under poll a model of which nothing serves falls back to the newest older version that loads (_fall_back):
+        # a failure of the versions its `latest` policy selects is then no start-up's failure.
+        fall_back = self.control == "poll" and self.pinned is None and getattr(plan.policy, "kind", "") == "latest"
+        failed: Exception | None = None
         # Newest first: each version is switched in once ready, and calls that name none get the newest served;
         # oldest first, a model's first load answered them with its oldest version while the newer ones loaded.
         try:
@@ -327,8 +340,11 @@ class ModelManager:
                         await self._load(name, version, fingerprint)
                 except Exception as e:  # a graph ONNX Runtime cannot read fails in its own ways
                     self._report(name, version, e, fingerprint)
-                    if strict:
+                    if strict and not fall_back:
                         raise
+                    failed = failed or e
+            if fall_back and failed is not None and not self.dataplane.versions(name):
+                await self._fall_back(name, plan, strict, failed)
         finally:
             # A version loaded while another the new policy selects failed (an explicit load ends at it) reports
             # the policy in force, as the others served do.
@@ -346,6 +362,36 @@ class ModelManager:
             if (policy := plan.policy) is not None:
                 for version in sorted(now & set(wanted)):
                     self.dataplane.resolve(name, version).version_policy = policy
+
+    async def _fall_back(self, name: str, plan: _Plan, strict: bool, failed: Exception) -> None:
+        """Serve the newest version of `name` older than those its policy selects (`plan.wanted`, none of which
+        loaded: `failed`, the newest one's error) that loads; with `strict`, raise `failed` where none does.
+
+        Under poll a version published broken (a copy cut short, a graph that fails its checksum) leaves the
+        servers that poll serving the version before it (a failed load changes nothing that is served), while a
+        server started then (a replica scaled out, a process of --processes started again, a pod restarted)
+        refused to start, or served nothing of the model under `*`: a fleet whose new replicas crash-loop while
+        the old ones serve. It serves what they do, most often; the policy's versions are served once their
+        files change, as the poll's are."""
+        assert plan.config is not None
+        for version in sorted((v for v in plan.published if v < min(plan.wanted)), reverse=True):
+            fingerprint = await self._read(self._fingerprint, name, version, plan.config, of_model=True)
+            if not strict and self._failed_as(name, version, fingerprint):
+                continue
+            try:
+                with self.dataplane.loading(name, version):
+                    await self._load(name, version, fingerprint)
+            except Exception as e:
+                self._report(name, version, e, fingerprint)
+                continue
+            log.warning(
+                "serving %s version %d, the newest version of it that loads: version %s, which its version policy "
+                "selects, does not (said above); served once its files change", name, version,
+                ", ".join(map(str, plan.wanted)),
+            )  # fmt: skip
+            return
+        if strict:
+            raise failed
 
     async def _load(self, name: str, version: int, fingerprint: Fingerprint) -> None:
         """Load a version and switch it in; one already served (its files or config changed) keeps serving
@@ -439,6 +485,16 @@ class ModelManager:
         key = (name, version)
         return key in self._failed and self._failed[key] == fingerprint
 
+    def _planned(self, name: str) -> _Plan:
+        """`_plan(name)`, the model named in `_reading_plan` while it runs: from its thread, for a poll that waited
+        on it to tell a read that has not returned from one that waits for a thread (a set's add and discard are
+        atomic)."""
+        self._reading_plan.add(name)
+        try:
+            return self._plan(name)
+        finally:
+            self._reading_plan.discard(name)
+
     def _plan(self, name: str) -> _Plan:
         """What the repository holds of `name` now: the versions to serve, the published ones, and the
         fingerprint of each version to serve (of version 0, the model as a whole, where it cannot be served).
@@ -454,7 +510,7 @@ class ModelManager:
         policy = config.version_policy
         missing = tuple(sorted(set(policy.specific) - set(published))) if policy.kind == "specific" else ()
         fingerprints = {v: self._fingerprint(name, v, config) for v in wanted}
-        return _Plan(wanted, set(published), fingerprints, missing, policy=policy)
+        return _Plan(wanted, set(published), fingerprints, missing, policy=policy, config=config)
 
     def _note_missing(self, name: str, missing: tuple[int, ...]) -> None:
         """Versions a `specific` policy names that the repository does not hold: UNAVAILABLE in the index and
@@ -621,7 +677,7 @@ class ModelManager:
         # event loop (every request, health check and drain) would wait for it. Shared by the load calls of the
         # model asked for meanwhile (a client's retries), each answered by a look-up begun after it came (_read).
         try:
-            await self._read(self.repository.published, name, share=("published", name))
+            await self._read(self.repository.published, name, share=("published", name), of_model=True)
         except NotFound as e:
             raise self._still_serving(name, e) from None
         if self._unloads[name] != unloads or self._closing:
@@ -731,10 +787,16 @@ class ModelManager:
             del self._polling[name]
             task.result()
             return
-        if name in self._planning:
+        if name in self._reading_plan:
             log.warning(
                 "reading model %s from the repository has not returned in %g s (a file system that does not "
                 "answer?): polling the other models meanwhile, and this one again once it returns", name, SLOW_READ_S
+            )  # fmt: skip
+        elif name in self._planning:  # not its own read: every model thread held by reads that have not returned
+            log.warning(
+                "model %s waits for a thread to read the repository: the reads of %s have not returned (a file "
+                "system that does not answer?); polling the other models meanwhile", name,
+                ", ".join(sorted(self._reading_plan)) or "other models",
             )  # fmt: skip
         else:  # a load's steps (a checksum, a session, its warm-up) may take minutes: the load says its own
             log.info("model %s's load has gone on for %g s: polling the other models meanwhile", name, SLOW_READ_S)
@@ -808,8 +870,11 @@ class ModelManager:
                 entries.append(IndexEntry(name, "", "UNAVAILABLE", "unloaded"))
         return [e for e in entries if e.state == "READY"] if ready_only else entries
 
-    async def _read(self, read: Callable[..., T], *args: Any, share: Hashable | None = None) -> T:
-        """`read(*args)` on the repository's threads (see `_reads`). With `share`, calls share a read, but only one
+    async def _read(
+        self, read: Callable[..., T], *args: Any, share: Hashable | None = None, of_model: bool = False
+    ) -> T:
+        """`read(*args)` on the repository's threads (see `_reads`), or with `of_model` on those that read one
+        model's files (MODEL_READ_THREADS). With `share`, calls share a read, but only one
         begun after they came: a call made while a read of the same key is under way waits for the next, begun
         once that one ends and shared by every call made meanwhile. The read under way may have begun before the
         caller's own last step (a model published, and then loaded or listed): its answer would be a NOT_FOUND
@@ -819,17 +884,18 @@ class ModelManager:
         stopped)."""
         if self._closing:
             raise Unavailable("the server is stopping")
+        pool = self._model_reads if of_model else self._reads
         if share is None:
-            result: T = await self._off_loop(self._reads, read, *args)
+            result: T = await self._off_loop(pool, read, *args)
             return result
         if share not in self._reading:
-            pending = self._begin_read(share, read, args, contextvars.copy_context())
+            pending = self._begin_read(share, pool, read, args, contextvars.copy_context())
         else:
             queued = self._queued.get(share)
             if queued is None:
                 future = asyncio.get_running_loop().create_future()
                 future.add_done_callback(_retrieved)  # had by its callers, or by nobody where they all left
-                queued = self._queued[share] = _Queued(future, read, args, contextvars.copy_context())
+                queued = self._queued[share] = _Queued(future, pool, read, args, contextvars.copy_context())
             pending = queued.future
         try:
             result = await asyncio.shield(pending)
@@ -840,9 +906,14 @@ class ModelManager:
         return result
 
     def _begin_read(
-        self, share: Hashable, read: Callable[..., Any], args: tuple[Any, ...], context: contextvars.Context
+        self,
+        share: Hashable,
+        pool: CountingPool,
+        read: Callable[..., Any],
+        args: tuple[Any, ...],
+        context: contextvars.Context,
     ) -> asyncio.Future[Any]:
-        pending = asyncio.get_running_loop().run_in_executor(self._reads, partial(context.run, read, *args))
+        pending = asyncio.get_running_loop().run_in_executor(pool, partial(context.run, read, *args))
         self._reading[share] = pending
         pending.add_done_callback(partial(self._read_done, share))
         return pending
@@ -858,7 +929,7 @@ class ModelManager:
             queued.future.set_exception(Unavailable("the server is stopping"))
             return
         # The calls made while `read` ran: their own read, begun now, after each of them came.
-        pending = self._begin_read(share, queued.read, queued.args, queued.context)
+        pending = self._begin_read(share, queued.pool, queued.read, queued.args, queued.context)
         pending.add_done_callback(partial(_copy_outcome, queued.future))
 
     @staticmethod
@@ -906,13 +977,14 @@ class ModelManager:
                 queued.future.set_exception(Unavailable("the server is stopping"))
         self._queued.clear()
         self._reads.shutdown(wait=False, cancel_futures=True)
+        self._model_reads.shutdown(wait=False, cancel_futures=True)
         self._loading.shutdown(wait=False, cancel_futures=True)
 
     @property
     def busy(self) -> tuple[int, int]:
         """Reads of the repository and loads' steps still running in their threads (stalled, where the server
         has stopped): each would hold the process's exit, which joins the pools' threads."""
-        return self._reads.running, self._loading.running
+        return self._reads.running + self._model_reads.running, self._loading.running
 
     def pipelines(self) -> list[Pipeline]:
         """Every pipeline with a batcher: the versions served and those retiring (finishing what they hold)."""

@@ -113,7 +113,8 @@ class Pipeline:
         self.limits = limits
         self.metrics = metrics
         self.auto_truncate = auto_truncate  # --auto-truncate: what a request that does not say truncate gets
-        self.stats = ModelStats(metrics)  # per-model statistics for both APIs (the v2 ModelStatistics)
+        # per-model statistics for both APIs (the v2 ModelStatistics), shared with the version's other copies
+        self.stats = metrics.shared("stats", functools.partial(ModelStats, metrics))
         self.max_tokens = model.entry.max_tokens
         self.vocab_size = model.entry.manifest.vocab_size
         self.dimensions = model.entry.manifest.hidden_size

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -154,6 +155,15 @@ def _all_cores() -> str:
 
 class StartupError(RuntimeError):
     """The server cannot start: the message says why and what to do."""
+
+
+def _unreadable(e: OSError) -> str:
+    """A repository's file that could not be read, in one line: which, why, and where this user may not read
+    it, as whom."""
+    what = f"cannot read {e.filename}: {e.strerror or e}" if e.filename else f"cannot read the model repository: {e}"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        what += f" (this server runs as uid {os.getuid()}: the repository's folders and files must be readable by it)"
+    return what
 
 
 def _connection_limit(setting: int | None) -> int:
@@ -295,11 +305,19 @@ class EncoderServer:
         try:
             names = self.manager.names() or [self.manager.default_name()]
             for name in filter(self.manager.must_serve, names):  # every model named verifies: fail fast
-                self.repository.entry(name, self.manager.to_serve(name)[-1], graph=s.graph, device=s.device)
+                version = self.manager.to_serve(name)[-1]
+                try:
+                    self.repository.entry(name, version, graph=s.graph, device=s.device)
+                except RepositoryError:
+                    # under poll an older version may serve in its place (ModelManager._fall_back): the load says
+                    if s.model_control != "poll":
+                        raise
         except ServiceError as e:
             raise StartupError(e.message) from None
         except RepositoryError as e:  # malformed, tampered with, incomplete
             raise StartupError(str(e)) from None
+        except OSError as e:  # a file this user cannot read (exported under umask 077, the image's uid 10001)
+            raise StartupError(_unreadable(e)) from None
         try:
             credentials = read_credentials(s) if self.credentials is None else self.credentials
         except (AuthError, tls.TlsError) as e:

@@ -514,6 +514,20 @@ def test_a_version_loaded_beside_one_that_fails_reports_the_policy_the_others_do
         srv.stop()
 
 
+def test_a_repository_file_that_cannot_be_read_stops_start_up_in_one_line(tmp_path: Path) -> None:
+    """A file of the repository the server cannot read (not readable by its user: the image's, uid 10001, and
+    files exported under umask 077; here a folder in a file's place, which root cannot read either) stopped
+    start-up with a traceback, where every other reason is one "cannot start:" line naming it."""
+    from mhaserve.service.server import StartupError
+
+    export(tmp_path, "m", 1, seed=1)
+    manifest = tmp_path / "m" / "1" / "manifest.json"
+    manifest.unlink()
+    manifest.mkdir()
+    with pytest.raises(StartupError, match=f"^cannot read {re.escape(str(manifest))}: Is a directory$"):
+        ServerThread(settings(tmp_path, "m"))
+
+
 def test_a_bad_serving_config_stops_start_up_naming_the_key(tmp_path: Path) -> None:
     from mhaserve.service.server import StartupError
 
@@ -540,6 +554,73 @@ def test_a_bad_serving_config_stops_start_up_naming_the_key(tmp_path: Path) -> N
             srv.ready()
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("models", [("m",), ("*",)], ids=["named", "star"])
+def test_under_poll_a_server_started_beside_a_broken_newer_version_serves_the_newest_that_loads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, models: tuple[str, ...]
+) -> None:
+    """A version published broken (a copy cut short, a graph that fails its checksum) leaves the servers polling
+    the repository serving the version before; but a server started then (a replica scaled out, a process of
+    --processes started again, a pod restarted) refused to start (a model named: the version its policy selects
+    must load), or served nothing of the model (`*`): a fleet whose new replicas crash-loop while the old ones
+    serve. Under poll it serves the newest version that loads, as they do, and says so; the broken one is
+    listed UNAVAILABLE with its reason, and served once mended."""
+    first = reference(export(tmp_path, "m", 1, seed=1))
+    corrupt(tmp_path, "m", 1, 2, "sha")
+    caplog.set_level(logging.INFO, logger="mhaserve.service.models")
+    srv = ServerThread(settings(tmp_path, *models, model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        with srv.channel() as channel:
+            assert info(channel, "m").version == 1
+            assert np.allclose(vectors(encode(channel, "m")), first, atol=1e-6)
+            index = _index(srv)
+            assert index[("m", "1")] == ("READY", "")
+            assert index[("m", "2")][0] == "UNAVAILABLE" and "fails its checksum" in index[("m", "2")][1]
+            said = [r for r in caplog.records if "the newest version of it that loads" in r.getMessage()]
+            assert [r.levelname for r in said] == ["WARNING"] and "m version 1" in said[0].getMessage()
+            shutil.rmtree(tmp_path / "m" / "2")
+            copy_version(tmp_path, "m", 1, 2)  # mended
+            wait_until(partial(serves, channel, 2), "the mended version served")
+            wait_until(lambda: srv.server.dataplane.versions("m") == [2], "version 1 retired by the policy")
+    finally:
+        srv.stop()
+    # nothing of it loads: a model named stops start-up, with the newest version's reason, as before
+    shutil.rmtree(tmp_path / "m" / "1")
+    corrupt(tmp_path, "m", 2, 1, "truncated")
+    corrupt(tmp_path, "m", 2, 3, "sha")
+    shutil.rmtree(tmp_path / "m" / "2")
+    if models == ("m",):
+        _start_fails(settings(tmp_path, "m", model_control="poll"), r"^m: graph \S*/m/3/model\.onnx fails its checksum")
+
+
+def _start_fails(settings: Settings, match: str) -> None:
+    """A server with `settings` does not start: refused before it binds its ports (StartupError), or by its
+    models' load (RepositoryError, from ready()), with a message that `match`es."""
+    from mhaserve.service.server import StartupError
+
+    try:
+        srv = ServerThread(settings)
+    except StartupError as e:
+        assert re.search(match, str(e)), e
+        return
+    try:
+        with pytest.raises(RepositoryError, match=match):
+            srv.ready()
+    finally:
+        srv.stop()
+
+
+def test_without_poll_start_up_still_wants_the_version_the_policy_selects(tmp_path: Path) -> None:
+    """`none` and `explicit` serve what the repository holds at start-up, and only that: a broken newest version
+    stops start-up (a deployment's check that what it ships loads); the fallback is poll's alone. So is it under
+    a `specific` policy: the versions named, or none."""
+    export(tmp_path, "m", 1, seed=1)
+    corrupt(tmp_path, "m", 1, 2, "sha")
+    for control in ("none", "explicit"):
+        _start_fails(settings(tmp_path, "m", model_control=control), "m/2/model.onnx fails its checksum")
+    (tmp_path / "m" / "serving.json").write_text(json.dumps({"version_policy": {"specific": {"versions": [2]}}}))
+    _start_fails(settings(tmp_path, "m", model_control="poll"), "m/2/model.onnx fails its checksum")
 
 
 # ---- publishing while serving ---------------------------------------------------------------------------
@@ -1099,6 +1180,85 @@ def test_a_models_read_that_does_not_return_holds_no_other_models_poll(
         srv.stop()
 
 
+def test_models_whose_reads_do_not_return_hold_neither_the_index_nor_the_other_models_poll(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More models whose reads hang than the repository has threads (each model's folder on a network volume of
+    its own): each stalled read held one of the threads the listings and the index read on too, and the index
+    hung, the poll stopped, and a healthy model queued behind them was named as not answering. The models' reads
+    run on threads apart from the listings', and a model that waits for one of them is said to wait, not blamed."""
+    monkeypatch.setattr(models_module, "SLOW_READ_S", 0.3)
+    threads = models_module.READ_THREADS + 2
+    monkeypatch.setattr(models_module, "MODEL_READ_THREADS", threads)
+    caplog.set_level(logging.INFO, logger="mhaserve.service.models")
+    names = [f"s{i}" for i in range(threads)]
+    for seed, name in enumerate([*names, "ok"], 1):
+        export(tmp_path, name, 1, seed=seed)
+    srv = ServerThread(settings(tmp_path, "*", model_control="poll", repository_poll_s=0.1)).ready()
+    manager = srv.server.manager
+    real, release, held, stalled = manager._plan, threading.Event(), set(), set(names[:-1])
+
+    def plan(name: str) -> Any:
+        if name in stalled and not release.is_set():
+            held.add(name)
+            release.wait(60)
+        return real(name)
+
+    def blamed() -> set[str]:
+        return {r.getMessage().split()[2] for r in caplog.records if "has not returned in 0.3 s" in r.getMessage()}
+
+    manager._plan = plan  # type: ignore[method-assign]
+    try:
+        wait_until(lambda: held == stalled, "the stalled models' reads to hang, more than the repository's threads")
+        # the index and the other models' polls are not held by them
+        copy_version(tmp_path, "ok", 1, 2)
+        export(tmp_path, "new", 1, seed=99)
+        wait_until(lambda: _index(srv).get(("new", "1")) == ("READY", ""), "a new model, the others hanging")
+        wait_until(lambda: _index(srv).get(("ok", "2")) == ("READY", ""), "ok's version 2, the others hanging")
+        wait_until(lambda: blamed() == stalled, "each stalled model named once")
+        # every model thread held now: ok's read waits for one, and is said to
+        stalled.add(names[-1])
+        wait_until(lambda: held == stalled, "every model thread held")
+        copy_version(tmp_path, "ok", 1, 3)
+        wait_until(lambda: any(r.getMessage().startswith("model ok waits") for r in caplog.records), "ok waiting")
+        waiting = next(r for r in caplog.records if r.getMessage().startswith("model ok waits"))
+        assert waiting.levelname == "WARNING" and all(n in waiting.getMessage() for n in names), waiting.getMessage()
+        assert blamed() == stalled and _index(srv).get(("ok", "3")) is None  # listed, not read yet
+        release.set()
+        wait_until(lambda: _index(srv).get(("ok", "3")) == ("READY", ""), "ok polled once a thread is free")
+    finally:
+        release.set()
+        srv.stop()
+
+
+def test_a_reloaded_versions_statistics_go_on_from_its_last_copys(tmp_path: Path) -> None:
+    """A served version loaded again (a serving.json edit, an --overwrite) kept its metric series, but its KServe
+    ModelStatistics began again at 0 requests, its execution_count (read from the series) kept counting: counts
+    that went backwards for the tools that difference them (perf_analyzer), and more batches than requests."""
+    export(tmp_path, "m", 1, seed=1)
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        with srv.channel() as channel:
+            kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+
+            def stats() -> Any:
+                return kserve.ModelStatistics(kpb.ModelStatisticsRequest(name="m"), timeout=WAIT).model_stats[0]
+
+            for _ in range(3):
+                encode(channel, "m")
+            before = stats()
+            assert before.inference_count == 3 * len(INPUTS) and before.inference_stats.success.count == 3
+            (tmp_path / "m" / "serving.json").write_text(json.dumps({"normalize": False}))
+            wait_until(lambda: not info(channel, "m").normalize, "the reloaded copy")
+            encode(channel, "m")
+            after = stats()
+            assert after.inference_count == 4 * len(INPUTS) and after.inference_stats.success.count == 4
+            assert after.execution_count >= before.execution_count + 1
+            assert after.inference_stats.success.ns > before.inference_stats.success.ns
+    finally:
+        srv.stop()
+
+
 def test_a_served_version_whose_files_or_config_change_is_loaded_again(tmp_path: Path) -> None:
     """`mhaserve export --overwrite` of the served version, then a serving.json edit, are served (they were
     never picked up: the version number alone was compared); files that then fail leave the copy loaded
@@ -1392,10 +1552,10 @@ def _noting_reads(manager: Any) -> list[Any]:
     noted: list[Any] = []
     read = manager._read
 
-    def noting(*args: Any, share: Any = None) -> Any:
+    def noting(*args: Any, share: Any = None, **kw: Any) -> Any:
         if share is not None:
             noted.append(share)
-        return read(*args, share=share)
+        return read(*args, share=share, **kw)
 
     manager._read = noting
     return noted
