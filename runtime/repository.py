@@ -235,11 +235,27 @@ class ModelRepository:
                     f"top, where a repository holds them in <name>/<version>/ folders (as {self.root}/<name>/1/; "
                     "an archive of a repository: `tar -czf model.tar.gz -C models .`)"
                 )
+            versions = self._versions_at_top()
+            if versions:  # a model's folder (a SageMaker model.tar.gz made with `tar -C models/<name> .`)
+                raise NotFound(
+                    f"the model repository {self.root} holds a model's versions ({', '.join(versions)}) at its top, "
+                    f"where a repository holds them in <name>/<version>/ folders: --repository {self.root.parent} "
+                    f"serves it as model {self.root.name!r} (an archive of a repository: `tar -czf model.tar.gz -C "
+                    "models .`)"
+                )
             raise NotFound(
                 f"the model repository {self._where()} has no models; "
                 f"create one with `mhaserve export --repository {self.root}`"
             )
         return preferred_default(names)
+
+    def _versions_at_top(self) -> list[str]:
+        """The repository's folders that are a model's versions (a number, a manifest in it), by number."""
+        try:
+            found = [p for p in self.root.iterdir() if mf.is_version(p.name) and (p / mf.MANIFEST).is_file()]
+        except OSError:
+            return []
+        return [p.name for p in sorted(found, key=lambda p: int(p.name))]
 
     def published(self, name: str) -> list[int]:
         """The versions of a model in the repository, ascending; NOT_FOUND for a model it does not hold."""

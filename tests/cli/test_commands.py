@@ -168,6 +168,14 @@ def test_serve_refuses_to_start_without_the_model(tmp_path: Path, tiny_repo: Pat
     assert p.wait() == 1
     assert "holds one model version's files at its top" in p.log and f"{bare}/<name>/1/" in p.log
 
+    # a model's folder named as the repository (its versions at the top: `tar -C models/<name> .`) is said so,
+    # where it was told to export a model into it
+    p = Process("--repository", str(tiny_repo / "tiny"), "--port", "0", "--metrics-port", "0", "--http-port", "0")
+    processes.append(p)
+    assert p.wait() == 1
+    assert f"{tiny_repo / 'tiny'} holds a model's versions (1) at its top" in p.log, p.log[-2000:]
+    assert f"--repository {tiny_repo}" in p.log and "mhaserve export" not in p.log
+
     # a folder that is not there is said to be missing (the default, `models`, is relative to where one runs)
     p = Process("--repository", str(tmp_path / "nowhere"), "--port", "0", "--metrics-port", "0", "--http-port", "0")
     processes.append(p)
