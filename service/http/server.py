@@ -54,7 +54,9 @@ log = logging.getLogger(__name__)
 
 BACKLOG = 2048
 # An idle keep-alive connection is closed after this long; a balancer's pool must close its own sooner
-# (deploy/haproxy and deploy/nginx keep theirs 4 s), or it sends requests on connections being closed.
+# (deploy/nginx keeps its 4 s), or it sends requests on connections being closed; deploy/haproxy sends a request
+# met by such a close to another replica instead (`retry-on empty-response`), but only one it holds whole in its
+# buffer (16 kB): a larger one's client sees the close.
 KEEP_ALIVE_S = 5
 # The request line and headers together; nginx's default allows 4 lines of 8 KB, Node 16 KB in all.
 MAX_HEADER_BYTES = 64 * 1024
