@@ -353,7 +353,10 @@ class ModelRepository:
 
     def load(self, entry: ModelEntry, engine_factory: EngineFactory) -> LoadedModel:
         """Open the tokenizer and the engine of a verified entry (slow: seconds for a real model)."""
-        tokenizer = load_for_serving(entry.tokenizer_path, entry.max_tokens)
+        try:
+            tokenizer = load_for_serving(entry.tokenizer_path, entry.max_tokens)
+        except Exception as e:  # tokenizers raises a bare Exception, its parser's message naming no file
+            raise RepositoryError(f"{entry.tokenizer_path} cannot be read as a tokenizer: {e}") from None
         if (size := tokenizer.get_vocab_size()) > entry.manifest.vocab_size:
             # (export refuses the pair; a manifest edited by hand had each text with a token past it refused as the
             # client's error, "outside the vocabulary")

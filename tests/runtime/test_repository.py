@@ -153,6 +153,25 @@ def test_a_tokenizer_larger_than_the_vocabulary_its_manifest_says_is_refused_at_
         repo.load(repo.entry("m"), no_engine)  # type: ignore[arg-type]
 
 
+def test_a_tokenizer_that_cannot_be_read_is_named_at_load(tiny_entry: Path, tmp_path: Path) -> None:
+    """A version exported before the tokenizer's sha256 was recorded, whose tokenizer.json is then broken: the
+    load's error, in the log and the index, was the JSON parser's alone ("expected `,` or `}` at line 1 column
+    11"), naming no file."""
+    copy = tmp_path / "m" / "1"
+    shutil.copytree(tiny_entry, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    del m["tokenizer_sha256"]
+    (copy / "manifest.json").write_text(json.dumps(m))
+    (copy / "tokenizer.json").write_text('{"garbage": ')
+    repo = ModelRepository(tmp_path)
+
+    def no_engine(entry: object) -> object:
+        raise AssertionError("the graph was opened")
+
+    with pytest.raises(RepositoryError, match=rf"^{copy / 'tokenizer.json'} cannot be read as a tokenizer: .*line 1"):
+        repo.load(repo.entry("m"), no_engine)  # type: ignore[arg-type]
+
+
 def test_an_entry_s_digest_changes_with_what_it_computes_and_only_that(tiny_entry: Path) -> None:
     """GetModelInfo's digest, which `mhaserve encode` compares before and after its texts: another graph, other
     external data (a graph past 1.5 GB, whose sha256 covers the data file's name, not its weights), another
