@@ -364,6 +364,15 @@ class ModelRepository:
                 f"model {entry.name} version {entry.version}: its tokenizer has {size} tokens, more than the "
                 f"vocab_size {entry.manifest.vocab_size} its manifest says (a manifest that does not describe them?)"
             )
+        for name, prompt in entry.prompts.items():
+            # [CLS] prompt [SEP] filling max_length leaves the text no token: cut to fit, every text a request sent
+            # with this prompt (every one, where it is the default) embedded as the prompt alone, to one vector
+            if len(tokenizer.encode(prompt)) >= entry.max_tokens:
+                raise RepositoryError(
+                    f"model {entry.name} version {entry.version}: prompt {name!r} ({prompt[:100]!r}) with the special "
+                    f"tokens fills max_length {entry.max_tokens}, and no token of a text would be left (every text cut "
+                    "to the prompt alone): a shorter prompt, or a larger max_length"
+                )
         engine = engine_factory(entry)
         log.info(
             "loaded %s version %d (%s graph, sha256 %s…) on %s%s",

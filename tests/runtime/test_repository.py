@@ -172,6 +172,26 @@ def test_a_tokenizer_that_cannot_be_read_is_named_at_load(tiny_entry: Path, tmp_
         repo.load(repo.entry("m"), no_engine)  # type: ignore[arg-type]
 
 
+def test_a_prompt_that_leaves_no_room_for_a_text_is_refused_at_load(tiny_entry: Path, tmp_path: Path) -> None:
+    """A serving.json whose prompt, with the special tokens, fills its max_length loaded without a word, and
+    with truncation every text a request sent with it (the default prompt: every text) embedded as the prompt
+    alone, all to one vector. One that leaves a token for the text loads."""
+    copy = tmp_path / "m" / "1"
+    shutil.copytree(tiny_entry, copy)
+    repo = ModelRepository(tmp_path)
+
+    def no_engine(entry: object) -> object:
+        raise AssertionError("the graph was opened")
+
+    config = tmp_path / "m" / "serving.json"
+    config.write_text(json.dumps({"prompts": {"q": "a b c d"}, "max_length": 6, "default_prompt_name": "q"}))
+    with pytest.raises(RepositoryError, match=r"prompt 'q' \('a b c d'\) with the special tokens fills max_length 6"):
+        repo.load(repo.entry("m"), no_engine)  # type: ignore[arg-type]
+    config.write_text(json.dumps({"prompts": {"q": "a b c"}, "max_length": 6}))
+    with pytest.raises(AssertionError, match="the graph was opened"):  # past the check
+        repo.load(repo.entry("m"), no_engine)  # type: ignore[arg-type]
+
+
 def test_an_entry_s_digest_changes_with_what_it_computes_and_only_that(tiny_entry: Path) -> None:
     """GetModelInfo's digest, which `mhaserve encode` compares before and after its texts: another graph, other
     external data (a graph past 1.5 GB, whose sha256 covers the data file's name, not its weights), another
