@@ -436,17 +436,27 @@ class Pipeline:
         its start was measured, how many characters of it (None: all of it).
 
         A long text is measured on the tokeniser threads, as it was tokenised: a refusal must not hold the
-        event loop longer than serving the text would; past the prefix bound only its start is measured.
+        event loop longer than serving the text would; past the prefix bound only its start is measured, read
+        further as `encode_long` reads a text (PREFIX_GROWTH) where that start alone is not past the maximum (a
+        run of whitespace: "longer than 2 tokens") or has no word edge to cut before (it was measured whole: 4 MB,
+        seconds of the tokeniser for a refusal).
         """
         loop = asyncio.get_running_loop()
         whole = await self._whole_tokenizer()
-        part = _prefix(text, self.max_tokens * PREFIX_CHARS_PER_TOKEN, self._edges)
-        if len(part) <= INLINE_TOKENIZE_CHARS:
-            length = len(whole.encode(part).ids)
-        else:
-            encodings = await loop.run_in_executor(self._tokenize_pool, whole.encode_batch, [part])
-            length = len(encodings[0].ids)
-        return length, None if part is text else len(part)
+        limit = self.max_tokens * PREFIX_CHARS_PER_TOKEN
+        while True:
+            part = _prefix(text, limit, self._edges)
+            if part is text and len(text) > limit:  # no edge within its start: a longer one
+                limit *= PREFIX_GROWTH
+                continue
+            if len(part) <= INLINE_TOKENIZE_CHARS:
+                length = len(whole.encode(part).ids)
+            else:
+                encodings = await loop.run_in_executor(self._tokenize_pool, whole.encode_batch, [part])
+                length = len(encodings[0].ids)
+            if part is text or length > self.max_tokens:
+                return length, None if part is text else len(part)
+            limit *= PREFIX_GROWTH
 
     def _too_long(self, index: int, length: int, measured_chars: int | None = None, *, prompted: bool = False) -> str:
         # the prompt only where one was put before the text (never before token ids)

@@ -20,6 +20,7 @@ from mhaserve.service.metrics import Metrics, ModelMetrics
 from mhaserve.service.pipeline import (
     INLINE_TOKENIZE_CHARS,
     PREFIX_CHARS_PER_TOKEN,
+    PREFIX_GROWTH,
     EncodeInput,
     Pipeline,
     _suffix,
@@ -134,6 +135,10 @@ class Counting:
     def encode_batch(self, texts: list[str]) -> Any:
         self.chars += sum(map(len, texts))
         return self.tokenizer.encode_batch(texts)
+
+    def encode(self, text: str) -> Any:
+        self.chars += len(text)
+        return self.tokenizer.encode(text)
 
 
 @pytest.mark.parametrize("cut_start", [False, True], ids=["end cut", "start cut"])
@@ -292,8 +297,11 @@ def test_a_very_long_text_refused_for_its_length_is_measured_from_its_start(tiny
     model = repository.load(repository.entry(), ScriptedEngine().factory())
     pipeline = Pipeline(model, Batcher(model.engine, limits=CPU_LIMITS), CPU_LIMITS, ModelMetrics(Metrics(), "m", 1))
     text = "token " * 1_000_000
+    limit = pipeline.max_tokens * PREFIX_CHARS_PER_TOKEN
     # its start all whitespace: that start alone is a few tokens, which was said as "longer than 2 tokens"
-    spaced = " " * (pipeline.max_tokens * PREFIX_CHARS_PER_TOKEN + 10) + "token " * 1_000
+    spaced = " " * (limit + 10) + "token " * 1_000
+    # no word edge in its start: it was measured whole (4 MB: seconds of the tokeniser, for a refusal)
+    worded = "y" * (limit + 10) + " token" * 700_000
 
     async def refusal(text: str) -> str:
         try:
@@ -302,14 +310,21 @@ def test_a_very_long_text_refused_for_its_length_is_measured_from_its_start(tiny
             return e.message
         raise AssertionError("not refused")
 
+    whole = asyncio.run(pipeline._whole_tokenizer())
+    counting = Counting(whole)
+    pipeline._untruncated = counting  # type: ignore[assignment]
     try:
-        message, spaced_message = asyncio.run(refusal(text)), asyncio.run(refusal(spaced))
+        messages = [asyncio.run(refusal(t)) for t in (text, spaced, worded)]
     finally:
         pipeline.close()
-    m = re.search(r"input 0 is longer than (\d+) tokens \(its first (\d+) characters alone\)", message)
-    assert m is not None, message
-    assert int(m[1]) > pipeline.max_tokens and int(m[2]) <= pipeline.max_tokens * PREFIX_CHARS_PER_TOKEN
-    assert spaced_message.startswith(f"input 0 is more than the model's maximum of {pipeline.max_tokens} tokens")
+    # each measured from a start that alone is past the maximum, read further where a start is not (the spaced
+    # one, 11 kB, then whole)
+    for message in (messages[0], messages[2]):
+        m = re.search(r"input 0 is longer than (\d+) tokens \(its first (\d+) characters alone\)", message)
+        assert m is not None, message
+        assert int(m[1]) > pipeline.max_tokens and int(m[2]) <= limit * PREFIX_GROWTH, message
+    assert messages[1].startswith("input 0 is 5002 tokens long, more than the model's maximum"), messages[1]
+    assert counting.chars < 5 * limit * PREFIX_GROWTH  # never the whole of the 4 MB
 
 
 def test_token_ids_cut_to_the_maximum_keep_their_closing_special_token_as_a_text_truncated_does(
