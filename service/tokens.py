@@ -17,6 +17,10 @@ from mhaserve.service.pipeline import EncodeInput, Pipeline
 R = TypeVar("R")
 
 
+# The tokens one answer holds at most (a 400 past them): each is a Python dict until the answer is encoded, about
+# 700 bytes, so one 4 MB request within every other limit (2,000 texts of 1,000 words: 2 million tokens) took 1.45 GB
+# more memory at its peak, and a few at once a container's 4 GB. 262,144 is about 190 MB; 1,024 texts of 256 tokens.
+MAX_TOKENIZE_TOKENS = 262_144
 # A request's tokens up to this many are made into its answer where it is asked, on the event loop: about 0.4 ms
 # (0.8 us a token, its dict and its JSON); more, on the tokeniser threads (see `tokenize`).
 INLINE_TOKENS = 512
@@ -78,6 +82,12 @@ async def tokenize(
         if e.param == "input":  # the pipeline's checks name the embeddings APIs' field
             raise InvalidArgument(e.message, param="inputs") from None
         raise
+    if (total := sum(map(len, encodings))) > MAX_TOKENIZE_TOKENS:
+        raise InvalidArgument(
+            f"the answer would hold {total} tokens; one tokenize request answers at most {MAX_TOKENIZE_TOKENS}: "
+            "send fewer or shorter inputs, or truncate",
+            param="inputs",
+        )
     # Offsets count in the text sent: the prompt put before it (the same for every text) is not in it.
     shift = len(prompted[0]) - len(texts[0])
     work = functools.partial(answer, prompted, encodings, shift, add_special_tokens, render)

@@ -1083,6 +1083,22 @@ def test_a_large_tokenize_answer_is_made_off_the_event_loop(srv: ServerThread, m
     assert large[0][2] == {"id": large[0][2]["id"], "text": "o", "special": False, "start": 1, "stop": 2}
 
 
+def test_a_tokenize_answer_past_its_bound_is_refused(srv: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One 4 MB /tokenize request within every limit (2,000 texts of 1,000 words) was answered with 2 million
+    tokens, a Python dict each: 126 MB of JSON, 1.45 GB more memory at its peak, kept (a few at once took a 4 GB
+    container down). The tokens of one answer are bounded (MAX_TOKENIZE_TOKENS), a 400 past it saying so."""
+    monkeypatch.setattr(tokens_module, "MAX_TOKENIZE_TOKENS", 200)
+    ok = request("POST", url(srv, "/tokenize"), {"inputs": ["word " * 20] * 2})  # 2 x 82 tokens
+    assert ok.status == 200 and [len(t) for t in ok.json()] == [82, 82]
+    reply = request("POST", url(srv, "/tokenize"), {"inputs": ["word " * 20] * 3})
+    assert reply.status == 400, reply.body[:300]
+    error = reply.json()["error"]
+    assert error["param"] == "inputs" and error["message"] == (
+        "the answer would hold 246 tokens; one tokenize request answers at most 200: send fewer or shorter inputs, "
+        "or truncate"
+    )
+
+
 N = 200_000  # elements of a list (about 1 MB), every one bad, or all but one
 
 
