@@ -90,6 +90,12 @@ OTHER_VARIABLES = (
     "MHASERVE_LB_STATS_PUBLISH",
     "MHASERVE_TEST_KEEP_IMAGES",
 )
+# What Kubernetes sets in a pod for a Service named mhaserve (or mhaserve-<x>) where enableServiceLinks is on, as
+# Docker's links did: <SVC>_SERVICE_HOST, <SVC>_SERVICE_PORT[_<NAME>], <SVC>_PORT_<n>_<PROTO>[_PROTO|_PORT|_ADDR]
+# (and <SVC>_PORT=tcp://..., which for `mhaserve` is --port's own variable: deploy/k8s sets it, and the links off).
+SERVICE_LINK = re.compile(
+    r"MHASERVE(_\w+?)?_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)\Z"
+)
 # Names that look like a setting's but are nearest in spelling to another's: the gRPC port is --port, and one
 # --host serves gRPC and HTTP.
 MEANT = {
@@ -103,11 +109,13 @@ def misspelt(env: Mapping[str, str] | None = None) -> list[str]:
     """A warning for each MHASERVE_* variable that is not a setting, whatever its name: the server never reads it
     (MHASERVE_HTTP_PROT left the default port, MHASERVE_DRAIN no drain delay, without a word). It names the
     setting likely meant where one is (`_meant`). Not for the variables the compose files, the client commands and
-    the tests read (MHASERVE_IMAGE, MHASERVE_API_KEY)."""
+    the tests read (MHASERVE_IMAGE, MHASERVE_API_KEY), nor Kubernetes' service links (SERVICE_LINK)."""
     env = os.environ if env is None else env
     known = [env_var(f.name) for f in dataclasses.fields(Settings)]
     warnings = []
     for name in sorted(env):
+        if SERVICE_LINK.match(name) or (re.fullmatch(r"MHASERVE_\w+_PORT", name) and env[name].startswith("tcp://")):
+            continue  # a Kubernetes service link: no one's mistake
         if name.startswith("MHASERVE_") and name not in known and name not in CLIENT_VARIABLES + OTHER_VARIABLES:
             meant = _meant(name, known)
             hint = f"did you mean {_either(meant)}?" if meant else "mhaserve serve --help lists its variables"

@@ -484,6 +484,30 @@ def test_the_settings_and_the_variables_read_beside_the_server_are_not_warned_ab
     assert misspelt(dict.fromkeys(settings | compose | others, "1")) == []
 
 
+def test_kubernetes_service_links_are_not_warned_about_and_the_manifests_turn_them_off() -> None:
+    """A Service named `mhaserve` (deploy/k8s) has Kubernetes set MHASERVE_SERVICE_HOST, MHASERVE_PORT_50051_TCP
+    and the like in every pod that enableServiceLinks leaves on: 17 "not a setting" warnings at each pod start.
+    They are no one's mistakes; and the manifests turn the links off (one, MHASERVE_PORT=tcp://..., is a setting's
+    name, which the deployment sets itself)."""
+    from mhaserve.cli.options import misspelt
+
+    links = {
+        "MHASERVE_SERVICE_HOST": "10.0.0.1",
+        "MHASERVE_SERVICE_PORT": "50051",
+        "MHASERVE_SERVICE_PORT_GRPC": "50051",
+        "MHASERVE_PORT_50051_TCP": "tcp://10.0.0.1:50051",
+        "MHASERVE_PORT_50051_TCP_PROTO": "tcp",
+        "MHASERVE_PORT_50051_TCP_PORT": "50051",
+        "MHASERVE_PORT_8080_TCP_ADDR": "10.0.0.1",
+        "MHASERVE_GRPC_SERVICE_HOST": "10.0.0.2",  # a Service named mhaserve-grpc
+        "MHASERVE_GRPC_PORT_50051_TCP": "tcp://10.0.0.2:50051",
+    }
+    assert misspelt(links) == []
+    assert misspelt({"MHASERVE_SERVICE_HOTS": "x"})  # not a link's name: warned about as before
+    root = Path(__file__).resolve().parents[2]
+    assert "enableServiceLinks: false" in (root / "deploy/k8s/deployment.yaml").read_text()
+
+
 @pytest.mark.parametrize(
     ("given", "env", "warning"),
     [
