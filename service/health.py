@@ -18,11 +18,13 @@ from prometheus_client import Gauge
 from mhaserve.service.rpc.registration import GenericOnly
 
 SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-# Open Watch streams a process holds at most; past it a Watch is refused RESOURCE_EXHAUSTED at once. Watch is open
-# without a key, and its only bound was 1000 streams a connection times --max-connections: 40,000 held by one client
-# with no key took the server's RSS up 300 MB (7.5 KB a watch on the lean front, 30 KB on grpc.aio's) and stalled
-# health checks for seconds. Probes ask with Check (Kubernetes' grpc probe, `mhaserve health`) or hold a Watch or
-# two each (Envoy, a client's channel), so 1000 is ample for every orchestrator and balancer in front of a replica.
+# Open Watch streams a process holds at most. Watch is open without a key, and its only bound was 1000 streams a
+# connection times --max-connections: 40,000 held by one client with no key took the server's RSS up 300 MB (7.5 KB
+# a watch on the lean front, 30 KB on grpc.aio's) and stalled health checks for seconds. Probes ask with Check
+# (Kubernetes' grpc probe, Envoy's, `mhaserve health`); a gRPC client that balances with health checking holds a
+# Watch a channel (gRFC A17). Past the bound a Watch is answered UNIMPLEMENTED, which such a client reads as "no
+# health checking here": it calls the replica as healthy. RESOURCE_EXHAUSTED, the first answer, marked the replica
+# unhealthy to every client past the bound, and one connection holding 1000 watches cut them all off.
 MAX_WATCHES = 1000
 
 
@@ -67,8 +69,8 @@ class _Servicer(health_pb2_grpc.HealthServicer):
     async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
         if self._watching >= MAX_WATCHES:
             await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the server holds {MAX_WATCHES} watches, as many as it takes: use Check, or fewer watches",
+                grpc.StatusCode.UNIMPLEMENTED,  # a health-checking client: healthy, unwatched (see MAX_WATCHES)
+                f"no more watching: the server holds {MAX_WATCHES} watches, as many as it takes; use Check",
             )
         changed = asyncio.Event()
         self._watchers.setdefault(request.service, set()).add(changed)

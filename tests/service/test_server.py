@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import json
 import logging
 import os
 import socket
@@ -778,8 +779,10 @@ def test_watches_past_the_bound_are_refused_and_those_ended_are_let_go(
 ) -> None:
     """Watch (open without a key) had no bound but 1000 streams a connection times --max-connections: 40,000 held
     by a client with no key took the server's RSS up 300 MB and stalled its health checks for seconds. Past
-    MAX_WATCHES a Watch is refused RESOURCE_EXHAUSTED at once, Check still answers, and the watches that end,
-    cancelled or past their deadline, are let go for new ones."""
+    MAX_WATCHES a Watch is answered UNIMPLEMENTED at once, which gRPC clients' own health checking (gRFC A17, a
+    Watch a channel) reads as "no health checking: healthy" (RESOURCE_EXHAUSTED, the first bound's answer, marked
+    the replica unhealthy to every such client past the bound: one connection holding 1000 watches cut them all
+    off); Check still answers, and the watches that end, cancelled or past their deadline, are let go."""
     monkeypatch.setattr(health_module, "MAX_WATCHES", 3)
     srv = start(settings)
     with srv.channel() as channel:
@@ -788,11 +791,16 @@ def test_watches_past_the_bound_are_refused_and_those_ended_are_let_go(
         assert [next(w).status for w in watches] == [health_pb2.HealthCheckResponse.SERVING] * 3
         with pytest.raises(grpc.RpcError) as e:
             next(health.Watch(health_pb2.HealthCheckRequest(), timeout=WAIT))
-        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert "3 watches" in e.value.details() and "Check" in e.value.details()
         check = health.Check(health_pb2.HealthCheckRequest(), timeout=WAIT)
         assert check.status == health_pb2.HealthCheckResponse.SERVING
         assert srv.server.health.servicer.watching() == 3
+        # a client that balances with health checking (its channel's Watch refused) still calls the replica
+        config = {"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": ""}}
+        with grpc.insecure_channel(srv.address, options=[("grpc.service_config", json.dumps(config))]) as checked:
+            info = pb_grpc.EncoderServiceStub(checked).GetModelInfo(pb.GetModelInfoRequest(), timeout=WAIT)
+            assert info.name
 
         for w in watches[:2]:
             w.cancel()
