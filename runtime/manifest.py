@@ -341,10 +341,18 @@ def is_version(folder: str) -> bool:
 
 
 def models(repository: Path) -> list[str]:
-    """The model names in a repository that have at least one version."""
+    """The model names in a repository that have at least one version, or whose folder cannot be read (listed:
+    its reader says why; one such folder failed the whole listing, every other model's poll and the index)."""
     if not repository.is_dir():
         return []
-    return sorted(p.name for p in repository.iterdir() if NAME_RE.match(p.name) and versions(repository, p.name))
+    return sorted(p.name for p in repository.iterdir() if NAME_RE.match(p.name) and _has_versions(repository, p.name))
+
+
+def _has_versions(repository: Path, name: str) -> bool:
+    try:
+        return bool(versions(repository, name))
+    except OSError:
+        return True
 
 
 def entry_dir(repository: Path, name: str, version: int) -> Path:

@@ -67,6 +67,10 @@ PipelineFactory = Callable[[LoadedModel, ModelMetrics], Pipeline]
 # do (ModelManager's `pinned`), not what the repository holds by then.
 Served = dict[str, dict[int, str]]
 MISSING_VERSION = "named by the version policy of serving.json (specific), but not in the repository"
+FOLDER_GONE = (
+    "serving the copy loaded before; its folder is no longer in the repository (retired once every version the "
+    "version policy selects serves)"
+)
 # See ModelManager._fingerprint; None where the files cannot be read.
 Fingerprint = tuple[object, ...] | None
 # The repository's own threads (ModelManager._read): its listings (the poll's, the index's) and the poll's look
@@ -362,6 +366,24 @@ class ModelManager:
             if (policy := plan.policy) is not None:
                 for version in sorted(now & set(wanted)):
                     self.dataplane.resolve(name, version).version_policy = policy
+        self._note_gone(name, published)
+
+    def _note_gone(self, name: str, published: set[int]) -> None:
+        """A served version whose folder is no longer in the repository serves on while the versions the policy
+        selects do not all load (a failed load changes nothing that is served): READY in the index with no reason
+        and no word in the log, an operator who took a bad version out could not see that it still answered. Its
+        reason says so, and a warning once; until it is retired or its folder is back."""
+        for version in self.dataplane.versions(name):
+            key = (name, version)
+            if version not in published:
+                if self.states.get(key, VersionState("READY")).reason != FOLDER_GONE:
+                    log.warning(
+                        "%s version %d's folder is no longer in the repository: it serves on until every version "
+                        "the version policy selects serves", name, version,
+                    )  # fmt: skip
+                self.states[key] = VersionState("READY", FOLDER_GONE)
+            elif (state := self.states.get(key)) is not None and state.reason == FOLDER_GONE:
+                self.states[key] = VersionState("READY")
 
     async def _fall_back(self, name: str, plan: _Plan, strict: bool, failed: Exception) -> None:
         """Serve the newest version of `name` older than those its policy selects (`plan.wanted`, none of which
@@ -384,10 +406,16 @@ class ModelManager:
             except Exception as e:
                 self._report(name, version, e, fingerprint)
                 continue
+            selected = sorted(plan.wanted)
+            which = (
+                f"version {selected[0]}, which its version policy selects, does not"
+                if len(selected) == 1
+                else f"versions {', '.join(map(str, selected[:-1]))} and {selected[-1]}, which its version policy "
+                "selects, do not"
+            )
             log.warning(
-                "serving %s version %d, the newest version of it that loads: version %s, which its version policy "
-                "selects, does not (said above); served once its files change", name, version,
-                ", ".join(map(str, plan.wanted)),
+                "serving %s version %d, the newest version of it that loads: %s (said above); served once their "
+                "files change", name, version, which,
             )  # fmt: skip
             return
         if strict:
@@ -507,6 +535,9 @@ class ModelManager:
             wanted = self.to_serve(name, config.version_policy, published)
         except (ServiceError, RepositoryError) as e:
             return _Plan([], set(), {0: self._model_fingerprint(name)}, refusal=e)
+        except OSError as e:  # its folder or serving.json this user cannot read: this model's failure alone
+            refusal = RepositoryError(f"cannot read {e.filename or name}: {e.strerror or e}")
+            return _Plan([], set(), {0: self._model_fingerprint(name)}, refusal=refusal)
         policy = config.version_policy
         missing = tuple(sorted(set(policy.specific) - set(published))) if policy.kind == "specific" else ()
         fingerprints = {v: self._fingerprint(name, v, config) for v in wanted}

@@ -308,7 +308,7 @@ class EncoderServer:
                 version = self.manager.to_serve(name)[-1]
                 try:
                     self.repository.entry(name, version, graph=s.graph, device=s.device)
-                except RepositoryError:
+                except (RepositoryError, OSError):
                     # under poll an older version may serve in its place (ModelManager._fall_back): the load says
                     if s.model_control != "poll":
                         raise

@@ -611,6 +611,24 @@ def _start_fails(settings: Settings, match: str) -> None:
         srv.stop()
 
 
+def test_under_poll_a_newer_version_that_cannot_be_read_is_passed_over_at_start_up_too(tmp_path: Path) -> None:
+    """A version this user cannot read (exported under umask 077, served as uid 10001; here a folder in its
+    manifest's place, which root cannot read either) is an OSError, not a RepositoryError: start-up's check
+    refused to start on it under poll, where the replicas polling since before serve the version before it."""
+    export(tmp_path, "m", 1, seed=1)
+    copy_version(tmp_path, "m", 1, 2)
+    manifest = tmp_path / "m" / "2" / "manifest.json"
+    manifest.unlink()
+    manifest.mkdir()
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        assert srv.server.dataplane.versions("m") == [1]
+        state, why = _index(srv)[("m", "2")]
+        assert state == "UNAVAILABLE" and "Is a directory" in why, why
+    finally:
+        srv.stop()
+
+
 def test_without_poll_start_up_still_wants_the_version_the_policy_selects(tmp_path: Path) -> None:
     """`none` and `explicit` serve what the repository holds at start-up, and only that: a broken newest version
     stops start-up (a deployment's check that what it ships loads); the fallback is poll's alone. So is it under
@@ -1231,6 +1249,35 @@ def test_models_whose_reads_do_not_return_hold_neither_the_index_nor_the_other_m
         srv.stop()
 
 
+def test_a_served_version_whose_folder_is_removed_while_a_newer_one_fails_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under `latest 2`, a newer version that fails keeps the versions served (a failed load changes nothing that
+    is served); a served version's folder removed meanwhile (an operator taking a bad version out) went on
+    serving, READY with no reason in the index and no word in the log: the operator could not see that it still
+    answered requests. It says so, until it is retired or its folder is back."""
+    for version in (1, 2, 3):
+        export(tmp_path, "m", version, seed=version)
+    (tmp_path / "m" / "serving.json").write_text(json.dumps({"version_policy": {"latest": {"num_versions": 2}}}))
+    caplog.set_level(logging.INFO, logger="mhaserve.service.models")
+    srv = ServerThread(settings(tmp_path, "m", model_control="poll", repository_poll_s=0.1)).ready()
+    try:
+        assert srv.server.dataplane.versions("m") == [2, 3]
+        corrupt(tmp_path, "m", 3, 4, "sha")
+        wait_until(lambda: _index(srv).get(("m", "4"), ("",))[0] == "UNAVAILABLE", "version 4's failure")
+        shutil.move(tmp_path / "m" / "3", tmp_path / "m3-away")
+        gone = "serving the copy loaded before; its folder is no longer in the repository"
+        wait_until(lambda: _index(srv)[("m", "3")][1].startswith(gone), "version 3 said to be gone")
+        assert _index(srv)[("m", "3")][0] == "READY" and srv.server.dataplane.versions("m") == [2, 3]
+        time.sleep(0.3)  # polls more: said once
+        said = [r for r in caplog.records if "m version 3's folder is no longer in the repository" in r.getMessage()]
+        assert [r.levelname for r in said] == ["WARNING"]
+        shutil.move(tmp_path / "m3-away", tmp_path / "m" / "3")  # back
+        wait_until(lambda: _index(srv)[("m", "3")] == ("READY", ""), "version 3 back")
+    finally:
+        srv.stop()
+
+
 def test_a_reloaded_versions_statistics_go_on_from_its_last_copys(tmp_path: Path) -> None:
     """A served version loaded again (a serving.json edit, an --overwrite) kept its metric series, but its KServe
     ModelStatistics began again at 0 requests, its execution_count (read from the series) kept counting: counts
@@ -1255,6 +1302,36 @@ def test_a_reloaded_versions_statistics_go_on_from_its_last_copys(tmp_path: Path
             assert after.inference_count == 4 * len(INPUTS) and after.inference_stats.success.count == 4
             assert after.execution_count >= before.execution_count + 1
             assert after.inference_stats.success.ns > before.inference_stats.success.ns
+    finally:
+        srv.stop()
+
+
+def test_under_star_a_model_folder_that_cannot_be_read_holds_neither_the_others_nor_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One model's folder this user cannot read (EACCES: made by another user, 0700; injected here, as root reads
+    every folder) failed the whole listing: under `*` every poll failed ("reading the model repository failed"),
+    no other model was polled (a version published was never served), and the index answered 500. It is that
+    model's failure alone, said in the index, what it serves serving on."""
+    from mhaserve.runtime import manifest as mf_module
+
+    export(tmp_path, "a", 1, seed=1)
+    export(tmp_path, "b", 1, seed=2)
+    srv = ServerThread(settings(tmp_path, "*", model_control="poll", repository_poll_s=0.1)).ready()
+    versions = mf_module.versions
+
+    def unreadable(repository: Path, name: str) -> list[int]:
+        if name == "b":
+            raise PermissionError(13, "Permission denied", str(repository / name))
+        return versions(repository, name)
+
+    try:
+        monkeypatch.setattr(mf_module, "versions", unreadable)
+        copy_version(tmp_path, "a", 1, 2)
+        wait_until(lambda: _index(srv).get(("a", "2")) == ("READY", ""), "a's new version, b unreadable")
+        state, why = _index(srv)[("b", "1")]
+        assert state == "READY" and "Permission denied" in why, why
+        assert srv.server.dataplane.versions("b") == [1]
     finally:
         srv.stop()
 
