@@ -133,63 +133,57 @@ def test_a_named_model_says_which_of_its_folders_are_no_version(
     ]
 
 
+def _copy(tiny_entry: Path, tmp_path: Path, **manifest: Any) -> tuple[Path, ModelRepository]:
+    """A copy of the tiny version as model `m` version 1, its manifest's keys changed (None: removed)."""
+    copy = tmp_path / "m" / "1"
+    shutil.copytree(tiny_entry, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    for key, value in manifest.items():
+        if value is None:
+            del m[key]
+        else:
+            m[key] = value
+    (copy / "manifest.json").write_text(json.dumps(m))
+    return copy, ModelRepository(tmp_path)
+
+
+def _no_engine(entry: object) -> object:
+    raise AssertionError("the graph was opened")
+
+
 def test_a_tokenizer_larger_than_the_vocabulary_its_manifest_says_is_refused_at_load(
     tiny_entry: Path, tmp_path: Path
 ) -> None:
     """A manifest whose vocab_size was edited below its tokenizer's (export refuses the pair): the version was
     served, and each text whose tokens passed that size was refused as the client's error, "token id ... is
     outside the vocabulary". The load now fails, saying why, before the graph opens."""
-    copy = tmp_path / "m" / "1"
-    shutil.copytree(tiny_entry, copy)
-    m = json.loads((copy / "manifest.json").read_text())
-    m["vocab_size"] = 50
-    (copy / "manifest.json").write_text(json.dumps(m))
-    repo = ModelRepository(tmp_path)
-
-    def no_engine(entry: object) -> object:
-        raise AssertionError("the graph was opened")
-
+    _, repo = _copy(tiny_entry, tmp_path, vocab_size=50)
     with pytest.raises(RepositoryError, match=r"its tokenizer has 256 tokens, more than the vocab_size 50 its manif"):
-        repo.load(repo.entry("m"), no_engine)  # type: ignore[arg-type]
+        repo.load(repo.entry("m"), _no_engine)  # type: ignore[arg-type]
 
 
 def test_a_tokenizer_that_cannot_be_read_is_named_at_load(tiny_entry: Path, tmp_path: Path) -> None:
     """A version exported before the tokenizer's sha256 was recorded, whose tokenizer.json is then broken: the
     load's error, in the log and the index, was the JSON parser's alone ("expected `,` or `}` at line 1 column
     11"), naming no file."""
-    copy = tmp_path / "m" / "1"
-    shutil.copytree(tiny_entry, copy)
-    m = json.loads((copy / "manifest.json").read_text())
-    del m["tokenizer_sha256"]
-    (copy / "manifest.json").write_text(json.dumps(m))
+    copy, repo = _copy(tiny_entry, tmp_path, tokenizer_sha256=None)
     (copy / "tokenizer.json").write_text('{"garbage": ')
-    repo = ModelRepository(tmp_path)
-
-    def no_engine(entry: object) -> object:
-        raise AssertionError("the graph was opened")
-
     with pytest.raises(RepositoryError, match=rf"^{copy / 'tokenizer.json'} cannot be read as a tokenizer: .*line 1"):
-        repo.load(repo.entry("m"), no_engine)  # type: ignore[arg-type]
+        repo.load(repo.entry("m"), _no_engine)  # type: ignore[arg-type]
 
 
 def test_a_prompt_that_leaves_no_room_for_a_text_is_refused_at_load(tiny_entry: Path, tmp_path: Path) -> None:
     """A serving.json whose prompt, with the special tokens, fills its max_length loaded without a word, and
     with truncation every text a request sent with it (the default prompt: every text) embedded as the prompt
     alone, all to one vector. One that leaves a token for the text loads."""
-    copy = tmp_path / "m" / "1"
-    shutil.copytree(tiny_entry, copy)
-    repo = ModelRepository(tmp_path)
-
-    def no_engine(entry: object) -> object:
-        raise AssertionError("the graph was opened")
-
+    _, repo = _copy(tiny_entry, tmp_path)
     config = tmp_path / "m" / "serving.json"
     config.write_text(json.dumps({"prompts": {"q": "a b c d"}, "max_length": 6, "default_prompt_name": "q"}))
     with pytest.raises(RepositoryError, match=r"prompt 'q' \('a b c d'\) with the special tokens fills max_length 6"):
-        repo.load(repo.entry("m"), no_engine)  # type: ignore[arg-type]
+        repo.load(repo.entry("m"), _no_engine)  # type: ignore[arg-type]
     config.write_text(json.dumps({"prompts": {"q": "a b c"}, "max_length": 6}))
     with pytest.raises(AssertionError, match="the graph was opened"):  # past the check
-        repo.load(repo.entry("m"), no_engine)  # type: ignore[arg-type]
+        repo.load(repo.entry("m"), _no_engine)  # type: ignore[arg-type]
 
 
 def test_an_entry_s_digest_changes_with_what_it_computes_and_only_that(tiny_entry: Path) -> None:
