@@ -749,6 +749,9 @@ class ModelManager:
         """A load's NOT_FOUND (its folder, or every version in it, gone), saying what of the model still serves,
         as a failed load says it."""
         if serving := self.dataplane.versions(name):
+            # As a poll says it: the log, the load-failure count (version 0, the model as a whole) and the index
+            # (each served version's reason), not the caller alone.
+            self._report(name, 0, e, None)
             return NotFound(f"{e.message}; still serving version {', '.join(map(str, serving))}")
         return e
 

@@ -2014,6 +2014,11 @@ def test_an_explicit_load_of_a_failed_model_tries_again_and_fails_again(tmp_path
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
         assert str(e.value.details()).endswith("; still serving version 1"), e.value.details()
         assert kserve.ModelReady(kpb.ModelReadyRequest(name="ok"), timeout=WAIT).ready
+        # and, as a poll says it (it was said to the caller alone: the index READY with no reason, no log line, no
+        # count), the log, the load-failure count (version 0: the model as a whole) and the index say it too
+        state, why = _index(srv)[("ok", "1")]
+        assert state == "READY" and why.startswith("serving the copy loaded before; the model's folder now: "), why
+        assert srv.samples().get("mhaserve_model_load_failures_total", model="ok", version="0") == 1
 
 
 def test_a_version_whose_warm_up_fails_leaves_no_metric_series(tmp_path: Path) -> None:
