@@ -329,11 +329,10 @@ class EncoderServer:
         if s.metrics_port:
             try:
                 self.metrics_port = self.metrics.serve(s.metrics_address, s.metrics_port)
-            except OSError as e:
+            except (OSError, UnicodeError) as e:  # (IDNA refuses a name like "bad..host": a traceback)
                 await self._stop_listeners(0)
-                raise StartupError(
-                    f"cannot serve metrics on {s.metrics_address}:{s.metrics_port}: {e.strerror}"
-                ) from None
+                why = e.strerror if isinstance(e, OSError) else f"not a host name ({e})"
+                raise StartupError(f"cannot serve metrics on {s.metrics_address}:{s.metrics_port}: {why}") from None
         self.state = "loading"
         self._loading = asyncio.get_running_loop().create_task(self._load(), name="load-models")
 

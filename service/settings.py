@@ -212,7 +212,7 @@ def _same_listener(a: str, b: str) -> bool:
         return True
     try:
         found = [{(i[0], i[4][0]) for i in socket.getaddrinfo(h.strip("[]"), None)} for h in (a, b)]
-    except OSError:
+    except (OSError, UnicodeError):  # (IDNA refuses a label empty or past 63 characters: "bad..host")
         return False
     every = {"0.0.0.0", "::"}
     return any(

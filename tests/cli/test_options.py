@@ -162,6 +162,15 @@ def test_two_addresses_may_listen_on_one_port(host: str, metrics_host: str) -> N
     assert build({}, env=env).metrics_address == metrics_host
 
 
+@pytest.mark.parametrize("metrics_host", ["bad..host", "x" * 64 + ".example"])
+def test_a_host_name_that_cannot_be_encoded_is_left_to_the_bind(metrics_host: str) -> None:
+    """A name whose label is empty or longer than 63 characters fails IDNA's encoding (a UnicodeError, no OSError)
+    in the check for two listeners on one port: a traceback out of the settings. It is left to the bind, which
+    says the host cannot be listened on, as --host's does."""
+    env = {"MHASERVE_METRICS_HOST": metrics_host, "MHASERVE_HTTP_PORT": "9000", "MHASERVE_METRICS_PORT": "9000"}
+    assert build({}, env=env).metrics_address == metrics_host
+
+
 @pytest.mark.usefixtures("gpu_without_cuda")
 def test_device_auto_where_cuda_does_not_load_gets_a_cpus_workers() -> None:
     """A host that shows a GPU whose CUDA does not load: `--device auto` sizes the workers as on a CPU host (one
