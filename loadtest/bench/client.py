@@ -109,7 +109,9 @@ class Server:
         self.address = f"127.0.0.1:{self.port}"
         self.http_url = f"http://127.0.0.1:{self.http_port}"
         ports = ["--port", str(self.port), "--metrics-port", str(self.metrics_port), "--http-port", str(self.http_port)]
-        self.args = [*self._serve_args, *ports]
+        # the address its clients dial: an MHASERVE_HOST inherited had the server listen elsewhere, and the bench
+        # waited its start-up timeout for a server that was serving
+        self.args = [*self._serve_args, *ports, "--host", "127.0.0.1"]
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines the server wrote, for an error message that says why it stopped."""
