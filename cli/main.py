@@ -130,7 +130,7 @@ def _export(args: argparse.Namespace) -> int:
     except OSError as e:  # the repository: a file where a folder goes, no permission, a full disk
         print(f"mhaserve export: error: {e.strerror or e}: {e.filename or args.repository}", file=sys.stderr)
         return 1
-    return _output("export", str(entry))
+    return _published("export", entry)
 
 
 def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -210,7 +210,7 @@ def _import(args: argparse.Namespace) -> int:
     except OSError as e:  # the repository: a file where a folder goes, no permission, a full disk
         print(f"mhaserve import: error: {e.strerror or e}: {e.filename or args.repository}", file=sys.stderr)
         return 1
-    return _output("import", str(entry))
+    return _published("import", entry)
 
 
 def _add_import(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -341,6 +341,14 @@ def _positive_int(text: str) -> int:
     return _whole_number(text, 1, "above 0")
 
 
+def _dimensions(text: str) -> int:
+    """encoder.v1's `dimensions` is an int32: past it, a traceback ("Value out of range") as the request was made."""
+    value = _positive_int(text)
+    if value > 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"must be at most {2**31 - 1} (what a request carries), got {text!r}")
+    return value
+
+
 def _max_seq_len(text: str) -> int:
     """A model's longest sequence: [CLS] and [SEP] take two of its tokens, so below 2 no text fits (an import of 1
     was published and refused every text; export's model config and serving.json's max_length refuse it too)."""
@@ -399,6 +407,7 @@ def _address(text: str) -> str:
     from mhaserve.service.client import DEFAULT_PORT as port
     from mhaserve.service.client import is_target, with_default_port
 
+    _utf8_option(text)
     if text.lower().startswith(("http://", "https://")):  # no target of grpc's: it failed at the call, unclear
         host = text.split("://", 1)[1].split("/", 1)[0]
         raise argparse.ArgumentTypeError(f"{text!r} is a URL; the gRPC port is named HOST:PORT ({host or 'host'})")
@@ -500,6 +509,12 @@ def _texts(given: list[str]) -> list[str]:
     data = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
     lines = enumerate((line.removesuffix("\r") for line in data.split("\n")), 1)
     return [_utf8(line, f"line {n} of standard input") for n, line in lines if line.strip()]
+
+
+def _utf8_option(text: str) -> str:
+    """An option's text that goes into a request (a model's name, a prompt's, a service's, an address): one that
+    is not UTF-8 was a traceback ("surrogates not allowed") once the request was made."""
+    return _utf8(text, "the value")
 
 
 def _utf8(text: str, where: str) -> str:
@@ -619,18 +634,33 @@ def _encode(args: argparse.Namespace) -> int:
 def _output(command: str, text: str) -> int:
     """Print a command's result, or say in one line why it could not be (exit 1): a full disk ended in a traceback,
     and a closed standard output (`>&-`) printed nothing and exited 0, the result lost without a word."""
-    if sys.stdout is None:
-        print(f"mhaserve {command}: error: standard output is closed", file=sys.stderr)
+    if (why := _print(text)) is not None:
+        print(f"mhaserve {command}: error: {why}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _published(command: str, entry: Path) -> int:
+    """Print the path of the version `command` (export, import) has published; exit 0 even where it cannot be
+    printed, said on standard error: the version is there, and an exit 1 had a script that retries a failed
+    export publish a second one (README: export exits 0 once it has published)."""
+    if (why := _print(str(entry))) is not None:
+        print(f"mhaserve {command}: warning: published {entry}; its path could not be printed: {why}", file=sys.stderr)
+    return 0
+
+
+def _print(text: str) -> str | None:
+    """Print `text` on standard output; why it could not be, or None."""
+    if sys.stdout is None:
+        return "standard output is closed"
     try:
         print(text, flush=True)
     except BrokenPipeError:
         raise  # a reader that has what it wanted: main's quiet exit
     except OSError as e:
         _stdout_to_null()  # what is still buffered would fail again at the interpreter's exit, with a line of its own
-        print(f"mhaserve {command}: error: {e.strerror or e}", file=sys.stderr)
-        return 1
-    return 0
+        return str(e.strerror or e)
+    return None
 
 
 def _stdout_to_null() -> None:
@@ -677,7 +707,7 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="the texts to embed, UTF-8; '-' alone: one text per line of standard input (lines end at \\n, a \\r "
         "before it dropped; blank lines skipped)",
     )
-    p.add_argument("--model", default="", help="model name, or name:version (default: the server's)")
+    p.add_argument("--model", type=_utf8_option, default="", help="model name, or name:version (default: the server's)")
     p.add_argument(
         "--normalize",
         action=argparse.BooleanOptionalAction,
@@ -693,12 +723,13 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument(
         "--dimensions",
-        type=_positive_int,
+        type=_dimensions,
         metavar="N",
         help="keep the first N values of each embedding, renormalised (Matryoshka-trained models; default: all)",
     )
     p.add_argument(
         "--prompt-name",
+        type=_utf8_option,
         default="",
         metavar="NAME",
         help="one of the model's prompts (GET /info and GetModelInfo list them), put before each text (default: "
@@ -727,7 +758,7 @@ def _add_clients(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="exit 0 if the server reports SERVING (for container health checks)",
         description="Ask a server's grpc.health.v1 service; print the status; exit 0 only for SERVING.",
     )
-    p.add_argument("--service", default="", help="service name (default: the whole server)")
+    p.add_argument("--service", type=_utf8_option, default="", help="service name (default: the whole server)")
     p.add_argument("--timeout", type=_seconds, default=5.0, help="seconds (default: 5)")
     _add_connection(p)
     p.set_defaults(handler=_health)
@@ -754,7 +785,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 # The server flags the bench sets itself: through --server-arg, the ports were overridden without a word, and a
 # second repository or model was served while the in-process figures measured the bench's own.
-BENCH_OWNS = ("port", "http_port", "metrics_port", "repository", "model")
+BENCH_OWNS = ("host", "port", "http_port", "metrics_port", "repository", "model")
 
 
 def _check_server_args(server_args: Sequence[str]) -> int | None:
@@ -771,8 +802,8 @@ def _check_server_args(server_args: Sequence[str]) -> int | None:
             raise SettingsError(f"not a flag of mhaserve serve: {' '.join(unknown)}")
         if owned := [flag(name) for name in BENCH_OWNS if getattr(namespace, name) is not None]:
             raise SettingsError(
-                f"{', '.join(owned)}: set by the bench itself (free ports, and its own --repository and --model, "
-                "which its in-process figures use too)"
+                f"{', '.join(owned)}: set by the bench itself (127.0.0.1 and free ports, which its clients dial, and "
+                "its own --repository and --model, which its in-process figures use too)"
             )
     except SettingsError as e:
         print(f"mhaserve bench: error: --server-arg: {e}", file=sys.stderr)

@@ -354,6 +354,30 @@ def test_encode_names_a_text_that_is_not_utf8(texts: list[bytes], given: bytes, 
     assert run.stderr.decode() == f"mhaserve encode: error: {where} is not UTF-8 (byte 0xe9)\n"
 
 
+@pytest.mark.parametrize(
+    ("command", "where"),
+    [
+        ([b"encode", b"hi", b"--model", b"caf\xe9"], "--model"),
+        ([b"encode", b"hi", b"--prompt-name", b"caf\xe9"], "--prompt-name"),
+        ([b"health", b"--service", b"caf\xe9"], "--service"),
+        ([b"health", b"--address", b"caf\xe9:1"], "--address"),
+    ],
+    ids=["model", "prompt-name", "service", "address"],
+)
+def test_an_option_that_is_not_utf8_is_a_usage_error(command: list[bytes], where: str) -> None:
+    """Not only the texts: an option that is not UTF-8 went into the request and was a traceback ("surrogates not
+    allowed", exit 1)."""
+    run = subprocess.run([MHASERVE, *command], capture_output=True, timeout=WAIT)
+    assert run.returncode == 2, run.stderr
+    assert f"{where}: " in run.stderr.decode() and "is not UTF-8 (byte 0xe9)" in run.stderr.decode(), run.stderr
+
+
+def test_encode_dimensions_past_what_a_request_carries_are_a_usage_error() -> None:
+    """--dimensions 2147483648, past the request's int32 field, was a traceback ("Value out of range", exit 1)."""
+    run = subprocess.run([MHASERVE, "encode", "hi", "--dimensions", "2147483648"], capture_output=True, timeout=WAIT)
+    assert run.returncode == 2 and b"--dimensions" in run.stderr and b"Traceback" not in run.stderr, run.stderr
+
+
 @pytest.mark.parametrize("command", [["health"], ["encode", "hello"]])
 def test_a_bad_key_in_the_variable_is_named_by_the_variable(
     command: list[str], server: ServerThread, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -651,6 +675,29 @@ def test_encode_whose_output_cannot_be_written_says_so_in_one_line(server: Serve
                 timeout=WAIT,
             )
         assert proc.returncode == 1 and proc.stderr.strip() == f"mhaserve health: error: {said}", proc.stderr
+
+
+@pytest.mark.parametrize("out", ["full", "closed"])
+def test_an_export_whose_path_cannot_be_printed_has_still_published(tmp_path: Path, out: str) -> None:
+    """The version was published, but the path it printed last could not be written: exit 1, "No space left on
+    device" (the user looked at the repository's disk), and a script that retries a failed export published a
+    second version. README: export exits 0 once it has published. It does, and says what it could not print."""
+    sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "16", "--max-positions", "16"]
+    with open("/dev/full" if out == "full" else os.devnull, "w") as stdout:
+        proc = subprocess.run(
+            [MHASERVE, "export", "--repository", str(tmp_path), "--source", "random", *sizes, "--vocab-size", "200",
+             "--name", "c"],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            preexec_fn=(lambda: os.close(1)) if out == "closed" else None,  # noqa: PLW1509
+        )  # fmt: skip
+    said = "No space left on device" if out == "full" else "standard output is closed"
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().endswith(f"mhaserve export: warning: published {tmp_path / 'c' / '1'}; its path could "
+                                        f"not be printed: {said}"), proc.stderr  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["1"]
 
 
 def test_encode_from_a_closed_standard_input_is_a_usage_error() -> None:
