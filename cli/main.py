@@ -82,6 +82,7 @@ def _export(args: argparse.Namespace) -> int:
     from mhaserve.export.staging import PublishError
     from mhaserve.runtime.manifest import ManifestError
 
+    _overwrite_alone("export", args)
     given = {field: getattr(args, dest) for field, (dest, _) in RANDOM_SIZES.items()}
     sizes = {k: v for k, v in given.items() if v is not None}
     if (sizes or args.seed is not None) and args.source != "random":
@@ -181,7 +182,19 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(handler=_export)
 
 
+def _overwrite_alone(command: str, args: argparse.Namespace) -> None:
+    """--overwrite replaces the version --version names; without it the next free version is published, and the
+    option did nothing without a word (serve says so of its options that have no effect)."""
+    if args.overwrite and args.version is None:
+        print(
+            f"mhaserve {command}: warning: --overwrite replaces the version --version names; without --version a new "
+            "version is published (--overwrite ignored)",
+            file=sys.stderr,
+        )
+
+
 def _import(args: argparse.Namespace) -> int:
+    _overwrite_alone("import", args)
     try:
         from mhaserve.export.importer import ImportFailed, ImportOptions, import_entry
         from mhaserve.export.staging import PublishError

@@ -695,9 +695,26 @@ def test_an_export_whose_path_cannot_be_printed_has_still_published(tmp_path: Pa
         )  # fmt: skip
     said = "No space left on device" if out == "full" else "standard output is closed"
     assert proc.returncode == 0, proc.stderr
+    assert "--overwrite" not in proc.stderr
     assert proc.stderr.strip().endswith(f"mhaserve export: warning: published {tmp_path / 'c' / '1'}; its path could "
                                         f"not be printed: {said}"), proc.stderr  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["1"]
+
+
+def test_export_overwrite_without_a_version_says_it_replaces_nothing(tmp_path: Path) -> None:
+    """--overwrite without --version published the next version, as without it, and said nothing."""
+    sizes = ["--layers", "1", "--d-model", "16", "--heads", "2", "--ffn", "16", "--max-positions", "16"]
+    for _ in range(2):
+        proc = subprocess.run(
+            [MHASERVE, "export", "--repository", str(tmp_path), "--source", "random", *sizes, "--vocab-size", "200",
+             "--name", "c", "--overwrite"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    assert "warning: --overwrite replaces the version --version names; without --version a new version is " in (
+        proc.stderr
+    )
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["1", "2"]
 
 
 def test_encode_from_a_closed_standard_input_is_a_usage_error() -> None:
