@@ -509,11 +509,12 @@ def _add_connection(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _texts(given: list[str]) -> list[str]:
-    """The TEXT arguments or, for '-' alone, one text per line of standard input. Raises ArgumentTypeError
-    naming a text that is not UTF-8: it ended in a traceback ("surrogates not allowed") as the request was made."""
+def _texts(given: list[str]) -> list[tuple[str, str]]:
+    """The TEXT arguments or, for '-' alone, one text per line of standard input, each with where it came from
+    ("argument 2", "line 7 of standard input"). Raises ArgumentTypeError naming a text that is not UTF-8: it ended
+    in a traceback ("surrogates not allowed") as the request was made."""
     if given != ["-"]:
-        return [_utf8(text, f"argument {n}") for n, text in enumerate(given, 1)]
+        return [(_utf8(text, f"argument {n}"), f"argument {n}") for n, text in enumerate(given, 1)]
     # Bytes, decoded here so that a line that is not UTF-8 is named by its number. At "\n" only, a Windows file's
     # "\r" dropped: str.splitlines() also split at form feeds, U+2028 and others, and the embeddings printed no
     # longer lined up with the lines.
@@ -521,7 +522,9 @@ def _texts(given: list[str]) -> list[str]:
         raise argparse.ArgumentTypeError("standard input is closed")
     data = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
     lines = enumerate((line.removesuffix("\r") for line in data.split("\n")), 1)
-    return [_utf8(line, f"line {n} of standard input") for n, line in lines if line.strip()]
+    return [
+        (_utf8(line, f"line {n} of standard input"), f"line {n} of standard input") for n, line in lines if line.strip()
+    ]
 
 
 def _utf8_option(text: str) -> str:
@@ -540,6 +543,16 @@ def _utf8(text: str, where: str) -> str:
     return text
 
 
+def _named_input(error: grpc.RpcError, sent: list[str], where: str) -> str:
+    """`where`, led by where the input a refusal names came from ("line 71 of standard input"): the server numbers
+    the inputs of its request from 0 ("input 6 is 202 tokens long"), the user's lines and arguments count from 1,
+    and blank lines are skipped, so a user looked at another line."""
+    found = re.match(r"input (\d+) ", error.details() or "")
+    if found is None or int(found[1]) >= len(sent):
+        return where
+    return f"{sent[int(found[1])]}: {where}"
+
+
 # How many times encode starts its texts again when the version it pinned is retired, or loaded again from changed
 # files: a deployment publishes one version, rarely two; more means versions keep coming faster than the texts
 # are encoded.
@@ -551,13 +564,14 @@ def _encode(args: argparse.Namespace) -> int:
     from mhaserve.service.tls import TlsError
 
     try:
-        texts = _texts(args.texts)
+        sourced = _texts(args.texts)
     except argparse.ArgumentTypeError as e:
         print(f"mhaserve encode: error: {e}", file=sys.stderr)
         return 2
-    if not texts:  # standard input alone can have none
+    if not sourced:  # standard input alone can have none
         print("mhaserve encode: error: no text on standard input", file=sys.stderr)
         return 2
+    texts, origins = [text for text, _ in sourced], [origin for _, origin in sourced]
     try:
         connection = _connection(args)
         channel = connection.channel(args.address, client.CHANNEL_OPTIONS)
@@ -571,7 +585,7 @@ def _encode(args: argparse.Namespace) -> int:
     restarts = 0
     with channel:  # one connection for every call
         while True:
-            response, model, where = None, None, ""
+            response, model, where, sent = None, None, "", []
             try:
                 info = client.model_info(
                     args.address, model=args.model, timeout=args.timeout, connection=connection, channel=channel
@@ -584,6 +598,7 @@ def _encode(args: argparse.Namespace) -> int:
                     # The server numbers the inputs of its request ("input 0 is 202 tokens long"), not the texts.
                     if len(texts) > len(batch):
                         where = f"the request of texts {start} to {start + len(batch) - 1}: "
+                    sent = origins[start : start + size]
                     part = client.encode(
                         args.address,
                         batch,
@@ -625,7 +640,7 @@ def _encode(args: argparse.Namespace) -> int:
                 # The version pinned retired by a newer one: the user named no version, and the docs promise new
                 # versions without a failed request, so all the texts again from the version served now.
                 if e.code() != grpc.StatusCode.NOT_FOUND or named or model is None:
-                    return _rpc_error("encode", e, where)
+                    return _rpc_error("encode", e, _named_input(e, sent, where))
                 why, failure = f"went out of service while encoding ({e.details()})", f"{where}NOT_FOUND: {e.details()}"
             if restarts == ENCODE_RESTARTS:
                 print(

@@ -477,13 +477,17 @@ def test_encode_sends_many_texts_in_requests_the_server_takes(
     assert out.startswith(f"tiny version 1: 7 embeddings of 32 dimensions, {one.usage.input_tokens} input tokens")
     assert out.splitlines()[-1].startswith("[6] norm 1.0000") and "'query number 6'" in out
 
-    # an error in a later request says which texts that request held: the server numbers its own inputs
+    # an error in a later request says which texts that request held: the server numbers its own inputs; and which
+    # line the input it names came from (from 1, blank lines skipped: "input 6" was read as the 6th or 7th line)
     texts[70] = "a " * 200
-    monkeypatch.setattr("sys.stdin", stdin("\n".join(texts)))
+    monkeypatch.setattr("sys.stdin", stdin("\n\n".join(texts)))
     assert main(["encode", "-", "--address", server.address]) == 1
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1
-    assert err.startswith("mhaserve encode: error: the request of texts 64 to 99: INVALID_ARGUMENT: input 6 is 202")
+    assert err.startswith(
+        "mhaserve encode: error: line 141 of standard input: the request of texts 64 to 99: INVALID_ARGUMENT: input 6 "
+        "is 202"
+    ), err
     with pytest.raises(SystemExit) as e:
         main(["encode", "x", "--batch-size", "0"])
     assert e.value.code == 2
