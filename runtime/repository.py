@@ -366,13 +366,17 @@ class ModelRepository:
             )
         for name, prompt in entry.prompts.items():
             # [CLS] prompt [SEP] filling max_length leaves the text no token: cut to fit, every text a request sent
-            # with this prompt (every one, where it is the default) embedded as the prompt alone, to one vector
+            # with this prompt embedded as the prompt alone, to one vector. The default prompt's is every request
+            # that names none: refused; another's only those that name it: said (a config that loaded before).
             if len(tokenizer.encode(prompt)) >= entry.max_tokens:
-                raise RepositoryError(
+                why = (
                     f"model {entry.name} version {entry.version}: prompt {name!r} ({prompt[:100]!r}) with the special "
                     f"tokens fills max_length {entry.max_tokens}, and no token of a text would be left (every text cut "
                     "to the prompt alone): a shorter prompt, or a larger max_length"
                 )
+                if name == entry.default_prompt_name:
+                    raise RepositoryError(why)
+                log.warning("%s; a request that names it gets the prompt's vector for every text", why)
         engine = engine_factory(entry)
         log.info(
             "loaded %s version %d (%s graph, sha256 %s…) on %s%s",

@@ -385,6 +385,16 @@ class ModelManager:
             elif (state := self.states.get(key)) is not None and state.reason == FOLDER_GONE:
                 self.states[key] = VersionState("READY")
 
+    def may_fall_back(self, name: str) -> bool:
+        """Whether an older version of `name` may serve in place of those its policy selects (`_fall_back`): under
+        poll, a `latest` policy, and an older version published. Reads the repository: start-up's check alone."""
+        if self.control != "poll" or self.pinned is not None:
+            return False
+        policy = self.repository.config(name).version_policy
+        published = self.repository.published(name)
+        wanted = self.repository.to_serve(name, policy, published)
+        return policy.kind == "latest" and bool(wanted) and min(published) < min(wanted)
+
     async def _fall_back(self, name: str, plan: _Plan, strict: bool, failed: Exception) -> None:
         """Serve the newest version of `name` older than those its policy selects (`plan.wanted`, none of which
         loaded: `failed`, the newest one's error) that loads; with `strict`, raise `failed` where none does.
@@ -710,7 +720,7 @@ class ModelManager:
         try:
             await self._read(self.repository.published, name, share=("published", name), of_model=True)
         except NotFound as e:
-            raise self._still_serving(name, e) from None
+            raise self._still_serving(name, e, report=True) from None
         if self._unloads[name] != unloads or self._closing:
             return None
         task = self._next_load.get(name)
@@ -745,13 +755,13 @@ class ModelManager:
         if name not in self.wanted:
             self.wanted.append(name)
 
-    def _still_serving(self, name: str, e: NotFound) -> NotFound:
+    def _still_serving(self, name: str, e: NotFound, *, report: bool = False) -> NotFound:
         """A load's NOT_FOUND (its folder, or every version in it, gone), saying what of the model still serves,
-        as a failed load says it."""
+        as a failed load says it; with `report` (the look-up's: a sync's own is reported by the sync), said as a
+        poll says it too."""
         if serving := self.dataplane.versions(name):
-            # As a poll says it: the log, the load-failure count (version 0, the model as a whole) and the index
-            # (each served version's reason), not the caller alone.
-            self._report(name, 0, e, None)
+            if report:  # the log, the load-failure count (version 0, the model as a whole), the index: not the
+                self._report(name, 0, e, None)  # caller alone
             return NotFound(f"{e.message}; still serving version {', '.join(map(str, serving))}")
         return e
 
@@ -851,7 +861,7 @@ class ModelManager:
         every model retired."""
         if not self._root_is_there():
             return None
-        names = self.names()  # a model's folder that cannot be read raises: the poll's failure, its error named
+        names = self.names()  # a model's folder that cannot be read is listed: its plan says why, its failure alone
         return names if self._root_is_there() else None
 
     def _root_is_there(self) -> bool:

@@ -310,7 +310,7 @@ class EncoderServer:
                     self.repository.entry(name, version, graph=s.graph, device=s.device)
                 except (RepositoryError, OSError):
                     # under poll an older version may serve in its place (ModelManager._fall_back): the load says
-                    if s.model_control != "poll":
+                    if not self.manager.may_fall_back(name):
                         raise
         except ServiceError as e:
             raise StartupError(e.message) from None

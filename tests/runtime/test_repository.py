@@ -172,7 +172,9 @@ def test_a_tokenizer_that_cannot_be_read_is_named_at_load(tiny_entry: Path, tmp_
         repo.load(repo.entry("m"), _no_engine)  # type: ignore[arg-type]
 
 
-def test_a_prompt_that_leaves_no_room_for_a_text_is_refused_at_load(tiny_entry: Path, tmp_path: Path) -> None:
+def test_a_prompt_that_leaves_no_room_for_a_text_is_refused_at_load(
+    tiny_entry: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A serving.json whose prompt, with the special tokens, fills its max_length loaded without a word, and
     with truncation every text a request sent with it (the default prompt: every text) embedded as the prompt
     alone, all to one vector. One that leaves a token for the text loads."""
@@ -184,6 +186,11 @@ def test_a_prompt_that_leaves_no_room_for_a_text_is_refused_at_load(tiny_entry: 
     config.write_text(json.dumps({"prompts": {"q": "a b c"}, "max_length": 6}))
     with pytest.raises(AssertionError, match="the graph was opened"):  # past the check
         repo.load(repo.entry("m"), _no_engine)  # type: ignore[arg-type]
+    # one no request gets unless it names it: said, and loaded (a config that loaded before)
+    config.write_text(json.dumps({"prompts": {"q": "a b c d"}, "max_length": 6}))
+    with caplog.at_level(logging.WARNING), pytest.raises(AssertionError, match="the graph was opened"):
+        repo.load(repo.entry("m"), _no_engine)  # type: ignore[arg-type]
+    assert any("prompt 'q' ('a b c d') with the special tokens fills" in r.getMessage() for r in caplog.records)
 
 
 def test_an_entry_s_digest_changes_with_what_it_computes_and_only_that(tiny_entry: Path) -> None:

@@ -627,6 +627,12 @@ def test_under_poll_a_newer_version_that_cannot_be_read_is_passed_over_at_start_
         assert state == "UNAVAILABLE" and "Is a directory" in why, why
     finally:
         srv.stop()
+    # no older version to serve: refused before the ports are bound, in start-up's one line, as without poll
+    from mhaserve.service.server import StartupError
+
+    shutil.rmtree(tmp_path / "m" / "1")
+    with pytest.raises(StartupError, match=f"^cannot read {re.escape(str(manifest))}: Is a directory$"):
+        ServerThread(settings(tmp_path, "m", model_control="poll"))
 
 
 def test_without_poll_start_up_still_wants_the_version_the_policy_selects(tmp_path: Path) -> None:
@@ -2019,6 +2025,13 @@ def test_an_explicit_load_of_a_failed_model_tries_again_and_fails_again(tmp_path
         state, why = _index(srv)[("ok", "1")]
         assert state == "READY" and why.startswith("serving the copy loaded before; the model's folder now: "), why
         assert srv.samples().get("mhaserve_model_load_failures_total", model="ok", version="0") == 1
+        # a NOT_FOUND of the load itself (its policy selects no version published): said and counted once
+        shutil.move(tmp_path / ".ok", tmp_path / "ok")
+        (tmp_path / "ok" / "serving.json").write_text(json.dumps({"version_policy": {"specific": {"versions": [5]}}}))
+        with pytest.raises(grpc.RpcError) as e:
+            kserve.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name="ok"), timeout=WAIT)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert srv.samples().get("mhaserve_model_load_failures_total", model="ok", version="0") == 2
 
 
 def test_a_version_whose_warm_up_fails_leaves_no_metric_series(tmp_path: Path) -> None:
