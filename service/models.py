@@ -319,7 +319,7 @@ class ModelManager:
         in_force = self.dataplane.resolve(name, max(served)).version_policy if served else None
         # Under poll a model of which nothing serves falls back to the newest older version that loads (_fall_back):
         # a failure of the versions its `latest` policy selects is then no start-up's failure.
-        fall_back = self.control == "poll" and self.pinned is None and getattr(plan.policy, "kind", "") == "latest"
+        fall_back = self._falls_back(plan.policy)
         failed: Exception | None = None
         # Newest first: each version is switched in once ready, and calls that name none get the newest served;
         # oldest first, a model's first load answered them with its oldest version while the newer ones loaded.
@@ -388,12 +388,16 @@ class ModelManager:
     def may_fall_back(self, name: str) -> bool:
         """Whether an older version of `name` may serve in place of those its policy selects (`_fall_back`): under
         poll, a `latest` policy, and an older version published. Reads the repository: start-up's check alone."""
-        if self.control != "poll" or self.pinned is not None:
+        if not self._falls_back(policy := self.repository.config(name).version_policy):
             return False
-        policy = self.repository.config(name).version_policy
         published = self.repository.published(name)
         wanted = self.repository.to_serve(name, policy, published)
-        return policy.kind == "latest" and bool(wanted) and min(published) < min(wanted)
+        return bool(wanted) and min(published) < min(wanted)
+
+    def _falls_back(self, policy: serving.VersionPolicy | None) -> bool:
+        """Whether a model under `policy` falls back to an older version where those it selects fail: under poll
+        (not a restarted process's pinned versions), with a `latest` policy."""
+        return self.control == "poll" and self.pinned is None and policy is not None and policy.kind == "latest"
 
     async def _fall_back(self, name: str, plan: _Plan, strict: bool, failed: Exception) -> None:
         """Serve the newest version of `name` older than those its policy selects (`plan.wanted`, none of which
